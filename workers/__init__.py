@@ -1,0 +1,1 @@
+"""actx workers."""
