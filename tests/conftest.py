@@ -10,3 +10,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = ["tests.fixtures"]
+
+# GCS clients read their endpoint once, so it is fixed before any test imports them.
+from tests import gcs_emulator  # noqa: E402
+
+gcs_emulator.reserve_endpoint()

@@ -1,0 +1,160 @@
+"""Where everything lives in a run directory, and the zarr v3 layout of its arrays.
+
+The one place that names keys, array names, chunk and shard shapes. Token arrays are
+sharded one stored object per partition; activation arrays one object per
+`rows_per_shard` rows, so partitions (and each host's slice of one) align with objects and
+every object is written by exactly one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schemas import runspec as runspec_lib
+from schemas import uri as uri_lib
+
+MANIFEST_KEY = "manifest.json"
+TOKENS_GROUP = "tokens"
+ACTIVATIONS_GROUP = "activations"
+COMMITS_PREFIX = "commits/"
+WORKERS_PREFIX = "workers/"
+REJECTS_PREFIX = "rejects/"
+DOCS_PREFIX = "docs/"
+STATS_KEY = "stats.json"
+
+# Token arrays written by prepare, all int32 [rows, seq_len].
+#   input_ids: token ids (pad_id at padding).
+#   segment_ids: 0 = padding, 1.. = document segment within the row.
+#   positions: position inside its document (restarts per segment; 0 at padding).
+#   doc_index: run-wide document number (index into the doc table), -1 at padding.
+TOKEN_ARRAYS = ("input_ids", "segment_ids", "positions", "doc_index")
+
+# ARC provenance per token, int32 [rows, seq_len], -1 where not applicable:
+#   arc_task: index into the task table in the manifest (manifest["arc_tasks"]).
+#   arc_variant: augmentation variant number of the document (0 = the original task).
+#   arc_part: ARC_PARTS index (system / user / assistant part of the prompt).
+#   arc_example: index of the train pair, or of the test pair for test grids.
+#   arc_grid: ARC_GRIDS index (which grid the token encodes), -1 outside grids.
+#   arc_row / arc_col: the cell a token encodes, -1 for tokens that are not a cell.
+ARC_ARRAYS = ("arc_task", "arc_variant", "arc_part", "arc_example", "arc_grid",
+              "arc_row", "arc_col")
+ARC_PARTS = ("system", "user", "assistant")
+ARC_GRIDS = ("train_input", "train_output", "test_input", "test_output")
+
+ALL_TOKEN_ARRAYS = TOKEN_ARRAYS + ARC_ARRAYS
+TOKEN_FILL = {"input_ids": 0, "segment_ids": 0, "positions": 0}  # others fill with -1
+
+
+def partition_name(partition_id: int) -> str:
+    return f"p-{partition_id:05d}"
+
+
+def commit_key(partition_id: int) -> str:
+    return f"{COMMITS_PREFIX}{partition_name(partition_id)}.json"
+
+
+def heartbeat_key(host: str) -> str:
+    return f"{WORKERS_PREFIX}{host}.json"
+
+
+def docs_key(partition_id: int) -> str:
+    """The doc table rows of the documents that start in a partition (JSONL)."""
+    return f"{DOCS_PREFIX}{partition_name(partition_id)}.jsonl"
+
+
+def token_array_key(name: str) -> str:
+    return f"{TOKENS_GROUP}/{name}"
+
+
+def activation_array_key(hook: str) -> str:
+    return f"{ACTIVATIONS_GROUP}/{hook}"
+
+
+def _codecs(layout: runspec_lib.LayoutSpec, itemsize: int) -> list[dict]:
+    codecs: list[dict] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if layout.codec == "zstd":
+        codecs.append({"name": "zstd", "configuration": {"level": layout.codec_level}})
+    elif layout.codec == "blosc":
+        codecs.append({"name": "blosc", "configuration": {
+            "cname": "zstd", "clevel": layout.codec_level, "shuffle": "shuffle",
+            "typesize": itemsize, "blocksize": 0}})
+    return codecs
+
+
+_ITEMSIZE = {"int32": 4, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _sharded_metadata(shape: list[int], dtype: str, shard_shape: list[int],
+                      chunk_shape: list[int], layout: runspec_lib.LayoutSpec,
+                      fill_value) -> dict:
+    return {
+        "shape": shape,
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": shard_shape}},
+        "chunk_key_encoding": {"name": "default"},
+        "fill_value": fill_value,
+        "codecs": [{
+            "name": "sharding_indexed",
+            "configuration": {
+                "chunk_shape": chunk_shape,
+                "codecs": _codecs(layout, _ITEMSIZE[dtype]),
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                 {"name": "crc32c"}],
+                "index_location": "end",
+            },
+        }],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayLayout:
+    """A zarr v3 array of the run: its key and tensorstore metadata."""
+
+    key: str
+    metadata: dict
+
+    def spec(self, run: uri_lib.Location, create: bool = False) -> dict:
+        """A tensorstore spec that opens (or creates, when `create`) this array."""
+        spec = {"driver": "zarr3", "kvstore": run.join(self.key).kvstore(directory=True)}
+        if create:
+            spec.update({"metadata": self.metadata, "create": True, "open": True})
+        return spec
+
+
+def token_array(name: str, total_rows: int, seq_len: int,
+                layout: runspec_lib.LayoutSpec) -> ArrayLayout:
+    """One object per partition: prepare writes each partition from one bundle."""
+    shard = [layout.partition_rows, seq_len]
+    chunk = [layout.rows_per_shard, seq_len]
+    fill = TOKEN_FILL.get(name, -1)
+    return ArrayLayout(token_array_key(name),
+                       _sharded_metadata([total_rows, seq_len], "int32", shard, chunk, layout, fill))
+
+
+def activation_array(hook: str, total_rows: int, seq_len: int, hidden: int, dtype: str,
+                     layout: runspec_lib.LayoutSpec) -> ArrayLayout:
+    """One object per `rows_per_shard` rows; inner chunks of `chunk_rows` rows."""
+    shard = [layout.rows_per_shard, seq_len, hidden]
+    chunk = [layout.chunk_rows, seq_len, hidden]
+    # NaN would be a better "never written" marker, but zarr3 fill must be representable
+    # in every dtype; 0 is, and verify detects unwritten blocks through missing objects.
+    return ArrayLayout(activation_array_key(hook),
+                       _sharded_metadata([total_rows, seq_len, hidden], dtype, shard, chunk,
+                                         layout, 0))
+
+
+def host_row_slices(row_start: int, row_count: int, hosts: int,
+                    rows_per_shard: int) -> list[tuple[int, int]]:
+    """Each host's contiguous, object-aligned [start, stop) slice of a partition.
+
+    Slices are whole shards (the last may be short or empty), so no stored object is
+    written by two hosts.
+    """
+    shards = -(-row_count // rows_per_shard)
+    per_host = -(-shards // hosts)
+    slices = []
+    for h in range(hosts):
+        lo = min(row_count, h * per_host * rows_per_shard)
+        hi = min(row_count, (h + 1) * per_host * rows_per_shard)
+        slices.append((row_start + lo, row_start + hi))
+    return slices

@@ -1,0 +1,208 @@
+"""RunSpec: everything that determines a run's bytes, and its fingerprint.
+
+Two runs with equal fingerprints produce identical token stores and activations; a worker
+refuses to write into a run whose fingerprint differs from its own spec. Runtime choices
+that do not change the bytes (batch size, mesh, host count, concurrency) are not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Literal
+
+from schemas import config as config_lib
+
+RUN_SPEC_KEY = "run.json"
+SPEC_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    """One input dataset.
+
+    kind: "fineweb" (parquet with FineWeb's columns), "text" (generic JSONL, parquet or
+      plain text), or "arc" (ARC tasks as JSONL, one task per line, or ARC-AGI JSON).
+    paths: files, directories or globs, local or gs://.
+    name: label recorded as provenance; defaults to the kind and position in the list.
+    format: "auto" (from the file extension), "parquet", "jsonl", "txt" or "json".
+    text_field / id_field: columns or keys holding the text and the document id (text,
+      fineweb); a missing id field falls back to "<file>:<line>".
+    max_docs: read at most this many documents from this source (None: all).
+    arc_encoder: how ARC grids become text: "digits" (rows of digits), "rows" (with row
+      numbers) or "shape" (a "HxW" header before the digit rows).
+    arc_include_test_output: include the test output grid (the answer) in the prompt.
+    arc_dihedral: add the 8 dihedral transforms of each task as separate documents.
+    arc_colour_perms: number of colour permutations (fixing colour 0) added per variant.
+    arc_seed: seed of the colour permutations.
+    """
+
+    kind: Literal["fineweb", "text", "arc"]
+    paths: tuple[str, ...]
+    name: str = ""
+    format: Literal["auto", "parquet", "jsonl", "txt", "json"] = "auto"
+    text_field: str = "text"
+    id_field: str = "id"
+    max_docs: int | None = None
+    arc_encoder: Literal["digits", "rows", "shape"] = "digits"
+    arc_include_test_output: bool = False
+    arc_dihedral: bool = False
+    arc_colour_perms: int = 0
+    arc_seed: int = 0
+
+    def __post_init__(self):
+        if not self.paths:
+            raise ValueError("paths: at least one path is required")
+        if self.arc_colour_perms < 0:
+            raise ValueError("arc_colour_perms: must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+    """The HF tokenizer (a directory with tokenizer.json, local or gs://).
+
+    add_bos: prepend the tokenizer's BOS token to each document (Qwen has none; then
+      nothing is added and the spec records that).
+    add_eos: append the EOS token to each document.
+    chat_template: render ARC prompts through the tokenizer's chat template when it has one.
+    """
+
+    path: str
+    add_bos: bool = True
+    add_eos: bool = False
+    chat_template: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingSpec:
+    """How documents become fixed-length rows (see DESIGN.md, packing modes).
+
+    mode: "pad" (one document per row), "concat" (a stream cut into rows) or
+      "segmented" (several documents per row with segment ids and restarting positions).
+    seq_len: tokens per row.
+    overflow: for "pad" and "segmented", what happens to a document longer than a row:
+      "continue" (it continues in following rows) or "truncate" (the rest is dropped and
+      counted in the manifest).
+    separator: for "concat", tokens put between documents: "eos", "bos" or "none".
+    pad_id: token id written into padding positions.
+    """
+
+    mode: Literal["pad", "concat", "segmented"] = "segmented"
+    seq_len: int = 1024
+    overflow: Literal["continue", "truncate"] = "continue"
+    separator: Literal["eos", "bos", "none"] = "eos"
+    pad_id: int = 0
+
+    def __post_init__(self):
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len: must be at least 2, got {self.seq_len}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The decoder: an HF checkpoint directory (local or gs://) and its compute dtype."""
+
+    path: str
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureConfig:
+    """Which activations are stored, and in what dtype.
+
+    hooks: hook names as in DESIGN.md, comma separated, with layer ranges allowed:
+      "layers.0-3.resid_post,final_norm" or "layers.*.resid_post".
+    dtype: storage dtype of the activation arrays.
+    """
+
+    hooks: str = "layers.*.resid_post"
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutSpec:
+    """Storage layout of the run's arrays (see schemas.layout).
+
+    rows_per_shard: rows in one stored object of an activation array (a zarr shard). Choose
+      it so an object is large (64-512 MB); with several hosts per replica, each host's
+      slice of a partition is a whole number of shards.
+    partition_rows: rows per partition, a multiple of rows_per_shard.
+    chunk_rows: rows per inner chunk (the unit of partial reads), dividing rows_per_shard.
+    codec: compression of inner chunks: "none", "zstd" or "blosc" (blosc with shuffle).
+    codec_level: compression level for zstd / blosc.
+    """
+
+    rows_per_shard: int = 8
+    partition_rows: int = 64
+    chunk_rows: int = 1
+    codec: Literal["none", "zstd", "blosc"] = "zstd"
+    codec_level: int = 3
+
+    def __post_init__(self):
+        if self.rows_per_shard < 1 or self.partition_rows < 1 or self.chunk_rows < 1:
+            raise ValueError("rows_per_shard, partition_rows and chunk_rows must be positive")
+        if self.partition_rows % self.rows_per_shard:
+            raise ValueError(
+                f"partition_rows ({self.partition_rows}) must be a multiple of rows_per_shard "
+                f"({self.rows_per_shard}) so partitions align with stored objects")
+        if self.rows_per_shard % self.chunk_rows:
+            raise ValueError(f"chunk_rows ({self.chunk_rows}) must divide rows_per_shard "
+                             f"({self.rows_per_shard})")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """The full specification of a run; `fingerprint` hashes all of it."""
+
+    model: ModelSpec
+    tokenizer: TokenizerSpec
+    sources: tuple[SourceSpec, ...]
+    packing: PackingSpec = PackingSpec()
+    capture: CaptureConfig = CaptureConfig()
+    layout: LayoutSpec = LayoutSpec()
+    name: str = "run"
+
+    def __post_init__(self):
+        if not self.sources:
+            raise ValueError("sources: at least one source is required")
+        names = [s.name or f"{s.kind}{i}" for i, s in enumerate(self.sources)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sources: names must be unique, got {names}")
+
+    def source_name(self, index: int) -> str:
+        s = self.sources[index]
+        return s.name or f"{s.kind}{index}"
+
+    def to_dict(self) -> dict:
+        return config_lib.to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "run spec: ") -> "RunSpec":
+        data = dict(data)
+        data.pop("fingerprint", None)
+        data.pop("spec_version", None)
+        return config_lib.from_dict(cls, data, where)
+
+    @property
+    def fingerprint(self) -> str:
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(f"actx-v{SPEC_VERSION}:{canonical}".encode()).hexdigest()[:16]
+
+    def to_json_obj(self) -> dict:
+        return {**self.to_dict(), "spec_version": SPEC_VERSION, "fingerprint": self.fingerprint}
+
+
+def read_run_spec(store) -> RunSpec:
+    """Reads run.json from an ObjectStore, with a clear error when it is not an actx run."""
+    data = store.read_json(RUN_SPEC_KEY)
+    where = str(store.location.join(RUN_SPEC_KEY))
+    if data is None:
+        raise FileNotFoundError(
+            f"{store.location}: not an actx run (no {RUN_SPEC_KEY}); run `actx prepare` or "
+            f"`actx submit` first, or check the path")
+    spec = RunSpec.from_dict(data, where + ": ")
+    if data.get("fingerprint") not in (None, spec.fingerprint):
+        raise ValueError(f"{where}: recorded fingerprint {data['fingerprint']} does not match "
+                         f"its contents ({spec.fingerprint}); the file was edited by hand")
+    return spec

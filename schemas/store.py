@@ -1,0 +1,250 @@
+"""Small objects of a run (JSON specs, manifests, markers, heartbeats, rejects).
+
+One interface over local disk, GCS and process memory, with the one operation the commit
+rule needs: a create-only write that the store itself refuses when the object exists.
+Object stores have no atomic rename, so create-only is how a marker is made exactly once.
+Bulk arrays go through tensorstore (see `schemas.layout`), not through this module.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import threading
+import uuid
+from typing import Any
+
+from schemas import uri as uri_lib
+
+
+class ObjectStore(abc.ABC):
+    """Keys are '/'-separated paths relative to the store's root location."""
+
+    def __init__(self, location: uri_lib.Location):
+        self.location = location
+
+    @abc.abstractmethod
+    def read(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+
+    @abc.abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Writes (or overwrites) an object; durable when this returns."""
+
+    @abc.abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Writes only if `key` does not exist. Returns False when it already existed."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys under `prefix` (recursively), sorted."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Deletes an object; a missing object is not an error."""
+
+    def exists(self, key: str) -> bool:
+        return self.read(key) is not None
+
+    def read_json(self, key: str) -> Any:
+        data = self.read(key)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{self.location.join(key)}: not valid JSON ({e})") from e
+
+    def write_json(self, key: str, obj: Any) -> None:
+        self.write(key, dumps(obj))
+
+    def create_json(self, key: str, obj: Any) -> bool:
+        return self.create(key, dumps(obj))
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+
+def dumps(obj: Any) -> bytes:
+    """Canonical JSON bytes: sorted keys and a trailing newline, so reruns compare equal."""
+    return (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()
+
+
+class LocalStore(ObjectStore):
+    def _path(self, key: str) -> str:
+        return os.path.join(self.location.path, *key.split("/"))
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _write_temp(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def write(self, key: str, data: bytes) -> None:
+        tmp = self._write_temp(key, data)
+        os.replace(tmp, self._path(key))
+
+    def create(self, key: str, data: bytes) -> bool:
+        # link() fails if the target exists, and the target appears complete or not at all.
+        tmp = self._write_temp(key, data)
+        try:
+            os.link(tmp, self._path(key))
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def list(self, prefix: str = "") -> list[str]:
+        root = self.location.path
+        base = os.path.join(root, *[p for p in prefix.split("/") if p]) if prefix else root
+        if os.path.isfile(base):
+            return [prefix]
+        start = base if os.path.isdir(base) else os.path.dirname(base)
+        keys = []
+        for dirpath, _, files in os.walk(start):
+            for name in files:
+                if ".tmp-" in name:
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+                if rel.startswith(prefix):
+                    keys.append(rel)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+
+
+_MEMORY: dict[tuple[str, str], bytes] = {}
+_MEMORY_LOCK = threading.Lock()
+
+
+class MemoryStore(ObjectStore):
+    """Process-local store for memory:// runs (embedded default in tests and notebooks)."""
+
+    def _k(self, key: str) -> tuple[str, str]:
+        return (self.location.path, key)
+
+    def read(self, key: str) -> bytes | None:
+        with _MEMORY_LOCK:
+            return _MEMORY.get(self._k(key))
+
+    def write(self, key: str, data: bytes) -> None:
+        with _MEMORY_LOCK:
+            _MEMORY[self._k(key)] = bytes(data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        with _MEMORY_LOCK:
+            if self._k(key) in _MEMORY:
+                return False
+            _MEMORY[self._k(key)] = bytes(data)
+            return True
+
+    def list(self, prefix: str = "") -> list[str]:
+        with _MEMORY_LOCK:
+            return sorted(k for (root, k) in _MEMORY if root == self.location.path
+                          and k.startswith(prefix))
+
+    def delete(self, key: str) -> None:
+        with _MEMORY_LOCK:
+            _MEMORY.pop(self._k(key), None)
+
+
+class GcsStore(ObjectStore):
+    """GCS through google-cloud-storage; create-only uses ifGenerationMatch=0 (412 if present)."""
+
+    def __init__(self, location: uri_lib.Location):
+        super().__init__(location)
+        self._bucket = _gcs_client().bucket(location.bucket)
+
+    def _name(self, key: str) -> str:
+        return f"{self.location.path}/{key}" if self.location.path else key
+
+    def read(self, key: str) -> bytes | None:
+        from google.api_core import exceptions
+
+        try:
+            return self._bucket.blob(self._name(key)).download_as_bytes()
+        except exceptions.NotFound:
+            return None
+
+    def write(self, key: str, data: bytes) -> None:
+        self._bucket.blob(self._name(key)).upload_from_string(data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        from google.api_core import exceptions
+
+        try:
+            self._bucket.blob(self._name(key)).upload_from_string(data, if_generation_match=0)
+            return True
+        except exceptions.PreconditionFailed:
+            return False
+
+    def list(self, prefix: str = "") -> list[str]:
+        root = f"{self.location.path}/" if self.location.path else ""
+        return sorted(b.name[len(root):]
+                      for b in self._bucket.list_blobs(prefix=root + prefix))
+
+    def delete(self, key: str) -> None:
+        from google.api_core import exceptions
+
+        try:
+            self._bucket.blob(self._name(key)).delete()
+        except exceptions.NotFound:
+            pass
+
+
+_CLIENT = None
+_CLIENT_LOCK = threading.Lock()
+
+
+def _gcs_client():
+    global _CLIENT
+    with _CLIENT_LOCK:
+        if _CLIENT is None:
+            try:
+                from google.cloud import storage
+            except ImportError as e:
+                raise ImportError(
+                    "gs:// locations need google-cloud-storage: pip install 'actx[gcs]'") from e
+            if os.environ.get("STORAGE_EMULATOR_HOST"):
+                from google.auth.credentials import AnonymousCredentials
+
+                _CLIENT = storage.Client(project="actx-emulator", credentials=AnonymousCredentials())
+            else:
+                _CLIENT = storage.Client()
+        return _CLIENT
+
+
+def reset_gcs_client() -> None:
+    """Forgets the cached client (tests that restart the emulator call this)."""
+    global _CLIENT
+    with _CLIENT_LOCK:
+        _CLIENT = None
+
+
+def open_store(location: "str | os.PathLike | uri_lib.Location") -> ObjectStore:
+    loc = uri_lib.parse(location)
+    if loc.scheme == "gs":
+        return GcsStore(loc)
+    if loc.scheme == "memory":
+        return MemoryStore(loc)
+    return LocalStore(loc)
