@@ -35,7 +35,8 @@ setup(
     version="0.1.0",
     description="Extract LLM activations at pod scale into zarr v3 on GCS",
     packages=find_packages(include=["schemas", "schemas.*", "pipeline", "pipeline.*",
-                                    "workers", "workers.*", "deploy", "deploy.*"]),
+                                    "workers", "workers.*", "deploy", "deploy.*",
+                                    "reader", "reader.*"]),
     python_requires=">=3.10",
     install_requires=["numpy>=1.26", "pyyaml>=6", "tensorstore>=0.1.70", "crc32c>=2.4"],
     extras_require={

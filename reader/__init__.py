@@ -1,0 +1,1 @@
+"""actx reader: random access and shuffled batches of stored activations."""
