@@ -1,0 +1,85 @@
+"""The jitted extraction step: compiles once, returns exactly the requested hooks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests import hf_models
+from workers import capture, step
+from workers import model as model_lib
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+    return model_lib.load_pretrained(ckpt)
+
+
+def _ids(batch, seq, seed=0):
+    return np.random.RandomState(seed).randint(1, 512, (batch, seq)).astype(np.int32)
+
+
+def test_compiles_once_for_many_batches(model):
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse("layers.1.resid_post"))
+    for seed in range(6):
+        out = fn(_ids(2, 16, seed))
+        out["layers.1.resid_post"].block_until_ready()
+    assert fn.trace_count == 1 and fn.compile_count() == 1
+    fn(_ids(2, 32))  # a new shape is a new program
+    assert fn.trace_count == 2 and fn.compile_count() == 2
+
+
+def test_returns_exactly_the_requested_hooks(ckpt, model):
+    spec = capture.CaptureSpec.parse("layers.0.attn_out,layers.1.resid_post,embed",
+                                     dtype="float16")
+    fn = step.make_extract_fn(model, spec)
+    ids = _ids(2, 16)
+    out = fn(ids)
+    assert sorted(out) == fn.hook_names == ["embed", "layers.0.attn_out",
+                                            "layers.1.resid_post"]
+    ref = hf_models.hf_hooks(hf_models.load_hf_model(ckpt), ids)
+    for name, acts in out.items():
+        assert acts.shape == (2, 16, 64) and str(acts.dtype) == "float16"
+        # The scan stopped after layer 1 of 3; values still match HF.
+        np.testing.assert_allclose(np.asarray(acts, np.float32), ref[name],
+                                   rtol=2e-3, atol=2e-3 * np.abs(ref[name]).max())
+
+
+def test_last_layer_resid_post_is_before_final_norm(ckpt, model):
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse("layers.2.resid_post,"
+                                                               "final_norm"))
+    ids = _ids(1, 16)
+    out = fn(ids)
+    ref = hf_models.hf_hooks(hf_models.load_hf_model(ckpt), ids)
+    hf_hidden_last = ref["final_norm"]  # HF hidden_states[-1] is after the final norm
+    np.testing.assert_allclose(out["final_norm"], hf_hidden_last, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(out["layers.2.resid_post"], hf_hidden_last, atol=1e-2)
+
+
+def test_padding_rows_are_finite_and_do_not_touch_real_rows(model):
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse("layers.*.resid_post"))
+    ids = _ids(2, 16)
+    seg = np.ones((2, 16), np.int32)
+    seg[1] = 0  # a whole padding row
+    padded = fn(ids, segment_ids=seg)
+    plain = fn(ids)
+    for name in padded:
+        assert np.isfinite(np.asarray(padded[name])).all()
+        np.testing.assert_array_equal(padded[name][0], plain[name][0])
+
+
+def test_bad_inputs(model):
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse("final_norm"))
+    with pytest.raises(ValueError, match=r"\[batch, seq\]"):
+        fn(np.zeros((16,), np.int32))
+    with pytest.raises(ValueError, match="positions shape"):
+        fn(_ids(2, 16), positions=np.zeros((2, 8), np.int32))
+    with pytest.raises(ValueError, match="out of range"):
+        step.make_extract_fn(model, capture.CaptureSpec.parse("layers.3.resid_post"))
+    with pytest.raises(ValueError, match="requests no hooks"):
+        step.make_extract_fn(model, capture.CaptureSpec(hooks=()))

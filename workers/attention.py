@@ -1,0 +1,83 @@
+"""Rotary embeddings, the segment-aware causal mask, and grouped-query attention.
+
+The mask is block-diagonal causal over segment ids (0 = padding), optionally limited to a
+sliding window, so packed documents see only themselves. Padding tokens share segment 0
+and always see themselves, so no row of the softmax is empty (no NaN).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+
+log = logging.getLogger(__name__)
+
+# Stands in for "no sliding window" inside the layer scan, where the window is traced.
+NO_WINDOW = 2**30
+
+
+def rope_cos_sin(positions_bt: jax.Array, inv_freq_f: jax.Array,
+                 dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [b, t, h] for rotate-half RoPE, computed in float32 like HF."""
+    freqs_btf = positions_bt.astype(jnp.float32)[..., None] * inv_freq_f.astype(jnp.float32)
+    emb_bth = jnp.concatenate([freqs_btf, freqs_btf], axis=-1)
+    return jnp.cos(emb_bth).astype(dtype), jnp.sin(emb_bth).astype(dtype)
+
+
+def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax.Array:
+    """Rotates pairs (i, i + h/2) of each head, the HF `rotate_half` convention."""
+    half = x_btnh.shape[-1] // 2
+    rotated_btnh = jnp.concatenate([-x_btnh[..., half:], x_btnh[..., :half]], axis=-1)
+    return x_btnh * cos_bth[:, :, None, :] + rotated_btnh * sin_bth[:, :, None, :]
+
+
+def attention_mask(segment_ids_bt: jax.Array, window: jax.Array | int) -> jax.Array:
+    """Boolean [b, t, s]: query t may attend key s.
+
+    Causal, same segment, and within `window` tokens (t - s < window, as HF's
+    sliding-window overlay). Padding (segment 0) attends earlier padding, and always itself.
+    """
+    t = segment_ids_bt.shape[1]
+    q_idx_t1 = jnp.arange(t)[:, None]
+    k_idx_1s = jnp.arange(t)[None, :]
+    allowed_ts = (k_idx_1s <= q_idx_t1) & (q_idx_t1 - k_idx_1s < window)
+    same_segment_bts = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+    return allowed_ts[None] & same_segment_bts
+
+
+def _xla_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
+                   mask_bts: jax.Array) -> jax.Array:
+    b, t, n, h = q_btnh.shape
+    k = k_bskh.shape[2]
+    q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
+    # Logits and softmax in float32 (HF eager does the softmax in float32 too).
+    logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh,
+                              preferred_element_type=jnp.float32) * (h ** -0.5)
+    logits_bkgts = jnp.where(mask_bts[:, None, None], logits_bkgts,
+                             jnp.finfo(jnp.float32).min)
+    probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_bskh.dtype)
+    out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_bskh)
+    return out_btkgh.reshape(b, t, n, h)
+
+
+def default_implementation(dtype: jnp.dtype) -> str:
+    """"cudnn" for half precision on GPU, else "xla" (CPU, TPU, float32)."""
+    if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return "xla"
+
+
+def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
+              mask_bts: jax.Array, implementation: str | None = None) -> jax.Array:
+    """Grouped-query attention [b, t, n, h]; k/v heads are shared by n // k query heads."""
+    implementation = implementation or default_implementation(q_btnh.dtype)
+    if implementation == "cudnn":
+        try:
+            return jax.nn.dot_product_attention(
+                q_btnh, k_bskh, v_bskh, mask=mask_bts[:, None], implementation="cudnn")
+        except (ValueError, NotImplementedError, RuntimeError) as err:
+            # cuDNN rejects some shapes/versions at trace time; XLA is always correct.
+            log.warning("cuDNN attention unavailable (%s); using the XLA implementation", err)
+    return _xla_attention(q_btnh, k_bskh, v_bskh, mask_bts)

@@ -1,0 +1,174 @@
+"""The decoder (Qwen2 / Llama / Mistral family) as pure functions over a parameter pytree.
+
+Layers are stacked on a leading axis and run with `jax.lax.scan`, so compile time does
+not grow with depth. `forward` returns only the requested activations: per-layer captures
+are written into small per-point buffers inside the scan (unrequested layers write a
+scratch slot), and the scan stops after the last layer anyone asked for. No LM head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from workers import attention as attn_lib
+from workers import checkpoint
+from workers.model_config import ModelConfig
+
+# Re-exported so callers need only this module.
+__all__ = ["Model", "ModelConfig", "load_pretrained", "forward"]
+
+Constrain = Callable[[jax.Array, tuple[str | None, ...]], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A loaded decoder.
+
+    config: shapes and options.
+    params: {"embed_vd", "final_norm_d", "layers": {name: [num_layers, ...]}}.
+    param_axes: the same tree with logical axis names per dimension.
+    mesh: the mesh the params were placed on, or None for a single device.
+    """
+
+    config: ModelConfig
+    params: dict
+    param_axes: dict
+    mesh: jax.sharding.Mesh | None = None
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return self.params["embed_vd"].dtype
+
+
+def load_pretrained(path: str | os.PathLike, dtype: str = "float32",
+                    mesh: jax.sharding.Mesh | None = None) -> Model:
+    """Loads an HF checkpoint directory (local path, gs://bucket/dir or memory://dir).
+
+    dtype: "float32" or "bfloat16" (also "float16"), for weights and compute.
+    mesh: place each weight straight into its NamedSharding on this mesh.
+    """
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    with checkpoint.local_checkpoint_dir(path) as directory:
+        config_path = os.path.join(directory, "config.json")
+        if not os.path.exists(config_path):
+            raise ValueError(f"{path}: no config.json in the checkpoint directory")
+        with open(config_path) as f:
+            config = ModelConfig.from_hf(json.load(f), source=f"{path}/config.json")
+        reader = checkpoint.TensorReader(directory)
+        params = checkpoint.load_params(reader, config, np_dtype, mesh, source=str(path))
+    return Model(config, params, checkpoint.param_logical_axes(config), mesh)
+
+
+def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in float32, then scaled in the input dtype (as HF does)."""
+    x32 = x_btd.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight_d * normed.astype(x_btd.dtype)
+
+
+def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
+          sin_bth: jax.Array, mask_bts: jax.Array, cfg: ModelConfig,
+          attention_impl: str | None = None) -> dict[str, jax.Array]:
+    """One decoder block; returns every hook point of the block."""
+    h_btd = rms_norm(x_btd, p["attn_norm_ld"], cfg.rms_norm_eps)
+    q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q_weight_ldnh"])
+    k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k_weight_ldkh"])
+    v_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["v_weight_ldkh"])
+    if cfg.qkv_bias:
+        q_btnh = q_btnh + p["q_bias_lnh"]
+        k_btkh = k_btkh + p["k_bias_lkh"]
+        v_btkh = v_btkh + p["v_bias_lkh"]
+    q_btnh = attn_lib.apply_rope(q_btnh, cos_bth, sin_bth)
+    k_btkh = attn_lib.apply_rope(k_btkh, cos_bth, sin_bth)
+    heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, mask_bts, attention_impl)
+    attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
+    mid_btd = x_btd + attn_out_btd
+
+    h_btd = rms_norm(mid_btd, p["mlp_norm_ld"], cfg.rms_norm_eps)
+    gate_btf = jnp.einsum("btd,df->btf", h_btd, p["gate_weight_ldf"])
+    up_btf = jnp.einsum("btd,df->btf", h_btd, p["up_weight_ldf"])
+    mlp_out_btd = jnp.einsum("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf,
+                             p["down_weight_lfd"])
+    return {"resid_pre": x_btd, "attn_out": attn_out_btd, "resid_mid": mid_btd,
+            "mlp_out": mlp_out_btd, "resid_post": mid_btd + mlp_out_btd}
+
+
+def forward(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
+            positions_bt: jax.Array, segment_ids_bt: jax.Array, *,
+            point_layers: Mapping[str, tuple[int, ...]],
+            global_points: tuple[str, ...] = (),
+            out_dtype: jnp.dtype = jnp.float32,
+            constrain: Constrain = lambda x, axes: x,
+            attention_impl: str | None = None) -> dict[str, jax.Array]:
+    """Runs the decoder as far as needed and returns only the requested hooks.
+
+    point_layers: per-layer point -> layer indices to capture (validated by the caller).
+    global_points: any of "embed", "final_norm".
+    constrain: applies a sharding constraint given logical axes (identity without a mesh).
+    Returns {"embed"?, "final_norm"?, "layers.{i}.{point}"...}, each [b, t, d] out_dtype.
+    """
+    b, t = input_ids_bt.shape
+    d = cfg.hidden_size
+    act_axes = ("batch", "seq", "embed")
+    x_btd = constrain(jnp.take(params["embed_vd"], input_ids_bt, axis=0), act_axes)
+    out: dict[str, jax.Array] = {}
+    if "embed" in global_points:
+        out["embed"] = x_btd.astype(out_dtype)
+
+    wanted_layers = [i for layers in point_layers.values() for i in layers]
+    num_run = cfg.num_layers if "final_norm" in global_points else (
+        max(wanted_layers) + 1 if wanted_layers else 0)
+    if num_run == 0:
+        return out
+
+    inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim), jnp.float32)
+    cos_bth, sin_bth = attn_lib.rope_cos_sin(positions_bt, inv_freq, x_btd.dtype)
+    windows = np.array([attn_lib.NO_WINDOW if w is None else w
+                        for w in cfg.window_per_layer[:num_run]], np.int32)
+    # One mask for all layers when no layer has a window; else a per-layer window.
+    uniform = bool(np.all(windows == windows[0]))
+    shared_mask_bts = attn_lib.attention_mask(segment_ids_bt, int(windows[0])) if uniform \
+        else None
+
+    # Per point: slot[i] = position of layer i among the captured layers, or the scratch
+    # slot (last) for layers nobody asked for; buffers hold only captured layers.
+    points = [p for p in point_layers if point_layers[p]]
+    slots = {}
+    for point in points:
+        table = np.full(num_run, len(point_layers[point]), np.int32)
+        table[list(point_layers[point])] = np.arange(len(point_layers[point]))
+        slots[point] = jnp.asarray(table)
+    buf_axes = (None, "batch", "seq", "embed")
+    buffers = {p: constrain(jnp.zeros((len(point_layers[p]) + 1, b, t, d), out_dtype),
+                            buf_axes) for p in points}
+
+    def body(carry, xs):
+        x_btd, buffers = carry
+        layer, window, slot = xs
+        layer_params = jax.tree.map(
+            lambda w: jax.lax.dynamic_index_in_dim(w, layer, keepdims=False),
+            params["layers"])
+        mask_bts = shared_mask_bts if uniform else attn_lib.attention_mask(segment_ids_bt,
+                                                                            window)
+        hooks = block(layer_params, x_btd, cos_bth, sin_bth, mask_bts, cfg, attention_impl)
+        buffers = {p: constrain(jax.lax.dynamic_update_index_in_dim(
+            buffers[p], hooks[p].astype(out_dtype), slot[p], 0), buf_axes) for p in points}
+        return (constrain(hooks["resid_post"], act_axes), buffers), None
+
+    xs = (jnp.arange(num_run, dtype=jnp.int32), jnp.asarray(windows), slots)
+    (x_btd, buffers), _ = jax.lax.scan(body, (x_btd, buffers), xs)
+
+    for point in points:
+        for j, layer in enumerate(point_layers[point]):
+            out[f"layers.{layer}.{point}"] = buffers[point][j]
+    if "final_norm" in global_points:
+        out["final_norm"] = rms_norm(x_btd, params["final_norm_d"],
+                                     cfg.rms_norm_eps).astype(out_dtype)
+    return out
