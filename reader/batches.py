@@ -1,0 +1,194 @@
+"""Shuffled batches of valid token activations, prefetched by a background thread.
+
+Reading: a batch of B tokens in global-permutation order touches up to B different rows,
+and the smallest decodable unit of an activation array is an inner chunk of chunk_rows
+whole rows. An exact global shuffle therefore reads (and decompresses) about
+chunk_rows * seq_len * hidden values per token returned; the read is one tensorstore
+`vindex` gather per hook, which fetches each needed chunk once and issues all fetches
+concurrently. This buys an exact, reproducible, host-splittable order (what the tests and
+multi-host trainers need) at the price of read amplification, measured by bench/read.py
+against sequential bandwidth. Two-level shuffles (shuffled chunks + a local buffer) read
+less but are not a global permutation; this reader does not offer one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from typing import Any, Iterator, Literal, Sequence
+
+import numpy as np
+
+from reader import run as run_lib
+from reader import shuffle as shuffle_lib
+
+
+@dataclasses.dataclass
+class Batch:
+    """One process's batch at a global step.
+
+    acts: per hook, activations [n, hidden] (numpy, jax or torch as asked).
+    rows / cols: where each token lives in the run (numpy int64 [n]);
+    input_ids: its token id (numpy int32 [n]). Row i of every array is the same token.
+    """
+
+    step: int
+    epoch: int
+    acts: dict[str, Any]
+    rows: np.ndarray
+    cols: np.ndarray
+    input_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+_DONE = object()
+
+
+def convert(array: np.ndarray, framework: str, dtype: str | None) -> Any:
+    """numpy -> the requested framework; imports jax / torch only when asked for."""
+    if dtype is not None:
+        array = array.astype(dtype)
+    if framework == "numpy":
+        return array
+    if framework == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(array)
+    if framework == "torch":
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError("framework='torch' needs torch installed") from e
+        if array.dtype.name == "bfloat16":  # torch cannot take ml_dtypes arrays directly
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(array))
+    raise ValueError(f"framework must be 'numpy', 'jax' or 'torch', got {framework!r}")
+
+
+class TokenBatches:
+    """An iterable of `Batch`es over a run's committed valid tokens.
+
+    hooks: one hook or several (every batch holds the same tokens for each).
+    batch_size: tokens per batch on this process.
+    seed / epochs: permutation seed; epochs to run (None: forever).
+    start_step: global step to begin at (resume: the step after the last one trained).
+    process_index / process_count: this trainer's share (disjoint across processes).
+    drop_last: see `shuffle.ShufflePlan`.
+    exclude_bos / exclude_special: leave out BOS tokens / the tokenizer's special tokens.
+    partitions: committed partitions to use (default: all committed at open time).
+    prefetch: batches read ahead by a background thread (0: read in the caller's thread).
+    framework: "numpy", "jax" or "torch"; as_jax=True is framework="jax".
+    dtype: cast activations (e.g. "float32"); None keeps the stored dtype.
+    shuffle: False reads in row-major order (evaluation, statistics).
+
+    Use as an iterator, ideally in a `with` block so the prefetch thread stops on exit.
+    """
+
+    def __init__(self, run: run_lib.Run, hooks: "str | Sequence[str]", batch_size: int, *,
+                 seed: int = 0, epochs: int | None = 1, start_step: int = 0,
+                 process_index: int = 0, process_count: int = 1, drop_last: bool = True,
+                 exclude_bos: bool = False, exclude_special: bool = False,
+                 partitions: Sequence[int] | None = None, prefetch: int = 2,
+                 framework: Literal["numpy", "jax", "torch"] = "numpy",
+                 as_jax: bool = False, dtype: str | None = None, shuffle: bool = True):
+        self.run = run
+        self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
+        if not self.hooks:
+            raise ValueError("hooks: name at least one hook")
+        for hook in self.hooks:
+            run.hook(hook)
+        self.index = shuffle_lib.build_index(run, partitions, exclude_bos, exclude_special,
+                                             self.hooks)
+        self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, seed, process_index,
+                                            process_count, drop_last, shuffle)
+        self.framework = "jax" if as_jax else framework
+        if self.framework not in ("numpy", "jax", "torch"):
+            raise ValueError(f"framework must be 'numpy', 'jax' or 'torch', got {framework!r}")
+        self.dtype = dtype
+        self.start_step = start_step
+        self.stop_step = None if epochs is None else epochs * self.plan.steps_per_epoch
+        self.prefetch = prefetch
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.plan.steps_per_epoch
+
+    def __len__(self) -> int:
+        if self.stop_step is None:
+            raise TypeError("endless (epochs=None) batches have no length")
+        return max(0, self.stop_step - self.start_step)
+
+    def read_step(self, step: int, order: shuffle_lib.OrderCache | None = None) -> Batch:
+        """The batch at one global step (random access; the iterator calls this)."""
+        order = order or shuffle_lib.OrderCache(self.plan)
+        epoch, positions = order.positions(step)
+        rows, cols = self.index.coords(positions)
+        acts = self.run.gather(self.hooks, rows, cols)
+        acts = {h: convert(a, self.framework, self.dtype) for h, a in acts.items()}
+        return Batch(step, epoch, acts, rows, cols, self.index.input_ids[positions])
+
+    def _steps(self) -> Iterator[int]:
+        step = self.start_step
+        while self.stop_step is None or step < self.stop_step:
+            yield step
+            step += 1
+
+    def _produce(self, out: queue.Queue) -> None:
+        order = shuffle_lib.OrderCache(self.plan)
+        try:
+            for step in self._steps():
+                if self._stop.is_set():
+                    return
+                batch = self.read_step(step, order)
+                # put() with a timeout so close() is never stuck behind a full queue.
+                while not self._stop.is_set():
+                    try:
+                        out.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            out.put(e)
+            return
+        out.put(_DONE)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.prefetch <= 0:
+            order = shuffle_lib.OrderCache(self.plan)
+            for step in self._steps():
+                yield self.read_step(step, order)
+            return
+        self.close()
+        self._stop = threading.Event()
+        out: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        self._thread = threading.Thread(target=self._produce, args=(out,), daemon=True,
+                                        name="actx-reader-prefetch")
+        self._thread.start()
+        try:
+            while True:
+                item = out.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stops the prefetch thread (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> "TokenBatches":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,22 @@
+"""Errors the reader raises, each saying what was wrong, where, and what to do."""
+
+from __future__ import annotations
+
+
+class ReaderError(Exception):
+    """Base class of reader errors."""
+
+
+class NotARunError(ReaderError, FileNotFoundError):
+    """The location has no run.json / manifest.json: it is not an actx run."""
+
+
+class UnknownHookError(ReaderError, KeyError):
+    """A hook that no committed partition of the run holds."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
+class UncommittedPartitionError(ReaderError):
+    """Rows of a partition without a commit marker were asked for."""

@@ -1,0 +1,164 @@
+"""From activations back to their tokens: documents and ARC provenance selections.
+
+A document is found through the doc tables (docs/p-XXXXX.jsonl: where it starts, how many
+tokens it has) and its tokens through tokens/doc_index, which follows it into the rows it
+continues into. ARC selections filter the per-token ARC arrays (task, variant, part,
+example, grid, cell) over committed partitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Sequence
+
+import numpy as np
+
+from reader import run as run_lib
+from schemas import layout
+
+
+@dataclasses.dataclass
+class Selection:
+    """Tokens picked from a run, in row-major order.
+
+    rows / cols: coordinates (int64 [n]); input_ids: token ids (int32 [n]);
+    acts: per hook, activations [n, hidden]; meta: the doc-table row for `document`.
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    input_ids: np.ndarray
+    acts: dict[str, np.ndarray]
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+class DocTable:
+    """Doc-table rows of committed partitions, loaded once on first use."""
+
+    def __init__(self, run: run_lib.Run):
+        self.by_index: dict[int, dict] = {}
+        self.by_id: dict[str, dict] = {}
+        for pid in run.committed:
+            key = layout.docs_key(pid)
+            data = run.store.read(key)
+            if data is None:
+                continue
+            for n, line in enumerate(data.decode().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{run.location.join(key)}:{n}: not JSON ({e})") from e
+                doc["partition"] = pid
+                self.by_index[int(doc["doc_index"])] = doc
+                self.by_id[str(doc["doc_id"])] = doc
+
+    def find(self, run: run_lib.Run, doc: "int | str") -> dict:
+        table = self.by_index if isinstance(doc, (int, np.integer)) else self.by_id
+        key = int(doc) if isinstance(doc, (int, np.integer)) else str(doc)
+        if key not in table:
+            raise KeyError(f"{run.location}: no document {doc!r} starts in a committed "
+                           f"partition ({len(run.committed)} committed of "
+                           f"{len(run.partitions)})")
+        return table[key]
+
+
+def _hooks(run: run_lib.Run, hooks: "str | Sequence[str] | None") -> tuple[str, ...]:
+    if hooks is None:
+        return tuple(run.hooks)
+    hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
+    for h in hooks:
+        run.hook(h)
+    return hooks
+
+
+def document(run: run_lib.Run, doc: "int | str",
+             hooks: "str | Sequence[str] | None" = None) -> Selection:
+    """Every token of a document (doc_index or doc_id), following it across rows."""
+    hooks = _hooks(run, hooks)
+    meta = run._docs.find(run, doc)
+    d, n_tokens = int(meta["doc_index"]), int(meta["n_tokens"])
+    row, seq_len = int(meta["first_row"]), run.seq_len
+    # A document continues into following rows; read only as many rows as it can span.
+    last_row = min(run.total_rows, row + (int(meta["first_col"]) + n_tokens - 1) // seq_len + 1)
+    run.check_rows(row, last_row, hooks)
+    doc_index = run.token_array("doc_index")[row:last_row].read().result()
+    r, c = np.nonzero(doc_index == d)
+    found_rows, found_cols = r + row, c
+    found = len(r)
+    if found != n_tokens:
+        raise ValueError(f"{run.location}: document {doc!r} has {n_tokens} tokens in the doc "
+                         f"table but {found} in tokens/doc_index (rows {row}..{last_row - 1})")
+    rows, cols = found_rows.astype(np.int64), found_cols.astype(np.int64)
+    ids = run.gather_tokens(["input_ids"], rows, cols)["input_ids"]
+    return Selection(rows, cols, ids, run.gather(hooks, rows, cols), dict(meta))
+
+
+def _index_of(value: "int | str | None", names: Sequence[str], what: str) -> int | None:
+    if value is None or isinstance(value, (int, np.integer)):
+        return value
+    if value not in names:
+        raise KeyError(f"unknown {what} {value!r}; known: {', '.join(names)}")
+    return list(names).index(value)
+
+
+def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
+           arc_task: "str | int | None" = None, arc_variant: int | None = None,
+           arc_part: "str | int | None" = None, arc_example: int | None = None,
+           arc_grid: "str | int | None" = None, cells_only: bool = False,
+           partitions: Sequence[int] | None = None) -> Selection:
+    """Tokens whose ARC provenance matches every given filter, over committed partitions.
+
+    arc_task: task id (manifest.arc_tasks) or its index; arc_part: "system", "user",
+    "assistant"; arc_grid: "train_input", "train_output", "test_input", "test_output";
+    cells_only: only tokens that encode a grid cell (arc_row / arc_col set).
+    E.g. every cell token of task X's test input: select(h, arc_task=X,
+    arc_grid="test_input", cells_only=True).
+    """
+    hooks = _hooks(run, hooks)
+    wanted = {
+        "arc_task": _index_of(arc_task, run.manifest.arc_tasks, "ARC task"),
+        "arc_variant": arc_variant,
+        "arc_part": _index_of(arc_part, layout.ARC_PARTS, "ARC part"),
+        "arc_example": arc_example,
+        "arc_grid": _index_of(arc_grid, layout.ARC_GRIDS, "ARC grid"),
+    }
+    wanted = {k: v for k, v in wanted.items() if v is not None}
+    names = list(wanted) + (["arc_row"] if cells_only else [])
+    if not names:
+        raise ValueError("select: give at least one provenance filter")
+    all_rows, all_cols = [], []
+    for pid in run.committed_ids(partitions, hooks):
+        part = run.partitions[pid]
+        # Filter on the most selective array first, then read the others only for rows
+        # that still match: most rows of a mixed run hold no ARC tokens at all.
+        first = run.token_array(names[0])[part.row_start:part.row_stop].read().result()
+        mask = _match(names[0], first, wanted)
+        live = np.flatnonzero(mask.any(axis=1))
+        for name in names[1:]:
+            if not len(live):
+                break
+            # tensorstore indexes in absolute coordinates, hence + row_start.
+            values = run.token_array(name).oindex[live + part.row_start].read().result()
+            mask[live] &= _match(name, values, wanted)
+            live = live[mask[live].any(axis=1)]
+        r, c = np.nonzero(mask)
+        all_rows.append(r + part.row_start)
+        all_cols.append(c)
+    rows = np.concatenate(all_rows).astype(np.int64) if all_rows else np.zeros(0, np.int64)
+    cols = np.concatenate(all_cols).astype(np.int64) if all_cols else np.zeros(0, np.int64)
+    ids = run.gather_tokens(["input_ids"], rows, cols)["input_ids"]
+    acts = run.gather(hooks, rows, cols)
+    return Selection(rows, cols, ids, acts, {"filters": {**wanted, "cells_only": cells_only}})
+
+
+def _match(name: str, values: np.ndarray, wanted: dict) -> np.ndarray:
+    if name == "arc_row" and name not in wanted:
+        return values >= 0
+    return values == wanted[name]
+

@@ -1,0 +1,292 @@
+"""Opening a run: its hooks, shapes, dtypes and committed partitions, and random access.
+
+A `Run` is a snapshot taken at open time: the set of committed partitions (commit
+markers) is listed once, so a training job sees one fixed data set (and one shuffle
+order) however many partitions commit while it runs; `refresh()` takes a new snapshot.
+Rows of uncommitted partitions are never read, whatever data exists for them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import dataclasses
+import functools
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import tensorstore as ts
+
+from reader import errors
+from schemas import commit as commit_lib
+from schemas import layout
+from schemas import manifest as manifest_lib
+from schemas import runspec as runspec_lib
+from schemas import store as store_lib
+from schemas import uri as uri_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class HookInfo:
+    """One activation array: shape [total_rows, seq_len, hidden] and its stored dtype."""
+
+    name: str
+    shape: tuple[int, int, int]
+    dtype: str
+    partitions: tuple[int, ...]  # committed partitions whose marker lists this hook
+
+    @property
+    def hidden(self) -> int:
+        return self.shape[2]
+
+
+def open_run(uri: "str | os.PathLike | uri_lib.Location") -> "Run":
+    """Opens a run directory (local path, gs://bucket/path or memory://name)."""
+    store = store_lib.open_store(uri)
+    try:
+        spec = runspec_lib.read_run_spec(store)
+        manifest = manifest_lib.read_manifest(store)
+    except FileNotFoundError as e:
+        raise errors.NotARunError(str(e)) from None
+    return Run(store, spec, manifest)
+
+
+class Run:
+    """A run directory opened for reading. Build with `open_run`."""
+
+    def __init__(self, store: store_lib.ObjectStore, spec: runspec_lib.RunSpec,
+                 manifest: manifest_lib.Manifest):
+        self.store = store
+        self.location = store.location
+        self.spec = spec
+        self.manifest = manifest
+        self._row_starts = [p.row_start for p in manifest.partitions]
+        self._arrays: dict[str, Any] = {}
+        self.refresh()
+
+    # -- what the run holds ---------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Re-lists commit markers (the snapshot of what is readable)."""
+        ids = sorted(commit_lib.committed_partitions(self.store))
+        # Markers are small; reading them concurrently keeps opening a GCS run quick.
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            markers = list(pool.map(lambda p: commit_lib.read_marker(self.store, p), ids))
+        self.markers = {m.partition: m for m in markers if m is not None}
+        self.committed = tuple(sorted(self.markers))
+        self._hooks_cache = None
+
+    @property
+    def seq_len(self) -> int:
+        return self.manifest.seq_len
+
+    @property
+    def total_rows(self) -> int:
+        return self.manifest.total_rows
+
+    @property
+    def partitions(self) -> tuple[manifest_lib.Partition, ...]:
+        return self.manifest.partitions
+
+    @property
+    def committed_partitions(self) -> tuple[manifest_lib.Partition, ...]:
+        return tuple(self.manifest.partitions[p] for p in self.committed)
+
+    @property
+    def uncommitted_partitions(self) -> tuple[manifest_lib.Partition, ...]:
+        done = set(self.committed)
+        return tuple(p for p in self.manifest.partitions if p.id not in done)
+
+    @property
+    def hooks(self) -> dict[str, HookInfo]:
+        """Hooks held by at least one committed partition (from the commit markers)."""
+        if self._hooks_cache is None:
+            parts: dict[str, list[int]] = {}
+            for pid, marker in self.markers.items():
+                for hook in marker.checksums:
+                    parts.setdefault(hook, []).append(pid)
+            infos = {}
+            for hook in sorted(parts):
+                arr = self._open(layout.activation_array_key(hook))
+                infos[hook] = HookInfo(hook, tuple(arr.shape), str(arr.dtype.numpy_dtype),
+                                       tuple(sorted(parts[hook])))
+            self._hooks_cache = infos
+        return self._hooks_cache
+
+    def hook(self, name: str) -> HookInfo:
+        """The HookInfo of `name`; UnknownHookError (listing the hooks) when absent."""
+        infos = self.hooks
+        if name not in infos:
+            raise errors.UnknownHookError(
+                f"{self.location}: no committed activations for hook {name!r}; available: "
+                f"{', '.join(infos) or '(none: no partition is committed yet)'}")
+        return infos[name]
+
+    def describe(self) -> dict:
+        """A plain summary: hooks (shape, dtype), partitions committed and not."""
+        return {
+            "location": str(self.location), "fingerprint": self.spec.fingerprint,
+            "seq_len": self.seq_len, "total_rows": self.total_rows,
+            "hooks": {h: {"shape": list(i.shape), "dtype": i.dtype}
+                      for h, i in self.hooks.items()},
+            "committed": list(self.committed),
+            "uncommitted": [p.id for p in self.uncommitted_partitions],
+        }
+
+    # -- checks -------------------------------------------------------------------
+
+    def partition_of_row(self, row: int) -> manifest_lib.Partition:
+        if not 0 <= row < self.total_rows:
+            raise IndexError(f"row {row} is outside the run (0..{self.total_rows - 1})")
+        return self.manifest.partitions[bisect.bisect_right(self._row_starts, row) - 1]
+
+    def check_rows(self, start: int, stop: int, hooks: Sequence[str] = ()) -> None:
+        """Refuses a row range that touches an uncommitted partition, or a hook that a
+        partition of the range did not commit."""
+        if not 0 <= start < stop <= self.total_rows:
+            raise IndexError(f"rows [{start}, {stop}) are outside the run "
+                             f"(0..{self.total_rows})")
+        first = self.partition_of_row(start).id
+        last = self.partition_of_row(stop - 1).id
+        for pid in range(first, last + 1):
+            marker = self.markers.get(pid)
+            if marker is None:
+                raise errors.UncommittedPartitionError(
+                    f"{self.location}: partition {pid} ({layout.partition_name(pid)}, rows "
+                    f"{self.partitions[pid].row_start}..{self.partitions[pid].row_stop - 1}) "
+                    f"is not committed; finish it with `actx rerun {self.location}` and "
+                    f"reopen the run")
+            for hook in hooks:
+                self.hook(hook)
+                if hook not in marker.checksums:
+                    raise errors.UnknownHookError(
+                        f"{self.location}: partition {pid} committed without hook {hook!r} "
+                        f"(it has {', '.join(sorted(marker.checksums))})")
+
+    def committed_ids(self, partitions: Iterable[int] | None = None,
+                      hooks: Sequence[str] = ()) -> tuple[int, ...]:
+        """`partitions` (default: all committed), checked to be committed with `hooks`."""
+        ids = self.committed if partitions is None else tuple(sorted(set(partitions)))
+        for pid in ids:
+            part = self.manifest.partition(pid)
+            self.check_rows(part.row_start, part.row_stop, hooks)
+        return ids
+
+    # -- arrays -------------------------------------------------------------------
+
+    def _open(self, key: str):
+        if key not in self._arrays:
+            spec = {"driver": "zarr3", "kvstore": self.location.join(key).kvstore()}
+            try:
+                self._arrays[key] = ts.open(spec, open=True, read=True).result()
+            except ValueError as e:
+                raise FileNotFoundError(f"{self.location.join(key)}: cannot open ({e})") from e
+        return self._arrays[key]
+
+    def activation_array(self, hook: str):
+        """The tensorstore array of a hook (no commit checks: callers check rows)."""
+        self.hook(hook)
+        return self._open(layout.activation_array_key(hook))
+
+    def token_array(self, name: str):
+        if name not in layout.ALL_TOKEN_ARRAYS:
+            raise KeyError(f"unknown token array {name!r}; known: "
+                           f"{', '.join(layout.ALL_TOKEN_ARRAYS)}")
+        return self._open(layout.token_array_key(name))
+
+    # -- random access ------------------------------------------------------------
+
+    def rows(self, hook: str, start: int, stop: int) -> np.ndarray:
+        """Activations [stop - start, seq_len, hidden] of whole rows, padding included
+        (use `token_rows("segment_ids", ...)`: 0 marks padding)."""
+        self.check_rows(start, stop, [hook])
+        return self.activation_array(hook)[start:stop].read().result()
+
+    def token_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """A token or ARC array (layout.ALL_TOKEN_ARRAYS) over rows [start, stop)."""
+        self.check_rows(start, stop)
+        return self.token_array(name)[start:stop].read().result()
+
+    def tokens(self, hook: str, row: int, col_start: int = 0,
+               col_stop: int | None = None) -> np.ndarray:
+        """Activations [n, hidden] of columns [col_start, col_stop) of one row."""
+        col_stop = self.seq_len if col_stop is None else col_stop
+        self.check_rows(row, row + 1, [hook])
+        return self.activation_array(hook)[row, col_start:col_stop].read().result()
+
+    def gather(self, hooks: Sequence[str], rows: np.ndarray,
+               cols: np.ndarray) -> dict[str, np.ndarray]:
+        """Activations [n, hidden] per hook at the tokens (rows[i], cols[i]).
+
+        All reads are issued before any is awaited, so tensorstore fetches and decodes
+        the chunks of every hook concurrently, each needed chunk once per read.
+        """
+        rows = np.asarray(rows, np.int64)
+        cols = np.asarray(cols, np.int64)
+        for pid in self._partitions_of_rows(rows):
+            part = self.partitions[pid]
+            self.check_rows(part.row_start, part.row_stop, hooks)
+        futures = {h: self.activation_array(h).vindex[rows, cols].read() for h in hooks}
+        return {h: f.result() for h, f in futures.items()}
+
+    def gather_tokens(self, names: Sequence[str], rows: np.ndarray,
+                      cols: np.ndarray) -> dict[str, np.ndarray]:
+        """Token or ARC arrays at the tokens (rows[i], cols[i])."""
+        for pid in self._partitions_of_rows(rows):
+            part = self.partitions[pid]
+            self.check_rows(part.row_start, part.row_stop)
+        futures = {n: self.token_array(n).vindex[np.asarray(rows), np.asarray(cols)].read()
+                   for n in names}
+        return {n: f.result() for n, f in futures.items()}
+
+    def _partitions_of_rows(self, rows: np.ndarray) -> set[int]:
+        if len(rows) == 0:
+            return set()
+        idx = np.searchsorted(np.asarray(self._row_starts), np.unique(rows), side="right") - 1
+        return set(int(i) for i in np.unique(idx))
+
+    # -- documents and provenance (see reader.provenance) -------------------------
+
+    @functools.cached_property
+    def _docs(self):
+        from reader import provenance
+
+        return provenance.DocTable(self)
+
+    def document(self, doc: "int | str", hooks: Sequence[str] | None = None):
+        """All tokens of one document (by doc_index or doc_id), across rows it continues
+        into: a `provenance.Selection` with activations per hook."""
+        from reader import provenance
+
+        return provenance.document(self, doc, hooks)
+
+    def select(self, hooks: "str | Sequence[str] | None" = None, **filters):
+        """Tokens matching ARC provenance filters (see `provenance.select`)."""
+        from reader import provenance
+
+        return provenance.select(self, hooks, **filters)
+
+    # -- batches and statistics ---------------------------------------------------
+
+    def batches(self, hooks: "str | Sequence[str]", batch_size: int, **kwargs):
+        """Shuffled batches of valid tokens (see `reader.batches.TokenBatches`)."""
+        from reader import batches
+
+        return batches.TokenBatches(self, hooks, batch_size, **kwargs)
+
+    def compute_stats(self, hooks: Sequence[str] | None = None, **kwargs):
+        """Streams every committed token once and stores per-hook statistics."""
+        from reader import stats
+
+        return stats.compute_stats(self, hooks, **kwargs)
+
+    def stats(self, hook: str):
+        """Stored statistics of a hook (computed by `compute_stats`)."""
+        from reader import stats
+
+        return stats.load_stats(self, hook)
+
+    def __repr__(self) -> str:
+        return (f"Run({self.location}, {len(self.committed)}/{len(self.partitions)} "
+                f"partitions committed, hooks={list(self.hooks)})")

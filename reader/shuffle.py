@@ -1,0 +1,155 @@
+"""The global shuffle: one seeded permutation of every valid token, split across processes.
+
+Valid tokens (segment_ids > 0, optionally without BOS / special tokens) of the chosen
+committed partitions are indexed in row-major order; epoch e of seed s visits them in the
+order of `np.random.default_rng([s, e]).permutation`. Global step k of the permutation is
+the slice [k*G, (k+1)*G) with G = batch_size * process_count, and process p takes the p-th
+batch_size block of it, so P trainers together see exactly what one trainer with batch G
+would, disjointly. The order depends only on the seed, the epoch and the set of tokens,
+so a job resumes at any step by recomputing it.
+
+Memory: 12 bytes per valid token (int64 coordinate + uint32 permutation position) plus
+4 for the token id: ~16 GB per billion tokens. Runs larger than one host's memory should
+be read through `partitions=` subsets (e.g. one range per epoch segment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import numpy as np
+
+from reader import run as run_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenIndex:
+    """Valid tokens in row-major order: flat = row * seq_len + col, ascending."""
+
+    flat: np.ndarray  # int64 [n]
+    input_ids: np.ndarray  # int32 [n]
+    seq_len: int
+    partitions: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.flat)
+
+    def coords(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, cols) of the tokens at index positions."""
+        flat = self.flat[positions]
+        return flat // self.seq_len, flat % self.seq_len
+
+
+def valid_mask(segment_ids: np.ndarray, input_ids: np.ndarray, positions: np.ndarray,
+               bos_id: int | None, special_ids: Iterable[int], exclude_bos: bool,
+               exclude_special: bool) -> np.ndarray:
+    """Which tokens count: never padding; BOS is the bos id at document position 0."""
+    mask = segment_ids > 0
+    if exclude_bos and bos_id is not None:
+        mask &= ~((input_ids == bos_id) & (positions == 0))
+    special = list(special_ids)
+    if exclude_special and special:
+        mask &= ~np.isin(input_ids, special)
+    return mask
+
+
+def build_index(run: run_lib.Run, partitions: Iterable[int] | None = None,
+                exclude_bos: bool = False, exclude_special: bool = False,
+                hooks: tuple[str, ...] = ()) -> TokenIndex:
+    """Indexes the valid tokens of committed partitions (default: all committed).
+
+    Reads only token arrays (4 bytes per position each), one partition at a time.
+    """
+    ids = run.committed_ids(partitions, hooks)
+    seq_len = run.seq_len
+    flats, token_ids = [], []
+    for pid in ids:
+        part = run.partitions[pid]
+        names = ("segment_ids", "input_ids", "positions")
+        futures = [run.token_array(n)[part.row_start:part.row_stop].read() for n in names]
+        seg, inp, pos = (f.result() for f in futures)
+        mask = valid_mask(seg, inp, pos, run.manifest.bos_id, run.manifest.special_token_ids,
+                          exclude_bos, exclude_special)
+        local = np.flatnonzero(mask.reshape(-1))
+        flats.append(local + part.row_start * seq_len)
+        token_ids.append(inp.reshape(-1)[local])
+    flat = np.concatenate(flats) if flats else np.zeros(0, np.int64)
+    ids_arr = np.concatenate(token_ids) if token_ids else np.zeros(0, np.int32)
+    return TokenIndex(flat.astype(np.int64), ids_arr.astype(np.int32), seq_len, ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShufflePlan:
+    """Which index positions process `process_index` reads at each global step.
+
+    drop_last: drop the tail of each epoch that does not fill a global batch (every
+      process then gets the same number of equal batches, as lockstep trainers need).
+      Without it the epoch ends with one short step whose tokens are split as evenly as
+      possible across processes, so every token is read exactly once per epoch.
+    """
+
+    num_tokens: int
+    batch_size: int
+    seed: int = 0
+    process_index: int = 0
+    process_count: int = 1
+    drop_last: bool = True
+    shuffle: bool = True
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+        if not 0 <= self.process_index < self.process_count:
+            raise ValueError(f"process_index {self.process_index} must be in "
+                             f"[0, process_count={self.process_count})")
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"{self.num_tokens} tokens do not fill one global batch of "
+                f"{self.global_batch} (batch_size {self.batch_size} x {self.process_count} "
+                f"processes); use a smaller batch or drop_last=False")
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.process_count
+
+    @property
+    def steps_per_epoch(self) -> int:
+        full, rest = divmod(self.num_tokens, self.global_batch)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The permutation of index positions for one epoch (uint32 when it fits)."""
+        dtype = np.uint32 if self.num_tokens < 2**32 else np.int64
+        order = np.arange(self.num_tokens, dtype=dtype)
+        if self.shuffle:
+            np.random.default_rng([self.seed, epoch]).shuffle(order)
+        return order
+
+    def step_slice(self, step: int) -> tuple[int, int, int]:
+        """(epoch, start, stop): this process's slice of the epoch order at a global step."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        g0 = k * self.global_batch
+        g1 = min(g0 + self.global_batch, self.num_tokens)
+        if g1 - g0 == self.global_batch:
+            lo = g0 + self.process_index * self.batch_size
+            return epoch, lo, lo + self.batch_size
+        # The short last step: array_split-like even split of the remainder.
+        bounds = np.linspace(g0, g1, self.process_count + 1).astype(np.int64)
+        return epoch, int(bounds[self.process_index]), int(bounds[self.process_index + 1])
+
+
+class OrderCache:
+    """Keeps the current epoch's permutation, recomputing it only when the epoch changes."""
+
+    def __init__(self, plan: ShufflePlan):
+        self.plan = plan
+        self._epoch = None
+        self._order = None
+
+    def positions(self, step: int) -> tuple[int, np.ndarray]:
+        """(epoch, index positions) of this process's batch at a global step."""
+        epoch, lo, hi = self.plan.step_slice(step)
+        if epoch != self._epoch:
+            self._order, self._epoch = self.plan.epoch_order(epoch), epoch
+        return epoch, self._order[lo:hi].astype(np.int64)
