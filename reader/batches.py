@@ -8,7 +8,10 @@ chunk_rows * seq_len * hidden values per token returned; the read is one tensors
 concurrently. This buys an exact, reproducible, host-splittable order (what the tests and
 multi-host trainers need) at the price of read amplification, measured by bench/read.py
 against sequential bandwidth. Two-level shuffles (shuffled chunks + a local buffer) read
-less but are not a global permutation; this reader does not offer one.
+less but are not a global permutation; this reader does not offer one. Instead, when
+the selected tokens fit in memory, `in_memory=True` loads their activations once with
+sequential reads (padding dropped) and gathers each batch from RAM: the same exact order,
+at memory speed.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class TokenBatches:
     framework: "numpy", "jax" or "torch"; as_jax=True is framework="jax".
     dtype: cast activations (e.g. "float32"); None keeps the stored dtype.
     shuffle: False reads in row-major order (evaluation, statistics).
+    in_memory: load the valid tokens' activations (n_tokens x hidden per hook, stored
+      dtype) with one sequential pass first, then serve batches from RAM; same order.
 
     Use as an iterator, ideally in a `with` block so the prefetch thread stops on exit.
     """
@@ -93,7 +98,8 @@ class TokenBatches:
                  exclude_bos: bool = False, exclude_special: bool = False,
                  partitions: Sequence[int] | None = None, prefetch: int = 2,
                  framework: Literal["numpy", "jax", "torch"] = "numpy",
-                 as_jax: bool = False, dtype: str | None = None, shuffle: bool = True):
+                 as_jax: bool = False, dtype: str | None = None, shuffle: bool = True,
+                 in_memory: bool = False):
         self.run = run
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         if not self.hooks:
@@ -113,6 +119,27 @@ class TokenBatches:
         self.prefetch = prefetch
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._memory = self._load_all() if in_memory else None
+
+    def _load_all(self) -> dict[str, np.ndarray]:
+        """Activations [n_tokens, hidden] of every indexed token, one stored object at a
+        time (sequential reads), in index order."""
+        seq_len, flat = self.index.seq_len, self.index.flat
+        block = self.run.spec.layout.rows_per_shard
+        out = {h: np.empty((len(flat), self.run.hook(h).hidden),
+                           self.run.activation_array(h).dtype.numpy_dtype) for h in self.hooks}
+        for pid in self.index.partitions:
+            part = self.run.partitions[pid]
+            for lo in range(part.row_start, part.row_stop, block):
+                hi = min(lo + block, part.row_stop)
+                a, b = np.searchsorted(flat, [lo * seq_len, hi * seq_len])
+                if a == b:
+                    continue
+                futures = {h: self.run.activation_array(h)[lo:hi].read() for h in self.hooks}
+                for h, f in futures.items():
+                    values = f.result()
+                    out[h][a:b] = values.reshape(-1, values.shape[-1])[flat[a:b] - lo * seq_len]
+        return out
 
     @property
     def steps_per_epoch(self) -> int:
@@ -128,7 +155,10 @@ class TokenBatches:
         order = order or shuffle_lib.OrderCache(self.plan)
         epoch, positions = order.positions(step)
         rows, cols = self.index.coords(positions)
-        acts = self.run.gather(self.hooks, rows, cols)
+        if self._memory is not None:
+            acts = {h: m[positions] for h, m in self._memory.items()}
+        else:
+            acts = self.run.gather(self.hooks, rows, cols)
         acts = {h: convert(a, self.framework, self.dtype) for h, a in acts.items()}
         return Batch(step, epoch, acts, rows, cols, self.index.input_ids[positions])
 

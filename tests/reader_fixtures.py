@@ -150,9 +150,12 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
               rows_per_shard: int = 4, chunk_rows: int = 1, seq_len: int = 16,
               hidden: int = 8, hooks: tuple[str, ...] = DEFAULT_HOOKS,
               dtype: str = "float32", committed: tuple[int, ...] | None = None,
-              arc_every: int = 3, seed: int = 0, codec: str = "zstd") -> RunTruth:
+              arc_every: int = 3, seed: int = 0, codec: str = "zstd",
+              random_values: bool = False) -> RunTruth:
     """Writes a run at `uri`. `committed`: partitions that get a marker (default: all but
-    the last). Activations of uncommitted partitions are written too (they must be ignored)."""
+    the last). Activations of uncommitted partitions are written too (they must be ignored).
+    random_values: store N(0, 1) noise instead of the token encoding (benchmarks: realistic
+    compression; `RunTruth.value` is then meaningless)."""
     total_rows = num_partitions * partition_rows
     if committed is None:
         committed = tuple(range(num_partitions - 1))
@@ -195,7 +198,10 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
     cols = np.ones(total_rows, np.int64)[:, None] * np.arange(seq_len)
     stored = {}
     for k, hook in enumerate(hooks):
-        values = encode(k, rows, cols, seq_len, hidden)
+        if random_values:
+            values = rng.standard_normal((total_rows, seq_len, hidden), np.float32)
+        else:
+            values = encode(k, rows, cols, seq_len, hidden)
         values[~valid] = PAD_VALUE
         values = values.astype(np_dtype(dtype))
         stored[hook] = values

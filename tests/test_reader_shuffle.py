@@ -30,6 +30,10 @@ def test_seed_fixes_the_order_and_epochs_differ(reader_run):
     run = reader.open_run(reader_run.uri)
     a = _flat(run.batches("embed", 8, seed=1))
     b = _flat(run.batches("embed", 8, seed=1, prefetch=0))
+    mem = list(run.batches("embed", 8, seed=1, in_memory=True))
+    assert np.array_equal(_flat(mem), a)
+    for m in mem:
+        np.testing.assert_array_equal(m.acts["embed"], reader_run.value("embed", m.rows, m.cols))
     c = _flat(run.batches("embed", 8, seed=2))
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     assert not np.array_equal(a, np.sort(a))  # actually shuffled
