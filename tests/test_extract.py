@@ -1,0 +1,191 @@
+"""Extraction workers end to end: HF parity of stored activations, multi-host and
+multi-replica runs byte-identical to one process, crash safety and exactly-once commits.
+
+Workers run as real processes (CPU devices forced per process); tiny random Qwen2 models
+come from transformers' own classes. The reference run is one process with 4 devices and
+batch 8; every other topology keeps 2 rows per device, so numerics are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from schemas import commit, layout, store
+from tests import hf_models, token_runs, worker_procs
+
+HOOKS = "embed,layers.*.resid_post,layers.1.attn_out,layers.1.mlp_out,final_norm"
+N_ROWS = 48
+PARTITION_ROWS = 16  # 3 partitions of 2 steps (batch 8); shards of 4 rows
+N_PARTS = N_ROWS // PARTITION_ROWS
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("model") / "qwen2", "qwen2")
+
+
+@pytest.fixture(scope="module")
+def reference_run(model_dir, tmp_path_factory):
+    """Prepared (synthetic tokens) and extracted by one process: the reference bytes."""
+    run = str(tmp_path_factory.mktemp("ref") / "run")
+    token_runs.write_token_run(run, str(model_dir), n_rows=N_ROWS, hooks=HOOKS,
+                              partition_rows=PARTITION_ROWS)
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"])
+    assert code == 0, out
+    return run
+
+
+def _fresh_copy_of_tokens(reference: str, dest: str) -> str:
+    """A run with the reference's token store and specs but no activations or commits."""
+    os.makedirs(dest)
+    for name in ("run.json", "manifest.json", "tokens"):
+        src = os.path.join(reference, name)
+        (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(dest, name))
+    return dest
+
+
+def _markers(run: str) -> dict[int, commit.CommitMarker]:
+    s = store.open_store(run)
+    return {p: commit.read_marker(s, p) for p in commit.committed_partitions(s)}
+
+
+def _assert_same_as_reference(run: str, reference: str) -> None:
+    assert sorted(_markers(run)) == list(range(N_PARTS))
+    ref_objects = worker_procs.stored_objects(reference)
+    objects = worker_procs.stored_objects(run)
+    ref_objects.pop("activations/actx.json"), objects.pop("activations/actx.json")
+    assert objects.keys() == ref_objects.keys()
+    differing = [k for k in objects if objects[k] != ref_objects[k]]
+    assert not differing, f"objects differ from the single-process run: {differing[:5]}"
+    for pid, marker in _markers(run).items():
+        assert marker.checksums == _markers(reference)[pid].checksums
+
+
+def test_activations_match_hf_each_document_alone(reference_run, model_dir):
+    hf = hf_models.load_hf_model(model_dir)
+    ids = token_runs.read_tokens(reference_run, "input_ids")
+    seg = token_runs.read_tokens(reference_run, "segment_ids")
+    stored = {h: token_runs.read_activation(reference_run, h)
+              for h in ("embed", "layers.0.resid_post", "layers.2.resid_post",
+                        "layers.1.attn_out", "layers.1.mlp_out", "final_norm")}
+    checked = 0
+    for row in (0, 13, 27, 47):  # rows from several partitions and shards
+        for s in range(1, int(seg[row].max()) + 1):
+            cols = np.flatnonzero(seg[row] == s)
+            reference = hf_models.hf_hooks(hf, ids[row, cols][None])
+            for hook, acts in stored.items():
+                worker_procs.assert_close(acts[row, cols], reference[hook][0], 1e-5,
+                                          f"row {row} segment {s} {hook}")
+            checked += 1
+    assert checked >= 8
+    # Markers' checksums are those of the stored values.
+    marker = _markers(reference_run)[1]
+    block = stored["final_norm"][16:20]
+    assert marker.checksums["final_norm"][0] == commit.checksum(np.ascontiguousarray(block).tobytes())
+
+
+def test_extract_to_gcs_emulator_matches_local(reference_run, model_dir, gcs_bucket):
+    run = f"{gcs_bucket}/runs/t"
+    token_runs.write_token_run(run, str(model_dir), n_rows=N_ROWS, hooks=HOOKS,
+                              partition_rows=PARTITION_ROWS)
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"])
+    assert code == 0, out
+    s = store.open_store(run)
+    assert commit.committed_partitions(s) == set(range(N_PARTS))
+    for hook in ("layers.2.resid_post", "final_norm"):
+        np.testing.assert_array_equal(token_runs.read_activation(run, hook),
+                                      token_runs.read_activation(reference_run, hook))
+    assert any(k.startswith("workers/") for k in s.list("workers/"))
+
+
+def test_two_hosts_one_replica_byte_identical(reference_run, tmp_path):
+    run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
+    log = tmp_path / "writes.log"
+    results = worker_procs.run_replica(run, hosts=2, devices_per_host=2,
+                                       extra=["--batch-size", "8"], ACTX_WRITE_LOG=str(log))
+    for code, out in results:
+        assert code == 0, out
+    _assert_same_as_reference(run, reference_run)
+    _assert_one_writer_per_object(log, expected_writers=2)
+    assert _markers(run)[0].hosts == ("r0h0", "r0h1")
+
+
+def test_two_independent_replicas_byte_identical(reference_run, tmp_path):
+    run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
+    log = tmp_path / "writes.log"
+    procs = [worker_procs.start_worker(["--run", run, "--batch-size", "8", "--replicas", "2",
+                                        "--replica", str(r)], devices=4, ACTX_WRITE_LOG=str(log))
+             for r in range(2)]
+    for p in procs:
+        code, out = worker_procs.finish(p)
+        assert code == 0, out
+    _assert_same_as_reference(run, reference_run)
+    _assert_one_writer_per_object(log, expected_writers=2)
+    # Partition p belongs to replica p mod 2.
+    assert {m.hosts for m in _markers(run).values()} == {("r0h0",), ("r1h0",)}
+
+
+def _assert_one_writer_per_object(log, expected_writers: int) -> None:
+    writers: dict[str, set[str]] = {}
+    for line in log.read_text().splitlines():
+        pid, key = line.split()
+        writers.setdefault(key, set()).add(pid)
+    shared = {k: v for k, v in writers.items() if len(v) > 1}
+    assert not shared, f"objects written by several processes: {shared}"
+    assert len({p for v in writers.values() for p in v}) == expected_writers
+
+
+@pytest.mark.parametrize("crash_at", ["step:3", "write:6", "before_commit:2"])
+def test_sigkill_then_rerun_is_byte_identical(reference_run, tmp_path, crash_at):
+    run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"],
+                                        ACTX_CRASH_AT=crash_at)
+    assert code == -9, f"worker was not killed at {crash_at}: {out}"
+    before = _markers(run)
+    assert len(before) < N_PARTS, "the crash came after everything was committed"
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"])
+    assert code == 0, out
+    after = _markers(run)
+    for pid, marker in before.items():  # never committed twice: first markers stand
+        assert after[pid] == marker
+    _assert_same_as_reference(run, reference_run)
+
+
+def test_concurrent_attempts_commit_once(reference_run, tmp_path):
+    run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
+    procs = [worker_procs.start_worker(["--run", run, "--batch-size", "8", "--only", "2"],
+                                       devices=4) for _ in range(2)]
+    results = [worker_procs.finish(p) for p in procs]
+    assert all(code == 0 for code, _ in results), results
+    keys = store.open_store(run).list(layout.COMMITS_PREFIX)
+    assert keys == [layout.commit_key(2)]
+    marker = _markers(run)[2]
+    assert marker.checksums == _markers(reference_run)[2].checksums
+
+
+def test_sigterm_stops_without_committing_partial_partition(reference_run, tmp_path):
+    run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
+    # SIGTERM arrives during the 3rd step: partition 1 (steps 3-4) is in hand.
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8", "--heartbeat-s", "1"],
+                                        ACTX_CRASH_AT="step:3:TERM")
+    assert code == 143, out
+    assert "preempted" in out
+    assert sorted(_markers(run)) == [0]
+    beat = json.loads(open(os.path.join(run, "workers", os.listdir(os.path.join(run, "workers"))[0])).read())
+    assert beat["state"] == "preempted"
+
+
+def test_steal_finishes_other_replicas_partitions(reference_run, tmp_path):
+    run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
+    # Replica 1 of 2 never starts; replica 0 steals its partitions.
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8", "--replicas", "2",
+                                         "--replica", "0", "--steal", "--job", "j1"])
+    assert code == 0, out
+    _assert_same_as_reference(run, reference_run)

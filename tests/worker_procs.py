@@ -1,0 +1,74 @@
+"""Launch extraction workers as real OS processes (one per simulated host) in tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from schemas import uri
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(devices: int, **extra: str) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("ACTX_CRASH_AT", None)
+    env.update(extra)
+    return env
+
+
+def start_worker(args: list[str], devices: int = 4, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "workers.main", *args],
+                            env=worker_env(devices, **env), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def run_worker(args: list[str], devices: int = 4, timeout: float = 300,
+               **env: str) -> tuple[int, str]:
+    return finish(start_worker(args, devices, **env), timeout)
+
+
+def run_replica(run: str, hosts: int, devices_per_host: int, extra: list[str] = (),
+                timeout: float = 300, **env: str) -> list[tuple[int, str]]:
+    """One replica of `hosts` processes joined by jax.distributed on loopback."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs = [start_worker(["--run", run, "--coordinator", coordinator,
+                           "--num-processes", str(hosts), "--process-id", str(i), *extra],
+                          devices_per_host, **env) for i in range(hosts)]
+    return [finish(p, timeout) for p in procs]
+
+
+def stored_objects(run_dir: str, prefix: str = "activations") -> dict[str, bytes]:
+    """Every stored object under `prefix` of a local run, by relative key."""
+    root = uri.parse(run_dir).path
+    out = {}
+    for dirpath, _, files in os.walk(os.path.join(root, prefix)):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float, what: str) -> None:
+    err = float(np.max(np.abs(actual.astype(np.float64) - expected)))
+    scale = float(np.max(np.abs(expected)))
+    assert err <= rel * scale, f"{what}: max|err| {err:.3g} > {rel} * max|ref| {scale:.3g}"

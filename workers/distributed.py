@@ -1,0 +1,82 @@
+"""Joining the hosts of one replica, and the few host-level collectives a worker needs.
+
+Hosts of a replica run the same jitted program in lockstep, so every decision that changes
+control flow (which partition next, whether to stop) is agreed through a collective.
+A one-host replica needs none of this and never calls `jax.distributed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessGroup:
+    """coordinator: "host:port" of process 0 (None: auto-detect, as on a TPU pod slice)."""
+
+    num_processes: int = 1
+    process_id: int = 0
+    coordinator: str | None = None
+
+    @classmethod
+    def from_env(cls, coordinator: str | None = None, num_processes: int | None = None,
+                 process_id: int | None = None) -> "ProcessGroup":
+        """Flags win over ACTX_COORDINATOR / ACTX_NUM_PROCESSES / ACTX_PROCESS_ID."""
+        env = os.environ
+        return cls(
+            num_processes=int(num_processes if num_processes is not None
+                              else env.get("ACTX_NUM_PROCESSES", 1)),
+            process_id=int(process_id if process_id is not None
+                           else env.get("ACTX_PROCESS_ID", 0)),
+            coordinator=coordinator or env.get("ACTX_COORDINATOR") or None,
+        )
+
+    def initialize(self) -> None:
+        import jax
+
+        if self.num_processes <= 1:
+            return
+        # Only the CPU client reads this (TPU/GPU use their own collectives); asking for the
+        # backend here would initialise it too early, so it is set unconditionally.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=self.coordinator, num_processes=self.num_processes,
+            process_id=self.process_id)
+
+
+def process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
+def broadcast_int(value: int) -> int:
+    """Process 0's value, on every process."""
+    if process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process if it is True on any (e.g. one host got SIGTERM)."""
+    if process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
+
+
+def allgather_uint32(values: np.ndarray) -> np.ndarray:
+    """[processes, *values.shape]; every process passes the same shape."""
+    if process_count() == 1:
+        return values[None]
+    from jax.experimental import multihost_utils
+
+    # Bit-cast to int32: exact, and int32 is available whatever jax_enable_x64 says.
+    gathered = multihost_utils.process_allgather(values.astype(np.uint32).view(np.int32))
+    return np.ascontiguousarray(np.asarray(gathered, dtype=np.int32)).view(np.uint32)

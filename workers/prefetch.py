@@ -1,0 +1,97 @@
+"""Reads a host's token rows ahead of the forward pass, on a background thread.
+
+The chips should never wait on storage: while step i runs, the rows of steps i+1..i+depth
+are being read. The queue's bound keeps host memory bounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from schemas import layout as layout_lib
+from schemas import ts_context
+from schemas import uri as uri_lib
+from workers import schedule
+
+STEP_INPUTS = ("input_ids", "positions", "segment_ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One host-local batch: int32 arrays [local_batch, seq_len] and its step."""
+
+    step: schedule.Step
+    index: int
+    input_ids: np.ndarray
+    positions: np.ndarray
+    segment_ids: np.ndarray
+
+
+class TokenStore:
+    """The three token arrays a step needs, opened once per process."""
+
+    def __init__(self, run: uri_lib.Location):
+        self.arrays = {
+            name: ts_context.open_array(
+                {"driver": "zarr3", "kvstore": run.join(layout_lib.token_array_key(name)).kvstore()})
+            for name in STEP_INPUTS
+        }
+
+    def read_rows(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
+        """Rows as given (real rows are consecutive; padding repeats a real row)."""
+        lo, hi = min(rows), max(rows) + 1
+        futures = {name: arr[lo:hi].read() for name, arr in self.arrays.items()}
+        index = np.asarray(rows) - lo
+        return {name: np.asarray(f.result())[index] for name, f in futures.items()}
+
+
+class Prefetcher:
+    """Iterates over `steps`, yielding Batches read `depth` steps ahead."""
+
+    _DONE = object()
+
+    def __init__(self, tokens: TokenStore, steps: Sequence[schedule.Step], depth: int = 4):
+        self._tokens = tokens
+        self._steps = list(steps)
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="actx-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for i, step in enumerate(self._steps):
+                if self._stop.is_set():
+                    return
+                arrays = self._tokens.read_rows(step.rows)
+                self._put(Batch(step, i, arrays["input_ids"], arrays["positions"],
+                                arrays["segment_ids"]))
+            self._put(self._DONE)
+        except BaseException as e:  # surfaced to the consumer, which re-raises it
+            self._put(e)
+
+    def _put(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

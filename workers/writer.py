@@ -1,0 +1,151 @@
+"""Writes a host's activations as whole zarr shards, off the critical path.
+
+Rows of a host's slice arrive batch by batch; they are assembled in host memory into
+blocks of `rows_per_shard` rows, and each complete block is written by a bounded thread
+pool as one stored object. Whole-shard writes mean no read-modify-write of an object and
+no object shared between two writes, and the pool's bound is the backpressure that keeps
+host memory bounded when storage is slower than the chips.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import threading
+import time
+
+import numpy as np
+
+from schemas import commit as commit_lib
+from schemas import layout as layout_lib
+from schemas import runspec as runspec_lib
+from schemas import ts_context
+from schemas import uri as uri_lib
+from workers import faults
+
+ACTIVATIONS_INFO_KEY = f"{layout_lib.ACTIVATIONS_GROUP}/actx.json"
+
+
+@dataclasses.dataclass
+class _Block:
+    start_row: int
+    rows: int
+    data: dict[str, np.ndarray]
+    filled: int = 0
+
+
+class ActivationArrays:
+    """The run's activation arrays, created if absent (zarr metadata is create-or-open)."""
+
+    def __init__(self, run: uri_lib.Location, hooks: dict[str, int], total_rows: int,
+                 seq_len: int, dtype: str, layout: runspec_lib.LayoutSpec):
+        self.layout = layout
+        self.dtype = dtype
+        self.arrays = {}
+        for hook, hidden in sorted(hooks.items()):
+            spec = layout_lib.activation_array(hook, total_rows, seq_len, hidden, dtype, layout)
+            self.arrays[hook] = ts_context.open_array(spec.spec(run, create=True))
+
+
+class PartitionWriter:
+    """Collects one host's rows of one partition and writes them as whole shards.
+
+    `finish()` waits until every write is durable and returns the crc32c of each block,
+    per hook, in row order; only then may the partition be committed.
+    """
+
+    def __init__(self, arrays: ActivationArrays, slice_rows: tuple[int, int],
+                 pool: "WriterPool"):
+        self._arrays = arrays
+        self._lo, self._hi = slice_rows
+        self._pool = pool
+        self._rows_per_shard = arrays.layout.rows_per_shard
+        self._blocks: dict[int, _Block] = {}
+        self._futures: list[tuple[int, concurrent.futures.Future]] = []
+        self.bytes_written = 0
+
+    def _block_for(self, row: int) -> _Block:
+        start = self._lo + ((row - self._lo) // self._rows_per_shard) * self._rows_per_shard
+        block = self._blocks.get(start)
+        if block is None:
+            rows = min(self._rows_per_shard, self._hi - start)
+            data = {hook: np.empty((rows,) + tuple(arr.shape[1:]), dtype=arr.dtype.numpy_dtype)
+                    for hook, arr in self._arrays.arrays.items()}
+            block = self._blocks[start] = _Block(start, rows, data)
+        return block
+
+    def add(self, first_row: int, acts: dict[str, np.ndarray]) -> None:
+        """Adds consecutive rows starting at `first_row` (hook -> [rows, seq, hidden])."""
+        n = next(iter(acts.values())).shape[0]
+        if not (self._lo <= first_row and first_row + n <= self._hi):
+            raise ValueError(f"rows {first_row}..{first_row + n} are outside this host's slice "
+                             f"{self._lo}..{self._hi}")
+        row = first_row
+        while row < first_row + n:
+            block = self._block_for(row)
+            offset = row - block.start_row
+            take = min(block.rows - offset, first_row + n - row)
+            for hook, values in acts.items():
+                block.data[hook][offset:offset + take] = values[row - first_row:row - first_row + take]
+            block.filled += take
+            row += take
+            if block.filled == block.rows:
+                del self._blocks[block.start_row]
+                self._futures.append((block.start_row, self._pool.submit(self._write, block)))
+
+    def _write(self, block: _Block) -> dict[str, str]:
+        sums = {}
+        writes = []
+        for hook, data in block.data.items():
+            sums[hook] = commit_lib.checksum(memoryview(np.ascontiguousarray(data)).cast("B"))
+            arr = self._arrays.arrays[hook]
+            writes.append(arr[block.start_row:block.start_row + block.rows].write(data))
+            _log_object_write(hook, block.start_row // self._rows_per_shard)
+            if len(writes) == 1:
+                writes[0].result()
+                faults.maybe_crash("write")
+        for w in writes:
+            w.result()
+        self.bytes_written += sum(d.nbytes for d in block.data.values())
+        return sums
+
+    def finish(self) -> dict[str, list[str]]:
+        if self._blocks:
+            missing = sorted(self._blocks)
+            raise RuntimeError(f"blocks starting at rows {missing} were never completed")
+        per_hook: dict[str, list[str]] = {hook: [] for hook in self._arrays.arrays}
+        for _, future in sorted(self._futures, key=lambda item: item[0]):
+            for hook, crc in future.result().items():
+                per_hook[hook].append(crc)
+        return per_hook
+
+
+class WriterPool:
+    """A bounded thread pool: `submit` blocks while `max_pending` writes are in flight."""
+
+    def __init__(self, threads: int = 4, max_pending: int = 8):
+        self._executor = concurrent.futures.ThreadPoolExecutor(threads, "actx-writer")
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self.wait_s = 0.0  # time the producer spent blocked: storage is the bottleneck
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        t0 = time.perf_counter()
+        self._slots.acquire()
+        self.wait_s += time.perf_counter() - t0
+        future = self._executor.submit(fn, *args)
+        future.add_done_callback(lambda _: self._slots.release())
+        return future
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+def _log_object_write(hook: str, shard_index: int) -> None:
+    """Test instrumentation: with ACTX_WRITE_LOG set, record which process wrote which
+    stored object (one O_APPEND line each), so tests can show one writer per object."""
+    path = os.environ.get("ACTX_WRITE_LOG")
+    if path:
+        line = f"{os.getpid()} {layout_lib.activation_array_key(hook)}/c/{shard_index}/0/0\n"
+        with open(path, "a") as f:
+            f.write(line)
