@@ -1,0 +1,62 @@
+"""Workers refuse runs they must not write into, with errors that say what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas import layout, store
+from tests import hf_models, token_runs
+from workers import main as worker_main
+from workers import runner
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "qwen2", "qwen2"))
+
+
+def test_fingerprint_mismatch_is_refused(model_dir, tmp_path, capsys):
+    run = str(tmp_path / "run")
+    spec = token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
+    code = worker_main.main(["--run", run, "--expect-fingerprint", "0123456789abcdef"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert spec.fingerprint in err and "0123456789abcdef" in err and "new run directory" in err
+
+
+def test_missing_manifest_is_a_clear_error(model_dir, tmp_path):
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
+    store.open_store(run).delete(layout.MANIFEST_KEY)
+    with pytest.raises(FileNotFoundError, match=r"manifest.json: missing.*actx prepare"):
+        runner.Worker(runner.WorkerOptions(run=run))
+
+
+def test_not_a_run_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not an actx run"):
+        runner.Worker(runner.WorkerOptions(run=str(tmp_path / "nothing")))
+
+
+def test_tokenizer_vocab_larger_than_model_is_refused(model_dir, tmp_path):
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8, vocab=1000)
+    with pytest.raises(runner.RunMismatch, match=r"1000 ids.*512 rows.*do not belong together"):
+        runner.Worker(runner.WorkerOptions(run=run))
+
+
+def test_mesh_that_does_not_divide_batch_is_refused(model_dir, tmp_path):
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
+    # 8 CPU devices (conftest) and model parallel 1: the data axis is 8.
+    with pytest.raises(ValueError, match=r"batch.* 6.*8"):
+        runner.Worker(runner.WorkerOptions(run=run, batch_size=6))
+
+
+def test_activations_of_another_spec_are_refused(model_dir, tmp_path):
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
+    s = store.open_store(run)
+    s.write_json("activations/actx.json", {"fingerprint": "other", "dtype": "float32",
+                                            "hooks": {}})
+    with pytest.raises(runner.RunMismatch, match="activations were written for"):
+        runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
