@@ -234,3 +234,14 @@ def test_unsupported_option(ckpt_dir, tmp_path, field, value, pattern):
     _edit_config(path, **{field: value})
     with pytest.raises(ValueError, match=pattern):
         model_lib.load_pretrained(path)
+
+
+def test_qwen2_per_layer_sliding_window(ckpt_dir):
+    """use_sliding_window with max_window_layers: layer 0 full, layers 1-2 windowed."""
+    path = ckpt_dir("qwen2", use_sliding_window=True, sliding_window=5, max_window_layers=1)
+    assert model_lib.load_pretrained(path).config.sliding_windows == (None, 5, 5)
+    ids = _ids(2, SEQ, seed=5)
+    ref = hf_models.hf_hooks(hf_models.load_hf_model(path), ids)
+    ours = _extract_all(path, ids)
+    for name in ref:
+        assert _max_rel(ours[name], ref[name]) <= 1e-5, name

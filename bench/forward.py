@@ -1,0 +1,118 @@
+"""Forward-pass throughput: actx's jitted extract step vs HF transformers PyTorch.
+
+Builds a random-init Qwen2 checkpoint of the requested size with transformers, then times
+(1) make_extract_fn with the final_norm hook only (forward only, no LM head),
+(2) make_extract_fn with 4 resid_post hooks, and
+(3) the HF PyTorch model with output_hidden_states=True (its base model, no LM head),
+on the same inputs; prints tokens/s (median over iterations) and the ratios.
+
+  python bench/forward.py                     # modest CPU default, ~1 minute
+  python bench/forward.py --qwen05b --skip-hf # Qwen2.5-0.5B shapes, for a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+# Run as a script from anywhere: the repo root holds `tests.hf_models`.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--intermediate", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--iters", type=int, default=7)
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
+    p.add_argument("--qwen05b", action="store_true",
+                   help="Qwen2.5-0.5B shapes, batch 16 x seq 2048, bfloat16")
+    p.add_argument("--skip-hf", action="store_true", help="do not time HF PyTorch")
+    args = p.parse_args()
+    if args.qwen05b:
+        args.hidden, args.layers, args.heads, args.kv_heads = 896, 24, 14, 2
+        args.intermediate, args.vocab, args.batch, args.seq = 4864, 151936, 16, 2048
+        args.dtype = args.dtype or "bfloat16"
+    args.dtype = args.dtype or "float32"
+    return args
+
+
+def _median_seconds(run, iters: int) -> float:
+    run()  # warm up: compile / first-call allocation
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    args = _parse_args()
+    import jax
+    import numpy as np
+    import torch
+
+    from tests import hf_models
+    from workers import capture, step
+    from workers import model as model_lib
+
+    tokens = args.batch * args.seq
+    ids = np.random.RandomState(0).randint(0, args.vocab, (args.batch, args.seq)).astype(
+        np.int32)
+    with tempfile.TemporaryDirectory() as ckpt:
+        hf_models.make_tiny_checkpoint(
+            ckpt, "qwen2", hidden_size=args.hidden, num_hidden_layers=args.layers,
+            num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+            intermediate_size=args.intermediate, vocab_size=args.vocab,
+            max_position_embeddings=max(args.seq, 256))
+        model = model_lib.load_pretrained(ckpt, dtype=args.dtype)
+        hf = None if args.skip_hf else hf_models.load_hf_model(ckpt)
+
+    print(f"device={jax.devices()[0].platform} ({len(jax.devices())} devices) "
+          f"dtype={args.dtype} hidden={args.hidden} layers={args.layers} heads={args.heads}"
+          f"/{args.kv_heads} mlp={args.intermediate} vocab={args.vocab} "
+          f"batch={args.batch} seq={args.seq} iters={args.iters}")
+    # Four resid_post hooks spread over the depth (the last layer always included).
+    every = max(1, args.layers // 4)
+    four = ",".join(f"layers.{i}.resid_post" for i in range(args.layers - 1, -1, -every)[:4])
+    print(f"4 hooks: {four}")
+    results = {}
+    for label, hooks in (("actx forward (final_norm)", "final_norm"),
+                         ("actx 4 resid_post hooks", four)):
+        fn = step.make_extract_fn(model, capture.CaptureSpec.parse(hooks, dtype=args.dtype))
+        ids_dev = jax.device_put(ids)
+        seconds = _median_seconds(lambda: jax.block_until_ready(fn(ids_dev)), args.iters)
+        results[label] = tokens / seconds
+    if hf is not None:
+        if args.dtype == "bfloat16":
+            hf = hf.to(torch.bfloat16)
+        ids_pt = torch.as_tensor(ids, dtype=torch.long)
+
+        def run_hf():
+            with torch.no_grad():
+                hf.model(input_ids=ids_pt, output_hidden_states=True)
+
+        results["HF PyTorch (output_hidden_states)"] = tokens / _median_seconds(
+            run_hf, args.iters)
+    for label, tokens_per_s in results.items():
+        print(f"{label:36s} {tokens_per_s:12,.0f} tokens/s")
+    if hf is not None:
+        hf_rate = results["HF PyTorch (output_hidden_states)"]
+        for label, rate in results.items():
+            if label.startswith("actx"):
+                print(f"ratio {label} / HF: {rate / hf_rate:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
