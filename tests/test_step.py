@@ -83,3 +83,17 @@ def test_bad_inputs(model):
         step.make_extract_fn(model, capture.CaptureSpec.parse("layers.3.resid_post"))
     with pytest.raises(ValueError, match="requests no hooks"):
         step.make_extract_fn(model, capture.CaptureSpec(hooks=()))
+
+
+@pytest.mark.parametrize("hooks,layers_run", [("layers.0.resid_post", 1),
+                                              ("layers.1.resid_post,layers.0.mlp_out", 2),
+                                              ("final_norm", 3)])
+def test_scan_stops_after_last_requested_layer(model, hooks, layers_run):
+    import re
+
+    import jax
+
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse(hooks))
+    ids = _ids(2, 16)
+    jaxpr = str(jax.make_jaxpr(fn._jitted)(fn._params, ids, ids, ids))
+    assert re.findall(r"length=(\d+)", jaxpr) == [str(layers_run)]
