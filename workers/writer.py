@@ -98,7 +98,8 @@ class PartitionWriter:
         sums = {}
         writes = []
         for hook, data in block.data.items():
-            sums[hook] = commit_lib.checksum(memoryview(np.ascontiguousarray(data)).cast("B"))
+            # A uint8 view: bfloat16 does not export the buffer protocol, its bytes do.
+            sums[hook] = commit_lib.checksum(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
             arr = self._arrays.arrays[hook]
             writes.append(arr[block.start_row:block.start_row + block.rows].write(data))
             _log_object_write(hook, block.start_row // self._rows_per_shard)

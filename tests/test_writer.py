@@ -1,0 +1,55 @@
+"""The shard writer: whole-shard objects, checksums of what is stored, slice bounds."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorstore as ts
+
+from schemas import commit, runspec, uri
+from workers import writer
+
+LAYOUT = runspec.LayoutSpec(rows_per_shard=4, partition_rows=8, chunk_rows=2, codec="zstd")
+
+
+def _arrays(tmp_path, dtype="bfloat16"):
+    return writer.ActivationArrays(uri.parse(str(tmp_path / "run")), {"a": 8, "b": 8},
+                                   total_rows=16, seq_len=3, dtype=dtype, layout=LAYOUT)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_rows_in_uneven_batches_become_whole_shards(tmp_path, dtype):
+    arrays = _arrays(tmp_path, dtype)
+    pool = writer.WriterPool(threads=2, max_pending=2)
+    part = writer.PartitionWriter(arrays, (8, 15), pool)  # a short last slice: 7 rows
+    rng = np.random.default_rng(0)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    data = {k: rng.normal(size=(7, 3, 8)).astype(np_dtype) for k in ("a", "b")}
+    for lo, hi in ((0, 3), (3, 5), (5, 7)):  # batches that straddle shard boundaries
+        part.add(8 + lo, {k: v[lo:hi] for k, v in data.items()})
+    sums = part.finish()
+    pool.shutdown()
+    for hook in ("a", "b"):
+        stored = ts.open({"driver": "zarr3", "kvstore": {
+            "driver": "file", "path": str(tmp_path / "run" / "activations" / hook) + "/"}}
+        ).result()
+        np.testing.assert_array_equal(stored[8:15].read().result(), data[hook])
+        expected = [commit.checksum(np.ascontiguousarray(data[hook][i:i + 4]).tobytes())
+                    for i in (0, 4)]
+        assert sums[hook] == expected
+    shard_files = sorted(p.name for p in (tmp_path / "run/activations/a/c").iterdir())
+    assert shard_files == ["2", "3"]  # shards of rows 8-11 and 12-15 only
+
+
+def test_rows_outside_the_slice_are_refused(tmp_path):
+    part = writer.PartitionWriter(_arrays(tmp_path), (0, 4), writer.WriterPool(1, 1))
+    with pytest.raises(ValueError, match="outside this host's slice"):
+        part.add(2, {"a": np.zeros((3, 3, 8)), "b": np.zeros((3, 3, 8))})
+
+
+def test_an_unfinished_block_cannot_be_committed(tmp_path):
+    part = writer.PartitionWriter(_arrays(tmp_path), (0, 8), writer.WriterPool(1, 1))
+    part.add(0, {"a": np.zeros((5, 3, 8)), "b": np.zeros((5, 3, 8))})
+    with pytest.raises(RuntimeError, match="never completed"):
+        part.finish()
