@@ -168,6 +168,24 @@ class Worker:
         self.token_sharding = (sharding.data_parallel_sharding(self.mesh, 2)
                                if self.mesh is not None else None)
         self.timings = collections.Counter()
+        self.pinned_sharding = self._pinned_host_sharding()
+
+    def _pinned_host_sharding(self):
+        """Outputs' sharding in pinned host memory, where the backend has it (GPU, TPU).
+
+        Device-to-host copies from pageable memory ran at 1.6 GB/s against 51 GB/s from
+        pinned memory on an H200, so outputs are moved there by an async device_put.
+        """
+        device = self.jax.local_devices()[0]
+        try:
+            kinds = {m.kind for m in device.addressable_memories()}
+        except Exception:  # backends without memory kinds
+            return None
+        if device.platform == "cpu" or "pinned_host" not in kinds or self.mesh is None:
+            return None
+        from workers import sharding
+
+        return sharding.data_parallel_sharding(self.mesh, 3).with_memory_kind("pinned_host")
 
     def _check_activation_info(self) -> None:
         info = {"fingerprint": self.spec.fingerprint, "dtype": self.spec.capture.dtype,
@@ -255,8 +273,11 @@ class Worker:
                     raise Preempted(f"stopped at step {batch.index} of partition {pid}")
                 outs = self.fn(self._to_global(batch.input_ids), self._to_global(batch.positions),
                                self._to_global(batch.segment_ids))
-                for x in outs.values():
-                    x.copy_to_host_async()  # overlaps the copy with the next step
+                if self.pinned_sharding is not None:
+                    outs = self.jax.device_put(outs, self.pinned_sharding)
+                else:
+                    for x in outs.values():
+                        x.copy_to_host_async()  # overlaps the copy with the next step
                 faults.maybe_crash("step")
                 inflight.append((batch, outs))
                 if len(inflight) > 1:
