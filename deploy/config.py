@@ -1,0 +1,171 @@
+"""The submit config: a run spec plus where and how to run it, from one YAML/TOML file.
+
+Built with `schemas.config`, so an unknown key or a wrong type is an error naming the
+dotted key and the file. `--set key.sub=value` overrides apply before validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Literal
+
+from schemas import config as config_lib
+from schemas import runspec as runspec_lib
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "demo.yaml")
+CACHE_PLACEHOLDER = "{cache}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuConfig:
+    """A Cloud TPU VM slice driven through `gcloud compute tpus`.
+
+    name / zone / project: the TPU VM (or queued resource node) and where it lives.
+    accelerator_type: e.g. "v4-32", "v5litepod-16", "v6e-8".
+    runtime_version: TPU VM software version (image).
+    create: create the slice first (tpu-vm create, or a queued resource when
+      `queued_resource`); false: the slice already exists.
+    queued_resource: create through `gcloud compute tpus queued-resources create`.
+    spot: ask for spot capacity when creating.
+    hosts: TPU VM hosts in the slice (0: derived from accelerator_type).
+    coordinator_port: port of jax.distributed's coordinator on worker 0.
+    install: pip requirement installed on every host ("": an sdist of this checkout,
+      copied with `tpu-vm scp`).
+    python: the interpreter on the hosts.
+    env: extra environment variables for the worker processes.
+    """
+
+    name: str = ""
+    zone: str = ""
+    project: str = ""
+    accelerator_type: str = "v4-8"
+    runtime_version: str = "tpu-ubuntu2204-base"
+    create: bool = False
+    queued_resource: bool = False
+    spot: bool = False
+    hosts: int = 0
+    coordinator_port: int = 8476
+    install: str = ""
+    python: str = "python3"
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataflowConfig:
+    """Prepare on Google Cloud Dataflow (standard Beam PipelineOptions).
+
+    temp_location: a gs:// prefix for Dataflow's temporary files (required).
+    staging_location: where the job's packages are staged (default: temp_location/staging).
+    job_name: Dataflow job name (default: actx-prepare-<run name>-<fingerprint>).
+    setup_file: the setup.py staged to the Dataflow workers ("": this checkout's).
+    extra_args: more PipelineOptions flags, passed through unchanged.
+    """
+
+    project: str = ""
+    region: str = ""
+    temp_location: str = ""
+    staging_location: str = ""
+    job_name: str = ""
+    setup_file: str = ""
+    max_num_workers: int = 0
+    machine_type: str = ""
+    service_account_email: str = ""
+    subnetwork: str = ""
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetConfig:
+    """Where prepare and extract run.
+
+    kind: "local" (this machine: in-process Beam, then `hosts` worker processes as
+      simulated hosts), "tpu-vm" (a TPU VM slice through gcloud) or "dataflow" (prepare
+      on Dataflow only; extract afterwards with `actx rerun --config` on another target).
+    prepare: where prepare runs for kind "tpu-vm": "local" (in-process Beam writing to the
+      run URI) or "dataflow" (the `dataflow` table).
+    hosts / hosts_per_replica: local worker processes, and how many of them form one
+      replica (joined by jax.distributed on loopback); replicas = hosts / hosts_per_replica.
+    batch_size: rows per step of one replica.
+    devices_per_host: simulated XLA CPU devices per local process.
+    model_parallel: size of the model mesh axis.
+    steal: replicas take other replicas' uncommitted partitions when done with their own.
+    heartbeat_s: seconds between worker heartbeats.
+    gcs_request_concurrency / gcs_request_retries: tensorstore GCS settings of workers.
+    """
+
+    kind: Literal["local", "tpu-vm", "dataflow"] = "local"
+    prepare: Literal["local", "dataflow"] = "local"
+    hosts: int = 1
+    hosts_per_replica: int = 1
+    batch_size: int = 8
+    devices_per_host: int = 1
+    model_parallel: int = 1
+    steal: bool = True
+    heartbeat_s: float = 2.0
+    gcs_request_concurrency: int = 32
+    gcs_request_retries: int = 8
+    tpu: TpuConfig = TpuConfig()
+    dataflow: DataflowConfig = DataflowConfig()
+
+    def __post_init__(self):
+        if self.hosts < 1 or self.hosts_per_replica < 1:
+            raise ValueError("hosts and hosts_per_replica must be >= 1")
+        if self.hosts % self.hosts_per_replica:
+            raise ValueError(f"hosts ({self.hosts}) must be a multiple of hosts_per_replica "
+                             f"({self.hosts_per_replica})")
+        if self.batch_size % self.hosts_per_replica:
+            raise ValueError(f"batch_size ({self.batch_size}) must split evenly over the "
+                             f"{self.hosts_per_replica} hosts of a replica")
+
+    @property
+    def replicas(self) -> int:
+        return self.hosts // self.hosts_per_replica
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitConfig:
+    """run: the run directory (local path or gs://bucket/path).
+    spec: the run spec (model, tokenizer, sources, packing, capture, layout, name).
+    target: where it runs.
+    demo_assets: make the demo's inputs in the cache first (the embedded demo config).
+    max_reject_fraction: prepare fails when more inputs than this are rejected.
+    """
+
+    run: str
+    spec: runspec_lib.RunSpec
+    target: TargetConfig = TargetConfig()
+    demo_assets: bool = False
+    max_reject_fraction: float = 0.01
+
+
+def _expand(value, cache: str):
+    if isinstance(value, str):
+        return value.replace(CACHE_PLACEHOLDER, cache)
+    if isinstance(value, list):
+        return [_expand(v, cache) for v in value]
+    if isinstance(value, dict):
+        return {k: _expand(v, cache) for k, v in value.items()}
+    return value
+
+
+def load_submit_config(path: str | None, overrides: list[str] = ()) -> SubmitConfig:
+    """Loads a submit config (None: the embedded demo config) with `--set` overrides.
+
+    Strings may name "{cache}" (the actx cache directory). Raises ConfigError naming the
+    key and the file.
+    """
+    from deploy import demo
+
+    path = path or DEMO_CONFIG
+    data = config_lib.load_file(path)
+    data = config_lib.apply_overrides(data, list(overrides))
+    data = _expand(data, demo.cache_dir())
+    return config_lib.from_dict(SubmitConfig, data, f"{path}: ")
+
+
+def target_from_flags(base: TargetConfig, **flags) -> TargetConfig:
+    """`base` with the command-line flags that were given (None: keep the config's)."""
+    changes = {k: v for k, v in flags.items() if v is not None}
+    return dataclasses.replace(base, **changes) if changes else base

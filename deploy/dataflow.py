@@ -1,0 +1,80 @@
+"""Prepare on Google Cloud Dataflow: the `actx prepare` command line with standard Beam
+PipelineOptions (runner, project, region, temp location, setup.py staging), and the
+prepare step of other targets (in-process Beam when no Dataflow is asked for)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from deploy import config as config_lib
+from deploy.commands import Command
+from deploy.tpu_vm import TargetError
+from schemas import runspec as runspec_lib
+
+SPEC_DIR = ".actx"
+SETUP_PY = os.path.join(config_lib.REPO_ROOT, "setup.py")
+
+
+def spec_file(spec: runspec_lib.RunSpec) -> str:
+    """Where submit writes the run spec that the prepare command reads (./.actx/)."""
+    return os.path.abspath(os.path.join(SPEC_DIR, f"{spec.name}-{spec.fingerprint}.json"))
+
+
+def write_spec_file(spec: runspec_lib.RunSpec) -> str:
+    path = spec_file(spec)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(spec.to_json_obj(), f, indent=1, sort_keys=True)
+        f.write("\n")
+    return path
+
+
+def job_name(spec: runspec_lib.RunSpec, df: config_lib.DataflowConfig) -> str:
+    if df.job_name:
+        return df.job_name
+    name = re.sub(r"[^a-z0-9-]+", "-", spec.name.lower()).strip("-") or "run"
+    return f"actx-prepare-{name}-{spec.fingerprint}"
+
+
+def check(run: str, df: config_lib.DataflowConfig) -> None:
+    missing = [k for k in ("project", "region", "temp_location") if not getattr(df, k)]
+    if missing:
+        raise TargetError(f"target.dataflow: {', '.join(missing)} required to prepare on "
+                          f"Dataflow")
+    if not run.startswith("gs://"):
+        raise TargetError(f"run {run!r}: Dataflow workers need a gs:// run directory")
+    if not df.temp_location.startswith("gs://"):
+        raise TargetError(f"target.dataflow.temp_location {df.temp_location!r}: must be gs://")
+
+
+def pipeline_args(spec: runspec_lib.RunSpec, df: config_lib.DataflowConfig) -> list[str]:
+    """Beam PipelineOptions flags for Dataflow."""
+    staging = df.staging_location or f"{df.temp_location.rstrip('/')}/staging"
+    args = ["--runner=DataflowRunner", f"--project={df.project}", f"--region={df.region}",
+            f"--temp_location={df.temp_location}", f"--staging_location={staging}",
+            f"--setup_file={df.setup_file or SETUP_PY}", f"--job_name={job_name(spec, df)}"]
+    if df.max_num_workers:
+        args.append(f"--max_num_workers={df.max_num_workers}")
+    if df.machine_type:
+        args.append(f"--machine_type={df.machine_type}")
+    if df.service_account_email:
+        args.append(f"--service_account_email={df.service_account_email}")
+    if df.subnetwork:
+        args.append(f"--subnetwork={df.subnetwork}")
+    return args + list(df.extra_args)
+
+
+def prepare_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.TargetConfig,
+                    max_reject_fraction: float, on_dataflow: bool) -> Command:
+    """`actx prepare` for this spec: on Dataflow, or in-process Beam (writing to `run`)."""
+    base = ("actx", "prepare", "--spec", spec_file(spec), "--out", run,
+            f"--max-reject-fraction={max_reject_fraction:g}")
+    if on_dataflow:
+        check(run, target.dataflow)
+        return Command(base + tuple(pipeline_args(spec, target.dataflow)),
+                       f"prepare {run} on Dataflow (job {job_name(spec, target.dataflow)})",
+                       in_process=True)
+    return Command(base + ("--runner=FnApiRunner",),
+                   f"prepare {run} here (in-process Beam runner)", in_process=True)

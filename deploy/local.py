@@ -1,0 +1,197 @@
+"""The local target: prepare on Beam's in-process runner, then N worker processes on this
+machine as N simulated hosts, with live progress and collected logs.
+
+Hosts of one replica join jax.distributed on a loopback coordinator; replicas never talk.
+Each process sees `devices_per_host` simulated XLA CPU devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from deploy import config as config_lib
+from deploy import runstate
+from schemas import runspec as runspec_lib
+from schemas import store as store_lib
+from schemas import uri as uri_lib
+
+LOG_TAIL_LINES = 25
+
+
+def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: float,
+                  out=sys.stdout) -> bool:
+    """Runs prepare in-process unless the run is already prepared for this spec.
+
+    Returns False when it was already prepared (prepare is deterministic, so the existing
+    token store is the one this spec would write).
+    """
+    store = store_lib.open_store(run)
+    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    if (existing is not None and existing.get("fingerprint") == spec.fingerprint
+            and store.exists("manifest.json")):
+        print(f"prepare: {run} is already prepared for fingerprint {spec.fingerprint}; "
+              f"skipping", file=out, flush=True)
+        return False
+    from pipeline import main as pipeline_main  # Beam: only when prepare runs here
+
+    print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
+    t0 = time.monotonic()
+    manifest = pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
+                                         max_reject_fraction=max_reject_fraction)
+    print(f"prepare: {manifest.total_rows} rows, {manifest.total_tokens:,} tokens, "
+          f"{len(manifest.partitions)} partitions, {manifest.docs_rejected} rejected "
+          f"({time.monotonic() - t0:.1f}s)", file=out, flush=True)
+    return True
+
+
+@dataclasses.dataclass
+class _Proc:
+    name: str
+    replica: int
+    popen: subprocess.Popen
+    log_path: str
+    log_file: object
+    returncode: int | None = None
+    stopped: bool = False  # terminated by us because a peer of its replica failed
+
+
+def worker_args(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
+                replica: int, process_id: int, coordinator: str | None,
+                only: list[int] | None) -> list[str]:
+    """Command-line flags of one local worker process."""
+    args = ["--run", run, "--batch-size", str(target.batch_size),
+            "--replicas", str(target.replicas), "--replica", str(replica),
+            "--model-parallel", str(target.model_parallel), "--job", job,
+            "--expect-fingerprint", fingerprint, "--host-name",
+            f"local-r{replica}h{process_id}", "--heartbeat-s", f"{target.heartbeat_s:g}",
+            "--gcs-request-concurrency", str(target.gcs_request_concurrency),
+            "--gcs-request-retries", str(target.gcs_request_retries)]
+    if target.hosts_per_replica > 1:
+        args += ["--coordinator", coordinator, "--num-processes",
+                 str(target.hosts_per_replica), "--process-id", str(process_id)]
+    if target.steal and target.replicas > 1:
+        args.append("--steal")
+    if only is not None:
+        args += ["--only", ",".join(str(p) for p in only)]
+    return args
+
+
+def worker_env(target: config_lib.TargetConfig) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={target.devices_per_host}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = config_lib.REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    for key in ("ACTX_COORDINATOR", "ACTX_NUM_PROCESSES", "ACTX_PROCESS_ID"):
+        env.pop(key, None)  # flags decide; a stale variable must not join another group
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _log_dir(run: str, job: str) -> tuple[str, bool]:
+    """(local directory for worker logs, whether to upload it into <run>/logs/ after)."""
+    loc = uri_lib.parse(run)
+    if loc.is_local:
+        path = os.path.join(loc.path, "logs", job)
+        os.makedirs(path, exist_ok=True)
+        return path, False
+    return tempfile.mkdtemp(prefix=f"actx-logs-{job}-"), True
+
+
+def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
+                only: list[int] | None = None, progress_s: float = 3.0,
+                out=sys.stdout) -> int:
+    """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
+    log_dir, upload = _log_dir(run, job)
+    env = worker_env(target)
+    procs: list[_Proc] = []
+    for r in range(target.replicas):
+        coordinator = (f"127.0.0.1:{_free_port()}" if target.hosts_per_replica > 1 else None)
+        for i in range(target.hosts_per_replica):
+            name = f"local-r{r}h{i}"
+            args = worker_args(run, target, fingerprint, job, r, i, coordinator, only)
+            log_path = os.path.join(log_dir, f"{name}.log")
+            log_file = open(log_path, "w")
+            popen = subprocess.Popen([sys.executable, "-m", "workers.main", *args], env=env,
+                                     cwd=config_lib.REPO_ROOT, stdout=log_file,
+                                     stderr=subprocess.STDOUT)
+            procs.append(_Proc(name, r, popen, log_path, log_file))
+    print(f"extract: job {job}: {len(procs)} worker process(es) ({target.replicas} replica(s) "
+          f"x {target.hosts_per_replica} host(s), {target.devices_per_host} CPU device(s) "
+          f"each); logs in {log_dir}", file=out, flush=True)
+    failed: list[_Proc] = []
+    handle = None
+    tty = hasattr(out, "isatty") and out.isatty()
+    last_line = ""
+    try:
+        while any(p.returncode is None for p in procs):
+            deadline = time.monotonic() + progress_s
+            while time.monotonic() < deadline and any(p.returncode is None for p in procs):
+                for p in procs:
+                    if p.returncode is None and p.popen.poll() is not None:
+                        p.returncode = p.popen.returncode
+                        if p.returncode != 0 and not p.stopped:
+                            failed.append(p)
+                            _stop_replica(procs, p.replica)
+                time.sleep(0.2)
+            try:
+                handle = handle or runstate.open_run(run)
+                line = runstate.one_line(runstate.compute_status(handle))
+            except Exception as e:  # progress is best effort; the workers decide the outcome
+                line = f"(progress unavailable: {e})"
+            if tty:
+                print("\r\x1b[2K" + line, end="", file=out, flush=True)
+            elif line != last_line:
+                print(line, file=out, flush=True)
+            last_line = line
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        raise
+    finally:
+        if tty:
+            print(file=out)
+        for p in procs:
+            p.popen.wait()
+            p.log_file.close()
+    if upload:
+        _upload_logs(run, job, log_dir)
+    for p in failed:
+        print(f"extract: worker {p.name} failed with exit code {p.returncode}; last lines of "
+              f"{p.log_path}:\n{_tail(p.log_path)}", file=out, flush=True)
+    return 1 if failed else 0
+
+
+def _stop_replica(procs: list[_Proc], replica: int) -> None:
+    """A replica's hosts run in lockstep: when one dies, its peers would wait forever."""
+    for p in procs:
+        if p.replica == replica and p.popen.poll() is None:
+            p.stopped = True
+            p.popen.terminate()
+
+
+def _upload_logs(run: str, job: str, log_dir: str) -> None:
+    store = store_lib.open_store(run)
+    for name in sorted(os.listdir(log_dir)):
+        with open(os.path.join(log_dir, name), "rb") as f:
+            store.write(f"logs/{job}/{name}", f.read())

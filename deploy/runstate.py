@@ -1,0 +1,244 @@
+"""What a run directory says about its progress: `actx status`, and what rerun selects.
+
+Reads only small objects (run.json, manifest.json, the commits/ listing, heartbeats,
+activations/actx.json), never activation data, and imports neither jax nor Beam.
+Partition states: committed (a marker exists: the only thing that counts as done),
+in progress (a live worker holds it), stale (its worker stopped beating, failed or was
+preempted) and pending (nobody holds it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from schemas import commit as commit_lib
+from schemas import heartbeat as heartbeat_lib
+from schemas import layout as layout_lib
+from schemas import manifest as manifest_lib
+from schemas import runspec as runspec_lib
+from schemas import store as store_lib
+from schemas import uri as uri_lib
+
+ACTIVATIONS_INFO_KEY = f"{layout_lib.ACTIVATIONS_GROUP}/actx.json"  # written by workers
+DEFAULT_STALE_AFTER_S = 60.0
+COMMITTED, IN_PROGRESS, STALE, PENDING = "committed", "in_progress", "stale", "pending"
+MAP_CHARS = {COMMITTED: "C", IN_PROGRESS: "W", STALE: "S", PENDING: "."}
+_LIVE_STATES = ("starting", "working", "idle")
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+class RunError(RuntimeError):
+    """The location is not an actx run (or not a prepared one); the message says why."""
+
+
+@dataclasses.dataclass
+class RunHandle:
+    """An opened run: its store, spec and manifest."""
+
+    location: uri_lib.Location
+    store: store_lib.ObjectStore
+    spec: runspec_lib.RunSpec
+    manifest: manifest_lib.Manifest
+
+
+def open_run(run: str) -> RunHandle:
+    """Opens a prepared run, or raises RunError saying what is missing."""
+    try:
+        location = uri_lib.parse(run)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    if location.is_local:
+        import os
+
+        if not os.path.isdir(location.path):
+            raise RunError(f"{run}: no such directory; not an actx run")
+    try:
+        store = store_lib.open_store(location)
+        spec = runspec_lib.read_run_spec(store)
+        manifest = manifest_lib.read_manifest(store)
+    except FileNotFoundError as e:
+        raise RunError(str(e)) from None
+    except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
+        if type(e).__name__ in ("NotFound", "Forbidden"):
+            raise RunError(f"{run}: cannot be read ({e}); not an actx run") from None
+        if isinstance(e, ValueError):
+            raise RunError(f"{run}: not a valid actx run: {e}") from None
+        raise
+    return RunHandle(location, store, spec, manifest)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostState:
+    host: str
+    state: str
+    live: bool
+    age_s: float
+    partition: int | None
+    step: int
+    steps: int
+    tokens_per_s: float
+    tokens_done: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStatus:
+    """A snapshot of a run's progress (what `actx status --json` prints)."""
+
+    run: str
+    name: str
+    fingerprint: str
+    partitions: dict[int, str]
+    counts: dict[str, int]
+    tokens_done: int
+    tokens_total: int
+    bytes_done: int | None
+    bytes_total: int | None
+    tokens_per_s: float
+    eta_s: float | None
+    hosts: tuple[HostState, ...]
+    stale_after_s: float
+    at: float
+
+    @property
+    def complete(self) -> bool:
+        return self.counts[COMMITTED] == len(self.partitions)
+
+    def ids(self, state: str) -> list[int]:
+        return [p for p, s in sorted(self.partitions.items()) if s == state]
+
+    def to_json_obj(self) -> dict:
+        obj = dataclasses.asdict(self)
+        obj["partitions"] = {layout_lib.partition_name(p): s
+                             for p, s in sorted(self.partitions.items())}
+        obj["complete"] = self.complete
+        obj["eta"] = "unknown" if self.eta_s is None else round(self.eta_s, 1)
+        obj["map"] = partition_map(self)
+        return obj
+
+
+def bytes_per_row(handle: RunHandle) -> int | None:
+    """Stored activation bytes per row (all hooks), from activations/actx.json."""
+    info = handle.store.read_json(ACTIVATIONS_INFO_KEY)
+    if not info:
+        return None
+    itemsize = _ITEMSIZE.get(info.get("dtype", handle.spec.capture.dtype), 2)
+    return handle.manifest.seq_len * itemsize * sum(int(h) for h in info["hooks"].values())
+
+
+def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER_S,
+                   now: float | None = None) -> RunStatus:
+    now = time.time() if now is None else now
+    committed = commit_lib.committed_partitions(handle.store)
+    beats = heartbeat_lib.read_heartbeats(handle.store)
+    hosts = []
+    held_live: set[int] = set()
+    held_dead: set[int] = set()
+    for hb in sorted(beats, key=lambda b: b.host):
+        age = max(0.0, now - hb.updated_at)
+        live = hb.state in _LIVE_STATES and age <= stale_after_s
+        hosts.append(HostState(hb.host, hb.state if live or hb.state not in _LIVE_STATES
+                               else f"{hb.state} (stale)", live, round(age, 1), hb.partition,
+                               hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
+                               hb.tokens_done, hb.message))
+        if hb.partition is not None and hb.state not in ("done",):
+            (held_live if live else held_dead).add(hb.partition)
+    states = {}
+    for part in handle.manifest.partitions:
+        if part.id in committed:
+            states[part.id] = COMMITTED
+        elif part.id in held_live:
+            states[part.id] = IN_PROGRESS
+        elif part.id in held_dead:
+            states[part.id] = STALE
+        else:
+            states[part.id] = PENDING
+    counts = {s: 0 for s in MAP_CHARS}
+    for s in states.values():
+        counts[s] += 1
+    parts = handle.manifest.partitions
+    tokens_done = sum(p.tokens for p in parts if states[p.id] == COMMITTED)
+    per_row = bytes_per_row(handle)
+    rows_done = sum(p.row_count for p in parts if states[p.id] == COMMITTED)
+    throughput = sum(h.tokens_per_s for h in hosts if h.live)
+    remaining = handle.manifest.total_tokens - tokens_done
+    if remaining <= 0:
+        eta = 0.0
+    elif throughput > 0:
+        eta = remaining / throughput
+    else:
+        eta = None  # no live worker: any number would be a guess
+    return RunStatus(
+        run=str(handle.location), name=handle.spec.name, fingerprint=handle.spec.fingerprint,
+        partitions=states, counts=counts, tokens_done=tokens_done,
+        tokens_total=handle.manifest.total_tokens,
+        bytes_done=None if per_row is None else per_row * rows_done,
+        bytes_total=None if per_row is None else per_row * handle.manifest.total_rows,
+        tokens_per_s=round(throughput, 1), eta_s=eta, hosts=tuple(hosts),
+        stale_after_s=stale_after_s, at=now)
+
+
+def partition_map(status: RunStatus, width: int = 64) -> list[str]:
+    chars = "".join(MAP_CHARS[s] for _, s in sorted(status.partitions.items()))
+    return [chars[i:i + width] for i in range(0, len(chars), width)] or [""]
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "unknown"
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+def one_line(status: RunStatus) -> str:
+    """A progress line for submit's live display."""
+    c = status.counts
+    pct = 100.0 * status.tokens_done / max(1, status.tokens_total)
+    return (f"[{status.name}] {c[COMMITTED]}/{len(status.partitions)} committed, "
+            f"{c[IN_PROGRESS]} in progress, {c[STALE]} stale, {c[PENDING]} pending | "
+            f"{pct:5.1f}% tokens | {status.tokens_per_s:,.0f} tok/s | "
+            f"ETA {_duration(status.eta_s)}")
+
+
+def render(status: RunStatus) -> str:
+    c = status.counts
+    n = len(status.partitions)
+    bytes_note = "" if status.bytes_total is not None else " (sizes known once a worker starts)"
+    lines = [
+        f"run {status.run}  (name {status.name}, fingerprint {status.fingerprint})",
+        f"partitions: {n} total | {c[COMMITTED]} committed | {c[IN_PROGRESS]} in progress | "
+        f"{c[STALE]} stale | {c[PENDING]} pending",
+        f"tokens:     {status.tokens_done:,} / {status.tokens_total:,} "
+        f"({100.0 * status.tokens_done / max(1, status.tokens_total):.1f}%)",
+        f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
+        f"throughput: {status.tokens_per_s:,.0f} tokens/s (live workers)   "
+        f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None or status.complete
+                                             else " (no live worker)"),
+    ]
+    if status.hosts:
+        lines.append(f"hosts (stale after {status.stale_after_s:g}s without a heartbeat):")
+        for h in status.hosts:
+            where = (f"partition {layout_lib.partition_name(h.partition)} step {h.step}/{h.steps}"
+                     if h.partition is not None else "-")
+            msg = f"  {h.message}" if h.message else ""
+            lines.append(f"  {h.host:<28} {h.state:<16} {where:<30} "
+                         f"{h.tokens_per_s:>10,.0f} tok/s  last beat {_duration(h.age_s)} ago{msg}")
+    else:
+        lines.append("hosts: none has reported yet")
+    lines.append("map (C committed, W in progress, S stale, . pending):")
+    for i, row in enumerate(partition_map(status)):
+        lines.append(f"  {i * 64:>6}  {row}")
+    return "\n".join(lines)

@@ -1,0 +1,207 @@
+"""`actx verify`: re-reads committed activations and checks them against their markers.
+
+For every committed partition and hook: the block checksums (crc32c over the stored
+bytes, as the writer computed them), the array's shape and dtype, blocks whose stored
+object is missing (they would read as the fill value), NaN and Inf over valid tokens
+(padding positions may hold anything). Reports per-hook mean and mean L2 norm per token.
+Uses tensorstore, numpy and crc32c only (no jax, no Beam).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from deploy import runstate
+from schemas import commit as commit_lib
+from schemas import layout as layout_lib
+from schemas import ts_context
+
+
+@dataclasses.dataclass
+class HookStats:
+    partitions: int = 0
+    blocks: int = 0
+    tokens: int = 0
+    nan: int = 0
+    inf: int = 0
+    value_sum: float = 0.0
+    values: int = 0
+    norm_sum: float = 0.0
+
+    def to_json_obj(self, hidden: int) -> dict:
+        return {"partitions": self.partitions, "blocks": self.blocks, "tokens": self.tokens,
+                "hidden": hidden, "nan": self.nan, "inf": self.inf,
+                "mean": self.value_sum / self.values if self.values else None,
+                "mean_norm": self.norm_sum / self.tokens if self.tokens else None}
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    run: str
+    checked: list[int]
+    not_committed: list[int]
+    hooks: dict[str, int]
+    stats: dict[str, HookStats]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json_obj(self) -> dict:
+        return {"run": self.run, "ok": self.ok,
+                "checked": [layout_lib.partition_name(p) for p in self.checked],
+                "not_committed": [layout_lib.partition_name(p) for p in self.not_committed],
+                "hooks": {h: self.stats[h].to_json_obj(d) for h, d in self.hooks.items()},
+                "problems": self.problems}
+
+
+def _stored_shards(store, hook: str) -> set[int]:
+    """Shard indices of the hook's stored objects (keys activations/<hook>/c/<i>/0/0)."""
+    prefix = f"{layout_lib.activation_array_key(hook)}/c/"
+    found = set()
+    for key in store.list(prefix):
+        first = key[len(prefix):].split("/", 1)[0]
+        if first.isdigit():
+            found.add(int(first))
+    return found
+
+
+def _open(handle: runstate.RunHandle, key: str):
+    return ts_context.open_array(
+        {"driver": "zarr3", "kvstore": handle.location.join(key).kvstore(directory=True)})
+
+
+def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> VerifyReport:
+    spec, manifest, store = handle.spec, handle.manifest, handle.store
+    committed = commit_lib.committed_partitions(store)
+    wanted = [p.id for p in manifest.partitions if only is None or p.id in only]
+    checked = [p for p in wanted if p in committed]
+    report = VerifyReport(str(handle.location), checked,
+                          [p for p in wanted if p not in committed], {}, {}, [])
+    problems = report.problems
+    if not checked:
+        return report
+    info = store.read_json(runstate.ACTIVATIONS_INFO_KEY)
+    if not info or "hooks" not in info:
+        problems.append(f"{runstate.ACTIVATIONS_INFO_KEY}: missing, but {len(checked)} "
+                        f"partition(s) are committed")
+        return report
+    if info.get("fingerprint") != spec.fingerprint:
+        problems.append(f"{runstate.ACTIVATIONS_INFO_KEY}: fingerprint "
+                        f"{info.get('fingerprint')} differs from run.json ({spec.fingerprint})")
+    dtype = spec.capture.dtype
+    if info.get("dtype") != dtype:
+        problems.append(f"{runstate.ACTIVATIONS_INFO_KEY}: dtype {info.get('dtype')} differs "
+                        f"from the run spec ({dtype})")
+    report.hooks = {h: int(d) for h, d in sorted(info["hooks"].items())}
+    report.stats = {h: HookStats() for h in report.hooks}
+    arrays, shards = {}, {}
+    for hook, hidden in report.hooks.items():
+        want_shape = (manifest.total_rows, manifest.seq_len, hidden)
+        try:
+            arr = _open(handle, layout_lib.activation_array_key(hook))
+        except Exception as e:
+            problems.append(f"array {hook}: cannot be opened: {e}")
+            continue
+        if tuple(arr.shape) != want_shape:
+            problems.append(f"array {hook}: shape {list(arr.shape)}, expected {list(want_shape)}")
+            continue
+        if arr.dtype.name != dtype:
+            problems.append(f"array {hook}: dtype {arr.dtype.name}, expected {dtype}")
+            continue
+        arrays[hook] = arr
+        shards[hook] = _stored_shards(store, hook)
+    segment_ids = _open(handle, layout_lib.token_array_key("segment_ids"))
+    rows_per_shard = spec.layout.rows_per_shard
+    for pid in checked:
+        part = manifest.partition(pid)
+        where = f"partition {part.name}"
+        marker = commit_lib.read_marker(store, pid)
+        if marker.fingerprint != spec.fingerprint:
+            problems.append(f"{where}: marker fingerprint {marker.fingerprint} differs from the "
+                            f"run's ({spec.fingerprint})")
+        if (marker.row_start, marker.row_count) != (part.row_start, part.row_count):
+            problems.append(f"{where}: marker rows {marker.row_start}+{marker.row_count} differ "
+                            f"from the manifest's {part.row_start}+{part.row_count}")
+            continue
+        if set(marker.checksums) != set(report.hooks):
+            problems.append(f"{where}: marker hooks {sorted(marker.checksums)} differ from "
+                            f"{runstate.ACTIVATIONS_INFO_KEY} {sorted(report.hooks)}")
+        valid = segment_ids[part.row_start:part.row_stop].read().result() > 0
+        block_rows = marker.block_rows
+        n_blocks = -(-part.row_count // block_rows)
+        for hook, arr in arrays.items():
+            sums = marker.checksums.get(hook)
+            if sums is None:
+                continue
+            label = f"{where}, array {hook}"
+            if marker.dtypes.get(hook) != dtype:
+                problems.append(f"{label}: marker dtype {marker.dtypes.get(hook)}, expected {dtype}")
+            if len(sums) != n_blocks:
+                problems.append(f"{label}: marker has {len(sums)} block checksums, expected "
+                                f"{n_blocks}")
+                continue
+            stats = report.stats[hook]
+            stats.partitions += 1
+            for k in range(n_blocks):
+                lo = part.row_start + k * block_rows
+                hi = min(part.row_stop, lo + block_rows)
+                missing = sorted({r // rows_per_shard for r in range(lo, hi)} - shards[hook])
+                if missing:
+                    problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) was never written "
+                                    f"(stored object(s) {missing} missing; it reads as fill value)")
+                    continue
+                try:
+                    block = arr[lo:hi].read().result()
+                except Exception as e:  # a corrupted object may fail to decode
+                    problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) cannot be read: "
+                                    f"{str(e).splitlines()[0][:200]}")
+                    continue
+                crc = commit_lib.checksum(np.ascontiguousarray(block).tobytes())
+                if crc != sums[k]:
+                    problems.append(f"{label}: checksum mismatch in block {k} "
+                                    f"(rows {lo}-{hi - 1}): stored {crc}, marker {sums[k]}")
+                stats.blocks += 1
+                _accumulate(stats, block, valid[lo - part.row_start:hi - part.row_start], label,
+                            k, problems)
+    return report
+
+
+def _accumulate(stats: HookStats, block: np.ndarray, valid_bt: np.ndarray, label: str,
+                k: int, problems: list[str]) -> None:
+    vectors = block[valid_bt].astype(np.float64)  # [valid tokens, hidden]
+    nan = int(np.isnan(vectors).sum())
+    inf = int(np.isinf(vectors).sum())
+    if nan or inf:
+        problems.append(f"{label}: block {k} has {nan} NaN and {inf} Inf value(s) at valid tokens")
+    finite = np.where(np.isfinite(vectors), vectors, 0.0)
+    stats.nan += nan
+    stats.inf += inf
+    stats.tokens += vectors.shape[0]
+    stats.values += vectors.size
+    stats.value_sum += float(finite.sum())
+    stats.norm_sum += float(np.linalg.norm(finite, axis=-1).sum())
+
+
+def render(report: VerifyReport) -> str:
+    lines = [f"verify {report.run}: {len(report.checked)} committed partition(s) checked"
+             + (f", {len(report.not_committed)} not committed (skipped)"
+                if report.not_committed else "")]
+    if report.hooks:
+        lines.append(f"  {'hook':<28} {'hidden':>6} {'parts':>5} {'blocks':>6} {'tokens':>10} "
+                     f"{'NaN':>5} {'Inf':>5} {'mean':>11} {'mean norm':>11}")
+        for hook, hidden in report.hooks.items():
+            s = report.stats[hook].to_json_obj(hidden)
+            mean = "-" if s["mean"] is None else f"{s['mean']:.4g}"
+            norm = "-" if s["mean_norm"] is None else f"{s['mean_norm']:.4g}"
+            lines.append(f"  {hook:<28} {hidden:>6} {s['partitions']:>5} {s['blocks']:>6} "
+                         f"{s['tokens']:>10,} {s['nan']:>5} {s['inf']:>5} {mean:>11} {norm:>11}")
+    if report.problems:
+        lines.append(f"FAILED: {len(report.problems)} problem(s):")
+        lines += [f"  {p}" for p in report.problems]
+    else:
+        lines.append("OK: every committed block matches its checksum")
+    return "\n".join(lines)
