@@ -1,0 +1,194 @@
+"""Dry runs of the tpu-vm and dataflow targets: the exact commands and worker environment.
+
+Nothing here can run for real (no gcloud, no Cloud), so the commands are the contract:
+each expected line is written out in full.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+
+import pytest
+import yaml
+
+from deploy import cli, config, dataflow, tpu_vm
+
+METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+SPEC = {
+    "name": "r1",
+    "model": {"path": "gs://b/models/qwen", "dtype": "bfloat16"},
+    "tokenizer": {"path": "gs://b/models/qwen"},
+    "sources": [{"kind": "fineweb", "paths": ["gs://b/fineweb/*.parquet"]}],
+    "packing": {"mode": "segmented", "seq_len": 1024},
+    "layout": {"rows_per_shard": 64, "partition_rows": 4096},
+}
+TPU = {"name": "tpu1", "zone": "us-central2-b", "project": "proj", "accelerator_type": "v4-32"}
+DATAFLOW = {"project": "proj", "region": "us-central1", "temp_location": "gs://b/tmp",
+            "max_num_workers": 16}
+
+
+def _write(tmp_path, target: dict, name: str = "c.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"run": "gs://b/runs/r1", "spec": SPEC, "target": target}))
+    return str(path)
+
+
+def _dry_run(argv: list[str]) -> list[str]:
+    out = io.StringIO()
+    assert cli.main(argv, out=out) == 0
+    return [line for line in out.getvalue().splitlines()
+            if line and not line.startswith(("#", "submit:", "rerun:"))]
+
+
+def _fingerprint() -> str:
+    from schemas import runspec
+
+    return runspec.RunSpec.from_dict(SPEC).fingerprint
+
+
+def _worker_command(job: str, hosts: int, extra: str = "", batch: int = 8) -> str:
+    fp = _fingerprint()
+    coordinator = (f'; export ACTX_COORDINATOR="$(curl -s -H Metadata-Flavor:Google '
+                   f'{METADATA}worker-network-endpoints | cut -d, -f1 | cut -d: -f3):8476"'
+                   if hosts > 1 else "")
+    return (f"export ACTX_NUM_PROCESSES={hosts}; export ACTX_PROCESS_ID=\"$(curl -s -H "
+            f"Metadata-Flavor:Google {METADATA}agent-worker-number)\"{coordinator}; "
+            f"python3 -m workers.main --run gs://b/runs/r1 --batch-size {batch} --replicas 1 "
+            f"--replica 0 --model-parallel 1 --job {job} --expect-fingerprint {fp} "
+            f"--heartbeat-s 2 --gcs-request-concurrency 32 --gcs-request-retries 8{extra} "
+            f"> $HOME/actx-{job}.log 2>&1; rc=$?; gcloud storage cp $HOME/actx-{job}.log "
+            f"gs://b/runs/r1/logs/{job}/worker-$ACTX_PROCESS_ID.log; exit $rc")
+
+
+WHERE = ["--zone", "us-central2-b", "--project", "proj"]
+
+
+def test_tpu_vm_submit_dry_run_prints_exact_commands(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _write(tmp_path, {"kind": "tpu-vm", "batch_size": 32,
+                            "tpu": {**TPU, "create": True, "queued_resource": True,
+                                    "spot": True}})
+    lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j1"])
+    fp = _fingerprint()
+    spec_file = str(tmp_path / ".actx" / f"r1-{fp}.json")
+    repo = config.REPO_ROOT
+    expected = [
+        shlex.join(["actx", "prepare", "--spec", spec_file, "--out", "gs://b/runs/r1",
+                    "--max-reject-fraction=0.01", "--runner=FnApiRunner"]),
+        shlex.join(["gcloud", "compute", "tpus", "queued-resources", "create", "tpu1",
+                    "--node-id", "tpu1", *WHERE, "--accelerator-type", "v4-32",
+                    "--runtime-version", "tpu-ubuntu2204-base", "--spot"]),
+        shlex.join(["gcloud", "compute", "tpus", "queued-resources", "describe", "tpu1", *WHERE,
+                    "--format=value(state.state)"]),
+        f"(cd {repo} && python3 setup.py -q sdist --dist-dir dist)",
+        f"(cd {repo} && " + shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "scp",
+                                        "dist/actx-0.1.0.tar.gz", "tpu1:actx-0.1.0.tar.gz",
+                                        *WHERE, "--worker=all"]) + ")",
+        shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
+                    "--command=python3 -m pip install -q \"actx[workers] @ "
+                    "file://$HOME/actx-0.1.0.tar.gz\" 'jax[tpu]'"]),
+        shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
+                    "--command=" + _worker_command("j1", hosts=4, batch=32)]),
+    ]
+    assert lines == expected
+    # The spec file the prepare command names is the run spec, fingerprint included.
+    import json
+
+    assert json.load(open(spec_file))["fingerprint"] == fp
+
+
+def test_tpu_worker_environment_per_slice_size():
+    four = config.TpuConfig(**TPU)
+    env = tpu_vm.worker_env(four)
+    assert env == {
+        "ACTX_NUM_PROCESSES": "4",
+        "ACTX_PROCESS_ID": f'"$(curl -s -H Metadata-Flavor:Google {METADATA}agent-worker-number)"',
+        "ACTX_COORDINATOR": (f'"$(curl -s -H Metadata-Flavor:Google {METADATA}'
+                             f'worker-network-endpoints | cut -d, -f1 | cut -d: -f3):8476"'),
+    }
+    one = config.TpuConfig(**{**TPU, "accelerator_type": "v5litepod-8", "env": {"A": "x y"}})
+    assert tpu_vm.worker_env(one) == {
+        "ACTX_NUM_PROCESSES": "1",
+        "ACTX_PROCESS_ID": env["ACTX_PROCESS_ID"], "A": "'x y'"}
+    assert [tpu_vm.slice_hosts(config.TpuConfig(accelerator_type=t))
+            for t in ("v4-8", "v4-32", "v5p-128", "v5litepod-16", "v6e-8", "v3-32")] == \
+        [1, 4, 16, 4, 1, 4]
+    with pytest.raises(tpu_vm.TargetError, match="target.tpu.hosts"):
+        tpu_vm.slice_hosts(config.TpuConfig(accelerator_type="weird-4"))
+
+
+def test_tpu_vm_prepare_on_dataflow_existing_slice_custom_install(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _write(tmp_path, {"kind": "tpu-vm", "prepare": "dataflow", "dataflow": DATAFLOW,
+                            "tpu": {**TPU, "install": "actx[workers,gcs]==0.1.0"}})
+    lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j2", "--batch-size", "16"])
+    fp = _fingerprint()
+    assert lines[0] == shlex.join([
+        "actx", "prepare", "--spec", str(tmp_path / ".actx" / f"r1-{fp}.json"),
+        "--out", "gs://b/runs/r1", "--max-reject-fraction=0.01", "--runner=DataflowRunner",
+        "--project=proj", "--region=us-central1", "--temp_location=gs://b/tmp",
+        "--staging_location=gs://b/tmp/staging", f"--setup_file={dataflow.SETUP_PY}",
+        f"--job_name=actx-prepare-r1-{fp}", "--max_num_workers=16"])
+    assert lines[1:] == [
+        shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
+                    "--command=python3 -m pip install -q 'actx[workers,gcs]==0.1.0' 'jax[tpu]'"]),
+        shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
+                    "--command=" + _worker_command("j2", hosts=4, batch=16)]),
+    ]
+
+
+def test_dataflow_submit_dry_run_and_pipeline_options(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    df = {**DATAFLOW, "machine_type": "n2-highmem-8", "extra_args": ["--experiments=use_runner_v2"]}
+    cfg = _write(tmp_path, {"kind": "dataflow", "dataflow": df})
+    lines = _dry_run(["submit", cfg, "--dry-run"])
+    fp = _fingerprint()
+    argv = ["--spec", str(tmp_path / ".actx" / f"r1-{fp}.json"), "--out", "gs://b/runs/r1",
+            "--max-reject-fraction=0.01", "--runner=DataflowRunner", "--project=proj",
+            "--region=us-central1", "--temp_location=gs://b/tmp",
+            "--staging_location=gs://b/tmp/staging", f"--setup_file={dataflow.SETUP_PY}",
+            f"--job_name=actx-prepare-r1-{fp}", "--max_num_workers=16",
+            "--machine_type=n2-highmem-8", "--experiments=use_runner_v2"]
+    assert lines == [shlex.join(["actx", "prepare", *argv])]
+    # The flags are what Beam's PipelineOptions understand.
+    from apache_beam.options.pipeline_options import (GoogleCloudOptions, PipelineOptions,
+                                                      SetupOptions, StandardOptions)
+
+    opts = PipelineOptions(argv[5:])
+    gcp = opts.view_as(GoogleCloudOptions)
+    assert opts.view_as(StandardOptions).runner == "DataflowRunner"
+    assert (gcp.project, gcp.region, gcp.temp_location, gcp.job_name) == (
+        "proj", "us-central1", "gs://b/tmp", f"actx-prepare-r1-{fp}")
+    assert opts.view_as(SetupOptions).setup_file == dataflow.SETUP_PY
+
+
+def test_remote_targets_need_gs_and_names(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cfg = _write(tmp_path, {"kind": "tpu-vm", "tpu": {"accelerator_type": "v4-8"}})
+    assert cli.main(["submit", cfg, "--dry-run"], out=io.StringIO()) == 2
+    assert "target.tpu: name, zone, project required" in capsys.readouterr().err
+    cfg = _write(tmp_path, {"kind": "dataflow", "dataflow": DATAFLOW})
+    assert cli.main(["submit", cfg, "--dry-run", "--run", str(tmp_path / "r")],
+                    out=io.StringIO()) == 2
+    assert "need a gs:// run directory" in capsys.readouterr().err
+
+
+def test_rerun_dry_run_on_tpu_vm_names_only_uncommitted(tmp_path):
+    from tests import token_runs
+
+    from schemas import commit, store
+
+    run = str(tmp_path / "run")
+    spec = token_runs.write_token_run(run, "unused-model", n_rows=24, partition_rows=8)
+    s = store.open_store(run)
+    s.create_json("commits/p-00001.json", {"partition": 1})  # listing is what counts
+    assert commit.committed_partitions(s) == {1}
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump({"target": {"kind": "tpu-vm", "tpu": TPU}}))
+    out = io.StringIO()
+    # A local run cannot be reached from TPU hosts.
+    assert cli.main(["rerun", run, "--config", str(cfg), "--dry-run"], out=out) == 2
+    lines = tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(tpu=config.TpuConfig(**TPU)),
+                        spec.fingerprint, "j3", "0.1.0", only=[0, 2], install=False)
+    assert len(lines) == 1 and "--only 0,2 > $HOME/actx-j3.log" in lines[0].argv[-1]
