@@ -182,6 +182,7 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
 def main(argv: list[str] | None = None) -> int:
     args, pipeline_args = _parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)  # keep progress lines readable
     try:
         spec = spec_from_args(args)
         manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction)
