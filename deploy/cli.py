@@ -207,7 +207,13 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
     print(f"read them:   python -c \"import reader; r = reader.open_run('{handle.location}'); "
           f"print(r.describe())\"", file=out)
     print(f"check them:  actx verify {handle.location}", file=out, flush=True)
-    return 0 if status.complete else 1
+    wanted = status.partitions if only is None else only
+    missing = [p for p in wanted if status.partitions[p] != runstate.COMMITTED]
+    if missing:
+        print(f"extract: {len(missing)} partition(s) still without a commit: "
+              f"{', '.join(f'p-{p:05d}' for p in missing[:20])}; `actx rerun "
+              f"{handle.location}` redoes them", file=out)
+    return 1 if missing else 0
 
 
 # -- status / rerun / verify --------------------------------------------------------------

@@ -123,3 +123,15 @@ def test_rerun_config_target_errors_name_file(tmp_path, capsys):
 def test_schemas_config_error_type_is_what_cli_catches():
     with pytest.raises(schemas_config.ConfigError):
         schemas_config.from_dict(config.TargetConfig, {"nope": 1}, "f.yaml: target")
+
+
+def test_prepare_and_extract_delegate_to_entry_points(tmp_path, capsys):
+    # `actx extract` is workers.main.main in this process; a non-run is its exit code 2.
+    assert cli.main(["extract", "--run", str(tmp_path)]) == 2
+    assert "not an actx run" in capsys.readouterr().err
+    # `actx prepare` is pipeline.main.main; a missing tokenizer is its exit code 2.
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"text": "hi"}\n')
+    assert cli.main(["prepare", "--out", str(tmp_path / "r"), "--tokenizer",
+                     str(tmp_path / "none"), "--text", str(src)]) == 2
+    assert "tokenizer not found" in capsys.readouterr().out

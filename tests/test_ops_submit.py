@@ -58,12 +58,16 @@ def _token_run(tmp_path, model: str) -> str:
 
 def test_rerun_local_two_host_replica(tmp_path, tiny_qwen2_model):
     run = _token_run(tmp_path, tiny_qwen2_model)
+    s = store.open_store(run)
+    out = io.StringIO()
+    assert cli.main(["rerun", run, "--only", "1", "--job", "one"], out=out) == 0, out.getvalue()
+    assert commit.committed_partitions(s) == {1}  # only what was asked; exit 0 all the same
     out = io.StringIO()
     code = cli.main(["rerun", run, "--hosts", "2", "--hosts-per-replica", "2",
                      "--devices-per-host", "2", "--batch-size", "4", "--job", "mh"], out=out)
     assert code == 0, out.getvalue()
+    assert "rerun: 1 partition(s) on local: p-00000" in out.getvalue()
     assert "(1 replica(s) x 2 host(s), 2 CPU device(s) each)" in out.getvalue()
-    s = store.open_store(run)
     assert commit.committed_partitions(s) == {0, 1}
     assert commit.read_marker(s, 0).hosts == ("r0h0", "r0h1")
     assert cli.main(["verify", run], out=io.StringIO()) == 0
