@@ -22,7 +22,7 @@ from schemas import store as store_lib
 from schemas import uri as uri_lib
 
 # Staged by the pipeline, read by the driver before it writes run.json and manifest.json.
-SUMMARY_KEY = "prepare/summary.json"
+SUMMARY_KEY = layout.PREPARE_SUMMARY_KEY
 
 
 def open_token_array(run_uri: str, name: str, total_rows: int, spec: runspec_lib.RunSpec):

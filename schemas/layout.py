@@ -21,11 +21,14 @@ WORKERS_PREFIX = "workers/"
 REJECTS_PREFIX = "rejects/"
 DOCS_PREFIX = "docs/"
 STATS_KEY = "stats.json"
+PREPARE_SUMMARY_KEY = "prepare/summary.json"  # staged by the pipeline for its driver
 
 # Token arrays written by prepare, all int32 [rows, seq_len].
 #   input_ids: token ids (pad_id at padding).
 #   segment_ids: 0 = padding, 1.. = document segment within the row.
-#   positions: position inside its document (restarts per segment; 0 at padding).
+#   positions: position inside its document (restarts per segment; 0 at padding). In
+#     `concat` packing a row is one causal sequence across documents, so positions are the
+#     column index and workers treat every non-padding token as one segment.
 #   doc_index: run-wide document number (index into the doc table), -1 at padding.
 TOKEN_ARRAYS = ("input_ids", "segment_ids", "positions", "doc_index")
 

@@ -116,3 +116,25 @@ def test_zarr_python_reads_extracted_arrays(qwen_sized_model, qwen_tokenizer_dir
     ours = token_runs.read_activation(run, "final_norm")
     assert arr.shape == ours.shape
     np.testing.assert_array_equal(np.asarray(arr[:]).view(np.uint16), ours.view(np.uint16))
+
+
+def test_concat_rows_are_one_causal_stream(qwen_sized_model, qwen_tokenizer_dir, inputs,
+                                           tmp_path):
+    """In `concat` packing tokens attend across documents: each row equals HF on the row."""
+    run = str(tmp_path / "run")
+    base = _spec(qwen_sized_model, qwen_tokenizer_dir, inputs).to_dict()
+    spec = runspec.RunSpec.from_dict({**base, "sources": base["sources"][1:],
+                                      "packing": {"mode": "concat", "seq_len": 64}})
+    m = prepare_main.run_prepare(spec, run, ["--runner=FnApiRunner"])
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"])
+    assert code == 0, out
+    hf = hf_models.load_hf_model(qwen_sized_model)
+    ids = token_runs.read_tokens(run, "input_ids")
+    seg = token_runs.read_tokens(run, "segment_ids")
+    acts = token_runs.read_activation(run, "layers.1.resid_post")
+    for row in (0, m.total_rows // 2):
+        assert seg[row].max() > 1, "the row should hold several documents"
+        cols = np.flatnonzero(seg[row] > 0)
+        reference = hf_models.hf_hooks(hf, ids[row, cols][None])
+        worker_procs.assert_close(acts[row, cols], reference["layers.1.resid_post"][0], 1e-5,
+                                  f"concat row {row}")

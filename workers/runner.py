@@ -169,6 +169,9 @@ class Worker:
                                if self.mesh is not None else None)
         self.timings = collections.Counter()
         self.pinned_sharding = self._pinned_host_sharding()
+        # `concat` rows are one causal stream across documents: the model must not apply
+        # the per-document mask there, while segment ids still tell padding apart.
+        self.one_segment_per_row = self.spec.packing.mode == "concat"
 
     def _pinned_host_sharding(self):
         """Outputs' sharding in pinned host memory, where the backend has it (GPU, TPU).
@@ -271,8 +274,11 @@ class Worker:
             for batch in prefetcher:
                 if distributed.any_process(self.stop_requested.is_set()):
                     raise Preempted(f"stopped at step {batch.index} of partition {pid}")
+                segment_ids = batch.segment_ids
+                if self.one_segment_per_row:
+                    segment_ids = (segment_ids > 0).astype(np.int32)
                 outs = self.fn(self._to_global(batch.input_ids), self._to_global(batch.positions),
-                               self._to_global(batch.segment_ids))
+                               self._to_global(segment_ids))
                 if self.pinned_sharding is not None:
                     outs = self.jax.device_put(outs, self.pinned_sharding)
                 else:
