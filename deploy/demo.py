@@ -30,6 +30,7 @@ def _atomic_dir(out: str, make) -> str:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out))
     make(tmp)
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a cache is meant to be shared
     try:
         os.rename(tmp, out)
     except OSError:  # another process made it first
@@ -48,6 +49,7 @@ def make_tiny_qwen2(out: str, hidden: int = 64, layers: int = 2, seed: int = 0) 
             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
             tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645)
+        transformers.utils.logging.disable_progress_bar()
         torch.manual_seed(seed)
         model = transformers.Qwen2ForCausalLM(config).eval()
         model.save_pretrained(tmp, safe_serialization=True)
