@@ -70,6 +70,7 @@ def main() -> None:
     from schemas import manifest as manifest_lib
     from schemas import store as store_lib
     from tests import token_runs
+    from workers import commit as commit_step
     from workers import runner, writer
 
     work = args.dir or tempfile.mkdtemp(prefix="actx-bench-")
@@ -92,13 +93,18 @@ def main() -> None:
 
     opts = runner.WorkerOptions(run=run, batch_size=args.batch, heartbeat_s=5.0)
     worker = runner.Worker(opts)
-    pool = writer.WriterPool(opts.writer_threads, opts.max_pending_writes)
-    worker.run_partition(0, pool)  # warm-up: compile, open arrays
+    pool = writer.WriterPool(opts.writer_threads, opts.max_pending_mb << 20)
+    committer = commit_step.Committer(worker.store, worker.spec, worker.topo, worker.attempt,
+                                      "bench")
+    worker.run_partition(0, pool, committer)  # warm-up: compile, open arrays
+    committer.drain()
     pool.wait_s = 0.0
     start = time.perf_counter()
     for pid in range(1, args.partitions + 1):
-        worker.run_partition(pid, pool)
+        worker.run_partition(pid, pool, committer)
+    committer.drain()  # every timed partition committed: data durable, markers written
     e2e_s = time.perf_counter() - start
+    committer.close()
     pool.shutdown()
     timed_rows = args.partitions * rows_per_partition
     e2e_tps = timed_rows * args.seq / e2e_s

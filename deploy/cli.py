@@ -13,6 +13,8 @@ import json
 import sys
 import time
 
+from schemas import layout as layout_lib
+
 EXAMPLES = """\
 examples:
   actx submit                                  # the demo: tiny random Qwen2, ARC + FineWeb
@@ -200,7 +202,7 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
             return code
     print(file=out)
     print(runstate.render(status), file=out)
-    info = handle.store.read_json(runstate.ACTIVATIONS_INFO_KEY) or {}
+    info = handle.store.read_json(layout_lib.ACTIVATIONS_INFO_KEY) or {}
     print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
           f"{info.get('dtype', handle.spec.capture.dtype)}, [rows, seq_len, hidden]); hooks: "
           f"{', '.join(sorted(info.get('hooks', {}))) or '-'}", file=out)

@@ -20,7 +20,6 @@ from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from schemas import uri as uri_lib
 
-ACTIVATIONS_INFO_KEY = f"{layout_lib.ACTIVATIONS_GROUP}/actx.json"  # written by workers
 DEFAULT_STALE_AFTER_S = 60.0
 COMMITTED, IN_PROGRESS, STALE, PENDING = "committed", "in_progress", "stale", "pending"
 MAP_CHARS = {COMMITTED: "C", IN_PROGRESS: "W", STALE: "S", PENDING: "."}
@@ -120,7 +119,7 @@ class RunStatus:
 
 def bytes_per_row(handle: RunHandle) -> int | None:
     """Stored activation bytes per row (all hooks), from activations/actx.json."""
-    info = handle.store.read_json(ACTIVATIONS_INFO_KEY)
+    info = handle.store.read_json(layout_lib.ACTIVATIONS_INFO_KEY)
     if not info:
         return None
     itemsize = _ITEMSIZE.get(info.get("dtype", handle.spec.capture.dtype), 2)

@@ -84,17 +84,17 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
     problems = report.problems
     if not checked:
         return report
-    info = store.read_json(runstate.ACTIVATIONS_INFO_KEY)
+    info = store.read_json(layout_lib.ACTIVATIONS_INFO_KEY)
     if not info or "hooks" not in info:
-        problems.append(f"{runstate.ACTIVATIONS_INFO_KEY}: missing, but {len(checked)} "
+        problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: missing, but {len(checked)} "
                         f"partition(s) are committed")
         return report
     if info.get("fingerprint") != spec.fingerprint:
-        problems.append(f"{runstate.ACTIVATIONS_INFO_KEY}: fingerprint "
+        problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: fingerprint "
                         f"{info.get('fingerprint')} differs from run.json ({spec.fingerprint})")
     dtype = spec.capture.dtype
     if info.get("dtype") != dtype:
-        problems.append(f"{runstate.ACTIVATIONS_INFO_KEY}: dtype {info.get('dtype')} differs "
+        problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: dtype {info.get('dtype')} differs "
                         f"from the run spec ({dtype})")
     report.hooks = {h: int(d) for h, d in sorted(info["hooks"].items())}
     report.stats = {h: HookStats() for h in report.hooks}
@@ -129,7 +129,7 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
             continue
         if set(marker.checksums) != set(report.hooks):
             problems.append(f"{where}: marker hooks {sorted(marker.checksums)} differ from "
-                            f"{runstate.ACTIVATIONS_INFO_KEY} {sorted(report.hooks)}")
+                            f"{layout_lib.ACTIVATIONS_INFO_KEY} {sorted(report.hooks)}")
         valid = segment_ids[part.row_start:part.row_stop].read().result() > 0
         block_rows = marker.block_rows
         n_blocks = -(-part.row_count // block_rows)

@@ -19,6 +19,7 @@ from pipeline import tokenize
 from schemas import layout
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
+from schemas import ts_context
 from schemas import uri as uri_lib
 
 # Staged by the pipeline, read by the driver before it writes run.json and manifest.json.
@@ -26,10 +27,8 @@ SUMMARY_KEY = layout.PREPARE_SUMMARY_KEY
 
 
 def open_token_array(run_uri: str, name: str, total_rows: int, spec: runspec_lib.RunSpec):
-    import tensorstore as ts
-
     array = layout.token_array(name, total_rows, spec.packing.seq_len, spec.layout)
-    return ts.open(array.spec(uri_lib.parse(run_uri), create=True)).result()
+    return ts_context.open_array(array.spec(uri_lib.parse(run_uri), create=True))
 
 
 def create_token_arrays(run_uri: str, plan: partition_lib.RunPlan, spec: runspec_lib.RunSpec

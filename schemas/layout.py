@@ -21,6 +21,9 @@ WORKERS_PREFIX = "workers/"
 REJECTS_PREFIX = "rejects/"
 DOCS_PREFIX = "docs/"
 STATS_KEY = "stats.json"
+# Written once (create-only) by the first worker: fingerprint, hooks -> hidden size, dtype,
+# and the numerics key (see workers.runner) that every later attempt must share.
+ACTIVATIONS_INFO_KEY = f"{ACTIVATIONS_GROUP}/actx.json"
 PREPARE_SUMMARY_KEY = "prepare/summary.json"  # staged by the pipeline for its driver
 
 # Token arrays written by prepare, all int32 [rows, seq_len].
@@ -136,9 +139,10 @@ def token_array(name: str, total_rows: int, seq_len: int,
 
 def activation_array(hook: str, total_rows: int, seq_len: int, hidden: int, dtype: str,
                      layout: runspec_lib.LayoutSpec) -> ArrayLayout:
-    """One object per `rows_per_shard` rows; inner chunks of `chunk_rows` rows."""
+    """One object per `rows_per_shard` rows; inner chunks of `chunk_rows` rows and
+    `chunk_tokens` tokens (the whole row when 0)."""
     shard = [layout.rows_per_shard, seq_len, hidden]
-    chunk = [layout.chunk_rows, seq_len, hidden]
+    chunk = [layout.chunk_rows, min(layout.chunk_tokens or seq_len, seq_len), hidden]
     # NaN would be a better "never written" marker, but zarr3 fill must be representable
     # in every dtype; 0 is, and verify detects unwritten blocks through missing objects.
     return ArrayLayout(activation_array_key(hook),

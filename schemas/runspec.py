@@ -129,6 +129,10 @@ class LayoutSpec:
       slice of a partition is a whole number of shards.
     partition_rows: rows per partition, a multiple of rows_per_shard.
     chunk_rows: rows per inner chunk (the unit of partial reads), dividing rows_per_shard.
+    chunk_tokens: tokens per inner chunk of activation arrays (0: the whole row). A
+      shuffled reader decodes a whole inner chunk to return one token, so a few hundred
+      tokens per chunk cut its read amplification by seq_len / chunk_tokens; sequential
+      readers and the one-writer-per-object rule are unaffected.
     codec: compression of inner chunks: "none", "zstd" or "blosc" (blosc with shuffle).
     codec_level: compression level for zstd / blosc.
     """
@@ -136,6 +140,7 @@ class LayoutSpec:
     rows_per_shard: int = 8
     partition_rows: int = 64
     chunk_rows: int = 1
+    chunk_tokens: int = 0
     codec: Literal["none", "zstd", "blosc"] = "zstd"
     codec_level: int = 3
 
@@ -146,6 +151,8 @@ class LayoutSpec:
             raise ValueError(
                 f"partition_rows ({self.partition_rows}) must be a multiple of rows_per_shard "
                 f"({self.rows_per_shard}) so partitions align with stored objects")
+        if self.chunk_tokens < 0:
+            raise ValueError(f"chunk_tokens must be >= 0 (0: whole row), got {self.chunk_tokens}")
         if self.rows_per_shard % self.chunk_rows:
             raise ValueError(f"chunk_rows ({self.chunk_rows}) must divide rows_per_shard "
                              f"({self.rows_per_shard})")

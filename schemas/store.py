@@ -133,39 +133,40 @@ class LocalStore(ObjectStore):
             pass
 
 
-_MEMORY: dict[tuple[str, str], bytes] = {}
-_MEMORY_LOCK = threading.Lock()
-
-
 class MemoryStore(ObjectStore):
-    """Process-local store for memory:// runs (embedded default in tests and notebooks)."""
+    """memory:// runs (the embedded default of notebooks and tests), process-local.
 
-    def _k(self, key: str) -> tuple[str, str]:
-        return (self.location.path, key)
+    Backed by tensorstore's memory kvstore in the process-wide context, so small objects
+    and the zarr arrays of a memory run live in one store and list together.
+    """
+
+    # tensorstore's generation of a missing key: a write conditioned on it is create-only.
+    _NO_VALUE = b"\x02"
+
+    def __init__(self, location: uri_lib.Location):
+        super().__init__(location)
+        from schemas import ts_context
+
+        self._kv = ts_context.open_kvstore(location.kvstore(directory=True))
 
     def read(self, key: str) -> bytes | None:
-        with _MEMORY_LOCK:
-            return _MEMORY.get(self._k(key))
+        result = self._kv.read(key).result()
+        return bytes(result.value) if result.state == "value" else None
 
     def write(self, key: str, data: bytes) -> None:
-        with _MEMORY_LOCK:
-            _MEMORY[self._k(key)] = bytes(data)
+        self._kv.write(key, bytes(data)).result()
 
     def create(self, key: str, data: bytes) -> bool:
-        with _MEMORY_LOCK:
-            if self._k(key) in _MEMORY:
-                return False
-            _MEMORY[self._k(key)] = bytes(data)
-            return True
+        stamp = self._kv.write(key, bytes(data), if_equal=self._NO_VALUE).result()
+        # A refused conditional write returns an empty generation.
+        return bool(stamp.generation)
 
     def list(self, prefix: str = "") -> list[str]:
-        with _MEMORY_LOCK:
-            return sorted(k for (root, k) in _MEMORY if root == self.location.path
-                          and k.startswith(prefix))
+        keys = self._kv.list().result()
+        return sorted(k.decode() for k in keys if k.decode().startswith(prefix))
 
     def delete(self, key: str) -> None:
-        with _MEMORY_LOCK:
-            _MEMORY.pop(self._k(key), None)
+        self._kv.write(key, None).result()
 
 
 class GcsStore(ObjectStore):

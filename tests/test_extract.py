@@ -113,7 +113,7 @@ def test_two_hosts_one_replica_byte_identical(reference_run, tmp_path):
     for code, out in results:
         assert code == 0, out
     _assert_same_as_reference(run, reference_run)
-    _assert_one_writer_per_object(log, expected_writers=2)
+    _assert_one_writer_per_object(log, run, expected_writers=2)
     assert _markers(run)[0].hosts == ("r0h0", "r0h1")
 
 
@@ -127,12 +127,12 @@ def test_two_independent_replicas_byte_identical(reference_run, tmp_path):
         code, out = worker_procs.finish(p)
         assert code == 0, out
     _assert_same_as_reference(run, reference_run)
-    _assert_one_writer_per_object(log, expected_writers=2)
+    _assert_one_writer_per_object(log, run, expected_writers=2)
     # Partition p belongs to replica p mod 2.
     assert {m.hosts for m in _markers(run).values()} == {("r0h0",), ("r1h0",)}
 
 
-def _assert_one_writer_per_object(log, expected_writers: int) -> None:
+def _assert_one_writer_per_object(log, run: str, expected_writers: int) -> None:
     writers: dict[str, set[str]] = {}
     for line in log.read_text().splitlines():
         pid, key = line.split()
@@ -140,6 +140,9 @@ def _assert_one_writer_per_object(log, expected_writers: int) -> None:
     shared = {k: v for k, v in writers.items() if len(v) > 1}
     assert not shared, f"objects written by several processes: {shared}"
     assert len({p for v in writers.values() for p in v}) == expected_writers
+    # The logged keys are exactly the data objects the store holds: nothing else was written.
+    stored = {k for k in worker_procs.stored_objects(run) if "/c/" in k}
+    assert stored == set(writers)
 
 
 @pytest.mark.parametrize("crash_at", ["step:3", "write:6", "before_commit:2"])
@@ -189,3 +192,25 @@ def test_steal_finishes_other_replicas_partitions(reference_run, tmp_path):
                                          "--replica", "0", "--steal", "--job", "j1"])
     assert code == 0, out
     _assert_same_as_reference(run, reference_run)
+
+
+def test_two_hosts_with_short_partition_and_padding_steps(model_dir, tmp_path):
+    """30 rows: partitions of 16 and 14 rows; with batch 6 per host-pair (3 rows a host)
+    hosts run padding steps and host 1's last slice is short; bytes equal one process."""
+    ref = str(tmp_path / "ref")
+    token_runs.write_token_run(ref, str(model_dir), n_rows=30, hooks="layers.2.resid_post",
+                               partition_rows=16, seed=5)
+    code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "6"], devices=2)
+    assert code == 0, out
+    run = _fresh_copy_of_tokens(ref, str(tmp_path / "run"))
+    log = tmp_path / "writes.log"
+    for code, out in worker_procs.run_replica(run, hosts=2, devices_per_host=1,
+                                              extra=["--batch-size", "6"],
+                                              ACTX_WRITE_LOG=str(log)):
+        assert code == 0, out
+    assert sorted(_markers(run)) == [0, 1]
+    assert _markers(run)[1].row_count == 14
+    objects, ref_objects = worker_procs.stored_objects(run), worker_procs.stored_objects(ref)
+    objects.pop("activations/actx.json"), ref_objects.pop("activations/actx.json")
+    assert objects == ref_objects
+    _assert_one_writer_per_object(log, run, expected_writers=2)

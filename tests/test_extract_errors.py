@@ -60,3 +60,14 @@ def test_activations_of_another_spec_are_refused(model_dir, tmp_path):
                                             "hooks": {}})
     with pytest.raises(runner.RunMismatch, match="activations were written for"):
         runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+
+
+def test_other_numerics_are_refused_unless_allowed(model_dir, tmp_path):
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
+    first = runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+    assert first.numerics_key()["rows_per_device"] == 1
+    # 16 rows a step on the same 8 devices: 2 rows per device, other XLA blocking.
+    with pytest.raises(runner.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
+        runner.Worker(runner.WorkerOptions(run=run, batch_size=16))
+    runner.Worker(runner.WorkerOptions(run=run, batch_size=16, allow_numerics_change=True))

@@ -75,7 +75,7 @@ def test_live_worker_gives_in_progress_and_an_eta(run):
 
 def test_bytes_from_activation_info(run):
     s = store.open_store(run)
-    s.write_json(runstate.ACTIVATIONS_INFO_KEY, {"dtype": "bfloat16", "fingerprint": "x",
+    s.write_json(layout.ACTIVATIONS_INFO_KEY, {"dtype": "bfloat16", "fingerprint": "x",
                                                  "hooks": {"layers.0.resid_post": 64,
                                                            "layers.1.resid_post": 64}})
     s.create_json(layout.commit_key(4), {"partition": 4})

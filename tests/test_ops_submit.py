@@ -60,7 +60,9 @@ def test_rerun_local_two_host_replica(tmp_path, tiny_qwen2_model):
     run = _token_run(tmp_path, tiny_qwen2_model)
     s = store.open_store(run)
     out = io.StringIO()
-    assert cli.main(["rerun", run, "--only", "1", "--job", "one"], out=out) == 0, out.getvalue()
+    # One row per device in both attempts: reruns must share the run's numerics key.
+    assert cli.main(["rerun", run, "--only", "1", "--job", "one", "--batch-size", "1"],
+                    out=out) == 0, out.getvalue()
     assert commit.committed_partitions(s) == {1}  # only what was asked; exit 0 all the same
     out = io.StringIO()
     code = cli.main(["rerun", run, "--hosts", "2", "--hosts-per-replica", "2",

@@ -21,7 +21,7 @@ def _arrays(tmp_path, dtype="bfloat16"):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_rows_in_uneven_batches_become_whole_shards(tmp_path, dtype):
     arrays = _arrays(tmp_path, dtype)
-    pool = writer.WriterPool(threads=2, max_pending=2)
+    pool = writer.WriterPool(threads=2, max_pending_bytes=1000)
     part = writer.PartitionWriter(arrays, (8, 15), pool)  # a short last slice: 7 rows
     rng = np.random.default_rng(0)
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
@@ -43,13 +43,36 @@ def test_rows_in_uneven_batches_become_whole_shards(tmp_path, dtype):
 
 
 def test_rows_outside_the_slice_are_refused(tmp_path):
-    part = writer.PartitionWriter(_arrays(tmp_path), (0, 4), writer.WriterPool(1, 1))
+    part = writer.PartitionWriter(_arrays(tmp_path), (0, 4), writer.WriterPool(1, 1 << 20))
     with pytest.raises(ValueError, match="outside this host's slice"):
         part.add(2, {"a": np.zeros((3, 3, 8)), "b": np.zeros((3, 3, 8))})
 
 
 def test_an_unfinished_block_cannot_be_committed(tmp_path):
-    part = writer.PartitionWriter(_arrays(tmp_path), (0, 8), writer.WriterPool(1, 1))
+    part = writer.PartitionWriter(_arrays(tmp_path), (0, 8), writer.WriterPool(1, 1 << 20))
     part.add(0, {"a": np.zeros((5, 3, 8)), "b": np.zeros((5, 3, 8))})
     with pytest.raises(RuntimeError, match="never completed"):
         part.finish()
+
+
+def test_pool_bounds_bytes_in_flight():
+    import threading
+    import time
+
+    pool = writer.WriterPool(threads=4, max_pending_bytes=100)
+    in_flight, peak, lock = [0], [0], threading.Lock()
+
+    def job(n):
+        with lock:
+            in_flight[0] += n
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.02)
+        with lock:
+            in_flight[0] -= n
+
+    futures = [pool.submit(job, 40, nbytes=40) for _ in range(10)]
+    for f in futures:
+        f.result()
+    pool.shutdown()
+    assert peak[0] <= 80  # two 40-byte blocks fit under 100, a third never joins them
+    assert pool.bytes_written == 400

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from schemas import ts_context
 from schemas import uri as uri_lib
 from workers import sharding
 from workers.model_config import ModelConfig
@@ -148,9 +149,7 @@ def local_checkpoint_dir(path: str | os.PathLike) -> Iterator[str]:
             raise ValueError(f"{path}: checkpoint directory does not exist")
         yield location.path
         return
-    import tensorstore as ts  # only remote checkpoints need it
-
-    store = ts.KvStore.open(location.kvstore(directory=True)).result()
+    store = ts_context.open_kvstore(location.kvstore(directory=True))
     keys = [k.decode() for k in store.list().result()]
     wanted = [k for k in keys if "/" not in k and (
         k.endswith(".safetensors") or k in ("config.json", "model.safetensors.index.json"))]

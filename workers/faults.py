@@ -15,6 +15,11 @@ import signal
 _COUNTS: collections.Counter = collections.Counter()
 
 
+def enabled() -> bool:
+    """Whether a crash point is armed (hot paths skip crash-only synchronisation if not)."""
+    return bool(os.environ.get("ACTX_CRASH_AT"))
+
+
 def maybe_crash(point: str) -> None:
     spec = os.environ.get("ACTX_CRASH_AT")
     if not spec:

@@ -43,8 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-name", default=None, help="name used for the heartbeat file")
     p.add_argument("--prefetch-depth", type=int, default=4)
     p.add_argument("--writer-threads", type=int, default=4)
-    p.add_argument("--max-pending-writes", type=int, default=8,
-                   help="shard writes in flight before the loop waits (bounds host memory)")
+    p.add_argument("--max-pending-mb", type=int, default=2048,
+                   help="MB of shard blocks waiting for storage before the loop waits")
+    p.add_argument("--allow-numerics-change", action="store_true",
+                   help="accept a device kind / jax version / rows per device / model "
+                        "parallelism other than the run's first attempt used")
+    p.add_argument("--stop-check-steps", type=int, default=16,
+                   help="multi-host replicas agree on a SIGTERM every N steps")
     p.add_argument("--heartbeat-s", type=float, default=2.0)
     p.add_argument("--gcs-request-concurrency", type=int, default=32)
     p.add_argument("--gcs-request-retries", type=int, default=8)
@@ -63,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         model_parallel=args.model_parallel, steal=args.steal, job=args.job, only=args.only,
         expect_fingerprint=args.expect_fingerprint, host_name=args.host_name,
         prefetch_depth=args.prefetch_depth, writer_threads=args.writer_threads,
-        max_pending_writes=args.max_pending_writes, heartbeat_s=args.heartbeat_s,
+        max_pending_mb=args.max_pending_mb, heartbeat_s=args.heartbeat_s,
+        allow_numerics_change=args.allow_numerics_change,
+        stop_check_steps=args.stop_check_steps,
         gcs_request_concurrency=args.gcs_request_concurrency,
         gcs_request_retries=args.gcs_request_retries)
     try:

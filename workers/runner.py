@@ -1,10 +1,11 @@
 """The per-host extraction loop: partitions in, committed activation shards out.
 
 Each host of a replica runs this same loop in lockstep. Step i+1 is dispatched before
-step i's outputs are handled, outputs travel to host memory asynchronously, whole shards
-are written by a bounded pool, and a partition is committed (create-only marker) only
-after every host's writes are durable. A SIGTERM stops the loop between steps without
-committing the partition in hand.
+step i's outputs are handled, outputs travel to host memory asynchronously (pinned host
+memory where the backend has it), each device shard is copied once into its place in a
+whole-shard block that a bounded pool writes, and a partition is committed only after
+every host's writes are durable (`workers.commit`). A SIGTERM stops the loop between steps
+without committing the partition in hand.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import uuid
 import numpy as np
 
 from schemas import commit as commit_lib
-from schemas import heartbeat as heartbeat_lib
+from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from schemas import ts_context
 from schemas import uri as uri_lib
-from workers import distributed, faults, prefetch, schedule, writer
+from workers import commit as commit_step
+from workers import distributed, faults, prefetch, progress, schedule, writer
 
 log = logging.getLogger("actx.worker")
 
@@ -38,21 +40,28 @@ class Preempted(Exception):
 
 
 class RunMismatch(ValueError):
-    """The run directory does not belong to this worker's spec or model."""
+    """The run directory does not belong to this worker's spec, model or numerics."""
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkerOptions:
-    """Runtime choices of one worker process (none of them changes the stored bytes).
+    """Runtime choices of one worker process.
 
     run: the run directory (local path, gs://bucket/path or memory://name).
-    batch_size: rows per step for the whole replica (split evenly over its hosts).
+    batch_size: rows per step for the whole replica (split evenly over its hosts). With
+      the device kind, model_parallel and the jax version it forms the numerics key: the
+      bytes a step produces depend on them, so every attempt at a run must share them.
     replicas / replica: independent replicas and this process's replica index.
-    model_parallel: size of the `model` mesh axis (tensor parallelism).
+    model_parallel: size of the `model` mesh axis (tensor parallelism within a host).
     steal: after its own partitions, take uncommitted partitions of other replicas.
     job: id shared by the processes of one job (scopes work-stealing claims).
     only: extract only these partition ids (None: all that belong to the replica).
     expect_fingerprint: refuse the run unless run.json has this fingerprint.
+    allow_numerics_change: accept a numerics key that differs from the run's first attempt
+      (reruns then rewrite partitions with slightly different bytes; markers stay true).
+    max_pending_mb: host memory held by shard blocks waiting for storage.
+    stop_check_steps: on multi-host replicas, agree on a SIGTERM every this many steps
+      (the agreement is a collective; one-host replicas check every step for free).
     """
 
     run: str
@@ -64,11 +73,13 @@ class WorkerOptions:
     job: str = "job"
     only: tuple[int, ...] | None = None
     expect_fingerprint: str | None = None
+    allow_numerics_change: bool = False
     host_name: str | None = None
     prefetch_depth: int = 4
     writer_threads: int = 4
-    max_pending_writes: int = 8
+    max_pending_mb: int = 2048
     heartbeat_s: float = 2.0
+    stop_check_steps: int = 16
     gcs_request_concurrency: int = 32
     gcs_request_retries: int = 8
 
@@ -82,30 +93,16 @@ def code_version() -> str:
         return "unknown"
 
 
-class _Status:
-    """What the heartbeat thread reports; written by the loop, read by the thread."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.state = "starting"
-        self.partition: int | None = None
-        self.step = 0
-        self.steps = 0
-        self.tokens_done = 0
-        self.partitions_done = 0
-        self.tokens_left = 0
-        self.started = time.monotonic()
-        self.message = ""
-
-
-def _host_local_rows(x) -> np.ndarray:
-    """This process's rows of a batch-sharded global array, in row order."""
+def host_local_pieces(x) -> list[tuple[int, np.ndarray]]:
+    """This process's rows of a batch-sharded global array as (row offset, array) pieces,
+    one per distinct device shard (replicas over `model` appear once), not copied."""
     shards = {}
     for shard in x.addressable_shards:
         start = shard.index[0].start or 0
         if start not in shards:
             shards[start] = shard.data
-    return np.concatenate([np.asarray(shards[k]) for k in sorted(shards)], axis=0)
+    first = min(shards)
+    return [(start - first, np.asarray(data)) for start, data in sorted(shards.items())]
 
 
 class Worker:
@@ -140,9 +137,15 @@ class Worker:
         if opts.batch_size % self.topo.hosts_per_replica:
             raise ValueError(f"batch size {opts.batch_size} does not split evenly over the "
                              f"{self.topo.hosts_per_replica} hosts of the replica")
+        if opts.model_parallel > jax.local_device_count():
+            raise ValueError(
+                f"model_parallel={opts.model_parallel} is larger than this host's "
+                f"{jax.local_device_count()} devices: the hosts of a replica split the batch, "
+                f"so the model axis must stay within one host")
         self.local_batch = opts.batch_size // self.topo.hosts_per_replica
         self.mesh = sharding.make_mesh(data=-1, model=opts.model_parallel)
         sharding.check_batch(opts.batch_size, self.mesh)
+        self._warn_idle_hosts()
         self.capture = capture_lib.CaptureSpec.parse(self.spec.capture.hooks,
                                                      dtype=self.spec.capture.dtype)
         self.model = model_lib.load_pretrained(self.spec.model.path, dtype=self.spec.model.dtype,
@@ -160,18 +163,26 @@ class Worker:
         self.arrays = writer.ActivationArrays(
             self.location, self.hooks, self.manifest.total_rows, self.manifest.seq_len,
             self.spec.capture.dtype, self.spec.layout)
+        self.tokens = prefetch.TokenStore(self.location)
         self.host = opts.host_name or (
             f"{socket.gethostname()}-r{self.topo.replica}h{self.topo.host_index}")
         self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.stop_requested = threading.Event()
-        self.status = _Status()
-        self.token_sharding = (sharding.data_parallel_sharding(self.mesh, 2)
-                               if self.mesh is not None else None)
-        self.timings = collections.Counter()
+        self.progress = progress.Progress()
+        self.token_sharding = sharding.data_parallel_sharding(self.mesh, 2)
         self.pinned_sharding = self._pinned_host_sharding()
         # `concat` rows are one causal stream across documents: the model must not apply
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
+        self._committed = commit_lib.committed_partitions(self.store)
+
+    def _warn_idle_hosts(self) -> None:
+        hosts, rps = self.topo.hosts_per_replica, self.spec.layout.rows_per_shard
+        shards = self.spec.layout.partition_rows // rps
+        if hosts > 1 and shards % hosts:
+            log.warning("a partition holds %d shards of %d rows, not a multiple of the %d "
+                        "hosts: some hosts run padding steps; choose partition_rows a multiple "
+                        "of %d", shards, rps, hosts, hosts * rps)
 
     def _pinned_host_sharding(self):
         """Outputs' sharding in pinned host memory, where the backend has it (GPU, TPU).
@@ -184,21 +195,37 @@ class Worker:
             kinds = {m.kind for m in device.addressable_memories()}
         except Exception:  # backends without memory kinds
             return None
-        if device.platform == "cpu" or "pinned_host" not in kinds or self.mesh is None:
+        if device.platform == "cpu" or "pinned_host" not in kinds:
             return None
-        from workers import sharding
+        return self.fn.out_sharding.with_memory_kind("pinned_host")
 
-        return sharding.data_parallel_sharding(self.mesh, 3).with_memory_kind("pinned_host")
+    def numerics_key(self) -> dict:
+        """What, besides the RunSpec, decides the bytes a step produces."""
+        device = self.jax.devices()[0]
+        data_axis = self.mesh.shape["data"]
+        return {"platform": device.platform, "device_kind": device.device_kind,
+                "jax": self.jax.__version__, "rows_per_device": self.opts.batch_size // data_axis,
+                "model_parallel": self.opts.model_parallel}
 
     def _check_activation_info(self) -> None:
         info = {"fingerprint": self.spec.fingerprint, "dtype": self.spec.capture.dtype,
-                "hooks": self.hooks}
-        if not self.store.create_json(writer.ACTIVATIONS_INFO_KEY, info):
-            existing = self.store.read_json(writer.ACTIVATIONS_INFO_KEY)
-            if existing != info:
-                raise RunMismatch(
-                    f"{self.location.join(writer.ACTIVATIONS_INFO_KEY)}: activations were "
-                    f"written for {existing}, but this worker would write {info}")
+                "hooks": self.hooks, "numerics": self.numerics_key()}
+        if self.store.create_json(layout.ACTIVATIONS_INFO_KEY, info):
+            return
+        key = self.location.join(layout.ACTIVATIONS_INFO_KEY)
+        existing = self.store.read_json(layout.ACTIVATIONS_INFO_KEY) or {}
+        first = {k: v for k, v in existing.items() if k != "numerics"}
+        mine = {k: v for k, v in info.items() if k != "numerics"}
+        if first != mine:
+            raise RunMismatch(f"{key}: activations were written for {first}, but this worker "
+                              f"would write {mine}")
+        if existing.get("numerics") != info["numerics"] and not self.opts.allow_numerics_change:
+            raise RunMismatch(
+                f"{key}: the run's activations were computed with {existing.get('numerics')}, "
+                f"this worker would use {info['numerics']}; a rerun only rewrites identical "
+                f"bytes with the same device kind, jax version, rows per device and model "
+                f"parallelism. Match them, or pass --allow-numerics-change to accept "
+                f"partitions that differ in their low bits")
 
     # -- partition choice --------------------------------------------------------------
     def _candidates(self) -> list[int]:
@@ -208,71 +235,73 @@ class Worker:
             own = [p for p in own if p in wanted]
         return own
 
+    def _is_committed(self, pid: int) -> bool:
+        # One object read per candidate; the start-up listing covers the common case.
+        if pid in self._committed or self.store.exists(layout.commit_key(pid)):
+            self._committed.add(pid)
+            return True
+        return False
+
     def _next_partition(self, tried: set[int]) -> int:
         """Leader picks; every host of the replica gets the same answer (-1: no more)."""
         choice = -1
         if self.topo.host_index == 0:
-            committed = commit_lib.committed_partitions(self.store)
             for pid in self._candidates():
-                if pid in tried or pid in committed:
+                if pid in tried or self._is_committed(pid):
                     continue
-                if self.opts.steal and not schedule.try_claim(self.store, self.opts.job, pid,
-                                                              self.attempt):
-                    tried.add(pid)
-                    continue
-                choice = pid
-                break
+                tried.add(pid)
+                if not self.opts.steal or schedule.try_claim(self.store, self.opts.job, pid,
+                                                             self.attempt):
+                    choice = pid
+                    break
             if choice < 0 and self.opts.steal:
                 for pid in schedule.steal_order(self.manifest, self.topo):
                     if self.opts.only is not None and pid not in self.opts.only:
                         continue
-                    if pid in tried or pid in committed:
+                    if pid in tried or self._is_committed(pid):
                         continue
+                    tried.add(pid)
                     if schedule.try_claim(self.store, self.opts.job, pid, self.attempt):
                         choice = pid
                         break
-                    tried.add(pid)
         choice = distributed.broadcast_int(choice)
-        if choice >= 0:
-            tried.add(choice)
+        tried.add(choice)
         return choice
 
     # -- one partition -----------------------------------------------------------------
     def _to_global(self, local_bt: np.ndarray):
-        if self.token_sharding is None:
-            return local_bt
         return self.jax.make_array_from_process_local_data(
             self.token_sharding, local_bt, (self.opts.batch_size,) + local_bt.shape[1:])
 
     def _handle(self, batch: prefetch.Batch, outs: dict, part_writer: writer.PartitionWriter):
-        t0 = time.perf_counter()
-        if batch.step.valid:
-            acts = {name: _host_local_rows(x)[:batch.step.valid] for name, x in outs.items()}
-            self.timings["device_wait_s"] += time.perf_counter() - t0
-            part_writer.add(batch.step.rows[0], acts)
-        tokens = int((batch.segment_ids[:batch.step.valid] > 0).sum())
-        with self.status.lock:
-            self.status.step = batch.index + 1
-            self.status.tokens_done += tokens
-            self.status.tokens_left = max(0, self.status.tokens_left - tokens)
+        valid = batch.step.valid
+        if valid:
+            pieces = {name: host_local_pieces(x) for name, x in outs.items()}
+            part_writer.add_pieces(batch.step.rows[0], pieces, valid)
+        self.progress.add_tokens(int((batch.segment_ids[:valid] > 0).sum()))
+        self.progress.update(step=batch.index + 1)
 
-    def run_partition(self, pid: int, pool: writer.WriterPool) -> None:
+    def _stop_agreed(self, step_index: int) -> bool:
+        if self.topo.hosts_per_replica == 1:
+            return self.stop_requested.is_set()
+        if step_index % max(1, self.opts.stop_check_steps):
+            return False
+        return distributed.any_process(self.stop_requested.is_set())
+
+    def run_partition(self, pid: int, pool: writer.WriterPool,
+                      committer: commit_step.Committer) -> None:
         part = self.manifest.partition(pid)
-        t_start = time.perf_counter()
-        steps = schedule.plan_steps(part, self.topo, self.spec.layout.rows_per_shard,
-                                    self.local_batch)
+        started = time.perf_counter()
+        rows_per_shard = self.spec.layout.rows_per_shard
+        steps = schedule.plan_steps(part, self.topo, rows_per_shard, self.local_batch)
         part_writer = writer.PartitionWriter(
-            self.arrays, schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard),
-            pool)
-        with self.status.lock:
-            self.status.state, self.status.partition = "working", pid
-            self.status.step, self.status.steps = 0, len(steps)
-        prefetcher = prefetch.Prefetcher(prefetch.TokenStore(self.location), steps,
-                                         self.opts.prefetch_depth)
+            self.arrays, schedule.host_slice(part, self.topo, rows_per_shard), pool)
+        self.progress.update(state="working", partition=pid, step=0, steps=len(steps))
+        prefetcher = prefetch.Prefetcher(self.tokens, steps, self.opts.prefetch_depth)
         inflight: collections.deque = collections.deque()
         try:
             for batch in prefetcher:
-                if distributed.any_process(self.stop_requested.is_set()):
+                if self._stop_agreed(batch.index):
                     raise Preempted(f"stopped at step {batch.index} of partition {pid}")
                 segment_ids = batch.segment_ids
                 if self.one_segment_per_row:
@@ -292,104 +321,49 @@ class Worker:
                 self._handle(*inflight.popleft(), part_writer)
         finally:
             prefetcher.close()
-        t_written = time.perf_counter()
-        checksums = part_writer.finish()
-        self.timings["write_drain_s"] += time.perf_counter() - t_written
-        faults.maybe_crash("before_commit")
-        self._commit(part, checksums, time.perf_counter() - t_start)
-
-    def _commit(self, part: manifest_lib.Partition, checksums: dict[str, list[str]],
-                elapsed_s: float) -> None:
-        hooks = sorted(checksums)
-        hosts = self.topo.hosts_per_replica
-        rows_per_shard = self.spec.layout.rows_per_shard
-        shards = -(-part.row_count // rows_per_shard)
-        max_blocks = -(-shards // hosts)
-        local = np.zeros((len(hooks), max_blocks + 1), np.uint32)
-        for i, hook in enumerate(hooks):
-            local[i, 0] = len(checksums[hook])
-            local[i, 1:1 + len(checksums[hook])] = [int(c, 16) for c in checksums[hook]]
-        # The gather is also the barrier: it returns once every host's writes are durable.
-        gathered = distributed.allgather_uint32(local)
-        host_names = [f"r{self.topo.replica}h{h}" for h in range(hosts)]
-        if self.topo.host_index != 0:
-            return
-        merged = {hook: [f"{int(c):08x}" for h in range(hosts)
-                         for c in gathered[h, i, 1:1 + gathered[h, i, 0]]]
-                  for i, hook in enumerate(hooks)}
-        marker = commit_lib.CommitMarker(
-            partition=part.id, fingerprint=self.spec.fingerprint, row_start=part.row_start,
-            row_count=part.row_count, tokens=part.tokens, block_rows=rows_per_shard,
-            checksums=merged, dtypes={h: self.spec.capture.dtype for h in hooks},
-            attempt=self.attempt, hosts=tuple(host_names),
-            timings_s={"total": round(elapsed_s, 3)}, code_version=code_version(),
-            created_at=time.time())
-        if not commit_lib.commit(self.store, marker):
-            log.warning("partition %d was already committed by another attempt; its marker "
-                        "stands and this attempt's identical bytes change nothing", part.id)
+        committer.submit(part, part_writer, started)
 
     # -- the whole job -----------------------------------------------------------------
-    def _heartbeat_loop(self, beats: heartbeat_lib.HeartbeatWriter, stop: threading.Event):
-        while True:
-            self._beat(beats, force=False)
-            if stop.wait(self.opts.heartbeat_s):
-                return
-
-    def _beat(self, beats: heartbeat_lib.HeartbeatWriter, force: bool) -> None:
-        with self.status.lock:
-            s = self.status
-            elapsed = max(1e-6, time.monotonic() - s.started)
-            rate = s.tokens_done / elapsed
-            hb = heartbeat_lib.Heartbeat(
-                host=self.host, replica=self.topo.replica, process_index=self.topo.host_index,
-                state=s.state, attempt=self.attempt, updated_at=time.time(),
-                partition=s.partition, step=s.step, steps=s.steps, tokens_done=s.tokens_done,
-                tokens_per_s=round(rate, 1),
-                eta_s=round(s.tokens_left / rate, 1) if rate > 0 else None,
-                partitions_done=s.partitions_done, message=s.message)
-        try:
-            beats.beat(hb, force=force)
-        except Exception as e:  # a missed heartbeat must not kill extraction
-            log.warning("heartbeat write failed: %s", e)
-
     def run(self) -> int:
-        beats = heartbeat_lib.HeartbeatWriter(self.store, self.host,
-                                              min_interval_s=self.opts.heartbeat_s)
-        with self.status.lock:
-            self.status.tokens_left = sum(
-                self.manifest.partition(p).tokens for p in self._candidates()
-                if p not in commit_lib.committed_partitions(self.store)
-            ) // self.topo.hosts_per_replica
-        stop_beats = threading.Event()
-        beat_thread = threading.Thread(target=self._heartbeat_loop, args=(beats, stop_beats),
-                                       daemon=True, name="actx-heartbeat")
-        beat_thread.start()
-        pool = writer.WriterPool(self.opts.writer_threads, self.opts.max_pending_writes)
+        candidates = [p for p in self._candidates() if p not in self._committed]
+        self.progress.update(tokens_left=sum(self.manifest.partition(p).tokens
+                                             for p in candidates) // self.topo.hosts_per_replica)
+        beats = progress.HeartbeatThread(self.store, self.host, self.topo.replica,
+                                         self.topo.host_index, self.attempt, self.progress,
+                                         self.opts.heartbeat_s)
+        beats.start()
+        pool = writer.WriterPool(self.opts.writer_threads, self.opts.max_pending_mb << 20)
+        committer = commit_step.Committer(self.store, self.spec, self.topo, self.attempt,
+                                          code_version(), on_commit=self._on_commit)
         tried: set[int] = set()
         code = 0
         try:
-            while (pid := self._next_partition(tried)) >= 0:
-                self.run_partition(pid, pool)
-                with self.status.lock:
-                    self.status.partitions_done += 1
-            with self.status.lock:
-                self.status.state, self.status.partition = "done", None
+            try:
+                while (pid := self._next_partition(tried)) >= 0:
+                    self.run_partition(pid, pool, committer)
+            finally:
+                # Partitions whose steps all ran are complete: commit them even when
+                # stopping, so a preemption loses at most the partition in hand.
+                committer.drain()
+            self.progress.update(state="done", partition=None)
         except Preempted as e:
-            with self.status.lock:
-                self.status.state, self.status.message = "preempted", str(e)
+            self.progress.update(state="preempted", message=str(e))
             log.error("preempted (SIGTERM): %s; nothing of that partition was committed, "
                       "`actx rerun` will redo it", e)
             code = 143
         except BaseException as e:
-            with self.status.lock:
-                self.status.state, self.status.message = "failed", f"{type(e).__name__}: {e}"
+            self.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
             raise
         finally:
-            stop_beats.set()
-            beat_thread.join(timeout=10)
-            self._beat(beats, force=True)
+            beats.stop()
+            committer.close()
             pool.shutdown()
         return code
+
+    def _on_commit(self, pid: int) -> None:
+        with self.progress.lock:
+            self.progress.partitions_done += 1
+        self._committed.add(pid)
 
     def install_signal_handlers(self) -> None:
         def on_term(signum, frame):

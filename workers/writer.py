@@ -24,7 +24,6 @@ from schemas import ts_context
 from schemas import uri as uri_lib
 from workers import faults
 
-ACTIVATIONS_INFO_KEY = f"{layout_lib.ACTIVATIONS_GROUP}/actx.json"
 
 
 @dataclasses.dataclass
@@ -32,7 +31,7 @@ class _Block:
     start_row: int
     rows: int
     data: dict[str, np.ndarray]
-    filled: int = 0
+    filled_by_hook: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class ActivationArrays:
@@ -63,7 +62,6 @@ class PartitionWriter:
         self._rows_per_shard = arrays.layout.rows_per_shard
         self._blocks: dict[int, _Block] = {}
         self._futures: list[tuple[int, concurrent.futures.Future]] = []
-        self.bytes_written = 0
 
     def _block_for(self, row: int) -> _Block:
         start = self._lo + ((row - self._lo) // self._rows_per_shard) * self._rows_per_shard
@@ -77,22 +75,39 @@ class PartitionWriter:
 
     def add(self, first_row: int, acts: dict[str, np.ndarray]) -> None:
         """Adds consecutive rows starting at `first_row` (hook -> [rows, seq, hidden])."""
-        n = next(iter(acts.values())).shape[0]
+        self.add_pieces(first_row, {hook: [(0, values)] for hook, values in acts.items()},
+                        next(iter(acts.values())).shape[0])
+
+    def add_pieces(self, first_row: int, pieces: dict[str, list[tuple[int, np.ndarray]]],
+                   n: int) -> None:
+        """Adds rows first_row..first_row+n given per hook as (row offset, array) pieces.
+
+        Pieces are the per-device shards of a step's output: each is copied once, straight
+        into its block, with no concatenation of the batch first.
+        """
         if not (self._lo <= first_row and first_row + n <= self._hi):
             raise ValueError(f"rows {first_row}..{first_row + n} are outside this host's slice "
                              f"{self._lo}..{self._hi}")
+        for hook, hook_pieces in pieces.items():
+            for offset, values in hook_pieces:
+                take = min(values.shape[0], n - offset)
+                row = first_row + offset
+                while take > 0:
+                    block = self._block_for(row)
+                    at = row - block.start_row
+                    count = min(block.rows - at, take)
+                    src = row - first_row - offset
+                    np.copyto(block.data[hook][at:at + count], values[src:src + count])
+                    block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + count
+                    row, take = row + count, take - count
         row = first_row
         while row < first_row + n:
             block = self._block_for(row)
-            offset = row - block.start_row
-            take = min(block.rows - offset, first_row + n - row)
-            for hook, values in acts.items():
-                block.data[hook][offset:offset + take] = values[row - first_row:row - first_row + take]
-            block.filled += take
-            row += take
-            if block.filled == block.rows:
+            row = block.start_row + block.rows
+            if all(block.filled_by_hook.get(h, 0) == block.rows for h in block.data):
                 del self._blocks[block.start_row]
-                self._futures.append((block.start_row, self._pool.submit(self._write, block)))
+                self._futures.append((block.start_row, self._pool.submit(
+                    self._write, block, nbytes=sum(d.nbytes for d in block.data.values()))))
 
     def _write(self, block: _Block) -> dict[str, str]:
         sums = {}
@@ -103,12 +118,11 @@ class PartitionWriter:
             arr = self._arrays.arrays[hook]
             writes.append(arr[block.start_row:block.start_row + block.rows].write(data))
             _log_object_write(hook, block.start_row // self._rows_per_shard)
-            if len(writes) == 1:
-                writes[0].result()
+            if len(writes) == 1 and faults.enabled():
+                writes[0].result()  # a crash point with one array of the block durable
                 faults.maybe_crash("write")
         for w in writes:
             w.result()
-        self.bytes_written += sum(d.nbytes for d in block.data.values())
         return sums
 
     def finish(self) -> dict[str, list[str]]:
@@ -123,20 +137,35 @@ class PartitionWriter:
 
 
 class WriterPool:
-    """A bounded thread pool: `submit` blocks while `max_pending` writes are in flight."""
+    """A thread pool bounded by bytes in flight: `submit` blocks while the blocks already
+    queued or being written hold `max_pending_bytes` (always admitting one), so host memory
+    stays bounded however slow storage is."""
 
-    def __init__(self, threads: int = 4, max_pending: int = 8):
+    def __init__(self, threads: int = 4, max_pending_bytes: int = 2 << 30):
         self._executor = concurrent.futures.ThreadPoolExecutor(threads, "actx-writer")
-        self._slots = threading.BoundedSemaphore(max_pending)
+        self._max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
+        self._room = threading.Condition()
         self.wait_s = 0.0  # time the producer spent blocked: storage is the bottleneck
+        self.bytes_written = 0
 
-    def submit(self, fn, *args) -> concurrent.futures.Future:
+    def submit(self, fn, *args, nbytes: int = 0) -> concurrent.futures.Future:
         t0 = time.perf_counter()
-        self._slots.acquire()
+        with self._room:
+            while self._pending_bytes and self._pending_bytes + nbytes > self._max_pending_bytes:
+                self._room.wait()
+            self._pending_bytes += nbytes
         self.wait_s += time.perf_counter() - t0
         future = self._executor.submit(fn, *args)
-        future.add_done_callback(lambda _: self._slots.release())
+        future.add_done_callback(lambda f: self._release(nbytes, f))
         return future
+
+    def _release(self, nbytes: int, future: concurrent.futures.Future) -> None:
+        with self._room:
+            self._pending_bytes -= nbytes
+            if future.exception() is None:
+                self.bytes_written += nbytes
+            self._room.notify_all()
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)

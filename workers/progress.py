@@ -1,0 +1,88 @@
+"""A worker's progress and its heartbeat thread (`workers/<host>.json`).
+
+The loop updates a `Progress` under its lock; a daemon thread turns it into a heartbeat
+every few seconds (never more often than GCS allows one object to be rewritten).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from schemas import heartbeat as heartbeat_lib
+
+log = logging.getLogger("actx.worker")
+
+
+class Progress:
+    """What the heartbeat reports; written by the loop, read by the heartbeat thread."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.state = "starting"
+        self.partition: int | None = None
+        self.step = 0
+        self.steps = 0
+        self.tokens_done = 0
+        self.partitions_done = 0
+        self.tokens_left = 0
+        self.started = time.monotonic()
+        self.message = ""
+
+    def update(self, **fields) -> None:
+        with self.lock:
+            for name, value in fields.items():
+                setattr(self, name, value)
+
+    def add_tokens(self, tokens: int) -> None:
+        with self.lock:
+            self.tokens_done += tokens
+            self.tokens_left = max(0, self.tokens_left - tokens)
+
+
+class HeartbeatThread:
+    """Writes `progress` as this host's heartbeat every `interval_s` until stopped."""
+
+    def __init__(self, store, host: str, replica: int, process_index: int, attempt: str,
+                 progress: Progress, interval_s: float):
+        self._writer = heartbeat_lib.HeartbeatWriter(store, host, min_interval_s=interval_s)
+        self._identity = dict(host=host, replica=replica, process_index=process_index,
+                              attempt=attempt)
+        self._progress = progress
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="actx-heartbeat")
+        self._write_lock = threading.Lock()  # the final beat never races the thread's
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self.beat(force=False)
+            if self._stop.wait(self._interval_s):
+                return
+
+    def beat(self, force: bool) -> None:
+        p = self._progress
+        with p.lock:
+            elapsed = max(1e-6, time.monotonic() - p.started)
+            rate = p.tokens_done / elapsed
+            hb = heartbeat_lib.Heartbeat(
+                **self._identity, state=p.state, updated_at=time.time(),
+                partition=p.partition, step=p.step, steps=p.steps, tokens_done=p.tokens_done,
+                tokens_per_s=round(rate, 1),
+                eta_s=round(p.tokens_left / rate, 1) if rate > 0 else None,
+                partitions_done=p.partitions_done, message=p.message)
+        with self._write_lock:
+            try:
+                self._writer.beat(hb, force=force)
+            except Exception as e:  # a missed heartbeat must not stop extraction
+                log.warning("heartbeat write failed: %s", e)
+
+    def stop(self) -> None:
+        """Stops the thread and writes the final state."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.beat(force=True)
