@@ -16,40 +16,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import common  # noqa: E402
+
 
 def _parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--intermediate", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=256)
+    common.add_model_args(p, batch=8)
     p.add_argument("--partitions", type=int, default=4, help="timed partitions")
     p.add_argument("--steps-per-partition", type=int, default=4)
     p.add_argument("--hooked-layers", type=int, default=4, help="resid_post of the last N")
-    p.add_argument("--dtype", default="float32", help="model compute dtype")
     p.add_argument("--store-dtype", default="bfloat16")
     p.add_argument("--codec", default="none", choices=["none", "zstd", "blosc"])
-    p.add_argument("--qwen05b", action="store_true",
-                   help="Qwen2.5-0.5B shapes, batch 16 x seq 2048, bfloat16")
-    p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
-    args = p.parse_args()
-    if args.qwen05b:
-        args.hidden, args.layers, args.heads, args.kv_heads = 896, 24, 14, 2
-        args.intermediate, args.vocab, args.batch, args.seq = 4864, 151936, 16, 2048
-        args.dtype = "bfloat16"
-    return args
+    return common.apply_presets(p.parse_args())
 
 
 def _write_checkpoint(args, path: str) -> str:
@@ -121,13 +106,8 @@ def main() -> None:
         out = fn(ids, pos, seg)
         jax.block_until_ready(out)
 
-    forward()
-    times = []
-    for _ in range(max(5, args.steps_per_partition)):
-        t0 = time.perf_counter()
-        forward()
-        times.append(time.perf_counter() - t0)
-    fwd_tps = args.batch * args.seq / statistics.median(times)
+    fwd_tps = args.batch * args.seq / common.median_seconds(
+        forward, max(5, args.steps_per_partition))
 
     print(f"end to end (token store -> committed shards): {e2e_tps:12,.0f} tokens/s "
           f"({timed_rows} rows, {valid:,} non-padding tokens, {e2e_s:.2f} s; "
@@ -153,13 +133,8 @@ def main() -> None:
         # which costs HF nothing extra); copy the hooked ones to host as actx stores them.
         return [out.hidden_states[i + 1].to(torch.bfloat16).float().numpy() for i in layer_ids]
 
-    hf_extract()
-    times = []
-    for _ in range(max(3, args.steps_per_partition)):
-        t0 = time.perf_counter()
-        hf_extract()
-        times.append(time.perf_counter() - t0)
-    hf_tps = args.batch * args.seq / statistics.median(times)
+    hf_tps = args.batch * args.seq / common.median_seconds(
+        hf_extract, max(3, args.steps_per_partition))
     print(f"HF transformers (hidden states + host copy):  {hf_tps:12,.0f} tokens/s")
     print(f"ratio actx end-to-end / HF:                   {e2e_tps / hf_tps:12.3f}")
     print(f"ratio actx forward-only / HF:                 {fwd_tps / hf_tps:12.3f}")

@@ -14,47 +14,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 # Run as a script from anywhere: the repo root holds `tests.hf_models`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import common  # noqa: E402
+
 
 def _parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--intermediate", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seq", type=int, default=256)
+    common.add_model_args(p, batch=4)
     p.add_argument("--iters", type=int, default=7)
-    p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
-    p.add_argument("--qwen05b", action="store_true",
-                   help="Qwen2.5-0.5B shapes, batch 16 x seq 2048, bfloat16")
-    p.add_argument("--skip-hf", action="store_true", help="do not time HF PyTorch")
-    args = p.parse_args()
-    if args.qwen05b:
-        args.hidden, args.layers, args.heads, args.kv_heads = 896, 24, 14, 2
-        args.intermediate, args.vocab, args.batch, args.seq = 4864, 151936, 16, 2048
-        args.dtype = args.dtype or "bfloat16"
-    args.dtype = args.dtype or "float32"
-    return args
-
-
-def _median_seconds(run, iters: int) -> float:
-    run()  # warm up: compile / first-call allocation
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return common.apply_presets(p.parse_args())
 
 
 def main() -> None:
@@ -92,7 +65,7 @@ def main() -> None:
                          ("actx 4 resid_post hooks", four)):
         fn = step.make_extract_fn(model, capture.CaptureSpec.parse(hooks, dtype=args.dtype))
         ids_dev = jax.device_put(ids)
-        seconds = _median_seconds(lambda: jax.block_until_ready(fn(ids_dev)), args.iters)
+        seconds = common.median_seconds(lambda: jax.block_until_ready(fn(ids_dev)), args.iters)
         results[label] = tokens / seconds
     if hf is not None:
         if args.dtype == "bfloat16":
@@ -103,7 +76,7 @@ def main() -> None:
             with torch.no_grad():
                 hf.model(input_ids=ids_pt, output_hidden_states=True)
 
-        results["HF PyTorch (output_hidden_states)"] = tokens / _median_seconds(
+        results["HF PyTorch (output_hidden_states)"] = tokens / common.median_seconds(
             run_hf, args.iters)
     for label, tokens_per_s in results.items():
         print(f"{label:36s} {tokens_per_s:12,.0f} tokens/s")
