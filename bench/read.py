@@ -1,6 +1,7 @@
 """Shuffled read throughput of the reader against the raw sequential bandwidth of the files.
 
     python bench/read.py                     # builds a synthetic bf16 run in a temp dir
+    python bench/read.py --chunk-tokens 64   # the same, inner chunks of 64 tokens
     python bench/read.py --run ./runs/r1 --hook layers.12.resid_post
 
 Prints, for one local run: (1) the raw sequential read bandwidth of the hook's stored
@@ -8,6 +9,8 @@ objects (plain file reads, no decoding), (2) shuffled batches (exact global perm
 read straight from the arrays, (3) the same order served from memory after one
 sequential load, each in tokens/s and GB/s of delivered activations, and their ratio to
 (1). The files were usually just written or read, so all figures are warm page cache.
+The inner chunk shape ([chunk_rows, chunk_tokens, hidden]) sets what a shuffled gather
+decodes per token returned; it is printed with (2) as "decoded per token".
 """
 
 from __future__ import annotations
@@ -68,12 +71,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq-len", type=int, default=1024, help="synthetic run: tokens per row")
     ap.add_argument("--hidden", type=int, default=896, help="synthetic run: hidden size")
     ap.add_argument("--codec", default="zstd", help="synthetic run: none, zstd or blosc")
+    ap.add_argument("--chunk-tokens", type=int, default=0,
+                    help="synthetic run: tokens per inner activation chunk (0: whole row)")
     args = ap.parse_args(argv)
 
     tmp = None
     if args.run is None:
         from tests import reader_fixtures
 
+        if args.chunk_tokens and args.seq_len % args.chunk_tokens:
+            ap.error(f"--chunk-tokens {args.chunk_tokens} must divide --seq-len {args.seq_len}")
         tmp = tempfile.TemporaryDirectory(prefix="actx-bench-read-")
         args.run = os.path.join(tmp.name, "run")
         t0 = time.perf_counter()
@@ -82,14 +89,23 @@ def main(argv: list[str] | None = None) -> None:
             rows_per_shard=8, chunk_rows=1, seq_len=args.seq_len, hidden=args.hidden,
             hooks=("layers.0.resid_post",), dtype="bfloat16",
             committed=tuple(range(max(1, args.rows // 64))), arc_every=0,
-            codec=args.codec, random_values=True)
+            codec=args.codec, random_values=True, chunk_tokens=args.chunk_tokens)
         print(f"built synthetic run {args.run}: {args.rows} rows x {args.seq_len} x "
-              f"{args.hidden} bf16, codec {args.codec}, in {time.perf_counter() - t0:.1f} s")
+              f"{args.hidden} bf16, codec {args.codec}, chunk_tokens {args.chunk_tokens}, "
+              f"in {time.perf_counter() - t0:.1f} s")
+    elif args.chunk_tokens:
+        print("--chunk-tokens applies to the synthetic run only; using the run's own layout")
     run = reader.open_run(args.run)
     hook = args.hook or next(iter(run.hooks))
     info = run.hook(hook)
     print(f"run {run.location}: hook {hook} {list(info.shape)} {info.dtype}, "
           f"{len(run.committed)} committed partitions, layout {run.spec.layout}")
+
+    lay = run.spec.layout
+    chunk_tokens = min(getattr(lay, "chunk_tokens", 0) or run.seq_len, run.seq_len)
+    amplification = lay.chunk_rows * chunk_tokens  # tokens decoded per token returned
+    print(f"inner chunk [{lay.chunk_rows}, {chunk_tokens}, {info.hidden}]: a shuffled "
+          f"gather decodes up to {amplification} tokens per token returned")
 
     raw_gb_s, raw_bytes = raw_sequential_gb_s(run, hook)
     print(f"raw sequential read:     {raw_gb_s:8.3f} GB/s  ({raw_bytes / 1e9:.3f} GB of "

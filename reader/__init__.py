@@ -8,6 +8,28 @@ Imports neither apache_beam nor jax (jax only when JAX arrays are asked for).
                      process_index=i, process_count=n) as batches:
         for batch in batches:
             train_step(batch.acts["layers.12.resid_post"])
+
+Public names (all re-exported here; `__all__`):
+    open_run(uri) -> Run          open a run (local path, gs://bucket/path, memory://name)
+    Run                           reader.run: a snapshot of the committed partitions;
+                                  hooks, rows / tokens / gather, document, select,
+                                  batches, compute_stats / stats
+    HookInfo                      reader.run: one hook's shape, dtype, partitions
+    Batch, TokenBatches           reader.batches: shuffled, prefetched batches
+    TokenIndex, build_index       reader.shuffle: the valid tokens, in row-major order
+    ShufflePlan                   reader.shuffle: the seeded, process-split order
+    Selection                     reader.provenance: tokens of a document / ARC filter
+    HookStats                     reader.stats: mean / var / mean norm of one hook over
+                                  the run's tokens (deploy.verify.HookStats, the
+                                  verifier's per-hook tallies, is another class)
+    compute_stats, load_stats     reader.stats: compute and store / load HookStats
+    ReaderError                   reader.errors: base of the errors below
+    NotARunError                  no run.json / manifest.json at the location
+    UnknownHookError              a hook no committed partition holds
+    UncommittedPartitionError     rows of a partition without a commit marker
+
+All tensorstore arrays are opened in the process-wide context (schemas.ts_context), so
+memory:// runs written in the same process are readable and its cache pool is shared.
 """
 
 from reader.batches import Batch, TokenBatches

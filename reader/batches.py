@@ -1,17 +1,19 @@
 """Shuffled batches of valid token activations, prefetched by a background thread.
 
 Reading: a batch of B tokens in global-permutation order touches up to B different rows,
-and the smallest decodable unit of an activation array is an inner chunk of chunk_rows
-whole rows. An exact global shuffle therefore reads (and decompresses) about
-chunk_rows * seq_len * hidden values per token returned; the read is one tensorstore
-`vindex` gather per hook, which fetches each needed chunk once and issues all fetches
-concurrently. This buys an exact, reproducible, host-splittable order (what the tests and
-multi-host trainers need) at the price of read amplification, measured by bench/read.py
-against sequential bandwidth. Two-level shuffles (shuffled chunks + a local buffer) read
-less but are not a global permutation; this reader does not offer one. Instead, when
-the selected tokens fit in memory, `in_memory=True` loads their activations once with
-sequential reads (padding dropped) and gathers each batch from RAM: the same exact order,
-at memory speed.
+and the smallest decodable unit of an activation array is an inner chunk of
+[chunk_rows, chunk_tokens, hidden] (LayoutSpec; chunk_tokens 0 is the whole row). An exact
+global shuffle therefore reads (and decompresses) about chunk_rows * chunk_tokens * hidden
+values per token returned; the read is one tensorstore `vindex` gather per hook, which
+fetches each needed chunk once and issues all fetches concurrently (nothing here depends
+on the chunk shape: tensorstore maps coordinates to chunks). This buys an exact,
+reproducible, host-splittable order (what the tests and multi-host trainers need) at the
+price of read amplification, measured by bench/read.py against sequential bandwidth
+(`--chunk-tokens` shows what smaller inner chunks save). Two-level shuffles (shuffled
+chunks + a local buffer) read less but are not a global permutation; this reader does not
+offer one. Instead, when the selected tokens fit in memory, `in_memory=True` loads their
+activations once with sequential reads (padding dropped) and gathers each batch from RAM:
+the same exact order, at memory speed.
 """
 
 from __future__ import annotations
@@ -48,6 +50,18 @@ class Batch:
 
 
 _DONE = object()
+_POLL_S = 0.1  # how often a blocked queue hand-over looks at the stop event
+
+
+def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    """Puts `item` unless `stop` is set first; True when it was put."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def convert(array: np.ndarray, framework: str, dtype: str | None) -> Any:
@@ -80,7 +94,8 @@ class TokenBatches:
     start_step: global step to begin at (resume: the step after the last one trained).
     process_index / process_count: this trainer's share (disjoint across processes).
     drop_last: see `shuffle.ShufflePlan`.
-    exclude_bos / exclude_special: leave out BOS tokens / the tokenizer's special tokens.
+    exclude_bos / exclude_special: leave out tokens with the BOS id (anywhere in a row, also
+      mid-row in concat packing) / the tokenizer's special tokens.
     partitions: committed partitions to use (default: all committed at open time).
     prefetch: batches read ahead by a background thread (0: read in the caller's thread).
     framework: "numpy", "jax" or "torch"; as_jax=True is framework="jax".
@@ -168,24 +183,25 @@ class TokenBatches:
             yield step
             step += 1
 
-    def _produce(self, out: queue.Queue) -> None:
+    def _produce(self, out: queue.Queue, stop: threading.Event) -> None:
+        """The prefetch thread: reads batches in order and hands them to the consumer.
+
+        Everything it hands over (batches, the end marker, an exception) goes through
+        `_put`, which gives up once `stop` is set, so `close()` never waits behind a full
+        queue, whatever the consumer left unread. `stop` is this thread's own event: a
+        later `__iter__` makes a new one and cannot revive a thread it replaced.
+        """
         order = shuffle_lib.OrderCache(self.plan)
         try:
             for step in self._steps():
-                if self._stop.is_set():
+                if stop.is_set():
                     return
-                batch = self.read_step(step, order)
-                # put() with a timeout so close() is never stuck behind a full queue.
-                while not self._stop.is_set():
-                    try:
-                        out.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                if not _put(out, self.read_step(step, order), stop):
+                    return
         except BaseException as e:  # handed to the consumer, which re-raises it
-            out.put(e)
+            _put(out, e, stop)
             return
-        out.put(_DONE)
+        _put(out, _DONE, stop)
 
     def __iter__(self) -> Iterator[Batch]:
         if self.prefetch <= 0:
@@ -194,14 +210,21 @@ class TokenBatches:
                 yield self.read_step(step, order)
             return
         self.close()
-        self._stop = threading.Event()
+        stop = self._stop = threading.Event()
         out: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(target=self._produce, args=(out,), daemon=True,
-                                        name="actx-reader-prefetch")
-        self._thread.start()
+        thread = self._thread = threading.Thread(
+            target=self._produce, args=(out, stop), daemon=True, name="actx-reader-prefetch")
+        thread.start()
         try:
             while True:
-                item = out.get()
+                try:
+                    item = out.get(timeout=_POLL_S)
+                except queue.Empty:
+                    # Stopped by close() from elsewhere, or the thread ended without a
+                    # word (it always puts _DONE or its exception unless stopped).
+                    if stop.is_set() or (not thread.is_alive() and out.empty()):
+                        return
+                    continue
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
@@ -210,12 +233,17 @@ class TokenBatches:
         finally:
             self.close()
 
-    def close(self) -> None:
-        """Stops the prefetch thread (idempotent)."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops the prefetch thread (idempotent).
+
+        The thread stops at its next queue hand-over (at most one batch read away); this
+        waits up to `timeout` seconds for it, then leaves it to finish that read on its own
+        (it is a daemon thread and puts nothing more once stopped).
+        """
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def __enter__(self) -> "TokenBatches":
         return self

@@ -24,6 +24,7 @@ from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
+from schemas import ts_context
 from schemas import uri as uri_lib
 
 
@@ -179,7 +180,10 @@ class Run:
         if key not in self._arrays:
             spec = {"driver": "zarr3", "kvstore": self.location.join(key).kvstore()}
             try:
-                self._arrays[key] = ts.open(spec, open=True, read=True).result()
+                # The process-wide context: memory:// runs exist only in it, and its cache
+                # pool keeps shard indexes between gathers.
+                self._arrays[key] = ts.open(spec, open=True, read=True,
+                                            context=ts_context.get()).result()
             except ValueError as e:
                 raise FileNotFoundError(f"{self.location.join(key)}: cannot open ({e})") from e
         return self._arrays[key]

@@ -1,12 +1,12 @@
 """The global shuffle: one seeded permutation of every valid token, split across processes.
 
-Valid tokens (segment_ids > 0, optionally without BOS / special tokens) of the chosen
-committed partitions are indexed in row-major order; epoch e of seed s visits them in the
-order of `np.random.default_rng([s, e]).permutation`. Global step k of the permutation is
-the slice [k*G, (k+1)*G) with G = batch_size * process_count, and process p takes the p-th
-batch_size block of it, so P trainers together see exactly what one trainer with batch G
-would, disjointly. The order depends only on the seed, the epoch and the set of tokens,
-so a job resumes at any step by recomputing it.
+Valid tokens (segment_ids > 0, optionally without BOS / special tokens: `valid_mask`) of
+the chosen committed partitions are indexed in row-major order; epoch e of seed s visits
+them in the order of `np.random.default_rng([s, e]).permutation`. Global step k of the
+permutation is the slice [k*G, (k+1)*G) with G = batch_size * process_count, and process
+p takes the p-th batch_size block of it, so P trainers together see exactly what one
+trainer with batch G would, disjointly. The order depends only on the seed, the epoch and
+the set of tokens, so a job resumes at any step by recomputing it.
 
 Memory: 12 bytes per valid token (int64 coordinate + uint32 permutation position) plus
 4 for the token id: ~16 GB per billion tokens. Runs larger than one host's memory should
@@ -41,13 +41,20 @@ class TokenIndex:
         return flat // self.seq_len, flat % self.seq_len
 
 
-def valid_mask(segment_ids: np.ndarray, input_ids: np.ndarray, positions: np.ndarray,
-               bos_id: int | None, special_ids: Iterable[int], exclude_bos: bool,
+def valid_mask(segment_ids: np.ndarray, input_ids: np.ndarray, bos_id: int | None,
+               special_ids: Iterable[int], exclude_bos: bool,
                exclude_special: bool) -> np.ndarray:
-    """Which tokens count: never padding; BOS is the bos id at document position 0."""
+    """Which tokens count: never padding; with `exclude_bos`, no token whose id is the BOS
+    id, wherever it is.
+
+    The id alone decides, not the position: in `segmented` / `pad` packing a BOS opens a
+    document (position 0), but in `concat` packing positions are column indices (a row is
+    one causal stream across documents, schemas.layout), so a BOS that starts or separates
+    documents inside a row has position > 0 and is just as much a BOS.
+    """
     mask = segment_ids > 0
     if exclude_bos and bos_id is not None:
-        mask &= ~((input_ids == bos_id) & (positions == 0))
+        mask &= input_ids != bos_id
     special = list(special_ids)
     if exclude_special and special:
         mask &= ~np.isin(input_ids, special)
@@ -66,10 +73,10 @@ def build_index(run: run_lib.Run, partitions: Iterable[int] | None = None,
     flats, token_ids = [], []
     for pid in ids:
         part = run.partitions[pid]
-        names = ("segment_ids", "input_ids", "positions")
+        names = ("segment_ids", "input_ids")
         futures = [run.token_array(n)[part.row_start:part.row_stop].read() for n in names]
-        seg, inp, pos = (f.result() for f in futures)
-        mask = valid_mask(seg, inp, pos, run.manifest.bos_id, run.manifest.special_token_ids,
+        seg, inp = (f.result() for f in futures)
+        mask = valid_mask(seg, inp, run.manifest.bos_id, run.manifest.special_token_ids,
                           exclude_bos, exclude_special)
         local = np.flatnonzero(mask.reshape(-1))
         flats.append(local + part.row_start * seq_len)

@@ -97,11 +97,10 @@ def compute_stats(run: run_lib.Run, hooks: Sequence[str] | None = None, *,
         part = run.partitions[pid]
         for lo in range(part.row_start, part.row_stop, block):
             hi = min(lo + block, part.row_stop)
-            toks = [run.token_array(n)[lo:hi].read()
-                    for n in ("segment_ids", "input_ids", "positions")]
+            toks = [run.token_array(n)[lo:hi].read() for n in ("segment_ids", "input_ids")]
             acts = {h: run.activation_array(h)[lo:hi].read() for h in hooks}
-            seg, inp, pos = (f.result() for f in toks)
-            mask = shuffle_lib.valid_mask(seg, inp, pos, m.bos_id, m.special_token_ids,
+            seg, inp = (f.result() for f in toks)
+            mask = shuffle_lib.valid_mask(seg, inp, m.bos_id, m.special_token_ids,
                                           exclude_bos, exclude_special)
             for h, fut in acts.items():
                 running[h].add(fut.result()[mask])

@@ -16,13 +16,13 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
-import tensorstore as ts
 
 from schemas import commit as commit_lib
 from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
+from schemas import ts_context
 
 BOS_ID, EOS_ID, PAD_ID = 1, 2, 0
 SPECIAL_IDS = (BOS_ID, EOS_ID)
@@ -74,8 +74,15 @@ def decode_flat(values: np.ndarray, seq_len: int) -> np.ndarray:
     return (np.abs(values[:, 0]).astype(np.int64) - 1)
 
 
-def _pack(rng: np.random.Generator, total_rows: int, seq_len: int, arc_every: int):
-    """Segmented packing with 'continue' overflow: several docs per row, padded row ends."""
+def _pack(rng: np.random.Generator, total_rows: int, seq_len: int, arc_every: int,
+          mode: str = "segmented"):
+    """Segmented packing with 'continue' overflow: several docs per row, padded row ends.
+
+    mode="concat": one stream cut into rows (documents, each opening with BOS, go on
+    where the previous one ended, so BOS tokens sit mid-row); positions are the column
+    index and segment ids number the document runs within a row, as pipeline.pack does.
+    """
+    concat = mode == "concat"
     shape = (total_rows, seq_len)
     arrays = {n: np.full(shape, layout.TOKEN_FILL.get(n, -1), np.int32)
               for n in layout.ALL_TOKEN_ARRAYS}
@@ -93,7 +100,7 @@ def _pack(rng: np.random.Generator, total_rows: int, seq_len: int, arc_every: in
                 ids[-1] = EOS_ID
             arc = None
         n = len(ids)
-        if n <= seq_len and col + n > seq_len:  # does not fit the rest of this row: pad it
+        if not concat and n <= seq_len and col + n > seq_len:  # does not fit: pad the row
             row, col, seg = row + 1, 0, 0
             if row >= total_rows:
                 break
@@ -108,7 +115,8 @@ def _pack(rng: np.random.Generator, total_rows: int, seq_len: int, arc_every: in
             sl = (row, slice(col, col + take))
             arrays["input_ids"][sl] = ids[placed:placed + take]
             arrays["segment_ids"][sl] = seg
-            arrays["positions"][sl] = np.arange(placed, placed + take)
+            arrays["positions"][sl] = (np.arange(col, col + take) if concat
+                                       else np.arange(placed, placed + take))
             arrays["doc_index"][sl] = d
             if arc is not None:
                 for name, values in arc.items():
@@ -151,24 +159,33 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
               hidden: int = 8, hooks: tuple[str, ...] = DEFAULT_HOOKS,
               dtype: str = "float32", committed: tuple[int, ...] | None = None,
               arc_every: int = 3, seed: int = 0, codec: str = "zstd",
-              random_values: bool = False) -> RunTruth:
-    """Writes a run at `uri`. `committed`: partitions that get a marker (default: all but
-    the last). Activations of uncommitted partitions are written too (they must be ignored).
+              random_values: bool = False, packing: str = "segmented",
+              chunk_tokens: int = 0) -> RunTruth:
+    """Writes a run at `uri` (a local path, memory://name or gs://...). `committed`:
+    partitions that get a marker (default: all but the last). Activations of uncommitted
+    partitions are written too (they must be ignored).
     random_values: store N(0, 1) noise instead of the token encoding (benchmarks: realistic
-    compression; `RunTruth.value` is then meaningless)."""
+    compression; `RunTruth.value` is then meaningless).
+    packing: "segmented" or "concat" (see `_pack`).
+    chunk_tokens: LayoutSpec.chunk_tokens (tokens per inner activation chunk; 0: a row).
+    Arrays are opened in the process-wide tensorstore context (schemas.ts_context), the
+    only one in which a memory:// run exists."""
     total_rows = num_partitions * partition_rows
     if committed is None:
         committed = tuple(range(num_partitions - 1))
     rng = np.random.default_rng(seed)
-    arrays, docs = _pack(rng, total_rows, seq_len, arc_every)
+    arrays, docs = _pack(rng, total_rows, seq_len, arc_every, packing)
+    layout_dict = {"rows_per_shard": rows_per_shard, "partition_rows": partition_rows,
+                   "chunk_rows": chunk_rows, "codec": codec}
+    if chunk_tokens:
+        layout_dict["chunk_tokens"] = chunk_tokens
     spec = runspec_lib.RunSpec.from_dict({
         "model": {"path": "/nonexistent/model"},
         "tokenizer": {"path": "/nonexistent/tokenizer"},
         "sources": [{"kind": "text", "paths": ["synthetic.jsonl"]}],
-        "packing": {"mode": "segmented", "seq_len": seq_len},
+        "packing": {"mode": packing, "seq_len": seq_len},
         "capture": {"hooks": ",".join(hooks), "dtype": dtype},
-        "layout": {"rows_per_shard": rows_per_shard, "partition_rows": partition_rows,
-                   "chunk_rows": chunk_rows, "codec": codec},
+        "layout": layout_dict,
     })
     store = store_lib.open_store(uri)
     store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
@@ -191,8 +208,8 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
 
     loc = store.location
     for name in layout.ALL_TOKEN_ARRAYS:
-        arr = ts.open(layout.token_array(name, total_rows, seq_len, spec.layout)
-                      .spec(loc, create=True)).result()
+        arr = ts_context.open_array(layout.token_array(name, total_rows, seq_len, spec.layout)
+                                    .spec(loc, create=True))
         arr.write(arrays[name]).result()
     rows = np.arange(total_rows)[:, None] * np.ones(seq_len, np.int64)
     cols = np.ones(total_rows, np.int64)[:, None] * np.arange(seq_len)
@@ -205,8 +222,8 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
         values[~valid] = PAD_VALUE
         values = values.astype(np_dtype(dtype))
         stored[hook] = values
-        arr = ts.open(layout.activation_array(hook, total_rows, seq_len, hidden, dtype,
-                                              spec.layout).spec(loc, create=True)).result()
+        arr = ts_context.open_array(layout.activation_array(
+            hook, total_rows, seq_len, hidden, dtype, spec.layout).spec(loc, create=True))
         arr.write(values).result()
     for p in committed:
         lo, hi = p * partition_rows, (p + 1) * partition_rows

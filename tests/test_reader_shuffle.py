@@ -1,5 +1,8 @@
 """The global shuffle: exactly once per epoch, seeded, resumable, split across processes."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -110,3 +113,103 @@ def test_jax_and_torch_outputs(tmp_path):
                                   truth.value("embed", t.rows, t.cols).astype(np.float32))
     f = next(iter(run.batches("embed", 8, dtype="float32")))
     assert f.acts["embed"].dtype == np.float32
+
+
+def _within(fn, seconds: float = 10.0):
+    """fn() in a daemon thread; fails (instead of hanging the suite) if it does not return.
+
+    The iterator lives only in that thread, so a hung close() can not be re-run by the
+    generator's own `finally` when the test drops it."""
+    done, result = threading.Event(), {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # re-raised in the test
+            result["error"] = e
+        done.set()
+
+    threading.Thread(target=target, daemon=True).start()
+    assert done.wait(seconds), "close() hung behind the prefetch thread"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+@pytest.mark.parametrize("prefetch,unread", [(2, 1), (2, 2), (3, 3), (1, 1)])
+def test_close_after_stopping_near_the_end_returns_promptly(reader_run, prefetch, unread):
+    # The last `prefetch` batches are queued and the end marker waits for room: close()
+    # must not wait behind that put.
+    run = reader.open_run(reader_run.uri)
+    batches = run.batches("embed", 16, prefetch=prefetch)
+    n = len(batches)
+    assert n > unread
+
+    def scenario():
+        it = iter(batches)
+        for _ in range(n - unread):
+            next(it)
+        time.sleep(0.5)  # let the producer read the rest and block on the full queue
+        t0 = time.perf_counter()
+        batches.close()
+        return time.perf_counter() - t0
+
+    assert _within(scenario) < 5
+    assert batches._thread is None
+
+
+def test_close_returns_promptly_when_the_producer_fails_behind_a_full_queue(reader_run,
+                                                                            monkeypatch):
+    run = reader.open_run(reader_run.uri)
+    batches = run.batches("embed", 4, prefetch=2)
+    read_step = batches.read_step
+
+    def failing(step, order=None):
+        if step >= 3:
+            raise RuntimeError("read failed")
+        return read_step(step, order)
+
+    monkeypatch.setattr(batches, "read_step", failing)
+
+    def scenario():
+        it = iter(batches)
+        next(it)
+        time.sleep(0.5)  # steps 1 and 2 queued; the error waits for room
+        batches.close()
+
+    _within(scenario)
+    # Without close, the error reaches the consumer after the queued batches.
+    batches = run.batches("embed", 4, prefetch=2)
+    monkeypatch.setattr(batches, "read_step", failing)
+    steps = []
+    with pytest.raises(RuntimeError, match="read failed"):
+        for b in batches:
+            steps.append(b.step)
+    assert steps == [0, 1, 2] and batches._thread is None
+
+
+def test_exclude_bos_drops_bos_mid_row_in_concat_packing(tmp_path):
+    # concat: a row is one stream across documents, positions are columns, so a document's
+    # BOS inside a row has position > 0 and must still be left out.
+    truth = rf.build_run(str(tmp_path / "run"), packing="concat", num_partitions=2,
+                         committed=(0, 1))
+    ids, pos = truth.tokens["input_ids"], truth.tokens["positions"]
+    mid_row_bos = (ids == rf.BOS_ID) & (pos > 0)
+    assert mid_row_bos.sum() > 3
+    assert np.array_equal(pos[0], np.arange(16))
+    run = reader.open_run(truth.uri)
+    got = _flat(run.batches("embed", 4, exclude_bos=True, drop_last=False))
+    want = truth.committed_mask() & (ids != rf.BOS_ID)
+    assert np.array_equal(np.sort(got), np.flatnonzero(want))
+    stats = run.compute_stats(["embed"], exclude_bos=True, write=False)["embed"]
+    assert stats.count == want.sum()
+
+
+def test_exclude_bos_in_segmented_rows_leaves_out_document_starts(reader_run):
+    run = reader.open_run(reader_run.uri)
+    ids, pos = reader_run.tokens["input_ids"], reader_run.tokens["positions"]
+    mask = reader_run.committed_mask()
+    bos = mask & (ids == rf.BOS_ID)
+    assert bos.any() and (pos[bos] == 0).all()  # segmented: BOS opens each document
+    got = _flat(run.batches("embed", 4, exclude_bos=True, drop_last=False))
+    assert np.array_equal(np.sort(got), np.flatnonzero(mask & ~bos))
