@@ -173,6 +173,10 @@ class RunSpec:
     def __post_init__(self):
         if not self.sources:
             raise ValueError("sources: at least one source is required")
+        chunk = self.layout.chunk_tokens
+        if chunk and self.packing.seq_len % chunk:
+            raise ValueError(f"layout.chunk_tokens ({chunk}) must divide packing.seq_len "
+                             f"({self.packing.seq_len})")
         names = [s.name or f"{s.kind}{i}" for i, s in enumerate(self.sources)]
         if len(set(names)) != len(names):
             raise ValueError(f"sources: names must be unique, got {names}")

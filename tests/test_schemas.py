@@ -32,6 +32,12 @@ def test_layout_invariants_are_checked():
         _spec(layout={"rows_per_shard": 8, "partition_rows": 12})
 
 
+def test_chunk_tokens_must_divide_seq_len():
+    with pytest.raises(config.ConfigError, match=r"chunk_tokens \(5\) must divide"):
+        _spec(packing={"seq_len": 16}, layout={"chunk_tokens": 5})
+    assert _spec(packing={"seq_len": 16}, layout={"chunk_tokens": 4}).layout.chunk_tokens == 4
+
+
 def test_fingerprint_changes_with_any_field_and_roundtrips():
     a = _spec()
     assert runspec.RunSpec.from_dict(a.to_json_obj()).fingerprint == a.fingerprint
