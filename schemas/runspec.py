@@ -174,9 +174,9 @@ class RunSpec:
         if not self.sources:
             raise ValueError("sources: at least one source is required")
         chunk = self.layout.chunk_tokens
-        if chunk and self.packing.seq_len % chunk:
+        if chunk and chunk < self.packing.seq_len and self.packing.seq_len % chunk:
             raise ValueError(f"layout.chunk_tokens ({chunk}) must divide packing.seq_len "
-                             f"({self.packing.seq_len})")
+                             f"({self.packing.seq_len}); 0 or >= seq_len means whole rows")
         names = [s.name or f"{s.kind}{i}" for i, s in enumerate(self.sources)]
         if len(set(names)) != len(names):
             raise ValueError(f"sources: names must be unique, got {names}")
