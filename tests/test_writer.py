@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -76,3 +78,25 @@ def test_pool_bounds_bytes_in_flight():
     pool.shutdown()
     assert peak[0] <= 80  # two 40-byte blocks fit under 100, a third never joins them
     assert pool.bytes_written == 400
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd", "blosc"])
+def test_every_codec_round_trips_and_zarr_python_agrees(tmp_path, codec):
+    import zarr
+
+    layout = runspec.LayoutSpec(rows_per_shard=4, partition_rows=8, chunk_rows=2,
+                                chunk_tokens=2, codec=codec)
+    arrays = writer.ActivationArrays(uri.parse(str(tmp_path / "run")), {"h": 8}, total_rows=8,
+                                     seq_len=4, dtype="float32", layout=layout)
+    pool = writer.WriterPool(1, 1 << 20)
+    part = writer.PartitionWriter(arrays, (0, 8), pool)
+    data = np.random.default_rng(1).normal(size=(8, 4, 8)).astype(np.float32)
+    part.add(0, {"h": data})
+    part.finish()
+    pool.shutdown()
+    stored = zarr.open_array(str(tmp_path / "run" / "activations" / "h"), mode="r")
+    np.testing.assert_array_equal(stored[:], data)
+    meta = json.loads((tmp_path / "run" / "activations" / "h" / "zarr.json").read_text())
+    inner = [c["name"] for c in meta["codecs"][0]["configuration"]["codecs"]]
+    assert inner == {"none": ["bytes"], "zstd": ["bytes", "zstd"],
+                     "blosc": ["bytes", "blosc"]}[codec]
