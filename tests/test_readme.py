@@ -1,0 +1,15 @@
+"""README's Python examples run as written (the extraction API on a tiny model)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_extraction_api_example_runs():
+    text = README.read_text()
+    section = text[text.index("### Extraction API (Python)"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md (extraction API)", "exec"), {})
