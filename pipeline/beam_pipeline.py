@@ -1,13 +1,19 @@
-"""The prepare pipeline as Beam transforms: read → tokenize → plan → write partitions.
+"""The prepare pipeline as Beam transforms: read → tokenize → pack per group → plan →
+write partitions.
 
-Determinism: documents are read, rendered and tokenized in parallel, each keyed by its
-sort key (source index, file, line/row, variant). One global step collects only the small
-metadata (key, token count, task id) and builds the run plan (`pipeline.partition`):
-document order, packing and partitions are a pure function of those keys and counts, never
-of bundle or worker order. Documents are then routed to the partitions they touch
-(GroupByKey on partition id) and each partition is filled and written by one DoFn call,
-sorting its documents by plan index. So the arrays and the doc tables are byte-identical
-whatever the runner, its worker count or its running mode.
+Scale: no step holds per-document state for the whole run. Documents are read, rendered
+and tokenized in parallel, each keyed by its sort key (source index, file, line/row,
+variant). They are grouped by pack group (`pack_group`: one file, or one fixed block of
+its lines) and each group is packed on its own into group-local rows. The only global
+steps see one small record per file (`partition.file_limits`: the max_docs cut, only when
+a source has max_docs) and one per pack group (`partition.build_plan`: prefix sums giving
+each group's first run-wide row and doc_index, the ARC task table, the counts). Rows then
+get their run-wide numbers and are grouped by partition (GroupByKey on row //
+partition_rows); each partition is written by one DoFn call.
+
+Determinism: document order, packing and partitions are a pure function of the document
+keys and token counts, never of bundle or worker order, so the arrays and the doc tables
+are byte-identical whatever the runner, its worker count or its running mode.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsList, AsSingleton
 
+from pipeline import pack_group
 from pipeline import partition as partition_lib
 from pipeline import sources
 from pipeline import tokenize
@@ -28,6 +35,7 @@ from schemas import runspec as runspec_lib
 NAMESPACE = "actx.prepare"
 REJECTS_TAG = "rejects"
 ARC_TAG = "arc"
+ROWS_TAG = "rows"
 _log = logging.getLogger(__name__)
 
 
@@ -45,8 +53,22 @@ class _Progress:
             _log.info("prepare: %s %d %s", self.what, self.count, detail)
 
 
+def count_records(spec: runspec_lib.RunSpec, element: tuple[int, str]) -> tuple[tuple, int]:
+    """((source_index, path), records the file holds up to the source's max_docs).
+
+    Records are what max_docs counts: documents, ARC tasks and rejects alike, so this is
+    exactly how many records `ReadFileFn` yields for the file given a larger limit.
+    """
+    source_index, path = element
+    source = spec.sources[source_index]
+    n = sum(1 for _ in sources.read_file(source_index, source, spec.source_name(source_index),
+                                         path, limit=source.max_docs))
+    return (source_index, path), n
+
+
 class ReadFileFn(beam.DoFn):
-    """(source_index, path) → TextRecord (main), ArcTaskRecord ('arc'), Reject ('rejects')."""
+    """(source_index, path[, limit]) → TextRecord (main), ArcTaskRecord ('arc'), Reject
+    ('rejects'); limit: records to read from the file (default: the source's max_docs)."""
 
     def __init__(self, spec: runspec_lib.RunSpec):
         self.spec = spec
@@ -54,10 +76,13 @@ class ReadFileFn(beam.DoFn):
         self.rejected = Metrics.counter(NAMESPACE, "records_rejected")
 
     def process(self, element):
-        source_index, path = element
+        source_index, path, *limit = element
         source = self.spec.sources[source_index]
+        limit = limit[0] if limit else source.max_docs
+        if limit == 0:  # beyond the source's max_docs: not even an unreadable-file reject
+            return
         for record in sources.read_file(source_index, source, self.spec.source_name(source_index),
-                                        path, limit=source.max_docs):
+                                        path, limit=limit):
             self.read.inc()
             if isinstance(record, sources.Reject):
                 self.rejected.inc()
@@ -90,8 +115,24 @@ class TokenizeFn(beam.DoFn):
         yield from docs
 
 
+class PackGroupFn(beam.DoFn):
+    """(group key, [TokenizedDoc]) → GroupSummary (main) and group-local Rows ('rows')."""
+
+    def __init__(self, spec: runspec_lib.RunSpec, separator_id: int | None):
+        self.spec, self.separator_id = spec, separator_id
+        self.groups = Metrics.counter(NAMESPACE, "groups_packed")
+
+    def process(self, element):
+        key, docs = element
+        summary, rows = pack_group.pack_group(self.spec, self.separator_id, key, docs)
+        self.groups.inc()
+        yield summary
+        for row in rows:
+            yield beam.pvalue.TaggedOutput(ROWS_TAG, row)
+
+
 class WritePartitionFn(beam.DoFn):
-    """(partition_id, [TokenizedDoc]) → written stats; one call writes one shard object."""
+    """(partition_id, [placed Row]) → written stats; one call writes one shard object."""
 
     def __init__(self, spec: runspec_lib.RunSpec, run_uri: str):
         self.spec, self.run_uri = spec, run_uri
@@ -101,27 +142,39 @@ class WritePartitionFn(beam.DoFn):
         self.progress = _Progress("partitions written")
 
     def process(self, element, plan):
-        partition_id, docs = element
+        partition_id, rows = element
         stats = write_store.write_partition(self.run_uri, self.spec, plan, partition_id,
-                                            list(docs))
+                                            list(rows))
         self.partitions.inc()
-        self.progress.add(1, f"of {len(plan.partitions)}")
+        self.progress.add(1, f"of {plan.n_partitions}")
         yield stats
 
 
-def _to_partitions(doc: tokenize.TokenizedDoc, plan: partition_lib.RunPlan):
-    index = plan.doc_index.get(doc.key)
-    if index is None:  # beyond a source's max_docs
-        return
-    for pid in plan.partitions_of_doc(index):
-        yield pid, doc
+def _with_limits(p: beam.Pipeline, spec: runspec_lib.RunSpec, files: list[tuple[int, str]]):
+    """(source_index, path, limit) per file; limit None where the source has no max_docs.
+
+    With max_docs, a first pass counts each capped file's records (one number per file)
+    and one global step over those counts cuts each source in file order.
+    """
+    capped = [f for f in files if spec.sources[f[0]].max_docs is not None]
+    if not capped:
+        return p | "Files" >> beam.Create([(s, path, None) for s, path in files])
+    limits = (p
+              | "CappedFiles" >> beam.Create(capped)
+              | "SpreadCapped" >> beam.Reshuffle()
+              | "CountRecords" >> beam.Map(lambda f: count_records(spec, f))
+              | "AllFileCounts" >> beam.combiners.ToList()
+              | "FileLimits" >> beam.Map(lambda counts: partition_lib.file_limits(spec, counts)))
+    return (p
+            | "Files" >> beam.Create(files)
+            | "AddLimits" >> beam.Map(lambda f, lim: (f[0], f[1], lim.get(tuple(f))),
+                                      lim=AsSingleton(limits)))
 
 
 def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
           files: list[tuple[int, str]], separator_id: int | None) -> None:
     """Adds the prepare transforms to `p`; `files` are (source_index, path), pre-expanded."""
-    read = (p
-            | "Files" >> beam.Create(files)
+    read = (_with_limits(p, spec, files)
             | "SpreadFiles" >> beam.Reshuffle()
             | "Read" >> beam.ParDo(ReadFileFn(spec)).with_outputs(REJECTS_TAG, ARC_TAG,
                                                                   main="text"))
@@ -132,31 +185,27 @@ def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
             | "Batch" >> beam.BatchElements(min_batch_size=8, max_batch_size=256)
             | "Tokenize" >> beam.ParDo(TokenizeFn(spec)))
 
-    metas = (docs
-             | "Meta" >> beam.Map(lambda d: partition_lib.DocMeta(d.key, len(d.token_ids),
-                                                                  d.task_id))
-             | "AllMeta" >> beam.combiners.ToList())
-    reject_keys = (read[REJECTS_TAG]
-                   | "RejectKeys" >> beam.Map(lambda r: r.record_key)
-                   | "AllRejectKeys" >> beam.combiners.ToList())
-    plan = (metas
-            | "Plan" >> beam.Map(lambda m, rk: partition_lib.build_plan(spec, m, rk, separator_id),
-                                 rk=AsSingleton(reject_keys))
+    packed = (docs
+              | "KeyByGroup" >> beam.Map(lambda d: (pack_group.group_key(d.key), d))
+              | "GroupDocs" >> beam.GroupByKey()
+              | "PackGroups" >> beam.ParDo(PackGroupFn(spec, separator_id)).with_outputs(
+                  ROWS_TAG, main="summaries"))
+    # The one global step: one summary per pack group, never per document.
+    plan = (packed.summaries
+            | "AllGroupSummaries" >> beam.combiners.ToList()
+            | "Plan" >> beam.Map(lambda summaries: partition_lib.build_plan(spec, summaries))
             | "CreateArrays" >> beam.Map(lambda pl: write_store.create_token_arrays(
                 run_uri, pl, spec)))
 
-    written = (docs
-               | "ToPartitions" >> beam.FlatMap(_to_partitions, plan=AsSingleton(plan))
+    written = (packed[ROWS_TAG]
+               | "PlaceRows" >> beam.Map(
+                   lambda row, plan: partition_lib.place_row(plan, row), plan=AsSingleton(plan))
                | "GroupPartitions" >> beam.GroupByKey()
                | "WritePartitions" >> beam.ParDo(WritePartitionFn(spec, run_uri),
                                                  plan=AsSingleton(plan)))
 
-    def kept_rejects(r, plan):
-        if plan.keeps_record(r.record_key):
-            yield r.source, r
-
     rejects_written = (read[REJECTS_TAG]
-                       | "KeepRejects" >> beam.FlatMap(kept_rejects, plan=AsSingleton(plan))
+                       | "KeyRejects" >> beam.Map(lambda r: (r.source, r))
                        | "GroupRejects" >> beam.GroupByKey()
                        | "WriteRejects" >> beam.MapTuple(
                            lambda name, rs: write_store.write_rejects(run_uri, name, list(rs))))

@@ -1,116 +1,160 @@
-"""The run plan: global document order, input accounting, packing and partitions.
+"""The run plan: the global steps of prepare, over per-file and per-group summaries only.
 
-Built once from small per-document metadata (sort key, token count, task id) and the keys
-of rejected inputs, so it is a pure function of the inputs and the run spec: whatever the
-runner's parallelism, document d gets the same index, rows and partition.
+Nothing here sees a document. Two small global computations fix the run-wide layout:
+  file_limits  per-file record counts -> per-file read limits that apply each source's
+               `max_docs` in file order (one record per file);
+  build_plan   pack-group summaries (`pack_group.GroupSummary`, one per group) -> each
+               group's first run-wide row and doc_index (prefix sums in group order), the
+               total rows, the sorted ARC task table and per-source counts.
+Partitions are then pure arithmetic on row numbers (fixed `partition_rows`, the last may
+be short), and `place_row` moves a group-local row to its run-wide place. Every result is
+a pure function of the summaries and the run spec, so whatever the runner's parallelism a
+document gets the same index, rows and partition.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Iterable
 
-from pipeline import pack
+import numpy as np
+
+from pipeline import pack_group
 from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
 
 
-@dataclasses.dataclass(frozen=True)
-class DocMeta:
-    """key: (source_index, file, line, variant); n_tokens before truncation."""
+def file_limits(spec: runspec_lib.RunSpec, file_records: Iterable[tuple[tuple, int]]
+                ) -> dict[tuple, int]:
+    """(source_index, path) -> records to read, for the files of sources with max_docs.
 
-    key: tuple
-    n_tokens: int
-    task_id: str | None = None
+    file_records: ((source_index, path), records the file holds, up to max_docs). The
+    first max_docs records of a source in (path, line) order are kept: files are taken in
+    path order, each up to what the files before it left over.
+    """
+    left = {s: src.max_docs for s, src in enumerate(spec.sources) if src.max_docs is not None}
+    limits = {}
+    for (s, path), n in sorted(file_records):
+        if s not in left:
+            raise ValueError(f"source {s} has no max_docs: its files need no count")
+        limits[(s, path)] = min(n, left[s])
+        left[s] -= limits[(s, path)]
+    return limits
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupPlacement:
+    """Where a group's rows and documents go: add first_row / first_doc to its local
+    numbers; task_map[i] is the run-wide index of the group's i-th task id."""
+
+    first_row: int
+    first_doc: int
+    task_map: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-    """doc_index: key -> run-wide document number (the packing order).
+    """The global layout. One entry per pack group; nothing per document or partition.
 
-    record_cutoff: per source index, the last record key kept under `max_docs` (records
-    after it are not read, neither packed nor rejected); absent when the source has no cap.
+    accepted / truncated_tokens: per source index; source_names: per source index.
     """
 
-    doc_index: dict
-    doc_keys: tuple
-    packed: pack.PackPlan
-    partitions: tuple[manifest_lib.Partition, ...]
-    counts: dict[str, manifest_lib.SourceCounts]
-    arc_tasks: tuple[str, ...]
-    record_cutoff: dict
-    separator_id: int | None
+    groups: dict
+    total_rows: int
+    total_docs: int
+    total_tokens: int
     partition_rows: int
+    arc_tasks: tuple[str, ...]
+    accepted: tuple[int, ...]
+    truncated_tokens: tuple[int, ...]
+    source_names: tuple[str, ...]
 
-    def keeps_record(self, record_key: tuple) -> bool:
-        cutoff = self.record_cutoff.get(record_key[0])
-        return cutoff is None or _order(record_key) <= _order(cutoff)
+    @property
+    def n_partitions(self) -> int:
+        return -(-self.total_rows // self.partition_rows)
 
     def partition_of_row(self, row: int) -> int:
         return row // self.partition_rows
 
-    def partitions_of_doc(self, doc_index: int) -> list[int]:
-        return sorted({self.partition_of_row(p.row) for p in self.packed.pieces[doc_index]})
-
-    def packed_ids(self, doc_index: int, token_ids):
-        """The document's tokens as packed: truncated, or followed by the separator."""
-        import numpy as np
-
-        n = self.packed.stored_tokens[doc_index]
-        if n <= len(token_ids):
-            return token_ids[:n]
-        return np.concatenate([token_ids, np.full(n - len(token_ids), self.separator_id,
-                                                  dtype=token_ids.dtype)])
+    def partition_range(self, partition_id: int) -> tuple[int, int]:
+        """(row_start, row_count) of a partition."""
+        start = partition_id * self.partition_rows
+        return start, min(self.partition_rows, self.total_rows - start)
 
 
-def _order(record_key: tuple) -> tuple:
-    return (record_key[0], record_key[1], record_key[2])
+def build_plan(spec: runspec_lib.RunSpec, summaries: Iterable[pack_group.GroupSummary]
+               ) -> RunPlan:
+    """Prefix sums over the group summaries in group-key order (= document order)."""
+    summaries = sorted(summaries, key=lambda g: g.key)
+    if any(a.key == b.key for a, b in zip(summaries, summaries[1:])):
+        raise ValueError("duplicate pack group: an input file was read twice")
+    arc_tasks = tuple(sorted({t for g in summaries for t in g.task_ids}))
+    task_index = {t: i for i, t in enumerate(arc_tasks)}
+    n_sources = len(spec.sources)
+    accepted, truncated = [0] * n_sources, [0] * n_sources
+    groups, row, doc, tokens = {}, 0, 0, 0
+    for g in summaries:
+        groups[g.key] = GroupPlacement(row, doc, tuple(task_index[t] for t in g.task_ids))
+        row, doc, tokens = row + g.rows, doc + g.docs, tokens + g.tokens
+        accepted[g.source_index] += g.records
+        truncated[g.source_index] += g.truncated_tokens
+    return RunPlan(groups, row, doc, tokens, spec.layout.partition_rows, arc_tasks,
+                   tuple(accepted), tuple(truncated),
+                   tuple(spec.source_name(s) for s in range(n_sources)))
 
 
-def build_plan(spec: runspec_lib.RunSpec, docs: list[DocMeta], reject_keys: list[tuple],
-               separator_id: int | None) -> RunPlan:
-    """reject_keys: (source_index, file, line) of every rejected input (line -1: whole file)."""
-    cutoff = {}
-    for s, source in enumerate(spec.sources):
-        if source.max_docs is None:
-            continue
-        records = sorted({d.key[:3] for d in docs if d.key[0] == s}
-                         | {k for k in reject_keys if k[0] == s}, key=_order)
-        if len(records) > source.max_docs:
-            cutoff[s] = records[source.max_docs - 1] if source.max_docs else (s, "", -2)
+def place_row(plan: RunPlan, row: pack_group.Row) -> tuple[int, pack_group.Row]:
+    """(partition id, the row with run-wide row, doc_index and arc_task numbers)."""
+    at = plan.groups[row.group]
+    arrays = dict(row.arrays)
+    doc_index = arrays["doc_index"]
+    arrays["doc_index"] = np.where(doc_index >= 0, doc_index + at.first_doc, -1).astype(np.int32)
+    if "arc_task" in arrays:
+        local = arrays["arc_task"]
+        task_map = np.asarray(at.task_map or (0,), dtype=np.int32)
+        arrays["arc_task"] = np.where(local >= 0, task_map[np.maximum(local, 0)],
+                                      -1).astype(np.int32)
+    docs = tuple({**d, "doc_index": d["doc_index"] + at.first_doc,
+                  "first_row": d["first_row"] + at.first_row} for d in row.docs)
+    placed = pack_group.Row(None, at.first_row + row.row, arrays, docs)
+    return plan.partition_of_row(placed.row), placed
 
-    def kept(record_key):
-        c = cutoff.get(record_key[0])
-        return c is None or _order(record_key) <= _order(c)
 
-    docs = sorted((d for d in docs if kept(d.key[:3])), key=lambda d: d.key)
-    if len({d.key for d in docs}) != len(docs):
-        raise ValueError("duplicate document keys: an input file was read twice")
-    sep_len = 0
-    if spec.packing.mode == "concat" and spec.packing.separator != "none":
-        sep_len = 1
-    packed = pack.plan_pack([d.n_tokens for d in docs], spec.packing, sep_len)
+def source_counts(plan: RunPlan, reject_stats: Iterable[dict]
+                  ) -> dict[str, manifest_lib.SourceCounts]:
+    """Input accounting per source: read = accepted + rejected (rejects within max_docs)."""
+    rejected = {s["source"]: s["rejected"] for s in reject_stats}
+    return {name: manifest_lib.SourceCounts(
+        read=plan.accepted[s] + rejected.get(name, 0), accepted=plan.accepted[s],
+        rejected=rejected.get(name, 0), truncated_tokens=plan.truncated_tokens[s])
+        for s, name in enumerate(plan.source_names)}
 
-    rows = spec.layout.partition_rows
-    n_parts = -(-packed.total_rows // rows)
-    tokens = [0] * n_parts
-    starts = [0] * n_parts
-    for pieces in packed.pieces:
-        for p in pieces:
-            tokens[p.row // rows] += p.length
-        if pieces:
-            starts[pieces[0].row // rows] += 1
-    partitions = tuple(manifest_lib.Partition(
-        i, i * rows, min(rows, packed.total_rows - i * rows), tokens[i], starts[i])
-        for i in range(n_parts))
 
-    counts = {}
-    for s in range(len(spec.sources)):
-        accepted = {d.key[:3] for d in docs if d.key[0] == s}
-        rejected = {k for k in reject_keys if k[0] == s and kept(k)}
-        trunc = sum(packed.truncated_tokens[i] for i, d in enumerate(docs) if d.key[0] == s)
-        counts[spec.source_name(s)] = manifest_lib.SourceCounts(
-            read=len(accepted) + len(rejected), accepted=len(accepted), rejected=len(rejected),
-            truncated_tokens=trunc)
-    arc_tasks = tuple(sorted({d.task_id for d in docs if d.task_id is not None}))
-    return RunPlan({d.key: i for i, d in enumerate(docs)}, tuple(d.key for d in docs), packed,
-                   partitions, counts, arc_tasks, cutoff, separator_id, rows)
+def partitions(plan: RunPlan, written: Iterable[dict]) -> tuple[manifest_lib.Partition, ...]:
+    """The manifest's partitions from the writers' stats, checked against the plan.
+
+    Token and doc counts per partition are measured by the writer that filled it (the plan
+    knows only per-group totals); they must add up to the plan's totals, and every
+    partition must have been written exactly once with its full row range.
+    """
+    by_id: dict[int, dict] = {}
+    for w in written:
+        if w["partition"] in by_id:
+            raise RuntimeError(f"partition {w['partition']} written twice")
+        by_id[w["partition"]] = w
+    if set(by_id) != set(range(plan.n_partitions)):
+        missing = sorted(set(range(plan.n_partitions)) - set(by_id))
+        raise RuntimeError(f"partitions not written: {missing[:10]} (of {plan.n_partitions}); "
+                           f"unexpected: {sorted(set(by_id) - set(range(plan.n_partitions)))}")
+    out = []
+    for pid in range(plan.n_partitions):
+        start, count = plan.partition_range(pid)
+        w = by_id[pid]
+        if w["rows"] != count:
+            raise RuntimeError(f"partition {pid}: {w['rows']} rows written, plan has {count}")
+        out.append(manifest_lib.Partition(pid, start, count, w["tokens"], w["docs"]))
+    tokens, docs = sum(p.tokens for p in out), sum(p.docs for p in out)
+    if (tokens, docs) != (plan.total_tokens, plan.total_docs):
+        raise RuntimeError(f"written {tokens} tokens / {docs} docs, the plan has "
+                           f"{plan.total_tokens} / {plan.total_docs}")
+    return tuple(out)
