@@ -71,3 +71,13 @@ def test_other_numerics_are_refused_unless_allowed(model_dir, tmp_path):
     with pytest.raises(runner.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
         runner.Worker(runner.WorkerOptions(run=run, batch_size=16))
     runner.Worker(runner.WorkerOptions(run=run, batch_size=16, allow_numerics_change=True))
+
+
+def test_other_weights_at_the_same_path_are_refused(tmp_path):
+    model = str(hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=0))
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model, n_rows=8, partition_rows=8)
+    runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+    hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=1)  # retrained in place
+    with pytest.raises(runner.RunMismatch, match=r"weights at .* changed"):
+        runner.Worker(runner.WorkerOptions(run=run, batch_size=8))

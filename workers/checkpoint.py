@@ -205,3 +205,18 @@ def param_logical_axes(cfg: ModelConfig) -> dict:
     """The logical-axes tree matching `load_params`' output."""
     return {**TOP_PARAM_AXES,
             "layers": {n: LAYER_PARAM_AXES[n] for n in layer_param_names(cfg)}}
+
+
+def digest(directory: str) -> str:
+    """crc32c over config.json and the *.safetensors files (names and bytes, name order)."""
+    import crc32c
+
+    names = sorted(n for n in os.listdir(directory)
+                   if n == "config.json" or n.endswith(".safetensors"))
+    value = 0
+    for name in names:
+        value = crc32c.crc32c(name.encode(), value)
+        with open(os.path.join(directory, name), "rb") as f:
+            while chunk := f.read(64 << 20):
+                value = crc32c.crc32c(chunk, value)
+    return f"{value:08x}"

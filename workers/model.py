@@ -35,12 +35,15 @@ class Model:
     params: {"embed_vd", "final_norm_d", "layers": {name: [num_layers, ...]}}.
     param_axes: the same tree with logical axis names per dimension.
     mesh: the mesh the params were placed on, or None for a single device.
+    digest: crc32c of config.json and every weight file, in name order (the identity of
+      the weights: a run refuses to continue with other weights at the same path).
     """
 
     config: ModelConfig
     params: dict
     param_axes: dict
     mesh: jax.sharding.Mesh | None = None
+    digest: str = ""
 
     @property
     def dtype(self) -> jnp.dtype:
@@ -63,7 +66,8 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32",
             config = ModelConfig.from_hf(json.load(f), source=f"{path}/config.json")
         reader = checkpoint.TensorReader(directory)
         params = checkpoint.load_params(reader, config, np_dtype, mesh, source=str(path))
-    return Model(config, params, checkpoint.param_logical_axes(config), mesh)
+        digest = checkpoint.digest(directory)  # files are in the page cache by now
+    return Model(config, params, checkpoint.param_logical_axes(config), mesh, digest)
 
 
 def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float) -> jax.Array:

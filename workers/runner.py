@@ -209,11 +209,18 @@ class Worker:
 
     def _check_activation_info(self) -> None:
         info = {"fingerprint": self.spec.fingerprint, "dtype": self.spec.capture.dtype,
-                "hooks": self.hooks, "numerics": self.numerics_key()}
+                "hooks": self.hooks, "model_digest": self.model.digest,
+                "numerics": self.numerics_key()}
         if self.store.create_json(layout.ACTIVATIONS_INFO_KEY, info):
             return
         key = self.location.join(layout.ACTIVATIONS_INFO_KEY)
         existing = self.store.read_json(layout.ACTIVATIONS_INFO_KEY) or {}
+        if existing.get("model_digest") not in (None, info["model_digest"]):
+            raise RunMismatch(
+                f"{key}: the weights at {self.spec.model.path} changed since this run's first "
+                f"attempt (checkpoint digest {existing['model_digest']}, now "
+                f"{info['model_digest']}); partitions would mix two models. Extract into a "
+                f"new run directory, or restore the original checkpoint")
         first = {k: v for k, v in existing.items() if k != "numerics"}
         mine = {k: v for k, v in info.items() if k != "numerics"}
         if first != mine:
