@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
-import time
 
 import numpy as np
 import pytest

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from deploy import cli, runstate
+from deploy import cli
 from schemas import config as config_lib
 from schemas import heartbeat, layout, store
 from tests import token_runs

@@ -3,7 +3,6 @@ determinism across running modes, and errors raised before any work starts."""
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest

@@ -14,7 +14,7 @@ def _spec(**over):
 
 def test_unknown_key_names_key_and_file():
     with pytest.raises(config.ConfigError, match=r"run.yaml: packing.seqlen: unknown key.*seq_len"):
-        _spec_from = runspec.RunSpec.from_dict(
+        runspec.RunSpec.from_dict(
             {"model": {"path": "m"}, "tokenizer": {"path": "t"},
              "sources": [{"kind": "arc", "paths": ["a"]}], "packing": {"seqlen": 3}},
             "run.yaml: ")
