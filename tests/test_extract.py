@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -212,3 +213,20 @@ def test_two_hosts_with_short_partition_and_padding_steps(model_dir, tmp_path):
     objects.pop("activations/actx.json"), ref_objects.pop("activations/actx.json")
     assert objects == ref_objects
     _assert_one_writer_per_object(log, run, expected_writers=2)
+
+
+def test_a_failing_host_stops_its_replica_fast_and_rerun_completes(reference_run, tmp_path):
+    """Host 1 raises in partition 1 (4 steps a partition): both hosts exit at once (no minutes-long shutdown
+    barrier), nothing partial is committed, and a rerun gives the reference bytes."""
+    run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
+    started = time.monotonic()
+    results = worker_procs.run_replica(run, hosts=2, devices_per_host=1,
+                                       extra=["--batch-size", "4"], timeout=120,
+                                       ACTX_CRASH_AT="step:6:RAISE", ACTX_CRASH_PROCESS="1")
+    assert time.monotonic() - started < 60
+    assert all(code == 1 for code, _ in results), results
+    assert "injected failure" in results[1][1]
+    assert sorted(_markers(run)) == [0]
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"])
+    assert code == 0, out
+    _assert_same_as_reference(run, reference_run)

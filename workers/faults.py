@@ -1,7 +1,9 @@
 """Fault injection for crash-safety tests: kill this process at a named point.
 
-ACTX_CRASH_AT="point", "point:N" or "point:N:TERM" sends SIGKILL (or SIGTERM, a
-preemption notice) to the process the N-th time (1-based, default 1) it reaches `point`. Points: "step" (after a step is dispatched), "write"
+ACTX_CRASH_AT="point", "point:N", "point:N:TERM" or "point:N:RAISE" sends SIGKILL (or
+SIGTERM, a preemption notice, or raises RuntimeError: a bug) the N-th time (1-based,
+default 1) the process reaches `point`. With ACTX_CRASH_PROCESS=i only the process of
+jax.process_index() i does (one host of a multi-host replica). Points: "step" (after a step is dispatched), "write"
 (between the writes of one block's arrays), "before_commit" (all data durable, marker not
 yet written). Unset in production, where `maybe_crash` is a dictionary lookup.
 """
@@ -24,9 +26,18 @@ def maybe_crash(point: str) -> None:
     spec = os.environ.get("ACTX_CRASH_AT")
     if not spec:
         return
-    name, nth, sig = (spec.split(":") + ["", ""])[:3]
+    name, nth, action = (spec.split(":") + ["", ""])[:3]
     if name != point:
         return
+    only = os.environ.get("ACTX_CRASH_PROCESS")
+    if only is not None:
+        import jax
+
+        if jax.process_index() != int(only):
+            return
     _COUNTS[point] += 1
-    if _COUNTS[point] == int(nth or 1):
-        os.kill(os.getpid(), signal.SIGTERM if sig == "TERM" else signal.SIGKILL)
+    if _COUNTS[point] != int(nth or 1):
+        return
+    if action == "RAISE":
+        raise RuntimeError(f"injected failure at {point} (ACTX_CRASH_AT={spec})")
+    os.kill(os.getpid(), signal.SIGTERM if action == "TERM" else signal.SIGKILL)

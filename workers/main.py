@@ -79,7 +79,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"actx extract: error: {e}", file=sys.stderr)
         return 2
     worker.install_signal_handlers()
-    return worker.run()
+    try:
+        return worker.run()
+    except BaseException:
+        if worker.topo.hosts_per_replica > 1:
+            _leave_replica_now()
+        raise
+
+
+def _leave_replica_now() -> None:
+    """Exits a failed host of a multi-host replica at once.
+
+    A normal exit runs jax.distributed's shutdown barrier, which waits (minutes) for peers
+    that are themselves blocked in a collective with this host; both would hang. Exiting
+    without it lets the coordination service report this host as gone, so the peers fail
+    fast too, and `actx rerun` redoes the partition.
+    """
+    import os
+    import traceback
+
+    traceback.print_exc()
+    print("actx extract: this host failed; leaving its replica without the shutdown "
+          "barrier so the other hosts stop too. Nothing partial was committed; "
+          "`actx rerun` redoes the partition.", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(1)
 
 
 if __name__ == "__main__":
