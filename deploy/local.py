@@ -16,6 +16,7 @@ import time
 
 from deploy import config as config_lib
 from deploy import runstate
+from schemas import layout as layout_lib
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from schemas import uri as uri_lib
@@ -33,7 +34,7 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
     store = store_lib.open_store(run)
     existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
     if (existing is not None and existing.get("fingerprint") == spec.fingerprint
-            and store.exists("manifest.json")):
+            and store.exists(layout_lib.MANIFEST_KEY)):
         print(f"prepare: {run} is already prepared for fingerprint {spec.fingerprint}; "
               f"skipping", file=out, flush=True)
         return False

@@ -24,7 +24,6 @@ DEFAULT_STALE_AFTER_S = 60.0
 COMMITTED, IN_PROGRESS, STALE, PENDING = "committed", "in_progress", "stale", "pending"
 MAP_CHARS = {COMMITTED: "C", IN_PROGRESS: "W", STALE: "S", PENDING: "."}
 _LIVE_STATES = ("starting", "working", "idle")
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 class RunError(RuntimeError):
@@ -122,7 +121,7 @@ def bytes_per_row(handle: RunHandle) -> int | None:
     info = handle.store.read_json(layout_lib.ACTIVATIONS_INFO_KEY)
     if not info:
         return None
-    itemsize = _ITEMSIZE.get(info.get("dtype", handle.spec.capture.dtype), 2)
+    itemsize = layout_lib.ITEMSIZE.get(info.get("dtype", handle.spec.capture.dtype), 2)
     return handle.manifest.seq_len * itemsize * sum(int(h) for h in info["hooks"].values())
 
 

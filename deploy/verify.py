@@ -160,7 +160,7 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
                     problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) cannot be read: "
                                     f"{str(e).splitlines()[0][:200]}")
                     continue
-                crc = commit_lib.checksum(np.ascontiguousarray(block).tobytes())
+                crc = commit_lib.array_checksum(block)
                 if crc != sums[k]:
                     problems.append(f"{label}: checksum mismatch in block {k} "
                                     f"(rows {lo}-{hi - 1}): stored {crc}, marker {sums[k]}")

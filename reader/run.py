@@ -9,7 +9,6 @@ Rows of uncommitted partitions are never read, whatever data exists for them.
 from __future__ import annotations
 
 import bisect
-import concurrent.futures
 import dataclasses
 import functools
 import os
@@ -69,13 +68,14 @@ class Run:
     # -- what the run holds ---------------------------------------------------------
 
     def refresh(self) -> None:
-        """Re-lists commit markers (the snapshot of what is readable)."""
-        ids = sorted(commit_lib.committed_partitions(self.store))
-        # Markers are small; reading them concurrently keeps opening a GCS run quick.
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            markers = list(pool.map(lambda p: commit_lib.read_marker(self.store, p), ids))
-        self.markers = {m.partition: m for m in markers if m is not None}
-        self.committed = tuple(sorted(self.markers))
+        """Re-lists commit markers (the snapshot of what is readable).
+
+        One listing, no marker reads: every partition of a run holds the same hooks (the
+        workers refuse anything else, see activations/actx.json), so the hook names come
+        from that one object.
+        """
+        self.committed = tuple(sorted(commit_lib.committed_partitions(self.store)))
+        self._committed_set = frozenset(self.committed)
         self._hooks_cache = None
 
     @property
@@ -101,19 +101,26 @@ class Run:
 
     @property
     def hooks(self) -> dict[str, HookInfo]:
-        """Hooks held by at least one committed partition (from the commit markers)."""
+        """The run's hooks, readable in every committed partition (none before a commit)."""
         if self._hooks_cache is None:
-            parts: dict[str, list[int]] = {}
-            for pid, marker in self.markers.items():
-                for hook in marker.checksums:
-                    parts.setdefault(hook, []).append(pid)
             infos = {}
-            for hook in sorted(parts):
+            for hook in self._hook_names():
                 arr = self._open(layout.activation_array_key(hook))
                 infos[hook] = HookInfo(hook, tuple(arr.shape), str(arr.dtype.numpy_dtype),
-                                       tuple(sorted(parts[hook])))
+                                       self.committed)
             self._hooks_cache = infos
         return self._hooks_cache
+
+    def _hook_names(self) -> list[str]:
+        if not self.committed:
+            return []
+        info = self.store.read_json(layout.ACTIVATIONS_INFO_KEY)
+        if not info or "hooks" not in info:
+            # Workers create it before writing any data, so a commit without it is damage.
+            raise errors.NotARunError(
+                f"{self.location.join(layout.ACTIVATIONS_INFO_KEY)}: missing, but "
+                f"{len(self.committed)} partition(s) are committed; run `actx verify`")
+        return sorted(info["hooks"])
 
     def hook(self, name: str) -> HookInfo:
         """The HookInfo of `name`; UnknownHookError (listing the hooks) when absent."""
@@ -143,27 +150,22 @@ class Run:
         return self.manifest.partitions[bisect.bisect_right(self._row_starts, row) - 1]
 
     def check_rows(self, start: int, stop: int, hooks: Sequence[str] = ()) -> None:
-        """Refuses a row range that touches an uncommitted partition, or a hook that a
-        partition of the range did not commit."""
+        """Refuses a row range that touches an uncommitted partition, or an unknown hook."""
         if not 0 <= start < stop <= self.total_rows:
             raise IndexError(f"rows [{start}, {stop}) are outside the run "
                              f"(0..{self.total_rows})")
         first = self.partition_of_row(start).id
         last = self.partition_of_row(stop - 1).id
+        committed = self._committed_set
         for pid in range(first, last + 1):
-            marker = self.markers.get(pid)
-            if marker is None:
+            if pid not in committed:
                 raise errors.UncommittedPartitionError(
                     f"{self.location}: partition {pid} ({layout.partition_name(pid)}, rows "
                     f"{self.partitions[pid].row_start}..{self.partitions[pid].row_stop - 1}) "
                     f"is not committed; finish it with `actx rerun {self.location}` and "
                     f"reopen the run")
-            for hook in hooks:
-                self.hook(hook)
-                if hook not in marker.checksums:
-                    raise errors.UnknownHookError(
-                        f"{self.location}: partition {pid} committed without hook {hook!r} "
-                        f"(it has {', '.join(sorted(marker.checksums))})")
+        for hook in hooks:
+            self.hook(hook)
 
     def committed_ids(self, partitions: Iterable[int] | None = None,
                       hooks: Sequence[str] = ()) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import crc32c as crc32c_lib
+import numpy as np
 
 from schemas import config as config_lib
 from schemas import layout
@@ -18,6 +19,14 @@ from schemas import layout
 def checksum(data: bytes | memoryview) -> str:
     """crc32c of raw little-endian array bytes, as 8 hex digits."""
     return f"{crc32c_lib.crc32c(data):08x}"
+
+
+def array_checksum(values: np.ndarray) -> str:
+    """`checksum` of an array's values in C order, without copying a contiguous array.
+
+    A uint8 view, since bfloat16 arrays do not export the buffer protocol.
+    """
+    return checksum(np.ascontiguousarray(values).reshape(-1).view(np.uint8))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,7 +87,7 @@ def _codecs(layout: runspec_lib.LayoutSpec, itemsize: int) -> list[dict]:
     return codecs
 
 
-_ITEMSIZE = {"int32": 4, "float32": 4, "bfloat16": 2, "float16": 2}
+ITEMSIZE = {"int32": 4, "float32": 4, "bfloat16": 2, "float16": 2}  # bytes per value
 
 
 def _sharded_metadata(shape: list[int], dtype: str, shard_shape: list[int],
@@ -103,7 +103,7 @@ def _sharded_metadata(shape: list[int], dtype: str, shard_shape: list[int],
             "name": "sharding_indexed",
             "configuration": {
                 "chunk_shape": chunk_shape,
-                "codecs": _codecs(layout, _ITEMSIZE[dtype]),
+                "codecs": _codecs(layout, ITEMSIZE[dtype]),
                 "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
                                  {"name": "crc32c"}],
                 "index_location": "end",

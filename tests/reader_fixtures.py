@@ -225,6 +225,8 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
         arr = ts_context.open_array(layout.activation_array(
             hook, total_rows, seq_len, hidden, dtype, spec.layout).spec(loc, create=True))
         arr.write(values).result()
+    store.write_json(layout.ACTIVATIONS_INFO_KEY, {
+        "fingerprint": spec.fingerprint, "dtype": dtype, "hooks": {h: hidden for h in hooks}})
     for p in committed:
         lo, hi = p * partition_rows, (p + 1) * partition_rows
         checksums = {h: [commit_lib.checksum(stored[h][r:r + rows_per_shard].tobytes())

@@ -25,7 +25,6 @@ from schemas import uri as uri_lib
 from workers import faults
 
 
-
 @dataclasses.dataclass
 class _Block:
     start_row: int
@@ -40,7 +39,6 @@ class ActivationArrays:
     def __init__(self, run: uri_lib.Location, hooks: dict[str, int], total_rows: int,
                  seq_len: int, dtype: str, layout: runspec_lib.LayoutSpec):
         self.layout = layout
-        self.dtype = dtype
         self.arrays = {}
         for hook, hidden in sorted(hooks.items()):
             spec = layout_lib.activation_array(hook, total_rows, seq_len, hidden, dtype, layout)
@@ -113,8 +111,7 @@ class PartitionWriter:
         sums = {}
         writes = []
         for hook, data in block.data.items():
-            # A uint8 view: bfloat16 does not export the buffer protocol, its bytes do.
-            sums[hook] = commit_lib.checksum(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+            sums[hook] = commit_lib.array_checksum(data)
             arr = self._arrays.arrays[hook]
             writes.append(arr[block.start_row:block.start_row + block.rows].write(data))
             _log_object_write(hook, block.start_row // self._rows_per_shard)
