@@ -13,7 +13,10 @@ shifts them into place afterwards. Modes (DESIGN.md):
              document run alone.
 A document longer than a row (pad, segmented) starts a fresh row and continues into the
 following rows ("continue"; positions keep counting inside the document) or is cut at
-seq_len ("truncate"; the dropped tokens are counted).
+seq_len ("truncate"; the dropped tokens are counted). Its rows are consecutive and full
+except the last, so a worker finds a continuation row by its column 0 (a segment whose
+position is > 0) and the document's first row `positions[r, 0] // seq_len` rows above.
+What each token attended to is written beside it (`context_start`, see schemas.layout).
 """
 
 from __future__ import annotations
@@ -120,9 +123,24 @@ def plan_pack(lengths: Sequence[int], packing: runspec_lib.PackingSpec,
     return PackPlan(total_rows, tuple(all_pieces), tuple(stored), tuple(truncated))
 
 
+def context_start(piece: Piece, packing: runspec_lib.PackingSpec) -> np.ndarray:
+    """int32 [piece.length]: the first document position each token of `piece` attends to.
+
+    concat: the row is one causal stream, so the document is seen from its first token in
+    the row. truncate: the whole (kept) document. continue: the last max_context tokens.
+    """
+    if packing.mode == "concat":
+        return np.full(piece.length, piece.doc_start, np.int32)
+    doc_positions = np.arange(piece.doc_start, piece.doc_start + piece.length, dtype=np.int32)
+    if packing.overflow == "truncate":
+        return np.zeros(piece.length, np.int32)
+    return np.maximum(0, doc_positions - (packing.max_context - 1)).astype(np.int32)
+
+
 def fill_rows(block: dict[str, np.ndarray], row_offset: int, pieces: Sequence[Piece],
               token_ids: np.ndarray, doc_index: int,
-              extra: dict[str, np.ndarray] | None = None) -> None:
+              extra: dict[str, np.ndarray] | None = None, *,
+              packing: runspec_lib.PackingSpec) -> None:
     """Writes a document's pieces into a partition block (arrays [rows, seq_len]).
 
     token_ids: the document's packed tokens; extra: per-token arrays (e.g. ARC attributes)
@@ -134,5 +152,6 @@ def fill_rows(block: dict[str, np.ndarray], row_offset: int, pieces: Sequence[Pi
         block["segment_ids"][r, c0:c1] = p.segment_id
         block["positions"][r, c0:c1] = np.arange(p.position_start, p.position_start + p.length)
         block["doc_index"][r, c0:c1] = doc_index
+        block["context_start"][r, c0:c1] = context_start(p, packing)
         for name, values in (extra or {}).items():
             block[name][r, c0:c1] = values[p.doc_start:p.doc_start + p.length]

@@ -125,7 +125,7 @@ def pack_group(spec: runspec_lib.RunSpec, separator_id: int | None, key: tuple,
         extra = None if doc.arc_attrs is None else _arc_extra(doc, len(ids),
                                                               task_index[doc.task_id])
         pieces = packed.pieces[i]
-        pack.fill_rows(block, 0, pieces, ids, i, extra)
+        pack.fill_rows(block, 0, pieces, ids, i, extra, packing=spec.packing)
         if pieces:
             starts.setdefault(pieces[0].row, []).append({
                 **doc.meta, "doc_index": i, "source": spec.source_name(doc.key[0]),

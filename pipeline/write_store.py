@@ -40,7 +40,7 @@ def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib
     """Writes one partition from its placed rows (`partition.place_row`), and its doc
     table: the documents that start in it, in doc_index order.
 
-    Returns {"partition", "rows", "tokens", "docs"}, checked by `partition.partitions`.
+    Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"}, checked by `partition.partitions`.
     """
     start, count = plan.partition_range(partition_id)
     numbers = sorted(r.row for r in rows)
@@ -61,7 +61,9 @@ def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib
     store.write(layout.docs_key(partition_id),
                 b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in doc_rows))
     tokens = int((block["segment_ids"] > 0).sum())
-    return {"partition": partition_id, "rows": count, "tokens": tokens, "docs": len(doc_rows)}
+    full_context = int(((block["context_start"] == 0) & (block["segment_ids"] > 0)).sum())
+    return {"partition": partition_id, "rows": count, "tokens": tokens, "docs": len(doc_rows),
+            "full_context_tokens": full_context}
 
 
 def rejects_key(source_name: str) -> str:

@@ -33,7 +33,12 @@ PREPARE_SUMMARY_KEY = "prepare/summary.json"  # staged by the pipeline for its d
 #     `concat` packing a row is one causal sequence across documents, so positions are the
 #     column index and workers treat every non-padding token as one segment.
 #   doc_index: run-wide document number (index into the doc table), -1 at padding.
-TOKEN_ARRAYS = ("input_ids", "segment_ids", "positions", "doc_index")
+#   context_start: the first position of its own document that the token attended to, -1
+#     at padding. 0 means the token saw its whole document up to itself. "continue" rows:
+#     max(0, position - packing.max_context + 1); "truncate": 0; "concat": the document
+#     position of the document's first token in the row (a concat row is one causal
+#     stream, so a token there also saw the documents before it in the row).
+TOKEN_ARRAYS = ("input_ids", "segment_ids", "positions", "doc_index", "context_start")
 
 # ARC provenance per token, int32 [rows, seq_len], -1 where not applicable:
 #   arc_task: index into the task table in the manifest (manifest["arc_tasks"]).

@@ -7,11 +7,15 @@ docs read = docs accepted + docs rejected, per source and in total.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from schemas import config as config_lib
 from schemas import layout
 
-MANIFEST_VERSION = 1
+# 2: partitions stored as columns ({"id": [...], "tokens": [...], ...}): 150k partitions
+# load in ~0.2 s instead of ~1.5 s as objects. Version 1 manifests (a list of partition
+# objects) still load.
+MANIFEST_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +23,8 @@ class Partition:
     """A fixed, contiguous row range [row_start, row_start + row_count).
 
     tokens: non-padding tokens in the partition; docs: documents starting in it.
+    full_context_tokens: tokens that saw their whole document up to themselves
+      (`tokens/context_start` == 0).
     """
 
     id: int
@@ -26,6 +32,7 @@ class Partition:
     row_count: int
     tokens: int
     docs: int
+    full_context_tokens: int = 0
 
     @property
     def row_stop(self) -> int:
@@ -91,15 +98,24 @@ class Manifest:
         return self.partitions[partition_id]
 
     def to_json_obj(self) -> dict:
-        obj = config_lib.to_dict(self)
+        obj = config_lib.to_dict(dataclasses.replace(self, partitions=()))
+        obj["partitions"] = config_lib.to_columns(self.partitions, Partition)
         obj["totals"] = {"docs_read": self.docs_read, "docs_accepted": self.docs_accepted,
                          "docs_rejected": self.docs_rejected}
         return obj
 
     @classmethod
     def from_json_obj(cls, data: dict, where: str = layout.MANIFEST_KEY) -> "Manifest":
+        """Loads both encodings of partitions: columns (version 2) and a list of objects."""
+        if not isinstance(data, dict):
+            raise config_lib.ConfigError(f"{where}: expected a JSON object; the file is not "
+                                         f"a manifest (rerun `actx prepare`)")
         data = dict(data)
         data.pop("totals", None)
+        columns = data.get("partitions")
+        if isinstance(columns, dict):
+            data["partitions"] = config_lib.from_columns(Partition, columns,
+                                                         f"{where}: partitions")
         return config_lib.from_dict(cls, data, where + ": ")
 
 
@@ -112,5 +128,20 @@ def read_manifest(store) -> Manifest:
     return Manifest.from_json_obj(data, str(store.location.join(layout.MANIFEST_KEY)))
 
 
+def encode(manifest: Manifest) -> bytes:
+    """manifest.json's bytes: one key per line, each partition column on one line, so the
+    file stays readable and small (~35 bytes per partition)."""
+    obj = manifest.to_json_obj()
+
+    def compact(value) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    columns = ",\n".join(f"  {json.dumps(name)}: {compact(col)}"
+                          for name, col in sorted(obj.pop("partitions").items()))
+    lines = [f" {json.dumps(k)}: {compact(v)}" for k, v in sorted(obj.items())]
+    lines.append(f' "partitions": {{\n{columns}\n }}')
+    return ("{\n" + ",\n".join(lines) + "\n}\n").encode()
+
+
 def write_manifest(store, manifest: Manifest) -> None:
-    store.write_json(layout.MANIFEST_KEY, manifest.to_json_obj())
+    store.write(layout.MANIFEST_KEY, encode(manifest))

@@ -15,7 +15,10 @@ from typing import Literal
 from schemas import config as config_lib
 
 RUN_SPEC_KEY = "run.json"
-SPEC_VERSION = 1
+# 2: packing.max_context, tokens/context_start, and continuation rows computed with their
+# document's earlier tokens. Runs of version 1 computed every row as if its document
+# started there; they are refused rather than mixed with version-2 semantics.
+SPEC_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,15 @@ class PackingSpec:
       counted in the manifest).
     separator: for "concat", tokens put between documents: "eos", "bos" or "none".
     pad_id: token id written into padding positions.
+    max_context: the most tokens of its own document a token attends to, itself included
+      ("continue" overflow). A token at document position p attends to positions
+      max(0, p - max_context + 1) .. p, at every layer, exactly as HF transformers run on
+      the whole document with a sliding window of max_context (for a model with its own
+      window, the smaller one). Workers carry each document's keys and values across its
+      rows in a cache of this many tokens per batch slot, so it must be at least seq_len
+      and at most the model's max_position_embeddings. 4096 keeps the cache of a 7B model
+      (Llama-3.1-8B: 128 KiB per token in bfloat16) at 0.5 GiB per slot, 4 GiB for 8 slots,
+      inside a 16 GB chip beside its share of the weights.
     """
 
     mode: Literal["pad", "concat", "segmented"] = "segmented"
@@ -93,10 +105,22 @@ class PackingSpec:
     overflow: Literal["continue", "truncate"] = "continue"
     separator: Literal["eos", "bos", "none"] = "eos"
     pad_id: int = 0
+    max_context: int = 4096
 
     def __post_init__(self):
         if self.seq_len < 2:
             raise ValueError(f"seq_len: must be at least 2, got {self.seq_len}")
+        if self.max_context < self.seq_len:
+            raise ValueError(
+                f"max_context: must be at least seq_len ({self.seq_len}), got "
+                f"{self.max_context}; a row is always seen whole, so raise max_context or "
+                f"lower seq_len")
+
+    @property
+    def carries_context(self) -> bool:
+        """Whether a document's later rows attend to its earlier rows (pad and segmented
+        with "continue"); concat rows are independent streams, truncate has no later rows."""
+        return self.mode != "concat" and self.overflow == "continue"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +236,13 @@ def read_run_spec(store) -> RunSpec:
         raise FileNotFoundError(
             f"{store.location}: not an actx run (no {RUN_SPEC_KEY}); run `actx prepare` or "
             f"`actx submit` first, or check the path")
+    version = data.get("spec_version", 1)
+    if version < SPEC_VERSION:
+        raise ValueError(
+            f"{where}: prepared by an older actx (spec_version {version}, this actx writes "
+            f"{SPEC_VERSION}): it has no packing.max_context and its token store has no "
+            f"tokens/context_start, and it computed each row of a long document as if the "
+            f"document started there. Prepare the data again into a new run directory")
     spec = RunSpec.from_dict(data, where + ": ")
     if data.get("fingerprint") not in (None, spec.fingerprint):
         raise ValueError(f"{where}: recorded fingerprint {data['fingerprint']} does not match "

@@ -18,7 +18,7 @@ ARCHS = ("qwen2", "qwen2_untied", "llama3", "mistral")
 # Tiny defaults: hidden 64, 3 layers, 4 heads of 16, 2 kv heads, vocab 512.
 _COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-               max_position_embeddings=256, rms_norm_eps=1e-6)
+               max_position_embeddings=4096, rms_norm_eps=1e-6)
 
 
 def tiny_config(arch: str = "qwen2", **overrides):
@@ -87,12 +87,23 @@ def load_hf_model(path: str | os.PathLike):
 def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
     """Every actx hook of `model` on `input_ids` ([b, t] int), as float32 numpy.
 
+    attention_mask: [b, t] padding mask, or a prepared additive [b, 1, t, t] float mask
+    (`band_mask`), which HF applies as is.
+
     Keys as actx names: embed, layers.{i}.{resid_pre,attn_out,resid_mid,mlp_out,
     resid_post}, final_norm. resid_post of the last layer is taken before the final norm
     (HF's hidden_states[-1] is after it and becomes final_norm).
     """
+    import numpy as np
     import torch
 
+    if attention_mask is not None and np.ndim(attention_mask) == 4:
+        # A prepared 4D mask (HF uses it as is): additive float, 0 = attend.
+        mask_tensor = torch.as_tensor(np.asarray(attention_mask, np.float32))
+    elif attention_mask is not None:
+        mask_tensor = torch.as_tensor(attention_mask, dtype=torch.long)
+    else:
+        mask_tensor = None
     captured: dict[str, torch.Tensor] = {}
     handles = []
     for i, layer in enumerate(model.model.layers):
@@ -108,8 +119,7 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
             out = model(input_ids=torch.as_tensor(input_ids, dtype=torch.long),
                         position_ids=None if position_ids is None
                         else torch.as_tensor(position_ids, dtype=torch.long),
-                        attention_mask=None if attention_mask is None
-                        else torch.as_tensor(attention_mask, dtype=torch.long),
+                        attention_mask=mask_tensor,
                         output_hidden_states=True)
     finally:
         for handle in handles:
@@ -125,3 +135,14 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
         result[f"layers.{i}.resid_mid"] = (result[f"layers.{i}.resid_pre"]
                                            + captured[f"layers.{i}.attn_out"])
     return {k: v.detach().float().numpy() for k, v in result.items()}
+
+
+def band_mask(length: int, window: int | None):
+    """Additive [1, 1, length, length] float mask: causal, and query p sees keys > p - window
+    (every key before it when window is None): HF run with a sliding window."""
+    import numpy as np
+
+    q = np.arange(length)[:, None]
+    k = np.arange(length)[None, :]
+    allowed = (k <= q) & ((q - k < window) if window is not None else True)
+    return np.where(allowed, 0.0, np.finfo(np.float32).min).astype(np.float32)[None, None]

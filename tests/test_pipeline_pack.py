@@ -9,15 +9,16 @@ from schemas import runspec as R
 
 def _fill(lengths, packing, sep=0):
     plan = pack.plan_pack(lengths, packing, separator_len=sep)
-    names = ("input_ids", "segment_ids", "positions", "doc_index")
-    block = {n: np.full((plan.total_rows, packing.seq_len), -1 if n == "doc_index" else 0,
+    names = ("input_ids", "segment_ids", "positions", "doc_index", "context_start")
+    block = {n: np.full((plan.total_rows, packing.seq_len),
+                        -1 if n in ("doc_index", "context_start") else 0,
                         dtype=np.int32) for n in names}
     docs = [np.arange(1, n + 1, dtype=np.int32) + 1000 * d for d, n in enumerate(lengths)]
     for d, doc in enumerate(docs):
         ids = doc[:plan.stored_tokens[d]]
         if len(ids) < plan.stored_tokens[d]:
             ids = np.concatenate([ids, np.full(plan.stored_tokens[d] - len(ids), 7, np.int32)])
-        pack.fill_rows(block, 0, plan.pieces[d], ids, d)
+        pack.fill_rows(block, 0, plan.pieces[d], ids, d, packing=packing)
     return plan, block, docs
 
 
@@ -100,3 +101,28 @@ def test_every_token_placed_once(mode):
             cells = {(p.row, c) for c in range(p.col, p.col + p.length)}
             assert not cells & seen and p.col + p.length <= 16 and p.row < plan.total_rows
             seen |= cells
+
+
+def test_context_start_records_what_each_token_attended_to():
+    """continue: the last max_context positions of the document; truncate: the whole kept
+    document; concat: the document from its first token in the row."""
+    packing = R.PackingSpec("segmented", 4, max_context=6)
+    plan, block, _ = _fill([2, 11, 1], packing)
+    # row 0: d0; rows 1-3: d1 (positions 0..10); d2 joins row 3
+    assert list(block["context_start"][0]) == [0, 0, -1, -1]
+    d1 = block["doc_index"] == 1
+    expected = np.maximum(0, block["positions"][d1] - 5)
+    assert list(block["context_start"][d1]) == list(expected)
+    assert list(block["context_start"][3]) == [3, 4, 5, 0]  # positions 8, 9, 10 | d2
+    plan, block, _ = _fill([11], R.PackingSpec("pad", 4, overflow="truncate", max_context=4))
+    assert list(block["context_start"][0]) == [0, 0, 0, 0]
+    plan, block, _ = _fill([3, 6], R.PackingSpec("concat", 4), sep=1)
+    # stream: d0 d0 d0 sep | d1 d1 d1 d1 | d1 d1 sep? (last doc has no separator)
+    assert list(block["context_start"][0]) == [0, 0, 0, 0]
+    assert list(block["context_start"][1]) == [0, 0, 0, 0]
+    assert list(block["context_start"][2]) == [4, 4, -1, -1]
+
+
+def test_max_context_below_seq_len_is_refused():
+    with pytest.raises(ValueError, match="max_context: must be at least seq_len"):
+        R.PackingSpec("segmented", 8, max_context=4)

@@ -103,10 +103,10 @@ def test_place_row_shifts_rows_docs_and_remaps_tasks():
 def test_partitions_checked_against_plan():
     g = pack_group.GroupSummary
     plan = partition.build_plan(_spec(partition_rows=2), [g((0, "a", 0), 3, 3, 3, 10, 0)])
-    ok = [{"partition": 0, "rows": 2, "tokens": 7, "docs": 2},
-          {"partition": 1, "rows": 1, "tokens": 3, "docs": 1}]
+    ok = [{"partition": 0, "rows": 2, "tokens": 7, "docs": 2, "full_context_tokens": 7},
+          {"partition": 1, "rows": 1, "tokens": 3, "docs": 1, "full_context_tokens": 2}]
     assert partition.partitions(plan, ok[::-1]) == (
-        manifest_lib.Partition(0, 0, 2, 7, 2), manifest_lib.Partition(1, 2, 1, 3, 1))
+        manifest_lib.Partition(0, 0, 2, 7, 2, 7), manifest_lib.Partition(1, 2, 1, 3, 1, 2))
     with pytest.raises(RuntimeError, match="not written"):
         partition.partitions(plan, ok[:1])
     with pytest.raises(RuntimeError, match="written twice"):

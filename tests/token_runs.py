@@ -51,6 +51,8 @@ def write_token_run(run_uri: str, model_path: str, n_rows: int = 24, seq_len: in
     loc = uri.parse(run_uri)
     arrays = dict(zip(("input_ids", "segment_ids", "positions", "doc_index"),
                       segmented_rows(n_rows, seq_len, vocab, seed)))
+    # Every document fits its row: each token saw its whole document.
+    arrays["context_start"] = np.where(arrays["segment_ids"] > 0, 0, -1).astype(np.int32)
     for name in layout.ALL_TOKEN_ARRAYS:
         data = arrays.get(name, np.full((n_rows, seq_len), -1, np.int32))
         arr = ts_context.open_array(
@@ -63,6 +65,7 @@ def write_token_run(run_uri: str, model_path: str, n_rows: int = 24, seq_len: in
         docs = arrays["doc_index"][start:stop]
         parts.append(manifest.Partition(id=pid, row_start=start, row_count=stop - start,
                                         tokens=int((seg[start:stop] > 0).sum()),
+                                        full_context_tokens=int((seg[start:stop] > 0).sum()),
                                         docs=int(len(np.unique(docs[docs >= 0])))))
     n_docs = int(arrays["doc_index"].max()) + 1
     m = manifest.Manifest(

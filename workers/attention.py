@@ -81,3 +81,58 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
             # cuDNN rejects some shapes/versions at trace time; XLA is always correct.
             log.warning("cuDNN attention unavailable (%s); using the XLA implementation", err)
     return _xla_attention(q_btnh, k_bskh, v_bskh, mask_bts)
+
+
+def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
+                     mask_bts: jax.Array, cache_k_bckh: jax.Array, cache_v_bckh: jax.Array,
+                     cache_pos_bc: jax.Array, q_pos_bt: jax.Array, q_continues_bt: jax.Array,
+                     window: jax.Array | int, ptr: jax.Array, blocks: jax.Array) -> jax.Array:
+    """Attention over the row itself and the slot's cached earlier rows, [b, t, n, h].
+
+    The row part uses `mask_bts` as `attention`; a query that continues the slot's
+    document (q_continues) also attends to cached keys whose position q_pos - window <
+    pos < q_pos. The cache is visited block by block, newest first, for `blocks` blocks
+    (the most any slot holds), merged by the online softmax in float32, so the work grows
+    with the context actually held, not the cache's capacity. A block a slot does not hold
+    is fully masked and leaves its result bit for bit unchanged.
+    """
+    b, t, n, h = q_btnh.shape
+    k = k_btkh.shape[2]
+    block_len = t
+    n_blocks = cache_k_bckh.shape[1] // block_len
+    scale = h ** -0.5
+    q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
+
+    def scores(keys_bskh):
+        return jnp.einsum("btkgh,bskh->bkgts", q_btkgh, keys_bskh,
+                          preferred_element_type=jnp.float32) * scale
+
+    def weighted(p_bkgts, values_bskh):
+        return jnp.einsum("bkgts,bskh->bkgth", p_bkgts, values_bskh.astype(jnp.float32))
+
+    row_mask = mask_bts[:, None, None]
+    logits = jnp.where(row_mask, scores(k_btkh), -jnp.inf)
+    m_bkgt = jnp.max(logits, axis=-1)  # finite: every query sees itself
+    p = jnp.exp(logits - m_bkgt[..., None])
+    state = (m_bkgt, jnp.sum(p, axis=-1), weighted(p, v_btkh))
+
+    def visit(j, state):
+        m_old, l_old, acc_old = state
+        start = ((ptr - 1 - j) % n_blocks) * block_len
+        keys = jax.lax.dynamic_slice_in_dim(cache_k_bckh, start, block_len, axis=1)
+        values = jax.lax.dynamic_slice_in_dim(cache_v_bckh, start, block_len, axis=1)
+        pos_bs = jax.lax.dynamic_slice_in_dim(cache_pos_bc, start, block_len, axis=1)
+        seen_bts = (q_continues_bt[:, :, None] & (pos_bs[:, None, :] >= 0)
+                    & (pos_bs[:, None, :] < q_pos_bt[:, :, None])
+                    & (q_pos_bt[:, :, None] - pos_bs[:, None, :] < window))
+        seen = seen_bts[:, None, None]
+        logits = jnp.where(seen, scores(keys), -jnp.inf)
+        m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
+        correction = jnp.exp(m_old - m_new)
+        p = jnp.where(seen, jnp.exp(logits - m_new[..., None]), 0.0)
+        return (m_new, l_old * correction + jnp.sum(p, axis=-1),
+                acc_old * correction[..., None] + weighted(p, values))
+
+    _, l_bkgt, acc_bkgth = jax.lax.fori_loop(0, blocks, visit, state)
+    out_bkgth = acc_bkgth / l_bkgt[..., None]
+    return jnp.einsum("bkgth->btkgh", out_bkgth).reshape(b, t, n, h).astype(q_btnh.dtype)

@@ -62,6 +62,15 @@ def broadcast_int(value: int) -> int:
     return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
+def max_int(value: int) -> int:
+    """The largest of every process's value, on every process."""
+    if process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(np.asarray(multihost_utils.process_allgather(np.int32(value))).max())
+
+
 def any_process(flag: bool) -> bool:
     """True on every process if it is True on any (e.g. one host got SIGTERM)."""
     if process_count() == 1:

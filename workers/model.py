@@ -4,6 +4,8 @@ Layers are stacked on a leading axis and run with `jax.lax.scan`, so compile tim
 not grow with depth. `forward` returns only the requested activations: per-layer captures
 are written into small per-point buffers inside the scan (unrequested layers write a
 scratch slot), and the scan stops after the last layer anyone asked for. No LM head.
+`forward_cached` runs rows of long documents with a per-slot KV cache (workers.kv_cache),
+so a document's later rows attend to its earlier ones exactly as one long sequence would.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import numpy as np
 
 from workers import attention as attn_lib
 from workers import checkpoint
+from workers import kv_cache
 from workers.model_config import ModelConfig
 
 # Re-exported so callers need only this module.
-__all__ = ["Model", "ModelConfig", "load_pretrained", "forward"]
+__all__ = ["Model", "ModelConfig", "load_pretrained", "forward", "forward_cached"]
 
 Constrain = Callable[[jax.Array, tuple[str | None, ...]], jax.Array]
 
@@ -79,8 +82,14 @@ def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float) -> jax.Array:
 
 def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
           sin_bth: jax.Array, mask_bts: jax.Array, cfg: ModelConfig,
-          attention_impl: str | None = None) -> dict[str, jax.Array]:
-    """One decoder block; returns every hook point of the block."""
+          attention_impl: str | None = None,
+          cached: Mapping[str, jax.Array] | None = None
+          ) -> tuple[dict[str, jax.Array], tuple[jax.Array, jax.Array]]:
+    """One decoder block; returns every hook point of the block, and the row's keys and
+    values (RoPE applied) for the cache.
+
+    cached: this layer's cache view (see `forward_cached`); None for rows seen alone.
+    """
     h_btd = rms_norm(x_btd, p["attn_norm_ld"], cfg.rms_norm_eps)
     q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q_weight_ldnh"])
     k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k_weight_ldkh"])
@@ -91,7 +100,13 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
         v_btkh = v_btkh + p["v_bias_lkh"]
     q_btnh = attn_lib.apply_rope(q_btnh, cos_bth, sin_bth)
     k_btkh = attn_lib.apply_rope(k_btkh, cos_bth, sin_bth)
-    heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, mask_bts, attention_impl)
+    if cached is None:
+        heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, mask_bts, attention_impl)
+    else:
+        heads_btnh = attn_lib.cached_attention(
+            q_btnh, k_btkh, v_btkh, mask_bts, cached["k_bckh"], cached["v_bckh"],
+            cached["pos_bc"], cached["q_pos_bt"], cached["q_continues_bt"],
+            cached["window"], cached["ptr"], cached["blocks"])
     attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
     mid_btd = x_btd + attn_out_btd
 
@@ -100,8 +115,18 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     up_btf = jnp.einsum("btd,df->btf", h_btd, p["up_weight_ldf"])
     mlp_out_btd = jnp.einsum("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf,
                              p["down_weight_lfd"])
-    return {"resid_pre": x_btd, "attn_out": attn_out_btd, "resid_mid": mid_btd,
-            "mlp_out": mlp_out_btd, "resid_post": mid_btd + mlp_out_btd}
+    hooks = {"resid_pre": x_btd, "attn_out": attn_out_btd, "resid_mid": mid_btd,
+             "mlp_out": mlp_out_btd, "resid_post": mid_btd + mlp_out_btd}
+    return hooks, (k_btkh, v_btkh)
+
+
+def layers_to_run(cfg: ModelConfig, point_layers: Mapping[str, tuple[int, ...]],
+                  global_points: tuple[str, ...]) -> int:
+    """How many blocks the scan runs: up to the last hooked layer (all for final_norm)."""
+    wanted_layers = [i for layers in point_layers.values() for i in layers]
+    if "final_norm" in global_points:
+        return cfg.num_layers
+    return max(wanted_layers) + 1 if wanted_layers else 0
 
 
 def forward(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
@@ -113,29 +138,61 @@ def forward(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
             attention_impl: str | None = None) -> dict[str, jax.Array]:
     """Runs the decoder as far as needed and returns only the requested hooks.
 
+    Every row is seen alone (each segment from its first token in the row).
     point_layers: per-layer point -> layer indices to capture (validated by the caller).
     global_points: any of "embed", "final_norm".
     constrain: applies a sharding constraint given logical axes (identity without a mesh).
     Returns {"embed"?, "final_norm"?, "layers.{i}.{point}"...}, each [b, t, d] out_dtype.
     """
+    out, _ = _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt,
+                  point_layers=point_layers, global_points=global_points,
+                  out_dtype=out_dtype, constrain=constrain, attention_impl=attention_impl)
+    return out
+
+
+def forward_cached(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
+                   positions_bt: jax.Array, segment_ids_bt: jax.Array,
+                   continues_b: jax.Array, cache: kv_cache.KVCache, *, max_context: int,
+                   point_layers: Mapping[str, tuple[int, ...]],
+                   global_points: tuple[str, ...] = (),
+                   out_dtype: jnp.dtype = jnp.float32,
+                   constrain: Constrain = lambda x, axes: x,
+                   attention_impl: str | None = None
+                   ) -> tuple[dict[str, jax.Array], kv_cache.KVCache]:
+    """`forward` for one row per batch slot of long documents (chunked prefill).
+
+    continues_b: bool [b], the slot's row continues the row the slot ran in the previous
+      step (same document); the document that starts such a row then attends to the
+      cached keys of its earlier rows, within max_context positions.
+    cache: the slots' cache from the previous step (`kv_cache.zeros` at first), for
+      exactly the layers this call runs. Returns the hooks and the updated cache.
+    """
+    return _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt,
+                point_layers=point_layers, global_points=global_points,
+                out_dtype=out_dtype, constrain=constrain, attention_impl=attention_impl,
+                cache=cache, continues_b=continues_b, max_context=max_context)
+
+
+def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layers,
+         global_points, out_dtype, constrain, attention_impl, cache=None, continues_b=None,
+         max_context=None):
     b, t = input_ids_bt.shape
-    d = cfg.hidden_size
     act_axes = ("batch", "seq", "embed")
     x_btd = constrain(jnp.take(params["embed_vd"], input_ids_bt, axis=0), act_axes)
     out: dict[str, jax.Array] = {}
     if "embed" in global_points:
         out["embed"] = x_btd.astype(out_dtype)
 
-    wanted_layers = [i for layers in point_layers.values() for i in layers]
-    num_run = cfg.num_layers if "final_norm" in global_points else (
-        max(wanted_layers) + 1 if wanted_layers else 0)
+    num_run = layers_to_run(cfg, point_layers, global_points)
     if num_run == 0:
-        return out
+        return out, cache
 
     inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim), jnp.float32)
     cos_bth, sin_bth = attn_lib.rope_cos_sin(positions_bt, inv_freq, x_btd.dtype)
     windows = np.array([attn_lib.NO_WINDOW if w is None else w
                         for w in cfg.window_per_layer[:num_run]], np.int32)
+    if max_context is not None:
+        windows = np.minimum(windows, max_context)
     # One mask for all layers when no layer has a window; else a per-layer window.
     uniform = bool(np.all(windows == windows[0]))
     shared_mask_bts = attn_lib.attention_mask(segment_ids_bt, int(windows[0])) if uniform \
@@ -150,24 +207,44 @@ def forward(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
         table[list(point_layers[point])] = np.arange(len(point_layers[point]))
         slots[point] = jnp.asarray(table)
     buf_axes = (None, "batch", "seq", "embed")
+    d = cfg.hidden_size
     buffers = {p: constrain(jnp.zeros((len(point_layers[p]) + 1, b, t, d), out_dtype),
                             buf_axes) for p in points}
 
+    shared_view = None
+    if cache is not None:
+        if cache.k_lbckh.shape[0] != num_run:
+            raise ValueError(f"the cache holds {cache.k_lbckh.shape[0]} layers, this step "
+                             f"runs {num_run}")
+        pos_bc = kv_cache.reset_slots(cache.pos_bc, continues_b)
+        q_continues_bt = (continues_b[:, None] & (segment_ids_bt == segment_ids_bt[:, :1])
+                          & (segment_ids_bt > 0))
+        shared_view = {"pos_bc": pos_bc, "q_pos_bt": positions_bt,
+                       "q_continues_bt": q_continues_bt, "ptr": cache.ptr,
+                       "blocks": kv_cache.blocks_in_use(pos_bc, t)}
+
     def body(carry, xs):
         x_btd, buffers = carry
-        layer, window, slot = xs
+        layer, window, slot, cache_k, cache_v = xs
         layer_params = jax.tree.map(
             lambda w: jax.lax.dynamic_index_in_dim(w, layer, keepdims=False),
             params["layers"])
         mask_bts = shared_mask_bts if uniform else attn_lib.attention_mask(segment_ids_bt,
                                                                             window)
-        hooks = block(layer_params, x_btd, cos_bth, sin_bth, mask_bts, cfg, attention_impl)
+        cached = None if shared_view is None else {
+            **shared_view, "k_bckh": cache_k, "v_bckh": cache_v, "window": window}
+        hooks, (k_btkh, v_btkh) = block(layer_params, x_btd, cos_bth, sin_bth, mask_bts,
+                                        cfg, attention_impl, cached)
         buffers = {p: constrain(jax.lax.dynamic_update_index_in_dim(
             buffers[p], hooks[p].astype(out_dtype), slot[p], 0), buf_axes) for p in points}
-        return (constrain(hooks["resid_post"], act_axes), buffers), None
+        new_kv = None if cached is None else (k_btkh, v_btkh)
+        return (constrain(hooks["resid_post"], act_axes), buffers), new_kv
 
-    xs = (jnp.arange(num_run, dtype=jnp.int32), jnp.asarray(windows), slots)
-    (x_btd, buffers), _ = jax.lax.scan(body, (x_btd, buffers), xs)
+    no_cache = jnp.zeros((num_run,), jnp.int32)  # scan needs a leaf per layer
+    xs = (jnp.arange(num_run, dtype=jnp.int32), jnp.asarray(windows), slots,
+          no_cache if cache is None else cache.k_lbckh,
+          no_cache if cache is None else cache.v_lbckh)
+    (x_btd, buffers), new_kv = jax.lax.scan(body, (x_btd, buffers), xs)
 
     for point in points:
         for j, layer in enumerate(point_layers[point]):
@@ -175,4 +252,16 @@ def forward(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
     if "final_norm" in global_points:
         out["final_norm"] = rms_norm(x_btd, params["final_norm_d"],
                                      cfg.rms_norm_eps).astype(out_dtype)
-    return out
+    if cache is None:
+        return out, None
+    row_k_ltbkh, row_v_ltbkh = new_kv
+    at = cache.ptr * t
+    blocks_total = cache.capacity // t
+    new_cache = kv_cache.KVCache(
+        k_lbckh=jax.lax.dynamic_update_slice_in_dim(cache.k_lbckh, row_k_ltbkh, at, axis=2),
+        v_lbckh=jax.lax.dynamic_update_slice_in_dim(cache.v_lbckh, row_v_ltbkh, at, axis=2),
+        pos_bc=jax.lax.dynamic_update_slice_in_dim(
+            shared_view["pos_bc"], kv_cache.block_positions(positions_bt, segment_ids_bt),
+            at, axis=1),
+        ptr=(cache.ptr + 1) % blocks_total)
+    return out, new_cache

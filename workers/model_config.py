@@ -72,6 +72,7 @@ class ModelConfig:
     tie_word_embeddings: the LM head reuses the embedding (only matters when loading:
       the LM head is never computed).
     sliding_windows: per layer, the attention window in tokens, or None for full causal.
+    max_position_embeddings: the longest context the checkpoint declares (0: not given).
     """
 
     architecture: str
@@ -87,6 +88,7 @@ class ModelConfig:
     qkv_bias: bool = False
     tie_word_embeddings: bool = False
     sliding_windows: tuple[int | None, ...] = ()
+    max_position_embeddings: int = 0
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -140,6 +142,7 @@ class ModelConfig:
             qkv_bias=arch == "Qwen2ForCausalLM",
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             sliding_windows=_sliding_windows_from_hf(hf, arch, num_layers, refuse),
+            max_position_embeddings=int(hf.get("max_position_embeddings") or 0),
         )
 
 

@@ -36,18 +36,48 @@ class TokenStore:
     """The three token arrays a step needs, opened once per process."""
 
     def __init__(self, run: uri_lib.Location):
+        # Token arrays never change after prepare: chunks decoded once stay valid in the
+        # cache pool, so the slots of one shard, read in different steps, cost one fetch.
         self.arrays = {
             name: ts_context.open_array(
-                {"driver": "zarr3", "kvstore": run.join(layout_lib.token_array_key(name)).kvstore()})
+                {"driver": "zarr3", "recheck_cached_data": "open",
+                 "kvstore": run.join(layout_lib.token_array_key(name)).kvstore()})
             for name in STEP_INPUTS
         }
 
+    def continuation_flags(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(continues [hi - lo] bool, first_positions [hi - lo] int32) of rows [lo, hi).
+
+        Row r continues the document of row r - 1 when its column 0 holds a document token
+        whose position is > 0 (prepare starts every document elsewhere at position 0).
+        """
+        seg = self.arrays["segment_ids"][lo:hi, 0].read()
+        pos = self.arrays["positions"][lo:hi, 0].read()
+        seg, pos = np.asarray(seg.result()), np.asarray(pos.result())
+        return (seg > 0) & (pos > 0), pos
+
     def read_rows(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
-        """Rows as given (real rows are consecutive; padding repeats a real row)."""
-        lo, hi = min(rows), max(rows) + 1
-        futures = {name: arr[lo:hi].read() for name, arr in self.arrays.items()}
-        index = np.asarray(rows) - lo
-        return {name: np.asarray(f.result())[index] for name, f in futures.items()}
+        """Rows as given, in that order (any rows: a step's slots run different documents).
+
+        Each run of consecutive row numbers is one read; all reads are in flight at once.
+        """
+        wanted = sorted(set(rows))
+        runs, start = [], wanted[0]
+        for prev, row in zip(wanted, wanted[1:] + [None]):
+            if row != prev + 1:
+                runs.append((start, prev + 1))
+                start = row
+        futures = {name: [arr[lo:hi].read() for lo, hi in runs]
+                   for name, arr in self.arrays.items()}
+        where = {}
+        offset = 0
+        for lo, hi in runs:
+            for r in range(lo, hi):
+                where[r] = offset + r - lo
+            offset += hi - lo
+        index = np.asarray([where[r] for r in rows])
+        return {name: np.concatenate([np.asarray(f.result()) for f in fs])[index]
+                for name, fs in futures.items()}
 
 
 class Prefetcher:

@@ -30,7 +30,7 @@ from schemas import store as store_lib
 from schemas import ts_context
 from schemas import uri as uri_lib
 from workers import commit as commit_step
-from workers import distributed, faults, prefetch, progress, schedule, writer
+from workers import distributed, faults, kv_cache, prefetch, progress, schedule, writer
 
 log = logging.getLogger("actx.worker")
 
@@ -157,7 +157,14 @@ class Worker:
                 f"{self.spec.tokenizer.path}) is larger than the model's embedding "
                 f"({cfg.vocab_size} rows, {self.spec.model.path}): tokenizer and model do "
                 f"not belong together")
-        self.fn = step_lib.make_extract_fn(self.model, self.capture, self.mesh)
+        self._check_token_layout()
+        packing = self.spec.packing
+        # Long documents carry their context from row to row through a slot's KV cache;
+        # concat and truncate rows are independent and run without one.
+        self.max_context = packing.max_context if packing.carries_context else None
+        self.fn = step_lib.make_extract_fn(self.model, self.capture, self.mesh,
+                                           max_context=self.max_context)
+        self._check_context_fits()
         self.hooks = {name: cfg.hidden_size for name in self.fn.hook_names}
         self._check_activation_info()
         self.arrays = writer.ActivationArrays(
@@ -175,6 +182,39 @@ class Worker:
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
         self._committed = commit_lib.committed_partitions(self.store)
+
+    def _check_token_layout(self) -> None:
+        key = layout.token_array_key("context_start")
+        if not self.store.exists(f"{key}/zarr.json"):
+            raise RunMismatch(
+                f"{self.location.join(key)}: missing; the token store was written by an older "
+                f"prepare that does not record what each token attended to. Prepare the data "
+                f"again into a new run directory")
+
+    def _check_context_fits(self) -> None:
+        """max_context within the model's declared context, and its cache on the chips."""
+        if self.max_context is None:
+            return
+        cfg = self.model.config
+        if cfg.max_position_embeddings and self.max_context > cfg.max_position_embeddings:
+            raise ValueError(
+                f"packing.max_context={self.max_context} is larger than the model's "
+                f"max_position_embeddings={cfg.max_position_embeddings} "
+                f"({self.spec.model.path}/config.json): prepare with packing.max_context <= "
+                f"{cfg.max_position_embeddings}")
+        device = self.jax.local_devices()[0]
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:  # backends without memory statistics
+            stats = {}
+        weights = sum(leaf.addressable_shards[0].data.nbytes
+                      for leaf in self.jax.tree.leaves(self.model.params))
+        data_axis = self.mesh.shape["data"]
+        kv_cache.check_fits(
+            self.fn.cache_bytes_per_device(self.opts.batch_size, self.manifest.seq_len),
+            weights, stats.get("bytes_limit"), max_context=self.max_context,
+            slots_per_device=self.opts.batch_size // data_axis,
+            layers_run=self.fn.layers_run, device_kind=device.device_kind)
 
     def _warn_idle_hosts(self) -> None:
         hosts, rps = self.topo.hosts_per_replica, self.spec.layout.rows_per_shard
@@ -280,13 +320,35 @@ class Worker:
         return self.jax.make_array_from_process_local_data(
             self.token_sharding, local_bt, (self.opts.batch_size,) + local_bt.shape[1:])
 
+    def _slots_to_global(self, local_b: np.ndarray):
+        return self.jax.make_array_from_process_local_data(
+            self.fn.slot_sharding, local_b, (self.opts.batch_size,))
+
     def _handle(self, batch: prefetch.Batch, outs: dict, part_writer: writer.PartitionWriter):
-        valid = batch.step.valid
-        if valid:
+        written = np.asarray(batch.step.write)
+        if written.any():
             pieces = {name: host_local_pieces(x) for name, x in outs.items()}
-            part_writer.add_pieces(batch.step.rows[0], pieces, valid)
-        self.progress.add_tokens(int((batch.segment_ids[:valid] > 0).sum()))
+            part_writer.add_slots(batch.step.rows, batch.step.write, pieces)
+        self.progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
         self.progress.update(step=batch.index + 1)
+
+    def _plan_steps(self, part: manifest_lib.Partition) -> list[schedule.Step]:
+        """This host's steps: one row per slot, a long document's rows through one slot in
+        successive steps. Hosts of a replica agree on the step count (the longest plan)."""
+        rows_per_shard = self.spec.layout.rows_per_shard
+        if self.max_context is None:
+            return schedule.plan_steps(part, self.topo, rows_per_shard, self.local_batch)
+        lo, hi = schedule.host_slice(part, self.topo, rows_per_shard)
+        filler = lo if hi > lo else part.row_start
+        if hi > lo:
+            continues, first_positions = self.tokens.continuation_flags(lo, hi)
+            chain_list = schedule.chains(lo, hi, continues, first_positions,
+                                         self.manifest.seq_len)
+        else:
+            chain_list = []
+        steps = schedule.assign(chain_list, self.local_batch, filler)
+        n_steps = distributed.max_int(len(steps))
+        return schedule.pad_steps(steps, n_steps, self.local_batch, filler)
 
     def _stop_agreed(self, step_index: int) -> bool:
         if self.topo.hosts_per_replica == 1:
@@ -300,7 +362,7 @@ class Worker:
         part = self.manifest.partition(pid)
         started = time.perf_counter()
         rows_per_shard = self.spec.layout.rows_per_shard
-        steps = schedule.plan_steps(part, self.topo, rows_per_shard, self.local_batch)
+        steps = self._plan_steps(part)
         part_writer = writer.PartitionWriter(
             self.arrays, schedule.host_slice(part, self.topo, rows_per_shard), pool)
         self.progress.update(state="working", partition=pid, step=0, steps=len(steps))
@@ -313,8 +375,13 @@ class Worker:
                 segment_ids = batch.segment_ids
                 if self.one_segment_per_row:
                     segment_ids = (segment_ids > 0).astype(np.int32)
-                outs = self.fn(self._to_global(batch.input_ids), self._to_global(batch.positions),
-                               self._to_global(segment_ids))
+                inputs = [self._to_global(batch.input_ids), self._to_global(batch.positions),
+                          self._to_global(segment_ids)]
+                if self.max_context is not None:
+                    outs = self.fn(*inputs, continues=self._slots_to_global(
+                        np.asarray(batch.step.continues, bool)))
+                else:
+                    outs = self.fn(*inputs)
                 if self.pinned_sharding is not None:
                     outs = self.jax.device_put(outs, self.pinned_sharding)
                 else:

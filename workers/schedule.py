@@ -3,12 +3,15 @@
 Pure Python (no JAX): replicas never talk to each other, so the assignment is a function
 of the manifest, the commit markers and the replica's index. Within a multi-host replica
 every host must run the same number of steps, so short slices are padded with masked rows.
+The rows of a long document form a chain that runs through one batch slot in successive
+steps, so the slot's KV cache carries the document from row to row (workers.kv_cache).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Sequence
 
 from schemas import layout
 from schemas import manifest as manifest_lib
@@ -64,35 +67,102 @@ def try_claim(store, job: str, partition_id: int, attempt: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One fixed-shape step of one host: `rows` of the local batch, in order.
+    """One fixed-shape step of one host: one row per batch slot.
 
-    rows: global row numbers fed to the batch (len == local batch); rows past the host's
-      slice are padding rows that are computed but never written.
-    valid: how many leading entries of `rows` are real rows of the slice.
+    rows: the global row each slot runs (len == local batch). Padding slots repeat a real
+      row; they are computed and never written.
+    write: per slot, whether its output is stored. False for padding and for warm-up rows
+      (the earlier rows of a document that began before this host's slice, run only so the
+      slot's cache holds their keys and values).
+    continues: per slot, whether its row continues the row the slot ran in the previous
+      step (the same document): the slot keeps its KV cache. False: the cache is reset.
     """
 
     rows: tuple[int, ...]
-    valid: int
+    write: tuple[bool, ...]
+    continues: tuple[bool, ...]
+
+    @property
+    def valid(self) -> int:
+        """How many slots are written."""
+        return sum(self.write)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+    """Rows that must run through one slot in order: a document's rows (one row when the
+    row starts no long document). The first `warmup` rows are run but not written."""
+
+    rows: tuple[int, ...]
+    warmup: int = 0
+
+
+def chains(lo: int, hi: int, continues_row: Sequence[bool] | None = None,
+           first_positions: Sequence[int] = (), seq_len: int = 0) -> list[Chain]:
+    """Splits the slice [lo, hi) into chains, in row order.
+
+    continues_row[i]: row lo + i continues the document of row lo + i - 1 (None: no row
+      does; every row is its own chain). first_positions[0] / seq_len: when the slice's
+      first row continues a document, that document's position at its column 0, which says
+      how many earlier rows of the document (outside the slice) are run first as warm-up.
+    """
+    if continues_row is None:
+        return [Chain((r,)) for r in range(lo, hi)]
+    if len(continues_row) != hi - lo:
+        raise ValueError(f"{len(continues_row)} continuation flags for rows {lo}..{hi}")
+    out: list[list[int]] = []
+    warmup = 0
+    for i, cont in enumerate(continues_row):
+        if i == 0 and cont:
+            warmup = int(first_positions[0]) // seq_len
+            out.append(list(range(lo - warmup, lo + 1)))
+        elif cont:
+            out[-1].append(lo + i)
+        else:
+            out.append([lo + i])
+    return [Chain(tuple(rows), warmup if k == 0 else 0) for k, rows in enumerate(out)]
+
+
+def assign(chain_list: Sequence[Chain], local_batch: int, filler_row: int) -> list[Step]:
+    """Steps that run every chain through one slot, in order.
+
+    Each chain goes to the slot with the least work so far (the lowest index on ties), so
+    one-row chains fill slot 0, 1, ... in row order, as a plain walk over the rows would.
+    """
+    queues: list[list[tuple[int, bool, bool]]] = [[] for _ in range(local_batch)]
+    for chain in chain_list:
+        slot = min(range(local_batch), key=lambda j: (len(queues[j]), j))
+        for k, row in enumerate(chain.rows):
+            queues[slot].append((row, k >= chain.warmup, k > 0))
+    n_steps = max((len(q) for q in queues), default=0)
+    pad = (filler_row, False, False)
+    steps = []
+    for s in range(n_steps):
+        entries = [q[s] if s < len(q) else pad for q in queues]
+        steps.append(Step(tuple(e[0] for e in entries), tuple(e[1] for e in entries),
+                          tuple(e[2] for e in entries)))
+    return steps
+
+
+def pad_steps(steps: list[Step], n_steps: int, local_batch: int, filler_row: int) -> list[Step]:
+    """`steps` followed by all-padding steps up to n_steps (hosts run equal step counts)."""
+    if len(steps) > n_steps:
+        raise ValueError(f"{len(steps)} steps planned, more than the agreed {n_steps}")
+    empty = Step((filler_row,) * local_batch, (False,) * local_batch, (False,) * local_batch)
+    return steps + [empty] * (n_steps - len(steps))
 
 
 def plan_steps(partition: manifest_lib.Partition, topo: Topology, rows_per_shard: int,
                local_batch: int) -> list[Step]:
-    """This host's steps for a partition; equal in count on every host of the replica."""
+    """This host's steps for a partition whose rows are independent (no row continues
+    another); equal in count on every host of the replica."""
     slices = layout.host_row_slices(partition.row_start, partition.row_count,
                                     topo.hosts_per_replica, rows_per_shard)
     longest = max(hi - lo for lo, hi in slices)
     n_steps = -(-longest // local_batch)
     lo, hi = slices[topo.host_index]
-    steps = []
-    for s in range(n_steps):
-        start = lo + s * local_batch
-        real = list(range(start, min(hi, start + local_batch)))
-        # Padding rows repeat a real row of the slice (or the partition's first row) so the
-        # step reads valid tokens and never indexes past the array.
-        filler = real[0] if real else partition.row_start
-        rows = real + [filler] * (local_batch - len(real))
-        steps.append(Step(tuple(rows), len(real)))
-    return steps
+    steps = assign(chains(lo, hi), local_batch, lo if hi > lo else partition.row_start)
+    return pad_steps(steps, n_steps, local_batch, lo if hi > lo else partition.row_start)
 
 
 def host_slice(partition: manifest_lib.Partition, topo: Topology,

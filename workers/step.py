@@ -3,7 +3,9 @@
 `make_extract_fn` binds a loaded model and a `CaptureSpec` into one jitted function with
 explicit in/out shardings on a mesh. It compiles once per input shape, returns exactly the
 requested hook arrays ([batch, seq, hidden], batch split over the `data` mesh axis) and
-never computes an LM head.
+never computes an LM head. Given `max_context`, the step keeps a per-slot KV cache on the
+devices between calls (donated, so updated in place), and a slot whose row continues its
+previous row attends to that row's document before it (workers.kv_cache).
 """
 
 from __future__ import annotations
@@ -17,22 +19,28 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from workers import capture as capture_lib
+from workers import kv_cache
 from workers import model as model_lib
 from workers import sharding
 
 
 class ExtractFn:
-    """Callable `fn(input_ids, positions=None, segment_ids=None) -> {hook name: array}`.
+    """Callable `fn(input_ids, positions=None, segment_ids=None, continues=None)
+    -> {hook name: array}`.
 
     input_ids, positions, segment_ids: int32 [batch, seq] (numpy or jax; global jax.Arrays
       on multi-host meshes). positions default to arange(seq) per row; segment ids default
       to 1 everywhere (one document per row, no padding). Segment 0 marks padding.
+    continues: bool [batch], only with max_context: the slot's row continues the row it
+      ran in the previous call (default: no slot does).
+    max_context: None for rows seen alone; else the cache window (PackingSpec.max_context).
     hook_names: the keys every call returns, sorted.
     trace_count: how many times the step was traced (1 per distinct input shape).
     """
 
     def __init__(self, model: model_lib.Model, spec: capture_lib.CaptureSpec,
-                 mesh: Mesh | None = None, attention_impl: str | None = None):
+                 mesh: Mesh | None = None, attention_impl: str | None = None,
+                 max_context: int | None = None):
         cfg = model.config
         spec.validate(cfg)
         self.spec = spec
@@ -54,6 +62,11 @@ class ExtractFn:
                 named = sharding.logical_sharding(axes, x.shape, mesh)
                 return jax.lax.with_sharding_constraint(x, named)
 
+        self.max_context = max_context
+        self.layers_run = model_lib.layers_to_run(cfg, point_layers, global_points)
+        self._cache: kv_cache.KVCache | None = None
+        self._dtype = model.dtype
+
         def extract(params, input_ids_bt, positions_bt, segment_ids_bt):
             self.trace_count += 1  # Python side effect: runs only when tracing
             return model_lib.forward(
@@ -61,9 +74,21 @@ class ExtractFn:
                 point_layers=point_layers, global_points=global_points,
                 out_dtype=out_dtype, constrain=constrain, attention_impl=attention_impl)
 
+        def extract_cached(params, input_ids_bt, positions_bt, segment_ids_bt, continues_b,
+                           cache):
+            self.trace_count += 1
+            return model_lib.forward_cached(
+                params, cfg, input_ids_bt, positions_bt, segment_ids_bt, continues_b, cache,
+                max_context=max_context, point_layers=point_layers,
+                global_points=global_points, out_dtype=out_dtype, constrain=constrain,
+                attention_impl=attention_impl)
+
         params = model.params
+        self._cache_shardings = None
+        self._slot_sharding = None
         if mesh is None:
             self._jitted = jax.jit(extract)
+            self._jitted_cached = jax.jit(extract_cached, donate_argnums=(5,))
             self._token_sharding = None
         else:
             param_shardings = jax.tree.map(
@@ -74,11 +99,17 @@ class ExtractFn:
                 params = jax.device_put(params, param_shardings)
             self._token_sharding = sharding.data_parallel_sharding(mesh, 2)
             act_sharding = sharding.data_parallel_sharding(mesh, 3)
+            out_shardings = {name: act_sharding for name in self.hook_names}
             self._jitted = jax.jit(
                 extract,
                 in_shardings=(param_shardings, self._token_sharding, self._token_sharding,
                               self._token_sharding),
-                out_shardings={name: act_sharding for name in self.hook_names})
+                out_shardings=out_shardings)
+            self._slot_sharding = sharding.data_parallel_sharding(mesh, 1)
+            self._param_shardings = param_shardings
+            self._out_shardings = out_shardings
+            self._extract_cached = extract_cached
+            self._jitted_cached = None  # built with the cache's shardings on first use
         self._params = params
 
     @property
@@ -88,9 +119,55 @@ class ExtractFn:
 
     def compile_count(self) -> int:
         """Executables jax holds for this step (one per distinct input shape)."""
-        return self._jitted._cache_size()
+        cached = self._jitted_cached._cache_size() if self._jitted_cached is not None else 0
+        return self._jitted._cache_size() + cached
 
-    def __call__(self, input_ids, positions=None, segment_ids=None) -> dict[str, jax.Array]:
+    @property
+    def slot_sharding(self) -> NamedSharding | None:
+        """Sharding of per-slot [batch] inputs (`continues`), or None without a mesh."""
+        return self._slot_sharding
+
+    def cache_bytes_per_device(self, batch: int, seq_len: int) -> int:
+        """Bytes of KV cache each device holds for a global batch of `batch` slots."""
+        if self.max_context is None:
+            return 0
+        capacity = kv_cache.capacity_tokens(self.max_context, seq_len)
+        total = kv_cache.cache_bytes(self.config, self.layers_run, batch, capacity,
+                                     jnp.dtype(self._dtype).itemsize)
+        if self.mesh is None:
+            return total
+        shards = sharding.axis_size(self.mesh, "batch")
+        if self.config.num_kv_heads % sharding.axis_size(self.mesh, "kv_heads") == 0:
+            shards *= sharding.axis_size(self.mesh, "kv_heads")
+        return total // shards
+
+    def reset_cache(self) -> None:
+        """Forgets every slot's context (a new partition starts)."""
+        self._cache = None
+
+    def _empty_cache(self, batch: int, seq: int) -> kv_cache.KVCache:
+        capacity = kv_cache.capacity_tokens(self.max_context, seq)
+
+        def make():
+            return kv_cache.zeros(self.config, self.layers_run, batch, capacity, self._dtype)
+
+        if self.mesh is None:
+            return jax.jit(make)()
+        shapes = jax.eval_shape(make)
+        self._cache_shardings = jax.tree.map(
+            lambda axes, leaf: sharding.logical_sharding(axes, leaf.shape, self.mesh),
+            kv_cache.logical_axes(), shapes, is_leaf=lambda x: isinstance(x, tuple))
+        self._jitted_cached = jax.jit(
+            self._extract_cached,
+            in_shardings=(self._param_shardings, self._token_sharding, self._token_sharding,
+                          self._token_sharding, self._slot_sharding, self._cache_shardings),
+            out_shardings=(self._out_shardings, self._cache_shardings),
+            donate_argnums=(5,))
+        # Made on the devices in its sharding, so every process of a replica holds its part.
+        return jax.jit(make, out_shardings=self._cache_shardings)()
+
+    def __call__(self, input_ids, positions=None, segment_ids=None,
+                 continues=None) -> dict[str, jax.Array]:
         if len(input_ids.shape) != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
         batch, seq = input_ids.shape
@@ -104,8 +181,21 @@ class ExtractFn:
             positions = self._default_tokens(batch, seq, "positions")
         if segment_ids is None:
             segment_ids = self._default_tokens(batch, seq, "segment_ids")
-        return self._jitted(self._params, _as_int32(input_ids), _as_int32(positions),
-                            _as_int32(segment_ids))
+        if self.max_context is None:
+            if continues is not None:
+                raise ValueError("continues= needs a step made with max_context")
+            return self._jitted(self._params, _as_int32(input_ids), _as_int32(positions),
+                                _as_int32(segment_ids))
+        if continues is None:
+            continues = np.zeros((batch,), bool)
+        if self._cache is None or self._cache.pos_bc.shape != (
+                batch, kv_cache.capacity_tokens(self.max_context, seq)):
+            self._cache = self._empty_cache(batch, seq)
+        outs, self._cache = self._jitted_cached(
+            self._params, _as_int32(input_ids), _as_int32(positions), _as_int32(segment_ids),
+            continues if isinstance(continues, jax.Array) else np.asarray(continues, bool),
+            self._cache)
+        return outs
 
     @functools.lru_cache(maxsize=8)
     def _default_tokens(self, batch: int, seq: int, kind: str) -> jax.Array:
@@ -127,11 +217,12 @@ def _as_int32(x):
 
 
 def make_extract_fn(model: model_lib.Model, spec: capture_lib.CaptureSpec,
-                    mesh: Mesh | None = None,
-                    attention_impl: str | None = None) -> Callable[..., dict[str, jax.Array]]:
+                    mesh: Mesh | None = None, attention_impl: str | None = None,
+                    max_context: int | None = None) -> Callable[..., dict[str, jax.Array]]:
     """The jitted extraction step for `model` and `spec` (see `ExtractFn`).
 
     mesh: defaults to the mesh the model was loaded on; params are resharded once if
       they were placed elsewhere. attention_impl: "xla", "cudnn" or None (automatic).
+    max_context: carry a per-slot KV cache of this window between calls.
     """
-    return ExtractFn(model, spec, mesh, attention_impl)
+    return ExtractFn(model, spec, mesh, attention_impl, max_context)

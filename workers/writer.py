@@ -1,6 +1,7 @@
 """Writes a host's activations as whole zarr shards, off the critical path.
 
-Rows of a host's slice arrive batch by batch; they are assembled in host memory into
+Rows of a host's slice arrive batch by batch, in any order (a long document's rows go
+through one batch slot, step after step); they are assembled in host memory into
 blocks of `rows_per_shard` rows, and each complete block is written by a bounded thread
 pool as one stored object. Whole-shard writes mean no read-modify-write of an object and
 no object shared between two writes, and the pool's bound is the backpressure that keeps
@@ -73,35 +74,37 @@ class PartitionWriter:
 
     def add(self, first_row: int, acts: dict[str, np.ndarray]) -> None:
         """Adds consecutive rows starting at `first_row` (hook -> [rows, seq, hidden])."""
-        self.add_pieces(first_row, {hook: [(0, values)] for hook, values in acts.items()},
-                        next(iter(acts.values())).shape[0])
+        n = next(iter(acts.values())).shape[0]
+        self.add_slots(tuple(range(first_row, first_row + n)), (True,) * n,
+                       {hook: [(0, values)] for hook, values in acts.items()})
 
     def add_pieces(self, first_row: int, pieces: dict[str, list[tuple[int, np.ndarray]]],
                    n: int) -> None:
-        """Adds rows first_row..first_row+n given per hook as (row offset, array) pieces.
+        """Adds rows first_row..first_row+n given per hook as (row offset, array) pieces."""
+        self.add_slots(tuple(range(first_row, first_row + n)), (True,) * n, pieces)
 
-        Pieces are the per-device shards of a step's output: each is copied once, straight
-        into its block, with no concatenation of the batch first.
+    def add_slots(self, rows: tuple[int, ...], write: tuple[bool, ...],
+                  pieces: dict[str, list[tuple[int, np.ndarray]]]) -> None:
+        """Adds a step's output: slot j holds row rows[j], stored where write[j].
+
+        pieces: per hook, the step's per-device shards as (first slot, array) pieces; each
+        row is copied once, straight into its block, with no concatenation of the batch.
         """
-        if not (self._lo <= first_row and first_row + n <= self._hi):
-            raise ValueError(f"rows {first_row}..{first_row + n} are outside this host's slice "
-                             f"{self._lo}..{self._hi}")
+        for row, keep in zip(rows, write):
+            if keep and not self._lo <= row < self._hi:
+                raise ValueError(f"row {row} is outside this host's slice {self._lo}..{self._hi}")
+        touched: dict[int, _Block] = {}
         for hook, hook_pieces in pieces.items():
             for offset, values in hook_pieces:
-                take = min(values.shape[0], n - offset)
-                row = first_row + offset
-                while take > 0:
-                    block = self._block_for(row)
-                    at = row - block.start_row
-                    count = min(block.rows - at, take)
-                    src = row - first_row - offset
-                    np.copyto(block.data[hook][at:at + count], values[src:src + count])
-                    block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + count
-                    row, take = row + count, take - count
-        row = first_row
-        while row < first_row + n:
-            block = self._block_for(row)
-            row = block.start_row + block.rows
+                for i in range(values.shape[0]):
+                    slot = offset + i
+                    if slot >= len(rows) or not write[slot]:
+                        continue
+                    block = self._block_for(rows[slot])
+                    np.copyto(block.data[hook][rows[slot] - block.start_row], values[i])
+                    block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + 1
+                    touched[block.start_row] = block
+        for block in touched.values():
             if all(block.filled_by_hook.get(h, 0) == block.rows for h in block.data):
                 del self._blocks[block.start_row]
                 self._futures.append((block.start_row, self._pool.submit(

@@ -1,0 +1,143 @@
+"""Long documents: every token equals HF transformers run on its document alone.
+
+Documents of 1, 2, 5 and 12 rows are packed (`segmented` and `pad`, overflow "continue")
+together with short documents, run through the worker's own chain schedule and the cached
+step, and every token of every hook is compared with HF on the document alone, from its
+first token. Tokens past max_context are compared with HF on the whole document with a
+sliding window of max_context (as `PackingSpec.max_context` defines them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline import pack
+from schemas import runspec
+from tests import hf_models
+from workers import capture, model as model_lib, schedule, step
+
+SEQ_LEN = 8
+HOOKS = "embed,layers.*.resid_pre,layers.*.attn_out,layers.*.resid_mid,layers.*.mlp_out," \
+        "layers.*.resid_post,final_norm"
+
+
+def _documents(seed: int, max_context: int) -> list[np.ndarray]:
+    """1, 2, 5 and 12 rows long (12 rows is past max_context), between short documents."""
+    rng = np.random.default_rng(seed)
+    lengths = [3, 8, 5, 16, 2, 37, 6, 1, 90, 4, 7, 13]
+    assert 90 > max_context
+    return [rng.integers(1, 500, n).astype(np.int32) for n in lengths]
+
+
+def _packed(docs, packing):
+    plan = pack.plan_pack([len(d) for d in docs], packing)
+    block = {n: np.full((plan.total_rows, packing.seq_len), -1, np.int32)
+             for n in ("input_ids", "segment_ids", "positions", "doc_index", "context_start")}
+    for n in ("input_ids", "segment_ids", "positions"):
+        block[n][:] = 0
+    for d, ids in enumerate(docs):
+        pack.fill_rows(block, 0, plan.pieces[d], ids, d, packing=packing)
+    return block
+
+
+def run_rows(fn, block, local_batch: int) -> dict[str, np.ndarray]:
+    """Runs every row through the worker's chain schedule; returns hook -> [rows, t, d]."""
+    seg, pos = block["segment_ids"], block["positions"]
+    n_rows = seg.shape[0]
+    continues_row = (seg[:, 0] > 0) & (pos[:, 0] > 0)
+    steps = schedule.assign(schedule.chains(0, n_rows, continues_row), local_batch, 0)
+    out: dict[str, np.ndarray] = {}
+    for s in steps:
+        rows = list(s.rows)
+        acts = fn(block["input_ids"][rows], pos[rows], seg[rows],
+                  continues=np.asarray(s.continues))
+        for name, values in acts.items():
+            values = np.asarray(values, np.float32)
+            buf = out.setdefault(name, np.zeros((n_rows,) + values.shape[1:], np.float32))
+            for j, row in enumerate(rows):
+                if s.write[j]:
+                    buf[row] = values[j]
+    return out
+
+
+def assert_documents_match_hf(stored, block, docs, hf, window, rtol):
+    """Every token of every document vs HF on the document alone (band mask past window)."""
+    checked = 0
+    for d, ids in enumerate(docs):
+        where = np.nonzero(block["doc_index"] == d)
+        order = np.argsort(block["positions"][where])
+        rows, cols = where[0][order], where[1][order]
+        assert list(block["input_ids"][rows, cols]) == list(ids)
+        mask = hf_models.band_mask(len(ids), window) if len(ids) > (window or 1 << 30) else None
+        ref = hf_models.hf_hooks(hf, ids[None], attention_mask=mask)
+        for name, values in stored.items():
+            got, want = values[rows, cols], ref[name][0]
+            err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+            assert err <= rtol, f"doc {d} ({len(ids)} tokens), {name}: relative L2 {err:.2e}"
+            checked += 1
+    assert checked == len(docs) * len(stored)
+
+
+@pytest.mark.parametrize("arch,mode,overrides", [
+    ("qwen2", "segmented", {}),
+    ("qwen2", "pad", {}),
+    ("llama3", "segmented", {}),
+    ("mistral", "segmented", {"sliding_window": 12}),
+])
+def test_every_token_matches_hf_on_its_document_alone(tmp_path, arch, mode, overrides):
+    max_context = 24
+    path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
+    hf = hf_models.load_hf_model(path)
+    model = model_lib.load_pretrained(path, dtype="float32")
+    spec = capture.CaptureSpec.parse(HOOKS, dtype="float32")
+    fn = step.make_extract_fn(model, spec, max_context=max_context)
+    docs = _documents(0, max_context)
+    packing = runspec.PackingSpec(mode, SEQ_LEN, max_context=max_context)
+    block = _packed(docs, packing)
+    stored = run_rows(fn, block, local_batch=3)
+    window = min(max_context, overrides.get("sliding_window") or max_context)
+    assert_documents_match_hf(stored, block, docs, hf, window, rtol=1e-5)
+    assert fn.compile_count() == 1
+
+
+def test_bfloat16_matches_hf_within_bf16_tolerance(tmp_path):
+    path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
+    hf = hf_models.load_hf_model(path)
+    model = model_lib.load_pretrained(path, dtype="bfloat16")
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse(
+        "layers.*.resid_post", dtype="float32"), max_context=24)
+    docs = _documents(1, 24)
+    block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=24))
+    stored = run_rows(fn, block, local_batch=4)
+    assert_documents_match_hf(stored, block, docs, hf, 24, rtol=2e-2)
+
+
+def test_rows_seen_alone_differ_from_hf_so_the_check_can_fail(tmp_path):
+    """Today's old behaviour (every row computed as if its document started there) is
+    caught by the same comparison: the continuation rows differ from HF."""
+    path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
+    hf = hf_models.load_hf_model(path)
+    model = model_lib.load_pretrained(path, dtype="float32")
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse("layers.2.resid_post",
+                                                               dtype="float32"))
+    docs = _documents(2, 24)
+    block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=24))
+    stored = {"layers.2.resid_post": np.asarray(fn(
+        block["input_ids"], block["positions"], block["segment_ids"])["layers.2.resid_post"])}
+    with pytest.raises(AssertionError, match="relative L2"):
+        assert_documents_match_hf(stored, block, docs, hf, 24, rtol=1e-5)
+
+
+def test_a_slot_that_starts_another_document_forgets_the_last_one(tmp_path):
+    """Two different schedules (batch 1: every chain through one slot; batch 5) give the
+    same activations: nothing of one document leaks into the next one in the slot."""
+    path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
+    model = model_lib.load_pretrained(path, dtype="float32")
+    spec = capture.CaptureSpec.parse("layers.*.resid_post", dtype="float32")
+    docs = _documents(3, 24)
+    block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=24))
+    one = run_rows(step.make_extract_fn(model, spec, max_context=24), block, 1)
+    five = run_rows(step.make_extract_fn(model, spec, max_context=24), block, 5)
+    for name in one:
+        np.testing.assert_allclose(one[name], five[name], rtol=1e-5, atol=1e-6)
