@@ -91,3 +91,62 @@ def read_activation(run_uri: str, hook: str) -> np.ndarray:
     arr = ts_context.open_array({"driver": "zarr3",
                                  "kvstore": loc.join(layout.activation_array_key(hook)).kvstore()})
     return arr.read().result()
+
+
+# Documents of 1, 2, 5 and 12 rows (at seq_len 16) among short ones; with partitions of 16
+# rows and shards of 4 the long ones cross shards, host slices and partitions.
+LONG_DOC_LENGTHS = (5, 16, 3, 80, 7, 32, 2, 192, 9, 11, 40, 4, 100, 6, 27, 1, 60)
+
+
+def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmented",
+                            seq_len: int = 16, max_context: int = 48,
+                            lengths=LONG_DOC_LENGTHS, hooks: str = "layers.*.resid_post",
+                            rows_per_shard: int = 4, partition_rows: int = 16,
+                            vocab: int = 512, seed: int = 0):
+    """A run packed by the real packer (pipeline.pack) from random documents of `lengths`
+    tokens, overflow "continue". Returns (spec, documents as int32 arrays)."""
+    from pipeline import pack
+
+    spec = runspec.RunSpec.from_dict({
+        "name": "long",
+        "model": {"path": model_path, "dtype": "float32"},
+        "tokenizer": {"path": "synthetic"},
+        "sources": [{"kind": "text", "paths": ["synthetic.jsonl"]}],
+        "packing": {"mode": mode, "seq_len": seq_len, "max_context": max_context},
+        "capture": {"hooks": hooks, "dtype": "float32"},
+        "layout": {"rows_per_shard": rows_per_shard, "partition_rows": partition_rows,
+                   "chunk_rows": 1, "codec": "zstd"},
+    })
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(1, vocab, n).astype(np.int32) for n in lengths]
+    plan = pack.plan_pack([len(d) for d in docs], spec.packing)
+    n_rows = plan.total_rows
+    arrays = {name: np.full((n_rows, seq_len), layout.TOKEN_FILL.get(name, -1), np.int32)
+              for name in layout.ALL_TOKEN_ARRAYS}
+    for d, ids in enumerate(docs):
+        pack.fill_rows(arrays, 0, plan.pieces[d], ids, d, packing=spec.packing)
+    loc = uri.parse(run_uri)
+    for name in layout.ALL_TOKEN_ARRAYS:
+        arr = ts_context.open_array(
+            layout.token_array(name, n_rows, seq_len, spec.layout).spec(loc, create=True))
+        arr.write(arrays[name]).result()
+    seg, ctx = arrays["segment_ids"], arrays["context_start"]
+    parts = []
+    for pid, start in enumerate(range(0, n_rows, partition_rows)):
+        stop = min(n_rows, start + partition_rows)
+        rows = slice(start, stop)
+        starts = {p[0].row for p in plan.pieces if start <= p[0].row < stop}
+        parts.append(manifest.Partition(
+            id=pid, row_start=start, row_count=stop - start,
+            tokens=int((seg[rows] > 0).sum()),
+            docs=sum(1 for p in plan.pieces if start <= p[0].row < stop) if starts else 0,
+            full_context_tokens=int(((ctx[rows] == 0) & (seg[rows] > 0)).sum())))
+    m = manifest.Manifest(
+        fingerprint=spec.fingerprint, seq_len=seq_len, total_rows=n_rows,
+        total_tokens=int((seg > 0).sum()), partitions=tuple(parts),
+        sources={spec.source_name(0): manifest.SourceCounts(len(docs), len(docs), 0)},
+        vocab_size=vocab)
+    s = store.open_store(loc)
+    manifest.write_manifest(s, m)
+    s.write_json(runspec.RUN_SPEC_KEY, spec.to_json_obj())
+    return spec, docs
