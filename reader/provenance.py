@@ -2,8 +2,9 @@
 
 A document is found through the doc tables (docs/p-XXXXX.jsonl: where it starts, how many
 tokens it has) and its tokens through tokens/doc_index, which follows it into the rows it
-continues into. ARC selections filter the per-token ARC arrays (task, variant, part,
-example, grid, cell) over committed partitions.
+continues into. Selections filter the per-token ARC arrays (task, variant, part, example,
+grid, cell) and what each token attended to (tokens/context_start) over committed
+partitions.
 """
 
 from __future__ import annotations
@@ -111,8 +112,13 @@ def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
            arc_task: "str | int | None" = None, arc_variant: int | None = None,
            arc_part: "str | int | None" = None, arc_example: int | None = None,
            arc_grid: "str | int | None" = None, cells_only: bool = False,
+           whole_document: bool = False,
            partitions: Sequence[int] | None = None) -> Selection:
-    """Tokens whose ARC provenance matches every given filter, over committed partitions.
+    """Tokens that match every given filter, over committed partitions.
+
+    whole_document: only tokens that attended to their whole document up to themselves
+    (tokens/context_start == 0): not the tokens of a document past packing.max_context,
+    nor, in concat rows, those of a document that began in an earlier row.
 
     arc_task: task id (manifest.arc_tasks) or its index; arc_part: "system", "user",
     "assistant"; arc_grid: "train_input", "train_output", "test_input", "test_output";
@@ -129,6 +135,8 @@ def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
         "arc_grid": _index_of(arc_grid, layout.ARC_GRIDS, "ARC grid"),
     }
     wanted = {k: v for k, v in wanted.items() if v is not None}
+    if whole_document:
+        wanted["context_start"] = 0
     names = list(wanted) + (["arc_row"] if cells_only else [])
     if not names:
         raise ValueError("select: give at least one provenance filter")

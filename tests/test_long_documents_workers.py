@@ -99,3 +99,71 @@ def test_sigkill_inside_a_long_document_then_rerun_is_byte_identical(reference, 
     code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=2)
     assert code == 0, out
     _assert_identical(run, ref)
+
+
+def test_reader_selects_tokens_that_saw_their_whole_document(reference):
+    import reader
+
+    run, docs = reference
+    sel = reader.open_run(run).select(["layers.2.resid_post"], whole_document=True)
+    context_start = token_runs.read_tokens(run, "context_start")
+    want_rows, want_cols = np.nonzero(context_start == 0)
+    np.testing.assert_array_equal(sel.rows, want_rows)
+    np.testing.assert_array_equal(sel.cols, want_cols)
+    stored = token_runs.read_activation(run, "layers.2.resid_post")
+    np.testing.assert_array_equal(sel.acts["layers.2.resid_post"], stored[want_rows, want_cols])
+    # Every document longer than max_context leaves tokens out; no shorter one does.
+    total = sum(len(d) for d in docs)
+    assert len(sel) == total - sum(max(0, len(d) - MAX_CONTEXT) for d in docs) < total
+    m = store.open_store(run)
+    from schemas import manifest
+    assert sum(p.full_context_tokens for p in manifest.read_manifest(m).partitions) == len(sel)
+
+
+def test_a_run_prepared_before_context_was_recorded_is_refused(reference, tmp_path):
+    """An old run.json (spec_version 1) and an old token store (no tokens/context_start)
+    are both refused with the missing field named, by workers and by the reader."""
+    import json
+
+    import reader
+    from workers import runner
+
+    ref, _ = reference
+    old_spec = _copy_tokens(ref, str(tmp_path / "old_spec"))
+    path = os.path.join(old_spec, "run.json")
+    data = json.load(open(path))
+    data["spec_version"] = 1
+    del data["packing"]["max_context"]
+    json.dump(data, open(path, "w"))
+    for open_it in (lambda: runner.Worker(runner.WorkerOptions(run=old_spec)),
+                    lambda: reader.open_run(old_spec)):
+        with pytest.raises(Exception, match="no packing.max_context"):
+            open_it()
+
+    old_tokens = _copy_tokens(ref, str(tmp_path / "old_tokens"))
+    shutil.rmtree(os.path.join(old_tokens, "tokens", "context_start"))
+    with pytest.raises(runner.RunMismatch, match="tokens/context_start: missing"):
+        runner.Worker(runner.WorkerOptions(run=old_tokens))
+
+
+def test_max_context_beyond_the_model_is_refused(model_dir, tmp_path):
+    from workers import runner
+
+    run = str(tmp_path / "run")
+    token_runs.write_long_document_run(run, str(model_dir), max_context=8192)
+    with pytest.raises(ValueError, match="max_context=8192 is larger than the model's "
+                                         "max_position_embeddings=4096"):
+        runner.Worker(runner.WorkerOptions(run=run))
+
+
+def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
+    from workers import kv_cache
+
+    kv_cache.check_fits(4 << 30, 8 << 30, 16 << 30, max_context=4096, slots_per_device=8,
+                        layers_run=32, device_kind="TPU v5 lite")
+    kv_cache.check_fits(64 << 30, 8 << 30, None, max_context=4096, slots_per_device=8,
+                        layers_run=32, device_kind="cpu")  # no figure: nothing to check
+    with pytest.raises(ValueError, match=r"needs 9\.00 GiB per device .* 8\.00 GiB of weights"
+                                         r".* 16\.00 GiB of one TPU v5 lite"):
+        kv_cache.check_fits(9 << 30, 8 << 30, 16 << 30, max_context=8192, slots_per_device=8,
+                            layers_run=32, device_kind="TPU v5 lite")
