@@ -25,8 +25,10 @@ from typing import Any, Iterator, Literal, Sequence
 
 import numpy as np
 
+from reader import formats
 from reader import run as run_lib
 from reader import shuffle as shuffle_lib
+from reader.formats import convert  # noqa: F401  (re-exported: older callers)
 
 
 @dataclasses.dataclass
@@ -64,27 +66,6 @@ def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def convert(array: np.ndarray, framework: str, dtype: str | None) -> Any:
-    """numpy -> the requested framework; imports jax / torch only when asked for."""
-    if dtype is not None:
-        array = array.astype(dtype)
-    if framework == "numpy":
-        return array
-    if framework == "jax":
-        import jax.numpy as jnp
-
-        return jnp.asarray(array)
-    if framework == "torch":
-        try:
-            import torch
-        except ImportError as e:
-            raise ImportError("framework='torch' needs torch installed") from e
-        if array.dtype.name == "bfloat16":  # torch cannot take ml_dtypes arrays directly
-            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(np.ascontiguousarray(array))
-    raise ValueError(f"framework must be 'numpy', 'jax' or 'torch', got {framework!r}")
-
-
 class TokenBatches:
     """An iterable of `Batch`es over a run's committed valid tokens.
 
@@ -99,7 +80,11 @@ class TokenBatches:
     partitions: committed partitions to use (default: all committed at open time).
     prefetch: batches read ahead by a background thread (0: read in the caller's thread).
     framework: "numpy", "jax" or "torch"; as_jax=True is framework="jax".
+    sharding: with framework="jax", a `jax.sharding.Sharding` of the global batch (see
+      `formats.convert`): device-ready arrays for a sharded trainer.
     dtype: cast activations (e.g. "float32"); None keeps the stored dtype.
+    normalize: None, "standardize" or "unit_mean_norm" with the statistics stored by
+      `run.compute_stats` (float32 output; see `formats.Normalizer`).
     shuffle: False reads in row-major order (evaluation, statistics).
     in_memory: load the valid tokens' activations (n_tokens x hidden per hook, stored
       dtype) with one sequential pass first, then serve batches from RAM; same order.
@@ -114,7 +99,8 @@ class TokenBatches:
                  partitions: Sequence[int] | None = None, prefetch: int = 2,
                  framework: Literal["numpy", "jax", "torch"] = "numpy",
                  as_jax: bool = False, dtype: str | None = None, shuffle: bool = True,
-                 in_memory: bool = False):
+                 in_memory: bool = False, sharding: Any = None,
+                 normalize: str | None = None):
         self.run = run
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         if not self.hooks:
@@ -125,10 +111,10 @@ class TokenBatches:
                                              self.hooks)
         self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, seed, process_index,
                                             process_count, drop_last, shuffle)
-        self.framework = "jax" if as_jax else framework
-        if self.framework not in ("numpy", "jax", "torch"):
-            raise ValueError(f"framework must be 'numpy', 'jax' or 'torch', got {framework!r}")
+        self.framework = formats.check_framework("jax" if as_jax else framework)
         self.dtype = dtype
+        self.sharding = sharding
+        self.normalizers = formats.normalizers(run, self.hooks, normalize)
         self.start_step = start_step
         self.stop_step = None if epochs is None else epochs * self.plan.steps_per_epoch
         self.prefetch = prefetch
@@ -174,7 +160,9 @@ class TokenBatches:
             acts = {h: m[positions] for h, m in self._memory.items()}
         else:
             acts = self.run.gather(self.hooks, rows, cols)
-        acts = {h: convert(a, self.framework, self.dtype) for h, a in acts.items()}
+        acts = {h: self.normalizers[h](a) if self.normalizers else a for h, a in acts.items()}
+        acts = {h: formats.convert(a, self.framework, self.dtype, self.sharding)
+                for h, a in acts.items()}
         return Batch(step, epoch, acts, rows, cols, self.index.input_ids[positions])
 
     def _steps(self) -> Iterator[int]:

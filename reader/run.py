@@ -178,17 +178,22 @@ class Run:
 
     # -- arrays -------------------------------------------------------------------
 
-    def _open(self, key: str):
-        if key not in self._arrays:
-            spec = {"driver": "zarr3", "kvstore": self.location.join(key).kvstore()}
-            try:
-                # The process-wide context: memory:// runs exist only in it, and its cache
-                # pool keeps shard indexes between gathers.
-                self._arrays[key] = ts.open(spec, open=True, read=True,
-                                            context=ts_context.get()).result()
-            except ValueError as e:
-                raise FileNotFoundError(f"{self.location.join(key)}: cannot open ({e})") from e
-        return self._arrays[key]
+    def _open(self, key: str, context: ts.Context | None = None):
+        """The array at `key`, opened once in the process-wide context, or anew in
+        `context` (a child of it, e.g. with other GCS limits) when given."""
+        if context is None and key in self._arrays:
+            return self._arrays[key]
+        spec = {"driver": "zarr3", "kvstore": self.location.join(key).kvstore()}
+        try:
+            # The process-wide context: memory:// runs exist only in it, and its cache
+            # pool keeps shard indexes between gathers.
+            array = ts.open(spec, open=True, read=True,
+                            context=context or ts_context.get()).result()
+        except ValueError as e:
+            raise FileNotFoundError(f"{self.location.join(key)}: cannot open ({e})") from e
+        if context is None:
+            self._arrays[key] = array
+        return array
 
     def activation_array(self, hook: str):
         """The tensorstore array of a hook (no commit checks: callers check rows)."""
@@ -276,10 +281,18 @@ class Run:
     # -- batches and statistics ---------------------------------------------------
 
     def batches(self, hooks: "str | Sequence[str]", batch_size: int, **kwargs):
-        """Shuffled batches of valid tokens (see `reader.batches.TokenBatches`)."""
+        """Batches in one exact global permutation of the valid tokens (see
+        `reader.batches.TokenBatches`): reproducible token for token, slow from storage."""
         from reader import batches
 
         return batches.TokenBatches(self, hooks, batch_size, **kwargs)
+
+    def stream(self, hooks: "str | Sequence[str]", batch_size: int, **kwargs):
+        """Shuffled batches at the speed of sequential reads, with a bounded buffer (see
+        `reader.stream.ShuffledStream`): what training reads."""
+        from reader import stream
+
+        return stream.ShuffledStream(self, hooks, batch_size, **kwargs)
 
     def compute_stats(self, hooks: Sequence[str] | None = None, **kwargs):
         """Streams every committed token once and stores per-hook statistics."""

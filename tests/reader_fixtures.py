@@ -160,7 +160,7 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
               dtype: str = "float32", committed: tuple[int, ...] | None = None,
               arc_every: int = 3, seed: int = 0, codec: str = "zstd",
               random_values: bool = False, packing: str = "segmented",
-              chunk_tokens: int = 0) -> RunTruth:
+              chunk_tokens: int = 0, last_partition_rows: int | None = None) -> RunTruth:
     """Writes a run at `uri` (a local path, memory://name or gs://...). `committed`:
     partitions that get a marker (default: all but the last). Activations of uncommitted
     partitions are written too (they must be ignored).
@@ -168,9 +168,12 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
     compression; `RunTruth.value` is then meaningless).
     packing: "segmented" or "concat" (see `_pack`).
     chunk_tokens: LayoutSpec.chunk_tokens (tokens per inner activation chunk; 0: a row).
+    last_partition_rows: rows of the last partition (default partition_rows), as prepare
+      makes a short last partition when the rows do not fill it.
     Arrays are opened in the process-wide tensorstore context (schemas.ts_context), the
     only one in which a memory:// run exists."""
-    total_rows = num_partitions * partition_rows
+    last_rows = partition_rows if last_partition_rows is None else last_partition_rows
+    total_rows = (num_partitions - 1) * partition_rows + last_rows
     if committed is None:
         committed = tuple(range(num_partitions - 1))
     rng = np.random.default_rng(seed)
@@ -192,9 +195,9 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
     valid = arrays["segment_ids"] > 0
     partitions = []
     for p in range(num_partitions):
-        lo, hi = p * partition_rows, (p + 1) * partition_rows
+        lo, hi = p * partition_rows, min((p + 1) * partition_rows, total_rows)
         starts = [d for d in docs if lo <= d["first_row"] < hi]
-        partitions.append(manifest_lib.Partition(p, lo, partition_rows,
+        partitions.append(manifest_lib.Partition(p, lo, hi - lo,
                                                  int(valid[lo:hi].sum()), len(starts)))
         store.write(layout.docs_key(p),
                     "".join(json.dumps(d, sort_keys=True) + "\n" for d in starts).encode())
@@ -228,11 +231,11 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
     store.write_json(layout.ACTIVATIONS_INFO_KEY, {
         "fingerprint": spec.fingerprint, "dtype": dtype, "hooks": {h: hidden for h in hooks}})
     for p in committed:
-        lo, hi = p * partition_rows, (p + 1) * partition_rows
+        lo, hi = p * partition_rows, min((p + 1) * partition_rows, total_rows)
         checksums = {h: [commit_lib.checksum(stored[h][r:r + rows_per_shard].tobytes())
                          for r in range(lo, hi, rows_per_shard)] for h in hooks}
         commit_lib.commit(store, commit_lib.CommitMarker(
-            partition=p, fingerprint=spec.fingerprint, row_start=lo, row_count=partition_rows,
+            partition=p, fingerprint=spec.fingerprint, row_start=lo, row_count=hi - lo,
             tokens=partitions[p].tokens, block_rows=rows_per_shard, checksums=checksums,
             dtypes={h: dtype for h in hooks}, attempt="test", hosts=("localhost",),
             timings_s={}, code_version="test", created_at=time.time()))

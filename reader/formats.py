@@ -1,0 +1,97 @@
+"""What a batch is handed over as: numpy, JAX arrays on a sharding, or torch tensors, and
+the optional per-hook normalisation with the run's stored statistics.
+
+jax and torch are imported only when asked for, so numpy readers never load them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import numpy as np
+
+Framework = Literal["numpy", "jax", "torch"]
+FRAMEWORKS = ("numpy", "jax", "torch")
+NORMALIZE_MODES = ("standardize", "unit_mean_norm")
+
+
+def check_framework(framework: str) -> str:
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be 'numpy', 'jax' or 'torch', got {framework!r}")
+    return framework
+
+
+def convert(array: np.ndarray, framework: str, dtype: str | None,
+            sharding: Any = None) -> Any:
+    """numpy -> the requested framework.
+
+    sharding (jax only): a `jax.sharding.Sharding` for the global batch; each process
+    passes its own rows (`jax.make_array_from_process_local_data`), so with P processes the
+    global array has P x the local rows, laid out on the devices the sharding names.
+    """
+    if dtype is not None and array.dtype != np.dtype(dtype):
+        array = array.astype(dtype)
+    if framework == "numpy":
+        return array
+    if framework == "jax":
+        import jax
+
+        if sharding is not None:
+            return jax.make_array_from_process_local_data(sharding, array)
+        return jax.numpy.asarray(array)
+    if framework == "torch":
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError("framework='torch' needs torch installed") from e
+        if array.dtype.name == "bfloat16":  # torch cannot take ml_dtypes arrays directly
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(array))
+    raise ValueError(f"framework must be 'numpy', 'jax' or 'torch', got {framework!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalizer:
+    """x -> (x - shift) * scale per hidden dimension, in float32.
+
+    "standardize": zero mean and unit variance per dimension; "unit_mean_norm": x scaled
+    so that the mean L2 norm is sqrt(hidden) (the usual SAE input scaling; no shift).
+    """
+
+    shift_d: np.ndarray | None  # float32 [hidden]
+    scale_d: np.ndarray  # float32 [hidden] or scalar
+
+    @classmethod
+    def from_stats(cls, stats, mode: str) -> "Normalizer":
+        if mode == "standardize":
+            std = np.sqrt(stats.var)
+            # A constant dimension keeps its (shifted) value instead of dividing by zero.
+            scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 1.0)
+            return cls(stats.mean.astype(np.float32), scale.astype(np.float32))
+        if mode == "unit_mean_norm":
+            hidden = len(stats.mean)
+            return cls(None, np.float32(np.sqrt(hidden) / stats.mean_norm))
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)} or None, "
+                         f"got {mode!r}")
+
+    def __call__(self, x_nd: np.ndarray) -> np.ndarray:
+        out = x_nd.astype(np.float32)
+        if self.shift_d is not None:
+            out -= self.shift_d
+        out *= self.scale_d
+        return out
+
+
+def normalizers(run, hooks: tuple[str, ...], mode: str | None) -> dict[str, Normalizer]:
+    """One Normalizer per hook from the run's stored statistics ({} when mode is None).
+
+    The statistics are those `run.compute_stats` stored (reader.stats); a hook without
+    them raises a ReaderError that says how to compute them.
+    """
+    if mode is None:
+        return {}
+    if mode not in NORMALIZE_MODES:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)} or None, "
+                         f"got {mode!r}")
+    return {h: Normalizer.from_stats(run.stats(h), mode) for h in hooks}

@@ -1,0 +1,301 @@
+"""Shuffled training batches at the speed of sequential reads: a two-level shuffle.
+
+Level one (reader.blocks): each epoch visits this process's row blocks in a new seeded
+order, `buffer_tokens` positions (a few blocks) at a time. Level two: the valid tokens of
+each buffer are permuted and cut into batches; a batch may take the tail of one buffer and
+the head of the next. While the consumer trains on batch k, a background thread cuts
+batch k+1 and tensorstore reads and decodes the next `prefetch_buffers` buffers on its own
+threads (decoding is parallel across inner chunks). Each block is read with one request
+per hook and decoded straight into a reused buffer (ts.array over numpy memory); each
+returned token is then copied once into its batch: the stored bytes are decoded once and
+copied once, whatever the batch size.
+
+The trade (stated, and measured by bench/read.py with reader.mixing): a batch holds
+tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
+(block_rows * seq_len) blocks, so of fewer documents and partitions than an exact global
+shuffle (run.batches) would give it. A larger buffer or smaller blocks mix better; memory
+is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook.
+
+Every valid token is read exactly once per epoch (drop_last=False; with drop_last the
+tail of each epoch's stream is dropped, see blocks.StreamPlan), processes read disjoint
+blocks, and the order depends only on the seed, the epoch, the process split and the
+sizes, so `state(batch)` / `resume=` restart at any step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import tensorstore as ts
+
+from reader import blocks as blocks_lib
+from reader import formats
+from reader import prefetch as prefetch_lib
+from reader import run as run_lib
+from reader import shuffle as shuffle_lib
+from reader.batches import Batch
+from schemas import layout
+from schemas import ts_context
+
+DEFAULT_BUFFER_TOKENS = 1 << 20  # about 1.8 GB per hook of hidden 896 in bfloat16
+STATE_VERSION = 1
+
+
+@dataclasses.dataclass
+class _Loaded:
+    """A buffer whose reads were issued: per hook a slot [rows, seq_len, hidden]."""
+
+    epoch: int
+    buffer: blocks_lib.Buffer
+    skip: int  # tokens of its permuted order already consumed before a resume
+    slot: int
+    writes: list  # tensorstore futures that decode the blocks into the slot
+    tokens: list  # futures of (segment_ids, input_ids) per block
+    run_rows: np.ndarray  # int64 [rows]: the run row of each slot row
+
+
+class ShuffledStream:
+    """An iterable of `Batch`es: streaming two-level shuffle of a run's valid tokens.
+
+    hooks: one hook or several (every batch holds the same tokens for each).
+    batch_size: tokens per batch on this process.
+    buffer_tokens: positions (rows * seq_len, padding included) one buffer holds; rounded
+      down to whole blocks, at least one block.
+    block_rows: rows per read (default: the layout's rows_per_shard, one stored object);
+      smaller blocks (a multiple of layout.chunk_rows) mix better for the same buffer.
+    seed / epochs / start_step: order seed; epochs to run (None: forever); global step to
+      begin at. resume: a dict from `state(batch)`; checked against these settings.
+    process_index / process_count: this trainer's share (disjoint blocks).
+    drop_last: see blocks.StreamPlan (True: equal step counts on every process).
+    exclude_bos / exclude_special / partitions: which tokens, as in run.batches.
+    prefetch_buffers: buffers read ahead (memory: see the module docstring);
+    prefetch: batches cut ahead by the background thread.
+    framework / as_jax / sharding / dtype / normalize: output format (reader.formats).
+    gcs_request_concurrency: concurrent GCS requests for this stream's reads (None: the
+      process-wide setting, schemas.ts_context).
+    """
+
+    def __init__(self, run: run_lib.Run, hooks: "str | Sequence[str]", batch_size: int, *,
+                 buffer_tokens: int = DEFAULT_BUFFER_TOKENS, block_rows: int | None = None,
+                 seed: int = 0, epochs: int | None = 1, start_step: int = 0,
+                 resume: dict | None = None, process_index: int = 0,
+                 process_count: int = 1, drop_last: bool = True, exclude_bos: bool = False,
+                 exclude_special: bool = False, partitions: Sequence[int] | None = None,
+                 prefetch_buffers: int = 1, prefetch: int = 2,
+                 framework: formats.Framework = "numpy", as_jax: bool = False,
+                 sharding: Any = None, dtype: str | None = None,
+                 normalize: str | None = None, gcs_request_concurrency: int | None = None):
+        self.run = run
+        self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
+        if not self.hooks:
+            raise ValueError("hooks: name at least one hook")
+        lay = run.spec.layout
+        block_rows = lay.rows_per_shard if block_rows is None else block_rows
+        if block_rows < 1 or block_rows % lay.chunk_rows:
+            raise ValueError(f"block_rows ({block_rows}) must be a positive multiple of the "
+                             f"layout's chunk_rows ({lay.chunk_rows}), or a read would "
+                             f"decode rows it does not return")
+        buffer_rows = buffer_tokens // run.seq_len // block_rows * block_rows
+        if buffer_rows < block_rows:
+            raise ValueError(f"buffer_tokens ({buffer_tokens}) holds less than one block of "
+                             f"{block_rows} rows x {run.seq_len} tokens; raise it to at "
+                             f"least {block_rows * run.seq_len}")
+        table = blocks_lib.count_blocks(run, block_rows, partitions, exclude_bos,
+                                        exclude_special, self.hooks)
+        self.plan = blocks_lib.StreamPlan(table, batch_size, buffer_rows, seed,
+                                          process_index, process_count, drop_last)
+        self._settings = {
+            "fingerprint": run.spec.fingerprint, "hooks": list(self.hooks),
+            "partitions": list(table.partitions), "batch_size": batch_size,
+            "buffer_rows": buffer_rows, "block_rows": block_rows, "seed": seed,
+            "process_index": process_index, "process_count": process_count,
+            "drop_last": drop_last, "exclude_bos": exclude_bos,
+            "exclude_special": exclude_special}
+        if resume is not None:
+            start_step = self._check_resume(resume)
+        self.start_step = start_step
+        self.stop_step = None if epochs is None else epochs * self.plan.steps_per_epoch
+        self.prefetch_buffers = max(0, prefetch_buffers)
+        self.framework = formats.check_framework("jax" if as_jax else framework)
+        self.sharding, self.dtype = sharding, dtype
+        self.normalizers = formats.normalizers(run, self.hooks, normalize)
+        context = None
+        if gcs_request_concurrency is not None:
+            context = ts.Context({"gcs_request_concurrency": {"limit": gcs_request_concurrency}},
+                                 parent=ts_context.get())
+        self._acts = {h: run._open(layout.activation_array_key(h), context) for h in self.hooks}
+        self._tokens = [run._open(layout.token_array_key(n), context)
+                        for n in ("segment_ids", "input_ids")]
+        self._prefetcher = prefetch_lib.Prefetcher(self._produce, max(1, prefetch),
+                                                   "actx-reader-stream")
+        self._prefetch_in_thread = prefetch > 0
+        self._slots: list[dict[str, np.ndarray]] = []
+
+    # -- what the stream is -------------------------------------------------------
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.plan.steps_per_epoch
+
+    @property
+    def blocks_per_buffer(self) -> int:
+        return self.plan.buffer_rows // self.plan.table.block_rows
+
+    def __len__(self) -> int:
+        if self.stop_step is None:
+            raise TypeError("endless (epochs=None) streams have no length")
+        return max(0, self.stop_step - self.start_step)
+
+    def state(self, batch: Batch) -> dict:
+        """What to save to resume after `batch` (pass it back as `resume=`)."""
+        return {"version": STATE_VERSION, "next_step": batch.step + 1, **self._settings}
+
+    def _check_resume(self, state: dict) -> int:
+        wrong = {k: (state.get(k), v) for k, v in self._settings.items() if state.get(k) != v}
+        if state.get("version") != STATE_VERSION or "next_step" not in state:
+            raise ValueError(f"resume: not a stream state of version {STATE_VERSION} "
+                             f"(got keys {sorted(state)}); save it with stream.state(batch)")
+        if wrong:
+            raise ValueError("resume: the saved state was made with other settings, so the "
+                             "order would differ: " + "; ".join(
+                                 f"{k} saved {a!r}, now {b!r}" for k, (a, b) in wrong.items())
+                             + ". Open the stream with the saved settings.")
+        return int(state["next_step"])
+
+    # -- reading ------------------------------------------------------------------
+
+    def _work(self) -> Iterator[tuple[int, blocks_lib.Buffer, int]]:
+        """(epoch, buffer, tokens to skip) of every buffer the steps need, in order."""
+        plan, step = self.plan, self.start_step
+        while self.stop_step is None or step < self.stop_step:
+            epoch, offset = plan.locate(step)
+            last = (epoch + 1) * plan.steps_per_epoch
+            if self.stop_step is not None:
+                last = min(last, self.stop_step)
+            end = min(plan.tokens_per_epoch, (last - epoch * plan.steps_per_epoch)
+                      * plan.batch_size)
+            for buf in plan.buffers(epoch):
+                lo, hi = buf.stream_start, buf.stream_start + buf.tokens
+                if hi > offset and lo < end:
+                    yield epoch, buf, max(0, offset - lo)
+            step = last
+
+    def _slot(self, i: int) -> dict[str, np.ndarray]:
+        while len(self._slots) <= i:
+            self._slots.append({
+                h: np.empty((self.plan.buffer_rows, self.run.seq_len, a.shape[2]),
+                            a.dtype.numpy_dtype) for h, a in self._acts.items()})
+        return self._slots[i]
+
+    def _issue(self, epoch: int, buf: blocks_lib.Buffer, skip: int, slot: int) -> _Loaded:
+        """Starts the reads of one buffer: each block decoded into its rows of the slot."""
+        table, arrays = self.plan.table, self._slot(slot)
+        targets = {h: ts.array(arrays[h], copy=False, write=True) for h in self.hooks}
+        writes, tokens, run_rows, at = [], [], [], 0
+        for b in buf.blocks:
+            lo, hi = int(table.row_start[b]), int(table.row_stop[b])
+            for h in self.hooks:
+                writes.append(targets[h][at:at + hi - lo].write(self._acts[h][lo:hi]))
+            tokens.append([t[lo:hi].read() for t in self._tokens])
+            run_rows.append(np.arange(lo, hi, dtype=np.int64))
+            at += hi - lo
+        return _Loaded(epoch, buf, skip, slot, writes, tokens, np.concatenate(run_rows))
+
+    def _permuted(self, loaded: _Loaded) -> tuple[np.ndarray, np.ndarray]:
+        """(flat slot positions of the valid tokens in permuted order, input_ids [rows*T])."""
+        m = self.run.manifest
+        seg = np.concatenate([f[0].result() for f in loaded.tokens])
+        inp = np.concatenate([f[1].result() for f in loaded.tokens])
+        s = self._settings
+        valid = np.flatnonzero(shuffle_lib.valid_mask(
+            seg, inp, m.bos_id, m.special_token_ids, s["exclude_bos"], s["exclude_special"]))
+        if len(valid) != loaded.buffer.tokens:
+            raise RuntimeError(
+                f"{self.run.location}: rows {loaded.run_rows[0]}..{loaded.run_rows[-1]} hold "
+                f"{len(valid)} valid tokens now but {loaded.buffer.tokens} when the stream "
+                f"was opened; the token arrays changed under the reader: reopen the run")
+        order = self.plan.buffer_order(loaded.epoch, loaded.buffer, len(valid))
+        return valid[order], inp.reshape(-1)
+
+    def _produce(self) -> Iterator[Batch]:
+        """Batches in step order: reads `prefetch_buffers` buffers ahead of the one cut."""
+        plan, seq_len = self.plan, self.run.seq_len
+        n_slots = self.prefetch_buffers + 1
+        work = self._work()
+        pending: collections.deque[_Loaded] = collections.deque()
+        issued = 0
+
+        def top_up():
+            nonlocal issued
+            while len(pending) < n_slots:
+                item = next(work, None)
+                if item is None:
+                    return
+                pending.append(self._issue(*item, slot=issued % n_slots))
+                issued += 1
+
+        step, fill, out = self.start_step, 0, None
+        try:
+            top_up()
+            while pending:
+                loaded = pending[0]
+                for f in loaded.writes:
+                    f.result()
+                order, input_ids = self._permuted(loaded)
+                flat = {h: a.reshape(-1, a.shape[2]) for h, a in self._slot(loaded.slot).items()}
+                pos = loaded.skip
+                while pos < len(order) and (self.stop_step is None or step < self.stop_step):
+                    epoch, _ = plan.locate(step)
+                    if epoch != loaded.epoch:
+                        break
+                    if out is None:
+                        n = plan.batch_tokens(step)
+                        out = Batch(step, epoch, {h: np.empty((n, f.shape[1]), f.dtype)
+                                                  for h, f in flat.items()},
+                                    np.empty(n, np.int64), np.empty(n, np.int64),
+                                    np.empty(n, np.int32))
+                    take = min(len(out) - fill, len(order) - pos)
+                    idx = order[pos:pos + take]
+                    for h, f in flat.items():
+                        np.take(f, idx, axis=0, out=out.acts[h][fill:fill + take])
+                    out.rows[fill:fill + take] = loaded.run_rows[idx // seq_len]
+                    out.cols[fill:fill + take] = idx % seq_len
+                    out.input_ids[fill:fill + take] = input_ids[idx]
+                    fill, pos = fill + take, pos + take
+                    if fill == len(out):
+                        yield self._convert(out)
+                        step, fill, out = step + 1, 0, None
+                # Its tokens are in batches now (copies), so the slot takes the next read.
+                pending.popleft()
+                top_up()
+        finally:
+            for loaded in pending:  # a stopped stream leaves no write into a freed slot
+                for f in loaded.writes:
+                    f.cancel()
+
+    def _convert(self, batch: Batch) -> Batch:
+        acts = batch.acts
+        if self.normalizers:
+            acts = {h: self.normalizers[h](a) for h, a in acts.items()}
+        batch.acts = {h: formats.convert(a, self.framework, self.dtype, self.sharding)
+                      for h, a in acts.items()}
+        return batch
+
+    def __iter__(self) -> Iterator[Batch]:
+        if not self._prefetch_in_thread:
+            yield from self._produce()
+            return
+        yield from self._prefetcher
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops the background thread (idempotent); see prefetch.Prefetcher.close."""
+        self._prefetcher.close(timeout)
+
+    def __enter__(self) -> "ShuffledStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,219 @@
+"""The streaming shuffle (run.stream): every token once per epoch, disjoint processes,
+seeded and resumable order, values as zarr-python reads them, gs:// runs, formats."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import reader
+from reader import mixing
+from tests import reader_fixtures as rf
+
+T = 16  # the fixtures' seq_len
+
+
+def _uneven_run(path, **kwargs):
+    """4 partitions of 8, 8, 8 and 4 rows; 0, 1 and 3 committed (2 is written, not
+    committed); shards of 4 rows, so blocks of 2 rows; padding at row ends."""
+    return rf.build_run(str(path), num_partitions=4, partition_rows=8, last_partition_rows=4,
+                        rows_per_shard=4, committed=(0, 1, 3), **kwargs)
+
+
+def _flat(batches):
+    return np.concatenate([np.asarray(b.rows) * T + np.asarray(b.cols) for b in batches])
+
+
+def _stream(run, **kwargs):
+    args = dict(buffer_tokens=6 * T, block_rows=2, seed=3)
+    args.update(kwargs)
+    return run.stream(["embed", "layers.0.resid_post"], args.pop("batch_size", 7), **args)
+
+
+@pytest.mark.parametrize("process_count", [1, 2, 3])
+def test_every_valid_committed_token_once_per_epoch_across_processes(tmp_path, process_count):
+    truth = _uneven_run(tmp_path / "run")
+    run = reader.open_run(truth.uri)
+    want = np.flatnonzero(truth.committed_mask())  # no padding, nothing of partition 2
+    per_process = []
+    for p in range(process_count):
+        s = _stream(run, process_index=p, process_count=process_count, drop_last=False,
+                    epochs=2)
+        batches = list(s)
+        assert len(batches) == 2 * s.steps_per_epoch
+        assert [b.step for b in batches] == list(range(len(batches)))
+        for b in batches:
+            for hook in truth.hooks:
+                np.testing.assert_array_equal(b.acts[hook], truth.value(hook, b.rows, b.cols))
+            np.testing.assert_array_equal(b.input_ids, truth.tokens["input_ids"][b.rows, b.cols])
+            # The values say which token they are, independently of rows / cols.
+            np.testing.assert_array_equal(rf.decode_flat(b.acts["embed"], T), b.rows * T + b.cols)
+        epochs = [_flat([b for b in batches if b.epoch == e]) for e in (0, 1)]
+        assert not np.array_equal(epochs[0], epochs[1])  # a new order each epoch
+        per_process.append(epochs)
+    for e in (0, 1):
+        union = np.concatenate([ep[e] for ep in per_process])
+        assert len(union) == len(want) and np.array_equal(np.sort(union), want)
+    if process_count > 1:  # each process reads the same blocks every epoch
+        for ep in per_process:
+            assert np.array_equal(np.sort(ep[0]), np.sort(ep[1]))
+
+
+def test_drop_last_gives_every_process_the_same_full_batches(tmp_path):
+    truth = _uneven_run(tmp_path / "run")
+    run = reader.open_run(truth.uri)
+    shards = [list(_stream(run, process_index=p, process_count=3, batch_size=5))
+              for p in range(3)]
+    assert len({len(s) for s in shards}) == 1 and len(shards[0]) > 3
+    assert all(len(b) == 5 for s in shards for b in s)
+    union = _flat([b for s in shards for b in s])
+    assert len(np.unique(union)) == len(union)
+    assert np.isin(union, np.flatnonzero(truth.committed_mask())).all()
+
+
+def test_seed_fixes_the_order_and_it_is_shuffled(reader_run):
+    run = reader.open_run(reader_run.uri)
+    a = list(_stream(run, epochs=2))
+    b = list(_stream(run, epochs=2, prefetch=0))  # read in the caller's thread
+    c = list(_stream(run, epochs=2, seed=4))
+    assert np.array_equal(_flat(a), _flat(b)) and not np.array_equal(_flat(a), _flat(c))
+    first = _flat([x for x in a if x.epoch == 0])
+    assert not np.array_equal(first, np.sort(first))
+    # Tokens of one buffer are permuted, not handed out block by block in row order.
+    rows = np.concatenate([x.rows for x in a[:3]])
+    assert (np.diff(rows) < 0).sum() > 3
+
+
+def test_resume_mid_epoch_continues_the_same_order(reader_run):
+    run = reader.open_run(reader_run.uri)
+    s = _stream(run, epochs=3, batch_size=5)
+    full = list(s)
+    spe = s.steps_per_epoch
+    for k in (1, 4, spe - 1, spe, spe + 3, len(full) - 1):
+        rest = list(_stream(run, epochs=3, batch_size=5, start_step=k))
+        assert [b.step for b in rest] == list(range(k, len(full)))
+        assert np.array_equal(_flat(rest), _flat(full[k:]))
+        state = s.state(full[k - 1])
+        resumed = list(_stream(run, epochs=3, batch_size=5, resume=state))
+        assert np.array_equal(_flat(resumed), _flat(full[k:]))
+        for x, y in zip(resumed, full[k:]):
+            np.testing.assert_array_equal(x.acts["embed"], y.acts["embed"])
+    with pytest.raises(ValueError, match="batch_size saved 5, now 6"):
+        _stream(run, epochs=3, batch_size=6, resume=s.state(full[3]))
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_values_equal_zarr_pythons_read_of_the_arrays(tmp_path, codec):
+    import zarr
+
+    from reader import zarr_compat
+
+    truth = _uneven_run(tmp_path / "run", dtype="bfloat16", codec=codec)
+    zarr_compat.register_bfloat16()
+    run = reader.open_run(truth.uri)
+    batches = list(_stream(run, drop_last=False))
+    for hook in truth.hooks:
+        z = np.asarray(zarr.open_array(str(tmp_path / "run" / "activations" / hook),
+                                       mode="r")[:])
+        for b in batches:
+            assert b.acts[hook].dtype == z.dtype
+            np.testing.assert_array_equal(b.acts[hook], z[b.rows, b.cols])
+    assert np.array_equal(np.sort(_flat(batches)), np.flatnonzero(truth.committed_mask()))
+
+
+def test_gcs_run_streams_like_local(gcs_bucket):
+    uri = f"{gcs_bucket}/runs/stream"
+    truth = rf.build_run(uri, num_partitions=3, rows_per_shard=4, committed=(0, 2))
+    run = reader.open_run(uri)
+    batches = list(_stream(run, drop_last=False, gcs_request_concurrency=4))
+    assert np.array_equal(np.sort(_flat(batches)), np.flatnonzero(truth.committed_mask()))
+    for b in batches:
+        np.testing.assert_array_equal(b.acts["embed"], truth.value("embed", b.rows, b.cols))
+
+
+def test_a_batch_draws_from_at_most_two_buffers_of_blocks(tmp_path):
+    truth = rf.build_run(str(tmp_path / "run"), num_partitions=4, partition_rows=8,
+                         rows_per_shard=4, committed=(0, 1, 2, 3))
+    run = reader.open_run(truth.uri)
+    small = _stream(run, buffer_tokens=4 * T, block_rows=2, batch_size=8)
+    assert small.blocks_per_buffer == 2
+    for b in small:
+        assert len(np.unique(b.rows // 2)) <= 2 * small.blocks_per_buffer
+    # A buffer of the whole run mixes more (measured as bench/read.py does).
+    whole = _stream(run, buffer_tokens=32 * T, block_rows=2, batch_size=8)
+    narrow, wide = (mixing.measure(run, list(s), block_rows=2) for s in (small, whole))
+    assert wide.blocks > narrow.blocks and wide.documents > narrow.documents
+
+
+def test_jax_arrays_on_a_sharding_and_torch_tensors(tmp_path):
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    truth = rf.build_run(str(tmp_path / "run"), dtype="bfloat16", num_partitions=2,
+                         rows_per_shard=4)
+    run = reader.open_run(truth.uri)
+    mesh = Mesh(np.asarray(jax.devices()), ("data",))
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    n = 2 * len(jax.devices())
+    b = next(iter(run.stream("embed", n, buffer_tokens=4 * T, as_jax=True,
+                             sharding=sharding)))
+    acts = b.acts["embed"]
+    assert isinstance(acts, jax.Array) and acts.sharding == sharding
+    assert acts.dtype == jax.numpy.bfloat16 and acts.shape == (n, truth.hidden)
+    assert {s.device for s in acts.addressable_shards} == set(jax.devices())
+    np.testing.assert_array_equal(np.asarray(acts), truth.value("embed", b.rows, b.cols))
+    torch = pytest.importorskip("torch")
+    t = next(iter(run.stream("embed", 8, buffer_tokens=4 * T, framework="torch")))
+    assert t.acts["embed"].dtype == torch.bfloat16
+    np.testing.assert_array_equal(t.acts["embed"].float().numpy(),
+                                  truth.value("embed", t.rows, t.cols).astype(np.float32))
+
+
+def test_normalize_with_the_stored_statistics(reader_run):
+    run = reader.open_run(reader_run.uri)
+    with pytest.raises(reader.ReaderError, match="compute_stats"):
+        _stream(run, normalize="standardize")
+    run.compute_stats(["embed", "layers.0.resid_post"])
+    r, c = np.nonzero(reader_run.committed_mask())
+    x = reader_run.value("embed", r, c).astype(np.float64)  # independent of reader.stats
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    norm = np.linalg.norm(x, axis=1).mean()
+    for mode in ("standardize", "unit_mean_norm"):
+        for b in _stream(run, normalize=mode, drop_last=False):
+            raw = reader_run.value("embed", b.rows, b.cols).astype(np.float64)
+            want = (raw - mean) / std if mode == "standardize" else raw * np.sqrt(8) / norm
+            assert b.acts["embed"].dtype == np.float32
+            np.testing.assert_allclose(b.acts["embed"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_close_midway_and_errors_that_say_what_to_do(reader_run):
+    run = reader.open_run(reader_run.uri)
+    s = _stream(run, epochs=None)
+    with s:
+        for i, _ in enumerate(s):
+            if i == 5:
+                break
+    assert not s._prefetcher.running
+    with pytest.raises(ValueError, match="raise it to at least 32"):
+        _stream(run, buffer_tokens=T)
+    with pytest.raises(ValueError, match="less than one batch"):
+        _stream(run, batch_size=10_000)
+    with pytest.raises(reader.UncommittedPartitionError):
+        _stream(run, partitions=[1, 2])
+    with pytest.raises(reader.UnknownHookError):
+        run.stream("layers.7.mlp_out", 4)
+
+
+def test_streaming_imports_neither_jax_nor_beam(reader_run):
+    code = (
+        "import sys, reader\n"
+        f"run = reader.open_run({reader_run.uri!r})\n"
+        "b = next(iter(run.stream('embed', 8, buffer_tokens=64)))\n"
+        "assert b.acts['embed'].shape == (8, 8)\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'apache_beam', 'torch')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
