@@ -11,8 +11,9 @@ read and decoded, plus the permutation and the batch copies; its ratio is (1)'s 
 (2)'s for the same bytes; (3) the exact global shuffle (`run.batches`, straight from the
 arrays) over a few steps; the peak RSS of each (each runs in its own process, so the
 figure is its own); and how mixed the batches are (reader.mixing: distinct documents,
-partitions and blocks per batch) for (2) and (3). Modes alternate over --reps repeats and
-the median is printed, because other processes share the cores. The files were just
+partitions and blocks per batch) for (2) and (3). Each child times --passes passes after
+an untimed one (thread pools, allocator), children alternate over --rounds, and medians
+are printed, because other processes share the cores. The files were just
 written or read, so reads come from the page cache: the figures are decode and copy speed,
 not disk speed.
 """
@@ -33,9 +34,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
+import tensorstore as ts  # noqa: E402
 
 import reader  # noqa: E402
 from reader import mixing  # noqa: E402
+from reader import stream as stream_lib  # noqa: E402
+from schemas import layout  # noqa: E402
 
 
 def _peak_rss_mb() -> float:
@@ -48,48 +52,82 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: KiB
 
 
-def sequential(run: reader.Run, hook: str, block_rows: int, in_flight: int = 4) -> dict:
-    """Decoded bytes/s of reading every committed block in row order."""
-    array = run.activation_array(hook)
+def sequential(run: reader.Run, hook: str, block_rows: int, passes: int,
+               in_flight: int = 4) -> dict:
+    """Decoded bytes/s of reading every committed block in row order, two ways:
+    "read": `array[lo:hi].read()`, a new numpy array per block (the plain way to read);
+    "into_buffer": decoded into one reused buffer (what the stream does for its reads, so
+    no allocation or page faults: the stricter baseline).
+    One untimed pass of each first (thread pools, allocator), then `passes` timed ones."""
+    # The context the stream reads in (no chunk cache), so both read the same way.
+    array = run._open(layout.activation_array_key(hook), stream_lib.read_context())
     blocks = [(lo, min(lo + block_rows, p.row_stop)) for p in run.committed_partitions
               for lo in range(p.row_start, p.row_stop, block_rows)]
-    t0 = time.perf_counter()
-    futures, nbytes = [], 0
-    for lo, hi in blocks:
-        futures.append(array[lo:hi].read())
-        if len(futures) >= in_flight:
-            nbytes += futures.pop(0).result().nbytes
-    nbytes += sum(f.result().nbytes for f in futures)
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "decoded_bytes": nbytes, "gb_s": nbytes / seconds / 1e9}
+    buffer = np.empty((in_flight * block_rows,) + tuple(array.shape[1:]),
+                      array.dtype.numpy_dtype)
+    target = ts.array(buffer, copy=False, write=True)
+
+    def read_pass() -> int:
+        futures, nbytes = [], 0
+        for lo, hi in blocks:
+            futures.append(array[lo:hi].read())
+            if len(futures) >= in_flight:
+                nbytes += futures.pop(0).result().nbytes
+        return nbytes + sum(f.result().nbytes for f in futures)
+
+    def into_buffer_pass() -> int:
+        futures, nbytes = [], 0
+        for i, (lo, hi) in enumerate(blocks):
+            at = (i % in_flight) * block_rows
+            if len(futures) >= in_flight:  # the read that used this part of the buffer
+                futures.pop(0).result()
+            futures.append(target[at:at + hi - lo].write(array[lo:hi]))
+            nbytes += (hi - lo) * buffer[0].nbytes
+        for f in futures:
+            f.result()
+        return nbytes
+
+    out = {}
+    for name, one_pass in (("read", read_pass), ("into_buffer", into_buffer_pass)):
+        seconds = []
+        for _ in range(passes + 1):
+            t0 = time.perf_counter()
+            nbytes = one_pass()
+            seconds.append(time.perf_counter() - t0)
+        out[name] = seconds[1:]
+    out["decoded_bytes"] = nbytes
+    return out
 
 
 def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
-           block_rows: int, mix_batches: int) -> dict:
-    """One whole epoch of the streaming shuffle (drop_last=False: every valid token)."""
-    kwargs = dict(buffer_tokens=buffer_tokens, block_rows=block_rows, seed=0,
-                  drop_last=False)
+           block_rows: int, passes: int, mix_batches: int) -> dict:
+    """Whole epochs of the streaming shuffle (drop_last=False: every valid token once),
+    one untimed epoch first, then `passes` timed ones."""
     t0 = time.perf_counter()
-    s = run.stream(hook, batch_size, **kwargs)
+    s = run.stream(hook, batch_size, buffer_tokens=buffer_tokens, block_rows=block_rows,
+                   seed=0, drop_last=False, epochs=passes + 1)
     setup_s = time.perf_counter() - t0
-    tokens = nbytes = 0
-    t0 = time.perf_counter()
+    seconds, tokens, nbytes = [], 0, 0
     with s:
+        t0 = time.perf_counter()
         for b in s:
-            tokens += len(b)
-            nbytes += b.acts[hook].nbytes
-    seconds = time.perf_counter() - t0
-    decoded = sum(int(hi - lo) for lo, hi in zip(s.plan.table.row_start,
-                                                 s.plan.table.row_stop))
-    decoded *= run.seq_len * run.hook(hook).hidden * np.dtype(
-        run.activation_array(hook).dtype.numpy_dtype).itemsize
-    with run.stream(hook, batch_size, **kwargs) as again:
+            if b.step % s.steps_per_epoch == 0 and b.step:  # an epoch ended
+                seconds.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+            if b.epoch == 1:
+                tokens, nbytes = tokens + len(b), nbytes + b.acts[hook].nbytes
+        seconds.append(time.perf_counter() - t0)
+    table = s.plan.table
+    itemsize = np.dtype(run.activation_array(hook).dtype.numpy_dtype).itemsize
+    decoded = int((table.row_stop - table.row_start).sum()) * run.seq_len * \
+        run.hook(hook).hidden * itemsize
+    with run.stream(hook, batch_size, buffer_tokens=buffer_tokens, block_rows=block_rows,
+                    seed=0) as again:
         mix = mixing.measure(run, (b for _, b in zip(range(mix_batches), again)),
                              block_rows=block_rows)
-    return {"seconds": seconds, "setup_s": setup_s, "tokens": tokens,
-            "tokens_s": tokens / seconds, "gb_s": nbytes / seconds / 1e9,
-            "decoded_bytes": decoded, "blocks_per_buffer": s.blocks_per_buffer,
-            "mixing": mix.as_dict()}
+    return {"seconds": seconds[1:], "setup_s": setup_s, "tokens": tokens,
+            "delivered_bytes": nbytes, "decoded_bytes": decoded,
+            "blocks_per_buffer": s.blocks_per_buffer, "mixing": mix.as_dict()}
 
 
 def exact(run: reader.Run, hook: str, batch_size: int, steps: int, block_rows: int,
@@ -121,10 +159,10 @@ def measure(args: argparse.Namespace) -> None:
     hook = args.hook or next(iter(run.hooks))
     block_rows = args.block_rows or run.spec.layout.rows_per_shard
     if args.measure == "sequential":
-        out = sequential(run, hook, block_rows)
+        out = sequential(run, hook, block_rows, args.passes)
     elif args.measure == "stream":
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
-                     args.mix_batches)
+                     args.passes, args.mix_batches)
     else:
         out = exact(run, hook, args.batch_size, args.exact_steps, block_rows,
                     args.mix_batches)
@@ -135,7 +173,8 @@ def measure(args: argparse.Namespace) -> None:
 def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", mode, "--run", run_dir,
            "--batch-size", str(args.batch_size), "--buffer-tokens", str(args.buffer_tokens),
-           "--exact-steps", str(args.exact_steps), "--mix-batches", str(args.mix_batches)]
+           "--exact-steps", str(args.exact_steps), "--mix-batches", str(args.mix_batches),
+           "--passes", str(args.passes)]
     if args.hook:
         cmd += ["--hook", args.hook]
     if args.block_rows:
@@ -145,36 +184,44 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
 
 
 def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
-    """Alternates the modes over --reps repeats in child processes; prints medians."""
+    """Alternates the two modes in child processes over --rounds; prints medians."""
     seq, strm = [], []
-    for _ in range(args.reps):
+    for _ in range(args.rounds):
         seq.append(_child(args, "sequential", run_dir))
         strm.append(_child(args, "stream", run_dir))
     ex = _child(args, "exact", run_dir)
     med = statistics.median
-    seq_s, strm_s = med(r["seconds"] for r in seq), med(r["seconds"] for r in strm)
-    seq_gb_s = med(r["gb_s"] for r in seq)
+    seq_s = [x for r in seq for x in r["read"]]
+    buf_s = [x for r in seq for x in r["into_buffer"]]
+    strm_s = [x for r in strm for x in r["seconds"]]
+    decoded = seq[0]["decoded_bytes"]
+    seq_gb_s = decoded / med(seq_s) / 1e9
     s0 = strm[0]
-    print(f"\n== {label}: batch {args.batch_size} tokens, buffer {args.buffer_tokens} "
-          f"tokens ({s0['blocks_per_buffer']} blocks), median of {args.reps}")
+    strm_gb_s = s0["delivered_bytes"] / med(strm_s) / 1e9
+    print(f"\n== {label}: batch {args.batch_size} tokens, buffer {args.buffer_tokens} tokens "
+          f"({s0['blocks_per_buffer']} blocks); medians of {len(seq_s)} timed passes each")
     print(f"sequential decoded read:  {seq_gb_s:7.3f} GB/s decoded "
-          f"({seq[0]['decoded_bytes'] / 1e9:.3f} GB, {seq_s:.2f} s)   "
+          f"({decoded / 1e9:.3f} GB in {med(seq_s):.2f} s; array.read() per block)   "
           f"peak RSS {max(r['peak_rss_mb'] for r in seq):,.0f} MB")
-    print(f"streaming shuffle:        {med(r['gb_s'] for r in strm):7.3f} GB/s delivered, "
-          f"{s0['decoded_bytes'] / strm_s / 1e9:.3f} GB/s decoded "
-          f"({med(r['tokens_s'] for r in strm):,.0f} tokens/s, {strm_s:.2f} s/epoch)   "
-          f"ratio to sequential {seq_s / strm_s:.3f}   "
+    print(f"  into a reused buffer:   {decoded / med(buf_s) / 1e9:7.3f} GB/s decoded "
+          f"({med(buf_s):.2f} s)")
+    print(f"streaming shuffle:        {strm_gb_s:7.3f} GB/s delivered, "
+          f"{s0['decoded_bytes'] / med(strm_s) / 1e9:.3f} GB/s decoded "
+          f"({s0['tokens'] / med(strm_s):,.0f} tokens/s, {med(strm_s):.2f} s/epoch)   "
           f"peak RSS {max(r['peak_rss_mb'] for r in strm):,.0f} MB")
+    print(f"  ratio (same bytes decoded) to the sequential read {med(seq_s) / med(strm_s):.3f}, "
+          f"to the reused-buffer read {med(buf_s) / med(strm_s):.3f}")
     print(f"exact global shuffle:     {ex['gb_s']:7.3f} GB/s delivered "
           f"({ex['tokens_s']:,.0f} tokens/s, {args.exact_steps} steps)   "
           f"ratio to sequential {ex['gb_s'] / seq_gb_s:.3f}   "
           f"peak RSS {ex['peak_rss_mb']:,.0f} MB")
-    print(f"streaming / exact:        {med(r['gb_s'] for r in strm) / ex['gb_s']:.1f} x")
-    print("mixing per batch (mean over the first batches):")
+    print(f"streaming / exact:        {strm_gb_s / ex['gb_s']:.1f} x")
+    print(f"mixing per batch (mean over the first {args.mix_batches} batches):")
     for name, mix in (("streaming", s0["mixing"]), ("exact", ex["mixing"])):
         print(f"  {name:10s} " + ", ".join(f"{k} {v:,.1f}" for k, v in mix.items()))
-    print(f"ratios (sequential s / stream s) per repeat: "
-          + ", ".join(f"{a['seconds'] / b['seconds']:.3f}" for a, b in zip(seq, strm)))
+    for name, xs in (("sequential read", seq_s), ("reused buffer", buf_s),
+                     ("streaming epoch", strm_s)):
+        print(f"  timed passes, {name} s: " + ", ".join(f"{x:.2f}" for x in xs))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,7 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-rows", type=int, default=0, help="0: the layout's rows_per_shard")
     ap.add_argument("--exact-steps", type=int, default=8)
     ap.add_argument("--mix-batches", type=int, default=16)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=3, help="timed passes per child process")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="child processes per mode, alternating sequential and streaming")
     ap.add_argument("--rows", type=int, default=256, help="synthetic run: total rows")
     ap.add_argument("--seq-len", type=int, default=1024, help="synthetic run: tokens per row")
     ap.add_argument("--hidden", type=int, default=896, help="synthetic run: hidden size")

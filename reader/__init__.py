@@ -4,8 +4,8 @@ Imports neither apache_beam nor jax (jax only when JAX arrays are asked for).
 
     import reader
     run = reader.open_run("gs://bucket/runs/r1")
-    with run.batches("layers.12.resid_post", batch_size=4096, seed=0,
-                     process_index=i, process_count=n) as batches:
+    with run.stream("layers.12.resid_post", batch_size=4096, buffer_tokens=1 << 22,
+                    seed=0, process_index=i, process_count=n) as batches:
         for batch in batches:
             train_step(batch.acts["layers.12.resid_post"])
 
@@ -13,9 +13,13 @@ Public names (all re-exported here; `__all__`):
     open_run(uri) -> Run          open a run (local path, gs://bucket/path, memory://name)
     Run                           reader.run: a snapshot of the committed partitions;
                                   hooks, rows / tokens / gather, document, select,
-                                  batches, compute_stats / stats
+                                  stream, batches, compute_stats / stats
     HookInfo                      reader.run: one hook's shape, dtype, partitions
-    Batch, TokenBatches           reader.batches: shuffled, prefetched batches
+    ShuffledStream                reader.stream: `run.stream`, the streaming two-level
+                                  shuffle training reads (near sequential speed)
+    StreamPlan, BlockTable        reader.blocks: its row blocks, process split, buffers
+    Mixing, measure_mixing        reader.mixing: documents / partitions / blocks per batch
+    Batch, TokenBatches           reader.batches: `run.batches`, the exact global shuffle
     TokenIndex, build_index       reader.shuffle: the valid tokens, in row-major order
     ShufflePlan                   reader.shuffle: the seeded, process-split order
     Selection                     reader.provenance: tokens of a document / ARC filter
@@ -29,18 +33,24 @@ Public names (all re-exported here; `__all__`):
     UncommittedPartitionError     rows of a partition without a commit marker
 
 All tensorstore arrays are opened in the process-wide context (schemas.ts_context), so
-memory:// runs written in the same process are readable and its cache pool is shared.
+memory:// runs written in the same process are readable and its cache pool is shared
+(streams read in a child of it without a chunk cache: reader.stream.read_context).
 """
 
 from reader.batches import Batch, TokenBatches
+from reader.blocks import BlockTable, StreamPlan
 from reader.errors import NotARunError, ReaderError, UncommittedPartitionError, UnknownHookError
+from reader.mixing import Mixing
+from reader.mixing import measure as measure_mixing
 from reader.provenance import Selection
 from reader.run import HookInfo, Run, open_run
 from reader.shuffle import ShufflePlan, TokenIndex, build_index
 from reader.stats import HookStats, compute_stats, load_stats
+from reader.stream import ShuffledStream
 
 __all__ = [
-    "Batch", "HookInfo", "HookStats", "NotARunError", "ReaderError", "Run", "Selection",
-    "ShufflePlan", "TokenBatches", "TokenIndex", "UncommittedPartitionError",
-    "UnknownHookError", "build_index", "compute_stats", "load_stats", "open_run",
+    "Batch", "BlockTable", "HookInfo", "HookStats", "Mixing", "NotARunError", "ReaderError",
+    "Run", "Selection", "ShufflePlan", "ShuffledStream", "StreamPlan", "TokenBatches",
+    "TokenIndex", "UncommittedPartitionError", "UnknownHookError", "build_index",
+    "compute_stats", "load_stats", "measure_mixing", "open_run",
 ]

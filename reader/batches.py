@@ -9,11 +9,12 @@ fetches each needed chunk once and issues all fetches concurrently (nothing here
 on the chunk shape: tensorstore maps coordinates to chunks). This buys an exact,
 reproducible, host-splittable order (what the tests and multi-host trainers need) at the
 price of read amplification, measured by bench/read.py against sequential bandwidth
-(`--chunk-tokens` shows what smaller inner chunks save). Two-level shuffles (shuffled
-chunks + a local buffer) read less but are not a global permutation; this reader does not
-offer one. Instead, when the selected tokens fit in memory, `in_memory=True` loads their
-activations once with sequential reads (padding dropped) and gathers each batch from RAM:
-the same exact order, at memory speed.
+(`--chunk-tokens` shows what smaller inner chunks save). The two-level shuffle of
+reader.stream (`run.stream`: shuffled row blocks + a permuted buffer) reads at about
+sequential speed but is not a global permutation; training should use it. When the
+selected tokens fit in memory, `in_memory=True` here loads their activations once with
+sequential reads (padding dropped) and gathers each batch from RAM: the same exact order,
+at memory speed.
 """
 
 from __future__ import annotations

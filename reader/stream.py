@@ -44,6 +44,16 @@ DEFAULT_BUFFER_TOKENS = 1 << 20  # about 1.8 GB per hook of hidden 896 in bfloat
 STATE_VERSION = 1
 
 
+def read_context(gcs_request_concurrency: int | None = None) -> ts.Context:
+    """The tensorstore context streams read in: a child of the process-wide one (so
+    memory:// runs resolve) without a chunk cache, since every chunk is read once per
+    epoch and a cache would only hold a second copy of it; optionally other GCS limits."""
+    spec: dict = {"cache_pool": {"total_bytes_limit": 0}}
+    if gcs_request_concurrency is not None:
+        spec["gcs_request_concurrency"] = {"limit": gcs_request_concurrency}
+    return ts.Context(spec, parent=ts_context.get())
+
+
 @dataclasses.dataclass
 class _Loaded:
     """A buffer whose reads were issued: per hook a slot [rows, seq_len, hidden]."""
@@ -51,7 +61,7 @@ class _Loaded:
     epoch: int
     buffer: blocks_lib.Buffer
     skip: int  # tokens of its permuted order already consumed before a resume
-    slot: int
+    slot: dict  # hook -> numpy [buffer_rows, seq_len, hidden] the blocks decode into
     writes: list  # tensorstore futures that decode the blocks into the slot
     tokens: list  # futures of (segment_ids, input_ids) per block
     run_rows: np.ndarray  # int64 [rows]: the run row of each slot row
@@ -122,17 +132,13 @@ class ShuffledStream:
         self.framework = formats.check_framework("jax" if as_jax else framework)
         self.sharding, self.dtype = sharding, dtype
         self.normalizers = formats.normalizers(run, self.hooks, normalize)
-        context = None
-        if gcs_request_concurrency is not None:
-            context = ts.Context({"gcs_request_concurrency": {"limit": gcs_request_concurrency}},
-                                 parent=ts_context.get())
+        context = read_context(gcs_request_concurrency)
         self._acts = {h: run._open(layout.activation_array_key(h), context) for h in self.hooks}
         self._tokens = [run._open(layout.token_array_key(n), context)
                         for n in ("segment_ids", "input_ids")]
         self._prefetcher = prefetch_lib.Prefetcher(self._produce, max(1, prefetch),
                                                    "actx-reader-stream")
         self._prefetch_in_thread = prefetch > 0
-        self._slots: list[dict[str, np.ndarray]] = []
 
     # -- what the stream is -------------------------------------------------------
 
@@ -183,16 +189,14 @@ class ShuffledStream:
                     yield epoch, buf, max(0, offset - lo)
             step = last
 
-    def _slot(self, i: int) -> dict[str, np.ndarray]:
-        while len(self._slots) <= i:
-            self._slots.append({
-                h: np.empty((self.plan.buffer_rows, self.run.seq_len, a.shape[2]),
-                            a.dtype.numpy_dtype) for h, a in self._acts.items()})
-        return self._slots[i]
+    def _new_slot(self) -> dict[str, np.ndarray]:
+        return {h: np.empty((self.plan.buffer_rows, self.run.seq_len, a.shape[2]),
+                            a.dtype.numpy_dtype) for h, a in self._acts.items()}
 
-    def _issue(self, epoch: int, buf: blocks_lib.Buffer, skip: int, slot: int) -> _Loaded:
+    def _issue(self, epoch: int, buf: blocks_lib.Buffer, skip: int,
+               slot: dict[str, np.ndarray]) -> _Loaded:
         """Starts the reads of one buffer: each block decoded into its rows of the slot."""
-        table, arrays = self.plan.table, self._slot(slot)
+        table, arrays = self.plan.table, slot
         targets = {h: ts.array(arrays[h], copy=False, write=True) for h in self.hooks}
         writes, tokens, run_rows, at = [], [], [], 0
         for b in buf.blocks:
@@ -223,18 +227,19 @@ class ShuffledStream:
     def _produce(self) -> Iterator[Batch]:
         """Batches in step order: reads `prefetch_buffers` buffers ahead of the one cut."""
         plan, seq_len = self.plan, self.run.seq_len
-        n_slots = self.prefetch_buffers + 1
+        # Buffers are reused round-robin: allocated once per iteration, freed with it.
+        slots = [self._new_slot() for _ in range(self.prefetch_buffers + 1)]
         work = self._work()
         pending: collections.deque[_Loaded] = collections.deque()
         issued = 0
 
         def top_up():
             nonlocal issued
-            while len(pending) < n_slots:
+            while len(pending) < len(slots):
                 item = next(work, None)
                 if item is None:
                     return
-                pending.append(self._issue(*item, slot=issued % n_slots))
+                pending.append(self._issue(*item, slot=slots[issued % len(slots)]))
                 issued += 1
 
         step, fill, out = self.start_step, 0, None
@@ -245,7 +250,7 @@ class ShuffledStream:
                 for f in loaded.writes:
                     f.result()
                 order, input_ids = self._permuted(loaded)
-                flat = {h: a.reshape(-1, a.shape[2]) for h, a in self._slot(loaded.slot).items()}
+                flat = {h: a.reshape(-1, a.shape[2]) for h, a in loaded.slot.items()}
                 pos = loaded.skip
                 while pos < len(order) and (self.stop_step is None or step < self.stop_step):
                     epoch, _ = plan.locate(step)
