@@ -3,16 +3,21 @@
 Every config in actx (run spec, submit config) is a tree of frozen dataclasses. This module
 builds them from parsed YAML/TOML/JSON, refusing unknown keys and wrong types with the
 dotted key and the file, so a user knows what to fix and where.
+
+A manifest holds one Partition per partition (150k at pod scale), so `from_dict` first
+tries a converter compiled once per type that only checks; anything it does not accept
+as-is goes through the slow path, which makes the error message.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import types
 import typing
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -56,6 +61,11 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if origin in (tuple, list):
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        if _fixed_tuple(origin, args):
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
+            return tuple(_convert(v, t, f"{where}[{i}]")
+                         for i, (v, t) in enumerate(zip(value, args)))
         item_tp = args[0] if args else Any
         items = [_convert(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
@@ -83,14 +93,165 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def _fixed_tuple(origin: Any, args: tuple) -> bool:
+    """tuple[X, Y] (one type per position), as opposed to tuple[X, ...]."""
+    return origin is tuple and len(args) > 1 and args[-1] is not Ellipsis
+
+
+@functools.lru_cache(maxsize=None)
+def _class_fields(cls: type) -> tuple[dict, dict]:
+    """(type hints, init fields) of a dataclass; get_type_hints compiles every annotation,
+    so it runs once per class, not once per object."""
+    return (typing.get_type_hints(cls),
+            {f.name: f for f in dataclasses.fields(cls) if f.init})
+
+
+class _Slow(Exception):
+    """The fast path cannot accept a value as it is: the slow path converts it or says why."""
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _exact(tp: type) -> Callable[[Any], Any]:
+    def check(value):
+        if type(value) is not tp:
+            raise _Slow
+        return value
+    return check
+
+
+def _fast(tp: Any) -> Callable[[Any], Any] | None:
+    """A converter equal to `_convert` on what it accepts (it raises _Slow on the rest), or
+    None where the type is not covered."""
+    try:
+        return _fast_cached(tp)
+    except TypeError:  # an unhashable type argument
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _fast_cached(tp: Any) -> Callable[[Any], Any] | None:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return _identity
+    if tp in (int, str, bool):
+        return _exact(tp)
+    if tp is float:
+        def number(value):
+            if type(value) is float:
+                return value
+            if type(value) is int:
+                return float(value)
+            raise _Slow
+        return number
+    if origin in (typing.Union, types.UnionType):
+        options = [_fast(a) for a in args if a is not type(None)]
+        if None in options:
+            return None
+        nullable = type(None) in args
+
+        def union(value):
+            if value is None and nullable:
+                return None
+            for option in options:
+                try:
+                    return option(value)
+                except _Slow:
+                    pass
+            raise _Slow
+        return union
+    if origin is typing.Literal:
+        def literal(value):
+            if value not in args:
+                raise _Slow
+            return value
+        return literal
+    if dataclasses.is_dataclass(tp):
+        return _fast_dataclass(tp)
+    if origin in (tuple, list) and not _fixed_tuple(origin, args):
+        item = _fast(args[0]) if args else _identity
+        if item is None:
+            return None
+        make = tuple if origin is tuple else list
+
+        def sequence(value):
+            if type(value) is not list and type(value) is not tuple:
+                raise _Slow
+            return make(value) if item is _identity else make(map(item, value))
+        return sequence
+    if origin is tuple:
+        items = [_fast(a) for a in args]
+        if None in items:
+            return None
+
+        if len(items) == 2:  # pairs, e.g. a heartbeat's (time, tokens) history
+            first, second = items
+
+            def pair(value):
+                if (type(value) is not list and type(value) is not tuple) or len(value) != 2:
+                    raise _Slow
+                return first(value[0]), second(value[1])
+            return pair
+
+        def fixed(value):
+            if (type(value) is not list and type(value) is not tuple) or len(value) != len(items):
+                raise _Slow
+            return tuple(f(v) for f, v in zip(items, value))
+        return fixed
+    if origin is dict:
+        value_conv = _fast(args[1]) if args else _identity
+        if value_conv is None:
+            return None
+
+        def mapping(value):
+            if type(value) is not dict:
+                raise _Slow
+            return {k: value_conv(v) for k, v in value.items()}
+        return mapping
+    if origin is None and not isinstance(tp, type):
+        return None  # a typing construct the fast path does not know
+    return _identity  # what `_convert` passes through unchanged
+
+
+def _fast_dataclass(cls: type) -> Callable[[Any], Any] | None:
+    hints, fields = _class_fields(cls)
+    names = frozenset(fields)
+    required = frozenset(n for n, f in fields.items() if f.default is dataclasses.MISSING
+                         and f.default_factory is dataclasses.MISSING)
+    convs = {}
+    for name in fields:
+        conv = _fast(hints[name])
+        if conv is None:
+            return None
+        convs[name] = conv
+
+    def build(value):
+        if isinstance(value, cls):
+            return value
+        if type(value) is not dict or not value.keys() <= names or not required <= value.keys():
+            raise _Slow
+        try:
+            return cls(**{k: convs[k](v) for k, v in value.items()})
+        except (ValueError, TypeError):
+            raise _Slow from None  # __post_init__ refused it: the slow path says where
+    return build
+
+
 def from_dict(cls: type[T], data: dict, where: str = "") -> T:
     """Builds dataclass `cls` from `data`, refusing unknown keys and wrong types.
 
     `where` prefixes error messages: a dotted key path, or a file followed by ": " at the
     top level (e.g. "run.yaml: ", giving "run.yaml: packing.seq_len: ...").
     """
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fast = _fast(cls)
+    if fast is not None:
+        try:
+            return fast(data)
+        except _Slow:
+            pass
+    hints, fields = _class_fields(cls)
     unknown = sorted(set(data) - set(fields))
     prefix = where if (not where or where.endswith(": ")) else f"{where}."
     if unknown:
@@ -114,6 +275,54 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{where.rstrip(': ') or cls.__name__}: {e}") from e
+
+
+def from_columns(cls: type[T], columns: Any, where: str) -> tuple[T, ...]:
+    """Objects of dataclass `cls` from a table of columns ({field: [value per object]}), a
+    compact form for many flat objects: a missing column takes the field's default."""
+    hints, fields = _class_fields(cls)
+    if type(columns) is not dict:
+        raise ConfigError(f"{where}: expected a table of columns "
+                          f"({', '.join(fields)}), got {type(columns).__name__}")
+    unknown = sorted(set(columns) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown column; known columns: "
+                          f"{', '.join(fields)}")
+    lengths = {name: len(col) if type(col) is list else -1 for name, col in columns.items()}
+    n = max(lengths.values(), default=0)
+    for name, length in lengths.items():
+        if length != n:
+            raise ConfigError(f"{where}.{name}: expected a list of {n} values (the length of "
+                              f"the longest column), got {columns[name]!r:.80}")
+    cols = []
+    for name, field in fields.items():
+        col = columns.get(name)
+        if col is None:
+            if field.default is dataclasses.MISSING:
+                raise ConfigError(f"{where}.{name}: required column is missing")
+            col = [field.default] * n
+        elif hints[name] is int and all(type(v) is int for v in col):
+            pass  # the common case, checked in one pass
+        else:
+            conv = _fast(hints[name])
+            try:
+                col = list(map(conv, col)) if conv is not None else None
+            except _Slow:
+                col = None
+            if col is None:
+                col = [_convert(v, hints[name], f"{where}.{name}[{i}]")
+                       for i, v in enumerate(columns[name])]
+        cols.append(col)
+    try:
+        return tuple(map(cls, *cols)) if cols else ()
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def to_columns(objs: "tuple | list", cls: type) -> dict[str, list]:
+    """The column table of `objs` (see `from_columns`)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    return {name: [to_dict(getattr(o, name)) for o in objs] for name in names}
 
 
 def to_dict(obj: Any) -> Any:

@@ -9,6 +9,7 @@ Bulk arrays go through tensorstore (see `schemas.layout`), not through this modu
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import json
 import os
 import threading
@@ -20,6 +21,9 @@ from schemas import uri as uri_lib
 
 class ObjectStore(abc.ABC):
     """Keys are '/'-separated paths relative to the store's root location."""
+
+    # Whether `list_split` lists key ranges in parallel (worth computing boundaries for).
+    PARALLEL_LISTING = False
 
     def __init__(self, location: uri_lib.Location):
         self.location = location
@@ -38,7 +42,12 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> list[str]:
-        """Keys under `prefix` (recursively), sorted."""
+        """Keys under `prefix` (recursively), sorted. Names only: no object metadata."""
+
+    def list_split(self, prefix: str, boundaries: list[str]) -> list[str]:
+        """`list(prefix)`, which a store may cut at the sorted key `boundaries` into ranges
+        listed in parallel (GCS pages 1,000 names per request, one page after another)."""
+        return self.list(prefix)
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
@@ -47,14 +56,22 @@ class ObjectStore(abc.ABC):
     def exists(self, key: str) -> bool:
         return self.read(key) is not None
 
+    def read_many(self, keys: list[str], max_parallel: int = 32) -> list[bytes | None]:
+        """`read` of each key, in order; stores with a round trip per read run them in
+        parallel."""
+        return [self.read(key) for key in keys]
+
     def read_json(self, key: str) -> Any:
         data = self.read(key)
-        if data is None:
-            return None
+        return None if data is None else self.parse_json(key, data)
+
+    def parse_json(self, key: str, data: bytes) -> Any:
+        """`data` (the bytes of `key`) parsed as JSON; the error names the object."""
         try:
             return json.loads(data)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{self.location.join(key)}: not valid JSON ({e})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{self.location.join(key)}: not valid JSON ({e}); the object "
+                             f"is damaged: rewrite it or delete it") from e
 
     def write_json(self, key: str, obj: Any) -> None:
         self.write(key, dumps(obj))
@@ -112,18 +129,29 @@ class LocalStore(ObjectStore):
 
     def list(self, prefix: str = "") -> list[str]:
         root = self.location.path
-        base = os.path.join(root, *[p for p in prefix.split("/") if p]) if prefix else root
+        parts = [p for p in prefix.split("/") if p]
+        base = os.path.join(root, *parts) if parts else root
         if os.path.isfile(base):
             return [prefix]
-        start = base if os.path.isdir(base) else os.path.dirname(base)
+        if not os.path.isdir(base) or (prefix and not prefix.endswith("/")):
+            parts = parts[:-1]  # a partial name: scan its directory, filter by prefix
+        stack = [(os.path.join(root, *parts), "".join(p + "/" for p in parts))]
         keys = []
-        for dirpath, _, files in os.walk(start):
-            for name in files:
-                if ".tmp-" in name:
-                    continue
-                rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-                if rel.startswith(prefix):
-                    keys.append(rel)
+        while stack:  # scandir, not walk + relpath: 150k markers list in ~0.1 s
+            directory, rel = stack.pop()
+            try:
+                entries = os.scandir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            inside = rel.startswith(prefix)  # every key here matches
+            with entries:
+                for entry in entries:
+                    key = rel + entry.name
+                    if entry.is_dir():
+                        if inside or (key + "/").startswith(prefix) or prefix.startswith(key):
+                            stack.append((entry.path, key + "/"))
+                    elif ".tmp-" not in entry.name and (inside or key.startswith(prefix)):
+                        keys.append(key)
         return sorted(keys)
 
     def delete(self, key: str) -> None:
@@ -172,6 +200,8 @@ class MemoryStore(ObjectStore):
 class GcsStore(ObjectStore):
     """GCS through google-cloud-storage; create-only uses ifGenerationMatch=0 (412 if present)."""
 
+    PARALLEL_LISTING = True
+
     def __init__(self, location: uri_lib.Location):
         super().__init__(location)
         self._bucket = _gcs_client().bucket(location.bucket)
@@ -199,10 +229,32 @@ class GcsStore(ObjectStore):
         except exceptions.PreconditionFailed:
             return False
 
-    def list(self, prefix: str = "") -> list[str]:
+    def read_many(self, keys: list[str], max_parallel: int = 32) -> list[bytes | None]:
+        if len(keys) < 2 or max_parallel < 2:
+            return [self.read(key) for key in keys]
+        with concurrent.futures.ThreadPoolExecutor(min(max_parallel, len(keys))) as pool:
+            return list(pool.map(self.read, keys))
+
+    def _list_range(self, prefix: str, start: str | None, end: str | None) -> list[str]:
         root = f"{self.location.path}/" if self.location.path else ""
-        return sorted(b.name[len(root):]
-                      for b in self._bucket.list_blobs(prefix=root + prefix))
+        # Names only: full metadata is ~850 bytes per object; real GCS pages at 1,000.
+        blobs = self._bucket.client.list_blobs(
+            self._bucket, prefix=root + prefix, fields="items(name),nextPageToken",
+            page_size=1000, start_offset=None if start is None else root + start,
+            end_offset=None if end is None else root + end)
+        return [b.name[len(root):] for b in blobs]
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(self._list_range(prefix, None, None))
+
+    def list_split(self, prefix: str, boundaries: list[str]) -> list[str]:
+        cuts = [None, *sorted(boundaries), None]
+        if len(cuts) == 2:
+            return self.list(prefix)
+        ranges = list(zip(cuts[:-1], cuts[1:]))
+        with concurrent.futures.ThreadPoolExecutor(min(16, len(ranges))) as pool:
+            pages = pool.map(lambda r: self._list_range(prefix, *r), ranges)
+            return sorted(name for page in pages for name in page)
 
     def delete(self, key: str) -> None:
         from google.api_core import exceptions
@@ -232,6 +284,12 @@ def _gcs_client():
                 _CLIENT = storage.Client(project="actx-emulator", credentials=AnonymousCredentials())
             else:
                 _CLIENT = storage.Client()
+            # Parallel reads and listings: the default pool keeps 10 connections per host.
+            import requests.adapters
+
+            adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=64)
+            _CLIENT._http.mount("https://", adapter)
+            _CLIENT._http.mount("http://", adapter)
         return _CLIENT
 
 
