@@ -9,6 +9,8 @@ preempted) and pending (nobody holds it).
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import time
 
@@ -53,8 +55,11 @@ def open_run(run: str) -> RunHandle:
             raise RunError(f"{run}: no such directory; not an actx run")
     try:
         store = store_lib.open_store(location)
-        spec = runspec_lib.read_run_spec(store)
-        manifest = manifest_lib.read_manifest(store)
+        # Both reads at once: on GCS each is a round trip, and the manifest is the big one.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            manifest_f = pool.submit(manifest_lib.read_manifest, store)
+            spec = runspec_lib.read_run_spec(store)
+            manifest = manifest_f.result()
     except FileNotFoundError as e:
         raise RunError(str(e)) from None
     except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
@@ -78,6 +83,9 @@ class HostState:
     tokens_per_s: float
     tokens_done: int
     message: str
+    partitions_done: int = 0
+    # (unix time, tokens done) samples of this attempt, oldest first (see schemas.heartbeat).
+    history: tuple[tuple[float, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +115,12 @@ class RunStatus:
         return [p for p, s in sorted(self.partitions.items()) if s == state]
 
     def to_json_obj(self) -> dict:
-        obj = dataclasses.asdict(self)
-        obj["partitions"] = {layout_lib.partition_name(p): s
-                             for p, s in sorted(self.partitions.items())}
+        # Not dataclasses.asdict: it deep-copies 150k partition entries one by one.
+        obj = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        obj["hosts"] = [dataclasses.asdict(h) for h in self.hosts]
+        obj["counts"] = dict(self.counts)
+        name = layout_lib.partition_name
+        obj["partitions"] = {name(p): s for p, s in sorted(self.partitions.items())}
         obj["complete"] = self.complete
         obj["eta"] = "unknown" if self.eta_s is None else round(self.eta_s, 1)
         obj["map"] = partition_map(self)
@@ -118,18 +129,32 @@ class RunStatus:
 
 def bytes_per_row(handle: RunHandle) -> int | None:
     """Stored activation bytes per row (all hooks), from activations/actx.json."""
-    info = handle.store.read_json(layout_lib.ACTIVATIONS_INFO_KEY)
+    return _bytes_per_row(handle, handle.store.read_json(layout_lib.ACTIVATIONS_INFO_KEY))
+
+
+def _bytes_per_row(handle: RunHandle, info: dict | None) -> int | None:
     if not info:
         return None
     itemsize = layout_lib.ITEMSIZE.get(info.get("dtype", handle.spec.capture.dtype), 2)
     return handle.manifest.seq_len * itemsize * sum(int(h) for h in info["hooks"].values())
 
 
+def _read_progress(handle: RunHandle) -> tuple[set[int], list, dict | None]:
+    """Commit ids, heartbeats and activations/actx.json, read concurrently (each is one or
+    more round trips on GCS)."""
+    store = handle.store
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        committed = pool.submit(commit_lib.committed_partitions, store,
+                                len(handle.manifest.partitions))
+        beats = pool.submit(heartbeat_lib.read_heartbeats, store)
+        info = pool.submit(store.read_json, layout_lib.ACTIVATIONS_INFO_KEY)
+        return committed.result(), beats.result(), info.result()
+
+
 def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER_S,
                    now: float | None = None) -> RunStatus:
+    committed, beats, info = _read_progress(handle)
     now = time.time() if now is None else now
-    committed = commit_lib.committed_partitions(handle.store)
-    beats = heartbeat_lib.read_heartbeats(handle.store)
     hosts = []
     held_live: set[int] = set()
     held_dead: set[int] = set()
@@ -139,26 +164,21 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         hosts.append(HostState(hb.host, hb.state if live or hb.state not in _LIVE_STATES
                                else f"{hb.state} (stale)", live, round(age, 1), hb.partition,
                                hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
-                               hb.tokens_done, hb.message))
+                               hb.tokens_done, hb.message, hb.partitions_done, hb.history))
         if hb.partition is not None and hb.state not in ("done",):
             (held_live if live else held_dead).add(hb.partition)
-    states = {}
-    for part in handle.manifest.partitions:
-        if part.id in committed:
-            states[part.id] = COMMITTED
-        elif part.id in held_live:
-            states[part.id] = IN_PROGRESS
-        elif part.id in held_dead:
-            states[part.id] = STALE
-        else:
-            states[part.id] = PENDING
-    counts = {s: 0 for s in MAP_CHARS}
-    for s in states.values():
-        counts[s] += 1
     parts = handle.manifest.partitions
-    tokens_done = sum(p.tokens for p in parts if states[p.id] == COMMITTED)
-    per_row = bytes_per_row(handle)
-    rows_done = sum(p.row_count for p in parts if states[p.id] == COMMITTED)
+    states = dict.fromkeys((p.id for p in parts), PENDING)
+    for ids, state in ((held_dead, STALE), (held_live, IN_PROGRESS), (committed, COMMITTED)):
+        for pid in ids:  # later states win: committed over a live worker over a dead one
+            if pid in states:
+                states[pid] = state
+    tally = collections.Counter(states.values())
+    counts = {s: tally[s] for s in MAP_CHARS}
+    done = [p for p in parts if p.id in committed]
+    tokens_done = sum(p.tokens for p in done)
+    per_row = _bytes_per_row(handle, info)
+    rows_done = sum(p.row_count for p in done)
     throughput = sum(h.tokens_per_s for h in hosts if h.live)
     remaining = handle.manifest.total_tokens - tokens_done
     if remaining <= 0:

@@ -36,8 +36,10 @@ def reserve_endpoint() -> str:
 
 
 class Emulator:
-    def __init__(self, url: str):
+    def __init__(self, url: str, data_dir: str | None = None):
         self.url = url
+        # Objects to load at start: <data_dir>/<bucket>/<object name> (bench/status.py).
+        self.data_dir = data_dir
         self._proc: subprocess.Popen | None = None
         self._log = None
 
@@ -50,9 +52,9 @@ class Emulator:
         self._proc = subprocess.Popen(
             [str(_get_binary_path()), "-scheme", "http", "-backend", "memory",
              "-host", "127.0.0.1", "-port", port, "-external-url", self.url,
-             "-log-level", "warn"],
+             "-log-level", "warn", *(["-data", self.data_dir] if self.data_dir else [])],
             stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + (20 if not self.data_dir else 600)
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"fake-gcs-server exited; log in {self._log.name}")

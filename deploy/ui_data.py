@@ -1,0 +1,111 @@
+"""What the live page shows, as one JSON-able dict built from a `RunStatus`.
+
+Everything comes from what status reads (manifest, marker names, heartbeats with their
+history) plus, once per page, the first lines of each rejects/ file as samples. The
+partition map travels as one character per partition, so 150k partitions cost 150 KB.
+"""
+
+from __future__ import annotations
+
+import json
+
+from deploy import runstate
+from schemas import layout as layout_lib
+
+# Points of the job's tokens-over-time series (host histories resampled onto one grid).
+SERIES_POINTS = 120
+REJECT_SAMPLES = 5
+
+
+def job_series(hosts, points: int = SERIES_POINTS) -> list[tuple[float, int]]:
+    """(unix time, tokens done by all hosts) on `points` evenly spaced times.
+
+    Each host's cumulative tokens are interpolated linearly between its samples (steps
+    would alias against the grid); before its first sample a host counts 0, after its last
+    it keeps its last value (a dead host's work stays done).
+    """
+    samples = [h.history for h in hosts if h.history]
+    if not samples:
+        return []
+    t0 = min(s[0][0] for s in samples)
+    t1 = max(s[-1][0] for s in samples)
+    if t1 <= t0:
+        return [(t1, sum(s[-1][1] for s in samples))]
+    grid = [t0 + (t1 - t0) * i / (points - 1) for i in range(points)]
+    total = [0] * points
+    for hist in samples:
+        j = 0
+        for i, t in enumerate(grid):
+            while j < len(hist) and hist[j][0] <= t:
+                j += 1
+            if j == 0:
+                continue  # before the host's first sample
+            if j == len(hist):
+                total[i] += hist[-1][1]
+                continue
+            (ta, va), (tb, vb) = hist[j - 1], hist[j]
+            total[i] += int(va + (vb - va) * (t - ta) / (tb - ta))
+    return [(round(t, 1), v) for t, v in zip(grid, total)]
+
+
+def throughput_series(series: list[tuple[float, int]]) -> list[tuple[float, float]]:
+    """Tokens per second between consecutive points of `series`."""
+    return [(round(b[0], 1), round((b[1] - a[1]) / (b[0] - a[0]), 1))
+            for a, b in zip(series, series[1:]) if b[0] > a[0]]
+
+
+def read_reject_samples(store, manifest) -> dict:
+    """Per source: rejected count (manifest) and the first rejects with their reasons."""
+    out = {name: {"rejected": c.rejected, "read": c.read, "samples": []}
+           for name, c in sorted(manifest.sources.items())}
+    for key in store.list(layout_lib.REJECTS_PREFIX):
+        data = store.read(key)
+        if not data:
+            continue
+        for line in data.split(b"\n")[:REJECT_SAMPLES]:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            source = record.get("source") if isinstance(record, dict) else None
+            if source in out and len(out[source]["samples"]) < REJECT_SAMPLES:
+                out[source]["samples"].append(
+                    {k: record[k] for k in ("file", "line", "reason", "snippet") if k in record})
+    return out
+
+
+def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
+    """The page's data: the figures of `status --json` plus map, series and hosts."""
+    chars = "".join(runstate.MAP_CHARS[s] for _, s in sorted(status.partitions.items()))
+    series = job_series(status.hosts)
+    tokens_total = max(1, status.tokens_total)
+    bytes_per_token = (status.bytes_total / tokens_total) if status.bytes_total else None
+    rates = sorted(h.tokens_per_s for h in status.hosts if h.live)
+    median_rate = rates[len(rates) // 2] if rates else 0.0
+    hosts = [{
+        "host": h.host, "state": h.state, "live": h.live, "age_s": h.age_s,
+        "partition": None if h.partition is None else layout_lib.partition_name(h.partition),
+        "step": h.step, "steps": h.steps, "tokens_per_s": h.tokens_per_s,
+        "tokens_done": h.tokens_done, "partitions_done": h.partitions_done,
+        "message": h.message,
+        "slow": h.live and median_rate > 0 and h.tokens_per_s < 0.5 * median_rate,
+    } for h in status.hosts]
+    run = status.run
+    return {
+        "run": run, "name": status.name, "fingerprint": status.fingerprint, "at": status.at,
+        "stale_after_s": status.stale_after_s, "complete": status.complete,
+        "counts": dict(status.counts), "partitions_total": len(status.partitions),
+        "tokens_done": status.tokens_done, "tokens_total": status.tokens_total,
+        "bytes_done": status.bytes_done, "bytes_total": status.bytes_total,
+        "tokens_per_s": status.tokens_per_s, "eta_s": status.eta_s,
+        "map": chars, "map_legend": runstate.MAP_CHARS,
+        "hosts": hosts, "hosts_live": sum(1 for h in status.hosts if h.live),
+        "series_tokens": series, "series_tokens_per_s": throughput_series(series),
+        "bytes_per_token": bytes_per_token, "rejects": rejects or {},
+        "commands": {
+            "status": f"actx status {run} --json",
+            "rerun_stale": f"actx rerun {run} --only stale",
+            "rerun_all": f"actx rerun {run}",
+            "verify": f"actx verify {run}",
+        },
+    }

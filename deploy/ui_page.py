@@ -1,0 +1,237 @@
+"""The live page's HTML: one self-contained document (inline CSS and JS, no network).
+
+The data (see `deploy.ui_data`) is embedded as JSON, so `--html FILE` is complete on its
+own; a served page also polls `data.json`. The partition map is drawn on a canvas (one
+cell per partition; 150k partitions are 150k rectangles, not 150k DOM nodes), then read
+back pixel by pixel into `#map[data-drawn]`, so a test can check what was drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:16px 24px;color:#1d2430;background:#f6f7f9}
+h1{font-size:20px;margin:0 0 2px} h2{font-size:15px;margin:20px 0 6px}
+.sub{color:#5a6473;font-size:12px;word-break:break-all}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin-top:12px}
+.card{background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:8px 12px;min-width:140px}
+.card .k{font-size:11px;color:#5a6473;text-transform:uppercase}
+.card .v{font-size:18px;font-weight:600}
+.legend span{display:inline-block;margin-right:14px}
+.sw{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
+canvas{background:#fff;border:1px solid #dde1e7;border-radius:4px}
+table{border-collapse:collapse;background:#fff;font-size:12px}
+td,th{border-bottom:1px solid #eceef2;padding:3px 8px;text-align:left;white-space:nowrap}
+td.num{text-align:right} tr.dead td{color:#b42318} tr.slow td{color:#b54708}
+.bar{display:inline-block;height:8px;background:#2e90fa;vertical-align:middle}
+code{background:#eef1f5;padding:2px 6px;border-radius:4px}
+.grid2{display:flex;flex-wrap:wrap;gap:16px}
+"""
+
+_JS = r"""
+const COLORS = {"C": [18, 183, 106], "W": [46, 144, 250], "S": [240, 68, 56],
+                "F": [122, 90, 248], ".": [208, 213, 221]};
+const NAMES = {"C": "committed", "W": "in progress", "S": "stale",
+               "F": "failed verification", ".": "pending"};
+const $ = (id) => document.getElementById(id);
+const int = (n) => Number(n).toLocaleString("en-US", {maximumFractionDigits: 0});
+const dec1 = (n) => Number(n).toLocaleString("en-US",
+  {minimumFractionDigits: 1, maximumFractionDigits: 1});
+function size(n) {
+  if (n === null || n === undefined) return "?";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return i === 0 ? n.toFixed(0) + " B" : n.toFixed(1) + " " + units[i];
+}
+function duration(s) {
+  if (s === null || s === undefined) return "unknown";
+  s = Math.round(s);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  const p = (x) => String(x).padStart(2, "0");
+  return h ? `${h}h${p(m)}m${p(sec)}s` : (m ? `${m}m${p(sec)}s` : `${sec}s`);
+}
+function hhmm(t) { return new Date(t * 1000).toISOString().slice(11, 19); }
+function set(id, text, value) {
+  const el = $(id); el.textContent = text;
+  if (value !== undefined) el.dataset.value = value === null ? "null" : String(value);
+}
+
+function drawMap(map) {
+  const canvas = $("map"), n = map.length;
+  const width = Math.min(1200, Math.max(300, document.body.clientWidth - 60));
+  const cell = Math.max(2, Math.min(16, Math.floor(Math.sqrt(width * 420 / Math.max(1, n)))));
+  const cols = Math.max(1, Math.floor(width / cell)), rows = Math.max(1, Math.ceil(n / cols));
+  canvas.width = cols * cell; canvas.height = rows * cell;
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(canvas.width, canvas.height);
+  const px = img.data, W = canvas.width;
+  for (let i = 0; i < n; i++) {
+    const c = COLORS[map[i]] || [0, 0, 0];
+    const x0 = (i % cols) * cell, y0 = Math.floor(i / cols) * cell;
+    const inner = cell > 3 ? cell - 1 : cell;  // a gap between cells when they are large
+    for (let y = y0; y < y0 + inner; y++) {
+      for (let x = x0; x < x0 + inner; x++) {
+        const o = (y * W + x) * 4;
+        px[o] = c[0]; px[o + 1] = c[1]; px[o + 2] = c[2]; px[o + 3] = 255;
+      }
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  // Read back what was drawn: the colour at each cell's top-left pixel.
+  const back = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+  const drawn = {}, odd = [];
+  for (let i = 0; i < n; i++) {
+    const o = (Math.floor(i / cols) * cell * W + (i % cols) * cell) * 4;
+    let found = "?";
+    for (const k in COLORS) {
+      const c = COLORS[k];
+      if (back[o] === c[0] && back[o + 1] === c[1] && back[o + 2] === c[2]) { found = k; break; }
+    }
+    drawn[found] = (drawn[found] || 0) + 1;
+    if ((found === "S" || found === "W" || found === "F") && odd.length < 50) odd.push(i);
+  }
+  canvas.dataset.drawn = JSON.stringify(drawn);
+  canvas.dataset.flagged = JSON.stringify(odd);
+  canvas.dataset.cell = cell; canvas.dataset.cols = cols;
+  canvas.onmousemove = (e) => {
+    const r = canvas.getBoundingClientRect();
+    const i = Math.floor((e.clientY - r.top) / cell) * cols + Math.floor((e.clientX - r.left) / cell);
+    canvas.title = i < n ? `p-${String(i).padStart(5, "0")}: ${NAMES[map[i]]}` : "";
+  };
+}
+
+function drawLine(id, points, label) {
+  const canvas = $(id), ctx = canvas.getContext("2d");
+  const W = canvas.width, H = canvas.height, L = 70, B = 22;
+  ctx.clearRect(0, 0, W, H); ctx.font = "11px sans-serif"; ctx.fillStyle = "#5a6473";
+  canvas.dataset.points = points.length;
+  if (points.length < 2) { ctx.fillText("no history yet", L, H / 2); return; }
+  const t0 = points[0][0], t1 = points[points.length - 1][0];
+  let vmax = 0; for (const p of points) vmax = Math.max(vmax, p[1]);
+  vmax = vmax || 1;
+  const X = (t) => L + (W - L - 10) * (t - t0) / Math.max(1e-9, t1 - t0);
+  const Y = (v) => H - B - (H - B - 10) * v / vmax;
+  ctx.strokeStyle = "#dde1e7"; ctx.beginPath(); ctx.moveTo(L, 10); ctx.lineTo(L, H - B);
+  ctx.lineTo(W - 10, H - B); ctx.stroke();
+  ctx.fillText(label(vmax), 2, 16); ctx.fillText("0", L - 12, H - B);
+  ctx.fillText(hhmm(t0) + " UTC", L, H - 6); ctx.fillText(hhmm(t1), W - 60, H - 6);
+  ctx.strokeStyle = "#2e90fa"; ctx.lineWidth = 2; ctx.beginPath();
+  points.forEach((p, i) => i ? ctx.lineTo(X(p[0]), Y(p[1])) : ctx.moveTo(X(p[0]), Y(p[1])));
+  ctx.stroke();
+}
+
+function render(d) {
+  document.title = `actx: ${d.name}`;
+  set("name", d.name); set("run", d.run); set("fingerprint", d.fingerprint);
+  set("at", new Date(d.at * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC", d.at);
+  for (const k of ["committed", "in_progress", "stale", "pending"]) set("n-" + k, int(d.counts[k]), d.counts[k]);
+  set("n-total", int(d.partitions_total), d.partitions_total);
+  set("tokens-done", int(d.tokens_done), d.tokens_done);
+  set("tokens-total", int(d.tokens_total), d.tokens_total);
+  set("tokens-pct", (100 * d.tokens_done / Math.max(1, d.tokens_total)).toFixed(1) + "%");
+  set("bytes-done", size(d.bytes_done), d.bytes_done);
+  set("bytes-total", size(d.bytes_total), d.bytes_total);
+  set("tokens-per-s", dec1(d.tokens_per_s), d.tokens_per_s);
+  set("eta", d.complete ? "done" : duration(d.eta_s), d.eta_s);
+  set("hosts-live", int(d.hosts_live), d.hosts_live);
+  set("hosts-total", int(d.hosts.length), d.hosts.length);
+  drawMap(d.map);
+  const legend = [];
+  for (const k of ["C", "W", "S", "F", "."]) {
+    const n = [...d.map].filter((c) => c === k).length;
+    if (k === "F" && !n) continue;
+    legend.push(`<span><i class="sw" style="background:rgb(${COLORS[k]})"></i>${NAMES[k]} ${int(n)}</span>`);
+  }
+  $("legend").innerHTML = legend.join("");
+  const bpt = d.bytes_per_token;
+  drawLine("chart-tokens", d.series_tokens,
+           (v) => int(v) + " tok" + (bpt ? " / " + size(v * bpt) : ""));
+  drawLine("chart-rate", d.series_tokens_per_s, (v) => int(v) + " tok/s");
+  const maxRate = Math.max(1, ...d.hosts.map((h) => h.tokens_per_s));
+  const order = [...d.hosts].sort((a, b) => (a.live - b.live) || (b.slow - a.slow) ||
+                                           a.host.localeCompare(b.host));
+  $("hosts").innerHTML = order.map((h) => `<tr data-host="${esc(h.host)}" data-live="${h.live}"
+      class="${h.live ? (h.slow ? "slow" : "") : "dead"}"><td>${esc(h.host)}</td>
+      <td class="state">${esc(h.state)}</td><td class="num">${duration(h.age_s)} ago</td>
+      <td>${h.partition || "-"}</td><td class="num">${h.step}/${h.steps}</td>
+      <td class="num rate">${dec1(h.tokens_per_s)}</td>
+      <td><span class="bar" style="width:${Math.round(120 * h.tokens_per_s / maxRate)}px"></span></td>
+      <td class="num">${int(h.tokens_done)}</td><td class="num">${h.partitions_done}</td>
+      <td>${esc(h.message)}${h.slow ? " (slow: under half the median)" : ""}</td></tr>`).join("");
+  const rj = [];
+  for (const [src, r] of Object.entries(d.rejects)) {
+    rj.push(`<tr data-source="${esc(src)}"><td>${esc(src)}</td><td class="num">${int(r.rejected)}</td>
+      <td class="num">${int(r.read)}</td><td>${r.samples.map((s) =>
+      `${esc(s.file || "")}:${s.line ?? ""} ${esc(s.reason || "")}`).join("<br>") || "-"}</td></tr>`);
+  }
+  $("rejects").innerHTML = rj.join("") || "<tr><td>no sources</td></tr>";
+  $("commands").innerHTML = Object.values(d.commands).map((c) => `<div><code>${esc(c)}</code></div>`).join("");
+  document.body.dataset.rendered = Number(document.body.dataset.rendered || 0) + 1;
+}
+function esc(s) {
+  return String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;",
+                                                  '"': "&quot;", "'": "&#39;"}[c]));
+}
+const DATA = JSON.parse($("actx-data").textContent);
+render(DATA);
+if (LIVE_S > 0) {
+  $("live").textContent = `live: refreshes every ${LIVE_S}s`;
+  const poll = () => fetch("data.json", {cache: "no-store"}).then((r) => r.json()).then((d) => {
+    render(d); document.body.dataset.polls = Number(document.body.dataset.polls || 0) + 1;
+  }).catch((e) => { $("live").textContent = "live: last refresh failed (" + e + ")"; });
+  poll(); setInterval(poll, LIVE_S * 1000);
+} else {
+  $("live").textContent = "snapshot (written by actx status --html)";
+}
+"""
+
+_BODY = """
+<h1>actx run <span id="name"></span></h1>
+<div class="sub"><span id="run"></span> &middot; fingerprint <span id="fingerprint"></span>
+ &middot; as of <span id="at"></span> &middot; <span id="live"></span></div>
+<div class="cards">
+ <div class="card"><div class="k">committed</div><div class="v"><span id="n-committed"></span>
+  / <span id="n-total"></span></div></div>
+ <div class="card"><div class="k">in progress</div><div class="v" id="n-in_progress"></div></div>
+ <div class="card"><div class="k">stale</div><div class="v" id="n-stale"></div></div>
+ <div class="card"><div class="k">pending</div><div class="v" id="n-pending"></div></div>
+ <div class="card"><div class="k">tokens</div><div class="v"><span id="tokens-done"></span>
+  / <span id="tokens-total"></span> (<span id="tokens-pct"></span>)</div></div>
+ <div class="card"><div class="k">activation bytes</div><div class="v"><span id="bytes-done">
+  </span> / <span id="bytes-total"></span></div></div>
+ <div class="card"><div class="k">tokens/s (live hosts)</div><div class="v" id="tokens-per-s">
+  </div></div>
+ <div class="card"><div class="k">ETA</div><div class="v" id="eta"></div></div>
+ <div class="card"><div class="k">hosts live</div><div class="v"><span id="hosts-live"></span>
+  / <span id="hosts-total"></span></div></div>
+</div>
+<h2>Partitions</h2><div class="legend" id="legend"></div><canvas id="map"></canvas>
+<div class="grid2">
+ <div><h2>Tokens over time (all hosts)</h2><canvas id="chart-tokens" width="560" height="200">
+ </canvas></div>
+ <div><h2>Throughput (tokens/s)</h2><canvas id="chart-rate" width="560" height="200"></canvas>
+ </div>
+</div>
+<h2>Hosts</h2>
+<table><thead><tr><th>host</th><th>state</th><th>last heartbeat</th><th>partition</th>
+<th>step</th><th>tokens/s</th><th></th><th>tokens done</th><th>partitions</th><th>message</th>
+</tr></thead><tbody id="hosts"></tbody></table>
+<h2>Rejected inputs per source</h2>
+<table><thead><tr><th>source</th><th>rejected</th><th>read</th><th>first rejects</th></tr>
+</thead><tbody id="rejects"></tbody></table>
+<h2>Commands</h2><div id="commands"></div>
+"""
+
+
+def render_html(data: dict, live_s: float = 0) -> str:
+    """The page with `data` embedded; `live_s` > 0 polls data.json every `live_s` seconds."""
+    # "</" inside a script element would end it: JSON allows the escaped form "<\\/".
+    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    return (f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>actx: {html.escape(str(data.get('name', '')))}</title>"
+            f"<style>{_CSS}</style></head>\n<body id=\"page\">{_BODY}"
+            f"<script id=\"actx-data\" type=\"application/json\">{payload}</script>\n"
+            f"<script>const LIVE_S = {float(live_s)!r};\n{_JS}</script></body></html>\n")

@@ -1,0 +1,146 @@
+"""What makes status fast at pod scale, checked against straightforward readings: the
+columnar manifest (and the old list form), the typed loader's fast path and its errors,
+heartbeat history, parallel heartbeat reads and range-split listings on the GCS emulator."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import time
+
+import pytest
+
+from deploy import cli
+from schemas import commit, config, heartbeat, layout, manifest, store
+from tests import status_runs
+
+
+def _status_json(run: str) -> dict:
+    out = io.StringIO()
+    assert cli.main(["status", run, "--json"], out=out) == 0
+    return json.loads(out.getvalue())
+
+
+def test_manifest_columns_load_as_a_plain_parse_reads_them(tmp_path):
+    run = status_runs.write_local(str(tmp_path / "r"), n_partitions=2500, n_hosts=4,
+                                  committed=0)
+    raw = json.load(open(os.path.join(run, "manifest.json")))
+    columns = raw["partitions"]
+    plain = [dict(zip(columns, values)) for values in zip(*columns.values())]
+    loaded = manifest.read_manifest(store.open_store(run))
+    assert [dataclasses.asdict(p) for p in loaded.partitions] == plain
+    assert loaded.total_tokens == raw["total_tokens"] == sum(columns["tokens"])
+    # The list form of earlier manifests (version 1) loads to the same partitions.
+    old = dict(raw, partitions=plain, version=1)
+    assert manifest.Manifest.from_json_obj(old).partitions == loaded.partitions
+
+
+def test_new_fields_with_defaults_load_from_older_columns():
+    @dataclasses.dataclass(frozen=True)
+    class Row:
+        a: int
+        b: int = 7
+        c: str = "x"
+
+    assert config.from_columns(Row, {"a": [1, 2]}, "t") == (Row(1), Row(2))
+    assert config.from_columns(Row, {"a": [1], "c": ["y"]}, "t") == (Row(1, 7, "y"),)
+    defaulted = [f for f in dataclasses.fields(manifest.Partition)
+                 if f.default is not dataclasses.MISSING]
+    if defaulted:  # fields added after a run was prepared take their defaults
+        raw = json.loads(manifest.encode(_small_manifest()))
+        for f in defaulted:
+            del raw["partitions"][f.name]
+        parts = manifest.Manifest.from_json_obj(raw).partitions
+        assert all(getattr(p, f.name) == f.default for p in parts for f in defaulted)
+
+
+def _small_manifest() -> manifest.Manifest:
+    parts = tuple(manifest.Partition(id=i, row_start=4 * i, row_count=4, tokens=10 + i, docs=1)
+                  for i in range(5))
+    return manifest.Manifest(fingerprint="f", seq_len=8, total_rows=20,
+                             total_tokens=sum(p.tokens for p in parts), partitions=parts,
+                             sources={"s": manifest.SourceCounts(5, 5, 0)}, vocab_size=10)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["tokens"].__setitem__(3, "x"),
+     "manifest.json: partitions.tokens[3]: expected an integer, got str 'x'"),
+    (lambda c: c.__setitem__("tokenz", [1] * 5),
+     "manifest.json: partitions.tokenz: unknown column; known columns: id, "),
+    (lambda c: c["docs"].pop(),
+     "manifest.json: partitions.docs: expected a list of 5 values"),
+    (lambda c: c.pop("row_count"),
+     "manifest.json: partitions.row_count: required column is missing"),
+])
+def test_damaged_columns_say_which_column_and_row(edit, message):
+    raw = json.loads(manifest.encode(_small_manifest()))
+    edit(raw["partitions"])
+    with pytest.raises(config.ConfigError) as e:
+        manifest.Manifest.from_json_obj(raw, "manifest.json")
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_fast_path_errors_are_the_slow_paths():
+    raw = json.loads(manifest.encode(_small_manifest()))
+    raw["partitions"] = [dict(zip(raw["partitions"], v))
+                         for v in zip(*raw["partitions"].values())]
+    raw["partitions"][2]["tokens"] = True
+    with pytest.raises(config.ConfigError, match=r"^m: partitions\[2\]\.tokens: expected an "
+                                                 r"integer, got bool True$"):
+        manifest.Manifest.from_json_obj(raw, "m")
+    raw["partitions"][2]["tokens"] = 1
+    raw["sources"]["s"]["reed"] = 1
+    with pytest.raises(config.ConfigError, match=r"^m: sources\.s\.reed: unknown key \(did you "
+                                                 r"mean 'read'\?\)"):
+        manifest.Manifest.from_json_obj(raw, "m")
+
+
+def test_heartbeat_history_spans_the_attempt_and_stays_small():
+    s = store.open_store("memory://hb-history")
+    writer = heartbeat.HeartbeatWriter(s, "h0")
+    t0 = 1.8e9
+    for i in range(500):
+        hb = heartbeat.Heartbeat(host="h0", replica=0, process_index=0, state="working",
+                                 attempt="a", updated_at=t0 + 2 * i, tokens_done=1000 * i)
+        writer.beat(hb, force=True)
+    raw = json.loads(s.read(layout.heartbeat_key("h0")))
+    hist = raw["history"]
+    assert len(hist) <= heartbeat.MAX_HISTORY
+    assert hist[-1] == [t0 + 998, 499_000]  # the newest sample is always kept
+    assert hist[0][0] - t0 < 0.1 * 998  # and the oldest reach back to the start
+    assert all(b[0] > a[0] and b[1] > a[1] for a, b in zip(hist, hist[1:]))
+    [beat] = heartbeat.read_heartbeats(s)
+    assert [list(x) for x in beat.history] == hist
+
+
+def test_status_counts_match_a_plain_reading(tmp_path):
+    now = time.time()
+    run = status_runs.write_local(str(tmp_path / "r"), n_partitions=3000, n_hosts=64,
+                                  committed=1234, dead_hosts=5, now=now)
+    st = _status_json(run)
+    committed = {int(n[2:-5]) for n in os.listdir(os.path.join(run, "commits"))}
+    beats = [json.load(open(os.path.join(run, "workers", n)))
+             for n in os.listdir(os.path.join(run, "workers"))]
+    live = {b["partition"] for b in beats if time.time() - b["updated_at"] <= 60} - committed
+    dead = {b["partition"] for b in beats if time.time() - b["updated_at"] > 60} - committed
+    tokens = json.load(open(os.path.join(run, "manifest.json")))["partitions"]["tokens"]
+    assert st["counts"] == {"committed": len(committed), "in_progress": len(live),
+                            "stale": len(dead), "pending": 3000 - len(committed | live | dead)}
+    assert st["tokens_done"] == sum(tokens[p] for p in committed)
+    assert st["tokens_per_s"] == pytest.approx(
+        sum(b["tokens_per_s"] for b in beats if time.time() - b["updated_at"] <= 60), abs=0.1)
+
+
+def test_gcs_listing_in_ranges_and_parallel_heartbeats(gcs_bucket, monkeypatch):
+    run = f"{gcs_bucket}/runs/scale"
+    status_runs.write_store(run, n_partitions=420, n_hosts=40, committed=333, dead_hosts=3)
+    s = store.open_store(run)
+    monkeypatch.setattr(commit, "_LIST_RANGE", 50)  # 9 ranges listed at once
+    assert commit.committed_partitions(s, 420) == set(range(333))
+    assert commit.committed_partitions(s, 420) == commit.committed_partitions(s)
+    beats = heartbeat.read_heartbeats(s, max_parallel=16)
+    plain = [config.from_dict(heartbeat.Heartbeat, s.read_json(k))
+             for k in s.list(layout.WORKERS_PREFIX)]
+    assert beats == plain and len(beats) == 40
