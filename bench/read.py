@@ -60,7 +60,7 @@ def sequential(run: reader.Run, hook: str, block_rows: int, passes: int,
     no allocation or page faults: the stricter baseline).
     One untimed pass of each first (thread pools, allocator), then `passes` timed ones."""
     # The context the stream reads in (no chunk cache), so both read the same way.
-    array = run._open(layout.activation_array_key(hook), stream_lib.read_context())
+    array = run._open(layout.activation_array_key(hook), stream_lib.read_contexts()[0])
     blocks = [(lo, min(lo + block_rows, p.row_stop)) for p in run.committed_partitions
               for lo in range(p.row_start, p.row_stop, block_rows)]
     buffer = np.empty((in_flight * block_rows,) + tuple(array.shape[1:]),
@@ -121,13 +121,27 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
     itemsize = np.dtype(run.activation_array(hook).dtype.numpy_dtype).itemsize
     decoded = int((table.row_stop - table.row_start).sum()) * run.seq_len * \
         run.hook(hook).hidden * itemsize
-    with run.stream(hook, batch_size, buffer_tokens=buffer_tokens, block_rows=block_rows,
-                    seed=0) as again:
-        mix = mixing.measure(run, (b for _, b in zip(range(mix_batches), again)),
-                             block_rows=block_rows)
     return {"seconds": seconds[1:], "setup_s": setup_s, "tokens": tokens,
             "delivered_bytes": nbytes, "decoded_bytes": decoded,
-            "blocks_per_buffer": s.blocks_per_buffer, "mixing": mix.as_dict()}
+            "blocks_per_buffer": s.blocks_per_buffer}
+
+
+def stream_mixing(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
+                  block_rows: int, mix_batches: int) -> dict:
+    """Mixing of the first batches for buffers of 1/4, 1 and 4 x buffer_tokens, with
+    blocks of block_rows and of one inner chunk's rows (its own process: no timing)."""
+    table = []
+    chunk_rows = run.spec.layout.chunk_rows
+    for rows in dict.fromkeys((block_rows, chunk_rows)):
+        for tokens in (buffer_tokens // 4, buffer_tokens, buffer_tokens * 4):
+            if tokens < rows * run.seq_len:
+                continue
+            with run.stream(hook, batch_size, buffer_tokens=tokens, block_rows=rows,
+                            seed=0) as s:
+                mix = mixing.measure(run, (b for _, b in zip(range(mix_batches), s)),
+                                     block_rows=block_rows)
+            table.append({"buffer_tokens": tokens, "block_rows": rows, **mix.as_dict()})
+    return {"table": table}
 
 
 def exact(run: reader.Run, hook: str, batch_size: int, steps: int, block_rows: int,
@@ -163,6 +177,9 @@ def measure(args: argparse.Namespace) -> None:
     elif args.measure == "stream":
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                      args.passes, args.mix_batches)
+    elif args.measure == "mixing":
+        out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
+                            args.mix_batches)
     else:
         out = exact(run, hook, args.batch_size, args.exact_steps, block_rows,
                     args.mix_batches)
@@ -190,6 +207,7 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
         seq.append(_child(args, "sequential", run_dir))
         strm.append(_child(args, "stream", run_dir))
     ex = _child(args, "exact", run_dir)
+    mix = _child(args, "mixing", run_dir)
     med = statistics.median
     seq_s = [x for r in seq for x in r["read"]]
     buf_s = [x for r in seq for x in r["into_buffer"]]
@@ -216,9 +234,15 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
           f"ratio to sequential {ex['gb_s'] / seq_gb_s:.3f}   "
           f"peak RSS {ex['peak_rss_mb']:,.0f} MB")
     print(f"streaming / exact:        {strm_gb_s / ex['gb_s']:.1f} x")
-    print(f"mixing per batch (mean over the first {args.mix_batches} batches):")
-    for name, mix in (("streaming", s0["mixing"]), ("exact", ex["mixing"])):
-        print(f"  {name:10s} " + ", ".join(f"{k} {v:,.1f}" for k, v in mix.items()))
+    print(f"mixing: distinct per batch of {args.batch_size} tokens, mean over the first "
+          f"{args.mix_batches} batches (blocks counted in the default block size)")
+    print(f"  {'':34s} {'documents':>10s} {'partitions':>10s} {'blocks':>8s} {'rows':>8s}")
+    rows = [("exact global shuffle", ex["mixing"])] + [
+        (f"stream buffer {m['buffer_tokens']:>8,d}, blocks of {m['block_rows']}", m)
+        for m in mix["table"]]
+    for name, m in rows:
+        print(f"  {name:34s} {m['documents']:10,.1f} {m['partitions']:10,.1f} "
+              f"{m['blocks']:8,.1f} {m['rows']:8,.1f}")
     for name, xs in (("sequential read", seq_s), ("reused buffer", buf_s),
                      ("streaming epoch", strm_s)):
         print(f"  timed passes, {name} s: " + ", ".join(f"{x:.2f}" for x in xs))
@@ -243,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="synthetic run codec (repeatable; default: zstd and none)")
     ap.add_argument("--chunk-tokens", type=int, default=0,
                     help="synthetic run: tokens per inner activation chunk (0: whole row)")
-    ap.add_argument("--measure", choices=("sequential", "stream", "exact"),
+    ap.add_argument("--measure", choices=("sequential", "stream", "exact", "mixing"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.measure:

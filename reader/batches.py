@@ -20,16 +20,14 @@ at memory speed.
 from __future__ import annotations
 
 import dataclasses
-import queue
-import threading
 from typing import Any, Iterator, Literal, Sequence
 
 import numpy as np
 
 from reader import formats
+from reader import prefetch as prefetch_lib
 from reader import run as run_lib
 from reader import shuffle as shuffle_lib
-from reader.formats import convert  # noqa: F401  (re-exported: older callers)
 
 
 @dataclasses.dataclass
@@ -50,21 +48,6 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-
-_DONE = object()
-_POLL_S = 0.1  # how often a blocked queue hand-over looks at the stop event
-
-
-def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
-    """Puts `item` unless `stop` is set first; True when it was put."""
-    while not stop.is_set():
-        try:
-            out.put(item, timeout=_POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 class TokenBatches:
@@ -119,8 +102,8 @@ class TokenBatches:
         self.start_step = start_step
         self.stop_step = None if epochs is None else epochs * self.plan.steps_per_epoch
         self.prefetch = prefetch
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._prefetcher = prefetch_lib.Prefetcher(self._produce, max(1, prefetch),
+                                                   "actx-reader-prefetch")
         self._memory = self._load_all() if in_memory else None
 
     def _load_all(self) -> dict[str, np.ndarray]:
@@ -172,55 +155,22 @@ class TokenBatches:
             yield step
             step += 1
 
-    def _produce(self, out: queue.Queue, stop: threading.Event) -> None:
-        """The prefetch thread: reads batches in order and hands them to the consumer.
-
-        Everything it hands over (batches, the end marker, an exception) goes through
-        `_put`, which gives up once `stop` is set, so `close()` never waits behind a full
-        queue, whatever the consumer left unread. `stop` is this thread's own event: a
-        later `__iter__` makes a new one and cannot revive a thread it replaced.
-        """
+    def _produce(self) -> Iterator[Batch]:
+        """Batches in step order (the prefetch thread runs this; see prefetch.Prefetcher)."""
         order = shuffle_lib.OrderCache(self.plan)
-        try:
-            for step in self._steps():
-                if stop.is_set():
-                    return
-                if not _put(out, self.read_step(step, order), stop):
-                    return
-        except BaseException as e:  # handed to the consumer, which re-raises it
-            _put(out, e, stop)
-            return
-        _put(out, _DONE, stop)
+        for step in self._steps():
+            yield self.read_step(step, order)
+
+    @property
+    def _thread(self):
+        """The prefetch thread while one runs (None once closed)."""
+        return self._prefetcher._thread
 
     def __iter__(self) -> Iterator[Batch]:
         if self.prefetch <= 0:
-            order = shuffle_lib.OrderCache(self.plan)
-            for step in self._steps():
-                yield self.read_step(step, order)
+            yield from self._produce()
             return
-        self.close()
-        stop = self._stop = threading.Event()
-        out: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        thread = self._thread = threading.Thread(
-            target=self._produce, args=(out, stop), daemon=True, name="actx-reader-prefetch")
-        thread.start()
-        try:
-            while True:
-                try:
-                    item = out.get(timeout=_POLL_S)
-                except queue.Empty:
-                    # Stopped by close() from elsewhere, or the thread ended without a
-                    # word (it always puts _DONE or its exception unless stopped).
-                    if stop.is_set() or (not thread.is_alive() and out.empty()):
-                        return
-                    continue
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.close()
+        yield from self._prefetcher
 
     def close(self, timeout: float = 30.0) -> None:
         """Stops the prefetch thread (idempotent).
@@ -229,10 +179,7 @@ class TokenBatches:
         waits up to `timeout` seconds for it, then leaves it to finish that read on its own
         (it is a daemon thread and puts nothing more once stopped).
         """
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        self._prefetcher.close(timeout)
 
     def __enter__(self) -> "TokenBatches":
         return self

@@ -40,18 +40,24 @@ from reader.batches import Batch
 from schemas import layout
 from schemas import ts_context
 
-DEFAULT_BUFFER_TOKENS = 1 << 20  # about 1.8 GB per hook of hidden 896 in bfloat16
+# Positions per buffer: 0.47 GB per hook and buffer at hidden 896 in bfloat16, 2.1 GB at
+# 4096; two buffers are held (prefetch_buffers=1).
+DEFAULT_BUFFER_TOKENS = 1 << 18
 STATE_VERSION = 1
 
 
-def read_context(gcs_request_concurrency: int | None = None) -> ts.Context:
-    """The tensorstore context streams read in: a child of the process-wide one (so
-    memory:// runs resolve) without a chunk cache, since every chunk is read once per
-    epoch and a cache would only hold a second copy of it; optionally other GCS limits."""
-    spec: dict = {"cache_pool": {"total_bytes_limit": 0}}
+def read_contexts(gcs_request_concurrency: int | None = None
+                  ) -> tuple[ts.Context, ts.Context]:
+    """(activations, token arrays) contexts a stream reads in: children of the
+    process-wide one (so memory:// runs resolve) that share one GCS request limit.
+    Activations are read without a chunk cache (each chunk is read once per epoch, so a
+    cache would only hold a second copy of it); token arrays keep the shared cache, which
+    holds the index of their one-object-per-partition shards between block reads."""
+    shared = ts_context.get()
     if gcs_request_concurrency is not None:
-        spec["gcs_request_concurrency"] = {"limit": gcs_request_concurrency}
-    return ts.Context(spec, parent=ts_context.get())
+        shared = ts.Context({"gcs_request_concurrency": {"limit": gcs_request_concurrency}},
+                            parent=shared)
+    return ts.Context({"cache_pool": {"total_bytes_limit": 0}}, parent=shared), shared
 
 
 @dataclasses.dataclass
@@ -132,9 +138,10 @@ class ShuffledStream:
         self.framework = formats.check_framework("jax" if as_jax else framework)
         self.sharding, self.dtype = sharding, dtype
         self.normalizers = formats.normalizers(run, self.hooks, normalize)
-        context = read_context(gcs_request_concurrency)
-        self._acts = {h: run._open(layout.activation_array_key(h), context) for h in self.hooks}
-        self._tokens = [run._open(layout.token_array_key(n), context)
+        acts_context, tokens_context = read_contexts(gcs_request_concurrency)
+        self._acts = {h: run._open(layout.activation_array_key(h), acts_context)
+                      for h in self.hooks}
+        self._tokens = [run._open(layout.token_array_key(n), tokens_context)
                         for n in ("segment_ids", "input_ids")]
         self._prefetcher = prefetch_lib.Prefetcher(self._produce, max(1, prefetch),
                                                    "actx-reader-stream")
