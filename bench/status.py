@@ -90,7 +90,8 @@ def time_status(run: str, iters: int, baseline) -> dict:
 
 def print_row(where: str, n: int, markers: int, row: dict) -> None:
     b = row["baseline"]
-    print(f"| {where} | {n:,} | {markers:,} | {b:.3f} | {row['status']:.3f} | {row['status'] / b:.1f} | "
+    print(f"| {where} | {n:,} | {markers:,} | {b:.3f} | {row['status']:.3f} | "
+          f"{row['status'] / b:.1f} | "
           f"{row['json']:.3f} | {row['json'] / b:.1f} | {row['command']:.3f} |", flush=True)
 
 

@@ -348,6 +348,11 @@ def cmd_verify(args, out) -> int:
         raise UsageError("verify --only takes partition ids, e.g. 3,7,9")
     only = None if args.only == "all" else set(args.only)
     report = verify.verify_run(handle, only)
+    from schemas import verification
+
+    # Recorded for status and the live page (failed partitions shown on the map).
+    verification.update_record(handle.store, time.time(), report.checked, report.failed,
+                               report.problems)
     if args.json:
         print(json.dumps(report.to_json_obj(), indent=1, sort_keys=True), file=out)
     else:

@@ -21,10 +21,12 @@ from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from schemas import uri as uri_lib
+from schemas import verification as verification_lib
 
 DEFAULT_STALE_AFTER_S = 60.0
 COMMITTED, IN_PROGRESS, STALE, PENDING = "committed", "in_progress", "stale", "pending"
 MAP_CHARS = {COMMITTED: "C", IN_PROGRESS: "W", STALE: "S", PENDING: "."}
+FAILED_CHAR = "F"  # committed, but its data failed the latest `actx verify`
 _LIVE_STATES = ("starting", "working", "idle")
 
 
@@ -106,6 +108,8 @@ class RunStatus:
     hosts: tuple[HostState, ...]
     stale_after_s: float
     at: float
+    # Committed partitions whose data failed the latest `actx verify` (verify/latest.json).
+    failed_verification: tuple[int, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -117,10 +121,13 @@ class RunStatus:
     def to_json_obj(self) -> dict:
         # Not dataclasses.asdict: it deep-copies 150k partition entries one by one.
         obj = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        obj["hosts"] = [dataclasses.asdict(h) for h in self.hosts]
+        # A host's history is for the page (`--serve`, `--html`); here it would be 90% of it.
+        obj["hosts"] = [{f.name: getattr(h, f.name) for f in dataclasses.fields(h)
+                         if f.name != "history"} for h in self.hosts]
         obj["counts"] = dict(self.counts)
         name = layout_lib.partition_name
         obj["partitions"] = {name(p): s for p, s in sorted(self.partitions.items())}
+        obj["failed_verification"] = [name(p) for p in self.failed_verification]
         obj["complete"] = self.complete
         obj["eta"] = "unknown" if self.eta_s is None else round(self.eta_s, 1)
         obj["map"] = partition_map(self)
@@ -139,21 +146,22 @@ def _bytes_per_row(handle: RunHandle, info: dict | None) -> int | None:
     return handle.manifest.seq_len * itemsize * sum(int(h) for h in info["hooks"].values())
 
 
-def _read_progress(handle: RunHandle) -> tuple[set[int], list, dict | None]:
-    """Commit ids, heartbeats and activations/actx.json, read concurrently (each is one or
-    more round trips on GCS)."""
+def _read_progress(handle: RunHandle):
+    """Commit ids, heartbeats, activations/actx.json and the verification record, read
+    concurrently (each is one or more round trips on GCS)."""
     store = handle.store
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
         committed = pool.submit(commit_lib.committed_partitions, store,
                                 len(handle.manifest.partitions))
         beats = pool.submit(heartbeat_lib.read_heartbeats, store)
         info = pool.submit(store.read_json, layout_lib.ACTIVATIONS_INFO_KEY)
-        return committed.result(), beats.result(), info.result()
+        verified = pool.submit(verification_lib.read_record, store)
+        return committed.result(), beats.result(), info.result(), verified.result()
 
 
 def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER_S,
                    now: float | None = None) -> RunStatus:
-    committed, beats, info = _read_progress(handle)
+    committed, beats, info, verified = _read_progress(handle)
     now = time.time() if now is None else now
     hosts = []
     held_live: set[int] = set()
@@ -194,11 +202,22 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         bytes_done=None if per_row is None else per_row * rows_done,
         bytes_total=None if per_row is None else per_row * handle.manifest.total_rows,
         tokens_per_s=round(throughput, 1), eta_s=eta, hosts=tuple(hosts),
+        failed_verification=tuple(p for p in verified.failed if p in committed)
+        if verified else (),
         stale_after_s=stale_after_s, at=now)
 
 
+def map_chars(status: RunStatus) -> str:
+    """One character per partition, in id order: MAP_CHARS, and F for a committed
+    partition that failed the latest verify."""
+    chars = [MAP_CHARS[s] for _, s in sorted(status.partitions.items())]
+    for pid in status.failed_verification:
+        chars[pid] = FAILED_CHAR
+    return "".join(chars)
+
+
 def partition_map(status: RunStatus, width: int = 64) -> list[str]:
-    chars = "".join(MAP_CHARS[s] for _, s in sorted(status.partitions.items()))
+    chars = map_chars(status)
     return [chars[i:i + width] for i in range(0, len(chars), width)] or [""]
 
 
@@ -256,7 +275,13 @@ def render(status: RunStatus) -> str:
                          f"{h.tokens_per_s:>10,.0f} tok/s  last beat {_duration(h.age_s)} ago{msg}")
     else:
         lines.append("hosts: none has reported yet")
-    lines.append("map (C committed, W in progress, S stale, . pending):")
+    if status.failed_verification:
+        names = ", ".join(layout_lib.partition_name(p) for p in status.failed_verification[:20])
+        lines.append(f"verify:     {len(status.failed_verification)} committed partition(s) "
+                     f"failed the latest `actx verify`: {names}; `actx verify {status.run}` "
+                     f"says why")
+    lines.append("map (C committed, W in progress, S stale, . pending"
+                 + (", F failed verification):" if status.failed_verification else "):"))
     for i, row in enumerate(partition_map(status)):
         lines.append(f"  {i * 64:>6}  {row}")
     return "\n".join(lines)

@@ -48,10 +48,16 @@ def job_series(hosts, points: int = SERIES_POINTS) -> list[tuple[float, int]]:
     return [(round(t, 1), v) for t, v in zip(grid, total)]
 
 
-def throughput_series(series: list[tuple[float, int]]) -> list[tuple[float, float]]:
-    """Tokens per second between consecutive points of `series`."""
-    return [(round(b[0], 1), round((b[1] - a[1]) / (b[0] - a[0]), 1))
-            for a, b in zip(series, series[1:]) if b[0] > a[0]]
+def throughput_series(series: list[tuple[float, int]],
+                      window: int = 6) -> list[tuple[float, float]]:
+    """Tokens per second over `window` points of `series` ending at each point: hosts
+    report in bursts (a step's tokens at once), so a one-point rate would saw-tooth."""
+    out = []
+    for i in range(1, len(series)):
+        (ta, va), (tb, vb) = series[max(0, i - window)], series[i]
+        if tb > ta:
+            out.append((round(tb, 1), round((vb - va) / (tb - ta), 1)))
+    return out
 
 
 def read_reject_samples(store, manifest) -> dict:
@@ -76,7 +82,7 @@ def read_reject_samples(store, manifest) -> dict:
 
 def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
     """The page's data: the figures of `status --json` plus map, series and hosts."""
-    chars = "".join(runstate.MAP_CHARS[s] for _, s in sorted(status.partitions.items()))
+    chars = runstate.map_chars(status)
     series = job_series(status.hosts)
     tokens_total = max(1, status.tokens_total)
     bytes_per_token = (status.bytes_total / tokens_total) if status.bytes_total else None
@@ -87,7 +93,7 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "partition": None if h.partition is None else layout_lib.partition_name(h.partition),
         "step": h.step, "steps": h.steps, "tokens_per_s": h.tokens_per_s,
         "tokens_done": h.tokens_done, "partitions_done": h.partitions_done,
-        "message": h.message,
+        "message": h.message, "dead": not h.live and h.state != "done",
         "slow": h.live and median_rate > 0 and h.tokens_per_s < 0.5 * median_rate,
     } for h in status.hosts]
     run = status.run
@@ -98,7 +104,7 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "tokens_done": status.tokens_done, "tokens_total": status.tokens_total,
         "bytes_done": status.bytes_done, "bytes_total": status.bytes_total,
         "tokens_per_s": status.tokens_per_s, "eta_s": status.eta_s,
-        "map": chars, "map_legend": runstate.MAP_CHARS,
+        "map": chars, "failed_verification": len(status.failed_verification),
         "hosts": hosts, "hosts_live": sum(1 for h in status.hosts if h.live),
         "series_tokens": series, "series_tokens_per_s": throughput_series(series),
         "bytes_per_token": bytes_per_token, "rejects": rejects or {},

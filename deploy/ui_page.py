@@ -98,7 +98,8 @@ function drawMap(map) {
   canvas.dataset.cell = cell; canvas.dataset.cols = cols;
   canvas.onmousemove = (e) => {
     const r = canvas.getBoundingClientRect();
-    const i = Math.floor((e.clientY - r.top) / cell) * cols + Math.floor((e.clientX - r.left) / cell);
+    const i = Math.floor((e.clientY - r.top) / cell) * cols +
+              Math.floor((e.clientX - r.left) / cell);
     canvas.title = i < n ? `p-${String(i).padStart(5, "0")}: ${NAMES[map[i]]}` : "";
   };
 }
@@ -127,7 +128,9 @@ function render(d) {
   document.title = `actx: ${d.name}`;
   set("name", d.name); set("run", d.run); set("fingerprint", d.fingerprint);
   set("at", new Date(d.at * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC", d.at);
-  for (const k of ["committed", "in_progress", "stale", "pending"]) set("n-" + k, int(d.counts[k]), d.counts[k]);
+  for (const k of ["committed", "in_progress", "stale", "pending"]) {
+    set("n-" + k, int(d.counts[k]), d.counts[k]);
+  }
   set("n-total", int(d.partitions_total), d.partitions_total);
   set("tokens-done", int(d.tokens_done), d.tokens_done);
   set("tokens-total", int(d.tokens_total), d.tokens_total);
@@ -143,7 +146,8 @@ function render(d) {
   for (const k of ["C", "W", "S", "F", "."]) {
     const n = [...d.map].filter((c) => c === k).length;
     if (k === "F" && !n) continue;
-    legend.push(`<span><i class="sw" style="background:rgb(${COLORS[k]})"></i>${NAMES[k]} ${int(n)}</span>`);
+    legend.push(`<span><i class="sw" style="background:rgb(${COLORS[k]})"></i>` +
+                `${NAMES[k]} ${int(n)}</span>`);
   }
   $("legend").innerHTML = legend.join("");
   const bpt = d.bytes_per_token;
@@ -151,24 +155,28 @@ function render(d) {
            (v) => int(v) + " tok" + (bpt ? " / " + size(v * bpt) : ""));
   drawLine("chart-rate", d.series_tokens_per_s, (v) => int(v) + " tok/s");
   const maxRate = Math.max(1, ...d.hosts.map((h) => h.tokens_per_s));
-  const order = [...d.hosts].sort((a, b) => (a.live - b.live) || (b.slow - a.slow) ||
+  const order = [...d.hosts].sort((a, b) => (b.dead - a.dead) || (b.slow - a.slow) ||
                                            a.host.localeCompare(b.host));
   $("hosts").innerHTML = order.map((h) => `<tr data-host="${esc(h.host)}" data-live="${h.live}"
-      class="${h.live ? (h.slow ? "slow" : "") : "dead"}"><td>${esc(h.host)}</td>
+      class="${h.dead ? "dead" : (h.slow ? "slow" : "")}"><td>${esc(h.host)}</td>
       <td class="state">${esc(h.state)}</td><td class="num">${duration(h.age_s)} ago</td>
       <td>${h.partition || "-"}</td><td class="num">${h.step}/${h.steps}</td>
       <td class="num rate">${dec1(h.tokens_per_s)}</td>
-      <td><span class="bar" style="width:${Math.round(120 * h.tokens_per_s / maxRate)}px"></span></td>
+      <td><span class="bar" style="width:${Math.round(120 * h.tokens_per_s / maxRate)}px">
+      </span></td>
       <td class="num">${int(h.tokens_done)}</td><td class="num">${h.partitions_done}</td>
       <td>${esc(h.message)}${h.slow ? " (slow: under half the median)" : ""}</td></tr>`).join("");
   const rj = [];
   for (const [src, r] of Object.entries(d.rejects)) {
-    rj.push(`<tr data-source="${esc(src)}"><td>${esc(src)}</td><td class="num">${int(r.rejected)}</td>
+    rj.push(`<tr data-source="${esc(src)}"><td>${esc(src)}</td>
+      <td class="num">${int(r.rejected)}</td>
       <td class="num">${int(r.read)}</td><td>${r.samples.map((s) =>
-      `${esc(s.file || "")}:${s.line ?? ""} ${esc(s.reason || "")}`).join("<br>") || "-"}</td></tr>`);
+      `${esc(s.file || "")}:${s.line ?? ""} ${esc(s.reason || "")}`).join("<br>") || "-"}
+      </td></tr>`);
   }
   $("rejects").innerHTML = rj.join("") || "<tr><td>no sources</td></tr>";
-  $("commands").innerHTML = Object.values(d.commands).map((c) => `<div><code>${esc(c)}</code></div>`).join("");
+  $("commands").innerHTML = Object.values(d.commands)
+    .map((c) => `<div><code>${esc(c)}</code></div>`).join("");
   document.body.dataset.rendered = Number(document.body.dataset.rendered || 0) + 1;
 }
 function esc(s) {

@@ -45,6 +45,7 @@ class VerifyReport:
     hooks: dict[str, int]
     stats: dict[str, HookStats]
     problems: list[str]
+    failed: list[int] = dataclasses.field(default_factory=list)  # partitions with problems
 
     @property
     def ok(self) -> bool:
@@ -55,6 +56,7 @@ class VerifyReport:
                 "checked": [layout_lib.partition_name(p) for p in self.checked],
                 "not_committed": [layout_lib.partition_name(p) for p in self.not_committed],
                 "hooks": {h: self.stats[h].to_json_obj(d) for h, d in self.hooks.items()},
+                "failed": [layout_lib.partition_name(p) for p in self.failed],
                 "problems": self.problems}
 
 
@@ -116,7 +118,11 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
         shards[hook] = _stored_shards(store, hook)
     segment_ids = _open(handle, layout_lib.token_array_key("segment_ids"))
     rows_per_shard = spec.layout.rows_per_shard
+    last, before = None, len(problems)
     for pid in checked:
+        if last is not None and len(problems) > before:
+            report.failed.append(last)  # the previous partition added problems
+        last, before = pid, len(problems)
         part = manifest.partition(pid)
         where = f"partition {part.name}"
         marker = commit_lib.read_marker(store, pid)
@@ -167,6 +173,8 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
                 stats.blocks += 1
                 _accumulate(stats, block, valid[lo - part.row_start:hi - part.row_start], label,
                             k, problems)
+    if last is not None and len(problems) > before:
+        report.failed.append(last)
     return report
 
 

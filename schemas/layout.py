@@ -21,6 +21,7 @@ WORKERS_PREFIX = "workers/"
 REJECTS_PREFIX = "rejects/"
 DOCS_PREFIX = "docs/"
 STATS_KEY = "stats.json"
+VERIFY_RECORD_KEY = "verify/latest.json"  # schemas.verification: what `actx verify` found
 # Written once (create-only) by the first worker: fingerprint, hooks -> hidden size, dtype,
 # and the numerics key (see workers.runner) that every later attempt must share.
 ACTIVATIONS_INFO_KEY = f"{ACTIVATIONS_GROUP}/actx.json"

@@ -64,7 +64,8 @@ def objects(n_partitions: int, n_hosts: int, committed: int, dead_hosts: int = 1
     yield runspec.RUN_SPEC_KEY, store.dumps(sp.to_json_obj())
     yield layout.MANIFEST_KEY, manifest.encode(m)
     yield layout.ACTIVATIONS_INFO_KEY, store.dumps({
-        "dtype": "bfloat16", "fingerprint": sp.fingerprint, "hooks": {"layers.12.resid_post": HIDDEN}})
+        "dtype": "bfloat16", "fingerprint": sp.fingerprint,
+        "hooks": {"layers.12.resid_post": HIDDEN}})
     for s in SOURCES:
         lines = [json.dumps({"source": s, "file": f"{s}.jsonl", "line": 17 * i + 3,
                              "reason": "empty text" if i % 3 else "not valid JSON: line 1",

@@ -16,11 +16,12 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 
 from deploy import cli
-from schemas import layout, store
-from tests import browser, status_runs
+from schemas import layout, store, ts_context
+from tests import browser, reader_fixtures, status_runs
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -58,11 +59,13 @@ def _check_page(dom: str, st: dict, manifest_obj: dict) -> browser.Elements:
     assert page.text("hosts-total") == f"{len(st['hosts']):,}"
     # The map as drawn: the colour of every cell, read back from the canvas.
     drawn = json.loads(page.attr("map", "data-drawn"))
-    expected = {"C": st["counts"]["committed"], "W": st["counts"]["in_progress"],
-                "S": st["counts"]["stale"], ".": st["counts"]["pending"]}
+    failed = len(st["failed_verification"])
+    expected = {"C": st["counts"]["committed"] - failed, "F": failed,
+                "W": st["counts"]["in_progress"], "S": st["counts"]["stale"],
+                ".": st["counts"]["pending"]}
     assert drawn == {k: v for k, v in expected.items() if v}
     flagged = [int(name[2:]) for name, s in sorted(st["partitions"].items())
-               if s in ("in_progress", "stale")]
+               if s in ("in_progress", "stale") or name in st["failed_verification"]]
     assert json.loads(page.attr("map", "data-flagged")) == flagged[:50]
     for h in st["hosts"]:
         key = f"data-host={h['host']}"
@@ -173,4 +176,36 @@ def test_serve_and_html_refuse_json_and_a_busy_port(run_with_dead_host, capsys):
                         out=io.StringIO()) == 2
         err = capsys.readouterr().err
         assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another port" in err
+
+
+
+def test_partitions_that_failed_verify_are_marked(tmp_path):
+    """A real run's activations damaged after commit: `actx verify` records the partition,
+    status names it and the page draws it as failed verification."""
+    truth = reader_fixtures.build_run(str(tmp_path / "run"), num_partitions=4,
+                                      committed=(0, 1, 2))
+    run, hook = truth.uri, truth.hooks[0]
+    arr = ts_context.open_array({"driver": "zarr3", "kvstore": {
+        "driver": "file", "path": os.path.join(run, "activations", hook) + "/"}})
+    rows = slice(truth.partition_rows, truth.partition_rows + 2)  # inside partition 1
+    original = arr[rows].read().result()
+    arr[rows].write(np.full(arr[rows].shape, 3.0, np.float32)).result()
+    out = io.StringIO()
+    assert cli.main(["verify", run], out=out) == 1
+    record = json.load(open(os.path.join(run, "verify", "latest.json")))
+    assert record["failed"] == [1] and "p-00001" in record["problems"][0]
+    st = _status_json(run)
+    assert st["failed_verification"] == ["p-00001"] and st["counts"]["committed"] == 3
+    text = io.StringIO()
+    cli.main(["status", run], out=text)
+    assert "1 committed partition(s) failed the latest `actx verify`: p-00001" in text.getvalue()
+    page_path = str(tmp_path / "page.html")
+    assert cli.main(["status", run, "--html", page_path], out=io.StringIO()) == 0
+    manifest_obj = json.load(open(os.path.join(run, "manifest.json")))
+    page = _check_page(browser.dump_dom(f"file://{page_path}"), st, manifest_obj)
+    assert json.loads(page.attr("map", "data-drawn"))["F"] == 1
+    # Verifying that partition again after a rewrite of its data clears it.
+    arr[rows].write(original).result()
+    assert cli.main(["verify", run, "--only", "1"], out=io.StringIO()) == 0
+    assert _status_json(run)["failed_verification"] == []
 
