@@ -106,6 +106,7 @@ def main() -> None:
                         "list, so loading N objects takes O(N^2) (20k uploads: 4 minutes)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--no-gcs", action="store_true")
+    p.add_argument("--no-local", action="store_true")
     args = p.parse_args()
     sizes = [int(x) for x in args.partitions.split(",")]
     tmp = tempfile.mkdtemp(prefix="actx-bench-status-")
@@ -117,7 +118,7 @@ def main() -> None:
           "command |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     try:
-        for n in sizes:
+        for n in [] if args.no_local else sizes:
             markers = int(n * args.committed)
             run = status_runs.write_local(os.path.join(tmp, f"local-{n}"), **kwargs(n, markers))
             print_row("local", n, markers,

@@ -61,7 +61,11 @@ class CommitMarker:
     created_at: float
 
 
-_LIST_RANGE = 1000  # markers per parallel listing range: one GCS page
+# Parallel listing: at most _MAX_RANGES key ranges of at least _LIST_RANGE markers (one
+# GCS page). Real GCS answers a range in time of its size; an emulator that scans every
+# object per request (fake-gcs-server) pays per request, so ranges stay few.
+_LIST_RANGE = 1000
+_MAX_RANGES = 16
 
 
 def commit(store, marker: CommitMarker) -> bool:
@@ -80,13 +84,15 @@ def read_marker(store, partition_id: int) -> CommitMarker | None:
 def committed_partitions(store, n_partitions: int = 0) -> set[int]:
     """Ids of partitions with a marker (a listing of names, no reads).
 
-    Given the run's partition count, a store that lists in pages (GCS) lists ranges of
-    1,000 markers in parallel instead of one page after another.
+    Given the run's partition count, a store that lists in pages of 1,000 names (GCS)
+    lists up to 16 key ranges in parallel instead of one page after another.
     """
     boundaries = []
-    if store.PARALLEL_LISTING and n_partitions > _LIST_RANGE:
+    ranges = min(_MAX_RANGES, -(-n_partitions // _LIST_RANGE))
+    if store.PARALLEL_LISTING and ranges > 1:
         names = sorted(layout.commit_key(p) for p in range(n_partitions))
-        boundaries = names[_LIST_RANGE::_LIST_RANGE]
+        step = -(-n_partitions // ranges)
+        boundaries = names[step::step]
     start = len(layout.COMMITS_PREFIX) + 2  # commits/p-<id>.json
     return {int(key[start:-5]) for key in store.list_split(layout.COMMITS_PREFIX, boundaries)
             if key.endswith(".json") and key[start - 2:start] == "p-"}

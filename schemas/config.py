@@ -301,8 +301,8 @@ def from_columns(cls: type[T], columns: Any, where: str) -> tuple[T, ...]:
             if field.default is dataclasses.MISSING:
                 raise ConfigError(f"{where}.{name}: required column is missing")
             col = [field.default] * n
-        elif hints[name] is int and all(type(v) is int for v in col):
-            pass  # the common case, checked in one pass
+        elif hints[name] is int and set(map(type, col)) <= {int}:
+            pass  # the common case, checked at C speed (bool is not int here)
         else:
             conv = _fast(hints[name])
             try:

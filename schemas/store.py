@@ -205,6 +205,7 @@ class GcsStore(ObjectStore):
     def __init__(self, location: uri_lib.Location):
         super().__init__(location)
         self._bucket = _gcs_client().bucket(location.bucket)
+        self._kv = None  # tensorstore's view of the same location, for read_many
 
     def _name(self, key: str) -> str:
         return f"{self.location.path}/{key}" if self.location.path else key
@@ -230,10 +231,18 @@ class GcsStore(ObjectStore):
             return False
 
     def read_many(self, keys: list[str], max_parallel: int = 32) -> list[bytes | None]:
+        """All reads issued at once through tensorstore's gcs driver (C++ requests, no GIL,
+        its `gcs_request_concurrency` limit): 512 heartbeats cost about a quarter less
+        than the same reads from Python threads. `max_parallel` < 2 reads one by one."""
         if len(keys) < 2 or max_parallel < 2:
             return [self.read(key) for key in keys]
-        with concurrent.futures.ThreadPoolExecutor(min(max_parallel, len(keys))) as pool:
-            return list(pool.map(self.read, keys))
+        if self._kv is None:
+            from schemas import ts_context
+
+            self._kv = ts_context.open_kvstore(self.location.kvstore(directory=True))
+        futures = [self._kv.read(key) for key in keys]
+        results = [f.result() for f in futures]
+        return [bytes(r.value) if r.state == "value" else None for r in results]
 
     def _list_range(self, prefix: str, start: str | None, end: str | None) -> list[str]:
         root = f"{self.location.path}/" if self.location.path else ""
