@@ -122,6 +122,7 @@ def test_rerun_only_stale_with_none_stale(run):
 def test_ops_commands_import_neither_jax_nor_beam(run):
     code = ("import sys, io; from deploy import cli; "
             f"cli.main(['status', {run!r}], out=io.StringIO()); "
+            f"cli.main(['status', {run!r}, '--html', {run + '/page.html'!r}], out=io.StringIO()); "
             f"cli.main(['verify', {run!r}], out=io.StringIO()); "
             f"cli.main(['rerun', {run!r}, '--only', 'stale'], out=io.StringIO()); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'apache_beam', "
