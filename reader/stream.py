@@ -14,7 +14,8 @@ The trade (stated, and measured by bench/read.py with reader.mixing): a batch ho
 tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
 (block_rows * seq_len) blocks, so of fewer documents and partitions than an exact global
 shuffle (run.batches) would give it. A larger buffer or smaller blocks mix better; memory
-is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook.
+is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook, plus prefetch + 2
+batches.
 
 Every valid token is read exactly once per epoch (drop_last=False; with drop_last the
 tail of each epoch's stream is dropped, see blocks.StreamPlan), processes read disjoint
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -60,6 +62,30 @@ def read_contexts(gcs_request_concurrency: int | None = None
     return ts.Context({"cache_pool": {"total_bytes_limit": 0}}, parent=shared), shared
 
 
+class _ArrayPool:
+    """Batch arrays handed out again once nothing outside the pool refers to them.
+
+    A fresh array per batch costs page faults and zeroing on every use, about as much as
+    decoding uncompressed data; reusing them avoids that. An array is reused only when
+    the pool holds its last reference (CPython reference count): a batch, or any view,
+    tensor or JAX array made from it without a copy, keeps it out of the pool.
+    """
+
+    def __init__(self, max_arrays: int):
+        self._arrays: list[np.ndarray] = []
+        self._max_arrays = max_arrays
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        for array in self._arrays:
+            # References: the list, `array`, getrefcount's argument.
+            if array.shape == shape and array.dtype == dtype and sys.getrefcount(array) <= 3:
+                return array
+        array = np.empty(shape, dtype)
+        # The newest arrays stay: one the consumer keeps for good ages out of the pool.
+        self._arrays = [array] + self._arrays[:self._max_arrays - 1]
+        return array
+
+
 @dataclasses.dataclass
 class _Loaded:
     """A buffer whose reads were issued: per hook a slot [rows, seq_len, hidden]."""
@@ -89,7 +115,8 @@ class ShuffledStream:
     exclude_bos / exclude_special / partitions: which tokens, as in run.batches.
     prefetch_buffers: buffers read ahead (memory: see the module docstring);
     prefetch: batches cut ahead by the background thread.
-    framework / as_jax / sharding / dtype / normalize: output format (reader.formats).
+    framework / as_jax / sharding / dtype / normalize: output format (reader.formats); a
+      sharding must divide every batch, so keep drop_last=True (no short last batch).
     gcs_request_concurrency: concurrent GCS requests for this stream's reads (None: the
       process-wide setting, schemas.ts_context).
     """
@@ -143,7 +170,8 @@ class ShuffledStream:
                       for h in self.hooks}
         self._tokens = [run._open(layout.token_array_key(n), tokens_context)
                         for n in ("segment_ids", "input_ids")]
-        self._prefetcher = prefetch_lib.Prefetcher(self._produce, max(1, prefetch),
+        self._prefetch_depth = max(1, prefetch)
+        self._prefetcher = prefetch_lib.Prefetcher(self._produce, self._prefetch_depth,
                                                    "actx-reader-stream")
         self._prefetch_in_thread = prefetch > 0
 
@@ -249,6 +277,8 @@ class ShuffledStream:
                 pending.append(self._issue(*item, slot=slots[issued % len(slots)]))
                 issued += 1
 
+        # Batches queued, one with the consumer, one being cut, one spare, per hook.
+        pool = _ArrayPool((self._prefetch_depth + 3) * len(self.hooks))
         step, fill, out = self.start_step, 0, None
         try:
             top_up()
@@ -265,7 +295,7 @@ class ShuffledStream:
                         break
                     if out is None:
                         n = plan.batch_tokens(step)
-                        out = Batch(step, epoch, {h: np.empty((n, f.shape[1]), f.dtype)
+                        out = Batch(step, epoch, {h: pool.empty((n, f.shape[1]), f.dtype)
                                                   for h, f in flat.items()},
                                     np.empty(n, np.int64), np.empty(n, np.int64),
                                     np.empty(n, np.int32))

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -218,3 +219,30 @@ def test_streaming_imports_neither_jax_nor_beam(reader_run):
     )
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_recycled_batch_arrays_never_overwrite_what_the_consumer_still_holds(reader_run):
+    # Batch arrays are reused once dropped; views or tensors kept from them must keep
+    # their values, and batches checked as they come must be right although reused.
+    run = reader.open_run(reader_run.uri)
+    kept, seen, reused = [], [], 0
+    for i, b in enumerate(_stream(run, epochs=4, batch_size=5)):
+        np.testing.assert_array_equal(b.acts["embed"], reader_run.value("embed", b.rows, b.cols))
+        # A weak reference to a dropped array stays alive only if the array was reused.
+        reused += any(w() is b.acts["embed"] for w in seen)
+        seen.append(weakref.ref(b.acts["embed"]))
+        if i % 3 == 0:  # a view of the array, not the batch
+            kept.append((b.acts["embed"][1:4], b.rows[1:4].copy(), b.cols[1:4].copy()))
+    assert reused > 10  # else this test would check nothing
+    for view, rows, cols in kept:
+        np.testing.assert_array_equal(view, reader_run.value("embed", rows, cols))
+    # JAX on CPU may alias the numpy memory without a copy.
+    arrays = [(b.acts["embed"], b.rows.copy(), b.cols.copy())
+              for b in _stream(run, epochs=2, batch_size=5, as_jax=True)]
+    for a, rows, cols in arrays:
+        np.testing.assert_array_equal(np.asarray(a), reader_run.value("embed", rows, cols))
+    torch = pytest.importorskip("torch")
+    tensors = [(b.acts["embed"], b.rows.copy(), b.cols.copy())
+               for b in _stream(run, epochs=2, batch_size=5, framework="torch")]
+    for t, rows, cols in tensors:
+        np.testing.assert_array_equal(t.numpy(), reader_run.value("embed", rows, cols))
