@@ -6,9 +6,10 @@
 
 For each store it prints: (1) the sequential decoded read (every block of the hook read
 through tensorstore in row order, a few reads in flight, decoded to numpy, padding
-included); (2) the streaming shuffle (`run.stream`) over one whole epoch: the same blocks
-read and decoded, plus the permutation and the batch copies; its ratio is (1)'s time over
-(2)'s for the same bytes; (3) the exact global shuffle (`run.batches`, straight from the
+included), as `array[lo:hi].read()` and, stricter, decoded into one reused buffer as the
+stream decodes; (2) the streaming shuffle (`run.stream`) over whole epochs: the same
+blocks read and decoded, plus the permutation and the batch copies; its ratios are (1)'s
+times over (2)'s for the same bytes; (3) the exact global shuffle (`run.batches`, straight from the
 arrays) over a few steps; the peak RSS of each (each runs in its own process, so the
 figure is its own); and how mixed the batches are (reader.mixing: distinct documents,
 partitions and blocks per batch) for (2) and (3). Each child times --passes passes after
@@ -100,12 +101,13 @@ def sequential(run: reader.Run, hook: str, block_rows: int, passes: int,
 
 
 def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
-           block_rows: int, passes: int, mix_batches: int) -> dict:
+           block_rows: int, passes: int, prefetch_buffers: int) -> dict:
     """Whole epochs of the streaming shuffle (drop_last=False: every valid token once),
     one untimed epoch first, then `passes` timed ones."""
     t0 = time.perf_counter()
     s = run.stream(hook, batch_size, buffer_tokens=buffer_tokens, block_rows=block_rows,
-                   seed=0, drop_last=False, epochs=passes + 1)
+                   seed=0, drop_last=False, epochs=passes + 1,
+                   prefetch_buffers=prefetch_buffers)
     setup_s = time.perf_counter() - t0
     seconds, tokens, nbytes = [], 0, 0
     with s:
@@ -176,7 +178,7 @@ def measure(args: argparse.Namespace) -> None:
         out = sequential(run, hook, block_rows, args.passes)
     elif args.measure == "stream":
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
-                     args.passes, args.mix_batches)
+                     args.passes, args.prefetch_buffers)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                             args.mix_batches)
@@ -191,7 +193,7 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", mode, "--run", run_dir,
            "--batch-size", str(args.batch_size), "--buffer-tokens", str(args.buffer_tokens),
            "--exact-steps", str(args.exact_steps), "--mix-batches", str(args.mix_batches),
-           "--passes", str(args.passes)]
+           "--passes", str(args.passes), "--prefetch-buffers", str(args.prefetch_buffers)]
     if args.hook:
         cmd += ["--hook", args.hook]
     if args.block_rows:
@@ -217,7 +219,8 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     s0 = strm[0]
     strm_gb_s = s0["delivered_bytes"] / med(strm_s) / 1e9
     print(f"\n== {label}: batch {args.batch_size} tokens, buffer {args.buffer_tokens} tokens "
-          f"({s0['blocks_per_buffer']} blocks); medians of {len(seq_s)} timed passes each")
+          f"({s0['blocks_per_buffer']} blocks, prefetch_buffers {args.prefetch_buffers}); "
+          f"medians of {len(seq_s)} timed passes each")
     print(f"sequential decoded read:  {seq_gb_s:7.3f} GB/s decoded "
           f"({decoded / 1e9:.3f} GB in {med(seq_s):.2f} s; array.read() per block)   "
           f"peak RSS {max(r['peak_rss_mb'] for r in seq):,.0f} MB")
@@ -255,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--buffer-tokens", type=int, default=1 << 16)
     ap.add_argument("--block-rows", type=int, default=0, help="0: the layout's rows_per_shard")
+    ap.add_argument("--prefetch-buffers", type=int, default=1,
+                    help="stream buffers read ahead while one is cut into batches")
     ap.add_argument("--exact-steps", type=int, default=8)
     ap.add_argument("--mix-batches", type=int, default=16)
     ap.add_argument("--passes", type=int, default=3, help="timed passes per child process")
