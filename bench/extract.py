@@ -44,7 +44,7 @@ def _write_checkpoint(args, path: str) -> str:
         path, "qwen2", hidden_size=args.hidden, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         intermediate_size=args.intermediate, vocab_size=args.vocab,
-        max_position_embeddings=max(args.seq, 256)))
+        max_position_embeddings=max(args.seq, 4096)))
 
 
 def main() -> None:

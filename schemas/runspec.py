@@ -19,6 +19,7 @@ RUN_SPEC_KEY = "run.json"
 # document's earlier tokens. Runs of version 1 computed every row as if its document
 # started there; they are refused rather than mixed with version-2 semantics.
 SPEC_VERSION = 2
+DEFAULT_MAX_CONTEXT = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +106,13 @@ class PackingSpec:
     overflow: Literal["continue", "truncate"] = "continue"
     separator: Literal["eos", "bos", "none"] = "eos"
     pad_id: int = 0
-    max_context: int = 4096
+    max_context: int | None = None
 
     def __post_init__(self):
         if self.seq_len < 2:
             raise ValueError(f"seq_len: must be at least 2, got {self.seq_len}")
+        if self.max_context is None:
+            object.__setattr__(self, "max_context", max(DEFAULT_MAX_CONTEXT, self.seq_len))
         if self.max_context < self.seq_len:
             raise ValueError(
                 f"max_context: must be at least seq_len ({self.seq_len}), got "

