@@ -246,3 +246,16 @@ def test_recycled_batch_arrays_never_overwrite_what_the_consumer_still_holds(rea
                for b in _stream(run, epochs=2, batch_size=5, framework="torch")]
     for t, rows, cols in tensors:
         np.testing.assert_array_equal(t.numpy(), reader_run.value("embed", rows, cols))
+
+
+def test_exclusions_leave_out_bos_and_special_tokens_every_epoch(tmp_path):
+    truth = _uneven_run(tmp_path / "run", packing="concat")  # BOS mid-row too
+    run = reader.open_run(truth.uri)
+    ids = truth.tokens["input_ids"]
+    for kwargs, dropped in (({"exclude_bos": True}, ids == rf.BOS_ID),
+                            ({"exclude_special": True}, np.isin(ids, rf.SPECIAL_IDS))):
+        want = np.flatnonzero(truth.committed_mask() & ~dropped)
+        batches = list(_stream(run, drop_last=False, epochs=2, **kwargs))
+        for e in (0, 1):
+            got = _flat([b for b in batches if b.epoch == e])
+            assert np.array_equal(np.sort(got), want)
