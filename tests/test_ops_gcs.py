@@ -45,9 +45,10 @@ def submit_config(tmp_path, qwen_tokenizer_dir, fineweb_parquet, gcs_bucket) -> 
 
 
 def _shard_keys(manifest: dict, pid: int, rows_per_shard: int) -> list[str]:
-    part = manifest["partitions"][pid]
-    first = part["row_start"] // rows_per_shard
-    last = (part["row_start"] + part["row_count"] - 1) // rows_per_shard
+    columns = manifest["partitions"]  # one list per field, indexed by partition id
+    row_start, row_count = columns["row_start"][pid], columns["row_count"][pid]
+    first = row_start // rows_per_shard
+    last = (row_start + row_count - 1) // rows_per_shard
     return [f"{layout.activation_array_key(h)}/c/{i}/0/0" for h in HOOKS
             for i in range(first, last + 1)]
 
@@ -64,7 +65,7 @@ def test_submit_delete_rerun_verify_on_gcs(submit_config, capsys):
     assert code == 0, out + capsys.readouterr().err
     s = store.open_store(run)
     manifest = s.read_json("manifest.json")
-    n = len(manifest["partitions"])
+    n = len(manifest["partitions"]["id"])
     assert n >= 3, "the test needs a few partitions"
     assert f"{n}/{n} committed" in out and "activations: " + run + "/activations" in out
     assert s.list("logs/first/")  # worker logs collected into the run

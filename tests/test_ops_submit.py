@@ -35,7 +35,7 @@ def test_demo_submit_two_hosts(tmp_path, monkeypatch, qwen_tokenizer_dir):
     assert "a tiny Qwen2 with RANDOM weights" in text
     assert "2 worker process(es) (2 replica(s) x 1 host(s)" in text
     s = store.open_store(run)
-    n = len(s.read_json("manifest.json")["partitions"])
+    n = len(s.read_json("manifest.json")["partitions"]["id"])
     assert f"partitions: {n} total | {n} committed" in text
     assert f"activations: {run}/activations/<hook>" in text
     assert sorted(os.listdir(f"{run}/logs/demo1")) == ["local-r0h0.log", "local-r1h0.log"]
