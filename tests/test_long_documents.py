@@ -141,3 +141,17 @@ def test_a_slot_that_starts_another_document_forgets_the_last_one(tmp_path):
     five = run_rows(step.make_extract_fn(model, spec, max_context=24), block, 5)
     for name in one:
         np.testing.assert_allclose(one[name], five[name], rtol=1e-5, atol=1e-6)
+
+
+def test_the_cudnn_branch_structure_matches_hf(tmp_path):
+    """With attention_impl="cudnn" the step switches per call between the fused kernel (no
+    slot holds context) and the cached attention; off GPU the fused kernel falls back to
+    XLA, so this checks the switch itself."""
+    path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
+    hf = hf_models.load_hf_model(path)
+    model = model_lib.load_pretrained(path, dtype="float32")
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse(
+        "layers.*.resid_post", dtype="float32"), attention_impl="cudnn", max_context=24)
+    docs = _documents(4, 24)
+    block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=24))
+    assert_documents_match_hf(run_rows(fn, block, 3), block, docs, hf, 24, rtol=1e-5)
