@@ -16,3 +16,7 @@ python3 -c "import jax; print(jax.__version__, jax.devices())" | tee -a "$OUT/gp
 python3 bench/forward.py --qwen05b --iters 10 2>&1 | grep -v "^W\|^I" | tee "$OUT/forward.txt"
 python3 bench/extract.py --qwen05b --skip-hf --codec none 2>&1 | grep -v "^W\|^I" \
   | tee "$OUT/extract.txt"
+# Long documents (issue 9): exact context through the per-slot KV cache vs rows computed
+# alone vs truncate, FineWeb-like lengths, same card.
+python3 bench/long_documents.py --qwen05b --seq 1024 --docs 480 --partition-rows 256 2>&1 \
+  | grep -v "^W\|^I" | tee "$OUT/long_documents.txt"

@@ -102,18 +102,20 @@ def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmente
                             seq_len: int = 16, max_context: int = 48,
                             lengths=LONG_DOC_LENGTHS, hooks: str = "layers.*.resid_post",
                             rows_per_shard: int = 4, partition_rows: int = 16,
-                            vocab: int = 512, seed: int = 0):
+                            vocab: int = 512, seed: int = 0, overflow: str = "continue",
+                            model_dtype: str = "float32", store_dtype: str = "float32"):
     """A run packed by the real packer (pipeline.pack) from random documents of `lengths`
-    tokens, overflow "continue". Returns (spec, documents as int32 arrays)."""
+    tokens. Returns (spec, documents as int32 arrays)."""
     from pipeline import pack
 
     spec = runspec.RunSpec.from_dict({
         "name": "long",
-        "model": {"path": model_path, "dtype": "float32"},
+        "model": {"path": model_path, "dtype": model_dtype},
         "tokenizer": {"path": "synthetic"},
         "sources": [{"kind": "text", "paths": ["synthetic.jsonl"]}],
-        "packing": {"mode": mode, "seq_len": seq_len, "max_context": max_context},
-        "capture": {"hooks": hooks, "dtype": "float32"},
+        "packing": {"mode": mode, "seq_len": seq_len, "max_context": max_context,
+                    "overflow": overflow},
+        "capture": {"hooks": hooks, "dtype": store_dtype},
         "layout": {"rows_per_shard": rows_per_shard, "partition_rows": partition_rows,
                    "chunk_rows": 1, "codec": "zstd"},
     })
@@ -124,7 +126,8 @@ def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmente
     arrays = {name: np.full((n_rows, seq_len), layout.TOKEN_FILL.get(name, -1), np.int32)
               for name in layout.ALL_TOKEN_ARRAYS}
     for d, ids in enumerate(docs):
-        pack.fill_rows(arrays, 0, plan.pieces[d], ids, d, packing=spec.packing)
+        pack.fill_rows(arrays, 0, plan.pieces[d], ids[:plan.stored_tokens[d]], d,
+                       packing=spec.packing)
     loc = uri.parse(run_uri)
     for name in layout.ALL_TOKEN_ARRAYS:
         arr = ts_context.open_array(
