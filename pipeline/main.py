@@ -74,10 +74,28 @@ def _reject_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _check_max_context(spec: runspec_lib.RunSpec) -> None:
+    """packing.max_context within the model's declared context, when its config.json can
+    be read now: the workers refuse it later, after the whole prepare, otherwise."""
+    if not spec.packing.carries_context:
+        return
+    try:
+        config = store_lib.open_store(spec.model.path).read_json("config.json")
+    except Exception:  # the model may not be reachable from here; workers check again
+        return
+    limit = int((config or {}).get("max_position_embeddings") or 0)
+    if limit and spec.packing.max_context > limit:
+        raise PrepareError(
+            f"packing.max_context={spec.packing.max_context} is larger than the model's "
+            f"max_position_embeddings={limit} ({spec.model.path}/config.json): set "
+            f"packing.max_context to at most {limit}")
+
+
 def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str] | None = None,
                 max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION) -> manifest_lib.Manifest:
     """Prepares the token store of `spec` under `run_uri` and returns its manifest."""
     # Everything that can be checked before work starts is checked here.
+    _check_max_context(spec)
     files = expand_sources(spec)
     tokenize.check_tokenizer_path(spec.tokenizer.path)
     loaded = tokenize.load_tokenizer(spec.tokenizer.path)

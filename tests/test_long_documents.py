@@ -79,14 +79,15 @@ def assert_documents_match_hf(stored, block, docs, hf, window, rtol):
     assert checked == len(docs) * len(stored)
 
 
-@pytest.mark.parametrize("arch,mode,overrides", [
-    ("qwen2", "segmented", {}),
-    ("qwen2", "pad", {}),
-    ("llama3", "segmented", {}),
-    ("mistral", "segmented", {"sliding_window": 12}),
+@pytest.mark.parametrize("arch,mode,overrides,max_context", [
+    ("qwen2", "segmented", {}, 24),
+    ("qwen2", "pad", {}, 24),
+    ("qwen2", "segmented", {}, 20),  # not a multiple of seq_len: the cache holds more
+    ("llama3", "segmented", {}, 24),
+    ("mistral", "segmented", {"sliding_window": 12}, 24),
 ])
-def test_every_token_matches_hf_on_its_document_alone(tmp_path, arch, mode, overrides):
-    max_context = 24
+def test_every_token_matches_hf_on_its_document_alone(tmp_path, arch, mode, overrides,
+                                                      max_context):
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
     hf = hf_models.load_hf_model(path)
     model = model_lib.load_pretrained(path, dtype="float32")
@@ -139,19 +140,6 @@ def test_a_slot_that_starts_another_document_forgets_the_last_one(tmp_path):
     block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=24))
     one = run_rows(step.make_extract_fn(model, spec, max_context=24), block, 1)
     five = run_rows(step.make_extract_fn(model, spec, max_context=24), block, 5)
-    for name in one:
-        np.testing.assert_allclose(one[name], five[name], rtol=1e-5, atol=1e-6)
+    for name in one:  # bit for bit: a slot's bytes never depend on the other slots
+        np.testing.assert_array_equal(one[name], five[name])
 
-
-def test_the_cudnn_branch_structure_matches_hf(tmp_path):
-    """With attention_impl="cudnn" the step switches per call between the fused kernel (no
-    slot holds context) and the cached attention; off GPU the fused kernel falls back to
-    XLA, so this checks the switch itself."""
-    path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
-    hf = hf_models.load_hf_model(path)
-    model = model_lib.load_pretrained(path, dtype="float32")
-    fn = step.make_extract_fn(model, capture.CaptureSpec.parse(
-        "layers.*.resid_post", dtype="float32"), attention_impl="cudnn", max_context=24)
-    docs = _documents(4, 24)
-    block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=24))
-    assert_documents_match_hf(run_rows(fn, block, 3), block, docs, hf, 24, rtol=1e-5)

@@ -159,11 +159,32 @@ def test_max_context_beyond_the_model_is_refused(model_dir, tmp_path):
 def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
     from workers import kv_cache
 
-    kv_cache.check_fits(4 << 30, 8 << 30, 16 << 30, max_context=4096, slots_per_device=8,
-                        layers_run=32, device_kind="TPU v5 lite")
-    kv_cache.check_fits(64 << 30, 8 << 30, None, max_context=4096, slots_per_device=8,
-                        layers_run=32, device_kind="cpu")  # no figure: nothing to check
-    with pytest.raises(ValueError, match=r"needs 9\.00 GiB per device .* 8\.00 GiB of weights"
-                                         r".* 16\.00 GiB of one TPU v5 lite"):
-        kv_cache.check_fits(9 << 30, 8 << 30, 16 << 30, max_context=8192, slots_per_device=8,
-                            layers_run=32, device_kind="TPU v5 lite")
+    kv_cache.check_fits(4 << 30, 8 << 30, 1 << 30, 16 << 30, max_context=4096,
+                        slots_per_device=8, layers_run=32, device_kind="TPU v5 lite")
+    kv_cache.check_fits(64 << 30, 8 << 30, 1 << 30, None, max_context=4096,
+                        slots_per_device=8, layers_run=32, device_kind="cpu")  # no figure
+    with pytest.raises(ValueError, match=r"needs 9\.00 GiB per device .* 4\.00 GiB of weights"
+                                         r" and 1\.50 GiB .* 16\.00 GiB of one TPU v5 lite"):
+        kv_cache.check_fits(9 << 30, 4 << 30, 3 << 29, 16 << 30, max_context=8192,
+                            slots_per_device=8, layers_run=32, device_kind="TPU v5 lite")
+    # Llama-3.1-8B-like at 8 slots x 4096 tokens of bfloat16: 0.5 GiB a slot, 4 GiB in all.
+    from workers.model_config import ModelConfig
+    llama8b = ModelConfig("LlamaForCausalLM", 32, 4096, 128256, 32, 8, 128, 14336)
+    assert kv_cache.cache_bytes(llama8b, 32, 8, 4096, 2) == 4 << 30
+    assert kv_cache.capacity_tokens(4096, 1024) == 4096
+    assert kv_cache.capacity_tokens(4097, 1024) == 4096 and kv_cache.capacity_tokens(20, 8) == 24
+
+
+def test_prepare_refuses_max_context_beyond_the_model_before_any_work(model_dir, tmp_path):
+    from pipeline import main as prepare_main
+    from schemas import runspec
+
+    spec = runspec.RunSpec.from_dict({
+        "model": {"path": str(model_dir)}, "tokenizer": {"path": "unused"},
+        "sources": [{"kind": "text", "paths": [str(tmp_path / "none.jsonl")]}],
+        "packing": {"seq_len": 16, "max_context": 8192}})
+    with pytest.raises(prepare_main.PrepareError,
+                       match="max_context=8192 is larger than the model's "
+                             "max_position_embeddings=4096"):
+        prepare_main.run_prepare(spec, str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run")

@@ -66,17 +66,25 @@ def logical_axes() -> KVCache:
     return KVCache(KV_AXES, KV_AXES, POS_AXES, ())
 
 
+def attention_scratch_bytes(slots_per_device: int, heads_per_device: int, seq_len: int) -> int:
+    """The float32 working set of the cached attention of one layer on one device: logits,
+    their exponentials and the masked copy, [slots, heads, seq_len, seq_len] each (the row
+    part and one cache block at a time)."""
+    return 3 * slots_per_device * heads_per_device * seq_len * seq_len * 4
+
+
 def check_fits(cache_per_device_bytes: int, weights_per_device_bytes: int,
-               device_bytes: int | None, *, max_context: int, slots_per_device: int,
-               layers_run: int, device_kind: str) -> None:
-    """Refuses a max_context whose cache would not fit beside the weights.
+               scratch_per_device_bytes: int, device_bytes: int | None, *, max_context: int,
+               slots_per_device: int, layers_run: int, device_kind: str) -> None:
+    """Refuses a max_context whose cache would not fit beside the weights and the
+    attention's working set.
 
     device_bytes: the device's memory (None where the backend does not say, e.g. the CPU:
-    then nothing is checked). Leaves 10% for activations and the compiler's buffers.
+    then nothing is checked). Leaves 10% for other activations and the compiler's buffers.
     """
     if not device_bytes:
         return
-    need = cache_per_device_bytes + weights_per_device_bytes
+    need = cache_per_device_bytes + weights_per_device_bytes + scratch_per_device_bytes
     if need <= 0.9 * device_bytes:
         return
     gib = 1 << 30
@@ -84,9 +92,10 @@ def check_fits(cache_per_device_bytes: int, weights_per_device_bytes: int,
         f"packing.max_context={max_context}: the KV cache needs "
         f"{cache_per_device_bytes / gib:.2f} GiB per device ({slots_per_device} batch slots x "
         f"{layers_run} layers x max_context tokens) beside {weights_per_device_bytes / gib:.2f} "
-        f"GiB of weights, more than 90% of the {device_bytes / gib:.2f} GiB of one "
-        f"{device_kind}. Lower the batch size, run fewer layers (hook an earlier layer), "
-        f"raise model_parallel, or prepare with a smaller packing.max_context")
+        f"GiB of weights and {scratch_per_device_bytes / gib:.2f} GiB of attention working "
+        f"memory, more than 90% of the {device_bytes / gib:.2f} GiB of one {device_kind}. "
+        f"Lower the batch size, run fewer layers (hook an earlier layer), raise "
+        f"model_parallel, or prepare with a smaller packing.max_context")
 
 
 def block_positions(positions_bt: jax.Array, segment_ids_bt: jax.Array) -> jax.Array:

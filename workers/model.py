@@ -103,20 +103,13 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     if cached is None:
         heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, mask_bts, attention_impl)
     else:
-        def with_cache():
-            return attn_lib.cached_attention(
-                q_btnh, k_btkh, v_btkh, mask_bts, cached["k_bckh"], cached["v_bckh"],
-                cached["pos_bc"], cached["q_pos_bt"], cached["q_continues_bt"],
-                cached["window"], cached["ptr"], cached["blocks"])
-
-        impl = attention_impl or attn_lib.default_implementation(q_btnh.dtype)
-        if impl == "cudnn":
-            # Steps where no slot holds context keep cuDNN's fused kernel.
-            heads_btnh = jax.lax.cond(
-                cached["blocks"] > 0, with_cache,
-                lambda: attn_lib.attention(q_btnh, k_btkh, v_btkh, mask_bts, "cudnn"))
-        else:
-            heads_btnh = with_cache()
+        # Always this path, also on GPU where no slot holds context: switching to cuDNN
+        # for such steps would make a slot's bytes depend on what the other slots hold
+        # (batch size, host count), and reruns must rewrite identical bytes.
+        heads_btnh = attn_lib.cached_attention(
+            q_btnh, k_btkh, v_btkh, mask_bts, cached["k_bckh"], cached["v_bckh"],
+            cached["pos_bc"], cached["q_pos_bt"], cached["q_continues_bt"],
+            cached["window"], cached["ptr"], cached["blocks"])
     attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
     mid_btd = x_btd + attn_out_btd
 

@@ -210,10 +210,13 @@ class Worker:
         weights = sum(leaf.addressable_shards[0].data.nbytes
                       for leaf in self.jax.tree.leaves(self.model.params))
         data_axis = self.mesh.shape["data"]
+        slots = self.opts.batch_size // data_axis
+        heads = cfg.num_heads // (self.opts.model_parallel
+                                  if cfg.num_heads % self.opts.model_parallel == 0 else 1)
         kv_cache.check_fits(
             self.fn.cache_bytes_per_device(self.opts.batch_size, self.manifest.seq_len),
-            weights, stats.get("bytes_limit"), max_context=self.max_context,
-            slots_per_device=self.opts.batch_size // data_axis,
+            weights, kv_cache.attention_scratch_bytes(slots, heads, self.manifest.seq_len),
+            stats.get("bytes_limit"), max_context=self.max_context, slots_per_device=slots,
             layers_run=self.fn.layers_run, device_kind=device.device_kind)
 
     def _warn_idle_hosts(self) -> None:

@@ -126,11 +126,15 @@ def chains(lo: int, hi: int, continues_row: Sequence[bool] | None = None,
 def assign(chain_list: Sequence[Chain], local_batch: int, filler_row: int) -> list[Step]:
     """Steps that run every chain through one slot, in order.
 
-    Each chain goes to the slot with the least work so far (the lowest index on ties), so
-    one-row chains fill slot 0, 1, ... in row order, as a plain walk over the rows would.
+    Chains of several rows go first, longest first (a step count is at least its longest
+    chain, so a long chain started late would leave the other slots idle); then one-row
+    chains in row order. Each chain goes to the slot with the least work so far (the
+    lowest index on ties), so a slice of one-row chains fills slot 0, 1, ... in row order,
+    as a plain walk over the rows would. The order is a function of the chains alone.
     """
     queues: list[list[tuple[int, bool, bool]]] = [[] for _ in range(local_batch)]
-    for chain in chain_list:
+    order = sorted(range(len(chain_list)), key=lambda i: (-len(chain_list[i].rows), i))
+    for chain in (chain_list[i] for i in order):
         slot = min(range(local_batch), key=lambda j: (len(queues[j]), j))
         for k, row in enumerate(chain.rows):
             queues[slot].append((row, k >= chain.warmup, k > 0))

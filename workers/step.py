@@ -191,10 +191,11 @@ class ExtractFn:
         if self._cache is None or self._cache.pos_bc.shape != (
                 batch, kv_cache.capacity_tokens(self.max_context, seq)):
             self._cache = self._empty_cache(batch, seq)
+        cache, self._cache = self._cache, None  # donated: unusable if the call fails
         outs, self._cache = self._jitted_cached(
             self._params, _as_int32(input_ids), _as_int32(positions), _as_int32(segment_ids),
             continues if isinstance(continues, jax.Array) else np.asarray(continues, bool),
-            self._cache)
+            cache)
         return outs
 
     @functools.lru_cache(maxsize=8)
