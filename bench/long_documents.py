@@ -62,8 +62,7 @@ def _extract(run: str, batch: int, independent: bool = False) -> tuple[float, in
 
     from schemas import manifest as manifest_lib
     from schemas import store as store_lib
-    from workers import commit as commit_step
-    from workers import runner, step, writer
+    from workers import runner, step
 
     worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=batch, heartbeat_s=30))
     if independent:
@@ -74,17 +73,13 @@ def _extract(run: str, batch: int, independent: bool = False) -> tuple[float, in
     dummy = np.ones((batch, m.seq_len), np.int32)
     kwargs = {} if worker.max_context is None else {"continues": np.zeros(batch, bool)}
     jax.block_until_ready(worker.fn(dummy, dummy, dummy, **kwargs))  # compile
-    steps = sum(len(worker._plan_steps(p)) for p in m.partitions)
-    pool = writer.WriterPool(worker.opts.writer_threads, worker.opts.max_pending_mb << 20)
-    committer = commit_step.Committer(worker.store, worker.spec, worker.topo, worker.attempt,
-                                      "bench")
     start = time.perf_counter()
-    for part in m.partitions:
-        worker.run_partition(part.id, pool, committer)
-    committer.drain()
+    assert worker.run() == 0  # every partition, as `actx submit` runs a worker
     seconds = time.perf_counter() - start
-    committer.close()
-    pool.shutdown()
+    if worker.max_context is not None:
+        steps = worker.progress.step  # one stream of steps over all partitions
+    else:
+        steps = sum(len(worker._plan_steps(p)) for p in m.partitions)
     return seconds, m.total_tokens, steps
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -81,13 +81,14 @@ class TokenStore:
 
 
 class Prefetcher:
-    """Iterates over `steps`, yielding Batches read `depth` steps ahead."""
+    """Iterates over `steps`, yielding Batches read `depth` steps ahead. An exception
+    raised while planning or reading a step reaches the consumer at that step."""
 
     _DONE = object()
 
-    def __init__(self, tokens: TokenStore, steps: Sequence[schedule.Step], depth: int = 4):
+    def __init__(self, tokens: TokenStore, steps: Iterable[schedule.Step], depth: int = 4):
         self._tokens = tokens
-        self._steps = list(steps)
+        self._steps = steps  # may be a generator (schedule.stream): planned on this thread
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="actx-prefetch", daemon=True)

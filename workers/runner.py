@@ -360,21 +360,15 @@ class Worker:
             return False
         return distributed.any_process(self.stop_requested.is_set())
 
-    def run_partition(self, pid: int, pool: writer.WriterPool,
-                      committer: commit_step.Committer) -> None:
-        part = self.manifest.partition(pid)
-        started = time.perf_counter()
-        rows_per_shard = self.spec.layout.rows_per_shard
-        steps = self._plan_steps(part)
-        part_writer = writer.PartitionWriter(
-            self.arrays, schedule.host_slice(part, self.topo, rows_per_shard), pool)
-        self.progress.update(state="working", partition=pid, step=0, steps=len(steps))
+    def _run_steps(self, steps, on_output, where: str) -> None:
+        """Runs `steps`, calling on_output(batch, outs) for each one step later, so step
+        i+1 is dispatched before step i's outputs are handled."""
         prefetcher = prefetch.Prefetcher(self.tokens, steps, self.opts.prefetch_depth)
         inflight: collections.deque = collections.deque()
         try:
             for batch in prefetcher:
                 if self._stop_agreed(batch.index):
-                    raise Preempted(f"stopped at step {batch.index} of partition {pid}")
+                    raise Preempted(f"stopped at step {batch.index} of {where}")
                 segment_ids = batch.segment_ids
                 if self.one_segment_per_row:
                     segment_ids = (segment_ids > 0).astype(np.int32)
@@ -393,12 +387,72 @@ class Worker:
                 faults.maybe_crash("step")
                 inflight.append((batch, outs))
                 if len(inflight) > 1:
-                    self._handle(*inflight.popleft(), part_writer)
+                    on_output(*inflight.popleft())
             while inflight:
-                self._handle(*inflight.popleft(), part_writer)
+                on_output(*inflight.popleft())
         finally:
             prefetcher.close()
+
+    def run_partition(self, pid: int, pool: writer.WriterPool,
+                      committer: commit_step.Committer) -> None:
+        """One partition with its own steps (every host of the replica runs as many)."""
+        part = self.manifest.partition(pid)
+        started = time.perf_counter()
+        steps = self._plan_steps(part)
+        part_writer = writer.PartitionWriter(
+            self.arrays, schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard),
+            pool)
+        self.progress.update(state="working", partition=pid, step=0, steps=len(steps))
+        self._run_steps(steps, lambda batch, outs: self._handle(batch, outs, part_writer),
+                        f"partition {pid}")
         committer.submit(part, part_writer, started)
+
+    def run_stream(self, pool: writer.WriterPool, committer: commit_step.Committer,
+                   tried: set[int]) -> None:
+        """Every partition left, one after another with no barrier between them (one-host
+        replicas with long documents): a slot whose document ends takes the next one, from
+        the next partition if need be, so no slot waits for a partition's longest document.
+        A partition is committed when the last row of it is written."""
+        in_hand: dict[int, list] = {}  # pid -> [partition, writer, rows left, started]
+        lock = threading.Lock()
+
+        def next_partition():  # runs on the prefetch thread, which plans the steps
+            pid = self._next_partition(tried)
+            if pid < 0:
+                return None
+            part = self.manifest.partition(pid)
+            continues, first_positions = self.tokens.continuation_flags(part.row_start,
+                                                                        part.row_stop)
+            with lock:
+                in_hand[pid] = [part, writer.PartitionWriter(
+                    self.arrays, (part.row_start, part.row_stop), pool), part.row_count,
+                    time.perf_counter()]
+            return pid, schedule.chains(part.row_start, part.row_stop, continues,
+                                        first_positions, self.manifest.seq_len)
+
+        def on_output(batch: prefetch.Batch, outs: dict) -> None:
+            step = batch.step
+            written = np.asarray(step.write)
+            pieces = {name: host_local_pieces(x) for name, x in outs.items()} \
+                if written.any() else {}
+            for pid in sorted({p for p, w in zip(step.partitions, step.write) if w}):
+                with lock:
+                    state = in_hand[pid]
+                mine = tuple(w and p == pid for p, w in zip(step.partitions, step.write))
+                state[1].add_slots(step.rows, mine, pieces)
+                state[2] -= sum(mine)
+                if state[2] == 0:
+                    with lock:
+                        del in_hand[pid]
+                    committer.submit(state[0], state[1], state[3])
+            self.progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
+            with lock:
+                oldest = min(in_hand, default=None)
+            self.progress.update(state="working", partition=oldest, step=batch.index + 1,
+                                 steps=0)
+
+        self._run_steps(schedule.stream(next_partition, self.local_batch), on_output,
+                        "the partitions in hand")
 
     # -- the whole job -----------------------------------------------------------------
     def run(self) -> int:
@@ -416,8 +470,11 @@ class Worker:
         code = 0
         try:
             try:
-                while (pid := self._next_partition(tried)) >= 0:
-                    self.run_partition(pid, pool, committer)
+                if self.max_context is not None and self.topo.hosts_per_replica == 1:
+                    self.run_stream(pool, committer, tried)
+                else:
+                    while (pid := self._next_partition(tried)) >= 0:
+                        self.run_partition(pid, pool, committer)
             finally:
                 # Partitions whose steps all ran are complete: commit them even when
                 # stopping, so a preemption loses at most the partition in hand.

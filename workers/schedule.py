@@ -9,9 +9,10 @@ steps, so the slot's KV cache carries the document from row to row (workers.kv_c
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 from schemas import layout
 from schemas import manifest as manifest_lib
@@ -81,6 +82,7 @@ class Step:
     rows: tuple[int, ...]
     write: tuple[bool, ...]
     continues: tuple[bool, ...]
+    partitions: tuple[int, ...] = ()  # per slot, when steps span partitions (`stream`)
 
     @property
     def valid(self) -> int:
@@ -133,8 +135,7 @@ def assign(chain_list: Sequence[Chain], local_batch: int, filler_row: int) -> li
     as a plain walk over the rows would. The order is a function of the chains alone.
     """
     queues: list[list[tuple[int, bool, bool]]] = [[] for _ in range(local_batch)]
-    order = sorted(range(len(chain_list)), key=lambda i: (-len(chain_list[i].rows), i))
-    for chain in (chain_list[i] for i in order):
+    for chain in by_length(chain_list):
         slot = min(range(local_batch), key=lambda j: (len(queues[j]), j))
         for k, row in enumerate(chain.rows):
             queues[slot].append((row, k >= chain.warmup, k > 0))
@@ -146,6 +147,49 @@ def assign(chain_list: Sequence[Chain], local_batch: int, filler_row: int) -> li
         steps.append(Step(tuple(e[0] for e in entries), tuple(e[1] for e in entries),
                           tuple(e[2] for e in entries)))
     return steps
+
+
+def by_length(chain_list: Sequence[Chain]) -> list[Chain]:
+    """Chains of several rows first, longest first, then one-row chains; row order on ties."""
+    order = sorted(range(len(chain_list)), key=lambda i: (-len(chain_list[i].rows), i))
+    return [chain_list[i] for i in order]
+
+
+def stream(next_partition: Callable[[], "tuple[int, list[Chain]] | None"],
+           local_batch: int) -> Iterator[Step]:
+    """Steps over partitions taken one after another, with no barrier between them.
+
+    A slot that finishes its chain takes the next one (`by_length` order within a
+    partition), and when the partition in hand has none left, `next_partition()` is asked
+    for another (partition id, chains) or None. So no slot idles while work remains,
+    however long a partition's longest document: a partition ends when its last row is
+    written. For one-host replicas: the hosts of a multi-host replica must agree on every
+    step, and use `assign` per partition instead.
+    """
+    queues: list[collections.deque] = [collections.deque() for _ in range(local_batch)]
+    waiting: collections.deque = collections.deque()
+    exhausted = False
+    filler = None
+    while True:
+        for queue in queues:
+            if queue:
+                continue
+            while not waiting and not exhausted:
+                got = next_partition()
+                if got is None:
+                    exhausted = True
+                else:
+                    pid, chain_list = got
+                    waiting.extend((pid, chain) for chain in by_length(chain_list))
+            if waiting:
+                pid, chain = waiting.popleft()
+                queue.extend((row, k >= chain.warmup, k > 0, pid)
+                             for k, row in enumerate(chain.rows))
+                filler = chain.rows[0] if filler is None else filler
+        if not any(queues):
+            return
+        entries = [q.popleft() if q else (filler, False, False, -1) for q in queues]
+        yield Step(*(tuple(e[i] for e in entries) for i in range(4)))
 
 
 def pad_steps(steps: list[Step], n_steps: int, local_batch: int, filler_row: int) -> list[Step]:
