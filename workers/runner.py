@@ -5,7 +5,10 @@ step i's outputs are handled, outputs travel to host memory asynchronously (pinn
 memory where the backend has it), each device shard is copied once into its place in a
 whole-shard block that a bounded pool writes, and a partition is committed only after
 every host's writes are durable (`workers.commit`). A SIGTERM stops the loop between steps
-without committing the partition in hand.
+without committing the partition in hand. With long documents, a document's rows go through
+one batch slot in successive steps (`workers.schedule`); one-host replicas stream
+partitions with no barrier between them. What a run must be for this worker to write
+into it is checked first (`workers.admission`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from schemas import store as store_lib
 from schemas import ts_context
 from schemas import uri as uri_lib
 from workers import commit as commit_step
-from workers import distributed, faults, kv_cache, prefetch, progress, schedule, writer
+from workers import admission, distributed, faults, prefetch, progress, schedule, writer
 
 log = logging.getLogger("actx.worker")
 
@@ -39,8 +42,7 @@ class Preempted(Exception):
     """SIGTERM arrived; the partition in hand was not committed."""
 
 
-class RunMismatch(ValueError):
-    """The run directory does not belong to this worker's spec, model or numerics."""
+RunMismatch = admission.RunMismatch  # where callers have always found it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,17 +122,8 @@ class Worker:
         self.location = uri_lib.parse(opts.run)
         self.store = store_lib.open_store(self.location)
         self.spec = runspec_lib.read_run_spec(self.store)
-        if opts.expect_fingerprint and opts.expect_fingerprint != self.spec.fingerprint:
-            raise RunMismatch(
-                f"{self.location}: run fingerprint {self.spec.fingerprint} differs from this "
-                f"worker's spec ({opts.expect_fingerprint}); the run was prepared with another "
-                f"configuration. Use a new run directory, or the spec the run was made with")
         self.manifest = manifest_lib.read_manifest(self.store)
-        if self.manifest.fingerprint != self.spec.fingerprint:
-            raise RunMismatch(
-                f"{self.location}: manifest.json was prepared for fingerprint "
-                f"{self.manifest.fingerprint} but run.json says {self.spec.fingerprint}; "
-                f"re-run `actx prepare` into a fresh directory")
+        admission.check_spec(self.location, self.spec, self.manifest, opts.expect_fingerprint)
         self.topo = schedule.Topology(
             replicas=opts.replicas, replica=opts.replica,
             hosts_per_replica=jax.process_count(), host_index=jax.process_index())
@@ -151,22 +144,21 @@ class Worker:
         self.model = model_lib.load_pretrained(self.spec.model.path, dtype=self.spec.model.dtype,
                                                mesh=self.mesh)
         cfg = self.model.config
-        if self.manifest.vocab_size > cfg.vocab_size:
-            raise RunMismatch(
-                f"tokenizer vocabulary ({self.manifest.vocab_size} ids, from "
-                f"{self.spec.tokenizer.path}) is larger than the model's embedding "
-                f"({cfg.vocab_size} rows, {self.spec.model.path}): tokenizer and model do "
-                f"not belong together")
-        self._check_token_layout()
+        admission.check_vocabulary(self.spec, self.manifest, cfg)
+        admission.check_token_layout(self.store, self.location)
         packing = self.spec.packing
         # Long documents carry their context from row to row through a slot's KV cache;
         # concat and truncate rows are independent and run without one.
         self.max_context = packing.max_context if packing.carries_context else None
         self.fn = step_lib.make_extract_fn(self.model, self.capture, self.mesh,
                                            max_context=self.max_context)
-        self._check_context_fits()
+        admission.check_context_fits(jax, self.spec, self.model, self.fn, self.mesh,
+                                     opts.batch_size, opts.model_parallel,
+                                     self.manifest.seq_len, self.max_context)
         self.hooks = {name: cfg.hidden_size for name in self.fn.hook_names}
-        self._check_activation_info()
+        admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
+                                        self.model.digest, self.numerics_key(),
+                                        opts.allow_numerics_change)
         self.arrays = writer.ActivationArrays(
             self.location, self.hooks, self.manifest.total_rows, self.manifest.seq_len,
             self.spec.capture.dtype, self.spec.layout)
@@ -183,42 +175,6 @@ class Worker:
         self.one_segment_per_row = self.spec.packing.mode == "concat"
         self._committed = commit_lib.committed_partitions(self.store)
 
-    def _check_token_layout(self) -> None:
-        key = layout.token_array_key("context_start")
-        if not self.store.exists(f"{key}/zarr.json"):
-            raise RunMismatch(
-                f"{self.location.join(key)}: missing; the token store was written by an older "
-                f"prepare that does not record what each token attended to. Prepare the data "
-                f"again into a new run directory")
-
-    def _check_context_fits(self) -> None:
-        """max_context within the model's declared context, and its cache on the chips."""
-        if self.max_context is None:
-            return
-        cfg = self.model.config
-        if cfg.max_position_embeddings and self.max_context > cfg.max_position_embeddings:
-            raise ValueError(
-                f"packing.max_context={self.max_context} is larger than the model's "
-                f"max_position_embeddings={cfg.max_position_embeddings} "
-                f"({self.spec.model.path}/config.json): prepare with packing.max_context <= "
-                f"{cfg.max_position_embeddings}")
-        device = self.jax.local_devices()[0]
-        try:
-            stats = device.memory_stats() or {}
-        except Exception:  # backends without memory statistics
-            stats = {}
-        weights = sum(leaf.addressable_shards[0].data.nbytes
-                      for leaf in self.jax.tree.leaves(self.model.params))
-        data_axis = self.mesh.shape["data"]
-        slots = self.opts.batch_size // data_axis
-        heads = cfg.num_heads // (self.opts.model_parallel
-                                  if cfg.num_heads % self.opts.model_parallel == 0 else 1)
-        kv_cache.check_fits(
-            self.fn.cache_bytes_per_device(self.opts.batch_size, self.manifest.seq_len),
-            weights, kv_cache.attention_scratch_bytes(slots, heads, self.manifest.seq_len),
-            stats.get("bytes_limit"), max_context=self.max_context, slots_per_device=slots,
-            layers_run=self.fn.layers_run, device_kind=device.device_kind)
-
     def _warn_idle_hosts(self) -> None:
         hosts, rps = self.topo.hosts_per_replica, self.spec.layout.rows_per_shard
         shards = self.spec.layout.partition_rows // rps
@@ -226,6 +182,11 @@ class Worker:
             log.warning("a partition holds %d shards of %d rows, not a multiple of the %d "
                         "hosts: some hosts run padding steps; choose partition_rows a multiple "
                         "of %d", shards, rps, hosts, hosts * rps)
+
+    def numerics_key(self) -> dict:
+        """What, besides the RunSpec, decides the bytes a step produces."""
+        return admission.numerics_key(self.jax, self.mesh, self.opts.batch_size,
+                                      self.opts.model_parallel)
 
     def _pinned_host_sharding(self):
         """Outputs' sharding in pinned host memory, where the backend has it (GPU, TPU).
@@ -241,41 +202,6 @@ class Worker:
         if device.platform == "cpu" or "pinned_host" not in kinds:
             return None
         return self.fn.out_sharding.with_memory_kind("pinned_host")
-
-    def numerics_key(self) -> dict:
-        """What, besides the RunSpec, decides the bytes a step produces."""
-        device = self.jax.devices()[0]
-        data_axis = self.mesh.shape["data"]
-        return {"platform": device.platform, "device_kind": device.device_kind,
-                "jax": self.jax.__version__, "rows_per_device": self.opts.batch_size // data_axis,
-                "model_parallel": self.opts.model_parallel}
-
-    def _check_activation_info(self) -> None:
-        info = {"fingerprint": self.spec.fingerprint, "dtype": self.spec.capture.dtype,
-                "hooks": self.hooks, "model_digest": self.model.digest,
-                "numerics": self.numerics_key()}
-        if self.store.create_json(layout.ACTIVATIONS_INFO_KEY, info):
-            return
-        key = self.location.join(layout.ACTIVATIONS_INFO_KEY)
-        existing = self.store.read_json(layout.ACTIVATIONS_INFO_KEY) or {}
-        if existing.get("model_digest") not in (None, info["model_digest"]):
-            raise RunMismatch(
-                f"{key}: the weights at {self.spec.model.path} changed since this run's first "
-                f"attempt (checkpoint digest {existing['model_digest']}, now "
-                f"{info['model_digest']}); partitions would mix two models. Extract into a "
-                f"new run directory, or restore the original checkpoint")
-        first = {k: v for k, v in existing.items() if k != "numerics"}
-        mine = {k: v for k, v in info.items() if k != "numerics"}
-        if first != mine:
-            raise RunMismatch(f"{key}: activations were written for {first}, but this worker "
-                              f"would write {mine}")
-        if existing.get("numerics") != info["numerics"] and not self.opts.allow_numerics_change:
-            raise RunMismatch(
-                f"{key}: the run's activations were computed with {existing.get('numerics')}, "
-                f"this worker would use {info['numerics']}; a rerun only rewrites identical "
-                f"bytes with the same device kind, jax version, rows per device and model "
-                f"parallelism. Match them, or pass --allow-numerics-change to accept "
-                f"partitions that differ in their low bits")
 
     # -- partition choice --------------------------------------------------------------
     def _candidates(self) -> list[int]:

@@ -1,0 +1,110 @@
+"""Admission: whether this worker may write into a run, checked before any step runs.
+
+A worker refuses a run whose fingerprint, vocabulary, token layout, model weights or
+numerics differ from what it would write, and a max_context whose cache would not fit its
+chips: each refusal says what differs and what to do.
+"""
+
+from __future__ import annotations
+
+from schemas import layout
+from workers import kv_cache
+
+
+class RunMismatch(ValueError):
+    """The run directory does not belong to this worker's spec, model or numerics."""
+
+
+def check_spec(location, spec, manifest, expect_fingerprint: str | None) -> None:
+    if expect_fingerprint and expect_fingerprint != spec.fingerprint:
+        raise RunMismatch(
+            f"{location}: run fingerprint {spec.fingerprint} differs from this worker's spec "
+            f"({expect_fingerprint}); the run was prepared with another configuration. Use a "
+            f"new run directory, or the spec the run was made with")
+    if manifest.fingerprint != spec.fingerprint:
+        raise RunMismatch(
+            f"{location}: manifest.json was prepared for fingerprint {manifest.fingerprint} "
+            f"but run.json says {spec.fingerprint}; re-run `actx prepare` into a fresh "
+            f"directory")
+
+
+def check_vocabulary(spec, manifest, cfg) -> None:
+    if manifest.vocab_size > cfg.vocab_size:
+        raise RunMismatch(
+            f"tokenizer vocabulary ({manifest.vocab_size} ids, from {spec.tokenizer.path}) is "
+            f"larger than the model's embedding ({cfg.vocab_size} rows, {spec.model.path}): "
+            f"tokenizer and model do not belong together")
+
+
+def check_token_layout(store, location) -> None:
+    key = layout.token_array_key("context_start")
+    if not store.exists(f"{key}/zarr.json"):
+        raise RunMismatch(
+            f"{location.join(key)}: missing; the token store was written by an older prepare "
+            f"that does not record what each token attended to. Prepare the data again into "
+            f"a new run directory")
+
+
+def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parallel: int,
+                       seq_len: int, max_context: int | None) -> None:
+    """max_context within the model's declared context, and its cache on the chips."""
+    if max_context is None:
+        return
+    cfg = model.config
+    if cfg.max_position_embeddings and max_context > cfg.max_position_embeddings:
+        raise ValueError(
+            f"packing.max_context={max_context} is larger than the model's "
+            f"max_position_embeddings={cfg.max_position_embeddings} "
+            f"({spec.model.path}/config.json): prepare with packing.max_context <= "
+            f"{cfg.max_position_embeddings}")
+    device = jax.local_devices()[0]
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # backends without memory statistics
+        stats = {}
+    weights = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(model.params))
+    slots = batch_size // mesh.shape["data"]
+    heads = cfg.num_heads // (model_parallel if cfg.num_heads % model_parallel == 0 else 1)
+    kv_cache.check_fits(
+        fn.cache_bytes_per_device(batch_size, seq_len), weights,
+        kv_cache.attention_scratch_bytes(slots, heads, seq_len), stats.get("bytes_limit"),
+        max_context=max_context, slots_per_device=slots, layers_run=fn.layers_run,
+        device_kind=device.device_kind)
+
+
+def numerics_key(jax, mesh, batch_size: int, model_parallel: int) -> dict:
+    """What, besides the RunSpec, decides the bytes a step produces."""
+    device = jax.devices()[0]
+    return {"platform": device.platform, "device_kind": device.device_kind,
+            "jax": jax.__version__, "rows_per_device": batch_size // mesh.shape["data"],
+            "model_parallel": model_parallel}
+
+
+def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
+                          numerics: dict, allow_numerics_change: bool) -> None:
+    """Records what this run's activations are (create-only), or checks this worker
+    against the record of the first attempt."""
+    info = {"fingerprint": spec.fingerprint, "dtype": spec.capture.dtype, "hooks": hooks,
+            "model_digest": model_digest, "numerics": numerics}
+    if store.create_json(layout.ACTIVATIONS_INFO_KEY, info):
+        return
+    key = location.join(layout.ACTIVATIONS_INFO_KEY)
+    existing = store.read_json(layout.ACTIVATIONS_INFO_KEY) or {}
+    if existing.get("model_digest") not in (None, info["model_digest"]):
+        raise RunMismatch(
+            f"{key}: the weights at {spec.model.path} changed since this run's first attempt "
+            f"(checkpoint digest {existing['model_digest']}, now {info['model_digest']}); "
+            f"partitions would mix two models. Extract into a new run directory, or restore "
+            f"the original checkpoint")
+    first = {k: v for k, v in existing.items() if k != "numerics"}
+    mine = {k: v for k, v in info.items() if k != "numerics"}
+    if first != mine:
+        raise RunMismatch(f"{key}: activations were written for {first}, but this worker "
+                          f"would write {mine}")
+    if existing.get("numerics") != info["numerics"] and not allow_numerics_change:
+        raise RunMismatch(
+            f"{key}: the run's activations were computed with {existing.get('numerics')}, "
+            f"this worker would use {info['numerics']}; a rerun only rewrites identical bytes "
+            f"with the same device kind, jax version, rows per device and model parallelism. "
+            f"Match them, or pass --allow-numerics-change to accept partitions that differ in "
+            f"their low bits")
