@@ -86,6 +86,11 @@ def test_prepare_extract_read_matches_hf(where, qwen_sized_model, qwen_tokenizer
     assert commit.committed_partitions(s) == {p.id for p in m.partitions}
     last = m.total_rows - 1
     assert _check_against_hf(run, qwen_sized_model, [0, m.total_rows // 2, last]) >= 3
+    # The manifest's count of tokens that saw their whole document is that of the store.
+    context_start = token_runs.read_tokens(run, "context_start")
+    for p in m.partitions:
+        rows = context_start[p.row_start:p.row_stop]
+        assert p.full_context_tokens == int((rows == 0).sum()) > 0
 
     import reader
 
