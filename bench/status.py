@@ -1,10 +1,11 @@
 """`actx status` at pod scale: 1k, 10k and 150k partitions with 512 heartbeats, on local disk
 and on the GCS emulator (fake-gcs-server on loopback), against a minimal baseline.
 
-The baseline does the same I/O with nothing else: read run.json, manifest.json and
+The baseline does the I/O with nothing else: read run.json, manifest.json and
 activations/actx.json, list commits/ and workers/ (names only), read every heartbeat (in
-parallel on GCS), and parse nothing. `status` is `actx status RUN` in process (median of
---iters after one warm-up); `--json` prints every partition's state; `command` is one
+parallel on GCS), and parse nothing. On GCS the listing baseline does only what status
+now does there (heartbeats from the workers/ listing's summaries, not a read each).
+`status` is `actx status RUN` in process (median of --iters after one warm-up); `--json` prints every partition's state; `command` is one
 `python -m deploy.cli status RUN` subprocess (interpreter start and imports included).
 
   python bench/status.py                       # 1k, 10k, 150k; local and gs://
@@ -70,7 +71,23 @@ def baseline_gcs(prefix: str) -> None:
         list(pool.map(lambda n: bucket.blob(n).download_as_bytes(), names))
 
 
-def time_status(run: str, iters: int, baseline) -> dict:
+def baseline_gcs_summaries(prefix: str) -> None:
+    """The I/O status does on GCS now: heartbeats come from the workers/ listing with each
+    object's summary (custom metadata), not one read each."""
+    from schemas import store
+
+    bucket = store._gcs_client().bucket(BUCKET)
+    for key in ("run.json", "manifest.json", "activations/actx.json"):
+        bucket.blob(f"{prefix}/{key}").download_as_bytes()
+    [b.name for b in bucket.client.list_blobs(bucket, prefix=f"{prefix}/commits/",
+                                              fields="items(name),nextPageToken",
+                                              page_size=1000)]
+    [b.metadata for b in bucket.client.list_blobs(bucket, prefix=f"{prefix}/workers/",
+                                                  fields="items(name,metadata),nextPageToken",
+                                                  page_size=1000)]
+
+
+def time_status(run: str, iters: int, baseline, baseline2=None) -> dict:
     from deploy import cli
 
     def status(*flags):
@@ -80,6 +97,7 @@ def time_status(run: str, iters: int, baseline) -> dict:
 
     status()
     row = {"baseline": _median(baseline, iters), "status": _median(status, iters),
+           "baseline2": _median(baseline2, iters) if baseline2 else None,
            "json": _median(lambda: status("--json"), iters)}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "deploy.cli", "status", run], cwd=ROOT, check=True,
@@ -92,7 +110,9 @@ def print_row(where: str, n: int, markers: int, row: dict) -> None:
     b = row["baseline"]
     print(f"| {where} | {n:,} | {markers:,} | {b:.3f} | {row['status']:.3f} | "
           f"{row['status'] / b:.1f} | "
-          f"{row['json']:.3f} | {row['json'] / b:.1f} | {row['command']:.3f} |", flush=True)
+          f"{row['json']:.3f} | {row['json'] / b:.1f} | {row['command']:.3f} | "
+          + (f"{row['baseline2']:.3f} | {row['status'] / row['baseline2']:.1f} |"
+             if row["baseline2"] else "- | - |"), flush=True)
 
 
 def main() -> None:
@@ -115,8 +135,8 @@ def main() -> None:
     print(f"{args.hosts} heartbeats (8 silent); seconds, median of {args.iters}; "
           f"ratio = status / baseline", flush=True)
     print("| store | partitions | markers | baseline | status | ratio | status --json | ratio | "
-          "command |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "command | listing baseline | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     try:
         for n in [] if args.no_local else sizes:
             markers = int(n * args.committed)
@@ -128,16 +148,22 @@ def main() -> None:
             # One emulator per run: a request's cost grows with the objects in the bucket.
             markers = min(int(n * args.committed), args.gcs_max_markers)
             data_dir = os.path.join(tmp, f"gcs-{n}")
+            run_kwargs = kwargs(n, markers)
+            # Heartbeats go through the API (with their summaries, as workers write them);
+            # everything else is loaded from files at the emulator's start.
             status_runs.write_local(os.path.join(data_dir, BUCKET, "runs", f"s{n}"),
-                                    **kwargs(n, markers))
+                                    exclude_prefix="workers/", **run_kwargs)
             gcs_emulator.reserve_endpoint()
             started = time.perf_counter()
             server = gcs_emulator.Emulator(os.environ["ACTX_TEST_GCS_URL"], data_dir).start()
+            status_runs.write_store(f"gs://{BUCKET}/runs/s{n}", only_prefix="workers/",
+                                    **run_kwargs)
             print(f"(emulator loaded {markers + args.hosts + 6} objects in "
                   f"{time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
             try:
                 row = time_status(f"gs://{BUCKET}/runs/s{n}", args.iters,
-                                  lambda: baseline_gcs(f"runs/s{n}"))
+                                  lambda: baseline_gcs(f"runs/s{n}"),
+                                  lambda: baseline_gcs_summaries(f"runs/s{n}"))
                 print_row("gs:// emulator", n, markers, row)
             finally:
                 server.stop()

@@ -146,22 +146,24 @@ def _bytes_per_row(handle: RunHandle, info: dict | None) -> int | None:
     return handle.manifest.seq_len * itemsize * sum(int(h) for h in info["hooks"].values())
 
 
-def _read_progress(handle: RunHandle):
+def _read_progress(handle: RunHandle, history: bool):
     """Commit ids, heartbeats, activations/actx.json and the verification record, read
     concurrently (each is one or more round trips on GCS)."""
     store = handle.store
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         committed = pool.submit(commit_lib.committed_partitions, store,
                                 len(handle.manifest.partitions))
-        beats = pool.submit(heartbeat_lib.read_heartbeats, store)
+        beats = pool.submit(heartbeat_lib.read_heartbeats, store, history=history)
         info = pool.submit(store.read_json, layout_lib.ACTIVATIONS_INFO_KEY)
         verified = pool.submit(verification_lib.read_record, store)
         return committed.result(), beats.result(), info.result(), verified.result()
 
 
 def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER_S,
-                   now: float | None = None) -> RunStatus:
-    committed, beats, info, verified = _read_progress(handle)
+                   now: float | None = None, history: bool = False) -> RunStatus:
+    """`history`: also the hosts' (time, tokens) samples (the page draws them); without
+    it, heartbeats on GCS come from one listing of their summaries."""
+    committed, beats, info, verified = _read_progress(handle, history)
     now = time.time() if now is None else now
     hosts = []
     held_live: set[int] = set()

@@ -33,7 +33,8 @@ class PageSource:
     def data(self) -> dict:
         with self._lock:
             if self._data is None or time.monotonic() - self._at >= self.min_interval_s:
-                status = runstate.compute_status(self.handle, self.stale_after_s)
+                status = runstate.compute_status(self.handle, self.stale_after_s,
+                                                 history=True)
                 self._data = ui_data.page_data(status, self.rejects)
                 self._at = time.monotonic()
             return self._data

@@ -61,6 +61,17 @@ class ObjectStore(abc.ABC):
         parallel."""
         return [self.read(key) for key in keys]
 
+    def write_with_summary(self, key: str, data: bytes, summary: str) -> None:
+        """`write`, with `summary` (a short string, under 4 KB) attached where the store can
+        return it in a listing (GCS custom metadata); elsewhere a plain `write`."""
+        self.write(key, data)
+
+    def list_summaries(self, prefix: str) -> dict[str, str | None] | None:
+        """Keys under `prefix` with the summary each was written with (None: written
+        without one), in one listing; None where the store has no summaries (read the
+        objects instead, which is as cheap on local disk)."""
+        return None
+
     def read_json(self, key: str) -> Any:
         data = self.read(key)
         return None if data is None else self.parse_json(key, data)
@@ -197,6 +208,10 @@ class MemoryStore(ObjectStore):
         self._kv.write(key, None).result()
 
 
+# The custom metadata key of `write_with_summary` on GCS.
+SUMMARY_METADATA_KEY = "actx-summary"
+
+
 class GcsStore(ObjectStore):
     """GCS through google-cloud-storage; create-only uses ifGenerationMatch=0 (412 if present)."""
 
@@ -255,6 +270,18 @@ class GcsStore(ObjectStore):
 
     def list(self, prefix: str = "") -> list[str]:
         return sorted(self._list_range(prefix, None, None))
+
+    def write_with_summary(self, key: str, data: bytes, summary: str) -> None:
+        blob = self._bucket.blob(self._name(key))
+        blob.metadata = {SUMMARY_METADATA_KEY: summary}  # sent with the data, one request
+        blob.upload_from_string(data)
+
+    def list_summaries(self, prefix: str) -> dict[str, str | None]:
+        root = f"{self.location.path}/" if self.location.path else ""
+        blobs = self._bucket.client.list_blobs(
+            self._bucket, prefix=root + prefix, fields="items(name,metadata),nextPageToken",
+            page_size=1000)
+        return {b.name[len(root):]: (b.metadata or {}).get(SUMMARY_METADATA_KEY) for b in blobs}
 
     def list_split(self, prefix: str, boundaries: list[str]) -> list[str]:
         cuts = [None, *sorted(boundaries), None]

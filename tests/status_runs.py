@@ -105,10 +105,12 @@ def objects(n_partitions: int, n_hosts: int, committed: int, dead_hosts: int = 1
         yield layout.heartbeat_key(hb.host), store.dumps(config.to_dict(hb))
 
 
-def write_local(root: str, **kwargs) -> str:
+def write_local(root: str, exclude_prefix: str | None = None, **kwargs) -> str:
     """Writes `objects(**kwargs)` under directory `root` with plain file writes."""
     made = set()
     for key, data in objects(**kwargs):
+        if exclude_prefix and key.startswith(exclude_prefix):
+            continue
         path = os.path.join(root, *key.split("/"))
         parent = os.path.dirname(path)
         if parent not in made:
@@ -119,9 +121,16 @@ def write_local(root: str, **kwargs) -> str:
     return root
 
 
-def write_store(run_uri: str, **kwargs) -> str:
-    """Writes `objects(**kwargs)` through the run's ObjectStore (memory://, gs://)."""
+def write_store(run_uri: str, only_prefix: str | None = None, **kwargs) -> str:
+    """Writes `objects(**kwargs)` through the run's ObjectStore (memory://, gs://);
+    heartbeats with their summary, as `heartbeat.HeartbeatWriter` writes them."""
     s = store.open_store(run_uri)
     for key, data in objects(**kwargs):
-        s.write(key, data)
+        if only_prefix and not key.startswith(only_prefix):
+            continue
+        if key.startswith(layout.WORKERS_PREFIX):
+            hb = config.from_dict(heartbeat.Heartbeat, json.loads(data))
+            s.write_with_summary(key, data, heartbeat.summary(hb))
+        else:
+            s.write(key, data)
     return run_uri

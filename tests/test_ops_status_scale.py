@@ -144,3 +144,28 @@ def test_gcs_listing_in_ranges_and_parallel_heartbeats(gcs_bucket, monkeypatch):
     plain = [config.from_dict(heartbeat.Heartbeat, s.read_json(k))
              for k in s.list(layout.WORKERS_PREFIX)]
     assert beats == plain and len(beats) == 40
+
+
+def test_gcs_heartbeats_from_one_listing_of_summaries(gcs_bucket):
+    """Heartbeats written as workers write them: status reads them from the listing alone
+    and gets what reading every object gives, less the history."""
+    s = store.open_store(f"{gcs_bucket}/runs/summaries")
+    for h in range(5):
+        writer = heartbeat.HeartbeatWriter(s, f"h{h}")
+        for i in range(3):
+            writer.beat(heartbeat.Heartbeat(
+                host=f"h{h}", replica=h, process_index=0, state="working", attempt="a",
+                updated_at=1.8e9 + i, partition=h, tokens_done=100 * i + h,
+                tokens_per_s=1.5 * h, message="m" * (600 if h == 0 else 3)), force=True)
+    s.write_json(layout.heartbeat_key("old"), config.to_dict(heartbeat.Heartbeat(
+        host="old", replica=9, process_index=0, state="done", attempt="b", updated_at=1.0)))
+    summaries = s.list_summaries(layout.WORKERS_PREFIX)
+    assert summaries[layout.heartbeat_key("old")] is None  # written without one: read
+    assert sum(v is not None for v in summaries.values()) == 5
+    full = heartbeat.read_heartbeats(s)
+    listed = heartbeat.read_heartbeats(s, history=False)
+    assert len(full[0].history) == 3 and all(b.history == () for b in listed)
+    expected = [dataclasses.replace(b, history=(), message=b.message[:500]) for b in full]
+    assert listed == expected
+    raw = [json.loads(s.read(layout.heartbeat_key(f"h{h}"))) for h in range(5)]
+    assert [b.tokens_done for b in listed[:5]] == [r["tokens_done"] for r in raw]
