@@ -282,8 +282,23 @@ def render(status: RunStatus) -> str:
         lines.append(f"verify:     {len(status.failed_verification)} committed partition(s) "
                      f"failed the latest `actx verify`: {names}; `actx verify {status.run}` "
                      f"says why")
+    chars = map_chars(status)
+    per_char = max(1, -(-len(chars) // TEXT_MAP_CHARS))
+    if per_char > 1:  # 150k partitions would be 2,344 lines: each character covers several
+        chars = "".join(_worst(chars[i:i + per_char]) for i in range(0, len(chars), per_char))
     lines.append("map (C committed, W in progress, S stale, . pending"
-                 + (", F failed verification):" if status.failed_verification else "):"))
-    for i, row in enumerate(partition_map(status)):
-        lines.append(f"  {i * 64:>6}  {row}")
+                 + (", F failed verification" if status.failed_verification else "")
+                 + (f"; one character per {per_char} partitions, the most urgent state "
+                    f"among them; `--serve` draws every partition" if per_char > 1 else "")
+                 + "):")
+    for i in range(0, len(chars), 64):
+        lines.append(f"  {i * per_char:>6}  {chars[i:i + 64]}")
     return "\n".join(lines)
+
+
+TEXT_MAP_CHARS = 64 * 64  # the text map's size at most (64 lines)
+_URGENCY = "FSW.C"  # what a character covering several partitions shows first
+
+
+def _worst(chars: str) -> str:
+    return next(c for c in _URGENCY if c in chars)

@@ -169,3 +169,23 @@ def test_gcs_heartbeats_from_one_listing_of_summaries(gcs_bucket):
     assert listed == expected
     raw = [json.loads(s.read(layout.heartbeat_key(f"h{h}"))) for h in range(5)]
     assert [b.tokens_done for b in listed[:5]] == [r["tokens_done"] for r in raw]
+
+
+def test_text_map_of_a_large_run_keeps_the_urgent_states(tmp_path):
+    run = status_runs.write_local(str(tmp_path / "r"), n_partitions=5000, n_hosts=16,
+                                  committed=2000, dead_hosts=2, now=time.time())
+    st = _status_json(run)
+    out = io.StringIO()
+    assert cli.main(["status", run], out=out) == 0
+    text = out.getvalue().splitlines()
+    start = next(i for i, line in enumerate(text) if line.startswith("map ("))
+    assert "one character per 2 partitions" in text[start]
+    rows = [line.split()[1] for line in text[start + 1:]]
+    assert len(rows) <= 64
+    drawn = "".join(rows)
+    names = sorted(st["partitions"])
+    for i, c in enumerate(drawn):  # each character: the most urgent of its two partitions
+        states = {st["partitions"][n] for n in names[2 * i:2 * i + 2]}
+        expected = ("S" if "stale" in states else "W" if "in_progress" in states
+                    else "." if "pending" in states else "C")
+        assert c == expected, (i, states)
