@@ -85,13 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="SECONDS", help="refresh in place (default every 5s) until done")
     st.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
                     help="a heartbeat older than this is stale (default 60)")
-    st.add_argument("--serve", nargs="?", type=int, const=8765, default=None, metavar="PORT",
-                    help="serve a live page on http://127.0.0.1:PORT/ (default 8765; 0: any "
-                         "free port) until Ctrl-C")
-    st.add_argument("--html", default=None, metavar="FILE",
-                    help="write the page once to FILE, self-contained, to share or attach")
+    st.add_argument("--serve", nargs="?", type=int, const=8765, metavar="PORT",
+                    help="serve a live page on http://127.0.0.1:PORT/ (default 8765; 0: any)")
+    st.add_argument("--html", metavar="FILE", help="write the page once, self-contained")
     st.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
-                    help="--serve: how often the page refreshes (default 5)")
+                    help="--serve: seconds between the page's refreshes (default 5)")
 
     r = sub.add_parser("rerun", help="extract the partitions that have no commit")
     r.add_argument("run")
@@ -245,16 +243,8 @@ def cmd_status(args, out) -> int:
 
         if args.json or args.watch is not None:
             raise UsageError("--serve and --html show the page; drop --json and --watch")
-        if args.refresh <= 0:
-            raise UsageError(f"--refresh {args.refresh:g}: must be a positive number of seconds")
-        if args.html is not None:
-            data = ui_server.write_html(handle, args.html, args.stale_after)
-            print(f"wrote {args.html} ({data['counts']['committed']}/"
-                  f"{data['partitions_total']} partitions committed); open it in a browser",
-                  file=out, flush=True)
-        if args.serve is not None:
-            return ui_server.serve(handle, args.serve, args.refresh, args.stale_after, out)
-        return 0
+        return ui_server.page_command(handle, args.html, args.serve, args.refresh,
+                                      args.stale_after, out)
     tty = hasattr(out, "isatty") and out.isatty()
     while True:
         status = runstate.compute_status(handle, args.stale_after)

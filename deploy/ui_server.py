@@ -82,6 +82,21 @@ def make_server(source: PageSource, port: int, refresh_s: float) -> http.server.
     return server
 
 
+def page_command(handle: runstate.RunHandle, html_path: str | None, port: int | None,
+                 refresh_s: float, stale_after_s: float, out) -> int:
+    """`actx status RUN --html FILE` and/or `--serve [PORT]`."""
+    if refresh_s <= 0:
+        raise runstate.RunError(f"--refresh {refresh_s:g}: must be a positive number of "
+                                f"seconds")
+    if html_path is not None:
+        data = write_html(handle, html_path, stale_after_s)
+        print(f"wrote {html_path} ({data['counts']['committed']}/{data['partitions_total']} "
+              f"partitions committed); open it in a browser", file=out, flush=True)
+    if port is not None:
+        return serve(handle, port, refresh_s, stale_after_s, out)
+    return 0
+
+
 def serve(handle: runstate.RunHandle, port: int, refresh_s: float, stale_after_s: float,
           out) -> int:
     """Serves the page until interrupted (Ctrl-C)."""
