@@ -110,6 +110,9 @@ class RunStatus:
     at: float
     # Committed partitions whose data failed the latest `actx verify` (verify/latest.json).
     failed_verification: tuple[int, ...] = ()
+    # Stored tokens of committed partitions that attended to their whole document up to
+    # themselves (manifest full_context_tokens, from tokens/context_start).
+    full_context_tokens_done: int = 0
 
     @property
     def complete(self) -> bool:
@@ -203,6 +206,7 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         tokens_total=handle.manifest.total_tokens,
         bytes_done=None if per_row is None else per_row * rows_done,
         bytes_total=None if per_row is None else per_row * handle.manifest.total_rows,
+        full_context_tokens_done=sum(p.full_context_tokens for p in done),
         tokens_per_s=round(throughput, 1), eta_s=eta, hosts=tuple(hosts),
         failed_verification=tuple(p for p in verified.failed if p in committed)
         if verified else (),
@@ -249,7 +253,13 @@ def one_line(status: RunStatus) -> str:
     return (f"[{status.name}] {c[COMMITTED]}/{len(status.partitions)} committed, "
             f"{c[IN_PROGRESS]} in progress, {c[STALE]} stale, {c[PENDING]} pending | "
             f"{pct:5.1f}% tokens | {status.tokens_per_s:,.0f} tok/s | "
-            f"ETA {_duration(status.eta_s)}")
+            f"ETA {_duration(status.eta_s)} | {_whole_documents(status)}")
+
+
+def _whole_documents(status: RunStatus) -> str:
+    share = 100.0 * status.full_context_tokens_done / max(1, status.tokens_done)
+    return (f"{status.full_context_tokens_done:,} of {status.tokens_done:,} stored tokens "
+            f"({share:.1f}%) saw their whole document")
 
 
 def render(status: RunStatus) -> str:
@@ -262,6 +272,8 @@ def render(status: RunStatus) -> str:
         f"{c[STALE]} stale | {c[PENDING]} pending",
         f"tokens:     {status.tokens_done:,} / {status.tokens_total:,} "
         f"({100.0 * status.tokens_done / max(1, status.tokens_total):.1f}%)",
+        f"context:    {_whole_documents(status)} (the rest: past packing.max_context, or "
+        f"documents continued from an earlier concat row; tokens/context_start says which)",
         f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
         f"throughput: {status.tokens_per_s:,.0f} tokens/s (live workers)   "
         f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None or status.complete

@@ -38,6 +38,11 @@ def test_demo_submit_two_hosts(tmp_path, monkeypatch, qwen_tokenizer_dir):
     n = len(s.read_json("manifest.json")["partitions"]["id"])
     assert f"partitions: {n} total | {n} committed" in text
     assert f"activations: {run}/activations/<hook>" in text
+    # The final status says how many stored tokens saw their whole document, counted here
+    # from the token store itself.
+    context_start = token_runs.read_tokens(run, "context_start")
+    whole, stored = int((context_start == 0).sum()), int((context_start >= 0).sum())
+    assert f"{whole:,} of {stored:,} stored tokens" in text and whole > 0
     assert sorted(os.listdir(f"{run}/logs/demo1")) == ["local-r0h0.log", "local-r1h0.log"]
     assert {s.read_json(k)["host"] for k in s.list("workers/")} == {"local-r0h0", "local-r1h0"}
     manifest = s.read_json("manifest.json")
