@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import numpy as np
@@ -41,13 +40,7 @@ def reference_run(model_dir, tmp_path_factory):
     return run
 
 
-def _fresh_copy_of_tokens(reference: str, dest: str) -> str:
-    """A run with the reference's token store and specs but no activations or commits."""
-    os.makedirs(dest)
-    for name in ("run.json", "manifest.json", "tokens"):
-        src = os.path.join(reference, name)
-        (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(dest, name))
-    return dest
+_fresh_copy_of_tokens = worker_procs.copy_token_store
 
 
 def _markers(run: str) -> dict[int, commit.CommitMarker]:
@@ -57,12 +50,7 @@ def _markers(run: str) -> dict[int, commit.CommitMarker]:
 
 def _assert_same_as_reference(run: str, reference: str) -> None:
     assert sorted(_markers(run)) == list(range(N_PARTS))
-    ref_objects = worker_procs.stored_objects(reference)
-    objects = worker_procs.stored_objects(run)
-    ref_objects.pop("activations/actx.json"), objects.pop("activations/actx.json")
-    assert objects.keys() == ref_objects.keys()
-    differing = [k for k in objects if objects[k] != ref_objects[k]]
-    assert not differing, f"objects differ from the single-process run: {differing[:5]}"
+    worker_procs.assert_same_activations(run, reference)
     for pid, marker in _markers(run).items():
         assert marker.checksums == _markers(reference)[pid].checksums
 

@@ -36,20 +36,8 @@ def reference(model_dir, tmp_path_factory):
     return run, docs
 
 
-def _copy_tokens(src: str, dest: str) -> str:
-    os.makedirs(dest)
-    for name in ("run.json", "manifest.json", "tokens"):
-        path = os.path.join(src, name)
-        (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, os.path.join(dest, name))
-    return dest
-
-
-def _assert_identical(run: str, ref: str) -> None:
-    objects, ref_objects = worker_procs.stored_objects(run), worker_procs.stored_objects(ref)
-    objects.pop("activations/actx.json"), ref_objects.pop("activations/actx.json")
-    assert objects.keys() == ref_objects.keys()
-    differing = [k for k in objects if objects[k] != ref_objects[k]]
-    assert not differing, f"objects differ from the uninterrupted one-process run: {differing}"
+_copy_tokens = worker_procs.copy_token_store
+_assert_identical = worker_procs.assert_same_activations
 
 
 def test_every_stored_token_equals_hf_on_its_document(reference, model_dir):

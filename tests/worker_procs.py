@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -66,6 +67,24 @@ def stored_objects(run_dir: str, prefix: str = "activations") -> dict[str, bytes
             with open(path, "rb") as f:
                 out[os.path.relpath(path, root)] = f.read()
     return out
+
+
+def copy_token_store(src: str, dest: str) -> str:
+    """A new local run with `src`'s token store and specs, no activations or commits."""
+    os.makedirs(dest)
+    for name in ("run.json", "manifest.json", "tokens"):
+        path = os.path.join(src, name)
+        (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, os.path.join(dest, name))
+    return dest
+
+
+def assert_same_activations(run: str, reference: str) -> None:
+    """Every stored activation object of `run` is byte-identical to `reference`'s."""
+    objects, ref_objects = stored_objects(run), stored_objects(reference)
+    objects.pop("activations/actx.json"), ref_objects.pop("activations/actx.json")
+    assert objects.keys() == ref_objects.keys()
+    differing = [k for k in objects if objects[k] != ref_objects[k]]
+    assert not differing, f"objects differ from the reference run: {differing[:5]}"
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float, what: str) -> None:
