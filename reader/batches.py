@@ -61,6 +61,8 @@ class TokenBatches:
     drop_last: see `shuffle.ShufflePlan`.
     exclude_bos / exclude_special: leave out tokens with the BOS id (anywhere in a row, also
       mid-row in concat packing) / the tokenizer's special tokens.
+    whole_document: only tokens that attended to their whole document up to themselves
+      (tokens/context_start == 0; see README, "What each token sees").
     partitions: committed partitions to use (default: all committed at open time).
     prefetch: batches read ahead by a background thread (0: read in the caller's thread).
     framework: "numpy", "jax" or "torch"; as_jax=True is framework="jax".
@@ -80,6 +82,7 @@ class TokenBatches:
                  seed: int = 0, epochs: int | None = 1, start_step: int = 0,
                  process_index: int = 0, process_count: int = 1, drop_last: bool = True,
                  exclude_bos: bool = False, exclude_special: bool = False,
+                 whole_document: bool = False,
                  partitions: Sequence[int] | None = None, prefetch: int = 2,
                  framework: Literal["numpy", "jax", "torch"] = "numpy",
                  as_jax: bool = False, dtype: str | None = None, shuffle: bool = True,
@@ -92,7 +95,7 @@ class TokenBatches:
         for hook in self.hooks:
             run.hook(hook)
         self.index = shuffle_lib.build_index(run, partitions, exclude_bos, exclude_special,
-                                             self.hooks)
+                                             self.hooks, whole_document)
         self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, seed, process_index,
                                             process_count, drop_last, shuffle)
         self.framework = formats.check_framework("jax" if as_jax else framework)

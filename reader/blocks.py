@@ -47,7 +47,7 @@ class BlockTable:
 
 def count_blocks(run: run_lib.Run, block_rows: int, partitions: Iterable[int] | None = None,
                  exclude_bos: bool = False, exclude_special: bool = False,
-                 hooks: tuple[str, ...] = ()) -> BlockTable:
+                 hooks: tuple[str, ...] = (), whole_document: bool = False) -> BlockTable:
     """Valid tokens per block of the chosen committed partitions (default: all committed).
 
     Reads segment_ids and input_ids once (8 bytes per position; token arrays are stored one
@@ -61,10 +61,10 @@ def count_blocks(run: run_lib.Run, block_rows: int, partitions: Iterable[int] | 
     for pid in ids:
         part = run.partitions[pid]
         futures = [run.token_array(n)[part.row_start:part.row_stop].read()
-                   for n in ("segment_ids", "input_ids")]
-        seg, inp = (f.result() for f in futures)
+                   for n in shuffle_lib.token_names(whole_document)]
+        seg, inp, *context = (f.result() for f in futures)
         per_row = shuffle_lib.valid_mask(seg, inp, m.bos_id, m.special_token_ids,
-                                         exclude_bos, exclude_special).sum(axis=1)
+                                         exclude_bos, exclude_special, *context).sum(axis=1)
         lo = np.arange(part.row_start, part.row_stop, block_rows, dtype=np.int64)
         hi = np.minimum(lo + block_rows, part.row_stop)
         # Per-block sums of the per-row counts (reduceat over each block's first row).

@@ -41,11 +41,17 @@ class TokenIndex:
         return flat // self.seq_len, flat % self.seq_len
 
 
+def token_names(whole_document: bool) -> tuple[str, ...]:
+    """The token arrays `valid_mask` needs."""
+    return ("segment_ids", "input_ids") + (("context_start",) if whole_document else ())
+
+
 def valid_mask(segment_ids: np.ndarray, input_ids: np.ndarray, bos_id: int | None,
                special_ids: Iterable[int], exclude_bos: bool,
-               exclude_special: bool) -> np.ndarray:
+               exclude_special: bool, context_start: np.ndarray | None = None) -> np.ndarray:
     """Which tokens count: never padding; with `exclude_bos`, no token whose id is the BOS
-    id, wherever it is.
+    id, wherever it is; given `context_start` (whole_document), only tokens that attended
+    to their whole document up to themselves.
 
     The id alone decides, not the position: in `segmented` / `pad` packing a BOS opens a
     document (position 0), but in `concat` packing positions are column indices (a row is
@@ -58,12 +64,14 @@ def valid_mask(segment_ids: np.ndarray, input_ids: np.ndarray, bos_id: int | Non
     special = list(special_ids)
     if exclude_special and special:
         mask &= ~np.isin(input_ids, special)
+    if context_start is not None:
+        mask &= context_start == 0
     return mask
 
 
 def build_index(run: run_lib.Run, partitions: Iterable[int] | None = None,
                 exclude_bos: bool = False, exclude_special: bool = False,
-                hooks: tuple[str, ...] = ()) -> TokenIndex:
+                hooks: tuple[str, ...] = (), whole_document: bool = False) -> TokenIndex:
     """Indexes the valid tokens of committed partitions (default: all committed).
 
     Reads only token arrays (4 bytes per position each), one partition at a time.
@@ -73,11 +81,11 @@ def build_index(run: run_lib.Run, partitions: Iterable[int] | None = None,
     flats, token_ids = [], []
     for pid in ids:
         part = run.partitions[pid]
-        names = ("segment_ids", "input_ids")
-        futures = [run.token_array(n)[part.row_start:part.row_stop].read() for n in names]
-        seg, inp = (f.result() for f in futures)
+        futures = [run.token_array(n)[part.row_start:part.row_stop].read()
+                   for n in token_names(whole_document)]
+        seg, inp, *context = (f.result() for f in futures)
         mask = valid_mask(seg, inp, run.manifest.bos_id, run.manifest.special_token_ids,
-                          exclude_bos, exclude_special)
+                          exclude_bos, exclude_special, *context)
         local = np.flatnonzero(mask.reshape(-1))
         flats.append(local + part.row_start * seq_len)
         token_ids.append(inp.reshape(-1)[local])

@@ -112,7 +112,8 @@ class ShuffledStream:
       begin at. resume: a dict from `state(batch)`; checked against these settings.
     process_index / process_count: this trainer's share (disjoint blocks).
     drop_last: see blocks.StreamPlan (True: equal step counts on every process).
-    exclude_bos / exclude_special / partitions: which tokens, as in run.batches.
+    exclude_bos / exclude_special / whole_document / partitions: which tokens, as in
+      run.batches.
     prefetch_buffers: buffers read ahead (memory: see the module docstring);
     prefetch: batches cut ahead by the background thread.
     framework / as_jax / sharding / dtype / normalize: output format (reader.formats); a
@@ -127,7 +128,7 @@ class ShuffledStream:
                  resume: dict | None = None, process_index: int = 0,
                  process_count: int = 1, drop_last: bool = True, exclude_bos: bool = False,
                  exclude_special: bool = False, partitions: Sequence[int] | None = None,
-                 prefetch_buffers: int = 1, prefetch: int = 2,
+                 whole_document: bool = False, prefetch_buffers: int = 1, prefetch: int = 2,
                  framework: formats.Framework = "numpy", as_jax: bool = False,
                  sharding: Any = None, dtype: str | None = None,
                  normalize: str | None = None, gcs_request_concurrency: int | None = None):
@@ -147,7 +148,7 @@ class ShuffledStream:
                              f"{block_rows} rows x {run.seq_len} tokens; raise it to at "
                              f"least {block_rows * run.seq_len}")
         table = blocks_lib.count_blocks(run, block_rows, partitions, exclude_bos,
-                                        exclude_special, self.hooks)
+                                        exclude_special, self.hooks, whole_document)
         self.plan = blocks_lib.StreamPlan(table, batch_size, buffer_rows, seed,
                                           process_index, process_count, drop_last)
         self._settings = {
@@ -156,7 +157,7 @@ class ShuffledStream:
             "buffer_rows": buffer_rows, "block_rows": block_rows, "seed": seed,
             "process_index": process_index, "process_count": process_count,
             "drop_last": drop_last, "exclude_bos": exclude_bos,
-            "exclude_special": exclude_special}
+            "exclude_special": exclude_special, "whole_document": whole_document}
         if resume is not None:
             start_step = self._check_resume(resume)
         self.start_step = start_step
@@ -169,7 +170,7 @@ class ShuffledStream:
         self._acts = {h: run._open(layout.activation_array_key(h), acts_context)
                       for h in self.hooks}
         self._tokens = [run._open(layout.token_array_key(n), tokens_context)
-                        for n in ("segment_ids", "input_ids")]
+                        for n in shuffle_lib.token_names(whole_document)]
         self._prefetch_depth = max(1, prefetch)
         self._prefetcher = prefetch_lib.Prefetcher(self._produce, self._prefetch_depth,
                                                    "actx-reader-stream")
@@ -246,11 +247,12 @@ class ShuffledStream:
     def _permuted(self, loaded: _Loaded) -> tuple[np.ndarray, np.ndarray]:
         """(flat slot positions of the valid tokens in permuted order, input_ids [rows*T])."""
         m = self.run.manifest
-        seg = np.concatenate([f[0].result() for f in loaded.tokens])
-        inp = np.concatenate([f[1].result() for f in loaded.tokens])
+        seg, inp, *context = (np.concatenate([f[i].result() for f in loaded.tokens])
+                              for i in range(len(self._tokens)))
         s = self._settings
         valid = np.flatnonzero(shuffle_lib.valid_mask(
-            seg, inp, m.bos_id, m.special_token_ids, s["exclude_bos"], s["exclude_special"]))
+            seg, inp, m.bos_id, m.special_token_ids, s["exclude_bos"], s["exclude_special"],
+            *context))
         if len(valid) != loaded.buffer.tokens:
             raise RuntimeError(
                 f"{self.run.location}: rows {loaded.run_rows[0]}..{loaded.run_rows[-1]} hold "

@@ -176,3 +176,26 @@ def test_prepare_refuses_max_context_beyond_the_model_before_any_work(model_dir,
                              "max_position_embeddings=4096"):
         prepare_main.run_prepare(spec, str(tmp_path / "run"))
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_training_streams_can_keep_only_tokens_that_saw_their_whole_document(reference):
+    """run.stream and run.batches with whole_document=True yield exactly the tokens whose
+    context_start is 0, each once per epoch, with their stored values."""
+    import reader
+
+    run, _ = reference
+    context_start = token_runs.read_tokens(run, "context_start")
+    stored = token_runs.read_activation(run, "layers.2.resid_post")
+    want = set(zip(*np.nonzero(context_start == 0)))
+    r = reader.open_run(run)
+    for make in (lambda: r.stream("layers.2.resid_post", 32, whole_document=True,
+                                  drop_last=False, buffer_tokens=4 * 16 * 4, prefetch=0),
+                 lambda: r.batches("layers.2.resid_post", 32, whole_document=True,
+                                   drop_last=False, prefetch=0)):
+        seen = []
+        with make() as batches:
+            for b in batches:
+                np.testing.assert_array_equal(b.acts["layers.2.resid_post"],
+                                              stored[b.rows, b.cols])
+                seen += list(zip(b.rows.tolist(), b.cols.tolist()))
+        assert len(seen) == len(set(seen)) and set(seen) == want
