@@ -282,7 +282,9 @@ def render(status: RunStatus) -> str:
     if status.hosts:
         lines.append(f"hosts (stale after {status.stale_after_s:g}s without a heartbeat):")
         for h in status.hosts:
-            where = (f"partition {layout_lib.partition_name(h.partition)} step {h.step}/{h.steps}"
+            # steps is 0 for a worker streaming partitions (no per-partition step count).
+            step = f"step {h.step}/{h.steps}" if h.steps else f"step {h.step}"
+            where = (f"partition {layout_lib.partition_name(h.partition)} {step}"
                      if h.partition is not None else "-")
             msg = f"  {h.message}" if h.message else ""
             lines.append(f"  {h.host:<28} {h.state:<16} {where:<30} "

@@ -160,7 +160,7 @@ function render(d) {
   $("hosts").innerHTML = order.map((h) => `<tr data-host="${esc(h.host)}" data-live="${h.live}"
       class="${h.dead ? "dead" : (h.slow ? "slow" : "")}"><td>${esc(h.host)}</td>
       <td class="state">${esc(h.state)}</td><td class="num">${duration(h.age_s)} ago</td>
-      <td>${h.partition || "-"}</td><td class="num">${h.step}/${h.steps}</td>
+      <td>${h.partition || "-"}</td><td class="num">${h.steps ? h.step + "/" + h.steps : h.step}</td>
       <td class="num rate">${dec1(h.tokens_per_s)}</td>
       <td><span class="bar" style="width:${Math.round(120 * h.tokens_per_s / maxRate)}px">
       </span></td>
