@@ -2,7 +2,8 @@
 
 The mask is block-diagonal causal over segment ids (0 = padding), optionally limited to a
 sliding window, so packed documents see only themselves. Padding tokens share segment 0
-and always see themselves, so no row of the softmax is empty (no NaN).
+and always see themselves, so no row of the softmax is empty (no NaN). `cached_attention`
+adds the keys a slot cached from its document's earlier rows (workers.kv_cache).
 """
 
 from __future__ import annotations

@@ -141,10 +141,6 @@ class ExtractFn:
             shards *= sharding.axis_size(self.mesh, "kv_heads")
         return total // shards
 
-    def reset_cache(self) -> None:
-        """Forgets every slot's context (a new partition starts)."""
-        self._cache = None
-
     def _empty_cache(self, batch: int, seq: int) -> kv_cache.KVCache:
         capacity = kv_cache.capacity_tokens(self.max_context, seq)
 
