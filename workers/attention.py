@@ -87,15 +87,19 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
 def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
                      mask_bts: jax.Array, cache_k_bckh: jax.Array, cache_v_bckh: jax.Array,
                      cache_pos_bc: jax.Array, q_pos_bt: jax.Array, q_continues_bt: jax.Array,
-                     window: jax.Array | int, ptr: jax.Array, blocks: jax.Array) -> jax.Array:
+                     window: jax.Array | int, ptr: jax.Array,
+                     data_shards: int = 1) -> jax.Array:
     """Attention over the row itself and the slot's cached earlier rows, [b, t, n, h].
 
     The row part uses `mask_bts` as `attention`; a query that continues the slot's
     document (q_continues) also attends to cached keys whose position q_pos - window <
-    pos < q_pos. The cache is visited block by block, newest first, for `blocks` blocks
-    (the most any slot holds), merged by the online softmax in float32, so the work grows
-    with the context actually held, not the cache's capacity. A block a slot does not hold
-    is fully masked and leaves its result bit for bit unchanged.
+    pos < q_pos. The cache is visited block by block, newest first, merged by the online
+    softmax in float32, so the work follows the context each slot holds: the slots are
+    taken in groups of `data_shards` (one per device of the `data` axis, which holds the
+    batch in contiguous chunks), one group after another, and a group visits as many
+    blocks as its deepest slot holds. A block a slot does not hold is fully masked and
+    leaves its result bit for bit unchanged, and every group has the same shapes, so a
+    slot's bytes never depend on what the other slots hold.
     """
     b, t, n, h = q_btnh.shape
     k = k_btkh.shape[2]
@@ -104,36 +108,54 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
     scale = h ** -0.5
     q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
 
-    def scores(keys_bskh):
-        return jnp.einsum("btkgh,bskh->bkgts", q_btkgh, keys_bskh,
+    def scores(q, keys_bskh):
+        return jnp.einsum("btkgh,bskh->bkgts", q, keys_bskh,
                           preferred_element_type=jnp.float32) * scale
 
     def weighted(p_bkgts, values_bskh):
         return jnp.einsum("bkgts,bskh->bkgth", p_bkgts, values_bskh.astype(jnp.float32))
 
     row_mask = mask_bts[:, None, None]
-    logits = jnp.where(row_mask, scores(k_btkh), -jnp.inf)
+    logits = jnp.where(row_mask, scores(q_btkgh, k_btkh), -jnp.inf)
     m_bkgt = jnp.max(logits, axis=-1)  # finite: every query sees itself
     p = jnp.exp(logits - m_bkgt[..., None])
     state = (m_bkgt, jnp.sum(p, axis=-1), weighted(p, v_btkh))
+    held_b = (jnp.sum(cache_pos_bc >= 0, axis=1) + block_len - 1) // block_len
 
-    def visit(j, state):
-        m_old, l_old, acc_old = state
-        start = ((ptr - 1 - j) % n_blocks) * block_len
-        keys = jax.lax.dynamic_slice_in_dim(cache_k_bckh, start, block_len, axis=1)
-        values = jax.lax.dynamic_slice_in_dim(cache_v_bckh, start, block_len, axis=1)
-        pos_bs = jax.lax.dynamic_slice_in_dim(cache_pos_bc, start, block_len, axis=1)
-        seen_bts = (q_continues_bt[:, :, None] & (pos_bs[:, None, :] >= 0)
-                    & (pos_bs[:, None, :] < q_pos_bt[:, :, None])
-                    & (q_pos_bt[:, :, None] - pos_bs[:, None, :] < window))
-        seen = seen_bts[:, None, None]
-        logits = jnp.where(seen, scores(keys), -jnp.inf)
-        m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
-        correction = jnp.exp(m_old - m_new)
-        p = jnp.where(seen, jnp.exp(logits - m_new[..., None]), 0.0)
-        return (m_new, l_old * correction + jnp.sum(p, axis=-1),
-                acc_old * correction[..., None] + weighted(p, values))
+    def group(xs):
+        q, cache_k, cache_v, cache_pos, q_pos, q_continues, held, m, l, acc = xs
 
-    _, l_bkgt, acc_bkgth = jax.lax.fori_loop(0, blocks, visit, state)
+        def visit(j, state):
+            m_old, l_old, acc_old = state
+            start = ((ptr - 1 - j) % n_blocks) * block_len
+            keys = jax.lax.dynamic_slice_in_dim(cache_k, start, block_len, axis=1)
+            values = jax.lax.dynamic_slice_in_dim(cache_v, start, block_len, axis=1)
+            pos_bs = jax.lax.dynamic_slice_in_dim(cache_pos, start, block_len, axis=1)
+            seen_bts = (q_continues[:, :, None] & (pos_bs[:, None, :] >= 0)
+                        & (pos_bs[:, None, :] < q_pos[:, :, None])
+                        & (q_pos[:, :, None] - pos_bs[:, None, :] < window))
+            seen = seen_bts[:, None, None]
+            logits = jnp.where(seen, scores(q, keys), -jnp.inf)
+            m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
+            correction = jnp.exp(m_old - m_new)
+            p = jnp.where(seen, jnp.exp(logits - m_new[..., None]), 0.0)
+            return (m_new, l_old * correction + jnp.sum(p, axis=-1),
+                    acc_old * correction[..., None] + weighted(p, values))
+
+        return jax.lax.fori_loop(0, jnp.max(held), visit, (m, l, acc))
+
+    # [b, ...] -> [groups, data_shards, ...]: device d holds slots d*groups..; group i
+    # takes slot i of every device, so each device works on its own slots in parallel.
+    groups = b // data_shards
+
+    def split(x):
+        return jnp.swapaxes(x.reshape((data_shards, groups) + x.shape[1:]), 0, 1)
+
+    def merge(x):
+        return jnp.swapaxes(x, 0, 1).reshape((b,) + x.shape[2:])
+
+    xs = (q_btkgh, cache_k_bckh, cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
+          held_b) + state
+    _, l_bkgt, acc_bkgth = (merge(x) for x in jax.lax.map(group, tuple(split(x) for x in xs)))
     out_bkgth = acc_bkgth / l_bkgt[..., None]
     return jnp.einsum("bkgth->btkgh", out_bkgth).reshape(b, t, n, h).astype(q_btnh.dtype)

@@ -110,9 +110,3 @@ def block_positions(positions_bt: jax.Array, segment_ids_bt: jax.Array) -> jax.A
 def reset_slots(pos_bc: jax.Array, continues_b: jax.Array) -> jax.Array:
     """Forgets the cache of every slot whose row does not continue its previous row."""
     return jnp.where(continues_b[:, None], pos_bc, -1)
-
-
-def blocks_in_use(pos_bc: jax.Array, seq_len: int) -> jax.Array:
-    """int32 scalar: the most blocks any slot holds (the attention loop's trip count)."""
-    valid_b = jnp.sum(pos_bc >= 0, axis=1)
-    return jnp.max((valid_b + seq_len - 1) // seq_len).astype(jnp.int32)

@@ -109,7 +109,7 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
         heads_btnh = attn_lib.cached_attention(
             q_btnh, k_btkh, v_btkh, mask_bts, cached["k_bckh"], cached["v_bckh"],
             cached["pos_bc"], cached["q_pos_bt"], cached["q_continues_bt"],
-            cached["window"], cached["ptr"], cached["blocks"])
+            cached["window"], cached["ptr"], cached["data_shards"])
     attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
     mid_btd = x_btd + attn_out_btd
 
@@ -160,7 +160,7 @@ def forward_cached(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
                    global_points: tuple[str, ...] = (),
                    out_dtype: jnp.dtype = jnp.float32,
                    constrain: Constrain = lambda x, axes: x,
-                   attention_impl: str | None = None
+                   attention_impl: str | None = None, data_shards: int = 1
                    ) -> tuple[dict[str, jax.Array], kv_cache.KVCache]:
     """`forward` for one row per batch slot of long documents (chunked prefill).
 
@@ -169,16 +169,18 @@ def forward_cached(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
       cached keys of its earlier rows, within max_context positions.
     cache: the slots' cache from the previous step (`kv_cache.zeros` at first), for
       exactly the layers this call runs. Returns the hooks and the updated cache.
+    data_shards: size of the mesh axis the batch is split over (1 without a mesh).
     """
     return _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt,
                 point_layers=point_layers, global_points=global_points,
                 out_dtype=out_dtype, constrain=constrain, attention_impl=attention_impl,
-                cache=cache, continues_b=continues_b, max_context=max_context)
+                cache=cache, continues_b=continues_b, max_context=max_context,
+                data_shards=data_shards)
 
 
 def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layers,
          global_points, out_dtype, constrain, attention_impl, cache=None, continues_b=None,
-         max_context=None):
+         max_context=None, data_shards=1):
     b, t = input_ids_bt.shape
     act_axes = ("batch", "seq", "embed")
     x_btd = constrain(jnp.take(params["embed_vd"], input_ids_bt, axis=0), act_axes)
@@ -224,7 +226,7 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
                           & (segment_ids_bt > 0))
         shared_view = {"pos_bc": pos_bc, "q_pos_bt": positions_bt,
                        "q_continues_bt": q_continues_bt, "ptr": cache.ptr,
-                       "blocks": kv_cache.blocks_in_use(pos_bc, t)}
+                       "data_shards": data_shards}
 
     def body(carry, xs):
         x_btd, buffers = carry

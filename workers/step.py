@@ -63,6 +63,7 @@ class ExtractFn:
                 return jax.lax.with_sharding_constraint(x, named)
 
         self.max_context = max_context
+        data_shards = 1 if mesh is None else sharding.axis_size(mesh, "batch")
         self.layers_run = model_lib.layers_to_run(cfg, point_layers, global_points)
         self._cache: kv_cache.KVCache | None = None
         self._dtype = model.dtype
@@ -81,7 +82,7 @@ class ExtractFn:
                 params, cfg, input_ids_bt, positions_bt, segment_ids_bt, continues_b, cache,
                 max_context=max_context, point_layers=point_layers,
                 global_points=global_points, out_dtype=out_dtype, constrain=constrain,
-                attention_impl=attention_impl)
+                attention_impl=attention_impl, data_shards=data_shards)
 
         params = model.params
         self._cache_shardings = None
