@@ -25,7 +25,7 @@ LOG_TAIL_LINES = 25
 
 
 def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: float,
-                  out=sys.stdout) -> bool:
+                  out=sys.stdout, retry_argv: list[str] | None = None) -> bool:
     """Runs prepare in-process unless the run is already prepared for this spec.
 
     Returns False when it was already prepared (prepare is deterministic, so the existing
@@ -43,7 +43,8 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
     print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
     t0 = time.monotonic()
     manifest = pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
-                                         max_reject_fraction=max_reject_fraction)
+                                         max_reject_fraction=max_reject_fraction,
+                                         retry_argv=retry_argv)
     print(f"prepare: {manifest.total_rows} rows, {manifest.total_tokens:,} tokens, "
           f"{len(manifest.partitions)} partitions, {manifest.docs_rejected} rejected "
           f"({time.monotonic() - t0:.1f}s)", file=out, flush=True)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import shlex
+import sys
 import time
 
 from pipeline import beam_pipeline
@@ -54,6 +57,13 @@ def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
 
 
 def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
+    """Refuses another run's directory, then clears what an earlier attempt left.
+
+    run.json and manifest.json are written last, so without them every token array, doc
+    table and reject file here is from a failed attempt (possibly of another shape) and
+    goes. Once partitions are committed the token store stays (prepare is deterministic,
+    and workers read it); rejects are always rewritten by this attempt.
+    """
     existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
     if existing is not None and existing.get("fingerprint") != spec.fingerprint:
         raise PrepareError(
@@ -62,6 +72,13 @@ def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
     # Until the new manifest lands the run counts as not prepared.
     store.delete(layout.MANIFEST_KEY)
     store.delete(write_store.SUMMARY_KEY)
+    committed = existing is not None and bool(store.list(layout.COMMITS_PREFIX))
+    prefixes = ((layout.REJECTS_PREFIX, "prepare/") if committed
+                else layout.PREPARE_OUTPUT_PREFIXES)
+    removed = sum(store.delete_prefix(prefix) for prefix in prefixes)
+    if removed:
+        _log.info("prepare: removed %d object(s) of an earlier attempt under %s (%s)", removed,
+                  store.location, ", ".join(prefixes))
 
 
 def _reject_summary(summary: dict) -> str:
@@ -72,6 +89,38 @@ def _reject_summary(summary: dict) -> str:
         lines.append(f"  {name}: read {counts['read']}, accepted {counts['accepted']}, "
                      f"rejected {counts['rejected']}" + (f" ({detail})" if detail else ""))
     return "\n".join(lines)
+
+
+def accept_rejects_hint(fraction: float, retry_argv: list[str] | None) -> str:
+    """What to type to accept `fraction` rejected: the same command with the smallest
+    --max-reject-fraction (rounded up to 3 decimals) that passes."""
+    needed = f"{min(1.0, math.ceil(fraction * 1000) / 1000):g}"
+    if retry_argv is None:
+        return f"run_prepare(..., max_reject_fraction={needed})"
+    kept, skip = [], False
+    for arg in retry_argv:
+        if skip:
+            skip = False
+        elif arg == "--max-reject-fraction":
+            skip = True  # its value follows
+        elif not arg.startswith("--max-reject-fraction="):
+            kept.append(arg)
+    return shlex.join(kept + [f"--max-reject-fraction={needed}"])
+
+
+def _check_not_empty(spec: runspec_lib.RunSpec, files: list[tuple[int, str]],
+                     summary: dict) -> None:
+    """A source that yielded no record at all is a mistake (an empty file, a wrong glob's
+    empty match), not a run of 0 documents."""
+    for s, source in enumerate(spec.sources):
+        name = spec.source_name(s)
+        counts = summary["sources"].get(name)
+        if source.max_docs != 0 and counts is not None and counts["read"] == 0:
+            paths = [f for i, f in files if i == s]
+            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3
+                                            else "")
+            raise PrepareError(f"source {name!r}: no documents in {shown} (empty input); "
+                               f"check the path, or remove the source")
 
 
 def _check_max_context(spec: runspec_lib.RunSpec) -> None:
@@ -92,8 +141,16 @@ def _check_max_context(spec: runspec_lib.RunSpec) -> None:
 
 
 def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str] | None = None,
-                max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION) -> manifest_lib.Manifest:
-    """Prepares the token store of `spec` under `run_uri` and returns its manifest."""
+                max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION,
+                retry_argv: list[str] | None = None) -> manifest_lib.Manifest:
+    """Prepares the token store of `spec` under `run_uri` and returns its manifest.
+
+    retry_argv: the command that started this prepare, as typed (e.g. ["actx", "submit",
+    "c.yaml"]); a reject abort then prints it with the --max-reject-fraction that passes.
+    """
+    if not 0 <= max_reject_fraction <= 1:
+        raise PrepareError(f"--max-reject-fraction={max_reject_fraction:g}: must be between "
+                           f"0 and 1 (a fraction of the inputs read)")
     # Everything that can be checked before work starts is checked here.
     _check_max_context(spec)
     files = expand_sources(spec)
@@ -119,14 +176,16 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
     summary = store.read_json(write_store.SUMMARY_KEY)
     if summary is None:
         raise PrepareError(f"{store.location}: the pipeline finished without a summary")
+    _check_not_empty(spec, files, summary)
     read = sum(c["read"] for c in summary["sources"].values())
     rejected = sum(c["rejected"] for c in summary["sources"].values())
     if read and rejected / read > max_reject_fraction:
         raise PrepareError(
             f"{rejected} of {read} inputs rejected ({rejected / read:.1%}), more than "
             f"--max-reject-fraction={max_reject_fraction:g}:\n{_reject_summary(summary)}\n"
-            f"See {store.location.join(layout.REJECTS_PREFIX)} for each rejected input; fix the "
-            f"inputs or raise --max-reject-fraction.")
+            f"See {store.location.join(layout.REJECTS_PREFIX)} for each rejected input. Fix "
+            f"the inputs and run again, or accept these rejects:\n"
+            f"  {accept_rejects_hint(rejected / read, retry_argv)}")
     manifest = manifest_lib.Manifest(
         fingerprint=spec.fingerprint, seq_len=spec.packing.seq_len,
         total_rows=summary["total_rows"],
@@ -175,7 +234,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--partition-rows", type=int, default=64)
     p.add_argument("--rows-per-shard", type=int, default=8)
     p.add_argument("--name", default="run")
-    p.add_argument("--max-reject-fraction", type=float, default=DEFAULT_MAX_REJECT_FRACTION)
+    p.add_argument("--max-reject-fraction", type=float, default=DEFAULT_MAX_REJECT_FRACTION,
+                   help="abort when more than this fraction of inputs is rejected "
+                        f"(default {DEFAULT_MAX_REJECT_FRACTION:g})")
     return p
 
 
@@ -206,13 +267,17 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         name=args.name)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, retry_argv: list[str] | None = None) -> int:
+    """`actx prepare`; retry_argv: the command as typed, for the reject hint (default:
+    `actx prepare` with `argv`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, pipeline_args = _parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # keep progress lines readable
     try:
         spec = spec_from_args(args)
-        manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction)
+        manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
+                               retry_argv or ["actx", "prepare", *argv])
     except (fileio.InputError, tokenize.TokenizerError, PrepareError,
             config_lib.ConfigError, ValueError) as e:
         print(f"actx prepare: error: {e}")

@@ -26,6 +26,10 @@ VERIFY_RECORD_KEY = "verify/latest.json"  # schemas.verification: what `actx ver
 # and the numerics key (see workers.runner) that every later attempt must share.
 ACTIVATIONS_INFO_KEY = f"{ACTIVATIONS_GROUP}/actx.json"
 PREPARE_SUMMARY_KEY = "prepare/summary.json"  # staged by the pipeline for its driver
+# Everything a prepare attempt writes besides run.json and manifest.json: a new attempt
+# deletes what a failed one left here, so a retry never meets arrays of another shape or
+# rejects of inputs it did not read.
+PREPARE_OUTPUT_PREFIXES = (f"{TOKENS_GROUP}/", DOCS_PREFIX, REJECTS_PREFIX, "prepare/")
 
 # Token arrays written by prepare, all int32 [rows, seq_len].
 #   input_ids: token ids (pad_id at padding).

