@@ -199,3 +199,41 @@ def test_training_streams_can_keep_only_tokens_that_saw_their_whole_document(ref
                                               stored[b.rows, b.cols])
                 seen += list(zip(b.rows.tolist(), b.cols.tolist()))
         assert len(seen) == len(set(seen)) and set(seen) == want
+
+
+def test_a_short_warm_up_is_exact_when_the_windows_allow_it(model_dir, tmp_path):
+    """max_context 16 (one row) over 3 layers: values depend on at most 3 x 15 tokens
+    before them, so a partition that starts inside a document re-runs only its last 3 rows
+    (not all of them) and every token still equals HF with the window, one process and a
+    2-host replica alike."""
+    from workers import schedule
+
+    run = str(tmp_path / "run")
+    _, docs = token_runs.write_long_document_run(run, str(model_dir), hooks=HOOKS,
+                                                 max_context=16)
+    # The 12-row document (rows 12-23) enters partition 1 (rows 16-31) 4 rows in.
+    positions = token_runs.read_tokens(run, "positions")
+    segments = token_runs.read_tokens(run, "segment_ids")
+    flags = (segments[16:32, 0] > 0) & (positions[16:32, 0] > 0)
+    full = schedule.chains(16, 32, flags, positions[16:32, 0], 16)
+    capped = schedule.chains(16, 32, flags, positions[16:32, 0], 16,
+                             schedule.warmup_rows([16, 16, 16], 16))
+    assert (full[0].warmup, capped[0].warmup) == (4, 3)
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    hf = hf_models.load_hf_model(model_dir)
+    doc_index = token_runs.read_tokens(run, "doc_index")
+    stored = token_runs.read_activation(run, "layers.2.resid_post")
+    for d, ids in enumerate(docs):
+        where = np.nonzero(doc_index == d)
+        order = np.argsort(positions[where])
+        rows, cols = where[0][order], where[1][order]
+        mask = hf_models.band_mask(len(ids), 16) if len(ids) > 16 else None
+        ref = hf_models.hf_hooks(hf, ids[None], attention_mask=mask)
+        worker_procs.assert_close(stored[rows, cols], ref["layers.2.resid_post"][0], 1e-5,
+                                  f"document {d} ({len(ids)} tokens)")
+    replica = _copy_tokens(run, str(tmp_path / "replica"))
+    for code, out in worker_procs.run_replica(replica, hosts=2, devices_per_host=1,
+                                              extra=["--batch-size", "4"]):
+        assert code == 0, out
+    _assert_identical(replica, run)

@@ -152,6 +152,9 @@ class Worker:
         self.max_context = packing.max_context if packing.carries_context else None
         self.fn = step_lib.make_extract_fn(self.model, self.capture, self.mesh,
                                            max_context=self.max_context)
+        self.warmup_rows = None if self.max_context is None else schedule.warmup_rows(
+            [min(w or self.max_context, self.max_context)
+             for w in cfg.window_per_layer[:self.fn.layers_run]], self.manifest.seq_len)
         admission.check_context_fits(jax, self.spec, self.model, self.fn, self.mesh,
                                      opts.batch_size, opts.model_parallel,
                                      self.manifest.seq_len, self.max_context)
@@ -272,7 +275,7 @@ class Worker:
         if hi > lo:
             continues, first_positions = self.tokens.continuation_flags(lo, hi)
             chain_list = schedule.chains(lo, hi, continues, first_positions,
-                                         self.manifest.seq_len)
+                                         self.manifest.seq_len, self.warmup_rows)
         else:
             chain_list = []
         steps = schedule.assign(chain_list, self.local_batch, filler)
@@ -354,7 +357,8 @@ class Worker:
                     self.arrays, (part.row_start, part.row_stop), pool), part.row_count,
                     time.perf_counter()]
             return pid, schedule.chains(part.row_start, part.row_stop, continues,
-                                        first_positions, self.manifest.seq_len)
+                                        first_positions, self.manifest.seq_len,
+                                        self.warmup_rows)
 
         def on_output(batch: prefetch.Batch, outs: dict) -> None:
             step = batch.step

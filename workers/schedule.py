@@ -100,13 +100,16 @@ class Chain:
 
 
 def chains(lo: int, hi: int, continues_row: Sequence[bool] | None = None,
-           first_positions: Sequence[int] = (), seq_len: int = 0) -> list[Chain]:
+           first_positions: Sequence[int] = (), seq_len: int = 0,
+           max_warmup_rows: int | None = None) -> list[Chain]:
     """Splits the slice [lo, hi) into chains, in row order.
 
     continues_row[i]: row lo + i continues the document of row lo + i - 1 (None: no row
       does; every row is its own chain). first_positions[0] / seq_len: when the slice's
       first row continues a document, that document's position at its column 0, which says
-      how many earlier rows of the document (outside the slice) are run first as warm-up.
+      how many earlier rows of the document (outside the slice) are run first as warm-up:
+      all of them, or the last `max_warmup_rows` (`warmup_rows`: what the slice's values
+      depend on through the layers' windows).
     """
     if continues_row is None:
         return [Chain((r,)) for r in range(lo, hi)]
@@ -117,12 +120,28 @@ def chains(lo: int, hi: int, continues_row: Sequence[bool] | None = None,
     for i, cont in enumerate(continues_row):
         if i == 0 and cont:
             warmup = int(first_positions[0]) // seq_len
+            if max_warmup_rows is not None:
+                warmup = min(warmup, max_warmup_rows)
             out.append(list(range(lo - warmup, lo + 1)))
         elif cont:
             out[-1].append(lo + i)
         else:
             out.append([lo + i])
     return [Chain(tuple(rows), warmup if k == 0 else 0) for k, rows in enumerate(out)]
+
+
+def warmup_rows(windows: Sequence[int], seq_len: int) -> int:
+    """Rows of earlier context that make a slice starting inside a document exact.
+
+    windows: per layer that runs, the tokens a query attends to (min of the model's window
+    and max_context). An output of layer l at position p depends on the tokens back to
+    p - sum(w_i - 1 for i <= l), so a warm-up that starts that far back (or at the
+    document's first row) computes every value the slice uses exactly as a run from the
+    document's start would: a block outside a query's window is masked whether it was
+    computed or not.
+    """
+    lead_tokens = sum(w - 1 for w in windows)
+    return -(-lead_tokens // seq_len)
 
 
 def assign(chain_list: Sequence[Chain], local_batch: int, filler_row: int) -> list[Step]:
