@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -161,6 +162,17 @@ def cmd_verify(args, out) -> int:
 
 # -- entry point ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None, out=None) -> int:
+    try:
+        return _main(argv, out)
+    except BrokenPipeError:
+        # `actx status RUN | head -1`: the reader has all it wanted, which is no error.
+        # stdout now points at /dev/null so the interpreter's last flush stays quiet.
+        if out is None or out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None, out) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     out = out or sys.stdout
     if argv and argv[0] == "prepare":
@@ -183,10 +195,16 @@ def main(argv: list[str] | None = None, out=None) -> int:
                 "rerun": jobs.cmd_rerun, "verify": cmd_verify}
     from deploy import tpu_vm
     from schemas import config as schemas_config
+    from schemas import store_errors
 
+    # Commands that only look at a run answer within seconds when GCS is unreachable.
+    interactive = args.command in ("status", "verify", "rerun")
+    if interactive:
+        store_errors.set_deadline(store_errors.INTERACTIVE_DEADLINE_S)
     try:
         return handlers[args.command](args, out)
-    except (UsageError, schemas_config.ConfigError, tpu_vm.TargetError) as e:
+    except (UsageError, schemas_config.ConfigError, tpu_vm.TargetError,
+            store_errors.StoreError) as e:
         print(f"actx {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -201,6 +219,9 @@ def main(argv: list[str] | None = None, out=None) -> int:
             print(f"actx {args.command}: error: {e}", file=sys.stderr)
             return 2
         raise
+    finally:
+        if interactive:
+            store_errors.set_deadline(None)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ def open_run(run: str) -> RunHandle:
             spec = runspec_lib.read_run_spec(store)
             manifest = manifest_f.result()
     except FileNotFoundError as e:
+        store.check_reachable()  # a missing bucket says so, not "no run.json"
         raise RunError(str(e)) from None
     except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
         if type(e).__name__ in ("NotFound", "Forbidden"):

@@ -64,6 +64,7 @@ def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
     goes. Once partitions are committed the token store stays (prepare is deterministic,
     and workers read it); rejects are always rewritten by this attempt.
     """
+    store.check_reachable()  # a missing bucket or no access: said now, not from a Beam worker
     existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
     if existing is not None and existing.get("fingerprint") != spec.fingerprint:
         raise PrepareError(
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None) -> 
         manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
                                retry_argv or ["actx", "prepare", *argv])
     except (fileio.InputError, tokenize.TokenizerError, PrepareError,
-            config_lib.ConfigError, ValueError) as e:
+            config_lib.ConfigError, store_lib.StoreError, ValueError) as e:
         print(f"actx prepare: error: {e}")
         return 2
     print(f"prepared {args.out}: {manifest.total_rows} rows, {manifest.total_tokens} tokens, "

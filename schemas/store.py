@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import functools
 import json
 import os
 import threading
 import uuid
 from typing import Any
 
+from schemas import store_errors
 from schemas import uri as uri_lib
+
+StoreError = store_errors.StoreError
 
 
 class ObjectStore(abc.ABC):
@@ -55,6 +59,10 @@ class ObjectStore(abc.ABC):
 
     def exists(self, key: str) -> bool:
         return self.read(key) is not None
+
+    def check_reachable(self) -> None:
+        """Raises StoreError when the store itself (a bucket, not one object) is missing or
+        refuses this account; called when an expected object is missing, to say which."""
 
     def read_many(self, keys: list[str], max_parallel: int = 32) -> list[bytes | None]:
         """`read` of each key, in order; stores with a round trip per read run them in
@@ -212,6 +220,22 @@ class MemoryStore(ObjectStore):
 SUMMARY_METADATA_KEY = "actx-summary"
 
 
+def _gcs_errors(method):
+    """A GCS call whose library failures (credentials, bucket, permission, network) become
+    one StoreError naming the object (see schemas.store_errors)."""
+
+    @functools.wraps(method)
+    def wrapped(self, key: str = "", *args, **kwargs):
+        try:
+            return method(self, key, *args, **kwargs)
+        except Exception as e:
+            error = store_errors.translate(str(self.location.join(key)), self.location.bucket, e)
+            if error is e:
+                raise
+            raise error from e
+    return wrapped
+
+
 class GcsStore(ObjectStore):
     """GCS through google-cloud-storage; create-only uses ifGenerationMatch=0 (412 if present)."""
 
@@ -219,28 +243,39 @@ class GcsStore(ObjectStore):
 
     def __init__(self, location: uri_lib.Location):
         super().__init__(location)
-        self._bucket = _gcs_client().bucket(location.bucket)
+        try:
+            self._bucket = _gcs_client().bucket(location.bucket)
+        except Exception as e:
+            error = store_errors.translate(str(location), location.bucket, e)
+            if error is e:
+                raise
+            raise error from e
         self._kv = None  # tensorstore's view of the same location, for read_many
 
     def _name(self, key: str) -> str:
         return f"{self.location.path}/{key}" if self.location.path else key
 
+    @_gcs_errors
     def read(self, key: str) -> bytes | None:
         from google.api_core import exceptions
 
         try:
-            return self._bucket.blob(self._name(key)).download_as_bytes()
+            return self._bucket.blob(self._name(key)).download_as_bytes(
+                **store_errors.read_options())
         except exceptions.NotFound:
             return None
 
+    @_gcs_errors
     def write(self, key: str, data: bytes) -> None:
-        self._bucket.blob(self._name(key)).upload_from_string(data)
+        self._bucket.blob(self._name(key)).upload_from_string(data, **store_errors.write_options())
 
+    @_gcs_errors
     def create(self, key: str, data: bytes) -> bool:
         from google.api_core import exceptions
 
         try:
-            self._bucket.blob(self._name(key)).upload_from_string(data, if_generation_match=0)
+            self._bucket.blob(self._name(key)).upload_from_string(
+                data, if_generation_match=0, **store_errors.write_options())
             return True
         except exceptions.PreconditionFailed:
             return False
@@ -259,28 +294,38 @@ class GcsStore(ObjectStore):
         results = [f.result() for f in futures]
         return [bytes(r.value) if r.state == "value" else None for r in results]
 
+    @_gcs_errors
     def _list_range(self, prefix: str, start: str | None, end: str | None) -> list[str]:
         root = f"{self.location.path}/" if self.location.path else ""
         # Names only: full metadata is ~850 bytes per object; real GCS pages at 1,000.
         blobs = self._bucket.client.list_blobs(
             self._bucket, prefix=root + prefix, fields="items(name),nextPageToken",
             page_size=1000, start_offset=None if start is None else root + start,
-            end_offset=None if end is None else root + end)
+            end_offset=None if end is None else root + end, **store_errors.read_options())
         return [b.name[len(root):] for b in blobs]
 
     def list(self, prefix: str = "") -> list[str]:
         return sorted(self._list_range(prefix, None, None))
 
+    @_gcs_errors
+    def check_reachable(self, key: str = "") -> None:
+        # A missing object reads as None, a missing bucket too; a listing tells them apart.
+        root = f"{self.location.path}/" if self.location.path else ""
+        list(self._bucket.client.list_blobs(self._bucket, prefix=root, max_results=1,
+                                            fields="items(name)", **store_errors.read_options()))
+
+    @_gcs_errors
     def write_with_summary(self, key: str, data: bytes, summary: str) -> None:
         blob = self._bucket.blob(self._name(key))
         blob.metadata = {SUMMARY_METADATA_KEY: summary}  # sent with the data, one request
-        blob.upload_from_string(data)
+        blob.upload_from_string(data, **store_errors.write_options())
 
+    @_gcs_errors
     def list_summaries(self, prefix: str) -> dict[str, str | None]:
         root = f"{self.location.path}/" if self.location.path else ""
         blobs = self._bucket.client.list_blobs(
             self._bucket, prefix=root + prefix, fields="items(name,metadata),nextPageToken",
-            page_size=1000)
+            page_size=1000, **store_errors.read_options())
         return {b.name[len(root):]: (b.metadata or {}).get(SUMMARY_METADATA_KEY) for b in blobs}
 
     def list_split(self, prefix: str, boundaries: list[str]) -> list[str]:
@@ -300,11 +345,12 @@ class GcsStore(ObjectStore):
             list(pool.map(self.delete, keys))
         return len(keys)
 
+    @_gcs_errors
     def delete(self, key: str) -> None:
         from google.api_core import exceptions
 
         try:
-            self._bucket.blob(self._name(key)).delete()
+            self._bucket.blob(self._name(key)).delete(**store_errors.read_options())
         except exceptions.NotFound:
             pass
 

@@ -98,7 +98,7 @@ def test_not_an_actx_run_on_gcs(gcs_bucket, capsys):
     assert cli.main(["status", f"{gcs_bucket}/runs/none"], out=io.StringIO()) == 2
     assert "not an actx run (no run.json)" in capsys.readouterr().err
     assert cli.main(["status", "gs://no-such-bucket-actx/r"], out=io.StringIO()) == 2
-    assert "not an actx run" in capsys.readouterr().err
+    assert "bucket no-such-bucket-actx does not exist" in capsys.readouterr().err
 
 
 def test_rerun_with_everything_committed_does_nothing(run):

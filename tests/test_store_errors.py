@@ -1,0 +1,131 @@
+"""Object-store failures through the real command line (subprocesses, the real
+google-cloud-storage client): no credentials, an unknown bucket (GCS emulator), permission
+denied (a loopback server answering as GCS does), no network (a
+closed port). Each is one line on stderr with exit 2 within 15 s. A pipe that closes
+early (`actx status RUN | head -1`) is no error."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests import token_runs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIMIT_S = 15.0
+
+
+def _actx(*args, env=None, timeout=60):
+    env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
+    env = {k: v for k, v in env.items() if v is not None}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "deploy.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - t0
+
+
+def _one_error_line(proc, seconds, *expected):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert seconds < LIMIT_S, seconds
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def test_no_credentials(tmp_path):
+    # No emulator, no key file, no gcloud config, and no metadata server to ask.
+    env = {"STORAGE_EMULATOR_HOST": None, "GOOGLE_APPLICATION_CREDENTIALS": None,
+           "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path), "NO_GCE_CHECK": "True"}
+    proc, seconds = _actx("status", "gs://some-bucket/runs/r1", env=env)
+    _one_error_line(proc, seconds, "gs://some-bucket/runs/r1: no Google Cloud credentials found",
+                    "gcloud auth application-default login")
+
+
+@pytest.mark.parametrize("command", ["status", "verify", "rerun"])
+def test_unknown_bucket(gcs_emulator_server, command):
+    proc, seconds = _actx(command, "gs://actx-no-such-bucket/runs/r1")
+    _one_error_line(proc, seconds, "bucket actx-no-such-bucket does not exist (404)")
+
+
+def test_prepare_into_an_unknown_bucket(gcs_emulator_server, tmp_path, qwen_tokenizer_dir):
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"text": "one document"}) + "\n")
+    proc, seconds = _actx("prepare", "--out", "gs://actx-no-such-bucket/r", "--tokenizer",
+                          qwen_tokenizer_dir, "--text", str(data), "--runner=FnApiRunner")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "bucket actx-no-such-bucket does not exist (404)" in proc.stdout
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """Answers every request as GCS answers a refused one (JSON error body)."""
+
+    code = 403
+
+    def _answer(self):
+        message = ("actx-sa@p.iam.gserviceaccount.com does not have storage.objects.get "
+                   "access to the Google Cloud Storage object.")
+        body = json.dumps({"error": {"code": self.code, "message": message,
+                                     "errors": [{"message": message}]}}).encode()
+        self.send_response(self.code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def refusing_server(request):
+    handler = type("Handler", (_Refusing,), {"code": request.param})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("refusing_server", [403], indirect=True)
+@pytest.mark.parametrize("command", ["status", "verify"])
+def test_permission_denied(refusing_server, command):
+    proc, seconds = _actx(command, "gs://locked/runs/r1",
+                          env={"STORAGE_EMULATOR_HOST": refusing_server})
+    _one_error_line(proc, seconds, "gs://locked/runs/r1", "permission denied on bucket locked",
+                    "does not have storage.objects.get access", "roles/storage.objectViewer")
+
+
+def test_no_network():
+    with socket.socket() as s:  # a port nothing listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc, seconds = _actx("status", "gs://b/runs/r1",
+                          env={"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"})
+    _one_error_line(proc, seconds, f"cannot reach http://127.0.0.1:{port}",
+                    "Connection refused", "check the network")
+
+
+def test_pipe_closed_early_is_no_error(tmp_path):
+    """`actx status RUN | head -1`: the reader closes before status writes."""
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, str(tmp_path / "model"), n_rows=64, partition_rows=1,
+                               rows_per_shard=1)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the child starts: every write meets a closed pipe
+    proc = subprocess.run([sys.executable, "-m", "deploy.cli", "status", run], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": REPO}, stdout=write_end,
+                          stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write_end)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
