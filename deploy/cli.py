@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="progress of a run (local path or gs://)")
     st.add_argument("run")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--check", action="store_true",
+                    help="exit 1 while any partition is uncommitted (for scripts)")
     st.add_argument("--watch", nargs="?", type=float, const=5.0, default=None,
                     metavar="SECONDS", help="refresh in place (default every 5s) until done")
     st.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
@@ -136,7 +138,7 @@ def cmd_status(args, out) -> int:
         else:
             print(text, file=out, flush=True)
         if args.watch is None or status.complete:
-            return 0
+            return 1 if args.check and not status.complete else 0
         time.sleep(args.watch)
 
 

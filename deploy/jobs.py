@@ -114,6 +114,7 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
         status = runstate.compute_status(handle)
         if code != 0:
             print(runstate.render(status), file=out)
+            _rerun_hint(handle, status, only, out)
             return code
     print(file=out)
     print(runstate.render(status), file=out)
@@ -124,13 +125,24 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
     print(f"read them:   python -c \"import reader; r = reader.open_run('{handle.location}'); "
           f"print(r.describe())\"", file=out)
     print(f"check them:  actx verify {handle.location}", file=out, flush=True)
+    return 1 if _rerun_hint(handle, status, only, out) else 0
+
+
+def _rerun_hint(handle, status, only, out) -> list[int]:
+    """Names the wanted partitions still without a commit and the command that redoes
+    them; returns them."""
+    from deploy import runstate
+
     wanted = status.partitions if only is None else only
     missing = [p for p in wanted if status.partitions[p] != runstate.COMMITTED]
+    stale = [p for p in missing if status.partitions[p] == runstate.STALE]
     if missing:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
-              f"{', '.join(f'p-{p:05d}' for p in missing[:20])}; `actx rerun "
-              f"{handle.location}` redoes them", file=out)
-    return 1 if missing else 0
+              f"{', '.join(f'p-{p:05d}' for p in missing[:20])}"
+              + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
+              + f"; `actx rerun {handle.location}` redoes them"
+              + (f" (`--only stale`: just the stale ones)" if stale else ""), file=out)
+    return missing
 
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,8 @@ import time
 
 from deploy import config as config_lib
 from deploy import runstate
+from schemas import config as schemas_config
+from schemas import heartbeat as heartbeat_lib
 from schemas import layout as layout_lib
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
@@ -151,6 +155,12 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 for p in procs:
                     if p.returncode is None and p.popen.poll() is not None:
                         p.returncode = p.popen.returncode
+                        if p.returncode != 0:
+                            try:
+                                mark_dead(run, p.name, p.returncode)
+                            except Exception as e:  # status then learns it after stale_after
+                                print(f"extract: could not record that {p.name} died: {e}",
+                                      file=out, flush=True)
                         if p.returncode != 0 and not p.stopped:
                             failed.append(p)
                             _stop_replica(procs, p.replica)
@@ -182,6 +192,31 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
         print(f"extract: worker {p.name} failed with exit code {p.returncode}; last lines of "
               f"{p.log_path}:\n{_tail(p.log_path)}", file=out, flush=True)
     return 1 if failed else 0
+
+
+def mark_dead(run: str, host: str, returncode: int) -> bool:
+    """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
+    says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
+    until it went stale). Status then shows the host failed at once, and its partition as
+    stale for `actx rerun --only stale`. Returns whether it wrote."""
+    store = store_lib.open_store(run)
+    key = layout_lib.heartbeat_key(host)
+    try:
+        data = store.read_json(key)
+        if data is None or data.get("state") not in runstate.LIVE_STATES:
+            return False
+        beat = schemas_config.from_dict(heartbeat_lib.Heartbeat, data, f"{key}: ")
+    except (ValueError, schemas_config.ConfigError):
+        return False  # a damaged heartbeat: status reports it as it is
+    how = (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
+           and -returncode in signal.valid_signals() else f"exited with code {returncode}")
+    beat = dataclasses.replace(
+        beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
+        message=f"process {how} (seen by actx on {socket.gethostname()}); "
+                f"`actx rerun {run} --only stale` redoes its partition")
+    store.write_with_summary(key, store_lib.dumps(schemas_config.to_dict(beat)),
+                             heartbeat_lib.summary(beat))
+    return True
 
 
 def _stop_replica(procs: list[_Proc], replica: int) -> None:

@@ -27,7 +27,7 @@ DEFAULT_STALE_AFTER_S = 60.0
 COMMITTED, IN_PROGRESS, STALE, PENDING = "committed", "in_progress", "stale", "pending"
 MAP_CHARS = {COMMITTED: "C", IN_PROGRESS: "W", STALE: "S", PENDING: "."}
 FAILED_CHAR = "F"  # committed, but its data failed the latest `actx verify`
-_LIVE_STATES = ("starting", "working", "idle")
+LIVE_STATES = ("starting", "working", "idle")  # a heartbeat in these states claims a live worker
 
 
 class RunError(RuntimeError):
@@ -114,6 +114,12 @@ class RunStatus:
     # Stored tokens of committed partitions that attended to their whole document up to
     # themselves (manifest full_context_tokens, from tokens/context_start).
     full_context_tokens_done: int = 0
+    # Seconds from the first reporting worker's start to now (while one is live) or to the
+    # last heartbeat; tokens those workers processed per second of it; and the live
+    # workers' rate over their latest heartbeat interval. None: no worker has reported.
+    elapsed_s: float | None = None
+    average_tokens_per_s: float | None = None
+    current_tokens_per_s: float = 0.0
 
     @property
     def complete(self) -> bool:
@@ -174,8 +180,8 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
     held_dead: set[int] = set()
     for hb in sorted(beats, key=lambda b: b.host):
         age = max(0.0, now - hb.updated_at)
-        live = hb.state in _LIVE_STATES and age <= stale_after_s
-        hosts.append(HostState(hb.host, hb.state if live or hb.state not in _LIVE_STATES
+        live = hb.state in LIVE_STATES and age <= stale_after_s
+        hosts.append(HostState(hb.host, hb.state if live or hb.state not in LIVE_STATES
                                else f"{hb.state} (stale)", live, round(age, 1), hb.partition,
                                hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
                                hb.tokens_done, hb.message, hb.partitions_done, hb.history))
@@ -201,7 +207,9 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         eta = remaining / throughput
     else:
         eta = None  # no live worker: any number would be a guess
+    elapsed, average, current = _timing(beats, hosts, now)
     return RunStatus(
+        elapsed_s=elapsed, average_tokens_per_s=average, current_tokens_per_s=current,
         run=str(handle.location), name=handle.spec.name, fingerprint=handle.spec.fingerprint,
         partitions=states, counts=counts, tokens_done=tokens_done,
         tokens_total=handle.manifest.total_tokens,
@@ -212,6 +220,39 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         failed_verification=tuple(p for p in verified.failed if p in committed)
         if verified else (),
         stale_after_s=stale_after_s, at=now)
+
+
+def _timing(beats, hosts: list[HostState], now: float
+            ) -> tuple[float | None, float | None, float]:
+    """(elapsed s, average tokens/s, current tokens/s) from the heartbeats present.
+
+    A host started at its first history sample; where a listing gave no history (GCS
+    summaries), at its last beat less its tokens at its average rate.
+    """
+    if not beats:
+        return None, None, 0.0
+    starts = []
+    for hb in beats:
+        if hb.history:
+            starts.append(hb.history[0][0])
+        elif hb.tokens_per_s > 0:
+            starts.append(hb.updated_at - hb.tokens_done / hb.tokens_per_s)
+        else:
+            starts.append(hb.updated_at)
+    live = any(h.live for h in hosts)
+    end = now if live else max(hb.updated_at for hb in beats)
+    elapsed = max(0.0, end - min(starts))
+    average = sum(hb.tokens_done for hb in beats) / elapsed if elapsed > 0 else None
+    current = 0.0
+    for h in hosts:
+        if not h.live:
+            continue
+        if len(h.history) >= 2 and h.history[-1][0] > h.history[-2][0]:
+            (t0, n0), (t1, n1) = h.history[-2], h.history[-1]
+            current += (n1 - n0) / (t1 - t0)
+        else:
+            current += h.tokens_per_s
+    return round(elapsed, 1), None if average is None else round(average, 1), round(current, 1)
 
 
 def map_chars(status: RunStatus) -> str:
@@ -253,8 +294,14 @@ def one_line(status: RunStatus) -> str:
     pct = 100.0 * status.tokens_done / max(1, status.tokens_total)
     return (f"[{status.name}] {c[COMMITTED]}/{len(status.partitions)} committed, "
             f"{c[IN_PROGRESS]} in progress, {c[STALE]} stale, {c[PENDING]} pending | "
-            f"{pct:5.1f}% tokens | {status.tokens_per_s:,.0f} tok/s | "
+            f"{pct:5.1f}% tokens | {status.current_tokens_per_s:,.0f} tok/s now, "
+            f"{_average(status)} avg | elapsed {_duration(status.elapsed_s)} | "
             f"ETA {_duration(status.eta_s)} | {_whole_documents(status)}")
+
+
+def _average(status: RunStatus) -> str:
+    avg = status.average_tokens_per_s
+    return "unknown" if avg is None else f"{avg:,.0f}"
 
 
 def _whole_documents(status: RunStatus) -> str:
@@ -276,7 +323,8 @@ def render(status: RunStatus) -> str:
         f"context:    {_whole_documents(status)} (the rest: past packing.max_context, or "
         f"documents continued from an earlier concat row; tokens/context_start says which)",
         f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
-        f"throughput: {status.tokens_per_s:,.0f} tokens/s (live workers)   "
+        f"throughput: {status.current_tokens_per_s:,.0f} tokens/s now (live workers); average "
+        f"{_average(status)} tokens/s; elapsed {_duration(status.elapsed_s)}   "
         f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None or status.complete
                                              else " (no live worker)"),
     ]

@@ -1,0 +1,153 @@
+"""A worker killed under `actx`'s local target (SIGKILL: no last heartbeat) is shown dead
+at once, its partition is stale for `rerun --only stale` without waiting for the heartbeat
+to age, the command says what to type, and status reports elapsed time and throughput
+during and after the run. Real worker processes on a tiny random Qwen2."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from deploy import cli
+from schemas import commit, layout, store
+from tests import hf_models, token_runs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOST = "local-r0h0"
+
+
+def _status(run, *flags):
+    out = io.StringIO()
+    code = cli.main(["status", run, *flags], out=out)
+    return code, out.getvalue()
+
+
+def _stop_in_partition(s, proc) -> tuple[int, int]:
+    """SIGSTOPs the worker while its heartbeat holds a partition without a commit; returns
+    (worker pid, that partition). The stopped process cannot commit it any more."""
+    path = os.path.join(str(s.location), layout.heartbeat_key(HOST))
+    seen = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:  # a new beat names the partition in hand as it is written: be quick
+            stamp = os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            stamp = None
+        beat = s.read_json(layout.heartbeat_key(HOST)) if stamp != seen else None
+        seen = stamp
+        if beat and beat["state"] == "working" and beat["partition"] is not None:
+            pid = int(beat["attempt"].split("-")[-2])  # "<host>-<pid>-<random>"
+            os.kill(pid, signal.SIGSTOP)
+            beat = s.read_json(layout.heartbeat_key(HOST))  # final: the process is frozen
+            held = beat["partition"]
+            if held is not None and not s.exists(layout.commit_key(held)):
+                return pid, held
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.002)
+    raise AssertionError(f"never caught the worker inside a partition: {proc.communicate()}")
+
+
+def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=2)
+    run = str(tmp_path / "run")
+    # 48 partitions of 4k tokens: about 0.2 s each here, so a beat finds one in hand.
+    token_runs.write_token_run(run, str(model), n_rows=1536, seq_len=128, partition_rows=32,
+                               rows_per_shard=8)
+    s = store.open_store(run)
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("target:\n  heartbeat_s: 1\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "rerun", run, "--config", str(cfg), "--hosts",
+         "1", "--batch-size", "8", "--job", "killed"], cwd=REPO, text=True,
+        env={**os.environ, "PYTHONPATH": REPO}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+    pid, held = _stop_in_partition(s, proc)
+    during = _status(run, "--json")[1]
+    os.kill(pid, signal.SIGKILL)
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, text
+    assert f"worker {HOST} failed with exit code -9" in text
+    assert f"`actx rerun {run}` redoes them (`--only stale`: just the stale ones)" in text
+    assert "killed by SIGKILL" in text  # submit's final status shows it dead
+
+    # While the worker was in hand, status showed it working with a throughput.
+    st = json.loads(during)
+    [host] = st["hosts"]
+    assert host["live"] and st["partitions"][layout.partition_name(held)] == "in_progress"
+    assert st["elapsed_s"] > 0 and st["average_tokens_per_s"] > 0
+
+    # At once (its heartbeat is seconds old, the stale threshold 60 s): dead, and stale.
+    code, out = _status(run, "--json", "--check")
+    st = json.loads(out)
+    assert code == 1  # incomplete
+    [host] = st["hosts"]
+    assert host["state"] == "failed" and not host["live"] and host["age_s"] < 60
+    assert st["partitions"][layout.partition_name(held)] == "stale"
+    assert [p for p, v in st["partitions"].items() if v == "stale"] == [
+        layout.partition_name(held)]
+
+    out = io.StringIO()
+    t0 = time.time()
+    assert cli.main(["rerun", run, "--only", "stale", "--config", str(cfg), "--hosts", "1",
+                     "--batch-size", "8", "--job", "again"], out=out) == 0  # what was asked
+    wall_s = time.time() - t0
+    assert f"rerun: 1 partition(s) on local: {layout.partition_name(held)}" in out.getvalue()
+    assert commit.read_marker(s, held) is not None
+
+    # After the run: no live worker, so 0 now, but elapsed and average of that attempt.
+    code, out = _status(run, "--json", "--check")
+    st = json.loads(out)
+    assert code == 1 and st["current_tokens_per_s"] == 0
+    beat = s.read_json(layout.heartbeat_key(HOST))
+    mine = [commit.read_marker(s, p) for p in commit.committed_partitions(s, 48)]
+    tokens = sum(m.tokens for m in mine if m.attempt == beat["attempt"])
+    assert tokens == beat["tokens_done"] > 0  # the heartbeat counts what it committed
+    assert 0 < st["elapsed_s"] <= wall_s
+    assert abs(st["average_tokens_per_s"] * st["elapsed_s"] - tokens) <= 0.1 * st[
+        "elapsed_s"] + 0.05 * st["average_tokens_per_s"] + 1
+    text = _status(run)[1]
+    assert (f"average {st['average_tokens_per_s']:,.0f} tokens/s; elapsed" in text
+            and "0 tokens/s now" in text)
+
+
+def test_check_exits_1_until_every_partition_is_committed(tmp_path):
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, "unused-model", n_rows=24, seq_len=16, partition_rows=8,
+                               rows_per_shard=4)  # 3 partitions
+    s = store.open_store(run)
+    for p in range(3):
+        assert _status(run, "--check")[0] == 1
+        assert _status(run, "--check", "--json")[0] == 1
+        s.create_json(layout.commit_key(p), {"partition": p})
+    assert _status(run, "--check")[0] == 0
+    assert _status(run)[0] == 0  # without --check an incomplete run is no error
+
+
+def test_current_rate_is_the_latest_interval_and_average_spans_the_run(tmp_path):
+    """Two hosts' heartbeats with known histories: one live, one finished."""
+    from schemas import config as config_lib, heartbeat
+
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, "unused-model", n_rows=24, seq_len=16, partition_rows=8,
+                               rows_per_shard=4)
+    s = store.open_store(run)
+    now = time.time()
+    t0 = now - 100
+    beats = [("a", "working", ((t0, 0), (t0 + 90, 9000), (now - 2, 9400))),  # 50 tok/s now
+             ("b", "done", ((t0 + 10, 0), (t0 + 50, 4000)))]
+    for host, state, history in beats:
+        hb = heartbeat.Heartbeat(host=host, replica=0, process_index=0, state=state,
+                                 attempt=f"{host}-1-x", updated_at=history[-1][0],
+                                 tokens_done=history[-1][1], tokens_per_s=99.0,
+                                 partition=0 if state == "working" else None, history=history)
+        s.write_json(layout.heartbeat_key(host), config_lib.to_dict(hb))
+    st = json.loads(_status(run, "--json")[1])
+    assert st["current_tokens_per_s"] == 50.0  # (9400 - 9000) / 8 s; b is done
+    assert 100 <= st["elapsed_s"] <= 100 + (time.time() - now) + 0.1
+    assert abs(st["average_tokens_per_s"] - 13400 / st["elapsed_s"]) <= 0.1
+    assert st["tokens_per_s"] == 99.0  # the heartbeats' own rates, for the ETA
