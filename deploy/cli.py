@@ -16,6 +16,7 @@ import time
 
 from deploy import jobs
 from deploy.jobs import UsageError
+from schemas import layout as layout_lib
 
 EXAMPLES = """\
 examples:
@@ -113,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("run")
     v.add_argument("--only", type=_ids_or_state, default="all", help="partition ids 3,7,9")
     v.add_argument("--json", action="store_true")
+    v.add_argument("--committed-only", action="store_true",
+                   help="check committed partitions only: uncommitted ones are no failure")
+    v.add_argument("--repair", action="store_true",
+                   help="turn partitions that fail back into pending (their markers are "
+                        "deleted, and recorded under verify/repairs/) for `actx rerun`")
     return p
 
 
@@ -152,14 +158,28 @@ def cmd_verify(args, out) -> int:
     report = verify.verify_run(handle, only)
     from schemas import verification
 
-    # Recorded for status and the live page (failed partitions shown on the map).
-    verification.update_record(handle.store, time.time(), report.checked, report.failed,
-                               report.problems)
+    repaired = verify.repair(handle, report, time.time()) if args.repair else []
+    # Recorded for status and the live page (failed partitions shown on the map); a
+    # repaired partition is pending now, not failed.
+    verification.update_record(handle.store, time.time(), report.checked,
+                               [p for p in report.failed if p not in repaired], report.problems)
     if args.json:
-        print(json.dumps(report.to_json_obj(), indent=1, sort_keys=True), file=out)
+        obj = report.to_json_obj()
+        if args.repair:
+            obj["repaired"] = [layout_lib.partition_name(p) for p in repaired]
+        print(json.dumps(obj, indent=1, sort_keys=True), file=out)
     else:
         print(verify.render(report), file=out)
-    return 0 if report.ok else 1
+        if repaired:
+            print(f"REPAIRED: {len(repaired)} partition(s) are pending again (markers deleted, "
+                  f"recorded under {handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)}): "
+                  f"{', '.join(layout_lib.partition_name(p) for p in repaired[:20])}"
+                  f"{' ...' if len(repaired) > 20 else ''}; `actx rerun {handle.location}` "
+                  f"extracts them", file=out)
+        elif not report.ok:
+            print(f"`actx verify {handle.location} --repair` turns the failed partitions back "
+                  f"into pending for `actx rerun`", file=out)
+    return 0 if report.ok and (report.complete or args.committed_only) else 1
 
 
 # -- entry point ----------------------------------------------------------------------------

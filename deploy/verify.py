@@ -51,8 +51,13 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def complete(self) -> bool:
+        """Every partition asked about is committed."""
+        return not self.not_committed
+
     def to_json_obj(self) -> dict:
-        return {"run": self.run, "ok": self.ok,
+        return {"run": self.run, "ok": self.ok, "complete": self.complete,
                 "checked": [layout_lib.partition_name(p) for p in self.checked],
                 "not_committed": [layout_lib.partition_name(p) for p in self.not_committed],
                 "hooks": {h: self.stats[h].to_json_obj(d) for h, d in self.hooks.items()},
@@ -194,6 +199,25 @@ def _accumulate(stats: HookStats, block: np.ndarray, valid_bt: np.ndarray, label
     stats.norm_sum += float(np.linalg.norm(finite, axis=-1).sum())
 
 
+def repair(handle: runstate.RunHandle, report: VerifyReport, at: float) -> list[int]:
+    """Turns every partition that failed `report` back into pending: records the repair
+    (with the markers) under verify/repairs/, then deletes their commit markers, so
+    `actx rerun` extracts them again. Returns the partitions repaired."""
+    store = handle.store
+    failed = sorted(set(report.failed))
+    if not failed:
+        return []
+    markers = {layout_lib.partition_name(p): store.read_json(layout_lib.commit_key(p))
+               for p in failed}
+    record = {"at": at, "partitions": sorted(markers), "problems": report.problems,
+              "markers": markers}
+    # Recorded first: a repair interrupted after this loses no marker without a trace.
+    store.write_json(f"{layout_lib.VERIFY_REPAIRS_PREFIX}{int(at * 1000)}.json", record)
+    for p in failed:
+        store.delete(layout_lib.commit_key(p))
+    return failed
+
+
 def render(report: VerifyReport) -> str:
     lines = [f"verify {report.run}: {len(report.checked)} committed partition(s) checked"
              + (f", {len(report.not_committed)} not committed (skipped)"
@@ -212,4 +236,10 @@ def render(report: VerifyReport) -> str:
         lines += [f"  {p}" for p in report.problems]
     else:
         lines.append("OK: every committed block matches its checksum")
+    if report.not_committed:
+        names = ", ".join(layout_lib.partition_name(p) for p in report.not_committed[:20])
+        more = " ..." if len(report.not_committed) > 20 else ""
+        lines.append(f"INCOMPLETE: {len(report.not_committed)} partition(s) not committed: "
+                     f"{names}{more}; `actx rerun {report.run}` extracts them "
+                     f"(`--committed-only` checks only what is committed)")
     return "\n".join(lines)

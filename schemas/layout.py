@@ -22,6 +22,9 @@ REJECTS_PREFIX = "rejects/"
 DOCS_PREFIX = "docs/"
 STATS_KEY = "stats.json"
 VERIFY_RECORD_KEY = "verify/latest.json"  # schemas.verification: what `actx verify` found
+# One JSON object per `actx verify --repair`: when, which partitions, the problems found
+# and the commit markers it deleted (kept here, since the markers themselves are gone).
+VERIFY_REPAIRS_PREFIX = "verify/repairs/"
 # Written once (create-only) by the first worker: fingerprint, hooks -> hidden size, dtype,
 # and the numerics key (see workers.runner) that every later attempt must share.
 ACTIVATIONS_INFO_KEY = f"{ACTIVATIONS_GROUP}/actx.json"

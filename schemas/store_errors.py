@@ -55,8 +55,11 @@ def _endpoint() -> str:
 def translate(where: str, bucket: str, e: BaseException) -> BaseException:
     """`e` as a StoreError naming `where` when it is one of the failures above; `e`
     itself otherwise (a bug, or something the caller handles, such as a 412)."""
-    from google.api_core import exceptions as api
-    from google.auth import exceptions as auth
+    try:
+        from google.api_core import exceptions as api
+        from google.auth import exceptions as auth
+    except ImportError:  # no google-cloud-storage: `e` says how to install it
+        return e
 
     cause = e.cause if isinstance(e, api.RetryError) and e.cause is not None else e
     if isinstance(cause, auth.DefaultCredentialsError):

@@ -1,0 +1,80 @@
+"""`actx verify` on an incomplete run names the uncommitted partitions and exits 1 unless
+`--committed-only`; `--repair` turns a partition whose stored data is damaged back into
+pending (its marker deleted and recorded), and `actx rerun` then restores the bytes an
+undamaged run holds. Real worker processes on a tiny random Qwen2."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+from deploy import cli
+from schemas import commit, layout, store
+from tests import hf_models, token_runs
+
+HOOK = "layers.0.resid_post"
+
+
+def _cli(*argv):
+    out = io.StringIO()
+    return cli.main(list(argv), out=out), out.getvalue()
+
+
+def _objects(run):
+    root = os.path.join(run, "activations", HOOK)
+    return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(root) for f in files if f != "zarr.json"}
+
+
+def test_verify_incomplete_then_repair_and_rerun(tmp_path):
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1)
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, str(model), n_rows=24, seq_len=16, partition_rows=8,
+                               rows_per_shard=4, hooks=HOOK)  # 3 partitions
+    s = store.open_store(run)
+    code, out = _cli("rerun", run, "--only", "0,2", "--hosts", "1", "--batch-size", "4")
+    assert code == 0, out
+
+    # p-00001 is not committed: named, and a failure unless only committed ones count.
+    code, out = _cli("verify", run)
+    assert code == 1 and "OK: every committed block matches its checksum" in out
+    assert (f"INCOMPLETE: 1 partition(s) not committed: p-00001; `actx rerun {run}` "
+            f"extracts them") in out
+    code, out = _cli("verify", run, "--json")
+    assert code == 1 and json.loads(out)["not_committed"] == ["p-00001"]
+    assert not json.loads(out)["complete"]
+    assert _cli("verify", run, "--committed-only")[0] == 0
+
+    code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
+    assert code == 0, out
+    assert _cli("verify", run)[0] == 0
+    reference = _objects(run)  # what an undamaged run holds (reruns rewrite identical bytes)
+
+    # Damage one stored object of p-00002 (rows 16-19): flip its first byte.
+    victim = os.path.join(run, "activations", HOOK, "c", "4", "0", "0")
+    with open(victim, "r+b") as f:
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0xFF]))
+    code, out = _cli("verify", run)
+    assert code == 1 and "partition p-00002" in out and "--repair" in out
+    marker = s.read_json(layout.commit_key(2))
+
+    code, out = _cli("verify", run, "--repair")
+    assert code == 1
+    assert "REPAIRED: 1 partition(s) are pending again" in out and "p-00002" in out
+    assert commit.committed_partitions(s) == {0, 1}
+    [record_key] = s.list(layout.VERIFY_REPAIRS_PREFIX)
+    record = s.read_json(record_key)
+    assert record["partitions"] == ["p-00002"] and record["markers"]["p-00002"] == marker
+    assert any("p-00002" in p for p in record["problems"])
+    st = json.loads(_cli("status", run, "--json")[1])
+    assert st["partitions"]["p-00002"] == "pending" and st["failed_verification"] == []
+
+    code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
+    assert code == 0 and "rerun: 1 partition(s) on local: p-00002" in out, out
+    assert _cli("verify", run)[0] == 0
+    assert _objects(run) == reference
+    st = json.loads(_cli("status", run, "--json")[1])
+    assert st["complete"] and st["failed_verification"] == []
