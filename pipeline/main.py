@@ -61,8 +61,10 @@ def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
 
     run.json and manifest.json are written last, so without them every token array, doc
     table and reject file here is from a failed attempt (possibly of another shape) and
-    goes. Once partitions are committed the token store stays (prepare is deterministic,
-    and workers read it); rejects are always rewritten by this attempt.
+    goes; prepare/attempt.json, written first, says an attempt was made here, so files
+    that no prepare wrote are refused rather than deleted. Once partitions are committed
+    the token store stays (prepare is deterministic, and workers read it); rejects are
+    always rewritten by this attempt.
     """
     store.check_reachable()  # a missing bucket or no access: said now, not from a Beam worker
     existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
@@ -73,13 +75,22 @@ def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
     # Until the new manifest lands the run counts as not prepared.
     store.delete(layout.MANIFEST_KEY)
     store.delete(write_store.SUMMARY_KEY)
+    if existing is None and not store.exists(layout.PREPARE_ATTEMPT_KEY):
+        foreign = [p for p in layout.PREPARE_OUTPUT_PREFIXES if store.list(p)]
+        if foreign:
+            raise PrepareError(
+                f"{store.location}: holds {', '.join(foreign)} that no actx prepare wrote (no "
+                f"run.json, no {layout.PREPARE_ATTEMPT_KEY}); choose a new run directory, or "
+                f"delete them if they are a failed prepare's")
     committed = existing is not None and bool(store.list(layout.COMMITS_PREFIX))
     prefixes = ((layout.REJECTS_PREFIX, "prepare/") if committed
-                else layout.PREPARE_OUTPUT_PREFIXES)
+                else layout.PREPARE_OUTPUT_PREFIXES)  # prepare/ last: its marker goes last
     removed = sum(store.delete_prefix(prefix) for prefix in prefixes)
     if removed:
         _log.info("prepare: removed %d object(s) of an earlier attempt under %s (%s)", removed,
                   store.location, ", ".join(prefixes))
+    store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint,
+                                                  "started_at": time.time()})
 
 
 def _reject_summary(summary: dict) -> str:

@@ -33,6 +33,9 @@ PREPARE_SUMMARY_KEY = "prepare/summary.json"  # staged by the pipeline for its d
 # deletes what a failed one left here, so a retry never meets arrays of another shape or
 # rejects of inputs it did not read.
 PREPARE_OUTPUT_PREFIXES = (f"{TOKENS_GROUP}/", DOCS_PREFIX, REJECTS_PREFIX, "prepare/")
+# Written by prepare before anything else: only a directory holding it (or run.json) has
+# its prefixes above cleared, so a user's own docs/ or tokens/ are never deleted.
+PREPARE_ATTEMPT_KEY = "prepare/attempt.json"
 
 # Token arrays written by prepare, all int32 [rows, seq_len].
 #   input_ids: token ids (pad_id at padding).

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
-import functools
 import json
 import os
 import threading
@@ -220,22 +219,6 @@ class MemoryStore(ObjectStore):
 SUMMARY_METADATA_KEY = "actx-summary"
 
 
-def _gcs_errors(method):
-    """A GCS call whose library failures (credentials, bucket, permission, network) become
-    one StoreError naming the object (see schemas.store_errors)."""
-
-    @functools.wraps(method)
-    def wrapped(self, key: str = "", *args, **kwargs):
-        try:
-            return method(self, key, *args, **kwargs)
-        except Exception as e:
-            error = store_errors.translate(str(self.location.join(key)), self.location.bucket, e)
-            if error is e:
-                raise
-            raise error from e
-    return wrapped
-
-
 class GcsStore(ObjectStore):
     """GCS through google-cloud-storage; create-only uses ifGenerationMatch=0 (412 if present)."""
 
@@ -243,19 +226,14 @@ class GcsStore(ObjectStore):
 
     def __init__(self, location: uri_lib.Location):
         super().__init__(location)
-        try:
+        with store_errors.translated(str(location), location.bucket):
             self._bucket = _gcs_client().bucket(location.bucket)
-        except Exception as e:
-            error = store_errors.translate(str(location), location.bucket, e)
-            if error is e:
-                raise
-            raise error from e
         self._kv = None  # tensorstore's view of the same location, for read_many
 
     def _name(self, key: str) -> str:
         return f"{self.location.path}/{key}" if self.location.path else key
 
-    @_gcs_errors
+    @store_errors.gcs_errors
     def read(self, key: str) -> bytes | None:
         from google.api_core import exceptions
 
@@ -265,11 +243,11 @@ class GcsStore(ObjectStore):
         except exceptions.NotFound:
             return None
 
-    @_gcs_errors
+    @store_errors.gcs_errors
     def write(self, key: str, data: bytes) -> None:
         self._bucket.blob(self._name(key)).upload_from_string(data, **store_errors.write_options())
 
-    @_gcs_errors
+    @store_errors.gcs_errors
     def create(self, key: str, data: bytes) -> bool:
         from google.api_core import exceptions
 
@@ -294,7 +272,7 @@ class GcsStore(ObjectStore):
         results = [f.result() for f in futures]
         return [bytes(r.value) if r.state == "value" else None for r in results]
 
-    @_gcs_errors
+    @store_errors.gcs_errors
     def _list_range(self, prefix: str, start: str | None, end: str | None) -> list[str]:
         root = f"{self.location.path}/" if self.location.path else ""
         # Names only: full metadata is ~850 bytes per object; real GCS pages at 1,000.
@@ -307,20 +285,20 @@ class GcsStore(ObjectStore):
     def list(self, prefix: str = "") -> list[str]:
         return sorted(self._list_range(prefix, None, None))
 
-    @_gcs_errors
+    @store_errors.gcs_errors
     def check_reachable(self, key: str = "") -> None:
         # A missing object reads as None, a missing bucket too; a listing tells them apart.
         root = f"{self.location.path}/" if self.location.path else ""
         list(self._bucket.client.list_blobs(self._bucket, prefix=root, max_results=1,
                                             fields="items(name)", **store_errors.read_options()))
 
-    @_gcs_errors
+    @store_errors.gcs_errors
     def write_with_summary(self, key: str, data: bytes, summary: str) -> None:
         blob = self._bucket.blob(self._name(key))
         blob.metadata = {SUMMARY_METADATA_KEY: summary}  # sent with the data, one request
         blob.upload_from_string(data, **store_errors.write_options())
 
-    @_gcs_errors
+    @store_errors.gcs_errors
     def list_summaries(self, prefix: str) -> dict[str, str | None]:
         root = f"{self.location.path}/" if self.location.path else ""
         blobs = self._bucket.client.list_blobs(
@@ -345,7 +323,7 @@ class GcsStore(ObjectStore):
             list(pool.map(self.delete, keys))
         return len(keys)
 
-    @_gcs_errors
+    @store_errors.gcs_errors
     def delete(self, key: str) -> None:
         from google.api_core import exceptions
 

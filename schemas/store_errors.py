@@ -8,6 +8,8 @@ for up to two minutes. `StoreError` says which of these it was, where, and what 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 
 # Seconds that interactive commands (status, verify, rerun) give one GCS request, retries
@@ -46,6 +48,29 @@ def write_options() -> dict:
     """For writes: the per-request timeout only (whether a write may be retried depends on
     its preconditions, which the client decides)."""
     return {} if _deadline_s is None else {"timeout": (min(3.0, _deadline_s), _deadline_s)}
+
+
+@contextlib.contextmanager
+def translated(where: str, bucket: str):
+    """Raises the failures that `translate` knows as StoreError (the original chained)."""
+    try:
+        yield
+    except Exception as e:
+        error = translate(where, bucket, e)
+        if error is e:
+            raise
+        raise error from e
+
+
+def gcs_errors(method):
+    """A GcsStore method (its first argument a key or prefix) whose library failures
+    become one StoreError naming the object."""
+
+    @functools.wraps(method)
+    def wrapped(self, key: str = "", *args, **kwargs):
+        with translated(str(self.location.join(key)), self.location.bucket):
+            return method(self, key, *args, **kwargs)
+    return wrapped
 
 
 def _endpoint() -> str:

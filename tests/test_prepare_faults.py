@@ -162,3 +162,13 @@ def test_submit_takes_max_reject_fraction_and_its_hint_passes(tmp_path, qwen_tok
     n = len(manifest["partitions"]["id"])
     assert manifest["sources"]["t"]["rejected"] == 1
     assert f"partitions: {n} total | {n} committed" in out.getvalue()
+
+
+def test_files_no_prepare_wrote_are_refused_not_deleted(tmp_path, qwen_tokenizer_dir):
+    data = _write_jsonl(str(tmp_path / "in.jsonl"), _texts(5))
+    run = tmp_path / "mydata"
+    (run / "docs").mkdir(parents=True)
+    (run / "docs" / "notes.txt").write_text("mine")
+    with pytest.raises(main.PrepareError, match="holds docs/ that no actx prepare wrote"):
+        main.run_prepare(_spec(qwen_tokenizer_dir, data), str(run))
+    assert (run / "docs" / "notes.txt").read_text() == "mine"
