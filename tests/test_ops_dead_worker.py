@@ -40,12 +40,15 @@ def _stop_in_partition(s, proc) -> tuple[int, int]:
             stamp = None
         beat = s.read_json(layout.heartbeat_key(HOST)) if stamp != seen else None
         seen = stamp
-        if beat and beat["state"] == "working" and beat["partition"] is not None:
+        # Past its first tokens, so status has a throughput to show.
+        if (beat and beat["state"] == "working" and beat["partition"] is not None
+                and beat["tokens_done"] > 0):
             pid = int(beat["attempt"].split("-")[-2])  # "<host>-<pid>-<random>"
             os.kill(pid, signal.SIGSTOP)
             beat = s.read_json(layout.heartbeat_key(HOST))  # final: the process is frozen
             held = beat["partition"]
-            if held is not None and not s.exists(layout.commit_key(held)):
+            if (held is not None and beat["tokens_done"] > 0
+                    and not s.exists(layout.commit_key(held))):
                 return pid, held
             os.kill(pid, signal.SIGCONT)
         time.sleep(0.002)
@@ -55,8 +58,9 @@ def _stop_in_partition(s, proc) -> tuple[int, int]:
 def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=2)
     run = str(tmp_path / "run")
-    # 48 partitions of 4k tokens: about 0.2 s each here, so a beat finds one in hand.
-    token_runs.write_token_run(run, str(model), n_rows=1536, seq_len=128, partition_rows=32,
+    # 24 partitions of 8k tokens: about 0.4 s each here (2 shared cores), so a beat,
+    # seen within milliseconds, finds the worker well inside one.
+    token_runs.write_token_run(run, str(model), n_rows=1536, seq_len=128, partition_rows=64,
                                rows_per_shard=8)
     s = store.open_store(run)
     cfg = tmp_path / "t.yaml"
@@ -104,7 +108,7 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     st = json.loads(out)
     assert code == 1 and st["current_tokens_per_s"] == 0
     beat = s.read_json(layout.heartbeat_key(HOST))
-    mine = [commit.read_marker(s, p) for p in commit.committed_partitions(s, 48)]
+    mine = [commit.read_marker(s, p) for p in commit.committed_partitions(s, 24)]
     tokens = sum(m.tokens for m in mine if m.attempt == beat["attempt"])
     assert tokens == beat["tokens_done"] > 0  # the heartbeat counts what it committed
     assert 0 < st["elapsed_s"] <= wall_s
