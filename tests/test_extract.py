@@ -205,11 +205,13 @@ def test_two_hosts_with_short_partition_and_padding_steps(model_dir, tmp_path):
 
 def test_a_failing_host_stops_its_replica_fast_and_rerun_completes(reference_run, tmp_path):
     """Host 1 raises in partition 1 (4 steps a partition): both hosts exit at once (no minutes-long shutdown
-    barrier), nothing partial is committed, and a rerun gives the reference bytes."""
+    barrier), nothing partial is committed, and a rerun gives the reference bytes. The hosts
+    agree every 2 steps on what they finished, so partition 0 is committed by then."""
     run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
     started = time.monotonic()
     results = worker_procs.run_replica(run, hosts=2, devices_per_host=1,
-                                       extra=["--batch-size", "4"], timeout=120,
+                                       extra=["--batch-size", "4", "--stop-check-steps", "2"],
+                                       timeout=120,
                                        ACTX_CRASH_AT="step:6:RAISE", ACTX_CRASH_PROCESS="1")
     assert time.monotonic() - started < 60
     assert all(code == 1 for code, _ in results), results

@@ -62,6 +62,19 @@ def broadcast_int(value: int) -> int:
     return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
+def broadcast_ints(values: list[int]) -> list[int]:
+    """Process 0's list of ints, on every process (the others' arguments are ignored)."""
+    if process_count() == 1:
+        return list(values)
+    from jax.experimental import multihost_utils
+
+    n = int(multihost_utils.broadcast_one_to_all(np.int32(len(values))))
+    data = np.zeros(max(1, n), np.int32)
+    if len(values) == n:
+        data[:n] = values
+    return [int(v) for v in np.asarray(multihost_utils.broadcast_one_to_all(data))[:n]]
+
+
 def max_int(value: int) -> int:
     """The largest of every process's value, on every process."""
     if process_count() == 1:

@@ -33,7 +33,8 @@ from schemas import store as store_lib
 from schemas import ts_context
 from schemas import uri as uri_lib
 from workers import commit as commit_step
-from workers import admission, distributed, faults, prefetch, progress, schedule, writer
+from workers import (admission, distributed, faults, prefetch, progress, schedule,
+                     stream_loop, writer)
 
 log = logging.getLogger("actx.worker")
 
@@ -289,14 +290,16 @@ class Worker:
             return False
         return distributed.any_process(self.stop_requested.is_set())
 
-    def _run_steps(self, steps, on_output, where: str) -> None:
+    def _run_steps(self, steps, on_output, where: str, agree=None) -> None:
         """Runs `steps`, calling on_output(batch, outs) for each one step later, so step
-        i+1 is dispatched before step i's outputs are handled."""
+        i+1 is dispatched before step i's outputs are handled. agree(batch), when given,
+        replaces the SIGTERM check (it runs after each step is dispatched and the one before
+        it handled) and ends the loop by returning True."""
         prefetcher = prefetch.Prefetcher(self.tokens, steps, self.opts.prefetch_depth)
         inflight: collections.deque = collections.deque()
         try:
             for batch in prefetcher:
-                if self._stop_agreed(batch.index):
+                if agree is None and self._stop_agreed(batch.index):
                     raise Preempted(f"stopped at step {batch.index} of {where}")
                 segment_ids = batch.segment_ids
                 if self.one_segment_per_row:
@@ -317,6 +320,10 @@ class Worker:
                 inflight.append((batch, outs))
                 if len(inflight) > 1:
                     on_output(*inflight.popleft())
+                # After the previous step's outputs are in their writers, so what the
+                # hosts agree on includes every partition whose last row is handled.
+                if agree is not None and agree(batch):
+                    break
             while inflight:
                 on_output(*inflight.popleft())
         finally:
@@ -338,51 +345,18 @@ class Worker:
 
     def run_stream(self, pool: writer.WriterPool, committer: commit_step.Committer,
                    tried: set[int]) -> None:
-        """Every partition left, one after another with no barrier between them (one-host
-        replicas with long documents): a slot whose document ends takes the next one, from
-        the next partition if need be, so no slot waits for a partition's longest document.
-        A partition is committed when the last row of it is written."""
-        in_hand: dict[int, list] = {}  # pid -> [partition, writer, rows left, started]
-        lock = threading.Lock()
-
-        def next_partition():  # runs on the prefetch thread, which plans the steps
-            pid = self._next_partition(tried)
-            if pid < 0:
-                return None
-            part = self.manifest.partition(pid)
-            continues, first_positions = self.tokens.continuation_flags(part.row_start,
-                                                                        part.row_stop)
-            with lock:
-                in_hand[pid] = [part, writer.PartitionWriter(
-                    self.arrays, (part.row_start, part.row_stop), pool), part.row_count,
-                    time.perf_counter()]
-            return pid, schedule.chains(part.row_start, part.row_stop, continues,
-                                        first_positions, self.manifest.seq_len,
-                                        self.warmup_rows)
-
-        def on_output(batch: prefetch.Batch, outs: dict) -> None:
-            step = batch.step
-            written = np.asarray(step.write)
-            pieces = {name: host_local_pieces(x) for name, x in outs.items()} \
-                if written.any() else {}
-            for pid in sorted({p for p, w in zip(step.partitions, step.write) if w}):
-                with lock:
-                    state = in_hand[pid]
-                mine = tuple(w and p == pid for p, w in zip(step.partitions, step.write))
-                state[1].add_slots(step.rows, mine, pieces)
-                state[2] -= sum(mine)
-                if state[2] == 0:
-                    with lock:
-                        del in_hand[pid]
-                    committer.submit(state[0], state[1], state[3])
-            self.progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
-            with lock:
-                oldest = min(in_hand, default=None)
-            self.progress.update(state="working", partition=oldest, step=batch.index + 1,
-                                 steps=0)
-
-        self._run_steps(schedule.stream(next_partition, self.local_batch), on_output,
-                        "the partitions in hand")
+        """Every partition left, streamed with no barrier between them (workers.stream_loop):
+        a slot whose document ends takes the next one, from the next partition if need be."""
+        sequence = None
+        if self.topo.hosts_per_replica > 1:
+            # Hosts take the partitions in one agreed order: the leader's.
+            mine = [p for p in self._candidates() if not self._is_committed(p)] \
+                if self.topo.host_index == 0 else []
+            sequence = distributed.broadcast_ints(mine)
+        stream = stream_loop.PartitionStream(self, pool, committer, tried, sequence)
+        self._run_steps(stream.steps(), stream.on_output, "the partitions in hand",
+                        agree=stream.agree)
+        stream.finish()
 
     # -- the whole job -----------------------------------------------------------------
     def run(self) -> int:
@@ -400,7 +374,10 @@ class Worker:
         code = 0
         try:
             try:
-                if self.max_context is not None and self.topo.hosts_per_replica == 1:
+                # Work stealing takes partitions one at a time with claims, so a
+                # multi-host replica that steals keeps one schedule per partition.
+                if self.max_context is not None and (self.topo.hosts_per_replica == 1
+                                                     or not self.opts.steal):
                     self.run_stream(pool, committer, tried)
                 else:
                     while (pid := self._next_partition(tried)) >= 0:

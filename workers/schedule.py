@@ -83,6 +83,7 @@ class Step:
     write: tuple[bool, ...]
     continues: tuple[bool, ...]
     partitions: tuple[int, ...] = ()  # per slot, when steps span partitions (`stream`)
+    done: bool = False  # `stream` with pad_forever: no work is left, this step is padding
 
     @property
     def valid(self) -> int:
@@ -175,15 +176,15 @@ def by_length(chain_list: Sequence[Chain]) -> list[Chain]:
 
 
 def stream(next_partition: Callable[[], "tuple[int, list[Chain]] | None"],
-           local_batch: int) -> Iterator[Step]:
+           local_batch: int, pad_forever: bool = False) -> Iterator[Step]:
     """Steps over partitions taken one after another, with no barrier between them.
 
     A slot that finishes its chain takes the next one (`by_length` order within a
     partition), and when the partition in hand has none left, `next_partition()` is asked
     for another (partition id, chains) or None. So no slot idles while work remains,
     however long a partition's longest document: a partition ends when its last row is
-    written. For one-host replicas: the hosts of a multi-host replica must agree on every
-    step, and use `assign` per partition instead.
+    written. pad_forever: once the work is out, yield padding steps marked `done` until the
+    consumer stops (the hosts of a multi-host replica step in lockstep until all are out).
     """
     queues: list[collections.deque] = [collections.deque() for _ in range(local_batch)]
     waiting: collections.deque = collections.deque()
@@ -206,7 +207,13 @@ def stream(next_partition: Callable[[], "tuple[int, list[Chain]] | None"],
                              for k, row in enumerate(chain.rows))
                 filler = chain.rows[0] if filler is None else filler
         if not any(queues):
-            return
+            if not pad_forever:
+                return
+            if filler is None:
+                filler = 0
+            while True:
+                yield Step((filler,) * local_batch, (False,) * local_batch,
+                           (False,) * local_batch, (-1,) * local_batch, done=True)
         entries = [q.popleft() if q else (filler, False, False, -1) for q in queues]
         yield Step(*(tuple(e[i] for e in entries) for i in range(4)))
 

@@ -1,0 +1,159 @@
+"""Partitions streamed through the batch slots, with no barrier between partitions.
+
+A slot whose document ends takes the next document, from the next partition if need be
+(`schedule.stream`), so no slot waits for a partition's longest document. A one-host
+replica commits a partition as soon as its last row is written. The hosts of a multi-host
+replica run every step in lockstep but finish a partition at different steps, so every
+`stop_check_steps` steps they agree, in one small all-gather, on three things: whether one
+of them got SIGTERM, which partitions every host has finished (committed then, in order,
+by the collective commit), and whether all of them have run out of work.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from workers import distributed, prefetch, schedule, writer
+
+
+class PartitionStream:
+    """One worker's stream over its partitions; the runner drives it (`Worker.run`).
+
+    sequence: the partitions in the order every host of a multi-host replica takes them
+      (agreed before the stream starts); None on a one-host replica, which asks the
+      worker's partition choice (claims, work stealing) as it goes.
+    """
+
+    def __init__(self, worker, pool: writer.WriterPool, committer, tried: set[int],
+                 sequence: list[int] | None = None):
+        self.worker = worker
+        self.pool = pool
+        self.committer = committer
+        self.tried = tried
+        self.sequence = sequence
+        self.multi_host = worker.topo.hosts_per_replica > 1
+        self._next_index = 0
+        self._lock = threading.Lock()
+        # pid -> [partition, writer, rows left, started, index in sequence]
+        self._in_hand: dict[int, list] = {}
+        self._finished_here: set[int] = set()  # multi-host: written here, not yet committed
+        self._committed_indices: set[int] = set()
+
+    # -- planning (prefetch thread) ----------------------------------------------------
+    def steps(self):
+        return schedule.stream(self._next_partition, self.worker.local_batch,
+                               pad_forever=self.multi_host)
+
+    def _choose(self) -> tuple[int, int]:
+        """(partition id, its index in the sequence) or (-1, -1)."""
+        if self.sequence is None:
+            return self.worker._next_partition(self.tried), -1
+        if self._next_index >= len(self.sequence):
+            return -1, -1
+        self._next_index += 1
+        return self.sequence[self._next_index - 1], self._next_index - 1
+
+    def _next_partition(self):
+        w = self.worker
+        pid, index = self._choose()
+        if pid < 0:
+            return None
+        part = w.manifest.partition(pid)
+        lo, hi = schedule.host_slice(part, w.topo, w.spec.layout.rows_per_shard)
+        chain_list = []
+        if hi > lo:
+            continues, first_positions = w.tokens.continuation_flags(lo, hi)
+            chain_list = schedule.chains(lo, hi, continues, first_positions,
+                                         w.manifest.seq_len, w.warmup_rows)
+        state = [part, writer.PartitionWriter(w.arrays, (lo, hi), self.pool), hi - lo,
+                 time.perf_counter(), index]
+        with self._lock:
+            self._in_hand[pid] = state
+        if hi == lo:  # nothing of it on this host
+            self._done_here(pid, state)
+        return pid, chain_list
+
+    # -- outputs (main thread) -----------------------------------------------------------
+    def on_output(self, batch: prefetch.Batch, outs: dict) -> None:
+        from workers.runner import host_local_pieces
+
+        step = batch.step
+        written = np.asarray(step.write)
+        pieces = ({name: host_local_pieces(x) for name, x in outs.items()}
+                  if written.any() else {})
+        for pid in sorted({p for p, w in zip(step.partitions, step.write) if w}):
+            with self._lock:
+                state = self._in_hand[pid]
+            mine = tuple(w and p == pid for p, w in zip(step.partitions, step.write))
+            state[1].add_slots(step.rows, mine, pieces)
+            state[2] -= sum(mine)
+            if state[2] == 0:
+                self._done_here(pid, state)
+        progress = self.worker.progress
+        progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
+        with self._lock:
+            oldest = min(self._in_hand, default=None)
+        progress.update(state="working", partition=oldest, step=batch.index + 1, steps=0)
+
+    def _done_here(self, pid: int, state: list) -> None:
+        with self._lock:
+            if self.multi_host:
+                self._finished_here.add(pid)
+                return
+            del self._in_hand[pid]
+        self.committer.submit(state[0], state[1], state[3])
+
+    # -- agreement (main thread, multi-host) ------------------------------------------
+    def agree(self, batch: prefetch.Batch) -> bool:
+        """True when every host is out of work (the loop ends); raises Preempted on an
+        agreed SIGTERM. One-host replicas check SIGTERM every step and never agree."""
+        from workers.runner import Preempted
+
+        w = self.worker
+        if not self.multi_host:
+            if w.stop_requested.is_set():
+                raise Preempted(f"stopped at step {batch.index} of the partitions in hand")
+            return False
+        if batch.index % max(1, w.opts.stop_check_steps):
+            return False
+        flags = self._gather(w.stop_requested.is_set(), batch.step.done)
+        if flags[:, 0].any():
+            raise Preempted(f"stopped at step {batch.index} of the partitions in hand")
+        return bool(flags[:, 1].all())
+
+    def finish(self) -> None:
+        """After the last step: the multi-host replica commits what every host finished."""
+        if self.multi_host:
+            self._gather(False, True)
+            if self._in_hand:
+                raise RuntimeError(f"partitions {sorted(self._in_hand)} were planned but not "
+                                   f"finished on every host")
+
+    def _gather(self, stop: bool, done: bool) -> np.ndarray:
+        """All-gathers [stop, done, bitmap of the sequence indices finished here], commits
+        the partitions every host has finished, in sequence order; returns [hosts, 2]."""
+        n = len(self.sequence)
+        finished = np.zeros(n, bool)
+        with self._lock:
+            for pid in self._finished_here:
+                finished[self._in_hand[pid][4]] = True
+        words = np.packbits(finished, bitorder="little")
+        local = np.zeros(2 + len(words), np.uint32)
+        local[0], local[1] = stop, done
+        local[2:] = words
+        gathered = distributed.allgather_uint32(local)
+        everywhere = np.unpackbits(np.bitwise_and.reduce(gathered[:, 2:].astype(np.uint8),
+                                                         axis=0), count=n, bitorder="little")
+        for index in np.flatnonzero(everywhere):
+            if index in self._committed_indices:
+                continue
+            self._committed_indices.add(index)
+            pid = self.sequence[index]
+            with self._lock:
+                state = self._in_hand.pop(pid)
+                self._finished_here.discard(pid)
+            self.committer.submit(state[0], state[1], state[3])  # the collective gather
+        return gathered[:, :2]
