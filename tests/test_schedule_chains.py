@@ -78,3 +78,14 @@ def test_longest_chain_first_bounds_the_steps_by_the_longest_chain():
     chains = [schedule.Chain((r,)) for r in range(6)] + [schedule.Chain(tuple(range(6, 14)))]
     steps = schedule.assign(chains, 2, 0)
     assert len(steps) == 8  # not 3 + 8: the 8-row chain starts in the first step
+
+
+def test_stream_pads_until_told_to_stop_once_the_work_is_out():
+    """A host of a multi-host replica keeps stepping (padding, marked done) until every
+    host is out of work; nothing after the last real step is written."""
+    parts = iter([(0, [schedule.Chain((0, 1, 2))]), (1, [])])  # partition 1: none here
+    steps = schedule.stream(lambda: next(parts, None), 2, pad_forever=True)
+    first = [next(steps) for _ in range(6)]
+    assert [s.done for s in first] == [False, False, False, True, True, True]
+    assert [r for s in first for r, w in zip(s.rows, s.write) if w] == [0, 1, 2]
+    assert all(not any(s.write) and set(s.partitions) == {-1} for s in first[3:])
