@@ -89,8 +89,8 @@ def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
     if removed:
         _log.info("prepare: removed %d object(s) of an earlier attempt under %s (%s)", removed,
                   store.location, ", ".join(prefixes))
-    store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint,
-                                                  "started_at": time.time()})
+    # No time in it: the run directory stays byte-identical across prepares.
+    store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
 
 
 def _reject_summary(summary: dict) -> str:
