@@ -78,11 +78,6 @@ class PartitionWriter:
         self.add_slots(tuple(range(first_row, first_row + n)), (True,) * n,
                        {hook: [(0, values)] for hook, values in acts.items()})
 
-    def add_pieces(self, first_row: int, pieces: dict[str, list[tuple[int, np.ndarray]]],
-                   n: int) -> None:
-        """Adds rows first_row..first_row+n given per hook as (row offset, array) pieces."""
-        self.add_slots(tuple(range(first_row, first_row + n)), (True,) * n, pieces)
-
     def add_slots(self, rows: tuple[int, ...], write: tuple[bool, ...],
                   pieces: dict[str, list[tuple[int, np.ndarray]]]) -> None:
         """Adds a step's output: slot j holds row rows[j], stored where write[j].
