@@ -265,20 +265,25 @@ class Worker:
         self.progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
         self.progress.update(step=batch.index + 1)
 
+    def host_chains(self, part: manifest_lib.Partition
+                    ) -> tuple[int, int, list[schedule.Chain]]:
+        """(lo, hi, chains) of this host's slice of `part`: a long document's rows, with
+        the warm-up rows it needs when it began before the slice, form one chain."""
+        lo, hi = schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard)
+        if hi == lo:
+            return lo, hi, []
+        continues, first_positions = self.tokens.continuation_flags(lo, hi)
+        return lo, hi, schedule.chains(lo, hi, continues, first_positions,
+                                       self.manifest.seq_len, self.warmup_rows)
+
     def _plan_steps(self, part: manifest_lib.Partition) -> list[schedule.Step]:
         """This host's steps: one row per slot, a long document's rows through one slot in
         successive steps. Hosts of a replica agree on the step count (the longest plan)."""
         rows_per_shard = self.spec.layout.rows_per_shard
         if self.max_context is None:
             return schedule.plan_steps(part, self.topo, rows_per_shard, self.local_batch)
-        lo, hi = schedule.host_slice(part, self.topo, rows_per_shard)
+        lo, hi, chain_list = self.host_chains(part)
         filler = lo if hi > lo else part.row_start
-        if hi > lo:
-            continues, first_positions = self.tokens.continuation_flags(lo, hi)
-            chain_list = schedule.chains(lo, hi, continues, first_positions,
-                                         self.manifest.seq_len, self.warmup_rows)
-        else:
-            chain_list = []
         steps = schedule.assign(chain_list, self.local_batch, filler)
         n_steps = distributed.max_int(len(steps))
         return schedule.pad_steps(steps, n_steps, self.local_batch, filler)

@@ -62,12 +62,7 @@ class PartitionStream:
         if pid < 0:
             return None
         part = w.manifest.partition(pid)
-        lo, hi = schedule.host_slice(part, w.topo, w.spec.layout.rows_per_shard)
-        chain_list = []
-        if hi > lo:
-            continues, first_positions = w.tokens.continuation_flags(lo, hi)
-            chain_list = schedule.chains(lo, hi, continues, first_positions,
-                                         w.manifest.seq_len, w.warmup_rows)
+        lo, hi, chain_list = w.host_chains(part)
         state = [part, writer.PartitionWriter(w.arrays, (lo, hi), self.pool), hi - lo,
                  time.perf_counter(), index]
         with self._lock:
