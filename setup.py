@@ -5,6 +5,9 @@ virtual environment per extra and runs its smoke command). Torch and transformer
 tests' numerical reference only: no extra but `dev` brings them.
 """
 
+import os
+import re
+
 from setuptools import find_packages, setup
 
 # Ops (status, rerun, verify), the reader and the run directory contract: no jax, no Beam.
@@ -30,13 +33,20 @@ _TEST = [
 ]
 
 
+def _version() -> str:
+    """schemas/version.py's VERSION, read without importing the package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "schemas", "version.py")) as f:
+        return re.search(r'^VERSION = "([^"]+)"', f.read(), re.M).group(1)
+
+
 def _extra(*parts: list[str]) -> list[str]:
     return sorted({req for part in parts for req in part})
 
 
 setup(
     name="actx",
-    version="0.1.0",
+    version=_version(),
     description="Extract LLM activations at pod scale into zarr v3 on GCS",
     packages=find_packages(include=["schemas", "schemas.*", "pipeline", "pipeline.*",
                                     "workers", "workers.*", "deploy", "deploy.*",

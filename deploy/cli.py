@@ -14,8 +14,10 @@ import os
 import sys
 import time
 
+from deploy import config as config_lib
 from deploy import jobs
 from deploy.jobs import UsageError
+from schemas import flags
 from schemas import layout as layout_lib
 
 EXAMPLES = """\
@@ -43,12 +45,7 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("target (override the config's target table)")
     g.add_argument("--target", choices=["local", "tpu-vm", "dataflow"], default=None,
                    help="where to run (default: the config's target.kind, else local)")
-    g.add_argument("--hosts", type=int, default=None, help="local: worker processes")
-    g.add_argument("--hosts-per-replica", type=int, default=None,
-                   help="local: processes per replica (joined by jax.distributed)")
-    g.add_argument("--batch-size", type=int, default=None, help="rows per step per replica")
-    g.add_argument("--devices-per-host", type=int, default=None,
-                   help="local: simulated XLA CPU devices per process")
+    flags.add_override_arguments(g, config_lib.TargetConfig, jobs.TARGET_FLAGS)
     g.add_argument("--job", default=None, help="job id (default: <target>-<time>)")
     g.add_argument("--dry-run", action="store_true",
                    help="print every command exactly and run nothing (tpu-vm, dataflow)")

@@ -12,6 +12,7 @@ from typing import Literal
 
 from schemas import config as config_lib
 from schemas import runspec as runspec_lib
+from schemas import worker_options
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Shipped inside the package so `actx submit` works from any install, not only a clone.
@@ -78,35 +79,30 @@ class DataflowConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetConfig:
-    """Where prepare and extract run.
+class TargetConfig(worker_options.ExtractSettings):
+    """Where prepare and extract run, and how the workers extract.
 
     kind: "local" (this machine: in-process Beam, then `hosts` worker processes as
       simulated hosts), "tpu-vm" (a TPU VM slice through gcloud) or "dataflow" (prepare
       on Dataflow only; extract afterwards with `actx rerun --config` on another target).
     prepare: where prepare runs for kind "tpu-vm": "local" (in-process Beam writing to the
       run URI) or "dataflow" (the `dataflow` table).
-    hosts / hosts_per_replica: local worker processes, and how many of them form one
-      replica (joined by jax.distributed on loopback); replicas = hosts / hosts_per_replica.
-    batch_size: rows per step of one replica.
+    hosts: local worker processes (simulated hosts); replicas = hosts / hosts_per_replica.
+    hosts_per_replica: local processes that form one replica (joined by jax.distributed
+      on loopback).
     devices_per_host: simulated XLA CPU devices per local process.
-    model_parallel: size of the model mesh axis.
-    steal: replicas take other replicas' uncommitted partitions when done with their own.
-    heartbeat_s: seconds between worker heartbeats.
-    gcs_request_concurrency / gcs_request_retries: tensorstore GCS settings of workers.
+    steal: replicas take other replicas' uncommitted partitions when done with their own
+      (on by default for a job; a worker process started alone does not steal).
+    Every other field is an `ExtractSettings` field (batch_size, model_parallel,
+    heartbeat_s, ...), documented there and passed to each worker as its flag.
     """
 
     kind: Literal["local", "tpu-vm", "dataflow"] = "local"
     prepare: Literal["local", "dataflow"] = "local"
     hosts: int = 1
     hosts_per_replica: int = 1
-    batch_size: int = 8
     devices_per_host: int = 1
-    model_parallel: int = 1
     steal: bool = True
-    heartbeat_s: float = 2.0
-    gcs_request_concurrency: int = 32
-    gcs_request_retries: int = 8
     tpu: TpuConfig = TpuConfig()
     dataflow: DataflowConfig = DataflowConfig()
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 
+from schemas import flags
 from schemas import layout as layout_lib
+from schemas import version
 
 
 class UsageError(Exception):
@@ -13,28 +15,23 @@ class UsageError(Exception):
 
 
 # -- submit ------------------------------------------------------------------------------
+# Fields of the target table that submit and rerun also take as flags (--batch-size, ...).
+TARGET_FLAGS = ("hosts", "hosts_per_replica", "batch_size", "devices_per_host",
+                "model_parallel")
+
+
 def _target(base, args):
     from deploy import config as config_lib
 
     try:
-        return config_lib.target_from_flags(
-            base, kind=args.target, hosts=args.hosts, hosts_per_replica=args.hosts_per_replica,
-            batch_size=args.batch_size, devices_per_host=args.devices_per_host)
+        return config_lib.target_from_flags(base, kind=args.target,
+                                            **flags.overrides(args, TARGET_FLAGS))
     except ValueError as e:
         raise UsageError(f"target: {e}") from None
 
 
 def _job(kind: str, args) -> str:
     return args.job or f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _code_version() -> str:
-    try:
-        from importlib import metadata
-
-        return metadata.version("actx")
-    except Exception:
-        return "0.1.0"
 
 
 def cmd_submit(args, out) -> int:
@@ -79,7 +76,7 @@ def cmd_submit(args, out) -> int:
     prep = dataflow.prepare_command(spec, run, target, cfg.max_reject_fraction, on_dataflow)
     plan = [prep]
     if target.kind == "tpu-vm":
-        plan += tpu_vm.plan(run, target, spec.fingerprint, job, _code_version())
+        plan += tpu_vm.plan(run, target, spec.fingerprint, job, version.code_version())
     elif not run.startswith("gs://"):
         raise UsageError(f"run {run!r}: Dataflow workers need a gs:// run directory")
     spec_path = dataflow.write_spec_file(spec)
@@ -218,7 +215,7 @@ def cmd_rerun(args, out) -> int:
         return _extract_local(run, target, handle.spec.fingerprint, job, ids, out)
     if target.kind == "dataflow":
         raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
-    plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, _code_version(), only=ids,
+    plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, version.code_version(), only=ids,
                        create=False, install=args.install)
     if args.dry_run:
         print("# dry run: nothing is executed.", file=out)

@@ -24,6 +24,7 @@ from schemas import layout as layout_lib
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from schemas import uri as uri_lib
+from schemas import worker_options
 
 LOG_TAIL_LINES = 25
 
@@ -70,21 +71,12 @@ def worker_args(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 replica: int, process_id: int, coordinator: str | None,
                 only: list[int] | None) -> list[str]:
     """Command-line flags of one local worker process."""
-    args = ["--run", run, "--batch-size", str(target.batch_size),
-            "--replicas", str(target.replicas), "--replica", str(replica),
-            "--model-parallel", str(target.model_parallel), "--job", job,
-            "--expect-fingerprint", fingerprint, "--host-name",
-            f"local-r{replica}h{process_id}", "--heartbeat-s", f"{target.heartbeat_s:g}",
-            "--gcs-request-concurrency", str(target.gcs_request_concurrency),
-            "--gcs-request-retries", str(target.gcs_request_retries)]
-    if target.hosts_per_replica > 1:
-        args += ["--coordinator", coordinator, "--num-processes",
-                 str(target.hosts_per_replica), "--process-id", str(process_id)]
-    if target.steal and target.replicas > 1:
-        args.append("--steal")
-    if only is not None:
-        args += ["--only", ",".join(str(p) for p in only)]
-    return args
+    group = ({"coordinator": coordinator, "num_processes": target.hosts_per_replica,
+              "process_id": process_id} if target.hosts_per_replica > 1 else {})
+    return worker_options.WorkerOptions.for_job(
+        target, run=run, replicas=target.replicas, replica=replica, job=job, only=only,
+        expect_fingerprint=fingerprint, host_name=f"local-r{replica}h{process_id}",
+        steal=target.steal and target.replicas > 1, **group).to_argv()
 
 
 def worker_env(target: config_lib.TargetConfig) -> dict:

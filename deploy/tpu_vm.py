@@ -13,6 +13,7 @@ import re
 
 from deploy import config as config_lib
 from deploy.commands import Command
+from schemas import worker_options
 
 METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/attributes/")
 _CURL = "curl -s -H Metadata-Flavor:Google "
@@ -111,15 +112,11 @@ def worker_env(tpu: config_lib.TpuConfig) -> dict[str, str]:
 
 def worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 only: list[int] | None = None) -> list[str]:
-    argv = [target.tpu.python, "-m", "workers.main", "--run", run,
-            "--batch-size", str(target.batch_size), "--replicas", "1", "--replica", "0",
-            "--model-parallel", str(target.model_parallel), "--job", job,
-            "--expect-fingerprint", fingerprint, "--heartbeat-s", f"{target.heartbeat_s:g}",
-            "--gcs-request-concurrency", str(target.gcs_request_concurrency),
-            "--gcs-request-retries", str(target.gcs_request_retries)]
-    if only is not None:
-        argv += ["--only", ",".join(str(p) for p in only)]
-    return argv
+    """The worker command of every host: the whole slice is one replica, and each host
+    learns its place in it from the environment (`worker_env`)."""
+    opts = worker_options.WorkerOptions.for_job(
+        target, run=run, job=job, only=only, expect_fingerprint=fingerprint, steal=False)
+    return [target.tpu.python, "-m", "workers.main", *opts.to_argv()]
 
 
 def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,

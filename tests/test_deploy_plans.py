@@ -54,9 +54,11 @@ def _worker_command(job: str, hosts: int, extra: str = "", batch: int = 8) -> st
                    if hosts > 1 else "")
     return (f"export ACTX_NUM_PROCESSES={hosts}; export ACTX_PROCESS_ID=\"$(curl -s -H "
             f"Metadata-Flavor:Google {METADATA}agent-worker-number)\"{coordinator}; "
-            f"python3 -m workers.main --run gs://b/runs/r1 --batch-size {batch} --replicas 1 "
-            f"--replica 0 --model-parallel 1 --job {job} --expect-fingerprint {fp} "
-            f"--heartbeat-s 2 --gcs-request-concurrency 32 --gcs-request-retries 8{extra} "
+            f"python3 -m workers.main --run gs://b/runs/r1 --batch-size {batch} "
+            f"--model-parallel 1 --no-steal --no-allow-numerics-change --prefetch-depth 4 "
+            f"--writer-threads 4 --max-pending-mb 2048 --heartbeat-s 2 --stop-check-steps 16 "
+            f"--gcs-request-concurrency 32 --gcs-request-retries 8 --replicas 1 --replica 0 "
+            f"--job {job} --expect-fingerprint {fp}{extra} "
             f"> $HOME/actx-{job}.log 2>&1; rc=$?; gcloud storage cp $HOME/actx-{job}.log "
             f"gs://b/runs/r1/logs/{job}/worker-$ACTX_PROCESS_ID.log; exit $rc")
 

@@ -32,6 +32,7 @@ from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from schemas import ts_context
 from schemas import uri as uri_lib
+from schemas import version, worker_options
 from workers import commit as commit_step
 from workers import (admission, distributed, faults, prefetch, progress, schedule,
                      stream_loop, writer)
@@ -46,54 +47,10 @@ class Preempted(Exception):
 RunMismatch = admission.RunMismatch  # where callers have always found it
 
 
-@dataclasses.dataclass(frozen=True)
-class WorkerOptions:
-    """Runtime choices of one worker process.
-
-    run: the run directory (local path, gs://bucket/path or memory://name).
-    batch_size: rows per step for the whole replica (split evenly over its hosts). With
-      the device kind, model_parallel and the jax version it forms the numerics key: the
-      bytes a step produces depend on them, so every attempt at a run must share them.
-    replicas / replica: independent replicas and this process's replica index.
-    model_parallel: size of the `model` mesh axis (tensor parallelism within a host).
-    steal: after its own partitions, take uncommitted partitions of other replicas.
-    job: id shared by the processes of one job (scopes work-stealing claims).
-    only: extract only these partition ids (None: all that belong to the replica).
-    expect_fingerprint: refuse the run unless run.json has this fingerprint.
-    allow_numerics_change: accept a numerics key that differs from the run's first attempt
-      (reruns then rewrite partitions with slightly different bytes; markers stay true).
-    max_pending_mb: host memory held by shard blocks waiting for storage.
-    stop_check_steps: on multi-host replicas, agree on a SIGTERM every this many steps
-      (the agreement is a collective; one-host replicas check every step for free).
-    """
-
-    run: str
-    batch_size: int = 8
-    replicas: int = 1
-    replica: int = 0
-    model_parallel: int = 1
-    steal: bool = False
-    job: str = "job"
-    only: tuple[int, ...] | None = None
-    expect_fingerprint: str | None = None
-    allow_numerics_change: bool = False
-    host_name: str | None = None
-    prefetch_depth: int = 4
-    writer_threads: int = 4
-    max_pending_mb: int = 2048
-    heartbeat_s: float = 2.0
-    stop_check_steps: int = 16
-    gcs_request_concurrency: int = 32
-    gcs_request_retries: int = 8
+WorkerOptions = worker_options.WorkerOptions  # where callers have always found it
 
 
-def code_version() -> str:
-    try:
-        from importlib import metadata
-
-        return os.environ.get("ACTX_CODE_VERSION") or metadata.version("actx")
-    except Exception:  # not installed as a distribution (e.g. run from a checkout)
-        return "unknown"
+code_version = version.code_version
 
 
 def host_local_pieces(x) -> list[tuple[int, np.ndarray]]:

@@ -1,0 +1,21 @@
+"""actx's version, defined once: setup.py reads VERSION from this file, commit markers and
+the TPU install record `code_version()`."""
+
+from __future__ import annotations
+
+import os
+
+VERSION = "0.1.0"
+
+
+def code_version() -> str:
+    """ACTX_CODE_VERSION when a launcher sets it, else the installed distribution's version,
+    else VERSION (running from a source checkout)."""
+    if os.environ.get("ACTX_CODE_VERSION"):
+        return os.environ["ACTX_CODE_VERSION"]
+    try:
+        from importlib import metadata
+
+        return metadata.version("actx")
+    except Exception:  # not installed as a distribution
+        return VERSION
