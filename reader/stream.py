@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import sys
 from typing import Any, Iterator, Sequence
 
@@ -36,6 +37,7 @@ import tensorstore as ts
 from reader import blocks as blocks_lib
 from reader import formats
 from reader import prefetch as prefetch_lib
+from reader import read_window
 from reader import run as run_lib
 from reader import shuffle as shuffle_lib
 from reader.batches import Batch
@@ -94,7 +96,7 @@ class _Loaded:
     buffer: blocks_lib.Buffer
     skip: int  # tokens of its permuted order already consumed before a resume
     slot: dict  # hook -> numpy [buffer_rows, seq_len, hidden] the blocks decode into
-    writes: list  # tensorstore futures that decode the blocks into the slot
+    reads: read_window.ReadGroup  # the reads that decode the blocks into the slot
     tokens: list  # futures of (segment_ids, input_ids) per block
     run_rows: np.ndarray  # int64 [rows]: the run row of each slot row
 
@@ -120,6 +122,9 @@ class ShuffledStream:
       sharding must divide every batch, so keep drop_last=True (no short last batch).
     gcs_request_concurrency: concurrent GCS requests for this stream's reads (None: the
       process-wide setting, schemas.ts_context).
+    reads_in_flight: block reads (one block of one hook each) decoding at a time (None:
+      4, or 16 for gs:// where each request waits longer); their decode memory is about
+      reads_in_flight * block_rows * seq_len * hidden * itemsize.
     """
 
     def __init__(self, run: run_lib.Run, hooks: "str | Sequence[str]", batch_size: int, *,
@@ -131,7 +136,8 @@ class ShuffledStream:
                  whole_document: bool = False, prefetch_buffers: int = 1, prefetch: int = 2,
                  framework: formats.Framework = "numpy", as_jax: bool = False,
                  sharding: Any = None, dtype: str | None = None,
-                 normalize: str | None = None, gcs_request_concurrency: int | None = None):
+                 normalize: str | None = None, gcs_request_concurrency: int | None = None,
+                 reads_in_flight: int | None = None):
         self.run = run
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         if not self.hooks:
@@ -163,6 +169,10 @@ class ShuffledStream:
         self.start_step = start_step
         self.stop_step = None if epochs is None else epochs * self.plan.steps_per_epoch
         self.prefetch_buffers = max(0, prefetch_buffers)
+        if reads_in_flight is None:
+            reads_in_flight = 16 if run.location.scheme == "gs" else 4
+        read_window.ReadWindow(reads_in_flight)  # checks it now, not in the thread
+        self.reads_in_flight = reads_in_flight
         self.framework = formats.check_framework("jax" if as_jax else framework)
         self.sharding, self.dtype = sharding, dtype
         self.normalizers = formats.normalizers(run, self.hooks, normalize)
@@ -230,19 +240,22 @@ class ShuffledStream:
                             a.dtype.numpy_dtype) for h, a in self._acts.items()}
 
     def _issue(self, epoch: int, buf: blocks_lib.Buffer, skip: int,
-               slot: dict[str, np.ndarray]) -> _Loaded:
-        """Starts the reads of one buffer: each block decoded into its rows of the slot."""
+               slot: dict[str, np.ndarray], window: read_window.ReadWindow) -> _Loaded:
+        """Queues the reads of one buffer, each block decoded into its rows of the slot
+        (the token rows, a few bytes per position, are read at once)."""
         table, arrays = self.plan.table, slot
         targets = {h: ts.array(arrays[h], copy=False, write=True) for h in self.hooks}
-        writes, tokens, run_rows, at = [], [], [], 0
+        group, tokens, run_rows, at = read_window.ReadGroup(), [], [], 0
         for b in buf.blocks:
             lo, hi = int(table.row_start[b]), int(table.row_stop[b])
             for h in self.hooks:
-                writes.append(targets[h][at:at + hi - lo].write(self._acts[h][lo:hi]))
+                window.add(group, functools.partial(targets[h][at:at + hi - lo].write,
+                                                    self._acts[h][lo:hi]))
             tokens.append([t[lo:hi].read() for t in self._tokens])
             run_rows.append(np.arange(lo, hi, dtype=np.int64))
             at += hi - lo
-        return _Loaded(epoch, buf, skip, slot, writes, tokens, np.concatenate(run_rows))
+        window.pump()
+        return _Loaded(epoch, buf, skip, slot, group, tokens, np.concatenate(run_rows))
 
     def _permuted(self, loaded: _Loaded) -> tuple[np.ndarray, np.ndarray]:
         """(flat slot positions of the valid tokens in permuted order, input_ids [rows*T])."""
@@ -268,6 +281,7 @@ class ShuffledStream:
         slots = [self._new_slot() for _ in range(self.prefetch_buffers + 1)]
         work = self._work()
         pending: collections.deque[_Loaded] = collections.deque()
+        window = read_window.ReadWindow(self.reads_in_flight)
         issued = 0
 
         def top_up():
@@ -276,7 +290,8 @@ class ShuffledStream:
                 item = next(work, None)
                 if item is None:
                     return
-                pending.append(self._issue(*item, slot=slots[issued % len(slots)]))
+                pending.append(self._issue(*item, slot=slots[issued % len(slots)],
+                                           window=window))
                 issued += 1
 
         # Batches queued, one with the consumer, one being cut, one spare, per hook.
@@ -286,8 +301,7 @@ class ShuffledStream:
             top_up()
             while pending:
                 loaded = pending[0]
-                for f in loaded.writes:
-                    f.result()
+                window.wait(loaded.reads)
                 order, input_ids = self._permuted(loaded)
                 flat = {h: a.reshape(-1, a.shape[2]) for h, a in loaded.slot.items()}
                 pos = loaded.skip
@@ -304,11 +318,16 @@ class ShuffledStream:
                     take = min(len(out) - fill, len(order) - pos)
                     idx = order[pos:pos + take]
                     for h, f in flat.items():
-                        np.take(f, idx, axis=0, out=out.acts[h][fill:fill + take])
+                        # mode="clip": idx is in range by construction, and the default
+                        # "raise" gathers into a temporary first (a second copy, 1.7x
+                        # the time).
+                        np.take(f, idx, axis=0, out=out.acts[h][fill:fill + take],
+                                mode="clip")
                     out.rows[fill:fill + take] = loaded.run_rows[idx // seq_len]
                     out.cols[fill:fill + take] = idx % seq_len
                     out.input_ids[fill:fill + take] = input_ids[idx]
                     fill, pos = fill + take, pos + take
+                    window.pump()  # the next buffer's reads go on while this one is cut
                     if fill == len(out):
                         yield self._convert(out)
                         step, fill, out = step + 1, 0, None
@@ -316,9 +335,7 @@ class ShuffledStream:
                 pending.popleft()
                 top_up()
         finally:
-            for loaded in pending:  # a stopped stream leaves no write into a freed slot
-                for f in loaded.writes:
-                    f.cancel()
+            window.cancel()  # a stopped stream leaves no write into a freed slot
 
     def _convert(self, batch: Batch) -> Batch:
         acts = batch.acts

@@ -78,7 +78,8 @@ def test_drop_last_gives_every_process_the_same_full_batches(tmp_path):
 def test_seed_fixes_the_order_and_it_is_shuffled(reader_run):
     run = reader.open_run(reader_run.uri)
     a = list(_stream(run, epochs=2))
-    b = list(_stream(run, epochs=2, prefetch=0))  # read in the caller's thread
+    # Read in the caller's thread, one block read at a time: the same order.
+    b = list(_stream(run, epochs=2, prefetch=0, reads_in_flight=1))
     c = list(_stream(run, epochs=2, seed=4))
     assert np.array_equal(_flat(a), _flat(b)) and not np.array_equal(_flat(a), _flat(c))
     first = _flat([x for x in a if x.epoch == 0])
@@ -129,7 +130,8 @@ def test_gcs_run_streams_like_local(gcs_bucket):
     uri = f"{gcs_bucket}/runs/stream"
     truth = rf.build_run(uri, num_partitions=3, rows_per_shard=4, committed=(0, 2))
     run = reader.open_run(uri)
-    batches = list(_stream(run, drop_last=False, gcs_request_concurrency=4))
+    batches = list(_stream(run, drop_last=False, gcs_request_concurrency=4,
+                           reads_in_flight=3))
     assert np.array_equal(np.sort(_flat(batches)), np.flatnonzero(truth.committed_mask()))
     for b in batches:
         np.testing.assert_array_equal(b.acts["embed"], truth.value("embed", b.rows, b.cols))
