@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from schemas import activations_info as info_lib
 from schemas import flags
 from schemas import layout as layout_lib
 from schemas import version
@@ -115,10 +116,10 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
             return code
     print(file=out)
     print(runstate.render(status), file=out)
-    info = handle.store.read_json(layout_lib.ACTIVATIONS_INFO_KEY) or {}
+    info = info_lib.read_info(handle.store)
     print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
-          f"{info.get('dtype', handle.spec.capture.dtype)}, [rows, seq_len, hidden]); hooks: "
-          f"{', '.join(sorted(info.get('hooks', {}))) or '-'}", file=out)
+          f"{info.dtype if info else handle.spec.capture.dtype}, [rows, seq_len, hidden]); "
+          f"hooks: {', '.join(sorted(info.hooks)) if info else '-'}", file=out)
     print(f"read them:   python -c \"import reader; r = reader.open_run('{handle.location}'); "
           f"print(r.describe())\"", file=out)
     print(f"check them:  actx verify {handle.location}", file=out, flush=True)

@@ -14,7 +14,9 @@ import concurrent.futures
 import dataclasses
 import time
 
+from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
+from schemas import config as schemas_config
 from schemas import heartbeat as heartbeat_lib
 from schemas import layout as layout_lib
 from schemas import manifest as manifest_lib
@@ -144,16 +146,19 @@ class RunStatus:
         return obj
 
 
+def _read_info_for_status(store) -> info_lib.ActivationsInfo | None:
+    """activations/actx.json, or None when absent or damaged: status only derives byte
+    rates from it, and `actx verify` reports the damage."""
+    try:
+        return info_lib.read_info(store)
+    except schemas_config.ConfigError:
+        return None
+
+
 def bytes_per_row(handle: RunHandle) -> int | None:
     """Stored activation bytes per row (all hooks), from activations/actx.json."""
-    return _bytes_per_row(handle, handle.store.read_json(layout_lib.ACTIVATIONS_INFO_KEY))
-
-
-def _bytes_per_row(handle: RunHandle, info: dict | None) -> int | None:
-    if not info:
-        return None
-    itemsize = layout_lib.ITEMSIZE.get(info.get("dtype", handle.spec.capture.dtype), 2)
-    return handle.manifest.seq_len * itemsize * sum(int(h) for h in info["hooks"].values())
+    info = _read_info_for_status(handle.store)
+    return info.bytes_per_row(handle.manifest.seq_len) if info else None
 
 
 def _read_progress(handle: RunHandle, history: bool):
@@ -164,7 +169,7 @@ def _read_progress(handle: RunHandle, history: bool):
         committed = pool.submit(commit_lib.committed_partitions, store,
                                 len(handle.manifest.partitions))
         beats = pool.submit(heartbeat_lib.read_heartbeats, store, history=history)
-        info = pool.submit(store.read_json, layout_lib.ACTIVATIONS_INFO_KEY)
+        info = pool.submit(_read_info_for_status, store)
         verified = pool.submit(verification_lib.read_record, store)
         return committed.result(), beats.result(), info.result(), verified.result()
 
@@ -197,7 +202,7 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
     counts = {s: tally[s] for s in MAP_CHARS}
     done = [p for p in parts if p.id in committed]
     tokens_done = sum(p.tokens for p in done)
-    per_row = _bytes_per_row(handle, info)
+    per_row = info.bytes_per_row(handle.manifest.seq_len) if info else None
     rows_done = sum(p.row_count for p in done)
     throughput = sum(h.tokens_per_s for h in hosts if h.live)
     remaining = handle.manifest.total_tokens - tokens_done

@@ -14,7 +14,9 @@ import dataclasses
 import numpy as np
 
 from deploy import runstate
+from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
+from schemas import config as config_lib
 from schemas import layout as layout_lib
 from schemas import ts_context
 
@@ -91,19 +93,23 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
     problems = report.problems
     if not checked:
         return report
-    info = store.read_json(layout_lib.ACTIVATIONS_INFO_KEY)
-    if not info or "hooks" not in info:
+    try:
+        info = info_lib.read_info(store)
+    except config_lib.ConfigError as e:
+        problems.append(f"{e}; {len(checked)} partition(s) are committed")
+        return report
+    if info is None:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: missing, but {len(checked)} "
                         f"partition(s) are committed")
         return report
-    if info.get("fingerprint") != spec.fingerprint:
+    if info.fingerprint != spec.fingerprint:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: fingerprint "
-                        f"{info.get('fingerprint')} differs from run.json ({spec.fingerprint})")
+                        f"{info.fingerprint} differs from run.json ({spec.fingerprint})")
     dtype = spec.capture.dtype
-    if info.get("dtype") != dtype:
-        problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: dtype {info.get('dtype')} differs "
+    if info.dtype != dtype:
+        problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: dtype {info.dtype} differs "
                         f"from the run spec ({dtype})")
-    report.hooks = {h: int(d) for h, d in sorted(info["hooks"].items())}
+    report.hooks = dict(sorted(info.hooks.items()))
     report.stats = {h: HookStats() for h in report.hooks}
     arrays, shards = {}, {}
     for hook, hidden in report.hooks.items():

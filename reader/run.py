@@ -18,7 +18,9 @@ import numpy as np
 import tensorstore as ts
 
 from reader import errors
+from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
+from schemas import config as config_lib
 from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
@@ -114,13 +116,16 @@ class Run:
     def _hook_names(self) -> list[str]:
         if not self.committed:
             return []
-        info = self.store.read_json(layout.ACTIVATIONS_INFO_KEY)
-        if not info or "hooks" not in info:
+        try:
+            info = info_lib.read_info(self.store)
+        except config_lib.ConfigError as e:
+            raise errors.NotARunError(f"{self.location}: {e}; run `actx verify`") from None
+        if info is None:
             # Workers create it before writing any data, so a commit without it is damage.
             raise errors.NotARunError(
                 f"{self.location.join(layout.ACTIVATIONS_INFO_KEY)}: missing, but "
                 f"{len(self.committed)} partition(s) are committed; run `actx verify`")
-        return sorted(info["hooks"])
+        return sorted(info.hooks)
 
     def hook(self, name: str) -> HookInfo:
         """The HookInfo of `name`; UnknownHookError (listing the hooks) when absent."""

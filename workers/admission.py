@@ -7,8 +7,10 @@ chips: each refusal says what differs and what to do.
 
 from __future__ import annotations
 
+from schemas import activations_info as info_lib
+from schemas import config as config_lib
 from schemas import layout
-from workers import kv_cache
+from workers import kv_cache, sharding
 
 
 class RunMismatch(ValueError):
@@ -63,7 +65,7 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
     except Exception:  # backends without memory statistics
         stats = {}
     weights = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(model.params))
-    slots = batch_size // mesh.shape["data"]
+    slots = batch_size // sharding.axis_size(mesh, "batch")
     heads = cfg.num_heads // (model_parallel if cfg.num_heads % model_parallel == 0 else 1)
     kv_cache.check_fits(
         fn.cache_bytes_per_device(batch_size, seq_len), weights,
@@ -72,39 +74,49 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
         device_kind=device.device_kind)
 
 
-def numerics_key(jax, mesh, batch_size: int, model_parallel: int) -> dict:
+def numerics_key(jax, mesh, batch_size: int, model_parallel: int) -> info_lib.Numerics:
     """What, besides the RunSpec, decides the bytes a step produces."""
     device = jax.devices()[0]
-    return {"platform": device.platform, "device_kind": device.device_kind,
-            "jax": jax.__version__, "rows_per_device": batch_size // mesh.shape["data"],
-            "model_parallel": model_parallel}
+    return info_lib.Numerics(platform=device.platform, device_kind=device.device_kind,
+                             jax=jax.__version__,
+                             rows_per_device=batch_size // sharding.axis_size(mesh, "batch"),
+                             model_parallel=model_parallel)
 
 
 def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
-                          numerics: dict, allow_numerics_change: bool) -> None:
+                          numerics: info_lib.Numerics, allow_numerics_change: bool) -> None:
     """Records what this run's activations are (create-only), or checks this worker
     against the record of the first attempt."""
-    info = {"fingerprint": spec.fingerprint, "dtype": spec.capture.dtype, "hooks": hooks,
-            "model_digest": model_digest, "numerics": numerics}
-    if store.create_json(layout.ACTIVATIONS_INFO_KEY, info):
+    mine = info_lib.ActivationsInfo(fingerprint=spec.fingerprint, dtype=spec.capture.dtype,
+                                    hooks=dict(hooks), model_digest=model_digest,
+                                    numerics=numerics)
+    if info_lib.create_info(store, mine):
         return
     key = location.join(layout.ACTIVATIONS_INFO_KEY)
-    existing = store.read_json(layout.ACTIVATIONS_INFO_KEY) or {}
-    if existing.get("model_digest") not in (None, info["model_digest"]):
+    first = info_lib.read_info(store)
+    if first is None:  # deleted between the create attempt and this read
+        raise RunMismatch(f"{key}: vanished while this worker checked it; run again")
+    if first.model_digest not in (None, mine.model_digest):
         raise RunMismatch(
             f"{key}: the weights at {spec.model.path} changed since this run's first attempt "
-            f"(checkpoint digest {existing['model_digest']}, now {info['model_digest']}); "
+            f"(checkpoint digest {first.model_digest}, now {mine.model_digest}); "
             f"partitions would mix two models. Extract into a new run directory, or restore "
             f"the original checkpoint")
-    first = {k: v for k, v in existing.items() if k != "numerics"}
-    mine = {k: v for k, v in info.items() if k != "numerics"}
-    if first != mine:
-        raise RunMismatch(f"{key}: activations were written for {first}, but this worker "
-                          f"would write {mine}")
-    if existing.get("numerics") != info["numerics"] and not allow_numerics_change:
+    if first.identity() != mine.identity():
+        raise RunMismatch(f"{key}: activations were written for {_shown(first)}, but this "
+                          f"worker would write {_shown(mine)}")
+    if first.numerics != mine.numerics and not allow_numerics_change:
         raise RunMismatch(
-            f"{key}: the run's activations were computed with {existing.get('numerics')}, "
-            f"this worker would use {info['numerics']}; a rerun only rewrites identical bytes "
-            f"with the same device kind, jax version, rows per device and model parallelism. "
-            f"Match them, or pass --allow-numerics-change to accept partitions that differ in "
-            f"their low bits")
+            f"{key}: the run's activations were computed with {_shown(first.numerics)}, "
+            f"this worker would use {_shown(mine.numerics)}; a rerun only rewrites identical "
+            f"bytes with the same device kind, jax version, rows per device and model "
+            f"parallelism. Match them, or pass --allow-numerics-change to accept partitions "
+            f"that differ in their low bits")
+
+
+def _shown(obj) -> dict | None:
+    """A record as the user knows it from the JSON file."""
+    if obj is None:
+        return None
+    data = config_lib.to_dict(obj)
+    return {k: v for k, v in data.items() if k != "numerics"} if "numerics" in data else data

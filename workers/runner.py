@@ -26,6 +26,7 @@ import uuid
 import numpy as np
 
 from schemas import commit as commit_lib
+from schemas import config as config_lib
 from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
@@ -35,7 +36,7 @@ from schemas import uri as uri_lib
 from schemas import version, worker_options
 from workers import commit as commit_step
 from workers import (admission, distributed, faults, prefetch, progress, schedule,
-                     stream_loop, writer)
+                     stream_loop, transfer, writer)
 
 log = logging.getLogger("actx.worker")
 
@@ -53,16 +54,7 @@ WorkerOptions = worker_options.WorkerOptions  # where callers have always found 
 code_version = version.code_version
 
 
-def host_local_pieces(x) -> list[tuple[int, np.ndarray]]:
-    """This process's rows of a batch-sharded global array as (row offset, array) pieces,
-    one per distinct device shard (replicas over `model` appear once), not copied."""
-    shards = {}
-    for shard in x.addressable_shards:
-        start = shard.index[0].start or 0
-        if start not in shards:
-            shards[start] = shard.data
-    first = min(shards)
-    return [(start - first, np.asarray(data)) for start, data in sorted(shards.items())]
+host_local_pieces = transfer.host_local_pieces  # where callers have always found it
 
 
 class Worker:
@@ -117,8 +109,10 @@ class Worker:
                                      opts.batch_size, opts.model_parallel,
                                      self.manifest.seq_len, self.max_context)
         self.hooks = {name: cfg.hidden_size for name in self.fn.hook_names}
+        self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
+                                               opts.model_parallel)
         admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
-                                        self.model.digest, self.numerics_key(),
+                                        self.model.digest, self.numerics,
                                         opts.allow_numerics_change)
         self.arrays = writer.ActivationArrays(
             self.location, self.hooks, self.manifest.total_rows, self.manifest.seq_len,
@@ -129,8 +123,7 @@ class Worker:
         self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.stop_requested = threading.Event()
         self.progress = progress.Progress()
-        self.token_sharding = sharding.data_parallel_sharding(self.mesh, 2)
-        self.pinned_sharding = self._pinned_host_sharding()
+        self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)
         # `concat` rows are one causal stream across documents: the model must not apply
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
@@ -145,24 +138,9 @@ class Worker:
                         "of %d", shards, rps, hosts, hosts * rps)
 
     def numerics_key(self) -> dict:
-        """What, besides the RunSpec, decides the bytes a step produces."""
-        return admission.numerics_key(self.jax, self.mesh, self.opts.batch_size,
-                                      self.opts.model_parallel)
-
-    def _pinned_host_sharding(self):
-        """Outputs' sharding in pinned host memory, where the backend has it (GPU, TPU).
-
-        Device-to-host copies from pageable memory ran at 1.6 GB/s against 51 GB/s from
-        pinned memory on an H200, so outputs are moved there by an async device_put.
-        """
-        device = self.jax.local_devices()[0]
-        try:
-            kinds = {m.kind for m in device.addressable_memories()}
-        except Exception:  # backends without memory kinds
-            return None
-        if device.platform == "cpu" or "pinned_host" not in kinds:
-            return None
-        return self.fn.out_sharding.with_memory_kind("pinned_host")
+        """What, besides the RunSpec, decides the bytes a step produces (as recorded in
+        activations/actx.json)."""
+        return config_lib.to_dict(self.numerics)
 
     # -- partition choice --------------------------------------------------------------
     def _candidates(self) -> list[int]:
@@ -206,14 +184,6 @@ class Worker:
         return choice
 
     # -- one partition -----------------------------------------------------------------
-    def _to_global(self, local_bt: np.ndarray):
-        return self.jax.make_array_from_process_local_data(
-            self.token_sharding, local_bt, (self.opts.batch_size,) + local_bt.shape[1:])
-
-    def _slots_to_global(self, local_b: np.ndarray):
-        return self.jax.make_array_from_process_local_data(
-            self.fn.slot_sharding, local_b, (self.opts.batch_size,))
-
     def _handle(self, batch: prefetch.Batch, outs: dict, part_writer: writer.PartitionWriter):
         written = np.asarray(batch.step.write)
         if written.any():
@@ -266,18 +236,14 @@ class Worker:
                 segment_ids = batch.segment_ids
                 if self.one_segment_per_row:
                     segment_ids = (segment_ids > 0).astype(np.int32)
-                inputs = [self._to_global(batch.input_ids), self._to_global(batch.positions),
-                          self._to_global(segment_ids)]
+                inputs = [self.transfer.tokens(batch.input_ids),
+                          self.transfer.tokens(batch.positions), self.transfer.tokens(segment_ids)]
                 if self.max_context is not None:
-                    outs = self.fn(*inputs, continues=self._slots_to_global(
+                    outs = self.fn(*inputs, continues=self.transfer.slots(
                         np.asarray(batch.step.continues, bool)))
                 else:
                     outs = self.fn(*inputs)
-                if self.pinned_sharding is not None:
-                    outs = self.jax.device_put(outs, self.pinned_sharding)
-                else:
-                    for x in outs.values():
-                        x.copy_to_host_async()  # overlaps the copy with the next step
+                outs = self.transfer.start_to_host(outs)
                 faults.maybe_crash("step")
                 inflight.append((batch, outs))
                 if len(inflight) > 1:

@@ -114,6 +114,11 @@ class ExtractFn:
         self._params = params
 
     @property
+    def token_sharding(self) -> NamedSharding | None:
+        """Sharding of every [batch, seq] input (batch over `data`), or None without a mesh."""
+        return self._token_sharding
+
+    @property
     def out_sharding(self) -> NamedSharding | None:
         """Sharding of every output (batch over `data`), or None without a mesh."""
         return None if self.mesh is None else sharding.data_parallel_sharding(self.mesh, 3)

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from workers import distributed, prefetch, schedule, writer
+from workers import distributed, prefetch, schedule, transfer, writer
 
 
 class PartitionStream:
@@ -73,11 +73,9 @@ class PartitionStream:
 
     # -- outputs (main thread) -----------------------------------------------------------
     def on_output(self, batch: prefetch.Batch, outs: dict) -> None:
-        from workers.runner import host_local_pieces
-
         step = batch.step
         written = np.asarray(step.write)
-        pieces = ({name: host_local_pieces(x) for name, x in outs.items()}
+        pieces = ({name: transfer.host_local_pieces(x) for name, x in outs.items()}
                   if written.any() else {})
         for pid in sorted({p for p, w in zip(step.partitions, step.write) if w}):
             with self._lock:

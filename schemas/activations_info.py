@@ -1,0 +1,68 @@
+"""`activations/actx.json`: what a run's activations are, written once (create-only) by the
+first worker before any activation data, and checked by every later attempt.
+
+Workers write it; status, verify, submit's summary and the reader read it through
+`read_info`, so its fields have one definition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schemas import config as config_lib
+from schemas import layout
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerics:
+    """What, besides the run spec, decides the bytes a step produces.
+
+    platform / device_kind: the accelerator (e.g. "gpu", "NVIDIA H100 80GB HBM3").
+    jax: the jax version.
+    rows_per_device: batch rows each data-parallel device computes per step.
+    model_parallel: size of the `model` mesh axis.
+    """
+
+    platform: str
+    device_kind: str
+    jax: str
+    rows_per_device: int
+    model_parallel: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationsInfo:
+    """fingerprint: the run spec's fingerprint the activations belong to.
+    dtype: the stored dtype of every hook array.
+    hooks: hook name -> hidden size (the last axis of its array).
+    model_digest: digest of the checkpoint the first attempt loaded (None in old runs).
+    numerics: the first attempt's numerics (None in old runs).
+    """
+
+    fingerprint: str
+    dtype: str
+    hooks: dict[str, int]
+    model_digest: str | None = None
+    numerics: Numerics | None = None
+
+    def identity(self) -> tuple:
+        """What every attempt must share exactly (numerics may differ when allowed)."""
+        return (self.fingerprint, self.dtype, self.hooks, self.model_digest)
+
+    def bytes_per_row(self, seq_len: int) -> int:
+        """Stored activation bytes per token row, all hooks together."""
+        return seq_len * layout.ITEMSIZE.get(self.dtype, 2) * sum(self.hooks.values())
+
+
+def read_info(store) -> ActivationsInfo | None:
+    """The run's record, None before any worker wrote it. A damaged record raises
+    ConfigError naming the key and field."""
+    data = store.read_json(layout.ACTIVATIONS_INFO_KEY)
+    if data is None:
+        return None
+    return config_lib.from_dict(ActivationsInfo, data, f"{layout.ACTIVATIONS_INFO_KEY}: ")
+
+
+def create_info(store, info: ActivationsInfo) -> bool:
+    """Writes the record unless one exists; True when this call wrote it."""
+    return store.create_json(layout.ACTIVATIONS_INFO_KEY, config_lib.to_dict(info))
