@@ -54,14 +54,15 @@ def _peak_rss_mb() -> float:
 
 
 def sequential(run: reader.Run, hook: str, block_rows: int, passes: int,
-               in_flight: int = 4) -> dict:
+               in_flight: int = 4, file_io_mode: str | None = None) -> dict:
     """Decoded bytes/s of reading every committed block in row order, two ways:
     "read": `array[lo:hi].read()`, a new numpy array per block (the plain way to read);
     "into_buffer": decoded into one reused buffer (what the stream does for its reads, so
     no allocation or page faults: the stricter baseline).
     One untimed pass of each first (thread pools, allocator), then `passes` timed ones."""
     # The context the stream reads in (no chunk cache), so both read the same way.
-    array = run._open(layout.activation_array_key(hook), stream_lib.read_contexts()[0])
+    array = run._open(layout.activation_array_key(hook),
+                      stream_lib.read_contexts(file_io_mode=file_io_mode)[0])
     blocks = [(lo, min(lo + block_rows, p.row_stop)) for p in run.committed_partitions
               for lo in range(p.row_start, p.row_stop, block_rows)]
     buffer = np.empty((in_flight * block_rows,) + tuple(array.shape[1:]),
@@ -90,40 +91,44 @@ def sequential(run: reader.Run, hook: str, block_rows: int, passes: int,
 
     out = {}
     for name, one_pass in (("read", read_pass), ("into_buffer", into_buffer_pass)):
-        seconds = []
+        seconds, cpu = [], []
         for _ in range(passes + 1):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             nbytes = one_pass()
             seconds.append(time.perf_counter() - t0)
-        out[name] = seconds[1:]
+            cpu.append(time.process_time() - c0)
+        out[name], out[name + "_cpu"] = seconds[1:], cpu[1:]
     out["decoded_bytes"] = nbytes
     return out
 
 
 def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
-           block_rows: int, passes: int, prefetch_buffers: int) -> dict:
+           block_rows: int, passes: int, prefetch_buffers: int,
+           file_io_mode: str | None = None) -> dict:
     """Whole epochs of the streaming shuffle (drop_last=False: every valid token once),
     one untimed epoch first, then `passes` timed ones."""
     t0 = time.perf_counter()
     s = run.stream(hook, batch_size, buffer_tokens=buffer_tokens, block_rows=block_rows,
                    seed=0, drop_last=False, epochs=passes + 1,
-                   prefetch_buffers=prefetch_buffers)
+                   prefetch_buffers=prefetch_buffers, file_io_mode=file_io_mode)
     setup_s = time.perf_counter() - t0
-    seconds, tokens, nbytes = [], 0, 0
+    seconds, cpu, tokens, nbytes = [], [], 0, 0
     with s:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for b in s:
             if b.step % s.steps_per_epoch == 0 and b.step:  # an epoch ended
                 seconds.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                cpu.append(time.process_time() - c0)
+                t0, c0 = time.perf_counter(), time.process_time()
             if b.epoch == 1:
                 tokens, nbytes = tokens + len(b), nbytes + b.acts[hook].nbytes
         seconds.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     table = s.plan.table
     itemsize = np.dtype(run.activation_array(hook).dtype.numpy_dtype).itemsize
     decoded = int((table.row_stop - table.row_start).sum()) * run.seq_len * \
         run.hook(hook).hidden * itemsize
-    return {"seconds": seconds[1:], "setup_s": setup_s, "tokens": tokens,
+    return {"seconds": seconds[1:], "cpu": cpu[1:], "setup_s": setup_s, "tokens": tokens,
             "delivered_bytes": nbytes, "decoded_bytes": decoded,
             "blocks_per_buffer": s.blocks_per_buffer}
 
@@ -175,10 +180,10 @@ def measure(args: argparse.Namespace) -> None:
     hook = args.hook or next(iter(run.hooks))
     block_rows = args.block_rows or run.spec.layout.rows_per_shard
     if args.measure == "sequential":
-        out = sequential(run, hook, block_rows, args.passes)
+        out = sequential(run, hook, block_rows, args.passes, file_io_mode=args.file_io_mode)
     elif args.measure == "stream":
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
-                     args.passes, args.prefetch_buffers)
+                     args.passes, args.prefetch_buffers, args.file_io_mode)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                             args.mix_batches)
@@ -196,6 +201,8 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
            "--passes", str(args.passes), "--prefetch-buffers", str(args.prefetch_buffers)]
     if args.hook:
         cmd += ["--hook", args.hook]
+    if args.file_io_mode:
+        cmd += ["--file-io-mode", args.file_io_mode]
     if args.block_rows:
         cmd += ["--block-rows", str(args.block_rows)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
@@ -205,9 +212,11 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
 def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     """Alternates the two modes in child processes over --rounds; prints medians."""
     seq, strm = [], []
+    load_before = os.getloadavg()
     for _ in range(args.rounds):
         seq.append(_child(args, "sequential", run_dir))
         strm.append(_child(args, "stream", run_dir))
+    load_after = os.getloadavg()
     ex = _child(args, "exact", run_dir)
     mix = _child(args, "mixing", run_dir)
     med = statistics.median
@@ -220,6 +229,7 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     strm_gb_s = s0["delivered_bytes"] / med(strm_s) / 1e9
     print(f"\n== {label}: batch {args.batch_size} tokens, buffer {args.buffer_tokens} tokens "
           f"({s0['blocks_per_buffer']} blocks, prefetch_buffers {args.prefetch_buffers}); "
+          f"file_io_mode {args.file_io_mode or 'tensorstore default'} for both; "
           f"medians of {len(seq_s)} timed passes each")
     print(f"sequential decoded read:  {seq_gb_s:7.3f} GB/s decoded "
           f"({decoded / 1e9:.3f} GB in {med(seq_s):.2f} s; array.read() per block)   "
@@ -232,6 +242,19 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
           f"peak RSS {max(r['peak_rss_mb'] for r in strm):,.0f} MB")
     print(f"  ratio (same bytes decoded) to the sequential read {med(seq_s) / med(strm_s):.3f}, "
           f"to the reused-buffer read {med(buf_s) / med(strm_s):.3f}")
+    # Each round's sequential and streaming children ran back to back, so a round's ratio
+    # saw about the same load; their spread says how much one run can be trusted.
+    per_round = [(med(a["read"]) / med(b["seconds"]), med(a["into_buffer"]) / med(b["seconds"]))
+                 for a, b in zip(seq, strm)]
+    print("  per round, to the sequential read / the reused-buffer read: " + ", ".join(
+        f"{x:.2f} / {y:.2f}" for x, y in per_round))
+    cpu = {k: med([x for r in seq for x in r[k + "_cpu"]]) for k in ("read", "into_buffer")}
+    cpu["stream"] = med([x for r in strm for x in r["cpu"]])
+    print(f"  CPU s per pass (all threads; less sensitive to other jobs than wall time): "
+          f"sequential read {cpu['read']:.2f}, reused buffer {cpu['into_buffer']:.2f}, "
+          f"stream epoch {cpu['stream']:.2f}")
+    print(f"  load average (1 min) before / after the timed rounds: {load_before[0]:.2f} / "
+          f"{load_after[0]:.2f} on {os.cpu_count()} cores")
     print(f"exact global shuffle:     {ex['gb_s']:7.3f} GB/s delivered "
           f"({ex['tokens_s']:,.0f} tokens/s, {args.exact_steps} steps)   "
           f"ratio to sequential {ex['gb_s'] / seq_gb_s:.3f}   "
@@ -260,6 +283,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-rows", type=int, default=0, help="0: the layout's rows_per_shard")
     ap.add_argument("--prefetch-buffers", type=int, default=1,
                     help="stream buffers read ahead while one is cut into batches")
+    ap.add_argument("--file-io-mode", choices=stream_lib.FILE_IO_MODES,
+                    help="how both the sequential read and the stream read local files "
+                         "(default: tensorstore's)")
     ap.add_argument("--exact-steps", type=int, default=8)
     ap.add_argument("--mix-batches", type=int, default=16)
     ap.add_argument("--passes", type=int, default=3, help="timed passes per child process")

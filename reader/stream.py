@@ -50,18 +50,29 @@ DEFAULT_BUFFER_TOKENS = 1 << 18
 STATE_VERSION = 1
 
 
-def read_contexts(gcs_request_concurrency: int | None = None
+FILE_IO_MODES = ("default", "memmap", "direct")
+
+
+def read_contexts(gcs_request_concurrency: int | None = None, file_io_mode: str | None = None
                   ) -> tuple[ts.Context, ts.Context]:
     """(activations, token arrays) contexts a stream reads in: children of the
     process-wide one (so memory:// runs resolve) that share one GCS request limit.
     Activations are read without a chunk cache (each chunk is read once per epoch, so a
     cache would only hold a second copy of it); token arrays keep the shared cache, which
-    holds the index of their one-object-per-partition shards between block reads."""
+    holds the index of their one-object-per-partition shards between block reads.
+    file_io_mode: how tensorstore reads local files ("default": read() into its own
+    memory; "memmap": mapped, so the decode reads the page cache without a kernel copy)."""
     shared = ts_context.get()
     if gcs_request_concurrency is not None:
         shared = ts.Context({"gcs_request_concurrency": {"limit": gcs_request_concurrency}},
                             parent=shared)
-    return ts.Context({"cache_pool": {"total_bytes_limit": 0}}, parent=shared), shared
+    acts = {"cache_pool": {"total_bytes_limit": 0}}
+    if file_io_mode is not None:
+        if file_io_mode not in FILE_IO_MODES:
+            raise ValueError(f"file_io_mode must be one of {', '.join(FILE_IO_MODES)} or "
+                             f"None, got {file_io_mode!r}")
+        acts["file_io_mode"] = {"mode": file_io_mode}
+    return ts.Context(acts, parent=shared), shared
 
 
 class _ArrayPool:
@@ -125,6 +136,7 @@ class ShuffledStream:
     reads_in_flight: block reads (one block of one hook each) decoding at a time (None:
       4, or 16 for gs:// where each request waits longer); their decode memory is about
       reads_in_flight * block_rows * seq_len * hidden * itemsize.
+    file_io_mode: how local files are read (see read_contexts; no effect on gs://).
     """
 
     def __init__(self, run: run_lib.Run, hooks: "str | Sequence[str]", batch_size: int, *,
@@ -137,7 +149,7 @@ class ShuffledStream:
                  framework: formats.Framework = "numpy", as_jax: bool = False,
                  sharding: Any = None, dtype: str | None = None,
                  normalize: str | None = None, gcs_request_concurrency: int | None = None,
-                 reads_in_flight: int | None = None):
+                 reads_in_flight: int | None = None, file_io_mode: str | None = None):
         self.run = run
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         if not self.hooks:
@@ -176,7 +188,7 @@ class ShuffledStream:
         self.framework = formats.check_framework("jax" if as_jax else framework)
         self.sharding, self.dtype = sharding, dtype
         self.normalizers = formats.normalizers(run, self.hooks, normalize)
-        acts_context, tokens_context = read_contexts(gcs_request_concurrency)
+        acts_context, tokens_context = read_contexts(gcs_request_concurrency, file_io_mode)
         self._acts = {h: run._open(layout.activation_array_key(h), acts_context)
                       for h in self.hooks}
         self._tokens = [run._open(layout.token_array_key(n), tokens_context)

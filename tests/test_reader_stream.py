@@ -107,8 +107,9 @@ def test_resume_mid_epoch_continues_the_same_order(reader_run):
         _stream(run, epochs=3, batch_size=6, resume=s.state(full[3]))
 
 
-@pytest.mark.parametrize("codec", ["zstd", "none"])
-def test_values_equal_zarr_pythons_read_of_the_arrays(tmp_path, codec):
+@pytest.mark.parametrize("codec,file_io_mode", [("zstd", None), ("none", None),
+                                               ("none", "memmap"), ("zstd", "memmap")])
+def test_values_equal_zarr_pythons_read_of_the_arrays(tmp_path, codec, file_io_mode):
     import zarr
 
     from reader import zarr_compat
@@ -116,7 +117,7 @@ def test_values_equal_zarr_pythons_read_of_the_arrays(tmp_path, codec):
     truth = _uneven_run(tmp_path / "run", dtype="bfloat16", codec=codec)
     zarr_compat.register_bfloat16()
     run = reader.open_run(truth.uri)
-    batches = list(_stream(run, drop_last=False))
+    batches = list(_stream(run, drop_last=False, file_io_mode=file_io_mode))
     for hook in truth.hooks:
         z = np.asarray(zarr.open_array(str(tmp_path / "run" / "activations" / hook),
                                        mode="r")[:])
@@ -204,6 +205,10 @@ def test_close_midway_and_errors_that_say_what_to_do(reader_run):
         _stream(run, buffer_tokens=T)
     with pytest.raises(ValueError, match="less than one batch"):
         _stream(run, batch_size=10_000)
+    with pytest.raises(ValueError, match="reads_in_flight must be >= 1"):
+        _stream(run, reads_in_flight=0)
+    with pytest.raises(ValueError, match="file_io_mode must be one of default, memmap"):
+        _stream(run, file_io_mode="mmap")
     with pytest.raises(reader.UncommittedPartitionError):
         _stream(run, partitions=[1, 2])
     with pytest.raises(reader.UnknownHookError):
