@@ -48,6 +48,10 @@ from schemas import ts_context
 # 4096; two buffers are held (prefetch_buffers=1).
 DEFAULT_BUFFER_TOKENS = 1 << 18
 STATE_VERSION = 1
+# Block reads in flight on local or memory runs: more than two made tensorstore's decode
+# memory fault in anew (bench/read.py's store: 4k page faults per epoch at 2, 40k at 4,
+# 79k at 8) for no faster epoch.
+DEFAULT_LOCAL_READS = 2
 
 
 FILE_IO_MODES = ("default", "memmap", "direct")
@@ -134,8 +138,9 @@ class ShuffledStream:
     gcs_request_concurrency: concurrent GCS requests for this stream's reads (None: the
       process-wide setting, schemas.ts_context).
     reads_in_flight: block reads (one block of one hook each) decoding at a time (None:
-      4, or 16 for gs:// where each request waits longer); their decode memory is about
-      reads_in_flight * block_rows * seq_len * hidden * itemsize.
+      2, each decoded in parallel over its inner chunks; 16 for gs://, where each request
+      waits longer); their decode memory is about reads_in_flight * block_rows * seq_len *
+      hidden * itemsize.
     file_io_mode: how local files are read (see read_contexts; no effect on gs://).
     """
 
@@ -182,7 +187,7 @@ class ShuffledStream:
         self.stop_step = None if epochs is None else epochs * self.plan.steps_per_epoch
         self.prefetch_buffers = max(0, prefetch_buffers)
         if reads_in_flight is None:
-            reads_in_flight = 16 if run.location.scheme == "gs" else 4
+            reads_in_flight = 16 if run.location.scheme == "gs" else DEFAULT_LOCAL_READS
         read_window.ReadWindow(reads_in_flight)  # checks it now, not in the thread
         self.reads_in_flight = reads_in_flight
         self.framework = formats.check_framework("jax" if as_jax else framework)
