@@ -223,4 +223,4 @@ def _upload_logs(run: str, job: str, log_dir: str) -> None:
     store = store_lib.open_store(run)
     for name in sorted(os.listdir(log_dir)):
         with open(os.path.join(log_dir, name), "rb") as f:
-            store.write(f"logs/{job}/{name}", f.read())
+            store.write(layout_lib.log_key(job, name.removesuffix(".log")), f.read())

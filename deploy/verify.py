@@ -22,7 +22,10 @@ from schemas import ts_context
 
 
 @dataclasses.dataclass
-class HookStats:
+class HookHealth:
+    """What `verify` saw of one hook's values: non-finite counts, mean and mean norm (a
+    health check; reader.stats.HookStats are the normalisation statistics)."""
+
     partitions: int = 0
     blocks: int = 0
     tokens: int = 0
@@ -45,7 +48,7 @@ class VerifyReport:
     checked: list[int]
     not_committed: list[int]
     hooks: dict[str, int]
-    stats: dict[str, HookStats]
+    stats: dict[str, HookHealth]
     problems: list[str]
     failed: list[int] = dataclasses.field(default_factory=list)  # partitions with problems
 
@@ -68,19 +71,17 @@ class VerifyReport:
 
 
 def _stored_shards(store, hook: str) -> set[int]:
-    """Shard indices of the hook's stored objects (keys activations/<hook>/c/<i>/0/0)."""
-    prefix = f"{layout_lib.activation_array_key(hook)}/c/"
+    """Shard indices of the hook's stored objects (layout.activation_shard_key)."""
     found = set()
-    for key in store.list(prefix):
-        first = key[len(prefix):].split("/", 1)[0]
-        if first.isdigit():
-            found.add(int(first))
+    for key in store.list(layout_lib.activation_shard_prefix(hook)):
+        index = layout_lib.shard_index_of(hook, key)
+        if index is not None:
+            found.add(index)
     return found
 
 
 def _open(handle: runstate.RunHandle, key: str):
-    return ts_context.open_array(
-        {"driver": "zarr3", "kvstore": handle.location.join(key).kvstore(directory=True)})
+    return ts_context.open_array(layout_lib.array_spec(handle.location, key))
 
 
 def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> VerifyReport:
@@ -110,7 +111,7 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: dtype {info.dtype} differs "
                         f"from the run spec ({dtype})")
     report.hooks = dict(sorted(info.hooks.items()))
-    report.stats = {h: HookStats() for h in report.hooks}
+    report.stats = {h: HookHealth() for h in report.hooks}
     arrays, shards = {}, {}
     for hook, hidden in report.hooks.items():
         want_shape = (manifest.total_rows, manifest.seq_len, hidden)
@@ -189,7 +190,7 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
     return report
 
 
-def _accumulate(stats: HookStats, block: np.ndarray, valid_bt: np.ndarray, label: str,
+def _accumulate(stats: HookHealth, block: np.ndarray, valid_bt: np.ndarray, label: str,
                 k: int, problems: list[str]) -> None:
     vectors = block[valid_bt].astype(np.float64)  # [valid tokens, hidden]
     nan = int(np.isnan(vectors).sum())

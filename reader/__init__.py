@@ -24,8 +24,7 @@ Public names (all re-exported here; `__all__`):
     ShufflePlan                   reader.shuffle: the seeded, process-split order
     Selection                     reader.provenance: tokens of a document / ARC filter
     HookStats                     reader.stats: mean / var / mean norm of one hook over
-                                  the run's tokens (deploy.verify.HookStats, the
-                                  verifier's per-hook tallies, is another class)
+                                  the run's tokens
     compute_stats, load_stats     reader.stats: compute and store / load HookStats
     ReaderError                   reader.errors: base of the errors below
     NotARunError                  no run.json / manifest.json at the location

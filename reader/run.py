@@ -188,7 +188,7 @@ class Run:
         `context` (a child of it, e.g. with other GCS limits) when given."""
         if context is None and key in self._arrays:
             return self._arrays[key]
-        spec = {"driver": "zarr3", "kvstore": self.location.join(key).kvstore()}
+        spec = layout.array_spec(self.location, key)
         try:
             # The process-wide context: memory:// runs exist only in it, and its cache
             # pool keeps shard indexes between gathers.

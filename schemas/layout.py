@@ -18,6 +18,8 @@ TOKENS_GROUP = "tokens"
 ACTIVATIONS_GROUP = "activations"
 COMMITS_PREFIX = "commits/"
 WORKERS_PREFIX = "workers/"
+CLAIMS_PREFIX = "claims/"  # claims/<job>/p-00042.json: work stealing within one job
+LOGS_PREFIX = "logs/"  # logs/<job>/<host>.log
 REJECTS_PREFIX = "rejects/"
 DOCS_PREFIX = "docs/"
 STATS_KEY = "stats.json"
@@ -79,6 +81,16 @@ def heartbeat_key(host: str) -> str:
     return f"{WORKERS_PREFIX}{host}.json"
 
 
+def claim_key(job: str, partition_id: int) -> str:
+    """A work-stealing claim: which attempt of `job` took the partition (create-only)."""
+    return f"{CLAIMS_PREFIX}{job}/{partition_name(partition_id)}.json"
+
+
+def log_key(job: str, host: str) -> str:
+    """A worker host's log of one job."""
+    return f"{LOGS_PREFIX}{job}/{host}.log"
+
+
 def docs_key(partition_id: int) -> str:
     """The doc table rows of the documents that start in a partition (JSONL)."""
     return f"{DOCS_PREFIX}{partition_name(partition_id)}.jsonl"
@@ -90,6 +102,27 @@ def token_array_key(name: str) -> str:
 
 def activation_array_key(hook: str) -> str:
     return f"{ACTIVATIONS_GROUP}/{hook}"
+
+
+# zarr v3's default chunk key encoding names an array's stored objects c/<i>/<j>/...; an
+# activation shard spans the whole [seq_len, hidden] plane, so its key is c/<i>/0/0.
+SHARD_OBJECTS = "c/"
+
+
+def activation_shard_prefix(hook: str) -> str:
+    """The prefix under which a hook array's stored shard objects are listed."""
+    return f"{activation_array_key(hook)}/{SHARD_OBJECTS}"
+
+
+def activation_shard_key(hook: str, shard_index: int) -> str:
+    """The stored object holding shard `shard_index` (rows_per_shard rows) of a hook."""
+    return f"{activation_shard_prefix(hook)}{shard_index}/0/0"
+
+
+def shard_index_of(hook: str, key: str) -> int | None:
+    """The shard index of a key listed under `activation_shard_prefix(hook)`, else None."""
+    first = key[len(activation_shard_prefix(hook)):].split("/", 1)[0]
+    return int(first) if first.isdigit() else None
 
 
 def _codecs(layout: runspec_lib.LayoutSpec, itemsize: int) -> list[dict]:
@@ -128,6 +161,12 @@ def _sharded_metadata(shape: list[int], dtype: str, shard_shape: list[int],
     }
 
 
+def array_spec(run: uri_lib.Location, key: str, **options) -> dict:
+    """The tensorstore spec that opens the zarr v3 array at `key` of a run; `options` adds
+    spec members (e.g. recheck_cached_data)."""
+    return {"driver": "zarr3", "kvstore": run.join(key).kvstore(directory=True), **options}
+
+
 @dataclasses.dataclass(frozen=True)
 class ArrayLayout:
     """A zarr v3 array of the run: its key and tensorstore metadata."""
@@ -137,7 +176,7 @@ class ArrayLayout:
 
     def spec(self, run: uri_lib.Location, create: bool = False) -> dict:
         """A tensorstore spec that opens (or creates, when `create`) this array."""
-        spec = {"driver": "zarr3", "kvstore": run.join(self.key).kvstore(directory=True)}
+        spec = array_spec(run, self.key)
         if create:
             spec.update({"metadata": self.metadata, "create": True, "open": True})
         return spec

@@ -39,9 +39,8 @@ class TokenStore:
         # Token arrays never change after prepare: chunks decoded once stay valid in the
         # cache pool, so the slots of one shard, read in different steps, cost one fetch.
         self.arrays = {
-            name: ts_context.open_array(
-                {"driver": "zarr3", "recheck_cached_data": "open",
-                 "kvstore": run.join(layout_lib.token_array_key(name)).kvstore()})
+            name: ts_context.open_array(layout_lib.array_spec(
+                run, layout_lib.token_array_key(name), recheck_cached_data="open"))
             for name in STEP_INPUTS
         }
 

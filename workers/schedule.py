@@ -17,8 +17,6 @@ from typing import Callable, Iterator, Sequence
 from schemas import layout
 from schemas import manifest as manifest_lib
 
-CLAIMS_PREFIX = "claims/"
-
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
@@ -49,8 +47,6 @@ def steal_order(manifest: manifest_lib.Manifest, topo: Topology) -> list[int]:
     return sorted(others, key=lambda pid: (-(pid // topo.replicas), pid))
 
 
-def claim_key(job: str, partition_id: int) -> str:
-    return f"{CLAIMS_PREFIX}{job}/{layout.partition_name(partition_id)}.json"
 
 
 def try_claim(store, job: str, partition_id: int, attempt: str) -> bool:
@@ -59,7 +55,7 @@ def try_claim(store, job: str, partition_id: int, attempt: str) -> bool:
     Claims only steer work sharing inside a job (a rerun is a new job); correctness never
     depends on them, since the commit marker is create-only and the bytes deterministic.
     """
-    key = claim_key(job, partition_id)
+    key = layout.claim_key(job, partition_id)
     if store.create_json(key, {"attempt": attempt, "at": time.time()}):
         return True
     existing = store.read_json(key) or {}

@@ -171,6 +171,6 @@ def _log_object_write(hook: str, shard_index: int) -> None:
     stored object (one O_APPEND line each), so tests can show one writer per object."""
     path = os.environ.get("ACTX_WRITE_LOG")
     if path:
-        line = f"{os.getpid()} {layout_lib.activation_array_key(hook)}/c/{shard_index}/0/0\n"
+        line = f"{os.getpid()} {layout_lib.activation_shard_key(hook, shard_index)}\n"
         with open(path, "a") as f:
             f.write(line)
