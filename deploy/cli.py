@@ -28,6 +28,7 @@ examples:
   actx status gs://bucket/runs/r1 --serve      # live page on http://127.0.0.1:8765/
   actx rerun gs://bucket/runs/r1 --only stale --hosts 2
   actx verify gs://bucket/runs/r1
+  actx down --config configs/example_tpu.yaml  # delete the slice submit created
 """
 
 
@@ -49,6 +50,15 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--job", default=None, help="job id (default: <target>-<time>)")
     g.add_argument("--dry-run", action="store_true",
                    help="print every command exactly and run nothing (tpu-vm, dataflow)")
+
+
+def _add_wait_flags(p: argparse.ArgumentParser, stale_after: bool = True) -> None:
+    p.add_argument("--wait", action="store_true",
+                   help="tpu-vm: follow the detached workers (as `status --watch`) until the "
+                        "job ends; exit 0 when its partitions are committed, else 1")
+    if stale_after:
+        p.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
+                       help="--wait: a heartbeat older than this is a lost host (default 60)")
 
 
 def _add_prepare_flags(p: argparse.ArgumentParser) -> None:
@@ -75,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run", default=None, help="run directory (overrides the config's run)")
     _add_prepare_flags(s)
     _add_target_flags(s)
+    _add_wait_flags(s)
 
     d = sub.add_parser("demo", help="the embedded demo (same as `actx submit` with no CONFIG)")
     d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -105,7 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     r.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS")
     r.add_argument("--install", action="store_true", help="tpu-vm: install actx on the hosts first")
+    r.add_argument("--recreate", action="store_true",
+                   help="tpu-vm: delete the slice and request it again first (after a "
+                        "preemption), then install")
     _add_target_flags(r)
+    _add_wait_flags(r, stale_after=False)
+
+    dn = sub.add_parser("down", help="tpu-vm: delete the TPU slice that submit created",
+                        description="Deletes the queued resource (with its slice) or the TPU "
+                                    "VM that `actx submit CONFIG` created.")
+    dn.add_argument("--config", required=True, help="the submit config whose target.tpu "
+                                                    "names the slice")
+    dn.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    dn.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
 
     v = sub.add_parser("verify", help="re-read committed data and check it against the markers")
     v.add_argument("run")
@@ -211,7 +234,7 @@ def _main(argv: list[str] | None, out) -> int:
         args.config = None
     args.argv = ["actx", *argv]  # as typed, for hints that repeat the command
     handlers = {"submit": jobs.cmd_submit, "demo": jobs.cmd_submit, "status": cmd_status,
-                "rerun": jobs.cmd_rerun, "verify": cmd_verify}
+                "rerun": jobs.cmd_rerun, "verify": cmd_verify, "down": jobs.cmd_down}
     from deploy import tpu_vm
     from schemas import config as schemas_config
     from schemas import store_errors

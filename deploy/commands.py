@@ -19,14 +19,20 @@ class Command:
     """argv: the exact argument vector. what: one line saying why it runs.
     cwd: working directory (None: the current one).
     poll_until: for a status query, repeat it until its output equals this value.
+    poll_fail: outputs of the status query that end the wait as a failure.
+    poll_timeout_s: the wait fails after this long.
     in_process: run by actx itself (e.g. prepare); argv is the equivalent command line.
+    may_fail: a failure is reported and the plan goes on (e.g. deleting what may be gone).
     """
 
     argv: tuple[str, ...]
     what: str
     cwd: str | None = None
     poll_until: str | None = None
+    poll_fail: tuple[str, ...] = ()
+    poll_timeout_s: float | None = None
     in_process: bool = False
+    may_fail: bool = False
 
     def shell(self) -> str:
         line = shlex.join(self.argv)
@@ -36,7 +42,15 @@ class Command:
 def render_plan(plan: list[Command]) -> str:
     lines = []
     for i, cmd in enumerate(plan, 1):
-        note = f" (repeat until it prints {cmd.poll_until})" if cmd.poll_until else ""
+        note = ""
+        if cmd.poll_until:
+            stops = [f"fail on {'/'.join(cmd.poll_fail)}"] if cmd.poll_fail else []
+            if cmd.poll_timeout_s:
+                stops.append(f"or after {cmd.poll_timeout_s:g} s")
+            note = f" (repeat until it prints {cmd.poll_until}" + (
+                f"; {' '.join(stops)}" if stops else "") + ")"
+        elif cmd.may_fail:
+            note = " (a failure here is reported, and the plan goes on)"
         lines.append(f"# {i}. {cmd.what}{note}")
         lines.append(cmd.shell())
     return "\n".join(lines)
@@ -50,24 +64,53 @@ def execute(plan: list[Command], out=sys.stdout, poll_s: float = 30.0,
         if cmd.in_process:
             code = in_process(cmd)
         elif cmd.poll_until:
-            while True:
-                res = subprocess.run(cmd.argv, cwd=cmd.cwd, capture_output=True, text=True)
-                if res.returncode != 0:
-                    print(res.stderr, file=out)
-                    code = res.returncode
-                    break
-                if res.stdout.strip() == cmd.poll_until:
-                    code = 0
-                    break
-                print(f"  ... {res.stdout.strip() or '(no state yet)'}", file=out, flush=True)
-                time.sleep(poll_s)
+            code = _poll(cmd, out, poll_s)
         else:
-            try:
-                code = subprocess.run(cmd.argv, cwd=cmd.cwd).returncode
-            except FileNotFoundError as e:
-                print(f"  cannot run {cmd.argv[0]!r}: {e}", file=out)
-                code = 127
-        if code != 0:
+            code = _run(cmd, out)
+        if code != 0 and cmd.may_fail:
+            print(f"  (exit code {code}; going on)", file=out, flush=True)
+        elif code != 0:
             print(f"step {i} failed with exit code {code}: {cmd.what}", file=out, flush=True)
             return code
     return 0
+
+
+def _run(cmd: Command, out) -> int:
+    """Runs a command, its output shown as it comes (through `out` when it is no tty)."""
+    try:
+        proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+    except FileNotFoundError as e:
+        print(f"  cannot run {cmd.argv[0]!r}: {e}", file=out)
+        return 127
+    for line in proc.stdout:
+        print(f"  {line.rstrip()}", file=out, flush=True)
+    return proc.wait()
+
+
+def _poll(cmd: Command, out, poll_s: float) -> int:
+    """Repeats a status query until it prints `poll_until` (0), a `poll_fail` state or
+    fails itself (1), or `poll_timeout_s` passes (1)."""
+    start = time.monotonic()
+    last = None
+    while True:
+        res = subprocess.run(cmd.argv, cwd=cmd.cwd, capture_output=True, text=True)
+        state = res.stdout.strip()
+        if res.returncode != 0:
+            print(f"  {res.stderr.strip()}", file=out, flush=True)
+            return res.returncode
+        if state == cmd.poll_until:
+            print(f"  ... {state}", file=out, flush=True)
+            return 0
+        if state in cmd.poll_fail:
+            print(f"  ... {state}: the wait ends here; nothing more was started", file=out,
+                  flush=True)
+            return 1
+        if state != last:
+            print(f"  ... {state or '(no state yet)'}", file=out, flush=True)
+            last = state
+        if cmd.poll_timeout_s is not None and time.monotonic() - start > cmd.poll_timeout_s:
+            print(f"  ... still {state or 'without a state'} after {cmd.poll_timeout_s:g} s; "
+                  f"giving up", file=out, flush=True)
+            return 1
+        time.sleep(poll_s)

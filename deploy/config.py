@@ -33,10 +33,15 @@ class TpuConfig:
     spot: ask for spot capacity when creating.
     hosts: TPU VM hosts in the slice (0: derived from accelerator_type).
     coordinator_port: port of jax.distributed's coordinator on worker 0.
-    install: pip requirement installed on every host ("": an sdist of this checkout,
-      copied with `tpu-vm scp`).
+    install: pip requirement installed on every host ("": a wheel of the actx that runs
+      `actx submit`, a checkout or a pip install, built in a temporary directory and copied
+      with `tpu-vm scp`).
+    jax_requirement: installed beside actx on every host ("": none).
     python: the interpreter on the hosts.
     env: extra environment variables for the worker processes.
+    poll_s: seconds between queued-resource state queries.
+    wait_timeout_s: the wait for a queued resource to become ACTIVE fails after this long.
+    log_every_s: seconds between copies of a host's log into <run>/logs/<job>/ (>= 1).
     """
 
     name: str = ""
@@ -50,8 +55,12 @@ class TpuConfig:
     hosts: int = 0
     coordinator_port: int = 8476
     install: str = ""
+    jax_requirement: str = "jax[tpu]"
     python: str = "python3"
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    poll_s: float = 30.0
+    wait_timeout_s: float = 3600.0
+    log_every_s: float = 10.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,20 +10,20 @@ import re
 
 from deploy import config as config_lib
 from deploy.commands import Command
-from deploy.tpu_vm import TargetError
+from deploy.tpu_vm import TargetError, job_dir
 from schemas import runspec as runspec_lib
 
-SPEC_DIR = ".actx"
 SETUP_PY = os.path.join(config_lib.REPO_ROOT, "setup.py")
 
 
-def spec_file(spec: runspec_lib.RunSpec) -> str:
-    """Where submit writes the run spec that the prepare command reads (./.actx/)."""
-    return os.path.abspath(os.path.join(SPEC_DIR, f"{spec.name}-{spec.fingerprint}.json"))
+def spec_file(spec: runspec_lib.RunSpec, job: str) -> str:
+    """Where submit writes the run spec that the prepare command reads: the job's own
+    temporary directory (a dry run names it and writes nothing)."""
+    return os.path.join(job_dir(job), f"{spec.name}-{spec.fingerprint}.json")
 
 
-def write_spec_file(spec: runspec_lib.RunSpec) -> str:
-    path = spec_file(spec)
+def write_spec_file(spec: runspec_lib.RunSpec, job: str) -> str:
+    path = spec_file(spec, job)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(spec.to_json_obj(), f, indent=1, sort_keys=True)
@@ -67,9 +67,9 @@ def pipeline_args(spec: runspec_lib.RunSpec, df: config_lib.DataflowConfig) -> l
 
 
 def prepare_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.TargetConfig,
-                    max_reject_fraction: float, on_dataflow: bool) -> Command:
+                    max_reject_fraction: float, on_dataflow: bool, job: str) -> Command:
     """`actx prepare` for this spec: on Dataflow, or in-process Beam (writing to `run`)."""
-    base = ("actx", "prepare", "--spec", spec_file(spec), "--out", run,
+    base = ("actx", "prepare", "--spec", spec_file(spec, job), "--out", run,
             f"--max-reject-fraction={max_reject_fraction:g}")
     if on_dataflow:
         check(run, target.dataflow)

@@ -74,23 +74,49 @@ def cmd_submit(args, out) -> int:
         return _extract_local(run, target, spec.fingerprint, job, None, out)
 
     on_dataflow = target.kind == "dataflow" or target.prepare == "dataflow"
-    prep = dataflow.prepare_command(spec, run, target, cfg.max_reject_fraction, on_dataflow)
-    plan = [prep]
-    if target.kind == "tpu-vm":
-        plan += tpu_vm.plan(run, target, spec.fingerprint, job, version.code_version())
+    prep = dataflow.prepare_command(spec, run, target, cfg.max_reject_fraction, on_dataflow,
+                                    job)
+    if target.kind == "tpu-vm":  # checks the target first: nothing is created on bad input
+        plan = tpu_vm.plan(run, target, spec.fingerprint, job, prepare=prep)
     elif not run.startswith("gs://"):
         raise UsageError(f"run {run!r}: Dataflow workers need a gs:// run directory")
-    spec_path = dataflow.write_spec_file(spec)
-    if args.dry_run:
-        print(f"# dry run: nothing is executed. The run spec is in {spec_path}.", file=out)
+    else:
+        plan = [prep]
+    if args.dry_run:  # writes nothing: the spec file it names is written when it runs
+        print(f"# dry run: nothing is executed. The run spec would be in "
+              f"{dataflow.spec_file(spec, job)}.", file=out)
         print(commands.render_plan(plan), file=out, flush=True)
         return 0
-    code = commands.execute(plan, out=out,
+    dataflow.write_spec_file(spec, job)
+    started_at = time.time()
+    code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s,
                             in_process=lambda cmd: _run_prepare_command(cmd, retry_argv))
     if code == 0 and target.kind == "dataflow":
         print(f"prepared {run} on Dataflow; extract it with `actx rerun {run} --config "
               f"CONFIG --target tpu-vm` (or --target local)", file=out)
+    if target.kind == "tpu-vm":
+        return _after_tpu_launch(code, run, target, job, started_at, None, args, out)
     return code
+
+
+def _after_tpu_launch(code: int, run: str, target, job: str, started_at: float, only,
+                      args, out) -> int:
+    """What to do next once the workers run detached on the slice; `--wait` follows them."""
+    if code != 0:
+        print(f"if the slice was preempted: `actx rerun {run} --target tpu-vm --config CONFIG "
+              f"--recreate`", file=out)
+        return code
+    print(f"workers are running on {target.tpu.name}, detached from this command.\n"
+          f"  progress: actx status {run} --watch\n"
+          f"  logs:     {run.rstrip('/')}/logs/{job}/<host>.log (copied as they grow)\n"
+          f"  delete the slice afterwards: actx down --config CONFIG", file=out, flush=True)
+    if not getattr(args, "wait", False):
+        return 0
+    from deploy import tpu_follow
+
+    return tpu_follow.follow(run, f"{target.tpu.name}-w", started_at, only, out=out,
+                             every_s=min(5.0, max(0.5, target.heartbeat_s)),
+                             stale_after_s=args.stale_after)
 
 
 def _run_prepare_command(cmd, retry_argv: list[str]) -> int:
@@ -216,8 +242,27 @@ def cmd_rerun(args, out) -> int:
         return _extract_local(run, target, handle.spec.fingerprint, job, ids, out)
     if target.kind == "dataflow":
         raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
-    plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, version.code_version(), only=ids,
-                       create=False, install=args.install)
+    plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, only=ids, create=False,
+                       install=args.install, recreate=args.recreate)
+    if args.dry_run:
+        print("# dry run: nothing is executed.", file=out)
+        print(commands.render_plan(plan), file=out, flush=True)
+        return 0
+    started_at = time.time()
+    code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s)
+    return _after_tpu_launch(code, run, target, job, started_at, ids, args, out)
+
+
+# -- down -----------------------------------------------------------------------------------
+def cmd_down(args, out) -> int:
+    """Deletes the TPU slice that `submit` created from this config."""
+    from deploy import commands, config as config_lib, tpu_vm
+    from schemas import config as schemas_config
+
+    data = schemas_config.apply_overrides(schemas_config.load_file(args.config), args.set)
+    target = schemas_config.from_dict(config_lib.TargetConfig, data.get("target") or {},
+                                      f"{args.config}: target")
+    plan = tpu_vm.down_plan(target.tpu)
     if args.dry_run:
         print("# dry run: nothing is executed.", file=out)
         print(commands.render_plan(plan), file=out, flush=True)

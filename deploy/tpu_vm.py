@@ -1,103 +1,157 @@
-"""The tpu-vm target: a Cloud TPU VM slice driven through `gcloud compute tpus tpu-vm`.
+"""The tpu-vm target: a Cloud TPU VM slice driven through `gcloud compute tpus`.
 
-Creates the slice when asked (directly or as a queued resource), installs actx on every
-host, and starts one worker per host with `ssh --worker=all`. The whole slice is one
-replica (DESIGN.md): every host gets the process count, its own process id (the TPU
-metadata's agent-worker-number) and worker 0's internal address as coordinator, read from
-the metadata server on the host itself. Each host's log is copied into <run>/logs/<job>/.
+A plan is a list of commands (deploy.commands), executed exactly as `--dry-run` prints
+them: request the slice (a queued resource, waited for until ACTIVE and no longer once it
+is FAILED or SUSPENDED, or a plain TPU VM), prepare, build actx's wheel from this install in
+a directory of the job's own, copy and install it on every host, and start one worker per
+host detached (nohup setsid: the job outlives the submitter). The whole slice is one
+replica (DESIGN.md): every host gets the process count, its process id (the metadata
+server's agent-worker-number) and worker 0's address as coordinator. Each host runs
+`deploy.host_run`, which copies its log into <run>/logs/<job>/<host>.log as it grows.
 """
 
 from __future__ import annotations
 
-import re
+import os
+import shlex
+import sys
+import tempfile
 
 from deploy import config as config_lib
+from deploy import tpu_package, tpu_types
 from deploy.commands import Command
 from schemas import worker_options
 
-METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/attributes/")
-_CURL = "curl -s -H Metadata-Flavor:Google "
-PROCESS_ID_EXPR = f'"$({_CURL}{METADATA}agent-worker-number)"'
-WORKER0_IP_EXPR = f"$({_CURL}{METADATA}worker-network-endpoints | cut -d, -f1 | cut -d: -f3)"
+# A real host asks its metadata server; ACTX_TPU_METADATA_URL replaces it (tests' hosts).
+METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
+_BASE = '"${ACTX_TPU_METADATA_URL:-' + METADATA + '}'
+_CURL = "curl -sf -H Metadata-Flavor:Google "
+PROCESS_ID_EXPR = f'"$({_CURL}{_BASE}/agent-worker-number")"'
+WORKER0_IP_EXPR = f'$({_CURL}{_BASE}/worker-network-endpoints" | cut -d, -f1 | cut -d: -f3)'
+FAILED_QR_STATES = ("FAILED", "SUSPENDED")
 
 
 class TargetError(ValueError):
-    """The target config lacks something the target needs."""
+    """The target config lacks something the target needs, or asks for what cannot be."""
+
+
+def slice_shape(tpu: config_lib.TpuConfig) -> tpu_types.SliceShape:
+    try:
+        return tpu_types.parse(tpu.accelerator_type)
+    except ValueError as e:
+        raise TargetError(f"target.tpu.accelerator_type: {e}") from None
 
 
 def slice_hosts(tpu: config_lib.TpuConfig) -> int:
-    """Hosts of the slice: `tpu.hosts`, else derived from the accelerator type."""
-    if tpu.hosts:
-        return tpu.hosts
-    m = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)", tpu.accelerator_type)
-    if not m:
-        raise TargetError(f"target.tpu.accelerator_type {tpu.accelerator_type!r}: cannot tell "
-                          f"the number of hosts; set target.tpu.hosts")
-    gen, n = m.group(1), int(m.group(2))
-    if gen in ("v2", "v3", "v4", "v5p"):  # n counts TensorCores: 8 per host
-        return max(1, n // 8)
-    return 1 if n <= 8 else n // 4  # n counts chips: 4 per host beyond single-host slices
+    return slice_shape(tpu).hosts
 
 
-def check(run: str, tpu: config_lib.TpuConfig) -> None:
+def problems(run: str, target: config_lib.TargetConfig) -> list[str]:
+    """Everything wrong with running `target` (kind tpu-vm) on `run`, found without Cloud."""
+    tpu = target.tpu
+    found = []
     missing = [k for k in ("name", "zone", "project") if not getattr(tpu, k)]
     if missing:
-        raise TargetError(f"target.tpu: {', '.join(missing)} required for the tpu-vm target")
+        found.append(f"target.tpu: {', '.join(missing)} required for the tpu-vm target")
     if not run.startswith("gs://"):
-        raise TargetError(f"run {run!r}: TPU VM hosts need a gs:// run directory")
+        found.append(f"run {run!r}: TPU VM hosts need a gs:// run directory")
+    try:
+        shape = tpu_types.parse(tpu.accelerator_type)
+    except ValueError as e:
+        return found + [f"target.tpu.accelerator_type: {e}"]
+    if tpu.hosts and tpu.hosts != shape.hosts:
+        found.append(f"target.tpu.hosts: {tpu.hosts}, but a {shape.accelerator_type} slice has "
+                     f"{shape.hosts} host(s); drop target.tpu.hosts")
+    if shape.devices_per_host % target.model_parallel:
+        found.append(f"target.model_parallel: {target.model_parallel} does not divide the "
+                     f"{shape.devices_per_host} devices of a {shape.accelerator_type} host")
+    else:
+        data_parallel = shape.devices // target.model_parallel
+        if target.batch_size % data_parallel:
+            found.append(
+                f"target.batch_size: {target.batch_size} rows per step do not split over the "
+                f"slice's {data_parallel} data-parallel devices ({shape.accelerator_type}: "
+                f"{shape.hosts} host(s) x {shape.devices_per_host} device(s), model_parallel "
+                f"{target.model_parallel}); use a multiple of {data_parallel}")
+    if tpu.log_every_s < 1:
+        found.append(f"target.tpu.log_every_s: {tpu.log_every_s:g}; GCS takes one write per "
+                     f"second per object: use 1 or more")
+    return found
+
+
+def check(run: str, target: config_lib.TargetConfig) -> None:
+    """Raises TargetError naming every problem at once."""
+    found = problems(run, target)
+    if found:
+        raise TargetError(found[0] if len(found) == 1 else
+                          f"{len(found)} problems with the tpu-vm target:\n  "
+                          + "\n  ".join(found))
 
 
 def _where(tpu: config_lib.TpuConfig) -> list[str]:
     return ["--zone", tpu.zone, "--project", tpu.project]
 
 
+def _gcloud(*words: str) -> tuple[str, ...]:
+    return ("gcloud", "compute", "tpus", *words)
+
+
 def create_commands(tpu: config_lib.TpuConfig) -> list[Command]:
     spot = ["--spot"] if tpu.spot else []
     if tpu.queued_resource:
         return [
-            Command(("gcloud", "compute", "tpus", "queued-resources", "create", tpu.name,
-                     "--node-id", tpu.name, *_where(tpu), "--accelerator-type",
-                     tpu.accelerator_type, "--runtime-version", tpu.runtime_version, *spot),
+            Command(_gcloud("queued-resources", "create", tpu.name, "--node-id", tpu.name,
+                            *_where(tpu), "--accelerator-type", tpu.accelerator_type,
+                            "--runtime-version", tpu.runtime_version, *spot),
                     f"request the TPU slice {tpu.name} as a queued resource"),
-            Command(("gcloud", "compute", "tpus", "queued-resources", "describe", tpu.name,
-                     *_where(tpu), "--format=value(state.state)"),
-                    "wait until the queued resource is provisioned", poll_until="ACTIVE"),
+            Command(_gcloud("queued-resources", "describe", tpu.name, *_where(tpu),
+                            "--format=value(state.state)"),
+                    "wait until the queued resource is provisioned", poll_until="ACTIVE",
+                    poll_fail=FAILED_QR_STATES, poll_timeout_s=tpu.wait_timeout_s),
         ]
-    return [Command(("gcloud", "compute", "tpus", "tpu-vm", "create", tpu.name, *_where(tpu),
-                     "--accelerator-type", tpu.accelerator_type, "--version",
-                     tpu.runtime_version, *spot), f"create the TPU VM slice {tpu.name}")]
+    return [Command(_gcloud("tpu-vm", "create", tpu.name, *_where(tpu), "--accelerator-type",
+                            tpu.accelerator_type, "--version", tpu.runtime_version, *spot),
+                    f"create the TPU VM slice {tpu.name}")]
+
+
+def delete_commands(tpu: config_lib.TpuConfig, may_fail: bool = False) -> list[Command]:
+    """Deletes what `create_commands` made (a queued resource with its node, or the VM)."""
+    if tpu.queued_resource:
+        return [Command(_gcloud("queued-resources", "delete", tpu.name, *_where(tpu),
+                                "--force", "--quiet"),
+                        f"delete the queued resource {tpu.name} and its TPU slice",
+                        may_fail=may_fail)]
+    return [Command(_gcloud("tpu-vm", "delete", tpu.name, *_where(tpu), "--quiet"),
+                    f"delete the TPU VM slice {tpu.name}", may_fail=may_fail)]
 
 
 def ssh(tpu: config_lib.TpuConfig, command: str, what: str) -> Command:
-    return Command(("gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu.name, *_where(tpu),
-                    "--worker=all", f"--command={command}"), what)
+    return Command(_gcloud("tpu-vm", "ssh", tpu.name, *_where(tpu), "--worker=all",
+                           f"--command={command}"), what)
 
 
-def sdist_name(version: str) -> str:
-    return f"actx-{version}.tar.gz"
+def job_dir(job: str) -> str:
+    """This machine's directory for a job's files (the wheel, the prepare spec)."""
+    return os.path.join(tempfile.gettempdir(), f"actx-{job}")
 
 
-def install_commands(tpu: config_lib.TpuConfig, version: str) -> list[Command]:
+def install_commands(tpu: config_lib.TpuConfig, job: str) -> list[Command]:
     pip = f"{tpu.python} -m pip install -q"
+    jax = f" {shlex.quote(tpu.jax_requirement)}" if tpu.jax_requirement else ""
     if tpu.install:
-        return [ssh(tpu, f"{pip} {_q(tpu.install)} 'jax[tpu]'",
-                    "install actx and JAX for TPU on every host")]
-    name = sdist_name(version)
+        return [ssh(tpu, f"{pip} {shlex.quote(tpu.install)}{jax}",
+                    "install actx and JAX on every host")]
+    out = job_dir(job)
+    name = tpu_package.wheel_name(tpu_package.package_version())
+    where = "this checkout" if tpu_package.is_checkout() else "the installed actx"
     return [
-        Command(("python3", "setup.py", "-q", "sdist", "--dist-dir", "dist"),
-                "build an sdist of this checkout", cwd=config_lib.REPO_ROOT),
-        Command(("gcloud", "compute", "tpus", "tpu-vm", "scp", f"dist/{name}",
-                 f"{tpu.name}:{name}", *_where(tpu), "--worker=all"),
-                "copy it to every host", cwd=config_lib.REPO_ROOT),
-        ssh(tpu, f"{pip} \"actx[workers] @ file://$HOME/{name}\" 'jax[tpu]'",
-            "install actx and JAX for TPU on every host"),
+        Command((sys.executable, "-m", "deploy.tpu_package", "--out", out),
+                f"build a wheel of {where} in {out}"),
+        Command(_gcloud("tpu-vm", "scp", os.path.join(out, name), f"{tpu.name}:{name}",
+                        *_where(tpu), "--worker=all"), "copy it to every host"),
+        ssh(tpu, f"{pip} \"actx[workers] @ file://$HOME/{name}\"{jax}",
+            "install actx and JAX on every host"),
     ]
-
-
-def _q(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 def worker_env(tpu: config_lib.TpuConfig) -> dict[str, str]:
@@ -106,7 +160,7 @@ def worker_env(tpu: config_lib.TpuConfig) -> dict[str, str]:
     env = {"ACTX_NUM_PROCESSES": str(hosts), "ACTX_PROCESS_ID": PROCESS_ID_EXPR}
     if hosts > 1:
         env["ACTX_COORDINATOR"] = f'"{WORKER0_IP_EXPR}:{tpu.coordinator_port}"'
-    env.update({k: _q(v) for k, v in sorted(tpu.env.items())})
+    env.update({k: shlex.quote(v) for k, v in sorted(tpu.env.items())})
     return env
 
 
@@ -119,29 +173,62 @@ def worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     return [target.tpu.python, "-m", "workers.main", *opts.to_argv()]
 
 
+def host_name_expr(tpu: config_lib.TpuConfig) -> str:
+    """Each host's name (its heartbeat and its log): the slice's name and worker number."""
+    return f'"{tpu.name}-w$ACTX_PROCESS_ID"'
+
+
 def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                   only: list[int] | None = None) -> str:
-    """The shell line each host runs: env, the worker (log to a file), log upload, status."""
-    import shlex
-
-    exports = "; ".join(f"export {k}={v}" for k, v in worker_env(target.tpu).items())
-    log = f"$HOME/actx-{job}.log"
-    dest = f"{run.rstrip('/')}/logs/{job}/worker-$ACTX_PROCESS_ID.log"
+    """The shell line each host runs: its place in the slice, then the worker under
+    deploy.host_run, detached from the ssh session."""
+    tpu = target.tpu
+    exports = "; ".join(f"export {k}={v}" for k, v in worker_env(tpu).items())
+    host = host_name_expr(tpu)
+    supervisor = shlex.join([tpu.python, "-m", "deploy.host_run", "--run", run, "--job", job,
+                             "--log-every-s", f"{tpu.log_every_s:g}"])
     worker = shlex.join(worker_argv(run, target, fingerprint, job, only))
-    return (f"{exports}; {worker} > {log} 2>&1; rc=$?; "
-            f"gcloud storage cp {log} {dest}; exit $rc")
+    return (f"{exports}; test -n \"$ACTX_PROCESS_ID\" || {{ echo 'no TPU metadata server "
+            f"answered (agent-worker-number)' >&2; exit 1; }}; "
+            f"nohup setsid {supervisor} --host {host} -- {worker} --host-name {host} "
+            f"> \"$HOME/actx-{job}.out\" 2>&1 < /dev/null & "
+            f"echo \"worker $ACTX_PROCESS_ID of {slice_hosts(tpu)} started (pid $!)\"")
+
+
+def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
+                  only: list[int] | None = None) -> Command:
+    return ssh(target.tpu, worker_script(run, target, fingerprint, job, only),
+               f"start one worker per host, detached ({slice_hosts(target.tpu)} host(s), "
+               f"one replica); logs go to {run.rstrip('/')}/logs/{job}/")
 
 
 def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-         version: str, only: list[int] | None = None, create: bool | None = None,
-         install: bool = True) -> list[Command]:
-    """Create (optional), install, then one worker per host on the whole slice."""
+         only: list[int] | None = None, create: bool | None = None, install: bool = True,
+         prepare: Command | None = None, recreate: bool = False) -> list[Command]:
+    """Create (optional; `recreate`: delete first), prepare (optional), install, start.
+
+    The slice comes first, so a queued resource that fails leaves nothing prepared.
+    """
+    check(run, target)
     tpu = target.tpu
-    check(run, tpu)
-    cmds = create_commands(tpu) if (tpu.create if create is None else create) else []
-    if install:
-        cmds += install_commands(tpu, version)
-    cmds.append(ssh(tpu, worker_script(run, target, fingerprint, job, only),
-                    f"start one worker per host ({slice_hosts(tpu)} host(s), one replica); "
-                    f"logs go to {run.rstrip('/')}/logs/{job}/"))
+    cmds = delete_commands(tpu, may_fail=True) if recreate else []
+    if recreate or (tpu.create if create is None else create):
+        cmds += create_commands(tpu)
+    if prepare is not None:
+        cmds.append(prepare)
+    if install or recreate:
+        cmds += install_commands(tpu, job)
+    cmds.append(start_command(run, target, fingerprint, job, only))
     return cmds
+
+
+def down_plan(tpu: config_lib.TpuConfig) -> list[Command]:
+    """Deletes the slice that `submit` created (refused for one it did not create)."""
+    missing = [k for k in ("name", "zone", "project") if not getattr(tpu, k)]
+    if missing:
+        raise TargetError(f"target.tpu: {', '.join(missing)} required")
+    if not tpu.create:
+        raise TargetError(f"target.tpu.create is false: actx did not create {tpu.name!r}, so "
+                          f"it does not delete it (gcloud compute tpus tpu-vm delete "
+                          f"{tpu.name} --zone {tpu.zone} --project {tpu.project})")
+    return delete_commands(tpu)

@@ -7,14 +7,18 @@ each expected line is written out in full.
 from __future__ import annotations
 
 import io
+import os
 import shlex
+import sys
+import tempfile
 
 import pytest
 import yaml
 
 from deploy import cli, config, dataflow, tpu_vm
 
-METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
+CURL = 'curl -sf -H Metadata-Flavor:Google "${ACTX_TPU_METADATA_URL:-' + METADATA + '}'
 SPEC = {
     "name": "r1",
     "model": {"path": "gs://b/models/qwen", "dtype": "bfloat16"},
@@ -49,18 +53,20 @@ def _fingerprint() -> str:
 
 def _worker_command(job: str, hosts: int, extra: str = "", batch: int = 8) -> str:
     fp = _fingerprint()
-    coordinator = (f'; export ACTX_COORDINATOR="$(curl -s -H Metadata-Flavor:Google '
-                   f'{METADATA}worker-network-endpoints | cut -d, -f1 | cut -d: -f3):8476"'
-                   if hosts > 1 else "")
-    return (f"export ACTX_NUM_PROCESSES={hosts}; export ACTX_PROCESS_ID=\"$(curl -s -H "
-            f"Metadata-Flavor:Google {METADATA}agent-worker-number)\"{coordinator}; "
+    coordinator = (f'; export ACTX_COORDINATOR="$({CURL}/worker-network-endpoints" | cut -d, '
+                   f'-f1 | cut -d: -f3):8476"' if hosts > 1 else "")
+    return (f'export ACTX_NUM_PROCESSES={hosts}; export ACTX_PROCESS_ID="$({CURL}'
+            f'/agent-worker-number")"{coordinator}; test -n "$ACTX_PROCESS_ID" || {{ echo '
+            f"'no TPU metadata server answered (agent-worker-number)' >&2; exit 1; }}; "
+            f"nohup setsid python3 -m deploy.host_run --run gs://b/runs/r1 --job {job} "
+            f'--log-every-s 10 --host "tpu1-w$ACTX_PROCESS_ID" -- '
             f"python3 -m workers.main --run gs://b/runs/r1 --batch-size {batch} "
             f"--model-parallel 1 --no-steal --no-allow-numerics-change --prefetch-depth 4 "
             f"--writer-threads 4 --max-pending-mb 2048 --heartbeat-s 2 --stop-check-steps 16 "
             f"--gcs-request-concurrency 32 --gcs-request-retries 8 --replicas 1 --replica 0 "
             f"--job {job} --expect-fingerprint {fp}{extra} "
-            f"> $HOME/actx-{job}.log 2>&1; rc=$?; gcloud storage cp $HOME/actx-{job}.log "
-            f"gs://b/runs/r1/logs/{job}/worker-$ACTX_PROCESS_ID.log; exit $rc")
+            f'--host-name "tpu1-w$ACTX_PROCESS_ID" > "$HOME/actx-{job}.out" 2>&1 < /dev/null '
+            f'& echo "worker $ACTX_PROCESS_ID of {hosts} started (pid $!)"')
 
 
 WHERE = ["--zone", "us-central2-b", "--project", "proj"]
@@ -71,33 +77,32 @@ def test_tpu_vm_submit_dry_run_prints_exact_commands(tmp_path, monkeypatch):
     cfg = _write(tmp_path, {"kind": "tpu-vm", "batch_size": 32,
                             "tpu": {**TPU, "create": True, "queued_resource": True,
                                     "spot": True}})
-    lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j1"])
+    job = f"j1-{os.getpid()}"
+    lines = _dry_run(["submit", cfg, "--dry-run", "--job", job])
     fp = _fingerprint()
-    spec_file = str(tmp_path / ".actx" / f"r1-{fp}.json")
-    repo = config.REPO_ROOT
+    job_dir = os.path.join(tempfile.gettempdir(), f"actx-{job}")
+    wheel = "actx-0.1.0-py3-none-any.whl"
     expected = [
-        shlex.join(["actx", "prepare", "--spec", spec_file, "--out", "gs://b/runs/r1",
-                    "--max-reject-fraction=0.01", "--runner=FnApiRunner"]),
+        # The slice first: a queued resource that fails leaves nothing prepared.
         shlex.join(["gcloud", "compute", "tpus", "queued-resources", "create", "tpu1",
                     "--node-id", "tpu1", *WHERE, "--accelerator-type", "v4-32",
                     "--runtime-version", "tpu-ubuntu2204-base", "--spot"]),
         shlex.join(["gcloud", "compute", "tpus", "queued-resources", "describe", "tpu1", *WHERE,
                     "--format=value(state.state)"]),
-        f"(cd {repo} && python3 setup.py -q sdist --dist-dir dist)",
-        f"(cd {repo} && " + shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "scp",
-                                        "dist/actx-0.1.0.tar.gz", "tpu1:actx-0.1.0.tar.gz",
-                                        *WHERE, "--worker=all"]) + ")",
+        shlex.join(["actx", "prepare", "--spec", f"{job_dir}/r1-{fp}.json", "--out",
+                    "gs://b/runs/r1", "--max-reject-fraction=0.01", "--runner=FnApiRunner"]),
+        shlex.join([sys.executable, "-m", "deploy.tpu_package", "--out", job_dir]),
+        shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "scp", f"{job_dir}/{wheel}",
+                    f"tpu1:{wheel}", *WHERE, "--worker=all"]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
-                    "--command=python3 -m pip install -q \"actx[workers] @ "
-                    "file://$HOME/actx-0.1.0.tar.gz\" 'jax[tpu]'"]),
+                    f"--command=python3 -m pip install -q \"actx[workers] @ "
+                    f"file://$HOME/{wheel}\" 'jax[tpu]'"]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
-                    "--command=" + _worker_command("j1", hosts=4, batch=32)]),
+                    "--command=" + _worker_command(job, hosts=4, batch=32)]),
     ]
     assert lines == expected
-    # The spec file the prepare command names is the run spec, fingerprint included.
-    import json
-
-    assert json.load(open(spec_file))["fingerprint"] == fp
+    # A dry run writes nothing: not the spec file it names, not the wheel's directory.
+    assert not os.path.exists(job_dir) and os.listdir(tmp_path) == ["c.yaml"]
 
 
 def test_tpu_worker_environment_per_slice_size():
@@ -105,9 +110,9 @@ def test_tpu_worker_environment_per_slice_size():
     env = tpu_vm.worker_env(four)
     assert env == {
         "ACTX_NUM_PROCESSES": "4",
-        "ACTX_PROCESS_ID": f'"$(curl -s -H Metadata-Flavor:Google {METADATA}agent-worker-number)"',
-        "ACTX_COORDINATOR": (f'"$(curl -s -H Metadata-Flavor:Google {METADATA}'
-                             f'worker-network-endpoints | cut -d, -f1 | cut -d: -f3):8476"'),
+        "ACTX_PROCESS_ID": f'"$({CURL}/agent-worker-number")"',
+        "ACTX_COORDINATOR": (f'"$({CURL}/worker-network-endpoints" | cut -d, -f1 | '
+                             f'cut -d: -f3):8476"'),
     }
     one = config.TpuConfig(**{**TPU, "accelerator_type": "v5litepod-8", "env": {"A": "x y"}})
     assert tpu_vm.worker_env(one) == {
@@ -116,7 +121,7 @@ def test_tpu_worker_environment_per_slice_size():
     assert [tpu_vm.slice_hosts(config.TpuConfig(accelerator_type=t))
             for t in ("v4-8", "v4-32", "v5p-128", "v5litepod-16", "v6e-8", "v3-32")] == \
         [1, 4, 16, 4, 1, 4]
-    with pytest.raises(tpu_vm.TargetError, match="target.tpu.hosts"):
+    with pytest.raises(tpu_vm.TargetError, match="'weird-4' is not a Cloud TPU type"):
         tpu_vm.slice_hosts(config.TpuConfig(accelerator_type="weird-4"))
 
 
@@ -127,7 +132,8 @@ def test_tpu_vm_prepare_on_dataflow_existing_slice_custom_install(tmp_path, monk
     lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j2", "--batch-size", "16"])
     fp = _fingerprint()
     assert lines[0] == shlex.join([
-        "actx", "prepare", "--spec", str(tmp_path / ".actx" / f"r1-{fp}.json"),
+        "actx", "prepare", "--spec", os.path.join(tempfile.gettempdir(), "actx-j2",
+                                                  f"r1-{fp}.json"),
         "--out", "gs://b/runs/r1", "--max-reject-fraction=0.01", "--runner=DataflowRunner",
         "--project=proj", "--region=us-central1", "--temp_location=gs://b/tmp",
         "--staging_location=gs://b/tmp/staging", f"--setup_file={dataflow.SETUP_PY}",
@@ -144,9 +150,10 @@ def test_dataflow_submit_dry_run_and_pipeline_options(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     df = {**DATAFLOW, "machine_type": "n2-highmem-8", "extra_args": ["--experiments=use_runner_v2"]}
     cfg = _write(tmp_path, {"kind": "dataflow", "dataflow": df})
-    lines = _dry_run(["submit", cfg, "--dry-run"])
+    lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j0"])
     fp = _fingerprint()
-    argv = ["--spec", str(tmp_path / ".actx" / f"r1-{fp}.json"), "--out", "gs://b/runs/r1",
+    argv = ["--spec", os.path.join(tempfile.gettempdir(), "actx-j0", f"r1-{fp}.json"),
+            "--out", "gs://b/runs/r1",
             "--max-reject-fraction=0.01", "--runner=DataflowRunner", "--project=proj",
             "--region=us-central1", "--temp_location=gs://b/tmp",
             "--staging_location=gs://b/tmp/staging", f"--setup_file={dataflow.SETUP_PY}",
@@ -191,6 +198,7 @@ def test_rerun_dry_run_on_tpu_vm_names_only_uncommitted(tmp_path):
     out = io.StringIO()
     # A local run cannot be reached from TPU hosts.
     assert cli.main(["rerun", run, "--config", str(cfg), "--dry-run"], out=out) == 2
-    lines = tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(tpu=config.TpuConfig(**TPU)),
-                        spec.fingerprint, "j3", "0.1.0", only=[0, 2], install=False)
-    assert len(lines) == 1 and "--only 0,2 > $HOME/actx-j3.log" in lines[0].argv[-1]
+    lines = tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(batch_size=16,
+                                                             tpu=config.TpuConfig(**TPU)),
+                        spec.fingerprint, "j3", only=[0, 2], install=False)
+    assert len(lines) == 1 and "--only 0,2 --host-name" in lines[0].argv[-1]

@@ -129,4 +129,4 @@ def test_missing_object_of_committed_partition_is_reported(submit_config):
         yaml.safe_dump(cfg, f)
     code, out = _main(["rerun", run, "--config", config_path, "--dry-run", "--job", "j"])
     assert code == 0, out
-    assert f"--run {run} --batch-size 8 " in out and "--only 0 > $HOME/actx-j.log" in out
+    assert f"--run {run} --batch-size 8 " in out and "--only 0 --host-name" in out

@@ -1,0 +1,52 @@
+"""`submit --wait` / `rerun --wait` on the tpu-vm target: follow a detached job from its run
+directory (markers and heartbeats, as `status --watch` does) until it ends.
+
+The workers run on the slice, not under this process, so their end is read from the run:
+every partition committed (exit 0), or none of the job's hosts live any more while some
+partition is still without a commit (exit 1: failed, preempted or stopped).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from deploy import runstate
+
+
+def job_hosts(status: runstate.RunStatus, prefix: str, since: float) -> list:
+    """The hosts of this job: named `<slice>-w<i>` and beating since the job started."""
+    return [h for h in status.hosts
+            if h.host.startswith(prefix) and status.at - h.age_s >= since]
+
+
+def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | None = None,
+           out=sys.stdout, every_s: float = 5.0,
+           stale_after_s: float = runstate.DEFAULT_STALE_AFTER_S,
+           start_timeout_s: float = 900.0) -> int:
+    """Prints progress lines until the `wanted` partitions (None: all) are committed (0) or
+    the job's hosts are gone (1)."""
+    handle = runstate.open_run(run)
+    last = ""
+    while True:
+        status = runstate.compute_status(handle, stale_after_s)
+        line = runstate.one_line(status)
+        if line != last:
+            print(line, file=out, flush=True)
+            last = line
+        ids = status.partitions if wanted is None else wanted
+        missing = [p for p in ids if status.partitions[p] != runstate.COMMITTED]
+        if not missing:
+            return 0
+        hosts = job_hosts(status, host_prefix, started_at)
+        if hosts and not any(h.live for h in hosts):
+            print(runstate.render(status), file=out)
+            print(f"the job's {len(hosts)} host(s) stopped with {len(missing)} partition(s) "
+                  f"without a commit; `actx rerun {run} --target tpu-vm --config CONFIG` "
+                  f"redoes them (add --recreate after a preemption)", file=out, flush=True)
+            return 1
+        if not hosts and time.time() - started_at > start_timeout_s:
+            print(f"no worker of this job reported in {start_timeout_s:g} s; see "
+                  f"{run.rstrip('/')}/logs/ and ~/actx-*.out on the hosts", file=out)
+            return 1
+        time.sleep(every_s)
