@@ -1,210 +1,188 @@
-"""The prepare pipeline as Beam transforms: read → tokenize → pack per group → plan →
-write partitions.
+"""The prepare pipeline as Beam transforms: plan units → tokenize units → plan groups →
+plan rows → write partitions.
 
-Scale: no step holds per-document state for the whole run. Documents are read, rendered
-and tokenized in parallel, each keyed by its sort key (source index, file, line/row,
-variant). They are grouped by pack group (`pack_group`: one file, or one fixed block of
-its lines) and each group is packed on its own into group-local rows. The only global
-steps see one small record per file (`partition.file_limits`: the max_docs cut, only when
-a source has max_docs) and one per pack group (`partition.build_plan`: prefix sums giving
-each group's first run-wide row and doc_index, the ARC task table, the counts). Rows then
-get their run-wide numbers and are grouped by partition (GroupByKey on row //
-partition_rows); each partition is written by one DoFn call.
+Token data never goes through a shuffle. Each file is cut into work units (`units`: a
+block of lines or a range of parquet rows, at most `unit_bytes` of input); a unit is read
+and tokenized in batches by one worker, which stores its tokens in the run directory
+(`unit_tokens`, removed once the run is prepared) and emits only a `UnitSummary` (one
+int32 per document). The global steps see small records only: one count per unit (only
+when a source has max_docs: `partition.file_limits`), the unit summaries of one pack group
+(`pack_group.plan_group`, grouped by key), one summary per group (`partition.build_plan`:
+prefix sums) and one placement per unit (`partition.place_units`). Each partition is then
+written by one worker, which reads the stored tokens of the few units in its rows.
+
+Elements between stages: file names, `WorkUnit`s (a few hundred bytes), unit and group
+summaries (4 bytes per document of a unit or group, plus ~100 bytes), the plan (~200 bytes
+per unit and per group), per-partition stats and rejects (each under 1 KB).
 
 Determinism: document order, packing and partitions are a pure function of the document
-keys and token counts, never of bundle or worker order, so the arrays and the doc tables
-are byte-identical whatever the runner, its worker count or its running mode.
+keys and token counts, never of bundle or worker order or of how files were cut into
+units, so the arrays and the doc tables are byte-identical whatever the runner, its
+worker count, its running mode or `unit_bytes`.
 """
 
 from __future__ import annotations
-
-import logging
-import time
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsList, AsSingleton
 
+from pipeline import assemble
 from pipeline import pack_group
 from pipeline import partition as partition_lib
-from pipeline import sources
+from pipeline import progress
 from pipeline import tokenize
+from pipeline import unit_tokens
+from pipeline import units as units_lib
 from pipeline import write_store
 from schemas import runspec as runspec_lib
+from schemas import store as store_lib
 
 NAMESPACE = "actx.prepare"
 REJECTS_TAG = "rejects"
-ARC_TAG = "arc"
-ROWS_TAG = "rows"
-_log = logging.getLogger(__name__)
+LAYOUTS_TAG = "layouts"
 
+class PlanUnitsFn(beam.DoFn):
+    """(source_index, path) → the file's WorkUnits."""
 
-class _Progress:
-    """Logs a line at most every `every_s` seconds (long local runs show progress)."""
-
-    def __init__(self, what: str, every_s: float = 10.0):
-        self.what, self.every_s, self.count, self.last = what, every_s, 0, time.monotonic()
-
-    def add(self, n: int, detail: str = "") -> None:
-        self.count += n
-        now = time.monotonic()
-        if now - self.last >= self.every_s:
-            self.last = now
-            _log.info("prepare: %s %d %s", self.what, self.count, detail)
-
-
-def count_records(spec: runspec_lib.RunSpec, element: tuple[int, str]) -> tuple[tuple, int]:
-    """((source_index, path), records the file holds up to the source's max_docs).
-
-    Records are what max_docs counts: documents, ARC tasks and rejects alike, so this is
-    exactly how many records `ReadFileFn` yields for the file given a larger limit.
-    """
-    source_index, path = element
-    source = spec.sources[source_index]
-    n = sum(1 for _ in sources.read_file(source_index, source, spec.source_name(source_index),
-                                         path, limit=source.max_docs))
-    return (source_index, path), n
-
-
-class ReadFileFn(beam.DoFn):
-    """(source_index, path[, limit]) → TextRecord (main), ArcTaskRecord ('arc'), Reject
-    ('rejects'); limit: records to read from the file (default: the source's max_docs)."""
-
-    def __init__(self, spec: runspec_lib.RunSpec):
-        self.spec = spec
-        self.read = Metrics.counter(NAMESPACE, "records_read")
-        self.rejected = Metrics.counter(NAMESPACE, "records_rejected")
+    def __init__(self, spec: runspec_lib.RunSpec, unit_bytes: int):
+        self.spec, self.unit_bytes = spec, unit_bytes
+        self.planned = Metrics.counter(NAMESPACE, "units_planned")
 
     def process(self, element):
-        source_index, path, *limit = element
-        source = self.spec.sources[source_index]
-        limit = limit[0] if limit else source.max_docs
-        if limit == 0:  # beyond the source's max_docs: not even an unreadable-file reject
-            return
-        for record in sources.read_file(source_index, source, self.spec.source_name(source_index),
-                                        path, limit=limit):
-            self.read.inc()
-            if isinstance(record, sources.Reject):
-                self.rejected.inc()
-                yield beam.pvalue.TaggedOutput(REJECTS_TAG, record)
-            elif isinstance(record, sources.ArcTaskRecord):
-                yield beam.pvalue.TaggedOutput(ARC_TAG, record)
-            else:
-                yield record
+        source_index, path = element
+        planned = units_lib.plan_units(self.spec, source_index, path, self.unit_bytes)
+        self.planned.inc(len(planned))
+        yield from planned
 
 
-class TokenizeFn(beam.DoFn):
-    """Batches of TextRecord / ArcVariantRecord → TokenizedDoc; the tokenizer loads once."""
-
-    def __init__(self, spec: runspec_lib.RunSpec):
-        self.spec = spec
-        self.docs = Metrics.counter(NAMESPACE, "docs_tokenized")
-        self.tokens = Metrics.counter(NAMESPACE, "tokens")
-        self.loaded = None
-
-    def setup(self):
-        self.loaded = tokenize.load_tokenizer(self.spec.tokenizer.path)
-        self.progress = _Progress("documents tokenized")
-
-    def process(self, batch):
-        docs = tokenize.encode_batch(self.loaded, self.spec, list(batch))
-        n_tokens = sum(len(d.token_ids) for d in docs)
-        self.docs.inc(len(docs))
-        self.tokens.inc(n_tokens)
-        self.progress.add(len(docs), "(this worker)")
-        yield from docs
-
-
-class PackGroupFn(beam.DoFn):
-    """(group key, [TokenizedDoc]) → GroupSummary (main) and group-local Rows ('rows')."""
-
-    def __init__(self, spec: runspec_lib.RunSpec, separator_id: int | None):
-        self.spec, self.separator_id = spec, separator_id
-        self.groups = Metrics.counter(NAMESPACE, "groups_packed")
-
-    def process(self, element):
-        key, docs = element
-        summary, rows = pack_group.pack_group(self.spec, self.separator_id, key, docs)
-        self.groups.inc()
-        yield summary
-        for row in rows:
-            yield beam.pvalue.TaggedOutput(ROWS_TAG, row)
-
-
-class WritePartitionFn(beam.DoFn):
-    """(partition_id, [placed Row]) → written stats; one call writes one shard object."""
+class TokenizeUnitFn(beam.DoFn):
+    """(WorkUnit, limit) → UnitSummary (main) and Rejects ('rejects'); the unit's tokens go
+    to the run directory. The tokenizer loads once per worker."""
 
     def __init__(self, spec: runspec_lib.RunSpec, run_uri: str):
         self.spec, self.run_uri = spec, run_uri
-        self.partitions = Metrics.counter(NAMESPACE, "partitions_written")
+        self.counters = {name: Metrics.counter(NAMESPACE, name) for name in (
+            "units_tokenized", "records_read", "records_rejected", "docs_tokenized", "tokens",
+            "unit_input_bytes")}
+        self.unit_tokens = Metrics.distribution(NAMESPACE, "tokens_per_unit")
 
     def setup(self):
-        self.progress = _Progress("partitions written")
+        self.loaded = tokenize.load_tokenizer(self.spec.tokenizer.path)
+        self.store = store_lib.open_store(self.run_uri)
+
+    def process(self, element):
+        unit, limit = element
+        if limit == 0:  # beyond the source's max_docs: not even an unreadable-file reject
+            progress.report_unit(self.store, unit, 0, 0)
+            return
+        rejects: list = []
+        tokens, summary = unit_tokens.tokenize_unit(self.loaded, self.spec, unit, limit, rejects)
+        if summary.docs:
+            self.store.write(unit_tokens.cache_key(unit.unit_id), tokens.to_bytes())
+        n_tokens = int(tokens.lengths.sum())
+        progress.report_unit(self.store, unit, summary.docs, n_tokens)
+        c = self.counters
+        c["units_tokenized"].inc()
+        c["records_read"].inc(summary.records + len(rejects))
+        c["records_rejected"].inc(len(rejects))
+        c["docs_tokenized"].inc(summary.docs)
+        c["tokens"].inc(n_tokens)
+        c["unit_input_bytes"].inc(max(0, unit.byte_stop - unit.byte_start))
+        self.unit_tokens.update(n_tokens)
+        if summary.docs:  # a unit of rejects only adds nothing to the plan
+            yield summary
+        for r in rejects:
+            yield beam.pvalue.TaggedOutput(REJECTS_TAG, r)
+
+
+class PlanGroupFn(beam.DoFn):
+    """(group key, [UnitSummary]) → GroupSummary (main) and UnitLayouts ('layouts')."""
+
+    def __init__(self, spec: runspec_lib.RunSpec):
+        self.spec = spec
+        self.groups = Metrics.counter(NAMESPACE, "groups_planned")
+
+    def process(self, element):
+        key, summaries = element
+        summary, layouts = pack_group.plan_group(self.spec, key, summaries)
+        self.groups.inc()
+        yield summary
+        for layout in layouts:
+            yield beam.pvalue.TaggedOutput(LAYOUTS_TAG, layout)
+
+
+class WritePartitionsFn(beam.DoFn):
+    """(unit id, partition ids) → one stats dict per partition written; each partition is
+    one stored object per array, written here only."""
+
+    def __init__(self, spec: runspec_lib.RunSpec, run_uri: str, separator_id: int | None):
+        self.spec, self.run_uri, self.separator_id = spec, run_uri, separator_id
+        self.partitions = Metrics.counter(NAMESPACE, "partitions_written")
+        self.unit_reads = Metrics.counter(NAMESPACE, "unit_reads")
 
     def process(self, element, plan):
-        partition_id, rows = element
-        stats = write_store.write_partition(self.run_uri, self.spec, plan, partition_id,
-                                            list(rows))
-        self.partitions.inc()
-        self.progress.add(1, f"of {plan.n_partitions}")
-        yield stats
+        _, partition_ids = element
+        reader = assemble.UnitReader(self.run_uri, self.spec)
+        for pid in partition_ids:
+            yield write_store.write_partition(self.run_uri, self.spec, plan, reader, pid,
+                                              self.separator_id)
+            self.partitions.inc()
+        self.unit_reads.inc(reader.reads)
 
 
-def _with_limits(p: beam.Pipeline, spec: runspec_lib.RunSpec, files: list[tuple[int, str]]):
-    """(source_index, path, limit) per file; limit None where the source has no max_docs.
+def _with_limits(units, spec: runspec_lib.RunSpec):
+    """(WorkUnit, limit) per unit; limit None where the source has no max_docs.
 
-    With max_docs, a first pass counts each capped file's records (one number per file)
-    and one global step over those counts cuts each source in file order.
+    With max_docs, one global step over one record count per unit of a capped source cuts
+    each source in (file, line) order.
     """
-    capped = [f for f in files if spec.sources[f[0]].max_docs is not None]
-    if not capped:
-        return p | "Files" >> beam.Create([(s, path, None) for s, path in files])
-    limits = (p
-              | "CappedFiles" >> beam.Create(capped)
-              | "SpreadCapped" >> beam.Reshuffle()
-              | "CountRecords" >> beam.Map(lambda f: count_records(spec, f))
-              | "AllFileCounts" >> beam.combiners.ToList()
-              | "FileLimits" >> beam.Map(lambda counts: partition_lib.file_limits(spec, counts)))
-    return (p
-            | "Files" >> beam.Create(files)
-            | "AddLimits" >> beam.Map(lambda f, lim: (f[0], f[1], lim.get(tuple(f))),
-                                      lim=AsSingleton(limits)))
+    if all(source.max_docs is None for source in spec.sources):
+        return units | "NoLimits" >> beam.Map(lambda u: (u, None))
+    limits = (units
+              | "CappedUnits" >> beam.Filter(lambda u: spec.sources[u.source_index].max_docs
+                                             is not None)
+              | "CountRecords" >> beam.Map(lambda u: (u.key, u.records))
+              | "AllUnitCounts" >> beam.combiners.ToList()
+              | "UnitLimits" >> beam.Map(lambda counts: partition_lib.file_limits(spec, counts)))
+    return units | "AddLimits" >> beam.Map(lambda u, lim: (u, lim.get(u.key)),
+                                           lim=AsSingleton(limits))
 
 
 def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
-          files: list[tuple[int, str]], separator_id: int | None) -> None:
+          files: list[tuple[int, str]], separator_id: int | None,
+          unit_bytes: int = units_lib.DEFAULT_UNIT_BYTES) -> None:
     """Adds the prepare transforms to `p`; `files` are (source_index, path), pre-expanded."""
-    read = (_with_limits(p, spec, files)
-            | "SpreadFiles" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(ReadFileFn(spec)).with_outputs(REJECTS_TAG, ARC_TAG,
-                                                                  main="text"))
-    variants = read[ARC_TAG] | "ArcVariants" >> beam.FlatMap(
-        lambda rec: tokenize.expand_arc_variants(rec, spec.sources[rec.source_index]))
-    docs = ((read.text, variants)
-            | "Documents" >> beam.Flatten()
-            | "Batch" >> beam.BatchElements(min_batch_size=8, max_batch_size=256)
-            | "Tokenize" >> beam.ParDo(TokenizeFn(spec)))
-
-    packed = (docs
-              | "KeyByGroup" >> beam.Map(lambda d: (pack_group.group_key(d.key), d))
-              | "GroupDocs" >> beam.GroupByKey()
-              | "PackGroups" >> beam.ParDo(PackGroupFn(spec, separator_id)).with_outputs(
-                  ROWS_TAG, main="summaries"))
-    # The one global step: one summary per pack group, never per document.
-    plan = (packed.summaries
+    units = (p
+             | "Files" >> beam.Create(files)
+             | "SpreadFiles" >> beam.Reshuffle()
+             | "PlanUnits" >> beam.ParDo(PlanUnitsFn(spec, unit_bytes)))
+    tokenized = (_with_limits(units, spec)
+                 | "SpreadUnits" >> beam.Reshuffle()
+                 | "TokenizeUnits" >> beam.ParDo(TokenizeUnitFn(spec, run_uri)).with_outputs(
+                     REJECTS_TAG, main="summaries"))
+    groups = (tokenized.summaries
+              | "KeyByGroup" >> beam.Map(lambda s: (s.unit.group, s))
+              | "GroupUnitSummaries" >> beam.GroupByKey()
+              | "PlanGroups" >> beam.ParDo(PlanGroupFn(spec)).with_outputs(
+                  LAYOUTS_TAG, main="summaries"))
+    # The global steps: one summary per pack group and one layout per unit.
+    plan = (groups.summaries
             | "AllGroupSummaries" >> beam.combiners.ToList()
             | "Plan" >> beam.Map(lambda summaries: partition_lib.build_plan(spec, summaries))
             | "CreateArrays" >> beam.Map(lambda pl: write_store.create_token_arrays(
                 run_uri, pl, spec)))
+    write_plan = (groups[LAYOUTS_TAG]
+                  | "AllUnitLayouts" >> beam.combiners.ToList()
+                  | "PlaceUnits" >> beam.Map(lambda layouts, pl: partition_lib.place_units(
+                      pl, layouts), pl=AsSingleton(plan)))
+    written = (write_plan
+               | "WriteTasks" >> beam.FlatMap(lambda wp: wp.write_tasks())
+               | "SpreadWrites" >> beam.Reshuffle()
+               | "WritePartitions" >> beam.ParDo(WritePartitionsFn(spec, run_uri, separator_id),
+                                                 plan=AsSingleton(write_plan)))
 
-    written = (packed[ROWS_TAG]
-               | "PlaceRows" >> beam.Map(
-                   lambda row, plan: partition_lib.place_row(plan, row), plan=AsSingleton(plan))
-               | "GroupPartitions" >> beam.GroupByKey()
-               | "WritePartitions" >> beam.ParDo(WritePartitionFn(spec, run_uri),
-                                                 plan=AsSingleton(plan)))
-
-    rejects_written = (read[REJECTS_TAG]
+    rejects_written = (tokenized[REJECTS_TAG]
                        | "KeyRejects" >> beam.Map(lambda r: (r.source, r))
                        | "GroupRejects" >> beam.GroupByKey()
                        | "WriteRejects" >> beam.MapTuple(

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import io
 import os
 
+from schemas import errors
 from schemas import store as store_lib
 from schemas import uri as uri_lib
 
@@ -20,7 +22,7 @@ DATA_EXTENSIONS = (".parquet", ".jsonl", ".ndjson", ".json", ".txt")
 _GLOB_CHARS = "*?["
 
 
-class InputError(ValueError):
+class InputError(errors.UserError, ValueError):
     """An input path is missing, matches nothing, or cannot be used."""
 
 
@@ -75,8 +77,60 @@ def expand_path(path: str) -> list[str]:
     raise InputError(f"{path}: no such file or directory")
 
 
+class _GcsReader(io.RawIOBase):
+    """A seekable read-only file over one GCS object: each read is one ranged GET, so a
+    work unit reads only its own bytes (parquet footers, row groups, blocks of lines)."""
+
+    def __init__(self, blob):
+        self.blob, self.pos = blob, 0
+        self.blob.reload()  # its size, and a clear error now if it is missing
+        self.size = self.blob.size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.size - self.pos)
+        if n <= 0:
+            return 0
+        data = self.blob.download_as_bytes(start=self.pos, end=self.pos + n - 1)
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def open_input(path: str):
+    """A seekable binary file over `path` (local or gs://); reads fetch only what they ask."""
+    if path.startswith("gs://"):
+        loc = uri_lib.parse(path)
+        return io.BufferedReader(_GcsReader(_gcs_bucket(loc).blob(loc.path)),
+                                 buffer_size=1 << 20)
+    return open(path, "rb")
+
+
+def file_size(f) -> int:
+    """Bytes in an open input file (leaves its position at the end)."""
+    return f.seek(0, io.SEEK_END)
+
+
+def read_range(f, start: int, stop: int) -> bytes:
+    f.seek(start)
+    return f.read(stop - start)
+
+
 def read_bytes(path: str) -> bytes:
-    """The whole file (the unit of work is a file; FineWeb shards are ~100s of MB)."""
+    """The whole file (prepare itself reads work units: `pipeline.units`)."""
     if path.startswith("gs://"):
         loc = uri_lib.parse(path)
         return _gcs_bucket(loc).blob(loc.path).download_as_bytes()

@@ -17,11 +17,15 @@ import time
 from pipeline import beam_pipeline
 from pipeline import fileio
 from pipeline import options as options_lib
+from pipeline import progress
 from pipeline import qwen_tokenizer
 from pipeline import sample_data
 from pipeline import tokenize
+from pipeline import unit_tokens
+from pipeline import units
 from pipeline import write_store
 from schemas import config as config_lib
+from schemas import errors
 from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
@@ -38,7 +42,7 @@ write_arc_jsonl = sample_data.write_arc_jsonl
 _log = logging.getLogger("actx.prepare")
 
 
-class PrepareError(RuntimeError):
+class PrepareError(errors.UserError, RuntimeError):
     """The run failed a check (too many rejects, a conflicting run directory)."""
 
 
@@ -54,6 +58,26 @@ def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
                 raise fileio.InputError(f"source {spec.source_name(s)!r}: {e}") from None
         files += [(s, f) for f in sorted(set(found))]
     return files
+
+
+def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], int | None]:
+    """(problems, tokenizer vocabulary size) of the spec's inputs, before any work: every
+    source path matches a file, and the tokenizer loads. One line per problem."""
+    problems = []
+    for s, source in enumerate(spec.sources):
+        for path in source.paths:
+            try:
+                fileio.expand_path(path)
+            except fileio.InputError as e:
+                problems.append(f"source {spec.source_name(s)!r}: {e}")
+    try:
+        tokenize.check_tokenizer_path(spec.tokenizer.path)
+        return problems, tokenize.load_tokenizer(spec.tokenizer.path).vocab_size
+    except store_lib.StoreError:
+        raise
+    except Exception as e:  # a missing or unreadable tokenizer
+        problems.append(f"spec.tokenizer.path: {e}")
+        return problems, None
 
 
 def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
@@ -154,12 +178,19 @@ def _check_max_context(spec: runspec_lib.RunSpec) -> None:
 
 def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str] | None = None,
                 max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION,
-                retry_argv: list[str] | None = None) -> manifest_lib.Manifest:
+                retry_argv: list[str] | None = None,
+                unit_bytes: int = units.DEFAULT_UNIT_BYTES,
+                progress_interval_s: float = progress.DEFAULT_INTERVAL_S
+                ) -> manifest_lib.Manifest:
     """Prepares the token store of `spec` under `run_uri` and returns its manifest.
 
     retry_argv: the command that started this prepare, as typed (e.g. ["actx", "submit",
     "c.yaml"]); a reject abort then prints it with the --max-reject-fraction that passes.
+    unit_bytes: input bytes per work unit (bounds each worker's memory; the output does
+    not depend on it). progress_interval_s: seconds between progress lines.
     """
+    if unit_bytes < 1:
+        raise PrepareError(f"--unit-bytes={unit_bytes}: must be at least 1")
     if not 0 <= max_reject_fraction <= 1:
         raise PrepareError(f"--max-reject-fraction={max_reject_fraction:g}: must be between "
                            f"0 and 1 (a fraction of the inputs read)")
@@ -182,8 +213,12 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
               len(spec.sources), store.location, options_lib.describe(pipeline_args))
     started = time.monotonic()
     pipeline = options_lib.make_pipeline(pipeline_args)
-    beam_pipeline.build(pipeline, spec, run_uri, files, separator_id)
-    pipeline.run().wait_until_finish()
+    beam_pipeline.build(pipeline, spec, run_uri, files, separator_id, unit_bytes)
+    with progress.Reporter(run_uri, len(files), progress_interval_s):
+        pipeline.run().wait_until_finish()
+    # The tokens of the work units served the partition writers; the run keeps none.
+    for prefix in (unit_tokens.UNITS_PREFIX, progress.PROGRESS_PREFIX):
+        store.delete_prefix(prefix)
 
     summary = store.read_json(write_store.SUMMARY_KEY)
     if summary is None:
@@ -249,6 +284,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-reject-fraction", type=float, default=DEFAULT_MAX_REJECT_FRACTION,
                    help="abort when more than this fraction of inputs is rejected "
                         f"(default {DEFAULT_MAX_REJECT_FRACTION:g})")
+    p.add_argument("--unit-bytes", type=int, default=units.DEFAULT_UNIT_BYTES,
+                   help="input bytes per work unit: bounds each worker's memory, never "
+                        f"changes the output (default {units.DEFAULT_UNIT_BYTES})")
+    p.add_argument("--progress-interval", type=float, default=progress.DEFAULT_INTERVAL_S,
+                   help="seconds between progress lines (default %(default)s)")
     return p
 
 
@@ -289,7 +329,8 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None) -> 
     try:
         spec = spec_from_args(args)
         manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
-                               retry_argv or ["actx", "prepare", *argv])
+                               retry_argv or ["actx", "prepare", *argv], args.unit_bytes,
+                               args.progress_interval)
     except (fileio.InputError, tokenize.TokenizerError, PrepareError,
             config_lib.ConfigError, store_lib.StoreError, ValueError) as e:
         print(f"actx prepare: error: {e}")

@@ -3,7 +3,7 @@
 Pure Python over document lengths only, in document order, so the layout is a
 deterministic function of (lengths, packing spec). Prepare packs each pack group (one file,
 or one block of its lines; `pipeline.pack_group`) on its own, rows numbered from 0, and
-shifts them into place afterwards. Modes (DESIGN.md):
+shifts them into place afterwards. Modes (docs/ARCHITECTURE.md, README):
   pad        each document starts a new row; the rest of the row is padding.
   concat     documents (each followed by a separator, except the last) form one stream cut
              into rows; positions are the column (a row is one causal sequence).
@@ -47,13 +47,34 @@ class Piece:
 
 
 @dataclasses.dataclass(frozen=True)
+class PackState:
+    """Where packing stands between two documents: the current row, its filled columns and
+    the segments already in it. Packing a group's documents in one call, or unit by unit
+    from each unit's start state, gives the same pieces (`plan_pack`)."""
+
+    row: int = 0
+    used: int = 0
+    segments: int = 0
+
+    @property
+    def rows(self) -> int:
+        """Rows begun so far (the current one counts once it holds a token)."""
+        return self.row + (1 if self.used else 0)
+
+
+@dataclasses.dataclass(frozen=True)
 class PackPlan:
-    """pieces[d]: where document d goes; stored_tokens[d] / truncated_tokens[d]: its counts."""
+    """pieces[d]: where document d goes; stored_tokens[d] / truncated_tokens[d]: its counts.
+
+    total_rows: rows begun from the start of the group (earlier units' rows included);
+    end: the state after the last document, where the next unit of the group resumes.
+    """
 
     total_rows: int
     pieces: tuple[tuple[Piece, ...], ...]
     stored_tokens: tuple[int, ...]
     truncated_tokens: tuple[int, ...]
+    end: PackState = PackState()
 
 
 def _split_long(length: int, row: int, seq_len: int, truncate: bool) -> tuple[list[Piece], int]:
@@ -66,40 +87,37 @@ def _split_long(length: int, row: int, seq_len: int, truncate: bool) -> tuple[li
 
 
 def plan_pack(lengths: Sequence[int], packing: runspec_lib.PackingSpec,
-              separator_len: int = 0) -> PackPlan:
-    """Lays out documents of the given token counts, in order.
+              separator_len: int = 0, start: PackState = PackState(),
+              last: bool = True) -> PackPlan:
+    """Lays out documents of the given token counts, in order, from `start`.
 
-    separator_len: tokens appended after every document but the last (concat only).
+    separator_len: tokens appended after every document but the group's last (concat
+    only); last: these documents end their group (else the last one gets a separator too).
     """
     seq_len, mode = packing.seq_len, packing.mode
     truncate = packing.overflow == "truncate"
     all_pieces, stored, truncated = [], [], []
     if mode == "concat":
-        cursor = 0  # position in the stream
+        cursor = start.row * seq_len + start.used  # position in the group's stream
+        in_row = start.segments  # document runs already in the cursor's row
         for d, n in enumerate(lengths):
-            n_packed = n + (separator_len if d + 1 < len(lengths) else 0)
-            pieces, start = [], 0
-            while start < n_packed:
+            n_packed = n + (0 if last and d + 1 == len(lengths) else separator_len)
+            pieces, done = [], 0
+            while done < n_packed:
                 row, col = divmod(cursor, seq_len)
-                take = min(n_packed - start, seq_len - col)
-                pieces.append(Piece(row, col, start, take, 0, col))
-                start += take
+                in_row = 1 if col == 0 else in_row + 1  # segment ids number runs per row
+                take = min(n_packed - done, seq_len - col)
+                pieces.append(Piece(row, col, done, take, in_row, col))
+                done += take
                 cursor += take
-            all_pieces.append(pieces)
+            all_pieces.append(tuple(pieces))
             stored.append(n_packed)
             truncated.append(0)
-        # Segment ids number the document runs within each row.
-        numbered, seen = [], {}
-        for pieces in all_pieces:
-            out = []
-            for p in pieces:
-                seen[p.row] = seen.get(p.row, 0) + 1
-                out.append(dataclasses.replace(p, segment_id=seen[p.row]))
-            numbered.append(tuple(out))
-        return PackPlan(-(-cursor // seq_len), tuple(numbered), tuple(stored), tuple(truncated))
+        row, used = divmod(cursor, seq_len)
+        end = PackState(row, used, in_row if used else 0)
+        return PackPlan(end.rows, tuple(all_pieces), tuple(stored), tuple(truncated), end)
 
-    row, used = 0, 0  # current row and its filled columns (segmented)
-    segments_in_row = 0
+    row, used, segments_in_row = start.row, start.used, start.segments
     for n in lengths:
         kept = min(n, seq_len) if truncate else n
         if mode == "pad" or kept > seq_len or used + kept > seq_len:
@@ -107,9 +125,9 @@ def plan_pack(lengths: Sequence[int], packing: runspec_lib.PackingSpec,
                 row, used, segments_in_row = row + 1, 0, 0
         if kept > seq_len:
             pieces, row = _split_long(kept, row, seq_len, truncate=False)
-            last = pieces[-1]
+            last_piece = pieces[-1]
             row -= 1  # the last piece's row may take further documents (segmented)
-            used, segments_in_row = last.length, 1
+            used, segments_in_row = last_piece.length, 1
         else:
             segments_in_row += 1
             pieces = [Piece(row, used, 0, kept, segments_in_row, 0)]
@@ -119,8 +137,8 @@ def plan_pack(lengths: Sequence[int], packing: runspec_lib.PackingSpec,
         all_pieces.append(tuple(pieces))
         stored.append(kept)
         truncated.append(n - kept)
-    total_rows = row + (1 if used else 0)
-    return PackPlan(total_rows, tuple(all_pieces), tuple(stored), tuple(truncated))
+    end = PackState(row, used, segments_in_row)
+    return PackPlan(end.rows, tuple(all_pieces), tuple(stored), tuple(truncated), end)
 
 
 def context_start(piece: Piece, packing: runspec_lib.PackingSpec) -> np.ndarray:

@@ -60,19 +60,21 @@ class GroupSummary:
 
 
 @dataclasses.dataclass(frozen=True)
-class Row:
-    """One packed row.
+class UnitLayout:
+    """Where one unit's documents go inside its group: its first document's group-local
+    index, the packing state its documents resume from, whether they end the group
+    (concat: no separator after the last), and the group-local rows [row_start,
+    row_stop) its pieces occupy."""
 
-    group: its pack group (None once placed run-wide); row: its row number, in the group
-    or run-wide once placed; arrays: name -> int32 [seq_len], the ARC arrays only when the
-    row holds an ARC token (otherwise all -1); docs: doc-table entries of the documents
-    that start in this row, in document order.
-    """
-
-    group: tuple | None
-    row: int
-    arrays: dict
-    docs: tuple[dict, ...]
+    unit_id: str
+    group: tuple
+    source_index: int
+    first_doc: int
+    docs: int
+    start: pack.PackState
+    last: bool
+    row_start: int
+    row_stop: int
 
 
 def empty_block(rows: int, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -104,41 +106,28 @@ def _arc_extra(doc, n: int, task_index: int) -> dict[str, np.ndarray]:
     return extra
 
 
-def pack_group(spec: runspec_lib.RunSpec, separator_id: int | None, key: tuple,
-               docs: Iterable) -> tuple[GroupSummary, list[Row]]:
-    """Packs the TokenizedDocs of group `key` in document-key order.
+def separator_len(spec: runspec_lib.RunSpec) -> int:
+    return 1 if spec.packing.mode == "concat" and spec.packing.separator != "none" else 0
 
-    Row numbers and doc_index values are group-local (from 0); `arc_task` holds indices
-    into the summary's task_ids. `partition.place_row` makes them run-wide.
-    """
-    docs = sorted(docs, key=lambda d: d.key)
-    if any(a.key == b.key for a, b in zip(docs, docs[1:])):
-        raise ValueError(f"duplicate document keys in {key}: an input file was read twice")
-    sep_len = 1 if spec.packing.mode == "concat" and spec.packing.separator != "none" else 0
-    packed = pack.plan_pack([len(d.token_ids) for d in docs], spec.packing, sep_len)
-    task_ids = tuple(sorted({d.task_id for d in docs if d.task_id is not None}))
-    task_index = {t: i for i, t in enumerate(task_ids)}
-    block = empty_block(packed.total_rows, spec.packing.seq_len, spec.packing.pad_id)
-    starts: dict[int, list[dict]] = {}
-    for i, doc in enumerate(docs):
-        ids = _packed_ids(doc.token_ids, packed.stored_tokens[i], separator_id)
-        extra = None if doc.arc_attrs is None else _arc_extra(doc, len(ids),
-                                                              task_index[doc.task_id])
-        pieces = packed.pieces[i]
-        pack.fill_rows(block, 0, pieces, ids, i, extra, packing=spec.packing)
-        if pieces:
-            starts.setdefault(pieces[0].row, []).append({
-                **doc.meta, "doc_index": i, "source": spec.source_name(doc.key[0]),
-                "n_tokens": packed.stored_tokens[i],
-                "truncated_tokens": packed.truncated_tokens[i],
-                "first_row": pieces[0].row, "first_col": pieces[0].col})
-    # Rows without ARC tokens leave the (all -1) ARC arrays out: less to shuffle.
-    has_arc = (block["arc_task"] >= 0).any(axis=1)
-    rows = []
-    for r in range(packed.total_rows):
-        names = layout.ALL_TOKEN_ARRAYS if has_arc[r] else layout.TOKEN_ARRAYS
-        rows.append(Row(key, r, {n: block[n][r].copy() for n in names},
-                        tuple(starts.get(r, ()))))
-    summary = GroupSummary(key, len({d.key[:3] for d in docs}), len(docs), packed.total_rows,
-                           sum(packed.stored_tokens), sum(packed.truncated_tokens), task_ids)
-    return summary, rows
+
+def plan_group(spec: runspec_lib.RunSpec, key: tuple, summaries: Iterable
+               ) -> tuple[GroupSummary, list[UnitLayout]]:
+    """Packs the lengths of a group's units (`unit_tokens.UnitSummary`) in unit order, as
+    one `pack.plan_pack` of the whole group would: the group's summary, and a layout for
+    each unit that holds documents."""
+    summaries = sorted(summaries, key=lambda u: u.unit.key)
+    if any(a.unit.key == b.unit.key for a, b in zip(summaries, summaries[1:])):
+        raise ValueError(f"duplicate work units in {key}: an input file was read twice")
+    with_docs = [u for u in summaries if u.docs]
+    state, doc, stored, truncated, layouts = pack.PackState(), 0, 0, 0, []
+    for i, u in enumerate(with_docs):
+        last = i + 1 == len(with_docs)
+        plan = pack.plan_pack(u.lengths.tolist(), spec.packing, separator_len(spec), state, last)
+        layouts.append(UnitLayout(u.unit.unit_id, key, u.unit.source_index, doc, u.docs, state,
+                                  last, plan.pieces[0][0].row, plan.end.rows))
+        state, doc = plan.end, doc + u.docs
+        stored += sum(plan.stored_tokens)
+        truncated += sum(plan.truncated_tokens)
+    summary = GroupSummary(key, sum(u.records for u in summaries), doc, state.rows, stored,
+                           truncated, tuple(sorted({t for u in summaries for t in u.task_ids})))
+    return summary, layouts

@@ -1,44 +1,49 @@
 """The run plan: the global steps of prepare, over per-file and per-group summaries only.
 
-Nothing here sees a document. Two small global computations fix the run-wide layout:
-  file_limits  per-file record counts -> per-file read limits that apply each source's
-               `max_docs` in file order (one record per file);
+Nothing here sees a document. Small global computations fix the run-wide layout:
+  file_limits  per-unit record counts -> per-unit read limits that apply each source's
+               `max_docs` in file order (one record per work unit);
   build_plan   pack-group summaries (`pack_group.GroupSummary`, one per group) -> each
                group's first run-wide row and doc_index (prefix sums in group order), the
-               total rows, the sorted ARC task table and per-source counts.
+               total rows, the sorted ARC task table and per-source counts;
+  place_units  unit layouts (one per unit) -> each unit's run-wide rows, so a partition
+               writer knows which units' stored tokens to read.
 Partitions are then pure arithmetic on row numbers (fixed `partition_rows`, the last may
-be short), and `place_row` moves a group-local row to its run-wide place. Every result is
-a pure function of the summaries and the run spec, so whatever the runner's parallelism a
-document gets the same index, rows and partition.
+be short). Every result is a pure function of the summaries and the run spec, so whatever
+the runner's parallelism, or the size of the work units, a document gets the same index,
+rows and partition.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 from typing import Iterable
 
-import numpy as np
-
+from pipeline import pack
 from pipeline import pack_group
 from schemas import manifest as manifest_lib
 from schemas import runspec as runspec_lib
 
 
-def file_limits(spec: runspec_lib.RunSpec, file_records: Iterable[tuple[tuple, int]]
+def file_limits(spec: runspec_lib.RunSpec, unit_records: Iterable[tuple[tuple, int]]
                 ) -> dict[tuple, int]:
-    """(source_index, path) -> records to read, for the files of sources with max_docs.
+    """(source_index, path, first line) -> records to read, for the work units of sources
+    with max_docs.
 
-    file_records: ((source_index, path), records the file holds, up to max_docs). The
-    first max_docs records of a source in (path, line) order are kept: files are taken in
-    path order, each up to what the files before it left over.
+    unit_records: (unit key, records the unit holds). The first max_docs records of a
+    source in (path, line) order are kept: units are taken in that order, each up to what
+    the units before it left over.
     """
     left = {s: src.max_docs for s, src in enumerate(spec.sources) if src.max_docs is not None}
     limits = {}
-    for (s, path), n in sorted(file_records):
+    for key, n in sorted(unit_records):
+        s = key[0]
         if s not in left:
-            raise ValueError(f"source {s} has no max_docs: its files need no count")
-        limits[(s, path)] = min(n, left[s])
-        left[s] -= limits[(s, path)]
+            raise ValueError(f"source {s} has no max_docs: its units need no count")
+        limits[key] = min(n, left[s])
+        left[s] -= limits[key]
     return limits
 
 
@@ -103,21 +108,69 @@ def build_plan(spec: runspec_lib.RunSpec, summaries: Iterable[pack_group.GroupSu
                    tuple(spec.source_name(s) for s in range(n_sources)))
 
 
-def place_row(plan: RunPlan, row: pack_group.Row) -> tuple[int, pack_group.Row]:
-    """(partition id, the row with run-wide row, doc_index and arc_task numbers)."""
-    at = plan.groups[row.group]
-    arrays = dict(row.arrays)
-    doc_index = arrays["doc_index"]
-    arrays["doc_index"] = np.where(doc_index >= 0, doc_index + at.first_doc, -1).astype(np.int32)
-    if "arc_task" in arrays:
-        local = arrays["arc_task"]
-        task_map = np.asarray(at.task_map or (0,), dtype=np.int32)
-        arrays["arc_task"] = np.where(local >= 0, task_map[np.maximum(local, 0)],
-                                      -1).astype(np.int32)
-    docs = tuple({**d, "doc_index": d["doc_index"] + at.first_doc,
-                  "first_row": d["first_row"] + at.first_row} for d in row.docs)
-    placed = pack_group.Row(None, at.first_row + row.row, arrays, docs)
-    return plan.partition_of_row(placed.row), placed
+@dataclasses.dataclass(frozen=True)
+class UnitPlacement:
+    """A unit's documents, run-wide: its pieces are `pack.plan_pack(lengths, start=start,
+    last=last)` in group-local rows, shifted by group_first_row; first_doc is the run-wide
+    doc_index of its first document; [row_start, row_stop) the run-wide rows it fills."""
+
+    unit_id: str
+    source_index: int
+    group_first_row: int
+    first_doc: int
+    docs: int
+    start: pack.PackState
+    last: bool
+    row_start: int
+    row_stop: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WritePlan:
+    """What the partition writers need: the run plan and every unit with documents, in
+    row order (one small entry per unit, never per document)."""
+
+    run: RunPlan
+    units: tuple[UnitPlacement, ...]
+
+    def units_in_rows(self, start: int, stop: int) -> list[UnitPlacement]:
+        """The units with a piece in rows [start, stop), in order."""
+        lo = bisect.bisect_right(self._row_stops, start)
+        hi = bisect.bisect_left(self._row_starts, stop)
+        return list(self.units[lo:hi])
+
+    @functools.cached_property
+    def _row_starts(self) -> list[int]:
+        return [u.row_start for u in self.units]
+
+    @functools.cached_property
+    def _row_stops(self) -> list[int]:
+        return [u.row_stop for u in self.units]
+
+    def write_tasks(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(unit id, partitions): each partition goes to the first unit holding its first
+        row, so a writer mostly reads the unit it is named after."""
+        tasks: dict[str, list[int]] = {}
+        for pid in range(self.run.n_partitions):
+            row, _ = self.run.partition_range(pid)
+            owner = self.units[bisect.bisect_right(self._row_stops, row)]
+            tasks.setdefault(owner.unit_id, []).append(pid)
+        return [(unit_id, tuple(pids)) for unit_id, pids in tasks.items()]
+
+
+def place_units(plan: RunPlan, layouts: Iterable[pack_group.UnitLayout]) -> WritePlan:
+    """Run-wide rows and doc numbers of every unit layout (`pack_group.plan_group`)."""
+    units = []
+    for u in layouts:
+        at = plan.groups[u.group]
+        units.append(UnitPlacement(u.unit_id, u.source_index, at.first_row,
+                                   at.first_doc + u.first_doc, u.docs, u.start, u.last,
+                                   at.first_row + u.row_start, at.first_row + u.row_stop))
+    units.sort(key=lambda u: u.first_doc)
+    if sum(u.docs for u in units) != plan.total_docs:
+        raise RuntimeError(f"unit layouts hold {sum(u.docs for u in units)} documents, the "
+                           f"plan {plan.total_docs}")
+    return WritePlan(plan, tuple(units))
 
 
 def source_counts(plan: RunPlan, reject_stats: Iterable[dict]

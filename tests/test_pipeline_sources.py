@@ -11,8 +11,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline import beam_pipeline, fileio, sample_data, sources, tokenize
-from schemas import runspec as R
+from pipeline import beam_pipeline, fileio, sample_data, sources, tokenize, unit_tokens, units
+from schemas import runspec as R, store
 
 GRID = [[1, 2], [3, 4]]
 TASK = {"train": [{"input": GRID, "output": GRID}], "test": [{"input": GRID}]}
@@ -125,8 +125,9 @@ def test_expand_paths_errors_and_globs(tmp_path):
         fileio.expand_path(str(tmp_path / "d" / "*.parquet"))
 
 
-def test_read_and_tokenize_transforms(tmp_path, qwen_tokenizer_dir):
-    """ReadFileFn and TokenizeFn under TestPipeline: outputs keyed by their sort keys."""
+def test_plan_and_tokenize_unit_transforms(tmp_path, qwen_tokenizer_dir):
+    """PlanUnitsFn and TokenizeUnitFn under TestPipeline: a summary per unit (one length per
+    document), rejects, and the unit's tokens stored in the run directory."""
     jl = tmp_path / "t.jsonl"
     jl.write_text('{"text": "Hello world"}\n{"text": ""}\n{"text": "Bonjour"}\n')
     arc = tmp_path / "arc.jsonl"
@@ -136,17 +137,20 @@ def test_read_and_tokenize_transforms(tmp_path, qwen_tokenizer_dir):
                       R.SourceSpec("arc", (str(arc),), arc_dihedral=True)))
     loaded = tokenize.load_tokenizer(qwen_tokenizer_dir)
     hello = loaded.tokenizer.encode("Hello world", add_special_tokens=False).ids + [loaded.eos_id]
+    run = str(tmp_path / "run")
     with TestPipeline(runner=FnApiRunner()) as p:
-        read = (p | beam.Create([(0, str(jl)), (1, str(arc))])
-                | beam.ParDo(beam_pipeline.ReadFileFn(spec)).with_outputs(
-                    beam_pipeline.REJECTS_TAG, beam_pipeline.ARC_TAG, main="text"))
-        variants = read[beam_pipeline.ARC_TAG] | beam.FlatMap(
-            lambda r: tokenize.expand_arc_variants(r, spec.sources[1]))
-        docs = ((read.text, variants) | beam.Flatten() | beam.BatchElements(max_batch_size=4)
-                | beam.ParDo(beam_pipeline.TokenizeFn(spec)))
-        assert_that(read[beam_pipeline.REJECTS_TAG] | beam.Map(lambda r: (r.line, r.reason)),
+        out = (p | beam.Create([(0, str(jl)), (1, str(arc))])
+               | beam.ParDo(beam_pipeline.PlanUnitsFn(spec, 1 << 20))
+               | beam.Map(lambda u: (u, None))
+               | beam.ParDo(beam_pipeline.TokenizeUnitFn(spec, run)).with_outputs(
+                   beam_pipeline.REJECTS_TAG, main="summaries"))
+        assert_that(out[beam_pipeline.REJECTS_TAG] | beam.Map(lambda r: (r.line, r.reason)),
                     equal_to([(2, "empty text")]), label="rejects")
-        assert_that(docs | beam.Map(lambda d: d.key[::3]),
-                    equal_to([(0, 0), (0, 0)] + [(1, v) for v in range(8)]), label="keys")
-        assert_that(docs | beam.Filter(lambda d: d.key[2] == 1 and d.key[0] == 0)
-                    | beam.Map(lambda d: d.token_ids.tolist()), equal_to([hello]), label="ids")
+        assert_that(out.summaries | beam.Map(lambda s: (s.unit.source_index, s.docs, s.records,
+                                                        s.task_ids)),
+                    equal_to([(0, 2, 2, ()), (1, 8, 1, ("t",))]), label="summaries")
+    [text_unit] = units.plan_units(spec, 0, str(jl))
+    stored = unit_tokens.UnitTokens.from_bytes(store.open_store(run).read(
+        unit_tokens.cache_key(text_unit.unit_id)))
+    assert stored.token_ids[:stored.lengths[0]].tolist() == hello
+    assert [m["line"] for m in stored.metas] == [1, 3] and stored.arc_attrs is None
