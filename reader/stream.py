@@ -5,10 +5,11 @@ order, `buffer_tokens` positions (a few blocks) at a time. Level two: the valid 
 each buffer are permuted and cut into batches; a batch may take the tail of one buffer and
 the head of the next. While the consumer trains on batch k, a background thread cuts
 batch k+1 and tensorstore reads and decodes the next `prefetch_buffers` buffers on its own
-threads (decoding is parallel across inner chunks). Each block is read with one request
-per hook and decoded straight into a reused buffer (ts.array over numpy memory); each
-returned token is then copied once into its batch: the stored bytes are decoded once and
-copied once, whatever the batch size.
+threads (decoding is parallel across inner chunks; `reads_in_flight` blocks at a time,
+reader.read_window). Each block is read with one request per hook and decoded straight
+into a reused buffer (ts.array over numpy memory); each returned token is then copied once
+into its batch (reader.gather, on `gather_threads` threads): the stored bytes are decoded
+once and copied once, whatever the batch size.
 
 The trade (stated, and measured by bench/read.py with reader.mixing): a batch holds
 tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
@@ -36,6 +37,7 @@ import tensorstore as ts
 
 from reader import blocks as blocks_lib
 from reader import formats
+from reader import gather as gather_lib
 from reader import prefetch as prefetch_lib
 from reader import read_window
 from reader import run as run_lib
@@ -142,6 +144,8 @@ class ShuffledStream:
       waits longer); their decode memory is about reads_in_flight * block_rows * seq_len *
       hidden * itemsize.
     file_io_mode: how local files are read (see read_contexts; no effect on gs://).
+    gather_threads: threads copying tokens into batches (None: reader.gather's default,
+      a quarter of the cores).
     """
 
     def __init__(self, run: run_lib.Run, hooks: "str | Sequence[str]", batch_size: int, *,
@@ -154,7 +158,8 @@ class ShuffledStream:
                  framework: formats.Framework = "numpy", as_jax: bool = False,
                  sharding: Any = None, dtype: str | None = None,
                  normalize: str | None = None, gcs_request_concurrency: int | None = None,
-                 reads_in_flight: int | None = None, file_io_mode: str | None = None):
+                 reads_in_flight: int | None = None, file_io_mode: str | None = None,
+                 gather_threads: int | None = None):
         self.run = run
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         if not self.hooks:
@@ -190,6 +195,9 @@ class ShuffledStream:
             reads_in_flight = 16 if run.location.scheme == "gs" else DEFAULT_LOCAL_READS
         read_window.ReadWindow(reads_in_flight)  # checks it now, not in the thread
         self.reads_in_flight = reads_in_flight
+        self.gather_threads = (gather_lib.default_threads() if gather_threads is None
+                               else gather_threads)
+        gather_lib.Gather(self.gather_threads).close()  # checks it now, not in the thread
         self.framework = formats.check_framework("jax" if as_jax else framework)
         self.sharding, self.dtype = sharding, dtype
         self.normalizers = formats.normalizers(run, self.hooks, normalize)
@@ -299,6 +307,7 @@ class ShuffledStream:
         work = self._work()
         pending: collections.deque[_Loaded] = collections.deque()
         window = read_window.ReadWindow(self.reads_in_flight)
+        gather = gather_lib.Gather(self.gather_threads)
         issued = 0
 
         def top_up():
@@ -335,11 +344,7 @@ class ShuffledStream:
                     take = min(len(out) - fill, len(order) - pos)
                     idx = order[pos:pos + take]
                     for h, f in flat.items():
-                        # mode="clip": idx is in range by construction, and the default
-                        # "raise" gathers into a temporary first (a second copy, 1.7x
-                        # the time).
-                        np.take(f, idx, axis=0, out=out.acts[h][fill:fill + take],
-                                mode="clip")
+                        gather(f, idx, out.acts[h][fill:fill + take])
                     out.rows[fill:fill + take] = loaded.run_rows[idx // seq_len]
                     out.cols[fill:fill + take] = idx % seq_len
                     out.input_ids[fill:fill + take] = input_ids[idx]
@@ -353,6 +358,7 @@ class ShuffledStream:
                 top_up()
         finally:
             window.cancel()  # a stopped stream leaves no write into a freed slot
+            gather.close()
 
     def _convert(self, batch: Batch) -> Batch:
         acts = batch.acts

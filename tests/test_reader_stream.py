@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import reader
+from reader import gather as gather_lib
 from reader import mixing
 from tests import reader_fixtures as rf
 
@@ -35,14 +36,17 @@ def _stream(run, **kwargs):
 
 
 @pytest.mark.parametrize("process_count", [1, 2, 3])
-def test_every_valid_committed_token_once_per_epoch_across_processes(tmp_path, process_count):
+def test_every_valid_committed_token_once_per_epoch_across_processes(tmp_path, process_count,
+                                                                     monkeypatch):
+    monkeypatch.setattr(gather_lib, "MIN_ROWS_PER_THREAD", 1)  # split even 7-token batches
     truth = _uneven_run(tmp_path / "run")
     run = reader.open_run(truth.uri)
     want = np.flatnonzero(truth.committed_mask())  # no padding, nothing of partition 2
     per_process = []
     for p in range(process_count):
+        # Batches of 7 tokens copied on 3 threads, in parts of 2 and 3 rows.
         s = _stream(run, process_index=p, process_count=process_count, drop_last=False,
-                    epochs=2)
+                    epochs=2, gather_threads=3)
         batches = list(s)
         assert len(batches) == 2 * s.steps_per_epoch
         assert [b.step for b in batches] == list(range(len(batches)))
@@ -207,6 +211,8 @@ def test_close_midway_and_errors_that_say_what_to_do(reader_run):
         _stream(run, batch_size=10_000)
     with pytest.raises(ValueError, match="reads_in_flight must be >= 1"):
         _stream(run, reads_in_flight=0)
+    with pytest.raises(ValueError, match="gather_threads must be >= 1"):
+        _stream(run, gather_threads=0)
     with pytest.raises(ValueError, match="file_io_mode must be one of default, memmap"):
         _stream(run, file_io_mode="mmap")
     with pytest.raises(reader.UncommittedPartitionError):
