@@ -123,10 +123,10 @@ class WritePartitionsFn(beam.DoFn):
 
     def process(self, element, plan):
         _, partition_ids = element
-        reader = assemble.UnitReader(self.run_uri, self.spec)
+        reader, arrays = assemble.UnitReader(self.run_uri, self.spec), {}
         for pid in partition_ids:
             yield write_store.write_partition(self.run_uri, self.spec, plan, reader, pid,
-                                              self.separator_id)
+                                              self.separator_id, arrays)
             self.partitions.inc()
         self.unit_reads.inc(reader.reads)
 
@@ -188,9 +188,10 @@ def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
                        | "WriteRejects" >> beam.MapTuple(
                            lambda name, rs: write_store.write_rejects(run_uri, name, list(rs))))
 
-    # Side inputs make the summary wait until every partition and reject file is written.
+    # Side inputs make the summary wait until every partition and reject file is written;
+    # it goes to the run directory only (as an element it would grow with the partitions).
     _ = (p
          | "SummarySeed" >> beam.Create([None])
-         | "Summary" >> beam.Map(lambda _, plan, w, r: write_store.write_summary(
-             run_uri, plan, w, r), plan=AsSingleton(plan), w=AsList(written),
+         | "Summary" >> beam.FlatMap(lambda _, plan, w, r: write_store.write_summary(
+             run_uri, plan, w, r) and [], plan=AsSingleton(plan), w=AsList(written),
              r=AsList(rejects_written)))

@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline import arc_render
 from pipeline import sources
+from schemas import errors
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from schemas import uri as uri_lib
@@ -24,7 +25,7 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 
 
-class TokenizerError(ValueError):
+class TokenizerError(errors.UserError, ValueError):
     """The tokenizer directory is missing or unusable."""
 
 
@@ -55,8 +56,27 @@ def _token_id(tok, value) -> int | None:
     return tok.token_to_id(value) if value else None
 
 
+_LOADED: dict[tuple, LoadedTokenizer] = {}
+
+
 def load_tokenizer(path: str) -> LoadedTokenizer:
-    """Loads tokenizer.json (+ tokenizer_config.json when present) from a dir or gs://."""
+    """Loads tokenizer.json (+ tokenizer_config.json when present) from a dir or gs://.
+
+    A local directory loads once per process and stays loaded while its files are
+    unchanged (the in-process runner's workers share the driver's process).
+    """
+    loc = uri_lib.parse(path)
+    if loc.is_local:
+        files = [os.path.join(loc.path, n) for n in (TOKENIZER_FILE, CONFIG_FILE)]
+        stamp = (path, *(os.stat(f).st_mtime_ns if os.path.exists(f) else 0 for f in files))
+        if stamp not in _LOADED:
+            _LOADED.clear()
+            _LOADED[stamp] = _load_tokenizer(path)
+        return _LOADED[stamp]
+    return _load_tokenizer(path)
+
+
+def _load_tokenizer(path: str) -> LoadedTokenizer:
     from tokenizers import Tokenizer
 
     loc = uri_lib.parse(path)

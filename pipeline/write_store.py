@@ -37,18 +37,24 @@ def create_token_arrays(run_uri: str, plan: partition_lib.RunPlan, spec: runspec
 
 def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan,
                     reader: assemble.UnitReader, partition_id: int,
-                    separator_id: int | None) -> dict:
+                    separator_id: int | None, arrays: dict | None = None) -> dict:
     """Writes one partition (one object per token array) and its doc table: the documents
     that start in it, in doc_index order, from the tokenized units in its rows.
 
     Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"}, checked by
-    `partition.partitions`.
+    `partition.partitions`. arrays: the token arrays opened so far (name -> array), to
+    reuse across the partitions of one writer.
     """
     start, count = plan.run.partition_range(partition_id)
     block, doc_rows = assemble.fill_partition(spec, plan, reader, partition_id, separator_id)
+    arrays = {} if arrays is None else arrays  # opened arrays, kept by the caller
+    writes = []
     for name in layout.ALL_TOKEN_ARRAYS:
-        array = open_token_array(run_uri, name, plan.run.total_rows, spec)
-        array[start:start + count].write(block[name]).result()
+        if name not in arrays:
+            arrays[name] = open_token_array(run_uri, name, plan.run.total_rows, spec)
+        writes.append(arrays[name][start:start + count].write(block[name]))
+    for write in writes:  # the arrays' objects are written concurrently
+        write.result()
     store = store_lib.open_store(run_uri)
     store.write(layout.docs_key(partition_id),
                 b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in doc_rows))
