@@ -17,6 +17,7 @@ import time
 from deploy import config as config_lib
 from deploy import jobs
 from deploy.jobs import UsageError
+from schemas import errors
 from schemas import flags
 from schemas import layout as layout_lib
 
@@ -220,7 +221,9 @@ def _main(argv: list[str] | None, out) -> int:
     if argv and argv[0] == "prepare":
         from pipeline import main as pipeline_main
 
-        return pipeline_main.main(argv[1:])
+        from deploy import preflight
+
+        return pipeline_main.main(argv[1:], preflight=preflight.check)
     if argv and argv[0] == "extract":
         from workers import main as workers_main
 
@@ -235,8 +238,6 @@ def _main(argv: list[str] | None, out) -> int:
     args.argv = ["actx", *argv]  # as typed, for hints that repeat the command
     handlers = {"submit": jobs.cmd_submit, "demo": jobs.cmd_submit, "status": cmd_status,
                 "rerun": jobs.cmd_rerun, "verify": cmd_verify, "down": jobs.cmd_down}
-    from deploy import tpu_vm
-    from schemas import config as schemas_config
     from schemas import store_errors
 
     # Commands that only look at a run answer within seconds when GCS is unreachable.
@@ -245,22 +246,12 @@ def _main(argv: list[str] | None, out) -> int:
         store_errors.set_deadline(store_errors.INTERACTIVE_DEADLINE_S)
     try:
         return handlers[args.command](args, out)
-    except (UsageError, schemas_config.ConfigError, tpu_vm.TargetError,
-            store_errors.StoreError) as e:
+    except errors.UserError as e:
         print(f"actx {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"actx {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:
-        from deploy import runstate
-
-        # Errors of prepare's input checks (pipeline is imported only when prepare ran).
-        user_errors = ("RunError", "PrepareError", "InputError", "TokenizerError")
-        if isinstance(e, runstate.RunError) or type(e).__name__ in user_errors:
-            print(f"actx {args.command}: error: {e}", file=sys.stderr)
-            return 2
-        raise
     finally:
         if interactive:
             store_errors.set_deadline(None)

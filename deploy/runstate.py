@@ -16,13 +16,11 @@ import time
 
 from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
+from schemas import errors
+from schemas import run_dir
 from schemas import config as schemas_config
 from schemas import heartbeat as heartbeat_lib
 from schemas import layout as layout_lib
-from schemas import manifest as manifest_lib
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
-from schemas import uri as uri_lib
 from schemas import verification as verification_lib
 
 DEFAULT_STALE_AFTER_S = 60.0
@@ -32,48 +30,11 @@ FAILED_CHAR = "F"  # committed, but its data failed the latest `actx verify`
 LIVE_STATES = ("starting", "working", "idle")  # a heartbeat in these states claims a live worker
 
 
-class RunError(RuntimeError):
-    """The location is not an actx run (or not a prepared one); the message says why."""
-
-
-@dataclasses.dataclass
-class RunHandle:
-    """An opened run: its store, spec and manifest."""
-
-    location: uri_lib.Location
-    store: store_lib.ObjectStore
-    spec: runspec_lib.RunSpec
-    manifest: manifest_lib.Manifest
-
-
-def open_run(run: str) -> RunHandle:
-    """Opens a prepared run, or raises RunError saying what is missing."""
-    try:
-        location = uri_lib.parse(run)
-    except ValueError as e:
-        raise RunError(str(e)) from None
-    if location.is_local:
-        import os
-
-        if not os.path.isdir(location.path):
-            raise RunError(f"{run}: no such directory; not an actx run")
-    try:
-        store = store_lib.open_store(location)
-        # Both reads at once: on GCS each is a round trip, and the manifest is the big one.
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            manifest_f = pool.submit(manifest_lib.read_manifest, store)
-            spec = runspec_lib.read_run_spec(store)
-            manifest = manifest_f.result()
-    except FileNotFoundError as e:
-        store.check_reachable()  # a missing bucket says so, not "no run.json"
-        raise RunError(str(e)) from None
-    except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
-        if type(e).__name__ in ("NotFound", "Forbidden"):
-            raise RunError(f"{run}: cannot be read ({e}); not an actx run") from None
-        if isinstance(e, ValueError):
-            raise RunError(f"{run}: not a valid actx run: {e}") from None
-        raise
-    return RunHandle(location, store, spec, manifest)
+# A run is opened one way for every stage (schemas.run_dir); these names are where deploy's
+# callers have always found it.
+RunError = errors.NotARunError
+RunHandle = run_dir.OpenedRun
+open_run = run_dir.open_run
 
 
 @dataclasses.dataclass(frozen=True)

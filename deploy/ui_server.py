@@ -14,6 +14,7 @@ import threading
 import time
 
 from deploy import runstate, ui_data, ui_page
+from schemas import errors
 
 
 class PageSource:
@@ -86,8 +87,8 @@ def page_command(handle: runstate.RunHandle, html_path: str | None, port: int | 
                  refresh_s: float, stale_after_s: float, out) -> int:
     """`actx status RUN --html FILE` and/or `--serve [PORT]`."""
     if refresh_s <= 0:
-        raise runstate.RunError(f"--refresh {refresh_s:g}: must be a positive number of "
-                                f"seconds")
+        raise errors.UserError(f"--refresh {refresh_s:g}: must be a positive number of "
+                               f"seconds")
     if html_path is not None:
         data = write_html(handle, html_path, stale_after_s)
         print(f"wrote {html_path} ({data['counts']['committed']}/{data['partitions_total']} "
@@ -104,8 +105,8 @@ def serve(handle: runstate.RunHandle, port: int, refresh_s: float, stale_after_s
     try:
         server = make_server(source, port, refresh_s)
     except OSError as e:
-        raise runstate.RunError(f"--serve {port}: cannot listen on 127.0.0.1:{port} ({e}); "
-                                f"choose another port, or 0 for any free one") from None
+        raise errors.UserError(f"--serve {port}: cannot listen on 127.0.0.1:{port} ({e}); "
+                               f"choose another port, or 0 for any free one") from None
     url = f"http://127.0.0.1:{server.server_address[1]}/"
     print(f"serving {handle.location} at {url} (refreshes every {refresh_s:g}s; Ctrl-C stops)",
           file=out, flush=True)

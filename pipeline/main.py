@@ -28,6 +28,7 @@ from schemas import config as config_lib
 from schemas import errors
 from schemas import layout
 from schemas import manifest as manifest_lib
+from schemas import run_dir
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 
@@ -196,6 +197,13 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
                            f"0 and 1 (a fraction of the inputs read)")
     # Everything that can be checked before work starts is checked here.
     _check_max_context(spec)
+    # Only extraction settings changed and nothing is committed: the token store stands.
+    changed = run_dir.switch_extraction_spec(store_lib.open_store(run_uri), spec)
+    if changed is not None:
+        _log.info("prepare: %s already holds this token store; the run now has fingerprint "
+                  "%s (changed: %s); nothing was committed, so nothing is lost", run_uri,
+                  spec.fingerprint, ", ".join(changed))
+        return manifest_lib.read_manifest(store_lib.open_store(run_uri))
     files = expand_sources(spec)
     tokenize.check_tokenizer_path(spec.tokenizer.path)
     loaded = tokenize.load_tokenizer(spec.tokenizer.path)
@@ -319,19 +327,23 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         name=args.name)
 
 
-def main(argv: list[str] | None = None, retry_argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
+         preflight=None) -> int:
     """`actx prepare`; retry_argv: the command as typed, for the reject hint (default:
-    `actx prepare` with `argv`)."""
+    `actx prepare` with `argv`). preflight(spec, run): checks the launcher adds before any
+    work (`actx prepare` checks the model and hooks this way; the pipeline cannot)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args, pipeline_args = _parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # keep progress lines readable
     try:
         spec = spec_from_args(args)
+        if preflight is not None:
+            preflight(spec, args.out)
         manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
                                retry_argv or ["actx", "prepare", *argv], args.unit_bytes,
                                args.progress_interval)
-    except (fileio.InputError, tokenize.TokenizerError, PrepareError,
+    except (errors.UserError, fileio.InputError, tokenize.TokenizerError, PrepareError,
             config_lib.ConfigError, store_lib.StoreError, ValueError) as e:
         print(f"actx prepare: error: {e}")
         return 2

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from schemas import errors as schemas_errors
 
-class ReaderError(Exception):
+
+class ReaderError(schemas_errors.UserError):
     """Base class of reader errors."""
 
 
-class NotARunError(ReaderError, FileNotFoundError):
+class NotARunError(ReaderError, schemas_errors.NotARunError):
     """The location has no run.json / manifest.json: it is not an actx run."""
 
 

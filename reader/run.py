@@ -20,6 +20,8 @@ import tensorstore as ts
 from reader import errors
 from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
+from schemas import errors as schemas_errors
+from schemas import run_dir
 from schemas import config as config_lib
 from schemas import layout
 from schemas import manifest as manifest_lib
@@ -45,13 +47,11 @@ class HookInfo:
 
 def open_run(uri: "str | os.PathLike | uri_lib.Location") -> "Run":
     """Opens a run directory (local path, gs://bucket/path or memory://name)."""
-    store = store_lib.open_store(uri)
     try:
-        spec = runspec_lib.read_run_spec(store)
-        manifest = manifest_lib.read_manifest(store)
-    except FileNotFoundError as e:
+        opened = run_dir.open_run(uri)
+    except schemas_errors.NotARunError as e:
         raise errors.NotARunError(str(e)) from None
-    return Run(store, spec, manifest)
+    return Run(opened.store, opened.spec, opened.manifest)
 
 
 class Run:

@@ -66,3 +66,8 @@ def read_info(store) -> ActivationsInfo | None:
 def create_info(store, info: ActivationsInfo) -> bool:
     """Writes the record unless one exists; True when this call wrote it."""
     return store.create_json(layout.ACTIVATIONS_INFO_KEY, config_lib.to_dict(info))
+
+
+def replace_info(store, info: ActivationsInfo) -> None:
+    """Overwrites the record: only while no partition is committed (workers/admission)."""
+    store.write_json(layout.ACTIVATIONS_INFO_KEY, config_lib.to_dict(info))

@@ -20,9 +20,10 @@ import typing
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
+from schemas import errors
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.UserError, ValueError):
     """A configuration value is missing, unknown or of the wrong type."""
 
 

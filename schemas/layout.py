@@ -20,6 +20,9 @@ COMMITS_PREFIX = "commits/"
 WORKERS_PREFIX = "workers/"
 CLAIMS_PREFIX = "claims/"  # claims/<job>/p-00042.json: work stealing within one job
 LOGS_PREFIX = "logs/"  # logs/<job>/<host>.log
+# One JSON object per change made to a prepared run (schemas.run_dir.record_change): an
+# extraction spec switched before any commit, numerics replaced before any commit.
+CHANGES_PREFIX = "changes/"
 REJECTS_PREFIX = "rejects/"
 DOCS_PREFIX = "docs/"
 STATS_KEY = "stats.json"
@@ -84,6 +87,10 @@ def heartbeat_key(host: str) -> str:
 def claim_key(job: str, partition_id: int) -> str:
     """A work-stealing claim: which attempt of `job` took the partition (create-only)."""
     return f"{CLAIMS_PREFIX}{job}/{partition_name(partition_id)}.json"
+
+
+def change_key(name: str) -> str:
+    return f"{CHANGES_PREFIX}{name}.json"
 
 
 def log_key(job: str, host: str) -> str:

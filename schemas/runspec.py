@@ -80,7 +80,7 @@ class TokenizerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class PackingSpec:
-    """How documents become fixed-length rows (see DESIGN.md, packing modes).
+    """How documents become fixed-length rows (see README, "What each token sees").
 
     mode: "pad" (one document per row), "concat" (a stream cut into rows) or
       "segmented" (several documents per row with segment ids and restarting positions).
@@ -138,7 +138,7 @@ class ModelSpec:
 class CaptureConfig:
     """Which activations are stored, and in what dtype.
 
-    hooks: hook names as in DESIGN.md, comma separated, with layer ranges allowed:
+    hooks: hook names (README, "Extraction API"), comma separated, with layer ranges allowed:
       "layers.0-3.resid_post,final_norm" or "layers.*.resid_post".
     dtype: storage dtype of the activation arrays.
     """
@@ -185,6 +185,11 @@ class LayoutSpec:
                              f"({self.rows_per_shard})")
 
 
+# What only extraction uses: a run whose extraction has committed nothing may change these
+# without preparing its tokens again (schemas.run_dir.switch_extraction_spec).
+EXTRACTION_ONLY_FIELDS = ("model", "capture")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """The full specification of a run; `fingerprint` hashes all of it."""
@@ -226,6 +231,22 @@ class RunSpec:
     def fingerprint(self) -> str:
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(f"actx-v{SPEC_VERSION}:{canonical}".encode()).hexdigest()[:16]
+
+    @property
+    def tokens_fingerprint(self) -> str:
+        """The token store's identity: every field but those only extraction uses
+        (EXTRACTION_ONLY_FIELDS). Two specs with equal tokens fingerprints prepare identical
+        token stores, so a run may switch between them while nothing is committed."""
+        data = {k: v for k, v in self.to_dict().items() if k not in EXTRACTION_ONLY_FIELDS}
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(f"actx-tokens-v{SPEC_VERSION}:{canonical}".encode()).hexdigest()[:16]
+
+    def extraction_changes(self, other: "RunSpec") -> list[str]:
+        """Dotted keys of the extraction-only fields in which `other` differs from this."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return sorted(f"{field}.{key}" for field in EXTRACTION_ONLY_FIELDS
+                      for key in set(mine[field]) | set(theirs[field])
+                      if mine[field].get(key) != theirs[field].get(key))
 
     def to_json_obj(self) -> dict:
         return {**self.to_dict(), "spec_version": SPEC_VERSION, "fingerprint": self.fingerprint}

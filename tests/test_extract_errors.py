@@ -67,6 +67,7 @@ def test_other_numerics_are_refused_unless_allowed(model_dir, tmp_path):
     token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
     first = runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
     assert first.numerics_key()["rows_per_device"] == 1
+    assert first.run() == 0  # a committed partition: its bytes depend on the numerics
     # 16 rows a step on the same 8 devices: 2 rows per device, other XLA blocking.
     with pytest.raises(runner.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
         runner.Worker(runner.WorkerOptions(run=run, batch_size=16))
@@ -77,7 +78,34 @@ def test_other_weights_at_the_same_path_are_refused(tmp_path):
     model = str(hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=0))
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model, n_rows=8, partition_rows=8)
-    runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+    assert runner.Worker(runner.WorkerOptions(run=run, batch_size=8)).run() == 0
     hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=1)  # retrained in place
     with pytest.raises(runner.RunMismatch, match=r"weights at .* changed"):
+        runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+
+
+def test_numerics_and_weights_may_change_while_nothing_is_committed(tmp_path):
+    """An attempt that committed nothing binds nothing: the next one takes the record over,
+    and the change is recorded in the run."""
+    import json
+
+    model = str(hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=0))
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model, n_rows=8, partition_rows=8)
+    runner.Worker(runner.WorkerOptions(run=run, batch_size=8))  # admitted, never ran
+    second = runner.Worker(runner.WorkerOptions(run=run, batch_size=16))
+    hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=1)
+    third = runner.Worker(runner.WorkerOptions(run=run, batch_size=16))
+    s = store.open_store(run)
+    info = json.loads(s.read(layout.ACTIVATIONS_INFO_KEY))
+    assert info["numerics"]["rows_per_device"] == 2 and info["model_digest"] == third.model.digest
+    assert second.model.digest != third.model.digest
+    changes = sorted((json.loads(s.read(k)) for k in s.list(layout.CHANGES_PREFIX)),
+                     key=lambda c: c["at"])
+    assert [c["kind"] for c in changes] == ["activations-info", "activations-info"]
+    assert changes[0]["before"]["numerics"]["rows_per_device"] == 1
+    assert changes[1]["before"]["model_digest"] == second.model.digest
+    assert third.run() == 0
+    # Once a partition is committed the record binds again.
+    with pytest.raises(runner.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
         runner.Worker(runner.WorkerOptions(run=run, batch_size=8))

@@ -1,4 +1,4 @@
-"""The import directions of DESIGN.md are part of the architecture; this test holds them.
+"""The import directions of docs/ARCHITECTURE.md are part of the architecture; this test holds them.
 
 schemas imports neither jax nor apache_beam; pipeline never imports jax; workers never
 import apache_beam; deploy reaches pipeline and workers only through their entry points;

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from schemas import activations_info as info_lib
 from schemas import config as config_lib
+from schemas import errors
 from schemas import layout
+from schemas import run_dir
 from workers import kv_cache, sharding
 
 
-class RunMismatch(ValueError):
+class RunMismatch(errors.UserError, ValueError):
     """The run directory does not belong to this worker's spec, model or numerics."""
 
 
@@ -84,9 +86,15 @@ def numerics_key(jax, mesh, batch_size: int, model_parallel: int) -> info_lib.Nu
 
 
 def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
-                          numerics: info_lib.Numerics, allow_numerics_change: bool) -> None:
+                          numerics: info_lib.Numerics, allow_numerics_change: bool,
+                          nothing_committed: bool = False) -> None:
     """Records what this run's activations are (create-only), or checks this worker
-    against the record of the first attempt."""
+    against the record of the first attempt.
+
+    While nothing is committed, a worker whose numerics or checkpoint digest differ from an
+    earlier attempt's (a new batch size, another device kind, re-downloaded weights) takes
+    the record over, and the change is recorded: no stored activation depends on it yet.
+    """
     mine = info_lib.ActivationsInfo(fingerprint=spec.fingerprint, dtype=spec.capture.dtype,
                                     hooks=dict(hooks), model_digest=model_digest,
                                     numerics=numerics)
@@ -96,6 +104,15 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
     first = info_lib.read_info(store)
     if first is None:  # deleted between the create attempt and this read
         raise RunMismatch(f"{key}: vanished while this worker checked it; run again")
+    if (nothing_committed and first != mine
+            and (first.fingerprint, first.dtype, first.hooks)
+            == (mine.fingerprint, mine.dtype, mine.hooks)):
+        info_lib.replace_info(store, mine)
+        run_dir.record_change(store, "activations-info", {
+            "before": config_lib.to_dict(first), "after": config_lib.to_dict(mine),
+            "why": "numerics or checkpoint differ from an earlier attempt that committed "
+                   "nothing"})
+        return
     if first.model_digest not in (None, mine.model_digest):
         raise RunMismatch(
             f"{key}: the weights at {spec.model.path} changed since this run's first attempt "

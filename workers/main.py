@@ -10,9 +10,9 @@ import argparse
 import logging
 import sys
 
-from schemas import config as config_lib
-from schemas import flags, worker_options
+from schemas import errors, flags, worker_options
 from workers import distributed
+from workers.preflight import check_job  # noqa: F401  (deploy's pre-flight, through here)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         worker = runner.Worker(opts)
-    except (FileNotFoundError, config_lib.ConfigError, ValueError) as e:
+    except (errors.UserError, FileNotFoundError, ValueError) as e:
         print(f"actx extract: error: {e}", file=sys.stderr)
         return 2
     worker.install_signal_handlers()

@@ -14,7 +14,6 @@ into it is checked first (`workers.admission`).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import os
 import signal
@@ -26,13 +25,11 @@ import uuid
 import numpy as np
 
 from schemas import commit as commit_lib
+from schemas import run_dir
 from schemas import config as config_lib
 from schemas import layout
 from schemas import manifest as manifest_lib
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
 from schemas import ts_context
-from schemas import uri as uri_lib
 from schemas import version, worker_options
 from workers import commit as commit_step
 from workers import (admission, distributed, faults, prefetch, progress, schedule,
@@ -69,10 +66,9 @@ class Worker:
         self.opts = opts
         self.jax = jax
         ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
-        self.location = uri_lib.parse(opts.run)
-        self.store = store_lib.open_store(self.location)
-        self.spec = runspec_lib.read_run_spec(self.store)
-        self.manifest = manifest_lib.read_manifest(self.store)
+        opened = run_dir.open_run(opts.run)
+        self.location, self.store = opened.location, opened.store
+        self.spec, self.manifest = opened.spec, opened.manifest
         admission.check_spec(self.location, self.spec, self.manifest, opts.expect_fingerprint)
         self.topo = schedule.Topology(
             replicas=opts.replicas, replica=opts.replica,
@@ -111,9 +107,11 @@ class Worker:
         self.hooks = {name: cfg.hidden_size for name in self.fn.hook_names}
         self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
                                                opts.model_parallel)
+        self._committed = commit_lib.committed_partitions(self.store)
         admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
                                         self.model.digest, self.numerics,
-                                        opts.allow_numerics_change)
+                                        opts.allow_numerics_change,
+                                        nothing_committed=not self._committed)
         self.arrays = writer.ActivationArrays(
             self.location, self.hooks, self.manifest.total_rows, self.manifest.seq_len,
             self.spec.capture.dtype, self.spec.layout)
@@ -127,7 +125,6 @@ class Worker:
         # `concat` rows are one causal stream across documents: the model must not apply
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
-        self._committed = commit_lib.committed_partitions(self.store)
 
     def _warn_idle_hosts(self) -> None:
         hosts, rps = self.topo.hosts_per_replica, self.spec.layout.rows_per_shard

@@ -1,0 +1,120 @@
+"""Pre-flight: everything about a job that can be checked before any work starts, listed at
+once. `actx submit` and `actx prepare` run it before they prepare, create or launch
+anything, so a typo costs seconds, not a prepared token store and a provisioned slice.
+
+It checks the model's config.json (local or gs://) and architecture, hooks and layer
+ranges, the context length, tokenizer vs model vocabulary, the input paths, the batch
+against the target's devices, and the target's own settings. Inputs it cannot reach in a
+dry run (no credentials on this machine) are named as not checked instead.
+"""
+
+from __future__ import annotations
+
+from schemas import errors
+from schemas import runspec as runspec_lib
+from schemas import store_errors
+
+
+class PreflightError(errors.UserError):
+    """The job cannot run as configured; the message lists every problem found."""
+
+
+def _local_data_parallel(target) -> int | None:
+    devices = target.hosts_per_replica * target.devices_per_host
+    return devices // target.model_parallel if devices % target.model_parallel == 0 else None
+
+
+def target_problems(run: str, target) -> tuple[list[str], int | None]:
+    """(problems of the target's settings, the replica's data-parallel size if known)."""
+    from deploy import dataflow, tpu_vm
+
+    if target.kind == "local":
+        problems = []
+        if target.model_parallel > target.devices_per_host:
+            problems.append(
+                f"target.model_parallel: {target.model_parallel} is more than the "
+                f"{target.devices_per_host} device(s) of a host (target.devices_per_host); the "
+                f"hosts of a replica split the batch, so the model axis stays within one host")
+        elif target.devices_per_host % target.model_parallel:
+            problems.append(f"target.model_parallel: {target.model_parallel} does not divide "
+                            f"target.devices_per_host ({target.devices_per_host})")
+        return problems, _local_data_parallel(target)
+    if target.kind == "tpu-vm":
+        # tpu_vm.problems checks the batch against the slice's chips itself.
+        return tpu_vm.problems(run, target), None
+    try:
+        dataflow.check(run, target.dataflow)
+    except errors.UserError as e:
+        return [str(e)], None
+    return [], None
+
+
+def _prepared_for(run: str, spec: runspec_lib.RunSpec) -> bool:
+    """Whether `run` already holds this spec's token store (its inputs are then not
+    needed again)."""
+    from schemas import layout, store
+
+    try:
+        s = store.open_store(run)
+        existing = s.read_json(runspec_lib.RUN_SPEC_KEY)
+        if existing is None or not s.exists(layout.MANIFEST_KEY):
+            return False
+        return runspec_lib.RunSpec.from_dict(existing).tokens_fingerprint == \
+            spec.tokens_fingerprint
+    except Exception:  # unreadable: prepare will say so
+        return False
+
+
+def problems(spec: runspec_lib.RunSpec, run: str, target=None,
+             dry_run: bool = False) -> tuple[list[str], list[str]]:
+    """(problems, notes): what is wrong, and what a dry run could not check from here."""
+    from pipeline import main as pipeline_main
+    from workers import main as workers_main
+
+    found: list[str] = []
+    notes: list[str] = []
+    batch = data_parallel = None
+    model_parallel = 1
+    if target is not None:
+        target_found, data_parallel = target_problems(run, target)
+        found += target_found
+        batch, model_parallel = target.batch_size, target.model_parallel
+
+    def unreachable(what: str, e: Exception) -> None:
+        if not dry_run:
+            raise e
+        notes.append(f"{what} not checked: {e}")
+
+    job = None
+    try:
+        job = workers_main.check_job(spec, batch, model_parallel, data_parallel)
+        found += job.problems
+    except store_errors.StoreError as e:
+        unreachable("the model", e)
+    vocab = None
+    if not _prepared_for(run, spec):
+        try:
+            input_problems, vocab = pipeline_main.check_inputs(spec)
+            found += input_problems
+        except store_errors.StoreError as e:
+            unreachable("the inputs and tokenizer", e)
+    if vocab is not None and job is not None and job.vocab_size is not None \
+            and vocab > job.vocab_size:
+        found.append(
+            f"spec.tokenizer.path: its vocabulary ({vocab} ids) is larger than the model's "
+            f"embedding ({job.vocab_size} rows, {spec.model.path}); tokenizer and model do not "
+            f"belong together")
+    return found, notes
+
+
+def check(spec: runspec_lib.RunSpec, run: str, target=None, dry_run: bool = False,
+          out=None) -> None:
+    """Raises PreflightError listing every problem; prints dry-run notes to `out`."""
+    found, notes = problems(spec, run, target, dry_run)
+    for note in notes:
+        if out is not None:
+            print(f"# pre-flight: {note}", file=out)
+    if found:
+        raise PreflightError(
+            found[0] if len(found) == 1 else
+            f"{len(found)} problems, nothing was started:\n  " + "\n  ".join(found))

@@ -1,0 +1,85 @@
+"""What the workers would refuse about a job, found before any work starts: without JAX,
+without reading weights, from the checkpoint's config.json (local or gs://).
+
+`actx submit` and `actx prepare` call `check_job` (through `workers.main`) before they
+prepare or create anything, so a misspelled hook or a layer beyond the model costs a
+second, not a prepared token store and a provisioned slice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schemas import runspec as runspec_lib
+from schemas import store as store_lib
+from workers import capture as capture_lib
+from workers import model_config as model_config_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class JobCheck:
+    """problems: one line each, naming the field and what to do (empty: all is well).
+    vocab_size: the model's embedding rows, when its config.json could be read."""
+
+    problems: tuple[str, ...]
+    vocab_size: int | None = None
+
+
+def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
+              model_parallel: int = 1, data_parallel: int | None = None) -> JobCheck:
+    """The model, hooks, context length and batch split of a job.
+
+    data_parallel: devices the replica's batch is split over (None: not known here).
+    """
+    problems: list[str] = []
+    capture = None
+    try:
+        capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
+    except ValueError as e:
+        problems.append(f"spec.capture.hooks: {e}")
+    config = _model_config(spec.model.path, problems)
+    if config is not None:
+        if capture is not None:
+            try:
+                capture.validate(config)
+            except ValueError as e:
+                problems.append(f"spec.capture.hooks: {e}")
+        limit = config.max_position_embeddings
+        if spec.packing.carries_context and limit and spec.packing.max_context > limit:
+            problems.append(
+                f"spec.packing.max_context={spec.packing.max_context} is larger than the "
+                f"model's max_position_embeddings={limit} ({spec.model.path}/config.json): "
+                f"set it to at most {limit}")
+        if model_parallel > 1 and config.num_heads % model_parallel:
+            problems.append(
+                f"model_parallel={model_parallel} does not divide the model's "
+                f"{config.num_heads} attention heads; choose a divisor of {config.num_heads}")
+    if batch_size is not None and data_parallel:
+        if batch_size % data_parallel:
+            problems.append(
+                f"batch_size={batch_size} does not split over the replica's {data_parallel} "
+                f"data-parallel devices; choose a multiple of {data_parallel}")
+    return JobCheck(tuple(problems), config.vocab_size if config is not None else None)
+
+
+def _model_config(path: str, problems: list[str]):
+    """The checkpoint's ModelConfig, or None with the reason added to `problems`."""
+    where = f"{path.rstrip('/')}/config.json"
+    try:
+        data = store_lib.open_store(path).read_json("config.json")
+    except store_lib.StoreError:
+        raise  # no credentials or no network: one clear line, not a list of guesses
+    except Exception as e:  # unreadable JSON, a path that is not a directory
+        problems.append(f"spec.model.path: {where} cannot be read ({e})")
+        return None
+    if data is None:
+        problems.append(f"spec.model.path: {where} not found; point spec.model.path at a "
+                        f"Hugging Face checkpoint directory (config.json + *.safetensors)")
+        return None
+    try:
+        return model_config_lib.ModelConfig.from_hf(data, source=where)
+    except ValueError as e:
+        problems.append(f"spec.model.path: {e}")
+    except (KeyError, TypeError) as e:
+        problems.append(f"spec.model.path: {where}: missing or malformed field {e}")
+    return None
