@@ -26,6 +26,7 @@ from pipeline import units
 from pipeline import write_store
 from schemas import config as config_lib
 from schemas import errors
+from schemas import flags
 from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import run_dir
@@ -279,16 +280,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arc-dihedral", action="store_true")
     p.add_argument("--arc-colour-perms", type=int, default=0)
     p.add_argument("--arc-seed", type=int, default=0)
-    p.add_argument("--mode", default="segmented", choices=["pad", "concat", "segmented"])
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--overflow", default="continue", choices=["continue", "truncate"])
-    p.add_argument("--separator", default="eos", choices=["eos", "bos", "none"])
     p.add_argument("--no-bos", action="store_true", help="do not prepend BOS")
     p.add_argument("--add-eos", action="store_true", help="append EOS to every document")
     p.add_argument("--no-chat-template", action="store_true")
-    p.add_argument("--partition-rows", type=int, default=64)
-    p.add_argument("--rows-per-shard", type=int, default=8)
     p.add_argument("--name", default="run")
+    # Packing and layout flags come from the spec's own classes: same names, defaults, help.
+    flags.add_arguments(p.add_argument_group("packing (spec.packing)"), runspec_lib.PackingSpec)
+    flags.add_arguments(p.add_argument_group("layout (spec.layout)"), runspec_lib.LayoutSpec)
     p.add_argument("--max-reject-fraction", type=float, default=DEFAULT_MAX_REJECT_FRACTION,
                    help="abort when more than this fraction of inputs is rejected "
                         f"(default {DEFAULT_MAX_REJECT_FRACTION:g})")
@@ -321,9 +319,8 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
                                             add_eos=args.add_eos,
                                             chat_template=not args.no_chat_template),
         sources=tuple(srcs),
-        packing=runspec_lib.PackingSpec(args.mode, args.seq_len, args.overflow, args.separator),
-        layout=runspec_lib.LayoutSpec(rows_per_shard=args.rows_per_shard,
-                                      partition_rows=args.partition_rows),
+        packing=flags.from_namespace(runspec_lib.PackingSpec, args),
+        layout=flags.from_namespace(runspec_lib.LayoutSpec, args),
         name=args.name)
 
 
