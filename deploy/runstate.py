@@ -146,9 +146,11 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
     held_dead: set[int] = set()
     for hb in sorted(beats, key=lambda b: b.host):
         age = max(0.0, now - hb.updated_at)
-        live = hb.state in LIVE_STATES and age <= stale_after_s
-        hosts.append(HostState(hb.host, hb.state if live or hb.state not in LIVE_STATES
-                               else f"{hb.state} (stale)", live, round(age, 1), hb.partition,
+        gone = hb.state in LIVE_STATES and heartbeat_lib.process_gone(hb)
+        live = hb.state in LIVE_STATES and age <= stale_after_s and not gone
+        shown = (hb.state if live or hb.state not in LIVE_STATES
+                 else f"{hb.state} (process gone)" if gone else f"{hb.state} (stale)")
+        hosts.append(HostState(hb.host, shown, live, round(age, 1), hb.partition,
                                hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
                                hb.tokens_done, hb.message, hb.partitions_done, hb.history))
         if hb.partition is not None and hb.state not in ("done",):

@@ -24,6 +24,8 @@ class Heartbeat:
     partition: partition in hand (None when idle); step / steps: progress in it.
     tokens_per_s: recent throughput of this host (non-padding tokens).
     eta_s: seconds until this host's assigned partitions are done (None: unknown).
+    machine / pid: where the worker process runs (`this_machine()`) and its process id, so
+      status on the same machine sees at once that a process is gone ("" / 0: unknown).
     """
 
     host: str
@@ -41,6 +43,37 @@ class Heartbeat:
     partitions_done: int = 0
     message: str = ""
     history: tuple[tuple[float, int], ...] = ()
+    machine: str = ""
+    pid: int = 0
+
+
+def this_machine() -> str:
+    """This machine's name and boot id: a process id means something only on the machine,
+    and the boot, that gave it."""
+    import socket
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}" if boot else socket.gethostname()
+
+
+def process_gone(heartbeat: Heartbeat) -> bool:
+    """True when the heartbeat's process ran on this machine and is gone (killed, crashed,
+    out of memory) though its heartbeat still says it works."""
+    import os
+
+    if not heartbeat.pid or not heartbeat.machine or heartbeat.machine != this_machine():
+        return False
+    try:
+        os.kill(heartbeat.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
 
 
 # Samples kept per heartbeat: when full, every other one is dropped, so the history spans

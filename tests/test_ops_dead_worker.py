@@ -155,3 +155,42 @@ def test_current_rate_is_the_latest_interval_and_average_spans_the_run(tmp_path)
     assert 100 <= st["elapsed_s"] <= 100 + (time.time() - now) + 0.1
     assert abs(st["average_tokens_per_s"] - 13400 / st["elapsed_s"]) <= 0.1
     assert st["tokens_per_s"] == 99.0  # the heartbeats' own rates, for the ETA
+
+
+def test_a_gone_process_on_this_machine_is_dead_at_once(tmp_path):
+    """No launcher saw it die (started by hand, or the launcher died too): its fresh
+    heartbeat still says working, but its process is gone from this machine."""
+    from schemas import config as config_lib, heartbeat
+
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, "unused-model", n_rows=24, seq_len=16, partition_rows=8,
+                               rows_per_shard=4)
+    s = store.open_store(run)
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    here = heartbeat.this_machine()
+    for host, partition, pid, machine in (("gone", 0, ended.pid, here),
+                                          ("alive", 1, os.getpid(), here),
+                                          ("elsewhere", 2, ended.pid, "other-host/boot")):
+        hb = heartbeat.Heartbeat(host=host, replica=0, process_index=0, state="working",
+                                 attempt=f"{host}-{pid}-x", updated_at=time.time(),
+                                 partition=partition, machine=machine, pid=pid)
+        s.write_json(layout.heartbeat_key(host), config_lib.to_dict(hb))
+    st = json.loads(_status(run, "--json")[1])
+    hosts = {h["host"]: h for h in st["hosts"]}
+    assert hosts["gone"]["state"] == "working (process gone)" and not hosts["gone"]["live"]
+    assert hosts["alive"]["live"] and hosts["elsewhere"]["live"]  # no way to tell elsewhere
+    assert st["partitions"] == {"p-00000": "stale", "p-00001": "in_progress",
+                                "p-00002": "in_progress"}
+
+
+def test_heartbeats_name_their_process(tmp_path):
+    from schemas import heartbeat
+    from workers import progress
+
+    s = store.open_store(str(tmp_path))
+    beats = progress.HeartbeatThread(s, "h", 0, 0, "h-1-x", progress.Progress(), 60.0)
+    beats.beat(force=True)
+    [hb] = heartbeat.read_heartbeats(s)
+    assert (hb.machine, hb.pid) == (heartbeat.this_machine(), os.getpid())
+    assert not heartbeat.process_gone(hb)

@@ -7,6 +7,7 @@ every few seconds (never more often than GCS allows one object to be rewritten).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -48,7 +49,8 @@ class HeartbeatThread:
                  progress: Progress, interval_s: float):
         self._writer = heartbeat_lib.HeartbeatWriter(store, host, min_interval_s=interval_s)
         self._identity = dict(host=host, replica=replica, process_index=process_index,
-                              attempt=attempt)
+                              attempt=attempt, machine=heartbeat_lib.this_machine(),
+                              pid=os.getpid())
         self._progress = progress
         self._interval_s = interval_s
         self._stop = threading.Event()
