@@ -41,7 +41,8 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def create(self, key: str, data: bytes) -> bool:
-        """Writes only if `key` does not exist. Returns False when it already existed."""
+        """Writes only if `key` does not exist. Returns False when it already existed (a
+        retried request that meets exactly `data`, its own lost write, counts as written)."""
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> list[str]:
@@ -256,7 +257,18 @@ class GcsStore(ObjectStore):
                 data, if_generation_match=0, **store_errors.write_options())
             return True
         except exceptions.PreconditionFailed:
-            return False
+            pass
+        # A request that GCS applied but whose response was lost is retried, and the retry
+        # meets the object it wrote: 412. The object holding exactly these bytes is that
+        # case (what this module's callers create carries its writer's attempt id, so
+        # another writer's object differs); anything else is another writer's, which won.
+        if self.read(key) == bytes(data):
+            store_errors.log.warning("%s: create-only write answered 412, but the object "
+                                     "holds exactly the bytes written: an earlier try of "
+                                     "this write was applied and its response lost",
+                                     self.location.join(key))
+            return True
+        return False
 
     def read_many(self, keys: list[str], max_parallel: int = 32) -> list[bytes | None]:
         """All reads issued at once through tensorstore's gcs driver (C++ requests, no GIL,

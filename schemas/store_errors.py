@@ -1,53 +1,103 @@
-"""Object-store failures as one clear error, and a time bound for interactive commands.
+"""Object-store failures as one clear error, and bounded, logged retries.
 
 google-cloud-storage reports a missing credential, a missing bucket, a refused request or
 an unreachable endpoint as a chain of library exceptions, after retrying a lost network
-for up to two minutes. `StoreError` says which of these it was, where, and what to do;
-`set_deadline` bounds the retries, so `actx status` answers within seconds either way.
+for up to two minutes. `StoreError` says which of these it was, where, and what to do.
+Every GCS call of `schemas.store` retries what GCS asks clients to retry (429, 5xx, a
+dropped connection) with one policy: each retry is logged, and the whole call is bounded
+by `set_retry_budget` (workers: the same bound as tensorstore's retries) or, tighter,
+`set_deadline`, so `actx status` answers within seconds either way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
+import threading
+
+from schemas import errors
+
+log = logging.getLogger("actx.store")
+# Retries show where the process configured logging (workers, prepare); an interactive
+# command prints its one line of outcome, not Python's last-resort echo of each retry.
+log.addHandler(logging.NullHandler())
 
 # Seconds that interactive commands (status, verify, rerun) give one GCS request, retries
-# included, before reporting the store unreachable. Workers and prepare keep the client's
-# own policy (about two minutes), which rides out real GCS hiccups.
+# included, before reporting the store unreachable.
 INTERACTIVE_DEADLINE_S = 10.0
+# Seconds that other callers (workers, prepare) give one request, retries included:
+# google-cloud-storage's own default, which rides out real GCS hiccups.
+DEFAULT_RETRY_BUDGET_S = 120.0
 
 _deadline_s: float | None = None
+_retry_budget_s = DEFAULT_RETRY_BUDGET_S
+_retries_lock = threading.Lock()
+retries_seen = 0  # retried GCS failures in this process (logged one by one)
 
 
-class StoreError(RuntimeError):
+class StoreError(errors.UserError, RuntimeError):
     """The object store could not be reached or refused the request (no credentials, no
     such bucket, permission denied, no network); the message names the location and what
     to do."""
 
 
 def set_deadline(seconds: float | None) -> None:
-    """Bounds every later GCS read, listing and delete (retries included) to `seconds`;
-    None restores the client's default policy."""
+    """Bounds every later GCS call (retries included) to `seconds`, with short per-request
+    timeouts; None restores the retry budget alone."""
     global _deadline_s
     _deadline_s = seconds
 
 
-def read_options() -> dict:
-    """Keyword arguments for idempotent calls (reads, listings, deletes): the retry and
-    per-request timeout of the current deadline; empty when none is set."""
-    if _deadline_s is None:
-        return {}
-    from google.cloud.storage.retry import DEFAULT_RETRY
+def set_retry_budget(seconds: float) -> None:
+    """Bounds every later GCS call, retries included, to `seconds` (when no tighter
+    deadline is set)."""
+    global _retry_budget_s
+    _retry_budget_s = seconds
 
-    return {"retry": DEFAULT_RETRY.with_timeout(_deadline_s),
-            "timeout": (min(3.0, _deadline_s), _deadline_s)}
+
+def _log_retry(error: BaseException) -> None:
+    global retries_seen
+    with _retries_lock:
+        retries_seen += 1
+    log.warning("GCS request failed, retrying (at most %.0f s in all): %s",
+                _deadline_s or _retry_budget_s, _reason(error))
+
+
+def _reason(e: BaseException) -> str:
+    """'HTTP 503: ...' or '[Errno 104] Connection reset by peer', for one log line."""
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(status, int):  # the media client's InvalidResponse
+        return f"HTTP {status}"
+    if isinstance(getattr(e, "code", None), int):  # api_core's GoogleAPICallError
+        return f"HTTP {e.code}: {_message(e)}"
+    return _network_reason(e)
+
+
+def _retry():
+    from google.api_core import retry as api_retry
+    from google.cloud.storage import retry as storage_retry
+
+    # The storage client's own predicate (429, 408, 5xx, dropped connections), with a log
+    # line per retry and this module's bound.
+    return api_retry.Retry(predicate=storage_retry._should_retry, on_error=_log_retry,
+                           timeout=_deadline_s or _retry_budget_s)
+
+
+def read_options() -> dict:
+    """Keyword arguments for idempotent calls (reads, listings, deletes): the retry
+    policy, and short per-request timeouts under a deadline."""
+    if _deadline_s is None:
+        return {"retry": _retry()}
+    return {"retry": _retry(), "timeout": (min(3.0, _deadline_s), _deadline_s)}
 
 
 def write_options() -> dict:
-    """For writes: the per-request timeout only (whether a write may be retried depends on
-    its preconditions, which the client decides)."""
-    return {} if _deadline_s is None else {"timeout": (min(3.0, _deadline_s), _deadline_s)}
+    """For uploads: the same. Retrying a whole-object upload is safe: an unconditional
+    write rewrites the same bytes, and a create-only one that was applied before its
+    response was lost meets its own object (see `GcsStore.create`)."""
+    return read_options()
 
 
 @contextlib.contextmanager
@@ -104,11 +154,14 @@ def translate(where: str, bucket: str, e: BaseException) -> BaseException:
     if isinstance(cause, api.NotFound):
         return StoreError(f"{where}: bucket {bucket} does not exist (404); check the name "
                           f"(`gcloud storage buckets list`)")
+    if isinstance(cause, (api.TooManyRequests, api.ServiceUnavailable, api.InternalServerError,
+                          api.BadGateway, api.GatewayTimeout)):
+        # Before the network case: retries that ran out on 429/5xx are GCS's answer.
+        return StoreError(f"{where}: GCS kept failing after {_deadline_s or _retry_budget_s:.0f}"
+                          f" s of retries ({cause.code}: {_message(cause)}); try again later")
     if _is_network(cause) or isinstance(e, api.RetryError):
         return StoreError(f"{where}: cannot reach {_endpoint()} ({_network_reason(cause)}); "
                           f"check the network, proxy or STORAGE_EMULATOR_HOST")
-    if isinstance(cause, (api.TooManyRequests, api.ServiceUnavailable, api.InternalServerError)):
-        return StoreError(f"{where}: GCS kept failing ({_message(cause)}); try again later")
     return e
 
 
@@ -126,6 +179,9 @@ def _network_reason(e: BaseException) -> str:
     found = re.findall(r"\[Errno -?\d+\] [^'\")\]]+", str(e))
     if found:
         return found[-1].strip()
+    found = re.findall(r"Error\((-?\d+), '([^']+)'\)", str(e))  # ConnectionResetError(104, ..)
+    if found:
+        return f"[Errno {found[-1][0]}] {found[-1][1]}"
     if "timed out" in str(e).lower() or isinstance(e, TimeoutError):
         return "timed out"
     return _first_line(e)

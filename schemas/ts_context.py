@@ -28,16 +28,38 @@ def _root() -> ts.Context:
     return _CONTEXT
 
 
+# tensorstore's GCS back-off: the first retry after about 1 s, doubling up to 32 s.
+RETRY_INITIAL_DELAY_S = 1.0
+RETRY_MAX_DELAY_S = 32.0
+
+
+def retry_budget_s(retries: int) -> float:
+    """Seconds of back-off that `retries` retries of one request can take; the bound given
+    to google-cloud-storage too, so one setting bounds both clients (8 retries: ~2 min)."""
+    return max(5.0, sum(min(RETRY_INITIAL_DELAY_S * 2 ** k, RETRY_MAX_DELAY_S)
+                        for k in range(retries)))
+
+
 def configure(gcs_request_concurrency: int = 32, gcs_request_retries: int = 8,
               data_copy_concurrency: int | None = None) -> ts.Context:
-    """Sets GCS limits for everything opened afterwards (memory stores and cache are kept)."""
+    """Sets GCS limits for everything opened afterwards (memory stores and cache are kept).
+
+    Retries are bounded: tensorstore gives up after `gcs_request_retries` retries of a
+    request (429, 5xx, a dropped connection) and raises; google-cloud-storage calls (the
+    run's small objects) give up after the same back-off time.
+    """
     global _CONTEXT
+    from schemas import store_errors
+
     spec = {
         "gcs_request_concurrency": {"limit": gcs_request_concurrency},
-        "gcs_request_retries": {"max_retries": gcs_request_retries},
+        "gcs_request_retries": {"max_retries": gcs_request_retries,
+                                "initial_delay": f"{RETRY_INITIAL_DELAY_S:g}s",
+                                "max_delay": f"{RETRY_MAX_DELAY_S:g}s"},
     }
     if data_copy_concurrency:
         spec["data_copy_concurrency"] = {"limit": data_copy_concurrency}
+    store_errors.set_retry_budget(retry_budget_s(gcs_request_retries))
     with _LOCK:
         # Resources a child does not define (the memory kvstore, the cache pool) resolve
         # to the parent's, so arrays already in memory:// stay visible.

@@ -76,11 +76,28 @@ class Committer:
             hosts=tuple(f"r{self._topo.replica}h{h}" for h in range(self._topo.hosts_per_replica)),
             timings_s={"total": round(time.perf_counter() - started, 3)},
             code_version=self._code_version, created_at=time.time())
-        if commit_lib.commit(self._store, marker):
+        if commit_lib.commit(self._store, marker) or self._is_own(marker):
             self._on_commit(part.id)
-        else:
-            log.warning("partition %d was already committed by another attempt; its marker "
-                        "stands", part.id)
+
+    def _is_own(self, marker: commit_lib.CommitMarker) -> bool:
+        """After a refused create: whether the standing marker is this attempt's own (a
+        retried write meeting what its lost first try wrote). Otherwise another attempt
+        won the race, its marker stands, and this one counts nothing."""
+        standing = commit_lib.read_marker(self._store, marker.partition)
+        if standing is not None and standing.attempt == marker.attempt:
+            if standing.checksums != marker.checksums:  # one attempt, one set of bytes
+                log.error("partition %d: the marker of this attempt (%s) holds other "
+                          "checksums than its data now has; `actx verify` will say which "
+                          "blocks", marker.partition, marker.attempt)
+            log.warning("partition %d: the marker this attempt wrote was already there (a "
+                        "lost response, retried); counted once", marker.partition)
+            return True
+        other = standing.attempt if standing is not None else "?"
+        same = standing is not None and standing.checksums == marker.checksums
+        log.warning("partition %d was already committed by attempt %s; its marker stands "
+                    "(%s)", marker.partition, other,
+                    "same checksums" if same else "OTHER checksums: is the run deterministic?")
+        return False
 
     def _gather(self, part: manifest_lib.Partition,
                 checksums: dict[str, list[str]]) -> dict[str, list[str]] | None:
