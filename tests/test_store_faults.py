@@ -168,6 +168,32 @@ def test_lost_response_of_a_create_only_write(gcs_bucket, proxy, caplog):
     committer.close()
 
 
+def test_shard_write_whose_retries_run_out_names_the_block(gcs_bucket, proxy):
+    """tensorstore gives up after its bounded retries; the writer's error names the array
+    and rows and says what to do."""
+    import numpy as np
+
+    from schemas import runspec, store_errors, ts_context, uri
+    from workers import writer
+
+    ts_context.configure(4, 1)
+    try:
+        layout_spec = runspec.LayoutSpec(rows_per_shard=4, partition_rows=8, chunk_rows=2)
+        arrays = writer.ActivationArrays(uri.parse(gcs_bucket + "/runs/w"), {"h": 8},
+                                         total_rows=8, seq_len=4, dtype="float32",
+                                         layout=layout_spec)
+        proxy.add_rule("503", lambda r: r.agent == "tensorstore" and r.method != "GET", None)
+        part = writer.PartitionWriter(arrays, (0, 8), writer.WriterPool(1, 1 << 20))
+        part.add(0, {"h": np.ones((8, 4, 8), np.float32)})
+        with pytest.raises(store_errors.StoreError, match=re.escape(
+                f"{gcs_bucket}/runs/w/activations/h: writing rows 0-3 failed after "
+                f"tensorstore's retries (")) as raised:
+            part.finish()
+        assert "`actx rerun " in str(raised.value)
+    finally:
+        ts_context.configure()  # the defaults again for later tests
+
+
 def test_submit_survives_five_percent_faults(job_inputs, reference_run, proxy,
                                              gcs_emulator_server):
     run = gcs_emulator_server.create_bucket("actx-faults-5pct") + "/runs/job"
@@ -264,12 +290,17 @@ def test_host_whose_requests_all_fail_stops_cleanly_and_rerun_finishes(
 
 
 def bad_inputs_tried() -> int:
-    """Rows of README's "Bad input and faults" table other than object-store faults, each
-    naming the test that tries it."""
+    """Rows of README's "Bad input and faults" table other than this module's (object-store
+    faults), each naming the test that tries it."""
     text = open(os.path.join(REPO, "README.md")).read()
-    table = text[text.index("#### Bad input and faults"):]
-    rows = [line for line in table.splitlines()[4:] if line.startswith("|")]
-    rows = rows[:next((i for i, r in enumerate(rows) if not r.startswith("|")), len(rows))]
+    lines = text[text.index("#### Bad input and faults"):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| ---")) + 1
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    assert all(re.search(r"`test_\w+\.py`", row) for row in rows), "a row names no test"
     return sum(1 for row in rows if "test_store_faults.py" not in row)
 
 

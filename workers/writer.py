@@ -21,6 +21,7 @@ import numpy as np
 from schemas import commit as commit_lib
 from schemas import layout as layout_lib
 from schemas import runspec as runspec_lib
+from schemas import store_errors
 from schemas import ts_context
 from schemas import uri as uri_lib
 from workers import faults
@@ -40,6 +41,7 @@ class ActivationArrays:
     def __init__(self, run: uri_lib.Location, hooks: dict[str, int], total_rows: int,
                  seq_len: int, dtype: str, layout: runspec_lib.LayoutSpec):
         self.layout = layout
+        self.run = run
         self.arrays = {}
         for hook, hidden in sorted(hooks.items()):
             spec = layout_lib.activation_array(hook, total_rows, seq_len, hidden, dtype, layout)
@@ -116,8 +118,14 @@ class PartitionWriter:
             if len(writes) == 1 and faults.enabled():
                 writes[0].result()  # a crash point with one array of the block durable
                 faults.maybe_crash("write")
-        for w in writes:
-            w.result()
+        for hook, w in zip(block.data, writes):
+            try:
+                w.result()
+            except ValueError as e:
+                error = _store_error(self._arrays.run, hook, block, e)
+                if error is e:
+                    raise
+                raise error from e
         return sums
 
     def finish(self) -> dict[str, list[str]]:
@@ -164,6 +172,19 @@ class WriterPool:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def _store_error(run: uri_lib.Location, hook: str, block: _Block, e: ValueError):
+    """tensorstore's error after its retries ran out (429s, 5xx, dropped connections) as
+    one line naming the block; other errors (bugs) unchanged."""
+    reason = str(e).split(" [tensorstore_spec=")[0]
+    if "retry attempts failed" not in reason and not reason.startswith(
+            ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")):
+        return e
+    return store_errors.StoreError(
+        f"{run.join(layout_lib.activation_array_key(hook))}: writing rows {block.start_row}-"
+        f"{block.start_row + block.rows - 1} failed after tensorstore's retries ({reason}); "
+        f"nothing of the partition was committed, `actx rerun {run}` redoes it")
 
 
 def _log_object_write(hook: str, shard_index: int) -> None:
