@@ -118,13 +118,14 @@ def _sequential_passes(array: ts.TensorStore, blocks: list, block_rows: int, pas
 
 def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
            block_rows: int, passes: int, prefetch_buffers: int,
-           file_io_mode: str | None = None) -> dict:
+           file_io_mode: str | None = None, **stream_args) -> dict:
     """Whole epochs of the streaming shuffle (drop_last=False: every valid token once),
     one untimed epoch first, then `passes` timed ones."""
     t0 = time.perf_counter()
     s = run.stream(hook, batch_size, buffer_tokens=buffer_tokens, block_rows=block_rows,
                    seed=0, drop_last=False, epochs=passes + 1,
-                   prefetch_buffers=prefetch_buffers, file_io_mode=file_io_mode)
+                   prefetch_buffers=prefetch_buffers, file_io_mode=file_io_mode,
+                   **stream_args)
     setup_s = time.perf_counter() - t0
     seconds, cpu, tokens, nbytes = [], [], 0, 0
     with s:
@@ -144,7 +145,8 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
         run.hook(hook).hidden * itemsize
     return {"seconds": seconds[1:], "cpu": cpu[1:], "setup_s": setup_s, "tokens": tokens,
             "delivered_bytes": nbytes, "decoded_bytes": decoded,
-            "blocks_per_buffer": s.blocks_per_buffer}
+            "blocks_per_buffer": s.blocks_per_buffer, "gather_threads": s.gather_threads,
+            "reads_in_flight": s.reads_in_flight}
 
 
 def stream_mixing(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
@@ -197,7 +199,8 @@ def measure(args: argparse.Namespace) -> None:
         out = sequential(run, hook, block_rows, args.passes, file_io_mode=args.file_io_mode)
     elif args.measure == "stream":
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
-                     args.passes, args.prefetch_buffers, args.file_io_mode)
+                     args.passes, args.prefetch_buffers, args.file_io_mode,
+                     gather_threads=args.gather_threads, reads_in_flight=args.reads_in_flight)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                             args.mix_batches)
@@ -217,6 +220,10 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
         cmd += ["--hook", args.hook]
     if args.file_io_mode:
         cmd += ["--file-io-mode", args.file_io_mode]
+    for flag, value in (("--gather-threads", args.gather_threads),
+                        ("--reads-in-flight", args.reads_in_flight)):
+        if value:
+            cmd += [flag, str(value)]
     if args.block_rows:
         cmd += ["--block-rows", str(args.block_rows)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
@@ -248,7 +255,8 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     s0 = strm[0]
     strm_gb_s = s0["delivered_bytes"] / med(strm_s) / 1e9
     print(f"\n== {label}: batch {args.batch_size} tokens, buffer {args.buffer_tokens} tokens "
-          f"({s0['blocks_per_buffer']} blocks, prefetch_buffers {args.prefetch_buffers}); "
+          f"({s0['blocks_per_buffer']} blocks, prefetch_buffers {args.prefetch_buffers}, "
+          f"reads_in_flight {s0['reads_in_flight']}, gather_threads {s0['gather_threads']}); "
           f"file_io_mode {args.file_io_mode or 'tensorstore default'} for both; "
           f"medians of {len(seq_s)} timed passes each")
     print(f"sequential decoded read:  {seq_gb_s:7.3f} GB/s decoded "
@@ -311,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--file-io-mode", choices=stream_lib.FILE_IO_MODES,
                     help="how both the sequential read and the stream read local files "
                          "(default: tensorstore's)")
+    ap.add_argument("--gather-threads", type=int, help="stream: threads copying into batches")
+    ap.add_argument("--reads-in-flight", type=int, help="stream: block reads decoding at once")
     ap.add_argument("--exact-steps", type=int, default=8)
     ap.add_argument("--mix-batches", type=int, default=16)
     ap.add_argument("--passes", type=int, default=3, help="timed passes per child process")
