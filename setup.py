@@ -50,7 +50,7 @@ setup(
     description="Extract LLM activations at pod scale into zarr v3 on GCS",
     packages=find_packages(include=["schemas", "schemas.*", "pipeline", "pipeline.*",
                                     "workers", "workers.*", "deploy", "deploy.*",
-                                    "reader", "reader.*"]),
+                                    "reader", "reader.*", "adapters", "adapters.*"]),
     package_data={"deploy": ["demo.yaml"]},
     python_requires=">=3.10",
     install_requires=_CORE,

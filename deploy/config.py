@@ -72,6 +72,12 @@ class DataflowConfig:
     job_name: Dataflow job name (default: actx-prepare-<run name>-<fingerprint>).
     setup_file: the setup.py staged to the Dataflow workers ("": this checkout's).
     extra_args: more PipelineOptions flags, passed through unchanged.
+    sdk_container_image: the worker image for extraction on Dataflow (`target.extract:
+      beam`), built from deploy/containers/Dockerfile.gpu or Dockerfile.tpu.
+    extract_accelerator: Dataflow's worker_accelerator for extraction, e.g.
+      "type:nvidia-l4;count:1;install-nvidia-driver" or "type:tpu-v5-lite-podslice;topology:1x1".
+    extract_machine_type: the workers' machine type for extraction (e.g. g2-standard-8,
+      ct5lp-hightpu-1t).
     """
 
     project: str = ""
@@ -85,6 +91,9 @@ class DataflowConfig:
     service_account_email: str = ""
     subnetwork: str = ""
     extra_args: tuple[str, ...] = ()
+    sdk_container_image: str = ""
+    extract_accelerator: str = ""
+    extract_machine_type: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +111,12 @@ class TargetConfig(worker_options.ExtractSettings):
     devices_per_host: simulated XLA CPU devices per local process.
     steal: replicas take other replicas' uncommitted partitions when done with their own
       (on by default for a job; a worker process started alone does not steal).
+    extract: "workers" (worker processes that actx starts: local processes or the TPU
+      slice's hosts) or "beam" (the ExtractPartitions transform on a Beam runner: locally
+      with `beam_args`, or on Dataflow GPU/TPU workers for kind "dataflow").
+    beam_args: Beam flags for local extraction through Beam (default the in-process
+      FnApiRunner; e.g. --direct_num_workers=2 --direct_running_mode=multi_processing), or
+      extra flags for Dataflow.
     Every other field is an `ExtractSettings` field (batch_size, model_parallel,
     heartbeat_s, ...), documented there and passed to each worker as its flag.
     """
@@ -112,6 +127,8 @@ class TargetConfig(worker_options.ExtractSettings):
     hosts_per_replica: int = 1
     devices_per_host: int = 1
     steal: bool = True
+    extract: Literal["workers", "beam"] = "workers"
+    beam_args: tuple[str, ...] = ()
     tpu: TpuConfig = TpuConfig()
     dataflow: DataflowConfig = DataflowConfig()
 

@@ -139,7 +139,12 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
         print(f"extract: all {len(status.partitions)} partitions of {run} are committed; "
               f"nothing to do", file=out)
     else:
-        code = local.run_workers(run, target, fingerprint, job, only=only, out=out)
+        if target.extract == "beam":
+            from deploy import beam_target
+
+            code = beam_target.run_local(run, target, fingerprint, job, only=only, out=out)
+        else:
+            code = local.run_workers(run, target, fingerprint, job, only=only, out=out)
         status = runstate.compute_status(handle)
         if code != 0:
             print(runstate.render(status), file=out)

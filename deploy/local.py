@@ -97,7 +97,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+def tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
     try:
         with open(path, errors="replace") as f:
             return "".join(f.readlines()[-lines:])
@@ -105,7 +105,7 @@ def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
-def _log_dir(run: str, job: str) -> tuple[str, bool]:
+def log_dir(run: str, job: str) -> tuple[str, bool]:
     """(local directory for worker logs, whether to upload it into <run>/logs/ after)."""
     loc = uri_lib.parse(run)
     if loc.is_local:
@@ -119,7 +119,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 only: list[int] | None = None, progress_s: float = 3.0,
                 out=sys.stdout) -> int:
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
-    log_dir, upload = _log_dir(run, job)
+    logs, upload = log_dir(run, job)
     env = worker_env(target)
     procs: list[_Proc] = []
     for r in range(target.replicas):
@@ -127,7 +127,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
         for i in range(target.hosts_per_replica):
             name = f"local-r{r}h{i}"
             args = worker_args(run, target, fingerprint, job, r, i, coordinator, only)
-            log_path = os.path.join(log_dir, f"{name}.log")
+            log_path = os.path.join(logs, f"{name}.log")
             log_file = open(log_path, "w")
             popen = subprocess.Popen([sys.executable, "-m", "workers.main", *args], env=env,
                                      cwd=config_lib.REPO_ROOT, stdout=log_file,
@@ -135,7 +135,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
             procs.append(_Proc(name, r, popen, log_path, log_file))
     print(f"extract: job {job}: {len(procs)} worker process(es) ({target.replicas} replica(s) "
           f"x {target.hosts_per_replica} host(s), {target.devices_per_host} CPU device(s) "
-          f"each); logs in {log_dir}", file=out, flush=True)
+          f"each); logs in {logs}", file=out, flush=True)
     failed: list[_Proc] = []
     handle = None
     tty = hasattr(out, "isatty") and out.isatty()
@@ -179,10 +179,10 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
             p.popen.wait()
             p.log_file.close()
     if upload:
-        _upload_logs(run, job, log_dir)
+        upload_logs(run, job, logs)
     for p in failed:
         print(f"extract: worker {p.name} failed with exit code {p.returncode}; last lines of "
-              f"{p.log_path}:\n{_tail(p.log_path)}", file=out, flush=True)
+              f"{p.log_path}:\n{tail(p.log_path)}", file=out, flush=True)
     return 1 if failed else 0
 
 
@@ -219,7 +219,7 @@ def _stop_replica(procs: list[_Proc], replica: int) -> None:
             p.popen.terminate()
 
 
-def _upload_logs(run: str, job: str, log_dir: str) -> None:
+def upload_logs(run: str, job: str, log_dir: str) -> None:
     store = store_lib.open_store(run)
     for name in sorted(os.listdir(log_dir)):
         with open(os.path.join(log_dir, name), "rb") as f:

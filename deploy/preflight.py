@@ -38,15 +38,28 @@ def target_problems(run: str, target) -> tuple[list[str], int | None]:
         elif target.devices_per_host % target.model_parallel:
             problems.append(f"target.model_parallel: {target.model_parallel} does not divide "
                             f"target.devices_per_host ({target.devices_per_host})")
+        if target.extract == "beam":  # one process per replica, devices_per_host devices
+            devices = target.devices_per_host
+            return problems, (devices // target.model_parallel
+                              if devices % target.model_parallel == 0 else None)
         return problems, _local_data_parallel(target)
     if target.kind == "tpu-vm":
         # tpu_vm.problems checks the batch against the slice's chips itself.
-        return tpu_vm.problems(run, target), None
+        found = tpu_vm.problems(run, target)
+        if target.extract == "beam":
+            found.append('target.extract: "beam" runs on Beam runners (kind "local" or '
+                         '"dataflow"); a TPU slice runs the workers themselves')
+        return found, None
+    found = []
     try:
         dataflow.check(run, target.dataflow)
     except errors.UserError as e:
-        return [str(e)], None
-    return [], None
+        found.append(str(e))
+    if target.extract == "beam":
+        from deploy import beam_target
+
+        found += beam_target.problems(run, target)
+    return found, None
 
 
 def _prepared_for(run: str, spec: runspec_lib.RunSpec) -> bool:
@@ -107,10 +120,21 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
     return found, notes
 
 
+# A dry run may run where the job's bucket cannot be reached (no credentials, no network):
+# it gives each remote read this long, then names what it could not check.
+DRY_RUN_DEADLINE_S = 3.0
+
+
 def check(spec: runspec_lib.RunSpec, run: str, target=None, dry_run: bool = False,
           out=None) -> None:
     """Raises PreflightError listing every problem; prints dry-run notes to `out`."""
-    found, notes = problems(spec, run, target, dry_run)
+    if dry_run:
+        store_errors.set_deadline(DRY_RUN_DEADLINE_S)
+    try:
+        found, notes = problems(spec, run, target, dry_run)
+    finally:
+        if dry_run:
+            store_errors.set_deadline(None)
     for note in notes:
         if out is not None:
             print(f"# pre-flight: {note}", file=out)

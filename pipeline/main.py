@@ -32,6 +32,7 @@ from schemas import manifest as manifest_lib
 from schemas import run_dir
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
+from schemas import uri as uri_lib
 
 DEFAULT_MAX_REJECT_FRACTION = 0.01
 
@@ -68,6 +69,8 @@ def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], int | None]:
     problems = []
     for s, source in enumerate(spec.sources):
         for path in source.paths:
+            if path.startswith("gs://"):  # an unreachable bucket: one StoreError, in bounds
+                store_lib.open_store(f"gs://{uri_lib.parse(path).bucket}").check_reachable()
             try:
                 fileio.expand_path(path)
             except fileio.InputError as e:

@@ -284,17 +284,15 @@ class Worker:
         stream.finish()
 
     # -- the whole job -----------------------------------------------------------------
+    def open_session(self, tokens_left: int = 0) -> "Session":
+        """Starts this process's heartbeats, writer pool and committer: what extracting
+        partitions needs, whoever picks them (`run` here, or a Beam DoFn)."""
+        return Session(self, tokens_left)
+
     def run(self) -> int:
         candidates = [p for p in self._candidates() if p not in self._committed]
-        self.progress.update(tokens_left=sum(self.manifest.partition(p).tokens
-                                             for p in candidates) // self.topo.hosts_per_replica)
-        beats = progress.HeartbeatThread(self.store, self.host, self.topo.replica,
-                                         self.topo.host_index, self.attempt, self.progress,
-                                         self.opts.heartbeat_s)
-        beats.start()
-        pool = writer.WriterPool(self.opts.writer_threads, self.opts.max_pending_mb << 20)
-        committer = commit_step.Committer(self.store, self.spec, self.topo, self.attempt,
-                                          code_version(), on_commit=self._on_commit)
+        session = self.open_session(sum(self.manifest.partition(p).tokens
+                                        for p in candidates) // self.topo.hosts_per_replica)
         tried: set[int] = set()
         code = 0
         try:
@@ -303,14 +301,14 @@ class Worker:
                 # multi-host replica that steals keeps one schedule per partition.
                 if self.max_context is not None and (self.topo.hosts_per_replica == 1
                                                      or not self.opts.steal):
-                    self.run_stream(pool, committer, tried)
+                    self.run_stream(session.pool, session.committer, tried)
                 else:
                     while (pid := self._next_partition(tried)) >= 0:
-                        self.run_partition(pid, pool, committer)
+                        self.run_partition(pid, session.pool, session.committer)
             finally:
                 # Partitions whose steps all ran are complete: commit them even when
                 # stopping, so a preemption loses at most the partition in hand.
-                committer.drain()
+                session.committer.drain()
             self.progress.update(state="done", partition=None)
         except Preempted as e:
             self.progress.update(state="preempted", message=str(e))
@@ -321,9 +319,7 @@ class Worker:
             self.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
             raise
         finally:
-            beats.stop()
-            committer.close()
-            pool.shutdown()
+            session.close()
         return code
 
     def _on_commit(self, pid: int) -> None:
@@ -338,3 +334,47 @@ class Worker:
             self.stop_requested.set()
 
         signal.signal(signal.SIGTERM, on_term)
+
+
+class Session:
+    """One worker process's heartbeats, writer pool and committer, open while it extracts.
+
+    `extract(pid)` does one partition to its commit; `Worker.run` and the Beam transform
+    (adapters/beam_extract.py) both extract through the same step, writer and commit code.
+    """
+
+    def __init__(self, worker: Worker, tokens_left: int = 0):
+        self.worker = worker
+        worker.progress.update(tokens_left=tokens_left)
+        self._beats = progress.HeartbeatThread(
+            worker.store, worker.host, worker.topo.replica, worker.topo.host_index,
+            worker.attempt, worker.progress, worker.opts.heartbeat_s)
+        self._beats.start()
+        self.pool = writer.WriterPool(worker.opts.writer_threads,
+                                      worker.opts.max_pending_mb << 20)
+        self.committer = commit_step.Committer(worker.store, worker.spec, worker.topo,
+                                               worker.attempt, code_version(),
+                                               on_commit=worker._on_commit)
+
+    def extract(self, pid: int) -> bool:
+        """Extracts and commits partition `pid` unless it is committed; True when this
+        call committed it. Nothing partial is committed when it raises."""
+        if self.worker._is_committed(pid):
+            return False
+        try:
+            self.worker.run_partition(pid, self.pool, self.committer)
+            self.committer.drain()
+        except BaseException as e:
+            self.worker.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
+            raise
+        self.worker.progress.update(state="idle", partition=None)
+        marker = commit_lib.read_marker(self.worker.store, pid)
+        return marker is not None and marker.attempt == self.worker.attempt
+
+    def close(self, state: str | None = None) -> None:
+        """Writes the last heartbeat (with `state`, when given) and stops the threads."""
+        if state is not None:
+            self.worker.progress.update(state=state, partition=None)
+        self._beats.stop()
+        self.committer.close()
+        self.pool.shutdown()

@@ -1,0 +1,1 @@
+"""Adapters between engines: the only modules that import both Apache Beam and JAX."""

@@ -1,0 +1,219 @@
+"""Extraction as a Beam transform: the same workers, scheduled, retried and autoscaled by a
+data engine (Beam's local runners, Dataflow GPU or TPU workers, Flink, Spark).
+
+`ExtractPartitions` takes partition ids and yields a `CommitRecord` per partition. Each
+worker process loads the model once onto its local devices (one replica per process, shared
+by the DoFn instances of the process) and extracts a partition with the same step, writer
+and commit code as `actx extract` (`workers.runner.Session`). Retries are safe: a failed or
+duplicated attempt leaves no marker or loses the create-only marker race, so each
+partition is committed exactly once. This is the one module that imports both Beam and
+JAX (through workers.runner).
+
+Command line (what `actx submit` runs for `target.extract: beam`, and what README shows
+for Dataflow): `python -m adapters.beam_extract --run RUN [worker flags] [Beam flags]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import threading
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from schemas import activations_info as info_lib
+from schemas import commit as commit_lib
+from schemas import errors, flags, run_dir, worker_options
+
+log = logging.getLogger("actx.beam_extract")
+NAMESPACE = "actx"
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitRecord:
+    """What happened to one partition.
+
+    partition: its id. outcome: "committed" (by this attempt), "already committed" (found
+    committed; nothing was done) or "committed by another attempt" (a duplicate attempt
+    lost the create-only marker race; the committed data is the winner's).
+    tokens / rows: the partition's size. host: the worker process that handled it.
+    """
+
+    partition: int
+    outcome: str
+    tokens: int
+    rows: int
+    host: str
+
+
+class _ProcessReplica:
+    """One model replica per worker process, shared by the DoFn instances (threads) of the
+    process: loaded on first use, its session closed when the last instance tears down."""
+
+    _lock = threading.Lock()
+    _by_options: dict = {}
+
+    def __init__(self, opts: worker_options.WorkerOptions):
+        from workers import runner  # JAX: only in worker processes
+
+        self.worker = runner.Worker(opts)
+        self.session = self.worker.open_session()
+        self.step_lock = threading.Lock()  # one partition at a time on the devices
+        self.users = 0
+
+    @classmethod
+    def acquire(cls, opts: worker_options.WorkerOptions) -> "_ProcessReplica":
+        with cls._lock:
+            replica = cls._by_options.get(opts)
+            if replica is None:
+                replica = cls._by_options[opts] = cls(opts)
+            replica.users += 1
+            return replica
+
+    @classmethod
+    def release(cls, opts: worker_options.WorkerOptions) -> None:
+        with cls._lock:
+            replica = cls._by_options.get(opts)
+            if replica is None:
+                return
+            replica.users -= 1
+            if replica.users == 0:
+                del cls._by_options[opts]
+                replica.session.close(state="done")
+
+
+class ExtractPartitionFn(beam.DoFn):
+    """Partition id in, CommitRecord out; the model loads once per worker process."""
+
+    def __init__(self, opts: worker_options.WorkerOptions):
+        self._opts = opts
+        self._replica = None
+        self._process_opts = None
+        self._committed = Metrics.counter(NAMESPACE, "partitions_committed")
+        self._skipped = Metrics.counter(NAMESPACE, "partitions_already_committed")
+        self._lost = Metrics.counter(NAMESPACE, "partitions_lost_race")
+        self._tokens = Metrics.counter(NAMESPACE, "tokens")
+        self._bytes = Metrics.counter(NAMESPACE, "activation_bytes")
+
+    def setup(self):
+        # One heartbeat per worker process: its machine and pid name it.
+        host = self._opts.host_name or f"beam-{socket.gethostname()}-{os.getpid()}"
+        self._process_opts = dataclasses.replace(self._opts, host_name=host)
+        self._replica = _ProcessReplica.acquire(self._process_opts)
+
+    def process(self, partition_id: int):
+        worker = self._replica.worker
+        part = worker.manifest.partition(int(partition_id))
+        if worker._is_committed(part.id):
+            self._skipped.inc()
+            yield CommitRecord(part.id, "already committed", part.tokens, part.row_count,
+                               worker.host)
+            return
+        with self._replica.step_lock:
+            mine = self._replica.session.extract(part.id)
+        if mine:
+            self._committed.inc()
+            self._tokens.inc(part.tokens)
+            info = info_lib.read_info(worker.store)
+            if info is not None:
+                self._bytes.inc(info.bytes_per_row(worker.manifest.seq_len) * part.row_count)
+        else:
+            self._lost.inc()
+        yield CommitRecord(part.id, "committed" if mine else "committed by another attempt",
+                           part.tokens, part.row_count, worker.host)
+
+    def teardown(self):
+        if self._process_opts is not None:
+            _ProcessReplica.release(self._process_opts)
+            self._process_opts = None
+
+
+class ExtractPartitions(beam.PTransform):
+    """Partition ids → CommitRecords. A reshuffle first spreads the partitions over the
+    workers, so a slow worker does not hold a bundle of them."""
+
+    def __init__(self, opts: worker_options.WorkerOptions):
+        super().__init__()
+        self._opts = opts
+
+    def expand(self, partition_ids):
+        return (partition_ids
+                | "Spread" >> beam.Reshuffle()
+                | "Extract" >> beam.ParDo(ExtractPartitionFn(self._opts)))
+
+
+def uncommitted(run: str, only=None) -> tuple[list[int], str]:
+    """(ids of the uncommitted partitions, restricted to `only`, the run's fingerprint)."""
+    opened = run_dir.open_run(run)
+    done = commit_lib.committed_partitions(opened.store, len(opened.manifest.partitions))
+    wanted = None if only is None else set(only)
+    ids = [p.id for p in opened.manifest.partitions
+           if p.id not in done and (wanted is None or p.id in wanted)]
+    return ids, opened.spec.fingerprint
+
+
+def run_extract(settings: worker_options.ExtractSettings, run: str, job: str,
+                pipeline_args: list[str], only=None,
+                expect_fingerprint: str | None = None) -> int:
+    """Extracts the run's uncommitted partitions through the transform; returns how many
+    partitions it was given (0: nothing to do)."""
+    from pipeline import options as options_lib  # the runner, named explicitly
+
+    ids, fingerprint = uncommitted(run, only)
+    if expect_fingerprint and expect_fingerprint != fingerprint:
+        raise errors.NotARunError(
+            f"{run}: run fingerprint {fingerprint} differs from the launcher's spec "
+            f"({expect_fingerprint}); use the spec the run was made with, or a new run")
+    if not ids:
+        return 0
+    opts = worker_options.WorkerOptions.for_job(
+        settings, run=run, job=job, expect_fingerprint=fingerprint, steal=False,
+        replicas=1, replica=0, host_name=None, coordinator=None, num_processes=None,
+        process_id=None, only=None)
+    pipeline = options_lib.make_pipeline(pipeline_args)
+    _ = (pipeline
+         | "Partitions" >> beam.Create(ids)
+         | "ExtractPartitions" >> ExtractPartitions(opts))
+    pipeline.run().wait_until_finish()
+    return len(ids)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m adapters.beam_extract", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Other flags are Beam PipelineOptions (--runner, --direct_num_workers, ...).")
+    # The worker's own flags: launchers derive them from the same WorkerOptions. Each Beam
+    # worker process is a replica of one host that takes what the runner gives it, so the
+    # placement flags are accepted and replaced.
+    flags.add_arguments(p, worker_options.WorkerOptions)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, pipeline_args = _parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = flags.from_namespace(worker_options.WorkerOptions, args)
+    try:
+        n = run_extract(settings, args.run, args.job, pipeline_args, args.only,
+                        args.expect_fingerprint)
+    except errors.UserError as e:
+        print(f"actx extract (beam): error: {e}", file=sys.stderr)
+        return 2
+    left, _ = uncommitted(args.run, args.only)
+    print(f"extract (beam): {n} partition(s) given to the pipeline; {len(left)} left "
+          f"uncommitted", flush=True)
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    # Run through the package's module, not __main__, so the DoFn and its records pickle
+    # under their importable names for Beam's worker processes.
+    from adapters import beam_extract
+
+    sys.exit(beam_extract.main())

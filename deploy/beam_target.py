@@ -1,0 +1,117 @@
+"""Extraction through Beam (`target.extract: beam`): the `ExtractPartitions` transform of
+adapters/beam_extract.py, on Beam's local runners (a child process with the local target's
+devices) or on Dataflow GPU or TPU workers (a custom SDK container with actx and JAX for
+the accelerator, deploy/containers/). Status, rerun and verify work on such runs as on
+any other: the workers write the same heartbeats, data and markers."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+from deploy import config as config_lib
+from deploy.commands import Command
+from schemas import runspec as runspec_lib
+from schemas import worker_options
+
+CONTAINERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers")
+LOCAL_RUNNER_ARGS = ("--runner=FnApiRunner",)
+
+
+def _worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
+                 only) -> list[str]:
+    opts = worker_options.WorkerOptions.for_job(
+        target, run=run, job=job, only=only, expect_fingerprint=fingerprint, steal=False)
+    return opts.to_argv()
+
+
+def local_command(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
+                  only=None) -> list[str]:
+    """The extraction pipeline on Beam's local runners (target.beam_args, default the
+    in-process FnApiRunner)."""
+    return [sys.executable, "-m", "adapters.beam_extract",
+            *_worker_argv(run, target, fingerprint, job, only),
+            *(target.beam_args or LOCAL_RUNNER_ARGS)]
+
+
+def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
+              only=None, out=sys.stdout, progress_s: float = 3.0) -> int:
+    """Runs the pipeline in a child process with the local target's devices, showing the
+    run's progress; returns its exit code (0: every selected partition committed)."""
+    from deploy import local, runstate
+
+    log_dir, upload = local.log_dir(run, job)
+    log_path = os.path.join(log_dir, "beam.log")
+    argv = local_command(run, target, fingerprint, job, only)
+    print(f"extract: job {job} through Beam ({' '.join(target.beam_args or LOCAL_RUNNER_ARGS)}); "
+          f"log in {log_path}", file=out, flush=True)
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(argv, env=local.worker_env(target), cwd=config_lib.REPO_ROOT,
+                                stdout=log_file, stderr=subprocess.STDOUT)
+        handle, last = None, ""
+        while proc.poll() is None:
+            time.sleep(progress_s)
+            try:
+                handle = handle or runstate.open_run(run)
+                line = runstate.one_line(runstate.compute_status(handle))
+            except Exception as e:  # progress is best effort; the pipeline decides
+                line = f"(progress unavailable: {e})"
+            if line != last:
+                print(line, file=out, flush=True)
+            last = line
+    if upload:
+        local.upload_logs(run, job, log_dir)
+    if proc.returncode != 0:
+        print(f"extract: the Beam pipeline failed with exit code {proc.returncode}; last lines "
+              f"of {log_path}:\n{local.tail(log_path)}", file=out, flush=True)
+    return proc.returncode
+
+
+def job_name(spec: runspec_lib.RunSpec) -> str:
+    name = re.sub(r"[^a-z0-9-]+", "-", spec.name.lower()).strip("-") or "run"
+    return f"actx-extract-{name}-{spec.fingerprint}"
+
+
+def problems(run: str, target: config_lib.TargetConfig) -> list[str]:
+    """What extraction on Dataflow needs that the target lacks."""
+    df = target.dataflow
+    found = [f"target.dataflow.{k}: required to extract on Dataflow" for k in
+             ("project", "region", "temp_location", "sdk_container_image",
+              "extract_accelerator") if not getattr(df, k)]
+    if not run.startswith("gs://"):
+        found.append(f"run {run!r}: Dataflow workers need a gs:// run directory")
+    return found
+
+
+def dataflow_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.TargetConfig,
+                     job: str, only=None) -> Command:
+    """The exact launch command of extraction on Dataflow GPU or TPU workers.
+
+    The workers run the custom SDK container (built from deploy/containers/), which holds
+    actx and JAX for the accelerator, so nothing is staged; `extract_accelerator` becomes
+    Dataflow's worker_accelerator service option (GPU: "type:nvidia-l4;count:1;
+    install-nvidia-driver"; TPU: "type:tpu-v5-lite-podslice;topology:1x1").
+    """
+    df = target.dataflow
+    staging = df.staging_location or f"{df.temp_location.rstrip('/')}/staging"
+    beam = ["--runner=DataflowRunner", f"--project={df.project}", f"--region={df.region}",
+            f"--temp_location={df.temp_location}", f"--staging_location={staging}",
+            f"--job_name={job_name(spec)}", f"--sdk_container_image={df.sdk_container_image}",
+            "--sdk_location=container",
+            f"--dataflow_service_options=worker_accelerator={df.extract_accelerator}"]
+    if df.extract_machine_type:
+        beam.append(f"--machine_type={df.extract_machine_type}")
+    if df.max_num_workers:
+        beam.append(f"--max_num_workers={df.max_num_workers}")
+    if df.service_account_email:
+        beam.append(f"--service_account_email={df.service_account_email}")
+    if df.subnetwork:
+        beam.append(f"--subnetwork={df.subnetwork}")
+    argv = ("python3", "-m", "adapters.beam_extract",
+            *_worker_argv(run, target, spec.fingerprint, job, only), *beam,
+            *target.beam_args)
+    return Command(argv, f"extract {run} on Dataflow workers with {df.extract_accelerator} "
+                         f"(job {job_name(spec)})")

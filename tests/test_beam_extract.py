@@ -1,0 +1,160 @@
+"""Extraction as a Beam transform (adapters/beam_extract.py): on Beam's in-process and
+multi-process runners it writes the bytes the worker target writes, a DoFn that raises
+mid-partition is retried by the runner, and two pipelines over one run commit each
+partition once. Real Beam runners, real worker code, a tiny random Qwen2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from schemas import commit, store
+from tests import hf_models, token_runs, worker_procs
+
+HOOKS = "embed,layers.*.resid_post,layers.1.mlp_out"
+N_ROWS, PARTITION_ROWS = 48, 16  # 3 partitions of 2 steps (batch 8 over 4 devices)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """Extracted by one worker process (the worker target): the reference bytes."""
+    model = hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("model") / "qwen2", "qwen2")
+    run = str(tmp_path_factory.mktemp("ref") / "run")
+    token_runs.write_token_run(run, str(model), n_rows=N_ROWS, hooks=HOOKS,
+                               partition_rows=PARTITION_ROWS)
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"])
+    assert code == 0, out
+    return run
+
+
+def _start(run: str, job: str, *beam_args: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "adapters.beam_extract", "--run", run, "--batch-size", "8",
+         "--job", job, *beam_args], env=worker_procs.worker_env(4, **env),
+        cwd=worker_procs.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _markers(run: str) -> dict[int, commit.CommitMarker]:
+    s = store.open_store(run)
+    return {p: commit.read_marker(s, p) for p in commit.committed_partitions(s)}
+
+
+def _assert_same_as_reference(run: str, reference: str) -> None:
+    assert sorted(_markers(run)) == list(range(N_ROWS // PARTITION_ROWS))
+    worker_procs.assert_same_activations(run, reference)
+    for pid, marker in _markers(run).items():
+        assert marker.checksums == _markers(reference)[pid].checksums
+
+
+@pytest.mark.parametrize("beam_args", [
+    ("--runner=FnApiRunner",),
+    ("--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"),
+], ids=["in-process", "two-processes"])
+def test_transform_writes_the_worker_targets_bytes(reference_run, tmp_path, beam_args):
+    run = worker_procs.copy_token_store(reference_run, str(tmp_path / "run"))
+    code, out = worker_procs.finish(_start(run, "beam", *beam_args), timeout=600)
+    assert code == 0, out
+    assert "3 partition(s) given to the pipeline; 0 left uncommitted" in out
+    _assert_same_as_reference(run, reference_run)
+    hosts = {m.hosts for m in _markers(run).values()}
+    assert all(len(h) == 1 for h in hosts)
+    # Heartbeats come from the Beam worker processes, and end "done".
+    s = store.open_store(run)
+    beats = [s.read_json(k) for k in s.list("workers/")]
+    assert beats and all(b["host"].startswith("beam-") and b["state"] == "done" for b in beats)
+    # A second pipeline finds everything committed and does nothing.
+    code, out = worker_procs.finish(_start(run, "again", "--runner=FnApiRunner"))
+    assert code == 0 and "0 partition(s) given" in out, out
+
+
+def test_a_dofn_that_raises_mid_partition_is_retried(reference_run, tmp_path):
+    """BundleBasedDirectRunner retries a failed bundle; the failed attempt committed
+    nothing, the retry commits once."""
+    run = worker_procs.copy_token_store(reference_run, str(tmp_path / "run"))
+    code, out = worker_procs.finish(_start(run, "retry", "--runner=BundleBasedDirectRunner",
+                                           ACTX_CRASH_AT="step:3:RAISE"), timeout=600)
+    assert code == 0, out
+    assert "injected failure at step" in out  # it did fail once, mid-partition
+    _assert_same_as_reference(run, reference_run)
+
+
+def test_two_pipelines_at_once_commit_each_partition_once(reference_run, tmp_path):
+    run = worker_procs.copy_token_store(reference_run, str(tmp_path / "run"))
+    procs = [_start(run, f"twin{i}", "--runner=FnApiRunner") for i in range(2)]
+    outs = [worker_procs.finish(p, timeout=600) for p in procs]
+    for code, out in outs:
+        assert code == 0, out
+    _assert_same_as_reference(run, reference_run)
+    # Each marker names the one attempt that won; a loser's records say so.
+    attempts = {m.attempt for m in _markers(run).values()}
+    assert 1 <= len(attempts) <= 2
+
+
+def test_rerun_with_the_beam_target_then_status_and_verify(reference_run, tmp_path):
+    import io
+
+    import yaml
+
+    from deploy import cli
+
+    run = worker_procs.copy_token_store(reference_run, str(tmp_path / "run"))
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump({"target": {
+        "extract": "beam", "devices_per_host": 4, "batch_size": 8,
+        "beam_args": ["--runner=BundleBasedDirectRunner"]}}))
+    out = io.StringIO()
+    assert cli.main(["rerun", run, "--config", str(cfg), "--job", "b1"], out=out) == 0, \
+        out.getvalue()
+    assert "through Beam (--runner=BundleBasedDirectRunner)" in out.getvalue()
+    _assert_same_as_reference(run, reference_run)
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert cli.main(["status", run, "--check"], out=io.StringIO()) == 0
+    assert (tmp_path / "run" / "logs" / "b1" / "beam.log").exists()
+
+
+def test_dataflow_gpu_launch_command_in_dry_run(tmp_path, monkeypatch, capsys):
+    import io
+    import shlex
+
+    import yaml
+
+    from deploy import cli
+
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "run": "gs://b/runs/r1",
+        "spec": {"name": "r1", "model": {"path": "gs://b/models/qwen"},
+                 "tokenizer": {"path": "gs://b/models/qwen"},
+                 "sources": [{"kind": "fineweb", "paths": ["gs://b/fineweb/*.parquet"]}],
+                 "packing": {"seq_len": 1024}, "capture": {"hooks": "layers.3.resid_post"}},
+        "target": {"kind": "dataflow", "extract": "beam", "batch_size": 16,
+                   "dataflow": {"project": "proj", "region": "us-central1",
+                                "temp_location": "gs://b/tmp", "max_num_workers": 8,
+                                "sdk_container_image": "us-docker.pkg.dev/proj/r/actx-gpu:1",
+                                "extract_accelerator":
+                                    "type:nvidia-l4;count:1;install-nvidia-driver",
+                                "extract_machine_type": "g2-standard-8"}}}))
+    out = io.StringIO()
+    assert cli.main(["submit", str(cfg), "--dry-run", "--job", "j1"], out=out) == 0, \
+        capsys.readouterr().err
+    [line] = [l for l in out.getvalue().splitlines() if "adapters.beam_extract" in l]
+    argv = shlex.split(line)
+    assert argv[:3] == ["python3", "-m", "adapters.beam_extract"]
+    for flag in ("--run", "gs://b/runs/r1", "--batch-size", "16", "--job", "j1",
+                 "--runner=DataflowRunner", "--project=proj", "--region=us-central1",
+                 "--sdk_container_image=us-docker.pkg.dev/proj/r/actx-gpu:1",
+                 "--sdk_location=container", "--machine_type=g2-standard-8",
+                 "--max_num_workers=8",
+                 "--dataflow_service_options=worker_accelerator=type:nvidia-l4;count:1;"
+                 "install-nvidia-driver"):
+        assert flag in argv, flag
+    # The worker flags are the worker's own: `actx extract` would parse them the same way.
+    from adapters import beam_extract
+
+    args, beam_flags = beam_extract._parser().parse_known_args(argv[3:])
+    assert (args.run, args.batch_size, args.job) == ("gs://b/runs/r1", 16, "j1")
+    assert "--runner=DataflowRunner" in beam_flags
+    assert not (tmp_path / ".actx").exists()
