@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 from deploy import config as config_lib
 from deploy.commands import Command
 from deploy.tpu_vm import TargetError, job_dir
 from schemas import runspec as runspec_lib
-
-SETUP_PY = os.path.join(config_lib.REPO_ROOT, "setup.py")
-
 
 def spec_file(spec: runspec_lib.RunSpec, job: str) -> str:
     """Where submit writes the run spec that the prepare command reads: the job's own
@@ -49,12 +47,19 @@ def check(run: str, df: config_lib.DataflowConfig) -> None:
         raise TargetError(f"target.dataflow.temp_location {df.temp_location!r}: must be gs://")
 
 
-def pipeline_args(spec: runspec_lib.RunSpec, df: config_lib.DataflowConfig) -> list[str]:
+def staging_dir(job: str) -> str:
+    """Where the plan writes the staging copy that --setup_file names (deploy.dataflow_stage)."""
+    return os.path.join(job_dir(job), "dataflow-src")
+
+
+def pipeline_args(spec: runspec_lib.RunSpec, df: config_lib.DataflowConfig,
+                  job: str) -> list[str]:
     """Beam PipelineOptions flags for Dataflow."""
     staging = df.staging_location or f"{df.temp_location.rstrip('/')}/staging"
+    setup_file = df.setup_file or os.path.join(staging_dir(job), "setup.py")
     args = ["--runner=DataflowRunner", f"--project={df.project}", f"--region={df.region}",
             f"--temp_location={df.temp_location}", f"--staging_location={staging}",
-            f"--setup_file={df.setup_file or SETUP_PY}", f"--job_name={job_name(spec, df)}"]
+            f"--setup_file={setup_file}", f"--job_name={job_name(spec, df)}"]
     if df.max_num_workers:
         args.append(f"--max_num_workers={df.max_num_workers}")
     if df.machine_type:
@@ -66,15 +71,22 @@ def pipeline_args(spec: runspec_lib.RunSpec, df: config_lib.DataflowConfig) -> l
     return args + list(df.extra_args)
 
 
-def prepare_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.TargetConfig,
-                    max_reject_fraction: float, on_dataflow: bool, job: str) -> Command:
-    """`actx prepare` for this spec: on Dataflow, or in-process Beam (writing to `run`)."""
+def prepare_commands(spec: runspec_lib.RunSpec, run: str, target: config_lib.TargetConfig,
+                     max_reject_fraction: float, on_dataflow: bool,
+                     job: str) -> list[Command]:
+    """`actx prepare` for this spec: on Dataflow (after staging actx for its workers, unless
+    target.dataflow.setup_file names a setup.py), or in-process Beam (writing to `run`)."""
     base = ("actx", "prepare", "--spec", spec_file(spec, job), "--out", run,
             f"--max-reject-fraction={max_reject_fraction:g}")
     if on_dataflow:
-        check(run, target.dataflow)
-        return Command(base + tuple(pipeline_args(spec, target.dataflow)),
-                       f"prepare {run} on Dataflow (job {job_name(spec, target.dataflow)})",
-                       in_process=True)
-    return Command(base + ("--runner=FnApiRunner",),
-                   f"prepare {run} here (in-process Beam runner)", in_process=True)
+        df = target.dataflow
+        check(run, df)
+        stage = [] if df.setup_file else [Command(
+            (sys.executable, "-m", "deploy.dataflow_stage", "--out", staging_dir(job)),
+            "stage actx for the Dataflow workers: its packages and a setup.py declaring what "
+            "prepare imports")]
+        return stage + [Command(base + tuple(pipeline_args(spec, df, job)),
+                                f"prepare {run} on Dataflow (job {job_name(spec, df)})",
+                                in_process=True)]
+    return [Command(base + ("--runner=FnApiRunner",),
+                    f"prepare {run} here (in-process Beam runner)", in_process=True)]

@@ -79,14 +79,14 @@ def cmd_submit(args, out) -> int:
         return _extract_local(run, target, spec.fingerprint, job, None, out)
 
     on_dataflow = target.kind == "dataflow" or target.prepare == "dataflow"
-    prep = dataflow.prepare_command(spec, run, target, cfg.max_reject_fraction, on_dataflow,
-                                    job)
+    prep = dataflow.prepare_commands(spec, run, target, cfg.max_reject_fraction, on_dataflow,
+                                     job)
     if target.kind == "tpu-vm":  # checks the target first: nothing is created on bad input
         plan = tpu_vm.plan(run, target, spec.fingerprint, job, prepare=prep)
     elif not run.startswith("gs://"):
         raise UsageError(f"run {run!r}: Dataflow workers need a gs:// run directory")
     else:
-        plan = [prep]
+        plan = prep
     if args.dry_run:  # writes nothing: the spec file it names is written when it runs
         print(f"# dry run: nothing is executed. The run spec would be in "
               f"{dataflow.spec_file(spec, job)}.", file=out)

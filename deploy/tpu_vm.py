@@ -5,7 +5,7 @@ them: request the slice (a queued resource, waited for until ACTIVE and no longe
 is FAILED or SUSPENDED, or a plain TPU VM), prepare, build actx's wheel from this install in
 a directory of the job's own, copy and install it on every host, and start one worker per
 host detached (nohup setsid: the job outlives the submitter). The whole slice is one
-replica (DESIGN.md): every host gets the process count, its process id (the metadata
+replica (docs/ARCHITECTURE.md): every host gets the process count, its process id (the metadata
 server's agent-worker-number) and worker 0's address as coordinator. Each host runs
 `deploy.host_run`, which copies its log into <run>/logs/<job>/<host>.log as it grows.
 """
@@ -20,6 +20,7 @@ import tempfile
 from deploy import config as config_lib
 from deploy import tpu_package, tpu_types
 from deploy.commands import Command
+from schemas import errors
 from schemas import worker_options
 
 # A real host asks its metadata server; ACTX_TPU_METADATA_URL replaces it (tests' hosts).
@@ -31,7 +32,7 @@ WORKER0_IP_EXPR = f'$({_CURL}{_BASE}/worker-network-endpoints" | cut -d, -f1 | c
 FAILED_QR_STATES = ("FAILED", "SUSPENDED")
 
 
-class TargetError(ValueError):
+class TargetError(errors.UserError, ValueError):
     """The target config lacks something the target needs, or asks for what cannot be."""
 
 
@@ -204,7 +205,7 @@ def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, j
 
 def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
          only: list[int] | None = None, create: bool | None = None, install: bool = True,
-         prepare: Command | None = None, recreate: bool = False) -> list[Command]:
+         prepare: list[Command] = (), recreate: bool = False) -> list[Command]:
     """Create (optional; `recreate`: delete first), prepare (optional), install, start.
 
     The slice comes first, so a queued resource that fails leaves nothing prepared.
@@ -214,8 +215,7 @@ def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
     cmds = delete_commands(tpu, may_fail=True) if recreate else []
     if recreate or (tpu.create if create is None else create):
         cmds += create_commands(tpu)
-    if prepare is not None:
-        cmds.append(prepare)
+    cmds += prepare
     if install or recreate:
         cmds += install_commands(tpu, job)
     cmds.append(start_command(run, target, fingerprint, job, only))

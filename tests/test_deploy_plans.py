@@ -131,14 +131,16 @@ def test_tpu_vm_prepare_on_dataflow_existing_slice_custom_install(tmp_path, monk
                             "tpu": {**TPU, "install": "actx[workers,gcs]==0.1.0"}})
     lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j2", "--batch-size", "16"])
     fp = _fingerprint()
-    assert lines[0] == shlex.join([
-        "actx", "prepare", "--spec", os.path.join(tempfile.gettempdir(), "actx-j2",
-                                                  f"r1-{fp}.json"),
+    job_dir = os.path.join(tempfile.gettempdir(), "actx-j2")
+    assert lines[0] == shlex.join([sys.executable, "-m", "deploy.dataflow_stage", "--out",
+                                   f"{job_dir}/dataflow-src"])
+    assert lines[1] == shlex.join([
+        "actx", "prepare", "--spec", os.path.join(job_dir, f"r1-{fp}.json"),
         "--out", "gs://b/runs/r1", "--max-reject-fraction=0.01", "--runner=DataflowRunner",
         "--project=proj", "--region=us-central1", "--temp_location=gs://b/tmp",
-        "--staging_location=gs://b/tmp/staging", f"--setup_file={dataflow.SETUP_PY}",
+        "--staging_location=gs://b/tmp/staging", f"--setup_file={job_dir}/dataflow-src/setup.py",
         f"--job_name=actx-prepare-r1-{fp}", "--max_num_workers=16"])
-    assert lines[1:] == [
+    assert lines[2:] == [
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
                     "--command=python3 -m pip install -q 'actx[workers,gcs]==0.1.0' 'jax[tpu]'"]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
@@ -152,14 +154,19 @@ def test_dataflow_submit_dry_run_and_pipeline_options(tmp_path, monkeypatch):
     cfg = _write(tmp_path, {"kind": "dataflow", "dataflow": df})
     lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j0"])
     fp = _fingerprint()
-    argv = ["--spec", os.path.join(tempfile.gettempdir(), "actx-j0", f"r1-{fp}.json"),
+    job_dir = os.path.join(tempfile.gettempdir(), "actx-j0")
+    setup_py = f"{job_dir}/dataflow-src/setup.py"
+    argv = ["--spec", os.path.join(job_dir, f"r1-{fp}.json"),
             "--out", "gs://b/runs/r1",
             "--max-reject-fraction=0.01", "--runner=DataflowRunner", "--project=proj",
             "--region=us-central1", "--temp_location=gs://b/tmp",
-            "--staging_location=gs://b/tmp/staging", f"--setup_file={dataflow.SETUP_PY}",
+            "--staging_location=gs://b/tmp/staging", f"--setup_file={setup_py}",
             f"--job_name=actx-prepare-r1-{fp}", "--max_num_workers=16",
             "--machine_type=n2-highmem-8", "--experiments=use_runner_v2"]
-    assert lines == [shlex.join(["actx", "prepare", *argv])]
+    assert lines == [shlex.join([sys.executable, "-m", "deploy.dataflow_stage", "--out",
+                                 f"{job_dir}/dataflow-src"]),
+                     shlex.join(["actx", "prepare", *argv])]
+    assert not os.path.exists(job_dir)  # the dry run wrote nothing
     # The flags are what Beam's PipelineOptions understand.
     from apache_beam.options.pipeline_options import (GoogleCloudOptions, PipelineOptions,
                                                       SetupOptions, StandardOptions)
@@ -169,7 +176,7 @@ def test_dataflow_submit_dry_run_and_pipeline_options(tmp_path, monkeypatch):
     assert opts.view_as(StandardOptions).runner == "DataflowRunner"
     assert (gcp.project, gcp.region, gcp.temp_location, gcp.job_name) == (
         "proj", "us-central1", "gs://b/tmp", f"actx-prepare-r1-{fp}")
-    assert opts.view_as(SetupOptions).setup_file == dataflow.SETUP_PY
+    assert opts.view_as(SetupOptions).setup_file == setup_py
 
 
 def test_remote_targets_need_gs_and_names(tmp_path, monkeypatch, capsys):
