@@ -1,0 +1,109 @@
+"""What the TPU hosts get: the wheel built from this machine's actx (a checkout, or a
+pip-installed actx that has no setup.py), and the log copies `deploy.host_run` makes
+(bounded, at most one write per object per second)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import zipfile
+
+from deploy import host_run, tpu_package
+from schemas import store as store_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(cmd, **kwargs) -> str:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300,
+                          **kwargs)
+    assert proc.returncode == 0, f"{cmd}: {proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+def _package_files(wheel: str) -> dict[str, bytes]:
+    with zipfile.ZipFile(wheel) as zf:
+        return {n: zf.read(n) for n in zf.namelist()
+                if n.split("/")[0] in tpu_package.PACKAGES}
+
+
+def test_wheel_from_a_checkout_and_from_a_pip_installed_actx(tmp_path):
+    before = sorted(os.listdir(REPO))
+    wheel = tpu_package.build(str(tmp_path / "from-checkout"))
+    assert os.path.basename(wheel) == tpu_package.wheel_name(tpu_package.package_version())
+    assert sorted(os.listdir(REPO)) == before  # no dist/, build/ or egg-info in the checkout
+    files = _package_files(wheel)
+    for name in ("deploy/host_run.py", "workers/main.py", "schemas/version.py",
+                 "deploy/demo.yaml"):
+        assert files[name] == (REPO / name).read_bytes(), name
+
+    # An actx installed from that wheel (no setup.py anywhere near it) builds its own.
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], env=env)
+    where = _run([py, "-c", "import deploy; print(deploy.__file__)"], cwd=tmp_path, env=env)
+    assert where.startswith(str(venv))
+    out = _run([py, "-m", "deploy.tpu_package", "--out", tmp_path / "from-install"],
+               cwd=tmp_path, env=env).strip()
+    assert out == str(tmp_path / "from-install" / os.path.basename(wheel))
+    assert _package_files(out) == files
+    with zipfile.ZipFile(out) as zf:
+        info = f"actx-{tpu_package.package_version()}.dist-info"
+        metadata = zf.read(f"{info}/METADATA").decode()
+        assert "Requires-Dist: jax>=0.6; extra == \"workers\"" in metadata
+        assert zf.testzip() is None and f"{info}/RECORD" in zf.namelist()
+    # ... and it installs (pip checks every file against RECORD).
+    target = tmp_path / "reinstalled"
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", "--target", target, out], env=env)
+    assert (target / "deploy" / "host_run.py").read_bytes() == files["deploy/host_run.py"]
+
+
+class _CountingStore:
+    def __init__(self):
+        self.writes: list[tuple[float, bytes]] = []
+
+    def write(self, key: str, data: bytes) -> None:
+        self.writes.append((time.monotonic(), data))
+
+
+def test_host_log_copies_are_bounded_and_at_most_one_per_second(tmp_path):
+    store = _CountingStore()
+    log = tmp_path / "worker.log"
+    shipper = host_run.LogShipper(store, "logs/j/h.log", str(log), every_s=0.0, max_bytes=100)
+    lines = []
+    t_end = time.monotonic() + 3.2
+    with open(log, "w") as f:
+        while time.monotonic() < t_end:
+            lines.append(f"line {len(lines)}\n")
+            f.write(lines[-1])
+            f.flush()
+            shipper.maybe_ship()
+            time.sleep(0.02)
+    assert not shipper.maybe_ship()  # within the second of the last copy
+    assert shipper.maybe_ship(force=True)  # the last copy waits out that second
+    times = [t for t, _ in store.writes]
+    assert 4 <= len(times) <= 5 and all(b - a >= 1.0 for a, b in zip(times, times[1:]))
+    text = "".join(lines).encode()
+    last = store.writes[-1][1]
+    assert last.endswith(text[-100:]) and len(text) > 100
+    assert last.startswith(f"[actx: the first {len(text) - 100} bytes of this log".encode())
+    assert not shipper.maybe_ship(force=True)  # nothing new: no write
+
+
+def test_host_run_copies_the_log_and_records_the_exit(tmp_path):
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "deploy.host_run", "--run", run, "--job", "j", "--host", "h0",
+         "--log-every-s", "1", "--", sys.executable, "-c",
+         "import sys, time; print('hello from the worker', flush=True); time.sleep(1.5); "
+         "sys.exit(3)"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    data = store_lib.open_store(run).read(host_run.log_key("j", "h0"))
+    assert data == b"hello from the worker\n[actx: worker exited with code 3]\n"
