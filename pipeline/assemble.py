@@ -69,18 +69,47 @@ class UnitReader:
         return unit
 
 
-def _arc_extra(attrs: np.ndarray, n: int, variant: int, task_index: int
-               ) -> dict[str, np.ndarray]:
-    """ARC arrays of one document's n packed tokens (a concat separator gets -1)."""
-    extra = {name: np.full(n, -1, np.int32) for name in arc_render.CHAR_ATTRS}
-    m = min(n, attrs.shape[1])
-    for i, name in enumerate(arc_render.CHAR_ATTRS):
-        extra[name][:m] = attrs[i, :m]
-    extra["arc_task"] = np.full(n, -1, np.int32)
-    extra["arc_variant"] = np.full(n, -1, np.int32)
-    extra["arc_task"][:m] = task_index
-    extra["arc_variant"][:m] = variant
-    return extra
+def _fill_unit(block: dict[str, np.ndarray], spec: runspec_lib.RunSpec, unit: PackedUnit,
+               lo: int, hi: int, start: int, stop: int, separator_id: int | None,
+               task_index: dict) -> None:
+    """Writes the pieces in rows [start, stop) of the unit's documents lo..hi-1 into the
+    partition block (rows from `start`), every token at once: the vectorised equal of
+    `pack.fill_rows` per document (tests check one against the other)."""
+    place, tokens, packed = unit.place, unit.tokens, unit.plan
+    seq_len, packing = spec.packing.seq_len, spec.packing
+    pieces = [(d, p) for d in range(lo, hi) for p in packed.pieces[d]
+              if start <= p.row + place.group_first_row < stop]
+    if not pieces:
+        return
+    doc = np.fromiter((d for d, _ in pieces), np.int64, len(pieces))
+    fields = np.array([(p.row, p.col, p.doc_start, p.length, p.segment_id, p.position_start)
+                       for _, p in pieces], np.int64).reshape(-1, 6)
+    row, col, doc_start, length, segment, position = fields.T
+    piece = np.repeat(np.arange(len(pieces)), length)
+    within = np.arange(len(piece)) - np.repeat(np.cumsum(length) - length, length)
+    dest = ((row[piece] + place.group_first_row - start) * seq_len + col[piece] + within)
+    doc_pos = doc_start[piece] + within  # position in the document's packed tokens
+    in_doc = doc_pos < tokens.lengths[doc[piece]]  # else the concat separator
+    src = np.where(in_doc, unit.offsets[doc[piece]] + doc_pos, 0)
+    flat = {name: values.reshape(-1) for name, values in block.items()}
+    flat["input_ids"][dest] = np.where(in_doc, tokens.token_ids[src] if len(src) else 0,
+                                       -1 if separator_id is None else separator_id)
+    flat["segment_ids"][dest] = segment[piece]
+    flat["positions"][dest] = position[piece] + within
+    flat["doc_index"][dest] = place.first_doc + doc[piece]
+    if packing.mode == "concat":
+        context = doc_start[piece]
+    elif packing.overflow == "truncate":
+        context = np.zeros(len(piece), np.int64)
+    else:
+        context = np.maximum(0, doc_pos - (packing.max_context - 1))
+    flat["context_start"][dest] = context
+    if tokens.arc_attrs is not None and "arc_task" in flat:
+        for i, name in enumerate(arc_render.CHAR_ATTRS):
+            flat[name][dest] = np.where(in_doc, tokens.arc_attrs[i, src], -1)
+        tasks = np.array([task_index[t] for t in tokens.task_ids], np.int64)
+        flat["arc_task"][dest] = np.where(in_doc, tasks[doc[piece]], -1)
+        flat["arc_variant"][dest] = np.where(in_doc, tokens.variants[doc[piece]], -1)
 
 
 def fill_partition(spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan, reader: UnitReader,
@@ -90,7 +119,8 @@ def fill_partition(spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan, rea
     start in it, in doc_index order)."""
     start, count = plan.run.partition_range(partition_id)
     stop = start + count
-    block = pack_group.empty_block(count, spec.packing.seq_len, spec.packing.pad_id)
+    block = pack_group.empty_block(count, spec.packing.seq_len, spec.packing.pad_id,
+                                   pack_group.token_array_names(spec))
     task_index = {t: i for i, t in enumerate(plan.run.arc_tasks)}
     doc_rows = []
     for place in plan.units_in_rows(start, stop):
@@ -98,19 +128,8 @@ def fill_partition(spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan, rea
         tokens, packed = unit.tokens, unit.plan
         lo = int(np.searchsorted(unit.last_rows, start, side="left"))
         hi = int(np.searchsorted(unit.first_rows, stop, side="left"))
-        row_offset = start - place.group_first_row
+        _fill_unit(block, spec, unit, lo, hi, start, stop, separator_id, task_index)
         for d in range(lo, hi):
-            ids = pack_group._packed_ids(tokens.token_ids[unit.offsets[d]:unit.offsets[d + 1]],
-                                         packed.stored_tokens[d], separator_id)
-            extra = None
-            if tokens.arc_attrs is not None:
-                attrs = tokens.arc_attrs[:, unit.offsets[d]:unit.offsets[d + 1]]
-                extra = _arc_extra(attrs, len(ids), int(tokens.variants[d]),
-                                   task_index[tokens.task_ids[d]])
-            pieces = [p for p in packed.pieces[d]
-                      if start <= p.row + place.group_first_row < stop]
-            pack.fill_rows(block, row_offset, pieces, ids, place.first_doc + d, extra,
-                           packing=spec.packing)
             first = packed.pieces[d][0]
             if start <= unit.first_rows[d] < stop:
                 doc_rows.append({

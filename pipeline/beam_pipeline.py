@@ -124,10 +124,16 @@ class WritePartitionsFn(beam.DoFn):
     def process(self, element, plan):
         _, partition_ids = element
         reader, arrays = assemble.UnitReader(self.run_uri, self.spec), {}
+        in_flight, done = [], []  # one partition is written while the next is filled
         for pid in partition_ids:
-            yield write_store.write_partition(self.run_uri, self.spec, plan, reader, pid,
-                                              self.separator_id, arrays)
+            stats = write_store.write_partition(self.run_uri, self.spec, plan, reader, pid,
+                                                self.separator_id, arrays, pending := [])
+            write_store.finish_writes(in_flight)
+            yield from done
+            in_flight, done = pending, [stats]
             self.partitions.inc()
+        write_store.finish_writes(in_flight)
+        yield from done
         self.unit_reads.inc(reader.reads)
 
 

@@ -173,3 +173,12 @@ def fill_rows(block: dict[str, np.ndarray], row_offset: int, pieces: Sequence[Pi
         block["context_start"][r, c0:c1] = context_start(p, packing)
         for name, values in (extra or {}).items():
             block[name][r, c0:c1] = values[p.doc_start:p.doc_start + p.length]
+
+
+def packed_ids(token_ids: np.ndarray, stored: int, separator_id: int | None) -> np.ndarray:
+    """The document's tokens as packed: truncated, or followed by the separator (the
+    reference for one document; prepare's writers do all documents at once)."""
+    if stored <= len(token_ids):
+        return token_ids[:stored]
+    return np.concatenate([token_ids, np.full(stored - len(token_ids), separator_id,
+                                              dtype=token_ids.dtype)])

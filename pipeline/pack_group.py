@@ -1,12 +1,14 @@
-"""Packs one pack group into rows, independently of every other group.
+"""Plans one pack group's rows, independently of every other group.
 
 A pack group is the documents of one input file whose line (or row, or ARC task index)
 falls in one fixed block of GROUP_LINES lines: (source_index, file, line // GROUP_LINES).
 Groups are the unit of packing so that no step ever holds the documents of the whole run:
-a group is packed on its own, into rows numbered from 0, and only its small summary
-(`GroupSummary`: row, document and token counts, its ARC task ids) takes part in the
-global plan (`pipeline.partition`), which later shifts the group's rows and document
-numbers to their run-wide place.
+a group is packed on its own, into rows numbered from 0, from the token counts of its
+work units (`plan_group`: one int32 per document, never tokens), and only its small
+summary (`GroupSummary`: row, document and token counts, its ARC task ids) takes part in
+the global plan (`pipeline.partition`), which shifts the group's rows and document numbers
+to their run-wide place. Each unit's `UnitLayout` says where its documents resume, so the
+partition writers can lay them out without the rest of the group.
 
 Cost of that independence: every group starts a fresh row, so the last row of a group may
 carry some padding (at most one partly filled row per group), and in `concat` mode the
@@ -22,7 +24,6 @@ from typing import Iterable
 
 import numpy as np
 
-from pipeline import arc_render
 from pipeline import pack
 from schemas import layout
 from schemas import runspec as runspec_lib
@@ -77,33 +78,18 @@ class UnitLayout:
     row_stop: int
 
 
-def empty_block(rows: int, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+def token_array_names(spec: runspec_lib.RunSpec) -> tuple[str, ...]:
+    """The token arrays of this run: the ARC arrays only when a source is ARC."""
+    return layout.token_array_names(any(s.kind == "arc" for s in spec.sources))
+
+
+def empty_block(rows: int, seq_len: int, pad_id: int,
+                names: tuple[str, ...] = layout.ALL_TOKEN_ARRAYS) -> dict[str, np.ndarray]:
     """Token arrays [rows, seq_len] holding padding only (layout.TOKEN_FILL, else -1)."""
     block = {name: np.full((rows, seq_len), layout.TOKEN_FILL.get(name, -1), dtype=np.int32)
-             for name in layout.ALL_TOKEN_ARRAYS}
+             for name in names}
     block["input_ids"][:] = pad_id
     return block
-
-
-def _packed_ids(token_ids: np.ndarray, stored: int, separator_id: int | None) -> np.ndarray:
-    """The document's tokens as packed: truncated, or followed by the separator."""
-    if stored <= len(token_ids):
-        return token_ids[:stored]
-    return np.concatenate([token_ids, np.full(stored - len(token_ids), separator_id,
-                                              dtype=token_ids.dtype)])
-
-
-def _arc_extra(doc, n: int, task_index: int) -> dict[str, np.ndarray]:
-    attrs = np.full((len(arc_render.CHAR_ATTRS), n), -1, dtype=np.int32)
-    m = min(n, doc.arc_attrs.shape[1])
-    attrs[:, :m] = doc.arc_attrs[:, :m]
-    extra = {name: attrs[i] for i, name in enumerate(arc_render.CHAR_ATTRS)}
-    extra["arc_task"] = np.full(n, task_index, dtype=np.int32)
-    extra["arc_variant"] = np.full(n, doc.variant, dtype=np.int32)
-    if n > doc.arc_attrs.shape[1]:  # the concat separator is no part of the prompt
-        for name in extra:
-            extra[name][doc.arc_attrs.shape[1]:] = -1
-    return extra
 
 
 def separator_len(spec: runspec_lib.RunSpec) -> int:

@@ -43,9 +43,11 @@ class Reporter:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self.stop_event.set()
         self.thread.join()
+        if exc_type is None:  # the final count, once every worker has reported
+            _log.info("%s", self.line())
 
     def _loop(self) -> None:
         while not self.stop_event.wait(self.interval_s):

@@ -8,6 +8,7 @@ moves only `UnitSummary` (one int32 per document), and the partition writers rea
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import io
 import json
@@ -111,8 +112,9 @@ def tokenize_unit(loaded: tokenize.LoadedTokenizer, spec: runspec_lib.RunSpec,
                 yield record
 
     ids, attrs, lengths, variants, task_ids, metas, lines = [], [], [], [], [], [], set()
-    for batch in _batches(documents(), ENCODE_BATCH_DOCS, ENCODE_BATCH_CHARS):
-        for doc in tokenize.encode_batch(loaded, spec, batch):
+
+    def collect(docs):
+        for doc in docs:
             ids.append(doc.token_ids)
             lengths.append(len(doc.token_ids))
             variants.append(doc.variant)
@@ -121,6 +123,18 @@ def tokenize_unit(loaded: tokenize.LoadedTokenizer, spec: runspec_lib.RunSpec,
             lines.add(doc.key[2])
             if doc.arc_attrs is not None:
                 attrs.append(doc.arc_attrs)
+
+    # One batch encodes in a helper thread (the tokenizer releases the GIL) while this
+    # thread reads the next batch and collects the one before: reading overlaps encoding.
+    with concurrent.futures.ThreadPoolExecutor(1) as encoder:
+        pending = None
+        for batch in _batches(documents(), ENCODE_BATCH_DOCS, ENCODE_BATCH_CHARS):
+            submitted = encoder.submit(tokenize.encode_batch, loaded, spec, batch)
+            if pending is not None:
+                collect(pending.result())
+            pending = submitted
+        if pending is not None:
+            collect(pending.result())
     if attrs and len(attrs) != len(ids):
         raise ValueError(f"{unit.path}: ARC and text documents in one unit")
     n_attrs = len(arc_render.CHAR_ATTRS)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 
 from pipeline import assemble
+from pipeline import pack_group
 from pipeline import partition as partition_lib
 from schemas import layout
 from schemas import runspec as runspec_lib
@@ -23,38 +24,51 @@ SUMMARY_KEY = layout.PREPARE_SUMMARY_KEY
 
 
 def open_token_array(run_uri: str, name: str, total_rows: int, spec: runspec_lib.RunSpec):
+    """Opens (creating) a token array for writing. Its context keeps no decoded chunks:
+    each partition is written once, and cached copies would grow with the run (up to the
+    process-wide cache's limit) for nothing; memory:// stores are the shared ones."""
+    import tensorstore as ts
+
     array = layout.token_array(name, total_rows, spec.packing.seq_len, spec.layout)
-    return ts_context.open_array(array.spec(uri_lib.parse(run_uri), create=True))
+    context = ts.Context({"cache_pool": {"total_bytes_limit": 0}}, parent=ts_context.get())
+    return ts.open(array.spec(uri_lib.parse(run_uri), create=True), context=context).result()
 
 
 def create_token_arrays(run_uri: str, plan: partition_lib.RunPlan, spec: runspec_lib.RunSpec
                         ) -> partition_lib.RunPlan:
-    """Creates (or reopens, when identical) every token array; returns the plan unchanged."""
-    for name in layout.ALL_TOKEN_ARRAYS:
+    """Creates (or reopens, when identical) every token array of the run (the ARC arrays
+    only when it has an ARC source); returns the plan unchanged."""
+    for name in pack_group.token_array_names(spec):
         open_token_array(run_uri, name, plan.total_rows, spec)
     return plan
 
 
 def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan,
                     reader: assemble.UnitReader, partition_id: int,
-                    separator_id: int | None, arrays: dict | None = None) -> dict:
+                    separator_id: int | None, arrays: dict | None = None,
+                    in_flight: list | None = None) -> dict:
     """Writes one partition (one object per token array) and its doc table: the documents
     that start in it, in doc_index order, from the tokenized units in its rows.
 
     Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"}, checked by
     `partition.partitions`. arrays: the token arrays opened so far (name -> array), to
-    reuse across the partitions of one writer.
+    reuse across the partitions of one writer. in_flight: where to leave this partition's
+    array writes unfinished (the caller waits for them: `finish_writes`), so tensorstore
+    compresses and writes one partition while the next is filled; by default they are
+    waited for here.
     """
     start, count = plan.run.partition_range(partition_id)
     block, doc_rows = assemble.fill_partition(spec, plan, reader, partition_id, separator_id)
     arrays = {} if arrays is None else arrays  # opened arrays, kept by the caller
     writes = []
-    for name in layout.ALL_TOKEN_ARRAYS:
+    for name in block:
         if name not in arrays:
             arrays[name] = open_token_array(run_uri, name, plan.run.total_rows, spec)
         writes.append(arrays[name][start:start + count].write(block[name]))
-    for write in writes:  # the arrays' objects are written concurrently
-        write.result()
+    if in_flight is None:
+        finish_writes(writes)
+    else:
+        in_flight.extend(writes)
     store = store_lib.open_store(run_uri)
     store.write(layout.docs_key(partition_id),
                 b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in doc_rows))
@@ -62,6 +76,13 @@ def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib
     full_context = int(((block["context_start"] == 0) & (block["segment_ids"] > 0)).sum())
     return {"partition": partition_id, "rows": count, "tokens": tokens, "docs": len(doc_rows),
             "full_context_tokens": full_context}
+
+
+def finish_writes(writes: list) -> None:
+    """Waits for array writes (raising the first failure); empties the list."""
+    for write in writes:
+        write.result()
+    writes.clear()
 
 
 def rejects_key(source_name: str) -> str:

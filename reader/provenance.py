@@ -140,19 +140,25 @@ def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
     names = list(wanted) + (["arc_row"] if cells_only else [])
     if not names:
         raise ValueError("select: give at least one provenance filter")
+    # A run without ARC sources has no ARC arrays: every token reads as -1 there.
+    absent = {n for n in names if n in layout.ARC_ARRAYS
+              and not run.store.exists(f"{layout.token_array_key(n)}/zarr.json")}
     all_rows, all_cols = [], []
     for pid in run.committed_ids(partitions, hooks):
         part = run.partitions[pid]
         # Filter on the most selective array first, then read the others only for rows
         # that still match: most rows of a mixed run hold no ARC tokens at all.
-        first = run.token_array(names[0])[part.row_start:part.row_stop].read().result()
+        first = (np.full((part.row_stop - part.row_start, run.seq_len), -1, np.int32)
+                 if names[0] in absent else
+                 run.token_array(names[0])[part.row_start:part.row_stop].read().result())
         mask = _match(names[0], first, wanted)
         live = np.flatnonzero(mask.any(axis=1))
         for name in names[1:]:
             if not len(live):
                 break
             # tensorstore indexes in absolute coordinates, hence + row_start.
-            values = run.token_array(name).oindex[live + part.row_start].read().result()
+            values = (np.full((len(live), run.seq_len), -1, np.int32) if name in absent else
+                      run.token_array(name).oindex[live + part.row_start].read().result())
             mask[live] &= _match(name, values, wanted)
             live = live[mask[live].any(axis=1)]
         r, c = np.nonzero(mask)

@@ -69,6 +69,12 @@ ARC_PARTS = ("system", "user", "assistant")
 ARC_GRIDS = ("train_input", "train_output", "test_input", "test_output")
 
 ALL_TOKEN_ARRAYS = TOKEN_ARRAYS + ARC_ARRAYS
+
+
+def token_array_names(has_arc: bool) -> tuple[str, ...]:
+    """The token arrays prepare writes: the ARC arrays only in a run with an ARC source
+    (elsewhere they would hold -1 only). Readers treat an absent ARC array as all -1."""
+    return ALL_TOKEN_ARRAYS if has_arc else TOKEN_ARRAYS
 TOKEN_FILL = {"input_ids": 0, "segment_ids": 0, "positions": 0}  # others fill with -1
 
 

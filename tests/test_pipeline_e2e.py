@@ -41,8 +41,9 @@ def _spec(tok_dir, fw, text, arc, mode="segmented", seq_len=64, **packing):
 
 
 def _arrays(run):
+    """The token arrays of a run: its ARC arrays only where it has ARC sources."""
     return {n: zarr.open_array(os.path.join(run, "tokens", n), mode="r")[:]
-            for n in layout.ALL_TOKEN_ARRAYS}
+            for n in layout.ALL_TOKEN_ARRAYS if os.path.isdir(os.path.join(run, "tokens", n))}
 
 
 def _doc_table(run, manifest):
@@ -167,6 +168,7 @@ def test_pad_via_cli_and_concat(prepared, qwen_tokenizer_dir, capsys):
     assert rc == 0 and "prepared" in capsys.readouterr().out
     m = manifest_lib.read_manifest(store_lib.open_store(run))
     arrays = _arrays(run)
+    assert set(arrays) == set(layout.TOKEN_ARRAYS)  # no ARC source: no ARC arrays
     assert m.total_rows == 40 and (arrays["segment_ids"] <= 1).all()
     assert (arrays["doc_index"][:, 0] == np.arange(40)).all()
     assert m.sources["fineweb0"].truncated_tokens > 0

@@ -36,8 +36,12 @@ def _spec(tok, glob, max_docs=None, mode="segmented"):
 
 
 def _read(run, m):
+    # A run without ARC sources has no ARC arrays (they would hold -1 only).
+    assert sorted(os.listdir(os.path.join(run, "tokens"))) == sorted(
+        layout.TOKEN_ARRAYS + ("zarr.json",) * os.path.exists(os.path.join(run, "tokens",
+                                                                          "zarr.json")))
     arrays = {n: zarr.open_array(os.path.join(run, "tokens", n), mode="r")[:]
-              for n in layout.ALL_TOKEN_ARRAYS}
+              for n in layout.TOKEN_ARRAYS}
     docs = []
     for p in m.partitions:
         with open(os.path.join(run, layout.docs_key(p.id))) as f:

@@ -160,7 +160,7 @@ def test_partitions_from_stored_units_equal_one_packing_of_each_group(tmp_path, 
         whole = pack.plan_pack([len(i) for i in docs_of[key]], spec.packing,
                                1 if mode == "concat" else 0)
         for d, ids in enumerate(docs_of[key]):
-            packed = pack_group._packed_ids(ids, whole.stored_tokens[d], 7)
+            packed = pack.packed_ids(ids, whole.stored_tokens[d], 7)
             pack.fill_rows(expected, -plan.groups[key].first_row, whole.pieces[d], packed,
                            doc + d, packing=spec.packing)
         doc += len(docs_of[key])

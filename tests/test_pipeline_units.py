@@ -6,6 +6,7 @@ import json
 import os
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from apache_beam.coders import typecoders
 
 from pipeline import main, pack_group, sample_data, sources, units
-from schemas import runspec as R
+from schemas import layout, runspec as R
 from tests.pipeline_fixtures import size_checking_coder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,3 +151,52 @@ def test_no_large_element_crosses_a_stage_boundary(tmp_path, qwen_tokenizer_dir,
     with pytest.raises(Exception, match="element crossing a stage boundary"):
         main.run_prepare(spec, str(tmp_path / "tight"), max_reject_fraction=0.5,
                          unit_bytes=20000)
+
+
+def test_a_run_without_arc_sources_has_no_arc_arrays_and_selects_the_same(reader_run,
+                                                                          tmp_path):
+    """Provenance selections on a run whose ARC arrays are absent behave as if they held
+    -1 everywhere: ARC filters select nothing, other filters select what they did."""
+    import shutil
+
+    import reader
+
+    copy = str(tmp_path / "no-arc")
+    shutil.copytree(reader_run.uri, copy)
+    for name in layout.ARC_ARRAYS:
+        shutil.rmtree(os.path.join(copy, "tokens", name))
+    full, bare = reader.open_run(reader_run.uri), reader.open_run(copy)
+    assert len(full.select("embed", arc_variant=1)) > 0
+    for filters in ({"arc_variant": 1}, {"arc_part": "assistant", "whole_document": True},
+                    {"arc_grid": "test_input", "cells_only": True}):
+        assert len(bare.select("embed", **filters)) == 0
+    # A filter on an array that is there still selects: every token saw its document.
+    import tensorstore as ts
+
+    context = ts.open({"driver": "zarr3", "kvstore": {
+        "driver": "file", "path": os.path.join(copy, "tokens", "context_start") + "/"}}).result()
+    segments = reader_run.tokens["segment_ids"]
+    context.write(np.where(segments > 0, 0, -1).astype(np.int32)).result()
+    sel = reader.open_run(copy).select("embed", whole_document=True)
+    want = (segments > 0) & reader_run.committed_mask()
+    assert len(sel) > 0 and np.array_equal(sel.rows * segments.shape[1] + sel.cols,
+                                           np.flatnonzero(want))
+    assert len(reader.open_run(copy).select("embed", whole_document=True, arc_variant=0)) == 0
+
+
+def test_progress_lines_while_preparing(tmp_path, qwen_tokenizer_dir, caplog):
+    """Progress lines at the interval, the last one with every document, token and file."""
+    import logging
+    import re
+
+    parquet, jsonl = _inputs(str(tmp_path))
+    caplog.set_level(logging.INFO, logger="actx.prepare")
+    m = main.run_prepare(_spec(qwen_tokenizer_dir, parquet, jsonl), str(tmp_path / "run"),
+                         max_reject_fraction=0.5, unit_bytes=3000, progress_interval_s=0.05)
+    lines = [r.getMessage() for r in caplog.records if "tokens tokenized" in r.getMessage()]
+    assert len(lines) >= 2
+    docs, tokens, done, total, written = map(int, re.match(
+        r"prepare: (\d+) docs (\d+) tokens tokenized \(.*\); files (\d+)/(\d+) done; "
+        r"(\d+) partition", lines[-1].replace(",", "")).groups())
+    assert (docs, tokens, done, total, written) == (
+        sum(p.docs for p in m.partitions), m.total_tokens, 2, 2, len(m.partitions))
