@@ -209,3 +209,23 @@ def test_rerun_dry_run_on_tpu_vm_names_only_uncommitted(tmp_path):
                                                              tpu=config.TpuConfig(**TPU)),
                         spec.fingerprint, "j3", only=[0, 2], install=False)
     assert len(lines) == 1 and "--only 0,2 --host-name" in lines[0].argv[-1]
+
+
+def test_example_tpu_config_passes_the_checks_and_its_dry_run_writes_nothing(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    example = os.path.join(config.REPO_ROOT, "configs", "example_tpu.yaml")
+    cfg = config.load_submit_config(example)
+    tpu_vm.check(cfg.run, cfg.target)
+    shape = tpu_vm.slice_shape(cfg.target.tpu)
+    assert (shape.hosts, shape.devices_per_host, cfg.target.batch_size % shape.devices) == \
+        (4, 4, 0)
+    out = io.StringIO()
+    assert cli.main(["submit", example, "--dry-run", "--job", "ex"], out=out) == 0, out.getvalue()
+    assert os.listdir(tmp_path) == []
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), "actx-ex"))
+    down = io.StringIO()
+    assert cli.main(["down", "--config", example, "--dry-run"], out=down) == 0
+    assert down.getvalue().splitlines()[-1] == shlex.join([
+        "gcloud", "compute", "tpus", "queued-resources", "delete", "actx-v4-32", "--zone",
+        "us-central2-b", "--project", "my-project", "--force", "--quiet"])
