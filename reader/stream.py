@@ -43,6 +43,7 @@ from reader import read_window
 from reader import run as run_lib
 from reader import shuffle as shuffle_lib
 from reader.batches import Batch
+from reader.errors import ReaderError
 from schemas import layout
 from schemas import ts_context
 
@@ -282,6 +283,15 @@ class ShuffledStream:
         window.pump()
         return _Loaded(epoch, buf, skip, slot, group, tokens, np.concatenate(run_rows))
 
+    def _read_error(self, loaded: _Loaded, error: Exception) -> ReaderError:
+        parts = sorted({int(p) for p in self.plan.table.partition[loaded.buffer.blocks]})
+        loc = self.run.location
+        return ReaderError(
+            f"{self.run.location}: reading activations of partitions {parts} failed: "
+            f"{error}. The stored data is damaged or unreadable: `actx verify {loc}` "
+            f"names the partitions; `actx verify {loc} --repair`, then `actx rerun {loc}`, "
+            f"writes them again.")
+
     def _permuted(self, loaded: _Loaded) -> tuple[np.ndarray, np.ndarray]:
         """(flat slot positions of the valid tokens in permuted order, input_ids [rows*T])."""
         m = self.run.manifest
@@ -327,7 +337,10 @@ class ShuffledStream:
             top_up()
             while pending:
                 loaded = pending[0]
-                window.wait(loaded.reads)
+                try:
+                    window.wait(loaded.reads)
+                except ValueError as e:  # how tensorstore reports a failed read
+                    raise self._read_error(loaded, e) from e
                 order, input_ids = self._permuted(loaded)
                 flat = {h: a.reshape(-1, a.shape[2]) for h, a in loaded.slot.items()}
                 pos = loaded.skip

@@ -272,3 +272,22 @@ def test_exclusions_leave_out_bos_and_special_tokens_every_epoch(tmp_path):
         for e in (0, 1):
             got = _flat([b for b in batches if b.epoch == e])
             assert np.array_equal(np.sort(got), want)
+
+
+def test_a_damaged_block_fails_the_stream_with_the_read_error(tmp_path):
+    # A stored object cut short after the stream was opened: its read fails, the error
+    # reaches the consumer (from the background thread), and nothing wrong is returned.
+    truth = _uneven_run(tmp_path / "run")
+    run = reader.open_run(truth.uri)
+    s = _stream(run, drop_last=False, epochs=1)
+    shard = tmp_path / "run" / "activations" / "embed" / "c" / "1" / "0" / "0"  # rows 4..7
+    shard.write_bytes(shard.read_bytes()[:100])
+    got = []
+    with pytest.raises(reader.ReaderError, match=r"partitions \[0(, \d)*\] failed") as failure:
+        for b in s:
+            got.append(b)
+    message = str(failure.value)
+    assert "activations/embed/c/1/0/0" in message and "actx verify" in message
+    for b in got:  # whatever came before the failure is right
+        np.testing.assert_array_equal(b.acts["embed"], truth.value("embed", b.rows, b.cols))
+    assert not s._prefetcher.running
