@@ -29,12 +29,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import sys
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import tensorstore as ts
 
+from reader import array_pool
 from reader import blocks as blocks_lib
 from reader import formats
 from reader import gather as gather_lib
@@ -80,30 +80,6 @@ def read_contexts(gcs_request_concurrency: int | None = None, file_io_mode: str 
                              f"None, got {file_io_mode!r}")
         acts["file_io_mode"] = {"mode": file_io_mode}
     return ts.Context(acts, parent=shared), shared
-
-
-class _ArrayPool:
-    """Batch arrays handed out again once nothing outside the pool refers to them.
-
-    A fresh array per batch costs page faults and zeroing on every use, about as much as
-    decoding uncompressed data; reusing them avoids that. An array is reused only when
-    the pool holds its last reference (CPython reference count): a batch, or any view,
-    tensor or JAX array made from it without a copy, keeps it out of the pool.
-    """
-
-    def __init__(self, max_arrays: int):
-        self._arrays: list[np.ndarray] = []
-        self._max_arrays = max_arrays
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        for array in self._arrays:
-            # References: the list, `array`, getrefcount's argument.
-            if array.shape == shape and array.dtype == dtype and sys.getrefcount(array) <= 3:
-                return array
-        array = np.empty(shape, dtype)
-        # The newest arrays stay: one the consumer keeps for good ages out of the pool.
-        self._arrays = [array] + self._arrays[:self._max_arrays - 1]
-        return array
 
 
 @dataclasses.dataclass
@@ -331,7 +307,7 @@ class ShuffledStream:
                 issued += 1
 
         # Batches queued, one with the consumer, one being cut, one spare, per hook.
-        pool = _ArrayPool((self._prefetch_depth + 3) * len(self.hooks))
+        pool = array_pool.ArrayPool((self._prefetch_depth + 3) * len(self.hooks))
         step, fill, out = self.start_step, 0, None
         try:
             top_up()
