@@ -15,7 +15,6 @@ import contextlib
 import functools
 import logging
 import os
-import threading
 
 from schemas import errors
 
@@ -33,14 +32,12 @@ DEFAULT_RETRY_BUDGET_S = 120.0
 
 _deadline_s: float | None = None
 _retry_budget_s = DEFAULT_RETRY_BUDGET_S
-_retries_lock = threading.Lock()
-retries_seen = 0  # retried GCS failures in this process (logged one by one)
 
 
 class StoreError(errors.UserError, RuntimeError):
     """The object store could not be reached or refused the request (no credentials, no
-    such bucket, permission denied, no network); the message names the location and what
-    to do."""
+    such bucket, permission denied, no network, retries ran out); the message names the
+    location and what to do. Every command prints it as one line and exits 2."""
 
 
 def set_deadline(seconds: float | None) -> None:
@@ -58,9 +55,6 @@ def set_retry_budget(seconds: float) -> None:
 
 
 def _log_retry(error: BaseException) -> None:
-    global retries_seen
-    with _retries_lock:
-        retries_seen += 1
     log.warning("GCS request failed, retrying (at most %.0f s in all): %s",
                 _deadline_s or _retry_budget_s, _reason(error))
 
