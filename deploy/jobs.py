@@ -87,6 +87,10 @@ def cmd_submit(args, out) -> int:
         raise UsageError(f"run {run!r}: Dataflow workers need a gs:// run directory")
     else:
         plan = prep
+        if target.extract == "beam":  # then extraction on Dataflow GPU or TPU workers
+            from deploy import beam_target
+
+            plan = plan + [beam_target.dataflow_command(spec, run, target, job)]
     if args.dry_run:  # writes nothing: the spec file it names is written when it runs
         print(f"# dry run: nothing is executed. The run spec would be in "
               f"{dataflow.spec_file(spec, job)}.", file=out)
@@ -96,7 +100,7 @@ def cmd_submit(args, out) -> int:
     started_at = time.time()
     code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s,
                             in_process=lambda cmd: _run_prepare_command(cmd, retry_argv))
-    if code == 0 and target.kind == "dataflow":
+    if code == 0 and target.kind == "dataflow" and target.extract != "beam":
         print(f"prepared {run} on Dataflow; extract it with `actx rerun {run} --config "
               f"CONFIG --target tpu-vm` (or --target local)", file=out)
     if target.kind == "tpu-vm":
