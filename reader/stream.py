@@ -15,8 +15,8 @@ The trade (stated, and measured by bench/read.py with reader.mixing): a batch ho
 tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
 (block_rows * seq_len) blocks, so of fewer documents and partitions than an exact global
 shuffle (run.batches) would give it. A larger buffer or smaller blocks mix better; memory
-is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook, plus prefetch + 2
-batches.
+is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook, plus prefetch + 3
+batches and the decode memory of `reads_in_flight` blocks.
 
 Every valid token is read exactly once per epoch (drop_last=False; with drop_last the
 tail of each epoch's stream is dropped, see blocks.StreamPlan), processes read disjoint
