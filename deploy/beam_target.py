@@ -95,21 +95,13 @@ def dataflow_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.Tar
     Dataflow's worker_accelerator service option (GPU: "type:nvidia-l4;count:1;
     install-nvidia-driver"; TPU: "type:tpu-v5-lite-podslice;topology:1x1").
     """
+    from deploy import dataflow
+
     df = target.dataflow
-    staging = df.staging_location or f"{df.temp_location.rstrip('/')}/staging"
-    beam = ["--runner=DataflowRunner", f"--project={df.project}", f"--region={df.region}",
-            f"--temp_location={df.temp_location}", f"--staging_location={staging}",
-            f"--job_name={job_name(spec)}", f"--sdk_container_image={df.sdk_container_image}",
-            "--sdk_location=container",
-            f"--dataflow_service_options=worker_accelerator={df.extract_accelerator}"]
-    if df.extract_machine_type:
-        beam.append(f"--machine_type={df.extract_machine_type}")
-    if df.max_num_workers:
-        beam.append(f"--max_num_workers={df.max_num_workers}")
-    if df.service_account_email:
-        beam.append(f"--service_account_email={df.service_account_email}")
-    if df.subnetwork:
-        beam.append(f"--subnetwork={df.subnetwork}")
+    beam = dataflow.service_args(
+        df, job_name(spec), df.extract_machine_type,
+        [f"--sdk_container_image={df.sdk_container_image}", "--sdk_location=container"])
+    beam.append(f"--dataflow_service_options=worker_accelerator={df.extract_accelerator}")
     argv = ("python3", "-m", "adapters.beam_extract",
             *_worker_argv(run, target, spec.fingerprint, job, only), *beam,
             *target.beam_args)

@@ -52,23 +52,31 @@ def staging_dir(job: str) -> str:
     return os.path.join(job_dir(job), "dataflow-src")
 
 
-def pipeline_args(spec: runspec_lib.RunSpec, df: config_lib.DataflowConfig,
-                  job: str) -> list[str]:
-    """Beam PipelineOptions flags for Dataflow."""
+def service_args(df: config_lib.DataflowConfig, name: str, machine_type: str,
+                 packages: list[str]) -> list[str]:
+    """The Dataflow flags every actx job there shares (where, as whom, how many workers);
+    `packages` says what the workers run (a staged setup.py, or a container image)."""
     staging = df.staging_location or f"{df.temp_location.rstrip('/')}/staging"
-    setup_file = df.setup_file or os.path.join(staging_dir(job), "setup.py")
     args = ["--runner=DataflowRunner", f"--project={df.project}", f"--region={df.region}",
             f"--temp_location={df.temp_location}", f"--staging_location={staging}",
-            f"--setup_file={setup_file}", f"--job_name={job_name(spec, df)}"]
+            *packages, f"--job_name={name}"]
     if df.max_num_workers:
         args.append(f"--max_num_workers={df.max_num_workers}")
-    if df.machine_type:
-        args.append(f"--machine_type={df.machine_type}")
+    if machine_type:
+        args.append(f"--machine_type={machine_type}")
     if df.service_account_email:
         args.append(f"--service_account_email={df.service_account_email}")
     if df.subnetwork:
         args.append(f"--subnetwork={df.subnetwork}")
-    return args + list(df.extra_args)
+    return args
+
+
+def pipeline_args(spec: runspec_lib.RunSpec, df: config_lib.DataflowConfig,
+                  job: str) -> list[str]:
+    """Beam PipelineOptions flags for prepare on Dataflow."""
+    setup_file = df.setup_file or os.path.join(staging_dir(job), "setup.py")
+    return service_args(df, job_name(spec, df), df.machine_type,
+                        [f"--setup_file={setup_file}"]) + list(df.extra_args)
 
 
 def prepare_commands(spec: runspec_lib.RunSpec, run: str, target: config_lib.TargetConfig,
