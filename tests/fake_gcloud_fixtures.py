@@ -52,7 +52,10 @@ def pod_config(path, run: str, model: str, tokenizer: str, sources: list[dict],
             "layout": {"rows_per_shard": 4, "partition_rows": 16},
         },
         "target": {
+            # Hosts agree on finished partitions every 2 steps: commits come one by one, so
+            # a preemption after the first leaves most of the run to do.
             "kind": "tpu-vm", "prepare": "local", "batch_size": batch_size, "heartbeat_s": 1,
+            "stop_check_steps": 2,
             "tpu": {"name": "pod1", "zone": "us-central2-b", "project": "proj",
                     "accelerator_type": accelerator_type, "create": True,
                     "queued_resource": True, "spot": True, "coordinator_port": free_port(),
