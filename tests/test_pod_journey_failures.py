@@ -45,10 +45,11 @@ def small_model(tmp_path) -> str:
 
 @pytest.mark.parametrize("outcome", ["FAILED", "SUSPENDED"])
 def test_queued_resource_failed_or_suspended_ends_the_wait(tmp_path, fake_cloud, gcs_bucket,
-                                                           text_source, outcome):
+                                                           text_source, small_model,
+                                                           qwen_tokenizer_dir, outcome):
     fake_cloud.control(qr_outcome=outcome, qr_waits=2)
     run = f"{gcs_bucket}/runs/qr"
-    cfg = pod_config(tmp_path / "c.yaml", run, "unused-model", "unused-tokenizer", text_source)
+    cfg = pod_config(tmp_path / "c.yaml", run, small_model, qwen_tokenizer_dir, text_source)
     code, out = _main(["submit", cfg, "--job", f"qr-{uuid.uuid4().hex[:6]}"])
     assert code == 1, out
     assert f"  ... {outcome}: the wait ends here; nothing more was started" in out
@@ -58,10 +59,12 @@ def test_queued_resource_failed_or_suspended_ends_the_wait(tmp_path, fake_cloud,
     assert verbs == ["create"] + ["describe"] * 3  # waiting, waiting, then the end state
 
 
-def test_queued_resource_wait_times_out(tmp_path, fake_cloud, gcs_bucket, text_source):
+def test_queued_resource_wait_times_out(tmp_path, fake_cloud, gcs_bucket, text_source,
+                                        small_model, qwen_tokenizer_dir):
     fake_cloud.control(qr_waits=10 ** 6)  # never provisioned
     run = f"{gcs_bucket}/runs/slow"
-    cfg = pod_config(tmp_path / "c.yaml", run, "m", "t", text_source, wait_timeout_s=1)
+    cfg = pod_config(tmp_path / "c.yaml", run, small_model, qwen_tokenizer_dir, text_source,
+                     wait_timeout_s=1)
     t0 = time.monotonic()
     code, out = _main(["submit", cfg, "--job", f"slow-{uuid.uuid4().hex[:6]}"])
     assert code == 1 and time.monotonic() - t0 < 30, out
@@ -70,10 +73,11 @@ def test_queued_resource_wait_times_out(tmp_path, fake_cloud, gcs_bucket, text_s
 
 
 def test_create_failure_is_shown_and_nothing_follows(tmp_path, fake_cloud, gcs_bucket,
-                                                     text_source):
+                                                     text_source, small_model,
+                                                     qwen_tokenizer_dir):
     fake_cloud.control(fail_create="RESOURCE_EXHAUSTED: no v4 capacity in us-central2-b")
     run = f"{gcs_bucket}/runs/nocap"
-    cfg = pod_config(tmp_path / "c.yaml", run, "m", "t", text_source)
+    cfg = pod_config(tmp_path / "c.yaml", run, small_model, qwen_tokenizer_dir, text_source)
     code, out = _main(["submit", cfg, "--job", f"nocap-{uuid.uuid4().hex[:6]}"])
     assert code == 1, out
     assert "RESOURCE_EXHAUSTED: no v4 capacity in us-central2-b" in out
@@ -90,25 +94,31 @@ def test_create_failure_is_shown_and_nothing_follows(tmp_path, fake_cloud, gcs_b
      "target.batch_size: 12 rows per step do not split over the slice's 16 data-parallel "
      "devices (v4-32: 4 host(s) x 4 device(s), model_parallel 1); use a multiple of 16"),
     ("target.model_parallel=3", "target.model_parallel: 3 does not divide the 4 devices"),
+    # Hooks and layers are pre-flight's (deploy/preflight.py), against the model's config.
+    ("spec.capture.hooks=garbage!!", "garbage!!"),
+    ("spec.capture.hooks=layers.99.resid_post", "99"),
 ])
 def test_impossible_target_refused_before_anything_is_created(
-        tmp_path, fake_cloud, gcs_bucket, text_source, capsys, override, message):
+        tmp_path, fake_cloud, gcs_bucket, text_source, small_model, qwen_tokenizer_dir, capsys,
+        override, message):
     run = f"{gcs_bucket}/runs/bad"
-    cfg = pod_config(tmp_path / "c.yaml", run, "m", "t", text_source)
+    cfg = pod_config(tmp_path / "c.yaml", run, small_model, qwen_tokenizer_dir, text_source)
     for dry in ([], ["--dry-run"]):
         code, out = _main(["submit", cfg, "--set", override, "--job", "bad", *dry])
         assert code == 2, out
-        assert message in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert message in err, err
     assert fake_cloud.calls() == [] and store.open_store(run).list("") == []
 
 
-def test_every_problem_is_listed_at_once(tmp_path, fake_cloud, text_source, capsys):
-    cfg = pod_config(tmp_path / "c.yaml", str(tmp_path / "run"), "m", "t", text_source,
-                     name="")
+def test_every_problem_is_listed_at_once(tmp_path, fake_cloud, text_source, small_model,
+                                         qwen_tokenizer_dir, capsys):
+    cfg = pod_config(tmp_path / "c.yaml", str(tmp_path / "run"), small_model,
+                     qwen_tokenizer_dir, text_source, name="")
     code, _ = _main(["submit", cfg, "--set", "target.batch_size=4", "--dry-run"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "3 problems with the tpu-vm target:" in err
+    assert "3 problems" in err and fake_cloud.calls() == []
     assert "target.tpu: name required" in err and "need a gs:// run directory" in err
     assert "target.batch_size: 4 rows per step" in err
 
