@@ -1,4 +1,4 @@
-"""The `actx` command line: prepare, extract, submit, status, rerun, verify.
+"""The `actx` command line: prepare, extract, submit, status, rerun, verify, down.
 
 `prepare` and `extract` hand their flags to the pipeline's and the workers' entry points;
 the others operate a run directory. status, rerun and verify import neither jax nor Beam

@@ -1,5 +1,6 @@
 """`actx submit` and `actx rerun`: prepare a run, then extract it on a target (local
-worker processes, a TPU VM pod, Dataflow for prepare)."""
+worker processes, a TPU VM pod, Dataflow for prepare); `actx down`: delete the TPU slice
+that submit created."""
 
 from __future__ import annotations
 
