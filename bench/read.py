@@ -6,7 +6,8 @@
 
 For each store it prints: (1) the sequential decoded read (every block of the hook read
 through tensorstore in row order, a few reads in flight, decoded to numpy, padding
-included), as `array[lo:hi].read()` and, stricter, decoded into one reused buffer as the
+included; local files read the way the stream reads them, --file-io-mode, by default
+mapped), as `array[lo:hi].read()` and, stricter, decoded into one reused buffer as the
 stream decodes; (2) the streaming shuffle (`run.stream`) over whole epochs: the same
 blocks read and decoded, plus the permutation and the batch copies; its ratios are (1)'s
 times over (2)'s for the same bytes; (3) the exact global shuffle (`run.batches`, straight from the
@@ -195,11 +196,13 @@ def measure(args: argparse.Namespace) -> None:
     run = reader.open_run(args.run)
     hook = args.hook or next(iter(run.hooks))
     block_rows = args.block_rows or run.spec.layout.rows_per_shard
+    # Both read local files the way the stream does by default, unless told otherwise.
+    file_io_mode = args.file_io_mode or stream_lib.default_file_io_mode(run)
     if args.measure == "sequential":
-        out = sequential(run, hook, block_rows, args.passes, file_io_mode=args.file_io_mode)
+        out = sequential(run, hook, block_rows, args.passes, file_io_mode=file_io_mode)
     elif args.measure == "stream":
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
-                     args.passes, args.prefetch_buffers, args.file_io_mode,
+                     args.passes, args.prefetch_buffers, file_io_mode,
                      gather_threads=args.gather_threads, reads_in_flight=args.reads_in_flight)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
@@ -208,6 +211,7 @@ def measure(args: argparse.Namespace) -> None:
         out = exact(run, hook, args.batch_size, args.exact_steps, block_rows,
                     args.mix_batches)
     out["peak_rss_mb"] = _peak_rss_mb()
+    out["file_io_mode"] = file_io_mode or "tensorstore's default"
     print(json.dumps(out))
 
 
@@ -257,7 +261,7 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     print(f"\n== {label}: batch {args.batch_size} tokens, buffer {args.buffer_tokens} tokens "
           f"({s0['blocks_per_buffer']} blocks, prefetch_buffers {args.prefetch_buffers}, "
           f"reads_in_flight {s0['reads_in_flight']}, gather_threads {s0['gather_threads']}); "
-          f"file_io_mode {args.file_io_mode or 'tensorstore default'} for both; "
+          f"file_io_mode {s0['file_io_mode']} for both; "
           f"medians of {len(seq_s)} timed passes each")
     print(f"sequential decoded read:  {seq_gb_s:7.3f} GB/s decoded "
           f"({decoded / 1e9:.3f} GB in {med(seq_s):.2f} s; array.read() per block, "
@@ -318,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="stream buffers read ahead while one is cut into batches")
     ap.add_argument("--file-io-mode", choices=stream_lib.FILE_IO_MODES,
                     help="how both the sequential read and the stream read local files "
-                         "(default: tensorstore's)")
+                         "(default: the stream's default, memmap where tensorstore has it)")
     ap.add_argument("--gather-threads", type=int, help="stream: threads copying into batches")
     ap.add_argument("--reads-in-flight", type=int, help="stream: block reads decoding at once")
     ap.add_argument("--exact-steps", type=int, default=8)

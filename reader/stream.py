@@ -60,6 +60,26 @@ DEFAULT_LOCAL_READS = 2
 FILE_IO_MODES = ("default", "memmap", "direct")
 
 
+@functools.lru_cache(maxsize=None)
+def _memmap_supported() -> bool:
+    try:  # tensorstore before 0.1.7x has no file_io_mode resource
+        ts.Context({"file_io_mode": {"mode": "memmap"}})
+        return True
+    except ValueError:
+        return False
+
+
+def default_file_io_mode(run: run_lib.Run) -> str | None:
+    """"memmap" for local runs where tensorstore has it, else None (tensorstore's own).
+
+    Mapped files spare the kernel's copy into tensorstore's memory and the page faults of
+    that memory: measured with bench/read.py, the stream ran 1.6 x (hidden 896) to 3.3 x
+    (hidden 4096) as fast. Committed objects are only ever replaced whole (tensorstore
+    writes a new file and renames it), so a mapping never sees a file shrink under it.
+    """
+    return "memmap" if run.location.scheme == "file" and _memmap_supported() else None
+
+
 def read_contexts(gcs_request_concurrency: int | None = None, file_io_mode: str | None = None
                   ) -> tuple[ts.Context, ts.Context]:
     """(activations, token arrays) contexts a stream reads in: children of the
@@ -120,7 +140,8 @@ class ShuffledStream:
       2, each decoded in parallel over its inner chunks; 16 for gs://, where each request
       waits longer); their decode memory is about reads_in_flight * block_rows * seq_len *
       hidden * itemsize.
-    file_io_mode: how local files are read (see read_contexts; no effect on gs://).
+    file_io_mode: how local files are read (see read_contexts; None: default_file_io_mode,
+      memmap for local runs; no effect on gs://).
     gather_threads: threads copying tokens into batches (None: reader.gather's default,
       a quarter of the cores).
     """
@@ -178,6 +199,9 @@ class ShuffledStream:
         self.framework = formats.check_framework("jax" if as_jax else framework)
         self.sharding, self.dtype = sharding, dtype
         self.normalizers = formats.normalizers(run, self.hooks, normalize)
+        if file_io_mode is None:
+            file_io_mode = default_file_io_mode(run)
+        self.file_io_mode = file_io_mode
         acts_context, tokens_context = read_contexts(gcs_request_concurrency, file_io_mode)
         self._acts = {h: run._open(layout.activation_array_key(h), acts_context)
                       for h in self.hooks}

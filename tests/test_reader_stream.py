@@ -112,8 +112,9 @@ def test_resume_mid_epoch_continues_the_same_order(reader_run):
 
 
 @pytest.mark.parametrize("codec,file_io_mode", [("zstd", None), ("none", None),
-                                               ("none", "memmap"), ("zstd", "memmap")])
+                                               ("none", "default"), ("zstd", "default")])
 def test_values_equal_zarr_pythons_read_of_the_arrays(tmp_path, codec, file_io_mode):
+    # None: the default for a local run, mapped files; "default": tensorstore's read().
     import zarr
 
     from reader import zarr_compat
@@ -121,7 +122,9 @@ def test_values_equal_zarr_pythons_read_of_the_arrays(tmp_path, codec, file_io_m
     truth = _uneven_run(tmp_path / "run", dtype="bfloat16", codec=codec)
     zarr_compat.register_bfloat16()
     run = reader.open_run(truth.uri)
-    batches = list(_stream(run, drop_last=False, file_io_mode=file_io_mode))
+    s = _stream(run, drop_last=False, file_io_mode=file_io_mode)
+    assert s.file_io_mode == (file_io_mode or "memmap")
+    batches = list(s)
     for hook in truth.hooks:
         z = np.asarray(zarr.open_array(str(tmp_path / "run" / "activations" / hook),
                                        mode="r")[:])
@@ -135,8 +138,9 @@ def test_gcs_run_streams_like_local(gcs_bucket):
     uri = f"{gcs_bucket}/runs/stream"
     truth = rf.build_run(uri, num_partitions=3, rows_per_shard=4, committed=(0, 2))
     run = reader.open_run(uri)
-    batches = list(_stream(run, drop_last=False, gcs_request_concurrency=4,
-                           reads_in_flight=3))
+    s = _stream(run, drop_last=False, gcs_request_concurrency=4, reads_in_flight=3)
+    assert s.file_io_mode is None  # mapping is for local files only
+    batches = list(s)
     assert np.array_equal(np.sort(_flat(batches)), np.flatnonzero(truth.committed_mask()))
     for b in batches:
         np.testing.assert_array_equal(b.acts["embed"], truth.value("embed", b.rows, b.cols))
@@ -291,3 +295,23 @@ def test_a_damaged_block_fails_the_stream_with_the_read_error(tmp_path):
     for b in got:  # whatever came before the failure is right
         np.testing.assert_array_equal(b.acts["embed"], truth.value("embed", b.rows, b.cols))
     assert not s._prefetcher.running
+
+
+def test_local_runs_read_mapped_files_where_tensorstore_can(reader_run, monkeypatch):
+    from reader import stream as stream_lib
+
+    run = reader.open_run(reader_run.uri)
+    assert stream_lib.default_file_io_mode(run) == "memmap"
+
+    class OldContext:  # a tensorstore without the file_io_mode resource
+        def __init__(self, spec, parent=None):
+            raise ValueError('Invalid context resource identifier: "file_io_mode"')
+
+    stream_lib._memmap_supported.cache_clear()
+    monkeypatch.setattr(stream_lib.ts, "Context", OldContext)
+    try:
+        assert stream_lib.default_file_io_mode(run) is None
+    finally:
+        monkeypatch.undo()
+        stream_lib._memmap_supported.cache_clear()
+    assert stream_lib.default_file_io_mode(run) == "memmap"
