@@ -98,6 +98,9 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
             raise e
         notes.append(f"{what} not checked: {e}")
 
+    if target is not None and not spec.model.path:
+        found.append("spec.model.path: empty; extraction needs a Hugging Face checkpoint "
+                     "directory (config.json + *.safetensors), local or gs://")
     job = None
     try:
         job = workers_main.check_job(spec, batch, model_parallel, data_parallel)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     reason="builds a virtual environment per extra (minutes); ACTX_INSTALL_TESTS=1 runs them")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SOURCES = ("setup.py", "schemas", "pipeline", "workers", "deploy", "reader")
+SOURCES = ("setup.py", "schemas", "pipeline", "workers", "deploy", "reader", "adapters")
 REFERENCE_ONLY = {"torch", "transformers"}  # the tests' reference: no lean extra brings them
 HOOKS = "layers.*.resid_pre,layers.*.resid_post,layers.*.attn_out,layers.*.mlp_out,final_norm"
 DEMO_HOOK = "layers.1.resid_post"

@@ -158,3 +158,19 @@ def test_capture_changes_before_any_commit_reuse_the_token_store(tmp_path, qwen_
     err = capsys.readouterr().err
     assert "partition(s) are committed with the earlier capture.hooks" in err
     assert s.read_json("run.json") == run_json
+
+
+def test_prepare_without_a_model_checks_the_rest(tmp_path, qwen_tokenizer_dir, capsys):
+    """`actx prepare` records the model path only; without one it still checks the hooks
+    and inputs, and a submit (which extracts) needs one."""
+    import contextlib
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["prepare", "--out", str(tmp_path / "run"), "--tokenizer",
+                         qwen_tokenizer_dir, "--text", _texts(tmp_path), "--seq-len", "16",
+                         "--runner=FnApiRunner"]) == 0, out.getvalue()
+    cfg = _config(tmp_path, "", qwen_tokenizer_dir, _texts(tmp_path), "layers.0.resid_post",
+                  run=str(tmp_path / "run2"))
+    assert cli.main(["submit", cfg], out=io.StringIO()) == 2
+    assert "spec.model.path: empty" in capsys.readouterr().err

@@ -37,7 +37,8 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
         capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
     except ValueError as e:
         problems.append(f"spec.capture.hooks: {e}")
-    config = _model_config(spec.model.path, problems)
+    # `actx prepare` may run without a model (its path is then only recorded, empty).
+    config = _model_config(spec.model.path, problems) if spec.model.path else None
     if config is not None:
         if capture is not None:
             try:
