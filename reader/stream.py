@@ -51,9 +51,9 @@ from schemas import ts_context
 # 4096; two buffers are held (prefetch_buffers=1).
 DEFAULT_BUFFER_TOKENS = 1 << 18
 STATE_VERSION = 1
-# Block reads in flight on local or memory runs: more than two made tensorstore's decode
-# memory fault in anew (bench/read.py's store: 4k page faults per epoch at 2, 40k at 4,
-# 79k at 8) for no faster epoch.
+# Block reads in flight on local or memory runs: with tensorstore's read(), more than two
+# made its read memory fault in anew (bench/read.py's store: 4k page faults per epoch at
+# 2, 40k at 4, 79k at 8) for no faster epoch.
 DEFAULT_LOCAL_READS = 2
 
 
@@ -62,7 +62,7 @@ FILE_IO_MODES = ("default", "memmap", "direct")
 
 @functools.lru_cache(maxsize=None)
 def _memmap_supported() -> bool:
-    try:  # tensorstore before 0.1.7x has no file_io_mode resource
+    try:  # older tensorstore releases have no file_io_mode resource
         ts.Context({"file_io_mode": {"mode": "memmap"}})
         return True
     except ValueError:
