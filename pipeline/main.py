@@ -8,6 +8,7 @@ Python: `run_prepare(spec, run_uri, pipeline_args)`; command line: `main(argv)` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import shlex
@@ -275,19 +276,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fineweb", action="append", default=[], help="FineWeb parquet path/glob")
     p.add_argument("--text", action="append", default=[], help="JSONL/parquet/txt path/glob")
     p.add_argument("--arc", action="append", default=[], help="ARC JSONL or ARC-AGI JSON")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--id-field", default="id")
-    p.add_argument("--max-docs", type=int, default=None, help="per source")
-    p.add_argument("--arc-encoder", default="digits", choices=["digits", "rows", "shape"])
-    p.add_argument("--arc-include-test-output", action="store_true")
-    p.add_argument("--arc-dihedral", action="store_true")
-    p.add_argument("--arc-colour-perms", type=int, default=0)
-    p.add_argument("--arc-seed", type=int, default=0)
     p.add_argument("--no-bos", action="store_true", help="do not prepend BOS")
     p.add_argument("--add-eos", action="store_true", help="append EOS to every document")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--name", default="run")
-    # Packing and layout flags come from the spec's own classes: same names, defaults, help.
+    # Source, packing and layout flags come from the spec's own classes: same names,
+    # defaults, choices and help. Source flags apply to every --fineweb/--text/--arc input.
+    flags.add_arguments(p.add_argument_group("every source (spec.sources[])"),
+                        runspec_lib.SourceSpec, exclude=("kind", "paths", "name"))
     flags.add_arguments(p.add_argument_group("packing (spec.packing)"), runspec_lib.PackingSpec)
     flags.add_arguments(p.add_argument_group("layout (spec.layout)"), runspec_lib.LayoutSpec)
     p.add_argument("--max-reject-fraction", type=float, default=DEFAULT_MAX_REJECT_FRACTION,
@@ -306,11 +302,10 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         return runspec_lib.RunSpec.from_dict(config_lib.load_file(args.spec), f"{args.spec}: ")
     if not args.tokenizer:
         raise SystemExit("actx prepare: --tokenizer (or --spec) is required")
-    common = dict(text_field=args.text_field, id_field=args.id_field, max_docs=args.max_docs)
-    arc = dict(max_docs=args.max_docs, arc_encoder=args.arc_encoder,
-               arc_include_test_output=args.arc_include_test_output,
-               arc_dihedral=args.arc_dihedral, arc_colour_perms=args.arc_colour_perms,
-               arc_seed=args.arc_seed)
+    source = {f.name: getattr(args, f.name) for f in dataclasses.fields(runspec_lib.SourceSpec)
+              if f.name not in ("kind", "paths", "name")}
+    common = {k: v for k, v in source.items() if not k.startswith("arc_")}
+    arc = {k: v for k, v in source.items() if k.startswith("arc_") or k == "max_docs"}
     srcs = ([runspec_lib.SourceSpec("fineweb", (p,), **common) for p in args.fineweb]
             + [runspec_lib.SourceSpec("text", (p,), **common) for p in args.text]
             + [runspec_lib.SourceSpec("arc", (p,), **arc) for p in args.arc])
