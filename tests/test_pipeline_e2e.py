@@ -158,6 +158,15 @@ def test_deterministic_across_running_modes(prepared):
     assert _tree(run) == _tree(other)  # every byte: arrays, doc tables, rejects, manifest
 
 
+def test_deterministic_with_the_bundle_based_runner_and_small_units(prepared):
+    """Beam's other local runner, and work units of 2 KB instead of one per file, give the
+    same bytes."""
+    spec, run, _, _, root = prepared
+    other = os.path.join(root, "run-bundle")
+    main.run_prepare(spec, other, ["--runner=BundleBasedDirectRunner"], 0.2, unit_bytes=2000)
+    assert _tree(run) == _tree(other)
+
+
 def test_pad_via_cli_and_concat(prepared, qwen_tokenizer_dir, capsys):
     _, _, _, (fw, _, _), root = prepared
     run = os.path.join(root, "run-pad")
