@@ -11,9 +11,12 @@ when a source has max_docs: `partition.file_limits`), the unit summaries of one 
 prefix sums) and one placement per unit (`partition.place_units`). Each partition is then
 written by one worker, which reads the stored tokens of the few units in its rows.
 
-Elements between stages: file names, `WorkUnit`s (a few hundred bytes), unit and group
-summaries (4 bytes per document of a unit or group, plus ~100 bytes), the plan (~200 bytes
-per unit and per group), per-partition stats and rejects (each under 1 KB).
+Elements between stages: file names, `WorkUnit`s (a few hundred bytes), unit summaries
+(4 bytes per document of the unit plus ~300 bytes), group summaries (~100 bytes plus the
+group's ARC task ids), write tasks, per-partition stats and rejects (each under ~1 KB),
+and the plan, the one element that grows with the run: ~200 bytes per unit and per pack
+group, never per document (tests/test_pipeline_units.py checks a bound on the
+multi-process runner).
 
 Determinism: document order, packing and partitions are a pure function of the document
 keys and token counts, never of bundle or worker order or of how files were cut into
