@@ -5,19 +5,20 @@
     python bench/read.py --run ./runs/r1 --hook layers.12.resid_post
 
 For each store it prints: (1) the sequential decoded read (every block of the hook read
-through tensorstore in row order, a few reads in flight, decoded to numpy, padding
-included; local files read the way the stream reads them, --file-io-mode, by default
-mapped), as `array[lo:hi].read()` and, stricter, decoded into one reused buffer as the
-stream decodes; (2) the streaming shuffle (`run.stream`) over whole epochs: the same
-blocks read and decoded, plus the permutation and the batch copies; its ratios are (1)'s
-times over (2)'s for the same bytes; (3) the exact global shuffle (`run.batches`, straight from the
-arrays) over a few steps; the peak RSS of each (each runs in its own process, so the
-figure is its own); and how mixed the batches are (reader.mixing: distinct documents,
+through tensorstore in row order, 2 and 4 reads in flight, the faster counting, decoded
+to numpy, padding included; local files read the way the stream reads them,
+--file-io-mode, by default mapped), as `array[lo:hi].read()` and, stricter, decoded into
+one reused buffer as the stream decodes; (2) the streaming shuffle (`run.stream`) over
+whole epochs: the same blocks read and decoded, plus the permutation and the batch
+copies; its ratios are (1)'s times over (2)'s for the same bytes, overall and per round;
+(3) the exact global shuffle (`run.batches`, straight from the arrays) over a few steps;
+the CPU seconds and peak RSS of each (each runs in its own process, so the figure is its
+own); the load average; and how mixed the batches are (reader.mixing: distinct documents,
 partitions and blocks per batch) for (2) and (3). Each child times --passes passes after
 an untimed one (thread pools, allocator), children alternate over --rounds, and medians
-are printed, because other processes share the cores. The files were just
-written or read, so reads come from the page cache: the figures are decode and copy speed,
-not disk speed.
+are printed, because other processes share the cores. The files were just written or
+read, so reads come from the page cache: the figures are decode and copy speed, not disk
+speed.
 """
 
 from __future__ import annotations
