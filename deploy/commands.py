@@ -23,6 +23,7 @@ class Command:
     poll_timeout_s: the wait fails after this long.
     in_process: run by actx itself (e.g. prepare); argv is the equivalent command line.
     may_fail: a failure is reported and the plan goes on (e.g. deleting what may be gone).
+    on_fail: what to do about a failure of this step, printed with it.
     """
 
     argv: tuple[str, ...]
@@ -33,6 +34,7 @@ class Command:
     poll_timeout_s: float | None = None
     in_process: bool = False
     may_fail: bool = False
+    on_fail: str | None = None
 
     def shell(self) -> str:
         line = shlex.join(self.argv)
@@ -71,6 +73,8 @@ def execute(plan: list[Command], out=sys.stdout, poll_s: float = 30.0,
             print(f"  (exit code {code}; going on)", file=out, flush=True)
         elif code != 0:
             print(f"step {i} failed with exit code {code}: {cmd.what}", file=out, flush=True)
+            if cmd.on_fail:
+                print(cmd.on_fail, file=out, flush=True)
             return code
     return 0
 

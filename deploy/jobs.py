@@ -83,7 +83,8 @@ def cmd_submit(args, out) -> int:
     prep = dataflow.prepare_commands(spec, run, target, cfg.max_reject_fraction, on_dataflow,
                                      job)
     if target.kind == "tpu-vm":  # checks the target first: nothing is created on bad input
-        plan = tpu_vm.plan(run, target, spec.fingerprint, job, prepare=prep)
+        plan = tpu_vm.plan(run, target, spec.fingerprint, job, prepare=prep,
+                           config=args.config or "CONFIG")
     elif not run.startswith("gs://"):
         raise UsageError(f"run {run!r}: Dataflow workers need a gs:// run directory")
     else:
@@ -112,19 +113,19 @@ def cmd_submit(args, out) -> int:
 def _after_tpu_launch(code: int, run: str, target, job: str, started_at: float, only,
                       args, out) -> int:
     """What to do next once the workers run detached on the slice; `--wait` follows them."""
-    if code != 0:
-        print(f"if the slice was preempted: `actx rerun {run} --target tpu-vm --config CONFIG "
-              f"--recreate`", file=out)
+    if code != 0:  # the failed step said what to do
         return code
     print(f"workers are running on {target.tpu.name}, detached from this command.\n"
           f"  progress: actx status {run} --watch\n"
           f"  logs:     {run.rstrip('/')}/logs/{job}/<host>.log (copied as they grow)\n"
-          f"  delete the slice afterwards: actx down --config CONFIG", file=out, flush=True)
+          f"  delete the slice afterwards: actx down --config {args.config or 'CONFIG'}",
+          file=out, flush=True)
     if not getattr(args, "wait", False):
         return 0
     from deploy import tpu_follow
 
-    return tpu_follow.follow(run, f"{target.tpu.name}-w", started_at, only, out=out,
+    return tpu_follow.follow(run, f"{target.tpu.name}-w", started_at, only,
+                             config=args.config or "CONFIG", out=out,
                              every_s=min(5.0, max(0.5, target.heartbeat_s)),
                              stale_after_s=args.stale_after)
 
@@ -256,7 +257,8 @@ def cmd_rerun(args, out) -> int:
     if target.kind == "dataflow":
         raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
     plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, only=ids, create=False,
-                       install=args.install, recreate=args.recreate)
+                       install=args.install, recreate=args.recreate,
+                       config=args.config or "CONFIG")
     if args.dry_run:
         print("# dry run: nothing is executed.", file=out)
         print(commands.render_plan(plan), file=out, flush=True)

@@ -21,7 +21,7 @@ def job_hosts(status: runstate.RunStatus, prefix: str, since: float) -> list:
 
 
 def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | None = None,
-           out=sys.stdout, every_s: float = 5.0,
+           config: str = "CONFIG", out=sys.stdout, every_s: float = 5.0,
            stale_after_s: float = runstate.DEFAULT_STALE_AFTER_S,
            start_timeout_s: float = 900.0) -> int:
     """Prints progress lines until the `wanted` partitions (None: all) are committed (0) or
@@ -42,7 +42,7 @@ def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | No
         if hosts and not any(h.live for h in hosts):
             print(runstate.render(status), file=out)
             print(f"the job's {len(hosts)} host(s) stopped with {len(missing)} partition(s) "
-                  f"without a commit; `actx rerun {run} --target tpu-vm --config CONFIG` "
+                  f"without a commit; `actx rerun {run} --target tpu-vm --config {config}` "
                   f"redoes them (add --recreate after a preemption)", file=out, flush=True)
             return 1
         if not hosts and time.time() - started_at > start_timeout_s:

@@ -12,6 +12,7 @@ server's agent-worker-number) and worker 0's address as coordinator. Each host r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -97,22 +98,28 @@ def _gcloud(*words: str) -> tuple[str, ...]:
     return ("gcloud", "compute", "tpus", *words)
 
 
-def create_commands(tpu: config_lib.TpuConfig) -> list[Command]:
+def create_commands(tpu: config_lib.TpuConfig, config: str = "CONFIG") -> list[Command]:
     spot = ["--spot"] if tpu.spot else []
+    exists = (f"if {tpu.name} exists from an earlier submit: `actx down --config {config}` "
+              f"deletes it, or set target.tpu.create: false to use it")
     if tpu.queued_resource:
         return [
             Command(_gcloud("queued-resources", "create", tpu.name, "--node-id", tpu.name,
                             *_where(tpu), "--accelerator-type", tpu.accelerator_type,
                             "--runtime-version", tpu.runtime_version, *spot),
-                    f"request the TPU slice {tpu.name} as a queued resource"),
+                    f"request the TPU slice {tpu.name} as a queued resource", on_fail=exists),
             Command(_gcloud("queued-resources", "describe", tpu.name, *_where(tpu),
                             "--format=value(state.state)"),
                     "wait until the queued resource is provisioned", poll_until="ACTIVE",
-                    poll_fail=FAILED_QR_STATES, poll_timeout_s=tpu.wait_timeout_s),
+                    poll_fail=FAILED_QR_STATES, poll_timeout_s=tpu.wait_timeout_s,
+                    on_fail=f"the queued resource {tpu.name} did not become ACTIVE; nothing "
+                            f"was prepared or started. It stays until deleted: `actx down "
+                            f"--config {config}`, then submit again (another zone, or "
+                            f"target.tpu.spot false, may have capacity)"),
         ]
     return [Command(_gcloud("tpu-vm", "create", tpu.name, *_where(tpu), "--accelerator-type",
                             tpu.accelerator_type, "--version", tpu.runtime_version, *spot),
-                    f"create the TPU VM slice {tpu.name}")]
+                    f"create the TPU VM slice {tpu.name}", on_fail=exists)]
 
 
 def delete_commands(tpu: config_lib.TpuConfig, may_fail: bool = False) -> list[Command]:
@@ -197,28 +204,33 @@ def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, j
 
 
 def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                  only: list[int] | None = None) -> Command:
-    return ssh(target.tpu, worker_script(run, target, fingerprint, job, only),
-               f"start one worker per host, detached ({slice_hosts(target.tpu)} host(s), "
-               f"one replica); logs go to {run.rstrip('/')}/logs/{job}/")
+                  only: list[int] | None = None, config: str = "CONFIG") -> Command:
+    cmd = ssh(target.tpu, worker_script(run, target, fingerprint, job, only),
+              f"start one worker per host, detached ({slice_hosts(target.tpu)} host(s), "
+              f"one replica); logs go to {run.rstrip('/')}/logs/{job}/")
+    return dataclasses.replace(cmd, on_fail=(
+        f"if the slice was preempted or deleted: `actx rerun {run} --target tpu-vm --config "
+        f"{config} --recreate`"))
 
 
 def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
          only: list[int] | None = None, create: bool | None = None, install: bool = True,
-         prepare: list[Command] = (), recreate: bool = False) -> list[Command]:
+         prepare: list[Command] = (), recreate: bool = False,
+         config: str = "CONFIG") -> list[Command]:
     """Create (optional; `recreate`: delete first), prepare (optional), install, start.
 
     The slice comes first, so a queued resource that fails leaves nothing prepared.
+    `config`: the submit config's path, as the printed hints name it.
     """
     check(run, target)
     tpu = target.tpu
     cmds = delete_commands(tpu, may_fail=True) if recreate else []
     if recreate or (tpu.create if create is None else create):
-        cmds += create_commands(tpu)
+        cmds += create_commands(tpu, config)
     cmds += prepare
     if install or recreate:
         cmds += install_commands(tpu, job)
-    cmds.append(start_command(run, target, fingerprint, job, only))
+    cmds.append(start_command(run, target, fingerprint, job, only, config))
     return cmds
 
 

@@ -32,6 +32,23 @@ DATAFLOW = {"project": "proj", "region": "us-central1", "temp_location": "gs://b
             "max_num_workers": 16}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def local_inputs(tmp_path_factory, qwen_tokenizer_dir):
+    """Real inputs on local disk for SPEC: `submit` checks the model, tokenizer and sources
+    before it plans (deploy/preflight.py), and gs:// ones would answer differently with and
+    without the GCS emulator running."""
+    from pipeline import sample_data
+    from tests import hf_models
+
+    root = tmp_path_factory.mktemp("plan-inputs")
+    model = hf_models.make_tiny_checkpoint(root / "model", "qwen2", num_hidden_layers=2,
+                                           vocab_size=151936)
+    fineweb = sample_data.make_fineweb_parquet(str(root / "fw" / "000.parquet"), 4)
+    SPEC.update(model={"path": str(model), "dtype": "bfloat16"},
+                tokenizer={"path": qwen_tokenizer_dir},
+                sources=[{"kind": "fineweb", "paths": [fineweb]}])
+
+
 def _write(tmp_path, target: dict, name: str = "c.yaml") -> str:
     path = tmp_path / name
     path.write_text(yaml.safe_dump({"run": "gs://b/runs/r1", "spec": SPEC, "target": target}))
@@ -211,19 +228,16 @@ def test_rerun_dry_run_on_tpu_vm_names_only_uncommitted(tmp_path):
     assert len(lines) == 1 and "--only 0,2 --host-name" in lines[0].argv[-1]
 
 
-def test_example_tpu_config_passes_the_checks_and_its_dry_run_writes_nothing(tmp_path,
-                                                                           monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_example_tpu_config_passes_the_checks_and_downs_what_it_created(tmp_path):
     example = os.path.join(config.REPO_ROOT, "configs", "example_tpu.yaml")
     cfg = config.load_submit_config(example)
     tpu_vm.check(cfg.run, cfg.target)
     shape = tpu_vm.slice_shape(cfg.target.tpu)
     assert (shape.hosts, shape.devices_per_host, cfg.target.batch_size % shape.devices) == \
         (4, 4, 0)
-    out = io.StringIO()
-    assert cli.main(["submit", example, "--dry-run", "--job", "ex"], out=out) == 0, out.getvalue()
-    assert os.listdir(tmp_path) == []
-    assert not os.path.exists(os.path.join(tempfile.gettempdir(), "actx-ex"))
+    plan = tpu_vm.plan(cfg.run, cfg.target, "fp", "ex")
+    assert [c.argv[4] for c in plan if c.argv[0] == "gcloud"] == \
+        ["create", "describe", "scp", "ssh", "ssh"]
     down = io.StringIO()
     assert cli.main(["down", "--config", example, "--dry-run"], out=down) == 0
     assert down.getvalue().splitlines()[-1] == shlex.join([

@@ -139,7 +139,8 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     rerun = ["rerun", run, "--target", "tpu-vm", "--config", cfg]
     code, out = _main(rerun + ["--job", "r0"])
     assert code == 1 and "FAILED_PRECONDITION: TPU pod1 is PREEMPTED" in out
-    assert f"actx rerun {run} --target tpu-vm --config CONFIG --recreate" in out
+    assert f"if the slice was preempted or deleted: `actx rerun {run} --target tpu-vm " \
+        f"--config {cfg} --recreate`" in out
     job2 = f"j2-{uuid.uuid4().hex[:6]}"
     code, out = _main(rerun + ["--recreate", "--wait", "--job", job2])
     assert code == 0, out

@@ -54,6 +54,8 @@ def test_queued_resource_failed_or_suspended_ends_the_wait(tmp_path, fake_cloud,
     assert code == 1, out
     assert f"  ... {outcome}: the wait ends here; nothing more was started" in out
     assert "step 2 failed with exit code 1: wait until the queued resource is provisioned" in out
+    assert (f"the queued resource pod1 did not become ACTIVE; nothing was prepared or started. "
+            f"It stays until deleted: `actx down --config {cfg}`") in out
     assert store.open_store(run).list("") == []  # nothing prepared
     verbs = [c[4] for c in fake_cloud.calls()]
     assert verbs == ["create"] + ["describe"] * 3  # waiting, waiting, then the end state
@@ -82,6 +84,7 @@ def test_create_failure_is_shown_and_nothing_follows(tmp_path, fake_cloud, gcs_b
     assert code == 1, out
     assert "RESOURCE_EXHAUSTED: no v4 capacity in us-central2-b" in out
     assert "step 1 failed with exit code 1: request the TPU slice pod1" in out
+    assert f"`actx down --config {cfg}` deletes it" in out
     assert [c[4] for c in fake_cloud.calls()] == ["create"]
     assert store.open_store(run).list("") == []
 
