@@ -4,8 +4,9 @@ anything, so a typo costs seconds, not a prepared token store and a provisioned 
 
 It checks the model's config.json (local or gs://) and architecture, hooks and layer
 ranges, the context length, tokenizer vs model vocabulary, the input paths, the batch
-against the target's devices, and the target's own settings. Inputs it cannot reach in a
-dry run (no credentials on this machine) are named as not checked instead.
+against the target's devices, and the target's own settings. In a dry run, inputs it
+cannot reach (no credentials on this machine) or that are not there yet are named as not
+checked instead of refused.
 """
 
 from __future__ import annotations
@@ -98,6 +99,11 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
             raise e
         notes.append(f"{what} not checked: {e}")
 
+    def absent(lines) -> None:
+        # A dry run may show the commands before the data and checkpoint are uploaded.
+        (notes if dry_run else found).extend(
+            f"not found yet: {line}" if dry_run else line for line in lines)
+
     if target is not None and not spec.model.path:
         found.append("spec.model.path: empty; extraction needs a Hugging Face checkpoint "
                      "directory (config.json + *.safetensors), local or gs://")
@@ -105,13 +111,15 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
     try:
         job = workers_main.check_job(spec, batch, model_parallel, data_parallel)
         found += job.problems
+        absent(job.missing)
     except store_errors.StoreError as e:
         unreachable("the model", e)
     vocab = None
     if not _prepared_for(run, spec):
         try:
-            input_problems, vocab = pipeline_main.check_inputs(spec)
+            input_problems, input_missing, vocab = pipeline_main.check_inputs(spec)
             found += input_problems
+            absent(input_missing)
         except store_errors.StoreError as e:
             unreachable("the inputs and tokenizer", e)
     if vocab is not None and job is not None and job.vocab_size is not None \
@@ -131,13 +139,11 @@ DRY_RUN_DEADLINE_S = 3.0
 def check(spec: runspec_lib.RunSpec, run: str, target=None, dry_run: bool = False,
           out=None) -> None:
     """Raises PreflightError listing every problem; prints dry-run notes to `out`."""
-    if dry_run:
-        store_errors.set_deadline(DRY_RUN_DEADLINE_S)
-    try:
+    import contextlib
+
+    bound = store_errors.deadline(DRY_RUN_DEADLINE_S) if dry_run else contextlib.nullcontext()
+    with bound:
         found, notes = problems(spec, run, target, dry_run)
-    finally:
-        if dry_run:
-            store_errors.set_deadline(None)
     for note in notes:
         if out is not None:
             print(f"# pre-flight: {note}", file=out)

@@ -64,10 +64,11 @@ def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
     return files
 
 
-def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], int | None]:
-    """(problems, tokenizer vocabulary size) of the spec's inputs, before any work: every
-    source path matches a file, and the tokenizer loads. One line per problem."""
-    problems = []
+def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], list[str], int | None]:
+    """(problems, missing, tokenizer vocabulary size) of the spec's inputs, before any work:
+    every source path matches a file (else it is missing), and the tokenizer loads. One
+    line per problem."""
+    problems, missing = [], []
     for s, source in enumerate(spec.sources):
         for path in source.paths:
             if path.startswith("gs://"):  # an unreachable bucket: one StoreError, in bounds
@@ -75,15 +76,19 @@ def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], int | None]:
             try:
                 fileio.expand_path(path)
             except fileio.InputError as e:
-                problems.append(f"source {spec.source_name(s)!r}: {e}")
+                missing.append(f"source {spec.source_name(s)!r}: {e}")
     try:
         tokenize.check_tokenizer_path(spec.tokenizer.path)
-        return problems, tokenize.load_tokenizer(spec.tokenizer.path).vocab_size
+    except tokenize.TokenizerError as e:
+        missing.append(f"spec.tokenizer.path: {e}")
+        return problems, missing, None
+    try:
+        return problems, missing, tokenize.load_tokenizer(spec.tokenizer.path).vocab_size
     except store_lib.StoreError:
         raise
-    except Exception as e:  # a missing or unreadable tokenizer
+    except Exception as e:  # a tokenizer that does not load
         problems.append(f"spec.tokenizer.path: {e}")
-        return problems, None
+        return problems, missing, None
 
 
 def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:

@@ -47,6 +47,18 @@ def set_deadline(seconds: float | None) -> None:
     _deadline_s = seconds
 
 
+@contextlib.contextmanager
+def deadline(seconds: float | None):
+    """`set_deadline(seconds)` for a block; the bound before it comes back after."""
+    global _deadline_s
+    previous = _deadline_s
+    _deadline_s = seconds
+    try:
+        yield
+    finally:
+        _deadline_s = previous
+
+
 def set_retry_budget(seconds: float) -> None:
     """Bounds every later GCS call, retries included, to `seconds` (when no tighter
     deadline is set)."""

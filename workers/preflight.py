@@ -19,10 +19,12 @@ from workers import model_config as model_config_lib
 @dataclasses.dataclass(frozen=True)
 class JobCheck:
     """problems: one line each, naming the field and what to do (empty: all is well).
-    vocab_size: the model's embedding rows, when its config.json could be read."""
+    vocab_size: the model's embedding rows, when its config.json could be read.
+    missing: what was not found (a dry run may run before the checkpoint is uploaded)."""
 
     problems: tuple[str, ...]
     vocab_size: int | None = None
+    missing: tuple[str, ...] = ()  # the checkpoint's config.json is not where it says
 
 
 def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
@@ -32,13 +34,14 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
     data_parallel: devices the replica's batch is split over (None: not known here).
     """
     problems: list[str] = []
+    missing: list[str] = []
     capture = None
     try:
         capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
     except ValueError as e:
         problems.append(f"spec.capture.hooks: {e}")
     # `actx prepare` may run without a model (its path is then only recorded, empty).
-    config = _model_config(spec.model.path, problems) if spec.model.path else None
+    config = _model_config(spec.model.path, problems, missing) if spec.model.path else None
     if config is not None:
         if capture is not None:
             try:
@@ -60,10 +63,11 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
             problems.append(
                 f"batch_size={batch_size} does not split over the replica's {data_parallel} "
                 f"data-parallel devices; choose a multiple of {data_parallel}")
-    return JobCheck(tuple(problems), config.vocab_size if config is not None else None)
+    return JobCheck(tuple(problems), config.vocab_size if config is not None else None,
+                    tuple(missing))
 
 
-def _model_config(path: str, problems: list[str]):
+def _model_config(path: str, problems: list[str], missing: list[str]):
     """The checkpoint's ModelConfig, or None with the reason added to `problems`."""
     where = f"{path.rstrip('/')}/config.json"
     try:
@@ -74,8 +78,8 @@ def _model_config(path: str, problems: list[str]):
         problems.append(f"spec.model.path: {where} cannot be read ({e})")
         return None
     if data is None:
-        problems.append(f"spec.model.path: {where} not found; point spec.model.path at a "
-                        f"Hugging Face checkpoint directory (config.json + *.safetensors)")
+        missing.append(f"spec.model.path: {where} not found; point spec.model.path at a "
+                       f"Hugging Face checkpoint directory (config.json + *.safetensors)")
         return None
     try:
         return model_config_lib.ModelConfig.from_hf(data, source=where)
