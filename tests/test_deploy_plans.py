@@ -226,6 +226,17 @@ def test_rerun_dry_run_on_tpu_vm_names_only_uncommitted(tmp_path):
                                                              tpu=config.TpuConfig(**TPU)),
                         spec.fingerprint, "j3", only=[0, 2], install=False)
     assert len(lines) == 1 and "--only 0,2 --host-name" in lines[0].argv[-1]
+    # After a preemption: delete (it may be gone already), request, wait, install, start.
+    plan = tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(
+        batch_size=16, tpu=config.TpuConfig(**TPU, queued_resource=True)), spec.fingerprint,
+        "j4", only=[0, 2], install=False, recreate=True, config="t.yaml")
+    assert [(c.argv[3:5] if c.argv[0] == "gcloud" else c.argv[1:3], c.may_fail)
+            for c in plan] == [
+        (("queued-resources", "delete"), True), (("queued-resources", "create"), False),
+        (("queued-resources", "describe"), False), (("-m", "deploy.tpu_package"), False),
+        (("tpu-vm", "scp"), False), (("tpu-vm", "ssh"), False), (("tpu-vm", "ssh"), False)]
+    assert "--only 0,2 --host-name" in plan[-1].argv[-1]
+    assert plan[-1].on_fail.endswith("--config t.yaml --recreate`")
 
 
 def test_example_tpu_config_passes_the_checks_and_downs_what_it_created(tmp_path):

@@ -107,3 +107,42 @@ def test_host_run_copies_the_log_and_records_the_exit(tmp_path):
     assert proc.returncode == 3, proc.stderr
     data = store_lib.open_store(run).read(host_run.log_key("j", "h0"))
     assert data == b"hello from the worker\n[actx: worker exited with code 3]\n"
+
+
+def test_wait_follows_the_run_until_its_partitions_commit_or_its_hosts_are_gone(tmp_path):
+    """`submit --wait` reads the end of a detached job from the run directory: the job's
+    hosts (named <slice>-w<i>, beating since it started) gone with partitions left is 1,
+    the wanted partitions committed is 0; a heartbeat from before the job does not count."""
+    import io
+
+    from deploy import tpu_follow
+    from schemas import heartbeat as heartbeat_lib, layout
+    from tests import token_runs
+
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, "unused-model", n_rows=24, partition_rows=8)  # 3 parts
+    s = store_lib.open_store(run)
+    started = time.time()
+
+    def beat(host: str, state: str, at: float, partition=None) -> None:
+        hb = heartbeat_lib.Heartbeat(host=host, replica=0, process_index=0, state=state,
+                                     attempt="a", updated_at=at, partition=partition)
+        heartbeat_lib.HeartbeatWriter(s, host).beat(hb, force=True)
+
+    beat("pod1-w2", "done", started - 100)  # an earlier job's host: not this job's
+    s.create_json(layout.commit_key(0), {"partition": 0})
+    beat("pod1-w0", "failed", started + 1, partition=1)
+    beat("pod1-w1", "working", started - 30, partition=2)  # stale (older than 10 s)
+    beat("other-w0", "working", time.time(), partition=2)  # another slice's host
+    out = io.StringIO()
+    assert tpu_follow.follow(run, "pod1-w", started - 60, out=out, every_s=0.1,
+                             stale_after_s=10, start_timeout_s=5) == 1
+    assert "the job's 2 host(s) stopped with 2 partition(s) without a commit" in out.getvalue()
+    # Only partition 0 wanted (rerun --only 0): committed, so the job succeeded.
+    assert tpu_follow.follow(run, "pod1-w", started, wanted=[0], out=io.StringIO(),
+                             every_s=0.1) == 0
+    # No host of this job ever reports: the wait ends after start_timeout_s.
+    out = io.StringIO()
+    assert tpu_follow.follow(run, "pod9-w", time.time(), out=out, every_s=0.1,
+                             start_timeout_s=0.3) == 1
+    assert "no worker of this job reported in 0.3 s" in out.getvalue()
