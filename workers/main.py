@@ -37,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     worker.install_signal_handlers()
     try:
         return worker.run()
+    except errors.UserError as e:
+        # The store gave up, or the run changed under the worker: one line says what to do.
+        # Nothing partial was committed.
+        if worker.topo.hosts_per_replica > 1:
+            _leave_replica_now()
+        print(f"actx extract: error: {e}", file=sys.stderr)
+        return 2
     except BaseException:
         if worker.topo.hosts_per_replica > 1:
             _leave_replica_now()
