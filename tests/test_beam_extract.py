@@ -158,3 +158,19 @@ def test_dataflow_gpu_launch_command_in_dry_run(tmp_path, monkeypatch, capsys):
     assert (args.run, args.batch_size, args.job) == ("gs://b/runs/r1", 16, "j1")
     assert "--runner=DataflowRunner" in beam_flags
     assert not (tmp_path / ".actx").exists()
+
+
+def test_a_worker_killed_mid_partition_leaves_no_marker_and_a_new_pipeline_finishes(
+        reference_run, tmp_path):
+    """A SIGKILLed Beam worker process (preemption, OOM) takes the in-process runner with it;
+    the partition in hand has no marker, and the next pipeline over the run commits it."""
+    run = worker_procs.copy_token_store(reference_run, str(tmp_path / "run"))
+    code, out = worker_procs.finish(_start(run, "killed", "--runner=FnApiRunner",
+                                           ACTX_CRASH_AT="step:3"), timeout=600)
+    assert code == -9, out
+    done = set(_markers(run))
+    assert len(done) < N_ROWS // PARTITION_ROWS  # the partition in hand is not committed
+    code, out = worker_procs.finish(_start(run, "again", "--runner=FnApiRunner"), timeout=600)
+    assert code == 0, out
+    assert f"{N_ROWS // PARTITION_ROWS - len(done)} partition(s) given to the pipeline" in out
+    _assert_same_as_reference(run, reference_run)
