@@ -80,15 +80,20 @@ def execute(plan: list[Command], out=sys.stdout, poll_s: float = 30.0,
 
 
 def _run(cmd: Command, out) -> int:
-    """Runs a command, its output shown as it comes (through `out` when it is no tty)."""
+    """Runs a command, its output shown as it comes: on this terminal when `out` is stdout
+    (gcloud may prompt, e.g. for a new ssh key), else through `out`."""
+    direct = out is sys.stdout or out is sys.__stdout__
     try:
-        proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd,
+                                stdout=None if direct else subprocess.PIPE,
+                                stderr=None if direct else subprocess.STDOUT,
+                                text=True, errors="replace")
     except FileNotFoundError as e:
         print(f"  cannot run {cmd.argv[0]!r}: {e}", file=out)
         return 127
-    for line in proc.stdout:
-        print(f"  {line.rstrip()}", file=out, flush=True)
+    if not direct:
+        for line in proc.stdout:
+            print(f"  {line.rstrip()}", file=out, flush=True)
     return proc.wait()
 
 
