@@ -4,6 +4,7 @@ and every simulated host's processes killed at the end."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -18,6 +19,11 @@ def fake_cloud(tmp_path, monkeypatch) -> FakeCloud:
     bin_dir = str(tmp_path / "bin")
     cloud.install_shim(bin_dir, server.url)
     monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
+    # The jobs' directories (wheel, spec, staging copy) go with the test's files.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("TMPDIR", str(tmp))
     try:
         yield cloud
     finally:
