@@ -3,8 +3,8 @@ data engine (Beam's local runners, Dataflow GPU or TPU workers, Flink, Spark).
 
 `ExtractPartitions` takes partition ids and yields a `CommitRecord` per partition. Each
 worker process loads the model once onto its local devices (one replica per process, shared
-by the DoFn instances of the process) and extracts a partition with the same step, writer
-and commit code as `actx extract` (`workers.runner.Session`). Retries are safe: a failed or
+by the DoFn instances of the process) and extracts a bundle's partitions as one stream with
+the same step, writer and commit code as `actx extract` (`workers.runner.Session`). Retries are safe: a failed or
 duplicated attempt leaves no marker or loses the create-only marker race, so each
 partition is committed exactly once. This is the one module that imports both Beam and
 JAX (through workers.runner).
@@ -106,6 +106,9 @@ class ExtractPartitionFn(beam.DoFn):
         self._process_opts = dataclasses.replace(self._opts, host_name=host)
         self._replica = _ProcessReplica.acquire(self._process_opts)
 
+    def start_bundle(self):
+        self._taken: list = []  # this bundle's partitions, extracted together at its end
+
     def process(self, partition_id: int):
         worker = self._replica.worker
         part = worker.manifest.partition(int(partition_id))
@@ -113,19 +116,38 @@ class ExtractPartitionFn(beam.DoFn):
             self._skipped.inc()
             yield CommitRecord(part.id, "already committed", part.tokens, part.row_count,
                                worker.host)
-            return
-        with self._replica.step_lock:
-            mine = self._replica.session.extract(part.id)
-        if mine:
-            self._committed.inc()
-            self._tokens.inc(part.tokens)
-            info = info_lib.read_info(worker.store)
-            if info is not None:
-                self._bytes.inc(info.bytes_per_row(worker.manifest.seq_len) * part.row_count)
         else:
-            self._lost.inc()
-        yield CommitRecord(part.id, "committed" if mine else "committed by another attempt",
-                           part.tokens, part.row_count, worker.host)
+            self._taken.append(part)
+
+    def finish_bundle(self):
+        """Extracts the bundle's partitions as one stream, the way a worker process runs
+        its partitions (no barrier between them), and emits a record per partition once
+        all are committed. A failure fails the bundle; its retry skips what committed."""
+        from apache_beam.transforms import window
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        taken, self._taken = self._taken, []
+        if not taken:
+            return
+        worker = self._replica.worker
+        with self._replica.step_lock:
+            ran = set(self._replica.session.extract([p.id for p in taken]))
+        info = info_lib.read_info(worker.store)
+        for part in taken:
+            mine = part.id in ran and self._replica.session.committed_by_me(part.id)
+            if mine:
+                self._committed.inc()
+                self._tokens.inc(part.tokens)
+                if info is not None:
+                    self._bytes.inc(info.bytes_per_row(worker.manifest.seq_len)
+                                    * part.row_count)
+            else:
+                self._lost.inc()
+            record = CommitRecord(part.id, "committed" if mine else
+                                  "committed by another attempt", part.tokens, part.row_count,
+                                  worker.host)
+            yield WindowedValue(record, window.GlobalWindow().max_timestamp(),
+                                [window.GlobalWindow()])
 
     def teardown(self):
         if self._process_opts is not None:

@@ -269,11 +269,11 @@ class Worker:
         committer.submit(part, part_writer, started)
 
     def run_stream(self, pool: writer.WriterPool, committer: commit_step.Committer,
-                   tried: set[int]) -> None:
-        """Every partition left, streamed with no barrier between them (workers.stream_loop):
-        a slot whose document ends takes the next one, from the next partition if need be."""
-        sequence = None
-        if self.topo.hosts_per_replica > 1:
+                   tried: set[int], sequence: list[int] | None = None) -> None:
+        """Every partition left (or `sequence`, in order), streamed with no barrier between
+        them (workers.stream_loop): a slot whose document ends takes the next one, from the
+        next partition if need be."""
+        if sequence is None and self.topo.hosts_per_replica > 1:
             # Hosts take the partitions in one agreed order: the leader's.
             mine = [p for p in self._candidates() if not self._is_committed(p)] \
                 if self.topo.host_index == 0 else []
@@ -356,18 +356,30 @@ class Session:
                                                worker.attempt, code_version(),
                                                on_commit=worker._on_commit)
 
-    def extract(self, pid: int) -> bool:
-        """Extracts and commits partition `pid` unless it is committed; True when this
-        call committed it. Nothing partial is committed when it raises."""
-        if self.worker._is_committed(pid):
-            return False
+    def extract(self, pids: list[int]) -> list[int]:
+        """Extracts and commits the partitions of `pids` that are not committed, as
+        `Worker.run` would (streamed with no barrier between them where rows carry context);
+        returns those it ran. Nothing partial is committed when it raises."""
+        w = self.worker
+        todo = [p for p in pids if not w._is_committed(p)]
+        if not todo:
+            return []
         try:
-            self.worker.run_partition(pid, self.pool, self.committer)
+            if w.max_context is not None and w.topo.hosts_per_replica == 1:
+                w.run_stream(self.pool, self.committer, set(), sequence=todo)
+            else:
+                for pid in todo:
+                    w.run_partition(pid, self.pool, self.committer)
             self.committer.drain()
         except BaseException as e:
-            self.worker.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
+            w.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
             raise
-        self.worker.progress.update(state="idle", partition=None)
+        w.progress.update(state="idle", partition=None)
+        return todo
+
+    def committed_by_me(self, pid: int) -> bool:
+        """Whether this process's attempt holds the partition's marker (a duplicate attempt
+        that lost the create-only race does not)."""
         marker = commit_lib.read_marker(self.worker.store, pid)
         return marker is not None and marker.attempt == self.worker.attempt
 
