@@ -9,8 +9,6 @@ import time
 from schemas import activations_info as info_lib
 from schemas import errors
 from schemas import flags
-from schemas import layout as layout_lib
-from schemas import version
 
 
 class UsageError(errors.UserError):
@@ -181,7 +179,7 @@ def _rerun_hint(handle, status, only, out) -> list[int]:
               f"{', '.join(f'p-{p:05d}' for p in missing[:20])}"
               + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
               + f"; `actx rerun {handle.location}` redoes them"
-              + (f" (`--only stale`: just the stale ones)" if stale else ""), file=out)
+              + (" (`--only stale`: just the stale ones)" if stale else ""), file=out)
     return missing
 
 
