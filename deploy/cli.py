@@ -203,6 +203,27 @@ def cmd_verify(args, out) -> int:
     return 0 if report.ok and (report.complete or args.committed_only) else 1
 
 
+def _staged_for_dataflow(argv: list[str]) -> list[str]:
+    """`actx prepare ... --runner=DataflowRunner` without --setup_file: stage what the
+    Dataflow workers must install (deploy.dataflow_stage, as `actx submit` does) in a
+    temporary directory and name its setup.py."""
+    runner = next((argv[i + 1] if a == "--runner" and i + 1 < len(argv) else
+                   a.split("=", 1)[1] for i, a in enumerate(argv)
+                   if a == "--runner" or a.startswith("--runner=")), "")
+    if runner != "DataflowRunner" or any(a == "--setup_file" or a.startswith("--setup_file=")
+                                         for a in argv):
+        return argv
+    import tempfile
+
+    from deploy import dataflow_stage
+
+    setup_file = dataflow_stage.stage(os.path.join(tempfile.mkdtemp(prefix="actx-stage-"),
+                                                   "src"))
+    print(f"prepare: staged actx for the Dataflow workers in {os.path.dirname(setup_file)}",
+          file=sys.stderr)
+    return [*argv, f"--setup_file={setup_file}"]
+
+
 # -- entry point ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None, out=None) -> int:
     try:
@@ -223,7 +244,7 @@ def _main(argv: list[str] | None, out) -> int:
 
         from deploy import preflight
 
-        return pipeline_main.main(argv[1:], preflight=preflight.check)
+        return pipeline_main.main(_staged_for_dataflow(argv[1:]), preflight=preflight.check)
     if argv and argv[0] == "extract":
         from workers import main as workers_main
 

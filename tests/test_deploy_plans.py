@@ -254,3 +254,25 @@ def test_example_tpu_config_passes_the_checks_and_downs_what_it_created(tmp_path
     assert down.getvalue().splitlines()[-1] == shlex.join([
         "gcloud", "compute", "tpus", "queued-resources", "delete", "actx-v4-32", "--zone",
         "us-central2-b", "--project", "my-project", "--force", "--quiet"])
+
+
+def test_prepare_typed_for_dataflow_stages_what_the_workers_need():
+    """`actx prepare --runner=DataflowRunner` typed by hand stages the same copy as submit:
+    a setup.py whose install_requires hold what prepare's DoFns import."""
+    import ast
+
+    argv = ["--spec", "s.json", "--out", "gs://b/r", "--runner", "DataflowRunner"]
+    staged = cli._staged_for_dataflow(argv)
+    assert staged[:-1] == argv and staged[-1].startswith("--setup_file=")
+    setup_py = staged[-1].split("=", 1)[1]
+    tree = ast.parse(open(setup_py).read())
+    [call] = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+              and getattr(n.func, "id", "") == "setup"]
+    requires = ast.literal_eval(next(k.value for k in call.keywords
+                                     if k.arg == "install_requires"))
+    assert any(r.startswith("tokenizers") for r in requires)
+    assert any(r.startswith("numpy") for r in requires)
+    # Given a setup file, or another runner: unchanged.
+    for argv in (["--runner=DataflowRunner", "--setup_file=mine/setup.py"],
+                 ["--runner=FnApiRunner"], []):
+        assert cli._staged_for_dataflow(argv) == argv
