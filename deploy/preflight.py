@@ -21,7 +21,10 @@ class PreflightError(errors.UserError):
 
 
 def _local_data_parallel(target) -> int | None:
-    devices = target.hosts_per_replica * target.devices_per_host
+    """Devices a local replica splits its batch over: its hosts' devices over the model
+    axis. Through Beam each worker process is a replica of one host."""
+    hosts = 1 if target.extract == "beam" else target.hosts_per_replica
+    devices = hosts * target.devices_per_host
     return devices // target.model_parallel if devices % target.model_parallel == 0 else None
 
 
@@ -39,10 +42,6 @@ def target_problems(run: str, target) -> tuple[list[str], int | None]:
         elif target.devices_per_host % target.model_parallel:
             problems.append(f"target.model_parallel: {target.model_parallel} does not divide "
                             f"target.devices_per_host ({target.devices_per_host})")
-        if target.extract == "beam":  # one process per replica, devices_per_host devices
-            devices = target.devices_per_host
-            return problems, (devices // target.model_parallel
-                              if devices % target.model_parallel == 0 else None)
         return problems, _local_data_parallel(target)
     if target.kind == "tpu-vm":
         # tpu_vm.problems checks the batch against the slice's chips itself.

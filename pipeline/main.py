@@ -69,10 +69,13 @@ def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], list[str], int |
     every source path matches a file (else it is missing), and the tokenizer loads. One
     line per problem."""
     problems, missing = [], []
+    reachable: set[str] = set()
     for s, source in enumerate(spec.sources):
         for path in source.paths:
-            if path.startswith("gs://"):  # an unreachable bucket: one StoreError, in bounds
-                store_lib.open_store(f"gs://{uri_lib.parse(path).bucket}").check_reachable()
+            bucket = uri_lib.parse(path).bucket if path.startswith("gs://") else None
+            if bucket and bucket not in reachable:  # unreachable: one StoreError, in bounds
+                store_lib.open_store(f"gs://{bucket}").check_reachable()
+                reachable.add(bucket)
             try:
                 fileio.expand_path(path)
             except fileio.InputError as e:
