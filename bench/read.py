@@ -9,8 +9,10 @@ through tensorstore in row order, 2 and 4 reads in flight, the faster counting, 
 to numpy, padding included; local files read the way the stream reads them,
 --file-io-mode, by default mapped), as `array[lo:hi].read()` and, stricter, decoded into
 one reused buffer as the stream decodes; (2) the streaming shuffle (`run.stream`) over
-whole epochs: the same blocks read and decoded, plus the permutation and the batch
-copies; its ratios are (1)'s times over (2)'s for the same bytes, overall and per round;
+whole epochs: the same blocks read and decoded (or, for a local store without a codec,
+mapped and copied straight into batches; --no-map-shards decodes them), plus the
+permutation and the batch copies; its ratios are (1)'s times over (2)'s for the same
+bytes, overall and per round;
 (3) the exact global shuffle (`run.batches`, straight from the arrays) over a few steps;
 the CPU seconds and peak RSS of each (each runs in its own process, so the figure is its
 own); the load average; and how mixed the batches are (reader.mixing: distinct documents,
@@ -41,7 +43,7 @@ import tensorstore as ts  # noqa: E402
 
 import reader  # noqa: E402
 from reader import mixing  # noqa: E402
-from reader import stream as stream_lib  # noqa: E402
+from reader import read_contexts as contexts_lib  # noqa: E402
 from schemas import layout  # noqa: E402
 
 
@@ -69,7 +71,7 @@ def sequential(run: reader.Run, hook: str, block_rows: int, passes: int,
     One untimed pass of each first (thread pools, allocator), then `passes` timed ones."""
     # The context the stream reads in (no chunk cache), so both read the same way.
     array = run._open(layout.activation_array_key(hook),
-                      stream_lib.read_contexts(file_io_mode=file_io_mode)[0])
+                      contexts_lib.read_contexts(file_io_mode=file_io_mode)[0])
     blocks = [(lo, min(lo + block_rows, p.row_stop)) for p in run.committed_partitions
               for lo in range(p.row_start, p.row_stop, block_rows)]
     out = {}
@@ -148,7 +150,7 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
     return {"seconds": seconds[1:], "cpu": cpu[1:], "setup_s": setup_s, "tokens": tokens,
             "delivered_bytes": nbytes, "decoded_bytes": decoded,
             "blocks_per_buffer": s.blocks_per_buffer, "gather_threads": s.gather_threads,
-            "reads_in_flight": s.reads_in_flight}
+            "reads_in_flight": s.reads_in_flight, "read_path": s.read_paths[hook]}
 
 
 def stream_mixing(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
@@ -198,13 +200,14 @@ def measure(args: argparse.Namespace) -> None:
     hook = args.hook or next(iter(run.hooks))
     block_rows = args.block_rows or run.spec.layout.rows_per_shard
     # Both read local files the way the stream does by default, unless told otherwise.
-    file_io_mode = args.file_io_mode or stream_lib.default_file_io_mode(run)
+    file_io_mode = args.file_io_mode or contexts_lib.default_file_io_mode(run)
     if args.measure == "sequential":
         out = sequential(run, hook, block_rows, args.passes, file_io_mode=file_io_mode)
     elif args.measure == "stream":
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                      args.passes, args.prefetch_buffers, file_io_mode,
-                     gather_threads=args.gather_threads, reads_in_flight=args.reads_in_flight)
+                     gather_threads=args.gather_threads, reads_in_flight=args.reads_in_flight,
+                     map_shards=not args.no_map_shards)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                             args.mix_batches)
@@ -231,6 +234,8 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
             cmd += [flag, str(value)]
     if args.block_rows:
         cmd += ["--block-rows", str(args.block_rows)]
+    if args.no_map_shards:
+        cmd += ["--no-map-shards"]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -261,8 +266,8 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     strm_gb_s = s0["delivered_bytes"] / med(strm_s) / 1e9
     print(f"\n== {label}: batch {args.batch_size} tokens, buffer {args.buffer_tokens} tokens "
           f"({s0['blocks_per_buffer']} blocks, prefetch_buffers {args.prefetch_buffers}, "
-          f"reads_in_flight {s0['reads_in_flight']}, gather_threads {s0['gather_threads']}); "
-          f"file_io_mode {s0['file_io_mode']} for both; "
+          f"reads_in_flight {s0['reads_in_flight']}, gather_threads {s0['gather_threads']}, "
+          f"read path {s0['read_path']}); file_io_mode {s0['file_io_mode']} for both; "
           f"medians of {len(seq_s)} timed passes each")
     print(f"sequential decoded read:  {seq_gb_s:7.3f} GB/s decoded "
           f"({decoded / 1e9:.3f} GB in {med(seq_s):.2f} s; array.read() per block, "
@@ -321,11 +326,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-rows", type=int, default=0, help="0: the layout's rows_per_shard")
     ap.add_argument("--prefetch-buffers", type=int, default=1,
                     help="stream buffers read ahead while one is cut into batches")
-    ap.add_argument("--file-io-mode", choices=stream_lib.FILE_IO_MODES,
+    ap.add_argument("--file-io-mode", choices=contexts_lib.FILE_IO_MODES,
                     help="how both the sequential read and the stream read local files "
                          "(default: the stream's default, memmap where tensorstore has it)")
     ap.add_argument("--gather-threads", type=int, help="stream: threads copying into batches")
     ap.add_argument("--reads-in-flight", type=int, help="stream: block reads decoding at once")
+    ap.add_argument("--no-map-shards", action="store_true",
+                    help="stream: decode every hook with tensorstore, even where its shard "
+                         "files could be mapped (codec none, local)")
     ap.add_argument("--exact-steps", type=int, default=8)
     ap.add_argument("--mix-batches", type=int, default=16)
     ap.add_argument("--passes", type=int, default=3, help="timed passes per child process")

@@ -33,7 +33,7 @@ Public names (all re-exported here; `__all__`):
 
 All tensorstore arrays are opened in the process-wide context (schemas.ts_context), so
 memory:// runs written in the same process are readable and its cache pool is shared
-(streams read activations in a child of it without a chunk cache: stream.read_contexts).
+(streams read activations in a child of it without a chunk cache: read_contexts).
 """
 
 from reader.batches import Batch, TokenBatches

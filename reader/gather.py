@@ -16,11 +16,14 @@ import numpy as np
 MIN_ROWS_PER_THREAD = 256
 
 
-def default_threads() -> int:
-    """A quarter of the cores, 1 to 8: the decode runs on tensorstore's threads meanwhile
-    and the consumer needs a core too (one thread on the 2-core development machine, where
-    a second measured no faster)."""
-    return max(1, min(8, (os.cpu_count() or 1) // 4))
+def default_threads(decoding: bool = True) -> int:
+    """While tensorstore decodes (`decoding`), a quarter of the cores, 1 to 8: the decode
+    runs on tensorstore's threads meanwhile and the consumer needs a core too (one thread
+    on the 2-core development machine, where a second measured no faster). With nothing
+    to decode (every hook copied from mapped files), the copy is all the stream's work:
+    one thread per core, up to 8."""
+    cores = os.cpu_count() or 1
+    return max(1, min(8, cores // 4 if decoding else cores))
 
 
 def _take(src: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:

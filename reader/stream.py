@@ -9,14 +9,17 @@ threads (decoding is parallel across inner chunks; `reads_in_flight` blocks at a
 reader.read_window). Each block is read with one request per hook and decoded straight
 into a reused buffer (ts.array over numpy memory); each returned token is then copied once
 into its batch (reader.gather, on `gather_threads` threads): the stored bytes are decoded
-once and copied once, whatever the batch size.
+once and copied once, whatever the batch size. A local hook stored without a codec is not
+decoded at all (reader.mapped_hook, `map_shards`): the buffer's shard files are mapped
+and each token is copied once, from the page cache straight into its batch.
 
 The trade (stated, and measured by bench/read.py with reader.mixing): a batch holds
 tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
 (block_rows * seq_len) blocks, so of fewer documents and partitions than an exact global
 shuffle (run.batches) would give it. A larger buffer or smaller blocks mix better; memory
-is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook, plus prefetch + 3
-batches and the decode memory of `reads_in_flight` blocks.
+is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook (page cache mapped
+for a mapped hook), plus prefetch + 3 batches and the decode memory of `reads_in_flight`
+blocks.
 
 Every valid token is read exactly once per epoch (drop_last=False; with drop_last the
 tail of each epoch's stream is dropped, see blocks.StreamPlan), processes read disjoint
@@ -38,14 +41,15 @@ from reader import array_pool
 from reader import blocks as blocks_lib
 from reader import formats
 from reader import gather as gather_lib
+from reader import mapped_hook
 from reader import prefetch as prefetch_lib
 from reader import read_window
 from reader import run as run_lib
 from reader import shuffle as shuffle_lib
 from reader.batches import Batch
 from reader.errors import ReaderError
+from reader.read_contexts import default_file_io_mode, read_contexts
 from schemas import layout
-from schemas import ts_context
 
 # Positions per buffer: 0.47 GB per hook and buffer at hidden 896 in bfloat16, 2.1 GB at
 # 4096; two buffers are held (prefetch_buffers=1).
@@ -57,60 +61,17 @@ STATE_VERSION = 1
 DEFAULT_LOCAL_READS = 2
 
 
-FILE_IO_MODES = ("default", "memmap", "direct")
-
-
-@functools.lru_cache(maxsize=None)
-def _memmap_supported() -> bool:
-    try:  # older tensorstore releases have no file_io_mode resource
-        ts.Context({"file_io_mode": {"mode": "memmap"}})
-        return True
-    except ValueError:
-        return False
-
-
-def default_file_io_mode(run: run_lib.Run) -> str | None:
-    """"memmap" for local runs where tensorstore has it, else None (tensorstore's own).
-
-    Mapped files spare the kernel's copy into tensorstore's memory and the page faults of
-    that memory: measured with bench/read.py, the stream ran 1.6 x (hidden 896) to 3.3 x
-    (hidden 4096) as fast. Committed objects are only ever replaced whole (tensorstore
-    writes a new file and renames it), so a mapping never sees a file shrink under it.
-    """
-    return "memmap" if run.location.scheme == "file" and _memmap_supported() else None
-
-
-def read_contexts(gcs_request_concurrency: int | None = None, file_io_mode: str | None = None
-                  ) -> tuple[ts.Context, ts.Context]:
-    """(activations, token arrays) contexts a stream reads in: children of the
-    process-wide one (so memory:// runs resolve) that share one GCS request limit.
-    Activations are read without a chunk cache (each chunk is read once per epoch, so a
-    cache would only hold a second copy of it); token arrays keep the shared cache, which
-    holds the index of their one-object-per-partition shards between block reads.
-    file_io_mode: how tensorstore reads local files ("default": read() into its own
-    memory; "memmap": mapped, so the decode reads the page cache without a kernel copy)."""
-    shared = ts_context.get()
-    if gcs_request_concurrency is not None:
-        shared = ts.Context({"gcs_request_concurrency": {"limit": gcs_request_concurrency}},
-                            parent=shared)
-    acts = {"cache_pool": {"total_bytes_limit": 0}}
-    if file_io_mode is not None:
-        if file_io_mode not in FILE_IO_MODES:
-            raise ValueError(f"file_io_mode must be one of {', '.join(FILE_IO_MODES)} or "
-                             f"None, got {file_io_mode!r}")
-        acts["file_io_mode"] = {"mode": file_io_mode}
-    return ts.Context(acts, parent=shared), shared
-
-
 @dataclasses.dataclass
 class _Loaded:
-    """A buffer whose reads were issued: per hook a slot [rows, seq_len, hidden]."""
+    """A buffer whose reads were issued: per hook the array its tokens are copied from."""
 
     epoch: int
     buffer: blocks_lib.Buffer
     skip: int  # tokens of its permuted order already consumed before a resume
-    slot: dict  # hook -> numpy [buffer_rows, seq_len, hidden] the blocks decode into
-    reads: read_window.ReadGroup  # the reads that decode the blocks into the slot
+    # hook -> (source [n, hidden], row of each buffer token in it or None: the same);
+    # a decoded hook's source is its slot [buffer_rows * seq_len, hidden].
+    sources: dict
+    reads: read_window.ReadGroup  # the reads that decode the blocks into the sources
     tokens: list  # futures of (segment_ids, input_ids) per block
     run_rows: np.ndarray  # int64 [rows]: the run row of each slot row
 
@@ -140,10 +101,13 @@ class ShuffledStream:
       2, each decoded in parallel over its inner chunks; 16 for gs://, where each request
       waits longer); their decode memory is about reads_in_flight * block_rows * seq_len *
       hidden * itemsize.
-    file_io_mode: how local files are read (see read_contexts; None: default_file_io_mode,
-      memmap for local runs; no effect on gs://).
-    gather_threads: threads copying tokens into batches (None: reader.gather's default,
-      a quarter of the cores).
+    file_io_mode: how tensorstore reads local files it decodes (see read_contexts; None:
+      default_file_io_mode, memmap for local runs; no effect on gs://).
+    gather_threads: threads copying tokens into batches (None: reader.gather's default, a
+      quarter of the cores while tensorstore decodes, one per core when all is mapped).
+    map_shards: copy the tokens of a local hook stored without a codec straight from its
+      mapped shard files (reader.mapped_hook) instead of decoding them first; anything
+      else is decoded by tensorstore. `read_paths` says which each hook got, and why.
     """
 
     def __init__(self, run: run_lib.Run, hooks: "str | Sequence[str]", batch_size: int, *,
@@ -157,7 +121,7 @@ class ShuffledStream:
                  sharding: Any = None, dtype: str | None = None,
                  normalize: str | None = None, gcs_request_concurrency: int | None = None,
                  reads_in_flight: int | None = None, file_io_mode: str | None = None,
-                 gather_threads: int | None = None):
+                 gather_threads: int | None = None, map_shards: bool = True):
         self.run = run
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         if not self.hooks:
@@ -193,9 +157,6 @@ class ShuffledStream:
             reads_in_flight = 16 if run.location.scheme == "gs" else DEFAULT_LOCAL_READS
         read_window.ReadWindow(reads_in_flight)  # checks it now, not in the thread
         self.reads_in_flight = reads_in_flight
-        self.gather_threads = (gather_lib.default_threads() if gather_threads is None
-                               else gather_threads)
-        gather_lib.Gather(self.gather_threads).close()  # checks it now, not in the thread
         self.framework = formats.check_framework("jax" if as_jax else framework)
         self.sharding, self.dtype = sharding, dtype
         self.normalizers = formats.normalizers(run, self.hooks, normalize)
@@ -205,6 +166,17 @@ class ShuffledStream:
         acts_context, tokens_context = read_contexts(gcs_request_concurrency, file_io_mode)
         self._acts = {h: run._open(layout.activation_array_key(h), acts_context)
                       for h in self.hooks}
+        self._mapped, self.read_paths = {}, {}
+        for h in self.hooks:
+            plain, why = (mapped_hook.plain_layout(run, h, self._acts[h]) if map_shards
+                          else (None, "map_shards=False"))
+            if plain is not None:
+                self._mapped[h] = mapped_hook.MappedHook(run, h, self._acts[h], plain)
+            self.read_paths[h] = "mapped" if plain is not None else f"decoded: {why}"
+        if gather_threads is None:
+            gather_threads = gather_lib.default_threads(len(self._mapped) < len(self.hooks))
+        self.gather_threads = gather_threads
+        gather_lib.Gather(gather_threads).close()  # checks it now, not in the thread
         self._tokens = [run._open(layout.token_array_key(n), tokens_context)
                         for n in shuffle_lib.token_names(whole_document)]
         self._prefetch_depth = max(1, prefetch)
@@ -263,25 +235,32 @@ class ShuffledStream:
 
     def _new_slot(self) -> dict[str, np.ndarray]:
         return {h: np.empty((self.plan.buffer_rows, self.run.seq_len, a.shape[2]),
-                            a.dtype.numpy_dtype) for h, a in self._acts.items()}
+                            a.dtype.numpy_dtype)
+                for h, a in self._acts.items() if h not in self._mapped}
 
     def _issue(self, epoch: int, buf: blocks_lib.Buffer, skip: int,
                slot: dict[str, np.ndarray], window: read_window.ReadWindow) -> _Loaded:
         """Queues the reads of one buffer, each block decoded into its rows of the slot
-        (the token rows, a few bytes per position, are read at once)."""
-        table, arrays = self.plan.table, slot
-        targets = {h: ts.array(arrays[h], copy=False, write=True) for h in self.hooks}
+        or its shard files mapped (the token rows, a few bytes per position, are read at
+        once)."""
+        table = self.plan.table
+        targets = {h: ts.array(a, copy=False, write=True) for h, a in slot.items()}
         group, tokens, run_rows, at = read_window.ReadGroup(), [], [], 0
-        for b in buf.blocks:
-            lo, hi = int(table.row_start[b]), int(table.row_stop[b])
-            for h in self.hooks:
-                window.add(group, functools.partial(targets[h][at:at + hi - lo].write,
+        blocks = [(int(table.row_start[b]), int(table.row_stop[b])) for b in buf.blocks]
+        for lo, hi in blocks:
+            for h, target in targets.items():
+                window.add(group, functools.partial(target[at:at + hi - lo].write,
                                                     self._acts[h][lo:hi]))
             tokens.append([t[lo:hi].read() for t in self._tokens])
             run_rows.append(np.arange(lo, hi, dtype=np.int64))
             at += hi - lo
+        sources = {h: (a.reshape(-1, a.shape[2]), None) for h, a in slot.items()}
+        for h, hook_reads in self._mapped.items():
+            loaded = hook_reads.load(blocks, window, group)
+            sources[h] = (loaded.source, loaded.row_of)
         window.pump()
-        return _Loaded(epoch, buf, skip, slot, group, tokens, np.concatenate(run_rows))
+        return _Loaded(epoch, buf, skip, {h: sources[h] for h in self.hooks}, group, tokens,
+                       np.concatenate(run_rows))
 
     def _read_error(self, loaded: _Loaded, error: Exception) -> ReaderError:
         parts = sorted({int(p) for p in self.plan.table.partition[loaded.buffer.blocks]})
@@ -342,7 +321,7 @@ class ShuffledStream:
                 except ValueError as e:  # how tensorstore reports a failed read
                     raise self._read_error(loaded, e) from e
                 order, input_ids = self._permuted(loaded)
-                flat = {h: a.reshape(-1, a.shape[2]) for h, a in loaded.slot.items()}
+                sources = loaded.sources
                 pos = loaded.skip
                 while pos < len(order) and (self.stop_step is None or step < self.stop_step):
                     epoch, _ = plan.locate(step)
@@ -351,23 +330,28 @@ class ShuffledStream:
                     if out is None:
                         n = plan.batch_tokens(step)
                         out = Batch(step, epoch, {h: pool.empty((n, f.shape[1]), f.dtype)
-                                                  for h, f in flat.items()},
+                                                  for h, (f, _) in sources.items()},
                                     np.empty(n, np.int64), np.empty(n, np.int64),
                                     np.empty(n, np.int32))
                     take = min(len(out) - fill, len(order) - pos)
                     idx = order[pos:pos + take]
-                    for h, f in flat.items():
-                        gather(f, idx, out.acts[h][fill:fill + take])
-                    out.rows[fill:fill + take] = loaded.run_rows[idx // seq_len]
-                    out.cols[fill:fill + take] = idx % seq_len
-                    out.input_ids[fill:fill + take] = input_ids[idx]
+                    for h, (f, row_of) in sources.items():
+                        gather(f, idx if row_of is None else row_of.take(idx),
+                               out.acts[h][fill:fill + take])
+                    # take(out=, mode="clip"): no temporary (see reader.gather).
+                    loaded.run_rows.take(idx // seq_len, out=out.rows[fill:fill + take],
+                                         mode="clip")
+                    np.remainder(idx, seq_len, out=out.cols[fill:fill + take])
+                    input_ids.take(idx, out=out.input_ids[fill:fill + take], mode="clip")
                     fill, pos = fill + take, pos + take
                     window.pump()  # the next buffer's reads go on while this one is cut
                     if fill == len(out):
                         yield self._convert(out)
                         step, fill, out = step + 1, 0, None
-                # Its tokens are in batches now (copies), so the slot takes the next read.
+                # Its tokens are in batches now (copies), so the slot takes the next read
+                # (and a mapped hook's files are unmapped once nothing refers to them).
                 pending.popleft()
+                del loaded, sources
                 top_up()
         finally:
             window.cancel()  # a stopped stream leaves no write into a freed slot

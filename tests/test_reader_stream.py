@@ -124,6 +124,8 @@ def test_values_equal_zarr_pythons_read_of_the_arrays(tmp_path, codec, file_io_m
     run = reader.open_run(truth.uri)
     s = _stream(run, drop_last=False, file_io_mode=file_io_mode)
     assert s.file_io_mode == (file_io_mode or "memmap")
+    # Without a codec, the shard files are mapped and copied from (tests/test_reader_mapped.py).
+    assert s.read_paths["embed"].startswith("mapped" if codec == "none" else "decoded")
     batches = list(s)
     for hook in truth.hooks:
         z = np.asarray(zarr.open_array(str(tmp_path / "run" / "activations" / hook),
@@ -140,6 +142,7 @@ def test_gcs_run_streams_like_local(gcs_bucket):
     run = reader.open_run(uri)
     s = _stream(run, drop_last=False, gcs_request_concurrency=4, reads_in_flight=3)
     assert s.file_io_mode is None  # mapping is for local files only
+    assert s.read_paths["embed"].startswith("decoded: gs:// run")
     batches = list(s)
     assert np.array_equal(np.sort(_flat(batches)), np.flatnonzero(truth.committed_mask()))
     for b in batches:
@@ -298,20 +301,20 @@ def test_a_damaged_block_fails_the_stream_with_the_read_error(tmp_path):
 
 
 def test_local_runs_read_mapped_files_where_tensorstore_can(reader_run, monkeypatch):
-    from reader import stream as stream_lib
+    from reader import read_contexts
 
     run = reader.open_run(reader_run.uri)
-    assert stream_lib.default_file_io_mode(run) == "memmap"
+    assert read_contexts.default_file_io_mode(run) == "memmap"
 
     class OldContext:  # a tensorstore without the file_io_mode resource
         def __init__(self, spec, parent=None):
             raise ValueError('Invalid context resource identifier: "file_io_mode"')
 
-    stream_lib._memmap_supported.cache_clear()
-    monkeypatch.setattr(stream_lib.ts, "Context", OldContext)
+    read_contexts._memmap_supported.cache_clear()
+    monkeypatch.setattr(read_contexts.ts, "Context", OldContext)
     try:
-        assert stream_lib.default_file_io_mode(run) is None
+        assert read_contexts.default_file_io_mode(run) is None
     finally:
         monkeypatch.undo()
-        stream_lib._memmap_supported.cache_clear()
-    assert stream_lib.default_file_io_mode(run) == "memmap"
+        read_contexts._memmap_supported.cache_clear()
+    assert read_contexts.default_file_io_mode(run) == "memmap"
