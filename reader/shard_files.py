@@ -85,6 +85,13 @@ class PlainShards:
         return chunk, inside
 
 
+def _names(codecs) -> str:
+    """Codecs in a short form for messages: "bytes(endian=little), zstd(level=3)"."""
+    return ", ".join(f"{c.get('name')}(" + ", ".join(
+        f"{k}={v}" for k, v in c.get("configuration", {}).items()) + ")"
+        for c in codecs or []) or "none"
+
+
 def _expect(ok: bool, what: str) -> None:
     if not ok:
         raise Refused(what)
@@ -122,9 +129,10 @@ def plain_shards(metadata: dict, shape: tuple[int, ...], dtype: np.dtype,
     _expect(set(config) <= {"chunk_shape", "codecs", "index_codecs", "index_location"},
             f"sharding members {sorted(config)}")
     _expect(config.get("codecs") == [_LITTLE_BYTES],
-            f"inner codecs {config.get('codecs')} (only little-endian bytes is read here)")
+            f"inner codecs {_names(config.get('codecs'))}: only bytes(endian=little) is "
+            f"read here")
     _expect(config.get("index_codecs") == [_LITTLE_BYTES, {"name": "crc32c"}],
-            f"index codecs {config.get('index_codecs')}")
+            f"index codecs {_names(config.get('index_codecs'))}")
     _expect(config.get("index_location", "end") == "end",
             f"index location {config.get('index_location')!r}")
     inner = list(config.get("chunk_shape", ()))

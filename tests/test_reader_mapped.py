@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import reader
+from reader import gather as gather_lib
 from reader import shard_files
 from tests import reader_fixtures as rf
 
@@ -78,7 +79,7 @@ def _index(path, chunks):
     ("float32", 2, 8, 2),  # chunks of 2 rows x 8 tokens, blocks inside one shard
     ("bfloat16", 2, 4, 8),  # blocks of 8 rows: two shards each
 ])
-def test_mapped_values_equal_zarr_pythons_and_the_decoded_streams(tmp_path, dtype,
+def test_mapped_values_equal_zarr_pythons_and_the_decoded_streams(tmp_path, monkeypatch, dtype,
                                                                    chunk_rows, chunk_tokens,
                                                                    block_rows):
     truth = _run(tmp_path / "run", dtype=dtype, chunk_rows=chunk_rows,
@@ -91,14 +92,22 @@ def test_mapped_values_equal_zarr_pythons_and_the_decoded_streams(tmp_path, dtyp
     _check(truth, batches)
     for m in mapped._mapped.values():
         assert m.mapped_blocks > 0 and m.decoded_blocks == 0 and not m.refusals
-    # The same order and values as when tensorstore decodes every block.
+    # The same order and values as when tensorstore decodes every block, and when read
+    # in the caller's thread with the copy split over 3 threads, or resumed mid-epoch.
     decoded = _stream(run, block_rows=block_rows, buffer_tokens=buffer_tokens,
                       map_shards=False)
     assert decoded.read_paths["embed"] == "decoded: map_shards=False"
-    for a, b in zip(batches, decoded, strict=True):
-        assert np.array_equal(a.rows, b.rows) and np.array_equal(a.cols, b.cols)
-        for hook in truth.hooks:
-            assert a.acts[hook].tobytes() == b.acts[hook].tobytes()
+    monkeypatch.setattr(gather_lib, "MIN_ROWS_PER_THREAD", 1)
+    inline = _stream(run, block_rows=block_rows, buffer_tokens=buffer_tokens, prefetch=0,
+                     gather_threads=3)
+    k = len(batches) // 2 + 1
+    resumed = _stream(run, block_rows=block_rows, buffer_tokens=buffer_tokens,
+                      resume=mapped.state(batches[k - 1]))
+    for other, skip in ((decoded, 0), (inline, 0), (resumed, k)):
+        for a, b in zip(batches[skip:], other, strict=True):
+            assert np.array_equal(a.rows, b.rows) and np.array_equal(a.cols, b.cols)
+            for hook in truth.hooks:
+                assert a.acts[hook].tobytes() == b.acts[hook].tobytes()
 
 
 def test_shards_written_by_zarr_python_in_morton_order_with_chunks_not_stored(tmp_path):

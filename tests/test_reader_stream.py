@@ -35,11 +35,12 @@ def _stream(run, **kwargs):
     return run.stream(["embed", "layers.0.resid_post"], args.pop("batch_size", 7), **args)
 
 
-@pytest.mark.parametrize("process_count", [1, 2, 3])
+@pytest.mark.parametrize("process_count,codec", [(1, "zstd"), (2, "zstd"), (3, "zstd"),
+                                                 (3, "none")])  # "none": mapped files
 def test_every_valid_committed_token_once_per_epoch_across_processes(tmp_path, process_count,
-                                                                     monkeypatch):
+                                                                     codec, monkeypatch):
     monkeypatch.setattr(gather_lib, "MIN_ROWS_PER_THREAD", 1)  # split even 7-token batches
-    truth = _uneven_run(tmp_path / "run")
+    truth = _uneven_run(tmp_path / "run", codec=codec)
     run = reader.open_run(truth.uri)
     want = np.flatnonzero(truth.committed_mask())  # no padding, nothing of partition 2
     per_process = []
