@@ -3,6 +3,7 @@
     python bench/read.py                          # synthetic bf16 runs, zstd and no codec
     python bench/read.py --codec none --rows 512  # one codec, a bigger store
     python bench/read.py --run ./runs/r1 --hook layers.12.resid_post
+    python bench/read.py --codec none --also-decoded  # mapped vs decoded, same rounds
 
 For each store it prints: (1) the sequential decoded read (every block of the hook read
 through tensorstore in row order, 2 and 4 reads in flight, the faster counting, decoded
@@ -219,7 +220,7 @@ def measure(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
-def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
+def _child(args: argparse.Namespace, mode: str, run_dir: str, decode: bool = False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", mode, "--run", run_dir,
            "--batch-size", str(args.batch_size), "--buffer-tokens", str(args.buffer_tokens),
            "--exact-steps", str(args.exact_steps), "--mix-batches", str(args.mix_batches),
@@ -234,19 +235,21 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str) -> dict:
             cmd += [flag, str(value)]
     if args.block_rows:
         cmd += ["--block-rows", str(args.block_rows)]
-    if args.no_map_shards:
+    if args.no_map_shards or decode:
         cmd += ["--no-map-shards"]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
-    """Alternates the two modes in child processes over --rounds; prints medians."""
-    seq, strm = [], []
+    """Alternates the modes in child processes over --rounds; prints medians."""
+    seq, strm, strm_dec = [], [], []
     load_before = os.getloadavg()
     for _ in range(args.rounds):
         seq.append(_child(args, "sequential", run_dir))
         strm.append(_child(args, "stream", run_dir))
+        if args.also_decoded:
+            strm_dec.append(_child(args, "stream", run_dir, decode=True))
     load_after = os.getloadavg()
     ex = _child(args, "exact", run_dir)
     mix = _child(args, "mixing", run_dir)
@@ -296,6 +299,15 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     print(f"  CPU s per pass (all threads; less sensitive to other jobs than wall time): "
           f"sequential read {cpu['read']:.2f}, reused buffer {cpu['into_buffer']:.2f}, "
           f"stream epoch {cpu['stream']:.2f}")
+    if strm_dec:  # the same stream with every block decoded, in the same rounds
+        dec_s = [x for r in strm_dec for x in r["seconds"]]
+        read_key = f"read@{fastest['read']}"
+        rounds = ", ".join(f"{med(a[read_key]) / med(b['seconds']):.2f}"
+                           for a, b in zip(seq, strm_dec))
+        print(f"  decoding every block instead ({strm_dec[0]['read_path']}): "
+              f"{med(dec_s):.2f} s/epoch, ratio to the sequential read "
+              f"{med(seq_s) / med(dec_s):.3f}, per round {rounds}; CPU s per epoch "
+              f"{med([x for r in strm_dec for x in r['cpu']]):.2f}")
     print(f"  load average (1 min) before / after the timed rounds: {load_before[0]:.2f} / "
           f"{load_after[0]:.2f} on {os.cpu_count()} cores")
     print(f"exact global shuffle:     {ex['gb_s']:7.3f} GB/s delivered "
@@ -331,6 +343,9 @@ def main(argv: list[str] | None = None) -> None:
                          "(default: the stream's default, memmap where tensorstore has it)")
     ap.add_argument("--gather-threads", type=int, help="stream: threads copying into batches")
     ap.add_argument("--reads-in-flight", type=int, help="stream: block reads decoding at once")
+    ap.add_argument("--also-decoded", action="store_true",
+                    help="time the stream a second way in each round, every block decoded "
+                         "(--no-map-shards), for a comparison in the same window")
     ap.add_argument("--no-map-shards", action="store_true",
                     help="stream: decode every hook with tensorstore, even where its shard "
                          "files could be mapped (codec none, local)")
