@@ -15,7 +15,7 @@ import pytest
 from pipeline import pack
 from schemas import runspec
 from tests import hf_models
-from workers import capture, model as model_lib, schedule, step
+from workers import attention, capture, model as model_lib, schedule, step
 
 SEQ_LEN = 8
 HOOKS = "embed,layers.*.resid_pre,layers.*.attn_out,layers.*.resid_mid,layers.*.mlp_out," \
@@ -79,15 +79,23 @@ def assert_documents_match_hf(stored, block, docs, hf, window, rtol):
     assert checked == len(docs) * len(stored)
 
 
-@pytest.mark.parametrize("arch,mode,overrides,max_context", [
-    ("qwen2", "segmented", {}, 24),
-    ("qwen2", "pad", {}, 24),
-    ("qwen2", "segmented", {}, 20),  # not a multiple of seq_len: the cache holds more
-    ("llama3", "segmented", {}, 24),
-    ("mistral", "segmented", {"sliding_window": 12}, 24),
+@pytest.mark.parametrize("arch,mode,overrides,max_context,query_chunk", [
+    ("qwen2", "segmented", {}, 24, None),
+    ("qwen2", "pad", {}, 24, None),
+    ("qwen2", "segmented", {}, 20, None),  # not a multiple of seq_len: the cache holds more
+    ("llama3", "segmented", {}, 24, None),
+    ("mistral", "segmented", {"sliding_window": 12}, 24, None),
+    # Queries in chunks of 3, 3 and 2 (rows of 1024 tokens go in 8 chunks of 128): each
+    # chunk sees only the row's keys up to its last query, and skips the cache where none
+    # of its queries continues a document.
+    ("qwen2", "segmented", {}, 20, 3),
+    ("mistral", "segmented", {"sliding_window": 12}, 24, 3),
 ])
-def test_every_token_matches_hf_on_its_document_alone(tmp_path, arch, mode, overrides,
-                                                      max_context):
+def test_every_token_matches_hf_on_its_document_alone(tmp_path, monkeypatch, arch, mode,
+                                                      overrides, max_context, query_chunk):
+    if query_chunk:
+        monkeypatch.setattr(attention, "MIN_QUERY_CHUNK", query_chunk)
+        assert attention.query_chunks(SEQ_LEN) == [(0, 3), (3, 6), (6, 8)]
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
     hf = hf_models.load_hf_model(path)
     model = model_lib.load_pretrained(path, dtype="float32")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests import hf_models
-from workers import capture, model_config, step
+from workers import attention, capture, model_config, step
 from workers import model as model_lib
 
 ALL_HOOKS = ("layers.*.resid_pre,layers.*.resid_mid,layers.*.resid_post,"
@@ -77,7 +77,21 @@ def test_bfloat16_parity(ckpt_dir, arch):
         assert _rel_l2(ours[name], ref[name]) <= 2e-2, name
 
 
-def test_segmented_and_padded_rows_match_documents_run_alone(ckpt_dir):
+# Rows of SEQ tokens are one query chunk; 5 makes chunks of 5, 5, 5, 5 and 4 queries,
+# each attending only to the keys up to its last query (rows of 1024 go in 8 chunks).
+CHUNKED = pytest.mark.parametrize("query_chunk", [None, 5], ids=["one-chunk", "chunks-of-5"])
+
+
+def _set_query_chunk(monkeypatch, query_chunk):
+    if query_chunk:
+        monkeypatch.setattr(attention, "MIN_QUERY_CHUNK", query_chunk)
+        assert len(attention.query_chunks(SEQ)) == 5
+
+
+@CHUNKED
+def test_segmented_and_padded_rows_match_documents_run_alone(ckpt_dir, monkeypatch,
+                                                             query_chunk):
+    _set_query_chunk(monkeypatch, query_chunk)
     path = ckpt_dir("qwen2")
     hf = hf_models.load_hf_model(path)
     docs = [_ids(1, n, seed=10 + n)[0] for n in (9, 11, SEQ)]
@@ -100,7 +114,9 @@ def test_segmented_and_padded_rows_match_documents_run_alone(ckpt_dir):
             assert _max_rel(got, ref[name][0]) <= 1e-5, (name, row, start)
 
 
-def test_mistral_sliding_window(ckpt_dir):
+@CHUNKED
+def test_mistral_sliding_window(ckpt_dir, monkeypatch, query_chunk):
+    _set_query_chunk(monkeypatch, query_chunk)
     path = ckpt_dir("mistral", sliding_window=5)
     ids = _ids(2, SEQ, seed=3)
     ref = hf_models.hf_hooks(hf_models.load_hf_model(path), ids)

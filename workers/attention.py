@@ -48,19 +48,43 @@ def attention_mask(segment_ids_bt: jax.Array, window: jax.Array | int) -> jax.Ar
     return allowed_ts[None] & same_segment_bts
 
 
+# Queries are processed in chunks: each chunk attends only to the keys up to its last query
+# (the mask is causal, so later keys are never seen), which skips the upper triangle, and
+# its float32 logits [b, k, g, chunk, keys] stay a fraction of the [t, t] ones. On the CPU
+# that is 4-9x faster at t = 1024 (the full logits are memory-bound); on any backend it
+# halves the FLOPs. At most MAX_QUERY_CHUNKS chunks, so the unrolled graph stays small.
+MIN_QUERY_CHUNK = 128
+MAX_QUERY_CHUNKS = 8
+
+
+def query_chunks(t: int) -> list[tuple[int, int]]:
+    """Static [start, end) query ranges covering a row of t tokens."""
+    n_chunks = min(MAX_QUERY_CHUNKS, -(-t // MIN_QUERY_CHUNK))
+    size = -(-t // n_chunks)
+    return [(start, min(t, start + size)) for start in range(0, t, size)]
+
+
+def query_chunk_size(t: int) -> int:
+    """The largest chunk `query_chunks(t)` makes (sizes the attention's working memory)."""
+    return max(end - start for start, end in query_chunks(t))
+
+
 def _xla_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
                    mask_bts: jax.Array) -> jax.Array:
     b, t, n, h = q_btnh.shape
     k = k_bskh.shape[2]
     q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
-    # Logits and softmax in float32 (HF eager does the softmax in float32 too).
-    logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh,
-                              preferred_element_type=jnp.float32) * (h ** -0.5)
-    logits_bkgts = jnp.where(mask_bts[:, None, None], logits_bkgts,
-                             jnp.finfo(jnp.float32).min)
-    probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_bskh.dtype)
-    out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_bskh)
-    return out_btkgh.reshape(b, t, n, h)
+    out = []
+    for start, end in query_chunks(t):
+        # Logits and softmax in float32 (HF eager does the softmax in float32 too).
+        logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh[:, start:end],
+                                  k_bskh[:, :end],
+                                  preferred_element_type=jnp.float32) * (h ** -0.5)
+        logits_bkgts = jnp.where(mask_bts[:, None, None, start:end, :end], logits_bkgts,
+                                 jnp.finfo(jnp.float32).min)
+        probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_bskh.dtype)
+        out.append(jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_bskh[:, :end]))
+    return jnp.concatenate(out, axis=1).reshape(b, t, n, h)
 
 
 def default_implementation(dtype: jnp.dtype) -> str:
@@ -72,7 +96,10 @@ def default_implementation(dtype: jnp.dtype) -> str:
 
 def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
               mask_bts: jax.Array, implementation: str | None = None) -> jax.Array:
-    """Grouped-query attention [b, t, n, h]; k/v heads are shared by n // k query heads."""
+    """Grouped-query attention [b, t, n, h]; k/v heads are shared by n // k query heads.
+
+    mask_bts must be causal (as `attention_mask`): no query attends a later key.
+    """
     implementation = implementation or default_implementation(q_btnh.dtype)
     if implementation == "cudnn":
         try:
@@ -91,15 +118,17 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
                      data_shards: int = 1) -> jax.Array:
     """Attention over the row itself and the slot's cached earlier rows, [b, t, n, h].
 
-    The row part uses `mask_bts` as `attention`; a query that continues the slot's
+    The row part uses `mask_bts` (causal) as `attention`; a query that continues the slot's
     document (q_continues) also attends to cached keys whose position q_pos - window <
-    pos < q_pos. The cache is visited block by block, newest first, merged by the online
-    softmax in float32, so the work follows the context each slot holds: the slots are
-    taken in groups of `data_shards` (one per device of the `data` axis, which holds the
-    batch in contiguous chunks), one group after another, and a group visits as many
-    blocks as its deepest slot holds. A block a slot does not hold is fully masked and
-    leaves its result bit for bit unchanged, and every group has the same shapes, so a
-    slot's bytes never depend on what the other slots hold.
+    pos < q_pos. Queries go in chunks (`query_chunks`). The cache is visited block by
+    block, newest first, merged by the online softmax in float32, so the work follows the
+    context each slot holds: the slots are taken in groups of `data_shards` (one per
+    device of the `data` axis, which holds the batch in contiguous chunks), one group
+    after another, and for each query chunk a group visits as many blocks as its deepest
+    slot holds, or none where no query of the chunk continues a document. A block a slot
+    does not hold (or a query does not see) is fully masked and leaves its result bit for
+    bit unchanged, and every group has the same shapes, so a slot's bytes never depend on
+    what the other slots hold.
     """
     b, t, n, h = q_btnh.shape
     k = k_btkh.shape[2]
@@ -107,6 +136,7 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
     n_blocks = cache_k_bckh.shape[1] // block_len
     scale = h ** -0.5
     q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
+    chunks = query_chunks(t)
 
     def scores(q, keys_bskh):
         return jnp.einsum("btkgh,bskh->bkgts", q, keys_bskh,
@@ -115,34 +145,44 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
     def weighted(p_bkgts, values_bskh):
         return jnp.einsum("bkgts,bskh->bkgth", p_bkgts, values_bskh.astype(jnp.float32))
 
-    row_mask = mask_bts[:, None, None]
-    logits = jnp.where(row_mask, scores(q_btkgh, k_btkh), -jnp.inf)
-    m_bkgt = jnp.max(logits, axis=-1)  # finite: every query sees itself
-    p = jnp.exp(logits - m_bkgt[..., None])
-    state = (m_bkgt, jnp.sum(p, axis=-1), weighted(p, v_btkh))
+    # The row part, per query chunk: the online-softmax state (max, sum, weighted values).
+    states = []
+    for start, end in chunks:
+        row_mask = mask_bts[:, None, None, start:end, :end]
+        logits = jnp.where(row_mask, scores(q_btkgh[:, start:end], k_btkh[:, :end]), -jnp.inf)
+        m_bkgt = jnp.max(logits, axis=-1)  # finite: every query sees itself
+        p = jnp.exp(logits - m_bkgt[..., None])
+        states.append((m_bkgt, jnp.sum(p, axis=-1), weighted(p, v_btkh[:, :end])))
     held_b = (jnp.sum(cache_pos_bc >= 0, axis=1) + block_len - 1) // block_len
 
     def group(xs):
-        q, cache_k, cache_v, cache_pos, q_pos, q_continues, held, m, l, acc = xs
+        q, cache_k, cache_v, cache_pos, q_pos, q_continues, held, chunk_states = xs
 
-        def visit(j, state):
-            m_old, l_old, acc_old = state
-            start = ((ptr - 1 - j) % n_blocks) * block_len
-            keys = jax.lax.dynamic_slice_in_dim(cache_k, start, block_len, axis=1)
-            values = jax.lax.dynamic_slice_in_dim(cache_v, start, block_len, axis=1)
-            pos_bs = jax.lax.dynamic_slice_in_dim(cache_pos, start, block_len, axis=1)
-            seen_bts = (q_continues[:, :, None] & (pos_bs[:, None, :] >= 0)
-                        & (pos_bs[:, None, :] < q_pos[:, :, None])
-                        & (q_pos[:, :, None] - pos_bs[:, None, :] < window))
-            seen = seen_bts[:, None, None]
-            logits = jnp.where(seen, scores(q, keys), -jnp.inf)
-            m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
-            correction = jnp.exp(m_old - m_new)
-            p = jnp.where(seen, jnp.exp(logits - m_new[..., None]), 0.0)
-            return (m_new, l_old * correction + jnp.sum(p, axis=-1),
-                    acc_old * correction[..., None] + weighted(p, values))
+        def chunk(start, end, state):
+            q_c, q_pos_c, q_continues_c = (q[:, start:end], q_pos[:, start:end],
+                                           q_continues[:, start:end])
 
-        return jax.lax.fori_loop(0, jnp.max(held), visit, (m, l, acc))
+            def visit(j, state):
+                m_old, l_old, acc_old = state
+                at = ((ptr - 1 - j) % n_blocks) * block_len
+                keys = jax.lax.dynamic_slice_in_dim(cache_k, at, block_len, axis=1)
+                values = jax.lax.dynamic_slice_in_dim(cache_v, at, block_len, axis=1)
+                pos_bs = jax.lax.dynamic_slice_in_dim(cache_pos, at, block_len, axis=1)
+                seen_bts = (q_continues_c[:, :, None] & (pos_bs[:, None, :] >= 0)
+                            & (pos_bs[:, None, :] < q_pos_c[:, :, None])
+                            & (q_pos_c[:, :, None] - pos_bs[:, None, :] < window))
+                seen = seen_bts[:, None, None]
+                logits = jnp.where(seen, scores(q_c, keys), -jnp.inf)
+                m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
+                correction = jnp.exp(m_old - m_new)
+                p = jnp.where(seen, jnp.exp(logits - m_new[..., None]), 0.0)
+                return (m_new, l_old * correction + jnp.sum(p, axis=-1),
+                        acc_old * correction[..., None] + weighted(p, values))
+
+            depth = jnp.where(jnp.any(q_continues_c), jnp.max(held), 0)
+            return jax.lax.fori_loop(0, depth, visit, state)
+
+        return [chunk(start, end, state) for (start, end), state in zip(chunks, chunk_states)]
 
     # [b, ...] -> [groups, data_shards, ...]: device d holds slots d*groups..; group i
     # takes slot i of every device, so each device works on its own slots in parallel.
@@ -155,7 +195,8 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
         return jnp.swapaxes(x, 0, 1).reshape((b,) + x.shape[2:])
 
     xs = (q_btkgh, cache_k_bckh, cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
-          held_b) + state
-    _, l_bkgt, acc_bkgth = (merge(x) for x in jax.lax.map(group, tuple(split(x) for x in xs)))
-    out_bkgth = acc_bkgth / l_bkgt[..., None]
+          held_b, states)
+    final = jax.lax.map(group, jax.tree.map(split, xs))
+    out_bkgth = jnp.concatenate(
+        [merge(acc) / merge(l)[..., None] for _, l, acc in final], axis=3)
     return jnp.einsum("bkgth->btkgh", out_bkgth).reshape(b, t, n, h).astype(q_btnh.dtype)

@@ -17,6 +17,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from workers import attention
 from workers.model_config import ModelConfig
 
 # Logical axes (see workers.sharding): slots split over `data`, kv heads over `model`.
@@ -68,9 +69,10 @@ def logical_axes() -> KVCache:
 
 def attention_scratch_bytes(slots_per_device: int, heads_per_device: int, seq_len: int) -> int:
     """The float32 working set of the cached attention of one layer on one device: logits,
-    their exponentials and the masked copy, [slots, heads, seq_len, seq_len] each (the row
-    part and one cache block at a time)."""
-    return 3 * slots_per_device * heads_per_device * seq_len * seq_len * 4
+    their exponentials and the masked copy, [slots, heads, query chunk, seq_len] each (the
+    row part and one cache block at a time, one query chunk at a time)."""
+    chunk = attention.query_chunk_size(seq_len)
+    return 3 * slots_per_device * heads_per_device * chunk * seq_len * 4
 
 
 def check_fits(cache_per_device_bytes: int, weights_per_device_bytes: int,
