@@ -31,6 +31,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsList, AsSingleton
 
 from pipeline import assemble
+from pipeline import deferred
 from pipeline import pack_group
 from pipeline import partition as partition_lib
 from pipeline import progress
@@ -61,7 +62,8 @@ class PlanUnitsFn(beam.DoFn):
 
 class TokenizeUnitFn(beam.DoFn):
     """(WorkUnit, limit) → UnitSummary (main) and Rejects ('rejects'); the unit's tokens go
-    to the run directory. The tokenizer loads once per worker."""
+    to the run directory, written in the background while the next unit is tokenized (its
+    outputs leave once they are stored). The tokenizer loads once per worker."""
 
     def __init__(self, spec: runspec_lib.RunSpec, run_uri: str):
         self.spec, self.run_uri = spec, run_uri
@@ -73,18 +75,24 @@ class TokenizeUnitFn(beam.DoFn):
     def setup(self):
         self.loaded = tokenize.load_tokenizer(self.spec.tokenizer.path)
         self.store = store_lib.open_store(self.run_uri)
+        # One unit is stored while the next is tokenized: two units' tokens at most.
+        self.deferred = deferred.DeferredOutputs(threads=1, max_pending=1)
+
+    def _store_unit(self, unit, tokens: unit_tokens.UnitTokens | None, docs: int,
+                    n_tokens: int) -> None:
+        if tokens is not None:
+            self.store.write(unit_tokens.cache_key(unit.unit_id), tokens.to_bytes())
+        progress.report_unit(self.store, unit, docs, n_tokens)
 
     def process(self, element):
         unit, limit = element
         if limit == 0:  # beyond the source's max_docs: not even an unreadable-file reject
-            progress.report_unit(self.store, unit, 0, 0)
+            yield from self.deferred.add([self.deferred.submit(
+                self._store_unit, unit, None, 0, 0)], [])
             return
         rejects: list = []
         tokens, summary = unit_tokens.tokenize_unit(self.loaded, self.spec, unit, limit, rejects)
-        if summary.docs:
-            self.store.write(unit_tokens.cache_key(unit.unit_id), tokens.to_bytes())
         n_tokens = int(tokens.lengths.sum())
-        progress.report_unit(self.store, unit, summary.docs, n_tokens)
         c = self.counters
         c["units_tokenized"].inc()
         c["records_read"].inc(summary.records + len(rejects))
@@ -93,10 +101,18 @@ class TokenizeUnitFn(beam.DoFn):
         c["tokens"].inc(n_tokens)
         c["unit_input_bytes"].inc(max(0, unit.byte_stop - unit.byte_start))
         self.unit_tokens.update(n_tokens)
-        if summary.docs:  # a unit of rejects only adds nothing to the plan
-            yield summary
-        for r in rejects:
-            yield beam.pvalue.TaggedOutput(REJECTS_TAG, r)
+        stored = self.deferred.submit(self._store_unit, unit, tokens if summary.docs else None,
+                                      summary.docs, n_tokens)
+        # A unit of rejects only adds nothing to the plan.
+        outputs = ([summary] if summary.docs else []) + [
+            beam.pvalue.TaggedOutput(REJECTS_TAG, r) for r in rejects]
+        yield from self.deferred.add([stored], outputs)
+
+    def finish_bundle(self):
+        return list(self.deferred.finish())
+
+    def teardown(self):
+        self.deferred.close()
 
 
 class PlanGroupFn(beam.DoFn):
@@ -117,27 +133,38 @@ class PlanGroupFn(beam.DoFn):
 
 class WritePartitionsFn(beam.DoFn):
     """(unit id, partition ids) → one stats dict per partition written; each partition is
-    one stored object per array, written here only."""
+    one stored object per array, written here only. Its arrays (compressed by tensorstore's
+    threads) and doc table are stored in the background while the next one is filled; its
+    stats leave once they are stored."""
 
     def __init__(self, spec: runspec_lib.RunSpec, run_uri: str, separator_id: int | None):
         self.spec, self.run_uri, self.separator_id = spec, run_uri, separator_id
         self.partitions = Metrics.counter(NAMESPACE, "partitions_written")
         self.unit_reads = Metrics.counter(NAMESPACE, "unit_reads")
 
+    def setup(self):
+        self.deferred = deferred.DeferredOutputs(threads=2, max_pending=2)
+        self.arrays, self.arrays_rows = {}, None  # opened once per worker and run layout
+
     def process(self, element, plan):
         _, partition_ids = element
-        reader, arrays = assemble.UnitReader(self.run_uri, self.spec), {}
-        in_flight, done = [], []  # one partition is written while the next is filled
+        if self.arrays_rows != plan.run.total_rows:
+            self.arrays, self.arrays_rows = {}, plan.run.total_rows
+        reader = assemble.UnitReader(self.run_uri, self.spec)
         for pid in partition_ids:
+            writes: list = []
             stats = write_store.write_partition(self.run_uri, self.spec, plan, reader, pid,
-                                                self.separator_id, arrays, pending := [])
-            write_store.finish_writes(in_flight)
-            yield from done
-            in_flight, done = pending, [stats]
+                                                self.separator_id, self.arrays, writes,
+                                                self.deferred.submit)
             self.partitions.inc()
-        write_store.finish_writes(in_flight)
-        yield from done
+            yield from self.deferred.add(writes, [stats])
         self.unit_reads.inc(reader.reads)
+
+    def finish_bundle(self):
+        return list(self.deferred.finish())
+
+    def teardown(self):
+        self.deferred.close()
 
 
 def _with_limits(units, spec: runspec_lib.RunSpec):

@@ -155,9 +155,16 @@ def _render_arc(item: ArcVariantRecord, source: runspec_lib.SourceSpec, template
     return arc_render.render_prompt(messages, template)
 
 
+def _encode_texts(tokenizer, texts: list[str], with_offsets: bool) -> list:
+    """One batched call. Offsets (character spans) serve only ARC provenance; without them
+    `encode_batch_fast` gives the same ids for about a quarter less tokenizer time."""
+    fast = None if with_offsets else getattr(tokenizer, "encode_batch_fast", None)
+    return (fast or tokenizer.encode_batch)(texts, add_special_tokens=False)
+
+
 def encode_batch(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
                  items: list[sources.TextRecord | ArcVariantRecord]) -> list[TokenizedDoc]:
-    """Encodes a batch with one fast `encode_batch` call; applies the BOS/EOS policy."""
+    """Encodes a batch with one batched tokenizer call; applies the BOS/EOS policy."""
     tok_spec = spec.tokenizer
     template = loaded.chat_template if tok_spec.chat_template else None
     texts, rendered = [], []
@@ -170,7 +177,8 @@ def encode_batch(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
         else:
             rendered.append(None)
             texts.append(item.text)
-    encodings = loaded.tokenizer.encode_batch(texts, add_special_tokens=False)
+    encodings = _encode_texts(loaded.tokenizer, texts,
+                              with_offsets=any(p is not None for p in rendered))
     prefix = [loaded.bos_id] if tok_spec.add_bos and loaded.bos_id is not None else []
     suffix = [loaded.eos_id] if tok_spec.add_eos and loaded.eos_id is not None else []
     out = []

@@ -8,6 +8,7 @@ moves only `UnitSummary` (one int32 per document), and the partition writers rea
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import io
@@ -25,6 +26,7 @@ from schemas import runspec as runspec_lib
 UNITS_PREFIX = "prepare/units/"
 ENCODE_BATCH_DOCS = 512  # documents per tokenizer call (its threads split a batch)
 ENCODE_BATCH_CHARS = 4 << 20  # ... or fewer, so a batch of long documents stays small
+ENCODERS = 2  # batches in the tokenizer at once (each call spreads over all cores)
 
 
 def cache_key(unit_id: str) -> str:
@@ -124,17 +126,18 @@ def tokenize_unit(loaded: tokenize.LoadedTokenizer, spec: runspec_lib.RunSpec,
             if doc.arc_attrs is not None:
                 attrs.append(doc.arc_attrs)
 
-    # One batch encodes in a helper thread (the tokenizer releases the GIL) while this
-    # thread reads the next batch and collects the one before: reading overlaps encoding.
-    with concurrent.futures.ThreadPoolExecutor(1) as encoder:
-        pending = None
+    # Batches encode in helper threads (the tokenizer releases the GIL) while this thread
+    # reads the next batch and collects the ones before. Two encoders, so that one batch's
+    # Python part (ids to arrays, records) never leaves the tokenizer's cores idle: the
+    # other batch is in the tokenizer meanwhile.
+    with concurrent.futures.ThreadPoolExecutor(ENCODERS) as encoder:
+        pending: collections.deque = collections.deque()
         for batch in _batches(documents(), ENCODE_BATCH_DOCS, ENCODE_BATCH_CHARS):
-            submitted = encoder.submit(tokenize.encode_batch, loaded, spec, batch)
-            if pending is not None:
-                collect(pending.result())
-            pending = submitted
-        if pending is not None:
-            collect(pending.result())
+            pending.append(encoder.submit(tokenize.encode_batch, loaded, spec, batch))
+            if len(pending) > ENCODERS:
+                collect(pending.popleft().result())
+        while pending:
+            collect(pending.popleft().result())
     if attrs and len(attrs) != len(ids):
         raise ValueError(f"{unit.path}: ARC and text documents in one unit")
     n_attrs = len(arc_render.CHAR_ATTRS)

@@ -1,8 +1,8 @@
 """Work units: bounded pieces of one input file, planned cheaply and read on their own.
 
 A unit is a block of whole lines (JSONL, text) of at most `max_bytes` bytes, a range of
-rows of one parquet row group whose uncompressed size is at most about `max_bytes`, or
-the tasks of an ARC JSON file. A single line longer than `max_bytes` is a unit by itself
+consecutive parquet rows whose uncompressed size is at most about `max_bytes` (part of a
+large row group, or several small ones), or the tasks of an ARC JSON file. A single line longer than `max_bytes` is a unit by itself
 (a document is never split). Units never cross a pack group (`pack_group.GROUP_LINES`
 lines or rows), so the packing of a group, and so the output, does not depend on how its
 lines were cut into units.
@@ -37,7 +37,7 @@ class WorkUnit:
     fmt: the file's format, or "unreadable" (error says why; reads as one reject).
     first / stop: the file lines (1-based), parquet rows or ARC JSON tasks it covers.
     byte_start / byte_stop: its bytes (line formats); row_group / group_row: the parquet
-    row group and the row inside it where the unit starts. index / units_in_file: its
+    row group and the row inside it where the unit starts (it may run into the next ones). index / units_in_file: its
     place among the file's units (progress). records: what it holds for max_docs
     (documents and rejects alike), -1 when not counted.
     """
@@ -115,23 +115,45 @@ def _line_units(source_index: int, path: str, fmt: str, f, max_bytes: int,
 
 
 def _parquet_units(source_index: int, path: str, f, max_bytes: int) -> list[WorkUnit]:
+    """Consecutive rows of about max_bytes uncompressed: a large row group is split, small
+    ones are joined (each unit costs a file open, a stored object and a pause of the
+    tokenizer), and a unit ends at a pack group's end."""
     import pyarrow.parquet as pq
 
     meta = pq.ParquetFile(f).metadata
-    units, row = [], 0
+    units, row, current = [], 0, None  # current: [first row, row group, group row, bytes left]
+
+    def close(stop: int) -> None:
+        nonlocal current
+        first, row_group, group_row, _ = current
+        units.append(WorkUnit(source_index, path, "parquet", first, stop, row_group=row_group,
+                              group_row=group_row, records=stop - first))
+        current = None
+
     for rg in range(meta.num_row_groups):
         group = meta.row_group(rg)
         n = group.num_rows
-        per_unit = max(1, n * max_bytes // max(1, group.total_byte_size))
+        row_bytes = max(1, group.total_byte_size) / max(1, n)
         r = 0
         while r < n:
             first = row + r
+            if current is None:
+                current = [first, rg, r, max_bytes]
+            fits = int(current[3] // row_bytes)
+            if fits == 0 and first > current[0]:  # the unit is full
+                close(first)
+                continue
+            fits = max(fits, 1)  # a row larger than max_bytes is a unit of its own
             to_group_end = (first // pack_group.GROUP_LINES + 1) * pack_group.GROUP_LINES - first
-            take = min(per_unit, n - r, to_group_end)
-            units.append(WorkUnit(source_index, path, "parquet", first, first + take,
-                                  row_group=rg, group_row=r, records=take))
+            take = min(fits, n - r, to_group_end)
+            full = take < n - r  # the unit ends inside this row group
             r += take
+            current[3] -= take * row_bytes
+            if full or take == to_group_end:
+                close(row + r)
         row += n
+    if current is not None:
+        close(row)
     return units
 
 
@@ -208,10 +230,16 @@ def _parquet_unit(em, f, unit: WorkUnit, limit: int | None):
     pf = pq.ParquetFile(f)
     wanted = sources.parquet_columns(em.source, pf.schema_arrow.names)
     n_rows = unit.stop - unit.first
+    row_groups, rows = [], -unit.group_row  # the row groups that hold the unit's rows
+    for rg in range(unit.row_group, pf.metadata.num_row_groups):
+        if rows >= n_rows:
+            break
+        row_groups.append(rg)
+        rows += pf.metadata.row_group(rg).num_rows
 
     def batches():
         skip, left = unit.group_row, n_rows
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[unit.row_group],
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=row_groups,
                                      columns=wanted):
             if skip >= batch.num_rows:
                 skip -= batch.num_rows

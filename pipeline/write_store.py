@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Callable
 
 from pipeline import assemble
 from pipeline import pack_group
@@ -46,16 +47,17 @@ def create_token_arrays(run_uri: str, plan: partition_lib.RunPlan, spec: runspec
 def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan,
                     reader: assemble.UnitReader, partition_id: int,
                     separator_id: int | None, arrays: dict | None = None,
-                    in_flight: list | None = None) -> dict:
+                    in_flight: list | None = None, submit: Callable | None = None) -> dict:
     """Writes one partition (one object per token array) and its doc table: the documents
     that start in it, in doc_index order, from the tokenized units in its rows.
 
     Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"}, checked by
     `partition.partitions`. arrays: the token arrays opened so far (name -> array), to
     reuse across the partitions of one writer. in_flight: where to leave this partition's
-    array writes unfinished (the caller waits for them: `finish_writes`), so tensorstore
+    writes unfinished (the caller waits for them: `finish_writes`), so tensorstore
     compresses and writes one partition while the next is filled; by default they are
-    waited for here.
+    waited for here. submit: runs the doc table's write in the background (an executor's
+    `submit`), its future joining `in_flight`.
     """
     start, count = plan.run.partition_range(partition_id)
     block, doc_rows = assemble.fill_partition(spec, plan, reader, partition_id, separator_id)
@@ -65,17 +67,23 @@ def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib
         if name not in arrays:
             arrays[name] = open_token_array(run_uri, name, plan.run.total_rows, spec)
         writes.append(arrays[name][start:start + count].write(block[name]))
+    if submit is not None and in_flight is not None:
+        writes.append(submit(_write_doc_table, run_uri, partition_id, doc_rows))
+    else:
+        _write_doc_table(run_uri, partition_id, doc_rows)
     if in_flight is None:
         finish_writes(writes)
     else:
         in_flight.extend(writes)
-    store = store_lib.open_store(run_uri)
-    store.write(layout.docs_key(partition_id),
-                b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in doc_rows))
     tokens = int((block["segment_ids"] > 0).sum())
     full_context = int(((block["context_start"] == 0) & (block["segment_ids"] > 0)).sum())
     return {"partition": partition_id, "rows": count, "tokens": tokens, "docs": len(doc_rows),
             "full_context_tokens": full_context}
+
+
+def _write_doc_table(run_uri: str, partition_id: int, doc_rows: list[dict]) -> None:
+    store_lib.open_store(run_uri).write(layout.docs_key(partition_id), b"".join(
+        json.dumps(r, sort_keys=True).encode() + b"\n" for r in doc_rows))
 
 
 def finish_writes(writes: list) -> None:
