@@ -10,6 +10,7 @@ and prints tokens/s (all positions of all rows) and the ratios.
 
   python bench/extract.py                      # CPU default, ~1-2 minutes
   python bench/extract.py --qwen05b --skip-hf  # Qwen2.5-0.5B shapes, bf16, for a GPU
+  python bench/extract.py --length-mix [...]   # long documents: bench/long_documents.py
 """
 
 from __future__ import annotations
@@ -141,4 +142,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--length-mix" in sys.argv:
+        # FineWeb-like document lengths: exact context vs rows alone vs truncate (issue 9),
+        # its own script because it builds and extracts three token stores.
+        sys.argv.remove("--length-mix")
+        from bench import long_documents
+
+        long_documents.main()
+    else:
+        main()
