@@ -5,6 +5,10 @@ the page cache straight into its batch, instead of decoded into a buffer and cop
 A block whose shard file is refused by reader.shard_files (or missing, or unreadable) is
 decoded by tensorstore into anonymous memory of the same region, so one buffer may mix
 both and the result is always what tensorstore (and zarr-python) would read.
+
+As with tensorstore's own "memmap" file mode (reader.read_contexts), a file cut short in
+place while mapped would end the process (SIGBUS); committed objects are only ever
+replaced whole (a new file renamed over the old one), which a mapping never sees.
 """
 
 from __future__ import annotations

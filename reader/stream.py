@@ -10,8 +10,9 @@ reader.read_window). Each block is read with one request per hook and decoded st
 into a reused buffer (ts.array over numpy memory); each returned token is then copied once
 into its batch (reader.gather, on `gather_threads` threads): the stored bytes are decoded
 once and copied once, whatever the batch size. A local hook stored without a codec is not
-decoded at all (reader.mapped_hook, `map_shards`): the buffer's shard files are mapped
-and each token is copied once, from the page cache straight into its batch.
+decoded at all (reader.mapped_hook, `map_shards`): the buffer's shard files are mapped,
+a background thread pages the next buffer in (reader.mapped_region), and each token is
+copied once, from the page cache straight into its batch.
 
 The trade (stated, and measured by bench/read.py with reader.mixing): a batch holds
 tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
