@@ -26,7 +26,7 @@ from reader import read_window
 from reader import shard_files
 from schemas import layout as layout_lib
 
-# How many refusal reasons a hook keeps (for `ShuffledStream.read_paths` and the bench).
+# How many reasons a hook keeps for shard files it decoded instead (for diagnosis).
 _MAX_REASONS = 4
 
 
