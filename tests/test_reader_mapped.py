@@ -275,3 +275,23 @@ def test_a_file_system_that_cannot_map_files_is_decoded_from_then_on(tmp_path, m
     for m in s._mapped.values():
         assert m.mapped_blocks == 0 and m.decoded_blocks > 0
         assert m.disabled.startswith("mapping failed") and len(m.refusals) == 1
+
+
+def test_a_stream_mixes_mapped_and_decoded_hooks(tmp_path):
+    # One hook rewritten with its shard index at the start of each file (valid zarr, not
+    # the layout mapped here): that hook is decoded, the other still mapped.
+    import tensorstore as ts
+
+    truth = _run(tmp_path / "run", dtype="bfloat16")
+    hook = "layers.0.resid_post"
+    run = reader.open_run(truth.uri)
+    values = run.activation_array(hook).read().result()
+    spec = run.activation_array(hook).spec().to_json()
+    metadata = spec["metadata"]
+    metadata["codecs"][0]["configuration"]["index_location"] = "start"
+    ts.open({"driver": "zarr3", "kvstore": spec["kvstore"], "metadata": metadata,
+             "create": True, "delete_existing": True}).result().write(values).result()
+    s = _stream(reader.open_run(truth.uri))
+    assert s.read_paths["embed"] == "mapped"
+    assert s.read_paths[hook] == "decoded: index location 'start'"
+    _check(truth, list(s))
