@@ -7,6 +7,9 @@ fresh process, prepares it with Beam's in-process runner (or the Beam flags afte
 another, and encodes the texts again (the machine may be shared: the plain figure is the
 mean of the runs before and after). Prints tokens/s of both, their ratio, and each
 process's peak RSS (sampled, with its children's: the multi-process runner's workers).
+The pipeline encodes text with `encode_batch_fast` (the same ids, no character offsets),
+so the plain `encode_batch_fast` loop is timed the same way and printed beside: the
+stricter baseline, the pipeline's own overhead alone.
 Example:
   python bench/prepare.py --docs 20000 --unit-bytes 4000000
   python bench/prepare.py --docs 20000 -- --direct_num_workers=2 \
@@ -112,25 +115,32 @@ def _child_plain(args) -> dict:
 
     rss = _PeakRss()
     tok = Tokenizer.from_file(os.path.join(args.tokenizer, "tokenizer.json"))
+    encode = getattr(tok, args.plain_method)
     started, cpu = time.perf_counter(), _cpu_s()
     n = 0
     for batch in pq.ParquetFile(args.parquet).iter_batches(batch_size=ENCODE_BATCH,
                                                            columns=["text"]):
         texts = batch.column(0).to_pylist()
-        n += sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+        n += sum(len(e.ids) for e in encode(texts, add_special_tokens=False))
     return {"tokens": n, "seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu,
             "peak_rss_mb": rss.done()}
 
 
-def _run_child(kind: str, args, **paths) -> dict:
+def _run_child(kind: str, args, method: str = "encode_batch", **paths) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind,
            "--tokenizer", args.tokenizer, "--mode", args.mode, "--seq-len", str(args.seq_len),
-           "--unit-bytes", str(args.unit_bytes)]
+           "--unit-bytes", str(args.unit_bytes), "--plain-method", method]
     for k, v in paths.items():
         cmd += [f"--{k}", v]
     out = subprocess.run(cmd + ["--", *args.pipeline_args], check=True, capture_output=True,
                          text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _mean(before: dict, after: dict) -> dict:
+    return {"tokens": before["tokens"], "seconds": (before["seconds"] + after["seconds"]) / 2,
+            "cpu_s": (before["cpu_s"] + after["cpu_s"]) / 2,
+            "peak_rss_mb": max(before["peak_rss_mb"], after["peak_rss_mb"])}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--unit-bytes", type=int, default=units.DEFAULT_UNIT_BYTES)
     parser.add_argument("--tokenizer", default=None, help="default: the converted Qwen2.5")
     parser.add_argument("--child", choices=["prepare", "plain"], help=argparse.SUPPRESS)
+    parser.add_argument("--plain-method", default="encode_batch", help=argparse.SUPPRESS)
     parser.add_argument("--parquet", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("pipeline_args", nargs="*", help="Beam flags, after --")
@@ -155,36 +166,45 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result))
         return
     print(f"mode={args.mode} seq_len={args.seq_len} unit_bytes={args.unit_bytes} "
-          f"cpus={os.cpu_count()} beam_args={args.pipeline_args or '[]'}")
+          f"cpus={os.cpu_count()} beam_args={args.pipeline_args or '[]'} load average "
+          f"{os.getloadavg()[0]:.1f}")
     results = {}
     with tempfile.TemporaryDirectory(prefix="actx-bench-") as tmp:
         for scale in (1, 4):
             parquet = _make_parquet(os.path.join(tmp, f"fw-{scale}x.parquet"),
                                     args.docs * scale, args.texts_per_doc)
             size_mb = os.path.getsize(parquet) / 1e6
+            # Symmetric order (plain, fast, pipeline, fast, plain): a trend in the machine's
+            # load moves both baselines alike.
             before = _run_child("plain", args, parquet=parquet)
+            fast_before = _run_child("plain", args, "encode_batch_fast", parquet=parquet)
             pipe = _run_child("prepare", args, parquet=parquet,
                               run=os.path.join(tmp, f"run-{scale}x"))
+            fast_after = _run_child("plain", args, "encode_batch_fast", parquet=parquet)
             after = _run_child("plain", args, parquet=parquet)
-            plain = {"tokens": before["tokens"],
-                     "seconds": (before["seconds"] + after["seconds"]) / 2,
-                     "cpu_s": (before["cpu_s"] + after["cpu_s"]) / 2,
-                     "peak_rss_mb": max(before["peak_rss_mb"], after["peak_rss_mb"])}
-            if pipe["tokens"] != plain["tokens"]:
-                raise SystemExit(f"token counts differ: pipeline {pipe['tokens']}, plain "
-                                 f"{plain['tokens']}")
+            plain, fast = _mean(before, after), _mean(fast_before, fast_after)
+            for name, ref in (("plain", plain), ("plain fast", fast)):
+                if pipe["tokens"] != ref["tokens"]:
+                    raise SystemExit(f"token counts differ: pipeline {pipe['tokens']}, {name} "
+                                     f"{ref['tokens']}")
             results[scale] = (pipe, plain)
             p_tps, t_tps = pipe["tokens"] / pipe["seconds"], plain["tokens"] / plain["seconds"]
+            f_tps = fast["tokens"] / fast["seconds"]
             print(f"{scale}x: {args.docs * scale} docs, {pipe['tokens']:,} tokens, parquet "
-                  f"{size_mb:.1f} MB")
+                  f"{size_mb:.1f} MB; load average {os.getloadavg()[0]:.1f}")
             print(f"  pipeline (end to end, incl. startup and writes): {pipe['seconds']:.2f}s, "
                   f"{p_tps:,.0f} tokens/s, peak RSS {pipe['peak_rss_mb']:,.0f} MB")
             print(f"  plain tokenizers encode_batch (one process):     {plain['seconds']:.2f}s, "
                   f"{t_tps:,.0f} tokens/s (before {before['seconds']:.2f}s, after "
                   f"{after['seconds']:.2f}s), peak RSS {plain['peak_rss_mb']:,.0f} MB")
+            print(f"  plain encode_batch_fast (one process):           {fast['seconds']:.2f}s, "
+                  f"{f_tps:,.0f} tokens/s (before {fast_before['seconds']:.2f}s, after "
+                  f"{fast_after['seconds']:.2f}s)")
             print(f"  ratio pipeline/plain: {p_tps / t_tps:.3f} (CPU seconds: pipeline "
                   f"{pipe['cpu_s']:.1f}, plain {plain['cpu_s']:.1f}, ratio "
                   f"{plain['cpu_s'] / pipe['cpu_s']:.3f})")
+            print(f"  ratio pipeline/plain fast: {p_tps / f_tps:.3f} (CPU seconds: plain fast "
+                  f"{fast['cpu_s']:.1f}, ratio {fast['cpu_s'] / pipe['cpu_s']:.3f})")
     rss1, rss4 = results[1][0]["peak_rss_mb"], results[4][0]["peak_rss_mb"]
     print(f"pipeline peak RSS 4x/1x: {rss4 / rss1:.2f} ({rss1:,.0f} MB -> {rss4:,.0f} MB)")
 

@@ -66,7 +66,9 @@ def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib
     for name in block:
         if name not in arrays:
             arrays[name] = open_token_array(run_uri, name, plan.run.total_rows, spec)
-        writes.append(arrays[name][start:start + count].write(block[name]))
+        # The block is never changed once written: tensorstore may keep it, not copy it.
+        writes.append(arrays[name][start:start + count].write(
+            block[name], can_reference_source_data_indefinitely=True))
     if submit is not None and in_flight is not None:
         writes.append(submit(_write_doc_table, run_uri, partition_id, doc_rows))
     else:
@@ -81,9 +83,15 @@ def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib
             "full_context_tokens": full_context}
 
 
+# json.dumps(r, sort_keys=True) builds an encoder per call; one shared encoder writes the
+# same bytes.
+_DOC_ROW_ENCODER = json.JSONEncoder(sort_keys=True)
+
+
 def _write_doc_table(run_uri: str, partition_id: int, doc_rows: list[dict]) -> None:
-    store_lib.open_store(run_uri).write(layout.docs_key(partition_id), b"".join(
-        json.dumps(r, sort_keys=True).encode() + b"\n" for r in doc_rows))
+    encode = _DOC_ROW_ENCODER.encode
+    store_lib.open_store(run_uri).write(layout.docs_key(partition_id), "".join(
+        encode(r) + "\n" for r in doc_rows).encode())
 
 
 def finish_writes(writes: list) -> None:
