@@ -237,6 +237,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
     beam_pipeline.build(pipeline, spec, run_uri, files, separator_id, unit_bytes)
     with progress.Reporter(run_uri, len(files), progress_interval_s):
         pipeline.run().wait_until_finish()
+    write_store.make_durable(run_uri)  # before anything says the run is prepared
     # The tokens of the work units served the partition writers; the run keeps none.
     for prefix in (unit_tokens.UNITS_PREFIX, progress.PROGRESS_PREFIX):
         store.delete_prefix(prefix)
