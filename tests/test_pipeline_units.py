@@ -97,6 +97,31 @@ def test_parquet_units_split_row_groups(tmp_path, qwen_tokenizer_dir, monkeypatc
         next(r for r in whole if r.line == u.first) for u in planned]
 
 
+def test_parquet_units_join_small_row_groups(tmp_path, qwen_tokenizer_dir, monkeypatch):
+    """Row groups smaller than a unit are joined: a unit holds about max_bytes of rows
+    (measured by the row groups' sizes in the footer), spans row groups, still ends at a
+    pack group's end, and reads as the file does."""
+    monkeypatch.setattr(pack_group, "GROUP_LINES", 128)
+    parquet, jsonl = _inputs(str(tmp_path))
+    spec = _spec(qwen_tokenizer_dir, parquet, jsonl)
+    meta = pq.ParquetFile(parquet).metadata
+    row_bytes = [meta.row_group(g).total_byte_size / meta.row_group(g).num_rows
+                 for g in range(meta.num_row_groups) for _ in range(meta.row_group(g).num_rows)]
+    max_bytes = 3 * max(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+    planned = units.plan_units(spec, 0, parquet, max_bytes=max_bytes // 2)
+    assert [u.first for u in planned[1:]] == [u.stop for u in planned[:-1]]
+    assert planned[0].first == 0 and planned[-1].stop == len(row_bytes) == 230
+    assert any(u.first // 50 != (u.stop - 1) // 50 for u in planned)  # across row groups
+    assert all(sum(row_bytes[u.first:u.stop]) <= max_bytes // 2 + 1e-6 for u in planned)
+    assert all(u.first // 128 == (u.stop - 1) // 128 for u in planned)
+    whole = list(sources.read_file(0, spec.sources[0], "fw", parquet))
+    assert [r for u in planned for r in units.read_unit(spec, u)] == whole
+    # Without a byte bound only the pack groups cut the file.
+    assert [(u.first, u.stop, u.row_group, u.group_row)
+            for u in units.plan_units(spec, 0, parquet, max_bytes=1 << 30)] == [
+        (0, 128, 0, 0), (128, 230, 2, 28)]
+
+
 @pytest.mark.parametrize("mode,max_docs", [("segmented", None), ("concat", 150)])
 def test_units_smaller_than_a_file_prepare_the_same_run(tmp_path, qwen_tokenizer_dir, mode,
                                                         max_docs):
