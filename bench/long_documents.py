@@ -94,6 +94,38 @@ def _extract(run: str, batch: int, independent: bool = False) -> tuple[float, in
     return seconds, m.total_tokens, steps
 
 
+def _attended_keys(run: str) -> tuple[float, float]:
+    """Mean keys a stored token attends to (per layer and head), (exact, rows alone), from
+    the token store: exact attends positions context_start..position of its document;
+    alone, only its document's tokens earlier in the same row."""
+    import numpy as np
+
+    import reader
+
+    r = reader.open_run(run)
+    # Straight from the token arrays: this run is prepared, not extracted.
+    pos, seg, ctx = (r.token_array(name).read().result().astype(np.int64)
+                     for name in ("positions", "segment_ids", "context_start"))
+    valid = seg > 0
+    cols = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
+    starts = np.ones_like(seg, bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    first_col = np.maximum.accumulate(np.where(starts, cols, 0), axis=1)
+    in_row = (cols - first_col + 1)[valid]
+    return float((pos - ctx + 1)[valid].mean()), float(in_row.mean())
+
+
+def _ideal_ratio(args, keys_exact: float, keys_alone: float) -> float:
+    """Independent / exact FLOPs per stored token: the layer's matmuls plus 4 * heads *
+    head_dim per attended key (QK^T and PV), as a kernel that computes only attended keys
+    would spend them."""
+    head_dim = args.hidden // args.heads
+    matmuls = 2 * (args.hidden * head_dim * (2 * args.heads + 2 * args.kv_heads)
+                   + 3 * args.hidden * args.intermediate)
+    per_key = 4 * args.heads * head_dim
+    return (matmuls + per_key * keys_alone) / (matmuls + per_key * keys_exact)
+
+
 def main() -> None:
     args = _parse_args()
     import jax
@@ -156,6 +188,10 @@ def main() -> None:
     print(f"ratio exact / independent rows:  {tps['exact'] / tps['independent']:.3f} "
           f"(target >= 0.85)")
     print(f"ratio exact / truncate:          {tps['exact'] / tps['truncate']:.3f}")
+    keys_exact, keys_alone = _attended_keys(fresh_run("keys", "continue"))
+    print(f"keys a stored token attends to: {keys_exact:,.0f} exact, {keys_alone:,.0f} with "
+          f"rows alone (mean); FLOP ratio for a kernel that computes only those: "
+          f"{_ideal_ratio(args, keys_exact, keys_alone):.3f}")
 
 
 if __name__ == "__main__":

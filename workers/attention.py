@@ -175,7 +175,8 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
                 logits = jnp.where(seen, scores(q_c, keys), -jnp.inf)
                 m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
                 correction = jnp.exp(m_old - m_new)
-                p = jnp.where(seen, jnp.exp(logits - m_new[..., None]), 0.0)
+                # m_old is finite (the row part), so an unseen key's exp(-inf) is 0.
+                p = jnp.exp(logits - m_new[..., None])
                 return (m_new, l_old * correction + jnp.sum(p, axis=-1),
                         acc_old * correction[..., None] + weighted(p, values))
 
