@@ -81,9 +81,13 @@ def _extract(run: str, batch: int, independent: bool = False) -> tuple[float, in
         worker.max_context = None
         worker.fn = step.make_extract_fn(worker.model, worker.capture, worker.mesh)
     m = manifest_lib.read_manifest(store_lib.open_store(run))
-    dummy = np.ones((batch, m.seq_len), np.int32)
-    kwargs = {} if worker.max_context is None else {"continues": np.zeros(batch, bool)}
-    jax.block_until_ready(worker.fn(dummy, dummy, dummy, **kwargs))  # compile
+    # Compile on a dummy batch placed as the worker places its inputs (global arrays on
+    # the step's shardings): numpy inputs compile another executable, which the timed run
+    # would then compile again.
+    dummy = worker.transfer.tokens(np.ones((batch, m.seq_len), np.int32))
+    kwargs = ({} if worker.max_context is None
+              else {"continues": worker.transfer.slots(np.zeros(batch, bool))})
+    jax.block_until_ready(worker.fn(dummy, dummy, dummy, **kwargs))
     start = time.perf_counter()
     assert worker.run() == 0  # every partition, as `actx submit` runs a worker
     seconds = time.perf_counter() - start

@@ -69,15 +69,28 @@ def query_chunk_size(t: int) -> int:
     return max(end - start for start, end in query_chunks(t))
 
 
+def _queries_by_kv_head(q_btnh: jax.Array, kv_heads: int) -> jax.Array:
+    """[b, t, n, h] -> [b, kv_heads, n // kv_heads, t, h], once per layer.
+
+    The logits einsum then contracts a [group x queries, head_dim] matrix per kv head
+    with no transpose of its own. Given [b, t, k, g, h], XLA's CPU dot rearranged the
+    queries and its output on every call: one 128-query chunk against a 1024-key block
+    (Qwen2.5-0.5B's heads) took 2.4 ms instead of 1.2, and each visit of a cached block
+    4.7 ms instead of 3.5.
+    """
+    b, t, n, h = q_btnh.shape
+    return jnp.transpose(q_btnh.reshape(b, t, kv_heads, n // kv_heads, h), (0, 2, 3, 1, 4))
+
+
 def _xla_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
                    mask_bts: jax.Array) -> jax.Array:
     b, t, n, h = q_btnh.shape
     k = k_bskh.shape[2]
-    q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
+    q_bkgth = _queries_by_kv_head(q_btnh, k)
     out = []
     for start, end in query_chunks(t):
         # Logits and softmax in float32 (HF eager does the softmax in float32 too).
-        logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh[:, start:end],
+        logits_bkgts = jnp.einsum("bkgth,bskh->bkgts", q_bkgth[:, :, :, start:end],
                                   k_bskh[:, :end],
                                   preferred_element_type=jnp.float32) * (h ** -0.5)
         logits_bkgts = jnp.where(mask_bts[:, None, None, start:end, :end], logits_bkgts,
@@ -135,11 +148,11 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
     block_len = t
     n_blocks = cache_k_bckh.shape[1] // block_len
     scale = h ** -0.5
-    q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
+    q_bkgth = _queries_by_kv_head(q_btnh, k)
     chunks = query_chunks(t)
 
     def scores(q, keys_bskh):
-        return jnp.einsum("btkgh,bskh->bkgts", q, keys_bskh,
+        return jnp.einsum("bkgth,bskh->bkgts", q, keys_bskh,
                           preferred_element_type=jnp.float32) * scale
 
     def weighted(p_bkgts, values_bskh):
@@ -149,7 +162,8 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
     states = []
     for start, end in chunks:
         row_mask = mask_bts[:, None, None, start:end, :end]
-        logits = jnp.where(row_mask, scores(q_btkgh[:, start:end], k_btkh[:, :end]), -jnp.inf)
+        logits = jnp.where(row_mask, scores(q_bkgth[:, :, :, start:end], k_btkh[:, :end]),
+                           -jnp.inf)
         m_bkgt = jnp.max(logits, axis=-1)  # finite: every query sees itself
         p = jnp.exp(logits - m_bkgt[..., None])
         states.append((m_bkgt, jnp.sum(p, axis=-1), weighted(p, v_btkh[:, :end])))
@@ -159,7 +173,7 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
         q, cache_k, cache_v, cache_pos, q_pos, q_continues, held, chunk_states = xs
 
         def chunk(start, end, state):
-            q_c, q_pos_c, q_continues_c = (q[:, start:end], q_pos[:, start:end],
+            q_c, q_pos_c, q_continues_c = (q[:, :, :, start:end], q_pos[:, start:end],
                                            q_continues[:, start:end])
 
             def visit(j, state):
@@ -195,7 +209,7 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
     def merge(x):
         return jnp.swapaxes(x, 0, 1).reshape((b,) + x.shape[2:])
 
-    xs = (q_btkgh, cache_k_bckh, cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
+    xs = (q_bkgth, cache_k_bckh, cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
           held_b, states)
     final = jax.lax.map(group, jax.tree.map(split, xs))
     out_bkgth = jnp.concatenate(
