@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -27,10 +28,16 @@ def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
     p.add_argument("--skip-hf", action="store_true", help="do not time HF PyTorch")
 
 
-def apply_presets(args: argparse.Namespace) -> argparse.Namespace:
+def apply_presets(args: argparse.Namespace,
+                  argv: list[str] | None = None) -> argparse.Namespace:
+    """--qwen05b sets the preset's shapes, except those given on the command line
+    (`--qwen05b --seq 1024` keeps seq 1024)."""
+    given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)
+             if a.startswith("--")}
     if args.qwen05b:
         for name, value in QWEN05B.items():
-            setattr(args, name, value)
+            if "--" + name.replace("_", "-") not in given:
+                setattr(args, name, value)
         args.dtype = args.dtype or "bfloat16"
     args.dtype = args.dtype or "float32"
     return args

@@ -50,7 +50,15 @@ def main() -> None:
             intermediate_size=args.intermediate, vocab_size=args.vocab,
             max_position_embeddings=max(args.seq, 256))
         model = model_lib.load_pretrained(ckpt, dtype=args.dtype)
-        hf = None if args.skip_hf else hf_models.load_hf_model(ckpt)
+        hf = None
+        if not args.skip_hf:
+            import transformers
+
+            # SDPA, on the GPU where there is one: HF's fastest built-in path, so the
+            # baseline is a fair one.
+            hf = transformers.AutoModelForCausalLM.from_pretrained(
+                ckpt, dtype=getattr(torch, args.dtype),
+                attn_implementation="sdpa").eval()
 
     print(f"device={jax.devices()[0].platform} ({len(jax.devices())} devices) "
           f"dtype={args.dtype} hidden={args.hidden} layers={args.layers} heads={args.heads}"
@@ -68,13 +76,16 @@ def main() -> None:
         seconds = common.median_seconds(lambda: jax.block_until_ready(fn(ids_dev)), args.iters)
         results[label] = tokens / seconds
     if hf is not None:
-        if args.dtype == "bfloat16":
-            hf = hf.to(torch.bfloat16)
-        ids_pt = torch.as_tensor(ids, dtype=torch.long)
+        torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+        hf = hf.to(torch_device)
+        ids_pt = torch.as_tensor(ids, dtype=torch.long, device=torch_device)
+        print(f"HF PyTorch on {torch_device}, sdpa attention, {args.dtype}")
 
         def run_hf():
             with torch.no_grad():
                 hf.model(input_ids=ids_pt, output_hidden_states=True)
+            if torch_device == "cuda":
+                torch.cuda.synchronize()
 
         results["HF PyTorch (output_hidden_states)"] = tokens / common.median_seconds(
             run_hf, args.iters)

@@ -1,22 +1,86 @@
 #!/usr/bin/env bash
-# The GPU figures of bench/RESULTS.md in one run on a lent GPU machine (device `run`):
-# Qwen2.5-0.5B shapes (random weights), batch 16 x seq 2048, bfloat16.
-#   forward.py: actx forward-only and 4 resid_post hooks vs HF PyTorch (CUDA).
-#   extract.py: end to end (token store -> committed bf16 shards on local disk) vs
-#               forward-only of the same run; the issue's target is >= 0.85.
-# That image has JAX (CUDA), flax, tensorstore, transformers and torch but not crc32c:
-# carry its wheel (see bench/RESULTS.md, "Getting GPU figures").
-set -euo pipefail
+# The GPU-machine figures of bench/RESULTS.md in one run on a lent GPU machine (device
+# `run`), one output file per step under $OUT. Steps, in order of priority (a step that
+# would start past the budget is skipped, and each has its own cap):
+#   read_none, read_zstd  reader (issue 14) on this host's cores: the streaming shuffle
+#                         against the sequential decoded read, hidden 896, 0.94 GB stores
+#   read_jax              the same stream handing over device-ready JAX arrays on the GPU
+#   cached_attention      one layer's attention over a row and its cached context, each
+#                         way actx has (bench/cached_attention.py): time, error, slot bytes
+#   gpu_tests             the long-document HF parity tests and the cached-attention tests
+#                         on the GPU (float32 at full matmul precision; bfloat16 by cuDNN)
+#   long_documents        exact context through the per-slot KV cache vs rows computed
+#                         alone vs truncate (issue 9), Qwen2.5-0.5B shapes, seq 1024
+#   forward               actx forward-only and 4 resid_post hooks vs HF PyTorch on CUDA
+#   extract               end to end (token store -> committed bf16 shards on local disk)
+#                         vs forward-only of the same run (target >= 0.85)
+# The GPU image has JAX (CUDA), tensorstore, transformers and torch but not crc32c: carry
+# its wheel (bench/RESULTS.md, "Getting GPU figures").
+#
+# STEPS="read_jax forward" runs only those steps (default: all, in the order above).
+# SMALL=1 runs every step at toy sizes: a dry run of this script on any machine (CPU),
+# to catch a broken step before spending device time.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/actx-gpu-check}"
+BUDGET_S="${BUDGET_S:-540}"  # the whole script; leave room under the call's timeout
+SMALL="${SMALL:-0}"
+STEPS=" ${STEPS:-read_none read_zstd read_jax cached_attention gpu_tests long_documents forward extract} "
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import jax; print(jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
-python3 bench/forward.py --qwen05b --iters 10 2>&1 | grep -v "^W\|^I" | tee "$OUT/forward.txt"
-python3 bench/extract.py --qwen05b --skip-hf --codec none 2>&1 | grep -v "^W\|^I" \
-  | tee "$OUT/extract.txt"
-# Long documents (issue 9): exact context through the per-slot KV cache vs rows computed
-# alone vs truncate, FineWeb-like lengths, same card.
-python3 bench/long_documents.py --qwen05b --seq 1024 --docs 480 --partition-rows 256 2>&1 \
-  | grep -v "^W\|^I" | tee "$OUT/long_documents.txt"
+start=$SECONDS
+
+# step NAME CAP_S COMMAND...: COMMAND's output (absl's I/W lines dropped) to $OUT/NAME.txt,
+# killed after CAP_S seconds or what is left of BUDGET_S, whichever is less.
+step() {
+  local name=$1 cap=$2
+  shift 2
+  [[ $STEPS == *" $name "* ]] || return 0
+  local left=$((BUDGET_S - (SECONDS - start)))
+  ((left < cap)) && cap=$left
+  if ((cap < 20)); then
+    echo "== $name: skipped, the budget is spent" | tee "$OUT/$name.txt"
+    return
+  fi
+  echo "== $name (at most ${cap} s): $*" | tee "$OUT/$name.txt"
+  local t0=$SECONDS
+  timeout --kill-after=5 "$cap" "$@" 2>&1 | grep -v '^[IW][0-9]\{4\} ' | tee -a "$OUT/$name.txt"
+  echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$OUT/$name.txt"
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  nproc
+  python3 -c "import jax, numpy, tensorstore, torch, transformers; print('jax', jax.__version__, jax.devices()); print('numpy', numpy.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1
+} | tee "$OUT/gpu.txt"
+
+if [[ $SMALL == 1 ]]; then
+  READ=(--rows 64 --passes 1 --rounds 1)
+  CACHED=(--batch 2 --seq 128 --blocks 2 --heads 4 --kv-heads 2 --head-dim 32 --iters 2)
+  MODEL=(--hidden 128 --heads 4 --kv-heads 2 --intermediate 256 --layers 2 --vocab 512)
+  LONG=("${MODEL[@]}" --seq 128 --batch 4 --docs 12 --median 100 --max-context 512
+        --partition-rows 16 --hooked-layers 1)
+  FWD=("${MODEL[@]}" --seq 64 --batch 2 --iters 2)
+  EXTRACT=("${MODEL[@]}" --seq 64 --batch 2 --partitions 1 --steps-per-partition 2 --skip-hf
+           --hooked-layers 2)
+else
+  READ=(--rows 512 --passes 3 --rounds 2)
+  CACHED=()
+  LONG=(--qwen05b --seq 1024 --docs 480 --partition-rows 256)
+  FWD=(--qwen05b --iters 10)
+  EXTRACT=(--qwen05b --skip-hf --codec none)
+fi
+
+step read_none 100 python3 bench/read.py --codec none "${READ[@]}" --also-decoded
+step read_zstd 100 python3 bench/read.py --codec zstd "${READ[@]}"
+step read_jax 60 python3 bench/read.py --codec none "${READ[@]}" --rounds 1 --framework jax
+step cached_attention 90 python3 bench/cached_attention.py "${CACHED[@]}"
+# tests/conftest.py pins JAX to the CPU and loads the Beam fixtures: not here.
+step gpu_tests 150 env JAX_PLATFORMS= JAX_DEFAULT_MATMUL_PRECISION=highest \
+  python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_long_documents.py \
+  tests/test_cached_attention.py
+step long_documents 180 python3 bench/long_documents.py "${LONG[@]}"
+# JAX takes 75% of the GPU's memory up front by default; HF's torch runs in the same process.
+step forward 120 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/forward.py "${FWD[@]}"
+step extract 120 python3 bench/extract.py "${EXTRACT[@]}"
+echo "== all steps done in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"

@@ -123,19 +123,25 @@ def _sequential_passes(array: ts.TensorStore, blocks: list, block_rows: int, pas
 
 def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
            block_rows: int, passes: int, prefetch_buffers: int,
-           file_io_mode: str | None = None, **stream_args) -> dict:
+           file_io_mode: str | None = None, framework: str = "numpy",
+           **stream_args) -> dict:
     """Whole epochs of the streaming shuffle (drop_last=False: every valid token once),
-    one untimed epoch first, then `passes` timed ones."""
+    one untimed epoch first, then `passes` timed ones. framework="jax": every batch is
+    handed over as a JAX array on the default device and waited for (device-ready)."""
     t0 = time.perf_counter()
     s = run.stream(hook, batch_size, buffer_tokens=buffer_tokens, block_rows=block_rows,
                    seed=0, drop_last=False, epochs=passes + 1,
                    prefetch_buffers=prefetch_buffers, file_io_mode=file_io_mode,
-                   **stream_args)
+                   framework=framework, **stream_args)
     setup_s = time.perf_counter() - t0
     seconds, cpu, tokens, nbytes = [], [], 0, 0
+    device = "host"
     with s:
         t0, c0 = time.perf_counter(), time.process_time()
         for b in s:
+            if framework == "jax":
+                b.acts[hook].block_until_ready()  # the batch is on the device
+                device = str(next(iter(b.acts[hook].devices())))
             if b.step % s.steps_per_epoch == 0 and b.step:  # an epoch ended
                 seconds.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
@@ -151,7 +157,10 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
     return {"seconds": seconds[1:], "cpu": cpu[1:], "setup_s": setup_s, "tokens": tokens,
             "delivered_bytes": nbytes, "decoded_bytes": decoded,
             "blocks_per_buffer": s.blocks_per_buffer, "gather_threads": s.gather_threads,
-            "reads_in_flight": s.reads_in_flight, "read_path": s.read_paths[hook]}
+            "reads_in_flight": s.reads_in_flight, "read_path": s.read_paths[hook],
+            "framework": framework, "device": device,
+            # every epoch alike, the untimed one included
+            "producer": {k: v / (passes + 1) for k, v in s.producer_seconds.items()}}
 
 
 def stream_mixing(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
@@ -207,8 +216,8 @@ def measure(args: argparse.Namespace) -> None:
     elif args.measure == "stream":
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                      args.passes, args.prefetch_buffers, file_io_mode,
-                     gather_threads=args.gather_threads, reads_in_flight=args.reads_in_flight,
-                     map_shards=not args.no_map_shards)
+                     framework=args.framework, gather_threads=args.gather_threads,
+                     reads_in_flight=args.reads_in_flight, map_shards=not args.no_map_shards)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                             args.mix_batches)
@@ -224,7 +233,8 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str, decode: bool = Fal
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", mode, "--run", run_dir,
            "--batch-size", str(args.batch_size), "--buffer-tokens", str(args.buffer_tokens),
            "--exact-steps", str(args.exact_steps), "--mix-batches", str(args.mix_batches),
-           "--passes", str(args.passes), "--prefetch-buffers", str(args.prefetch_buffers)]
+           "--passes", str(args.passes), "--prefetch-buffers", str(args.prefetch_buffers),
+           "--framework", args.framework]
     if args.hook:
         cmd += ["--hook", args.hook]
     if args.file_io_mode:
@@ -271,6 +281,7 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
           f"({s0['blocks_per_buffer']} blocks, prefetch_buffers {args.prefetch_buffers}, "
           f"reads_in_flight {s0['reads_in_flight']}, gather_threads {s0['gather_threads']}, "
           f"read path {s0['read_path']}); file_io_mode {s0['file_io_mode']} for both; "
+          f"stream batches as {s0['framework']} on {s0['device']}; "
           f"medians of {len(seq_s)} timed passes each")
     print(f"sequential decoded read:  {seq_gb_s:7.3f} GB/s decoded "
           f"({decoded / 1e9:.3f} GB in {med(seq_s):.2f} s; array.read() per block, "
@@ -296,6 +307,10 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
         f"{x:.2f} / {y:.2f}" for x, y in per_round))
     cpu = {k: med(passes(k, fastest[k], "_cpu")) for k in ("read", "into_buffer")}
     cpu["stream"] = med([x for r in strm for x in r["cpu"]])
+    prod = {k: med([r["producer"][k] for r in strm]) for k in strm[0]["producer"]}
+    print(f"  the thread cutting batches, s per epoch: busy {prod['busy']:.3f}, of which "
+          f"waiting for reads {prod['read_wait']:.3f} and for the copies "
+          f"({s0['gather_threads']} threads) {prod['copy_wait']:.3f}")
     print(f"  CPU s per pass (all threads; less sensitive to other jobs than wall time): "
           f"sequential read {cpu['read']:.2f}, reused buffer {cpu['into_buffer']:.2f}, "
           f"stream epoch {cpu['stream']:.2f}")
@@ -349,6 +364,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-map-shards", action="store_true",
                     help="stream: decode every hook with tensorstore, even where its shard "
                          "files could be mapped (codec none, local)")
+    ap.add_argument("--framework", choices=("numpy", "jax"), default="numpy",
+                    help="stream: hand batches over as numpy or as JAX arrays on the default "
+                         "device (waited for), e.g. a GPU's memory")
     ap.add_argument("--exact-steps", type=int, default=8)
     ap.add_argument("--mix-batches", type=int, default=16)
     ap.add_argument("--passes", type=int, default=3, help="timed passes per child process")

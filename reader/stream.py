@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import time
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -167,6 +168,12 @@ class ShuffledStream:
         acts_context, tokens_context = read_contexts(gcs_request_concurrency, file_io_mode)
         self._acts = {h: run._open(layout.activation_array_key(h), acts_context)
                       for h in self.hooks}
+        # Where the thread that cuts batches spent its time (seconds, summed over the
+        # iterations): busy (everything but handing batches over), of which waiting for
+        # block reads and token rows, and waiting for the gather threads' copies. Busy
+        # close to the wall time: the cutting limits the stream; mostly waiting for
+        # reads: the storage or the decode does.
+        self.producer_seconds = {"busy": 0.0, "read_wait": 0.0, "copy_wait": 0.0}
         self._mapped, self.read_paths = {}, {}
         for h in self.hooks:
             plain, why = (mapped_hook.plain_layout(run, h, self._acts[h]) if map_shards
@@ -181,9 +188,14 @@ class ShuffledStream:
         self._tokens = [run._open(layout.token_array_key(n), tokens_context)
                         for n in shuffle_lib.token_names(whole_document)]
         self._prefetch_depth = max(1, prefetch)
-        self._prefetcher = prefetch_lib.Prefetcher(self._produce, self._prefetch_depth,
-                                                   "actx-reader-stream")
         self._prefetch_in_thread = prefetch > 0
+        # JAX arrays: the copy to the device (synchronous for host memory, ~6 GB/s on an
+        # H100 host, as long as cutting the batches) gets a thread of its own, so the next
+        # batch is cut meanwhile.
+        self._convert_in_thread = self._prefetch_in_thread and self.framework == "jax"
+        self._prefetcher = prefetch_lib.Prefetcher(
+            self._convert_ahead if self._convert_in_thread else self._produce_converted,
+            self._prefetch_depth, "actx-reader-stream")
 
     # -- what the stream is -------------------------------------------------------
 
@@ -310,19 +322,56 @@ class ShuffledStream:
                                            window=window))
                 issued += 1
 
-        # Batches queued, one with the consumer, one being cut, one spare, per hook.
-        pool = array_pool.ArrayPool((self._prefetch_depth + 3) * len(self.hooks))
+        # Batches whose copies may run at once (each in tasks over the gather threads).
+        max_copying = gather.threads if gather.threads > 1 else 0
+        copying: collections.deque[tuple[Batch, list]] = collections.deque()
+        cut_copies: list = []  # the copies of the batch being cut
+
+        seconds = self.producer_seconds
+
+        def copied(batch: Batch, copies: list) -> Batch:
+            t0 = time.perf_counter()
+            for copy in copies:
+                copy.result()
+            seconds["copy_wait"] += time.perf_counter() - t0
+            return batch
+
+        def hand_over(batch: Batch) -> Iterator[Batch]:
+            nonlocal busy_since
+            seconds["busy"] += time.perf_counter() - busy_since
+            yield batch
+            busy_since = time.perf_counter()
+
+        # Batches queued, one with the consumer, one being cut, one spare, those being
+        # copied, per hook (and with the conversion thread, its queue and the one it
+        # converts).
+        queued = self._prefetch_depth * (2 if self._convert_in_thread else 1)
+        pool = array_pool.ArrayPool((queued + max_copying + 4) * len(self.hooks))
         step, fill, out = self.start_step, 0, None
+        busy_since = time.perf_counter()
         try:
             top_up()
             while pending:
                 loaded = pending[0]
+                t0 = time.perf_counter()
                 try:
                     window.wait(loaded.reads)
                 except ValueError as e:  # how tensorstore reports a failed read
                     raise self._read_error(loaded, e) from e
+                for f in loaded.tokens:
+                    for token_read in f:
+                        token_read.result()
+                seconds["read_wait"] += time.perf_counter() - t0
                 order, input_ids = self._permuted(loaded)
                 sources = loaded.sources
+                # What each token of the permuted order is, for the whole buffer at once:
+                # a batch then takes slices (fewer, larger numpy calls on this thread).
+                # take(out=..., mode="clip") below: no temporary (see reader.gather).
+                order_rows = loaded.run_rows.take(order // seq_len, mode="clip")
+                order_cols = np.remainder(order, seq_len)
+                order_ids = input_ids.take(order, mode="clip")
+                source_rows = {h: order if row_of is None else row_of.take(order, mode="clip")
+                               for h, (_, row_of) in sources.items()}
                 pos = loaded.skip
                 while pos < len(order) and (self.stop_step is None or step < self.stop_step):
                     epoch, _ = plan.locate(step)
@@ -335,28 +384,50 @@ class ShuffledStream:
                                     np.empty(n, np.int64), np.empty(n, np.int64),
                                     np.empty(n, np.int32))
                     take = min(len(out) - fill, len(order) - pos)
-                    idx = order[pos:pos + take]
-                    for h, (f, row_of) in sources.items():
-                        gather(f, idx if row_of is None else row_of.take(idx),
-                               out.acts[h][fill:fill + take])
-                    # take(out=, mode="clip"): no temporary (see reader.gather).
-                    loaded.run_rows.take(idx // seq_len, out=out.rows[fill:fill + take],
-                                         mode="clip")
-                    np.remainder(idx, seq_len, out=out.cols[fill:fill + take])
-                    input_ids.take(idx, out=out.input_ids[fill:fill + take], mode="clip")
+                    part, into = slice(pos, pos + take), slice(fill, fill + take)
+                    for h, (f, _) in sources.items():
+                        cut_copies += gather.submit(f, source_rows[h][part], out.acts[h][into])
+                    out.rows[into] = order_rows[part]
+                    out.cols[into] = order_cols[part]
+                    out.input_ids[into] = order_ids[part]
                     fill, pos = fill + take, pos + take
                     window.pump()  # the next buffer's reads go on while this one is cut
                     if fill == len(out):
-                        yield self._convert(out)
-                        step, fill, out = step + 1, 0, None
-                # Its tokens are in batches now (copies), so the slot takes the next read
-                # (and a mapped hook's files are unmapped once nothing refers to them).
+                        copying.append((out, cut_copies))
+                        step, fill, out, cut_copies = step + 1, 0, None, []
+                        if len(copying) > max_copying:
+                            yield from hand_over(copied(*copying.popleft()))
+                # Its tokens are in batches now (copies, once the copies under way are
+                # done), so the slot takes the next read (and a mapped hook's files are
+                # unmapped once nothing refers to them).
+                while copying:
+                    yield from hand_over(copied(*copying.popleft()))
+                copied(out, cut_copies)  # a batch cut across two buffers
                 pending.popleft()
                 del loaded, sources
                 top_up()
+            seconds["busy"] += time.perf_counter() - busy_since
         finally:
             window.cancel()  # a stopped stream leaves no write into a freed slot
             gather.close()
+
+    def _produce_converted(self) -> Iterator[Batch]:
+        batches = self._produce()
+        try:
+            for batch in batches:
+                yield self._convert(batch)
+        finally:
+            batches.close()
+
+    def _convert_ahead(self) -> Iterator[Batch]:
+        """Batches cut on a thread of their own while this one converts the last."""
+        cut = prefetch_lib.Prefetcher(self._produce, self._prefetch_depth,
+                                      "actx-reader-stream-cut")
+        try:
+            for batch in cut:
+                yield self._convert(batch)
+        finally:
+            cut.close()
 
     def _convert(self, batch: Batch) -> Batch:
         acts = batch.acts
@@ -368,7 +439,7 @@ class ShuffledStream:
 
     def __iter__(self) -> Iterator[Batch]:
         if not self._prefetch_in_thread:
-            yield from self._produce()
+            yield from self._produce_converted()
             return
         yield from self._prefetcher
 

@@ -110,6 +110,34 @@ def test_every_token_matches_hf_on_its_document_alone(tmp_path, monkeypatch, arc
     assert fn.compile_count() == 1
 
 
+@pytest.mark.parametrize("way", ["all slots", "fused"])
+@pytest.mark.parametrize("arch,overrides,max_context", [
+    ("qwen2", {}, 24),
+    ("qwen2", {}, 20),
+    ("mistral", {"sliding_window": 12}, 24),
+])
+def test_the_accelerator_ways_match_hf(tmp_path, monkeypatch, way, arch, overrides,
+                                       max_context):
+    """The ways GPUs and TPUs take through the cache, run here by XLA on the CPU: block
+    visits with every slot at once (XLA off the CPU), and one attention over the cache and
+    the row together (the formulation cuDNN runs for half precision on GPU)."""
+    if way == "all slots":
+        monkeypatch.setattr(attention, "default_slots_per_visit", lambda batch, shards: batch)
+    else:
+        monkeypatch.setattr(attention, "_xla_cached_attention",
+                            lambda *a: attention.fused_cached_attention(*a[:10], "xla"))
+    path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
+    hf = hf_models.load_hf_model(path)
+    model = model_lib.load_pretrained(path, dtype="float32")
+    fn = step.make_extract_fn(model, capture.CaptureSpec.parse(
+        "layers.*.resid_post,final_norm", dtype="float32"), max_context=max_context)
+    docs = _documents(0, max_context)
+    block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=max_context))
+    stored = run_rows(fn, block, local_batch=3)
+    window = min(max_context, overrides.get("sliding_window") or max_context)
+    assert_documents_match_hf(stored, block, docs, hf, window, rtol=1e-5)
+
+
 def test_bfloat16_matches_hf_within_bf16_tolerance(tmp_path):
     path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
     hf = hf_models.load_hf_model(path)

@@ -93,11 +93,11 @@ def test_mapped_values_equal_zarr_pythons_and_the_decoded_streams(tmp_path, monk
     for m in mapped._mapped.values():
         assert m.mapped_blocks > 0 and m.decoded_blocks == 0 and not m.refusals
     # The same order and values as when tensorstore decodes every block, and when read
-    # in the caller's thread with the copy split over 3 threads, or resumed mid-epoch.
+    # in the caller's thread with the copies in tasks on 3 threads, or resumed mid-epoch.
     decoded = _stream(run, block_rows=block_rows, buffer_tokens=buffer_tokens,
                       map_shards=False)
     assert decoded.read_paths["embed"] == "decoded: map_shards=False"
-    monkeypatch.setattr(gather_lib, "MIN_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(gather_lib, "ROWS_PER_TASK", 2)
     inline = _stream(run, block_rows=block_rows, buffer_tokens=buffer_tokens, prefetch=0,
                      gather_threads=3)
     k = len(batches) // 2 + 1

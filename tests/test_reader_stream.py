@@ -39,13 +39,14 @@ def _stream(run, **kwargs):
                                                  (3, "none")])  # "none": mapped files
 def test_every_valid_committed_token_once_per_epoch_across_processes(tmp_path, process_count,
                                                                      codec, monkeypatch):
-    monkeypatch.setattr(gather_lib, "MIN_ROWS_PER_THREAD", 1)  # split even 7-token batches
+    monkeypatch.setattr(gather_lib, "ROWS_PER_TASK", 2)  # split even 7-token batches
     truth = _uneven_run(tmp_path / "run", codec=codec)
     run = reader.open_run(truth.uri)
     want = np.flatnonzero(truth.committed_mask())  # no padding, nothing of partition 2
     per_process = []
     for p in range(process_count):
-        # Batches of 7 tokens copied on 3 threads, in parts of 2 and 3 rows.
+        # Batches of 7 tokens copied on 3 threads, in tasks of 1 and 2 rows, several
+        # batches at once.
         s = _stream(run, process_index=p, process_count=process_count, drop_last=False,
                     epochs=2, gather_threads=3)
         batches = list(s)

@@ -124,26 +124,91 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
     return _xla_attention(q_btnh, k_bskh, v_bskh, mask_bts)
 
 
+def cached_keys_seen(cache_pos_bc: jax.Array, q_pos_bt: jax.Array,
+                     q_continues_bt: jax.Array, window: jax.Array | int) -> jax.Array:
+    """Boolean [b, t, c]: query t sees cached key c. Only a query that continues the
+    slot's document does, and only keys the slot holds (pos >= 0) that are earlier than
+    it and within the window (q_pos - window < pos < q_pos)."""
+    pos_b1c = cache_pos_bc[:, None, :]
+    q_pos_bt1 = q_pos_bt[:, :, None]
+    return (q_continues_bt[:, :, None] & (pos_b1c >= 0) & (pos_b1c < q_pos_bt1)
+            & (q_pos_bt1 - pos_b1c < window))
+
+
+def default_slots_per_visit(batch: int, data_shards: int) -> int:
+    """Slots that visit their cached blocks together in the XLA path.
+
+    On the CPU one slot per device at a time: each visit is compute-bound there, so
+    following each slot's own depth saves the work of the slots that hold less. On GPUs
+    and TPUs a visit of one slot is a handful of tiny kernels, launch-bound (one slot at a
+    time made the exact context 12x slower than rows alone on an H100): all slots at once.
+    """
+    return data_shards if jax.default_backend() == "cpu" else batch
+
+
 def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
                      mask_bts: jax.Array, cache_k_bckh: jax.Array, cache_v_bckh: jax.Array,
                      cache_pos_bc: jax.Array, q_pos_bt: jax.Array, q_continues_bt: jax.Array,
                      window: jax.Array | int, ptr: jax.Array,
-                     data_shards: int = 1) -> jax.Array:
+                     data_shards: int = 1, implementation: str | None = None,
+                     slots_per_visit: int | None = None) -> jax.Array:
     """Attention over the row itself and the slot's cached earlier rows, [b, t, n, h].
 
     The row part uses `mask_bts` (causal) as `attention`; a query that continues the slot's
-    document (q_continues) also attends to cached keys whose position q_pos - window <
-    pos < q_pos. Queries go in chunks (`query_chunks`). The cache is visited block by
-    block, newest first, merged by the online softmax in float32, so the work follows the
-    context each slot holds: the slots are taken in groups of `data_shards` (one per
-    device of the `data` axis, which holds the batch in contiguous chunks), one group
-    after another, and for each query chunk a group visits as many blocks as its deepest
-    slot holds, or none where no query of the chunk continues a document. A block a slot
-    does not hold (or a query does not see) is fully masked and leaves its result bit for
-    bit unchanged, and every group has the same shapes, so a slot's bytes never depend on
-    what the other slots hold.
+    document also attends to the cached keys `cached_keys_seen` names.
+
+    implementation "cudnn" (the default for half precision on GPU): one fused cuDNN
+    attention over the cache and the row's keys together, with that mask; it computes
+    every cached key whether held or not (a fixed cost per step), and a slot's result
+    depends only on its own inputs.
+
+    implementation "xla": queries go in chunks (`query_chunks`); the cache is visited
+    block by block, newest first, merged by the online softmax in float32, so the work
+    follows the context the slots hold: the slots are taken in groups of
+    `slots_per_visit` (a multiple of `data_shards`, the devices of the `data` axis, which
+    holds the batch in contiguous chunks; `default_slots_per_visit`), one group after
+    another, and for each query chunk a group visits as many blocks as its deepest slot
+    holds, or none where no query of the chunk continues a document. A block a slot does
+    not hold (or a query does not see) is fully masked and leaves its result bit for bit
+    unchanged, and every group has the same shapes, so a slot's bytes never depend on what
+    the other slots hold.
     """
+    implementation = implementation or default_implementation(q_btnh.dtype)
+    if implementation == "cudnn":
+        try:
+            return fused_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh,
+                                          cache_v_bckh, cache_pos_bc, q_pos_bt,
+                                          q_continues_bt, window, "cudnn")
+        except (ValueError, NotImplementedError, RuntimeError) as err:
+            log.warning("cuDNN attention unavailable (%s); using the XLA implementation", err)
+    return _xla_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh,
+                                 cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt, window,
+                                 ptr, data_shards, slots_per_visit)
+
+
+def fused_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh, cache_v_bckh,
+                           cache_pos_bc, q_pos_bt, q_continues_bt, window,
+                           implementation: str = "cudnn") -> jax.Array:
+    """One attention over [cache keys, row keys] (the order within a softmax does not
+    matter) through `jax.nn.dot_product_attention`; every query sees at least itself, so
+    no row is empty. implementation "xla" computes the same on any backend (tests)."""
+    keys = jnp.concatenate([cache_k_bckh.astype(k_btkh.dtype), k_btkh], axis=1)
+    values = jnp.concatenate([cache_v_bckh.astype(v_btkh.dtype), v_btkh], axis=1)
+    mask = jnp.concatenate(
+        [cached_keys_seen(cache_pos_bc, q_pos_bt, q_continues_bt, window), mask_bts],
+        axis=-1)
+    return jax.nn.dot_product_attention(q_btnh, keys, values, mask=mask[:, None],
+                                        implementation=implementation)
+
+
+def _xla_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh, cache_v_bckh,
+                          cache_pos_bc, q_pos_bt, q_continues_bt, window, ptr, data_shards,
+                          slots_per_visit) -> jax.Array:
     b, t, n, h = q_btnh.shape
+    slots_per_visit = slots_per_visit or default_slots_per_visit(b, data_shards)
+    if slots_per_visit % data_shards or b % slots_per_visit:
+        raise ValueError(f"slots_per_visit {slots_per_visit} must be a multiple of the "
+                         f"{data_shards} data shards and divide the batch of {b}")
     k = k_btkh.shape[2]
     block_len = t
     n_blocks = cache_k_bckh.shape[1] // block_len
@@ -182,10 +247,7 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
                 keys = jax.lax.dynamic_slice_in_dim(cache_k, at, block_len, axis=1)
                 values = jax.lax.dynamic_slice_in_dim(cache_v, at, block_len, axis=1)
                 pos_bs = jax.lax.dynamic_slice_in_dim(cache_pos, at, block_len, axis=1)
-                seen_bts = (q_continues_c[:, :, None] & (pos_bs[:, None, :] >= 0)
-                            & (pos_bs[:, None, :] < q_pos_c[:, :, None])
-                            & (q_pos_c[:, :, None] - pos_bs[:, None, :] < window))
-                seen = seen_bts[:, None, None]
+                seen = cached_keys_seen(pos_bs, q_pos_c, q_continues_c, window)[:, None, None]
                 logits = jnp.where(seen, scores(q_c, keys), -jnp.inf)
                 m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
                 correction = jnp.exp(m_old - m_new)
@@ -199,15 +261,18 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
 
         return [chunk(start, end, state) for (start, end), state in zip(chunks, chunk_states)]
 
-    # [b, ...] -> [groups, data_shards, ...]: device d holds slots d*groups..; group i
-    # takes slot i of every device, so each device works on its own slots in parallel.
-    groups = b // data_shards
+    # [b, ...] -> [groups, slots_per_visit, ...]: device d holds slots d*b/data_shards..;
+    # group i takes the i-th run of slots_per_visit / data_shards slots of every device,
+    # so each device works on its own slots in parallel.
+    groups, per_device = b // slots_per_visit, slots_per_visit // data_shards
 
     def split(x):
-        return jnp.swapaxes(x.reshape((data_shards, groups) + x.shape[1:]), 0, 1)
+        x = x.reshape((data_shards, groups, per_device) + x.shape[1:])
+        return jnp.swapaxes(x, 0, 1).reshape((groups, slots_per_visit) + x.shape[3:])
 
     def merge(x):
-        return jnp.swapaxes(x, 0, 1).reshape((b,) + x.shape[2:])
+        x = x.reshape((groups, data_shards, per_device) + x.shape[2:])
+        return jnp.swapaxes(x, 0, 1).reshape((b,) + x.shape[3:])
 
     xs = (q_bkgth, cache_k_bckh, cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
           held_b, states)

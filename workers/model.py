@@ -103,13 +103,13 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     if cached is None:
         heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, mask_bts, attention_impl)
     else:
-        # Always this path, also on GPU where no slot holds context: switching to cuDNN
-        # for such steps would make a slot's bytes depend on what the other slots hold
-        # (batch size, host count), and reruns must rewrite identical bytes.
+        # Always this path, also where no slot holds context: switching to the row-only
+        # attention for such steps would make a slot's bytes depend on what the other
+        # slots hold (batch size, host count), and reruns must rewrite identical bytes.
         heads_btnh = attn_lib.cached_attention(
             q_btnh, k_btkh, v_btkh, mask_bts, cached["k_bckh"], cached["v_bckh"],
             cached["pos_bc"], cached["q_pos_bt"], cached["q_continues_bt"],
-            cached["window"], cached["ptr"], cached["data_shards"])
+            cached["window"], cached["ptr"], cached["data_shards"], attention_impl)
     attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
     mid_btd = x_btd + attn_out_btd
 

@@ -1,0 +1,167 @@
+"""One layer's attention over a row and its slots' cached earlier rows, each way actx has.
+
+  xla, slot by slot     the XLA block visits, one slot at a time (the CPU default)
+  xla, all slots        the same visits, all slots at once (the XLA default off the CPU)
+  fused (cudnn)         one cuDNN attention over [cache keys, row keys] with the mask
+                        (the default for bfloat16 on GPU; skipped where there is none)
+  rows alone            `attention` over the row only (what independent rows cost)
+
+For slots that hold none, half or all of the cache's blocks, prints ms per call (median),
+the error against a float32 dense reference (max abs, relative L2, over every query), and
+whether slot 0's output is bit for bit the same when the other slots hold other keys and
+depths (what reruns on other hosts rely on).
+
+  python bench/cached_attention.py                      # Qwen2.5-0.5B heads, for a GPU
+  python bench/cached_attention.py --batch 2 --seq 256 --blocks 2   # small, CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from workers import attention as attn  # noqa: E402
+
+
+def make_inputs(rng, b, t, n, k, h, blocks, depths, dtype, ptr, window):
+    """Slot s holds depths[s] blocks of its document (the newest at ring block ptr - 1)
+    and its row continues that document for its first tokens (then another document),
+    or starts a new one where it holds nothing."""
+    cap = blocks * t
+    q = rng.normal(size=(b, t, n, h)).astype(np.float32)
+    kr = rng.normal(size=(b, t, k, h)).astype(np.float32)
+    vr = rng.normal(size=(b, t, k, h)).astype(np.float32)
+    ck = rng.normal(size=(b, cap, k, h)).astype(np.float32)
+    cv = rng.normal(size=(b, cap, k, h)).astype(np.float32)
+    cpos = np.full((b, cap), -1, np.int32)
+    qpos = np.zeros((b, t), np.int32)
+    seg = np.ones((b, t), np.int32)
+    cont = np.zeros((b, t), bool)
+    for s, d in enumerate(depths):
+        first = int(rng.integers(t // 4, t + 1))  # tokens of the row's first document
+        seg[s, first:] = 2
+        for j in range(1, d + 1):
+            at = ((ptr - j) % blocks) * t
+            cpos[s, at:at + t] = (d - j) * t + np.arange(t)
+        qpos[s, :first] = d * t + np.arange(first)
+        qpos[s, first:] = np.arange(t - first)
+        cont[s, :first] = d > 0
+    mask = np.asarray(attn.attention_mask(jnp.asarray(seg), window))
+    cast = (lambda x: jnp.asarray(x, dtype))
+    return dict(q=cast(q), kr=cast(kr), vr=cast(vr), mask=jnp.asarray(mask), ck=cast(ck),
+                cv=cast(cv), cpos=jnp.asarray(cpos), qpos=jnp.asarray(qpos),
+                cont=jnp.asarray(cont))
+
+
+def reference(x, window):
+    """Dense float32: softmax over [cache, row] keys with the combined mask, slot by slot."""
+    f = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    seen = attn.cached_keys_seen(x["cpos"], x["qpos"], x["cont"], window)
+    mask = jnp.concatenate([seen, x["mask"]], axis=-1)
+    n, k = x["q"].shape[2], x["kr"].shape[2]
+
+    @jax.jit
+    def one(q, keys, values, m):  # [t, n, h], [s, k, h], [s, k, h], [t, s]
+        keys, values = jnp.repeat(keys, n // k, axis=1), jnp.repeat(values, n // k, axis=1)
+        logits = jnp.einsum("tnh,snh->nts", q, keys,
+                            precision=jax.lax.Precision.HIGHEST) * q.shape[-1] ** -0.5
+        p = jax.nn.softmax(jnp.where(m[None], logits, -jnp.inf), axis=-1)
+        return jnp.einsum("nts,snh->tnh", p, values, precision=jax.lax.Precision.HIGHEST)
+
+    keys = jnp.concatenate([f(x["ck"]), f(x["kr"])], axis=1)
+    values = jnp.concatenate([f(x["cv"]), f(x["vr"])], axis=1)
+    return np.stack([np.asarray(one(f(x["q"][s]), keys[s], values[s], mask[s]))
+                     for s in range(x["q"].shape[0])])
+
+
+def ways(b, has_cudnn):
+    out = {
+        "xla, slot by slot": lambda x, w, ptr: attn.cached_attention(
+            x["q"], x["kr"], x["vr"], x["mask"], x["ck"], x["cv"], x["cpos"], x["qpos"],
+            x["cont"], w, ptr, implementation="xla", slots_per_visit=1),
+        "xla, all slots": lambda x, w, ptr: attn.cached_attention(
+            x["q"], x["kr"], x["vr"], x["mask"], x["ck"], x["cv"], x["cpos"], x["qpos"],
+            x["cont"], w, ptr, implementation="xla", slots_per_visit=b),
+    }
+    if has_cudnn:
+        out["fused (cudnn)"] = lambda x, w, ptr: attn.fused_cached_attention(
+            x["q"], x["kr"], x["vr"], x["mask"], x["ck"], x["cv"], x["cpos"], x["qpos"],
+            x["cont"], w, "cudnn")
+    out["rows alone"] = lambda x, w, ptr: attn.attention(x["q"], x["kr"], x["vr"],
+                                                         x["mask"])
+    return out
+
+
+def timed(fn, args, iters):
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--blocks", type=int, default=8, help="cache blocks (max_context / seq)")
+    p.add_argument("--window", type=int, default=attn.NO_WINDOW)
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on GPU, else float32")
+    p.add_argument("--iters", type=int, default=10)
+    a = p.parse_args()
+    backend = jax.default_backend()
+    dtype = jnp.dtype(a.dtype or ("bfloat16" if backend == "gpu" else "float32"))
+    has_cudnn = backend == "gpu" and dtype in (jnp.bfloat16, jnp.float16)
+    print(f"device {jax.devices()[0].device_kind} ({backend}); batch {a.batch} x seq "
+          f"{a.seq}, heads {a.heads}/{a.kv_heads} of {a.head_dim}, cache {a.blocks} blocks "
+          f"({a.blocks * a.seq} keys), {dtype.name}, window {a.window}")
+    rng = np.random.default_rng(0)
+    ptr = jnp.int32(3 % a.blocks)
+    half = max(1, a.blocks // 2)
+    scenarios = {"none held": [0] * a.batch,
+                 f"{half} of {a.blocks} blocks": [half] * a.batch,
+                 f"all {a.blocks} blocks": [a.blocks] * a.batch,
+                 "mixed 0..all": [int(d) for d in rng.integers(0, a.blocks + 1, a.batch)]}
+    fns = {name: jax.jit(f) for name, f in ways(a.batch, has_cudnn).items()}
+    shape = (a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, a.blocks)
+    print(f"{'held':>16s}  {'way':18s} {'ms':>8s} {'max abs err':>12s} {'rel L2':>9s} "
+          f"{'slot 0 same':>11s}")
+    for label, depths in scenarios.items():
+        x = make_inputs(rng, *shape, depths, dtype, int(ptr), a.window)
+        # The same slot 0, other slots holding other keys and depths.
+        other = make_inputs(np.random.default_rng(1), *shape,
+                            [depths[0]] + [int(d) for d in
+                                           rng.integers(0, a.blocks + 1, a.batch - 1)],
+                            dtype, int(ptr), a.window)
+        other = {name: v.at[0].set(x[name][0]) for name, v in other.items()}
+        ref = reference(x, a.window)
+        for name, fn in fns.items():
+            ms = timed(fn, (x, a.window, ptr), a.iters)
+            out = np.asarray(fn(x, a.window, ptr), np.float32)
+            if name == "rows alone":  # not the same computation: time only
+                print(f"{label:>16s}  {name:18s} {ms:8.2f}")
+                continue
+            err = np.abs(out - ref)
+            rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+            same = np.array_equal(np.asarray(fn(other, a.window, ptr)[0]),
+                                  np.asarray(fn(x, a.window, ptr)[0]))
+            print(f"{label:>16s}  {name:18s} {ms:8.2f} {err.max():12.2e} {rel:9.2e} "
+                  f"{str(same):>11s}")
+
+
+if __name__ == "__main__":
+    main()

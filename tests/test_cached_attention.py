@@ -1,0 +1,90 @@
+"""The attention over a row and its slots' cached earlier rows, each way actx computes it,
+against a dense float64 reference: block visits slot by slot (the CPU's way), block visits
+with all slots at once (the XLA way on GPUs and TPUs), and one fused attention over the
+cache and the row together (cuDNN's way on GPUs, here computed by XLA)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench import cached_attention as scenario
+from workers import attention
+
+B, T, N, K, H, BLOCKS = 4, 8, 4, 2, 16, 3
+
+
+def _ways(b):
+    common = ("q", "kr", "vr", "mask", "ck", "cv", "cpos", "qpos", "cont")
+    return {
+        "slot by slot": lambda x, w, ptr: attention.cached_attention(
+            *(x[n] for n in common), w, ptr, implementation="xla", slots_per_visit=1),
+        "all slots": lambda x, w, ptr: attention.cached_attention(
+            *(x[n] for n in common), w, ptr, implementation="xla", slots_per_visit=b),
+        "fused": lambda x, w, ptr: attention.fused_cached_attention(
+            *(x[n] for n in common), w, "xla"),
+    }
+
+
+def _dense_reference(x, window):
+    """float64 numpy: softmax over every cached and row key the query may see."""
+    q, kr, vr, ck, cv = (np.asarray(x[n], np.float64) for n in ("q", "kr", "vr", "ck", "cv"))
+    cpos, qpos, cont = (np.asarray(x[n]) for n in ("cpos", "qpos", "cont"))
+    row_mask = np.asarray(x["mask"])
+    out = np.zeros_like(q)
+    group = q.shape[2] // kr.shape[2]
+    for s in range(q.shape[0]):
+        keys, values = np.concatenate([ck[s], kr[s]]), np.concatenate([cv[s], vr[s]])
+        for i in range(q.shape[1]):
+            seen_cache = (cont[s, i] & (cpos[s] >= 0) & (cpos[s] < qpos[s, i])
+                          & (qpos[s, i] - cpos[s] < window))
+            seen = np.concatenate([seen_cache, row_mask[s, i]])
+            for head in range(q.shape[2]):
+                logits = keys[seen, head // group] @ q[s, i, head] / np.sqrt(q.shape[-1])
+                p = np.exp(logits - logits.max())
+                out[s, i, head] = (p / p.sum()) @ values[seen, head // group]
+    return out
+
+
+@pytest.mark.parametrize("window", [attention.NO_WINDOW, 2 * T + 3])
+@pytest.mark.parametrize("depths", [[0, 0, 0, 0], [1, 3, 0, 2], [3, 3, 3, 3]])
+@pytest.mark.parametrize("way", ["slot by slot", "all slots", "fused"])
+def test_every_way_matches_the_dense_reference(way, depths, window):
+    rng = np.random.default_rng(7)
+    x = scenario.make_inputs(rng, B, T, N, K, H, BLOCKS, depths, jnp.float32, 2, window)
+    got = np.asarray(_ways(B)[way](x, window, jnp.int32(2)))
+    want = _dense_reference(x, window)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if any(depths):  # the cache changes the answer, so the comparison can fail
+        x_alone = dict(x, cont=jnp.zeros_like(x["cont"]))
+        assert not np.allclose(_dense_reference(x_alone, window), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("way", ["slot by slot", "all slots", "fused"])
+def test_a_slots_bytes_do_not_depend_on_the_other_slots(way):
+    """Slot 0 the same, the other slots holding other keys and depths: slot 0's output is
+    bit for bit the same (a rerun on another host has other companions)."""
+    rng = np.random.default_rng(3)
+    x = scenario.make_inputs(rng, B, T, N, K, H, BLOCKS, [2, 0, 1, 3], jnp.float32, 1,
+                             attention.NO_WINDOW)
+    other = scenario.make_inputs(np.random.default_rng(4), B, T, N, K, H, BLOCKS,
+                                 [2, 3, 3, 0], jnp.float32, 1, attention.NO_WINDOW)
+    other = {n: v.at[0].set(x[n][0]) for n, v in other.items()}
+    fn = _ways(B)[way]
+    a = np.asarray(fn(x, attention.NO_WINDOW, jnp.int32(1)))
+    b = np.asarray(fn(other, attention.NO_WINDOW, jnp.int32(1)))
+    np.testing.assert_array_equal(a[0], b[0])
+    assert not np.array_equal(a[1:], b[1:])
+
+
+def test_slots_per_visit_must_fit_the_batch_and_the_data_shards():
+    x = scenario.make_inputs(np.random.default_rng(0), B, T, N, K, H, BLOCKS, [1] * B,
+                             jnp.float32, 0, attention.NO_WINDOW)
+    args = [x[n] for n in ("q", "kr", "vr", "mask", "ck", "cv", "cpos", "qpos", "cont")]
+    with pytest.raises(ValueError, match="slots_per_visit 3 must be a multiple of the 1"):
+        attention.cached_attention(*args, attention.NO_WINDOW, jnp.int32(0),
+                                   implementation="xla", slots_per_visit=3)
+    with pytest.raises(ValueError, match="multiple of the 4 data shards"):
+        attention.cached_attention(*args, attention.NO_WINDOW, jnp.int32(0), data_shards=4,
+                                   implementation="xla", slots_per_visit=2)
