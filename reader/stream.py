@@ -8,19 +8,23 @@ batch k+1 and tensorstore reads and decodes the next `prefetch_buffers` buffers 
 threads (decoding is parallel across inner chunks; `reads_in_flight` blocks at a time,
 reader.read_window). Each block is read with one request per hook and decoded straight
 into a reused buffer (ts.array over numpy memory); each returned token is then copied once
-into its batch (reader.gather, on `gather_threads` threads): the stored bytes are decoded
-once and copied once, whatever the batch size. A local hook stored without a codec is not
-decoded at all (reader.mapped_hook, `map_shards`): the buffer's shard files are mapped,
-a background thread pages the next buffer in (reader.mapped_region), and each token is
-copied once, from the page cache straight into its batch.
+into its batch (reader.gather, on `gather_threads` threads, several batches at once while
+the next ones are cut): the stored bytes are decoded once and copied once, whatever the
+batch size. Each buffer's permuted order is worked out on a thread of its own as soon as
+its token rows arrive, and JAX batches are copied to the device on another, so the thread
+that cuts batches does little else (`producer_seconds` says where its time goes). A local
+hook stored without a codec is not decoded at all (reader.mapped_hook, `map_shards`): the
+buffer's shard files are mapped, a background thread pages the next buffer in
+(reader.mapped_region), and each token is copied once, from the page cache straight into
+its batch.
 
 The trade (stated, and measured by bench/read.py with reader.mixing): a batch holds
 tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
 (block_rows * seq_len) blocks, so of fewer documents and partitions than an exact global
 shuffle (run.batches) would give it. A larger buffer or smaller blocks mix better; memory
 is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook (page cache mapped
-for a mapped hook), plus prefetch + 3 batches and the decode memory of `reads_in_flight`
-blocks.
+for a mapped hook), plus prefetch + gather_threads + 4 batches (twice prefetch with JAX)
+and the decode memory of `reads_in_flight` blocks.
 
 Every valid token is read exactly once per epoch (drop_last=False; with drop_last the
 tail of each epoch's stream is dropped, see blocks.StreamPlan), processes read disjoint
@@ -31,6 +35,7 @@ sizes, so `state(batch)` / `resume=` restart at any step.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import time
@@ -76,6 +81,18 @@ class _Loaded:
     reads: read_window.ReadGroup  # the reads that decode the blocks into the sources
     tokens: list  # futures of (segment_ids, input_ids) per block
     run_rows: np.ndarray  # int64 [rows]: the run row of each slot row
+    order: Any = None  # future of its _Order, computed on the stream's order thread
+
+
+@dataclasses.dataclass
+class _Order:
+    """What each token of a buffer's permuted order is, for the whole buffer at once (a
+    batch then takes slices: fewer, larger numpy calls on the thread that cuts)."""
+
+    rows: np.ndarray  # int64: run row
+    cols: np.ndarray  # int64: column
+    input_ids: np.ndarray  # int32
+    source_rows: dict  # hook -> int64: row of the hook's source array
 
 
 class ShuffledStream:
@@ -284,6 +301,16 @@ class ShuffledStream:
             f"names the partitions; `actx verify {loc} --repair`, then `actx rerun {loc}`, "
             f"writes them again.")
 
+    def _order(self, loaded: _Loaded) -> _Order:
+        """The buffer's permuted order (needs its token rows, not its activations)."""
+        order, input_ids = self._permuted(loaded)
+        # take(mode="clip"): no temporary (see reader.gather); in range by construction.
+        return _Order(loaded.run_rows.take(order // self.run.seq_len, mode="clip"),
+                      np.remainder(order, self.run.seq_len),
+                      input_ids.take(order, mode="clip"),
+                      {h: order if row_of is None else row_of.take(order, mode="clip")
+                       for h, (_, row_of) in loaded.sources.items()})
+
     def _permuted(self, loaded: _Loaded) -> tuple[np.ndarray, np.ndarray]:
         """(flat slot positions of the valid tokens in permuted order, input_ids [rows*T])."""
         m = self.run.manifest
@@ -303,13 +330,17 @@ class ShuffledStream:
 
     def _produce(self) -> Iterator[Batch]:
         """Batches in step order: reads `prefetch_buffers` buffers ahead of the one cut."""
-        plan, seq_len = self.plan, self.run.seq_len
+        plan = self.plan
         # Buffers are reused round-robin: allocated once per iteration, freed with it.
         slots = [self._new_slot() for _ in range(self.prefetch_buffers + 1)]
         work = self._work()
         pending: collections.deque[_Loaded] = collections.deque()
         window = read_window.ReadWindow(self.reads_in_flight)
         gather = gather_lib.Gather(self.gather_threads)
+        # Each buffer's order is worked out on a thread of its own as soon as its token
+        # rows arrive, while the buffer before it is cut.
+        orders = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="actx-reader-order")
         issued = 0
 
         def top_up():
@@ -318,8 +349,9 @@ class ShuffledStream:
                 item = next(work, None)
                 if item is None:
                     return
-                pending.append(self._issue(*item, slot=slots[issued % len(slots)],
-                                           window=window))
+                loaded = self._issue(*item, slot=slots[issued % len(slots)], window=window)
+                loaded.order = orders.submit(self._order, loaded)
+                pending.append(loaded)
                 issued += 1
 
         # Batches whose copies may run at once (each in tasks over the gather threads).
@@ -358,22 +390,12 @@ class ShuffledStream:
                     window.wait(loaded.reads)
                 except ValueError as e:  # how tensorstore reports a failed read
                     raise self._read_error(loaded, e) from e
-                for f in loaded.tokens:
-                    for token_read in f:
-                        token_read.result()
+                order = loaded.order.result()
                 seconds["read_wait"] += time.perf_counter() - t0
-                order, input_ids = self._permuted(loaded)
                 sources = loaded.sources
-                # What each token of the permuted order is, for the whole buffer at once:
-                # a batch then takes slices (fewer, larger numpy calls on this thread).
-                # take(out=..., mode="clip") below: no temporary (see reader.gather).
-                order_rows = loaded.run_rows.take(order // seq_len, mode="clip")
-                order_cols = np.remainder(order, seq_len)
-                order_ids = input_ids.take(order, mode="clip")
-                source_rows = {h: order if row_of is None else row_of.take(order, mode="clip")
-                               for h, (_, row_of) in sources.items()}
                 pos = loaded.skip
-                while pos < len(order) and (self.stop_step is None or step < self.stop_step):
+                while (pos < len(order.rows)
+                       and (self.stop_step is None or step < self.stop_step)):
                     epoch, _ = plan.locate(step)
                     if epoch != loaded.epoch:
                         break
@@ -383,13 +405,14 @@ class ShuffledStream:
                                                   for h, (f, _) in sources.items()},
                                     np.empty(n, np.int64), np.empty(n, np.int64),
                                     np.empty(n, np.int32))
-                    take = min(len(out) - fill, len(order) - pos)
+                    take = min(len(out) - fill, len(order.rows) - pos)
                     part, into = slice(pos, pos + take), slice(fill, fill + take)
                     for h, (f, _) in sources.items():
-                        cut_copies += gather.submit(f, source_rows[h][part], out.acts[h][into])
-                    out.rows[into] = order_rows[part]
-                    out.cols[into] = order_cols[part]
-                    out.input_ids[into] = order_ids[part]
+                        cut_copies += gather.submit(f, order.source_rows[h][part],
+                                                    out.acts[h][into])
+                    out.rows[into] = order.rows[part]
+                    out.cols[into] = order.cols[part]
+                    out.input_ids[into] = order.input_ids[part]
                     fill, pos = fill + take, pos + take
                     window.pump()  # the next buffer's reads go on while this one is cut
                     if fill == len(out):
@@ -404,11 +427,12 @@ class ShuffledStream:
                     yield from hand_over(copied(*copying.popleft()))
                 copied(out, cut_copies)  # a batch cut across two buffers
                 pending.popleft()
-                del loaded, sources
+                del loaded, sources, order
                 top_up()
             seconds["busy"] += time.perf_counter() - busy_since
         finally:
             window.cancel()  # a stopped stream leaves no write into a freed slot
+            orders.shutdown(wait=True, cancel_futures=True)
             gather.close()
 
     def _produce_converted(self) -> Iterator[Batch]:

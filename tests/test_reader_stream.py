@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -206,6 +207,30 @@ def test_normalize_with_the_stored_statistics(reader_run):
             np.testing.assert_allclose(b.acts["embed"], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("gather_threads,as_jax", [(1, False), (3, False), (3, True)])
+def test_close_midway_ends_every_thread_of_the_stream(reader_run, monkeypatch,
+                                                      gather_threads, as_jax):
+    monkeypatch.setattr(gather_lib, "ROWS_PER_TASK", 2)  # copies in flight when it closes
+    run = reader.open_run(reader_run.uri)
+    s = _stream(run, epochs=None, gather_threads=gather_threads, as_jax=as_jax)
+
+    def running():
+        return {t.name.rsplit("_", 1)[0] for t in threading.enumerate()
+                if t.name.startswith("actx-reader")}
+
+    with s:
+        for i, _ in enumerate(s):
+            if i == 5:
+                during = running()
+                break
+    want = {"actx-reader-stream", "actx-reader-order"}
+    want |= {"actx-reader-gather"} if gather_threads > 1 else set()
+    want |= {"actx-reader-stream-cut"} if as_jax else set()
+    assert during == want
+    assert not s._prefetcher.running
+    assert running() == set()
+
+
 def test_close_midway_and_errors_that_say_what_to_do(reader_run):
     run = reader.open_run(reader_run.uri)
     s = _stream(run, epochs=None)
@@ -243,12 +268,17 @@ def test_streaming_imports_neither_jax_nor_beam(reader_run):
                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_recycled_batch_arrays_never_overwrite_what_the_consumer_still_holds(reader_run):
+@pytest.mark.parametrize("gather_threads", [1, 3])
+def test_recycled_batch_arrays_never_overwrite_what_the_consumer_still_holds(
+        reader_run, monkeypatch, gather_threads):
     # Batch arrays are reused once dropped; views or tensors kept from them must keep
-    # their values, and batches checked as they come must be right although reused.
+    # their values, and batches checked as they come must be right although reused (with
+    # 3 threads, several batches are being copied into at any time).
+    monkeypatch.setattr(gather_lib, "ROWS_PER_TASK", 2)
     run = reader.open_run(reader_run.uri)
     kept, seen, reused = [], [], 0
-    for i, b in enumerate(_stream(run, epochs=4, batch_size=5)):
+    for i, b in enumerate(_stream(run, epochs=4, batch_size=5,
+                                  gather_threads=gather_threads)):
         np.testing.assert_array_equal(b.acts["embed"], reader_run.value("embed", b.rows, b.cols))
         # A weak reference to a dropped array stays alive only if the array was reused.
         reused += any(w() is b.acts["embed"] for w in seen)
