@@ -88,3 +88,15 @@ def test_slots_per_visit_must_fit_the_batch_and_the_data_shards():
     with pytest.raises(ValueError, match="multiple of the 4 data shards"):
         attention.cached_attention(*args, attention.NO_WINDOW, jnp.int32(0), data_shards=4,
                                    implementation="xla", slots_per_visit=2)
+
+
+def test_the_working_set_counts_the_larger_of_the_two_ways():
+    from workers import kv_cache
+
+    # 16 slots, 14 heads, rows of 1024 (query chunks of 128): XLA's float32 logits,
+    # exponentials and masked copy of one chunk against one block, 3 x 16 x 14 x 128 x
+    # 1024 x 4 bytes; the fused call's mask over cache + row keys, 1 + 2 bytes per entry.
+    xla = 3 * 16 * 14 * 128 * 1024 * 4
+    assert kv_cache.attention_scratch_bytes(16, 14, 1024, capacity=1024) == xla
+    assert kv_cache.attention_scratch_bytes(16, 14, 1024, capacity=32768) == \
+        16 * 1024 * (32768 + 1024) * 3

@@ -71,7 +71,9 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
     heads = cfg.num_heads // (model_parallel if cfg.num_heads % model_parallel == 0 else 1)
     kv_cache.check_fits(
         fn.cache_bytes_per_device(batch_size, seq_len), weights,
-        kv_cache.attention_scratch_bytes(slots, heads, seq_len), stats.get("bytes_limit"),
+        kv_cache.attention_scratch_bytes(slots, heads, seq_len,
+                                         kv_cache.capacity_tokens(max_context, seq_len)),
+        stats.get("bytes_limit"),
         max_context=max_context, slots_per_device=slots, layers_run=fn.layers_run,
         device_kind=device.device_kind)
 

@@ -67,12 +67,17 @@ def logical_axes() -> KVCache:
     return KVCache(KV_AXES, KV_AXES, POS_AXES, ())
 
 
-def attention_scratch_bytes(slots_per_device: int, heads_per_device: int, seq_len: int) -> int:
-    """The float32 working set of the cached attention of one layer on one device: logits,
-    their exponentials and the masked copy, [slots, heads, query chunk, seq_len] each (the
-    row part and one cache block at a time, one query chunk at a time)."""
+def attention_scratch_bytes(slots_per_device: int, heads_per_device: int, seq_len: int,
+                            capacity: int = 0) -> int:
+    """The working set of the cached attention of one layer on one device, the larger of
+    its two ways: XLA's float32 logits, their exponentials and the masked copy, [slots,
+    heads, query chunk, seq_len] each (the row part and one cache block at a time, one
+    query chunk at a time); or the fused (cuDNN) call's mask over every cached and row
+    key, [slots, seq_len, capacity + seq_len], as booleans and as a half-precision bias."""
     chunk = attention.query_chunk_size(seq_len)
-    return 3 * slots_per_device * heads_per_device * chunk * seq_len * 4
+    xla = 3 * slots_per_device * heads_per_device * chunk * seq_len * 4
+    fused = slots_per_device * seq_len * (capacity + seq_len) * (1 + 2)
+    return max(xla, fused)
 
 
 def check_fits(cache_per_device_bytes: int, weights_per_device_bytes: int,
