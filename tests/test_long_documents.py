@@ -170,9 +170,10 @@ def test_a_slot_that_starts_another_document_forgets_the_last_one(tmp_path):
     """Two different schedules (batch 1: every chain through one slot; batch 5) give the
     same activations: nothing of one document leaks into the next one in the slot.
 
-    Bit for bit on the CPU. On an H100 the two batch sizes differ in the last bits, rows
-    computed alone included, because cuBLAS picks its algorithm by shape (bench/RESULTS.md,
-    "GPU"): that is why the numerics a run records include the rows per device."""
+    Bit for bit on the CPU. On an H100 the two batch sizes differ in the last bits (through
+    the cache, and at full matmul precision even rows computed alone), since the GPU's
+    matmuls pick their algorithm by shape (bench/RESULTS.md, "GPU"): that is why the
+    numerics a run records include the rows per device."""
     path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
     model = model_lib.load_pretrained(path, dtype="float32")
     spec = capture.CaptureSpec.parse("layers.*.resid_post", dtype="float32")
