@@ -29,37 +29,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tests.cache_inputs import make_inputs  # noqa: E402
 from workers import attention as attn  # noqa: E402
-
-
-def make_inputs(rng, b, t, n, k, h, blocks, depths, dtype, ptr, window):
-    """Slot s holds depths[s] blocks of its document (the newest at ring block ptr - 1)
-    and its row continues that document for its first tokens (then another document),
-    or starts a new one where it holds nothing."""
-    cap = blocks * t
-    q = rng.normal(size=(b, t, n, h)).astype(np.float32)
-    kr = rng.normal(size=(b, t, k, h)).astype(np.float32)
-    vr = rng.normal(size=(b, t, k, h)).astype(np.float32)
-    ck = rng.normal(size=(b, cap, k, h)).astype(np.float32)
-    cv = rng.normal(size=(b, cap, k, h)).astype(np.float32)
-    cpos = np.full((b, cap), -1, np.int32)
-    qpos = np.zeros((b, t), np.int32)
-    seg = np.ones((b, t), np.int32)
-    cont = np.zeros((b, t), bool)
-    for s, d in enumerate(depths):
-        first = int(rng.integers(t // 4, t + 1))  # tokens of the row's first document
-        seg[s, first:] = 2
-        for j in range(1, d + 1):
-            at = ((ptr - j) % blocks) * t
-            cpos[s, at:at + t] = (d - j) * t + np.arange(t)
-        qpos[s, :first] = d * t + np.arange(first)
-        qpos[s, first:] = np.arange(t - first)
-        cont[s, :first] = d > 0
-    mask = np.asarray(attn.attention_mask(jnp.asarray(seg), window))
-    cast = (lambda x: jnp.asarray(x, dtype))
-    return dict(q=cast(q), kr=cast(kr), vr=cast(vr), mask=jnp.asarray(mask), ck=cast(ck),
-                cv=cast(cv), cpos=jnp.asarray(cpos), qpos=jnp.asarray(qpos),
-                cont=jnp.asarray(cont))
 
 
 def reference(x, window):
@@ -151,14 +122,14 @@ def main() -> None:
         ref = reference(x, a.window)
         for name, fn in fns.items():
             ms = timed(fn, (x, a.window, ptr), a.iters)
-            out = np.asarray(fn(x, a.window, ptr), np.float32)
+            got = np.asarray(fn(x, a.window, ptr))
             if name == "rows alone":  # not the same computation: time only
                 print(f"{label:>16s}  {name:18s} {ms:8.2f}")
                 continue
+            out = got.astype(np.float32)
             err = np.abs(out - ref)
             rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
-            same = np.array_equal(np.asarray(fn(other, a.window, ptr)[0]),
-                                  np.asarray(fn(x, a.window, ptr)[0]))
+            same = np.array_equal(np.asarray(fn(other, a.window, ptr)[0]), got[0])
             print(f"{label:>16s}  {name:18s} {ms:8.2f} {err.max():12.2e} {rel:9.2e} "
                   f"{str(same):>11s}")
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench import cached_attention as scenario
+from tests import cache_inputs
 from workers import attention
 
 B, T, N, K, H, BLOCKS = 4, 8, 4, 2, 16, 3
@@ -52,7 +52,7 @@ def _dense_reference(x, window):
 @pytest.mark.parametrize("way", ["slot by slot", "all slots", "fused"])
 def test_every_way_matches_the_dense_reference(way, depths, window):
     rng = np.random.default_rng(7)
-    x = scenario.make_inputs(rng, B, T, N, K, H, BLOCKS, depths, jnp.float32, 2, window)
+    x = cache_inputs.make_inputs(rng, B, T, N, K, H, BLOCKS, depths, jnp.float32, 2, window)
     got = np.asarray(_ways(B)[way](x, window, jnp.int32(2)))
     want = _dense_reference(x, window)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -66,9 +66,9 @@ def test_a_slots_bytes_do_not_depend_on_the_other_slots(way):
     """Slot 0 the same, the other slots holding other keys and depths: slot 0's output is
     bit for bit the same (a rerun on another host has other companions)."""
     rng = np.random.default_rng(3)
-    x = scenario.make_inputs(rng, B, T, N, K, H, BLOCKS, [2, 0, 1, 3], jnp.float32, 1,
+    x = cache_inputs.make_inputs(rng, B, T, N, K, H, BLOCKS, [2, 0, 1, 3], jnp.float32, 1,
                              attention.NO_WINDOW)
-    other = scenario.make_inputs(np.random.default_rng(4), B, T, N, K, H, BLOCKS,
+    other = cache_inputs.make_inputs(np.random.default_rng(4), B, T, N, K, H, BLOCKS,
                                  [2, 3, 3, 0], jnp.float32, 1, attention.NO_WINDOW)
     other = {n: v.at[0].set(x[n][0]) for n, v in other.items()}
     fn = _ways(B)[way]
@@ -79,7 +79,7 @@ def test_a_slots_bytes_do_not_depend_on_the_other_slots(way):
 
 
 def test_slots_per_visit_must_fit_the_batch_and_the_data_shards():
-    x = scenario.make_inputs(np.random.default_rng(0), B, T, N, K, H, BLOCKS, [1] * B,
+    x = cache_inputs.make_inputs(np.random.default_rng(0), B, T, N, K, H, BLOCKS, [1] * B,
                              jnp.float32, 0, attention.NO_WINDOW)
     args = [x[n] for n in ("q", "kr", "vr", "mask", "ck", "cv", "cpos", "qpos", "cont")]
     with pytest.raises(ValueError, match="slots_per_visit 3 must be a multiple of the 1"):
