@@ -141,7 +141,8 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
         for b in s:
             if framework == "jax":
                 b.acts[hook].block_until_ready()  # the batch is on the device
-                device = str(next(iter(b.acts[hook].devices())))
+                if b.step == 0:
+                    device = str(next(iter(b.acts[hook].devices())))
             if b.step % s.steps_per_epoch == 0 and b.step:  # an epoch ended
                 seconds.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)

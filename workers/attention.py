@@ -113,15 +113,22 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
 
     mask_bts must be causal (as `attention_mask`): no query attends a later key.
     """
-    implementation = implementation or default_implementation(q_btnh.dtype)
+    return _cudnn_else_xla(
+        implementation or default_implementation(q_btnh.dtype),
+        lambda: jax.nn.dot_product_attention(q_btnh, k_bskh, v_bskh, mask=mask_bts[:, None],
+                                             implementation="cudnn"),
+        lambda: _xla_attention(q_btnh, k_bskh, v_bskh, mask_bts))
+
+
+def _cudnn_else_xla(implementation: str, cudnn, xla) -> jax.Array:
+    """cudnn() where implementation is "cudnn" and cuDNN takes it, else xla()."""
     if implementation == "cudnn":
         try:
-            return jax.nn.dot_product_attention(
-                q_btnh, k_bskh, v_bskh, mask=mask_bts[:, None], implementation="cudnn")
+            return cudnn()
         except (ValueError, NotImplementedError, RuntimeError) as err:
             # cuDNN rejects some shapes/versions at trace time; XLA is always correct.
             log.warning("cuDNN attention unavailable (%s); using the XLA implementation", err)
-    return _xla_attention(q_btnh, k_bskh, v_bskh, mask_bts)
+    return xla()
 
 
 def cached_keys_seen(cache_pos_bc: jax.Array, q_pos_bt: jax.Array,
@@ -173,17 +180,14 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
     unchanged, and every group has the same shapes, so a slot's bytes never depend on what
     the other slots hold.
     """
-    implementation = implementation or default_implementation(q_btnh.dtype)
-    if implementation == "cudnn":
-        try:
-            return fused_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh,
-                                          cache_v_bckh, cache_pos_bc, q_pos_bt,
-                                          q_continues_bt, window, "cudnn")
-        except (ValueError, NotImplementedError, RuntimeError) as err:
-            log.warning("cuDNN attention unavailable (%s); using the XLA implementation", err)
-    return _xla_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh,
-                                 cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt, window,
-                                 ptr, data_shards, slots_per_visit)
+    return _cudnn_else_xla(
+        implementation or default_implementation(q_btnh.dtype),
+        lambda: fused_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh,
+                                       cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
+                                       window, "cudnn"),
+        lambda: _xla_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh,
+                                      cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
+                                      window, ptr, data_shards, slots_per_visit))
 
 
 def fused_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh, cache_v_bckh,
