@@ -10,9 +10,10 @@ reader.read_window). Each block is read with one request per hook and decoded st
 into a reused buffer (ts.array over numpy memory); each returned token is then copied once
 into its batch (reader.gather, on `gather_threads` threads, several batches at once while
 the next ones are cut): the stored bytes are decoded once and copied once, whatever the
-batch size. Each buffer's permuted order is worked out on a thread of its own as soon as
-its token rows arrive, and JAX batches are copied to the device on another, so the thread
-that cuts batches does little else (`producer_seconds` says where its time goes). A local
+batch size. Each buffer is loaded on a thread of its own (its reads queued, a mapped
+hook's shard files mapped, its permuted order worked out once its token rows arrive), and
+JAX batches are copied to the device on another, so the thread that cuts batches does
+little else (`producer_seconds` says where its time goes). A local
 hook stored without a codec is not decoded at all (reader.mapped_hook, `map_shards`): the
 buffer's shard files are mapped, a background thread pages the next buffer in
 (reader.mapped_region), and each token is copied once, from the page cache straight into
@@ -81,7 +82,7 @@ class _Loaded:
     reads: read_window.ReadGroup  # the reads that decode the blocks into the sources
     tokens: list  # futures of (segment_ids, input_ids) per block
     run_rows: np.ndarray  # int64 [rows]: the run row of each slot row
-    order: Any = None  # future of its _Order, computed on the stream's order thread
+    order: Any = None  # its _Order, once loaded
 
 
 @dataclasses.dataclass
@@ -301,6 +302,14 @@ class ShuffledStream:
             f"names the partitions; `actx verify {loc} --repair`, then `actx rerun {loc}`, "
             f"writes them again.")
 
+    def _load(self, epoch: int, buf: blocks_lib.Buffer, skip: int,
+              slot: dict[str, np.ndarray], window: read_window.ReadWindow) -> _Loaded:
+        """A buffer's reads queued and its order worked out (on the stream's loading
+        thread, while the buffer before it is cut)."""
+        loaded = self._issue(epoch, buf, skip, slot, window)
+        loaded.order = self._order(loaded)
+        return loaded
+
     def _order(self, loaded: _Loaded) -> _Order:
         """The buffer's permuted order (needs its token rows, not its activations)."""
         order, input_ids = self._permuted(loaded)
@@ -334,13 +343,15 @@ class ShuffledStream:
         # Buffers are reused round-robin: allocated once per iteration, freed with it.
         slots = [self._new_slot() for _ in range(self.prefetch_buffers + 1)]
         work = self._work()
-        pending: collections.deque[_Loaded] = collections.deque()
+        # Futures of the buffers loading or loaded, in order (see _load).
+        pending: collections.deque[concurrent.futures.Future] = collections.deque()
         window = read_window.ReadWindow(self.reads_in_flight)
         gather = gather_lib.Gather(self.gather_threads)
-        # Each buffer's order is worked out on a thread of its own as soon as its token
-        # rows arrive, while the buffer before it is cut.
-        orders = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="actx-reader-order")
+        # Buffers load on a thread of their own, while the buffer before them is cut:
+        # mapping shard files and working out the order is per-buffer work that would
+        # otherwise stall the cutting, which bounds the stream on a host with many cores.
+        loads = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="actx-reader-load")
         issued = 0
 
         def top_up():
@@ -349,9 +360,9 @@ class ShuffledStream:
                 item = next(work, None)
                 if item is None:
                     return
-                loaded = self._issue(*item, slot=slots[issued % len(slots)], window=window)
-                loaded.order = orders.submit(self._order, loaded)
-                pending.append(loaded)
+                # Its slot is free: the buffer that held it was cut and copied.
+                pending.append(loads.submit(self._load, *item,
+                                            slot=slots[issued % len(slots)], window=window))
                 issued += 1
 
         # Batches whose copies may run at once (each in tasks over the gather threads).
@@ -384,13 +395,13 @@ class ShuffledStream:
         try:
             top_up()
             while pending:
-                loaded = pending[0]
                 t0 = time.perf_counter()
+                loaded = pending[0].result()
                 try:
                     window.wait(loaded.reads)
                 except ValueError as e:  # how tensorstore reports a failed read
                     raise self._read_error(loaded, e) from e
-                order = loaded.order.result()
+                order = loaded.order
                 seconds["read_wait"] += time.perf_counter() - t0
                 sources = loaded.sources
                 pos = loaded.skip
@@ -431,8 +442,10 @@ class ShuffledStream:
                 top_up()
             seconds["busy"] += time.perf_counter() - busy_since
         finally:
-            window.cancel()  # a stopped stream leaves no write into a freed slot
-            orders.shutdown(wait=True, cancel_futures=True)
+            # A stopped stream leaves no write into a freed slot: no load queues reads
+            # after the window is cancelled (and one under way has its reads dropped).
+            window.cancel()
+            loads.shutdown(wait=True, cancel_futures=True)
             gather.close()
 
     def _produce_converted(self) -> Iterator[Batch]:

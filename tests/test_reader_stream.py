@@ -223,7 +223,7 @@ def test_close_midway_ends_every_thread_of_the_stream(reader_run, monkeypatch,
             if i == 5:
                 during = running()
                 break
-    want = {"actx-reader-stream", "actx-reader-order"}
+    want = {"actx-reader-stream", "actx-reader-load"}
     want |= {"actx-reader-gather"} if gather_threads > 1 else set()
     want |= {"actx-reader-stream-cut"} if as_jax else set()
     assert during == want
