@@ -51,7 +51,9 @@ setup(
     packages=find_packages(include=["schemas", "schemas.*", "pipeline", "pipeline.*",
                                     "workers", "workers.*", "deploy", "deploy.*",
                                     "reader", "reader.*", "adapters", "adapters.*"]),
-    package_data={"deploy": ["demo.yaml"]},
+    # reader/native/row_copy.c is compiled on the host at first use (reader.row_copy), so
+    # the wheel stays pure Python.
+    package_data={"deploy": ["demo.yaml"], "reader": ["native/row_copy.c"]},
     python_requires=">=3.10",
     install_requires=_CORE,
     extras_require={

@@ -4,6 +4,7 @@
     python bench/read.py --codec none --rows 512  # one codec, a bigger store
     python bench/read.py --run ./runs/r1 --hook layers.12.resid_post
     python bench/read.py --codec none --also-decoded  # mapped vs decoded, same rounds
+    python bench/read.py --also-numpy-copy        # the C copy vs numpy's, same rounds
 
 For each store it prints: (1) the sequential decoded read (every block of the hook read
 through tensorstore in row order, 2 and 4 reads in flight, the faster counting, decoded
@@ -12,7 +13,8 @@ to numpy, padding included; local files read the way the stream reads them,
 one reused buffer as the stream decodes; (2) the streaming shuffle (`run.stream`) over
 whole epochs: the same blocks read and decoded (or, for a local store without a codec,
 mapped and copied straight into batches; --no-map-shards decodes them), plus the
-permutation and the batch copies; its ratios are (1)'s times over (2)'s for the same
+permutation and the batch copies (reader.row_copy's C kernel where it builds here;
+--no-native-copy: numpy's gather); its ratios are (1)'s times over (2)'s for the same
 bytes, overall and per round;
 (3) the exact global shuffle (`run.batches`, straight from the arrays) over a few steps;
 the CPU seconds and peak RSS of each (each runs in its own process, so the figure is its
@@ -159,6 +161,7 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
             "delivered_bytes": nbytes, "decoded_bytes": decoded,
             "blocks_per_buffer": s.blocks_per_buffer, "gather_threads": s.gather_threads,
             "reads_in_flight": s.reads_in_flight, "read_path": s.read_paths[hook],
+            "copy_path": s.copy_path,
             "framework": framework, "device": device,
             # every epoch alike, the untimed one included
             "producer": {k: v / (passes + 1) for k, v in s.producer_seconds.items()}}
@@ -218,7 +221,8 @@ def measure(args: argparse.Namespace) -> None:
         out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                      args.passes, args.prefetch_buffers, file_io_mode,
                      framework=args.framework, gather_threads=args.gather_threads,
-                     reads_in_flight=args.reads_in_flight, map_shards=not args.no_map_shards)
+                     reads_in_flight=args.reads_in_flight, map_shards=not args.no_map_shards,
+                     native_copy=not args.no_native_copy)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                             args.mix_batches)
@@ -230,7 +234,7 @@ def measure(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
-def _child(args: argparse.Namespace, mode: str, run_dir: str, decode: bool = False) -> dict:
+def _child(args: argparse.Namespace, mode: str, run_dir: str, flags: tuple = ()) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", mode, "--run", run_dir,
            "--batch-size", str(args.batch_size), "--buffer-tokens", str(args.buffer_tokens),
            "--exact-steps", str(args.exact_steps), "--mix-batches", str(args.mix_batches),
@@ -246,21 +250,27 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str, decode: bool = Fal
             cmd += [flag, str(value)]
     if args.block_rows:
         cmd += ["--block-rows", str(args.block_rows)]
-    if args.no_map_shards or decode:
-        cmd += ["--no-map-shards"]
+    for flag in ("--no-map-shards", "--no-native-copy"):
+        if getattr(args, flag[2:].replace("-", "_")) or flag in flags:
+            cmd += [flag]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     """Alternates the modes in child processes over --rounds; prints medians."""
-    seq, strm, strm_dec = [], [], []
+    # Other ways of streaming, timed in the same rounds: (label, flags, results).
+    others = [(label, (flag,), []) for wanted, label, flag in (
+        (args.also_decoded, "decoding every block instead", "--no-map-shards"),
+        (args.also_numpy_copy, "copying with numpy's gather instead", "--no-native-copy"))
+        if wanted]
+    seq, strm = [], []
     load_before = os.getloadavg()
     for _ in range(args.rounds):
         seq.append(_child(args, "sequential", run_dir))
         strm.append(_child(args, "stream", run_dir))
-        if args.also_decoded:
-            strm_dec.append(_child(args, "stream", run_dir, decode=True))
+        for _, flags, results in others:
+            results.append(_child(args, "stream", run_dir, flags))
     load_after = os.getloadavg()
     ex = _child(args, "exact", run_dir)
     mix = _child(args, "mixing", run_dir)
@@ -281,7 +291,8 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     print(f"\n== {label}: batch {args.batch_size} tokens, buffer {args.buffer_tokens} tokens "
           f"({s0['blocks_per_buffer']} blocks, prefetch_buffers {args.prefetch_buffers}, "
           f"reads_in_flight {s0['reads_in_flight']}, gather_threads {s0['gather_threads']}, "
-          f"read path {s0['read_path']}); file_io_mode {s0['file_io_mode']} for both; "
+          f"read path {s0['read_path']}; copy {s0['copy_path']}); "
+          f"file_io_mode {s0['file_io_mode']} for both; "
           f"stream batches as {s0['framework']} on {s0['device']}; "
           f"medians of {len(seq_s)} timed passes each")
     print(f"sequential decoded read:  {seq_gb_s:7.3f} GB/s decoded "
@@ -315,15 +326,16 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     print(f"  CPU s per pass (all threads; less sensitive to other jobs than wall time): "
           f"sequential read {cpu['read']:.2f}, reused buffer {cpu['into_buffer']:.2f}, "
           f"stream epoch {cpu['stream']:.2f}")
-    if strm_dec:  # the same stream with every block decoded, in the same rounds
-        dec_s = [x for r in strm_dec for x in r["seconds"]]
+    for label, _, results in others:  # the same stream another way, in the same rounds
+        other_s = [x for r in results for x in r["seconds"]]
         read_key = f"read@{fastest['read']}"
         rounds = ", ".join(f"{med(a[read_key]) / med(b['seconds']):.2f}"
-                           for a, b in zip(seq, strm_dec))
-        print(f"  decoding every block instead ({strm_dec[0]['read_path']}): "
-              f"{med(dec_s):.2f} s/epoch, ratio to the sequential read "
-              f"{med(seq_s) / med(dec_s):.3f}, per round {rounds}; CPU s per epoch "
-              f"{med([x for r in strm_dec for x in r['cpu']]):.2f}")
+                           for a, b in zip(seq, results))
+        print(f"  {label} ({results[0]['read_path']}; copy {results[0]['copy_path']}): "
+              f"{med(other_s):.2f} s/epoch, ratio to the sequential read "
+              f"{med(seq_s) / med(other_s):.3f}, per round {rounds}; CPU s per epoch "
+              f"{med([x for r in results for x in r['cpu']]):.2f}, peak RSS "
+              f"{max(r['peak_rss_mb'] for r in results):,.0f} MB")
     print(f"  load average (1 min) before / after the timed rounds: {load_before[0]:.2f} / "
           f"{load_after[0]:.2f} on {os.cpu_count()} cores")
     print(f"exact global shuffle:     {ex['gb_s']:7.3f} GB/s delivered "
@@ -362,6 +374,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--also-decoded", action="store_true",
                     help="time the stream a second way in each round, every block decoded "
                          "(--no-map-shards), for a comparison in the same window")
+    ap.add_argument("--also-numpy-copy", action="store_true",
+                    help="time the stream a second way in each round, copying into batches "
+                         "with numpy's gather (--no-native-copy), for a comparison in the "
+                         "same window")
+    ap.add_argument("--no-native-copy", action="store_true",
+                    help="stream: copy into batches with numpy's gather, not reader.row_copy's "
+                         "C kernel")
     ap.add_argument("--no-map-shards", action="store_true",
                     help="stream: decode every hook with tensorstore, even where its shard "
                          "files could be mapped (codec none, local)")

@@ -3,29 +3,32 @@
 Level one (reader.blocks): each epoch visits this process's row blocks in a new seeded
 order, `buffer_tokens` positions (a few blocks) at a time. Level two: the valid tokens of
 each buffer are permuted and cut into batches; a batch may take the tail of one buffer and
-the head of the next. While the consumer trains on batch k, a background thread cuts
-batch k+1 and tensorstore reads and decodes the next `prefetch_buffers` buffers on its own
-threads (decoding is parallel across inner chunks; `reads_in_flight` blocks at a time,
-reader.read_window). Each block is read with one request per hook and decoded straight
-into a reused buffer (ts.array over numpy memory); each returned token is then copied once
-into its batch (reader.gather, on `gather_threads` threads, several batches at once while
-the next ones are cut): the stored bytes are decoded once and copied once, whatever the
-batch size. Each buffer is loaded on a thread of its own (its reads queued, a mapped
-hook's shard files mapped, its permuted order worked out once its token rows arrive), and
-JAX batches are copied to the device on another, so the thread that cuts batches does
-little else (`producer_seconds` says where its time goes). A local
-hook stored without a codec is not decoded at all (reader.mapped_hook, `map_shards`): the
-buffer's shard files are mapped, a background thread pages the next buffer in
-(reader.mapped_region), and each token is copied once, from the page cache straight into
-its batch.
+the head of the next. Tensorstore reads and decodes the next `prefetch_buffers` buffers on
+its own threads (decoding is parallel across inner chunks; `reads_in_flight` blocks at a
+time, reader.read_window), each block with one request per hook, decoded straight into a
+reused buffer (ts.array over numpy memory). Each returned token is then copied once into
+its batch (reader.gather, on `gather_threads` threads): by reader.row_copy's C kernel,
+which reads the buffer in order and scatters the rows into the buffer's batches (2-3 x
+numpy's gather, which reads at random and is the fallback where no C compiler is at hand;
+`copy_path` says which). So the stored bytes are decoded once and copied once, whatever
+the batch size. A buffer's batches are handed over once its copies are done, while the
+next buffer's copies run and the one after it is read. Each buffer is loaded on a thread
+of its own (its reads queued, a mapped hook's shard files mapped, its permuted order
+worked out once its token rows arrive), and JAX batches are copied to the device on
+another, so the thread that cuts batches does little else (`producer_seconds` says where
+its time goes). A local hook stored without a codec is not decoded at all
+(reader.mapped_hook, `map_shards`): the buffer's shard files are mapped, a background
+thread pages the next buffer in (reader.mapped_region), and each token is copied once,
+from the page cache straight into its batch.
 
 The trade (stated, and measured by bench/read.py with reader.mixing): a batch holds
 tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
 (block_rows * seq_len) blocks, so of fewer documents and partitions than an exact global
 shuffle (run.batches) would give it. A larger buffer or smaller blocks mix better; memory
 is (prefetch_buffers + 1) * buffer_tokens * hidden * itemsize per hook (page cache mapped
-for a mapped hook), plus prefetch + gather_threads + 4 batches (twice prefetch with JAX)
-and the decode memory of `reads_in_flight` blocks.
+for a mapped hook), plus the batches of about two buffers (one handed over, one being
+copied into: 2 * buffer_tokens * hidden * itemsize, in batch arrays that are reused) and
+prefetch more (twice prefetch with JAX), and the decode memory of `reads_in_flight` blocks.
 
 Every valid token is read exactly once per epoch (drop_last=False; with drop_last the
 tail of each epoch's stream is dropped, see blocks.StreamPlan), processes read disjoint
@@ -52,6 +55,7 @@ from reader import gather as gather_lib
 from reader import mapped_hook
 from reader import prefetch as prefetch_lib
 from reader import read_window
+from reader import row_copy
 from reader import run as run_lib
 from reader import shuffle as shuffle_lib
 from reader.batches import Batch
@@ -60,7 +64,7 @@ from reader.read_contexts import default_file_io_mode, read_contexts
 from schemas import layout
 
 # Positions per buffer: 0.47 GB per hook and buffer at hidden 896 in bfloat16, 2.1 GB at
-# 4096; two buffers are held (prefetch_buffers=1).
+# 4096; two buffers are read into (prefetch_buffers=1) and about two are in batches.
 DEFAULT_BUFFER_TOKENS = 1 << 18
 STATE_VERSION = 1
 # Block reads in flight on local or memory runs: with tensorstore's read(), more than two
@@ -93,7 +97,11 @@ class _Order:
     rows: np.ndarray  # int64: run row
     cols: np.ndarray  # int64: column
     input_ids: np.ndarray  # int32
-    source_rows: dict  # hook -> int64: row of the hook's source array
+    source_rows: dict  # hook -> int64: row of the hook's source array (numpy copy)
+    # The native copy reads each hook's source in order instead: the source row of each
+    # valid token (ascending slot position) and its index in the buffer's stream.
+    valid_rows: dict | None = None
+    stream_index: np.ndarray | None = None
 
 
 class ShuffledStream:
@@ -128,6 +136,9 @@ class ShuffledStream:
     map_shards: copy the tokens of a local hook stored without a codec straight from its
       mapped shard files (reader.mapped_hook) instead of decoding them first; anything
       else is decoded by tensorstore. `read_paths` says which each hook got, and why.
+    native_copy: copy tokens into batches with reader.row_copy's C kernel (each buffer read
+      in order, its rows scattered into the batches) where it can be built here, else
+      with numpy's gather; `copy_path` says which, and why. The bytes are the same.
     """
 
     def __init__(self, run: run_lib.Run, hooks: "str | Sequence[str]", batch_size: int, *,
@@ -141,7 +152,8 @@ class ShuffledStream:
                  sharding: Any = None, dtype: str | None = None,
                  normalize: str | None = None, gcs_request_concurrency: int | None = None,
                  reads_in_flight: int | None = None, file_io_mode: str | None = None,
-                 gather_threads: int | None = None, map_shards: bool = True):
+                 gather_threads: int | None = None, map_shards: bool = True,
+                 native_copy: bool = True):
         self.run = run
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         if not self.hooks:
@@ -203,6 +215,9 @@ class ShuffledStream:
             gather_threads = gather_lib.default_threads(len(self._mapped) < len(self.hooks))
         self.gather_threads = gather_threads
         gather_lib.Gather(gather_threads).close()  # checks it now, not in the thread
+        self._copy_rows, why = (row_copy.kernel() if native_copy
+                                else (None, "native_copy=False"))
+        self.copy_path = why if self._copy_rows is not None else f"numpy: {why}"
         self._tokens = [run._open(layout.token_array_key(n), tokens_context)
                         for n in shuffle_lib.token_names(whole_document)]
         self._prefetch_depth = max(1, prefetch)
@@ -311,17 +326,28 @@ class ShuffledStream:
         return loaded
 
     def _order(self, loaded: _Loaded) -> _Order:
-        """The buffer's permuted order (needs its token rows, not its activations)."""
-        order, input_ids = self._permuted(loaded)
+        """The buffer's permuted order (needs its token rows, not its activations), and
+        where each hook's copy reads: in stream order for numpy's gather, in source order
+        (with each token's stream index) for the native copy."""
+        valid, perm, input_ids = self._permuted(loaded)
+        order = valid[perm]
         # take(mode="clip"): no temporary (see reader.gather); in range by construction.
-        return _Order(loaded.run_rows.take(order // self.run.seq_len, mode="clip"),
-                      np.remainder(order, self.run.seq_len),
-                      input_ids.take(order, mode="clip"),
-                      {h: order if row_of is None else row_of.take(order, mode="clip")
-                       for h, (_, row_of) in loaded.sources.items()})
+        result = _Order(loaded.run_rows.take(order // self.run.seq_len, mode="clip"),
+                        np.remainder(order, self.run.seq_len),
+                        input_ids.take(order, mode="clip"), {})
+        if self._copy_rows is None:
+            result.source_rows = {h: order if row_of is None else row_of.take(order, mode="clip")
+                                  for h, (_, row_of) in loaded.sources.items()}
+        else:
+            result.stream_index = np.empty(len(perm), np.int64)
+            result.stream_index[perm] = np.arange(len(perm))
+            result.valid_rows = {h: valid if row_of is None else row_of.take(valid, mode="clip")
+                                 for h, (_, row_of) in loaded.sources.items()}
+        return result
 
-    def _permuted(self, loaded: _Loaded) -> tuple[np.ndarray, np.ndarray]:
-        """(flat slot positions of the valid tokens in permuted order, input_ids [rows*T])."""
+    def _permuted(self, loaded: _Loaded) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(flat slot positions of the valid tokens, ascending; the buffer's permutation of
+        them; input_ids [rows*T])."""
         m = self.run.manifest
         seg, inp, *context = (np.concatenate([f[i].result() for f in loaded.tokens])
                               for i in range(len(self._tokens)))
@@ -334,77 +360,118 @@ class ShuffledStream:
                 f"{self.run.location}: rows {loaded.run_rows[0]}..{loaded.run_rows[-1]} hold "
                 f"{len(valid)} valid tokens now but {loaded.buffer.tokens} when the stream "
                 f"was opened; the token arrays changed under the reader: reopen the run")
-        order = self.plan.buffer_order(loaded.epoch, loaded.buffer, len(valid))
-        return valid[order], inp.reshape(-1)
+        return valid, self.plan.buffer_order(loaded.epoch, loaded.buffer, len(valid)), \
+            inp.reshape(-1)
+
+    def _copy(self, loaded: _Loaded, pieces: list, gather: gather_lib.Gather) -> list:
+        """Starts copying a buffer's tokens into the batches cut from it; `pieces` are
+        (first stream index, tokens, batch, first row in the batch), in stream order.
+        Returns the copies' futures (none: copied already, on this thread)."""
+        if not pieces:
+            return []
+        order, copies = loaded.order, []
+        if self._copy_rows is None:  # numpy: gather each piece in stream order
+            for pos, take, batch, fill in pieces:
+                for h, (source, _) in loaded.sources.items():
+                    copies += gather.submit(source, order.source_rows[h][pos:pos + take],
+                                            batch.acts[h][fill:fill + take])
+            return copies
+        # Native: read the buffer in source order, each token to its batch row's address.
+        lo, hi = pieces[0][0], pieces[-1][0] + pieces[-1][1]  # the stream indices cut
+        index = order.stream_index
+        used = None if lo == 0 and hi == len(index) else np.flatnonzero(
+            (index >= lo) & (index < hi))  # a resumed buffer, or an epoch cut short
+        at = index if used is None else index[used] - lo
+        first = np.array([pos - lo for pos, _, _, _ in pieces], np.int64)
+        lengths = np.array([take for _, take, _, _ in pieces], np.int64)
+        piece_of = np.repeat(np.arange(len(pieces)), lengths)  # of each stream index
+        row_in_batch = np.arange(hi - lo, dtype=np.int64) - np.repeat(first, lengths) + \
+            np.repeat(np.array([fill for _, _, _, fill in pieces], np.int64), lengths)
+        for h, (source, _) in loaded.sources.items():
+            row_bytes = source.shape[1] * source.itemsize
+            bases = np.array([batch.acts[h].ctypes.data for _, _, batch, _ in pieces],
+                             np.int64)
+            address = (bases[piece_of] + row_in_batch * row_bytes)[at]
+            rows = order.valid_rows[h] if used is None else order.valid_rows[h][used]
+            copies += gather.submit_rows(self._copy_rows, source, rows, address)
+        return copies
 
     def _produce(self) -> Iterator[Batch]:
-        """Batches in step order: reads `prefetch_buffers` buffers ahead of the one cut."""
+        """Batches in step order. Each buffer is cut into batches (their token rows and
+        ids filled at once) and its activations copied into them on the gather threads;
+        a buffer's batches are handed over once its copies are done, while the next
+        buffer's copies run and the one after it is read (`prefetch_buffers` ahead)."""
         plan = self.plan
         # Buffers are reused round-robin: allocated once per iteration, freed with it.
         slots = [self._new_slot() for _ in range(self.prefetch_buffers + 1)]
         work = self._work()
-        # Futures of the buffers loading or loaded, in order (see _load).
-        pending: collections.deque[concurrent.futures.Future] = collections.deque()
+        # Futures of the buffers loading or loaded, not yet cut, in order (see _load).
+        loads: collections.deque[concurrent.futures.Future] = collections.deque()
+        # Buffers cut whose copies may still read their slot: (loaded, copies).
+        held: collections.deque[tuple[_Loaded, list]] = collections.deque()
         window = read_window.ReadWindow(self.reads_in_flight)
         gather = gather_lib.Gather(self.gather_threads)
         # Buffers load on a thread of their own, while the buffer before them is cut:
         # mapping shard files and working out the order is per-buffer work that would
         # otherwise stall the cutting, which bounds the stream on a host with many cores.
-        loads = concurrent.futures.ThreadPoolExecutor(
+        loader = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="actx-reader-load")
         issued = 0
 
         def top_up():
             nonlocal issued
-            while len(pending) < len(slots):
+            while len(loads) + len(held) < len(slots):
                 item = next(work, None)
                 if item is None:
                     return
-                # Its slot is free: the buffer that held it was cut and copied.
-                pending.append(loads.submit(self._load, *item,
-                                            slot=slots[issued % len(slots)], window=window))
+                # Its slot is free: the copies out of the buffer that held it are done.
+                loads.append(loader.submit(self._load, *item,
+                                           slot=slots[issued % len(slots)], window=window))
                 issued += 1
-
-        # Batches whose copies may run at once (each in tasks over the gather threads).
-        max_copying = gather.threads if gather.threads > 1 else 0
-        copying: collections.deque[tuple[Batch, list]] = collections.deque()
-        cut_copies: list = []  # the copies of the batch being cut
 
         seconds = self.producer_seconds
 
-        def copied(batch: Batch, copies: list) -> Batch:
-            t0 = time.perf_counter()
-            for copy in copies:
-                copy.result()
-            seconds["copy_wait"] += time.perf_counter() - t0
-            return batch
-
         def hand_over(batch: Batch) -> Iterator[Batch]:
             nonlocal busy_since
+            window.pump()  # the next buffer's reads go on while batches are handed over
             seconds["busy"] += time.perf_counter() - busy_since
             yield batch
             busy_since = time.perf_counter()
 
-        # Batches queued, one with the consumer, one being cut, one spare, those being
-        # copied, per hook (and with the conversion thread, its queue and the one it
-        # converts).
+        # The newest buffer's copies run on while the one before it is handed over,
+        # unless its slot is the only one (then the next read waits for them).
+        keep_copying = 1 if len(slots) > 1 else 0
+        copied_through = -1  # the copies of every buffer cut up to this one are done
+
+        def release_oldest() -> None:
+            nonlocal copied_through
+            t0 = time.perf_counter()
+            for copy in held[0][1]:
+                copy.result()
+            seconds["copy_wait"] += time.perf_counter() - t0
+            held.popleft()  # its slot takes the next read; mapped files unmap when unused
+            copied_through += 1
+
+        # Batches of about two buffers (one handed over, one being copied into) and those
+        # queued beyond the pool, per hook (with the conversion thread, its queue too).
         queued = self._prefetch_depth * (2 if self._convert_in_thread else 1)
-        pool = array_pool.ArrayPool((queued + max_copying + 4) * len(self.hooks))
-        step, fill, out = self.start_step, 0, None
+        per_buffer = -(-plan.buffer_rows * self.run.seq_len // plan.batch_size) + 1
+        pool = array_pool.ArrayPool((2 * per_buffer + queued + 3) * len(self.hooks))
+        ready: collections.deque[tuple[Batch, int]] = collections.deque()  # (batch, last buffer)
+        step, fill, out, cut = self.start_step, 0, None, 0
         busy_since = time.perf_counter()
         try:
             top_up()
-            while pending:
+            while loads:
                 t0 = time.perf_counter()
-                loaded = pending[0].result()
+                loaded = loads.popleft().result()
                 try:
                     window.wait(loaded.reads)
                 except ValueError as e:  # how tensorstore reports a failed read
                     raise self._read_error(loaded, e) from e
                 order = loaded.order
                 seconds["read_wait"] += time.perf_counter() - t0
-                sources = loaded.sources
-                pos = loaded.skip
+                pieces, pos = [], loaded.skip
                 while (pos < len(order.rows)
                        and (self.stop_step is None or step < self.stop_step)):
                     epoch, _ = plan.locate(step)
@@ -413,39 +480,38 @@ class ShuffledStream:
                     if out is None:
                         n = plan.batch_tokens(step)
                         out = Batch(step, epoch, {h: pool.empty((n, f.shape[1]), f.dtype)
-                                                  for h, (f, _) in sources.items()},
+                                                  for h, (f, _) in loaded.sources.items()},
                                     np.empty(n, np.int64), np.empty(n, np.int64),
                                     np.empty(n, np.int32))
                     take = min(len(out) - fill, len(order.rows) - pos)
                     part, into = slice(pos, pos + take), slice(fill, fill + take)
-                    for h, (f, _) in sources.items():
-                        cut_copies += gather.submit(f, order.source_rows[h][part],
-                                                    out.acts[h][into])
+                    pieces.append((pos, take, out, fill))
                     out.rows[into] = order.rows[part]
                     out.cols[into] = order.cols[part]
                     out.input_ids[into] = order.input_ids[part]
                     fill, pos = fill + take, pos + take
-                    window.pump()  # the next buffer's reads go on while this one is cut
                     if fill == len(out):
-                        copying.append((out, cut_copies))
-                        step, fill, out, cut_copies = step + 1, 0, None, []
-                        if len(copying) > max_copying:
-                            yield from hand_over(copied(*copying.popleft()))
-                # Its tokens are in batches now (copies, once the copies under way are
-                # done), so the slot takes the next read (and a mapped hook's files are
-                # unmapped once nothing refers to them).
-                while copying:
-                    yield from hand_over(copied(*copying.popleft()))
-                copied(out, cut_copies)  # a batch cut across two buffers
-                pending.popleft()
-                del loaded, sources, order
+                        ready.append((out, cut))
+                        step, fill, out = step + 1, 0, None
+                held.append((loaded, self._copy(loaded, pieces, gather)))
+                del loaded, order, pieces
+                cut += 1
+                while len(held) > keep_copying:
+                    release_oldest()
                 top_up()
+                while ready and ready[0][1] <= copied_through:
+                    yield from hand_over(ready.popleft()[0])
+            while held:
+                release_oldest()
+            while ready:
+                yield from hand_over(ready.popleft()[0])
             seconds["busy"] += time.perf_counter() - busy_since
         finally:
-            # A stopped stream leaves no write into a freed slot: no load queues reads
-            # after the window is cancelled (and one under way has its reads dropped).
+            # A stopped stream leaves no write into a freed slot or batch: no load queues
+            # reads after the window is cancelled (one under way has its reads dropped),
+            # and the copies under way finish before the buffers and batches may go.
             window.cancel()
-            loads.shutdown(wait=True, cancel_futures=True)
+            loader.shutdown(wait=True, cancel_futures=True)
             gather.close()
 
     def _produce_converted(self) -> Iterator[Batch]:

@@ -41,6 +41,7 @@ def _stream(run, **kwargs):
 def test_every_valid_committed_token_once_per_epoch_across_processes(tmp_path, process_count,
                                                                      codec, monkeypatch):
     monkeypatch.setattr(gather_lib, "ROWS_PER_TASK", 2)  # split even 7-token batches
+    monkeypatch.setattr(gather_lib, "NATIVE_ROWS_PER_TASK", 3)  # and buffers, for the C copy
     truth = _uneven_run(tmp_path / "run", codec=codec)
     run = reader.open_run(truth.uri)
     want = np.flatnonzero(truth.committed_mask())  # no padding, nothing of partition 2
