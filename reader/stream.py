@@ -443,14 +443,17 @@ class ShuffledStream:
         keep_copying = 1 if len(slots) > 1 else 0
         copied_through = -1  # the copies of every buffer cut up to this one are done
 
-        def release_oldest() -> None:
+        def release(keep: int) -> None:
+            """Waits for the copies of all but the newest `keep` buffers cut, and frees the
+            slots of those whose copies are done (their next reads may start)."""
             nonlocal copied_through
-            t0 = time.perf_counter()
-            for copy in held[0][1]:
-                copy.result()
-            seconds["copy_wait"] += time.perf_counter() - t0
-            held.popleft()  # its slot takes the next read; mapped files unmap when unused
-            copied_through += 1
+            while held and (len(held) > keep or all(c.done() for c in held[0][1])):
+                t0 = time.perf_counter()
+                for copy in held[0][1]:
+                    copy.result()
+                seconds["copy_wait"] += time.perf_counter() - t0
+                held.popleft()  # its slot takes a read; mapped files unmap when unused
+                copied_through += 1
 
         # Batches of about two buffers (one handed over, one being copied into) and those
         # queued beyond the pool, per hook (with the conversion thread, its queue too).
@@ -463,6 +466,8 @@ class ShuffledStream:
         try:
             top_up()
             while loads:
+                release(keep=len(held))
+                top_up()
                 t0 = time.perf_counter()
                 loaded = loads.popleft().result()
                 try:
@@ -496,13 +501,11 @@ class ShuffledStream:
                 held.append((loaded, self._copy(loaded, pieces, gather)))
                 del loaded, order, pieces
                 cut += 1
-                while len(held) > keep_copying:
-                    release_oldest()
+                release(keep=keep_copying)
                 top_up()
                 while ready and ready[0][1] <= copied_through:
                     yield from hand_over(ready.popleft()[0])
-            while held:
-                release_oldest()
+            release(keep=0)
             while ready:
                 yield from hand_over(ready.popleft()[0])
             seconds["busy"] += time.perf_counter() - busy_since
