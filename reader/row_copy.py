@@ -89,6 +89,10 @@ def load(compiler: str | None = None, directory: str | None = None) -> tuple[Cop
             if why:
                 reason = why
                 continue
+        unsafe = _not_ours(where) or _not_ours(path)
+        if unsafe:
+            reason = unsafe
+            continue
         try:
             fn = _bind(path)
         except OSError as e:
@@ -101,10 +105,22 @@ def load(compiler: str | None = None, directory: str | None = None) -> tuple[Cop
     return None, reason
 
 
+def _not_ours(path: str) -> str:
+    """"" when `path` is ours alone to write (owned by this user, not writable by others),
+    else why: a library someone else could replace is not loaded."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return f"{path} is not this user's alone (owner {st.st_uid}, mode {st.st_mode:o})"
+    return ""
+
+
 def _compile(compiler: str, directory: str, path: str) -> str:
     """Builds the library at `path` (atomically: a temporary name renamed); "" or why not."""
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".row_copy-", suffix=".so", dir=directory)
         os.close(fd)
     except OSError as e:

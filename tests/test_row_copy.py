@@ -117,3 +117,15 @@ def test_the_stream_gives_the_same_batches_with_either_copy(tmp_path, monkeypatc
         for h, a in acts.items():
             np.testing.assert_array_equal(a.view(np.uint8), acts_np[h].view(np.uint8))
             np.testing.assert_array_equal(a, truth.value(h, rows, cols))
+
+
+def test_a_library_others_could_replace_is_not_loaded(tmp_path):
+    _native()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    assert row_copy.load(directory=str(shared))[0] is not None
+    os.chmod(shared, 0o777)  # anyone could put their own library there
+    copy_rows, why = row_copy.load(directory=str(shared))
+    # Refused there; the per-user directory under the temporary directory serves instead.
+    assert copy_rows is None or not why.startswith(f"native: {shared}")
+    assert row_copy._not_ours(str(shared)).endswith("mode 40777)")
