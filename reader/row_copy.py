@@ -33,7 +33,7 @@ import numpy as np
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "row_copy.c")
 VERSION = 1  # ACTX_ROW_COPY_VERSION in the source
 _FLAGS = ("-O2", "-shared", "-fPIC")
-_COMPILE_TIMEOUT_S = 120
+_COMPILE_TIMEOUT_S = 30  # it takes about 0.1 s; a compiler that hangs must not stall a stream
 
 CopyRows = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
