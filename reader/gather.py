@@ -53,28 +53,27 @@ class Gather:
 
     def submit(self, src: np.ndarray, idx: np.ndarray,
                out: np.ndarray) -> list[concurrent.futures.Future]:
-        """Starts the copy; `out` is complete once every returned future is done (none
-        returned: copied already, on this thread)."""
-        if self._pool is None:
-            _take(src, idx, out)
-            return []
-        n = len(idx)
-        parts = max(1, -(-n // ROWS_PER_TASK))
-        cuts = [n * i // parts for i in range(parts + 1)]  # even parts
-        return [self._pool.submit(_take, src, idx[a:b], out[a:b])
-                for a, b in zip(cuts[:-1], cuts[1:])]
+        """Starts numpy's gather, out[i] = src[idx[i]]; `out` is complete once every
+        returned future is done (none returned: copied already, on this thread)."""
+        return self._in_tasks(_take, src, idx, out, ROWS_PER_TASK)
 
     def submit_rows(self, copy_rows, src: np.ndarray, rows: np.ndarray,
                     addresses: np.ndarray) -> list[concurrent.futures.Future]:
         """Starts reader.row_copy's kernel: row rows[i] of `src` to addresses[i] (the
-        memory behind them must stay alive until the returned futures are done), in
-        tasks of NATIVE_ROWS_PER_TASK rows; none returned: copied already."""
+        memory behind them must stay alive until the returned futures are done)."""
+        return self._in_tasks(copy_rows, src, rows, addresses, NATIVE_ROWS_PER_TASK)
+
+    def _in_tasks(self, copy, src: np.ndarray, first: np.ndarray, second: np.ndarray,
+                  rows_per_task: int) -> list[concurrent.futures.Future]:
+        """copy(src, first, second) split into even tasks of at most rows_per_task rows
+        over the pool (on this thread when there is no pool)."""
         if self._pool is None:
-            copy_rows(src, rows, addresses)
+            copy(src, first, second)
             return []
-        n = len(rows)
-        cuts = list(range(0, n, NATIVE_ROWS_PER_TASK)) + [n]
-        return [self._pool.submit(copy_rows, src, rows[a:b], addresses[a:b])
+        n = len(first)
+        parts = max(1, -(-n // rows_per_task))
+        cuts = [n * i // parts for i in range(parts + 1)]  # even parts
+        return [self._pool.submit(copy, src, first[a:b], second[a:b])
                 for a, b in zip(cuts[:-1], cuts[1:])]
 
     def close(self) -> None:
