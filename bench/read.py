@@ -260,7 +260,7 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str, flags: tuple = ())
 def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     """Alternates the modes in child processes over --rounds; prints medians."""
     # Other ways of streaming, timed in the same rounds: (label, flags, results).
-    others = [(label, (flag,), []) for wanted, label, flag in (
+    others = [(way, (flag,), []) for wanted, way, flag in (
         (args.also_decoded, "decoding every block instead", "--no-map-shards"),
         (args.also_numpy_copy, "copying with numpy's gather instead", "--no-native-copy"))
         if wanted]
@@ -326,12 +326,12 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
     print(f"  CPU s per pass (all threads; less sensitive to other jobs than wall time): "
           f"sequential read {cpu['read']:.2f}, reused buffer {cpu['into_buffer']:.2f}, "
           f"stream epoch {cpu['stream']:.2f}")
-    for label, _, results in others:  # the same stream another way, in the same rounds
+    for way, _, results in others:  # the same stream another way, in the same rounds
         other_s = [x for r in results for x in r["seconds"]]
         read_key = f"read@{fastest['read']}"
         rounds = ", ".join(f"{med(a[read_key]) / med(b['seconds']):.2f}"
                            for a, b in zip(seq, results))
-        print(f"  {label} ({results[0]['read_path']}; copy {results[0]['copy_path']}): "
+        print(f"  {way} ({results[0]['read_path']}; copy {results[0]['copy_path']}): "
               f"{med(other_s):.2f} s/epoch, ratio to the sequential read "
               f"{med(seq_s) / med(other_s):.3f}, per round {rounds}; CPU s per epoch "
               f"{med([x for r in results for x in r['cpu']]):.2f}, peak RSS "
