@@ -439,7 +439,10 @@ class ShuffledStream:
             busy_since = time.perf_counter()
 
         # The newest buffer's copies run on while the one before it is handed over,
-        # unless its slot is the only one (then the next read waits for them).
+        # unless its slot is the only one (then the next read waits for them). Measured
+        # on bench/read.py's no-codec store against copying and handing over in turn:
+        # about 7% faster, for one more buffer of batches in memory (peak RSS 445 -> 540
+        # MB there).
         keep_copying = 1 if len(slots) > 1 else 0
         copied_through = -1  # the copies of every buffer cut up to this one are done
 
