@@ -1,15 +1,23 @@
 """One layer's attention over a row and its slots' cached earlier rows, each way actx has.
 
-  xla, slot by slot     the XLA block visits, one slot at a time (the CPU default)
-  xla, all slots        the same visits, all slots at once (the XLA default off the CPU)
-  fused (cudnn)         one cuDNN attention over [cache keys, row keys] with the mask
-                        (the default for bfloat16 on GPU; skipped where there is none)
-  rows alone            `attention` over the row only (what independent rows cost)
+  xla, slot by slot     XLA block visits bounded by the key intervals, one slot at a time
+                        (the CPU default)
+  xla, all slots        the same visits, all slots at once
+  pallas gpu            the Pallas (Triton) flash kernel over per-query key intervals (the
+                        default for half precision on GPU); on a GPU only
+  pallas tpu            the Pallas (Mosaic) flash kernel, the ring walked by index maps (the
+                        TPU default); on a TPU only
+  fused (cudnn)         one cuDNN attention over [cache keys, row keys] with the dense mask
+                        (the GPU's way before the kernels, now its fallback); GPU only
+  rows alone            `attention` over the row only with the backend's choice (what
+                        independent rows cost)
 
-For slots that hold none, half or all of the cache's blocks, prints ms per call (median),
-the error against a float32 dense reference (max abs, relative L2, over every query), and
+Prints which implementation this backend chooses (`attention.implementation_for`), then,
+for slots that hold none, half or all of the cache's blocks, ms per call (median), the
+error against a float32 dense reference (max abs, relative L2, over every query), and
 whether slot 0's output is bit for bit the same when the other slots hold other keys and
-depths (what reruns on other hosts rely on).
+depths (what reruns on other hosts rely on). `--interpret` adds the Pallas kernels off
+their device (Pallas interpret mode: a correctness check, not a timing).
 
   python bench/cached_attention.py                      # Qwen2.5-0.5B heads, for a GPU
   python bench/cached_attention.py --batch 2 --seq 256 --blocks 2   # small, CPU
@@ -54,21 +62,22 @@ def reference(x, window):
                      for s in range(x["q"].shape[0])])
 
 
-def ways(b, has_cudnn):
-    out = {
-        "xla, slot by slot": lambda x, w, ptr: attn.cached_attention(
-            x["q"], x["kr"], x["vr"], x["mask"], x["ck"], x["cv"], x["cpos"], x["qpos"],
-            x["cont"], w, ptr, implementation="xla", slots_per_visit=1),
-        "xla, all slots": lambda x, w, ptr: attn.cached_attention(
-            x["q"], x["kr"], x["vr"], x["mask"], x["ck"], x["cv"], x["cpos"], x["qpos"],
-            x["cont"], w, ptr, implementation="xla", slots_per_visit=b),
-    }
-    if has_cudnn:
-        out["fused (cudnn)"] = lambda x, w, ptr: attn.fused_cached_attention(
-            x["q"], x["kr"], x["vr"], x["mask"], x["ck"], x["cv"], x["cpos"], x["qpos"],
-            x["cont"], w, "cudnn")
-    out["rows alone"] = lambda x, w, ptr: attn.attention(x["q"], x["kr"], x["vr"],
-                                                         x["mask"])
+def ways(b, backend, interpret):
+    def cached(impl, **kw):
+        return lambda x, ptr: attn.cached_attention(
+            x["q"], x["kr"], x["vr"], x["lo"], x["hi"], x["ck"], x["cv"], ptr,
+            implementation=impl, **kw)
+
+    out = {"xla, slot by slot": cached("xla", slots_per_visit=1),
+           "xla, all slots": cached("xla", slots_per_visit=b)}
+    if backend == "gpu" or interpret:
+        out["pallas gpu"] = cached("pallas_gpu")
+    if backend == "tpu" or interpret:
+        out["pallas tpu"] = cached("pallas_tpu")
+    if backend == "gpu":
+        out["fused (cudnn)"] = cached("cudnn")
+    out["rows alone"] = lambda x, ptr: attn.attention(
+        x["q"], x["kr"], x["vr"], x["lo"] - x["ck"].shape[1], x["hi"] - x["ck"].shape[1])
     return out
 
 
@@ -93,13 +102,17 @@ def main() -> None:
     p.add_argument("--window", type=int, default=attn.NO_WINDOW)
     p.add_argument("--dtype", default=None, help="default: bfloat16 on GPU, else float32")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--interpret", action="store_true",
+                   help="also the Pallas kernels of other devices, in interpret mode")
     a = p.parse_args()
     backend = jax.default_backend()
     dtype = jnp.dtype(a.dtype or ("bfloat16" if backend == "gpu" else "float32"))
-    has_cudnn = backend == "gpu" and dtype in (jnp.bfloat16, jnp.float16)
+    chosen = attn.implementation_for(dtype, a.seq, a.head_dim)
     print(f"device {jax.devices()[0].device_kind} ({backend}); batch {a.batch} x seq "
           f"{a.seq}, heads {a.heads}/{a.kv_heads} of {a.head_dim}, cache {a.blocks} blocks "
           f"({a.blocks * a.seq} keys), {dtype.name}, window {a.window}")
+    print(f"implementation chosen here: {chosen} (preferred: "
+          f"{attn.default_implementation(dtype)})")
     rng = np.random.default_rng(0)
     ptr = jnp.int32(3 % a.blocks)
     half = max(1, a.blocks // 2)
@@ -107,7 +120,7 @@ def main() -> None:
                  f"{half} of {a.blocks} blocks": [half] * a.batch,
                  f"all {a.blocks} blocks": [a.blocks] * a.batch,
                  "mixed 0..all": [int(d) for d in rng.integers(0, a.blocks + 1, a.batch)]}
-    fns = {name: jax.jit(f) for name, f in ways(a.batch, has_cudnn).items()}
+    fns = {name: jax.jit(f) for name, f in ways(a.batch, backend, a.interpret).items()}
     shape = (a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, a.blocks)
     print(f"{'held':>16s}  {'way':18s} {'ms':>8s} {'max abs err':>12s} {'rel L2':>9s} "
           f"{'slot 0 same':>11s}")
@@ -121,15 +134,15 @@ def main() -> None:
         other = {name: v.at[0].set(x[name][0]) for name, v in other.items()}
         ref = reference(x, a.window)
         for name, fn in fns.items():
-            ms = timed(fn, (x, a.window, ptr), a.iters)
-            got = np.asarray(fn(x, a.window, ptr))
+            ms = timed(fn, (x, ptr), a.iters)
+            got = np.asarray(fn(x, ptr))
             if name == "rows alone":  # not the same computation: time only
                 print(f"{label:>16s}  {name:18s} {ms:8.2f}")
                 continue
             out = got.astype(np.float32)
             err = np.abs(out - ref)
             rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
-            same = np.array_equal(np.asarray(fn(other, a.window, ptr)[0]), got[0])
+            same = np.array_equal(np.asarray(fn(other, ptr)[0]), got[0])
             print(f"{label:>16s}  {name:18s} {ms:8.2f} {err.max():12.2e} {rel:9.2e} "
                   f"{str(same):>11s}")
 

@@ -66,7 +66,7 @@ if [[ $SMALL == 1 ]]; then
 else
   READ=(--rows 512 --passes 3 --rounds 2)
   CACHED=()
-  LONG=(--qwen05b --seq 1024 --docs 480 --partition-rows 256)
+  LONG=(--qwen05b --seq 1024 --docs 480 --partition-rows 256 --also cudnn)
   FWD=(--qwen05b --iters 10)
   EXTRACT=(--qwen05b --skip-hf --codec none)
 fi

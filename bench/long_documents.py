@@ -8,6 +8,10 @@ seq_len 1024 (`segmented`) and extracted end to end (token store -> committed sh
                there (actx before the cache; wrong for continuation rows, timed only as
                the baseline);
   truncate     the same documents cut at seq_len (fewer stored tokens).
+All three use the attention implementation the backend chooses (`--attention` names
+another; printed at the start), so the baseline has the best kernel too; `--also IMPL`
+times exact with a second implementation in the same rounds (e.g. `--also cudnn` on a GPU:
+the fused call that computes every cached key, the GPU's way before the Pallas kernel).
 Prints stored tokens/s of each, the steps each ran (a long document's rows go through one
 slot, so exact can need more steps than rows / batch) and seconds per step (the cost of
 attending to the cached context), and the ratios; the target is exact >= 0.85 x
@@ -52,6 +56,11 @@ def _parse_args():
                    help="time exact and independent this many times each, alternating "
                         "which goes first (a busy machine moves single runs); the "
                         "median of each is reported, with every round's ratio")
+    p.add_argument("--attention", default=None,
+                   help="attention implementation (workers.attention.IMPLEMENTATIONS); "
+                        "default: the backend's choice")
+    p.add_argument("--also", default=None, metavar="IMPL",
+                   help="also time exact with this attention implementation")
     return common.apply_presets(p.parse_args())
 
 
@@ -65,7 +74,8 @@ def _lengths(args):
     return [int(n) for n in lengths]
 
 
-def _extract(run: str, batch: int, independent: bool = False) -> tuple[float, int, int]:
+def _extract(run: str, batch: int, independent: bool = False,
+             attention: str | None = None) -> tuple[float, int, int]:
     """Seconds to extract and commit every partition (after compiling the step on a dummy
     batch), stored tokens, and the steps run."""
     import jax
@@ -79,7 +89,10 @@ def _extract(run: str, batch: int, independent: bool = False) -> tuple[float, in
     if independent:
         # The old behaviour, for the baseline only: no cache, rows computed alone.
         worker.max_context = None
-        worker.fn = step.make_extract_fn(worker.model, worker.capture, worker.mesh)
+    if independent or attention:
+        worker.fn = step.make_extract_fn(worker.model, worker.capture, worker.mesh,
+                                         attention_impl=attention,
+                                         max_context=worker.max_context)
     m = manifest_lib.read_manifest(store_lib.open_store(run))
     # Compile on a dummy batch placed as the worker places its inputs (global arrays on
     # the step's shardings): numpy inputs compile another executable, which the timed run
@@ -170,18 +183,32 @@ def main() -> None:
           f"{lengths_arr[rows > 1].sum() / lengths_arr.sum():.0%} of tokens span several rows; "
           f"{np.maximum(0, lengths_arr - args.max_context).sum():,} tokens past "
           f"max_context {args.max_context}")
-    timings: dict[str, list[tuple[float, int, int]]] = {"exact": [], "independent": []}
+    from workers import attention
+
+    chosen = attention.implementation_for(args.dtype, args.seq, args.hidden // args.heads,
+                                          requested=args.attention)
+    print(f"attention implementation: {chosen} (this backend prefers "
+          f"{attention.default_implementation(args.dtype)})"
+          + (f"; also timing exact with {args.also}" if args.also else ""))
+    ways = {"exact": ("continue", False, args.attention),
+            "independent": ("continue", True, args.attention)}
+    if args.also:
+        ways[f"exact, {args.also}"] = ("continue", False, args.also)
+    timings: dict[str, list[tuple[float, int, int]]] = {name: [] for name in ways}
     for r in range(args.rounds):
-        order = ("exact", "independent") if r % 2 == 0 else ("independent", "exact")
+        order = list(ways) if r % 2 == 0 else list(reversed(ways))
         for name in order:
-            timings[name].append(_extract(fresh_run(f"{name}{r}", "continue"), args.batch,
-                                          independent=name == "independent"))
+            overflow, independent, impl = ways[name]
+            timings[name].append(_extract(
+                fresh_run(f"{name.replace(', ', '-')}{r}", overflow), args.batch,
+                independent=independent, attention=impl))
     results = {name: sorted(runs, key=lambda x: x[0])[len(runs) // 2]
                for name, runs in timings.items()}
-    results["truncate"] = _extract(fresh_run("truncate", "truncate"), args.batch)
+    results["truncate"] = _extract(fresh_run("truncate", "truncate"), args.batch,
+                                   attention=args.attention)
     tps = {name: tokens / seconds for name, (seconds, tokens, _) in results.items()}
     for name, (seconds, tokens, steps) in results.items():
-        print(f"{name:12s} {tps[name]:12,.0f} stored tokens/s  ({tokens:,} tokens, "
+        print(f"{name:18s} {tps[name]:12,.0f} stored tokens/s  ({tokens:,} tokens, "
               f"{steps} steps of {args.batch} rows, {seconds:.2f} s, "
               f"{seconds / steps:.3f} s a step)")
     if args.rounds > 1:
@@ -192,6 +219,9 @@ def main() -> None:
     print(f"ratio exact / independent rows:  {tps['exact'] / tps['independent']:.3f} "
           f"(target >= 0.85)")
     print(f"ratio exact / truncate:          {tps['exact'] / tps['truncate']:.3f}")
+    if args.also:
+        print(f"ratio exact {chosen} / exact {args.also}: "
+              f"{tps['exact'] / tps[f'exact, {args.also}']:.3f}")
     # Any "continue" store of these documents holds the same token arrays.
     keys_exact, keys_alone = _attended_keys(os.path.join(work, "exact0"))
     print(f"keys a stored token attends to: {keys_exact:,.0f} exact, {keys_alone:,.0f} with "

@@ -21,6 +21,9 @@ class Numerics:
     jax: the jax version.
     rows_per_device: batch rows each data-parallel device computes per step.
     model_parallel: size of the `model` mesh axis.
+    attention: the attention implementation the step runs ("xla", "pallas_gpu",
+      "pallas_tpu", "cudnn"; workers.attention); None in records written before this
+      field existed.
     """
 
     platform: str
@@ -28,6 +31,17 @@ class Numerics:
     jax: str
     rows_per_device: int
     model_parallel: int
+    attention: str | None = None
+
+    def same_bytes_as(self, other: "Numerics | None") -> bool:
+        """Whether a step under `other` rewrites the bytes a step under these wrote. A
+        record without the attention field (older runs) says nothing about it."""
+        if other is None:
+            return False
+        if self.attention is None or other.attention is None:
+            return (dataclasses.replace(self, attention=None)
+                    == dataclasses.replace(other, attention=None))
+        return self == other
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,13 +8,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from workers import attention
+from workers import attention, key_ranges
 
 
 def make_inputs(rng, b, t, n, k, h, blocks, depths, dtype, ptr, window):
     """Slot s holds depths[s] blocks of its document (the newest at ring block ptr - 1)
     and its row continues that document for its first tokens (then another document),
-    or starts a new one where it holds nothing."""
+    or starts a new one where it holds nothing. `mask`, `cpos`, `qpos` and `cont` say
+    what each query sees as masks (the reference's terms); `lo`/`hi` say the same as key
+    intervals over [cache in document order, row] (what the attention takes)."""
     cap = blocks * t
     q = rng.normal(size=(b, t, n, h)).astype(np.float32)
     kr = rng.normal(size=(b, t, k, h)).astype(np.float32)
@@ -35,7 +37,9 @@ def make_inputs(rng, b, t, n, k, h, blocks, depths, dtype, ptr, window):
         qpos[s, first:] = np.arange(t - first)
         cont[s, :first] = d > 0
     mask = np.asarray(attention.attention_mask(jnp.asarray(seg), window))
+    lo, hi = key_ranges.key_ranges(jnp.asarray(seg), jnp.asarray(cont),
+                                   key_ranges.held_keys(jnp.asarray(cpos)), cap)
     cast = (lambda x: jnp.asarray(x, dtype))
     return dict(q=cast(q), kr=cast(kr), vr=cast(vr), mask=jnp.asarray(mask), ck=cast(ck),
                 cv=cast(cv), cpos=jnp.asarray(cpos), qpos=jnp.asarray(qpos),
-                cont=jnp.asarray(cont))
+                cont=jnp.asarray(cont), lo=key_ranges.windowed(lo, hi, window), hi=hi)

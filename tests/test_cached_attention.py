@@ -1,7 +1,9 @@
 """The attention over a row and its slots' cached earlier rows, each way actx computes it,
-against a dense float64 reference: block visits slot by slot (the CPU's way), block visits
-with all slots at once (the XLA way on GPUs and TPUs), and one fused attention over the
-cache and the row together (cuDNN's way on GPUs, here computed by XLA)."""
+against a dense float64 reference: XLA block visits slot by slot (the CPU's way) and with
+all slots at once (the XLA way elsewhere), the Pallas kernels over per-query key intervals
+for GPUs and TPUs (here in Pallas interpret mode, with small tiles so a row and the ring
+span several), and one fused attention over the cache and the row together (cuDNN's way,
+here computed by XLA)."""
 
 from __future__ import annotations
 
@@ -10,20 +12,34 @@ import numpy as np
 import pytest
 
 from tests import cache_inputs
-from workers import attention
+from workers import attention, ranged_flash_gpu, ranged_flash_tpu
 
 B, T, N, K, H, BLOCKS = 4, 8, 4, 2, 16, 3
+WAYS = ["slot by slot", "all slots", "pallas gpu", "pallas tpu", "fused"]
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    """Tiles of 4 tokens: each row is 2 key tiles and the ring 6, so the kernels' skipping
+    of tiles outside the intervals and their walk of the ring are exercised."""
+    monkeypatch.setattr(ranged_flash_gpu, "MAX_TILE", 4)
+    monkeypatch.setattr(ranged_flash_tpu, "MAX_TILE", 4)
 
 
 def _ways(b):
-    common = ("q", "kr", "vr", "mask", "ck", "cv", "cpos", "qpos", "cont")
+    def call(impl, **kw):
+        return lambda x, ptr: attention.cached_attention(
+            x["q"], x["kr"], x["vr"], x["lo"], x["hi"], x["ck"], x["cv"], ptr,
+            implementation=impl, **kw)
+
     return {
-        "slot by slot": lambda x, w, ptr: attention.cached_attention(
-            *(x[n] for n in common), w, ptr, implementation="xla", slots_per_visit=1),
-        "all slots": lambda x, w, ptr: attention.cached_attention(
-            *(x[n] for n in common), w, ptr, implementation="xla", slots_per_visit=b),
-        "fused": lambda x, w, ptr: attention.fused_cached_attention(
-            *(x[n] for n in common), w, "xla"),
+        "slot by slot": call("xla", slots_per_visit=1),
+        "all slots": call("xla", slots_per_visit=b),
+        "pallas gpu": call("pallas_gpu"),
+        "pallas tpu": call("pallas_tpu"),
+        "fused": lambda x, ptr: attention.fused_cached_attention(
+            x["q"], x["kr"], x["vr"], x["lo"], x["hi"], x["ck"], x["cv"], ptr,
+            H ** -0.5, "xla"),
     }
 
 
@@ -49,11 +65,11 @@ def _dense_reference(x, window):
 
 @pytest.mark.parametrize("window", [attention.NO_WINDOW, 2 * T + 3])
 @pytest.mark.parametrize("depths", [[0, 0, 0, 0], [1, 3, 0, 2], [3, 3, 3, 3]])
-@pytest.mark.parametrize("way", ["slot by slot", "all slots", "fused"])
+@pytest.mark.parametrize("way", WAYS)
 def test_every_way_matches_the_dense_reference(way, depths, window):
     rng = np.random.default_rng(7)
     x = cache_inputs.make_inputs(rng, B, T, N, K, H, BLOCKS, depths, jnp.float32, 2, window)
-    got = np.asarray(_ways(B)[way](x, window, jnp.int32(2)))
+    got = np.asarray(_ways(B)[way](x, jnp.int32(2)))
     want = _dense_reference(x, window)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     if any(depths):  # the cache changes the answer, so the comparison can fail
@@ -61,7 +77,7 @@ def test_every_way_matches_the_dense_reference(way, depths, window):
         assert not np.allclose(_dense_reference(x_alone, window), want, atol=1e-3)
 
 
-@pytest.mark.parametrize("way", ["slot by slot", "all slots", "fused"])
+@pytest.mark.parametrize("way", WAYS)
 def test_a_slots_bytes_do_not_depend_on_the_other_slots(way):
     """Slot 0 the same, the other slots holding other keys and depths: slot 0's output is
     bit for bit the same (a rerun on another host has other companions)."""
@@ -72,21 +88,21 @@ def test_a_slots_bytes_do_not_depend_on_the_other_slots(way):
                                  [2, 3, 3, 0], jnp.float32, 1, attention.NO_WINDOW)
     other = {n: v.at[0].set(x[n][0]) for n, v in other.items()}
     fn = _ways(B)[way]
-    a = np.asarray(fn(x, attention.NO_WINDOW, jnp.int32(1)))
-    b = np.asarray(fn(other, attention.NO_WINDOW, jnp.int32(1)))
+    a = np.asarray(fn(x, jnp.int32(1)))
+    b = np.asarray(fn(other, jnp.int32(1)))
     np.testing.assert_array_equal(a[0], b[0])
     assert not np.array_equal(a[1:], b[1:])
 
 
 def test_slots_per_visit_must_fit_the_batch_and_the_data_shards():
     x = cache_inputs.make_inputs(np.random.default_rng(0), B, T, N, K, H, BLOCKS, [1] * B,
-                             jnp.float32, 0, attention.NO_WINDOW)
-    args = [x[n] for n in ("q", "kr", "vr", "mask", "ck", "cv", "cpos", "qpos", "cont")]
+                                 jnp.float32, 0, attention.NO_WINDOW)
+    args = [x[n] for n in ("q", "kr", "vr", "lo", "hi", "ck", "cv")]
     with pytest.raises(ValueError, match="slots_per_visit 3 must be a multiple of the 1"):
-        attention.cached_attention(*args, attention.NO_WINDOW, jnp.int32(0),
-                                   implementation="xla", slots_per_visit=3)
+        attention.cached_attention(*args, jnp.int32(0), implementation="xla",
+                                   slots_per_visit=3)
     with pytest.raises(ValueError, match="multiple of the 4 data shards"):
-        attention.cached_attention(*args, attention.NO_WINDOW, jnp.int32(0), data_shards=4,
+        attention.cached_attention(*args, jnp.int32(0), data_shards=4,
                                    implementation="xla", slots_per_visit=2)
 
 

@@ -9,13 +9,15 @@ sliding window of max_context (as `PackingSpec.max_context` defines them).
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
 from pipeline import pack
 from schemas import runspec
 from tests import hf_models
-from workers import attention, capture, model as model_lib, schedule, step
+from workers import attention, attention_xla, capture, model as model_lib, schedule, step
+from workers import ranged_flash_gpu, ranged_flash_tpu
 
 SEQ_LEN = 8
 HOOKS = "embed,layers.*.resid_pre,layers.*.attn_out,layers.*.resid_mid,layers.*.mlp_out," \
@@ -94,7 +96,7 @@ def assert_documents_match_hf(stored, block, docs, hf, window, rtol):
 def test_every_token_matches_hf_on_its_document_alone(tmp_path, monkeypatch, arch, mode,
                                                       overrides, max_context, query_chunk):
     if query_chunk:
-        monkeypatch.setattr(attention, "MIN_QUERY_CHUNK", query_chunk)
+        monkeypatch.setattr(attention_xla, "MIN_QUERY_CHUNK", query_chunk)
         assert attention.query_chunks(SEQ_LEN) == [(0, 3), (3, 6), (6, 8)]
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
     hf = hf_models.load_hf_model(path)
@@ -110,40 +112,62 @@ def test_every_token_matches_hf_on_its_document_alone(tmp_path, monkeypatch, arc
     assert fn.compile_count() == 1
 
 
-@pytest.mark.parametrize("way", ["all slots", "fused"])
-@pytest.mark.parametrize("arch,overrides,max_context", [
-    ("qwen2", {}, 24),
-    ("qwen2", {}, 20),
-    ("mistral", {"sliding_window": 12}, 24),
-])
-def test_the_accelerator_ways_match_hf(tmp_path, monkeypatch, way, arch, overrides,
-                                       max_context):
-    """The ways GPUs and TPUs take through the cache, run here by XLA on the CPU: block
-    visits with every slot at once (XLA off the CPU), and one attention over the cache and
-    the row together (the formulation cuDNN runs for half precision on GPU)."""
+ACCELERATOR_CASES = [
+    ("qwen2", "segmented", {}, 24),
+    ("qwen2", "pad", {}, 24),
+    ("qwen2", "segmented", {}, 20),
+    ("llama3", "segmented", {}, 24),
+    ("mistral", "segmented", {"sliding_window": 12}, 24),
+]
+
+
+def _use_way(monkeypatch, way: str) -> str:
+    """Routes the step through one accelerator way, run here on the CPU; returns the
+    attention implementation to ask for."""
     if way == "all slots":
         monkeypatch.setattr(attention, "default_slots_per_visit", lambda batch, shards: batch)
-    else:
-        monkeypatch.setattr(attention, "_xla_cached_attention",
-                            lambda *a: attention.fused_cached_attention(*a[:10], "xla"))
+        return "xla"
+    if way == "fused":
+        monkeypatch.setattr(attention, "_cudnn", lambda q, k, v, mask, scale: (
+            jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale,
+                                         implementation="xla")))
+        return "cudnn"
+    # Tiles of 4 tokens: each row of 8 is two key tiles, the ring several.
+    monkeypatch.setattr(ranged_flash_gpu, "MAX_TILE", 4)
+    monkeypatch.setattr(ranged_flash_tpu, "MAX_TILE", 4)
+    return way
+
+
+@pytest.mark.parametrize("way", ["all slots", "fused", "pallas_gpu", "pallas_tpu"])
+@pytest.mark.parametrize("arch,mode,overrides,max_context", ACCELERATOR_CASES)
+def test_the_accelerator_ways_match_hf(tmp_path, monkeypatch, way, arch, mode, overrides,
+                                       max_context):
+    """The ways GPUs and TPUs take through the cache, run here on the CPU: XLA block
+    visits with every slot at once (XLA off the CPU), one attention over the cache and the
+    row together (the formulation cuDNN runs), and the Pallas kernels over per-query key
+    intervals (in Pallas interpret mode), for every case the CPU's way is tested on."""
+    impl = _use_way(monkeypatch, way)
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
     hf = hf_models.load_hf_model(path)
     model = model_lib.load_pretrained(path, dtype="float32")
     fn = step.make_extract_fn(model, capture.CaptureSpec.parse(
-        "layers.*.resid_post,final_norm", dtype="float32"), max_context=max_context)
+        "layers.*.resid_post,final_norm", dtype="float32"), max_context=max_context,
+        attention_impl=impl)
     docs = _documents(0, max_context)
-    block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=max_context))
+    block = _packed(docs, runspec.PackingSpec(mode, SEQ_LEN, max_context=max_context))
     stored = run_rows(fn, block, local_batch=3)
     window = min(max_context, overrides.get("sliding_window") or max_context)
     assert_documents_match_hf(stored, block, docs, hf, window, rtol=1e-5)
 
 
-def test_bfloat16_matches_hf_within_bf16_tolerance(tmp_path):
+@pytest.mark.parametrize("way", ["xla", "pallas_gpu", "pallas_tpu"])
+def test_bfloat16_matches_hf_within_bf16_tolerance(tmp_path, monkeypatch, way):
+    impl = _use_way(monkeypatch, way) if way != "xla" else "xla"
     path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
     hf = hf_models.load_hf_model(path)
     model = model_lib.load_pretrained(path, dtype="bfloat16")
     fn = step.make_extract_fn(model, capture.CaptureSpec.parse(
-        "layers.*.resid_post", dtype="float32"), max_context=24)
+        "layers.*.resid_post", dtype="float32"), max_context=24, attention_impl=impl)
     docs = _documents(1, 24)
     block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=24))
     stored = run_rows(fn, block, local_batch=4)
@@ -166,7 +190,9 @@ def test_rows_seen_alone_differ_from_hf_so_the_check_can_fail(tmp_path):
         assert_documents_match_hf(stored, block, docs, hf, 24, rtol=1e-5)
 
 
-def test_a_slot_that_starts_another_document_forgets_the_last_one(tmp_path):
+@pytest.mark.parametrize("way", ["xla", "pallas_gpu", "pallas_tpu"])
+def test_a_slot_that_starts_another_document_forgets_the_last_one(tmp_path, monkeypatch,
+                                                                  way):
     """Two different schedules (batch 1: every chain through one slot; batch 5) give the
     same activations: nothing of one document leaks into the next one in the slot.
 
@@ -174,13 +200,16 @@ def test_a_slot_that_starts_another_document_forgets_the_last_one(tmp_path):
     the cache, and at full matmul precision even rows computed alone), since the GPU's
     matmuls pick their algorithm by shape (bench/RESULTS.md, "GPU"): that is why the
     numerics a run records include the rows per device."""
+    impl = _use_way(monkeypatch, way) if way != "xla" else "xla"
     path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
     model = model_lib.load_pretrained(path, dtype="float32")
     spec = capture.CaptureSpec.parse("layers.*.resid_post", dtype="float32")
     docs = _documents(3, 24)
     block = _packed(docs, runspec.PackingSpec("segmented", SEQ_LEN, max_context=24))
-    one = run_rows(step.make_extract_fn(model, spec, max_context=24), block, 1)
-    five = run_rows(step.make_extract_fn(model, spec, max_context=24), block, 5)
+    one = run_rows(step.make_extract_fn(model, spec, max_context=24, attention_impl=impl),
+                   block, 1)
+    five = run_rows(step.make_extract_fn(model, spec, max_context=24, attention_impl=impl),
+                    block, 5)
     for name in one:  # bit for bit: a slot's bytes never depend on the other slots
         np.testing.assert_array_equal(one[name], five[name])
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests import hf_models
-from workers import attention, capture, model_config, step
+from workers import attention, attention_xla, capture, model_config, step
 from workers import model as model_lib
 
 ALL_HOOKS = ("layers.*.resid_pre,layers.*.resid_mid,layers.*.resid_post,"
@@ -84,7 +84,7 @@ CHUNKED = pytest.mark.parametrize("query_chunk", [None, 5], ids=["one-chunk", "c
 
 def _set_query_chunk(monkeypatch, query_chunk):
     if query_chunk:
-        monkeypatch.setattr(attention, "MIN_QUERY_CHUNK", query_chunk)
+        monkeypatch.setattr(attention_xla, "MIN_QUERY_CHUNK", query_chunk)
         assert len(attention.query_chunks(SEQ)) == 5
 
 

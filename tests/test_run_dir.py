@@ -71,7 +71,8 @@ def test_a_user_error_raised_anywhere_exits_2_in_one_line(tmp_path, capsys):
 def test_activations_info_writes_the_json_of_before(tmp_path):
     s = store.open_store(str(tmp_path))
     numerics = activations_info.Numerics(platform="cpu", device_kind="cpu", jax="0.4.0",
-                                         rows_per_device=2, model_parallel=1)
+                                         rows_per_device=2, model_parallel=1,
+                                         attention="xla")
     info = activations_info.ActivationsInfo(fingerprint="abc", dtype="bfloat16",
                                             hooks={"layers.0.resid_post": 64, "embed": 64},
                                             model_digest="d1", numerics=numerics)
@@ -81,9 +82,26 @@ def test_activations_info_writes_the_json_of_before(tmp_path):
         "fingerprint": "abc", "dtype": "bfloat16",
         "hooks": {"layers.0.resid_post": 64, "embed": 64}, "model_digest": "d1",
         "numerics": {"platform": "cpu", "device_kind": "cpu", "jax": "0.4.0",
-                     "rows_per_device": 2, "model_parallel": 1}}
+                     "rows_per_device": 2, "model_parallel": 1, "attention": "xla"}}
     assert activations_info.read_info(s) == info
     assert info.bytes_per_row(16) == 16 * 2 * 128
+
+
+def test_a_record_from_before_the_attention_field_reads_and_still_matches(tmp_path):
+    """Runs recorded before the attention implementation was part of the numerics keep
+    working: their record reads, and a worker whose other numerics match may continue."""
+    s = store.open_store(str(tmp_path))
+    old = {"platform": "cpu", "device_kind": "cpu", "jax": "0.4.0", "rows_per_device": 2,
+           "model_parallel": 1}
+    s.write_json(layout.ACTIVATIONS_INFO_KEY, {"fingerprint": "abc", "dtype": "bfloat16",
+                                               "hooks": {"embed": 64}, "numerics": old})
+    recorded = activations_info.read_info(s).numerics
+    assert recorded.attention is None
+    mine = activations_info.Numerics(**old, attention="xla")
+    assert recorded.same_bytes_as(mine) and mine.same_bytes_as(recorded)
+    assert not recorded.same_bytes_as(activations_info.Numerics(**{**old, "jax": "0.5"},
+                                                                attention="xla"))
+    assert not mine.same_bytes_as(activations_info.Numerics(**old, attention="pallas_gpu"))
 
 
 def test_damaged_activations_info_names_key_and_field(tmp_path):

@@ -78,13 +78,14 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
         device_kind=device.device_kind)
 
 
-def numerics_key(jax, mesh, batch_size: int, model_parallel: int) -> info_lib.Numerics:
+def numerics_key(jax, mesh, batch_size: int, model_parallel: int,
+                 attention: str | None = None) -> info_lib.Numerics:
     """What, besides the RunSpec, decides the bytes a step produces."""
     device = jax.devices()[0]
     return info_lib.Numerics(platform=device.platform, device_kind=device.device_kind,
                              jax=jax.__version__,
                              rows_per_device=batch_size // sharding.axis_size(mesh, "batch"),
-                             model_parallel=model_parallel)
+                             model_parallel=model_parallel, attention=attention)
 
 
 def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
@@ -124,13 +125,14 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
     if first.identity() != mine.identity():
         raise RunMismatch(f"{key}: activations were written for {_shown(first)}, but this "
                           f"worker would write {_shown(mine)}")
-    if first.numerics != mine.numerics and not allow_numerics_change:
+    if (first.numerics is not None and not first.numerics.same_bytes_as(mine.numerics)
+            and not allow_numerics_change):
         raise RunMismatch(
             f"{key}: the run's activations were computed with {_shown(first.numerics)}, "
             f"this worker would use {_shown(mine.numerics)}; a rerun only rewrites identical "
-            f"bytes with the same device kind, jax version, rows per device and model "
-            f"parallelism. Match them, or pass --allow-numerics-change to accept partitions "
-            f"that differ in their low bits")
+            f"bytes with the same device kind, jax version, rows per device, model "
+            f"parallelism and attention implementation. Match them, or pass "
+            f"--allow-numerics-change to accept partitions that differ in their low bits")
 
 
 def _shown(obj) -> dict | None:

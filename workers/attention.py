@@ -1,19 +1,40 @@
-"""Rotary embeddings, the segment-aware causal mask, and grouped-query attention.
+"""Rotary embeddings, what each token sees, and grouped-query attention on each backend.
 
-The mask is block-diagonal causal over segment ids (0 = padding), optionally limited to a
-sliding window, so packed documents see only themselves. Padding tokens share segment 0
-and always see themselves, so no row of the softmax is empty (no NaN). `cached_attention`
-adds the keys a slot cached from its document's earlier rows (workers.kv_cache).
+What a token sees is defined by two masks: `attention_mask` within the row (block-diagonal
+causal over segment ids, 0 = padding, optionally limited to a sliding window, so packed
+documents see only themselves; padding sees earlier padding and always itself, so no row
+of the softmax is empty) and `cached_keys_seen` over the keys a slot cached from its
+document's earlier rows (workers.kv_cache). The attention itself takes the same as one
+key interval per query (workers.key_ranges; tests/test_key_ranges.py holds the two equal),
+and each backend runs it with the kernel that skips the keys outside the intervals:
+
+  xla         XLA query chunks and cache block visits (workers.attention_xla): the CPU
+  pallas_gpu  a Pallas flash-attention kernel (Triton) over the intervals: half precision
+              on GPUs (workers.ranged_flash_gpu)
+  pallas_tpu  a Pallas flash-attention kernel (Mosaic) over the intervals, the cache ring
+              walked by its index maps: TPUs (workers.ranged_flash_tpu)
+  cudnn       one fused cuDNN attention over [cache, row] with the dense mask: every cached
+              key computed (the GPU's fallback where the Pallas kernel cannot run)
+
+`implementation_for` picks one per backend, dtype and shape once, and says in one log line
+when it falls back.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import jax
 import jax.numpy as jnp
 
+from workers import attention_xla, key_ranges, ranged_flash_gpu, ranged_flash_tpu
+
 log = logging.getLogger(__name__)
+
+# Re-exported: admission sizes the XLA way's working memory by them.
+query_chunks = attention_xla.query_chunks
+query_chunk_size = attention_xla.query_chunk_size
 
 # Stands in for "no sliding window" inside the layer scan, where the window is traced.
 NO_WINDOW = 2**30
@@ -48,89 +69,6 @@ def attention_mask(segment_ids_bt: jax.Array, window: jax.Array | int) -> jax.Ar
     return allowed_ts[None] & same_segment_bts
 
 
-# Queries are processed in chunks: each chunk attends only to the keys up to its last query
-# (the mask is causal, so later keys are never seen), which skips the upper triangle, and
-# its float32 logits [b, k, g, chunk, keys] stay a fraction of the [t, t] ones. On the CPU
-# that is 4-9x faster at t = 1024 (the full logits are memory-bound); on any backend it
-# halves the FLOPs. At most MAX_QUERY_CHUNKS chunks, so the unrolled graph stays small.
-MIN_QUERY_CHUNK = 128
-MAX_QUERY_CHUNKS = 8
-
-
-def query_chunks(t: int) -> list[tuple[int, int]]:
-    """Static [start, end) query ranges covering a row of t tokens."""
-    n_chunks = min(MAX_QUERY_CHUNKS, -(-t // MIN_QUERY_CHUNK))
-    size = -(-t // n_chunks)
-    return [(start, min(t, start + size)) for start in range(0, t, size)]
-
-
-def query_chunk_size(t: int) -> int:
-    """The largest chunk `query_chunks(t)` makes (sizes the attention's working memory)."""
-    return max(end - start for start, end in query_chunks(t))
-
-
-def _queries_by_kv_head(q_btnh: jax.Array, kv_heads: int) -> jax.Array:
-    """[b, t, n, h] -> [b, kv_heads, n // kv_heads, t, h], once per layer.
-
-    The logits einsum then contracts a [group x queries, head_dim] matrix per kv head
-    with no transpose of its own. Given [b, t, k, g, h], XLA's CPU dot rearranged the
-    queries and its output on every call: one 128-query chunk against a 1024-key block
-    (Qwen2.5-0.5B's heads) took 2.4 ms instead of 1.2, and each visit of a cached block
-    4.7 ms instead of 3.5.
-    """
-    b, t, n, h = q_btnh.shape
-    return jnp.transpose(q_btnh.reshape(b, t, kv_heads, n // kv_heads, h), (0, 2, 3, 1, 4))
-
-
-def _xla_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
-                   mask_bts: jax.Array) -> jax.Array:
-    b, t, n, h = q_btnh.shape
-    k = k_bskh.shape[2]
-    q_bkgth = _queries_by_kv_head(q_btnh, k)
-    out = []
-    for start, end in query_chunks(t):
-        # Logits and softmax in float32 (HF eager does the softmax in float32 too).
-        logits_bkgts = jnp.einsum("bkgth,bskh->bkgts", q_bkgth[:, :, :, start:end],
-                                  k_bskh[:, :end],
-                                  preferred_element_type=jnp.float32) * (h ** -0.5)
-        logits_bkgts = jnp.where(mask_bts[:, None, None, start:end, :end], logits_bkgts,
-                                 jnp.finfo(jnp.float32).min)
-        probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_bskh.dtype)
-        out.append(jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_bskh[:, :end]))
-    return jnp.concatenate(out, axis=1).reshape(b, t, n, h)
-
-
-def default_implementation(dtype: jnp.dtype) -> str:
-    """"cudnn" for half precision on GPU, else "xla" (CPU, TPU, float32)."""
-    if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
-        return "cudnn"
-    return "xla"
-
-
-def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
-              mask_bts: jax.Array, implementation: str | None = None) -> jax.Array:
-    """Grouped-query attention [b, t, n, h]; k/v heads are shared by n // k query heads.
-
-    mask_bts must be causal (as `attention_mask`): no query attends a later key.
-    """
-    return _cudnn_else_xla(
-        implementation or default_implementation(q_btnh.dtype),
-        lambda: jax.nn.dot_product_attention(q_btnh, k_bskh, v_bskh, mask=mask_bts[:, None],
-                                             implementation="cudnn"),
-        lambda: _xla_attention(q_btnh, k_bskh, v_bskh, mask_bts))
-
-
-def _cudnn_else_xla(implementation: str, cudnn, xla) -> jax.Array:
-    """cudnn() where implementation is "cudnn" and cuDNN takes it, else xla()."""
-    if implementation == "cudnn":
-        try:
-            return cudnn()
-        except (ValueError, NotImplementedError, RuntimeError) as err:
-            # cuDNN rejects some shapes/versions at trace time; XLA is always correct.
-            log.warning("cuDNN attention unavailable (%s); using the XLA implementation", err)
-    return xla()
-
-
 def cached_keys_seen(cache_pos_bc: jax.Array, q_pos_bt: jax.Array,
                      q_continues_bt: jax.Array, window: jax.Array | int) -> jax.Array:
     """Boolean [b, t, c]: query t sees cached key c. Only a query that continues the
@@ -140,6 +78,106 @@ def cached_keys_seen(cache_pos_bc: jax.Array, q_pos_bt: jax.Array,
     q_pos_bt1 = q_pos_bt[:, :, None]
     return (q_continues_bt[:, :, None] & (pos_b1c >= 0) & (pos_b1c < q_pos_bt1)
             & (q_pos_bt1 - pos_b1c < window))
+
+
+IMPLEMENTATIONS = ("xla", "pallas_gpu", "pallas_tpu", "cudnn")
+
+
+def default_implementation(dtype: jnp.dtype) -> str:
+    """The preferred way on this backend: "pallas_tpu" on TPUs, "pallas_gpu" for half
+    precision on GPUs (float32 keeps XLA there: Triton's float32 products round to TF32),
+    else "xla"."""
+    backend = jax.default_backend()
+    if backend == "tpu":
+        return "pallas_tpu"
+    if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+        return "pallas_gpu"
+    return "xla"
+
+
+def implementation_for(dtype: jnp.dtype, seq_len: int, head_dim: int,
+                       softcap: float | None = None, requested: str | None = None) -> str:
+    """The way attention runs for these shapes: `requested` (else the backend's default)
+    where it can run, else its fallback (pallas_gpu -> cudnn -> xla, pallas_tpu -> xla),
+    with one log line saying why. Decided once per shape, before tracing: a kernel that
+    cannot compile here fails at compile time, too late to fall back inside a trace."""
+    wanted = requested or default_implementation(dtype)
+    if wanted not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {wanted!r}: choose one of "
+                         f"{', '.join(IMPLEMENTATIONS)}")
+    return _resolve(wanted, jnp.dtype(dtype).name, seq_len, head_dim, softcap)
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(wanted, dtype_name, seq_len, head_dim, softcap) -> str:
+    why = None
+    if wanted == "pallas_gpu":
+        why = ranged_flash_gpu.supports(seq_len, head_dim, jax.default_backend() == "gpu") \
+            or _compiles(ranged_flash_gpu.ranged_attention, dtype_name, seq_len, head_dim,
+                         softcap)
+        fallback = "cudnn" if softcap is None else "xla"
+    elif wanted == "pallas_tpu":
+        why = ranged_flash_tpu.supports(seq_len, jax.default_backend() == "tpu") \
+            or _compiles(ranged_flash_tpu.ranged_attention, dtype_name, seq_len, head_dim,
+                         softcap)
+        fallback = "xla"
+    elif wanted == "cudnn" and softcap is not None:
+        why, fallback = "cuDNN attention has no logit soft-capping", "xla"
+    if why is None:
+        return wanted
+    log.warning("attention: %s cannot run here (%s); using %s", wanted, why, fallback)
+    return _resolve(fallback, dtype_name, seq_len, head_dim, softcap)
+
+
+def _compiles(kernel, dtype_name, seq_len, head_dim, softcap) -> str | None:
+    """None where the kernel compiles for one slot of these shapes, else the error."""
+    if jax.default_backend() == "cpu":
+        return None  # interpret mode: nothing to compile that could fail
+    q = jax.ShapeDtypeStruct((1, seq_len, 1, head_dim), jnp.dtype(dtype_name))
+    r = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+    try:
+        jax.jit(functools.partial(kernel, scale=head_dim ** -0.5, softcap=softcap)).lower(
+            q, q, q, r, r).compile()
+    except Exception as err:  # noqa: BLE001 - any compile failure means "not here"
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return None
+
+
+def attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, lo_bt: jax.Array,
+              hi_bt: jax.Array, implementation: str | None = None,
+              scale: float | None = None, softcap: float | None = None) -> jax.Array:
+    """Grouped-query attention [b, t, n, h] of rows seen alone; k/v heads are shared by
+    n // k query heads; query t sees the row's keys [lo, hi) (workers.key_ranges).
+
+    scale: of the logits (default head_dim ** -0.5); softcap: logits -> softcap *
+    tanh(logits / softcap) before the mask (Gemma 2).
+    """
+    b, t, n, h = q_btnh.shape
+    scale = h ** -0.5 if scale is None else scale
+    way = implementation_for(q_btnh.dtype, t, h, softcap, implementation)
+    if way == "pallas_gpu":
+        return ranged_flash_gpu.ranged_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt,
+                                                 scale=scale, softcap=softcap)
+    if way == "pallas_tpu":
+        return ranged_flash_tpu.ranged_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt,
+                                                 scale=scale, softcap=softcap)
+    if way == "cudnn":
+        out = _cudnn(q_btnh, k_btkh, v_btkh, key_ranges.dense_mask(lo_bt, hi_bt, t), scale)
+        if out is not None:
+            return out
+    return attention_xla.rows_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, scale, softcap)
+
+
+def _cudnn(q_btnh, keys_bskh, values_bskh, mask_bts, scale) -> jax.Array | None:
+    """One fused cuDNN attention with a dense mask, or None where cuDNN refuses it (at
+    trace time, for some shapes and versions; XLA is always correct)."""
+    try:
+        return jax.nn.dot_product_attention(q_btnh, keys_bskh, values_bskh,
+                                            mask=mask_bts[:, None], scale=scale,
+                                            implementation="cudnn")
+    except (ValueError, NotImplementedError, RuntimeError) as err:
+        log.warning("cuDNN attention unavailable (%s); using the XLA implementation", err)
+        return None
 
 
 def default_slots_per_visit(batch: int, data_shards: int) -> int:
@@ -154,133 +192,53 @@ def default_slots_per_visit(batch: int, data_shards: int) -> int:
 
 
 def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
-                     mask_bts: jax.Array, cache_k_bckh: jax.Array, cache_v_bckh: jax.Array,
-                     cache_pos_bc: jax.Array, q_pos_bt: jax.Array, q_continues_bt: jax.Array,
-                     window: jax.Array | int, ptr: jax.Array,
-                     data_shards: int = 1, implementation: str | None = None,
-                     slots_per_visit: int | None = None) -> jax.Array:
-    """Attention over the row itself and the slot's cached earlier rows, [b, t, n, h].
+                     lo_bt: jax.Array, hi_bt: jax.Array, cache_k_bckh: jax.Array,
+                     cache_v_bckh: jax.Array, ptr: jax.Array, data_shards: int = 1,
+                     implementation: str | None = None, slots_per_visit: int | None = None,
+                     scale: float | None = None, softcap: float | None = None) -> jax.Array:
+    """Attention [b, t, n, h] over the row itself and the slot's cached earlier rows.
 
-    The row part uses `mask_bts` (causal) as `attention`; a query that continues the slot's
-    document also attends to the cached keys `cached_keys_seen` names.
-
-    implementation "cudnn" (the default for half precision on GPU): one fused cuDNN
-    attention over the cache and the row's keys together, with that mask; it computes
-    every cached key whether held or not (a fixed cost per step), and a slot's result
-    depends only on its own inputs.
-
-    implementation "xla": queries go in chunks (`query_chunks`); the cache is visited
-    block by block, newest first, merged by the online softmax in float32, so the work
-    follows the context the slots hold: the slots are taken in groups of
-    `slots_per_visit` (a multiple of `data_shards`, the devices of the `data` axis, which
-    holds the batch in contiguous chunks; `default_slots_per_visit`), one group after
-    another, and for each query chunk a group visits as many blocks as its deepest slot
-    holds, or none where no query of the chunk continues a document. A block a slot does
-    not hold (or a query does not see) is fully masked and leaves its result bit for bit
-    unchanged, and every group has the same shapes, so a slot's bytes never depend on what
-    the other slots hold.
+    [lo, hi) index the keys in document order: the cache ring [b, C, k, h] from its block
+    `ptr` (the oldest) onwards, then the row's keys (workers.key_ranges). Every way reads
+    the ring where it lies and computes a slot from its own inputs only, so a slot's bytes
+    never depend on what the other slots hold. slots_per_visit: the XLA way's group of
+    slots (`default_slots_per_visit`).
     """
-    return _cudnn_else_xla(
-        implementation or default_implementation(q_btnh.dtype),
-        lambda: fused_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh,
-                                       cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
-                                       window, "cudnn"),
-        lambda: _xla_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh,
-                                      cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
-                                      window, ptr, data_shards, slots_per_visit))
+    b, t, n, h = q_btnh.shape
+    scale = h ** -0.5 if scale is None else scale
+    way = implementation_for(q_btnh.dtype, t, h, softcap, implementation)
+    if way == "pallas_gpu":
+        return ranged_flash_gpu.ranged_attention(
+            q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh, ptr,
+            scale=scale, softcap=softcap, block_len=t)
+    if way == "pallas_tpu":
+        return ranged_flash_tpu.ranged_attention(
+            q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh, ptr,
+            scale=scale, softcap=softcap, block_len=t)
+    if way == "cudnn":
+        out = fused_cached_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh,
+                                     cache_v_bckh, ptr, scale)
+        if out is not None:
+            return out
+    return attention_xla.cached_attention(
+        q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh, ptr, data_shards,
+        slots_per_visit or default_slots_per_visit(b, data_shards), scale, softcap)
 
 
-def fused_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh, cache_v_bckh,
-                           cache_pos_bc, q_pos_bt, q_continues_bt, window,
-                           implementation: str = "cudnn") -> jax.Array:
-    """One attention over [cache keys, row keys] (the order within a softmax does not
-    matter) through `jax.nn.dot_product_attention`; every query sees at least itself, so
-    no row is empty. implementation "xla" computes the same on any backend (tests)."""
+def fused_cached_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh,
+                           ptr, scale: float, implementation: str = "cudnn"
+                           ) -> jax.Array | None:
+    """One attention over [cache keys as they lie in the ring, row keys] (the order within
+    a softmax does not matter) with the intervals' dense mask, through
+    `jax.nn.dot_product_attention`; it computes every cached key, held or not.
+    implementation "xla" computes the same on any backend (tests)."""
+    t, cache_len = q_btnh.shape[1], cache_k_bckh.shape[1]
     keys = jnp.concatenate([cache_k_bckh.astype(k_btkh.dtype), k_btkh], axis=1)
     values = jnp.concatenate([cache_v_bckh.astype(v_btkh.dtype), v_btkh], axis=1)
     mask = jnp.concatenate(
-        [cached_keys_seen(cache_pos_bc, q_pos_bt, q_continues_bt, window), mask_bts],
-        axis=-1)
+        [key_ranges.physical_cache_mask(lo_bt, hi_bt, cache_len, t, ptr),
+         key_ranges.dense_mask(lo_bt - cache_len, hi_bt - cache_len, t)], axis=-1)
+    if implementation == "cudnn":
+        return _cudnn(q_btnh, keys, values, mask, scale)
     return jax.nn.dot_product_attention(q_btnh, keys, values, mask=mask[:, None],
-                                        implementation=implementation)
-
-
-def _xla_cached_attention(q_btnh, k_btkh, v_btkh, mask_bts, cache_k_bckh, cache_v_bckh,
-                          cache_pos_bc, q_pos_bt, q_continues_bt, window, ptr, data_shards,
-                          slots_per_visit) -> jax.Array:
-    b, t, n, h = q_btnh.shape
-    slots_per_visit = slots_per_visit or default_slots_per_visit(b, data_shards)
-    if slots_per_visit % data_shards or b % slots_per_visit:
-        raise ValueError(f"slots_per_visit {slots_per_visit} must be a multiple of the "
-                         f"{data_shards} data shards and divide the batch of {b}")
-    k = k_btkh.shape[2]
-    block_len = t
-    n_blocks = cache_k_bckh.shape[1] // block_len
-    scale = h ** -0.5
-    q_bkgth = _queries_by_kv_head(q_btnh, k)
-    chunks = query_chunks(t)
-
-    def scores(q, keys_bskh):
-        return jnp.einsum("bkgth,bskh->bkgts", q, keys_bskh,
-                          preferred_element_type=jnp.float32) * scale
-
-    def weighted(p_bkgts, values_bskh):
-        return jnp.einsum("bkgts,bskh->bkgth", p_bkgts, values_bskh.astype(jnp.float32))
-
-    # The row part, per query chunk: the online-softmax state (max, sum, weighted values).
-    states = []
-    for start, end in chunks:
-        row_mask = mask_bts[:, None, None, start:end, :end]
-        logits = jnp.where(row_mask, scores(q_bkgth[:, :, :, start:end], k_btkh[:, :end]),
-                           -jnp.inf)
-        m_bkgt = jnp.max(logits, axis=-1)  # finite: every query sees itself
-        p = jnp.exp(logits - m_bkgt[..., None])
-        states.append((m_bkgt, jnp.sum(p, axis=-1), weighted(p, v_btkh[:, :end])))
-    held_b = (jnp.sum(cache_pos_bc >= 0, axis=1) + block_len - 1) // block_len
-
-    def group(xs):
-        q, cache_k, cache_v, cache_pos, q_pos, q_continues, held, chunk_states = xs
-
-        def chunk(start, end, state):
-            q_c, q_pos_c, q_continues_c = (q[:, :, :, start:end], q_pos[:, start:end],
-                                           q_continues[:, start:end])
-
-            def visit(j, state):
-                m_old, l_old, acc_old = state
-                at = ((ptr - 1 - j) % n_blocks) * block_len
-                keys = jax.lax.dynamic_slice_in_dim(cache_k, at, block_len, axis=1)
-                values = jax.lax.dynamic_slice_in_dim(cache_v, at, block_len, axis=1)
-                pos_bs = jax.lax.dynamic_slice_in_dim(cache_pos, at, block_len, axis=1)
-                seen = cached_keys_seen(pos_bs, q_pos_c, q_continues_c, window)[:, None, None]
-                logits = jnp.where(seen, scores(q_c, keys), -jnp.inf)
-                m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
-                correction = jnp.exp(m_old - m_new)
-                # m_old is finite (the row part), so an unseen key's exp(-inf) is 0.
-                p = jnp.exp(logits - m_new[..., None])
-                return (m_new, l_old * correction + jnp.sum(p, axis=-1),
-                        acc_old * correction[..., None] + weighted(p, values))
-
-            depth = jnp.where(jnp.any(q_continues_c), jnp.max(held), 0)
-            return jax.lax.fori_loop(0, depth, visit, state)
-
-        return [chunk(start, end, state) for (start, end), state in zip(chunks, chunk_states)]
-
-    # [b, ...] -> [groups, slots_per_visit, ...]: device d holds slots d*b/data_shards..;
-    # group i takes the i-th run of slots_per_visit / data_shards slots of every device,
-    # so each device works on its own slots in parallel.
-    groups, per_device = b // slots_per_visit, slots_per_visit // data_shards
-
-    def split(x):
-        x = x.reshape((data_shards, groups, per_device) + x.shape[1:])
-        return jnp.swapaxes(x, 0, 1).reshape((groups, slots_per_visit) + x.shape[3:])
-
-    def merge(x):
-        x = x.reshape((groups, data_shards, per_device) + x.shape[2:])
-        return jnp.swapaxes(x, 0, 1).reshape((b,) + x.shape[3:])
-
-    xs = (q_bkgth, cache_k_bckh, cache_v_bckh, cache_pos_bc, q_pos_bt, q_continues_bt,
-          held_b, states)
-    final = jax.lax.map(group, jax.tree.map(split, xs))
-    out_bkgth = jnp.concatenate(
-        [merge(acc) / merge(l)[..., None] for _, l, acc in final], axis=3)
-    return jnp.einsum("bkgth->btkgh", out_bkgth).reshape(b, t, n, h).astype(q_btnh.dtype)
+                                        scale=scale, implementation=implementation)

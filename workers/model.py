@@ -21,6 +21,7 @@ import numpy as np
 
 from workers import attention as attn_lib
 from workers import checkpoint
+from workers import key_ranges
 from workers import kv_cache
 from workers.model_config import ModelConfig
 
@@ -81,13 +82,15 @@ def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float) -> jax.Array:
 
 
 def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
-          sin_bth: jax.Array, mask_bts: jax.Array, cfg: ModelConfig,
+          sin_bth: jax.Array, lo_bt: jax.Array, hi_bt: jax.Array, cfg: ModelConfig,
           attention_impl: str | None = None,
           cached: Mapping[str, jax.Array] | None = None
           ) -> tuple[dict[str, jax.Array], tuple[jax.Array, jax.Array]]:
     """One decoder block; returns every hook point of the block, and the row's keys and
     values (RoPE applied) for the cache.
 
+    lo_bt, hi_bt: the keys each query sees, this layer's window applied
+      (workers.key_ranges): the row's, or [cache in document order, row] with a cache.
     cached: this layer's cache view (see `forward_cached`); None for rows seen alone.
     """
     h_btd = rms_norm(x_btd, p["attn_norm_ld"], cfg.rms_norm_eps)
@@ -101,15 +104,14 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     q_btnh = attn_lib.apply_rope(q_btnh, cos_bth, sin_bth)
     k_btkh = attn_lib.apply_rope(k_btkh, cos_bth, sin_bth)
     if cached is None:
-        heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, mask_bts, attention_impl)
+        heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, attention_impl)
     else:
         # Always this path, also where no slot holds context: switching to the row-only
         # attention for such steps would make a slot's bytes depend on what the other
         # slots hold (batch size, host count), and reruns must rewrite identical bytes.
         heads_btnh = attn_lib.cached_attention(
-            q_btnh, k_btkh, v_btkh, mask_bts, cached["k_bckh"], cached["v_bckh"],
-            cached["pos_bc"], cached["q_pos_bt"], cached["q_continues_bt"],
-            cached["window"], cached["ptr"], cached["data_shards"], attention_impl)
+            q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cached["k_bckh"], cached["v_bckh"],
+            cached["ptr"], cached["data_shards"], attention_impl)
     attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
     mid_btd = x_btd + attn_out_btd
 
@@ -198,10 +200,6 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
                         for w in cfg.window_per_layer[:num_run]], np.int32)
     if max_context is not None:
         windows = np.minimum(windows, max_context)
-    # One mask for all layers when no layer has a window; else a per-layer window.
-    uniform = bool(np.all(windows == windows[0]))
-    shared_mask_bts = attn_lib.attention_mask(segment_ids_bt, int(windows[0])) if uniform \
-        else None
 
     # Per point: slot[i] = position of layer i among the captured layers, or the scratch
     # slot (last) for layers nobody asked for; buffers hold only captured layers.
@@ -224,9 +222,12 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
         pos_bc = kv_cache.reset_slots(cache.pos_bc, continues_b)
         q_continues_bt = (continues_b[:, None] & (segment_ids_bt == segment_ids_bt[:, :1])
                           & (segment_ids_bt > 0))
-        shared_view = {"pos_bc": pos_bc, "q_pos_bt": positions_bt,
-                       "q_continues_bt": q_continues_bt, "ptr": cache.ptr,
-                       "data_shards": data_shards}
+        shared_view = {"pos_bc": pos_bc, "ptr": cache.ptr, "data_shards": data_shards}
+        # What each query sees, once per step; each layer applies its own window.
+        lo_bt, hi_bt = key_ranges.key_ranges(segment_ids_bt, q_continues_bt,
+                                             key_ranges.held_keys(pos_bc), cache.capacity)
+    else:
+        lo_bt, hi_bt = key_ranges.key_ranges(segment_ids_bt)
 
     def body(carry, xs):
         x_btd, buffers = carry
@@ -234,11 +235,10 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
         layer_params = jax.tree.map(
             lambda w: jax.lax.dynamic_index_in_dim(w, layer, keepdims=False),
             params["layers"])
-        mask_bts = shared_mask_bts if uniform else attn_lib.attention_mask(segment_ids_bt,
-                                                                            window)
         cached = None if shared_view is None else {
-            **shared_view, "k_bckh": cache_k, "v_bckh": cache_v, "window": window}
-        hooks, (k_btkh, v_btkh) = block(layer_params, x_btd, cos_bth, sin_bth, mask_bts,
+            **shared_view, "k_bckh": cache_k, "v_bckh": cache_v}
+        hooks, (k_btkh, v_btkh) = block(layer_params, x_btd, cos_bth, sin_bth,
+                                        key_ranges.windowed(lo_bt, hi_bt, window), hi_bt,
                                         cfg, attention_impl, cached)
         buffers = {p: constrain(jax.lax.dynamic_update_index_in_dim(
             buffers[p], hooks[p].astype(out_dtype), slot[p], 0), buf_axes) for p in points}

@@ -105,8 +105,9 @@ class Worker:
                                      opts.batch_size, opts.model_parallel,
                                      self.manifest.seq_len, self.max_context)
         self.hooks = {name: cfg.hidden_size for name in self.fn.hook_names}
-        self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
-                                               opts.model_parallel)
+        self.numerics = admission.numerics_key(
+            jax, self.mesh, opts.batch_size, opts.model_parallel,
+            attention=self.fn.attention_implementation(self.manifest.seq_len))
         self._committed = commit_lib.committed_partitions(self.store)
         admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
                                         self.model.digest, self.numerics,

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from workers import attention
 from workers import capture as capture_lib
 from workers import kv_cache
 from workers import model as model_lib
@@ -63,6 +64,7 @@ class ExtractFn:
                 return jax.lax.with_sharding_constraint(x, named)
 
         self.max_context = max_context
+        self.attention_impl = attention_impl
         data_shards = 1 if mesh is None else sharding.axis_size(mesh, "batch")
         self.layers_run = model_lib.layers_to_run(cfg, point_layers, global_points)
         self._cache: kv_cache.KVCache | None = None
@@ -200,6 +202,12 @@ class ExtractFn:
             cache)
         return outs
 
+    def attention_implementation(self, seq_len: int) -> str:
+        """The attention implementation the step runs for rows of seq_len tokens (the
+        backend's kernel, or the fallback it logged)."""
+        return attention.implementation_for(self._dtype, seq_len, self.config.head_dim,
+                                            requested=self.attention_impl)
+
     @functools.lru_cache(maxsize=8)
     def _default_tokens(self, batch: int, seq: int, kind: str) -> jax.Array:
         if kind == "positions":
@@ -225,7 +233,8 @@ def make_extract_fn(model: model_lib.Model, spec: capture_lib.CaptureSpec,
     """The jitted extraction step for `model` and `spec` (see `ExtractFn`).
 
     mesh: defaults to the mesh the model was loaded on; params are resharded once if
-      they were placed elsewhere. attention_impl: "xla", "cudnn" or None (automatic).
+      they were placed elsewhere. attention_impl: one of `attention.IMPLEMENTATIONS`, or
+      None for the backend's choice (`attention.implementation_for`).
     max_context: carry a per-slot KV cache of this window between calls.
     """
     return ExtractFn(model, spec, mesh, attention_impl, max_context)
