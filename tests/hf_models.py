@@ -6,14 +6,21 @@ as the PyTorch float32 reference (eager attention). Stable API: other tests reus
 
 Archs: "qwen2" (tied embeddings, q/k/v bias, GQA), "qwen2_untied" (has lm_head.weight),
 "llama3" (llama3 rope scaling, rope_theta 500000), "mistral" (sliding_window=None unless
-overridden).
+overridden), "qwen3" (q/k norms, head_dim 32 unlike hidden / heads), "gemma2" (local and
+global layers, window 12, logit soft-capping, query_pre_attn_scalar 24), "gemma3" (q/k
+norms, 4 layers with every 2nd global, local rope base 10000, global 1e6 with linear
+scaling), "gemma3_mm" (Gemma3ForConditionalGeneration: the same text tower beside a tiny
+vision tower).
 """
 
 from __future__ import annotations
 
 import os
 
-ARCHS = ("qwen2", "qwen2_untied", "llama3", "mistral")
+ARCHS = ("qwen2", "qwen2_untied", "llama3", "mistral", "qwen3", "gemma2", "gemma3",
+         "gemma3_mm")
+# Architectures whose layers differ in their windows: HF takes one mask per layer type.
+PER_LAYER_TYPE_MASKS = ("gemma2", "gemma3", "gemma3_mm")
 
 # Tiny defaults: hidden 64, 3 layers, 4 heads of 16, 2 kv heads, vocab 512.
 _COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -38,10 +45,33 @@ def tiny_config(arch: str = "qwen2", **overrides):
             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
         cls = transformers.LlamaConfig
-    else:
+    elif arch == "mistral":
         kwargs.update(tie_word_embeddings=False, sliding_window=None, rope_theta=10000.0)
         cls = transformers.MistralConfig
+    elif arch == "qwen3":
+        kwargs.update(tie_word_embeddings=True, rope_theta=10000.0, head_dim=32)
+        cls = transformers.Qwen3Config
+    elif arch == "gemma2":
+        kwargs.update(head_dim=32, sliding_window=12, query_pre_attn_scalar=24,
+                      attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
+                      hidden_activation="gelu_pytorch_tanh")
+        cls = transformers.Gemma2Config
+    else:
+        kwargs.update(head_dim=32, sliding_window=12,
+                      query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh",
+                      layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                      rope_parameters={
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                          "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                             "rope_theta": 1000000.0}})
+        cls = transformers.Gemma3TextConfig
     kwargs.update(overrides)
+    if arch == "gemma3_mm":
+        vision = transformers.SiglipVisionConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            image_size=28, patch_size=14)
+        return transformers.Gemma3Config(text_config=cls(**kwargs).to_dict(),
+                                         vision_config=vision.to_dict(), mm_tokens_per_image=4)
     return cls(**kwargs)
 
 
@@ -59,13 +89,19 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
 
     config = tiny_config(arch, **overrides)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(
-        config, dtype=torch.float32, attn_implementation="eager")
+    auto = (transformers.Gemma3ForConditionalGeneration if arch == "gemma3_mm"
+            else transformers.AutoModelForCausalLM)
+    model = auto.from_config(config, dtype=torch.float32, attn_implementation="eager") \
+        if arch != "gemma3_mm" else auto._from_config(config, dtype=torch.float32,
+                                                      attn_implementation="eager")
+    # Gemma's norms scale by (1 + w) and start at w = 0; the others scale by w from 1.
+    norm_center = 0.0 if arch.startswith("gemma") else 1.0
     with torch.no_grad():
-        # Random (not init-default) norm weights, so a missed norm scale shows up.
+        # Random (not init-default) norm weights around the init, so a missed norm scale
+        # (or a missed Gemma "+1") shows up.
         for name, param in model.named_parameters():
             if "norm" in name:
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+                param.copy_(norm_center + 0.1 * torch.randn_like(param))
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     os.makedirs(path, exist_ok=True)
@@ -75,13 +111,26 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
 
 
 def load_hf_model(path: str | os.PathLike):
-    """The float32, eager-attention PyTorch model of checkpoint `path`, in eval mode."""
+    """The float32, eager-attention PyTorch model of checkpoint `path`, in eval mode (a
+    multimodal Gemma 3 checkpoint loads whole; `decoder` finds its text tower)."""
+    import json
+
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager")
+    with open(os.path.join(path, "config.json")) as f:
+        arch = json.load(f)["architectures"][0]
+    auto = getattr(transformers, arch) if arch == "Gemma3ForConditionalGeneration" \
+        else transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     return model.eval()
+
+
+def decoder(model):
+    """The decoder stack (embeddings, layers, final norm) of an HF causal or multimodal
+    model."""
+    inner = model.model
+    return getattr(inner, "language_model", inner)
 
 
 def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
@@ -97,7 +146,11 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
     import numpy as np
     import torch
 
-    if attention_mask is not None and np.ndim(attention_mask) == 4:
+    if isinstance(attention_mask, dict):
+        # One prepared 4D mask per layer type (Gemma's local and global layers).
+        mask_tensor = {kind: torch.as_tensor(np.asarray(m, np.float32))
+                       for kind, m in attention_mask.items()}
+    elif attention_mask is not None and np.ndim(attention_mask) == 4:
         # A prepared 4D mask (HF uses it as is): additive float, 0 = attend.
         mask_tensor = torch.as_tensor(np.asarray(attention_mask, np.float32))
     elif attention_mask is not None:
@@ -106,10 +159,16 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
         mask_tensor = None
     captured: dict[str, torch.Tensor] = {}
     handles = []
-    for i, layer in enumerate(model.model.layers):
-        handles.append(layer.self_attn.register_forward_hook(
-            lambda mod, args, out, i=i: captured.__setitem__(f"layers.{i}.attn_out", out[0])))
-        handles.append(layer.mlp.register_forward_hook(
+    layers = decoder(model).layers
+    for i, layer in enumerate(layers):
+        # What is added to the residual stream: after Gemma's post-norms.
+        post_attn = getattr(layer, "post_feedforward_layernorm", None) and \
+            layer.post_attention_layernorm
+        post_mlp = getattr(layer, "post_feedforward_layernorm", None)
+        handles.append((post_attn or layer.self_attn).register_forward_hook(
+            lambda mod, args, out, i=i: captured.__setitem__(
+                f"layers.{i}.attn_out", out[0] if isinstance(out, tuple) else out)))
+        handles.append((post_mlp or layer.mlp).register_forward_hook(
             lambda mod, args, out, i=i: captured.__setitem__(f"layers.{i}.mlp_out", out)))
         handles.append(layer.register_forward_hook(
             lambda mod, args, out, i=i: captured.__setitem__(
@@ -125,7 +184,7 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
         for handle in handles:
             handle.remove()
     hidden = out.hidden_states
-    num_layers = len(model.model.layers)
+    num_layers = len(layers)
     result = {"embed": hidden[0], "final_norm": hidden[-1]}
     for i in range(num_layers):
         result[f"layers.{i}.resid_pre"] = hidden[i] if i == 0 else captured[
@@ -135,6 +194,27 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
         result[f"layers.{i}.resid_mid"] = (result[f"layers.{i}.resid_pre"]
                                            + captured[f"layers.{i}.attn_out"])
     return {k: v.detach().float().numpy() for k, v in result.items()}
+
+
+def context_mask(model, length: int, max_context: int):
+    """What HF must be given to show a document of `length` tokens what actx shows it with
+    `max_context`: None where HF's own masks already do (the document fits), else a band
+    mask per layer window: one for models whose layers share a window, a mask per layer
+    type for models with local and global layers (Gemma)."""
+    config = getattr(model.config, "text_config", model.config)
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    if "sliding_attention" not in layer_types and getattr(config, "model_type", "") in (
+            "qwen2", "qwen3"):
+        window = None if not getattr(config, "use_sliding_window", False) else window
+    if "sliding_attention" in layer_types and "full_attention" in layer_types:
+        if length <= max_context:
+            return None
+        return {"full_attention": band_mask(length, max_context),
+                "sliding_attention": band_mask(length, min(window or max_context,
+                                                           max_context))}
+    effective = min(max_context, window or max_context)
+    return band_mask(length, effective) if length > effective else None
 
 
 def band_mask(length: int, window: int | None):

@@ -63,16 +63,17 @@ def run_rows(fn, block, local_batch: int) -> dict[str, np.ndarray]:
     return out
 
 
-def assert_documents_match_hf(stored, block, docs, hf, window, rtol):
-    """Every token of every document vs HF on the document alone (band mask past window)."""
+def assert_documents_match_hf(stored, block, docs, hf, max_context, rtol):
+    """Every token of every document vs HF on the document alone (band masks past each
+    layer's window: `hf_models.context_mask`)."""
     checked = 0
     for d, ids in enumerate(docs):
         where = np.nonzero(block["doc_index"] == d)
         order = np.argsort(block["positions"][where])
         rows, cols = where[0][order], where[1][order]
         assert list(block["input_ids"][rows, cols]) == list(ids)
-        mask = hf_models.band_mask(len(ids), window) if len(ids) > (window or 1 << 30) else None
-        ref = hf_models.hf_hooks(hf, ids[None], attention_mask=mask)
+        ref = hf_models.hf_hooks(hf, ids[None], attention_mask=hf_models.context_mask(
+            hf, len(ids), max_context))
         for name, values in stored.items():
             got, want = values[rows, cols], ref[name][0]
             err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
@@ -87,6 +88,12 @@ def assert_documents_match_hf(stored, block, docs, hf, window, rtol):
     ("qwen2", "segmented", {}, 20, None),  # not a multiple of seq_len: the cache holds more
     ("llama3", "segmented", {}, 24, None),
     ("mistral", "segmented", {"sliding_window": 12}, 24, None),
+    # Qwen3's q/k norms; Gemma's local layers (window 12) beside global ones (max_context),
+    # Gemma 3's two RoPE bases, and the text tower of a multimodal Gemma 3 checkpoint.
+    ("qwen3", "segmented", {}, 24, None),
+    ("gemma2", "segmented", {}, 24, None),
+    ("gemma3", "segmented", {}, 24, None),
+    ("gemma3_mm", "pad", {}, 20, None),
     # Queries in chunks of 3, 3 and 2 (rows of 1024 tokens go in 8 chunks of 128): each
     # chunk sees only the row's keys up to its last query, and skips the cache where none
     # of its queries continues a document.
@@ -107,8 +114,7 @@ def test_every_token_matches_hf_on_its_document_alone(tmp_path, monkeypatch, arc
     packing = runspec.PackingSpec(mode, SEQ_LEN, max_context=max_context)
     block = _packed(docs, packing)
     stored = run_rows(fn, block, local_batch=3)
-    window = min(max_context, overrides.get("sliding_window") or max_context)
-    assert_documents_match_hf(stored, block, docs, hf, window, rtol=1e-5)
+    assert_documents_match_hf(stored, block, docs, hf, max_context, rtol=1e-5)
     assert fn.compile_count() == 1
 
 
@@ -118,6 +124,7 @@ ACCELERATOR_CASES = [
     ("qwen2", "segmented", {}, 20),
     ("llama3", "segmented", {}, 24),
     ("mistral", "segmented", {"sliding_window": 12}, 24),
+    ("gemma2", "segmented", {}, 24),  # soft-capped logits in the kernels
 ]
 
 
@@ -156,14 +163,16 @@ def test_the_accelerator_ways_match_hf(tmp_path, monkeypatch, way, arch, mode, o
     docs = _documents(0, max_context)
     block = _packed(docs, runspec.PackingSpec(mode, SEQ_LEN, max_context=max_context))
     stored = run_rows(fn, block, local_batch=3)
-    window = min(max_context, overrides.get("sliding_window") or max_context)
-    assert_documents_match_hf(stored, block, docs, hf, window, rtol=1e-5)
+    assert_documents_match_hf(stored, block, docs, hf, max_context, rtol=1e-5)
 
 
-@pytest.mark.parametrize("way", ["xla", "pallas_gpu", "pallas_tpu"])
-def test_bfloat16_matches_hf_within_bf16_tolerance(tmp_path, monkeypatch, way):
+@pytest.mark.parametrize("arch,way", [("qwen2", "xla"), ("qwen2", "pallas_gpu"),
+                                      ("qwen2", "pallas_tpu"), ("qwen3", "xla"),
+                                      ("gemma2", "xla"), ("gemma2", "pallas_gpu"),
+                                      ("gemma3", "xla")])
+def test_bfloat16_matches_hf_within_bf16_tolerance(tmp_path, monkeypatch, arch, way):
     impl = _use_way(monkeypatch, way) if way != "xla" else "xla"
-    path = hf_models.make_tiny_checkpoint(tmp_path / "q", "qwen2")
+    path = hf_models.make_tiny_checkpoint(tmp_path / "q", arch)
     hf = hf_models.load_hf_model(path)
     model = model_lib.load_pretrained(path, dtype="bfloat16")
     fn = step.make_extract_fn(model, capture.CaptureSpec.parse(

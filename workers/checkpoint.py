@@ -44,8 +44,20 @@ LAYER_PARAM_AXES: dict[str, tuple[str, ...]] = {
     "gate_weight_ldf": ("layers", "embed", "mlp"),
     "up_weight_ldf": ("layers", "embed", "mlp"),
     "down_weight_lfd": ("layers", "mlp", "embed"),
+    # Qwen3 and Gemma 3: RMSNorm over each head's queries / keys.
+    "q_norm_lh": ("layers", "head_dim"),
+    "k_norm_lh": ("layers", "head_dim"),
+    # Gemma 2 and 3: the norms after attention and around the MLP.
+    "attn_post_norm_ld": ("layers", "embed"),
+    "mlp_post_norm_ld": ("layers", "embed"),
 }
 _BIAS_PARAMS = ("q_bias_lnh", "k_bias_lkh", "v_bias_lkh")
+_QK_NORM_PARAMS = ("q_norm_lh", "k_norm_lh")
+_GEMMA_NORM_PARAMS = ("attn_post_norm_ld", "mlp_post_norm_ld")
+# Where the decoder's tensors live: causal LMs under `model.`; Gemma 3's multimodal
+# checkpoints under `model.language_model.` (transformers 5) or `language_model.model.`
+# (the checkpoints as first published).
+DECODER_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
 
 _RAW_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32,
                "F64": np.float64}
@@ -61,7 +73,8 @@ def _hf_layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...],
         "k_weight_ldkh": ("self_attn.k_proj.weight", (k * h, d), lambda w: w.T.reshape(d, k, h)),
         "v_weight_ldkh": ("self_attn.v_proj.weight", (k * h, d), lambda w: w.T.reshape(d, k, h)),
         "o_weight_lnhd": ("self_attn.o_proj.weight", (d, n * h), lambda w: w.T.reshape(n, h, d)),
-        "mlp_norm_ld": ("post_attention_layernorm.weight", (d,), lambda w: w),
+        "mlp_norm_ld": ("pre_feedforward_layernorm.weight" if cfg.gemma_norms
+                        else "post_attention_layernorm.weight", (d,), lambda w: w),
         "gate_weight_ldf": ("mlp.gate_proj.weight", (f, d), lambda w: w.T),
         "up_weight_ldf": ("mlp.up_proj.weight", (f, d), lambda w: w.T),
         "down_weight_lfd": ("mlp.down_proj.weight", (d, f), lambda w: w.T),
@@ -70,11 +83,29 @@ def _hf_layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...],
         table["q_bias_lnh"] = ("self_attn.q_proj.bias", (n * h,), lambda b: b.reshape(n, h))
         table["k_bias_lkh"] = ("self_attn.k_proj.bias", (k * h,), lambda b: b.reshape(k, h))
         table["v_bias_lkh"] = ("self_attn.v_proj.bias", (k * h,), lambda b: b.reshape(k, h))
+    if cfg.qk_norm:
+        table["q_norm_lh"] = ("self_attn.q_norm.weight", (h,), lambda w: w)
+        table["k_norm_lh"] = ("self_attn.k_norm.weight", (h,), lambda w: w)
+    if cfg.gemma_norms:
+        table["attn_post_norm_ld"] = ("post_attention_layernorm.weight", (d,), lambda w: w)
+        table["mlp_post_norm_ld"] = ("post_feedforward_layernorm.weight", (d,), lambda w: w)
     return table
 
 
 def layer_param_names(cfg: ModelConfig) -> tuple[str, ...]:
-    return tuple(n for n in LAYER_PARAM_AXES if cfg.qkv_bias or n not in _BIAS_PARAMS)
+    return tuple(n for n in LAYER_PARAM_AXES
+                 if (cfg.qkv_bias or n not in _BIAS_PARAMS)
+                 and (cfg.qk_norm or n not in _QK_NORM_PARAMS)
+                 and (cfg.gemma_norms or n not in _GEMMA_NORM_PARAMS))
+
+
+def decoder_prefix(reader: "TensorReader", source: str = "") -> str:
+    """The prefix of the decoder's tensors in this checkpoint (`DECODER_PREFIXES`)."""
+    for prefix in DECODER_PREFIXES:
+        if f"{prefix}embed_tokens.weight" in reader:
+            return prefix
+    raise ValueError(f"{source}: checkpoint has no embedding tensor "
+                     f"({' or '.join(p + 'embed_tokens.weight' for p in DECODER_PREFIXES)})")
 
 
 class TensorReader:
@@ -185,16 +216,18 @@ def load_params(reader: TensorReader, cfg: ModelConfig, dtype: np.dtype,
         return reader.read(hf_name)
 
     params: dict = {}
-    embed = fetch("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+    prefix = decoder_prefix(reader, source)
+    embed = fetch(f"{prefix}embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
     params["embed_vd"] = _place(np.asarray(embed, dtype=dtype), TOP_PARAM_AXES["embed_vd"],
                                 mesh, "embed_vd")
-    final_norm = fetch("model.norm.weight", (cfg.hidden_size,))
+    final_norm = fetch(f"{prefix}norm.weight", (cfg.hidden_size,))
     params["final_norm_d"] = _place(np.asarray(final_norm, dtype=dtype),
                                     TOP_PARAM_AXES["final_norm_d"], mesh, "final_norm_d")
     layers = {}
     for ours, (hf_suffix, hf_shape, to_ours) in _hf_layer_tensors(cfg).items():
         stacked = np.stack([
-            np.asarray(to_ours(fetch(f"model.layers.{i}.{hf_suffix}", hf_shape)), dtype=dtype)
+            np.asarray(to_ours(fetch(f"{prefix}layers.{i}.{hf_suffix}", hf_shape)),
+                       dtype=dtype)
             for i in range(cfg.num_layers)])
         layers[ours] = _place(stacked, LAYER_PARAM_AXES[ours], mesh, ours)
     params["layers"] = layers

@@ -1,4 +1,5 @@
-"""The decoder (Qwen2 / Llama / Mistral family) as pure functions over a parameter pytree.
+"""The decoder (Qwen2/3, Llama, Mistral, Gemma 2/3) as pure functions over a parameter
+pytree; the families' differences are flags of `ModelConfig`.
 
 Layers are stacked on a leading axis and run with `jax.lax.scan`, so compile time does
 not grow with depth. `forward` returns only the requested activations: per-layer captures
@@ -74,11 +75,21 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32",
     return Model(config, params, checkpoint.param_logical_axes(config), mesh, digest)
 
 
-def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm computed in float32, then scaled in the input dtype (as HF does)."""
+def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float,
+             gemma: bool = False) -> jax.Array:
+    """RMSNorm computed in float32, then scaled in the input dtype (as HF does); Gemma's
+    scales by (1 + w) in float32 and casts last (HF's Gemma2RMSNorm / Gemma3RMSNorm)."""
     x32 = x_btd.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if gemma:
+        return (normed * (1.0 + weight_d.astype(jnp.float32))).astype(x_btd.dtype)
     return weight_d * normed.astype(x_btd.dtype)
+
+
+def _mlp_activation(gate_btf: jax.Array, cfg: ModelConfig) -> jax.Array:
+    if cfg.mlp_activation == "gelu_tanh":
+        return jax.nn.gelu(gate_btf, approximate=True)  # HF's gelu_pytorch_tanh
+    return jax.nn.silu(gate_btf)
 
 
 def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
@@ -93,7 +104,8 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
       (workers.key_ranges): the row's, or [cache in document order, row] with a cache.
     cached: this layer's cache view (see `forward_cached`); None for rows seen alone.
     """
-    h_btd = rms_norm(x_btd, p["attn_norm_ld"], cfg.rms_norm_eps)
+    gemma, eps = cfg.gemma_norms, cfg.rms_norm_eps
+    h_btd = rms_norm(x_btd, p["attn_norm_ld"], eps, gemma)
     q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q_weight_ldnh"])
     k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k_weight_ldkh"])
     v_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["v_weight_ldkh"])
@@ -101,25 +113,35 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
         q_btnh = q_btnh + p["q_bias_lnh"]
         k_btkh = k_btkh + p["k_bias_lkh"]
         v_btkh = v_btkh + p["v_bias_lkh"]
+    if cfg.qk_norm:
+        q_btnh = rms_norm(q_btnh, p["q_norm_lh"], eps, gemma)
+        k_btkh = rms_norm(k_btkh, p["k_norm_lh"], eps, gemma)
     q_btnh = attn_lib.apply_rope(q_btnh, cos_bth, sin_bth)
     k_btkh = attn_lib.apply_rope(k_btkh, cos_bth, sin_bth)
+    scoring = {"scale": cfg.query_scale, "softcap": cfg.attn_logit_softcap}
     if cached is None:
-        heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, attention_impl)
+        heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, attention_impl,
+                                        **scoring)
     else:
         # Always this path, also where no slot holds context: switching to the row-only
         # attention for such steps would make a slot's bytes depend on what the other
         # slots hold (batch size, host count), and reruns must rewrite identical bytes.
         heads_btnh = attn_lib.cached_attention(
             q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cached["k_bckh"], cached["v_bckh"],
-            cached["ptr"], cached["data_shards"], attention_impl)
+            cached["ptr"], cached["data_shards"], attention_impl, **scoring)
+    # attn_out / mlp_out are what is added to the residual stream: after Gemma's post-norms.
     attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
+    if gemma:
+        attn_out_btd = rms_norm(attn_out_btd, p["attn_post_norm_ld"], eps, gemma)
     mid_btd = x_btd + attn_out_btd
 
-    h_btd = rms_norm(mid_btd, p["mlp_norm_ld"], cfg.rms_norm_eps)
+    h_btd = rms_norm(mid_btd, p["mlp_norm_ld"], eps, gemma)
     gate_btf = jnp.einsum("btd,df->btf", h_btd, p["gate_weight_ldf"])
     up_btf = jnp.einsum("btd,df->btf", h_btd, p["up_weight_ldf"])
-    mlp_out_btd = jnp.einsum("btf,fd->btd", jax.nn.silu(gate_btf) * up_btf,
+    mlp_out_btd = jnp.einsum("btf,fd->btd", _mlp_activation(gate_btf, cfg) * up_btf,
                              p["down_weight_lfd"])
+    if gemma:
+        mlp_out_btd = rms_norm(mlp_out_btd, p["mlp_post_norm_ld"], eps, gemma)
     hooks = {"resid_pre": x_btd, "attn_out": attn_out_btd, "resid_mid": mid_btd,
              "mlp_out": mlp_out_btd, "resid_post": mid_btd + mlp_out_btd}
     return hooks, (k_btkh, v_btkh)
@@ -185,7 +207,11 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
          max_context=None, data_shards=1):
     b, t = input_ids_bt.shape
     act_axes = ("batch", "seq", "embed")
-    x_btd = constrain(jnp.take(params["embed_vd"], input_ids_bt, axis=0), act_axes)
+    x_btd = jnp.take(params["embed_vd"], input_ids_bt, axis=0)
+    if cfg.gemma_norms:
+        # sqrt(hidden) rounded to the compute dtype first, as HF's Gemma does.
+        x_btd = x_btd * jnp.asarray(cfg.hidden_size ** 0.5, x_btd.dtype)
+    x_btd = constrain(x_btd, act_axes)
     out: dict[str, jax.Array] = {}
     if "embed" in global_points:
         out["embed"] = x_btd.astype(out_dtype)
@@ -196,6 +222,11 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
 
     inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim), jnp.float32)
     cos_bth, sin_bth = attn_lib.rope_cos_sin(positions_bt, inv_freq, x_btd.dtype)
+    if cfg.local_rope is not None:
+        # Gemma 3's local layers rotate with their own base: both tables once per step.
+        local_inv_freq = jnp.asarray(cfg.local_rope.inv_freq(cfg.head_dim), jnp.float32)
+        local_cos_sin = attn_lib.rope_cos_sin(positions_bt, local_inv_freq, x_btd.dtype)
+    local_rope = np.asarray(cfg.local_rope_per_layer[:num_run], bool)
     windows = np.array([attn_lib.NO_WINDOW if w is None else w
                         for w in cfg.window_per_layer[:num_run]], np.int32)
     if max_context is not None:
@@ -231,13 +262,17 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
 
     def body(carry, xs):
         x_btd, buffers = carry
-        layer, window, slot, cache_k, cache_v = xs
+        layer, window, is_local, slot, cache_k, cache_v = xs
+        cos, sin = cos_bth, sin_bth
+        if cfg.local_rope is not None:
+            cos = jnp.where(is_local, local_cos_sin[0], cos_bth)
+            sin = jnp.where(is_local, local_cos_sin[1], sin_bth)
         layer_params = jax.tree.map(
             lambda w: jax.lax.dynamic_index_in_dim(w, layer, keepdims=False),
             params["layers"])
         cached = None if shared_view is None else {
             **shared_view, "k_bckh": cache_k, "v_bckh": cache_v}
-        hooks, (k_btkh, v_btkh) = block(layer_params, x_btd, cos_bth, sin_bth,
+        hooks, (k_btkh, v_btkh) = block(layer_params, x_btd, cos, sin,
                                         key_ranges.windowed(lo_bt, hi_bt, window), hi_bt,
                                         cfg, attention_impl, cached)
         buffers = {p: constrain(jax.lax.dynamic_update_index_in_dim(
@@ -246,7 +281,8 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
         return (constrain(hooks["resid_post"], act_axes), buffers), new_kv
 
     no_cache = jnp.zeros((num_run,), jnp.int32)  # scan needs a leaf per layer
-    xs = (jnp.arange(num_run, dtype=jnp.int32), jnp.asarray(windows), slots,
+    xs = (jnp.arange(num_run, dtype=jnp.int32), jnp.asarray(windows),
+          jnp.asarray(local_rope), slots,
           no_cache if cache is None else cache.k_lbckh,
           no_cache if cache is None else cache.v_lbckh)
     (x_btd, buffers), new_kv = jax.lax.scan(body, (x_btd, buffers), xs)
@@ -255,8 +291,8 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
         for j, layer in enumerate(point_layers[point]):
             out[f"layers.{layer}.{point}"] = buffers[point][j]
     if "final_norm" in global_points:
-        out["final_norm"] = rms_norm(x_btd, params["final_norm_d"],
-                                     cfg.rms_norm_eps).astype(out_dtype)
+        out["final_norm"] = rms_norm(x_btd, params["final_norm_d"], cfg.rms_norm_eps,
+                                     cfg.gemma_norms).astype(out_dtype)
     if cache is None:
         return out, None
     row_k_ltbkh, row_v_ltbkh = new_kv
