@@ -10,6 +10,24 @@ from typing import Callable
 
 QWEN05B = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936,
                batch=16, seq=2048)
+# Gemma 2 2B: 8 heads of 256 (4 kv heads) at hidden 2304, a different balance from Qwen.
+GEMMA2_2B = dict(arch="gemma2", hidden=2304, layers=26, heads=8, kv_heads=4, head_dim=256,
+                 intermediate=9216, vocab=256000, batch=8, seq=2048)
+# What a bench's random checkpoint of `arch` gets beyond the shape flags: the real models'
+# attention settings (tests.hf_models' tiny defaults are for tests).
+ARCH_OVERRIDES = {"gemma2": dict(sliding_window=4096, query_pre_attn_scalar=256,
+                                 attn_logit_softcapping=50.0)}
+
+
+def checkpoint_overrides(args: argparse.Namespace) -> dict:
+    """Config fields for `tests.hf_models.make_tiny_checkpoint` from the shape flags."""
+    out = dict(hidden_size=args.hidden, num_hidden_layers=args.layers,
+               num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+               intermediate_size=args.intermediate, vocab_size=args.vocab,
+               max_position_embeddings=max(args.seq, 8192))
+    if args.head_dim:
+        out["head_dim"] = args.head_dim
+    return {**out, **ARCH_OVERRIDES.get(args.arch, {})}
 
 
 def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
@@ -23,19 +41,27 @@ def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
     p.add_argument("--batch", type=int, default=batch)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
+    p.add_argument("--arch", default="qwen2", help="tests.hf_models architecture")
+    p.add_argument("--head-dim", type=int, default=None, help="default: hidden / heads")
     p.add_argument("--qwen05b", action="store_true",
                    help="Qwen2.5-0.5B shapes, batch 16 x seq 2048, bfloat16")
+    p.add_argument("--gemma2-2b", action="store_true",
+                   help="Gemma 2 2B shapes (26 layers, 8 heads of 256, hidden 2304), batch "
+                        "8 x seq 2048, bfloat16")
     p.add_argument("--skip-hf", action="store_true", help="do not time HF PyTorch")
 
 
 def apply_presets(args: argparse.Namespace,
                   argv: list[str] | None = None) -> argparse.Namespace:
-    """--qwen05b sets the preset's shapes, except those given on the command line
-    (`--qwen05b --seq 1024` keeps seq 1024)."""
+    """--qwen05b / --gemma2-2b set the preset's shapes, except those given on the command
+    line (`--qwen05b --seq 1024` keeps seq 1024)."""
     given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)
              if a.startswith("--")}
-    if args.qwen05b:
-        for name, value in QWEN05B.items():
+    for preset, values in ((args.qwen05b, QWEN05B),
+                           (getattr(args, "gemma2_2b", False), GEMMA2_2B)):
+        if not preset:
+            continue
+        for name, value in values.items():
             if "--" + name.replace("_", "-") not in given:
                 setattr(args, name, value)
         args.dtype = args.dtype or "bfloat16"

@@ -1,6 +1,7 @@
 """Forward-pass throughput: actx's jitted extract step vs HF transformers PyTorch.
 
-Builds a random-init Qwen2 checkpoint of the requested size with transformers, then times
+Builds a random-init checkpoint (Qwen2 by default, `--arch gemma2` / `--gemma2-2b` for
+Gemma 2) of the requested size with transformers, then times
 (1) make_extract_fn with the final_norm hook only (forward only, no LM head),
 (2) make_extract_fn with 4 resid_post hooks, and
 (3) the HF PyTorch model with output_hidden_states=True (its base model, no LM head),
@@ -8,6 +9,8 @@ on the same inputs; prints tokens/s (median over iterations) and the ratios.
 
   python bench/forward.py                     # modest CPU default, ~1 minute
   python bench/forward.py --qwen05b --skip-hf # Qwen2.5-0.5B shapes, for a GPU
+  python bench/forward.py --gemma2-2b --layers 2 --batch 1 --seq 1024 --dtype float32
+                                              # Gemma 2 2B layer shapes on a CPU
 """
 
 from __future__ import annotations
@@ -44,24 +47,20 @@ def main() -> None:
     ids = np.random.RandomState(0).randint(0, args.vocab, (args.batch, args.seq)).astype(
         np.int32)
     with tempfile.TemporaryDirectory() as ckpt:
-        hf_models.make_tiny_checkpoint(
-            ckpt, "qwen2", hidden_size=args.hidden, num_hidden_layers=args.layers,
-            num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-            intermediate_size=args.intermediate, vocab_size=args.vocab,
-            max_position_embeddings=max(args.seq, 256))
+        hf_models.make_tiny_checkpoint(ckpt, args.arch, **common.checkpoint_overrides(args))
         model = model_lib.load_pretrained(ckpt, dtype=args.dtype)
         hf = None
         if not args.skip_hf:
             import transformers
 
             # SDPA, on the GPU where there is one: HF's fastest built-in path, so the
-            # baseline is a fair one.
+            # baseline is a fair one (Gemma 2's soft-capping runs only eager in HF).
             hf = transformers.AutoModelForCausalLM.from_pretrained(
                 ckpt, dtype=getattr(torch, args.dtype),
-                attn_implementation="sdpa").eval()
+                attn_implementation="eager" if args.arch == "gemma2" else "sdpa").eval()
 
     print(f"device={jax.devices()[0].platform} ({len(jax.devices())} devices) "
-          f"dtype={args.dtype} hidden={args.hidden} layers={args.layers} heads={args.heads}"
+          f"arch={args.arch} dtype={args.dtype} hidden={args.hidden} layers={args.layers} heads={args.heads}"
           f"/{args.kv_heads} mlp={args.intermediate} vocab={args.vocab} "
           f"batch={args.batch} seq={args.seq} iters={args.iters}")
     # Four resid_post hooks spread over the depth (the last layer always included).
@@ -79,7 +78,8 @@ def main() -> None:
         torch_device = "cuda" if torch.cuda.is_available() else "cpu"
         hf = hf.to(torch_device)
         ids_pt = torch.as_tensor(ids, dtype=torch.long, device=torch_device)
-        print(f"HF PyTorch on {torch_device}, sdpa attention, {args.dtype}")
+        print(f"HF PyTorch on {torch_device}, {hf.config._attn_implementation} attention, "
+              f"{args.dtype}")
 
         def run_hf():
             with torch.no_grad():

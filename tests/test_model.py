@@ -271,3 +271,41 @@ def test_qwen2_per_layer_sliding_window(ckpt_dir):
     ours = _extract_all(path, ids)
     for name in ref:
         assert _max_rel(ours[name], ref[name]) <= 1e-5, name
+
+
+@pytest.mark.parametrize("arch,field,value,pattern", [
+    ("gemma2", "hidden_activation", "relu", r"hidden_activation='relu'"),
+    ("gemma3", "use_bidirectional_attention", True,
+     r"use_bidirectional_attention=True.*bidirectional"),
+    ("qwen3", "attention_bias", True, r"attention_bias=True"),
+])
+def test_unsupported_options_of_the_new_families(ckpt_dir, tmp_path, arch, field, value,
+                                                 pattern):
+    path = _copy(ckpt_dir(arch), tmp_path / "ckpt")
+    _edit_config(path, **{field: value})
+    with pytest.raises(ValueError, match=pattern):
+        model_lib.load_pretrained(path)
+
+
+def test_gemma_layer_pattern_from_older_configs():
+    """Configs written before `layer_types` (as published on the Hub): Gemma 2 alternates
+    local and global layers from layer 0; Gemma 3 makes every sliding_window_pattern-th
+    layer global, its local layers rotate with rope_local_base_freq and its global ones
+    with rope_theta and rope_scaling."""
+    common = dict(num_attention_heads=4, num_key_value_heads=2, hidden_size=64, head_dim=32,
+                  intermediate_size=128, vocab_size=512, sliding_window=8)
+    g2 = model_config.ModelConfig.from_hf(
+        {**common, "architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 4})
+    assert g2.sliding_windows == (8, None, 8, None) and g2.local_rope is None
+    g3 = model_config.ModelConfig.from_hf(
+        {**common, "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 7,
+         "sliding_window_pattern": 3, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+         "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert g3.sliding_windows == (8, 8, None, 8, 8, None, 8)
+    assert g3.local_rope_per_layer == (True, True, False, True, True, False, True)
+    assert (g3.rope.theta, g3.rope.rope_type, g3.rope.factor) == (1e6, "linear", 8.0)
+    assert (g3.local_rope.theta, g3.local_rope.rope_type) == (1e4, "default")
+    mm = model_config.ModelConfig.from_hf(
+        {"architectures": ["Gemma3ForConditionalGeneration"],
+         "text_config": {**common, "num_hidden_layers": 2}, "vision_config": {}})
+    assert mm.architecture == "Gemma3ForCausalLM" and mm.qk_norm and mm.gemma_norms
