@@ -2,12 +2,15 @@
 every stored hook equal, bit for bit in fp32, to the model's own sown intermediate of the
 same row (one row per device, as the workers ran it). The masked decoder runs segmented
 rows on a 2-host jax.distributed replica; the plain decoder (no segment support) runs
-`pad` rows on 2 one-host replicas, and is refused `segmented` before anything runs."""
+`pad` rows on 2 one-host replicas, and is refused `segmented` before anything runs; the
+Beam transform writes the same bytes for it, and the reader reads its hooks."""
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ from flax import nnx
 
 from deploy import cli
 from schemas import commit, store
-from tests import flax_models, token_runs
+from tests import flax_models, token_runs, worker_procs
 
 DOCS = ["The cat sat on the mat. " * (1 + i % 5) + f"Document {i}." for i in range(20)]
 
@@ -105,7 +108,26 @@ def test_plain_decoder_pad_on_two_hosts_and_segmented_refused(tmp_path, qwen_tok
     assert commit.committed_partitions(s) == set(range(n))
     seg = token_runs.read_tokens(run, "segment_ids")
     assert seg.max() == 1 and (seg == 0).any()  # one document per row, padded
-    _assert_hooks_equal_sown(run, flax_models.make_plain_decoder(),
-                             ["blocks.0:output", "blocks.1:output", "blocks.2.mlp:output"],
-                             False)
+    names = ["blocks.0:output", "blocks.1:output", "blocks.2.mlp:output"]
+    _assert_hooks_equal_sown(run, flax_models.make_plain_decoder(), names, False)
     assert cli.main(["verify", run], out=io.StringIO()) == 0
+
+    import reader
+
+    opened = reader.open_run(run)
+    assert opened.hook("blocks.2.mlp:output").hidden == flax_models.D
+    rows = opened.select("blocks.0:output", whole_document=True)  # every stored token here
+    valid = seg > 0
+    np.testing.assert_array_equal(
+        np.asarray(rows.acts["blocks.0:output"]),
+        token_runs.read_activation(run, "blocks.0:output")[valid])
+
+    # Beam extraction of the same token store (one row per device, as above): same bytes.
+    beam_run = worker_procs.copy_token_store(run, str(tmp_path / "beam-run"))
+    code, out = worker_procs.finish(subprocess.Popen(
+        [sys.executable, "-m", "adapters.beam_extract", "--run", beam_run, "--batch-size", "2",
+         "--job", "beam", "--runner=FnApiRunner"], env=worker_procs.worker_env(2),
+        cwd=worker_procs.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+        timeout=600)
+    assert code == 0, out
+    worker_procs.assert_same_activations(beam_run, run)
