@@ -105,7 +105,8 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
 
     if target is not None and not spec.model.path and not spec.model.flax:
         found.append("spec.model.path: empty; extraction needs a Hugging Face checkpoint "
-                     "directory (config.json + *.safetensors), local or gs://")
+                     "directory (config.json + *.safetensors), local or gs://, or a Flax "
+                     "model as spec.model.flax")
     job = None
     try:
         job = workers_main.check_job(spec, batch, model_parallel, data_parallel)

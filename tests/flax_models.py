@@ -1,6 +1,7 @@
-"""Two small Flax NNX decoders written for the tests of `model.flax`: one that keeps packed
-documents apart with segment ids and positions (`make_masked_decoder`), one that takes only
-token ids (`make_plain_decoder`). Each sows the intermediates the tests hook (with
+"""Small Flax NNX decoders written for the tests of `model.flax`: one that keeps packed
+documents apart with segment ids and positions (`make_masked_decoder`), the same taking an
+attention mask instead (`make_attention_mask_decoder`), and one that takes only token ids
+(`make_plain_decoder`). Each sows the intermediates the tests hook (with
 `nnx.sow`, a mechanism independent of actx's interception of submodule calls), and shards
 its weights by its own `nnx.with_partitioning` annotations. Random weights, fixed seeds;
 the embedding covers the Qwen2.5 vocabulary the tests tokenize with."""
@@ -92,6 +93,13 @@ class MaskedDecoder(_Decoder):
         return self.run(input_ids, positions, causal & same)
 
 
+class AttentionMaskDecoder(_Decoder):
+    """Takes the mask itself (bool [batch, 1, seq, seq], as nnx.MultiHeadAttention does)."""
+
+    def __call__(self, input_ids, *, positions, attention_mask):
+        return self.run(input_ids, positions, attention_mask[:, 0])
+
+
 class PlainDecoder(_Decoder):
     """Only token ids: causal attention over the whole row, positions 0..t-1."""
 
@@ -106,6 +114,11 @@ class PlainDecoder(_Decoder):
 def make_masked_decoder() -> MaskedDecoder:
     with nnx.use_eager_sharding(False):
         return MaskedDecoder(nnx.Rngs(0))
+
+
+def make_attention_mask_decoder() -> AttentionMaskDecoder:
+    with nnx.use_eager_sharding(False):
+        return AttentionMaskDecoder(nnx.Rngs(0))
 
 
 def make_plain_decoder() -> PlainDecoder:

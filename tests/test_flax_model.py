@@ -66,6 +66,27 @@ def test_every_hook_equals_the_models_own_intermediate_bit_for_bit():
     assert fn.trace_count == 1 and fn.compile_count() == 1
 
 
+def test_a_model_taking_an_attention_mask_gets_the_block_diagonal_causal_one():
+    model = flax_models.make_attention_mask_decoder()
+    ids, pos, seg = _packed_rows()
+    out = flax_step.make_flax_extract_fn(model, HOOKS, sharding.make_mesh(data=8, model=1))(
+        ids, pos, seg)
+    # The mask written out here: causal, within one segment; padding sees earlier padding.
+    causal = np.tril(np.ones((T, T), bool))
+    mask = (causal[None] & (seg[:, :, None] == seg[:, None, :]))[:, None]
+
+    @nnx.jit
+    def sown(model, ids, pos, mask):
+        return flax_models.sown(model, ids, positions=pos, attention_mask=mask)
+
+    for r in range(B):
+        want = sown(model, ids[r:r + 1], pos[r:r + 1], mask[r:r + 1])
+        assert sorted(want) == sorted(out)
+        for name in want:
+            np.testing.assert_array_equal(np.asarray(out[name])[r], np.asarray(want[name])[0],
+                                          err_msg=f"{name} row {r}")
+
+
 def test_one_call_without_a_mesh_equals_one_jitted_call_of_the_model():
     model = flax_models.make_plain_decoder()
     ids = np.random.default_rng(1).integers(1, flax_models.VOCAB, (4, T)).astype(np.int32)
@@ -94,6 +115,17 @@ def test_weights_follow_the_models_own_annotations_on_the_model_axis():
         # Sums split over the model axis add in another order: close, not bit-equal.
         np.testing.assert_allclose(np.asarray(out[name]), np.asarray(want), rtol=1e-5,
                                    atol=1e-5, err_msg=name)
+
+
+def test_annotations_name_mesh_axes_or_actx_logical_axes():
+    mesh = sharding.make_mesh(data=4, model=2)
+    spec = sharding.annotation_spec
+    assert spec(("model", None), (8, 3), mesh) == PartitionSpec("model", None)
+    assert spec(("mlp", "embed"), (8, 3), mesh) == PartitionSpec("model", None)
+    assert spec(("heads", "mlp"), (8, 4), mesh) == PartitionSpec("model", None)  # used once
+    assert spec(("mlp",), (7,), mesh) == PartitionSpec(None)        # 2 does not divide 7
+    assert spec(("experts", "model"), (4, 6), mesh) == PartitionSpec(None, "model")
+    assert spec((), (4, 6), mesh) == PartitionSpec(None, None)
 
 
 def flax_model_hooks(loaded, text):

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from schemas import errors
 from schemas import runspec as runspec_lib
 
 MASK_ARGS = ("segment_ids", "attention_mask")
@@ -83,11 +84,25 @@ def load_factory(ref: str) -> Callable[[], Any]:
     return factory
 
 
+class FlaxMissing(errors.UserError):
+    """model.flax is used where Flax is not installed."""
+
+
+def import_nnx():
+    """flax.nnx, or a one-line error saying what to install."""
+    try:
+        from flax import nnx
+    except ImportError as e:
+        raise FlaxMissing(f"model.flax needs Flax, which is not installed here ({e}); "
+                          f"pip install 'actx[flax]' on every host that extracts") from e
+    return nnx
+
+
 def build(ref_or_factory, abstract: bool = False):
     """The module the factory returns. Annotations stay metadata (no eager sharding): actx
     places the weights itself on its own mesh. abstract: shapes only (nnx.eval_shape), for
     pre-flight checks that must not allocate the weights."""
-    from flax import nnx
+    nnx = import_nnx()
 
     factory = load_factory(ref_or_factory) if isinstance(ref_or_factory, str) else ref_or_factory
     with nnx.use_eager_sharding(False):
@@ -145,10 +160,10 @@ def load(ref_or_module, mesh=None) -> FlaxModel:
     (`nnx.with_partitioning`, see `workers.sharding.annotation_spec`), else replicated.
     """
     import jax
-    from flax import nnx
 
     from workers import sharding
 
+    nnx = import_nnx()
     if isinstance(ref_or_module, str):
         module, name = build(ref_or_module), ref_or_module
     else:

@@ -20,10 +20,9 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
             f"batch_size={batch_size} does not split over the replica's {data_parallel} "
             f"data-parallel devices; choose a multiple of {data_parallel}")
     try:
-        import flax  # noqa: F401
-    except ImportError:
-        problems.append("spec.model.flax: Flax is not installed here; pip install "
-                        "'actx[flax]' (on the workers too)")
+        flax_model.import_nnx()
+    except flax_model.FlaxMissing as e:
+        problems.append(f"spec.model.flax: {e}")
         return JobCheck(tuple(problems))
     try:
         module = flax_model.build(spec.model.flax, abstract=True)

@@ -66,7 +66,6 @@ class FlaxExtractFn:
     """
 
     max_context = None  # no KV cache: a Flax model sees each row alone
-    layers_run = 0
 
     def __init__(self, model: flax_model.FlaxModel, hooks: Sequence[flax_hooks.FlaxHook],
                  mesh: Mesh | None = None, dtype: str = "float32"):
