@@ -66,6 +66,20 @@ def test_every_hook_equals_the_models_own_intermediate_bit_for_bit():
     assert fn.trace_count == 1 and fn.compile_count() == 1
 
 
+def test_the_step_drops_what_no_hook_needs():
+    """Hooks in block 0 only: the compiled step computes no LM head ([b, t, vocab] logits)
+    and no later block; the model's own jitted call does both."""
+    model = flax_models.make_masked_decoder()
+    ids, pos, seg = _packed_rows()
+    fn = flax_step.make_flax_extract_fn(model, "blocks.0.mlp:output")
+    hlo = fn._jitted.lower(fn.model.state, ids, pos, seg).compile().as_text()
+    own = nnx.jit(lambda m, i, p, s: nnx.capture(m, nnx.Intermediate)(
+        i, positions=p, segment_ids=s)[0]).lower(model, ids, pos, seg).compile().as_text()
+    logits = f"f32[{B},{T},{flax_models.VOCAB}]"
+    assert logits in own and logits not in hlo
+    assert hlo.count("tanh") < own.count("tanh")  # gelu of one MLP, not of every block
+
+
 def test_a_model_taking_an_attention_mask_gets_the_block_diagonal_causal_one():
     model = flax_models.make_attention_mask_decoder()
     ids, pos, seg = _packed_rows()
