@@ -25,27 +25,28 @@ def _linear(din, dout, names, rngs):
 
 
 class SelfAttention(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-        self.q = _linear(D, D, ("embed", "heads"), rngs)
-        self.k = _linear(D, D, ("embed", "heads"), rngs)
-        self.v = _linear(D, D, ("embed", "heads"), rngs)
-        self.o = _linear(D, D, ("heads", "embed"), rngs)
+    def __init__(self, d: int, heads: int, rngs: nnx.Rngs):
+        self.heads = heads
+        self.q = _linear(d, d, ("embed", "heads"), rngs)
+        self.k = _linear(d, d, ("embed", "heads"), rngs)
+        self.v = _linear(d, d, ("embed", "heads"), rngs)
+        self.o = _linear(d, d, ("heads", "embed"), rngs)
 
     def __call__(self, x_btd, mask_bts):
         self.sow(nnx.Intermediate, "input", x_btd)
-        b, t, _ = x_btd.shape
-        split = lambda y: y.reshape(b, t, HEADS, D // HEADS)  # noqa: E731
+        b, t, d = x_btd.shape
+        split = lambda y: y.reshape(b, t, self.heads, d // self.heads)  # noqa: E731
         q, k, v = split(self.q(x_btd)), split(self.k(x_btd)), split(self.v(x_btd))
-        logits = jnp.einsum("btnh,bsnh->bnts", q, k) / jnp.sqrt(D // HEADS)
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k) / jnp.sqrt(d // self.heads)
         logits = jnp.where(mask_bts[:, None], logits, -1e30)
         heads = jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(logits, axis=-1), v)
-        return self.o(heads.reshape(b, t, D))
+        return self.o(heads.reshape(b, t, d))
 
 
 class Mlp(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-        self.up = _linear(D, MLP, ("embed", "mlp"), rngs)
-        self.down = _linear(MLP, D, ("mlp", "embed"), rngs)
+    def __init__(self, d: int, mlp: int, rngs: nnx.Rngs):
+        self.up = _linear(d, mlp, ("embed", "mlp"), rngs)
+        self.down = _linear(mlp, d, ("mlp", "embed"), rngs)
 
     def __call__(self, x_btd):
         out = self.down(jax.nn.gelu(self.up(x_btd)))
@@ -54,11 +55,11 @@ class Mlp(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-        self.attn_norm = nnx.RMSNorm(D, rngs=rngs)
-        self.attn = SelfAttention(rngs)
-        self.mlp_norm = nnx.RMSNorm(D, rngs=rngs)
-        self.mlp = Mlp(rngs)
+    def __init__(self, d: int, heads: int, mlp: int, rngs: nnx.Rngs):
+        self.attn_norm = nnx.RMSNorm(d, rngs=rngs)
+        self.attn = SelfAttention(d, heads, rngs)
+        self.mlp_norm = nnx.RMSNorm(d, rngs=rngs)
+        self.mlp = Mlp(d, mlp, rngs)
 
     def __call__(self, x_btd, mask_bts):
         x_btd = x_btd + self.attn(self.attn_norm(x_btd), mask_bts)
@@ -68,13 +69,14 @@ class Block(nnx.Module):
 
 
 class _Decoder(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-        self.embed = nnx.Embed(VOCAB, D, rngs=rngs,
+    def __init__(self, rngs: nnx.Rngs, d: int = D, heads: int = HEADS, mlp: int = MLP,
+                 layers: int = LAYERS, vocab: int = VOCAB):
+        self.embed = nnx.Embed(vocab, d, rngs=rngs,
                                embedding_init=nnx.with_partitioning(_init, ("vocab", "embed")))
-        self.pos_embed = nnx.Embed(MAX_POS, D, rngs=rngs)
-        self.blocks = nnx.List([Block(rngs) for _ in range(LAYERS)])
-        self.norm = nnx.RMSNorm(D, rngs=rngs)
-        self.lm_head = _linear(D, VOCAB, ("embed", "vocab"), rngs)
+        self.pos_embed = nnx.Embed(MAX_POS, d, rngs=rngs)
+        self.blocks = nnx.List([Block(d, heads, mlp, rngs) for _ in range(layers)])
+        self.norm = nnx.RMSNorm(d, rngs=rngs)
+        self.lm_head = _linear(d, vocab, ("embed", "vocab"), rngs)
 
     def run(self, input_ids_bt, positions_bt, mask_bts):
         x_btd = self.embed(input_ids_bt) + self.pos_embed(positions_bt)
@@ -111,19 +113,20 @@ class PlainDecoder(_Decoder):
 
 # The annotations name logical axes, not mesh axes: they stay metadata (flax shards a
 # variable eagerly only inside a mesh context, and actx places the weights itself).
-def make_masked_decoder() -> MaskedDecoder:
+# dims: d, heads, mlp, layers, vocab (bench/flax_step.py builds larger ones).
+def make_masked_decoder(**dims) -> MaskedDecoder:
     with nnx.use_eager_sharding(False):
-        return MaskedDecoder(nnx.Rngs(0))
+        return MaskedDecoder(nnx.Rngs(0), **dims)
 
 
-def make_attention_mask_decoder() -> AttentionMaskDecoder:
+def make_attention_mask_decoder(**dims) -> AttentionMaskDecoder:
     with nnx.use_eager_sharding(False):
-        return AttentionMaskDecoder(nnx.Rngs(0))
+        return AttentionMaskDecoder(nnx.Rngs(0), **dims)
 
 
-def make_plain_decoder() -> PlainDecoder:
+def make_plain_decoder(**dims) -> PlainDecoder:
     with nnx.use_eager_sharding(False):
-        return PlainDecoder(nnx.Rngs(1))
+        return PlainDecoder(nnx.Rngs(1), **dims)
 
 
 def sown(model: nnx.Module, input_ids, **kwargs) -> dict[str, jax.Array]:
