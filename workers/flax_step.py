@@ -144,7 +144,9 @@ class FlaxExtractFn:
         """{hook name: width} of rows of `seq_len` tokens (traced abstractly, not run)."""
         batch = 1 if self.mesh is None else sharding.axis_size(self.mesh, "batch")
         tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+        traces = self.trace_count
         shapes = jax.eval_shape(self._extract, self.model.state, tokens, tokens, tokens)
+        self.trace_count = traces  # an abstract trace, not one of the step's
         return {name: int(shape.shape[-1]) for name, shape in shapes.items()}
 
     def __call__(self, input_ids, positions=None, segment_ids=None,
