@@ -5,7 +5,6 @@ with what to do. The models are tests/flax_models.py."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
