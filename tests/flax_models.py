@@ -124,6 +124,11 @@ def make_attention_mask_decoder(**dims) -> AttentionMaskDecoder:
         return AttentionMaskDecoder(nnx.Rngs(0), **dims)
 
 
+def make_plain_decoder_with_tokenizer():
+    """The plain decoder with the tokenizer it was trained with (a path the tests name)."""
+    return make_plain_decoder(), "/models/plain/tokenizer"
+
+
 def make_plain_decoder(**dims) -> PlainDecoder:
     with nnx.use_eager_sharding(False):
         return PlainDecoder(nnx.Rngs(1), **dims)

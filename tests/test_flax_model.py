@@ -202,6 +202,20 @@ def test_preflight_names_a_missing_path_and_a_missing_factory():
     assert "tests.flax_models has no 'make_nothing'" in check.problems[0]
 
 
+def test_a_factory_may_name_its_tokenizer_and_the_spec_must_agree():
+    spec = _spec("tests.flax_models:make_plain_decoder_with_tokenizer", "pad")
+    check = flax_preflight.check_job(spec)
+    assert check.problems == (
+        "spec.tokenizer.path: tests.flax_models:make_plain_decoder_with_tokenizer names its "
+        "tokenizer '/models/plain/tokenizer', the spec 'tok'; set spec.tokenizer.path to "
+        "'/models/plain/tokenizer'",)
+    agreed = runspec.RunSpec(**{**spec.__dict__, "tokenizer": runspec.TokenizerSpec(
+        path="/models/plain/tokenizer/")})
+    assert flax_preflight.check_job(agreed).problems == ()
+    loaded = flax_model.load("tests.flax_models:make_plain_decoder_with_tokenizer")
+    assert loaded.vocab_size == flax_models.VOCAB
+
+
 def test_model_flax_keeps_old_fingerprints_and_round_trips():
     old = runspec.RunSpec(model=runspec.ModelSpec(path="m"),
                           tokenizer=runspec.TokenizerSpec(path="t"),

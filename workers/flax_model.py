@@ -98,19 +98,29 @@ def import_nnx():
     return nnx
 
 
-def build(ref_or_factory, abstract: bool = False):
-    """The module the factory returns. Annotations stay metadata (no eager sharding): actx
-    places the weights itself on its own mesh. abstract: shapes only (nnx.eval_shape), for
+def build(ref_or_factory, abstract: bool = False) -> tuple[Any, str | None]:
+    """(module, tokenizer path or None): what the factory returns, the module alone or
+    `(module, tokenizer_path)`. Annotations stay metadata (no eager sharding): actx places
+    the weights itself on its own mesh. abstract: shapes only (nnx.eval_shape), for
     pre-flight checks that must not allocate the weights."""
     nnx = import_nnx()
 
     factory = load_factory(ref_or_factory) if isinstance(ref_or_factory, str) else ref_or_factory
+    tokenizer: list[str] = []
+
+    def module_only():
+        made = factory()
+        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], str):
+            made, path = made
+            tokenizer.append(path)
+        return made
+
     with nnx.use_eager_sharding(False):
-        module = nnx.eval_shape(factory) if abstract else factory()
+        module = nnx.eval_shape(module_only) if abstract else module_only()
     if not isinstance(module, nnx.Module):
         raise ValueError(f"model.flax: {ref_or_factory} returned a {type(module).__name__}, "
-                         f"not a flax.nnx.Module")
-    return module
+                         f"not a flax.nnx.Module (or a (module, tokenizer path) pair)")
+    return module, (tokenizer[0] if tokenizer else None)
 
 
 def module_paths(module) -> list[str]:
@@ -165,7 +175,7 @@ def load(ref_or_module, mesh=None) -> FlaxModel:
 
     nnx = import_nnx()
     if isinstance(ref_or_module, str):
-        module, name = build(ref_or_module), ref_or_module
+        (module, _), name = build(ref_or_module), ref_or_module
     else:
         module, name = ref_or_module, type(ref_or_module).__name__
     graphdef, state = nnx.split(module)

@@ -1,6 +1,6 @@
 """Pre-flight for a job whose model is a user's Flax NNX model (`model.flax`): the factory
-imports and returns an nnx.Module, its `__call__` can serve the packing, and every hook
-names an existing submodule. The module is built abstractly (`nnx.eval_shape`): no weights
+imports and returns an nnx.Module (and the spec's tokenizer, if the factory names one), its
+`__call__` can serve the packing, and every hook names an existing submodule. The module is built abstractly (`nnx.eval_shape`): no weights
 are allocated on the submitting machine.
 """
 
@@ -25,10 +25,14 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
         problems.append(f"spec.model.flax: {e}")
         return JobCheck(tuple(problems))
     try:
-        module = flax_model.build(spec.model.flax, abstract=True)
+        module, tokenizer = flax_model.build(spec.model.flax, abstract=True)
     except Exception as e:  # the user's code: any error means it cannot be loaded
         problems.append(f"spec.model.flax: {spec.model.flax}: {type(e).__name__}: {e}")
         return JobCheck(tuple(problems))
+    if tokenizer is not None and tokenizer.rstrip("/") != spec.tokenizer.path.rstrip("/"):
+        problems.append(f"spec.tokenizer.path: {spec.model.flax} names its tokenizer "
+                        f"{tokenizer!r}, the spec {spec.tokenizer.path!r}; set "
+                        f"spec.tokenizer.path to {tokenizer!r}")
     problem = flax_model.packing_problem(spec.packing, flax_model.CallSignature.of(module),
                                          spec.model.flax)
     if problem:
