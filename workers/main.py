@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     opts = flags.from_namespace(worker_options.WorkerOptions, args)
     distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
                                       opts.process_id).initialize()
-    from workers import runner
+    from workers import flax_worker
 
     try:
-        worker = runner.Worker(opts)
+        worker = flax_worker.worker_for_run(opts)  # runner.Worker, or one for a Flax model
     except (errors.UserError, FileNotFoundError, ValueError) as e:
         print(f"actx extract: error: {e}", file=sys.stderr)
         return 2

@@ -33,6 +33,10 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
 
     data_parallel: devices the replica's batch is split over (None: not known here).
     """
+    if spec.model.flax:  # a user's Flax model: its own checks (workers.flax_preflight)
+        from workers import flax_preflight
+
+        return flax_preflight.check_job(spec, batch_size, data_parallel)
     problems: list[str] = []
     missing: list[str] = []
     capture = None

@@ -133,3 +133,26 @@ def check_batch(batch: int, mesh: Mesh) -> None:
         raise ValueError(
             f"batch size {batch} is not divisible by the '{DATA_AXIS}' mesh axis size "
             f"{size}; use a batch size that is a multiple of {size}")
+
+
+
+def annotation_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    name: str = "") -> PartitionSpec:
+    """PartitionSpec for a user's Flax parameter from its own sharding annotation
+    (`nnx.with_partitioning`): a name that is one of actx's mesh axes is used as is, a
+    logical name of the table above is mapped through it, and any other name, or a
+    dimension its mesh axis does not divide, is replicated (logged)."""
+    names = tuple(names) + (None,) * (len(shape) - len(names))
+    spec: list[str | None] = []
+    for axis_name, dim in zip(names, shape):
+        mesh_axis = axis_name if axis_name in MESH_AXES else LOGICAL_TO_MESH.get(axis_name)
+        if axis_name is not None and mesh_axis is None and axis_name not in LOGICAL_TO_MESH:
+            log.info("%s: sharding annotation %r is neither a mesh axis (%s) nor a logical "
+                     "axis of actx; replicating that dimension", name or "param", axis_name,
+                     ", ".join(MESH_AXES))
+        if mesh_axis is not None and dim % mesh.shape[mesh_axis]:
+            log.info("%s: dim %d not divisible by mesh axis %s=%d; replicating it",
+                     name or "param", dim, mesh_axis, mesh.shape[mesh_axis])
+            mesh_axis = None
+        spec.append(None if mesh_axis in spec else mesh_axis)
+    return PartitionSpec(*spec)
