@@ -116,3 +116,9 @@ def test_the_working_set_counts_the_larger_of_the_two_ways():
     assert kv_cache.attention_scratch_bytes(16, 14, 1024, capacity=1024) == xla
     assert kv_cache.attention_scratch_bytes(16, 14, 1024, capacity=32768) == \
         16 * 1024 * (32768 + 1024) * 3
+    # Each way alone: the Pallas GPU kernel keeps its tiles on chip; the TPU one reads a
+    # head-major copy of the cache and the row (2 kv heads of 64, bfloat16: 512 bytes).
+    assert kv_cache.attention_scratch_bytes(16, 14, 1024, 32768, "xla") == xla
+    assert kv_cache.attention_scratch_bytes(16, 14, 1024, 32768, "pallas_gpu") == 0
+    assert kv_cache.attention_scratch_bytes(16, 14, 1024, 32768, "pallas_tpu", 512) == \
+        16 * (32768 + 1024) * 512

@@ -71,8 +71,10 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
     heads = cfg.num_heads // (model_parallel if cfg.num_heads % model_parallel == 0 else 1)
     kv_cache.check_fits(
         fn.cache_bytes_per_device(batch_size, seq_len), weights,
-        kv_cache.attention_scratch_bytes(slots, heads, seq_len,
-                                         kv_cache.capacity_tokens(max_context, seq_len)),
+        kv_cache.attention_scratch_bytes(
+            slots, heads, seq_len, kv_cache.capacity_tokens(max_context, seq_len),
+            fn.attention_implementation(seq_len),
+            2 * cfg.num_kv_heads * cfg.head_dim * model.dtype.itemsize),
         stats.get("bytes_limit"),
         max_context=max_context, slots_per_device=slots, layers_run=fn.layers_run,
         device_kind=device.device_kind)
@@ -141,3 +143,4 @@ def _shown(obj) -> dict | None:
         return None
     data = config_lib.to_dict(obj)
     return {k: v for k, v in data.items() if k != "numerics"} if "numerics" in data else data
+

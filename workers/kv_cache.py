@@ -68,15 +68,29 @@ def logical_axes() -> KVCache:
 
 
 def attention_scratch_bytes(slots_per_device: int, heads_per_device: int, seq_len: int,
-                            capacity: int = 0) -> int:
-    """The working set of the cached attention of one layer on one device, the larger of
-    its two ways: XLA's float32 logits, their exponentials and the masked copy, [slots,
-    heads, query chunk, seq_len] each (the row part and one cache block at a time, one
-    query chunk at a time); or the fused (cuDNN) call's mask over every cached and row
-    key, [slots, seq_len, capacity + seq_len], as booleans and as a half-precision bias."""
+                            capacity: int = 0, implementation: str | None = None,
+                            kv_bytes_per_token: int = 0) -> int:
+    """The working set of the cached attention of one layer on one device, for the way it
+    runs (`attention.implementation_for`; None: the larger of XLA's and cuDNN's).
+
+    xla: the float32 logits, their exponentials and the masked copy, [slots, heads, query
+    chunk, seq_len] each (the row part and one cache block at a time, one query chunk at
+    a time). cudnn: the fused call's mask over every cached and row key, [slots, seq_len,
+    capacity + seq_len], as booleans and as a half-precision bias. The Pallas kernels keep
+    their tiles on chip; the TPU one reads the cache through a head-major copy of it
+    (`kv_bytes_per_token`: keys and values of one token of one layer, all kv heads).
+    """
     chunk = attention.query_chunk_size(seq_len)
     xla = 3 * slots_per_device * heads_per_device * chunk * seq_len * 4
     fused = slots_per_device * seq_len * (capacity + seq_len) * (1 + 2)
+    if implementation == "xla":
+        return xla
+    if implementation == "cudnn":
+        return fused
+    if implementation == "pallas_gpu":
+        return 0
+    if implementation == "pallas_tpu":
+        return slots_per_device * (capacity + seq_len) * kv_bytes_per_token
     return max(xla, fused)
 
 
