@@ -13,10 +13,17 @@ QWEN05B = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, v
 # Gemma 2 2B: 8 heads of 256 (4 kv heads) at hidden 2304, a different balance from Qwen.
 GEMMA2_2B = dict(arch="gemma2", hidden=2304, layers=26, heads=8, kv_heads=4, head_dim=256,
                  intermediate=9216, vocab=256000, batch=8, seq=2048)
+# Llama-3.1-8B layer shapes (32 heads of 128, 8 kv heads, hidden 4096); `--layers` fewer
+# where memory or time demand it.
+LLAMA8B = dict(arch="llama3", hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128,
+               intermediate=14336, vocab=128256, batch=8, seq=2048)
 # What a bench's random checkpoint of `arch` gets beyond the shape flags: the real models'
 # attention settings (tests.hf_models' tiny defaults are for tests).
 ARCH_OVERRIDES = {"gemma2": dict(sliding_window=4096, query_pre_attn_scalar=256,
-                                 attn_logit_softcapping=50.0)}
+                                 attn_logit_softcapping=50.0),
+                  "llama3": dict(rope_scaling={
+                      "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})}
 
 
 def checkpoint_overrides(args: argparse.Namespace) -> dict:
@@ -45,6 +52,8 @@ def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
     p.add_argument("--head-dim", type=int, default=None, help="default: hidden / heads")
     p.add_argument("--qwen05b", action="store_true",
                    help="Qwen2.5-0.5B shapes, batch 16 x seq 2048, bfloat16")
+    p.add_argument("--llama8b", action="store_true",
+                   help="Llama-3.1-8B layer shapes, batch 8 x seq 2048, bfloat16")
     p.add_argument("--gemma2-2b", action="store_true",
                    help="Gemma 2 2B shapes (26 layers, 8 heads of 256, hidden 2304), batch "
                         "8 x seq 2048, bfloat16")
@@ -53,11 +62,12 @@ def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
 
 def apply_presets(args: argparse.Namespace,
                   argv: list[str] | None = None) -> argparse.Namespace:
-    """--qwen05b / --gemma2-2b set the preset's shapes, except those given on the command
+    """--qwen05b / --llama8b / --gemma2-2b set the preset's shapes, except those given on the command
     line (`--qwen05b --seq 1024` keeps seq 1024)."""
     given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)
              if a.startswith("--")}
     for preset, values in ((args.qwen05b, QWEN05B),
+                           (getattr(args, "llama8b", False), LLAMA8B),
                            (getattr(args, "gemma2_2b", False), GEMMA2_2B)):
         if not preset:
             continue

@@ -4,11 +4,15 @@ Builds a random-init checkpoint (Qwen2 by default, `--arch gemma2` / `--gemma2-2
 Gemma 2) of the requested size with transformers, then times
 (1) make_extract_fn with the final_norm hook only (forward only, no LM head),
 (2) make_extract_fn with 4 resid_post hooks, and
-(3) the HF PyTorch model with output_hidden_states=True (its base model, no LM head),
+(3) the HF PyTorch model with output_hidden_states=True (its base model, no LM head), and
+(4) HF as an expert's extraction script runs it: the same forward, then the hidden states
+    of the same 4 layers copied into preallocated pinned host buffers (non-blocking, one
+    synchronisation), which is what actx replaces,
 on the same inputs; prints tokens/s (median over iterations) and the ratios.
 
   python bench/forward.py                     # modest CPU default, ~1 minute
   python bench/forward.py --qwen05b --skip-hf # Qwen2.5-0.5B shapes, for a GPU
+  python bench/forward.py --llama8b --layers 8 # Llama-3.1-8B layer shapes, for a GPU
   python bench/forward.py --gemma2-2b --layers 2 --batch 1 --seq 1024 --dtype float32
                                               # Gemma 2 2B layer shapes on a CPU
 """
@@ -89,13 +93,34 @@ def main() -> None:
 
         results["HF PyTorch (output_hidden_states)"] = tokens / common.median_seconds(
             run_hf, args.iters)
+        # hidden_states[i + 1] is layer i's output (resid_post; the last one after the
+        # final norm, the same bytes to move).
+        layers = [int(name.split(".")[1]) for name in four.split(",")]
+        pinned = torch_device == "cuda"
+        buffers = [torch.empty((args.batch, args.seq, args.hidden),
+                               dtype=getattr(torch, args.dtype), pin_memory=pinned)
+                   for _ in layers]
+
+        def run_hf_extraction():
+            with torch.no_grad():
+                hidden = hf.model(input_ids=ids_pt, output_hidden_states=True).hidden_states
+                for buf, layer in zip(buffers, layers):
+                    buf.copy_(hidden[layer + 1], non_blocking=pinned)
+            if torch_device == "cuda":
+                torch.cuda.synchronize()
+
+        label = f"HF extraction (4 layers -> {'pinned ' if pinned else ''}host)"
+        results[label] = tokens / common.median_seconds(run_hf_extraction, args.iters)
     for label, tokens_per_s in results.items():
         print(f"{label:36s} {tokens_per_s:12,.0f} tokens/s")
     if hf is not None:
         hf_rate = results["HF PyTorch (output_hidden_states)"]
+        hf_extraction = next(r for label, r in results.items()
+                             if label.startswith("HF extraction"))
         for label, rate in results.items():
             if label.startswith("actx"):
-                print(f"ratio {label} / HF: {rate / hf_rate:.2f}x")
+                print(f"ratio {label} / HF: {rate / hf_rate:.2f}x; / HF extraction: "
+                      f"{rate / hf_extraction:.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,13 @@
 #   cached_attention      one layer's attention over a row and its cached context, each
 #                         way actx has (bench/cached_attention.py): time, error, slot bytes
 #   gpu_tests             the long-document HF parity tests and the cached-attention tests
-#                         on the GPU (float32 at full matmul precision; bfloat16 by cuDNN)
+#                         on the GPU (float32 at full matmul precision)
 #   long_documents        exact context through the per-slot KV cache vs rows computed
-#                         alone vs truncate (issue 9), Qwen2.5-0.5B shapes, seq 1024
+#                         alone vs truncate (issue 9), Qwen2.5-0.5B shapes, seq 1024;
+#                         exact also with the fused cuDNN call (the way before the kernel)
 #   forward               actx forward-only and 4 resid_post hooks vs HF PyTorch on CUDA
+#                         (plain forward, and 4 layers copied into pinned host buffers)
+#   forward_8b            the same for Llama-3.1-8B layer shapes (8 of its 32 layers)
 #   extract               end to end (token store -> committed bf16 shards on local disk)
 #                         vs forward-only of the same run (target >= 0.85)
 # The GPU image has JAX (CUDA), tensorstore, transformers and torch but not crc32c: carry
@@ -25,7 +28,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/actx-gpu-check}"
 BUDGET_S="${BUDGET_S:-540}"  # the whole script; leave room under the call's timeout
 SMALL="${SMALL:-0}"
-STEPS=" ${STEPS:-read_none read_zstd read_jax cached_attention gpu_tests long_documents forward extract} "
+STEPS=" ${STEPS:-read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract} "
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 start=$SECONDS
@@ -61,6 +64,7 @@ if [[ $SMALL == 1 ]]; then
   LONG=("${MODEL[@]}" --seq 128 --batch 4 --docs 12 --median 100 --max-context 512
         --partition-rows 16 --hooked-layers 1)
   FWD=("${MODEL[@]}" --seq 64 --batch 2 --iters 2)
+  FWD8=(--arch llama3 --head-dim 32 "${MODEL[@]}" --seq 64 --batch 2 --iters 2)
   EXTRACT=("${MODEL[@]}" --seq 64 --batch 2 --partitions 1 --steps-per-partition 2 --skip-hf
            --hooked-layers 2)
 else
@@ -68,6 +72,7 @@ else
   CACHED=()
   LONG=(--qwen05b --seq 1024 --docs 480 --partition-rows 256 --also cudnn)
   FWD=(--qwen05b --iters 10)
+  FWD8=(--llama8b --layers 8 --iters 5)
   EXTRACT=(--qwen05b --skip-hf --codec none)
 fi
 
@@ -82,5 +87,6 @@ step gpu_tests 150 env JAX_PLATFORMS= JAX_DEFAULT_MATMUL_PRECISION=highest \
 step long_documents 180 python3 bench/long_documents.py "${LONG[@]}"
 # JAX takes 75% of the GPU's memory up front by default; HF's torch runs in the same process.
 step forward 120 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/forward.py "${FWD[@]}"
+step forward_8b 90 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/forward.py "${FWD8[@]}"
 step extract 120 python3 bench/extract.py "${EXTRACT[@]}"
 echo "== all steps done in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
