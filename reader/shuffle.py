@@ -20,6 +20,7 @@ from typing import Iterable
 
 import numpy as np
 
+from reader import masks as masks_lib
 from reader import run as run_lib
 
 
@@ -71,24 +72,30 @@ def valid_mask(segment_ids: np.ndarray, input_ids: np.ndarray, bos_id: int | Non
 
 def build_index(run: run_lib.Run, partitions: Iterable[int] | None = None,
                 exclude_bos: bool = False, exclude_special: bool = False,
-                hooks: tuple[str, ...] = (), whole_document: bool = False) -> TokenIndex:
-    """Indexes the valid tokens of committed partitions (default: all committed).
+                hooks: tuple[str, ...] = (), whole_document: bool = False,
+                exclude: Iterable[str] | None = None,
+                outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR) -> TokenIndex:
+    """Indexes the valid tokens of committed partitions (default: all committed), without
+    the tokens of the `exclude` masks (reader.masks).
 
-    Reads only token arrays (4 bytes per position each), one partition at a time.
+    Reads only token arrays (4 bytes per position each, and the norms of "outlier"), one
+    partition at a time.
     """
     ids = run.committed_ids(partitions, hooks)
+    keep = masks_lib.token_filter(run, hooks, exclude, exclude_bos=exclude_bos,
+                                  exclude_special=exclude_special,
+                                  whole_document=whole_document,
+                                  outlier_factor=outlier_factor, partitions=ids)
+    sources = keep.sources(run)
     seq_len = run.seq_len
     flats, token_ids = [], []
     for pid in ids:
         part = run.partitions[pid]
-        futures = [run.token_array(n)[part.row_start:part.row_stop].read()
-                   for n in token_names(whole_document)]
-        seg, inp, *context = (f.result() for f in futures)
-        mask = valid_mask(seg, inp, run.manifest.bos_id, run.manifest.special_token_ids,
-                          exclude_bos, exclude_special, *context)
-        local = np.flatnonzero(mask.reshape(-1))
+        futures = [a[part.row_start:part.row_stop].read() for a in sources]
+        values = [f.result() for f in futures]
+        local = np.flatnonzero(keep.keep(values).reshape(-1))
         flats.append(local + part.row_start * seq_len)
-        token_ids.append(inp.reshape(-1)[local])
+        token_ids.append(values[1].reshape(-1)[local])
     flat = np.concatenate(flats) if flats else np.zeros(0, np.int64)
     ids_arr = np.concatenate(token_ids) if token_ids else np.zeros(0, np.int32)
     return TokenIndex(flat.astype(np.int64), ids_arr.astype(np.int32), seq_len, ids)
