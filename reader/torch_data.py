@@ -32,6 +32,7 @@ from torch.utils import data as torch_data
 from reader import run as run_lib
 
 STATE_VERSION = 1
+_NUMPY_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.float64: "float64"}
 
 
 def _default_rank_world() -> tuple[int, int]:
@@ -121,10 +122,14 @@ class ActivationDataset(torch_data.IterableDataset):
         index = self.rank * workers + role
         # Batches i < batches_taken with i % workers == role were that part's.
         done = max(0, -(-(self.batches_taken - role) // workers))
+        kwargs = dict(self.stream_kwargs)
+        # The cast runs on the stream's prefetch thread, in numpy: torch's bfloat16 ->
+        # float32 took 24 ms per 4096 x 896 batch here, numpy's (ml_dtypes) 1.6 ms.
+        kwargs.setdefault("dtype", _NUMPY_DTYPES.get(self.dtype))
         return reader.open_run(self.uri).stream(
             self.hooks, self.batch_size, seed=self.seed, epochs=self.epochs,
             drop_last=self.drop_last, process_index=index, process_count=count,
-            start_step=done, **self.stream_kwargs)
+            start_step=done, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:
         in_worker = torch_data.get_worker_info() is not None
