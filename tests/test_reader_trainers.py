@@ -77,3 +77,50 @@ def test_transformer_lens_names():
     assert trainers.transformer_lens_name("layers.12.resid_post") == "blocks.12.hook_resid_post"
     assert trainers.transformer_lens_name("layers.3.mlp_out") == "blocks.3.hook_mlp_out"
     assert trainers.transformer_lens_name("final_norm") == "final_norm"
+
+
+_SAELENS_READ = """
+import json, sys, torch
+from sae_lens.training.activations_store import ActivationsStore
+path, hook, ctx, d_in = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+store = ActivationsStore(
+    model=None, dataset=None, streaming=False, hook_name=hook, hook_head_index=None,
+    context_size=ctx, d_in=d_in, n_batches_in_buffer=4, total_training_tokens=10**6,
+    store_batch_size_prompts=4, train_batch_size_tokens=16, prepend_bos=False,
+    normalize_activations="none", device=torch.device("cpu"), dtype="float32",
+    cached_activations_path=path)
+print(json.dumps([store.next_batch().tolist() for _ in range(10)]))
+"""
+
+
+def _saelens_python():
+    """An interpreter with sae-lens: this one, or ACTX_SAELENS_PYTHON (sae-lens resolves
+    with actx's pins but brings transformer-lens, wandb, pandas: a venv of its own)."""
+    import importlib.util
+    import os
+    import sys
+
+    if importlib.util.find_spec("sae_lens") is not None:
+        return sys.executable
+    return os.environ.get("ACTX_SAELENS_PYTHON")
+
+
+@pytest.mark.skipif(not _saelens_python(), reason="sae-lens not installed here and "
+                    "ACTX_SAELENS_PYTHON not set")
+def test_saelens_activations_store_trains_from_the_export(tmp_path):
+    import json
+    import subprocess
+
+    truth = _run(tmp_path)
+    out = str(tmp_path / "cache")
+    info = trainers.export_saelens(truth.uri, HOOK, out, context_size=8, exclude=["special"])
+    done = subprocess.run([_saelens_python(), "-c", _SAELENS_READ, out, info["hook_names"][0],
+                           "8", str(truth.hidden)], capture_output=True, text=True,
+                          check=True, cwd=str(tmp_path))
+    batches = np.asarray(json.loads(done.stdout.splitlines()[-1]), np.float32)
+    assert batches.shape == (10, 16, truth.hidden)  # SAELens's own batches of its d_in
+    acts = batches.reshape(-1, truth.hidden)
+    flat = rf.decode_flat(acts, T)
+    kept = truth.committed_mask() & ~np.isin(truth.tokens["input_ids"], rf.SPECIAL_IDS)
+    assert np.isin(flat, np.flatnonzero(kept)).all()
+    np.testing.assert_array_equal(acts, truth.value(HOOK, flat // T, flat % T))
