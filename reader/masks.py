@@ -95,6 +95,12 @@ class TokenFilter:
     """Which tokens a reader keeps: not padding, none of the `exclude` reasons, and the
     older switches (exclude_bos: the BOS id only; exclude_special; whole_document).
 
+    exclude_bos goes by the id alone, not the position: in `concat` packing positions are
+    column indices (a row is one causal stream across documents), so a BOS that starts or
+    separates documents inside a row has position > 0 and is just as much a BOS.
+    whole_document keeps only tokens that attended to their whole document up to
+    themselves (context_start == 0).
+
     `sources(run)` are the arrays to read over the same rows, in order (token arrays, then
     each outlier hook's norms); `keep(values)` takes what was read and returns the mask.
     """

@@ -1,6 +1,6 @@
 """The global shuffle: one seeded permutation of every valid token, split across processes.
 
-Valid tokens (segment_ids > 0, optionally without BOS / special tokens: `valid_mask`) of
+Valid tokens (segment_ids > 0, without the tokens reader.masks.TokenFilter leaves out) of
 the chosen committed partitions are indexed in row-major order; epoch e of seed s visits
 them in the order of `np.random.default_rng([s, e]).permutation`. Global step k of the
 permutation is the slice [k*G, (k+1)*G) with G = batch_size * process_count, and process
@@ -40,34 +40,6 @@ class TokenIndex:
         """(rows, cols) of the tokens at index positions."""
         flat = self.flat[positions]
         return flat // self.seq_len, flat % self.seq_len
-
-
-def token_names(whole_document: bool) -> tuple[str, ...]:
-    """The token arrays `valid_mask` needs."""
-    return ("segment_ids", "input_ids") + (("context_start",) if whole_document else ())
-
-
-def valid_mask(segment_ids: np.ndarray, input_ids: np.ndarray, bos_id: int | None,
-               special_ids: Iterable[int], exclude_bos: bool,
-               exclude_special: bool, context_start: np.ndarray | None = None) -> np.ndarray:
-    """Which tokens count: never padding; with `exclude_bos`, no token whose id is the BOS
-    id, wherever it is; given `context_start` (whole_document), only tokens that attended
-    to their whole document up to themselves.
-
-    The id alone decides, not the position: in `segmented` / `pad` packing a BOS opens a
-    document (position 0), but in `concat` packing positions are column indices (a row is
-    one causal stream across documents, schemas.layout), so a BOS that starts or separates
-    documents inside a row has position > 0 and is just as much a BOS.
-    """
-    mask = segment_ids > 0
-    if exclude_bos and bos_id is not None:
-        mask &= input_ids != bos_id
-    special = list(special_ids)
-    if exclude_special and special:
-        mask &= ~np.isin(input_ids, special)
-    if context_start is not None:
-        mask &= context_start == 0
-    return mask
 
 
 def build_index(run: run_lib.Run, partitions: Iterable[int] | None = None,

@@ -23,7 +23,6 @@ import numpy as np
 from reader import errors
 from reader import masks as masks_lib
 from reader import run as run_lib
-from reader import shuffle as shuffle_lib
 from schemas import layout
 from schemas import ts_context
 
