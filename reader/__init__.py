@@ -26,6 +26,13 @@ Public names (all re-exported here; `__all__`):
     HookStats                     reader.stats: mean / var / mean norm of one hook over
                                   the run's tokens
     compute_stats, load_stats     reader.stats: compute and store / load HookStats
+    (reader.masks)                token masks: exclude=["special", "bos", "padding",
+                                  "doc_boundary", "outlier"] in stream / batches / select
+    (reader.torch_data)           ActivationDataset: a torch IterableDataset over
+                                  run.stream for DataLoader workers x processes (not
+                                  imported here: the reader never imports torch itself)
+    (reader.trainers)             hand-offs to SAE trainers (dictionary_learning,
+                                  SAELens); imported on demand
     ReaderError                   reader.errors: base of the errors below
     NotARunError                  no run.json / manifest.json at the location
     UnknownHookError              a hook no committed partition holds

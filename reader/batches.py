@@ -25,6 +25,7 @@ from typing import Any, Iterator, Literal, Sequence
 import numpy as np
 
 from reader import formats
+from reader import masks as masks_lib
 from reader import prefetch as prefetch_lib
 from reader import run as run_lib
 from reader import shuffle as shuffle_lib
@@ -61,6 +62,8 @@ class TokenBatches:
     drop_last: see `shuffle.ShufflePlan`.
     exclude_bos / exclude_special: leave out tokens with the BOS id (anywhere in a row, also
       mid-row in concat packing) / the tokenizer's special tokens.
+    exclude: token masks to leave out (reader.masks.REASONS: "special", "bos", "padding",
+      "doc_boundary", "outlier"); outlier_factor: the "outlier" limit, in medians.
     whole_document: only tokens that attended to their whole document up to themselves
       (tokens/context_start == 0; see README, "What each token sees").
     partitions: committed partitions to use (default: all committed at open time).
@@ -82,7 +85,8 @@ class TokenBatches:
                  seed: int = 0, epochs: int | None = 1, start_step: int = 0,
                  process_index: int = 0, process_count: int = 1, drop_last: bool = True,
                  exclude_bos: bool = False, exclude_special: bool = False,
-                 whole_document: bool = False,
+                 whole_document: bool = False, exclude: Sequence[str] | None = None,
+                 outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR,
                  partitions: Sequence[int] | None = None, prefetch: int = 2,
                  framework: Literal["numpy", "jax", "torch"] = "numpy",
                  as_jax: bool = False, dtype: str | None = None, shuffle: bool = True,
@@ -95,7 +99,8 @@ class TokenBatches:
         for hook in self.hooks:
             run.hook(hook)
         self.index = shuffle_lib.build_index(run, partitions, exclude_bos, exclude_special,
-                                             self.hooks, whole_document)
+                                             self.hooks, whole_document, exclude,
+                                             outlier_factor)
         self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, seed, process_index,
                                             process_count, drop_last, shuffle)
         self.framework = formats.check_framework("jax" if as_jax else framework)

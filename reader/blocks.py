@@ -21,8 +21,8 @@ from typing import Iterable
 
 import numpy as np
 
+from reader import masks as masks_lib
 from reader import run as run_lib
-from reader import shuffle as shuffle_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,24 +47,27 @@ class BlockTable:
 
 def count_blocks(run: run_lib.Run, block_rows: int, partitions: Iterable[int] | None = None,
                  exclude_bos: bool = False, exclude_special: bool = False,
-                 hooks: tuple[str, ...] = (), whole_document: bool = False) -> BlockTable:
+                 hooks: tuple[str, ...] = (), whole_document: bool = False,
+                 token_filter: "masks_lib.TokenFilter | None" = None) -> BlockTable:
     """Valid tokens per block of the chosen committed partitions (default: all committed).
 
     Reads segment_ids and input_ids once (8 bytes per position; token arrays are stored one
-    object per partition) and keeps only one count per block.
+    object per partition), and what `token_filter` (default: from the flags) needs, and
+    keeps only one count per block.
     """
     if block_rows < 1:
         raise ValueError(f"block_rows must be positive, got {block_rows}")
     ids = run.committed_ids(partitions, hooks)
-    m = run.manifest
+    if token_filter is None:
+        token_filter = masks_lib.token_filter(run, hooks, exclude_bos=exclude_bos,
+                                              exclude_special=exclude_special,
+                                              whole_document=whole_document, partitions=ids)
+    sources = token_filter.sources(run)
     starts, stops, parts, counts = [], [], [], []
     for pid in ids:
         part = run.partitions[pid]
-        futures = [run.token_array(n)[part.row_start:part.row_stop].read()
-                   for n in shuffle_lib.token_names(whole_document)]
-        seg, inp, *context = (f.result() for f in futures)
-        per_row = shuffle_lib.valid_mask(seg, inp, m.bos_id, m.special_token_ids,
-                                         exclude_bos, exclude_special, *context).sum(axis=1)
+        futures = [a[part.row_start:part.row_stop].read() for a in sources]
+        per_row = token_filter.keep([f.result() for f in futures]).sum(axis=1)
         lo = np.arange(part.row_start, part.row_stop, block_rows, dtype=np.int64)
         hi = np.minimum(lo + block_rows, part.row_stop)
         # Per-block sums of the per-row counts (reduceat over each block's first row).

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from reader import masks as masks_lib
 from reader import run as run_lib
 from schemas import layout
 
@@ -113,7 +114,9 @@ def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
            arc_part: "str | int | None" = None, arc_example: int | None = None,
            arc_grid: "str | int | None" = None, cells_only: bool = False,
            whole_document: bool = False,
-           partitions: Sequence[int] | None = None) -> Selection:
+           partitions: Sequence[int] | None = None,
+           exclude: Sequence[str] | None = None,
+           outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR) -> Selection:
     """Tokens that match every given filter, over committed partitions.
 
     whole_document: only tokens that attended to their whole document up to themselves
@@ -125,6 +128,8 @@ def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
     cells_only: only tokens that encode a grid cell (arc_row / arc_col set).
     E.g. every cell token of task X's test input: select(h, arc_task=X,
     arc_grid="test_input", cells_only=True).
+    exclude / outlier_factor: token masks to leave out (reader.masks); also a filter of
+    its own: select(h, exclude=["bos", "outlier"]) is every other valid token.
     """
     hooks = _hooks(run, hooks)
     wanted = {
@@ -138,14 +143,25 @@ def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
     if whole_document:
         wanted["context_start"] = 0
     names = list(wanted) + (["arc_row"] if cells_only else [])
-    if not names:
-        raise ValueError("select: give at least one provenance filter")
+    if not names and not exclude:
+        raise ValueError("select: give at least one provenance filter or exclude=")
+    ids = run.committed_ids(partitions, hooks)
+    keep = masks_lib.token_filter(run, hooks, exclude, outlier_factor=outlier_factor,
+                                  partitions=ids)
+    keep_sources = keep.sources(run) if keep.exclude else []
     # A run without ARC sources has no ARC arrays: every token reads as -1 there.
     absent = {n for n in names if n in layout.ARC_ARRAYS
               and not run.store.exists(f"{layout.token_array_key(n)}/zarr.json")}
     all_rows, all_cols = [], []
-    for pid in run.committed_ids(partitions, hooks):
+    for pid in ids:
         part = run.partitions[pid]
+        if not names:
+            mask = keep.keep([a[part.row_start:part.row_stop].read().result()
+                              for a in keep_sources])
+            r, c = np.nonzero(mask)
+            all_rows.append(r + part.row_start)
+            all_cols.append(c)
+            continue
         # Filter on the most selective array first, then read the others only for rows
         # that still match: most rows of a mixed run hold no ARC tokens at all.
         first = (np.full((part.row_stop - part.row_start, run.seq_len), -1, np.int32)
@@ -161,6 +177,9 @@ def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
                       run.token_array(name).oindex[live + part.row_start].read().result())
             mask[live] &= _match(name, values, wanted)
             live = live[mask[live].any(axis=1)]
+        if keep_sources and len(live):
+            mask[live] &= keep.keep([a.oindex[live + part.row_start].read().result()
+                                     for a in keep_sources])
         r, c = np.nonzero(mask)
         all_rows.append(r + part.row_start)
         all_cols.append(c)

@@ -137,7 +137,10 @@ class Run:
         return infos[name]
 
     def describe(self) -> dict:
-        """A plain summary: hooks (shape, dtype), partitions committed and not."""
+        """A plain summary: hooks (shape, dtype), partitions committed and not, and the
+        tokens each mask removes (reader.masks; None until `compute_stats` counted them)."""
+        from reader import stats
+
         return {
             "location": str(self.location), "fingerprint": self.spec.fingerprint,
             "seq_len": self.seq_len, "total_rows": self.total_rows,
@@ -145,6 +148,7 @@ class Run:
                       for h, i in self.hooks.items()},
             "committed": list(self.committed),
             "uncommitted": [p.id for p in self.uncommitted_partitions],
+            "masks": stats.load_masks(self),
         }
 
     # -- checks -------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The global shuffle: one seeded permutation of every valid token, split across processes.
 
-Valid tokens (segment_ids > 0, optionally without BOS / special tokens: `valid_mask`) of
+Valid tokens (segment_ids > 0, without the tokens reader.masks.TokenFilter leaves out) of
 the chosen committed partitions are indexed in row-major order; epoch e of seed s visits
 them in the order of `np.random.default_rng([s, e]).permutation`. Global step k of the
 permutation is the slice [k*G, (k+1)*G) with G = batch_size * process_count, and process
@@ -20,6 +20,7 @@ from typing import Iterable
 
 import numpy as np
 
+from reader import masks as masks_lib
 from reader import run as run_lib
 
 
@@ -41,54 +42,32 @@ class TokenIndex:
         return flat // self.seq_len, flat % self.seq_len
 
 
-def token_names(whole_document: bool) -> tuple[str, ...]:
-    """The token arrays `valid_mask` needs."""
-    return ("segment_ids", "input_ids") + (("context_start",) if whole_document else ())
-
-
-def valid_mask(segment_ids: np.ndarray, input_ids: np.ndarray, bos_id: int | None,
-               special_ids: Iterable[int], exclude_bos: bool,
-               exclude_special: bool, context_start: np.ndarray | None = None) -> np.ndarray:
-    """Which tokens count: never padding; with `exclude_bos`, no token whose id is the BOS
-    id, wherever it is; given `context_start` (whole_document), only tokens that attended
-    to their whole document up to themselves.
-
-    The id alone decides, not the position: in `segmented` / `pad` packing a BOS opens a
-    document (position 0), but in `concat` packing positions are column indices (a row is
-    one causal stream across documents, schemas.layout), so a BOS that starts or separates
-    documents inside a row has position > 0 and is just as much a BOS.
-    """
-    mask = segment_ids > 0
-    if exclude_bos and bos_id is not None:
-        mask &= input_ids != bos_id
-    special = list(special_ids)
-    if exclude_special and special:
-        mask &= ~np.isin(input_ids, special)
-    if context_start is not None:
-        mask &= context_start == 0
-    return mask
-
-
 def build_index(run: run_lib.Run, partitions: Iterable[int] | None = None,
                 exclude_bos: bool = False, exclude_special: bool = False,
-                hooks: tuple[str, ...] = (), whole_document: bool = False) -> TokenIndex:
-    """Indexes the valid tokens of committed partitions (default: all committed).
+                hooks: tuple[str, ...] = (), whole_document: bool = False,
+                exclude: Iterable[str] | None = None,
+                outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR) -> TokenIndex:
+    """Indexes the valid tokens of committed partitions (default: all committed), without
+    the tokens of the `exclude` masks (reader.masks).
 
-    Reads only token arrays (4 bytes per position each), one partition at a time.
+    Reads only token arrays (4 bytes per position each, and the norms of "outlier"), one
+    partition at a time.
     """
     ids = run.committed_ids(partitions, hooks)
+    keep = masks_lib.token_filter(run, hooks, exclude, exclude_bos=exclude_bos,
+                                  exclude_special=exclude_special,
+                                  whole_document=whole_document,
+                                  outlier_factor=outlier_factor, partitions=ids)
+    sources = keep.sources(run)
     seq_len = run.seq_len
     flats, token_ids = [], []
     for pid in ids:
         part = run.partitions[pid]
-        futures = [run.token_array(n)[part.row_start:part.row_stop].read()
-                   for n in token_names(whole_document)]
-        seg, inp, *context = (f.result() for f in futures)
-        mask = valid_mask(seg, inp, run.manifest.bos_id, run.manifest.special_token_ids,
-                          exclude_bos, exclude_special, *context)
-        local = np.flatnonzero(mask.reshape(-1))
+        futures = [a[part.row_start:part.row_stop].read() for a in sources]
+        values = [f.result() for f in futures]
+        local = np.flatnonzero(keep.keep(values).reshape(-1))
         flats.append(local + part.row_start * seq_len)
-        token_ids.append(inp.reshape(-1)[local])
+        token_ids.append(values[1].reshape(-1)[local])
     flat = np.concatenate(flats) if flats else np.zeros(0, np.int64)
     ids_arr = np.concatenate(token_ids) if token_ids else np.zeros(0, np.int32)
     return TokenIndex(flat.astype(np.int64), ids_arr.astype(np.int32), seq_len, ids)

@@ -51,13 +51,13 @@ import tensorstore as ts
 from reader import array_pool
 from reader import blocks as blocks_lib
 from reader import formats
+from reader import masks as masks_lib
 from reader import gather as gather_lib
 from reader import mapped_hook
 from reader import prefetch as prefetch_lib
 from reader import read_window
 from reader import row_copy
 from reader import run as run_lib
-from reader import shuffle as shuffle_lib
 from reader.batches import Batch
 from reader.errors import ReaderError
 from reader.read_contexts import default_file_io_mode, read_contexts
@@ -117,8 +117,8 @@ class ShuffledStream:
       begin at. resume: a dict from `state(batch)`; checked against these settings.
     process_index / process_count: this trainer's share (disjoint blocks).
     drop_last: see blocks.StreamPlan (True: equal step counts on every process).
-    exclude_bos / exclude_special / whole_document / partitions: which tokens, as in
-      run.batches.
+    exclude / outlier_factor / exclude_bos / exclude_special / whole_document /
+      partitions: which tokens, as in run.batches (exclude: reader.masks.REASONS).
     prefetch_buffers: buffers read ahead (memory: see the module docstring);
     prefetch: batches cut ahead by the background thread.
     framework / as_jax / sharding / dtype / normalize: output format (reader.formats); a
@@ -147,7 +147,9 @@ class ShuffledStream:
                  resume: dict | None = None, process_index: int = 0,
                  process_count: int = 1, drop_last: bool = True, exclude_bos: bool = False,
                  exclude_special: bool = False, partitions: Sequence[int] | None = None,
-                 whole_document: bool = False, prefetch_buffers: int = 1, prefetch: int = 2,
+                 whole_document: bool = False, exclude: Sequence[str] | None = None,
+                 outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR,
+                 prefetch_buffers: int = 1, prefetch: int = 2,
                  framework: formats.Framework = "numpy", as_jax: bool = False,
                  sharding: Any = None, dtype: str | None = None,
                  normalize: str | None = None, gcs_request_concurrency: int | None = None,
@@ -169,8 +171,12 @@ class ShuffledStream:
             raise ValueError(f"buffer_tokens ({buffer_tokens}) holds less than one block of "
                              f"{block_rows} rows x {run.seq_len} tokens; raise it to at "
                              f"least {block_rows * run.seq_len}")
-        table = blocks_lib.count_blocks(run, block_rows, partitions, exclude_bos,
-                                        exclude_special, self.hooks, whole_document)
+        ids = run.committed_ids(partitions, self.hooks)
+        self._filter = masks_lib.token_filter(
+            run, self.hooks, exclude, exclude_bos=exclude_bos, exclude_special=exclude_special,
+            whole_document=whole_document, outlier_factor=outlier_factor, partitions=ids)
+        table = blocks_lib.count_blocks(run, block_rows, ids, hooks=self.hooks,
+                                        token_filter=self._filter)
         self.plan = blocks_lib.StreamPlan(table, batch_size, buffer_rows, seed,
                                           process_index, process_count, drop_last)
         self._settings = {
@@ -180,6 +186,10 @@ class ShuffledStream:
             "process_index": process_index, "process_count": process_count,
             "drop_last": drop_last, "exclude_bos": exclude_bos,
             "exclude_special": exclude_special, "whole_document": whole_document}
+        if self._filter.exclude:  # only then: states saved before masks existed still load
+            self._settings["exclude"] = list(self._filter.exclude)
+            if "outlier" in self._filter.exclude:
+                self._settings["outlier_factor"] = outlier_factor
         if resume is not None:
             start_step = self._check_resume(resume)
         self.start_step = start_step
@@ -218,8 +228,7 @@ class ShuffledStream:
         self._copy_rows, why = (row_copy.kernel() if native_copy
                                 else (None, "native_copy=False"))
         self.copy_path = why if self._copy_rows is not None else f"numpy: {why}"
-        self._tokens = [run._open(layout.token_array_key(n), tokens_context)
-                        for n in shuffle_lib.token_names(whole_document)]
+        self._tokens = self._filter.sources(run, tokens_context)
         self._prefetch_depth = max(1, prefetch)
         self._prefetch_in_thread = prefetch > 0
         # JAX arrays: the copy to the device (synchronous for host memory, ~6 GB/s on an
@@ -348,13 +357,10 @@ class ShuffledStream:
     def _permuted(self, loaded: _Loaded) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(flat slot positions of the valid tokens, ascending; the buffer's permutation of
         them; input_ids [rows*T])."""
-        m = self.run.manifest
-        seg, inp, *context = (np.concatenate([f[i].result() for f in loaded.tokens])
-                              for i in range(len(self._tokens)))
-        s = self._settings
-        valid = np.flatnonzero(shuffle_lib.valid_mask(
-            seg, inp, m.bos_id, m.special_token_ids, s["exclude_bos"], s["exclude_special"],
-            *context))
+        values = [np.concatenate([f[i].result() for f in loaded.tokens])
+                  for i in range(len(self._tokens))]
+        inp = values[1]
+        valid = np.flatnonzero(self._filter.keep(values))
         if len(valid) != loaded.buffer.tokens:
             raise RuntimeError(
                 f"{self.run.location}: rows {loaded.run_rows[0]}..{loaded.run_rows[-1]} hold "

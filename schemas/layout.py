@@ -26,6 +26,12 @@ CHANGES_PREFIX = "changes/"
 REJECTS_PREFIX = "rejects/"
 DOCS_PREFIX = "docs/"
 STATS_KEY = "stats.json"
+# Written by the reader's compute_stats (reader.masks): per hook, the L2 norm of every
+# token's activation, float32 [rows, seq_len] (0 at padding), for the "outlier" mask; the
+# partitions it covers, the hook's median norm and each mask's token counts are in
+# stats.json ("norm_partitions", "norm_median", "masks"). MASKS_VERSION counts changes.
+MASKS_GROUP = "masks"
+MASKS_VERSION = 1
 VERIFY_RECORD_KEY = "verify/latest.json"  # schemas.verification: what `actx verify` found
 # One JSON object per `actx verify --repair`: when, which partitions, the problems found
 # and the commit markers it deleted (kept here, since the markers themselves are gone).
@@ -117,6 +123,11 @@ def activation_array_key(hook: str) -> str:
     return f"{ACTIVATIONS_GROUP}/{hook}"
 
 
+def norms_array_key(hook: str) -> str:
+    """Per-token activation norms of a hook (see MASKS_GROUP)."""
+    return f"{MASKS_GROUP}/norms/{hook}"
+
+
 # zarr v3's default chunk key encoding names an array's stored objects c/<i>/<j>/...; an
 # activation shard spans the whole [seq_len, hidden] plane, so its key is c/<i>/0/0.
 SHARD_OBJECTS = "c/"
@@ -203,6 +214,16 @@ def token_array(name: str, total_rows: int, seq_len: int,
     fill = TOKEN_FILL.get(name, -1)
     return ArrayLayout(token_array_key(name),
                        _sharded_metadata([total_rows, seq_len], "int32", shard, chunk, layout, fill))
+
+
+def norms_array(hook: str, total_rows: int, seq_len: int,
+                layout: runspec_lib.LayoutSpec) -> ArrayLayout:
+    """float32 [rows, seq_len], one object per partition like the token arrays."""
+    shard = [layout.partition_rows, seq_len]
+    chunk = [layout.rows_per_shard, seq_len]
+    return ArrayLayout(norms_array_key(hook),
+                       _sharded_metadata([total_rows, seq_len], "float32", shard, chunk,
+                                         layout, 0.0))
 
 
 def activation_array(hook: str, total_rows: int, seq_len: int, hidden: int, dtype: str,

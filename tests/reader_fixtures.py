@@ -118,6 +118,8 @@ def _pack(rng: np.random.Generator, total_rows: int, seq_len: int, arc_every: in
             arrays["positions"][sl] = (np.arange(col, col + take) if concat
                                        else np.arange(placed, placed + take))
             arrays["doc_index"][sl] = d
+            if concat:  # as pipeline.pack: the document position of its first token here
+                arrays["context_start"][sl] = placed
             if arc is not None:
                 for name, values in arc.items():
                     arrays[name][sl] = values[placed:placed + take]

@@ -1,0 +1,152 @@
+"""Hand-offs to the SAE trainers people use, from a run's stream.
+
+- dictionary_learning (saprmarks): `ActivationBuffer`, a drop-in for its ActivationBuffer:
+  an endless iterator of float tensors [out_batch_size, d_submodule] on `device`, which is
+  all its `trainSAE(data=buffer, ...)` reads (plus `config`, which it saves).
+- SAELens: `export_saelens` writes its cached-activations layout, a HF `datasets` dataset
+  saved with `save_to_disk` (what its CacheActivationsRunner writes and its
+  ActivationsStore reads with `use_cached_activations=True, cached_activations_path=`):
+  one column per hook of Array2D (context_size, d_in) and `token_ids` (context_size).
+  Rows are `context_size` kept tokens in the stream's shuffled order (SAELens trains on
+  single tokens, so a row need not be one sequence); a tail shorter than a row is dropped.
+- sparsify and anything else that takes a DataLoader: `reader.torch_data.ActivationDataset`.
+
+torch (and `datasets` for the export) are imported here, so import this module only
+when handing off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from reader import run as run_lib
+from reader import torch_data
+
+# actx hook point -> TransformerLens hook point (SAELens's hook names).
+_TL_POINTS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
+              "resid_post": "hook_resid_post", "attn_out": "hook_attn_out",
+              "mlp_out": "hook_mlp_out"}
+
+
+def transformer_lens_name(hook: str) -> str:
+    """`layers.12.resid_post` -> `blocks.12.hook_resid_post` (SAELens's hook_name); other
+    hooks keep their name."""
+    m = re.fullmatch(r"layers\.(\d+)\.(\w+)", hook)
+    if m and m.group(2) in _TL_POINTS:
+        return f"blocks.{m.group(1)}.{_TL_POINTS[m.group(2)]}"
+    return {"embed": "hook_embed"}.get(hook, hook)
+
+
+class ActivationBuffer:
+    """dictionary_learning's ActivationBuffer, read from a run instead of a model.
+
+    run: location or open Run; hook: the run's hook (the submodule's output).
+    out_batch_size / device: as dictionary_learning's. epochs=None: endless, as theirs
+    (trainSAE stops after `steps`). Other keywords go to `run.stream` (exclude=, seed=,
+    normalize=, process_index= ...).
+    """
+
+    def __init__(self, run: "str | os.PathLike | run_lib.Run", hook: str,
+                 out_batch_size: int = 8192, device: "str | torch.device" = "cpu", *,
+                 epochs: int | None = None, **stream_kwargs: Any):
+        import reader
+
+        self.run = run if isinstance(run, run_lib.Run) else reader.open_run(run)
+        self.hook = hook
+        self.d_submodule = self.run.hook(hook).hidden
+        self.out_batch_size = out_batch_size
+        self.device = device
+        self._dataset = torch_data.ActivationDataset(
+            self.run, hook, out_batch_size, epochs=epochs, device=device,
+            rank=stream_kwargs.pop("process_index", 0),
+            world_size=stream_kwargs.pop("process_count", 1), **stream_kwargs)
+        self._batches: Iterator[torch.Tensor] | None = None
+
+    @property
+    def config(self) -> dict:
+        """What trainSAE saves beside the dictionary."""
+        return {"run": str(self.run.location), "hook": self.hook,
+                "d_submodule": self.d_submodule, "out_batch_size": self.out_batch_size,
+                "device": str(self.device)}
+
+    def __iter__(self) -> "ActivationBuffer":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self._batches is None:
+            self._batches = iter(self._dataset)
+        return next(self._batches)
+
+    def close(self) -> None:
+        if self._batches is not None:
+            self._batches.close()  # stops the stream's threads
+            self._batches = None
+
+
+def export_saelens(run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequence[str]",
+                   out_dir: str, *, context_size: int | None = None,
+                   columns: Sequence[str] | None = None, dtype: str = "float32",
+                   max_tokens: int | None = None, seed: int = 0, batch_size: int = 4096,
+                   **stream_kwargs: Any) -> dict:
+    """Writes SAELens's cached-activations dataset of `hooks` at `out_dir` (new or empty)
+    from one epoch of `run.stream` (keywords such as exclude= go to it). columns: the
+    dataset's column per hook (default: transformer_lens_name). Returns what to put in
+    SAELens's config: hook names, context_size, d_in, and the tokens written / dropped."""
+    import datasets
+    import reader
+
+    run = run if isinstance(run, run_lib.Run) else reader.open_run(run)
+    hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
+    columns = tuple(columns) if columns else tuple(transformer_lens_name(h) for h in hooks)
+    if len(columns) != len(hooks) or len(set(columns)) != len(columns):
+        raise ValueError(f"columns {columns}: one distinct name per hook of {hooks}")
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise ValueError(f"{out_dir}: not empty; SAELens's cache goes in a new directory")
+    context_size = run.seq_len if context_size is None else context_size
+    hidden = {h: run.hook(h).hidden for h in hooks}
+    features = datasets.Features({
+        **{c: datasets.Array2D((context_size, hidden[h]), dtype)
+           for h, c in zip(hooks, columns)},
+        "token_ids": datasets.Sequence(datasets.Value("int32"), length=context_size)})
+    written = {"tokens": 0, "dropped": 0}
+
+    def rows() -> Iterator[dict]:
+        pending: list = []  # (acts per hook, ids) pieces not yet in a full row
+        have = 0
+        with run.stream(hooks, batch_size, seed=seed, epochs=1, drop_last=False,
+                        dtype=dtype, **stream_kwargs) as batches:
+            for b in batches:
+                pending.append(({h: np.array(b.acts[h]) for h in hooks},
+                                np.array(b.input_ids)))
+                have += len(b)
+                while have >= context_size and (max_tokens is None
+                                                 or written["tokens"] < max_tokens):
+                    acts = {h: np.concatenate([p[0][h] for p in pending]) for h in hooks}
+                    ids = np.concatenate([p[1] for p in pending])
+                    yield {**{c: acts[h][:context_size] for h, c in zip(hooks, columns)},
+                           "token_ids": ids[:context_size].astype(np.int32)}
+                    written["tokens"] += context_size
+                    pending = [({h: a[context_size:] for h, a in acts.items()},
+                                ids[context_size:])]
+                    have -= context_size
+                written["dropped"] = have
+                if max_tokens is not None and written["tokens"] >= max_tokens:
+                    break
+
+    cache = tempfile.mkdtemp(prefix="actx-saelens-")
+    try:
+        data = datasets.Dataset.from_generator(rows, features=features, cache_dir=cache)
+        data.save_to_disk(out_dir)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return {"hook_names": list(columns), "context_size": context_size,
+            "d_in": {c: hidden[h] for h, c in zip(hooks, columns)},
+            "tokens": written["tokens"], "dropped_tokens": written["dropped"],
+            "rows": len(data)}
