@@ -241,12 +241,12 @@ class Worker:
             for batch in prefetcher:
                 if agree is None and self._stop_agreed(batch.index):
                     raise Preempted(f"stopped at step {batch.index} of {where}")
-                handler.wait_for_room()
                 segment_ids = batch.segment_ids
                 if self.one_segment_per_row:
                     segment_ids = (segment_ids > 0).astype(np.int32)
                 inputs = [self.transfer.tokens(batch.input_ids),
                           self.transfer.tokens(batch.positions), self.transfer.tokens(segment_ids)]
+                handler.wait_for_room()  # the inputs' copies to the devices overlap it
                 if self.max_context is not None:
                     outs = self.fn(*inputs, continues=self.transfer.slots(
                         np.asarray(batch.step.continues, bool)))
