@@ -172,3 +172,49 @@ def test_output_thread_bounds_the_steps_in_flight():
     thread.drain()
     thread.close()
     assert handled == [0, 1, 2]
+
+
+@pytest.mark.parametrize("packing", ["truncate", "concat"])
+def test_two_host_replica_streams_independent_rows_byte_identical(model_dir, tmp_path,
+                                                                  packing):
+    """Rows without context now stream on multi-host replicas too: partitions of 3 shards
+    over 2 hosts, so the hosts finish each partition at different steps and commit it when
+    they agree; the bytes equal one process's."""
+    ref = _run(model_dir, tmp_path / "ref", packing, partition_rows=12)
+    code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    for code, out in worker_procs.run_replica(run, hosts=2, devices_per_host=1,
+                                              extra=["--batch-size", "4",
+                                                     "--stop-check-steps", "3"]):
+        assert code == 0, out
+    worker_procs.assert_same_activations(run, ref)
+    markers = _markers(run)
+    assert sorted(markers) == sorted(_markers(ref))
+    for pid, marker in markers.items():
+        assert marker.checksums == _markers(ref)[pid].checksums
+        assert marker.hosts == ("r0h0", "r0h1")
+
+
+@pytest.mark.parametrize("crash_at", ["step:5", "write:4", "before_commit:2"])
+def test_truncated_rows_sigkill_then_rerun_is_byte_identical(model_dir, tmp_path, crash_at):
+    """A worker killed with steps in flight and partitions in hand commits nothing partial;
+    the rerun completes the same bytes and keeps the markers that stood."""
+    ref = _run(model_dir, tmp_path / "ref", "truncate", partition_rows=12)
+    code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4",
+                                         "--steps-in-flight", "3"], devices=2,
+                                        ACTX_CRASH_AT=crash_at)
+    assert code == -9, out
+    before = _markers(run)
+    assert len(before) < len(_markers(ref))
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    after = _markers(run)
+    for pid, marker in before.items():
+        assert after[pid] == marker
+    worker_procs.assert_same_activations(run, ref)
+    assert {p: m.checksums for p, m in after.items()} == {
+        p: m.checksums for p, m in _markers(ref).items()}

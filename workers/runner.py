@@ -51,9 +51,6 @@ WorkerOptions = worker_options.WorkerOptions  # where callers have always found 
 code_version = version.code_version
 
 
-host_local_pieces = transfer.host_local_pieces  # where callers have always found it
-
-
 class Worker:
     def __init__(self, opts: WorkerOptions):
         import jax
