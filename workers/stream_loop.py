@@ -4,11 +4,11 @@ A slot whose document ends takes the next document, from the next partition if n
 (`schedule.stream`), so no slot waits for a partition's longest document, and the steps
 never pause at a partition's end. Rows without context are one-row chains, so the same
 stream runs every packing. A one-host replica commits a partition as soon as its last row
-is durable (on the committer's thread; the output thread hands it over). The hosts of a multi-host
-replica run every step in lockstep but finish a partition at different steps, so every
-`stop_check_steps` steps they agree, in one small all-gather, on three things: whether one
-of them got SIGTERM, which partitions every host has finished (committed then, in order,
-by the collective commit), and whether all of them have run out of work.
+is durable (on the committer's thread; the output thread hands it over). The hosts of a
+multi-host replica run every step in lockstep but finish a partition at different steps,
+so every `stop_check_steps` steps they agree, in one small all-gather, on three things:
+whether one of them got SIGTERM, which partitions every host has finished (committed then,
+in order, by the collective commit), and whether all of them have run out of work.
 """
 
 from __future__ import annotations
