@@ -266,7 +266,10 @@ class Worker:
 
     def run_partition(self, pid: int, pool: writer.WriterPool,
                       committer: commit_step.Committer) -> None:
-        """One partition with its own steps (every host of the replica runs as many)."""
+        """One partition with its own steps (every host of the replica runs as many),
+        drained before it returns: only for multi-host replicas that steal, which take
+        partitions one at a time with claims (a collective the stream cannot run on its
+        planning thread)."""
         part = self.manifest.partition(pid)
         started = time.perf_counter()
         steps = self._plan_steps(part)
