@@ -1,22 +1,30 @@
-"""End-to-end extraction throughput against forward-only and HF transformers, one run.
+"""End to end through the production path against the same step's forward-only rate.
 
-Builds a random-init Qwen2 checkpoint and a prepared token store on local disk, then times
-(1) end to end: `workers.runner.Worker` reading the token store and writing committed
-    activation shards to local disk (all partitions, after a warm-up partition),
-(2) forward only: the same jitted step on the same batch shape, outputs left on device,
-(3) HF transformers PyTorch: `output_hidden_states=True` plus a copy of the same hooked
-    layers to host numpy,
-and prints tokens/s (all positions of all rows) and the ratios.
+Builds a random-init Qwen2 checkpoint and token stores of FineWeb-like documents (log-normal
+lengths) on local disk, packed twice: `overflow: continue` (the default: long documents
+carry their context from row to row) and `overflow: truncate` (rows independent). For each,
+and each `--steps-in-flight`, every round times
+(1) end to end: `Worker.run()`, the code `actx extract` runs (partition choice, prefetch,
+    step, outputs, writer, commit), over every partition of a fresh copy of the token store,
+    until the last marker is written (model load and compilation before the clock starts),
+(2) forward only: the same step function on the run's own inputs, in order, back to
+    back, outputs left on device (the faster of two passes),
+and prints steps per second of both and their ratio, the schedule's fill (stored rows per
+slot computed), and the host's milliseconds per step: waiting for outputs, copying them into
+blocks, writing (writer threads, off the loop), the writer's wait and the dispatcher's wait.
+Medians over `--rounds`. HF transformers (hidden states + host copy) is timed once at the end.
 
-  python bench/extract.py                      # CPU default, ~1-2 minutes
+  python bench/extract.py                      # CPU default, a few minutes
   python bench/extract.py --qwen05b --skip-hf  # Qwen2.5-0.5B shapes, bf16, for a GPU
-  python bench/extract.py --length-mix [...]   # long documents: bench/long_documents.py
+  python bench/extract.py --length-mix [...]   # exact context vs rows alone: long_documents.py
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -25,12 +33,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import common  # noqa: E402
 
+PACKINGS = ("continue", "truncate")
+
 
 def _parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(p, batch=8)
-    p.add_argument("--partitions", type=int, default=4, help="timed partitions")
-    p.add_argument("--steps-per-partition", type=int, default=4)
+    p.add_argument("--partitions", type=int, default=4,
+                   help="partitions of each store (about; documents are drawn to fill them)")
+    p.add_argument("--steps-per-partition", type=int, default=8)
+    p.add_argument("--steps-in-flight", default="2", help="comma list, each one measured")
+    p.add_argument("--packing", default=",".join(PACKINGS), help="comma list of " +
+                   " / ".join(PACKINGS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--median-tokens", type=float, default=600.0, help="median document")
     p.add_argument("--hooked-layers", type=int, default=4, help="resid_post of the last N")
     p.add_argument("--store-dtype", default="bfloat16")
     p.add_argument("--codec", default="none", choices=["none", "zstd", "blosc"])
@@ -38,85 +54,97 @@ def _parse_args():
     return common.apply_presets(p.parse_args())
 
 
-def _write_checkpoint(args, path: str) -> str:
-    from tests import hf_models
+def _lengths(args, target_rows: int, packing: str) -> list[int]:
+    """Log-normal document lengths (sigma 1.2), enough to fill about `target_rows` rows
+    once packed with `packing` (truncated documents keep one row's worth)."""
+    import numpy as np
 
-    return str(hf_models.make_tiny_checkpoint(
-        path, "qwen2", hidden_size=args.hidden, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        intermediate_size=args.intermediate, vocab_size=args.vocab,
-        max_position_embeddings=max(args.seq, 4096)))
+    rng = np.random.default_rng(0)
+    lengths, tokens = [], 0
+    while tokens < target_rows * args.seq:
+        n = int(np.clip(np.exp(rng.normal(np.log(args.median_tokens), 1.2)), 1,
+                        16 * args.seq))
+        lengths.append(n)
+        tokens += min(n, args.seq) if packing == "truncate" else n
+    return lengths
 
 
-def main() -> None:
-    args = _parse_args()
+def _token_store(args, model_dir: str, path: str, packing: str, lengths, hooks: str) -> int:
+    """Writes the token store; returns its partitions."""
+    from tests import token_runs
+
+    token_runs.write_long_document_run(
+        path, model_dir, mode="segmented", seq_len=args.seq, max_context=4 * args.seq,
+        lengths=lengths, hooks=hooks, rows_per_shard=max(1, args.batch // 2),
+        partition_rows=args.batch * args.steps_per_partition, vocab=args.vocab,
+        overflow=packing, model_dtype=args.dtype, store_dtype=args.store_dtype,
+        codec=args.codec)
+    from schemas import manifest, store
+
+    return len(manifest.read_manifest(store.open_store(path)).partitions)
+
+
+def _fresh_copy(src: str, dest: str) -> str:
+    shutil.rmtree(dest, ignore_errors=True)
+    from tests import worker_procs
+
+    return worker_procs.copy_token_store(src, dest)
+
+
+def _end_to_end(args, run: str, in_flight: int) -> dict:
+    """One timed `Worker.run()` over every partition of `run`."""
     import jax
     import numpy as np
 
-    from schemas import manifest as manifest_lib
-    from schemas import store as store_lib
-    from tests import token_runs
-    from workers import commit as commit_step
-    from workers import runner, writer
+    from workers import runner, step
 
-    work = args.dir or tempfile.mkdtemp(prefix="actx-bench-")
-    model_dir = _write_checkpoint(args, os.path.join(work, "model"))
-    hooks = ",".join(f"layers.{i}.resid_post"
-                     for i in range(args.layers - args.hooked_layers, args.layers))
-    rows_per_partition = args.batch * args.steps_per_partition
-    n_rows = rows_per_partition * (args.partitions + 1)  # +1: warm-up partition
-    rows_per_shard = min(rows_per_partition, max(1, args.batch // 2))
-    run = os.path.join(work, "run")
-    token_runs.write_token_run(
-        run, model_dir, n_rows=n_rows, seq_len=args.seq, vocab=args.vocab, hooks=hooks,
-        dtype=args.store_dtype, model_dtype=args.dtype, rows_per_shard=rows_per_shard,
-        partition_rows=rows_per_partition, codec=args.codec)
-    device = jax.devices()[0]
-    print(f"device: {device.device_kind} x{jax.device_count()} ({jax.default_backend()}); "
-          f"model hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
-          f"{args.dtype}; batch {args.batch} x seq {args.seq}; hooks {hooks}; "
-          f"store {args.store_dtype}, codec {args.codec}")
+    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=args.batch,
+                                                steps_in_flight=in_flight, heartbeat_s=5.0))
+    # Compile on inputs placed as the loop places them (global arrays on the step's
+    # shardings): numpy inputs would compile another executable.
+    tokens = worker.transfer.tokens(np.ones((args.batch, args.seq), np.int32))
+    kwargs = ({} if worker.max_context is None
+              else {"continues": worker.transfer.slots(np.zeros(args.batch, bool))})
+    step_fn = worker.fn
+    jax.block_until_ready(step_fn(tokens, tokens, tokens, **kwargs))
+    compiled = step_fn.compile_count()
+    calls = []
 
-    opts = runner.WorkerOptions(run=run, batch_size=args.batch, heartbeat_s=5.0)
-    worker = runner.Worker(opts)
-    pool = writer.WriterPool(opts.writer_threads, opts.max_pending_mb << 20)
-    committer = commit_step.Committer(worker.store, worker.spec, worker.topo, worker.attempt,
-                                      "bench")
-    worker.run_partition(0, pool, committer)  # warm-up: compile, open arrays
-    committer.drain()
-    pool.wait_s = 0.0
+    def recorded(*inputs, **kw):  # the run's inputs, replayed by the forward-only pass
+        calls.append((inputs, kw))
+        return step_fn(*inputs, **kw)
+
+    worker.fn = recorded
+    # Forward only: the same step on the run's own inputs, in order, back to back, outputs
+    # left on device; timed twice, the faster counts (on a shared machine, the one less
+    # disturbed; this can only lower the ratio).
+    fn = step.make_extract_fn(worker.model, worker.capture, worker.mesh,
+                              max_context=worker.max_context)
+    jax.block_until_ready(fn(tokens, tokens, tokens, **kwargs))
+
+    def forward_only() -> float:
+        start = time.perf_counter()
+        for inputs, kw in calls:
+            outs = fn(*inputs, **kw)
+        jax.block_until_ready(outs)
+        return time.perf_counter() - start
+
     start = time.perf_counter()
-    for pid in range(1, args.partitions + 1):
-        worker.run_partition(pid, pool, committer)
-    committer.drain()  # every timed partition committed: data durable, markers written
-    e2e_s = time.perf_counter() - start
-    committer.close()
-    pool.shutdown()
-    timed_rows = args.partitions * rows_per_partition
-    e2e_tps = timed_rows * args.seq / e2e_s
-    m = manifest_lib.read_manifest(store_lib.open_store(run))
-    valid = sum(p.tokens for p in m.partitions[1:])
+    assert worker.run() == 0
+    seconds = time.perf_counter() - start
+    assert step_fn.compile_count() == compiled, "the timed run compiled the step again"
+    timings = worker.timings
+    stored_rows = worker.manifest.total_rows
+    n = len(calls)
+    forward_s = min(forward_only(), forward_only())
+    return dict(steps=n, e2e_steps_per_s=n / seconds, fwd_steps_per_s=n / forward_s,
+                fill=stored_rows / (n * args.batch), seconds=seconds,
+                partitions=len(worker.manifest.partitions), **timings.per_step_ms())
 
-    # Forward only: the same step and batch, outputs stay on device.
-    ids = np.asarray(token_runs.read_tokens(run, "input_ids")[:args.batch])
-    seg = np.asarray(token_runs.read_tokens(run, "segment_ids")[:args.batch])
-    pos = np.asarray(token_runs.read_tokens(run, "positions")[:args.batch])
-    fn = worker.fn
 
-    def forward():
-        out = fn(ids, pos, seg)
-        jax.block_until_ready(out)
-
-    fwd_tps = args.batch * args.seq / common.median_seconds(
-        forward, max(5, args.steps_per_partition))
-
-    print(f"end to end (token store -> committed shards): {e2e_tps:12,.0f} tokens/s "
-          f"({timed_rows} rows, {valid:,} non-padding tokens, {e2e_s:.2f} s; "
-          f"writer wait {pool.wait_s:.2f} s)")
-    print(f"forward only, same step and batch:            {fwd_tps:12,.0f} tokens/s")
-    print(f"ratio end-to-end / forward-only:              {e2e_tps / fwd_tps:12.3f}")
-    if args.skip_hf:
-        return
+def _hf(args, model_dir: str, hooks: str) -> float:
+    """HF transformers tokens/s: hidden states plus a host copy of the hooked layers."""
+    import numpy as np
     import torch
     import transformers
 
@@ -125,20 +153,80 @@ def main() -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
     layer_ids = [int(h.split(".")[1]) for h in hooks.split(",")]
-    ids_t = torch.as_tensor(ids, dtype=torch.long)
+    ids = torch.as_tensor(np.random.default_rng(0).integers(1, args.vocab,
+                                                            (args.batch, args.seq)))
 
     def hf_extract():
         with torch.no_grad():
-            out = hf.model(input_ids=ids_t, output_hidden_states=True)
-        # hidden_states[i + 1] is resid_post of layer i (the last is after the final norm,
-        # which costs HF nothing extra); copy the hooked ones to host as actx stores them.
+            out = hf.model(input_ids=ids, output_hidden_states=True)
+        # hidden_states[i + 1] is resid_post of layer i; copied to host as actx stores it.
         return [out.hidden_states[i + 1].to(torch.bfloat16).float().numpy() for i in layer_ids]
 
-    hf_tps = args.batch * args.seq / common.median_seconds(
-        hf_extract, max(3, args.steps_per_partition))
-    print(f"HF transformers (hidden states + host copy):  {hf_tps:12,.0f} tokens/s")
-    print(f"ratio actx end-to-end / HF:                   {e2e_tps / hf_tps:12.3f}")
-    print(f"ratio actx forward-only / HF:                 {fwd_tps / hf_tps:12.3f}")
+    return args.batch * args.seq / common.median_seconds(hf_extract, 5)
+
+
+def main() -> None:
+    args = _parse_args()
+    import jax
+
+    from tests import hf_models
+
+    work = args.dir or tempfile.mkdtemp(prefix="actx-bench-")
+    model_dir = str(hf_models.make_tiny_checkpoint(
+        os.path.join(work, "model"), "qwen2", hidden_size=args.hidden,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, intermediate_size=args.intermediate,
+        vocab_size=args.vocab, max_position_embeddings=max(8 * args.seq, 4096)))
+    hooks = ",".join(f"layers.{i}.resid_post"
+                     for i in range(args.layers - args.hooked_layers, args.layers))
+    packings = args.packing.split(",")
+    lengths = {p: _lengths(args, args.batch * args.steps_per_partition * args.partitions, p)
+               for p in packings}
+    in_flights = [int(x) for x in args.steps_in_flight.split(",")]
+    stores = {p: os.path.join(work, f"tokens-{p}") for p in packings}
+    for packing, path in stores.items():
+        _token_store(args, model_dir, path, packing, lengths[packing], hooks)
+    device = jax.devices()[0]
+    print(f"device: {device.device_kind} x{jax.device_count()} ({jax.default_backend()}); "
+          f"model hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
+          f"{args.dtype}; batch {args.batch} x seq {args.seq}; hooks {hooks}; "
+          f"store {args.store_dtype}, codec {args.codec}; documents: "
+          f"{', '.join(f'{len(v)} ({p})' for p, v in lengths.items())}, median "
+          f"{args.median_tokens:.0f} tokens; {args.rounds} rounds")
+    results: dict[tuple[str, int], list[dict]] = {}
+    for r in range(args.rounds):
+        for packing in packings:
+            for in_flight in in_flights:
+                run = _fresh_copy(stores[packing], os.path.join(work, "run"))
+                got = _end_to_end(args, run, in_flight)
+                results.setdefault((packing, in_flight), []).append(got)
+                print(f"round {r + 1} {packing:8s} steps in flight {in_flight}: "
+                      f"{got['steps']} steps over {got['partitions']} partitions, end to end "
+                      f"/ forward-only {got['e2e_steps_per_s'] / got['fwd_steps_per_s']:.3f}",
+                      flush=True)
+    tokens_per_step = args.batch * args.seq
+    print()
+    for (packing, in_flight), rounds in results.items():
+        med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+        ratios = [r["e2e_steps_per_s"] / r["fwd_steps_per_s"] for r in rounds]
+        print(f"overflow: {packing}, steps in flight {in_flight} "
+              f"({rounds[0]['steps']} steps, {rounds[0]['partitions']} partitions; "
+              f"medians of {len(rounds)} rounds)")
+        print(f"  end to end (token store -> committed shards): "
+              f"{med['e2e_steps_per_s'] * tokens_per_step:12,.0f} tokens/s of slots "
+              f"({med['seconds']:.2f} s; {med['fill']:.3f} of the slots are stored rows)")
+        print(f"  forward only, same step and batch:            "
+              f"{med['fwd_steps_per_s'] * tokens_per_step:12,.0f} tokens/s")
+        print(f"  ratio end-to-end / forward-only:              "
+              f"{statistics.median(ratios):12.3f}  (rounds: "
+              f"{', '.join(f'{x:.3f}' for x in ratios)})")
+        print(f"  host ms per step: waiting {med['waiting']:.1f}, copying {med['copying']:.2f}, "
+              f"writing {med['writing']:.2f} (writer threads); writer wait "
+              f"{med['writer_wait']:.2f}, dispatch wait {med['dispatch_wait']:.1f}; "
+              f"step {1000 / med['fwd_steps_per_s']:.1f} ms forward only")
+    if not args.skip_hf:
+        hf_tps = _hf(args, model_dir, hooks)
+        print(f"HF transformers (hidden states + host copy): {hf_tps:12,.0f} tokens/s")
 
 
 if __name__ == "__main__":

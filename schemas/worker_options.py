@@ -26,6 +26,9 @@ class ExtractSettings:
       parallelism other than the run's first attempt used (reruns then rewrite partitions
       with slightly different bytes; markers stay true).
     prefetch_depth: token batches read ahead of the device.
+    steps_in_flight: steps dispatched to the devices whose outputs the host has not yet
+      handled (written into blocks); 1 runs a step only after the previous one's outputs
+      are handled.
     writer_threads: threads writing shard blocks to storage.
     max_pending_mb: MB of shard blocks waiting for storage before the loop waits.
     heartbeat_s: seconds between heartbeats (workers/<host>.json).
@@ -40,6 +43,7 @@ class ExtractSettings:
     steal: bool = False
     allow_numerics_change: bool = False
     prefetch_depth: int = 4
+    steps_in_flight: int = 2
     writer_threads: int = 4
     max_pending_mb: int = 2048
     heartbeat_s: float = 2.0

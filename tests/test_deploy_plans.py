@@ -79,9 +79,9 @@ def _worker_command(job: str, hosts: int, extra: str = "", batch: int = 8) -> st
             f'--log-every-s 10 --host "tpu1-w$ACTX_PROCESS_ID" -- '
             f"python3 -m workers.main --run gs://b/runs/r1 --batch-size {batch} "
             f"--model-parallel 1 --no-steal --no-allow-numerics-change --prefetch-depth 4 "
-            f"--writer-threads 4 --max-pending-mb 2048 --heartbeat-s 2 --stop-check-steps 16 "
-            f"--gcs-request-concurrency 32 --gcs-request-retries 8 --replicas 1 --replica 0 "
-            f"--job {job} --expect-fingerprint {fp}{extra} "
+            f"--steps-in-flight 2 --writer-threads 4 --max-pending-mb 2048 --heartbeat-s 2 "
+            f"--stop-check-steps 16 --gcs-request-concurrency 32 --gcs-request-retries 8 "
+            f"--replicas 1 --replica 0 --job {job} --expect-fingerprint {fp}{extra} "
             f'--host-name "tpu1-w$ACTX_PROCESS_ID" > "$HOME/actx-{job}.out" 2>&1 < /dev/null '
             f'& echo "worker $ACTX_PROCESS_ID of {hosts} started (pid $!)"')
 

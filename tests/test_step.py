@@ -97,3 +97,31 @@ def test_scan_stops_after_last_requested_layer(model, hooks, layers_run):
     ids = _ids(2, 16)
     jaxpr = str(jax.make_jaxpr(fn._jitted)(fn._params, ids, ids, ids))
     assert re.findall(r"length=(\d+)", jaxpr) == [str(layers_run)]
+
+
+@pytest.mark.parametrize("max_context", [None, 32])
+def test_outputs_written_to_pinned_host_memory_by_the_step(model, max_context):
+    """The worker asks for pinned host outputs where the backend has them (GPU, TPU); the
+    mechanism is the same on the CPU's pinned_host memory kind: the executable places the
+    outputs there, with the bytes of outputs left in device memory."""
+    from workers import sharding, transfer
+
+    mesh = sharding.make_mesh(data=-1, model=1)
+    spec = capture.CaptureSpec.parse("layers.0.resid_post,final_norm")
+    on_device = step.make_extract_fn(model, spec, mesh, max_context=max_context)
+    on_host = step.make_extract_fn(model, spec, mesh, max_context=max_context,
+                                   output_memory_kind="pinned_host")
+    ids = _ids(8, 16)
+    want = on_device(ids)
+    got = on_host(ids)
+    for name in want:
+        assert got[name].sharding.memory_kind == "pinned_host"
+        assert want[name].sharding.memory_kind == "device"
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
+        pieces = transfer.host_local_pieces(got[name])
+        np.testing.assert_array_equal(np.concatenate([p for _, p in pieces]),
+                                      np.asarray(want[name]))
+    # The worker leaves the CPU's outputs in place: there they are in host memory already.
+    import jax
+
+    assert transfer.output_memory_kind(jax) is None

@@ -100,3 +100,48 @@ def test_every_codec_round_trips_and_zarr_python_agrees(tmp_path, codec):
     inner = [c["name"] for c in meta["codecs"][0]["configuration"]["codecs"]]
     assert inner == {"none": ["bytes"], "zstd": ["bytes", "zstd"],
                      "blosc": ["bytes", "blosc"]}[codec]
+
+
+def test_scattered_slots_and_whole_block_pieces_store_each_row_in_its_place(tmp_path):
+    """Steps whose slots hold rows out of order, some not written, in per-device pieces of
+    2 slots, and one piece that is a whole block: every row lands where its row number says."""
+    arrays = _arrays(tmp_path, "float32")
+    pool = writer.WriterPool(threads=2, max_pending_bytes=1 << 20)
+    part = writer.PartitionWriter(arrays, (4, 16), pool)  # blocks at rows 4, 8, 12
+    rng = np.random.default_rng(1)
+    data = {k: rng.normal(size=(16, 3, 8)).astype(np.float32) for k in ("a", "b")}
+    steps = [  # (rows per slot, written per slot, slots per piece)
+        ((9, 10, 4, 5, 6, 13, 7, 4), (True, True, True, True, True, True, True, False), 2),
+        ((12, 8, 11, 15, 14, 8, 8, 8), (True, True, True, True, True, False, False, False), 2),
+        ((4, 4, 4, 4), (False,) * 4, 4),  # nothing written (padding)
+    ]
+    for rows, write, per_piece in steps:
+        pieces = {k: [(o, v[list(rows[o:o + per_piece])])
+                      for o in range(0, len(rows), per_piece)] for k, v in data.items()}
+        part.add_slots(rows, write, pieces)
+    sums = part.finish()
+    pool.shutdown()
+    for hook in ("a", "b"):
+        stored = ts.open({"driver": "zarr3", "kvstore": {
+            "driver": "file", "path": str(tmp_path / "run" / "activations" / hook) + "/"}}
+        ).result()
+        np.testing.assert_array_equal(stored[4:16].read().result(), data[hook][4:16])
+        assert sums[hook] == [commit.checksum(np.ascontiguousarray(data[hook][i:i + 4]).tobytes())
+                              for i in (4, 8, 12)]
+
+
+def test_a_device_shard_that_is_a_whole_block_is_stored_as_it_is(tmp_path):
+    arrays = _arrays(tmp_path, "float32")
+    pool = writer.WriterPool(threads=1, max_pending_bytes=1 << 20)
+    part = writer.PartitionWriter(arrays, (0, 8), pool)
+    values = {k: np.arange(8 * 3 * 8, dtype=np.float32).reshape(8, 3, 8) + i
+              for i, k in enumerate(("a", "b"))}
+    part.add_slots(tuple(range(8)), (True,) * 8,
+                   {k: [(0, v[:4]), (4, v[4:])] for k, v in values.items()})
+    part.finish()
+    pool.shutdown()
+    for hook, v in values.items():
+        stored = ts.open({"driver": "zarr3", "kvstore": {
+            "driver": "file", "path": str(tmp_path / "run" / "activations" / hook) + "/"}}
+        ).result()
+        np.testing.assert_array_equal(stored[0:8].read().result(), v)

@@ -103,7 +103,8 @@ def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmente
                             lengths=LONG_DOC_LENGTHS, hooks: str = "layers.*.resid_post",
                             rows_per_shard: int = 4, partition_rows: int = 16,
                             vocab: int = 512, seed: int = 0, overflow: str = "continue",
-                            model_dtype: str = "float32", store_dtype: str = "float32"):
+                            model_dtype: str = "float32", store_dtype: str = "float32",
+                            codec: str = "zstd"):
     """A run packed by the real packer (pipeline.pack) from random documents of `lengths`
     tokens. Returns (spec, documents as int32 arrays)."""
     from pipeline import pack
@@ -117,7 +118,7 @@ def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmente
                     "overflow": overflow},
         "capture": {"hooks": hooks, "dtype": store_dtype},
         "layout": {"rows_per_shard": rows_per_shard, "partition_rows": partition_rows,
-                   "chunk_rows": 1, "codec": "zstd"},
+                   "chunk_rows": 1, "codec": codec},
     })
     rng = np.random.default_rng(seed)
     docs = [rng.integers(1, vocab, n).astype(np.int32) for n in lengths]

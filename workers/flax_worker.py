@@ -6,21 +6,13 @@ it runs differs: the model comes from the factory (weights placed by their own s
 annotations), hooks are module paths, every row is seen alone (no KV cache), and packing
 modes the model cannot serve are refused before anything runs.
 
-Its `__init__` mirrors `runner.Worker.__init__` line for line except where the model is
-loaded and the hooks are sized; keep the two in step.
+It is `runner.Worker` with another `_load_model`.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
-import uuid
-
-from schemas import commit as commit_lib
-from schemas import run_dir, runspec, store, ts_context
-from workers import (admission, flax_hooks, flax_model, flax_step, prefetch, progress,
-                     runner, schedule, transfer, writer)
+from schemas import runspec, store, ts_context
+from workers import admission, flax_hooks, flax_model, flax_step, runner
 
 
 def worker_for_run(opts: runner.WorkerOptions) -> runner.Worker:
@@ -31,34 +23,10 @@ def worker_for_run(opts: runner.WorkerOptions) -> runner.Worker:
 
 
 class FlaxWorker(runner.Worker):
-    def __init__(self, opts: runner.WorkerOptions):
-        import jax
+    """`runner.Worker` whose model is a user's Flax module: only `_load_model` differs."""
 
-        from workers import sharding
-
-        self.opts = opts
-        self.jax = jax
-        ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
-        opened = run_dir.open_run(opts.run)
-        self.location, self.store = opened.location, opened.store
-        self.spec, self.manifest = opened.spec, opened.manifest
-        admission.check_spec(self.location, self.spec, self.manifest, opts.expect_fingerprint)
-        self.topo = schedule.Topology(
-            replicas=opts.replicas, replica=opts.replica,
-            hosts_per_replica=jax.process_count(), host_index=jax.process_index())
-        if opts.batch_size % self.topo.hosts_per_replica:
-            raise ValueError(f"batch size {opts.batch_size} does not split evenly over the "
-                             f"{self.topo.hosts_per_replica} hosts of the replica")
-        if opts.model_parallel > jax.local_device_count():
-            raise ValueError(
-                f"model_parallel={opts.model_parallel} is larger than this host's "
-                f"{jax.local_device_count()} devices: the hosts of a replica split the batch, "
-                f"so the model axis must stay within one host")
-        self.local_batch = opts.batch_size // self.topo.hosts_per_replica
-        self.mesh = sharding.make_mesh(data=-1, model=opts.model_parallel)
-        sharding.check_batch(opts.batch_size, self.mesh)
-        self._warn_idle_hosts()
-        # What differs from runner.Worker: the model, its hooks and their widths.
+    def _load_model(self) -> None:
+        """The factory's module, its hooks as module paths, every row seen alone."""
         self.model = flax_model.load(self.spec.model.flax, self.mesh)
         problem = flax_model.packing_problem(self.spec.packing, self.model.call,
                                              self.spec.model.flax)
@@ -75,27 +43,9 @@ class FlaxWorker(runner.Worker):
                 f"{self.spec.tokenizer.path}) is larger than the Flax model's embedding "
                 f"({self.model.vocab_size} rows, {self.spec.model.flax}): tokenizer and "
                 f"model do not belong together")
-        admission.check_token_layout(self.store, self.location)
         self.max_context = None  # every row is seen alone (continue overflow is refused)
         self.fn = flax_step.FlaxExtractFn(self.model, self.capture, self.mesh,
                                           self.spec.capture.dtype)
         self.warmup_rows = None
         self.hooks = self.fn.hook_widths(self.manifest.seq_len)
-        self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
-                                               opts.model_parallel)
-        self._committed = commit_lib.committed_partitions(self.store)
-        admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
-                                        self.model.digest, self.numerics,
-                                        opts.allow_numerics_change,
-                                        nothing_committed=not self._committed)
-        self.arrays = writer.ActivationArrays(
-            self.location, self.hooks, self.manifest.total_rows, self.manifest.seq_len,
-            self.spec.capture.dtype, self.spec.layout)
-        self.tokens = prefetch.TokenStore(self.location)
-        self.host = opts.host_name or (
-            f"{socket.gethostname()}-r{self.topo.replica}h{self.topo.host_index}")
-        self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.stop_requested = threading.Event()
-        self.progress = progress.Progress()
-        self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)
-        self.one_segment_per_row = self.spec.packing.mode == "concat"
+        return None  # the model's own attention: nothing of actx's to record

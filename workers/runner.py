@@ -1,19 +1,19 @@
 """The per-host extraction loop: partitions in, committed activation shards out.
 
-Each host of a replica runs this same loop in lockstep. Step i+1 is dispatched before
-step i's outputs are handled, outputs travel to host memory asynchronously (pinned host
-memory where the backend has it), each device shard is copied once into its place in a
-whole-shard block that a bounded pool writes, and a partition is committed only after
-every host's writes are durable (`workers.commit`). A SIGTERM stops the loop between steps
-without committing the partition in hand. With long documents, a document's rows go through
-one batch slot in successive steps (`workers.schedule`); one-host replicas stream
-partitions with no barrier between them. What a run must be for this worker to write
-into it is checked first (`workers.admission`).
+Each host of a replica runs this same loop in lockstep. This thread only dispatches steps:
+up to `steps_in_flight` steps run ahead of the host, whose outputs travel to host memory
+asynchronously (pinned host memory where the backend has it) and are handled on a thread of
+their own (`workers.outputs`): their rows go into whole-shard blocks that a bounded pool
+writes, and a partition is committed once its last row is durable on every host
+(`workers.commit`). Partitions stream through the batch slots with no barrier between them
+(`workers.stream_loop`), whatever the packing; a long document's rows go through one slot
+in successive steps (`workers.schedule`). A SIGTERM stops the loop between steps without
+committing the partition in hand. What a run must be for this worker to write into it is
+checked first (`workers.admission`).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import signal
@@ -32,7 +32,7 @@ from schemas import manifest as manifest_lib
 from schemas import ts_context
 from schemas import version, worker_options
 from workers import commit as commit_step
-from workers import (admission, distributed, faults, prefetch, progress, schedule,
+from workers import (admission, distributed, faults, outputs, prefetch, progress, schedule,
                      stream_loop, transfer, writer)
 
 log = logging.getLogger("actx.worker")
@@ -51,17 +51,11 @@ WorkerOptions = worker_options.WorkerOptions  # where callers have always found 
 code_version = version.code_version
 
 
-host_local_pieces = transfer.host_local_pieces  # where callers have always found it
-
-
 class Worker:
     def __init__(self, opts: WorkerOptions):
         import jax
 
-        from workers import capture as capture_lib
-        from workers import model as model_lib
         from workers import sharding
-        from workers import step as step_lib
 
         self.opts = opts
         self.jax = jax
@@ -85,29 +79,10 @@ class Worker:
         self.mesh = sharding.make_mesh(data=-1, model=opts.model_parallel)
         sharding.check_batch(opts.batch_size, self.mesh)
         self._warn_idle_hosts()
-        self.capture = capture_lib.CaptureSpec.parse(self.spec.capture.hooks,
-                                                     dtype=self.spec.capture.dtype)
-        self.model = model_lib.load_pretrained(self.spec.model.path, dtype=self.spec.model.dtype,
-                                               mesh=self.mesh)
-        cfg = self.model.config
-        admission.check_vocabulary(self.spec, self.manifest, cfg)
+        attention = self._load_model()
         admission.check_token_layout(self.store, self.location)
-        packing = self.spec.packing
-        # Long documents carry their context from row to row through a slot's KV cache;
-        # concat and truncate rows are independent and run without one.
-        self.max_context = packing.max_context if packing.carries_context else None
-        self.fn = step_lib.make_extract_fn(self.model, self.capture, self.mesh,
-                                           max_context=self.max_context)
-        self.warmup_rows = None if self.max_context is None else schedule.warmup_rows(
-            [min(w or self.max_context, self.max_context)
-             for w in cfg.window_per_layer[:self.fn.layers_run]], self.manifest.seq_len)
-        admission.check_context_fits(jax, self.spec, self.model, self.fn, self.mesh,
-                                     opts.batch_size, opts.model_parallel,
-                                     self.manifest.seq_len, self.max_context)
-        self.hooks = {name: cfg.hidden_size for name in self.fn.hook_names}
-        self.numerics = admission.numerics_key(
-            jax, self.mesh, opts.batch_size, opts.model_parallel,
-            attention=self.fn.attention_implementation(self.manifest.seq_len))
+        self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
+                                               opts.model_parallel, attention=attention)
         self._committed = commit_lib.committed_partitions(self.store)
         admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
                                         self.model.digest, self.numerics,
@@ -122,10 +97,43 @@ class Worker:
         self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.stop_requested = threading.Event()
         self.progress = progress.Progress()
+        self.timings = outputs.HostTimings()
         self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)
         # `concat` rows are one causal stream across documents: the model must not apply
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
+
+    def _load_model(self) -> str | None:
+        """Loads the run's model onto the mesh and builds its step: sets `capture`,
+        `model`, `max_context`, `fn`, `warmup_rows` and `hooks` (name -> width). Returns
+        the attention implementation the step runs, for the numerics record. The one part
+        of the worker that differs for a user's Flax model (`workers.flax_worker`)."""
+        from workers import capture as capture_lib
+        from workers import model as model_lib
+        from workers import step as step_lib
+
+        jax, opts = self.jax, self.opts
+        self.capture = capture_lib.CaptureSpec.parse(self.spec.capture.hooks,
+                                                     dtype=self.spec.capture.dtype)
+        self.model = model_lib.load_pretrained(self.spec.model.path, dtype=self.spec.model.dtype,
+                                               mesh=self.mesh)
+        cfg = self.model.config
+        admission.check_vocabulary(self.spec, self.manifest, cfg)
+        packing = self.spec.packing
+        # Long documents carry their context from row to row through a slot's KV cache;
+        # concat and truncate rows are independent and run without one.
+        self.max_context = packing.max_context if packing.carries_context else None
+        self.fn = step_lib.make_extract_fn(self.model, self.capture, self.mesh,
+                                           max_context=self.max_context,
+                                           output_memory_kind=transfer.output_memory_kind(jax))
+        self.warmup_rows = None if self.max_context is None else schedule.warmup_rows(
+            [min(w or self.max_context, self.max_context)
+             for w in cfg.window_per_layer[:self.fn.layers_run]], self.manifest.seq_len)
+        admission.check_context_fits(jax, self.spec, self.model, self.fn, self.mesh,
+                                     opts.batch_size, opts.model_parallel,
+                                     self.manifest.seq_len, self.max_context)
+        self.hooks = {name: cfg.hidden_size for name in self.fn.hook_names}
+        return self.fn.attention_implementation(self.manifest.seq_len)
 
     def _warn_idle_hosts(self) -> None:
         hosts, rps = self.topo.hosts_per_replica, self.spec.layout.rows_per_shard
@@ -182,11 +190,12 @@ class Worker:
         return choice
 
     # -- one partition -----------------------------------------------------------------
-    def _handle(self, batch: prefetch.Batch, outs: dict, part_writer: writer.PartitionWriter):
+    def _handle(self, batch: prefetch.Batch, outs: dict, part_writer: writer.PartitionWriter,
+                pool: writer.WriterPool):
         written = np.asarray(batch.step.write)
         if written.any():
-            pieces = {name: host_local_pieces(x) for name, x in outs.items()}
-            part_writer.add_slots(batch.step.rows, batch.step.write, pieces)
+            outputs.add_rows(part_writer, batch.step.rows, batch.step.write,
+                             outputs.host_pieces(outs, self.timings), pool, self.timings)
         self.progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
         self.progress.update(step=batch.index + 1)
 
@@ -197,6 +206,8 @@ class Worker:
         lo, hi = schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard)
         if hi == lo:
             return lo, hi, []
+        if self.max_context is None:  # rows are independent: one chain each
+            return lo, hi, schedule.chains(lo, hi)
         continues, first_positions = self.tokens.continuation_flags(lo, hi)
         return lo, hi, schedule.chains(lo, hi, continues, first_positions,
                                        self.manifest.seq_len, self.warmup_rows)
@@ -221,12 +232,18 @@ class Worker:
         return distributed.any_process(self.stop_requested.is_set())
 
     def _run_steps(self, steps, on_output, where: str, agree=None) -> None:
-        """Runs `steps`, calling on_output(batch, outs) for each one step later, so step
-        i+1 is dispatched before step i's outputs are handled. agree(batch), when given,
-        replaces the SIGTERM check (it runs after each step is dispatched and the one before
-        it handled) and ends the loop by returning True."""
+        """Runs `steps`, calling on_output(batch, outs) for each on the output thread
+        (`workers.outputs`) while up to `steps_in_flight` steps run ahead of it.
+
+        agree(batch, settle), when given, replaces the SIGTERM check and ends the loop by
+        returning True. It runs after each step is dispatched; settle() waits until every
+        step before it is handled, so what the hosts of a replica agree on is a function of
+        the step index, the same on all of them.
+        A Preempted stop first handles every step already dispatched: partitions whose rows
+        all ran are committed; any other error drops them.
+        """
         prefetcher = prefetch.Prefetcher(self.tokens, steps, self.opts.prefetch_depth)
-        inflight: collections.deque = collections.deque()
+        handler = outputs.OutputThread(on_output, self.opts.steps_in_flight, self.timings)
         try:
             for batch in prefetcher:
                 if agree is None and self._stop_agreed(batch.index):
@@ -236,6 +253,7 @@ class Worker:
                     segment_ids = (segment_ids > 0).astype(np.int32)
                 inputs = [self.transfer.tokens(batch.input_ids),
                           self.transfer.tokens(batch.positions), self.transfer.tokens(segment_ids)]
+                handler.wait_for_room()  # the inputs' copies to the devices overlap it
                 if self.max_context is not None:
                     outs = self.fn(*inputs, continues=self.transfer.slots(
                         np.asarray(batch.step.continues, bool)))
@@ -243,21 +261,25 @@ class Worker:
                     outs = self.fn(*inputs)
                 outs = self.transfer.start_to_host(outs)
                 faults.maybe_crash("step")
-                inflight.append((batch, outs))
-                if len(inflight) > 1:
-                    on_output(*inflight.popleft())
-                # After the previous step's outputs are in their writers, so what the
-                # hosts agree on includes every partition whose last row is handled.
-                if agree is not None and agree(batch):
+                handler.put(batch, outs)
+                del outs  # the output thread holds them until they are handled
+                if agree is not None and agree(
+                        batch, lambda index=batch.index: handler.wait_handled(index)):
                     break
-            while inflight:
-                on_output(*inflight.popleft())
+            handler.drain()
+        except Preempted:
+            handler.drain()
+            raise
         finally:
+            handler.close()
             prefetcher.close()
 
     def run_partition(self, pid: int, pool: writer.WriterPool,
                       committer: commit_step.Committer) -> None:
-        """One partition with its own steps (every host of the replica runs as many)."""
+        """One partition with its own steps (every host of the replica runs as many),
+        drained before it returns: only for multi-host replicas that steal, which take
+        partitions one at a time with claims (a collective the stream cannot run on its
+        planning thread)."""
         part = self.manifest.partition(pid)
         started = time.perf_counter()
         steps = self._plan_steps(part)
@@ -265,15 +287,15 @@ class Worker:
             self.arrays, schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard),
             pool)
         self.progress.update(state="working", partition=pid, step=0, steps=len(steps))
-        self._run_steps(steps, lambda batch, outs: self._handle(batch, outs, part_writer),
+        self._run_steps(steps, lambda batch, outs: self._handle(batch, outs, part_writer, pool),
                         f"partition {pid}")
         committer.submit(part, part_writer, started)
 
     def run_stream(self, pool: writer.WriterPool, committer: commit_step.Committer,
                    tried: set[int], sequence: list[int] | None = None) -> None:
         """Every partition left (or `sequence`, in order), streamed with no barrier between
-        them (workers.stream_loop): a slot whose document ends takes the next one, from the
-        next partition if need be."""
+        them (workers.stream_loop): a slot whose document (or row) ends takes the next one,
+        from the next partition if need be."""
         if sequence is None and self.topo.hosts_per_replica > 1:
             # Hosts take the partitions in one agreed order: the leader's.
             mine = [p for p in self._candidates() if not self._is_committed(p)] \
@@ -300,8 +322,7 @@ class Worker:
             try:
                 # Work stealing takes partitions one at a time with claims, so a
                 # multi-host replica that steals keeps one schedule per partition.
-                if self.max_context is not None and (self.topo.hosts_per_replica == 1
-                                                     or not self.opts.steal):
+                if self.topo.hosts_per_replica == 1 or not self.opts.steal:
                     self.run_stream(session.pool, session.committer, tried)
                 else:
                     while (pid := self._next_partition(tried)) >= 0:
@@ -311,6 +332,7 @@ class Worker:
                 # stopping, so a preemption loses at most the partition in hand.
                 session.committer.drain()
             self.progress.update(state="done", partition=None)
+            log.info("host per step: %s", self.host_timings(session.pool).summary())
         except Preempted as e:
             self.progress.update(state="preempted", message=str(e))
             log.error("preempted (SIGTERM): %s; nothing of that partition was committed, "
@@ -322,6 +344,11 @@ class Worker:
         finally:
             session.close()
         return code
+
+    def host_timings(self, pool: writer.WriterPool) -> outputs.HostTimings:
+        """This worker's host timings so far, with the writer pool's."""
+        self.timings.writing_s, self.timings.writer_wait_s = pool.busy_s, pool.wait_s
+        return self.timings
 
     def _on_commit(self, pid: int) -> None:
         with self.progress.lock:
@@ -359,14 +386,14 @@ class Session:
 
     def extract(self, pids: list[int]) -> list[int]:
         """Extracts and commits the partitions of `pids` that are not committed, as
-        `Worker.run` would (streamed with no barrier between them where rows carry context);
+        `Worker.run` would (streamed with no barrier between them);
         returns those it ran. Nothing partial is committed when it raises."""
         w = self.worker
         todo = [p for p in pids if not w._is_committed(p)]
         if not todo:
             return []
         try:
-            if w.max_context is not None and w.topo.hosts_per_replica == 1:
+            if w.topo.hosts_per_replica == 1:
                 w.run_stream(self.pool, self.committer, set(), sequence=todo)
             else:
                 for pid in todo:
@@ -391,3 +418,4 @@ class Session:
         self._beats.stop()
         self.committer.close()
         self.pool.shutdown()
+        self.worker.host_timings(self.pool)  # the writer threads' share, for whoever asks

@@ -5,7 +5,8 @@ explicit in/out shardings on a mesh. It compiles once per input shape, returns e
 requested hook arrays ([batch, seq, hidden], batch split over the `data` mesh axis) and
 never computes an LM head. Given `max_context`, the step keeps a per-slot KV cache on the
 devices between calls (donated, so updated in place), and a slot whose row continues its
-previous row attends to that row's document before it (workers.kv_cache).
+previous row attends to that row's document before it (workers.kv_cache). Given an
+`output_memory_kind` ("pinned_host"), the executable itself writes its outputs to host memory.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ class ExtractFn:
     continues: bool [batch], only with max_context: the slot's row continues the row it
       ran in the previous call (default: no slot does).
     max_context: None for rows seen alone; else the cache window (PackingSpec.max_context).
+    output_memory_kind: where the outputs land: None for device memory, "pinned_host" for
+      the host's pinned memory (the device-to-host copy is part of the executable; only
+      with a mesh).
     hook_names: the keys every call returns, sorted.
     trace_count: how many times the step was traced (1 per distinct input shape).
     """
 
     def __init__(self, model: model_lib.Model, spec: capture_lib.CaptureSpec,
                  mesh: Mesh | None = None, attention_impl: str | None = None,
-                 max_context: int | None = None):
+                 max_context: int | None = None, output_memory_kind: str | None = None):
         cfg = model.config
         spec.validate(cfg)
         self.spec = spec
@@ -65,6 +69,9 @@ class ExtractFn:
 
         self.max_context = max_context
         self.attention_impl = attention_impl
+        if output_memory_kind is not None and mesh is None:
+            raise ValueError("output_memory_kind needs a mesh")
+        self.output_memory_kind = output_memory_kind
         data_shards = 1 if mesh is None else sharding.axis_size(mesh, "batch")
         self.layers_run = model_lib.layers_to_run(cfg, point_layers, global_points)
         self._cache: kv_cache.KVCache | None = None
@@ -101,7 +108,7 @@ class ExtractFn:
                 # Loaded for another mesh (or none): reshard once, not on every call.
                 params = jax.device_put(params, param_shardings)
             self._token_sharding = sharding.data_parallel_sharding(mesh, 2)
-            act_sharding = sharding.data_parallel_sharding(mesh, 3)
+            act_sharding = self.out_sharding
             out_shardings = {name: act_sharding for name in self.hook_names}
             self._jitted = jax.jit(
                 extract,
@@ -122,8 +129,13 @@ class ExtractFn:
 
     @property
     def out_sharding(self) -> NamedSharding | None:
-        """Sharding of every output (batch over `data`), or None without a mesh."""
-        return None if self.mesh is None else sharding.data_parallel_sharding(self.mesh, 3)
+        """Sharding of every output (batch over `data`, in `output_memory_kind`), or None
+        without a mesh."""
+        if self.mesh is None:
+            return None
+        out = sharding.data_parallel_sharding(self.mesh, 3)
+        kind = self.output_memory_kind
+        return out if kind is None else out.with_memory_kind(kind)
 
     def compile_count(self) -> int:
         """Executables jax holds for this step (one per distinct input shape)."""
@@ -229,12 +241,14 @@ def _as_int32(x):
 
 def make_extract_fn(model: model_lib.Model, spec: capture_lib.CaptureSpec,
                     mesh: Mesh | None = None, attention_impl: str | None = None,
-                    max_context: int | None = None) -> Callable[..., dict[str, jax.Array]]:
+                    max_context: int | None = None, output_memory_kind: str | None = None
+                    ) -> Callable[..., dict[str, jax.Array]]:
     """The jitted extraction step for `model` and `spec` (see `ExtractFn`).
 
     mesh: defaults to the mesh the model was loaded on; params are resharded once if
       they were placed elsewhere. attention_impl: one of `attention.IMPLEMENTATIONS`, or
       None for the backend's choice (`attention.implementation_for`).
     max_context: carry a per-slot KV cache of this window between calls.
+    output_memory_kind: "pinned_host" to have the outputs written to pinned host memory.
     """
-    return ExtractFn(model, spec, mesh, attention_impl, max_context)
+    return ExtractFn(model, spec, mesh, attention_impl, max_context, output_memory_kind)

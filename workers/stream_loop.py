@@ -1,12 +1,14 @@
 """Partitions streamed through the batch slots, with no barrier between partitions.
 
 A slot whose document ends takes the next document, from the next partition if need be
-(`schedule.stream`), so no slot waits for a partition's longest document. A one-host
-replica commits a partition as soon as its last row is written. The hosts of a multi-host
-replica run every step in lockstep but finish a partition at different steps, so every
-`stop_check_steps` steps they agree, in one small all-gather, on three things: whether one
-of them got SIGTERM, which partitions every host has finished (committed then, in order,
-by the collective commit), and whether all of them have run out of work.
+(`schedule.stream`), so no slot waits for a partition's longest document, and the steps
+never pause at a partition's end. Rows without context are one-row chains, so the same
+stream runs every packing. A one-host replica commits a partition as soon as its last row
+is durable (on the committer's thread; the output thread hands it over). The hosts of a
+multi-host replica run every step in lockstep but finish a partition at different steps,
+so every `stop_check_steps` steps they agree, in one small all-gather, on three things:
+whether one of them got SIGTERM, which partitions every host has finished (committed then,
+in order, by the collective commit), and whether all of them have run out of work.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 
 import numpy as np
 
-from workers import distributed, prefetch, schedule, transfer, writer
+from workers import distributed, outputs, prefetch, schedule, writer
 
 
 class PartitionStream:
@@ -71,17 +73,17 @@ class PartitionStream:
             self._done_here(pid, state)
         return pid, chain_list
 
-    # -- outputs (main thread) -----------------------------------------------------------
+    # -- outputs (output thread) ---------------------------------------------------------
     def on_output(self, batch: prefetch.Batch, outs: dict) -> None:
         step = batch.step
         written = np.asarray(step.write)
-        pieces = ({name: transfer.host_local_pieces(x) for name, x in outs.items()}
-                  if written.any() else {})
+        timings = self.worker.timings
+        pieces = outputs.host_pieces(outs, timings) if written.any() else {}
         for pid in sorted({p for p, w in zip(step.partitions, step.write) if w}):
             with self._lock:
                 state = self._in_hand[pid]
             mine = tuple(w and p == pid for p, w in zip(step.partitions, step.write))
-            state[1].add_slots(step.rows, mine, pieces)
+            outputs.add_rows(state[1], step.rows, mine, pieces, self.pool, timings)
             state[2] -= sum(mine)
             if state[2] == 0:
                 self._done_here(pid, state)
@@ -100,9 +102,11 @@ class PartitionStream:
         self.committer.submit(state[0], state[1], state[3])
 
     # -- agreement (main thread, multi-host) ------------------------------------------
-    def agree(self, batch: prefetch.Batch) -> bool:
+    def agree(self, batch: prefetch.Batch, settle) -> bool:
         """True when every host is out of work (the loop ends); raises Preempted on an
-        agreed SIGTERM. One-host replicas check SIGTERM every step and never agree."""
+        agreed SIGTERM. One-host replicas check SIGTERM every step and never agree.
+        settle() waits until the steps before `batch` are handled, so every host reports
+        what it finished as of the same step."""
         from workers.runner import Preempted
 
         w = self.worker
@@ -112,6 +116,7 @@ class PartitionStream:
             return False
         if batch.index % max(1, w.opts.stop_check_steps):
             return False
+        settle()
         flags = self._gather(w.stop_requested.is_set(), batch.step.done)
         if flags[:, 0].any():
             raise Preempted(f"stopped at step {batch.index} of the partitions in hand")

@@ -1,9 +1,17 @@
 """Moving a step's arrays between this host and its replica's devices.
 
 Inputs: each host holds its own rows of the replica's batch and builds the global array
-from them. Outputs: copied to host memory while the next step runs (into pinned host memory
-where the backend has it), then taken apart into this host's rows without a copy. The
-shardings come from the step (`ExtractFn`), which takes them from `workers.sharding`.
+from them. Outputs: where the backend has pinned host memory (GPU, TPU), the step's
+executable writes them there itself (`output_memory_kind`), so they are in host memory when
+the step is done; elsewhere their copy to host memory starts when the step is dispatched.
+Either way they are then taken apart into this host's rows without a copy. The shardings
+come from the step (`ExtractFn`), which takes them from `workers.sharding`.
+
+The copies a step's outputs go through: device to (pinned) host memory, once, inside the
+executable or asynchronously (none on the CPU, where device memory is host memory); then
+into the writer's blocks, one bulk copy per run of consecutive rows, and none where one
+device shard holds a whole block (`writer.PartitionWriter.add_slots`); the write to storage
+reads the block in place.
 """
 
 from __future__ import annotations
@@ -23,6 +31,24 @@ def host_local_pieces(x) -> list[tuple[int, np.ndarray]]:
     return [(start - first, np.asarray(data)) for start, data in sorted(shards.items())]
 
 
+def output_memory_kind(jax) -> str | None:
+    """Where a step's outputs should land: "pinned_host" where the backend has pinned host
+    memory and device memory is not host memory already, else None (device memory).
+
+    Device-to-host copies from pageable memory ran at 1.6 GB/s against 51 GB/s from
+    pinned memory on an H200. On the CPU, jax lists a pinned_host kind too, but it is the
+    same memory as the device's: asking for it would add a copy, so it is not used there.
+    """
+    device = jax.local_devices()[0]
+    try:
+        kinds = {m.kind for m in device.addressable_memories()}
+    except Exception:  # backends without memory kinds
+        return None
+    if device.platform == "cpu" or "pinned_host" not in kinds:
+        return None
+    return "pinned_host"
+
+
 class HostTransfer:
     """The device↔host moves of one step function, for a replica batch of `batch_size`."""
 
@@ -30,7 +56,6 @@ class HostTransfer:
         self.jax = jax
         self.fn = fn
         self.batch_size = batch_size
-        self.pinned_sharding = self._pinned_host_sharding()
 
     def tokens(self, local_bt: np.ndarray):
         """A [batch, seq] global array from this host's rows."""
@@ -43,24 +68,10 @@ class HostTransfer:
             self.fn.slot_sharding, local_b, (self.batch_size,))
 
     def start_to_host(self, outs: dict) -> dict:
-        """Starts the copy of every output to host memory; it overlaps the next step."""
-        if self.pinned_sharding is not None:
-            return self.jax.device_put(outs, self.pinned_sharding)
+        """Starts the copy of every output to host memory, unless the step writes them
+        there itself; the copy overlaps the next steps."""
+        if getattr(self.fn, "output_memory_kind", None) is not None:
+            return outs
         for x in outs.values():
             x.copy_to_host_async()
         return outs
-
-    def _pinned_host_sharding(self):
-        """Outputs' sharding in pinned host memory, where the backend has it (GPU, TPU).
-
-        Device-to-host copies from pageable memory ran at 1.6 GB/s against 51 GB/s from
-        pinned memory on an H200, so outputs are moved there by an async device_put.
-        """
-        device = self.jax.local_devices()[0]
-        try:
-            kinds = {m.kind for m in device.addressable_memories()}
-        except Exception:  # backends without memory kinds
-            return None
-        if device.platform == "cpu" or "pinned_host" not in kinds:
-            return None
-        return self.fn.out_sharding.with_memory_kind("pinned_host")

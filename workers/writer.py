@@ -29,9 +29,12 @@ from workers import faults
 
 @dataclasses.dataclass
 class _Block:
+    """One stored object's rows, per hook: filled row by row, or, when one step's output
+    covers the whole block, that output's rows themselves (no copy)."""
+
     start_row: int
     rows: int
-    data: dict[str, np.ndarray]
+    data: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     filled_by_hook: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -68,10 +71,8 @@ class PartitionWriter:
         start = self._lo + ((row - self._lo) // self._rows_per_shard) * self._rows_per_shard
         block = self._blocks.get(start)
         if block is None:
-            rows = min(self._rows_per_shard, self._hi - start)
-            data = {hook: np.empty((rows,) + tuple(arr.shape[1:]), dtype=arr.dtype.numpy_dtype)
-                    for hook, arr in self._arrays.arrays.items()}
-            block = self._blocks[start] = _Block(start, rows, data)
+            block = self._blocks[start] = _Block(start, min(self._rows_per_shard,
+                                                            self._hi - start))
         return block
 
     def add(self, first_row: int, acts: dict[str, np.ndarray]) -> None:
@@ -84,28 +85,62 @@ class PartitionWriter:
                   pieces: dict[str, list[tuple[int, np.ndarray]]]) -> None:
         """Adds a step's output: slot j holds row rows[j], stored where write[j].
 
-        pieces: per hook, the step's per-device shards as (first slot, array) pieces; each
-        row is copied once, straight into its block, with no concatenation of the batch.
+        pieces: per hook, the step's per-device shards as (first slot, array) pieces, in
+        host memory. Slots that hold consecutive rows of one block form a run, and each run
+        is one bulk copy into its block; a run that is a whole block is not copied at all:
+        the block holds those rows of the step's output (kept alive until written).
         """
         for row, keep in zip(rows, write):
             if keep and not self._lo <= row < self._hi:
                 raise ValueError(f"row {row} is outside this host's slice {self._lo}..{self._hi}")
+        runs_by_piece: dict[tuple[int, int], list[tuple[_Block, int, int, int]]] = {}
         touched: dict[int, _Block] = {}
         for hook, hook_pieces in pieces.items():
             for offset, values in hook_pieces:
-                for i in range(values.shape[0]):
-                    slot = offset + i
-                    if slot >= len(rows) or not write[slot]:
-                        continue
-                    block = self._block_for(rows[slot])
-                    np.copyto(block.data[hook][rows[slot] - block.start_row], values[i])
-                    block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + 1
+                key = (offset, values.shape[0])
+                if key not in runs_by_piece:
+                    runs_by_piece[key] = self._runs(rows, write, offset, values.shape[0])
+                for block, first, slot, count in runs_by_piece[key]:
+                    self._put(block, hook, first, values[slot - offset:slot - offset + count])
                     touched[block.start_row] = block
         for block in touched.values():
-            if all(block.filled_by_hook.get(h, 0) == block.rows for h in block.data):
+            if all(block.filled_by_hook.get(h, 0) == block.rows for h in self._arrays.arrays):
                 del self._blocks[block.start_row]
+                block.data = {h: block.data[h] for h in self._arrays.arrays}  # hook order
                 self._futures.append((block.start_row, self._pool.submit(
                     self._write, block, nbytes=sum(d.nbytes for d in block.data.values()))))
+
+    def _runs(self, rows, write, offset: int, n: int) -> list[tuple[_Block, int, int, int]]:
+        """(block, first row's index in the block, first slot, count) of each run of slots
+        in [offset, offset + n) holding consecutive rows of one block."""
+        runs: list[list] = []
+        for slot in range(offset, min(offset + n, len(rows))):
+            if not write[slot]:
+                continue
+            row = rows[slot]
+            last = runs[-1] if runs else None
+            if (last is not None and last[2] + last[3] == slot
+                    and last[0].start_row + last[1] + last[3] == row
+                    and row < last[0].start_row + last[0].rows):
+                last[3] += 1
+            else:
+                block = self._block_for(row)
+                runs.append([block, row - block.start_row, slot, 1])
+        return [tuple(r) for r in runs]
+
+    def _put(self, block: _Block, hook: str, first: int, values: np.ndarray) -> None:
+        target = self._arrays.arrays[hook]
+        dtype = target.dtype.numpy_dtype
+        count = values.shape[0]
+        if (first == 0 and count == block.rows and hook not in block.data
+                and values.dtype == dtype and values.flags.c_contiguous):
+            block.data[hook] = values  # the whole block from one step: no copy
+        else:
+            if hook not in block.data:
+                block.data[hook] = np.empty((block.rows,) + tuple(target.shape[1:]), dtype)
+            # The one host-side copy of these rows: one bulk copy per run.
+            np.copyto(block.data[hook][first:first + count], values)
+        block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + count
 
     def _write(self, block: _Block) -> dict[str, str]:
         sums = {}
@@ -150,6 +185,7 @@ class WriterPool:
         self._pending_bytes = 0
         self._room = threading.Condition()
         self.wait_s = 0.0  # time the producer spent blocked: storage is the bottleneck
+        self.busy_s = 0.0  # time the threads spent in writes (checksums included)
         self.bytes_written = 0
 
     def submit(self, fn, *args, nbytes: int = 0) -> concurrent.futures.Future:
@@ -159,9 +195,17 @@ class WriterPool:
                 self._room.wait()
             self._pending_bytes += nbytes
         self.wait_s += time.perf_counter() - t0
-        future = self._executor.submit(fn, *args)
+        future = self._executor.submit(self._timed, fn, *args)
         future.add_done_callback(lambda f: self._release(nbytes, f))
         return future
+
+    def _timed(self, fn, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            with self._room:
+                self.busy_s += time.perf_counter() - start
 
     def _release(self, nbytes: int, future: concurrent.futures.Future) -> None:
         with self._room:

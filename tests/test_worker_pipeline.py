@@ -1,0 +1,220 @@
+"""One pipeline across partitions: a partition boundary never drains the steps in flight,
+and the stream's bytes equal one schedule per partition, whatever the steps in flight.
+
+In-process workers (8 simulated CPU devices), tiny random models, token stores packed by the
+real packer: `overflow: continue` (rows carry context), `overflow: truncate` and `concat`
+(rows independent).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from schemas import commit as commit_lib
+from schemas import manifest, store
+from tests import hf_models, token_runs, worker_procs
+from workers import prefetch, runner, writer
+
+RUNS = {
+    "continue": dict(),
+    "truncate": dict(overflow="truncate", lengths=token_runs.LONG_DOC_LENGTHS * 4),
+    "concat": dict(mode="concat"),
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "qwen2", "qwen2"))
+
+
+def _run(model_dir, path, packing: str, partition_rows: int) -> str:
+    token_runs.write_long_document_run(str(path), model_dir, partition_rows=partition_rows,
+                                       hooks="layers.1.resid_post,final_norm",
+                                       **RUNS[packing])
+    return str(path)
+
+
+@pytest.mark.parametrize("packing", sorted(RUNS))
+def test_next_partition_is_dispatched_before_the_last_rows_are_handled(
+        model_dir, tmp_path, monkeypatch, packing):
+    """The output thread holds partition 0's last rows until the step function has been
+    called for partition 1's first rows (or 30 s pass): a loop that drains its steps at a
+    partition's end never calls it, since those rows are not yet handled."""
+    run = _run(model_dir, tmp_path / "run", packing, partition_rows=8)
+    part0 = manifest.read_manifest(store.open_store(run)).partition(0)
+    last_row0 = part0.row_start + part0.row_count - 1
+    events: list[tuple] = []
+    next_dispatched = threading.Event()
+    dispatching = threading.local()
+
+    batches = prefetch.Prefetcher.__iter__
+
+    def iterate(self):  # the dispatching thread takes each batch just before its step
+        for batch in batches(self):
+            dispatching.batch = batch
+            yield batch
+
+    monkeypatch.setattr(prefetch.Prefetcher, "__iter__", iterate)
+    add_slots = writer.PartitionWriter.add_slots
+
+    def add(self, rows, write, pieces):
+        if any(w and r == last_row0 for r, w in zip(rows, write)):
+            events.append(("last rows of 0 handled", next_dispatched.wait(30)))
+        add_slots(self, rows, write, pieces)
+
+    monkeypatch.setattr(writer.PartitionWriter, "add_slots", add)
+    commit = commit_lib.commit
+
+    def commit_marker(s, marker):
+        events.append(("marker", marker.partition))
+        return commit(s, marker)
+
+    monkeypatch.setattr(commit_lib, "commit", commit_marker)
+    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=8, steps_in_flight=2))
+    step_fn = worker.fn
+
+    def step(*args, **kwargs):
+        batch = dispatching.batch
+        if any(w and r > last_row0 for r, w in zip(batch.step.rows, batch.step.write)):
+            if not next_dispatched.is_set():
+                events.append(("step with rows of 1",))
+            next_dispatched.set()
+        return step_fn(*args, **kwargs)
+
+    worker.fn = step
+    assert worker.run() == 0
+    assert ("last rows of 0 handled", True) in events, events
+    assert events.index(("step with rows of 1",)) < events.index(("marker", 0)), events
+    assert commit_lib.committed_partitions(store.open_store(run)) == set(
+        range(len(manifest.read_manifest(store.open_store(run)).partitions)))
+
+
+@pytest.mark.parametrize("packing", sorted(RUNS))
+def test_stream_bytes_equal_one_schedule_per_partition(model_dir, tmp_path, packing):
+    """Partitions of 12 rows and steps of 8: the stream runs rows of two partitions in one
+    step; with 1 or 3 steps in flight it stores the bytes of the per-partition schedule."""
+    reference = _run(model_dir, tmp_path / "ref", packing, partition_rows=12)
+    worker = runner.Worker(runner.WorkerOptions(run=reference, batch_size=8))
+    pids = [p.id for p in worker.manifest.partitions]
+    assert len(pids) >= 3
+    session = worker.open_session()
+    try:
+        for pid in pids:  # one schedule per partition: planned, run and drained alone
+            worker.run_partition(pid, session.pool, session.committer)
+        session.committer.drain()
+    finally:
+        session.close()
+    ref_markers = _markers(reference)
+    assert sorted(ref_markers) == pids
+    for in_flight in (1, 3):
+        run = worker_procs.copy_token_store(reference, str(tmp_path / f"run{in_flight}"))
+        w = runner.Worker(runner.WorkerOptions(run=run, batch_size=8,
+                                               steps_in_flight=in_flight))
+        assert w.run() == 0
+        assert w.timings.steps > 0
+        worker_procs.assert_same_activations(run, reference)
+        assert {p: m.checksums for p, m in _markers(run).items()} == {
+            p: m.checksums for p, m in ref_markers.items()}
+
+
+def _markers(run: str) -> dict[int, commit_lib.CommitMarker]:
+    s = store.open_store(run)
+    return {p: commit_lib.read_marker(s, p) for p in commit_lib.committed_partitions(s)}
+
+
+def test_an_error_on_the_output_thread_stops_the_loop_and_commits_nothing_after(
+        model_dir, tmp_path, monkeypatch):
+    run = _run(model_dir, tmp_path / "run", "truncate", partition_rows=8)
+    add_slots = writer.PartitionWriter.add_slots
+    calls = []
+
+    def add(self, rows, write, pieces):
+        calls.append(rows)
+        if len(calls) == 3:
+            raise OSError("disk gone")
+        add_slots(self, rows, write, pieces)
+
+    monkeypatch.setattr(writer.PartitionWriter, "add_slots", add)
+    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=8, steps_in_flight=3))
+    with pytest.raises(OSError, match="disk gone"):
+        worker.run()
+    # Partitions of 8 rows, one step each: the third step's partition and later are not
+    # committed; at most the two before it are.
+    assert commit_lib.committed_partitions(store.open_store(run)) <= {0, 1}
+    assert len(calls) == 3
+
+
+def test_output_thread_bounds_the_steps_in_flight():
+    from workers import outputs
+
+    handled, release = [], threading.Event()
+
+    def handle(i):
+        release.wait(10)
+        handled.append(i)
+
+    thread = outputs.OutputThread(handle, steps_in_flight=2)
+    thread.wait_for_room()
+    thread.put(0)
+    thread.wait_for_room()
+    thread.put(1)
+    blocked = threading.Thread(target=thread.wait_for_room)
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # two steps unhandled: no room for a third
+    release.set()
+    blocked.join(10)
+    assert not blocked.is_alive()
+    thread.put(2)
+    thread.drain()
+    thread.close()
+    assert handled == [0, 1, 2]
+
+
+@pytest.mark.parametrize("packing", ["truncate", "concat"])
+def test_two_host_replica_streams_independent_rows_byte_identical(model_dir, tmp_path,
+                                                                  packing):
+    """Rows without context now stream on multi-host replicas too: partitions of 3 shards
+    over 2 hosts, so the hosts finish each partition at different steps and commit it when
+    they agree; the bytes equal one process's."""
+    ref = _run(model_dir, tmp_path / "ref", packing, partition_rows=12)
+    code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    for code, out in worker_procs.run_replica(run, hosts=2, devices_per_host=1,
+                                              extra=["--batch-size", "4",
+                                                     "--stop-check-steps", "3"]):
+        assert code == 0, out
+    worker_procs.assert_same_activations(run, ref)
+    markers = _markers(run)
+    assert sorted(markers) == sorted(_markers(ref))
+    for pid, marker in markers.items():
+        assert marker.checksums == _markers(ref)[pid].checksums
+        assert marker.hosts == ("r0h0", "r0h1")
+
+
+@pytest.mark.parametrize("crash_at", ["step:5", "write:4", "before_commit:2"])
+def test_truncated_rows_sigkill_then_rerun_is_byte_identical(model_dir, tmp_path, crash_at):
+    """A worker killed with steps in flight and partitions in hand commits nothing partial;
+    the rerun completes the same bytes and keeps the markers that stood."""
+    ref = _run(model_dir, tmp_path / "ref", "truncate", partition_rows=12)
+    code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4",
+                                         "--steps-in-flight", "3"], devices=2,
+                                        ACTX_CRASH_AT=crash_at)
+    assert code == -9, out
+    before = _markers(run)
+    assert len(before) < len(_markers(ref))
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    after = _markers(run)
+    for pid, marker in before.items():
+        assert after[pid] == marker
+    worker_procs.assert_same_activations(run, ref)
+    assert {p: m.checksums for p, m in after.items()} == {
+        p: m.checksums for p, m in _markers(ref).items()}
