@@ -33,6 +33,7 @@ from schemas import manifest as manifest_lib
 from schemas import run_dir
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
+from schemas import tokenizer_identity
 from schemas import uri as uri_lib
 
 DEFAULT_MAX_REJECT_FRACTION = 0.01
@@ -64,8 +65,9 @@ def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
     return files
 
 
-def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], list[str], int | None]:
-    """(problems, missing, tokenizer vocabulary size) of the spec's inputs, before any work:
+def check_inputs(spec: runspec_lib.RunSpec
+                 ) -> tuple[list[str], list[str], tokenizer_identity.TokenizerFiles | None]:
+    """(problems, missing, the tokenizer's files) of the spec's inputs, before any work:
     every source path matches a file (else it is missing), and the tokenizer loads. One
     line per problem."""
     problems, missing = [], []
@@ -86,7 +88,8 @@ def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], list[str], int |
         missing.append(f"spec.tokenizer.path: {e}")
         return problems, missing, None
     try:
-        return problems, missing, tokenize.load_tokenizer(spec.tokenizer.path).vocab_size
+        tokenize.load_tokenizer(spec.tokenizer.path)
+        return problems, missing, tokenizer_identity.read_tokenizer(spec.tokenizer.path)
     except store_lib.StoreError:
         raise
     except Exception as e:  # a tokenizer that does not load
@@ -190,6 +193,33 @@ def _check_max_context(spec: runspec_lib.RunSpec) -> None:
             f"packing.max_context to at most {limit}")
 
 
+def _check_tokenizer_is_models(spec: runspec_lib.RunSpec
+                               ) -> tokenizer_identity.TokenizerIdentity:
+    """Refuses a tokenizer of another model (schemas.tokenizer_identity) when the model's
+    files can be read now (the workers check again); returns the tokenizer's identity,
+    which run.json records."""
+    tokenize.check_tokenizer_path(spec.tokenizer.path)
+    files = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
+    if not spec.model.path:  # prepare alone: the model is only recorded
+        return files.identity()
+    try:
+        config = store_lib.open_store(spec.model.path).read_json("config.json")
+        if config is None or "vocab_size" not in config:
+            return files.identity()
+        found = tokenizer_identity.match_problems(
+            files, spec.tokenizer.path, spec.model.path, int(config["vocab_size"]),
+            allowed=spec.tokenizer.allow_model_mismatch)
+    except Exception as e:  # the model may not be reachable from here; workers check again
+        _log.warning("prepare: could not check the tokenizer against the model (%s); the "
+                     "workers will", e)
+        return files.identity()
+    if found:
+        raise PrepareError(found[0] if len(found) == 1 else
+                           f"{len(found)} problems, nothing was started:\n  "
+                           + "\n  ".join(found))
+    return files.identity()
+
+
 def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str] | None = None,
                 max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION,
                 retry_argv: list[str] | None = None,
@@ -210,6 +240,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
                            f"0 and 1 (a fraction of the inputs read)")
     # Everything that can be checked before work starts is checked here.
     _check_max_context(spec)
+    spec = dataclasses.replace(spec, tokenizer_identity=_check_tokenizer_is_models(spec))
     # Only extraction settings changed and nothing is committed: the token store stands.
     changed = run_dir.switch_extraction_spec(store_lib.open_store(run_uri), spec)
     if changed is not None:
