@@ -133,6 +133,7 @@ class TargetConfig(worker_options.ExtractSettings):
     dataflow: DataflowConfig = DataflowConfig()
 
     def __post_init__(self):
+        super().__post_init__()
         if self.hosts < 1 or self.hosts_per_replica < 1:
             raise ValueError("hosts and hosts_per_replica must be >= 1")
         if self.hosts % self.hosts_per_replica:

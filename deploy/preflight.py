@@ -97,6 +97,9 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
 
     def unreachable(what: str, e: Exception) -> None:
         if not dry_run:
+            if found:  # what was found without the store, with why the rest was not
+                raise PreflightError(f"{len(found) + 1} problems, nothing was started:\n  "
+                                     + "\n  ".join([*found, str(e)]))
             raise e
         notes.append(f"{what} not checked: {e}")
 
@@ -108,13 +111,11 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
     if target is not None and not spec.model.path:
         found.append("spec.model.path: empty; extraction needs a Hugging Face checkpoint "
                      "directory (config.json + *.safetensors), local or gs://")
-    job = None
-    try:
-        job = workers_main.check_job(spec, batch, model_parallel, data_parallel)
-        found += job.problems
-        absent(job.missing)
-    except store_errors.StoreError as e:
-        unreachable("the model", e)
+    job = workers_main.check_job(spec, batch, model_parallel, data_parallel)
+    found += job.problems
+    absent(job.missing)
+    if job.unreachable is not None:
+        unreachable("the model", job.unreachable)
     tokenizer = None
     try:
         if not _prepared_for(run, spec):

@@ -60,6 +60,16 @@ class ObjectStore(abc.ABC):
     def exists(self, key: str) -> bool:
         return self.read(key) is not None
 
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, or None when it does not exist."""
+        data = self.read(key)
+        return None if data is None else len(data)
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of an object (fewer at its end), without reading the rest
+        where the store can (a checkpoint's safetensors headers, before any work)."""
+        return (self.read(key) or b"")[start:end]
+
     def check_reachable(self) -> None:
         """Raises StoreError when the store itself (a bucket, not one object) is missing or
         refuses this account; called when an expected object is missing, to say which."""
@@ -120,6 +130,17 @@ class LocalStore(ObjectStore):
                 return f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
+
+    def size(self, key: str) -> int | None:
+        try:
+            return os.stat(self._path(key)).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with open(self._path(key), "rb") as f:
+            f.seek(start)
+            return f.read(max(0, end - start))
 
     def _write_temp(self, key: str, data: bytes) -> str:
         path = self._path(key)
@@ -243,6 +264,18 @@ class GcsStore(ObjectStore):
                 **store_errors.read_options())
         except exceptions.NotFound:
             return None
+
+    @store_errors.gcs_errors
+    def size(self, key: str) -> int | None:
+        blob = self._bucket.get_blob(self._name(key), **store_errors.read_options())
+        return None if blob is None else blob.size
+
+    @store_errors.gcs_errors
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        return self._bucket.blob(self._name(key)).download_as_bytes(
+            start=start, end=end - 1, **store_errors.read_options())  # GCS: end inclusive
 
     @store_errors.gcs_errors
     def write(self, key: str, data: bytes) -> None:

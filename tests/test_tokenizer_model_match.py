@@ -59,14 +59,24 @@ def _edited_qwen(qwen_dir: str, out, edit) -> str:
 
 def _model(path, with_tokenizer: str | None = None, generation: dict | None = None,
            **config) -> str:
-    """A Qwen2.5-shaped checkpoint directory with config.json only (all the pre-flight
-    reads), Qwen2.5 base's special ids, and optionally its tokenizer files and a
-    generation_config.json."""
+    """A Qwen2.5-shaped checkpoint directory (narrow: 8 wide, zero float16 weights of the
+    shapes its config.json gives), Qwen2.5 base's special ids, and optionally its
+    tokenizer files and a generation_config.json."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from workers import checkpoint_check
+
     cfg = hf_models.tiny_config("qwen2", architectures=["Qwen2ForCausalLM"],
-                                vocab_size=QWEN_ROWS, num_hidden_layers=2,
-                                bos_token_id=ENDOFTEXT, eos_token_id=ENDOFTEXT, **config)
+                                vocab_size=QWEN_ROWS, num_hidden_layers=2, hidden_size=8,
+                                num_attention_heads=2, num_key_value_heads=1,
+                                intermediate_size=16, bos_token_id=ENDOFTEXT,
+                                eos_token_id=ENDOFTEXT, **config)
     os.makedirs(path, exist_ok=True)
     cfg.to_json_file(os.path.join(path, "config.json"))
+    shapes = checkpoint_check.needed_tensors(_model_config(str(path)))
+    save_file({name: np.zeros(shape, np.float16) for name, shape in shapes.items()},
+              os.path.join(path, "model.safetensors"))
     if with_tokenizer:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(os.path.join(with_tokenizer, name), path)

@@ -22,6 +22,7 @@ from safetensors import safe_open
 
 from schemas import ts_context
 from schemas import uri as uri_lib
+from workers import checkpoint_check
 from workers import sharding
 from workers.model_config import ModelConfig
 
@@ -51,26 +52,30 @@ _RAW_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32,
                "F64": np.float64}
 
 
+# HF layout -> ours, for each layer tensor of checkpoint_check.hf_layer_tensors.
+def _to_ours(cfg: ModelConfig) -> dict[str, Callable]:
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    return {
+        "attn_norm_ld": lambda w: w,
+        "q_weight_ldnh": lambda w: w.T.reshape(d, n, h),
+        "k_weight_ldkh": lambda w: w.T.reshape(d, k, h),
+        "v_weight_ldkh": lambda w: w.T.reshape(d, k, h),
+        "o_weight_lnhd": lambda w: w.T.reshape(n, h, d),
+        "mlp_norm_ld": lambda w: w,
+        "gate_weight_ldf": lambda w: w.T,
+        "up_weight_ldf": lambda w: w.T,
+        "down_weight_lfd": lambda w: w.T,
+        "q_bias_lnh": lambda b: b.reshape(n, h),
+        "k_bias_lkh": lambda b: b.reshape(k, h),
+        "v_bias_lkh": lambda b: b.reshape(k, h),
+    }
+
+
 def _hf_layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], Callable]]:
     """Our layer param -> (HF name under model.layers.{i}., HF shape, HF -> ours)."""
-    d, n, k, h, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                     cfg.intermediate_size)
-    table = {
-        "attn_norm_ld": ("input_layernorm.weight", (d,), lambda w: w),
-        "q_weight_ldnh": ("self_attn.q_proj.weight", (n * h, d), lambda w: w.T.reshape(d, n, h)),
-        "k_weight_ldkh": ("self_attn.k_proj.weight", (k * h, d), lambda w: w.T.reshape(d, k, h)),
-        "v_weight_ldkh": ("self_attn.v_proj.weight", (k * h, d), lambda w: w.T.reshape(d, k, h)),
-        "o_weight_lnhd": ("self_attn.o_proj.weight", (d, n * h), lambda w: w.T.reshape(n, h, d)),
-        "mlp_norm_ld": ("post_attention_layernorm.weight", (d,), lambda w: w),
-        "gate_weight_ldf": ("mlp.gate_proj.weight", (f, d), lambda w: w.T),
-        "up_weight_ldf": ("mlp.up_proj.weight", (f, d), lambda w: w.T),
-        "down_weight_lfd": ("mlp.down_proj.weight", (d, f), lambda w: w.T),
-    }
-    if cfg.qkv_bias:
-        table["q_bias_lnh"] = ("self_attn.q_proj.bias", (n * h,), lambda b: b.reshape(n, h))
-        table["k_bias_lkh"] = ("self_attn.k_proj.bias", (k * h,), lambda b: b.reshape(k, h))
-        table["v_bias_lkh"] = ("self_attn.v_proj.bias", (k * h,), lambda b: b.reshape(k, h))
-    return table
+    to_ours = _to_ours(cfg)
+    return {ours: (suffix, shape, to_ours[ours])
+            for ours, (suffix, shape) in checkpoint_check.hf_layer_tensors(cfg).items()}
 
 
 def layer_param_names(cfg: ModelConfig) -> tuple[str, ...]:
