@@ -176,6 +176,13 @@ def cmd_verify(args, out) -> int:
     if args.only not in ("all",) and isinstance(args.only, str):
         raise UsageError("verify --only takes partition ids, e.g. 3,7,9")
     only = None if args.only == "all" else set(args.only)
+    if only is not None:
+        known = {p.id for p in handle.manifest.partitions}
+        unknown = sorted(only - known)
+        if unknown:
+            raise UsageError(
+                f"--only: partition(s) {unknown} do not exist (the run has "
+                f"{len(known)} partition(s), 0..{len(known) - 1}); nothing was verified")
     report = verify.verify_run(handle, only)
     from schemas import verification
 

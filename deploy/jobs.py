@@ -230,6 +230,10 @@ def cmd_rerun(args, out) -> int:
     target = _rerun_target(args)
     status = runstate.compute_status(handle, args.stale_after)
     n = len(status.partitions)
+    if n == 0:
+        raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
+                         f"document (see {handle.location.join('rejects/')}); nothing to "
+                         f"extract. Prepare it again with inputs that pass")
     if status.complete:
         print(f"rerun: all {n} partitions of {handle.location} are committed; nothing to do",
               file=out)

@@ -279,6 +279,12 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
     _check_not_empty(spec, files, summary)
     read = sum(c["read"] for c in summary["sources"].values())
     rejected = sum(c["rejected"] for c in summary["sources"].values())
+    if read == rejected:  # every input rejected, or none read: a run of nothing
+        raise PrepareError(
+            f"no input was accepted ({rejected} of {read} rejected):\n"
+            f"{_reject_summary(summary)}\nSee {store.location.join(layout.REJECTS_PREFIX)} "
+            f"for each rejected input; nothing is left to extract. Fix the inputs (or the "
+            f"packing and source settings) and run again")
     if read and rejected / read > max_reject_fraction:
         raise PrepareError(
             f"{rejected} of {read} inputs rejected ({rejected / read:.1%}), more than "
