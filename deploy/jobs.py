@@ -279,6 +279,13 @@ def cmd_down(args, out) -> int:
     data = schemas_config.apply_overrides(schemas_config.load_file(args.config), args.set)
     target = schemas_config.from_dict(config_lib.TargetConfig, data.get("target") or {},
                                       f"{args.config}: target")
+    if target.kind != "tpu-vm":
+        raise UsageError(
+            f"{args.config}: target.kind is {target.kind!r}; actx down deletes the TPU slice "
+            f"that `actx submit` created for a tpu-vm target, and this config has none. "
+            + ("Local workers stop with their submit (Ctrl-C)" if target.kind == "local" else
+               "A Dataflow job stops with `gcloud dataflow jobs cancel JOB_ID --region "
+               "REGION`"))
     plan = tpu_vm.down_plan(target.tpu)
     if args.dry_run:
         print("# dry run: nothing is executed.", file=out)

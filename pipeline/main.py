@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
 import shlex
 import sys
 import time
@@ -344,8 +345,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
-    if args.spec:
-        return runspec_lib.RunSpec.from_dict(config_lib.load_file(args.spec), f"{args.spec}: ")
+    if args.spec:  # its relative paths are the spec file's; the flags' are the shell's
+        data = runspec_lib.absolute_paths(config_lib.load_file(args.spec),
+                                          os.path.dirname(os.path.abspath(args.spec)))
+        return runspec_lib.RunSpec.from_dict(data, f"{args.spec}: ")
     if not args.tokenizer:
         raise SystemExit("actx prepare: --tokenizer (or --spec) is required")
     source = {f.name: getattr(args, f.name) for f in dataclasses.fields(runspec_lib.SourceSpec)
@@ -357,7 +360,7 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
             + [runspec_lib.SourceSpec("arc", (p,), **arc) for p in args.arc])
     if not srcs:
         raise SystemExit("actx prepare: give at least one --fineweb, --text or --arc input")
-    return runspec_lib.RunSpec(
+    spec = runspec_lib.RunSpec(
         model=runspec_lib.ModelSpec(args.model),
         tokenizer=runspec_lib.TokenizerSpec(args.tokenizer, add_bos=not args.no_bos,
                                             add_eos=args.add_eos,
@@ -366,6 +369,8 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         packing=flags.from_namespace(runspec_lib.PackingSpec, args),
         layout=flags.from_namespace(runspec_lib.LayoutSpec, args),
         name=args.name)
+    return runspec_lib.RunSpec.from_dict(runspec_lib.absolute_paths(spec.to_dict(),
+                                                                    os.getcwd()))
 
 
 def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
