@@ -233,8 +233,15 @@ def _staged_for_dataflow(argv: list[str]) -> list[str]:
 
 # -- entry point ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None, out=None) -> int:
+    """Exit codes: 0 ok, 1 a check or a worker failed, 2 bad input, 130 interrupted
+    (SIGINT, in every command and stage)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv, out)
+    except KeyboardInterrupt:  # prepare and extract, or anywhere the commands do not catch it
+        print(f"actx {argv[0] if argv else ''}: interrupted".replace("  ", " "),
+              file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `actx status RUN | head -1`: the reader has all it wanted, which is no error.
         # stdout now points at /dev/null so the interpreter's last flush stays quiet.

@@ -18,6 +18,7 @@ import time
 
 from pipeline import beam_pipeline
 from pipeline import fileio
+from pipeline import interrupt
 from pipeline import options as options_lib
 from pipeline import progress
 from pipeline import qwen_tokenizer
@@ -383,16 +384,26 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # keep progress lines readable
     try:
-        spec = spec_from_args(args)
-        if preflight is not None:
-            preflight(spec, args.out)
-        manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
-                               retry_argv or ["actx", "prepare", *argv], args.unit_bytes,
-                               args.progress_interval)
+        with interrupt.interruptible() as interrupted:
+            spec = spec_from_args(args)
+            if preflight is not None:
+                preflight(spec, args.out)
+            manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
+                                   retry_argv or ["actx", "prepare", *argv], args.unit_bytes,
+                                   args.progress_interval)
     except (errors.UserError, fileio.InputError, tokenize.TokenizerError, PrepareError,
             config_lib.ConfigError, store_lib.StoreError, ValueError) as e:
-        print(f"actx prepare: error: {e}")
-        return 2
+        if not interrupted.is_set():
+            print(f"actx prepare: error: {e}")
+            return 2
+    except BaseException:
+        if not interrupted.is_set():
+            raise
+    if interrupted.is_set():
+        print(f"actx prepare: interrupted; {args.out} is not prepared (no manifest.json). "
+              f"The same command again clears what this attempt left and prepares it",
+              file=sys.stderr)
+        return 130
     print(f"prepared {args.out}: {manifest.total_rows} rows, {manifest.total_tokens} tokens, "
           f"{len(manifest.partitions)} partition(s), {manifest.docs_rejected} rejected "
           f"(fingerprint {manifest.fingerprint})")
