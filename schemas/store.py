@@ -396,7 +396,7 @@ def _gcs_client():
 
                 _CLIENT = storage.Client(project="actx-emulator", credentials=AnonymousCredentials())
             else:
-                _CLIENT = storage.Client()
+                _CLIENT = _client_without_project_if_none(storage)
             # Parallel reads and listings: the default pool keeps 10 connections per host.
             import requests.adapters
 
@@ -404,6 +404,19 @@ def _gcs_client():
             _CLIENT._http.mount("https://", adapter)
             _CLIENT._http.mount("http://", adapter)
         return _CLIENT
+
+
+def _client_without_project_if_none(storage):
+    """A client with the environment's project, or with none: reading and writing objects
+    needs no project, and `gcloud auth application-default login` writes user credentials
+    that name none (google-cloud-storage then refuses to build a client: "Project was not
+    passed and could not be determined from the environment")."""
+    try:
+        return storage.Client()
+    except OSError as e:
+        if "Project was not passed" not in str(e):
+            raise
+        return storage.Client(project=None)  # explicitly none: bucket operations only
 
 
 def reset_gcs_client() -> None:
