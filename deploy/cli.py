@@ -171,6 +171,7 @@ def cmd_status(args, out) -> int:
 
 def cmd_verify(args, out) -> int:
     from deploy import verify
+    from schemas import store_errors
 
     handle = jobs.open_run(args.run)
     if args.only not in ("all",) and isinstance(args.only, str):
@@ -187,10 +188,6 @@ def cmd_verify(args, out) -> int:
     from schemas import verification
 
     repaired = verify.repair(handle, report, time.time()) if args.repair else []
-    # Recorded for status and the live page (failed partitions shown on the map); a
-    # repaired partition is pending now, not failed.
-    verification.update_record(handle.store, time.time(), report.checked,
-                               [p for p in report.failed if p not in repaired], report.problems)
     if args.json:
         obj = report.to_json_obj()
         if args.repair:
@@ -207,6 +204,14 @@ def cmd_verify(args, out) -> int:
         elif not report.ok:
             print(f"`actx verify {handle.location} --repair` turns the failed partitions back "
                   f"into pending for `actx rerun`", file=out)
+    # Recorded for status and the live page (failed partitions shown on the map); a
+    # repaired partition is pending now, not failed. The report above stands without it.
+    try:
+        verification.update_record(handle.store, time.time(), report.checked,
+                                   [p for p in report.failed if p not in repaired],
+                                   report.problems)
+    except store_errors.StoreError as e:
+        print(f"actx verify: the report above was not recorded: {e}", file=sys.stderr)
     return 0 if report.ok and (report.complete or args.committed_only) else 1
 
 

@@ -374,6 +374,13 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
                                                                     os.getcwd()))
 
 
+def _beams_echo_of_user_errors(record: logging.LogRecord) -> bool:
+    """Drops Beam's own log of a bundle that failed with a UserError (a full disk, a store
+    refusing): the error reaches `main`, which prints it as one line."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not (record.name.startswith("apache_beam") and isinstance(error, errors.UserError))
+
+
 def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
          preflight=None) -> int:
     """`actx prepare`; retry_argv: the command as typed, for the reject hint (default:
@@ -383,6 +390,8 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
     args, pipeline_args = _parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # keep progress lines readable
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_beams_echo_of_user_errors)
     try:
         with interrupt.interruptible() as interrupted:
             spec = spec_from_args(args)
