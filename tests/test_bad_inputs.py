@@ -146,6 +146,11 @@ CASES = {
         lambda t, m, q, s: (["submit", _config(t, m, q, target={
             "kind": "local", "batch_size": -4, "writer_threads": 0})], None),
         ["batch_size must be at least 1, got -4", "writer_threads must be at least 1"]),
+    "actx extract with batch size 0": (
+        lambda t, m, q, s: (["extract", "--run", str(t / "run"), "--batch-size", "0",
+                             "--prefetch-depth", "0"], None),
+        ["actx extract: error: batch_size must be at least 1, got 0; prefetch_depth must be "
+         "at least 1, got 0"]),
     "an empty hook list": (
         lambda t, m, q, s: (["submit", _config(t, m, q, hooks="")], None),
         ["no hooks given"]),

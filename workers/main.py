@@ -29,7 +29,11 @@ INTERRUPTED = ("actx extract: interrupted; partitions without a commit marker st
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    opts = flags.from_namespace(worker_options.WorkerOptions, args)
+    try:
+        opts = flags.from_namespace(worker_options.WorkerOptions, args)
+    except ValueError as e:  # settings out of range, all of them in one line
+        print(f"actx extract: error: {e}", file=sys.stderr)
+        return 2
     sigint = _SigintStop()
     try:
         distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
