@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
-import contextlib
-import errno
 import json
 import os
 import threading
@@ -122,33 +120,6 @@ def dumps(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()
 
 
-# What the environment, not the input, refuses on a local disk, and what to do about it.
-_DISK_FAULTS = {
-    errno.ENOSPC: "the disk is full: free space, or choose a run directory on another disk",
-    errno.EDQUOT: "the disk quota is used up: free space, or choose another run directory",
-    errno.EROFS: "the file system is read-only: choose a writable run directory",
-    errno.EACCES: "this user may not write there: choose a writable run directory, or fix "
-                  "its permissions",
-    errno.EPERM: "this user may not write there: choose a writable run directory, or fix "
-                 "its permissions",
-}
-
-
-@contextlib.contextmanager
-def _writable(path: str, tmp: str | None = None):
-    """Turns a full or read-only disk into one StoreError naming the path and what to do
-    (then running the same command again goes on); the temporary file goes."""
-    try:
-        yield
-    except OSError as e:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        if e.errno not in _DISK_FAULTS:
-            raise
-        raise StoreError(f"{path}: cannot write ({e.strerror}); {_DISK_FAULTS[e.errno]}, "
-                         f"then run the same command again") from None
-
-
 class LocalStore(ObjectStore):
     def _path(self, key: str) -> str:
         return os.path.join(self.location.path, *key.split("/"))
@@ -174,7 +145,7 @@ class LocalStore(ObjectStore):
     def _write_temp(self, key: str, data: bytes) -> str:
         path = self._path(key)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with _writable(path, tmp):
+        with store_errors.local_write(path, tmp):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -184,14 +155,14 @@ class LocalStore(ObjectStore):
 
     def write(self, key: str, data: bytes) -> None:
         tmp = self._write_temp(key, data)
-        with _writable(self._path(key), tmp):
+        with store_errors.local_write(self._path(key), tmp):
             os.replace(tmp, self._path(key))
 
     def create(self, key: str, data: bytes) -> bool:
         # link() fails if the target exists, and the target appears complete or not at all.
         tmp = self._write_temp(key, data)
         try:
-            with _writable(self._path(key), tmp):
+            with store_errors.local_write(self._path(key), tmp):
                 os.link(tmp, self._path(key))
             return True
         except FileExistsError:
@@ -229,7 +200,7 @@ class LocalStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         try:
-            with _writable(self._path(key)):
+            with store_errors.local_write(self._path(key)):
                 os.unlink(self._path(key))
         except FileNotFoundError:
             pass
