@@ -65,9 +65,11 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: 
     if upload:
         local.upload_logs(run, job, log_dir)
     if proc.returncode != 0:
-        print(f"extract: the Beam pipeline failed with exit code {proc.returncode}; last lines "
-              f"of {log_path}:\n{local.tail(log_path)}", file=out, flush=True)
-    return proc.returncode
+        from deploy import commands
+
+        print(f"extract: the Beam pipeline failed ({commands.describe_exit(proc.returncode)});"
+              f" last lines of {log_path}:\n{local.tail(log_path)}", file=out, flush=True)
+    return 0 if proc.returncode == 0 else 1  # 1: a worker failed, whatever ended it
 
 
 def job_name(spec: runspec_lib.RunSpec) -> str:

@@ -171,19 +171,23 @@ def cmd_status(args, out) -> int:
 
 def cmd_verify(args, out) -> int:
     from deploy import verify
+    from schemas import store_errors
 
     handle = jobs.open_run(args.run)
     if args.only not in ("all",) and isinstance(args.only, str):
         raise UsageError("verify --only takes partition ids, e.g. 3,7,9")
     only = None if args.only == "all" else set(args.only)
+    if only is not None:
+        known = {p.id for p in handle.manifest.partitions}
+        unknown = sorted(only - known)
+        if unknown:
+            raise UsageError(
+                f"--only: partition(s) {unknown} do not exist (the run has "
+                f"{len(known)} partition(s), 0..{len(known) - 1}); nothing was verified")
     report = verify.verify_run(handle, only)
     from schemas import verification
 
     repaired = verify.repair(handle, report, time.time()) if args.repair else []
-    # Recorded for status and the live page (failed partitions shown on the map); a
-    # repaired partition is pending now, not failed.
-    verification.update_record(handle.store, time.time(), report.checked,
-                               [p for p in report.failed if p not in repaired], report.problems)
     if args.json:
         obj = report.to_json_obj()
         if args.repair:
@@ -200,6 +204,14 @@ def cmd_verify(args, out) -> int:
         elif not report.ok:
             print(f"`actx verify {handle.location} --repair` turns the failed partitions back "
                   f"into pending for `actx rerun`", file=out)
+    # Recorded for status and the live page (failed partitions shown on the map); a
+    # repaired partition is pending now, not failed. The report above stands without it.
+    try:
+        verification.update_record(handle.store, time.time(), report.checked,
+                                   [p for p in report.failed if p not in repaired],
+                                   report.problems)
+    except store_errors.StoreError as e:
+        print(f"actx verify: the report above was not recorded: {e}", file=sys.stderr)
     return 0 if report.ok and (report.complete or args.committed_only) else 1
 
 
@@ -226,8 +238,15 @@ def _staged_for_dataflow(argv: list[str]) -> list[str]:
 
 # -- entry point ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None, out=None) -> int:
+    """Exit codes: 0 ok, 1 a check or a worker failed, 2 bad input, 130 interrupted
+    (SIGINT, in every command and stage)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv, out)
+    except KeyboardInterrupt:  # prepare and extract, or anywhere the commands do not catch it
+        print(f"actx {argv[0] if argv else ''}: interrupted".replace("  ", " "),
+              file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `actx status RUN | head -1`: the reader has all it wanted, which is no error.
         # stdout now points at /dev/null so the interpreter's last flush stays quiet.

@@ -58,6 +58,22 @@ def render_plan(plan: list[Command]) -> str:
     return "\n".join(lines)
 
 
+def exit_status(returncode: int) -> int:
+    """A child's return code as this process's exit status: a child killed by signal N
+    (Popen's -N) becomes 128 + N, as a shell reports it, never -N (which sys.exit would
+    turn into 256 - N: 247 for SIGKILL)."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def describe_exit(returncode: int) -> str:
+    """'exit code 3', or 'killed by SIGKILL' for a child a signal ended."""
+    import signal
+
+    if returncode < 0 and -returncode in signal.valid_signals():
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
+
+
 def execute(plan: list[Command], out=sys.stdout, poll_s: float = 30.0,
             in_process=None) -> int:
     """Runs a plan; `in_process(cmd)` runs the in-process steps. Returns an exit code."""
@@ -94,7 +110,7 @@ def _run(cmd: Command, out) -> int:
     if not direct:
         for line in proc.stdout:
             print(f"  {line.rstrip()}", file=out, flush=True)
-    return proc.wait()
+    return exit_status(proc.wait())
 
 
 def _poll(cmd: Command, out, poll_s: float) -> int:
@@ -107,7 +123,7 @@ def _poll(cmd: Command, out, poll_s: float) -> int:
         state = res.stdout.strip()
         if res.returncode != 0:
             print(f"  {res.stderr.strip()}", file=out, flush=True)
-            return res.returncode
+            return exit_status(res.returncode)
         if state == cmd.poll_until:
             print(f"  ... {state}", file=out, flush=True)
             return 0

@@ -133,6 +133,7 @@ class TargetConfig(worker_options.ExtractSettings):
     dataflow: DataflowConfig = DataflowConfig()
 
     def __post_init__(self):
+        super().__post_init__()
         if self.hosts < 1 or self.hosts_per_replica < 1:
             raise ValueError("hosts and hosts_per_replica must be >= 1")
         if self.hosts % self.hosts_per_replica:
@@ -176,8 +177,9 @@ def _expand(value, cache: str):
 def load_submit_config(path: str | None, overrides: list[str] = ()) -> SubmitConfig:
     """Loads a submit config (None: the embedded demo config) with `--set` overrides.
 
-    Strings may name "{cache}" (the actx cache directory). Raises ConfigError naming the
-    key and the file.
+    Strings may name "{cache}" (the actx cache directory). Relative local paths of the
+    spec (sources, model, tokenizer; also when given by `--set`) are taken from the config
+    file's directory. Raises ConfigError naming the key and the file.
     """
     from deploy import demo
 
@@ -185,6 +187,9 @@ def load_submit_config(path: str | None, overrides: list[str] = ()) -> SubmitCon
     data = config_lib.load_file(path)
     data = config_lib.apply_overrides(data, list(overrides))
     data = _expand(data, demo.cache_dir())
+    if isinstance(data.get("spec"), dict):
+        data["spec"] = runspec_lib.absolute_paths(
+            data["spec"], os.path.dirname(os.path.abspath(path)))
     return config_lib.from_dict(SubmitConfig, data, f"{path}: ")
 
 

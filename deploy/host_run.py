@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             local.mark_dead(args.run, args.host, rc)
         except Exception as e:  # status then learns it when the heartbeat goes stale
             print(f"host_run: could not record that the worker died: {e}", file=sys.stderr)
-    return rc if rc >= 0 else 128 - rc
+    from deploy import commands
+
+    return commands.exit_status(rc)
 
 
 if __name__ == "__main__":

@@ -230,6 +230,10 @@ def cmd_rerun(args, out) -> int:
     target = _rerun_target(args)
     status = runstate.compute_status(handle, args.stale_after)
     n = len(status.partitions)
+    if n == 0:
+        raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
+                         f"document (see {handle.location.join('rejects/')}); nothing to "
+                         f"extract. Prepare it again with inputs that pass")
     if status.complete:
         print(f"rerun: all {n} partitions of {handle.location} are committed; nothing to do",
               file=out)
@@ -275,6 +279,13 @@ def cmd_down(args, out) -> int:
     data = schemas_config.apply_overrides(schemas_config.load_file(args.config), args.set)
     target = schemas_config.from_dict(config_lib.TargetConfig, data.get("target") or {},
                                       f"{args.config}: target")
+    if target.kind != "tpu-vm":
+        raise UsageError(
+            f"{args.config}: target.kind is {target.kind!r}; actx down deletes the TPU slice "
+            f"that `actx submit` created for a tpu-vm target, and this config has none. "
+            + ("Local workers stop with their submit (Ctrl-C)" if target.kind == "local" else
+               "A Dataflow job stops with `gcloud dataflow jobs cancel JOB_ID --region "
+               "REGION`"))
     plan = tpu_vm.down_plan(target.tpu)
     if args.dry_run:
         print("# dry run: nothing is executed.", file=out)

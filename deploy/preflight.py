@@ -3,7 +3,8 @@ once. `actx submit` and `actx prepare` run it before they prepare, create or lau
 anything, so a typo costs seconds, not a prepared token store and a provisioned slice.
 
 It checks the model's config.json (local or gs://) and architecture, hooks and layer
-ranges, the context length, tokenizer vs model vocabulary, the input paths, the batch
+ranges, the context length, whether the tokenizer is the model's
+(schemas.tokenizer_identity), the input paths, the batch
 against the target's devices, and the target's own settings. In a dry run, inputs it
 cannot reach (no credentials on this machine) or that are not there yet are named as not
 checked instead of refused.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from schemas import errors
 from schemas import runspec as runspec_lib
 from schemas import store_errors
+from schemas import tokenizer_identity
 
 
 class PreflightError(errors.UserError):
@@ -95,6 +97,9 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
 
     def unreachable(what: str, e: Exception) -> None:
         if not dry_run:
+            if found:  # what was found without the store, with why the rest was not
+                raise PreflightError(f"{len(found) + 1} problems, nothing was started:\n  "
+                                     + "\n  ".join([*found, str(e)]))
             raise e
         notes.append(f"{what} not checked: {e}")
 
@@ -107,27 +112,35 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
         found.append("spec.model.path: empty; extraction needs a Hugging Face checkpoint "
                      "directory (config.json + *.safetensors), local or gs://, or a Flax "
                      "model as spec.model.flax")
-    job = None
+    job = workers_main.check_job(spec, batch, model_parallel, data_parallel)
+    found += job.problems
+    absent(job.missing)
+    if job.unreachable is not None:
+        unreachable("the model", job.unreachable)
+    tokenizer = None
     try:
-        job = workers_main.check_job(spec, batch, model_parallel, data_parallel)
-        found += job.problems
-        absent(job.missing)
-    except store_errors.StoreError as e:
-        unreachable("the model", e)
-    vocab = None
-    if not _prepared_for(run, spec):
-        try:
-            input_problems, input_missing, vocab = pipeline_main.check_inputs(spec)
+        if not _prepared_for(run, spec):
+            input_problems, input_missing, tokenizer = pipeline_main.check_inputs(spec)
             found += input_problems
             absent(input_missing)
+        else:  # the token store stands, but the model may be another one now
+            tokenizer = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
+    except store_errors.StoreError as e:
+        unreachable("the inputs and tokenizer", e)
+    if tokenizer is not None and job.vocab_size is not None and spec.model.flax:
+        # A Flax model has no checkpoint directory to compare with: its embedding only.
+        if tokenizer.vocab_size > job.vocab_size:
+            found.append(
+                f"spec.tokenizer.path: its vocabulary ({tokenizer.vocab_size} ids) is larger "
+                f"than the model's embedding ({job.vocab_size} rows, {spec.model.flax}); "
+                f"tokenizer and model do not belong together")
+    elif tokenizer is not None and job.vocab_size is not None:
+        try:
+            found += tokenizer_identity.match_problems(
+                tokenizer, spec.tokenizer.path, spec.model.path, job.vocab_size,
+                allowed=spec.tokenizer.allow_model_mismatch)
         except store_errors.StoreError as e:
-            unreachable("the inputs and tokenizer", e)
-    if vocab is not None and job is not None and job.vocab_size is not None \
-            and vocab > job.vocab_size:
-        found.append(
-            f"spec.tokenizer.path: its vocabulary ({vocab} ids) is larger than the model's "
-            f"embedding ({job.vocab_size} rows, {spec.model.path or spec.model.flax}); "
-            f"tokenizer and model do not belong together")
+            unreachable("the model's tokenizer", e)
     return found, notes
 
 

@@ -86,7 +86,8 @@ class RunStatus:
 
     @property
     def complete(self) -> bool:
-        return self.counts[COMMITTED] == len(self.partitions)
+        # A run without partitions (its prepare accepted no document) holds nothing.
+        return bool(self.partitions) and self.counts[COMMITTED] == len(self.partitions)
 
     def ids(self, state: str) -> list[int]:
         return [p for p, s in sorted(self.partitions.items()) if s == state]

@@ -92,6 +92,11 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
     report = VerifyReport(str(handle.location), checked,
                           [p for p in wanted if p not in committed], {}, {}, [])
     problems = report.problems
+    if not manifest.partitions:
+        problems.append(f"the run holds no data: its prepare accepted none of its "
+                        f"{manifest.docs_read} input(s) (see "
+                        f"{handle.location.join(layout_lib.REJECTS_PREFIX)}); prepare it again "
+                        f"with inputs that pass")
     if not checked:
         return report
     try:

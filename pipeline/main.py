@@ -11,12 +11,14 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
 import shlex
 import sys
 import time
 
 from pipeline import beam_pipeline
 from pipeline import fileio
+from pipeline import interrupt
 from pipeline import options as options_lib
 from pipeline import progress
 from pipeline import qwen_tokenizer
@@ -33,6 +35,7 @@ from schemas import manifest as manifest_lib
 from schemas import run_dir
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
+from schemas import tokenizer_identity
 from schemas import uri as uri_lib
 
 DEFAULT_MAX_REJECT_FRACTION = 0.01
@@ -64,8 +67,9 @@ def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
     return files
 
 
-def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], list[str], int | None]:
-    """(problems, missing, tokenizer vocabulary size) of the spec's inputs, before any work:
+def check_inputs(spec: runspec_lib.RunSpec
+                 ) -> tuple[list[str], list[str], tokenizer_identity.TokenizerFiles | None]:
+    """(problems, missing, the tokenizer's files) of the spec's inputs, before any work:
     every source path matches a file (else it is missing), and the tokenizer loads. One
     line per problem."""
     problems, missing = [], []
@@ -86,7 +90,8 @@ def check_inputs(spec: runspec_lib.RunSpec) -> tuple[list[str], list[str], int |
         missing.append(f"spec.tokenizer.path: {e}")
         return problems, missing, None
     try:
-        return problems, missing, tokenize.load_tokenizer(spec.tokenizer.path).vocab_size
+        tokenize.load_tokenizer(spec.tokenizer.path)
+        return problems, missing, tokenizer_identity.read_tokenizer(spec.tokenizer.path)
     except store_lib.StoreError:
         raise
     except Exception as e:  # a tokenizer that does not load
@@ -190,6 +195,33 @@ def _check_max_context(spec: runspec_lib.RunSpec) -> None:
             f"packing.max_context to at most {limit}")
 
 
+def _check_tokenizer_is_models(spec: runspec_lib.RunSpec
+                               ) -> tokenizer_identity.TokenizerIdentity:
+    """Refuses a tokenizer of another model (schemas.tokenizer_identity) when the model's
+    files can be read now (the workers check again); returns the tokenizer's identity,
+    which run.json records."""
+    tokenize.check_tokenizer_path(spec.tokenizer.path)
+    files = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
+    if not spec.model.path:  # prepare alone: the model is only recorded
+        return files.identity()
+    try:
+        config = store_lib.open_store(spec.model.path).read_json("config.json")
+        if config is None or "vocab_size" not in config:
+            return files.identity()
+        found = tokenizer_identity.match_problems(
+            files, spec.tokenizer.path, spec.model.path, int(config["vocab_size"]),
+            allowed=spec.tokenizer.allow_model_mismatch)
+    except Exception as e:  # the model may not be reachable from here; workers check again
+        _log.warning("prepare: could not check the tokenizer against the model (%s); the "
+                     "workers will", e)
+        return files.identity()
+    if found:
+        raise PrepareError(found[0] if len(found) == 1 else
+                           f"{len(found)} problems, nothing was started:\n  "
+                           + "\n  ".join(found))
+    return files.identity()
+
+
 def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str] | None = None,
                 max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION,
                 retry_argv: list[str] | None = None,
@@ -210,6 +242,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
                            f"0 and 1 (a fraction of the inputs read)")
     # Everything that can be checked before work starts is checked here.
     _check_max_context(spec)
+    spec = dataclasses.replace(spec, tokenizer_identity=_check_tokenizer_is_models(spec))
     # Only extraction settings changed and nothing is committed: the token store stands.
     changed = run_dir.switch_extraction_spec(store_lib.open_store(run_uri), spec)
     if changed is not None:
@@ -248,6 +281,12 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
     _check_not_empty(spec, files, summary)
     read = sum(c["read"] for c in summary["sources"].values())
     rejected = sum(c["rejected"] for c in summary["sources"].values())
+    if read == rejected:  # every input rejected, or none read: a run of nothing
+        raise PrepareError(
+            f"no input was accepted ({rejected} of {read} rejected):\n"
+            f"{_reject_summary(summary)}\nSee {store.location.join(layout.REJECTS_PREFIX)} "
+            f"for each rejected input; nothing is left to extract. Fix the inputs (or the "
+            f"packing and source settings) and run again")
     if read and rejected / read > max_reject_fraction:
         raise PrepareError(
             f"{rejected} of {read} inputs rejected ({rejected / read:.1%}), more than "
@@ -307,8 +346,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
-    if args.spec:
-        return runspec_lib.RunSpec.from_dict(config_lib.load_file(args.spec), f"{args.spec}: ")
+    if args.spec:  # its relative paths are the spec file's; the flags' are the shell's
+        data = runspec_lib.absolute_paths(config_lib.load_file(args.spec),
+                                          os.path.dirname(os.path.abspath(args.spec)))
+        return runspec_lib.RunSpec.from_dict(data, f"{args.spec}: ")
     if not args.tokenizer:
         raise SystemExit("actx prepare: --tokenizer (or --spec) is required")
     source = {f.name: getattr(args, f.name) for f in dataclasses.fields(runspec_lib.SourceSpec)
@@ -320,7 +361,7 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
             + [runspec_lib.SourceSpec("arc", (p,), **arc) for p in args.arc])
     if not srcs:
         raise SystemExit("actx prepare: give at least one --fineweb, --text or --arc input")
-    return runspec_lib.RunSpec(
+    spec = runspec_lib.RunSpec(
         model=runspec_lib.ModelSpec(args.model),
         tokenizer=runspec_lib.TokenizerSpec(args.tokenizer, add_bos=not args.no_bos,
                                             add_eos=args.add_eos,
@@ -329,6 +370,15 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         packing=flags.from_namespace(runspec_lib.PackingSpec, args),
         layout=flags.from_namespace(runspec_lib.LayoutSpec, args),
         name=args.name)
+    return runspec_lib.RunSpec.from_dict(runspec_lib.absolute_paths(spec.to_dict(),
+                                                                    os.getcwd()))
+
+
+def _beams_echo_of_user_errors(record: logging.LogRecord) -> bool:
+    """Drops Beam's own log of a bundle that failed with a UserError (a full disk, a store
+    refusing): the error reaches `main`, which prints it as one line."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not (record.name.startswith("apache_beam") and isinstance(error, errors.UserError))
 
 
 def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
@@ -340,17 +390,29 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
     args, pipeline_args = _parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # keep progress lines readable
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_beams_echo_of_user_errors)
     try:
-        spec = spec_from_args(args)
-        if preflight is not None:
-            preflight(spec, args.out)
-        manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
-                               retry_argv or ["actx", "prepare", *argv], args.unit_bytes,
-                               args.progress_interval)
+        with interrupt.interruptible() as interrupted:
+            spec = spec_from_args(args)
+            if preflight is not None:
+                preflight(spec, args.out)
+            manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
+                                   retry_argv or ["actx", "prepare", *argv], args.unit_bytes,
+                                   args.progress_interval)
     except (errors.UserError, fileio.InputError, tokenize.TokenizerError, PrepareError,
             config_lib.ConfigError, store_lib.StoreError, ValueError) as e:
-        print(f"actx prepare: error: {e}")
-        return 2
+        if not interrupted.is_set():
+            print(f"actx prepare: error: {e}")
+            return 2
+    except BaseException:
+        if not interrupted.is_set():
+            raise
+    if interrupted.is_set():
+        print(f"actx prepare: interrupted; {args.out} is not prepared (no manifest.json). "
+              f"The same command again clears what this attempt left and prepares it",
+              file=sys.stderr)
+        return 130
     print(f"prepared {args.out}: {manifest.total_rows} rows, {manifest.total_tokens} tokens, "
           f"{len(manifest.partitions)} partition(s), {manifest.docs_rejected} rejected "
           f"(fingerprint {manifest.fingerprint})")

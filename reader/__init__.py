@@ -37,6 +37,7 @@ Public names (all re-exported here; `__all__`):
     NotARunError                  no run.json / manifest.json at the location
     UnknownHookError              a hook no committed partition holds
     UncommittedPartitionError     rows of a partition without a commit marker
+    NothingCommittedError         any read of a run with no committed partition yet
 
 All tensorstore arrays are opened in the process-wide context (schemas.ts_context), so
 memory:// runs written in the same process are readable and its cache pool is shared
@@ -45,7 +46,8 @@ memory:// runs written in the same process are readable and its cache pool is sh
 
 from reader.batches import Batch, TokenBatches
 from reader.blocks import BlockTable, StreamPlan
-from reader.errors import NotARunError, ReaderError, UncommittedPartitionError, UnknownHookError
+from reader.errors import (NotARunError, NothingCommittedError, ReaderError,
+                           UncommittedPartitionError, UnknownHookError)
 from reader.mixing import Mixing
 from reader.mixing import measure as measure_mixing
 from reader.provenance import Selection
@@ -55,7 +57,8 @@ from reader.stats import HookStats, compute_stats, load_stats
 from reader.stream import ShuffledStream
 
 __all__ = [
-    "Batch", "BlockTable", "HookInfo", "HookStats", "Mixing", "NotARunError", "ReaderError",
+    "Batch", "BlockTable", "HookInfo", "HookStats", "Mixing", "NotARunError", "NothingCommittedError",
+    "ReaderError",
     "Run", "Selection", "ShufflePlan", "ShuffledStream", "StreamPlan", "TokenBatches",
     "TokenIndex", "UncommittedPartitionError", "UnknownHookError", "build_index",
     "compute_stats", "load_stats", "measure_mixing", "open_run",

@@ -22,3 +22,9 @@ class UnknownHookError(ReaderError, KeyError):
 
 class UncommittedPartitionError(ReaderError):
     """Rows of a partition without a commit marker were asked for."""
+
+
+class NothingCommittedError(UncommittedPartitionError, UnknownHookError):
+    """The run has no committed partition yet: nothing is readable. Every reading entry
+    point raises this same error (it is also an UnknownHookError and an
+    UncommittedPartitionError, so existing handlers of either still hold)."""

@@ -127,8 +127,25 @@ class Run:
                 f"{len(self.committed)} partition(s) are committed; run `actx verify`")
         return sorted(info.hooks)
 
+    def require_commits(self) -> None:
+        """Raises NothingCommittedError when no partition is committed: every reading
+        entry point says this same thing, rather than an empty result or another fault."""
+        if self.committed:
+            return
+        if not self.partitions:
+            raise errors.NothingCommittedError(
+                f"{self.location}: the run holds no data: its prepare accepted no document "
+                f"(see {self.location.join(layout.REJECTS_PREFIX)}); prepare it again with "
+                f"inputs that pass")
+        raise errors.NothingCommittedError(
+            f"{self.location}: nothing is committed yet (0 of {len(self.partitions)} "
+            f"partitions), so no activation is readable; `actx status {self.location}` shows "
+            f"the extraction's progress, `actx rerun {self.location}` extracts them; then "
+            f"reopen the run (or call run.refresh())")
+
     def hook(self, name: str) -> HookInfo:
         """The HookInfo of `name`; UnknownHookError (listing the hooks) when absent."""
+        self.require_commits()
         infos = self.hooks
         if name not in infos:
             raise errors.UnknownHookError(
@@ -160,6 +177,7 @@ class Run:
 
     def check_rows(self, start: int, stop: int, hooks: Sequence[str] = ()) -> None:
         """Refuses a row range that touches an uncommitted partition, or an unknown hook."""
+        self.require_commits()
         if not 0 <= start < stop <= self.total_rows:
             raise IndexError(f"rows [{start}, {stop}) are outside the run "
                              f"(0..{self.total_rows})")
@@ -179,6 +197,7 @@ class Run:
     def committed_ids(self, partitions: Iterable[int] | None = None,
                       hooks: Sequence[str] = ()) -> tuple[int, ...]:
         """`partitions` (default: all committed), checked to be committed with `hooks`."""
+        self.require_commits()
         ids = self.committed if partitions is None else tuple(sorted(set(partitions)))
         for pid in ids:
             part = self.manifest.partition(pid)
@@ -242,6 +261,7 @@ class Run:
         All reads are issued before any is awaited, so tensorstore fetches and decodes
         the chunks of every hook concurrently, each needed chunk once per read.
         """
+        self.require_commits()
         rows = np.asarray(rows, np.int64)
         cols = np.asarray(cols, np.int64)
         for pid in self._partitions_of_rows(rows):
@@ -253,6 +273,7 @@ class Run:
     def gather_tokens(self, names: Sequence[str], rows: np.ndarray,
                       cols: np.ndarray) -> dict[str, np.ndarray]:
         """Token or ARC arrays at the tokens (rows[i], cols[i])."""
+        self.require_commits()
         for pid in self._partitions_of_rows(rows):
             part = self.partitions[pid]
             self.check_rows(part.row_start, part.row_stop)
@@ -279,12 +300,14 @@ class Run:
         into: a `provenance.Selection` with activations per hook."""
         from reader import provenance
 
+        self.require_commits()
         return provenance.document(self, doc, hooks)
 
     def select(self, hooks: "str | Sequence[str] | None" = None, **filters):
         """Tokens matching ARC provenance filters (see `provenance.select`)."""
         from reader import provenance
 
+        self.require_commits()
         return provenance.select(self, hooks, **filters)
 
     # -- batches and statistics ---------------------------------------------------
@@ -294,6 +317,7 @@ class Run:
         `reader.batches.TokenBatches`): reproducible token for token, slow from storage."""
         from reader import batches
 
+        self.require_commits()
         return batches.TokenBatches(self, hooks, batch_size, **kwargs)
 
     def stream(self, hooks: "str | Sequence[str]", batch_size: int, **kwargs):
@@ -301,18 +325,21 @@ class Run:
         `reader.stream.ShuffledStream`): what training reads."""
         from reader import stream
 
+        self.require_commits()
         return stream.ShuffledStream(self, hooks, batch_size, **kwargs)
 
     def compute_stats(self, hooks: Sequence[str] | None = None, **kwargs):
         """Streams every committed token once and stores per-hook statistics."""
         from reader import stats
 
+        self.require_commits()
         return stats.compute_stats(self, hooks, **kwargs)
 
     def stats(self, hook: str):
         """Stored statistics of a hook (computed by `compute_stats`)."""
         from reader import stats
 
+        self.require_commits()
         return stats.load_stats(self, hook)
 
     def __repr__(self) -> str:

@@ -373,7 +373,8 @@ def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> d
     out = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"{where} {item!r}: expected KEY=VALUE, e.g. packing.seq_len=512")
+            raise ConfigError(f"{where} {item!r}: expected KEY=VALUE, e.g. "
+                              f"spec.packing.seq_len=512")
         key, value = item.split("=", 1)
         node = out
         parts = key.strip().split(".")

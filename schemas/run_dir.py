@@ -100,6 +100,8 @@ def switch_extraction_spec(store, spec: runspec_lib.RunSpec) -> list[str] | None
     if old.fingerprint == spec.fingerprint or old.tokens_fingerprint != spec.tokens_fingerprint:
         return None
     changed = old.extraction_changes(spec)
+    # The tokens stay, so does the record of the tokenizer they were made with.
+    spec = dataclasses.replace(spec, tokenizer_identity=old.tokenizer_identity)
     committed = commit_lib.committed_partitions(store)
     if committed:
         raise CommittedRunError(

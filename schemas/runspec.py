@@ -13,12 +13,21 @@ import json
 from typing import Literal
 
 from schemas import config as config_lib
+from schemas import tokenizer_identity as tokenizer_identity_lib
 
 RUN_SPEC_KEY = "run.json"
 # 2: packing.max_context, tokens/context_start, and continuation rows computed with their
 # document's earlier tokens. Runs of version 1 computed every row as if its document
 # started there; they are refused rather than mixed with version-2 semantics.
-SPEC_VERSION = 2
+# 3: run.json records the tokenizer's identity (`tokenizer_identity`, written by prepare)
+# and `tokenizer.allow_model_mismatch`. Version-2 runs stay readable: they have neither,
+# so workers check their tokenizer against the model by the manifest's vocabulary and
+# special ids only.
+SPEC_VERSION = 3
+OLDEST_READABLE_SPEC_VERSION = 2
+# Fingerprints are computed as in version 2: fields added since then are left out of the
+# hash while they hold their default, so the fingerprints of earlier runs stay valid.
+FINGERPRINT_SCHEME = 2
 DEFAULT_MAX_CONTEXT = 4096
 
 
@@ -70,12 +79,17 @@ class TokenizerSpec:
       nothing is added and the spec records that).
     add_eos: append the EOS token to each document.
     chat_template: render ARC prompts through the tokenizer's chat template when it has one.
+    allow_model_mismatch: use this tokenizer although it is not the model's (another
+      tokenizer.json than the checkpoint's, a vocabulary far smaller than the embedding,
+      bos/eos/pad ids of the model's config that are not its special tokens). Refused
+      without it, before any work; recorded in run.json.
     """
 
     path: str
     add_bos: bool = True
     add_eos: bool = False
     chat_template: bool = True
+    allow_model_mismatch: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +229,10 @@ class RunSpec:
     capture: CaptureConfig = CaptureConfig()
     layout: LayoutSpec = LayoutSpec()
     name: str = "run"
+    # What the files at tokenizer.path were when prepare read them (set by prepare, never
+    # by hand; None in runs of spec_version 2). Not part of the fingerprints: it is
+    # derived from tokenizer.path, and a worker's spec from the job's config has none.
+    tokenizer_identity: tokenizer_identity_lib.TokenizerIdentity | None = None
 
     def __post_init__(self):
         if not self.sources:
@@ -245,19 +263,30 @@ class RunSpec:
         data.pop("spec_version", None)
         return config_lib.from_dict(cls, data, where)
 
+    def _hashed_dict(self) -> dict:
+        """to_dict without what the fingerprints leave out (FINGERPRINT_SCHEME)."""
+        data = self.to_dict()
+        data.pop("tokenizer_identity")
+        if not data["tokenizer"]["allow_model_mismatch"]:
+            del data["tokenizer"]["allow_model_mismatch"]
+        return data
+
     @property
     def fingerprint(self) -> str:
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(f"actx-v{SPEC_VERSION}:{canonical}".encode()).hexdigest()[:16]
+        canonical = json.dumps(self._hashed_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(
+            f"actx-v{FINGERPRINT_SCHEME}:{canonical}".encode()).hexdigest()[:16]
 
     @property
     def tokens_fingerprint(self) -> str:
         """The token store's identity: every field but those only extraction uses
         (EXTRACTION_ONLY_FIELDS). Two specs with equal tokens fingerprints prepare identical
         token stores, so a run may switch between them while nothing is committed."""
-        data = {k: v for k, v in self.to_dict().items() if k not in EXTRACTION_ONLY_FIELDS}
+        data = {k: v for k, v in self._hashed_dict().items() if k not in EXTRACTION_ONLY_FIELDS}
+        data["tokenizer"].pop("allow_model_mismatch", None)  # a permission, not a token
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(f"actx-tokens-v{SPEC_VERSION}:{canonical}".encode()).hexdigest()[:16]
+        return hashlib.sha256(
+            f"actx-tokens-v{FINGERPRINT_SCHEME}:{canonical}".encode()).hexdigest()[:16]
 
     def extraction_changes(self, other: "RunSpec") -> list[str]:
         """Dotted keys of the extraction-only fields in which `other` differs from this."""
@@ -270,6 +299,29 @@ class RunSpec:
         return {**self.to_dict(), "spec_version": SPEC_VERSION, "fingerprint": self.fingerprint}
 
 
+def absolute_paths(spec_data: dict, base_dir: str) -> dict:
+    """`spec_data` (a RunSpec as a dict, as read from a config file) with its relative local
+    paths (sources' paths, model.path, tokenizer.path) made absolute against `base_dir`, so
+    a config means the same from any working directory and run.json records where the data
+    was. URIs (gs://, memory://) and empty paths stay as they are."""
+    import copy
+    import os
+
+    def absolute(path):
+        if not isinstance(path, str) or not path or "://" in path or os.path.isabs(path):
+            return path
+        return os.path.normpath(os.path.join(base_dir, path))
+
+    out = copy.deepcopy(spec_data)
+    for source in out.get("sources") or ():
+        if isinstance(source, dict) and isinstance(source.get("paths"), list):
+            source["paths"] = [absolute(p) for p in source["paths"]]
+    for part in ("model", "tokenizer"):
+        if isinstance(out.get(part), dict) and "path" in out[part]:
+            out[part]["path"] = absolute(out[part]["path"])
+    return out
+
+
 def read_run_spec(store) -> RunSpec:
     """Reads run.json from an ObjectStore, with a clear error when it is not an actx run."""
     data = store.read_json(RUN_SPEC_KEY)
@@ -279,7 +331,7 @@ def read_run_spec(store) -> RunSpec:
             f"{store.location}: not an actx run (no {RUN_SPEC_KEY}); run `actx prepare` or "
             f"`actx submit` first, or check the path")
     version = data.get("spec_version", 1)
-    if version < SPEC_VERSION:
+    if version < OLDEST_READABLE_SPEC_VERSION:
         raise ValueError(
             f"{where}: prepared by an older actx (spec_version {version}, this actx writes "
             f"{SPEC_VERSION}): it has no packing.max_context and its token store has no "

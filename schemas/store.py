@@ -60,6 +60,16 @@ class ObjectStore(abc.ABC):
     def exists(self, key: str) -> bool:
         return self.read(key) is not None
 
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, or None when it does not exist."""
+        data = self.read(key)
+        return None if data is None else len(data)
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of an object (fewer at its end), without reading the rest
+        where the store can (a checkpoint's safetensors headers, before any work)."""
+        return (self.read(key) or b"")[start:end]
+
     def check_reachable(self) -> None:
         """Raises StoreError when the store itself (a bucket, not one object) is missing or
         refuses this account; called when an expected object is missing, to say which."""
@@ -121,30 +131,45 @@ class LocalStore(ObjectStore):
         except (FileNotFoundError, NotADirectoryError):
             return None
 
+    def size(self, key: str) -> int | None:
+        try:
+            return os.stat(self._path(key)).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with open(self._path(key), "rb") as f:
+            f.seek(start)
+            return f.read(max(0, end - start))
+
     def _write_temp(self, key: str, data: bytes) -> str:
         path = self._path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with store_errors.local_write(path, tmp):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
         return tmp
 
     def write(self, key: str, data: bytes) -> None:
         tmp = self._write_temp(key, data)
-        os.replace(tmp, self._path(key))
+        with store_errors.local_write(self._path(key), tmp):
+            os.replace(tmp, self._path(key))
 
     def create(self, key: str, data: bytes) -> bool:
         # link() fails if the target exists, and the target appears complete or not at all.
         tmp = self._write_temp(key, data)
         try:
-            os.link(tmp, self._path(key))
+            with store_errors.local_write(self._path(key), tmp):
+                os.link(tmp, self._path(key))
             return True
         except FileExistsError:
             return False
         finally:
-            os.unlink(tmp)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     def list(self, prefix: str = "") -> list[str]:
         root = self.location.path
@@ -175,7 +200,8 @@ class LocalStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         try:
-            os.unlink(self._path(key))
+            with store_errors.local_write(self._path(key)):
+                os.unlink(self._path(key))
         except FileNotFoundError:
             pass
 
@@ -243,6 +269,18 @@ class GcsStore(ObjectStore):
                 **store_errors.read_options())
         except exceptions.NotFound:
             return None
+
+    @store_errors.gcs_errors
+    def size(self, key: str) -> int | None:
+        blob = self._bucket.get_blob(self._name(key), **store_errors.read_options())
+        return None if blob is None else blob.size
+
+    @store_errors.gcs_errors
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        return self._bucket.blob(self._name(key)).download_as_bytes(
+            start=start, end=end - 1, **store_errors.read_options())  # GCS: end inclusive
 
     @store_errors.gcs_errors
     def write(self, key: str, data: bytes) -> None:
@@ -363,7 +401,7 @@ def _gcs_client():
 
                 _CLIENT = storage.Client(project="actx-emulator", credentials=AnonymousCredentials())
             else:
-                _CLIENT = storage.Client()
+                _CLIENT = _client_without_project_if_none(storage)
             # Parallel reads and listings: the default pool keeps 10 connections per host.
             import requests.adapters
 
@@ -371,6 +409,19 @@ def _gcs_client():
             _CLIENT._http.mount("https://", adapter)
             _CLIENT._http.mount("http://", adapter)
         return _CLIENT
+
+
+def _client_without_project_if_none(storage):
+    """A client with the environment's project, or with none: reading and writing objects
+    needs no project, and `gcloud auth application-default login` writes user credentials
+    that name none (google-cloud-storage then refuses to build a client: "Project was not
+    passed and could not be determined from the environment")."""
+    try:
+        return storage.Client()
+    except OSError as e:
+        if "Project was not passed" not in str(e):
+            raise
+        return storage.Client(project=None)  # explicitly none: bucket operations only
 
 
 def reset_gcs_client() -> None:

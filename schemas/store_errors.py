@@ -12,6 +12,7 @@ by `set_retry_budget` (workers: the same bound as tensorstore's retries) or, tig
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -200,3 +201,30 @@ def _message(e: BaseException) -> str:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return (text[0] if text else type(e).__name__)[:200]
+
+
+# What the environment, not the input, refuses on a local disk, and what to do about it.
+_DISK_FAULTS = {
+    errno.ENOSPC: "the disk is full: free space, or choose a run directory on another disk",
+    errno.EDQUOT: "the disk quota is used up: free space, or choose another run directory",
+    errno.EROFS: "the file system is read-only: choose a writable run directory",
+    errno.EACCES: "this user may not write there: choose a writable run directory, or fix "
+                  "its permissions",
+    errno.EPERM: "this user may not write there: choose a writable run directory, or fix "
+                 "its permissions",
+}
+
+
+@contextlib.contextmanager
+def local_write(path: str, tmp: str | None = None):
+    """Turns a full or read-only disk into one StoreError naming the path and what to do
+    (then running the same command again goes on); the temporary file goes."""
+    try:
+        yield
+    except OSError as e:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        if e.errno not in _DISK_FAULTS:
+            raise
+        raise StoreError(f"{path}: cannot write ({e.strerror}); {_DISK_FAULTS[e.errno]}, "
+                         f"then run the same command again") from None

@@ -51,6 +51,17 @@ class ExtractSettings:
     gcs_request_concurrency: int = 32
     gcs_request_retries: int = 8
 
+    def __post_init__(self):
+        at_least = {"batch_size": 1, "model_parallel": 1, "prefetch_depth": 1,
+                    "writer_threads": 1, "max_pending_mb": 1, "stop_check_steps": 1,
+                    "gcs_request_concurrency": 1, "gcs_request_retries": 0}
+        wrong = [f"{name} must be at least {least}, got {getattr(self, name)}"
+                 for name, least in at_least.items() if getattr(self, name) < least]
+        if not self.heartbeat_s > 0:
+            wrong.append(f"heartbeat_s must be more than 0, got {self.heartbeat_s}")
+        if wrong:  # every one at once, before anything starts
+            raise ValueError("; ".join(wrong))
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkerOptions(ExtractSettings):

@@ -56,7 +56,8 @@ def test_submit_lists_every_problem_before_anything_starts(tmp_path, qwen_tokeni
                   target={"kind": "local", "hosts": 1, "devices_per_host": 2, "batch_size": 3})
     assert cli.main(["submit", cfg], out=io.StringIO()) == 2
     err = capsys.readouterr().err
-    assert "4 problems, nothing was started" in err
+    assert "5 problems, nothing was started" in err
+    assert "no *.safetensors files" in err  # the directory holds config.json only
     assert "layer index 99 out of range; the model has 2 layers" in err
     assert "batch_size=3 does not split over the replica's 2 data-parallel devices" in err
     assert "missing.jsonl" in err

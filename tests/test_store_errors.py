@@ -51,6 +51,23 @@ def test_no_credentials(tmp_path):
                     "gcloud auth application-default login")
 
 
+def test_user_credentials_without_a_project(tmp_path):
+    """What `gcloud auth application-default login` writes: user credentials naming no
+    project. Reading a bucket needs none, so the client is built without one (it used to
+    end in a traceback, "Project was not passed and could not be determined from the
+    environment"); here the token refresh then cannot reach Google, said in one line."""
+    adc = tmp_path / "application_default_credentials.json"
+    adc.write_text(json.dumps({"type": "authorized_user", "client_id": "id.apps",
+                               "client_secret": "secret", "refresh_token": "token"}))
+    env = {"STORAGE_EMULATOR_HOST": None, "GOOGLE_CLOUD_PROJECT": None,
+           "GCLOUD_PROJECT": None, "GOOGLE_APPLICATION_CREDENTIALS": str(adc),
+           "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path), "NO_GCE_CHECK": "True"}
+    for command in ("status", "verify"):
+        proc, seconds = _actx(command, "gs://some-bucket/runs/r1", env=env)
+        line = _one_error_line(proc, seconds, "gs://some-bucket/runs/r1/run.json: ")
+        assert "Project was not passed" not in line and "project" not in line.lower(), line
+
+
 @pytest.mark.parametrize("command", ["status", "verify", "rerun"])
 def test_unknown_bucket(gcs_emulator_server, command):
     proc, seconds = _actx(command, "gs://actx-no-such-bucket/runs/r1")

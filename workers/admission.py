@@ -12,6 +12,7 @@ from schemas import config as config_lib
 from schemas import errors
 from schemas import layout
 from schemas import run_dir
+from schemas import tokenizer_identity
 from workers import kv_cache, sharding
 
 
@@ -33,11 +34,26 @@ def check_spec(location, spec, manifest, expect_fingerprint: str | None) -> None
 
 
 def check_vocabulary(spec, manifest, cfg) -> None:
-    if manifest.vocab_size > cfg.vocab_size:
-        raise RunMismatch(
-            f"tokenizer vocabulary ({manifest.vocab_size} ids, from {spec.tokenizer.path}) is "
-            f"larger than the model's embedding ({cfg.vocab_size} rows, {spec.model.path}): "
-            f"tokenizer and model do not belong together")
+    """The run's tokenizer is this model's (schemas.tokenizer_identity): its vocabulary
+    fits the embedding, the bos/eos/pad ids of the model's configs are its special tokens,
+    and a tokenizer.json in the checkpoint is the one the run was prepared with. The model
+    may have changed since the prepare's own check (another checkpoint at the path, a
+    switched spec.model)."""
+    allowed = spec.tokenizer.allow_model_mismatch
+    recorded = spec.tokenizer_identity
+    # Runs of spec_version 2 record no identity, and older manifests no special ids.
+    specials_known = recorded is not None or bool(manifest.special_token_ids)
+    named = ([] if allowed or not specials_known
+             else tokenizer_identity.special_ids_named(spec.model.path))
+    problems = tokenizer_identity.vocabulary_problems(
+        spec.tokenizer.path, manifest.vocab_size, manifest.special_token_ids,
+        spec.model.path, cfg.vocab_size, named, allowed=allowed)
+    if recorded is not None and not allowed:
+        problems += tokenizer_identity.recorded_problems(recorded, spec.tokenizer.path,
+                                                         spec.model.path)
+    if problems:
+        raise RunMismatch(problems[0] if len(problems) == 1 else
+                          f"{len(problems)} problems:\n  " + "\n  ".join(problems))
 
 
 def check_token_layout(store, location) -> None:

@@ -96,6 +96,9 @@ class CaptureSpec:
                     raise ValueError(f"empty layer range {sel!r} in layers.{sel}.{point}")
                 layers.update(range(int(lo), int(hi or lo) + 1))
             extra.append((point, tuple(sorted(layers))))
+        if not globals_ and not per_point:
+            raise ValueError(f"no hooks given ({text!r}); name at least one, e.g. "
+                             f"layers.*.resid_post or layers.0-3.resid_post,final_norm")
         # Global points go in `hooks`; per-layer points keep their own layer sets.
         return cls(hooks=tuple(dict.fromkeys(globals_)), layers=(), dtype=dtype,
                    extra=tuple(extra))

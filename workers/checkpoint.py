@@ -22,6 +22,7 @@ from safetensors import safe_open
 
 from schemas import ts_context
 from schemas import uri as uri_lib
+from workers import checkpoint_check
 from workers import sharding
 from workers.model_config import ModelConfig
 
@@ -54,42 +55,39 @@ LAYER_PARAM_AXES: dict[str, tuple[str, ...]] = {
 _BIAS_PARAMS = ("q_bias_lnh", "k_bias_lkh", "v_bias_lkh")
 _QK_NORM_PARAMS = ("q_norm_lh", "k_norm_lh")
 _GEMMA_NORM_PARAMS = ("attn_post_norm_ld", "mlp_post_norm_ld")
-# Where the decoder's tensors live: causal LMs under `model.`; Gemma 3's multimodal
-# checkpoints under `model.language_model.` (transformers 5) or `language_model.model.`
-# (the checkpoints as first published).
-DECODER_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
 
 _RAW_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32,
                "F64": np.float64}
 
 
+# HF layout -> ours, for each layer tensor of checkpoint_check.hf_layer_tensors.
+def _to_ours(cfg: ModelConfig) -> dict[str, Callable]:
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    return {
+        "attn_norm_ld": lambda w: w,
+        "q_weight_ldnh": lambda w: w.T.reshape(d, n, h),
+        "k_weight_ldkh": lambda w: w.T.reshape(d, k, h),
+        "v_weight_ldkh": lambda w: w.T.reshape(d, k, h),
+        "o_weight_lnhd": lambda w: w.T.reshape(n, h, d),
+        "mlp_norm_ld": lambda w: w,
+        "gate_weight_ldf": lambda w: w.T,
+        "up_weight_ldf": lambda w: w.T,
+        "down_weight_lfd": lambda w: w.T,
+        "q_bias_lnh": lambda b: b.reshape(n, h),
+        "k_bias_lkh": lambda b: b.reshape(k, h),
+        "v_bias_lkh": lambda b: b.reshape(k, h),
+        "q_norm_lh": lambda w: w,
+        "k_norm_lh": lambda w: w,
+        "attn_post_norm_ld": lambda w: w,
+        "mlp_post_norm_ld": lambda w: w,
+    }
+
+
 def _hf_layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], Callable]]:
     """Our layer param -> (HF name under model.layers.{i}., HF shape, HF -> ours)."""
-    d, n, k, h, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                     cfg.intermediate_size)
-    table = {
-        "attn_norm_ld": ("input_layernorm.weight", (d,), lambda w: w),
-        "q_weight_ldnh": ("self_attn.q_proj.weight", (n * h, d), lambda w: w.T.reshape(d, n, h)),
-        "k_weight_ldkh": ("self_attn.k_proj.weight", (k * h, d), lambda w: w.T.reshape(d, k, h)),
-        "v_weight_ldkh": ("self_attn.v_proj.weight", (k * h, d), lambda w: w.T.reshape(d, k, h)),
-        "o_weight_lnhd": ("self_attn.o_proj.weight", (d, n * h), lambda w: w.T.reshape(n, h, d)),
-        "mlp_norm_ld": ("pre_feedforward_layernorm.weight" if cfg.gemma_norms
-                        else "post_attention_layernorm.weight", (d,), lambda w: w),
-        "gate_weight_ldf": ("mlp.gate_proj.weight", (f, d), lambda w: w.T),
-        "up_weight_ldf": ("mlp.up_proj.weight", (f, d), lambda w: w.T),
-        "down_weight_lfd": ("mlp.down_proj.weight", (d, f), lambda w: w.T),
-    }
-    if cfg.qkv_bias:
-        table["q_bias_lnh"] = ("self_attn.q_proj.bias", (n * h,), lambda b: b.reshape(n, h))
-        table["k_bias_lkh"] = ("self_attn.k_proj.bias", (k * h,), lambda b: b.reshape(k, h))
-        table["v_bias_lkh"] = ("self_attn.v_proj.bias", (k * h,), lambda b: b.reshape(k, h))
-    if cfg.qk_norm:
-        table["q_norm_lh"] = ("self_attn.q_norm.weight", (h,), lambda w: w)
-        table["k_norm_lh"] = ("self_attn.k_norm.weight", (h,), lambda w: w)
-    if cfg.gemma_norms:
-        table["attn_post_norm_ld"] = ("post_attention_layernorm.weight", (d,), lambda w: w)
-        table["mlp_post_norm_ld"] = ("post_feedforward_layernorm.weight", (d,), lambda w: w)
-    return table
+    to_ours = _to_ours(cfg)
+    return {ours: (suffix, shape, to_ours[ours])
+            for ours, (suffix, shape) in checkpoint_check.hf_layer_tensors(cfg).items()}
 
 
 def layer_param_names(cfg: ModelConfig) -> tuple[str, ...]:
@@ -100,12 +98,9 @@ def layer_param_names(cfg: ModelConfig) -> tuple[str, ...]:
 
 
 def decoder_prefix(reader: "TensorReader", source: str = "") -> str:
-    """The prefix of the decoder's tensors in this checkpoint (`DECODER_PREFIXES`)."""
-    for prefix in DECODER_PREFIXES:
-        if f"{prefix}embed_tokens.weight" in reader:
-            return prefix
-    raise ValueError(f"{source}: checkpoint has no embedding tensor "
-                     f"({' or '.join(p + 'embed_tokens.weight' for p in DECODER_PREFIXES)})")
+    """The prefix of the decoder's tensors in this checkpoint
+    (`checkpoint_check.DECODER_PREFIXES`)."""
+    return checkpoint_check.decoder_prefix(reader, source)
 
 
 class TensorReader:

@@ -21,22 +21,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# SIGINT: nothing partial is committed (a partition counts only with its marker).
+INTERRUPTED = ("actx extract: interrupted; partitions without a commit marker stay "
+               "uncommitted: `actx rerun {run}` finishes them")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    opts = flags.from_namespace(worker_options.WorkerOptions, args)
-    distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
-                                      opts.process_id).initialize()
-    from workers import flax_worker
-
     try:
-        worker = flax_worker.worker_for_run(opts)  # runner.Worker, or one for a Flax model
-    except (errors.UserError, FileNotFoundError, ValueError) as e:
+        opts = flags.from_namespace(worker_options.WorkerOptions, args)
+    except ValueError as e:  # settings out of range, all of them in one line
         print(f"actx extract: error: {e}", file=sys.stderr)
         return 2
-    worker.install_signal_handlers()
+    sigint = _SigintStop()
     try:
-        return worker.run()
+        distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
+                                          opts.process_id).initialize()
+        from workers import flax_worker
+
+        worker = flax_worker.worker_for_run(opts)  # runner.Worker, or one for a Flax model
+    except (errors.UserError, FileNotFoundError, ValueError) as e:
+        if not sigint.received.is_set():
+            print(f"actx extract: error: {e}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        pass
+    if sigint.received.is_set():
+        print(INTERRUPTED.format(run=opts.run), file=sys.stderr)
+        return 130
+    worker.install_signal_handlers()
+    sigint.worker = worker
+    try:
+        code = worker.run()
     except errors.UserError as e:
         # The store gave up, or the run changed under the worker: one line says what to do.
         # Nothing partial was committed.
@@ -44,13 +61,45 @@ def main(argv: list[str] | None = None) -> int:
             _leave_replica_now()
         print(f"actx extract: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second SIGINT: stop now
+        code = None
     except BaseException:
         if worker.topo.hosts_per_replica > 1:
             _leave_replica_now()
         raise
+    if not sigint.received.is_set():
+        return code
+    print(INTERRUPTED.format(run=opts.run), file=sys.stderr, flush=True)
+    if code is None and worker.topo.hosts_per_replica > 1:
+        _leave_replica_now(130)
+    return 130
 
 
-def _leave_replica_now() -> None:
+class _SigintStop:
+    """SIGINT while starting raises KeyboardInterrupt (nothing to finish); once the loop
+    runs it stops it as SIGTERM does, at the next step, committing what is complete; a
+    second SIGINT raises at once. The event says whether one came: a KeyboardInterrupt
+    raised inside a garbage-collector callback is ignored by Python, so the exception
+    alone cannot tell."""
+
+    def __init__(self):
+        import signal
+        import threading
+
+        self.received = threading.Event()
+        self.worker = None
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame):
+        again = self.received.is_set()
+        self.received.set()
+        if self.worker is None or again:
+            raise KeyboardInterrupt
+        self.worker.stop_requested.set()
+
+
+def _leave_replica_now(code: int = 1) -> None:
     """Exits a failed host of a multi-host replica at once.
 
     A normal exit runs jax.distributed's shutdown barrier, which waits (minutes) for peers
@@ -61,12 +110,13 @@ def _leave_replica_now() -> None:
     import os
     import traceback
 
-    traceback.print_exc()
-    print("actx extract: this host failed; leaving its replica without the shutdown "
-          "barrier so the other hosts stop too. Nothing partial was committed; "
-          "`actx rerun` redoes the partition.", file=sys.stderr, flush=True)
+    if code != 130:  # an interrupt has said so in one line already
+        traceback.print_exc()
+        print("actx extract: this host failed; leaving its replica without the shutdown "
+              "barrier so the other hosts stop too. Nothing partial was committed; "
+              "`actx rerun` redoes the partition.", file=sys.stderr, flush=True)
     logging.shutdown()
-    os._exit(1)
+    os._exit(code)
 
 
 if __name__ == "__main__":

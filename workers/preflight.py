@@ -1,5 +1,6 @@
 """What the workers would refuse about a job, found before any work starts: without JAX,
-without reading weights, from the checkpoint's config.json (local or gs://).
+without reading weights, from the checkpoint's config.json and safetensors headers (local
+or gs://).
 
 `actx submit` and `actx prepare` call `check_job` (through `workers.main`) before they
 prepare or create anything, so a misspelled hook or a layer beyond the model costs a
@@ -13,6 +14,7 @@ import dataclasses
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from workers import capture as capture_lib
+from workers import checkpoint_check
 from workers import model_config as model_config_lib
 
 
@@ -25,6 +27,7 @@ class JobCheck:
     problems: tuple[str, ...]
     vocab_size: int | None = None
     missing: tuple[str, ...] = ()  # the checkpoint's config.json is not where it says
+    unreachable: Exception | None = None  # the model could not be read (no credentials...)
 
 
 def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
@@ -45,7 +48,17 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
     except ValueError as e:
         problems.append(f"spec.capture.hooks: {e}")
     # `actx prepare` may run without a model (its path is then only recorded, empty).
-    config = _model_config(spec.model.path, problems, missing) if spec.model.path else None
+    # What needs no model (hook syntax, the batch) is checked even when it cannot be read.
+    config = unreachable = None
+    try:
+        config = _model_config(spec.model.path, problems, missing) if spec.model.path else None
+        if config is not None:
+            weight_problems, weights_missing = checkpoint_check.problems(spec.model.path,
+                                                                         config)
+            problems += weight_problems
+            missing += weights_missing
+    except store_lib.StoreError as e:
+        unreachable = e
     if config is not None:
         if capture is not None:
             try:
@@ -62,13 +75,15 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
             problems.append(
                 f"model_parallel={model_parallel} does not divide the model's "
                 f"{config.num_heads} attention heads; choose a divisor of {config.num_heads}")
-    if batch_size is not None and data_parallel:
+    if batch_size is not None and batch_size < 1:
+        problems.append(f"batch_size={batch_size}: must be at least 1")
+    elif batch_size is not None and data_parallel:
         if batch_size % data_parallel:
             problems.append(
                 f"batch_size={batch_size} does not split over the replica's {data_parallel} "
                 f"data-parallel devices; choose a multiple of {data_parallel}")
     return JobCheck(tuple(problems), config.vocab_size if config is not None else None,
-                    tuple(missing))
+                    tuple(missing), unreachable)
 
 
 def _model_config(path: str, problems: list[str], missing: list[str]):

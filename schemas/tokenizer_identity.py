@@ -1,0 +1,262 @@
+"""Whether a tokenizer is the model's: what a tokenizer is (read from its tokenizer.json
+with the json module alone), its fingerprint as recorded in run.json, and the checks that
+refuse a tokenizer of another model before any work.
+
+A tokenizer of another model is the one mistake that runs to the end and looks right: the
+token ids are valid integers, the forward pass runs, verify passes, and every activation
+belongs to ids the model was never trained on. So `actx submit` / `actx prepare` check it
+before anything starts (deploy.preflight, pipeline.main.run_prepare) and every worker
+checks it again against the checkpoint it loads (workers.admission). Shared by pipeline,
+workers and deploy, so it lives here and imports neither JAX nor Beam nor `tokenizers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from schemas import store as store_lib
+
+TOKENIZER_FILE = "tokenizer.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+SPECIAL_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+# A model's embedding is often padded past its tokenizer's vocabulary (Qwen2.5: 151,665
+# ids, 151,936 rows; Phi-3: 32,011 and 32,064), never to twice its size: a tokenizer with
+# fewer ids than this fraction of the rows belongs to another model.
+MIN_VOCAB_FRACTION = 0.5
+OVERRIDE = "spec.tokenizer.allow_model_mismatch: true"
+
+
+def _digest(obj) -> str:
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerIdentity:
+    """What run.json records about the tokenizer a run was prepared with (spec_version 3).
+
+    fingerprint: hash of the four parts below; two tokenizers with equal fingerprints turn
+      every text into the same ids.
+    vocab_size: distinct ids, added tokens included.
+    vocabulary / special_tokens / normalizer / merges: hashes of each part (token -> id;
+      the added tokens marked special, with their ids; normalizer and pre-tokenizer; the
+      tokenization model's type and merges), so a mismatch can say which part differs.
+    """
+
+    fingerprint: str
+    vocab_size: int
+    vocabulary: str
+    special_tokens: str
+    normalizer: str
+    merges: str
+
+    def differing_parts(self, other: "TokenizerIdentity") -> list[str]:
+        return [part for part in ("vocabulary", "special_tokens", "normalizer", "merges")
+                if getattr(self, part) != getattr(other, part)]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerFiles:
+    """A tokenizer.json, parsed. vocab: token -> id, added tokens included; special: the
+    added tokens marked special, content -> id."""
+
+    location: str
+    vocab: dict
+    special: dict
+    normalizer: object
+    pre_tokenizer: object
+    model_kind: object
+
+    @property
+    def vocab_size(self) -> int:
+        return len(set(self.vocab.values()))
+
+    def identity(self) -> TokenizerIdentity:
+        parts = {"vocabulary": _digest(sorted(self.vocab.items())),
+                 "special_tokens": _digest(sorted(self.special.items())),
+                 "normalizer": _digest([self.normalizer, self.pre_tokenizer]),
+                 "merges": _digest(self.model_kind)}
+        return TokenizerIdentity(fingerprint=_digest(parts), vocab_size=self.vocab_size,
+                                 **parts)
+
+    def token(self, token_id: int) -> str | None:
+        for content, i in self.vocab.items():
+            if i == token_id:
+                return content
+        return None
+
+
+def parse(data: dict, location: str) -> TokenizerFiles:
+    """A TokenizerFiles from the JSON of a tokenizer.json (any tokenization model)."""
+    model = data.get("model") or {}
+    raw = model.get("vocab") or {}
+    # Unigram stores [piece, score] pairs whose index is the id; the others a dict.
+    vocab = ({piece[0]: i for i, piece in enumerate(raw)} if isinstance(raw, list)
+             else dict(raw))
+    special = {}
+    for added in data.get("added_tokens") or ():
+        vocab[added["content"]] = added["id"]
+        if added.get("special"):
+            special[added["content"]] = added["id"]
+    kind = {k: v for k, v in model.items() if k != "vocab"}
+    return TokenizerFiles(location, vocab, special, data.get("normalizer"),
+                          data.get("pre_tokenizer"), kind)
+
+
+def read_tokenizer(path: str) -> TokenizerFiles | None:
+    """The tokenizer.json under directory `path` (local or gs://); None when it has none.
+    Store failures (no credentials, no network) raise store_errors.StoreError."""
+    store = store_lib.open_store(path)
+    data = store.read_json(TOKENIZER_FILE)
+    if data is None:
+        return None
+    return parse(data, str(store.location.join(TOKENIZER_FILE)))
+
+
+def _shown(items: list, most: int = 4) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most
+                                      else "")
+
+
+def differences(mine: TokenizerFiles, model: TokenizerFiles) -> list[str]:
+    """How two tokenizers differ, one phrase per part (empty: they are the same)."""
+    found = []
+    if mine.vocab != model.vocab:
+        moved = sum(1 for t, i in mine.vocab.items() if model.vocab.get(t) != i)
+        found.append(f"vocabulary: {mine.vocab_size:,} vs {model.vocab_size:,} ids, {moved:,} "
+                     f"of its tokens missing from the model's or with another id")
+    if mine.special != model.special:
+        only_mine = sorted(set(mine.special.items()) - set(model.special.items()))
+        only_model = sorted(set(model.special.items()) - set(mine.special.items()))
+        shown = [f"only in the model's: {_shown([f'{t!r}={i}' for t, i in only_model])}"] \
+            if only_model else []
+        shown += [f"only in this one: {_shown([f'{t!r}={i}' for t, i in only_mine])}"] \
+            if only_mine else []
+        found.append(f"special tokens: {'; '.join(shown)}")
+    if (mine.normalizer, mine.pre_tokenizer) != (model.normalizer, model.pre_tokenizer):
+        found.append(f"normalizer: {_kind(mine.normalizer)} / {_kind(mine.pre_tokenizer)} vs "
+                     f"{_kind(model.normalizer)} / {_kind(model.pre_tokenizer)} "
+                     f"(normalizer / pre-tokenizer)")
+    if mine.model_kind != model.model_kind:
+        found.append(f"model: {mine.model_kind.get('type')} vs {model.model_kind.get('type')}"
+                     f" (merges or settings differ)")
+    return found
+
+
+def _kind(part) -> str:
+    if not part:
+        return "none"
+    inner = part.get("normalizers") or part.get("pretokenizers")
+    if inner:
+        return "+".join(_kind(p) for p in inner)
+    return str(part.get("type"))
+
+
+def special_ids_named(model_path: str) -> list[tuple[str, int]]:
+    """(where, id) for each bos/eos/pad id that config.json and generation_config.json of
+    the checkpoint name, e.g. ("config.json eos_token_id", 151645)."""
+    store = store_lib.open_store(model_path)
+    named = []
+    for name in ("config.json", GENERATION_CONFIG_FILE):
+        try:
+            data = store.read_json(name)
+        except store_lib.StoreError:
+            raise
+        except Exception:  # unreadable: config.json's own check says so
+            data = None
+        for field in SPECIAL_ID_FIELDS:
+            value = (data or {}).get(field)
+            for token_id in value if isinstance(value, list) else [value]:
+                if isinstance(token_id, int) and not isinstance(token_id, bool):
+                    named.append((f"{name} {field}", token_id))
+    return named
+
+
+def vocabulary_problems(tokenizer_path: str, tokenizer_vocab: int, special_ids,
+                        model_path: str, model_vocab: int | None,
+                        named_ids: list[tuple[str, int]], token_name=None,
+                        allowed: bool = False) -> list[str]:
+    """Whether a tokenizer of `tokenizer_vocab` ids with these special ids fits the model:
+    not larger than its embedding, not far smaller, and every bos/eos/pad id the model's
+    configs name is one of its special tokens. (An instruct tokenizer's eos next to a base
+    model's config is fine: both are special tokens of one vocabulary.)
+
+    allowed: spec.tokenizer.allow_model_mismatch; only a vocabulary larger than the
+    embedding is refused then (its ids have no row to look up).
+    """
+    found = []
+    what = f"spec.tokenizer.path: {tokenizer_path}"
+    if model_vocab is not None and tokenizer_vocab > model_vocab:
+        found.append(
+            f"{what}: its vocabulary ({tokenizer_vocab} ids) is larger than the model's "
+            f"embedding ({model_vocab} rows, {model_path}); tokenizer and model do not "
+            f"belong together")
+    if allowed:
+        return found
+    if model_vocab is not None and tokenizer_vocab < MIN_VOCAB_FRACTION * model_vocab:
+        found.append(
+            f"{what}: its vocabulary ({tokenizer_vocab:,} ids) is far smaller than the "
+            f"model's embedding ({model_vocab:,} rows, {model_path}), "
+            f"{tokenizer_vocab / model_vocab:.1%} of it: this tokenizer belongs to another "
+            f"model. Point spec.tokenizer.path at the model's tokenizer, or set {OVERRIDE}")
+    special_ids = set(special_ids)
+    wrong = []
+    for where, token_id in named_ids:
+        if token_id in special_ids:
+            continue
+        token = token_name(token_id) if token_name is not None else None
+        wrong.append(f"{where}={token_id} is " + (
+            f"{token!r}, not a special token" if token is not None else
+            f"not a special token of it" if token_id < tokenizer_vocab else
+            f"beyond its {tokenizer_vocab:,} ids"))
+    if wrong:
+        found.append(
+            f"{what}: not the model's tokenizer: {model_path}'s {'; '.join(wrong)}. Point "
+            f"spec.tokenizer.path at the model's tokenizer, or set {OVERRIDE}")
+    return found
+
+
+def same_directory(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def match_problems(mine: TokenizerFiles, tokenizer_path: str, model_path: str,
+                   model_vocab: int | None, allowed: bool = False) -> list[str]:
+    """Everything that says the tokenizer at `tokenizer_path` is not the model's at
+    `model_path`, from both directories' files, before any work (allowed: see
+    vocabulary_problems)."""
+    found = vocabulary_problems(tokenizer_path, mine.vocab_size, mine.special.values(),
+                                model_path, model_vocab,
+                                [] if allowed else special_ids_named(model_path), mine.token,
+                                allowed)
+    if not allowed and not same_directory(tokenizer_path, model_path):
+        model_tok = read_tokenizer(model_path)
+        if model_tok is not None:
+            diff = differences(mine, model_tok)
+            if diff:
+                found.append(
+                    f"spec.tokenizer.path: {tokenizer_path} is not the tokenizer of the model "
+                    f"{model_path}, whose own {TOKENIZER_FILE} differs: {'; '.join(diff)}. "
+                    f"Point spec.tokenizer.path at {model_path}, or set {OVERRIDE}")
+    return found
+
+
+def recorded_problems(recorded: TokenizerIdentity, tokenizer_path: str,
+                      model_path: str) -> list[str]:
+    """A worker's check of the run's recorded tokenizer against the checkpoint it loads:
+    when the checkpoint directory has a tokenizer.json, it must be the one the run's
+    tokens were made with."""
+    model_tok = read_tokenizer(model_path)
+    if model_tok is None:
+        return []
+    theirs = model_tok.identity()
+    if theirs.fingerprint == recorded.fingerprint:
+        return []
+    parts = ", ".join(p.replace("_", " ") for p in recorded.differing_parts(theirs))
+    return [f"the run's tokens were made with the tokenizer at {tokenizer_path} (fingerprint "
+            f"{recorded.fingerprint}, {recorded.vocab_size:,} ids), but the model "
+            f"{model_path} has its own {TOKENIZER_FILE} (fingerprint {theirs.fingerprint}, "
+            f"{theirs.vocab_size:,} ids; {parts} differ). Prepare with the model's tokenizer "
+            f"into a new run directory, or set {OVERRIDE}"]
