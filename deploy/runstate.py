@@ -21,6 +21,7 @@ from schemas import run_dir
 from schemas import config as schemas_config
 from schemas import heartbeat as heartbeat_lib
 from schemas import layout as layout_lib
+from schemas import token_masks as token_masks_lib
 from schemas import verification as verification_lib
 
 DEFAULT_STALE_AFTER_S = 60.0
@@ -83,6 +84,9 @@ class RunStatus:
     elapsed_s: float | None = None
     average_tokens_per_s: float | None = None
     current_tokens_per_s: float = 0.0
+    # What the reader's token masks leave out (stats.json, written by compute_stats); None
+    # before it ran.
+    token_masks: token_masks_lib.MaskCounts | None = None
 
     @property
     def complete(self) -> bool:
@@ -105,6 +109,8 @@ class RunStatus:
         obj["complete"] = self.complete
         obj["eta"] = "unknown" if self.eta_s is None else round(self.eta_s, 1)
         obj["map"] = partition_map(self)
+        obj["token_masks"] = (None if self.token_masks is None
+                              else schemas_config.to_dict(self.token_masks))
         return obj
 
 
@@ -127,20 +133,30 @@ def _read_progress(handle: RunHandle, history: bool):
     """Commit ids, heartbeats, activations/actx.json and the verification record, read
     concurrently (each is one or more round trips on GCS)."""
     store = handle.store
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
         committed = pool.submit(commit_lib.committed_partitions, store,
                                 len(handle.manifest.partitions))
         beats = pool.submit(heartbeat_lib.read_heartbeats, store, history=history)
         info = pool.submit(_read_info_for_status, store)
         verified = pool.submit(verification_lib.read_record, store)
-        return committed.result(), beats.result(), info.result(), verified.result()
+        masks = pool.submit(_read_masks_for_status, store)
+        return (committed.result(), beats.result(), info.result(), verified.result(),
+                masks.result())
+
+
+def _read_masks_for_status(store) -> token_masks_lib.MaskCounts | None:
+    """stats.json's mask counts, or None when absent or damaged (the reader says which)."""
+    try:
+        return token_masks_lib.read_mask_counts(store)
+    except schemas_config.ConfigError:
+        return None
 
 
 def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER_S,
                    now: float | None = None, history: bool = False) -> RunStatus:
     """`history`: also the hosts' (time, tokens) samples (the page draws them); without
     it, heartbeats on GCS come from one listing of their summaries."""
-    committed, beats, info, verified = _read_progress(handle, history)
+    committed, beats, info, verified, masks = _read_progress(handle, history)
     now = time.time() if now is None else now
     hosts = []
     held_live: set[int] = set()
@@ -188,7 +204,7 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         tokens_per_s=round(throughput, 1), eta_s=eta, hosts=tuple(hosts),
         failed_verification=tuple(p for p in verified.failed if p in committed)
         if verified else (),
-        stale_after_s=stale_after_s, at=now)
+        stale_after_s=stale_after_s, at=now, token_masks=masks)
 
 
 def _timing(beats, hosts: list[HostState], now: float
@@ -279,6 +295,15 @@ def _whole_documents(status: RunStatus) -> str:
             f"({share:.1f}%) saw their whole document")
 
 
+def _masks_line(m: token_masks_lib.MaskCounts) -> str:
+    """What each token mask leaves out, of the positions compute_stats counted."""
+    parts = [f"{name} {n:,}" for name, n in m.removed.items()]
+    parts += [f"outlier in {hook} {n:,}" for hook, n in sorted(m.outlier.items())]
+    return (f"{', '.join(parts)} of {m.positions:,} token positions "
+            f"({len(m.partitions)} partitions counted by compute_stats; "
+            f"outlier: norm > {m.outlier_factor:g} x the hook's median)")
+
+
 def render(status: RunStatus) -> str:
     c = status.counts
     n = len(status.partitions)
@@ -297,6 +322,8 @@ def render(status: RunStatus) -> str:
         f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None or status.complete
                                              else " (no live worker)"),
     ]
+    if status.token_masks is not None:
+        lines.append(f"masks:      {_masks_line(status.token_masks)}")
     if status.hosts:
         lines.append(f"hosts (stale after {status.stale_after_s:g}s without a heartbeat):")
         for h in status.hosts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from deploy import runstate
+from schemas import config as config_lib
 from schemas import layout as layout_lib
 
 # Points of the job's tokens-over-time series (host histories resampled onto one grid).
@@ -108,6 +109,8 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "hosts": hosts, "hosts_live": sum(1 for h in status.hosts if h.live),
         "series_tokens": series, "series_tokens_per_s": throughput_series(series),
         "bytes_per_token": bytes_per_token, "rejects": rejects or {},
+        "token_masks": (None if status.token_masks is None
+                        else config_lib.to_dict(status.token_masks)),
         "commands": {
             "status": f"actx status {run} --json",
             "rerun_stale": f"actx rerun {run} --only stale",

@@ -175,6 +175,24 @@ function render(d) {
       </td></tr>`);
   }
   $("rejects").innerHTML = rj.join("") || "<tr><td>no sources</td></tr>";
+  const m = d.token_masks;
+  const mk = [];
+  if (m) {
+    const share = (n) => m.positions ? (100 * n / m.positions).toFixed(2) + "%" : "-";
+    for (const [name, n] of Object.entries(m.removed)) {
+      mk.push(`<tr data-mask="${esc(name)}"><td>${esc(name)}</td><td class="num">${int(n)}</td>
+        <td class="num">${share(n)}</td></tr>`);
+    }
+    for (const [hook, n] of Object.entries(m.outlier)) {
+      mk.push(`<tr data-mask="outlier:${esc(hook)}"><td>outlier (${esc(hook)}, norm &gt;
+        ${m.outlier_factor} x median)</td><td class="num">${int(n)}</td>
+        <td class="num">${share(n)}</td></tr>`);
+    }
+  }
+  $("masks").innerHTML = mk.join("") ||
+    "<tr><td>not counted yet: reader.open_run(run).compute_stats(hooks) counts them</td></tr>";
+  $("masks-positions").textContent = m ? `of ${int(m.positions)} token positions in ` +
+    `${m.partitions.length} partitions` : "";
   $("commands").innerHTML = Object.values(d.commands)
     .map((c) => `<div><code>${esc(c)}</code></div>`).join("");
   document.body.dataset.rendered = Number(document.body.dataset.rendered || 0) + 1;
@@ -230,6 +248,10 @@ _BODY = """
 <h2>Rejected inputs per source</h2>
 <table><thead><tr><th>source</th><th>rejected</th><th>read</th><th>first rejects</th></tr>
 </thead><tbody id="rejects"></tbody></table>
+<h2>Token masks (what the reader's exclude= leaves out) <span class="sub" id="masks-positions">
+</span></h2>
+<table><thead><tr><th>mask</th><th>tokens</th><th>share</th></tr></thead>
+<tbody id="masks"></tbody></table>
 <h2>Commands</h2><div id="commands"></div>
 """
 

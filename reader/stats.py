@@ -23,7 +23,9 @@ import numpy as np
 from reader import errors
 from reader import masks as masks_lib
 from reader import run as run_lib
+from schemas import config as config_lib
 from schemas import layout
+from schemas import token_masks
 from schemas import ts_context
 
 STATS_VERSION = 1
@@ -193,8 +195,10 @@ def _count_outliers(norms, run: run_lib.Run, ids: Sequence[int], limit: float) -
 
 
 def load_masks(run: run_lib.Run) -> dict | None:
-    """The mask counts stored by compute_stats (None before it ran)."""
-    return (run.store.read_json(layout.STATS_KEY) or {}).get("masks")
+    """The mask counts stored by compute_stats (`schemas.token_masks.MaskCounts` as a
+    dict; None before it ran)."""
+    counts = token_masks.read_mask_counts(run.store)
+    return None if counts is None else config_lib.to_dict(counts)
 
 
 def load_stats(run: run_lib.Run, hook: str) -> HookStats:

@@ -61,9 +61,10 @@ def screenshot(url: str, path: str, width: int = 1300, height: int = 1500,
 
 
 class Elements(html.parser.HTMLParser):
-    """Elements with an id or a data-host / data-source attribute: attributes and text."""
+    """Elements with an id or a data-host / data-source / data-mask attribute: attributes
+    and text."""
 
-    KEYS = ("id", "data-host", "data-source")
+    KEYS = ("id", "data-host", "data-source", "data-mask")
 
     def __init__(self, markup: str):
         super().__init__()

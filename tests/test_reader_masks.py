@@ -180,3 +180,37 @@ def test_unknown_mask_name_is_refused_with_the_known_names(reader_run):
     run = reader.open_run(reader_run.uri)
     with pytest.raises(ValueError, match="unknown mask 'boss'; known: special, bos"):
         run.batches(HOOK, 4, exclude=["boss"])
+
+
+def test_status_and_the_page_show_what_each_mask_removes(tmp_path):
+    """`actx status` (text and --json) and the live page report the counts compute_stats
+    stored, the same as describe(); before compute_stats they say none were counted."""
+    import io
+
+    from deploy import cli
+    from tests import browser
+
+    truth, _, _ = _with_outliers(tmp_path, packing="concat")
+    out = io.StringIO()
+    assert cli.main(["status", truth.uri, "--json"], out=out) == 0
+    assert json.loads(out.getvalue())["token_masks"] is None
+    run = reader.open_run(truth.uri)
+    run.compute_stats()
+    want = run.describe()["masks"]
+    out = io.StringIO()
+    assert cli.main(["status", truth.uri, "--json"], out=out) == 0
+    assert json.loads(out.getvalue())["token_masks"] == want
+    out = io.StringIO()
+    assert cli.main(["status", truth.uri], out=out) == 0
+    line = next(li for li in out.getvalue().splitlines() if li.startswith("masks:"))
+    for name, n in want["removed"].items():
+        assert f"{name} {n:,}" in line
+    assert f"outlier in embed {want['outlier']['embed']:,}" in line
+    page_path = str(tmp_path / "page.html")
+    assert cli.main(["status", truth.uri, "--html", page_path], out=io.StringIO()) == 0
+    browser.require_chromium()
+    page = browser.Elements(browser.dump_dom(f"file://{page_path}"))
+    for name, n in want["removed"].items():
+        assert page.text(f"data-mask={name}").split()[:2] == [name, f"{n:,}"]
+    assert page.text("data-mask=outlier:embed").split()[-2] == f"{want['outlier']['embed']:,}"
+    assert page.text("masks-positions").startswith(f"of {want['positions']:,} token positions")
