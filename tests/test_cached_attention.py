@@ -122,3 +122,17 @@ def test_the_working_set_counts_the_larger_of_the_two_ways():
     assert kv_cache.attention_scratch_bytes(16, 14, 1024, 32768, "pallas_gpu") == 0
     assert kv_cache.attention_scratch_bytes(16, 14, 1024, 32768, "pallas_tpu", 512) == \
         16 * (32768 + 1024) * 512
+
+
+def test_the_recorded_implementation_is_the_one_that_runs_for_soft_capped_models(tmp_path):
+    """cuDNN has no logit soft-capping, so a Gemma 2 step asked for it runs XLA, and the
+    step reports XLA (what the run's numerics record), not what was asked."""
+    from tests import hf_models
+    from workers import capture, model as model_lib, step
+
+    assert attention.implementation_for("bfloat16", 8, 16, 5.0, "cudnn") == "xla"
+    assert attention.implementation_for("bfloat16", 8, 16, None, "cudnn") == "cudnn"
+    gemma = model_lib.load_pretrained(hf_models.make_tiny_checkpoint(tmp_path / "g", "gemma2"))
+    fn = step.make_extract_fn(gemma, capture.CaptureSpec.parse("layers.0.resid_post"),
+                              attention_impl="cudnn")
+    assert fn.attention_implementation(8) == "xla"

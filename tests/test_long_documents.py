@@ -104,7 +104,7 @@ def test_every_token_matches_hf_on_its_document_alone(tmp_path, monkeypatch, arc
                                                       overrides, max_context, query_chunk):
     if query_chunk:
         monkeypatch.setattr(attention_xla, "MIN_QUERY_CHUNK", query_chunk)
-        assert attention.query_chunks(SEQ_LEN) == [(0, 3), (3, 6), (6, 8)]
+        assert attention_xla.query_chunks(SEQ_LEN) == [(0, 3), (3, 6), (6, 8)]
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
     hf = hf_models.load_hf_model(path)
     model = model_lib.load_pretrained(path, dtype="float32")

@@ -94,7 +94,7 @@ CHUNKED = pytest.mark.parametrize("query_chunk", [None, 5], ids=["one-chunk", "c
 def _set_query_chunk(monkeypatch, query_chunk):
     if query_chunk:
         monkeypatch.setattr(attention_xla, "MIN_QUERY_CHUNK", query_chunk)
-        assert len(attention.query_chunks(SEQ)) == 5
+        assert len(attention_xla.query_chunks(SEQ)) == 5
 
 
 @CHUNKED

@@ -159,4 +159,3 @@ def _shown(obj) -> dict | None:
         return None
     data = config_lib.to_dict(obj)
     return {k: v for k, v in data.items() if k != "numerics"} if "numerics" in data else data
-

@@ -32,10 +32,6 @@ from workers import attention_xla, key_ranges, ranged_flash_gpu, ranged_flash_tp
 
 log = logging.getLogger(__name__)
 
-# Re-exported: admission sizes the XLA way's working memory by them.
-query_chunks = attention_xla.query_chunks
-query_chunk_size = attention_xla.query_chunk_size
-
 # Stands in for "no sliding window" inside the layer scan, where the window is traced.
 NO_WINDOW = 2**30
 
@@ -81,6 +77,9 @@ def cached_keys_seen(cache_pos_bc: jax.Array, q_pos_bt: jax.Array,
 
 
 IMPLEMENTATIONS = ("xla", "pallas_gpu", "pallas_tpu", "cudnn")
+# The Pallas kernels over key intervals: one `ranged_attention` contract, with or without
+# a cache.
+_KERNELS = {"pallas_gpu": ranged_flash_gpu, "pallas_tpu": ranged_flash_tpu}
 
 
 def default_implementation(dtype: jnp.dtype) -> str:
@@ -155,12 +154,9 @@ def attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, lo_bt: ja
     b, t, n, h = q_btnh.shape
     scale = h ** -0.5 if scale is None else scale
     way = implementation_for(q_btnh.dtype, t, h, softcap, implementation)
-    if way == "pallas_gpu":
-        return ranged_flash_gpu.ranged_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt,
-                                                 scale=scale, softcap=softcap)
-    if way == "pallas_tpu":
-        return ranged_flash_tpu.ranged_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt,
-                                                 scale=scale, softcap=softcap)
+    if way in _KERNELS:
+        return _KERNELS[way].ranged_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt,
+                                              scale=scale, softcap=softcap)
     if way == "cudnn":
         out = _cudnn(q_btnh, k_btkh, v_btkh, key_ranges.dense_mask(lo_bt, hi_bt, t), scale)
         if out is not None:
@@ -207,12 +203,8 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
     b, t, n, h = q_btnh.shape
     scale = h ** -0.5 if scale is None else scale
     way = implementation_for(q_btnh.dtype, t, h, softcap, implementation)
-    if way == "pallas_gpu":
-        return ranged_flash_gpu.ranged_attention(
-            q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh, ptr,
-            scale=scale, softcap=softcap, block_len=t)
-    if way == "pallas_tpu":
-        return ranged_flash_tpu.ranged_attention(
+    if way in _KERNELS:
+        return _KERNELS[way].ranged_attention(
             q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh, ptr,
             scale=scale, softcap=softcap, block_len=t)
     if way == "cudnn":

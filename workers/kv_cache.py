@@ -17,7 +17,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from workers import attention
+from workers import attention_xla
 from workers.model_config import ModelConfig
 
 # Logical axes (see workers.sharding): slots split over `data`, kv heads over `model`.
@@ -71,7 +71,7 @@ def attention_scratch_bytes(slots_per_device: int, heads_per_device: int, seq_le
                             capacity: int = 0, implementation: str | None = None,
                             kv_bytes_per_token: int = 0) -> int:
     """The working set of the cached attention of one layer on one device, for the way it
-    runs (`attention.implementation_for`; None: the larger of XLA's and cuDNN's).
+    runs (`workers.attention.implementation_for`; None: the larger of XLA's and cuDNN's).
 
     xla: the float32 logits, their exponentials and the masked copy, [slots, heads, query
     chunk, seq_len] each (the row part and one cache block at a time, one query chunk at
@@ -80,7 +80,7 @@ def attention_scratch_bytes(slots_per_device: int, heads_per_device: int, seq_le
     their tiles on chip; the TPU one reads the cache through a head-major copy of it
     (`kv_bytes_per_token`: keys and values of one token of one layer, all kv heads).
     """
-    chunk = attention.query_chunk_size(seq_len)
+    chunk = attention_xla.query_chunk_size(seq_len)
     xla = 3 * slots_per_device * heads_per_device * chunk * seq_len * 4
     fused = slots_per_device * seq_len * (capacity + seq_len) * (1 + 2)
     if implementation == "xla":

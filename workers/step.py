@@ -218,6 +218,7 @@ class ExtractFn:
         """The attention implementation the step runs for rows of seq_len tokens (the
         backend's kernel, or the fallback it logged)."""
         return attention.implementation_for(self._dtype, seq_len, self.config.head_dim,
+                                            self.config.attn_logit_softcap,
                                             requested=self.attention_impl)
 
     @functools.lru_cache(maxsize=8)
