@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests import cache_inputs
-from workers import attention, ranged_flash_gpu, ranged_flash_tpu
+from workers import attention, attention_xla, ranged_flash_gpu, ranged_flash_tpu
 
 B, T, N, K, H, BLOCKS = 4, 8, 4, 2, 16, 3
 WAYS = ["slot by slot", "all slots", "pallas gpu", "pallas tpu", "fused"]
@@ -24,6 +24,8 @@ def small_tiles(monkeypatch):
     of tiles outside the intervals and their walk of the ring are exercised."""
     monkeypatch.setattr(ranged_flash_gpu, "MAX_TILE", 4)
     monkeypatch.setattr(ranged_flash_tpu, "MAX_TILE", 4)
+    # The XLA way visits the oldest block it reaches into in pieces of 2 keys.
+    monkeypatch.setattr(attention_xla, "MIN_PIECE", 2)
 
 
 def _ways(b):
@@ -75,6 +77,20 @@ def test_every_way_matches_the_dense_reference(way, depths, window):
     if any(depths):  # the cache changes the answer, so the comparison can fail
         x_alone = dict(x, cont=jnp.zeros_like(x["cont"]))
         assert not np.allclose(_dense_reference(x_alone, window), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("ptr", [0, 1, 2])
+@pytest.mark.parametrize("window", [T + 1, 2 * T - 3, 2 * T + 3])
+def test_the_xla_way_visits_the_oldest_block_it_reaches_in_pieces(ptr, window):
+    """Windows that end inside a cached block, with the ring's oldest block anywhere: the
+    pieces of that block are read where they lie (and only those the queries reach)."""
+    assert attention_xla.block_piece(T) == 2
+    x = cache_inputs.make_inputs(np.random.default_rng(11), B, T, N, K, H, BLOCKS,
+                                 [3, 2, 1, 3], jnp.float32, ptr, window)
+    for slots in (1, B):
+        got = np.asarray(_ways(B)["slot by slot" if slots == 1 else "all slots"](
+            x, jnp.int32(ptr)))
+        np.testing.assert_allclose(got, _dense_reference(x, window), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("way", WAYS)

@@ -96,7 +96,8 @@ def assert_documents_match_hf(stored, block, docs, hf, max_context, rtol):
     ("gemma3_mm", "pad", {}, 20, None),
     # Queries in chunks of 3, 3 and 2 (rows of 1024 tokens go in 8 chunks of 128): each
     # chunk sees only the row's keys up to its last query, and skips the cache where none
-    # of its queries continues a document.
+    # of its queries continues a document; the oldest cached block it reaches into is
+    # visited in pieces of 2 keys (rows of 1024: 256), only those its queries reach.
     ("qwen2", "segmented", {}, 20, 3),
     ("mistral", "segmented", {"sliding_window": 12}, 24, 3),
 ])
@@ -104,7 +105,9 @@ def test_every_token_matches_hf_on_its_document_alone(tmp_path, monkeypatch, arc
                                                       overrides, max_context, query_chunk):
     if query_chunk:
         monkeypatch.setattr(attention_xla, "MIN_QUERY_CHUNK", query_chunk)
+        monkeypatch.setattr(attention_xla, "MIN_PIECE", 2)
         assert attention_xla.query_chunks(SEQ_LEN) == [(0, 3), (3, 6), (6, 8)]
+        assert attention_xla.block_piece(SEQ_LEN) == 2
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
     hf = hf_models.load_hf_model(path)
     model = model_lib.load_pretrained(path, dtype="float32")

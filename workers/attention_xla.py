@@ -4,11 +4,12 @@ everywhere else.
 Queries go in chunks (`query_chunks`): a chunk sees only the row's keys up to its last
 query (the upper triangle is never computed), and its float32 logits stay a fraction of
 the [t, t] ones. The cache is visited block by block, newest first, merged by the online
-softmax in float32, and a chunk visits only as many blocks as its queries' intervals reach
-back (workers.key_ranges: the held context, clipped by the window), so the work follows
-the context the slots hold. A block a query does not see is fully masked and leaves its
-result bit for bit unchanged, and every group of slots has the same shapes, so a slot's
-bytes never depend on what the other slots hold.
+softmax in float32, and a chunk visits only the keys its queries' intervals reach back to
+(workers.key_ranges: the held context, clipped by the window): whole blocks, then the
+oldest block in pieces (`block_piece`), so the work follows the context the slots hold.
+A block a query does not see is fully masked and leaves its result bit for bit unchanged,
+and every group of slots has the same shapes, so a slot's bytes never depend on what the
+other slots hold.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ import jax.numpy as jnp
 # the unrolled graph stays small.
 MIN_QUERY_CHUNK = 128
 MAX_QUERY_CHUNKS = 8
+# The oldest cached block a chunk reaches into is visited in pieces of a quarter block
+# (at least MIN_PIECE keys, so each visit stays a large matmul), newest piece first.
+PIECES_PER_BLOCK = 4
+MIN_PIECE = 128
 
 
 def query_chunks(t: int) -> list[tuple[int, int]]:
@@ -33,6 +38,13 @@ def query_chunks(t: int) -> list[tuple[int, int]]:
 def query_chunk_size(t: int) -> int:
     """The largest chunk `query_chunks(t)` makes (sizes the attention's working memory)."""
     return max(end - start for start, end in query_chunks(t))
+
+
+def block_piece(block_len: int) -> int:
+    """Keys per visit of the oldest cached block a chunk reaches into: a PIECES_PER_BLOCK-th
+    of the block where that is a whole number of at least MIN_PIECE keys, else the block."""
+    piece = block_len // PIECES_PER_BLOCK
+    return piece if block_len % PIECES_PER_BLOCK == 0 and piece >= MIN_PIECE else block_len
 
 
 def queries_by_kv_head(q_btnh: jax.Array, kv_heads: int) -> jax.Array:
@@ -96,6 +108,7 @@ def cached_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v
     block_len = t
     cache_len = cache_k_bckh.shape[1]
     n_blocks = cache_len // block_len
+    piece_len = block_piece(block_len)
     q_bkgth = queries_by_kv_head(q_btnh, k)
     chunks = query_chunks(t)
 
@@ -119,27 +132,47 @@ def cached_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v
     def group(xs):
         q, cache_k, cache_v, lo, hi, chunk_states = xs
 
+        def visit(q_c, lo_c, hi_c, at, first_key, n_keys, state):
+            """Merges keys [at, at + n_keys) of the ring, document-order index first_key..
+            of the [cache, row] order, into the chunk's online-softmax state."""
+            m_old, l_old, acc_old = state
+            keys = jax.lax.dynamic_slice_in_dim(cache_k, at, n_keys, axis=1)
+            values = jax.lax.dynamic_slice_in_dim(cache_v, at, n_keys, axis=1)
+            seen = _seen(lo_c, hi_c, first_key, n_keys)
+            logits = jnp.where(seen, scores(q_c, keys), -jnp.inf)
+            m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
+            correction = jnp.exp(m_old - m_new)
+            # m_old is finite (the row part), so an unseen key's exp(-inf) is 0.
+            p = jnp.exp(logits - m_new[..., None])
+            return (m_new, l_old * correction + jnp.sum(p, axis=-1),
+                    acc_old * correction[..., None] + weighted(p, values))
+
         def chunk(start, end, state):
             q_c, lo_c, hi_c = q[:, :, :, start:end], lo[:, start:end], hi[:, start:end]
 
-            def visit(j, state):
-                m_old, l_old, acc_old = state
+            def block(j, state):  # the j-th whole block back from the newest
                 at = ((ptr - 1 - j) % n_blocks) * block_len
-                keys = jax.lax.dynamic_slice_in_dim(cache_k, at, block_len, axis=1)
-                values = jax.lax.dynamic_slice_in_dim(cache_v, at, block_len, axis=1)
-                seen = _seen(lo_c, hi_c, cache_len - (j + 1) * block_len, block_len)
-                logits = jnp.where(seen, scores(q_c, keys), -jnp.inf)
-                m_new = jnp.maximum(m_old, jnp.max(logits, axis=-1))
-                correction = jnp.exp(m_old - m_new)
-                # m_old is finite (the row part), so an unseen key's exp(-inf) is 0.
-                p = jnp.exp(logits - m_new[..., None])
-                return (m_new, l_old * correction + jnp.sum(p, axis=-1),
-                        acc_old * correction[..., None] + weighted(p, values))
+                return visit(q_c, lo_c, hi_c, at, cache_len - (j + 1) * block_len,
+                             block_len, state)
 
-            # Blocks back to the earliest key any query of the chunk sees.
-            reach = jnp.maximum(cache_len - jnp.min(lo_c), 0)
-            depth = jnp.minimum((reach + block_len - 1) // block_len, n_blocks)
-            return jax.lax.fori_loop(0, depth, visit, state)
+            # The keys back to the earliest one any query of the chunk sees: whole blocks,
+            # then the newest pieces of the block where that key lies. Held context is whole
+            # rows, but a window (max_context not a multiple of seq_len, a layer's sliding
+            # window: Mistral, Gemma's local layers) ends inside a block, and each chunk
+            # at another key: a whole block visited there would be mostly unseen keys.
+            reach = jnp.clip(cache_len - jnp.min(lo_c), 0, cache_len)
+            whole = reach // block_len
+            state = jax.lax.fori_loop(0, whole, block, state)
+
+            def piece(i, state):  # the i-th piece back from the end of the oldest block
+                oldest = ((ptr - 1 - whole) % n_blocks) * block_len
+                at = oldest + block_len - (i + 1) * piece_len
+                return visit(q_c, lo_c, hi_c, at,
+                             cache_len - whole * block_len - (i + 1) * piece_len,
+                             piece_len, state)
+
+            pieces = (reach - whole * block_len + piece_len - 1) // piece_len
+            return jax.lax.fori_loop(0, pieces, piece, state)
 
         return [chunk(start, end, state) for (start, end), state in zip(chunks, chunk_states)]
 
