@@ -149,27 +149,42 @@ class ShuffledStream:
                            else StreamState.parse(resume).check(self.settings))
         self.stop_step = (None if order.epochs is None
                           else order.epochs * self.plan.steps_per_epoch)
-        self.prefetch_buffers = max(0, reads.prefetch_buffers)
-        reads_in_flight = reads.reads_in_flight
-        if reads_in_flight is None:
-            reads_in_flight = 16 if run.location.scheme == "gs" else DEFAULT_LOCAL_READS
-        read_window.ReadWindow(reads_in_flight)  # checks it now, not in the thread
-        self.reads_in_flight = reads_in_flight
         self.framework = output.checked_framework
         self.sharding, self.dtype = output.sharding, output.dtype
         self.normalizers = formats.normalizers(run, self.hooks, output.normalize)
-        self.file_io_mode = (default_file_io_mode(run) if reads.file_io_mode is None
-                             else reads.file_io_mode)
-        acts_context, tokens_context = read_contexts(reads.gcs_request_concurrency,
-                                                     self.file_io_mode)
-        acts = {h: run.open_array(layout.activation_array_key(h), acts_context)
-                for h in self.hooks}
         # Where the thread that cuts batches spent its time (seconds, summed over the
         # iterations): busy (everything but handing batches over), of which waiting for
         # block reads and token rows, and waiting for the gather threads' copies. Busy
         # close to the wall time: the cutting limits the stream; mostly waiting for
         # reads: the storage or the decode does.
         self.producer_seconds = {"busy": 0.0, "read_wait": 0.0, "copy_wait": 0.0}
+        self._buffers = self._open_reads(reads)
+        self._prefetch_depth = max(1, output.prefetch)
+        self._prefetch_in_thread = output.prefetch > 0
+        # JAX arrays: the copy to the device (synchronous for host memory, ~6 GB/s on an
+        # H100 host, as long as cutting the batches) gets a thread of its own, so the next
+        # batch is cut meanwhile.
+        self._convert_in_thread = self._prefetch_in_thread and self.framework == "jax"
+        self._prefetcher = prefetch_lib.Prefetcher(
+            self._convert_ahead if self._convert_in_thread else self._produce_converted,
+            self._prefetch_depth, "actx-reader-stream")
+
+    def _open_reads(self, reads: ReadOptions) -> stream_buffers.BufferReader:
+        """Sets up how the buffers are read and copied (each choice checked now, not in the
+        thread): `read_paths` per hook, `copy_path`, the reads in flight and the threads."""
+        run = self.run
+        self.prefetch_buffers = max(0, reads.prefetch_buffers)
+        reads_in_flight = reads.reads_in_flight
+        if reads_in_flight is None:
+            reads_in_flight = 16 if run.location.scheme == "gs" else DEFAULT_LOCAL_READS
+        read_window.ReadWindow(reads_in_flight)  # checks it now, not in the thread
+        self.reads_in_flight = reads_in_flight
+        self.file_io_mode = (default_file_io_mode(run) if reads.file_io_mode is None
+                             else reads.file_io_mode)
+        acts_context, tokens_context = read_contexts(reads.gcs_request_concurrency,
+                                                     self.file_io_mode)
+        acts = {h: run.open_array(layout.activation_array_key(h), acts_context)
+                for h in self.hooks}
         mapped = self._mapped = {}  # hook -> mapped_hook.MappedHook
         self.read_paths = {}
         for h in self.hooks:
@@ -186,18 +201,9 @@ class ShuffledStream:
         copy_rows, why = (row_copy.kernel() if reads.native_copy
                           else (None, "native_copy=False"))
         self.copy_path = why if copy_rows is not None else f"numpy: {why}"
-        self._buffers = stream_buffers.BufferReader(
+        return stream_buffers.BufferReader(
             run, self.plan, self.hooks, acts, mapped,
             self._filter.sources(run, tokens_context), self._filter, copy_rows)
-        self._prefetch_depth = max(1, output.prefetch)
-        self._prefetch_in_thread = output.prefetch > 0
-        # JAX arrays: the copy to the device (synchronous for host memory, ~6 GB/s on an
-        # H100 host, as long as cutting the batches) gets a thread of its own, so the next
-        # batch is cut meanwhile.
-        self._convert_in_thread = self._prefetch_in_thread and self.framework == "jax"
-        self._prefetcher = prefetch_lib.Prefetcher(
-            self._convert_ahead if self._convert_in_thread else self._produce_converted,
-            self._prefetch_depth, "actx-reader-stream")
 
     # -- what the stream is -------------------------------------------------------
 
