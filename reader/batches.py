@@ -163,7 +163,7 @@ class TokenBatches:
     @property
     def _thread(self):
         """The prefetch thread while one runs (None once closed)."""
-        return self._prefetcher._thread
+        return self._prefetcher.thread
 
     def __iter__(self) -> Iterator[Batch]:
         if self.prefetch <= 0:
