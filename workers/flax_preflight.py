@@ -9,7 +9,7 @@ from __future__ import annotations
 from schemas import parallelism
 from schemas import runspec as runspec_lib
 from workers import flax_hooks, flax_model
-from workers.preflight import JobCheck
+from workers.job_check import JobCheck
 
 
 def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,

@@ -9,26 +9,13 @@ second, not a prepared token store and a provisioned slice.
 
 from __future__ import annotations
 
-import dataclasses
-
 from schemas import parallelism
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from workers import capture as capture_lib
 from workers import checkpoint_check
 from workers import model_config as model_config_lib
-
-
-@dataclasses.dataclass(frozen=True)
-class JobCheck:
-    """problems: one line each, naming the field and what to do (empty: all is well).
-    vocab_size: the model's embedding rows, when its config.json could be read.
-    missing: what was not found (a dry run may run before the checkpoint is uploaded)."""
-
-    problems: tuple[str, ...]
-    vocab_size: int | None = None
-    missing: tuple[str, ...] = ()  # the checkpoint's config.json is not where it says
-    unreachable: Exception | None = None  # the model could not be read (no credentials...)
+from workers.job_check import JobCheck
 
 
 def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
