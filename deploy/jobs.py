@@ -245,7 +245,7 @@ def cmd_rerun(args, out) -> int:
         print(f"rerun: no partition is {what} "
               f"({status.counts[runstate.COMMITTED]}/{n} committed); nothing to do", file=out)
         return 0
-    names = ", ".join(layout.partition_name(p) for p in ids[:20]) + (" ..." if len(ids) > 20 else "")
+    names = ", ".join(map(layout.partition_name, ids[:20])) + (" ..." if len(ids) > 20 else "")
     live = [p for p in ids if status.partitions[p] == runstate.IN_PROGRESS]
     print(f"rerun: {len(ids)} partition(s) on {target.kind}: {names}", file=out)
     if live:

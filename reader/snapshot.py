@@ -264,5 +264,5 @@ class RunSnapshot:
         return set(int(i) for i in np.unique(idx))
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.location}, {len(self.committed)}/{len(self.partitions)} "
-                f"partitions committed, hooks={list(self.hooks)})")
+        return (f"{type(self).__name__}({self.location}, {len(self.committed)}/"
+                f"{len(self.partitions)} partitions committed, hooks={list(self.hooks)})")

@@ -9,7 +9,7 @@ time, reader.read_window), each block with one request per hook, decoded straigh
 reused buffer (ts.array over numpy memory). Each returned token is then copied once into
 its batch (reader.gather, on `gather_threads` threads): by reader.row_copy's C kernel,
 which reads the buffer in order and scatters the rows into the buffer's batches (2-3 x
-numpy's gather, which reads at random and is the fallback where no C compiler is at hand;
+numpy's gather, which reads at random and is the fallback where it was not built at install;
 `copy_path` says which). So the stored bytes are decoded once and copied once, whatever
 the batch size. A buffer's batches are handed over once its copies are done, while the
 next buffer's copies run and the one after it is read. Each buffer is loaded on a thread
