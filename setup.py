@@ -8,7 +8,7 @@ tests' numerical reference only: no extra but `dev` brings them.
 import os
 import re
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 # Ops (status, rerun, verify), the reader and the run directory contract: no jax, no Beam.
 _CORE = ["numpy>=1.26", "pyyaml>=6", "tensorstore>=0.1.70", "ml_dtypes>=0.5", "crc32c>=2.4"]
@@ -45,6 +45,20 @@ def _version() -> str:
         return re.search(r'^VERSION = "([^"]+)"', f.read(), re.M).group(1)
 
 
+def _native_extensions() -> list[Extension]:
+    """The stream's row copy (reader/native/row_copy.c) as the module reader._row_copy.
+
+    Optional: where it cannot be built (no C compiler, no Python headers) the install goes
+    on without it and the reader copies with numpy (reader.row_copy says so once).
+    ACTX_PURE_WHEEL=1 leaves it out, for the py3-none-any wheel TPU hosts install
+    (deploy.tpu_package): the submitter's binary would not fit their platform."""
+    if os.environ.get("ACTX_PURE_WHEEL") == "1":
+        return []
+    return [Extension("reader._row_copy",
+                      ["reader/native/row_copy.c", "reader/native/row_copy_module.c"],
+                      optional=True)]
+
+
 def _extra(*parts: list[str]) -> list[str]:
     return sorted({req for part in parts for req in part})
 
@@ -56,9 +70,8 @@ setup(
     packages=find_packages(include=["schemas", "schemas.*", "pipeline", "pipeline.*",
                                     "workers", "workers.*", "deploy", "deploy.*",
                                     "reader", "reader.*", "adapters", "adapters.*"]),
-    # reader/native/row_copy.c is compiled on the host at first use (reader.row_copy), so
-    # the wheel stays pure Python.
-    package_data={"deploy": ["demo.yaml"], "reader": ["native/row_copy.c"]},
+    package_data={"deploy": ["demo.yaml"]},
+    ext_modules=_native_extensions(),
     python_requires=">=3.10",
     install_requires=_CORE,
     extras_require={

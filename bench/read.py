@@ -73,8 +73,8 @@ def sequential(run: reader.Run, hook: str, block_rows: int, passes: int,
     no allocation or page faults: the stricter baseline).
     One untimed pass of each first (thread pools, allocator), then `passes` timed ones."""
     # The context the stream reads in (no chunk cache), so both read the same way.
-    array = run._open(layout.activation_array_key(hook),
-                      contexts_lib.read_contexts(file_io_mode=file_io_mode)[0])
+    array = run.open_array(layout.activation_array_key(hook),
+                           contexts_lib.read_contexts(file_io_mode=file_io_mode)[0])
     blocks = [(lo, min(lo + block_rows, p.row_stop)) for p in run.committed_partitions
               for lo in range(p.row_start, p.row_stop, block_rows)]
     out = {}

@@ -11,6 +11,7 @@ import os
 from typing import Literal
 
 from schemas import config as config_lib
+from schemas import parallelism
 from schemas import runspec as runspec_lib
 from schemas import worker_options
 
@@ -139,9 +140,9 @@ class TargetConfig(worker_options.ExtractSettings):
         if self.hosts % self.hosts_per_replica:
             raise ValueError(f"hosts ({self.hosts}) must be a multiple of hosts_per_replica "
                              f"({self.hosts_per_replica})")
-        if self.batch_size % self.hosts_per_replica:
-            raise ValueError(f"batch_size ({self.batch_size}) must split evenly over the "
-                             f"{self.hosts_per_replica} hosts of a replica")
+        split = parallelism.hosts_problem(self.batch_size, self.hosts_per_replica)
+        if split:
+            raise ValueError(f"batch_size: {split}")
 
     @property
     def replicas(self) -> int:

@@ -14,6 +14,8 @@ import os
 import shutil
 import tempfile
 
+from schemas import cache
+
 # Qwen2.5's embedding rows (151,665 token ids incl. specials, padded to 151,936).
 QWEN25_VOCAB_ROWS = 151936
 DEMO_ARC_TASKS = 50
@@ -21,9 +23,8 @@ DEMO_FINEWEB_DOCS = 200
 
 
 def cache_dir() -> str:
-    """ACTX_CACHE, else ~/.cache/actx (the tokenizer converter uses the same root)."""
-    return os.path.abspath(os.environ.get("ACTX_CACHE")
-                           or os.path.join(os.path.expanduser("~"), ".cache", "actx"))
+    """ACTX_CACHE, else ~/.cache/actx (schemas.cache: the tokenizer converter's too)."""
+    return cache.cache_root()
 
 
 def _atomic_dir(out: str, make) -> str:

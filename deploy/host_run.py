@@ -19,10 +19,7 @@ import sys
 import time
 
 from schemas import store as store_lib
-
-
-def log_key(job: str, host: str) -> str:
-    return f"logs/{job}/{host}.log"
+from schemas.layout import log_key
 
 
 class LogShipper:

@@ -9,6 +9,7 @@ import time
 from schemas import activations_info as info_lib
 from schemas import errors
 from schemas import flags
+from schemas import layout
 
 
 class UsageError(errors.UserError):
@@ -115,7 +116,7 @@ def _after_tpu_launch(code: int, run: str, target, job: str, started_at: float, 
         return code
     print(f"workers are running on {target.tpu.name}, detached from this command.\n"
           f"  progress: actx status {run} --watch\n"
-          f"  logs:     {run.rstrip('/')}/logs/{job}/<host>.log (copied as they grow)\n"
+          f"  logs:     {run.rstrip('/')}/{layout.log_key(job, '<host>')} (copied as they grow)\n"
           f"  delete the slice afterwards: actx down --config {args.config or 'CONFIG'}",
           file=out, flush=True)
     if not getattr(args, "wait", False):
@@ -176,7 +177,7 @@ def _rerun_hint(handle, status, only, out) -> list[int]:
     stale = [p for p in missing if status.partitions[p] == runstate.STALE]
     if missing:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
-              f"{', '.join(f'p-{p:05d}' for p in missing[:20])}"
+              f"{', '.join(layout.partition_name(p) for p in missing[:20])}"
               + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
               + f"; `actx rerun {handle.location}` redoes them"
               + (" (`--only stale`: just the stale ones)" if stale else ""), file=out)
@@ -244,7 +245,7 @@ def cmd_rerun(args, out) -> int:
         print(f"rerun: no partition is {what} "
               f"({status.counts[runstate.COMMITTED]}/{n} committed); nothing to do", file=out)
         return 0
-    names = ", ".join(f"p-{p:05d}" for p in ids[:20]) + (" ..." if len(ids) > 20 else "")
+    names = ", ".join(map(layout.partition_name, ids[:20])) + (" ..." if len(ids) > 20 else "")
     live = [p for p in ids if status.partitions[p] == runstate.IN_PROGRESS]
     print(f"rerun: {len(ids)} partition(s) on {target.kind}: {names}", file=out)
     if live:

@@ -13,6 +13,7 @@ checked instead of refused.
 from __future__ import annotations
 
 from schemas import errors
+from schemas import parallelism
 from schemas import runspec as runspec_lib
 from schemas import store_errors
 from schemas import tokenizer_identity
@@ -26,8 +27,7 @@ def _local_data_parallel(target) -> int | None:
     """Devices a local replica splits its batch over: its hosts' devices over the model
     axis. Through Beam each worker process is a replica of one host."""
     hosts = 1 if target.extract == "beam" else target.hosts_per_replica
-    devices = hosts * target.devices_per_host
-    return devices // target.model_parallel if devices % target.model_parallel == 0 else None
+    return parallelism.data_parallel(hosts * target.devices_per_host, target.model_parallel)
 
 
 def target_problems(run: str, target) -> tuple[list[str], int | None]:
@@ -35,15 +35,9 @@ def target_problems(run: str, target) -> tuple[list[str], int | None]:
     from deploy import dataflow, tpu_vm
 
     if target.kind == "local":
-        problems = []
-        if target.model_parallel > target.devices_per_host:
-            problems.append(
-                f"target.model_parallel: {target.model_parallel} is more than the "
-                f"{target.devices_per_host} device(s) of a host (target.devices_per_host); the "
-                f"hosts of a replica split the batch, so the model axis stays within one host")
-        elif target.devices_per_host % target.model_parallel:
-            problems.append(f"target.model_parallel: {target.model_parallel} does not divide "
-                            f"target.devices_per_host ({target.devices_per_host})")
+        model = parallelism.model_parallel_problem(target.model_parallel,
+                                                   target.devices_per_host)
+        problems = [f"target.model_parallel: {model} (target.devices_per_host)"] if model else []
         return problems, _local_data_parallel(target)
     if target.kind == "tpu-vm":
         # tpu_vm.problems checks the batch against the slice's chips itself.

@@ -12,6 +12,7 @@ import sys
 import time
 
 from deploy import runstate
+from schemas import layout
 
 
 def job_hosts(status: runstate.RunStatus, prefix: str, since: float) -> list:
@@ -47,6 +48,6 @@ def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | No
             return 1
         if not hosts and time.time() - started_at > start_timeout_s:
             print(f"no worker of this job reported in {start_timeout_s:g} s; see "
-                  f"{run.rstrip('/')}/logs/ and ~/actx-*.out on the hosts", file=out)
+                  f"{run.rstrip('/')}/{layout.LOGS_PREFIX} and ~/actx-*.out on the hosts", file=out)
             return 1
         time.sleep(every_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import fnmatch
 import hashlib
 import os
 import shutil
@@ -25,6 +26,9 @@ from schemas import version as version_lib
 
 PACKAGES = ("schemas", "pipeline", "workers", "deploy", "reader")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# This machine's build of reader._row_copy would not fit the hosts' platform: their wheel
+# is pure Python (setup.py's ACTX_PURE_WHEEL), and their reader copies with numpy.
+_NATIVE = ("*.so", "*.pyd", "*.dylib")
 
 
 def wheel_name(version: str) -> str:
@@ -53,7 +57,7 @@ def build(out_dir: str, root: str = ROOT) -> str:
 
 
 def _from_checkout(root: str, out_dir: str) -> str:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", *_NATIVE)
     with tempfile.TemporaryDirectory(prefix="actx-src-") as src:
         shutil.copy2(os.path.join(root, "setup.py"), src)
         for name in PACKAGES:
@@ -63,7 +67,8 @@ def _from_checkout(root: str, out_dir: str) -> str:
         # No build isolation: setuptools is here, and the hosts' index may not be.
         res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                               "--no-build-isolation", "-q", "-w", out_dir, src],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True,
+                             env={**os.environ, "ACTX_PURE_WHEEL": "1"})
         if res.returncode != 0:
             raise RuntimeError(f"building actx's wheel from {root} failed:\n"
                                f"{res.stderr[-3000:]}")
@@ -90,7 +95,8 @@ def _from_installed(out_dir: str) -> str:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for f in sorted(dist.files or [], key=str):
             parts = f.parts
-            keep = (parts[0] in PACKAGES and "__pycache__" not in parts) or (
+            keep = (parts[0] in PACKAGES and "__pycache__" not in parts
+                    and not any(fnmatch.fnmatch(parts[-1], p) for p in _NATIVE)) or (
                 parts[0] == info_dir and parts[-1] not in dropped)
             if not keep:
                 continue

@@ -22,6 +22,8 @@ from deploy import config as config_lib
 from deploy import tpu_package, tpu_types
 from deploy.commands import Command
 from schemas import errors
+from schemas import layout
+from schemas import parallelism
 from schemas import worker_options
 
 # A real host asks its metadata server; ACTX_TPU_METADATA_URL replaces it (tests' hosts).
@@ -64,17 +66,16 @@ def problems(run: str, target: config_lib.TargetConfig) -> list[str]:
     if tpu.hosts and tpu.hosts != shape.hosts:
         found.append(f"target.tpu.hosts: {tpu.hosts}, but a {shape.accelerator_type} slice has "
                      f"{shape.hosts} host(s); drop target.tpu.hosts")
-    if shape.devices_per_host % target.model_parallel:
-        found.append(f"target.model_parallel: {target.model_parallel} does not divide the "
-                     f"{shape.devices_per_host} devices of a {shape.accelerator_type} host")
+    model = parallelism.model_parallel_problem(target.model_parallel, shape.devices_per_host)
+    if model:
+        found.append(f"target.model_parallel: {model} ({shape.accelerator_type})")
     else:
-        data_parallel = shape.devices // target.model_parallel
-        if target.batch_size % data_parallel:
-            found.append(
-                f"target.batch_size: {target.batch_size} rows per step do not split over the "
-                f"slice's {data_parallel} data-parallel devices ({shape.accelerator_type}: "
-                f"{shape.hosts} host(s) x {shape.devices_per_host} device(s), model_parallel "
-                f"{target.model_parallel}); use a multiple of {data_parallel}")
+        split = parallelism.devices_problem(
+            target.batch_size, parallelism.data_parallel(shape.devices, target.model_parallel),
+            group="slice", detail=f"{shape.accelerator_type}: {shape.hosts} host(s) x "
+            f"{shape.devices_per_host} device(s), model_parallel {target.model_parallel}")
+        if split:
+            found.append(f"target.batch_size: {split}")
     if tpu.log_every_s < 1:
         found.append(f"target.tpu.log_every_s: {tpu.log_every_s:g}; GCS takes one write per "
                      f"second per object: use 1 or more")
@@ -207,7 +208,7 @@ def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, j
                   only: list[int] | None = None, config: str = "CONFIG") -> Command:
     cmd = ssh(target.tpu, worker_script(run, target, fingerprint, job, only),
               f"start one worker per host, detached ({slice_hosts(target.tpu)} host(s), "
-              f"one replica); logs go to {run.rstrip('/')}/logs/{job}/")
+              f"one replica); logs go to {run.rstrip('/')}/{layout.LOGS_PREFIX}{job}/")
     return dataclasses.replace(cmd, on_fail=(
         f"if the slice was preempted or deleted: `actx rerun {run} --target tpu-vm --config "
         f"{config} --recreate`"))

@@ -15,6 +15,8 @@ import os
 import pathlib
 import tempfile
 
+from schemas import cache
+
 # Qwen2's pre-tokenizer: contractions, letters (with one leading non-letter), single
 # digits, punctuation runs, newlines, whitespace (as in Qwen2's tokenizer.json).
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
@@ -98,8 +100,7 @@ QWEN25_CHAT_TEMPLATE = (
 
 
 def default_cache_dir() -> str:
-    root = os.environ.get("ACTX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "actx")
-    return os.path.join(root, "qwen2-tokenizer")
+    return os.path.join(cache.cache_root(), "qwen2-tokenizer")
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -11,12 +11,15 @@ Imports neither apache_beam nor jax (jax only when JAX arrays are asked for).
 
 Public names (all re-exported here; `__all__`):
     open_run(uri) -> Run          open a run (local path, gs://bucket/path, memory://name)
-    Run                           reader.run: a snapshot of the committed partitions;
-                                  hooks, rows / tokens / gather, document, select,
+    Run                           reader.run (the front door): a snapshot of the
+                                  committed partitions (reader.snapshot: hooks, rows /
+                                  tokens / gather) handing over to document, select,
                                   stream, batches, compute_stats / stats
-    HookInfo                      reader.run: one hook's shape, dtype, partitions
+    HookInfo                      reader.snapshot: one hook's shape, dtype, partitions
+    (reader.options)              the keywords stream and batches share, in groups
     ShuffledStream                reader.stream: `run.stream`, the streaming two-level
-                                  shuffle training reads (near sequential speed)
+                                  shuffle training reads (near sequential speed);
+                                  `state(batch)` / resume= (reader.stream_state)
     StreamPlan, BlockTable        reader.blocks: its row blocks, process split, buffers
     Mixing, measure_mixing        reader.mixing: documents / partitions / blocks per batch
     Batch, TokenBatches           reader.batches: `run.batches`, the exact global shuffle

@@ -20,14 +20,14 @@ at memory speed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from reader import formats
-from reader import masks as masks_lib
+from reader import options as options_lib
 from reader import prefetch as prefetch_lib
-from reader import run as run_lib
+from reader import snapshot
 from reader import shuffle as shuffle_lib
 
 
@@ -51,68 +51,59 @@ class Batch:
         return len(self.rows)
 
 
-class TokenBatches:
-    """An iterable of `Batch`es over a run's committed valid tokens.
+@dataclasses.dataclass(frozen=True)
+class ExactOptions:
+    """run.batches' own keywords.
 
-    hooks: one hook or several (every batch holds the same tokens for each).
-    batch_size: tokens per batch on this process.
-    seed / epochs: permutation seed; epochs to run (None: forever).
-    start_step: global step to begin at (resume: the step after the last one trained).
-    process_index / process_count: this trainer's share (disjoint across processes).
-    drop_last: see `shuffle.ShufflePlan`.
-    exclude_bos / exclude_special: leave out tokens with the BOS id (anywhere in a row, also
-      mid-row in concat packing) / the tokenizer's special tokens.
-    exclude: token masks to leave out (reader.masks.REASONS: "special", "bos", "padding",
-      "doc_boundary", "outlier"); outlier_factor: the "outlier" limit, in medians.
-    whole_document: only tokens that attended to their whole document up to themselves
-      (tokens/context_start == 0; see README, "What each token sees").
-    partitions: committed partitions to use (default: all committed at open time).
-    prefetch: batches read ahead by a background thread (0: read in the caller's thread).
-    framework: "numpy", "jax" or "torch"; as_jax=True is framework="jax".
-    sharding: with framework="jax", a `jax.sharding.Sharding` of the global batch (see
-      `formats.convert`): device-ready arrays for a sharded trainer.
-    dtype: cast activations (e.g. "float32"); None keeps the stored dtype.
-    normalize: None, "standardize" or "unit_mean_norm" with the statistics stored by
-      `run.compute_stats` (float32 output; see `formats.Normalizer`).
     shuffle: False reads in row-major order (evaluation, statistics).
     in_memory: load the valid tokens' activations (n_tokens x hidden per hook, stored
       dtype) with one sequential pass first, then serve batches from RAM; same order.
+    """
+
+    shuffle: bool = True
+    in_memory: bool = False
+
+
+class TokenBatches:
+    """An iterable of `Batch`es over a run's committed valid tokens.
+
+    Built by `run.batches(hooks, batch_size, **keywords)`, which sorts the keywords into
+    the option groups: `tokens`, `order`, `output` (reader.options, shared with
+    run.stream) and `exact` (ExactOptions, its own).
+    hooks: one hook or several (every batch holds the same tokens for each).
+    batch_size: tokens per batch on this process.
 
     Use as an iterator, ideally in a `with` block so the prefetch thread stops on exit.
     """
 
-    def __init__(self, run: run_lib.Run, hooks: "str | Sequence[str]", batch_size: int, *,
-                 seed: int = 0, epochs: int | None = 1, start_step: int = 0,
-                 process_index: int = 0, process_count: int = 1, drop_last: bool = True,
-                 exclude_bos: bool = False, exclude_special: bool = False,
-                 whole_document: bool = False, exclude: Sequence[str] | None = None,
-                 outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR,
-                 partitions: Sequence[int] | None = None, prefetch: int = 2,
-                 framework: Literal["numpy", "jax", "torch"] = "numpy",
-                 as_jax: bool = False, dtype: str | None = None, shuffle: bool = True,
-                 in_memory: bool = False, sharding: Any = None,
-                 normalize: str | None = None):
+    def __init__(self, run: snapshot.RunSnapshot, hooks: "str | Sequence[str]",
+                 batch_size: int, *,
+                 tokens: options_lib.TokenOptions = options_lib.TokenOptions(),
+                 order: options_lib.OrderOptions = options_lib.OrderOptions(),
+                 output: options_lib.OutputOptions = options_lib.OutputOptions(),
+                 exact: ExactOptions = ExactOptions()):
         self.run = run
-        self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
-        if not self.hooks:
-            raise ValueError("hooks: name at least one hook")
+        self.hooks = options_lib.hook_names(hooks)
         for hook in self.hooks:
             run.hook(hook)
-        self.index = shuffle_lib.build_index(run, partitions, exclude_bos, exclude_special,
-                                             self.hooks, whole_document, exclude,
-                                             outlier_factor)
-        self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, seed, process_index,
-                                            process_count, drop_last, shuffle)
-        self.framework = formats.check_framework("jax" if as_jax else framework)
-        self.dtype = dtype
-        self.sharding = sharding
-        self.normalizers = formats.normalizers(run, self.hooks, normalize)
-        self.start_step = start_step
-        self.stop_step = None if epochs is None else epochs * self.plan.steps_per_epoch
-        self.prefetch = prefetch
-        self._prefetcher = prefetch_lib.Prefetcher(self._produce, max(1, prefetch),
+        self.index = shuffle_lib.build_index(run, tokens.partitions, tokens.exclude_bos,
+                                             tokens.exclude_special, self.hooks,
+                                             tokens.whole_document, tokens.exclude,
+                                             tokens.outlier_factor)
+        self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, order.seed,
+                                            order.process_index, order.process_count,
+                                            order.drop_last, exact.shuffle)
+        self.framework = output.checked_framework
+        self.dtype = output.dtype
+        self.sharding = output.sharding
+        self.normalizers = formats.normalizers(run, self.hooks, output.normalize)
+        self.start_step = order.start_step
+        self.stop_step = (None if order.epochs is None
+                          else order.epochs * self.plan.steps_per_epoch)
+        self.prefetch = output.prefetch
+        self._prefetcher = prefetch_lib.Prefetcher(self._produce, max(1, output.prefetch),
                                                    "actx-reader-prefetch")
-        self._memory = self._load_all() if in_memory else None
+        self._memory = self._load_all() if exact.in_memory else None
 
     def _load_all(self) -> dict[str, np.ndarray]:
         """Activations [n_tokens, hidden] of every indexed token, one stored object at a
@@ -172,7 +163,7 @@ class TokenBatches:
     @property
     def _thread(self):
         """The prefetch thread while one runs (None once closed)."""
-        return self._prefetcher._thread
+        return self._prefetcher.thread
 
     def __iter__(self) -> Iterator[Batch]:
         if self.prefetch <= 0:

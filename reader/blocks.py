@@ -22,7 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from reader import masks as masks_lib
-from reader import run as run_lib
+from reader import snapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,8 @@ class BlockTable:
         return int(self.tokens.sum())
 
 
-def count_blocks(run: run_lib.Run, block_rows: int, partitions: Iterable[int] | None = None,
+def count_blocks(run: snapshot.RunSnapshot, block_rows: int,
+                 partitions: Iterable[int] | None = None,
                  exclude_bos: bool = False, exclude_special: bool = False,
                  hooks: tuple[str, ...] = (), whole_document: bool = False,
                  token_filter: "masks_lib.TokenFilter | None" = None) -> BlockTable:

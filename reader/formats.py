@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from reader import stored_stats
+
 Framework = Literal["numpy", "jax", "torch"]
 FRAMEWORKS = ("numpy", "jax", "torch")
 NORMALIZE_MODES = ("standardize", "unit_mean_norm")
@@ -94,4 +96,4 @@ def normalizers(run, hooks: tuple[str, ...], mode: str | None) -> dict[str, Norm
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)} or None, "
                          f"got {mode!r}")
-    return {h: Normalizer.from_stats(run.stats(h), mode) for h in hooks}
+    return {h: Normalizer.from_stats(stored_stats.load_stats(run, h), mode) for h in hooks}

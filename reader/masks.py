@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from reader import errors
+from reader import stored_stats
 from schemas import layout
 
 REASONS = ("special", "bos", "padding", "doc_boundary", "outlier")
@@ -123,8 +124,8 @@ class TokenFilter:
         return ("segment_ids", "input_ids") + tuple(n for n in layout.TOKEN_ARRAYS if n in extra)
 
     def sources(self, run, context: Any = None) -> list:
-        return ([run._open(layout.token_array_key(n), context) for n in self.names]
-                + [run._open(layout.norms_array_key(h), context) for h, _ in self.norm_limits])
+        return ([run.open_array(layout.token_array_key(n), context) for n in self.names]
+                + [run.open_array(layout.norms_array_key(h), context) for h, _ in self.norm_limits])
 
     def keep(self, values: Sequence[np.ndarray]) -> np.ndarray:
         """Bool [rows, T]: the tokens kept, from the sources' values over the same rows."""
@@ -158,10 +159,8 @@ def token_filter(run, hooks: Sequence[str], exclude: "Iterable[str] | None" = No
     if "outlier" in exclude:
         if not outlier_factor > 0:
             raise ValueError(f"outlier_factor must be positive, got {outlier_factor}")
-        from reader import stats as stats_lib
-
         for h in hooks:
-            s = stats_lib.load_stats(run, h)
+            s = stored_stats.load_stats(run, h)
             missing = sorted(set(partitions) - set(s.norm_partitions))
             if missing or not np.isfinite(s.norm_median):
                 raise errors.ReaderError(

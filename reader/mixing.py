@@ -14,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from reader import run as run_lib
+from reader import snapshot
 from reader.batches import Batch
 
 
@@ -34,7 +34,7 @@ class Mixing:
                 "partitions": self.partitions, "blocks": self.blocks, "rows": self.rows}
 
 
-def measure(run: run_lib.Run, batches: Iterable[Batch], block_rows: int | None = None
+def measure(run: snapshot.RunSnapshot, batches: Iterable[Batch], block_rows: int | None = None
             ) -> Mixing:
     """Mixing figures of `batches` (numpy or not: only rows / cols are used).
 

@@ -78,6 +78,11 @@ class Prefetcher:
     def running(self) -> bool:
         return self._thread is not None
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The producing thread while one runs (None once closed)."""
+        return self._thread
+
     def close(self, timeout: float = 30.0) -> None:
         """Stops the thread (idempotent): it stops at its next hand-over; waits up to
         `timeout` seconds, then leaves the daemon thread to finish its read alone."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 from typing import Sequence
 
 import numpy as np
 
 from reader import masks as masks_lib
-from reader import run as run_lib
+from reader import snapshot
 from schemas import layout
 
 
@@ -41,7 +42,7 @@ class Selection:
 class DocTable:
     """Doc-table rows of committed partitions, loaded once on first use."""
 
-    def __init__(self, run: run_lib.Run):
+    def __init__(self, run: snapshot.RunSnapshot):
         self.by_index: dict[int, dict] = {}
         self.by_id: dict[str, dict] = {}
         for pid in run.committed:
@@ -60,7 +61,7 @@ class DocTable:
                 self.by_index[int(doc["doc_index"])] = doc
                 self.by_id[str(doc["doc_id"])] = doc
 
-    def find(self, run: run_lib.Run, doc: "int | str") -> dict:
+    def find(self, run: snapshot.RunSnapshot, doc: "int | str") -> dict:
         table = self.by_index if isinstance(doc, (int, np.integer)) else self.by_id
         key = int(doc) if isinstance(doc, (int, np.integer)) else str(doc)
         if key not in table:
@@ -70,7 +71,20 @@ class DocTable:
         return table[key]
 
 
-def _hooks(run: run_lib.Run, hooks: "str | Sequence[str] | None") -> tuple[str, ...]:
+# Each run's doc table, read on its first document lookup and kept while the run is.
+_DOC_TABLES: "weakref.WeakKeyDictionary[snapshot.RunSnapshot, DocTable]" = \
+    weakref.WeakKeyDictionary()
+
+
+def doc_table(run: snapshot.RunSnapshot) -> DocTable:
+    """The run's DocTable, loaded once per run object."""
+    table = _DOC_TABLES.get(run)
+    if table is None:
+        table = _DOC_TABLES[run] = DocTable(run)
+    return table
+
+
+def _hooks(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None") -> tuple[str, ...]:
     if hooks is None:
         return tuple(run.hooks)
     hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
@@ -79,11 +93,11 @@ def _hooks(run: run_lib.Run, hooks: "str | Sequence[str] | None") -> tuple[str, 
     return hooks
 
 
-def document(run: run_lib.Run, doc: "int | str",
+def document(run: snapshot.RunSnapshot, doc: "int | str",
              hooks: "str | Sequence[str] | None" = None) -> Selection:
     """Every token of a document (doc_index or doc_id), following it across rows."""
     hooks = _hooks(run, hooks)
-    meta = run._docs.find(run, doc)
+    meta = doc_table(run).find(run, doc)
     d, n_tokens = int(meta["doc_index"]), int(meta["n_tokens"])
     row, seq_len = int(meta["first_row"]), run.seq_len
     # A document continues into following rows; read only as many rows as it can span.
@@ -109,7 +123,7 @@ def _index_of(value: "int | str | None", names: Sequence[str], what: str) -> int
     return list(names).index(value)
 
 
-def select(run: run_lib.Run, hooks: "str | Sequence[str] | None" = None, *,
+def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None, *,
            arc_task: "str | int | None" = None, arc_variant: int | None = None,
            arc_part: "str | int | None" = None, arc_example: int | None = None,
            arc_grid: "str | int | None" = None, cells_only: bool = False,

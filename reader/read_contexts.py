@@ -7,7 +7,7 @@ import functools
 
 import tensorstore as ts
 
-from reader import run as run_lib
+from reader import snapshot
 from schemas import ts_context
 
 FILE_IO_MODES = ("default", "memmap", "direct")
@@ -22,7 +22,7 @@ def _memmap_supported() -> bool:
         return False
 
 
-def default_file_io_mode(run: run_lib.Run) -> str | None:
+def default_file_io_mode(run: snapshot.RunSnapshot) -> str | None:
     """"memmap" for local runs where tensorstore has it, else None (tensorstore's own).
 
     Mapped files spare the kernel's copy into tensorstore's memory and the page faults of

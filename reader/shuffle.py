@@ -21,7 +21,7 @@ from typing import Iterable
 import numpy as np
 
 from reader import masks as masks_lib
-from reader import run as run_lib
+from reader import snapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ class TokenIndex:
         return flat // self.seq_len, flat % self.seq_len
 
 
-def build_index(run: run_lib.Run, partitions: Iterable[int] | None = None,
+def build_index(run: snapshot.RunSnapshot, partitions: Iterable[int] | None = None,
                 exclude_bos: bool = False, exclude_special: bool = False,
                 hooks: tuple[str, ...] = (), whole_document: bool = False,
                 exclude: Iterable[str] | None = None,

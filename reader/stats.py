@@ -20,59 +20,14 @@ from typing import Sequence
 
 import numpy as np
 
-from reader import errors
 from reader import masks as masks_lib
-from reader import run as run_lib
-from schemas import config as config_lib
+from reader import snapshot
+from reader.stored_stats import STATS_VERSION, HookStats, load_masks, load_stats  # noqa: F401
 from schemas import layout
-from schemas import token_masks
 from schemas import ts_context
 
-STATS_VERSION = 1
 NORM_BINS_PER_OCTAVE = 256
 _LOG2_RANGE = (-64.0, 64.0)  # norms outside 2^-64..2^64 fall in the end bins
-
-
-@dataclasses.dataclass(frozen=True)
-class HookStats:
-    """Statistics of one hook over `count` tokens.
-
-    mean / var: per hidden dimension (float64 [hidden]); var is the population variance.
-    mean_norm: mean L2 norm of a token's activation vector.
-    partitions: the committed partitions covered; exclude_bos / exclude_special: which
-    tokens were left out besides padding.
-    """
-
-    hook: str
-    count: int
-    mean: np.ndarray
-    var: np.ndarray
-    mean_norm: float
-    partitions: tuple[int, ...]
-    exclude_bos: bool = False
-    exclude_special: bool = False
-    norm_median: float = float("nan")  # median L2 norm of the tokens counted
-    norm_partitions: tuple[int, ...] = ()  # partitions whose per-token norms are stored
-
-    @property
-    def std(self) -> np.ndarray:
-        return np.sqrt(self.var)
-
-    def to_json_obj(self) -> dict:
-        return {"count": self.count, "mean": self.mean.tolist(), "var": self.var.tolist(),
-                "mean_norm": self.mean_norm, "partitions": list(self.partitions),
-                "exclude_bos": self.exclude_bos, "exclude_special": self.exclude_special,
-                "norm_median": self.norm_median,
-                "norm_partitions": list(self.norm_partitions), "version": STATS_VERSION}
-
-    @classmethod
-    def from_json_obj(cls, hook: str, data: dict) -> "HookStats":
-        return cls(hook, int(data["count"]), np.asarray(data["mean"], np.float64),
-                   np.asarray(data["var"], np.float64), float(data["mean_norm"]),
-                   tuple(data["partitions"]), bool(data.get("exclude_bos", False)),
-                   bool(data.get("exclude_special", False)),
-                   float(data.get("norm_median", float("nan"))),
-                   tuple(data.get("norm_partitions", ())))
 
 
 class _Running:
@@ -112,7 +67,7 @@ class _Running:
         return float(2 ** (_LOG2_RANGE[0] + (b + 0.5) / NORM_BINS_PER_OCTAVE))
 
 
-def compute_stats(run: run_lib.Run, hooks: Sequence[str] | None = None, *,
+def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None, *,
                   partitions: Sequence[int] | None = None, exclude_bos: bool = False,
                   exclude_special: bool = False, write: bool = True,
                   outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR
@@ -184,7 +139,7 @@ def compute_stats(run: run_lib.Run, hooks: Sequence[str] | None = None, *,
     return result
 
 
-def _count_outliers(norms, run: run_lib.Run, ids: Sequence[int], limit: float) -> int:
+def _count_outliers(norms, run: snapshot.RunSnapshot, ids: Sequence[int], limit: float) -> int:
     """Tokens of `ids` whose stored norm is above `limit` (a re-read of 4 bytes per
     position, after the median is known)."""
     total = 0
@@ -192,27 +147,3 @@ def _count_outliers(norms, run: run_lib.Run, ids: Sequence[int], limit: float) -
         part = run.partitions[pid]
         total += int((norms[part.row_start:part.row_stop].read().result() > limit).sum())
     return total
-
-
-def load_masks(run: run_lib.Run) -> dict | None:
-    """The mask counts stored by compute_stats (`schemas.token_masks.MaskCounts` as a
-    dict; None before it ran)."""
-    counts = token_masks.read_mask_counts(run.store)
-    return None if counts is None else config_lib.to_dict(counts)
-
-
-def load_stats(run: run_lib.Run, hook: str) -> HookStats:
-    """Stored statistics of `hook`; a clear error when none were computed."""
-    data = run.store.read_json(layout.STATS_KEY) or {}
-    entry = data.get("hooks", {}).get(hook)
-    if entry is None:
-        run.hook(hook)  # unknown hook: say so, listing the hooks
-        raise errors.ReaderError(
-            f"{run.location.join(layout.STATS_KEY)}: no statistics for hook {hook!r}; "
-            f"compute them with reader.open_run(...).compute_stats([{hook!r}])")
-    stats = HookStats.from_json_obj(hook, entry)
-    stale = set(stats.partitions) - set(run.committed)
-    if stale:  # cannot happen for create-only markers, but a hand-edited run could
-        raise errors.ReaderError(f"{run.location}: statistics of {hook!r} cover partitions "
-                                 f"{sorted(stale)} that are not committed; recompute them")
-    return stats

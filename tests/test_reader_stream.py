@@ -14,6 +14,7 @@ import pytest
 import reader
 from reader import gather as gather_lib
 from reader import mixing
+from reader.stream_state import StreamState
 from tests import reader_fixtures as rf
 
 T = 16  # the fixtures' seq_len
@@ -113,6 +114,27 @@ def test_resume_mid_epoch_continues_the_same_order(reader_run):
             np.testing.assert_array_equal(x.acts["embed"], y.acts["embed"])
     with pytest.raises(ValueError, match="batch_size saved 5, now 6"):
         _stream(run, epochs=3, batch_size=6, resume=s.state(full[3]))
+
+
+def test_the_typed_resume_state_resumes_as_its_saved_dict_does(reader_run):
+    run = reader.open_run(reader_run.uri)
+    s = _stream(run, epochs=2, batch_size=5)
+    full = list(s)
+    typed = s.resume_state(full[2])
+    assert typed.next_step == 3 and typed.to_dict() == s.state(full[2])
+    assert StreamState.parse(json.loads(json.dumps(typed.to_dict()))) == typed
+    resumed = list(_stream(run, epochs=2, batch_size=5, resume=typed))
+    assert np.array_equal(_flat(resumed), _flat(full[3:]))
+    with pytest.raises(ValueError, match="not a stream state of version 1"):
+        _stream(run, epochs=2, batch_size=5, resume={**typed.to_dict(), "version": 2})
+
+
+def test_a_misspelt_keyword_is_refused_by_name(reader_run):
+    run = reader.open_run(reader_run.uri)
+    with pytest.raises(TypeError, match="'bufer_tokens'.*buffer_tokens"):
+        run.stream("embed", 8, bufer_tokens=4 * T)
+    with pytest.raises(TypeError, match="'map_shards'"):  # the stream's, not batches'
+        run.batches("embed", 8, map_shards=False)
 
 
 @pytest.mark.parametrize("codec,file_io_mode", [("zstd", None), ("none", None),

@@ -1,8 +1,9 @@
-"""reader.row_copy: the C kernel built here with the machine's compiler, against numpy;
-what happens where it cannot be built or is wrong; the stream gives the same batches
+"""reader.row_copy: the C kernel built at install (reader._row_copy), against numpy;
+what happens where it was not built or is wrong; the stream gives the same batches
 either way."""
 
-import os
+import logging
+import types
 
 import ml_dtypes
 import numpy as np
@@ -46,20 +47,26 @@ def test_kernel_copies_rows_where_numpy_says_streamed_or_not(dtype, hidden):
         np.testing.assert_array_equal(t[i].view(np.uint8), src[r].view(np.uint8))
 
 
-def test_a_compiler_that_fails_falls_back_with_its_reason(tmp_path):
-    copy_rows, why = row_copy.load(compiler="false", directory=str(tmp_path))
-    assert copy_rows is None and "false failed" in why
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".so")]  # nothing half-built
+def test_an_install_without_the_extension_copies_with_numpy_and_logs_it_once(
+        reader_run, monkeypatch, caplog):
+    monkeypatch.setattr(row_copy, "_built", None)
+    monkeypatch.setattr(row_copy, "_NOT_BUILT", "No module named 'reader._row_copy'")
+    monkeypatch.setattr(row_copy, "_loaded", None)
+    monkeypatch.delenv("ACTX_ROW_COPY", raising=False)
+    run = reader.open_run(reader_run.uri)
+    with caplog.at_level(logging.WARNING, logger=row_copy.__name__):
+        for _ in range(2):
+            s = run.stream("embed", 8, buffer_tokens=4 * T, block_rows=2)
+            assert s.copy_path.startswith("numpy: reader._row_copy was not built at install")
+    warnings = [r for r in caplog.records if r.name == row_copy.__name__]
+    assert len(warnings) == 1 and "numpy" in warnings[0].getMessage()
 
 
-def test_a_library_is_built_once_into_the_cache_and_reused(tmp_path):
-    _native()
-    copy_rows, why = row_copy.load(directory=str(tmp_path))
-    built = [p for p in os.listdir(tmp_path) if p.endswith(".so")]
-    assert copy_rows is not None and len(built) == 1 and why.endswith(built[0])
-    mtime = os.path.getmtime(tmp_path / built[0])
-    again, why_again = row_copy.load(directory=str(tmp_path))
-    assert why_again == why and os.path.getmtime(tmp_path / built[0]) == mtime
+def test_a_module_of_another_version_is_refused():
+    other = types.SimpleNamespace(__name__="reader._row_copy", version=lambda: 2,
+                                  copy_rows=None)
+    copy_rows, why = row_copy.load(other)
+    assert copy_rows is None and "version 2, expected 1" in why
 
 
 def test_a_kernel_that_copies_wrong_is_refused():
@@ -117,15 +124,3 @@ def test_the_stream_gives_the_same_batches_with_either_copy(tmp_path, monkeypatc
         for h, a in acts.items():
             np.testing.assert_array_equal(a.view(np.uint8), acts_np[h].view(np.uint8))
             np.testing.assert_array_equal(a, truth.value(h, rows, cols))
-
-
-def test_a_library_others_could_replace_is_not_loaded(tmp_path):
-    _native()
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    assert row_copy.load(directory=str(shared))[0] is not None
-    os.chmod(shared, 0o777)  # anyone could put their own library there
-    copy_rows, why = row_copy.load(directory=str(shared))
-    # Refused there; the per-user directory under the temporary directory serves instead.
-    assert copy_rows is None or not why.startswith(f"native: {shared}")
-    assert row_copy._not_ours(str(shared)).endswith("mode 40777)")

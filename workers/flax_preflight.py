@@ -6,19 +6,20 @@ are allocated on the submitting machine.
 
 from __future__ import annotations
 
+from schemas import parallelism
 from schemas import runspec as runspec_lib
 from workers import flax_hooks, flax_model
-from workers.preflight import JobCheck
+from workers.job_check import JobCheck
 
 
 def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
               data_parallel: int | None = None) -> JobCheck:
     """What the workers would refuse about a Flax job, one line each (see preflight)."""
     problems: list[str] = []
-    if batch_size is not None and data_parallel and batch_size % data_parallel:
-        problems.append(
-            f"batch_size={batch_size} does not split over the replica's {data_parallel} "
-            f"data-parallel devices; choose a multiple of {data_parallel}")
+    split = None if batch_size is None else parallelism.devices_problem(
+        batch_size, data_parallel, lead=f"batch_size={batch_size} does not")
+    if split:
+        problems.append(split)
     try:
         flax_model.import_nnx()
     except flax_model.FlaxMissing as e:

@@ -9,25 +9,13 @@ second, not a prepared token store and a provisioned slice.
 
 from __future__ import annotations
 
-import dataclasses
-
+from schemas import parallelism
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
 from workers import capture as capture_lib
 from workers import checkpoint_check
 from workers import model_config as model_config_lib
-
-
-@dataclasses.dataclass(frozen=True)
-class JobCheck:
-    """problems: one line each, naming the field and what to do (empty: all is well).
-    vocab_size: the model's embedding rows, when its config.json could be read.
-    missing: what was not found (a dry run may run before the checkpoint is uploaded)."""
-
-    problems: tuple[str, ...]
-    vocab_size: int | None = None
-    missing: tuple[str, ...] = ()  # the checkpoint's config.json is not where it says
-    unreachable: Exception | None = None  # the model could not be read (no credentials...)
+from workers.job_check import JobCheck
 
 
 def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
@@ -77,11 +65,11 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 f"{config.num_heads} attention heads; choose a divisor of {config.num_heads}")
     if batch_size is not None and batch_size < 1:
         problems.append(f"batch_size={batch_size}: must be at least 1")
-    elif batch_size is not None and data_parallel:
-        if batch_size % data_parallel:
-            problems.append(
-                f"batch_size={batch_size} does not split over the replica's {data_parallel} "
-                f"data-parallel devices; choose a multiple of {data_parallel}")
+    elif batch_size is not None:
+        split = parallelism.devices_problem(batch_size, data_parallel,
+                                            lead=f"batch_size={batch_size} does not")
+        if split:
+            problems.append(split)
     return JobCheck(tuple(problems), config.vocab_size if config is not None else None,
                     tuple(missing), unreachable)
 

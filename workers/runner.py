@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 import uuid
 
@@ -28,18 +26,16 @@ from schemas import commit as commit_lib
 from schemas import run_dir
 from schemas import config as config_lib
 from schemas import layout
+from schemas import parallelism
 from schemas import manifest as manifest_lib
 from schemas import ts_context
 from schemas import version, worker_options
 from workers import commit as commit_step
 from workers import (admission, distributed, faults, outputs, prefetch, progress, schedule,
                      stream_loop, transfer, writer)
+from workers.stop import Preempted, StopSignal
 
 log = logging.getLogger("actx.worker")
-
-
-class Preempted(Exception):
-    """SIGTERM arrived; the partition in hand was not committed."""
 
 
 RunMismatch = admission.RunMismatch  # where callers have always found it
@@ -67,14 +63,13 @@ class Worker:
         self.topo = schedule.Topology(
             replicas=opts.replicas, replica=opts.replica,
             hosts_per_replica=jax.process_count(), host_index=jax.process_index())
-        if opts.batch_size % self.topo.hosts_per_replica:
-            raise ValueError(f"batch size {opts.batch_size} does not split evenly over the "
-                             f"{self.topo.hosts_per_replica} hosts of the replica")
-        if opts.model_parallel > jax.local_device_count():
-            raise ValueError(
-                f"model_parallel={opts.model_parallel} is larger than this host's "
-                f"{jax.local_device_count()} devices: the hosts of a replica split the batch, "
-                f"so the model axis must stay within one host")
+        split = parallelism.hosts_problem(opts.batch_size, self.topo.hosts_per_replica)
+        if split:
+            raise ValueError(f"batch size: {split}")
+        model = parallelism.model_parallel_problem(opts.model_parallel,
+                                                   jax.local_device_count())
+        if model:
+            raise ValueError(f"model_parallel: {model}")
         self.local_batch = opts.batch_size // self.topo.hosts_per_replica
         self.mesh = sharding.make_mesh(data=-1, model=opts.model_parallel)
         sharding.check_batch(opts.batch_size, self.mesh)
@@ -95,7 +90,8 @@ class Worker:
         self.host = opts.host_name or (
             f"{socket.gethostname()}-r{self.topo.replica}h{self.topo.host_index}")
         self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.stop_requested = threading.Event()
+        self.stop = StopSignal(self.topo.hosts_per_replica, opts.stop_check_steps)
+        self.stop_requested = self.stop.requested  # set on SIGTERM (workers.stop)
         self.progress = progress.Progress()
         self.timings = outputs.HostTimings()
         self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)
@@ -225,11 +221,10 @@ class Worker:
         return schedule.pad_steps(steps, n_steps, self.local_batch, filler)
 
     def _stop_agreed(self, step_index: int) -> bool:
-        if self.topo.hosts_per_replica == 1:
-            return self.stop_requested.is_set()
-        if step_index % max(1, self.opts.stop_check_steps):
+        if not self.stop.due(step_index):
             return False
-        return distributed.any_process(self.stop_requested.is_set())
+        here = self.stop_requested.is_set()
+        return distributed.any_process(here) if self.stop.multi_host else here
 
     def _run_steps(self, steps, on_output, where: str, agree=None) -> None:
         """Runs `steps`, calling on_output(batch, outs) for each on the output thread
@@ -246,8 +241,8 @@ class Worker:
         handler = outputs.OutputThread(on_output, self.opts.steps_in_flight, self.timings)
         try:
             for batch in prefetcher:
-                if agree is None and self._stop_agreed(batch.index):
-                    raise Preempted(f"stopped at step {batch.index} of {where}")
+                if agree is None:
+                    self.stop.stop_if(self._stop_agreed(batch.index), batch.index, where)
                 segment_ids = batch.segment_ids
                 if self.one_segment_per_row:
                     segment_ids = (segment_ids > 0).astype(np.int32)
@@ -356,12 +351,7 @@ class Worker:
         self._committed.add(pid)
 
     def install_signal_handlers(self) -> None:
-        def on_term(signum, frame):
-            log.warning("SIGTERM received: finishing the current step, committing nothing "
-                        "partial")
-            self.stop_requested.set()
-
-        signal.signal(signal.SIGTERM, on_term)
+        self.stop.install_handler()
 
 
 class Session:

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from schemas import parallelism
+
 log = logging.getLogger(__name__)
 
 DATA_AXIS = "data"
@@ -129,7 +131,7 @@ def data_parallel_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 def check_batch(batch: int, mesh: Mesh) -> None:
     """Raises ValueError when the `data` axis does not divide the (global) batch."""
     size = mesh.shape[DATA_AXIS]
-    if batch % size:
+    if parallelism.devices_problem(batch, size):  # the rule deploy checks too
         raise ValueError(
             f"batch size {batch} is not divisible by the '{DATA_AXIS}' mesh axis size "
             f"{size}; use a batch size that is a multiple of {size}")

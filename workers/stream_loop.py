@@ -107,19 +107,15 @@ class PartitionStream:
         agreed SIGTERM. One-host replicas check SIGTERM every step and never agree.
         settle() waits until the steps before `batch` are handled, so every host reports
         what it finished as of the same step."""
-        from workers.runner import Preempted
-
-        w = self.worker
-        if not self.multi_host:
-            if w.stop_requested.is_set():
-                raise Preempted(f"stopped at step {batch.index} of the partitions in hand")
+        w, where = self.worker, "the partitions in hand"
+        if not w.stop.due(batch.index):
             return False
-        if batch.index % max(1, w.opts.stop_check_steps):
+        if not self.multi_host:
+            w.stop.stop_if(w.stop_requested.is_set(), batch.index, where)
             return False
         settle()
         flags = self._gather(w.stop_requested.is_set(), batch.step.done)
-        if flags[:, 0].any():
-            raise Preempted(f"stopped at step {batch.index} of the partitions in hand")
+        w.stop.stop_if(bool(flags[:, 0].any()), batch.index, where)
         return bool(flags[:, 1].all())
 
     def finish(self) -> None:

@@ -1,0 +1,42 @@
+/* reader._row_copy: the Python module around row_copy.c's kernel, built at install time
+   (setup.py's optional Extension; reader/row_copy.py falls back to numpy without it).
+
+   copy_rows(src, src_rows, dst, n, row_bytes) takes addresses (numpy's ctypes.data) and
+   releases the GIL while it copies, so the stream's gather threads copy in parallel. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+int actx_row_copy_version(void);
+void actx_copy_rows(const char *src, const int64_t *src_rows, const int64_t *dst,
+                    int64_t n, int64_t row_bytes);
+
+static PyObject *copy_rows(PyObject *self, PyObject *args) {
+  unsigned long long src, src_rows, dst;
+  long long n, row_bytes;
+  if (!PyArg_ParseTuple(args, "KKKLL", &src, &src_rows, &dst, &n, &row_bytes))
+    return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  actx_copy_rows((const char *)(uintptr_t)src, (const int64_t *)(uintptr_t)src_rows,
+                 (const int64_t *)(uintptr_t)dst, (int64_t)n, (int64_t)row_bytes);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+static PyObject *version(PyObject *self, PyObject *unused) {
+  return PyLong_FromLong(actx_row_copy_version());
+}
+
+static PyMethodDef methods[] = {
+    {"copy_rows", copy_rows, METH_VARARGS,
+     "copy_rows(src, src_rows, dst, n, row_bytes): row src_rows[i] of src to dst[i] "
+     "(all addresses), without the GIL."},
+    {"version", version, METH_NOARGS, "ACTX_ROW_COPY_VERSION of the kernel."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_row_copy",
+                                    "actx's row copy kernel (reader/native/row_copy.c).",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__row_copy(void) { return PyModule_Create(&module); }

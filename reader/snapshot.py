@@ -1,0 +1,268 @@
+"""A run's snapshot: its hooks, shapes, dtypes and committed partitions, and random access.
+
+The bottom of the reader: every other reader module reads through a `RunSnapshot`, and
+`reader.run.Run` (the front door, `open_run`) adds the hand-over methods on top of it.
+A snapshot is taken at open time: the set of committed partitions (commit
+markers) is listed once, so a training job sees one fixed data set (and one shuffle
+order) however many partitions commit while it runs; `refresh()` takes a new snapshot.
+Rows of uncommitted partitions are never read, whatever data exists for them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import tensorstore as ts
+
+from reader import errors
+from schemas import activations_info as info_lib
+from schemas import commit as commit_lib
+from schemas import config as config_lib
+from schemas import layout
+from schemas import manifest as manifest_lib
+from schemas import runspec as runspec_lib
+from schemas import store as store_lib
+from schemas import ts_context
+from schemas import uri as uri_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class HookInfo:
+    """One activation array: shape [total_rows, seq_len, hidden] and its stored dtype."""
+
+    name: str
+    shape: tuple[int, int, int]
+    dtype: str
+    partitions: tuple[int, ...]  # committed partitions whose marker lists this hook
+
+    @property
+    def hidden(self) -> int:
+        return self.shape[2]
+
+
+class RunSnapshot:
+    """A run directory opened for reading (`reader.run.Run` adds the hand-over methods;
+    build one with `reader.open_run`)."""
+
+    def __init__(self, store: store_lib.ObjectStore, spec: runspec_lib.RunSpec,
+                 manifest: manifest_lib.Manifest):
+        self.store = store
+        self.location = store.location
+        self.spec = spec
+        self.manifest = manifest
+        self._row_starts = [p.row_start for p in manifest.partitions]
+        self._arrays: dict[str, Any] = {}
+        self.refresh()
+
+    # -- what the run holds ---------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Re-lists commit markers (the snapshot of what is readable).
+
+        One listing, no marker reads: every partition of a run holds the same hooks (the
+        workers refuse anything else, see activations/actx.json), so the hook names come
+        from that one object.
+        """
+        self.committed = tuple(sorted(commit_lib.committed_partitions(self.store)))
+        self._committed_set = frozenset(self.committed)
+        self._hooks_cache = None
+
+    @property
+    def seq_len(self) -> int:
+        return self.manifest.seq_len
+
+    @property
+    def total_rows(self) -> int:
+        return self.manifest.total_rows
+
+    @property
+    def partitions(self) -> tuple[manifest_lib.Partition, ...]:
+        return self.manifest.partitions
+
+    @property
+    def committed_partitions(self) -> tuple[manifest_lib.Partition, ...]:
+        return tuple(self.manifest.partitions[p] for p in self.committed)
+
+    @property
+    def uncommitted_partitions(self) -> tuple[manifest_lib.Partition, ...]:
+        done = set(self.committed)
+        return tuple(p for p in self.manifest.partitions if p.id not in done)
+
+    @property
+    def hooks(self) -> dict[str, HookInfo]:
+        """The run's hooks, readable in every committed partition (none before a commit)."""
+        if self._hooks_cache is None:
+            infos = {}
+            for hook in self._hook_names():
+                arr = self.open_array(layout.activation_array_key(hook))
+                infos[hook] = HookInfo(hook, tuple(arr.shape), str(arr.dtype.numpy_dtype),
+                                       self.committed)
+            self._hooks_cache = infos
+        return self._hooks_cache
+
+    def _hook_names(self) -> list[str]:
+        if not self.committed:
+            return []
+        try:
+            info = info_lib.read_info(self.store)
+        except config_lib.ConfigError as e:
+            raise errors.NotARunError(f"{self.location}: {e}; run `actx verify`") from None
+        if info is None:
+            # Workers create it before writing any data, so a commit without it is damage.
+            raise errors.NotARunError(
+                f"{self.location.join(layout.ACTIVATIONS_INFO_KEY)}: missing, but "
+                f"{len(self.committed)} partition(s) are committed; run `actx verify`")
+        return sorted(info.hooks)
+
+    def require_commits(self) -> None:
+        """Raises NothingCommittedError when no partition is committed: every reading
+        entry point says this same thing, rather than an empty result or another fault."""
+        if self.committed:
+            return
+        if not self.partitions:
+            raise errors.NothingCommittedError(
+                f"{self.location}: the run holds no data: its prepare accepted no document "
+                f"(see {self.location.join(layout.REJECTS_PREFIX)}); prepare it again with "
+                f"inputs that pass")
+        raise errors.NothingCommittedError(
+            f"{self.location}: nothing is committed yet (0 of {len(self.partitions)} "
+            f"partitions), so no activation is readable; `actx status {self.location}` shows "
+            f"the extraction's progress, `actx rerun {self.location}` extracts them; then "
+            f"reopen the run (or call run.refresh())")
+
+    def hook(self, name: str) -> HookInfo:
+        """The HookInfo of `name`; UnknownHookError (listing the hooks) when absent."""
+        self.require_commits()
+        infos = self.hooks
+        if name not in infos:
+            raise errors.UnknownHookError(
+                f"{self.location}: no committed activations for hook {name!r}; available: "
+                f"{', '.join(infos) or '(none: no partition is committed yet)'}")
+        return infos[name]
+
+    # -- checks -------------------------------------------------------------------
+
+    def partition_of_row(self, row: int) -> manifest_lib.Partition:
+        if not 0 <= row < self.total_rows:
+            raise IndexError(f"row {row} is outside the run (0..{self.total_rows - 1})")
+        return self.manifest.partitions[bisect.bisect_right(self._row_starts, row) - 1]
+
+    def check_rows(self, start: int, stop: int, hooks: Sequence[str] = ()) -> None:
+        """Refuses a row range that touches an uncommitted partition, or an unknown hook."""
+        self.require_commits()
+        if not 0 <= start < stop <= self.total_rows:
+            raise IndexError(f"rows [{start}, {stop}) are outside the run "
+                             f"(0..{self.total_rows})")
+        first = self.partition_of_row(start).id
+        last = self.partition_of_row(stop - 1).id
+        committed = self._committed_set
+        for pid in range(first, last + 1):
+            if pid not in committed:
+                raise errors.UncommittedPartitionError(
+                    f"{self.location}: partition {pid} ({layout.partition_name(pid)}, rows "
+                    f"{self.partitions[pid].row_start}..{self.partitions[pid].row_stop - 1}) "
+                    f"is not committed; finish it with `actx rerun {self.location}` and "
+                    f"reopen the run")
+        for hook in hooks:
+            self.hook(hook)
+
+    def committed_ids(self, partitions: Iterable[int] | None = None,
+                      hooks: Sequence[str] = ()) -> tuple[int, ...]:
+        """`partitions` (default: all committed), checked to be committed with `hooks`."""
+        self.require_commits()
+        ids = self.committed if partitions is None else tuple(sorted(set(partitions)))
+        for pid in ids:
+            part = self.manifest.partition(pid)
+            self.check_rows(part.row_start, part.row_stop, hooks)
+        return ids
+
+    # -- arrays -------------------------------------------------------------------
+
+    def open_array(self, key: str, context: ts.Context | None = None):
+        """The array at `key`, opened once in the process-wide context, or anew in
+        `context` (a child of it, e.g. with other GCS limits) when given."""
+        if context is None and key in self._arrays:
+            return self._arrays[key]
+        spec = layout.array_spec(self.location, key)
+        try:
+            # The process-wide context: memory:// runs exist only in it, and its cache
+            # pool keeps shard indexes between gathers.
+            array = ts.open(spec, open=True, read=True,
+                            context=context or ts_context.get()).result()
+        except ValueError as e:
+            raise FileNotFoundError(f"{self.location.join(key)}: cannot open ({e})") from e
+        if context is None:
+            self._arrays[key] = array
+        return array
+
+    def activation_array(self, hook: str):
+        """The tensorstore array of a hook (no commit checks: callers check rows)."""
+        self.hook(hook)
+        return self.open_array(layout.activation_array_key(hook))
+
+    def token_array(self, name: str):
+        if name not in layout.ALL_TOKEN_ARRAYS:
+            raise KeyError(f"unknown token array {name!r}; known: "
+                           f"{', '.join(layout.ALL_TOKEN_ARRAYS)}")
+        return self.open_array(layout.token_array_key(name))
+
+    # -- random access ------------------------------------------------------------
+
+    def rows(self, hook: str, start: int, stop: int) -> np.ndarray:
+        """Activations [stop - start, seq_len, hidden] of whole rows, padding included
+        (use `token_rows("segment_ids", ...)`: 0 marks padding)."""
+        self.check_rows(start, stop, [hook])
+        return self.activation_array(hook)[start:stop].read().result()
+
+    def token_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """A token or ARC array (layout.ALL_TOKEN_ARRAYS) over rows [start, stop)."""
+        self.check_rows(start, stop)
+        return self.token_array(name)[start:stop].read().result()
+
+    def tokens(self, hook: str, row: int, col_start: int = 0,
+               col_stop: int | None = None) -> np.ndarray:
+        """Activations [n, hidden] of columns [col_start, col_stop) of one row."""
+        col_stop = self.seq_len if col_stop is None else col_stop
+        self.check_rows(row, row + 1, [hook])
+        return self.activation_array(hook)[row, col_start:col_stop].read().result()
+
+    def gather(self, hooks: Sequence[str], rows: np.ndarray,
+               cols: np.ndarray) -> dict[str, np.ndarray]:
+        """Activations [n, hidden] per hook at the tokens (rows[i], cols[i]).
+
+        All reads are issued before any is awaited, so tensorstore fetches and decodes
+        the chunks of every hook concurrently, each needed chunk once per read.
+        """
+        self.require_commits()
+        rows = np.asarray(rows, np.int64)
+        cols = np.asarray(cols, np.int64)
+        for pid in self._partitions_of_rows(rows):
+            part = self.partitions[pid]
+            self.check_rows(part.row_start, part.row_stop, hooks)
+        futures = {h: self.activation_array(h).vindex[rows, cols].read() for h in hooks}
+        return {h: f.result() for h, f in futures.items()}
+
+    def gather_tokens(self, names: Sequence[str], rows: np.ndarray,
+                      cols: np.ndarray) -> dict[str, np.ndarray]:
+        """Token or ARC arrays at the tokens (rows[i], cols[i])."""
+        self.require_commits()
+        for pid in self._partitions_of_rows(rows):
+            part = self.partitions[pid]
+            self.check_rows(part.row_start, part.row_stop)
+        futures = {n: self.token_array(n).vindex[np.asarray(rows), np.asarray(cols)].read()
+                   for n in names}
+        return {n: f.result() for n, f in futures.items()}
+
+    def _partitions_of_rows(self, rows: np.ndarray) -> set[int]:
+        if len(rows) == 0:
+            return set()
+        idx = np.searchsorted(np.asarray(self._row_starts), np.unique(rows), side="right") - 1
+        return set(int(i) for i in np.unique(idx))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.location}, {len(self.committed)}/"
+                f"{len(self.partitions)} partitions committed, hooks={list(self.hooks)})")

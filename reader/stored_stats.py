@@ -1,0 +1,86 @@
+"""Statistics a run holds (stats.json, written by reader.stats.compute_stats): per hook
+mean / variance / norms (`HookStats`), and the tokens each mask removes.
+
+Read by the normalizers (reader.formats), the "outlier" mask (reader.masks) and
+`run.describe()`; kept apart from the pass that computes them, which reads through those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from reader import errors
+from reader import snapshot
+from schemas import config as config_lib
+from schemas import layout
+from schemas import token_masks
+
+STATS_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class HookStats:
+    """Statistics of one hook over `count` tokens.
+
+    mean / var: per hidden dimension (float64 [hidden]); var is the population variance.
+    mean_norm: mean L2 norm of a token's activation vector.
+    partitions: the committed partitions covered; exclude_bos / exclude_special: which
+    tokens were left out besides padding.
+    """
+
+    hook: str
+    count: int
+    mean: np.ndarray
+    var: np.ndarray
+    mean_norm: float
+    partitions: tuple[int, ...]
+    exclude_bos: bool = False
+    exclude_special: bool = False
+    norm_median: float = float("nan")  # median L2 norm of the tokens counted
+    norm_partitions: tuple[int, ...] = ()  # partitions whose per-token norms are stored
+
+    @property
+    def std(self) -> np.ndarray:
+        return np.sqrt(self.var)
+
+    def to_json_obj(self) -> dict:
+        return {"count": self.count, "mean": self.mean.tolist(), "var": self.var.tolist(),
+                "mean_norm": self.mean_norm, "partitions": list(self.partitions),
+                "exclude_bos": self.exclude_bos, "exclude_special": self.exclude_special,
+                "norm_median": self.norm_median,
+                "norm_partitions": list(self.norm_partitions), "version": STATS_VERSION}
+
+    @classmethod
+    def from_json_obj(cls, hook: str, data: dict) -> "HookStats":
+        return cls(hook, int(data["count"]), np.asarray(data["mean"], np.float64),
+                   np.asarray(data["var"], np.float64), float(data["mean_norm"]),
+                   tuple(data["partitions"]), bool(data.get("exclude_bos", False)),
+                   bool(data.get("exclude_special", False)),
+                   float(data.get("norm_median", float("nan"))),
+                   tuple(data.get("norm_partitions", ())))
+
+
+def load_masks(run: snapshot.RunSnapshot) -> dict | None:
+    """The mask counts stored by compute_stats (`schemas.token_masks.MaskCounts` as a
+    dict; None before it ran)."""
+    counts = token_masks.read_mask_counts(run.store)
+    return None if counts is None else config_lib.to_dict(counts)
+
+
+def load_stats(run: snapshot.RunSnapshot, hook: str) -> HookStats:
+    """Stored statistics of `hook`; a clear error when none were computed."""
+    data = run.store.read_json(layout.STATS_KEY) or {}
+    entry = data.get("hooks", {}).get(hook)
+    if entry is None:
+        run.hook(hook)  # unknown hook: say so, listing the hooks
+        raise errors.ReaderError(
+            f"{run.location.join(layout.STATS_KEY)}: no statistics for hook {hook!r}; "
+            f"compute them with reader.open_run(...).compute_stats([{hook!r}])")
+    stats = HookStats.from_json_obj(hook, entry)
+    stale = set(stats.partitions) - set(run.committed)
+    if stale:  # cannot happen for create-only markers, but a hand-edited run could
+        raise errors.ReaderError(f"{run.location}: statistics of {hook!r} cover partitions "
+                                 f"{sorted(stale)} that are not committed; recompute them")
+    return stats
