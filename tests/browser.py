@@ -61,10 +61,10 @@ def screenshot(url: str, path: str, width: int = 1300, height: int = 1500,
 
 
 class Elements(html.parser.HTMLParser):
-    """Elements with an id or a data-host / data-source / data-mask attribute: attributes
-    and text."""
+    """Elements with an id or one of the data- attributes of KEYS: attributes and text."""
 
-    KEYS = ("id", "data-host", "data-source", "data-mask")
+    KEYS = ("id", "data-host", "data-source", "data-mask", "data-reject", "data-command",
+            "data-failed-host")
 
     def __init__(self, markup: str):
         super().__init__()

@@ -79,7 +79,34 @@ class Worker:
         self.mesh = sharding.make_mesh(data=-1, model=opts.model_parallel)
         sharding.check_batch(opts.batch_size, self.mesh)
         self._warn_idle_hosts()
+        self.host = opts.host_name or (
+            f"{socket.gethostname()}-r{self.topo.replica}h{self.topo.host_index}")
+        self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.stop_requested = threading.Event()
+        self.progress = progress.Progress()
+        # Heartbeats start before the model loads, so status shows a host that is loading
+        # (or that failed to) instead of nothing; the session's thread takes over after.
+        startup = progress.HeartbeatThread(
+            self.store, self.host, self.topo.replica, self.topo.host_index, self.attempt,
+            self.progress, opts.heartbeat_s)
+        self.heartbeat_writer = startup.writer
+        startup.start()
+        try:
+            self._admit(jax, opts)
+        except BaseException as e:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            self.progress.update(
+                state="preempted" if interrupted else "failed",
+                message="interrupted while starting; nothing was committed" if interrupted
+                else f"failed while starting: {type(e).__name__}: {e}")
+            startup.stop()
+            raise
+        startup.stop(final_beat=False)
+
+    def _admit(self, jax, opts: WorkerOptions) -> None:
+        """Loads the model and checks the run against it (the rest of `__init__`)."""
         attention = self._load_model()
+        self.progress.update(phase="checking the run against the model")
         admission.check_token_layout(self.store, self.location)
         self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
                                                opts.model_parallel, attention=attention)
@@ -92,16 +119,20 @@ class Worker:
             self.location, self.hooks, self.manifest.total_rows, self.manifest.seq_len,
             self.spec.capture.dtype, self.spec.layout)
         self.tokens = prefetch.TokenStore(self.location)
-        self.host = opts.host_name or (
-            f"{socket.gethostname()}-r{self.topo.replica}h{self.topo.host_index}")
-        self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.stop_requested = threading.Event()
-        self.progress = progress.Progress()
         self.timings = outputs.HostTimings()
         self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)
         # `concat` rows are one causal stream across documents: the model must not apply
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
+        self._compiled = False
+
+    def loading(self, what: str, path: str) -> None:
+        """Says (heartbeat message and log) that weights are loading, with their size when
+        the checkpoint is a local directory."""
+        size = checkpoint_bytes(path)
+        phase = f"loading weights: {what}" + (f" ({size / 2**20:,.1f} MB)" if size else "")
+        self.progress.update(phase=phase)
+        log.info("%s", phase)
 
     def _load_model(self) -> str | None:
         """Loads the run's model onto the mesh and builds its step: sets `capture`,
@@ -115,6 +146,7 @@ class Worker:
         jax, opts = self.jax, self.opts
         self.capture = capture_lib.CaptureSpec.parse(self.spec.capture.hooks,
                                                      dtype=self.spec.capture.dtype)
+        self.loading(self.spec.model.path, self.spec.model.path)
         self.model = model_lib.load_pretrained(self.spec.model.path, dtype=self.spec.model.dtype,
                                                mesh=self.mesh)
         cfg = self.model.config
@@ -254,11 +286,18 @@ class Worker:
                 inputs = [self.transfer.tokens(batch.input_ids),
                           self.transfer.tokens(batch.positions), self.transfer.tokens(segment_ids)]
                 handler.wait_for_room()  # the inputs' copies to the devices overlap it
+                compiling = not self._compiled and time.perf_counter()
+                if compiling:
+                    self._say_phase("compiling the step (its first call)")
                 if self.max_context is not None:
                     outs = self.fn(*inputs, continues=self.transfer.slots(
                         np.asarray(batch.step.continues, bool)))
                 else:
                     outs = self.fn(*inputs)
+                if compiling:
+                    self._compiled = True
+                    log.info("compiled in %.1fs", time.perf_counter() - compiling)
+                    self._say_phase("warming up: the first step runs")
                 outs = self.transfer.start_to_host(outs)
                 faults.maybe_crash("step")
                 handler.put(batch, outs)
@@ -273,6 +312,14 @@ class Worker:
         finally:
             handler.close()
             prefetcher.close()
+
+    def _say_phase(self, phase: str) -> None:
+        """A start-up phase in the heartbeat (until tokens flow) and in the log."""
+        with self.progress.lock:
+            first_tokens_pending = self.progress.tokens_done == 0
+        if first_tokens_pending:
+            self.progress.update(phase=phase)
+        log.info("%s", phase)
 
     def run_partition(self, pid: int, pool: writer.WriterPool,
                       committer: commit_step.Committer) -> None:
@@ -364,6 +411,17 @@ class Worker:
         signal.signal(signal.SIGTERM, on_term)
 
 
+def checkpoint_bytes(path: str) -> int | None:
+    """Bytes of a local checkpoint directory's weight files (None elsewhere: a gs://
+    checkpoint's size would cost a listing before the load does its own)."""
+    try:
+        names = os.listdir(path)
+    except (OSError, TypeError):
+        return None
+    return sum(os.path.getsize(os.path.join(path, n)) for n in names
+               if n.endswith((".safetensors", ".bin"))) or None
+
+
 class Session:
     """One worker process's heartbeats, writer pool and committer, open while it extracts.
 
@@ -373,10 +431,12 @@ class Session:
 
     def __init__(self, worker: Worker, tokens_left: int = 0):
         self.worker = worker
-        worker.progress.update(tokens_left=tokens_left)
+        # The rate counts from here, not from the model's loading.
+        worker.progress.update(tokens_left=tokens_left, started=time.monotonic())
         self._beats = progress.HeartbeatThread(
             worker.store, worker.host, worker.topo.replica, worker.topo.host_index,
-            worker.attempt, worker.progress, worker.opts.heartbeat_s)
+            worker.attempt, worker.progress, worker.opts.heartbeat_s,
+            writer=worker.heartbeat_writer)
         self._beats.start()
         self.pool = writer.WriterPool(worker.opts.writer_threads,
                                       worker.opts.max_pending_mb << 20)
