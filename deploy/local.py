@@ -261,7 +261,8 @@ def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None)
         beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
         message=f"process {how}{before} (seen by actx on {socket.gethostname()})"
                 + (f"; its log ends: {last}" if last else "")
-                + f"; `actx rerun {run} --only stale` redoes its partition")
+                + (f"; fix that, then `actx rerun {run}`" if data is None else
+                   f"; `actx rerun {run} --only stale` redoes its partition"))
     store.write_with_summary(key, store_lib.dumps(schemas_config.to_dict(beat)),
                              heartbeat_lib.summary(beat))
     return True

@@ -123,7 +123,7 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
     series = job_series(status.hosts)
     tokens_total = max(1, status.tokens_total)
     bytes_per_token = (status.bytes_total / tokens_total) if status.bytes_total else None
-    rates = sorted(h.tokens_per_s for h in status.hosts if h.live)
+    rates = sorted(h.tokens_per_s for h in status.hosts if h.live and h.tokens_done > 0)
     median_rate = rates[len(rates) // 2] if rates else 0.0
     hosts = [{
         "host": h.host, "state": h.state, "live": h.live, "age_s": h.age_s,
@@ -133,7 +133,8 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "message": h.message, "dead": not h.live and h.state != "done",
         # Live but no token yet: loading weights, compiling (its message says which).
         "starting": h.live and h.tokens_done == 0,
-        "slow": h.live and median_rate > 0 and h.tokens_per_s < 0.5 * median_rate,
+        "slow": (h.live and h.tokens_done > 0 and median_rate > 0
+                 and h.tokens_per_s < 0.5 * median_rate),
     } for h in status.hosts]
     run = status.run
     return {

@@ -123,6 +123,13 @@ function timeStep(span) {  // seconds between x ticks: whole seconds, minutes or
                  21600, 43200, 86400];
   return steps.find((x) => span / x <= 6) || 86400 * Math.ceil(span / 86400 / 6);
 }
+function tickTime(s) {  // 0s, 45s, 10m, 1h30m: ticks fall on whole units
+  s = Math.round(s);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  if (h) return m ? `${h}h${m}m` : `${h}h`;
+  if (m) return sec ? `${m}m${sec}s` : `${m}m`;
+  return `${sec}s`;
+}
 function short(n) {  // 12,500 -> 12.5k; tick labels stay narrow
   const a = Math.abs(n);
   for (const [d, u] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]]) {
@@ -144,7 +151,8 @@ function drawLine(id, points, unit, t0) {
   }
   const t1 = points[points.length - 1][0];
   let vmax = 0; for (const p of points) vmax = Math.max(vmax, p[1]);
-  const ystep = niceStep(vmax || 1, 4), ytop = Math.max(ystep, Math.ceil(vmax / ystep) * ystep);
+  // Tokens and tokens/s in whole numbers: with nothing yet the axis still reads 0..4.
+  const ystep = Math.max(1, niceStep(vmax || 4, 4)), ytop = Math.max(ystep, Math.ceil(vmax / ystep) * ystep);
   const span = Math.max(1e-9, t1 - t0);
   const X = (t) => L + (W - L - R) * (t - t0) / span;
   const Y = (v) => H - B - (H - B - T) * v / ytop;
@@ -152,7 +160,8 @@ function drawLine(id, points, unit, t0) {
   const startup = firstWork ? firstWork[0] - t0 : span;
   if (startup > 0) {
     ctx.fillStyle = "#f4f3ff"; ctx.fillRect(L, T, X(t0 + startup) - L, H - B - T);
-    ctx.fillStyle = "#5925dc"; ctx.fillText("start-up", L + 4, T + 12);
+    ctx.fillStyle = "#5925dc";
+    if (X(t0 + startup) - L > 50) ctx.fillText("start-up", L + 4, T + 12);
   }
   canvas.dataset.startupS = startup.toFixed(1);
   ctx.strokeStyle = "#eceef2"; ctx.fillStyle = "#5a6473"; ctx.textAlign = "right";
@@ -165,7 +174,7 @@ function drawLine(id, points, unit, t0) {
   const xstep = timeStep(span), xticks = [];
   for (let x = 0; x <= span + 1e-9; x += xstep) {
     const px = X(t0 + x); ctx.beginPath(); ctx.moveTo(px, H - B); ctx.lineTo(px, H - B + 4);
-    ctx.stroke(); const label = duration(x); xticks.push(label);
+    ctx.stroke(); const label = tickTime(x); xticks.push(label);
     ctx.fillText(label, px, H - B + 15);
   }
   ctx.fillText(`time since the first heartbeat (started ${hhmm(t0)} UTC)`, L + (W - L - R) / 2,
