@@ -90,6 +90,7 @@ class Worker:
             self.store, self.host, self.topo.replica, self.topo.host_index, self.attempt,
             self.progress, opts.heartbeat_s)
         self.heartbeat_writer = startup.writer
+        self.progress.update(phase="loading the model")  # `loading` adds what and how big
         startup.start()
         try:
             self._admit(jax, opts)
