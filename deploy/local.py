@@ -55,7 +55,8 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
                                       progress_interval_s=PREPARE_PROGRESS_S)
     except KeyboardInterrupt:
         again = " ".join(retry_argv) if retry_argv else "the same command"
-        print(f"prepare: interrupted; {run} is not prepared (no manifest.json), nothing of "
+        # Not "interrupted": the command's own "actx submit: interrupted" line says that.
+        print(f"prepare: stopped; {run} is not prepared (no manifest.json), nothing of "
               f"it is kept. `{again}` clears what this attempt left and prepares it",
               file=out, flush=True)
         raise
@@ -229,7 +230,7 @@ def _kept_line(run: str) -> str:
                 f"partition(s) are committed and kept")
     except Exception as e:  # noqa: BLE001 - the hint matters more than the count
         kept = f"committed partitions are kept (the count is unavailable: {e})"
-    return (f"extract: interrupted; {kept} in {run}, nothing partial was committed. "
+    return (f"extract: stopped; {kept} in {run}, nothing partial was committed. "
             f"`actx rerun {run}` extracts the rest")
 
 
