@@ -47,19 +47,24 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
     from pipeline import main as pipeline_main  # Beam: only when prepare runs here
 
     print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
-    try:
-        with _prepare_lines_to(out):  # its progress lines (every few seconds), its summary
-            pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
-                                      max_reject_fraction=max_reject_fraction,
-                                      retry_argv=retry_argv,
-                                      progress_interval_s=PREPARE_PROGRESS_S)
-    except KeyboardInterrupt:
+    # Beam wraps the KeyboardInterrupt of a Ctrl-C into its own errors: the event says.
+    with pipeline_main.interrupt.interruptible() as interrupted:
+        try:
+            with _prepare_lines_to(out):  # its progress lines (every few seconds), summary
+                pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
+                                          max_reject_fraction=max_reject_fraction,
+                                          retry_argv=retry_argv,
+                                          progress_interval_s=PREPARE_PROGRESS_S)
+        except BaseException:
+            if not interrupted.is_set():
+                raise
+    if interrupted.is_set():
         again = " ".join(retry_argv) if retry_argv else "the same command"
         # Not "interrupted": the command's own "actx submit: interrupted" line says that.
         print(f"prepare: stopped; {run} is not prepared (no manifest.json), nothing of "
               f"it is kept. `{again}` clears what this attempt left and prepares it",
               file=out, flush=True)
-        raise
+        raise KeyboardInterrupt
     return True
 
 
@@ -212,6 +217,11 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
             p.popen.wait()
             p.log_file.close()
         if interrupted:
+            for p in procs:  # what a worker stopped while starting could not say itself
+                try:
+                    mark_dead(run, p.name, p.popen.returncode, stopped_by_user=True)
+                except Exception:  # noqa: BLE001 - status then learns it when it goes stale
+                    pass
             print(_kept_line(run), file=out, flush=True)
     if upload:
         upload_logs(run, job, logs)
@@ -234,17 +244,20 @@ def _kept_line(run: str) -> str:
             f"`actx rerun {run}` extracts the rest")
 
 
-def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None) -> bool:
+def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None,
+              stopped_by_user: bool = False) -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
     until it went stale) or when there is none (it died before its first beat). Status
     then shows the host failed at once, with the exit code and the log's last line, and
-    its partition as stale for `actx rerun --only stale`. Returns whether it wrote."""
+    its partition as stale for `actx rerun --only stale`. `stopped_by_user`: the launcher
+    stopped it (Ctrl-C), which status shows as preempted, not failed. Returns whether it
+    wrote."""
     store = store_lib.open_store(run)
     key = layout_lib.heartbeat_key(host)
     try:
         data = store.read_json(key)
-        if data is not None and data.get("state") == "failed":
+        if data is not None and data.get("state") == "failed" and not stopped_by_user:
             return _add_exit_code(store, key, data, returncode)
         if data is not None and data.get("state") not in runstate.LIVE_STATES:
             return False  # done or preempted: the worker said how it ended
@@ -258,12 +271,17 @@ def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None)
            and -returncode in signal.valid_signals() else f"exited with code {returncode}")
     before = " before its first heartbeat" if data is None else ""
     last = last_log_line(log_path) if log_path else ""
-    beat = dataclasses.replace(
-        beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
-        message=f"process {how}{before} (seen by actx on {socket.gethostname()})"
-                + (f"; its log ends: {last}" if last else "")
-                + (f"; fix that, then `actx rerun {run}`" if data is None else
-                   f"; `actx rerun {run} --only stale` redoes its partition"))
+    if stopped_by_user:
+        beat = dataclasses.replace(
+            beat, state="preempted", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
+            message=f"stopped by Ctrl-C in the launcher; `actx rerun {run}` finishes the run")
+    else:
+        beat = dataclasses.replace(
+            beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
+            message=f"process {how}{before} (seen by actx on {socket.gethostname()})"
+                    + (f"; its log ends: {last}" if last else "")
+                    + (f"; fix that, then `actx rerun {run}`" if data is None else
+                       f"; `actx rerun {run} --only stale` redoes its partition"))
     store.write_with_summary(key, store_lib.dumps(schemas_config.to_dict(beat)),
                              heartbeat_lib.summary(beat))
     return True

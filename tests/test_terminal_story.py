@@ -56,3 +56,8 @@ def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
     assert (f"extract: stopped; {committed} of 4 partition(s) are committed and kept in "
             f"{run}, nothing partial was committed. `actx rerun {run}` extracts the rest"
             in text), text
+    # Status then reads "stopped", not "failed": the launcher stopped its worker.
+    status = runstate.compute_status(runstate.open_run(run))
+    assert status.phase == "stopped", status.hosts
+    assert [h.state for h in status.hosts] == ["preempted"]
+    assert "stopped by Ctrl-C" in status.hosts[0].message
