@@ -359,8 +359,9 @@ def render(status: RunStatus) -> str:
            f"documents continued from an earlier concat row; tokens/context_start says "
            f"which)"] if status.tokens_done else []),
         f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
-        (f"throughput: finished; average {_average(status)} tokens/s over "
-         f"{_duration(status.elapsed_s)}" if status.complete else
+        (("throughput: finished; no heartbeat to time it" if status.elapsed_s is None else
+          f"throughput: finished; average {_average(status)} tokens/s over "
+          f"{_duration(status.elapsed_s)}") if status.complete else
          f"throughput: {status.current_tokens_per_s:,.0f} tokens/s now (live workers); average "
          f"{_average(status)} tokens/s; elapsed {_duration(status.elapsed_s)}   "
          f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None

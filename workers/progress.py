@@ -39,6 +39,13 @@ class Progress:
             for name, value in fields.items():
                 setattr(self, name, value)
 
+    def say_phase(self, phase: str) -> None:
+        """A start-up phase: in the heartbeat until the first tokens, and in the log."""
+        with self.lock:
+            if self.tokens_done == 0:
+                self.phase = phase
+        log.info("%s", phase)
+
     def add_tokens(self, tokens: int) -> None:
         with self.lock:
             self.tokens_done += tokens

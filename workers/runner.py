@@ -128,12 +128,13 @@ class Worker:
         self._compiled = False
 
     def loading(self, what: str, path: str) -> None:
-        """Says (heartbeat message and log) that weights are loading, with their size when
-        the checkpoint is a local directory."""
-        size = checkpoint_bytes(path)
-        phase = f"loading weights: {what}" + (f" ({size / 2**20:,.1f} MB)" if size else "")
-        self.progress.update(phase=phase)
-        log.info("%s", phase)
+        """Says that weights are loading, with their size when the checkpoint is a local
+        directory."""
+        from workers import checkpoint
+
+        size = checkpoint.local_weight_bytes(path)
+        self.progress.say_phase(f"loading weights: {what}"
+                                + (f" ({size / 2**20:,.1f} MB)" if size else ""))
 
     def _load_model(self) -> str | None:
         """Loads the run's model onto the mesh and builds its step: sets `capture`,
@@ -287,9 +288,10 @@ class Worker:
                 inputs = [self.transfer.tokens(batch.input_ids),
                           self.transfer.tokens(batch.positions), self.transfer.tokens(segment_ids)]
                 handler.wait_for_room()  # the inputs' copies to the devices overlap it
-                compiling = not self._compiled and time.perf_counter()
+                compiling = not self._compiled  # the first call compiles the step
                 if compiling:
-                    self._say_phase("compiling the step (its first call)")
+                    compile_started = time.perf_counter()
+                    self.progress.say_phase("compiling the step (its first call)")
                 if self.max_context is not None:
                     outs = self.fn(*inputs, continues=self.transfer.slots(
                         np.asarray(batch.step.continues, bool)))
@@ -297,8 +299,8 @@ class Worker:
                     outs = self.fn(*inputs)
                 if compiling:
                     self._compiled = True
-                    log.info("compiled in %.1fs", time.perf_counter() - compiling)
-                    self._say_phase("warming up: the first step runs")
+                    log.info("compiled in %.1fs", time.perf_counter() - compile_started)
+                    self.progress.say_phase("warming up: the first step runs")
                 outs = self.transfer.start_to_host(outs)
                 faults.maybe_crash("step")
                 handler.put(batch, outs)
@@ -313,14 +315,6 @@ class Worker:
         finally:
             handler.close()
             prefetcher.close()
-
-    def _say_phase(self, phase: str) -> None:
-        """A start-up phase in the heartbeat (until tokens flow) and in the log."""
-        with self.progress.lock:
-            first_tokens_pending = self.progress.tokens_done == 0
-        if first_tokens_pending:
-            self.progress.update(phase=phase)
-        log.info("%s", phase)
 
     def run_partition(self, pid: int, pool: writer.WriterPool,
                       committer: commit_step.Committer) -> None:
@@ -410,17 +404,6 @@ class Worker:
             self.stop_requested.set()
 
         signal.signal(signal.SIGTERM, on_term)
-
-
-def checkpoint_bytes(path: str) -> int | None:
-    """Bytes of a local checkpoint directory's weight files (None elsewhere: a gs://
-    checkpoint's size would cost a listing before the load does its own)."""
-    try:
-        names = os.listdir(path)
-    except (OSError, TypeError):
-        return None
-    return sum(os.path.getsize(os.path.join(path, n)) for n in names
-               if n.endswith((".safetensors", ".bin"))) or None
 
 
 class Session:
