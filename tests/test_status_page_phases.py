@@ -34,6 +34,21 @@ def _beat(run: str, host: str, message: str, now: float) -> None:
     store.open_store(run).write_json(layout.heartbeat_key(host), config_lib.to_dict(hb))
 
 
+def _done_beats(run: str, now: float) -> None:
+    """What two workers leave behind: "done", with their tokens over a minute of work after
+    ten seconds of start-up."""
+    total = store.open_store(run).read_json(layout.MANIFEST_KEY)["total_tokens"]
+    for i, host in enumerate(("host-a", "host-b")):
+        mine = total // 2 + (total % 2 if i else 0)
+        t0 = now - 120
+        history = tuple((round(t0 + 10 * k, 1), 0 if k < 2 else mine * (k - 1) // 6)
+                        for k in range(8))
+        hb = heartbeat.Heartbeat(host=host, replica=i, process_index=0, state="done",
+                                 attempt=f"{host}-1", updated_at=history[-1][0],
+                                 tokens_done=mine, partitions_done=1, history=history)
+        store.open_store(run).write_json(layout.heartbeat_key(host), config_lib.to_dict(hb))
+
+
 def _running(root: str, now: float) -> str:
     run = status_runs.write_local(os.path.join(root, "running"), n_partitions=24, n_hosts=3,
                                   committed=9, dead_hosts=1, now=now)
@@ -71,6 +86,7 @@ def pages(tmp_path_factory) -> dict:
     runs["failed"], failed_line = _failed_at_startup(root)
     truth = reader_fixtures.build_run(os.path.join(root, "done"), num_partitions=2,
                                       committed=(0, 1))
+    _done_beats(truth.uri, now)
     runs["finished"] = truth.uri
     out, docs = {}, {}
     for name in ("running", "starting", "failed", "finished", "verified"):
@@ -150,6 +166,11 @@ def test_finished_run_reads_as_finished(pages):
     assert st["phase"] == "finished" and st["verification"] is None
     assert page.text("phase").startswith("finished: every partition is committed")
     assert "read" in [k.split("=", 1)[1] for k in page.by_key if k.startswith("data-command=")]
+    assert st["elapsed_s"] == 70.0 and page.text("eta") == "1m10s"  # first beat to last
+    assert page.text("hosts-done") == "2"
+    # Shaded as start-up: up to the first point of the job's series (120 points over the
+    # 70 s) after the last sample with no token (10 s).
+    assert 10.0 < float(page.attr("chart-tokens", "data-startup-s")) <= 10.0 + 70 / 119 + 0.05
 
 
 def test_verified_run_shows_the_verify_result(pages):
