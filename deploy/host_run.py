@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         from deploy import local
 
         try:
-            local.mark_dead(args.run, args.host, rc)
+            local.mark_dead(args.run, args.host, rc, log_path)
         except Exception as e:  # status then learns it when the heartbeat goes stale
             print(f"host_run: could not record that the worker died: {e}", file=sys.stderr)
     from deploy import commands

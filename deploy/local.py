@@ -7,6 +7,7 @@ Each process sees `devices_per_host` simulated XLA CPU devices.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -46,14 +47,49 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
     from pipeline import main as pipeline_main  # Beam: only when prepare runs here
 
     print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
-    t0 = time.monotonic()
-    manifest = pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
-                                         max_reject_fraction=max_reject_fraction,
-                                         retry_argv=retry_argv)
-    print(f"prepare: {manifest.total_rows} rows, {manifest.total_tokens:,} tokens, "
-          f"{len(manifest.partitions)} partitions, {manifest.docs_rejected} rejected "
-          f"({time.monotonic() - t0:.1f}s)", file=out, flush=True)
+    # Beam wraps the KeyboardInterrupt of a Ctrl-C into its own errors: the event says.
+    with pipeline_main.interrupt.interruptible() as interrupted:
+        try:
+            with _prepare_lines_to(out):  # its progress lines (every few seconds), summary
+                pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
+                                          max_reject_fraction=max_reject_fraction,
+                                          retry_argv=retry_argv,
+                                          progress_interval_s=PREPARE_PROGRESS_S)
+        except BaseException:
+            if not interrupted.is_set():
+                raise
+    if interrupted.is_set():
+        again = " ".join(retry_argv) if retry_argv else "the same command"
+        # Not "interrupted": the command's own "actx submit: interrupted" line says that.
+        print(f"prepare: stopped; {run} is not prepared (no manifest.json), nothing of "
+              f"it is kept. `{again}` clears what this attempt left and prepares it",
+              file=out, flush=True)
+        raise KeyboardInterrupt
     return True
+
+
+PREPARE_PROGRESS_S = 5.0  # seconds between prepare's progress lines in submit's output
+
+
+@contextlib.contextmanager
+def _prepare_lines_to(out):
+    """Prepare's log lines ("actx.prepare": progress, files, partitions written) to `out`
+    as plain lines, whatever the root logger is (nothing configures it in `actx submit`)."""
+    import logging
+
+    logger = logging.getLogger("actx.prepare")
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # once, not again through a configured root logger
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 @dataclasses.dataclass
@@ -138,6 +174,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
           f"each); logs in {logs}", file=out, flush=True)
     failed: list[_Proc] = []
     handle = None
+    interrupted = False
     tty = hasattr(out, "isatty") and out.isatty()
     last_line = ""
     try:
@@ -149,7 +186,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                         p.returncode = p.popen.returncode
                         if p.returncode != 0:
                             try:
-                                mark_dead(run, p.name, p.returncode)
+                                mark_dead(run, p.name, p.returncode, p.log_path)
                             except Exception as e:  # status then learns it after stale_after
                                 print(f"extract: could not record that {p.name} died: {e}",
                                       file=out, flush=True)
@@ -171,6 +208,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
         for p in procs:
             if p.popen.poll() is None:
                 p.popen.terminate()
+        interrupted = True
         raise
     finally:
         if tty:
@@ -178,6 +216,13 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
         for p in procs:
             p.popen.wait()
             p.log_file.close()
+        if interrupted:
+            for p in procs:  # what a worker stopped while starting could not say itself
+                try:
+                    mark_dead(run, p.name, p.popen.returncode, stopped_by_user=True)
+                except Exception:  # noqa: BLE001 - status then learns it when it goes stale
+                    pass
+            print(_kept_line(run), file=out, flush=True)
     if upload:
         upload_logs(run, job, logs)
     for p in failed:
@@ -186,29 +231,81 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     return 1 if failed else 0
 
 
-def mark_dead(run: str, host: str, returncode: int) -> bool:
+def _kept_line(run: str) -> str:
+    """What an interrupted extraction kept (committed partitions; nothing partial) and the
+    command that finishes the rest."""
+    try:
+        status = runstate.compute_status(runstate.open_run(run))
+        kept = (f"{status.counts[runstate.COMMITTED]} of {len(status.partitions)} "
+                f"partition(s) are committed and kept")
+    except Exception as e:  # noqa: BLE001 - the hint matters more than the count
+        kept = f"committed partitions are kept (the count is unavailable: {e})"
+    return (f"extract: stopped; {kept} in {run}, nothing partial was committed. "
+            f"`actx rerun {run}` extracts the rest")
+
+
+def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None,
+              stopped_by_user: bool = False) -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
-    until it went stale). Status then shows the host failed at once, and its partition as
-    stale for `actx rerun --only stale`. Returns whether it wrote."""
+    until it went stale) or when there is none (it died before its first beat). Status
+    then shows the host failed at once, with the exit code and the log's last line, and
+    its partition as stale for `actx rerun --only stale`. `stopped_by_user`: the launcher
+    stopped it (Ctrl-C), which status shows as preempted, not failed. Returns whether it
+    wrote."""
     store = store_lib.open_store(run)
     key = layout_lib.heartbeat_key(host)
     try:
         data = store.read_json(key)
-        if data is None or data.get("state") not in runstate.LIVE_STATES:
-            return False
-        beat = schemas_config.from_dict(heartbeat_lib.Heartbeat, data, f"{key}: ")
+        if data is not None and data.get("state") == "failed" and not stopped_by_user:
+            return _add_exit_code(store, key, data, returncode)
+        if data is not None and data.get("state") not in runstate.LIVE_STATES:
+            return False  # done or preempted: the worker said how it ended
+        beat = (heartbeat_lib.Heartbeat(host=host, replica=0, process_index=0,
+                                        state="starting", attempt="", updated_at=time.time())
+                if data is None else
+                schemas_config.from_dict(heartbeat_lib.Heartbeat, data, f"{key}: "))
     except (ValueError, schemas_config.ConfigError):
         return False  # a damaged heartbeat: status reports it as it is
     how = (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
            and -returncode in signal.valid_signals() else f"exited with code {returncode}")
-    beat = dataclasses.replace(
-        beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
-        message=f"process {how} (seen by actx on {socket.gethostname()}); "
-                f"`actx rerun {run} --only stale` redoes its partition")
+    before = " before its first heartbeat" if data is None else ""
+    last = last_log_line(log_path) if log_path else ""
+    if stopped_by_user:
+        beat = dataclasses.replace(
+            beat, state="preempted", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
+            message=f"stopped by Ctrl-C in the launcher; `actx rerun {run}` finishes the run")
+    else:
+        beat = dataclasses.replace(
+            beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
+            message=f"process {how}{before} (seen by actx on {socket.gethostname()})"
+                    + (f"; its log ends: {last}" if last else "")
+                    + (f"; fix that, then `actx rerun {run}`" if data is None else
+                       f"; `actx rerun {run} --only stale` redoes its partition"))
     store.write_with_summary(key, store_lib.dumps(schemas_config.to_dict(beat)),
                              heartbeat_lib.summary(beat))
     return True
+
+
+def _add_exit_code(store, key: str, data: dict, returncode: int) -> bool:
+    """A worker that recorded its own failure (its message says why): the exit code too."""
+    if "exited with code" in data.get("message", ""):
+        return False
+    beat = schemas_config.from_dict(heartbeat_lib.Heartbeat, data, f"{key}: ")
+    beat = dataclasses.replace(beat, message=f"{beat.message} (process exited with code "
+                                             f"{returncode})")
+    store.write_with_summary(key, store_lib.dumps(schemas_config.to_dict(beat)),
+                             heartbeat_lib.summary(beat))
+    return True
+
+
+def last_log_line(path: str, max_chars: int = 300) -> str:
+    """The last line a worker wrote to its log (not actx's own "[actx: ...]" notes)."""
+    for line in reversed(tail(path, 40).splitlines()):
+        line = line.strip()
+        if line and not line.startswith("[actx:"):
+            return line if len(line) <= max_chars else line[:max_chars] + " ..."
+    return ""
 
 
 def _stop_replica(procs: list[_Proc], replica: int) -> None:

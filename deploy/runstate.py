@@ -14,6 +14,7 @@ import concurrent.futures
 import dataclasses
 import time
 
+from deploy import run_facts
 from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
 from schemas import errors
@@ -87,6 +88,10 @@ class RunStatus:
     # What the reader's token masks leave out (stats.json, written by compute_stats); None
     # before it ran.
     token_masks: token_masks_lib.MaskCounts | None = None
+    # The run's settings, the latest `actx verify` and one phase word (deploy.run_facts).
+    identity: dict = dataclasses.field(default_factory=dict)
+    verification: dict | None = None
+    phase: str = ""
 
     @property
     def complete(self) -> bool:
@@ -204,7 +209,10 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         tokens_per_s=round(throughput, 1), eta_s=eta, hosts=tuple(hosts),
         failed_verification=tuple(p for p in verified.failed if p in committed)
         if verified else (),
-        stale_after_s=stale_after_s, at=now, token_masks=masks)
+        stale_after_s=stale_after_s, at=now, token_masks=masks,
+        identity=run_facts.identity(handle, info),
+        verification=run_facts.verification(verified, set(committed)),
+        phase=run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts))
 
 
 def _timing(beats, hosts: list[HostState], now: float
@@ -274,14 +282,24 @@ def _duration(s: float | None) -> str:
 
 
 def one_line(status: RunStatus) -> str:
-    """A progress line for submit's live display."""
+    """A progress line for submit's live display: while no worker has processed a token,
+    what each one is doing (loading weights, compiling) instead of a rate of 0."""
     c = status.counts
     pct = 100.0 * status.tokens_done / max(1, status.tokens_total)
+    if status.phase == run_facts.STARTING:
+        doing = "; ".join(f"{h.host} {h.message or h.state}" for h in status.hosts if h.live)
+        rate = f"starting: {doing}"
+    elif status.phase == run_facts.NOT_STARTED:
+        rate = "starting: waiting for the workers' first heartbeat"
+    elif status.complete:
+        rate = f"finished, {_average(status)} tok/s avg"
+    else:
+        rate = (f"{status.current_tokens_per_s:,.0f} tok/s now, {_average(status)} avg")
+    context = f" | {_whole_documents(status)}" if status.tokens_done else ""
     return (f"[{status.name}] {c[COMMITTED]}/{len(status.partitions)} committed, "
             f"{c[IN_PROGRESS]} in progress, {c[STALE]} stale, {c[PENDING]} pending | "
-            f"{pct:5.1f}% tokens | {status.current_tokens_per_s:,.0f} tok/s now, "
-            f"{_average(status)} avg | elapsed {_duration(status.elapsed_s)} | "
-            f"ETA {_duration(status.eta_s)} | {_whole_documents(status)}")
+            f"{pct:5.1f}% tokens | {rate} | elapsed {_duration(status.elapsed_s)} | "
+            f"ETA {_duration(status.eta_s)}{context}")
 
 
 def _average(status: RunStatus) -> str:
@@ -293,6 +311,27 @@ def _whole_documents(status: RunStatus) -> str:
     share = 100.0 * status.full_context_tokens_done / max(1, status.tokens_done)
     return (f"{status.full_context_tokens_done:,} of {status.tokens_done:,} stored tokens "
             f"({share:.1f}%) saw their whole document")
+
+
+def _settings(ident: dict) -> str:
+    if not ident:
+        return "?"
+    hooks = (", ".join(ident["hooks"]) if ident.get("hooks")
+             else f"{ident['hooks_requested']} (resolved when a worker starts)")
+    context = f", max_context {ident['max_context']:,}" if ident.get("max_context") else ""
+    return (f"model {ident['model']}; hooks {hooks} stored as {ident['dtype']}; seq_len "
+            f"{ident['seq_len']:,}, {ident['packing']} packing{context}; activations in "
+            f"{ident['activations']}")
+
+
+def _verify_line(status: RunStatus) -> str:
+    v = status.verification
+    if v is None:
+        return f"not run yet: `actx verify {status.run}` re-reads the data against its markers"
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v["at"]))
+    if v["ok"]:
+        return f"passed at {when} ({v['checked']} partition(s) checked)"
+    return f"FAILED at {when}: {v['failed']} committed partition(s) did not match their marker"
 
 
 def _masks_line(m: token_masks_lib.MaskCounts) -> str:
@@ -310,17 +349,23 @@ def render(status: RunStatus) -> str:
     bytes_note = "" if status.bytes_total is not None else " (sizes known once a worker starts)"
     lines = [
         f"run {status.run}  (name {status.name}, fingerprint {status.fingerprint})",
+        f"phase:      {status.phase}: {run_facts.PHASE_NOTES[status.phase]}",
+        f"settings:   {_settings(status.identity)}",
         f"partitions: {n} total | {c[COMMITTED]} committed | {c[IN_PROGRESS]} in progress | "
         f"{c[STALE]} stale | {c[PENDING]} pending",
         f"tokens:     {status.tokens_done:,} / {status.tokens_total:,} "
         f"({100.0 * status.tokens_done / max(1, status.tokens_total):.1f}%)",
-        f"context:    {_whole_documents(status)} (the rest: past packing.max_context, or "
-        f"documents continued from an earlier concat row; tokens/context_start says which)",
+        *([f"context:    {_whole_documents(status)} (the rest: past packing.max_context, or "
+           f"documents continued from an earlier concat row; tokens/context_start says "
+           f"which)"] if status.tokens_done else []),
         f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
-        f"throughput: {status.current_tokens_per_s:,.0f} tokens/s now (live workers); average "
-        f"{_average(status)} tokens/s; elapsed {_duration(status.elapsed_s)}   "
-        f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None or status.complete
-                                             else " (no live worker)"),
+        (("throughput: finished; no heartbeat to time it" if status.elapsed_s is None else
+          f"throughput: finished; average {_average(status)} tokens/s over "
+          f"{_duration(status.elapsed_s)}") if status.complete else
+         f"throughput: {status.current_tokens_per_s:,.0f} tokens/s now (live workers); average "
+         f"{_average(status)} tokens/s; elapsed {_duration(status.elapsed_s)}   "
+         f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None
+                                              else " (no live worker)")),
     ]
     if status.token_masks is not None:
         lines.append(f"masks:      {_masks_line(status.token_masks)}")
@@ -336,6 +381,7 @@ def render(status: RunStatus) -> str:
                          f"{h.tokens_per_s:>10,.0f} tok/s  last beat {_duration(h.age_s)} ago{msg}")
     else:
         lines.append("hosts: none has reported yet")
+    lines.append(f"verify:     {_verify_line(status)}")
     if status.failed_verification:
         names = ", ".join(layout_lib.partition_name(p) for p in status.failed_verification[:20])
         lines.append(f"verify:     {len(status.failed_verification)} committed partition(s) "

@@ -27,6 +27,18 @@ def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | No
            start_timeout_s: float = 900.0) -> int:
     """Prints progress lines until the `wanted` partitions (None: all) are committed (0) or
     the job's hosts are gone (1)."""
+    try:
+        return _follow(run, host_prefix, started_at, wanted, config, out, every_s,
+                       stale_after_s, start_timeout_s)
+    except KeyboardInterrupt:
+        # Not "interrupted": the command's own "actx ...: interrupted" line says that.
+        print(f"stopped following; the job goes on on the slice (committed partitions are "
+              f"kept): `actx status {run} --watch` follows it again", file=out, flush=True)
+        raise
+
+
+def _follow(run, host_prefix, started_at, wanted, config, out, every_s, stale_after_s,
+            start_timeout_s) -> int:
     handle = runstate.open_run(run)
     last = ""
     while True:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 
-from deploy import runstate
+from deploy import run_facts, runstate
 from schemas import config as config_lib
 from schemas import layout as layout_lib
 
 # Points of the job's tokens-over-time series (host histories resampled onto one grid).
 SERIES_POINTS = 120
 REJECT_SAMPLES = 5
+# The page counts reject reasons from at most this much of rejects/ (read once per page).
+REJECT_BYTES = 32 << 20
 
 
 def job_series(hosts, points: int = SERIES_POINTS) -> list[tuple[float, int]]:
@@ -61,24 +63,58 @@ def throughput_series(series: list[tuple[float, int]],
     return out
 
 
-def read_reject_samples(store, manifest) -> dict:
-    """Per source: rejected count (manifest) and the first rejects with their reasons."""
+def read_reject_samples(store, manifest, max_bytes: int = REJECT_BYTES) -> dict:
+    """Per source: rejected count (manifest) and the first rejects with their reasons;
+    under "groups" (a list), the rejects counted by source and kind of reason (as prepare's
+    summary counts them), the largest first, each with its first reject as a sample.
+    Groups are counted from the first `max_bytes` of rejects/ ("groups_complete" says
+    whether that was all of it)."""
     out = {name: {"rejected": c.rejected, "read": c.read, "samples": []}
            for name, c in sorted(manifest.sources.items())}
+    groups: dict[tuple[str, str], dict] = {}
+    budget, complete = max_bytes, True
     for key in store.list(layout_lib.REJECTS_PREFIX):
-        data = store.read(key)
-        if not data:
+        data = store.read(key) if budget > 0 else None
+        if data is None:
+            complete = complete and budget > 0
             continue
-        for line in data.split(b"\n")[:REJECT_SAMPLES]:
+        if len(data) > budget:  # whole lines of what fits
+            data, complete = data[:data.rfind(b"\n", 0, budget) + 1], False
+        budget -= len(data)
+        for line in data.split(b"\n"):
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
             source = record.get("source") if isinstance(record, dict) else None
-            if source in out and len(out[source]["samples"]) < REJECT_SAMPLES:
-                out[source]["samples"].append(
-                    {k: record[k] for k in ("file", "line", "reason", "snippet") if k in record})
-    return out
+            if source not in out:
+                continue
+            sample = {k: record[k] for k in ("file", "line", "reason", "snippet") if k in record}
+            if len(out[source]["samples"]) < REJECT_SAMPLES:
+                out[source]["samples"].append(sample)
+            kind = layout_lib.reject_kind(str(record.get("reason", "")))
+            group = groups.setdefault((source, kind), {"source": source, "reason": kind,
+                                                       "count": 0, "sample": sample})
+            group["count"] += 1
+    return {"sources": out, "groups": sorted(groups.values(),
+                                             key=lambda g: (-g["count"], g["source"], g["reason"])),
+            "groups_complete": complete}
+
+
+def page_commands(status: runstate.RunStatus) -> dict:
+    """What to run next, for the run's phase: a finished run is read and verified, not
+    rerun; a run with stale partitions reruns those first."""
+    run = status.run
+    cmds = {"status": f"actx status {run} --json"}
+    if status.complete:
+        cmds["read"] = (f"python -c \"import reader; print(reader.open_run('{run}')"
+                        f".describe())\"")
+    else:
+        if status.counts[runstate.STALE]:
+            cmds["rerun_stale"] = f"actx rerun {run} --only stale"
+        cmds["rerun_all"] = f"actx rerun {run}"
+    cmds["verify"] = f"actx verify {run}"
+    return cmds
 
 
 def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
@@ -87,7 +123,7 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
     series = job_series(status.hosts)
     tokens_total = max(1, status.tokens_total)
     bytes_per_token = (status.bytes_total / tokens_total) if status.bytes_total else None
-    rates = sorted(h.tokens_per_s for h in status.hosts if h.live)
+    rates = sorted(h.tokens_per_s for h in status.hosts if h.live and h.tokens_done > 0)
     median_rate = rates[len(rates) // 2] if rates else 0.0
     hosts = [{
         "host": h.host, "state": h.state, "live": h.live, "age_s": h.age_s,
@@ -95,7 +131,10 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "step": h.step, "steps": h.steps, "tokens_per_s": h.tokens_per_s,
         "tokens_done": h.tokens_done, "partitions_done": h.partitions_done,
         "message": h.message, "dead": not h.live and h.state != "done",
-        "slow": h.live and median_rate > 0 and h.tokens_per_s < 0.5 * median_rate,
+        # Live but no token yet: loading weights, compiling (its message says which).
+        "starting": h.live and h.tokens_done == 0,
+        "slow": (h.live and h.tokens_done > 0 and median_rate > 0
+                 and h.tokens_per_s < 0.5 * median_rate),
     } for h in status.hosts]
     run = status.run
     return {
@@ -108,13 +147,15 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "map": chars, "failed_verification": len(status.failed_verification),
         "hosts": hosts, "hosts_live": sum(1 for h in status.hosts if h.live),
         "series_tokens": series, "series_tokens_per_s": throughput_series(series),
-        "bytes_per_token": bytes_per_token, "rejects": rejects or {},
+        "bytes_per_token": bytes_per_token,
+        "rejects": (rejects or {}).get("sources", {}),
+        "reject_groups": (rejects or {}).get("groups", []),
+        "reject_groups_complete": (rejects or {}).get("groups_complete", True),
+        "phase": status.phase, "phase_note": run_facts.PHASE_NOTES[status.phase],
+        "identity": status.identity, "verification": status.verification,
+        "elapsed_s": status.elapsed_s, "average_tokens_per_s": status.average_tokens_per_s,
+        "current_tokens_per_s": status.current_tokens_per_s,
         "token_masks": (None if status.token_masks is None
                         else config_lib.to_dict(status.token_masks)),
-        "commands": {
-            "status": f"actx status {run} --json",
-            "rerun_stale": f"actx rerun {run} --only stale",
-            "rerun_all": f"actx rerun {run}",
-            "verify": f"actx verify {run}",
-        },
+        "commands": page_commands(status),
     }

@@ -28,6 +28,15 @@ td.num{text-align:right} tr.dead td{color:#b42318} tr.slow td{color:#b54708}
 .bar{display:inline-block;height:8px;background:#2e90fa;vertical-align:middle}
 code{background:#eef1f5;padding:2px 6px;border-radius:4px}
 .grid2{display:flex;flex-wrap:wrap;gap:16px}
+.phase{margin-top:10px;padding:8px 12px;border-radius:6px;font-weight:600;background:#eef4ff}
+.phase-finished{background:#e7f7ee;color:#05603a} .phase-failed{background:#fef3f2;color:#b42318}
+.phase-stopped{background:#fffaeb;color:#b54708} .phase-starting{background:#f4f3ff;color:#5925dc}
+.ok{color:#05603a;font-weight:600} .bad{color:#b42318;font-weight:600}
+dl.facts{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:6px 0;
+ background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:8px 12px;font-size:13px}
+dl.facts dt{color:#5a6473} dl.facts dd{margin:0;word-break:break-all}
+#failures div{color:#b42318;margin:2px 0}
+td.msg{white-space:normal;max-width:560px;word-break:break-word}
 """
 
 _JS = r"""
@@ -104,30 +113,122 @@ function drawMap(map) {
   };
 }
 
-function drawLine(id, points, label) {
+function niceStep(range, target) {
+  const raw = range / Math.max(1, target), mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * mag >= raw) return m * mag;
+  return 10 * mag;
+}
+function timeStep(span) {  // seconds between x ticks: whole seconds, minutes or hours
+  const steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
+                 21600, 43200, 86400];
+  return steps.find((x) => span / x <= 6) || 86400 * Math.ceil(span / 86400 / 6);
+}
+function tickTime(s) {  // 0s, 45s, 10m, 1h30m: ticks fall on whole units
+  s = Math.round(s);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  if (h) return m ? `${h}h${m}m` : `${h}h`;
+  if (m) return sec ? `${m}m${sec}s` : `${m}m`;
+  return `${sec}s`;
+}
+function short(n) {  // 12,500 -> 12.5k; tick labels stay narrow
+  const a = Math.abs(n);
+  for (const [d, u] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]]) {
+    if (a >= d) return Number((n / d).toFixed(2)) + u;
+  }
+  return String(Number(n.toFixed(2)));
+}
+
+// A line chart with labelled axes: y ticks in `unit`, x ticks as time since `t0` (the
+// run's first sample); the span before the first non-zero value is shaded "start-up".
+function drawLine(id, points, unit, t0) {
   const canvas = $(id), ctx = canvas.getContext("2d");
-  const W = canvas.width, H = canvas.height, L = 70, B = 22;
+  const W = canvas.width, H = canvas.height, L = 62, B = 34, T = 12, R = 14;
   ctx.clearRect(0, 0, W, H); ctx.font = "11px sans-serif"; ctx.fillStyle = "#5a6473";
   canvas.dataset.points = points.length;
-  if (points.length < 2) { ctx.fillText("no history yet", L, H / 2); return; }
-  const t0 = points[0][0], t1 = points[points.length - 1][0];
+  if (points.length < 2) {
+    ctx.fillText("no history yet (a worker's heartbeats draw it)", L, H / 2);
+    canvas.dataset.xticks = "[]"; canvas.dataset.yticks = "[]"; return;
+  }
+  const t1 = points[points.length - 1][0];
   let vmax = 0; for (const p of points) vmax = Math.max(vmax, p[1]);
-  vmax = vmax || 1;
-  const X = (t) => L + (W - L - 10) * (t - t0) / Math.max(1e-9, t1 - t0);
-  const Y = (v) => H - B - (H - B - 10) * v / vmax;
-  ctx.strokeStyle = "#dde1e7"; ctx.beginPath(); ctx.moveTo(L, 10); ctx.lineTo(L, H - B);
-  ctx.lineTo(W - 10, H - B); ctx.stroke();
-  ctx.fillText(label(vmax), 2, 16); ctx.fillText("0", L - 12, H - B);
-  ctx.fillText(hhmm(t0) + " UTC", L, H - 6); ctx.fillText(hhmm(t1), W - 60, H - 6);
+  // Tokens and tokens/s in whole numbers: with nothing yet the axis still reads 0..4.
+  const ystep = Math.max(1, niceStep(vmax || 4, 4)), ytop = Math.max(ystep, Math.ceil(vmax / ystep) * ystep);
+  const span = Math.max(1e-9, t1 - t0);
+  const X = (t) => L + (W - L - R) * (t - t0) / span;
+  const Y = (v) => H - B - (H - B - T) * v / ytop;
+  const firstWork = points.find((p) => p[1] > 0);
+  const startup = firstWork ? firstWork[0] - t0 : span;
+  if (startup > 0) {
+    ctx.fillStyle = "#f4f3ff"; ctx.fillRect(L, T, X(t0 + startup) - L, H - B - T);
+    ctx.fillStyle = "#5925dc";
+    if (X(t0 + startup) - L > 50) ctx.fillText("start-up", L + 4, T + 12);
+  }
+  canvas.dataset.startupS = startup.toFixed(1);
+  ctx.strokeStyle = "#eceef2"; ctx.fillStyle = "#5a6473"; ctx.textAlign = "right";
+  const yticks = [];
+  for (let v = 0; v <= ytop + 1e-9; v += ystep) {
+    const y = Y(v); ctx.beginPath(); ctx.moveTo(L, y); ctx.lineTo(W - R, y); ctx.stroke();
+    const label = short(v); yticks.push(label); ctx.fillText(label, L - 6, y + 4);
+  }
+  ctx.textAlign = "center";
+  const xstep = timeStep(span), xticks = [];
+  for (let x = 0; x <= span + 1e-9; x += xstep) {
+    const px = X(t0 + x); ctx.beginPath(); ctx.moveTo(px, H - B); ctx.lineTo(px, H - B + 4);
+    ctx.stroke(); const label = tickTime(x); xticks.push(label);
+    ctx.fillText(label, px, H - B + 15);
+  }
+  ctx.fillText(`time since the first heartbeat (started ${hhmm(t0)} UTC)`, L + (W - L - R) / 2,
+               H - 3);
+  ctx.save(); ctx.translate(11, T + (H - B - T) / 2); ctx.rotate(-Math.PI / 2);
+  ctx.fillText(unit, 0, 0); ctx.restore();
+  ctx.strokeStyle = "#98a2b3"; ctx.beginPath(); ctx.moveTo(L, T); ctx.lineTo(L, H - B);
+  ctx.lineTo(W - R, H - B); ctx.stroke();
   ctx.strokeStyle = "#2e90fa"; ctx.lineWidth = 2; ctx.beginPath();
   points.forEach((p, i) => i ? ctx.lineTo(X(p[0]), Y(p[1])) : ctx.moveTo(X(p[0]), Y(p[1])));
-  ctx.stroke();
+  ctx.stroke(); ctx.lineWidth = 1; ctx.textAlign = "start";
+  canvas.dataset.xticks = JSON.stringify(xticks); canvas.dataset.yticks = JSON.stringify(yticks);
+}
+
+function when(t) { return new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) +
+                          " UTC"; }
+function renderIdentity(d) {
+  const i = d.identity || {}, rows = [];
+  const hooks = i.hooks ? Object.entries(i.hooks).map(([h, w]) => `${h} (${int(w)})`).join(", ")
+    : `${i.hooks_requested} (resolved when a worker starts)`;
+  const facts = [["model", i.model + (i.model_dtype ? ` (computes in ${i.model_dtype})` : "")],
+    ["hooks", hooks], ["stored dtype", i.dtype], ["seq_len", int(i.seq_len)],
+    ["packing", `${i.packing} (overflow: ${i.overflow})`],
+    ["max_context", i.max_context ? int(i.max_context) : "none (rows are seen alone)"],
+    ["tokens", `${int(i.tokens)} in ${int(i.rows)} rows`], ["activations", i.activations]];
+  for (const [k, v] of facts) {
+    rows.push(`<dt>${esc(k)}</dt><dd id="id-${k.replace(/[ _]/g, "-")}">${esc(v)}</dd>`);
+  }
+  $("identity").innerHTML = rows.join("");
+  const v = d.verification, el = $("verify");
+  if (!v) {
+    el.className = ""; el.dataset.state = "none";
+    el.innerHTML = `not run yet: <code>actx verify ${esc(d.run)}</code> re-reads the data ` +
+                   `against its commit markers`;
+  } else if (v.ok) {
+    el.className = "ok"; el.dataset.state = "passed";
+    el.textContent = `passed at ${when(v.at)} (${int(v.checked)} partitions checked)`;
+  } else {
+    el.className = "bad"; el.dataset.state = "failed";
+    el.textContent = `FAILED at ${when(v.at)}: ${int(v.failed)} committed partition(s) did ` +
+      `not match their marker` + (v.problems.length ? ` (${v.problems[0]})` : "");
+  }
 }
 
 function render(d) {
-  document.title = `actx: ${d.name}`;
+  document.title = `actx: ${d.name} (${d.phase})`;
   set("name", d.name); set("run", d.run); set("fingerprint", d.fingerprint);
-  set("at", new Date(d.at * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC", d.at);
+  set("at", when(d.at), d.at);
+  const phase = $("phase"); phase.className = "phase phase-" + d.phase.replace(" ", "-");
+  phase.dataset.phase = d.phase; phase.textContent = `${d.phase}: ${d.phase_note}`;
+  const failures = d.hosts.filter((h) => h.dead && h.message);
+  $("failures").innerHTML = failures.map((h) =>
+    `<div data-failed-host="${esc(h.host)}">${esc(h.host)}: ${esc(h.message)}</div>`).join("");
+  renderIdentity(d);
   for (const k of ["committed", "in_progress", "stale", "pending"]) {
     set("n-" + k, int(d.counts[k]), d.counts[k]);
   }
@@ -137,10 +238,19 @@ function render(d) {
   set("tokens-pct", (100 * d.tokens_done / Math.max(1, d.tokens_total)).toFixed(1) + "%");
   set("bytes-done", size(d.bytes_done), d.bytes_done);
   set("bytes-total", size(d.bytes_total), d.bytes_total);
-  set("tokens-per-s", dec1(d.tokens_per_s), d.tokens_per_s);
-  set("eta", d.complete ? "done" : duration(d.eta_s), d.eta_s);
+  const finished = d.phase === "finished";
+  // A finished run: its average rate and elapsed time; no live-host count to alarm anyone.
+  set("rate-label", finished ? "tokens/s (average)" : "tokens/s (live hosts)");
+  if (finished) set("tokens-per-s", dec1(d.average_tokens_per_s || 0), d.average_tokens_per_s);
+  else set("tokens-per-s", dec1(d.tokens_per_s), d.tokens_per_s);
+  set("eta-label", finished ? "took" : "ETA");
+  set("eta", finished ? duration(d.elapsed_s) : duration(d.eta_s),
+      finished ? d.elapsed_s : d.eta_s);
   set("hosts-live", int(d.hosts_live), d.hosts_live);
   set("hosts-total", int(d.hosts.length), d.hosts.length);
+  set("hosts-done", int(d.hosts.filter((h) => h.state === "done").length));
+  set("hosts-total-done", int(d.hosts.length));
+  $("card-hosts-live").hidden = finished; $("card-hosts-done").hidden = !finished;
   drawMap(d.map);
   const legend = [];
   for (const k of ["C", "W", "S", "F", "."]) {
@@ -150,31 +260,38 @@ function render(d) {
                 `${NAMES[k]} ${int(n)}</span>`);
   }
   $("legend").innerHTML = legend.join("");
-  const bpt = d.bytes_per_token;
-  drawLine("chart-tokens", d.series_tokens,
-           (v) => int(v) + " tok" + (bpt ? " / " + size(v * bpt) : ""));
-  drawLine("chart-rate", d.series_tokens_per_s, (v) => int(v) + " tok/s");
+  const t0 = d.series_tokens.length ? d.series_tokens[0][0] : 0;
+  drawLine("chart-tokens", d.series_tokens, "tokens", t0);
+  drawLine("chart-rate", d.series_tokens_per_s, "tokens/s", t0);
   const maxRate = Math.max(1, ...d.hosts.map((h) => h.tokens_per_s));
   const order = [...d.hosts].sort((a, b) => (b.dead - a.dead) || (b.slow - a.slow) ||
                                            a.host.localeCompare(b.host));
   $("hosts").innerHTML = order.map((h) => `<tr data-host="${esc(h.host)}" data-live="${h.live}"
       class="${h.dead ? "dead" : (h.slow ? "slow" : "")}"><td>${esc(h.host)}</td>
-      <td class="state">${esc(h.state)}</td><td class="num">${duration(h.age_s)} ago</td>
+      <td class="state">${esc(h.starting ? "starting" : h.state)}</td>
+      <td class="num">${duration(h.age_s)} ago</td>
       <td>${h.partition || "-"}</td><td class="num">${h.steps ? h.step + "/" + h.steps : h.step}</td>
       <td class="num rate">${dec1(h.tokens_per_s)}</td>
       <td><span class="bar" style="width:${Math.round(120 * h.tokens_per_s / maxRate)}px">
       </span></td>
       <td class="num">${int(h.tokens_done)}</td><td class="num">${h.partitions_done}</td>
-      <td>${esc(h.message)}${h.slow ? " (slow: under half the median)" : ""}</td></tr>`).join("");
+      <td class="msg">${esc(h.message)}${h.slow ? " (slow: under half the median)" : ""}</td>
+      </tr>`).join("") || `<tr><td colspan="10">no worker has reported yet</td></tr>`;
   const rj = [];
   for (const [src, r] of Object.entries(d.rejects)) {
     rj.push(`<tr data-source="${esc(src)}"><td>${esc(src)}</td>
-      <td class="num">${int(r.rejected)}</td>
-      <td class="num">${int(r.read)}</td><td>${r.samples.map((s) =>
-      `${esc(s.file || "")}:${s.line ?? ""} ${esc(s.reason || "")}`).join("<br>") || "-"}
-      </td></tr>`);
+      <td class="num">${int(r.rejected)}</td><td class="num">${int(r.read)}</td></tr>`);
   }
   $("rejects").innerHTML = rj.join("") || "<tr><td>no sources</td></tr>";
+  $("reject-groups").innerHTML = d.reject_groups.map((g) => {
+    const s = g.sample || {};
+    return `<tr data-reject="${esc(g.source + "|" + g.reason)}"><td>${esc(g.source)}</td>
+      <td>${esc(g.reason)}</td><td class="num">${int(g.count)}</td>
+      <td>${esc(s.file || "")}:${s.line ?? ""} ${esc(s.reason || "")}
+      ${s.snippet ? "<code>" + esc(String(s.snippet).slice(0, 120)) + "</code>" : ""}</td></tr>`;
+  }).join("") || `<tr><td colspan="4">no input was rejected</td></tr>`;
+  $("reject-note").textContent = d.reject_groups_complete ? "" :
+    "(counted from the first 32 MB of rejects/)";
   const m = d.token_masks;
   const mk = [];
   if (m) {
@@ -193,8 +310,8 @@ function render(d) {
     "<tr><td>not counted yet: reader.open_run(run).compute_stats(hooks) counts them</td></tr>";
   $("masks-positions").textContent = m ? `of ${int(m.positions)} token positions in ` +
     `${m.partitions.length} partitions` : "";
-  $("commands").innerHTML = Object.values(d.commands)
-    .map((c) => `<div><code>${esc(c)}</code></div>`).join("");
+  $("commands").innerHTML = Object.entries(d.commands)
+    .map(([k, c]) => `<div data-command="${esc(k)}"><code>${esc(c)}</code></div>`).join("");
   document.body.dataset.rendered = Number(document.body.dataset.rendered || 0) + 1;
 }
 function esc(s) {
@@ -218,6 +335,7 @@ _BODY = """
 <h1>actx run <span id="name"></span></h1>
 <div class="sub"><span id="run"></span> &middot; fingerprint <span id="fingerprint"></span>
  &middot; as of <span id="at"></span> &middot; <span id="live"></span></div>
+<div id="phase" class="phase"></div><div id="failures"></div>
 <div class="cards">
  <div class="card"><div class="k">committed</div><div class="v"><span id="n-committed"></span>
   / <span id="n-total"></span></div></div>
@@ -228,26 +346,37 @@ _BODY = """
   / <span id="tokens-total"></span> (<span id="tokens-pct"></span>)</div></div>
  <div class="card"><div class="k">activation bytes</div><div class="v"><span id="bytes-done">
   </span> / <span id="bytes-total"></span></div></div>
- <div class="card"><div class="k">tokens/s (live hosts)</div><div class="v" id="tokens-per-s">
+ <div class="card"><div class="k" id="rate-label"></div><div class="v" id="tokens-per-s">
   </div></div>
- <div class="card"><div class="k">ETA</div><div class="v" id="eta"></div></div>
- <div class="card"><div class="k">hosts live</div><div class="v"><span id="hosts-live"></span>
-  / <span id="hosts-total"></span></div></div>
+ <div class="card"><div class="k" id="eta-label"></div><div class="v" id="eta"></div></div>
+ <div class="card" id="card-hosts-live"><div class="k">hosts live</div><div class="v">
+  <span id="hosts-live"></span> / <span id="hosts-total"></span></div></div>
+ <div class="card" id="card-hosts-done" hidden><div class="k">hosts done</div><div class="v">
+  <span id="hosts-done"></span> / <span id="hosts-total-done"></span></div></div>
+</div>
+<div class="grid2">
+ <div><h2>Run</h2><dl class="facts" id="identity"></dl></div>
+ <div><h2>Latest verify</h2><div id="verify"></div></div>
 </div>
 <h2>Partitions</h2><div class="legend" id="legend"></div><canvas id="map"></canvas>
 <div class="grid2">
- <div><h2>Tokens over time (all hosts)</h2><canvas id="chart-tokens" width="560" height="200">
+ <div><h2>Tokens over time (all hosts)</h2><canvas id="chart-tokens" width="560" height="220">
  </canvas></div>
- <div><h2>Throughput (tokens/s)</h2><canvas id="chart-rate" width="560" height="200"></canvas>
+ <div><h2>Throughput (tokens/s)</h2><canvas id="chart-rate" width="560" height="220"></canvas>
  </div>
 </div>
 <h2>Hosts</h2>
 <table><thead><tr><th>host</th><th>state</th><th>last heartbeat</th><th>partition</th>
-<th>step</th><th>tokens/s</th><th></th><th>tokens done</th><th>partitions</th><th>message</th>
-</tr></thead><tbody id="hosts"></tbody></table>
-<h2>Rejected inputs per source</h2>
-<table><thead><tr><th>source</th><th>rejected</th><th>read</th><th>first rejects</th></tr>
-</thead><tbody id="rejects"></tbody></table>
+<th>step</th><th>tokens/s</th><th></th><th>tokens done</th><th>partitions</th>
+<th>what it is doing / why it stopped</th></tr></thead><tbody id="hosts"></tbody></table>
+<div class="grid2">
+ <div><h2>Inputs per source</h2>
+ <table><thead><tr><th>source</th><th>rejected</th><th>read</th></tr></thead>
+ <tbody id="rejects"></tbody></table></div>
+ <div><h2>Rejects by reason <span class="sub" id="reject-note"></span></h2>
+ <table><thead><tr><th>source</th><th>reason</th><th>count</th><th>first one</th></tr></thead>
+ <tbody id="reject-groups"></tbody></table></div>
+</div>
 <h2>Token masks (what the reader's exclude= leaves out) <span class="sub" id="masks-positions">
 </span></h2>
 <table><thead><tr><th>mask</th><th>tokens</th><th>share</th></tr></thead>

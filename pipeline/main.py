@@ -305,9 +305,10 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
     store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
     manifest_lib.write_manifest(store, manifest)
     elapsed = time.monotonic() - started
-    _log.info("prepare: %d docs, %d tokens, %d rows in %d partition(s), %d rejected; %.1fs "
-              "(%.0f tokens/s)", summary["docs"], manifest.total_tokens, manifest.total_rows,
-              len(manifest.partitions), rejected, elapsed, manifest.total_tokens / max(elapsed, 1e-9))
+    _log.info("prepare: done: %s docs, %s tokens, %s rows in %d partition(s), %d rejected; "
+              "%.1fs (%s tokens/s)", f"{summary['docs']:,}", f"{manifest.total_tokens:,}",
+              f"{manifest.total_rows:,}", len(manifest.partitions), rejected, elapsed,
+              f"{manifest.total_tokens / max(elapsed, 1e-9):,.0f}")
     return manifest
 
 

@@ -135,7 +135,7 @@ def write_rejects(run_uri: str, source_name: str, rejects: list) -> dict:
         for r in ordered))
     reasons: dict[str, int] = {}
     for r in ordered:
-        kind = r.reason.split(":")[0].split(" (")[0]
+        kind = layout.reject_kind(r.reason)
         reasons[kind] = reasons.get(kind, 0) + 1
     return {"source": source_name, "rejected": len(ordered), "reasons": reasons}
 

@@ -254,3 +254,9 @@ def host_row_slices(row_start: int, row_count: int, hosts: int,
         hi = min(row_count, (h + 1) * per_host * rows_per_shard)
         slices.append((row_start + lo, row_start + hi))
     return slices
+
+
+def reject_kind(reason: str) -> str:
+    """A reject's kind of reason, its words before any detail ("not valid JSON: line 3"
+    -> "not valid JSON"): what prepare's summary and the live page count rejects by."""
+    return reason.split(":")[0].split(" (")[0]

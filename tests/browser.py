@@ -6,8 +6,10 @@ every launch gets a fresh profile directory, and nothing reaches beyond loopback
 
 from __future__ import annotations
 
+import html
 import html.parser
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -51,6 +53,43 @@ def dump_dom(url: str, budget_ms: int = 3000, timeout_s: float = 120) -> str:
     return res.stdout.decode()
 
 
+_HARNESS = """<!doctype html><html><body>%s<script>
+// Each page's DOM once its scripts rendered, copied out as text (file:// frames are
+// readable with --allow-file-access-from-files).
+function grab() {
+  const frames = [...document.querySelectorAll("iframe")];
+  const docs = frames.map((f) => f.contentDocument);
+  if (docs.some((d) => !d || !d.body || !d.body.dataset.rendered)) { setTimeout(grab, 50); return; }
+  docs.forEach((d, i) => {
+    const pre = document.createElement("pre"); pre.id = "dump-" + i;
+    pre.textContent = d.documentElement.outerHTML; document.body.appendChild(pre);
+  });
+}
+grab();
+</script></body></html>"""
+
+
+def dump_doms(paths: list[str], budget_ms: int = 4000, timeout_s: float = 120,
+              width: int = 1300, height: int = 1500) -> list[str]:
+    """The DOMs of several local HTML files after their scripts ran, from one Chromium
+    start (each page in a frame of `width` x `height`): a module's pages cost one launch."""
+    frames = "".join(f'<iframe src="file://{os.path.abspath(p)}" width="{width}" '
+                     f'height="{height}"></iframe>' for p in paths)
+    with tempfile.TemporaryDirectory(prefix="actx-harness-") as d:
+        harness = os.path.join(d, "harness.html")
+        with open(harness, "w") as f:
+            f.write(_HARNESS % frames)
+        res = _run(["--allow-file-access-from-files", f"--virtual-time-budget={budget_ms}",
+                    "--dump-dom", f"file://{harness}"], timeout_s)
+    out = res.stdout.decode()
+    doms = []
+    for i in range(len(paths)):
+        found = re.search(rf'<pre id="dump-{i}">(.*?)</pre>', out, re.S)
+        assert found, f"{paths[i]}: the page never rendered in Chromium"
+        doms.append(html.unescape(found.group(1)))
+    return doms
+
+
 def screenshot(url: str, path: str, width: int = 1300, height: int = 1500,
                budget_ms: int = 3000, timeout_s: float = 120) -> str:
     _run([f"--virtual-time-budget={budget_ms}", f"--window-size={width},{height}",
@@ -61,10 +100,10 @@ def screenshot(url: str, path: str, width: int = 1300, height: int = 1500,
 
 
 class Elements(html.parser.HTMLParser):
-    """Elements with an id or a data-host / data-source / data-mask attribute: attributes
-    and text."""
+    """Elements with an id or one of the data- attributes of KEYS: attributes and text."""
 
-    KEYS = ("id", "data-host", "data-source", "data-mask")
+    KEYS = ("id", "data-host", "data-source", "data-mask", "data-reject", "data-command",
+            "data-failed-host")
 
     def __init__(self, markup: str):
         super().__init__()

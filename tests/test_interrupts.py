@@ -101,11 +101,12 @@ def test_sigint_during_extract_exits_130(small_run, when):
     proc = _start("extract", "--run", small_run, "--batch-size", "8")
     if when == "starting":  # JAX starts, the model loads
         time.sleep(1.5)
-    else:  # its first heartbeat (earlier attempts left theirs): the loop runs
+    else:  # its heartbeat says working (earlier attempts left theirs): the loop runs
         deadline = time.monotonic() + 120
         s = store.open_store(small_run)
-        while not any(f"-{proc.pid}-" in (s.read_json(k) or {}).get("attempt", "")
-                      for k in s.list("workers/")):
+        while not any(f"-{proc.pid}-" in beat.get("attempt", "")
+                      and beat.get("state") == "working"
+                      for beat in (s.read_json(k) or {} for k in s.list("workers/"))):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
     proc.send_signal(signal.SIGINT)

@@ -33,6 +33,13 @@ def test_demo_submit_two_hosts(tmp_path, monkeypatch, qwen_tokenizer_dir):
     text = out.getvalue()
     run = str(tmp_path / "runs" / "demo")
     assert "a tiny Qwen2 with RANDOM weights" in text
+    # Each phase named as it happens, and no noise: prepare's progress and its summary,
+    # the workers' start-up, the finished run; no "0 of 0", no warning of an absent extra.
+    assert "tokens tokenized" in text and "prepare: done: " in text
+    assert "starting: " in text and "phase:      finished" in text
+    assert "0 of 0 stored tokens" not in text and "apitools" not in text
+    for line in text.splitlines():  # the README's transcript reads the same way
+        assert not line.startswith(("WARNING", "INFO", "DEBUG", "E1", "W1", "I1")), line
     assert "2 worker process(es) (2 replica(s) x 1 host(s)" in text
     s = store.open_store(run)
     n = len(s.read_json("manifest.json")["partitions"]["id"])

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import pathlib
 import re
+import sys
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_extraction_api_example_runs():
+def test_extraction_api_example_runs(monkeypatch):
+    """Under `[demo]`, which has neither torch nor transformers: both are hidden here (an
+    import of either raises ImportError, as it would there)."""
     text = README.read_text()
     section = text[text.index("### Extraction API (Python)"):]
+    assert "pip install -e '.[demo]'" in section[:section.index("```python")]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    for name in ("torch", "transformers"):
+        monkeypatch.setitem(sys.modules, name, None)
     exec(compile(code, "README.md (extraction API)", "exec"), {})
 
 
@@ -20,3 +26,16 @@ def test_flax_model_example_runs():
     section = text[text.index("### Your own Flax model"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code, "README.md (your own Flax model)", "exec"), {})
+
+
+def test_every_python_block_is_run_by_a_test_or_says_it_is_a_sketch():
+    """A block a reader would paste either runs as written (the paragraph before it names
+    the test that runs it) or says it is a sketch and what the reader supplies."""
+    text = README.read_text()
+    blocks = [m.start() for m in re.finditer(r"^```python\n", text, re.M)]
+    assert len(blocks) >= 6
+    for start in blocks:
+        before = " ".join(text[text.rfind("\n\n", 0, start - 2):start].split())
+        assert "runs this block" in before or "a sketch:" in before, (
+            f"README.md line {text.count(chr(10), 0, start) + 1}: a python block that no "
+            f"test runs and that does not say it is a sketch")

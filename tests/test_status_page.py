@@ -21,60 +21,12 @@ import pytest
 
 from deploy import cli
 from schemas import layout, store, ts_context
-from tests import browser, reader_fixtures, status_runs
+from tests import browser, page_checks, reader_fixtures, status_runs
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 
-def _status_json(run: str) -> dict:
-    out = io.StringIO()
-    assert cli.main(["status", run, "--json"], out=out) == 0
-    return json.loads(out.getvalue())
-
-
-def _duration(s: float) -> str:
-    s = int(round(s))
-    h, m, sec = s // 3600, s % 3600 // 60, s % 60
-    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
-
-
-def _check_page(dom: str, st: dict, manifest_obj: dict) -> browser.Elements:
-    """Every figure the page shows, against `status --json` and manifest.json parsed here."""
-    page = browser.Elements(dom)
-    assert int(page.attr("page", "data-rendered")) >= 1  # the scripts ran
-    for state in ("committed", "in_progress", "stale", "pending"):
-        assert page.text(f"n-{state}") == f"{st['counts'][state]:,}", state
-    assert page.text("n-total") == f"{len(st['partitions']):,}"
-    assert page.text("tokens-done") == f"{st['tokens_done']:,}"
-    assert page.text("tokens-total") == f"{st['tokens_total']:,}"
-    assert page.text("tokens-pct") == f"{100 * st['tokens_done'] / st['tokens_total']:.1f}%"
-    assert int(page.attr("bytes-done", "data-value")) == st["bytes_done"]
-    assert page.text("tokens-per-s") == f"{st['tokens_per_s']:,.1f}"
-    if st["eta_s"] is None:
-        assert page.text("eta") == "unknown"
-    else:
-        assert page.text("eta") == _duration(st["eta_s"])
-    live = [h for h in st["hosts"] if h["live"]]
-    assert page.text("hosts-live") == f"{len(live):,}"
-    assert page.text("hosts-total") == f"{len(st['hosts']):,}"
-    # The map as drawn: the colour of every cell, read back from the canvas.
-    drawn = json.loads(page.attr("map", "data-drawn"))
-    failed = len(st["failed_verification"])
-    expected = {"C": st["counts"]["committed"] - failed, "F": failed,
-                "W": st["counts"]["in_progress"], "S": st["counts"]["stale"],
-                ".": st["counts"]["pending"]}
-    assert drawn == {k: v for k, v in expected.items() if v}
-    flagged = [int(name[2:]) for name, s in sorted(st["partitions"].items())
-               if s in ("in_progress", "stale") or name in st["failed_verification"]]
-    assert json.loads(page.attr("map", "data-flagged")) == flagged[:50]
-    for h in st["hosts"]:
-        key = f"data-host={h['host']}"
-        assert page.attr(key, "data-live") == str(h["live"]).lower()
-        assert h["state"] in page.text(key)
-    for source, counts in manifest_obj["sources"].items():
-        row = page.text(f"data-source={source}")
-        assert row.startswith(f"{source} {counts['rejected']:,} {counts['read']:,}"), row
-    return page
+_status_json, _check_page = page_checks.status_json, page_checks.check_page
 
 
 @pytest.fixture

@@ -248,3 +248,14 @@ def digest(directory: str) -> str:
             while chunk := f.read(64 << 20):
                 value = crc32c.crc32c(chunk, value)
     return f"{value:08x}"
+
+
+def local_weight_bytes(path) -> int | None:
+    """Bytes of a local checkpoint directory's weight files, to say how much a load reads
+    (None elsewhere: a gs:// checkpoint's size would cost a listing before the load)."""
+    try:
+        names = os.listdir(path)
+    except (OSError, TypeError):
+        return None
+    return sum(os.path.getsize(os.path.join(path, n)) for n in names
+               if n.endswith((".safetensors", ".bin"))) or None

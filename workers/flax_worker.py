@@ -27,6 +27,7 @@ class FlaxWorker(runner.Worker):
 
     def _load_model(self) -> None:
         """The factory's module, its hooks as module paths, every row seen alone."""
+        self.progress.say_phase(f"loading weights: Flax model {self.spec.model.flax}")
         self.model = flax_model.load(self.spec.model.flax, self.mesh)
         problem = flax_model.packing_problem(self.spec.packing, self.model.call,
                                              self.spec.model.flax)

@@ -28,26 +28,44 @@ class Progress:
         self.tokens_done = 0
         self.partitions_done = 0
         self.tokens_left = 0
-        self.started = time.monotonic()
+        self.started = self.created = time.monotonic()
         self.message = ""
+        # What the worker does before its first tokens (loading weights, compiling, the
+        # first step): shown as the heartbeat's message until tokens flow.
+        self.phase = ""
 
     def update(self, **fields) -> None:
         with self.lock:
             for name, value in fields.items():
                 setattr(self, name, value)
 
+    def say_phase(self, phase: str) -> None:
+        """A start-up phase: in the heartbeat until the first tokens, and in the log."""
+        with self.lock:
+            if self.tokens_done == 0:
+                self.phase = phase
+        log.info("%s", phase)
+
     def add_tokens(self, tokens: int) -> None:
         with self.lock:
             self.tokens_done += tokens
             self.tokens_left = max(0, self.tokens_left - tokens)
+            if tokens and self.phase:
+                self.phase = ""
+                log.info("first tokens done after %.1fs: extracting",
+                         time.monotonic() - self.created)
 
 
 class HeartbeatThread:
     """Writes `progress` as this host's heartbeat every `interval_s` until stopped."""
 
     def __init__(self, store, host: str, replica: int, process_index: int, attempt: str,
-                 progress: Progress, interval_s: float):
-        self._writer = heartbeat_lib.HeartbeatWriter(store, host, min_interval_s=interval_s)
+                 progress: Progress, interval_s: float,
+                 writer: heartbeat_lib.HeartbeatWriter | None = None):
+        # A writer passed on from an earlier thread (the start-up's) keeps its history and
+        # its one-write-per-interval pace.
+        self.writer = writer or heartbeat_lib.HeartbeatWriter(store, host,
+                                                              min_interval_s=interval_s)
         self._identity = dict(host=host, replica=replica, process_index=process_index,
                               attempt=attempt, machine=heartbeat_lib.this_machine(),
                               pid=os.getpid())
@@ -76,15 +94,17 @@ class HeartbeatThread:
                 partition=p.partition, step=p.step, steps=p.steps, tokens_done=p.tokens_done,
                 tokens_per_s=round(rate, 1),
                 eta_s=round(p.tokens_left / rate, 1) if rate > 0 else None,
-                partitions_done=p.partitions_done, message=p.message)
+                partitions_done=p.partitions_done, message=p.message or p.phase)
         with self._write_lock:
             try:
-                self._writer.beat(hb, force=force)
+                self.writer.beat(hb, force=force)
             except Exception as e:  # a missed heartbeat must not stop extraction
                 log.warning("heartbeat write failed: %s", e)
 
-    def stop(self) -> None:
-        """Stops the thread and writes the final state."""
+    def stop(self, final_beat: bool = True) -> None:
+        """Stops the thread and writes the final state (unless another thread of the same
+        writer takes over)."""
         self._stop.set()
         self._thread.join(timeout=30)
-        self.beat(force=True)
+        if final_beat:
+            self.beat(force=True)

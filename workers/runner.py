@@ -74,7 +74,36 @@ class Worker:
         self.mesh = sharding.make_mesh(data=-1, model=opts.model_parallel)
         sharding.check_batch(opts.batch_size, self.mesh)
         self._warn_idle_hosts()
+        self.host = opts.host_name or (
+            f"{socket.gethostname()}-r{self.topo.replica}h{self.topo.host_index}")
+        self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.stop = StopSignal(self.topo.hosts_per_replica, opts.stop_check_steps)
+        self.stop_requested = self.stop.requested  # set on SIGTERM (workers.stop)
+        self.progress = progress.Progress()
+        # Heartbeats start before the model loads, so status shows a host that is loading
+        # (or that failed to) instead of nothing; the session's thread takes over after.
+        startup = progress.HeartbeatThread(
+            self.store, self.host, self.topo.replica, self.topo.host_index, self.attempt,
+            self.progress, opts.heartbeat_s)
+        self.heartbeat_writer = startup.writer
+        self.progress.update(phase="loading the model")  # `loading` adds what and how big
+        startup.start()
+        try:
+            self._admit(jax, opts)
+        except BaseException as e:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            self.progress.update(
+                state="preempted" if interrupted else "failed",
+                message="interrupted while starting; nothing was committed" if interrupted
+                else f"failed while starting: {type(e).__name__}: {e}")
+            startup.stop()
+            raise
+        startup.stop(final_beat=False)
+
+    def _admit(self, jax, opts: WorkerOptions) -> None:
+        """Loads the model and checks the run against it (the rest of `__init__`)."""
         attention = self._load_model()
+        self.progress.update(phase="checking the run against the model")
         admission.check_token_layout(self.store, self.location)
         self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
                                                opts.model_parallel, attention=attention)
@@ -87,17 +116,21 @@ class Worker:
             self.location, self.hooks, self.manifest.total_rows, self.manifest.seq_len,
             self.spec.capture.dtype, self.spec.layout)
         self.tokens = prefetch.TokenStore(self.location)
-        self.host = opts.host_name or (
-            f"{socket.gethostname()}-r{self.topo.replica}h{self.topo.host_index}")
-        self.attempt = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.stop = StopSignal(self.topo.hosts_per_replica, opts.stop_check_steps)
-        self.stop_requested = self.stop.requested  # set on SIGTERM (workers.stop)
-        self.progress = progress.Progress()
         self.timings = outputs.HostTimings()
         self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)
         # `concat` rows are one causal stream across documents: the model must not apply
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
+        self._compiled = False
+
+    def loading(self, what: str, path: str) -> None:
+        """Says that weights are loading, with their size when the checkpoint is a local
+        directory."""
+        from workers import checkpoint
+
+        size = checkpoint.local_weight_bytes(path)
+        self.progress.say_phase(f"loading weights: {what}"
+                                + (f" ({size / 2**20:,.1f} MB)" if size else ""))
 
     def _load_model(self) -> str | None:
         """Loads the run's model onto the mesh and builds its step: sets `capture`,
@@ -111,6 +144,7 @@ class Worker:
         jax, opts = self.jax, self.opts
         self.capture = capture_lib.CaptureSpec.parse(self.spec.capture.hooks,
                                                      dtype=self.spec.capture.dtype)
+        self.loading(self.spec.model.path, self.spec.model.path)
         self.model = model_lib.load_pretrained(self.spec.model.path, dtype=self.spec.model.dtype,
                                                mesh=self.mesh)
         cfg = self.model.config
@@ -249,11 +283,19 @@ class Worker:
                 inputs = [self.transfer.tokens(batch.input_ids),
                           self.transfer.tokens(batch.positions), self.transfer.tokens(segment_ids)]
                 handler.wait_for_room()  # the inputs' copies to the devices overlap it
+                compiling = not self._compiled  # the first call compiles the step
+                if compiling:
+                    compile_started = time.perf_counter()
+                    self.progress.say_phase("compiling the step (its first call)")
                 if self.max_context is not None:
                     outs = self.fn(*inputs, continues=self.transfer.slots(
                         np.asarray(batch.step.continues, bool)))
                 else:
                     outs = self.fn(*inputs)
+                if compiling:
+                    self._compiled = True
+                    log.info("compiled in %.1fs", time.perf_counter() - compile_started)
+                    self.progress.say_phase("warming up: the first step runs")
                 outs = self.transfer.start_to_host(outs)
                 faults.maybe_crash("step")
                 handler.put(batch, outs)
@@ -363,10 +405,12 @@ class Session:
 
     def __init__(self, worker: Worker, tokens_left: int = 0):
         self.worker = worker
-        worker.progress.update(tokens_left=tokens_left)
+        # The rate counts from here, not from the model's loading.
+        worker.progress.update(tokens_left=tokens_left, started=time.monotonic())
         self._beats = progress.HeartbeatThread(
             worker.store, worker.host, worker.topo.replica, worker.topo.host_index,
-            worker.attempt, worker.progress, worker.opts.heartbeat_s)
+            worker.attempt, worker.progress, worker.opts.heartbeat_s,
+            writer=worker.heartbeat_writer)
         self._beats.start()
         self.pool = writer.WriterPool(worker.opts.writer_threads,
                                       worker.opts.max_pending_mb << 20)

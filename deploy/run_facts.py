@@ -1,0 +1,64 @@
+"""What a run is and where it stands, in words a researcher reads first: its identity
+(model, hooks, dtype, packing, where the activations are), the last `actx verify`, and
+one phase word (not started, starting, running, finished, stopped, failed).
+
+Used by `actx status` (text and --json) and by the live page, so all three agree.
+"""
+
+from __future__ import annotations
+
+from schemas import layout as layout_lib
+
+NOT_STARTED, STARTING, RUNNING, FINISHED, STOPPED, FAILED = (
+    "not started", "starting", "running", "finished", "stopped", "failed")
+# What each phase means, for the page and the text status.
+PHASE_NOTES = {
+    NOT_STARTED: "prepared; no worker has reported yet",
+    STARTING: "workers are loading the model or compiling; throughput follows",
+    RUNNING: "workers are extracting",
+    FINISHED: "every partition is committed",
+    STOPPED: "no live worker and partitions left: `actx rerun` finishes them",
+    FAILED: "a worker failed (its reason is in the hosts table): `actx rerun` after a fix",
+}
+VERIFY_PROBLEMS_SHOWN = 3
+
+
+def identity(handle, info) -> dict:
+    """The run's settings as prepared (run.json, manifest.json) and, once a worker wrote
+    activations/actx.json, the hooks it resolved with their widths."""
+    spec, packing = handle.spec, handle.spec.packing
+    model = spec.model.path or f"flax:{spec.model.flax}"
+    return {
+        "model": model, "model_dtype": spec.model.dtype if spec.model.path else None,
+        "hooks_requested": spec.capture.hooks,
+        "hooks": dict(info.hooks) if info else None,
+        "dtype": spec.capture.dtype, "seq_len": handle.manifest.seq_len,
+        "packing": packing.mode, "overflow": packing.overflow,
+        "max_context": packing.max_context if packing.carries_context else None,
+        "tokens": handle.manifest.total_tokens, "rows": handle.manifest.total_rows,
+        "activations": str(handle.location.join(layout_lib.ACTIVATIONS_GROUP)),
+    }
+
+
+def verification(record, committed: set[int]) -> dict | None:
+    """The latest `actx verify` (verify/latest.json), or None when it never ran. ok: no
+    committed partition failed it."""
+    if record is None:
+        return None
+    failed = [p for p in record.failed if p in committed]
+    return {"at": record.at, "checked": record.checked, "failed": len(failed),
+            "ok": not failed, "problems": list(record.problems[:VERIFY_PROBLEMS_SHOWN])}
+
+
+def phase(complete: bool, hosts) -> str:
+    """One word for the run: finished beats everything; a live worker makes it running
+    (starting while no live worker has processed a token yet); without one, a failed
+    worker makes it failed, any other heartbeat stopped, none at all not started."""
+    if complete:
+        return FINISHED
+    live = [h for h in hosts if h.live]
+    if live:
+        return RUNNING if any(h.tokens_done > 0 for h in live) else STARTING
+    if any(h.state.startswith("failed") or "process gone" in h.state for h in hosts):
+        return FAILED
+    return STOPPED if hosts else NOT_STARTED

@@ -1,0 +1,63 @@
+"""What the terminal says while a job starts and when it is stopped: a real local worker
+process reports its start-up phase in its heartbeat before any token, `actx status` and
+submit's progress line name it, and Ctrl-C (SIGINT) in the launcher says what was kept and
+the command that resumes."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from deploy import config as deploy_config
+from deploy import demo, local, runstate
+from schemas import store
+from tests import token_runs
+
+
+def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
+    model = demo.make_tiny_qwen2(str(tmp_path / "model"), num_layers=1, vocab_size=512)
+    run = str(tmp_path / "run")
+    spec = token_runs.write_token_run(run, model, n_rows=32, seq_len=16, partition_rows=8,
+                                      rows_per_shard=4)
+    s = store.open_store(run)
+    seen: dict = {}
+
+    def interrupt_once_a_worker_beats():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            beats = [s.read_json(k) for k in s.list("workers/")]
+            if beats and beats[0]:
+                seen["beat"] = beats[0]
+                seen["line"] = runstate.one_line(runstate.compute_status(runstate.open_run(run)))
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C in the launcher's terminal
+
+    out = io.StringIO()
+    watcher = threading.Thread(target=interrupt_once_a_worker_beats, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        local.run_workers(run, deploy_config.TargetConfig(hosts=1, batch_size=8),
+                          spec.fingerprint, "job1", progress_s=0.2, out=out)
+    watcher.join(timeout=10)
+    # The first heartbeat came before any token: a worker starting, saying what it does.
+    beat = seen["beat"]
+    assert beat["state"] == "starting" and beat["tokens_done"] == 0, beat
+    assert beat["message"].startswith(("loading the model", "loading weights")), beat
+    assert f"starting: local-r0h0 {beat['message']}" in seen["line"]
+    assert "0 of 0" not in seen["line"] and "tok/s" not in seen["line"]
+    text = out.getvalue()
+    committed = len(s.list("commits/"))
+    assert (f"extract: stopped; {committed} of 4 partition(s) are committed and kept in "
+            f"{run}, nothing partial was committed. `actx rerun {run}` extracts the rest"
+            in text), text
+    # Status then reads "stopped", not "failed": the launcher stopped its worker.
+    status = runstate.compute_status(runstate.open_run(run))
+    assert status.phase == "stopped", status.hosts
+    assert [h.state for h in status.hosts] == ["preempted"]
+    assert "stopped by Ctrl-C" in status.hosts[0].message
