@@ -7,6 +7,8 @@ group first (flags, or ACTX_* variables set by the launcher; none on a one-host 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import logging
 import sys
 
@@ -38,6 +40,46 @@ def main(argv: list[str] | None = None) -> int:
     try:
         distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
                                           opts.process_id).initialize()
+        names = extraction_names(opts)
+    except (errors.UserError, FileNotFoundError, ValueError) as e:
+        if not sigint.received.is_set():
+            print(f"actx extract: error: {e}", file=sys.stderr)
+            return 2
+        names = []
+    except KeyboardInterrupt:
+        names = []
+    code = 0
+    for name in names:  # one after another, one model in memory at a time
+        if len(names) > 1:
+            logging.getLogger("actx.worker").info("extraction %r", name)
+        code = _extract(dataclasses.replace(opts, extraction=name), sigint)
+        sigint.worker = None  # the model goes before the next one loads
+        gc.collect()
+        if code != 0 or sigint.received.is_set():
+            break
+    if sigint.received.is_set() and code != 130:
+        print(INTERRUPTED.format(run=opts.run), file=sys.stderr)
+        return 130
+    return code
+
+
+def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
+    """The extractions `opts.extraction` names, in order ("all": every one of the run)."""
+    from schemas import extraction as extraction_lib
+    from schemas import layout, store
+
+    if opts.extraction == "all":
+        return extraction_lib.names(store.open_store(opts.run))
+    names = [n.strip() for n in opts.extraction.split(",")] if opts.extraction else [""]
+    for name in names:
+        if name:
+            layout.check_extraction_name(name)
+    return names
+
+
+def _extract(opts: worker_options.WorkerOptions, sigint: "_SigintStop") -> int:
+    """Extracts one extraction of the run: 0 when done, else the process's exit code."""
+    try:
         from workers import flax_worker
 
         worker = flax_worker.worker_for_run(opts)  # runner.Worker, or one for a Flax model

@@ -1,0 +1,136 @@
+"""Several extractions over one token store (schemas.extraction): two tiny Qwen2 models
+with one tokenizer (the second a copy with other weights) extracted into one run, each
+extraction byte-identical to a run of its model alone; a model added to a finished run;
+a killed extraction rerun without touching the other; aligned batches (reader.aligned)
+checked token for token against each extraction read alone.
+
+Workers run in this process (8 CPU devices, batch 8) except the one that is killed, a real
+process with the same devices, so every attempt shares one numerics key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from schemas import commit, extraction, layout, runspec, store
+from tests import hf_models, token_runs, worker_procs
+
+N_ROWS = 16
+PARTITION_ROWS = 8  # 2 partitions of 1 step (batch 8); shards of 4 rows
+HOOKS = "layers.*.resid_post"
+
+
+def _extract(run: str, names: str = "") -> None:
+    from workers import main as worker_main
+
+    argv = ["--run", run, "--batch-size", "8"] + (["--extraction", names] if names else [])
+    assert worker_main.main(argv) == 0
+
+
+def _add(run: str, name: str, model: str) -> None:
+    s = store.open_store(run)
+    root = runspec.read_run_spec(s)
+    extraction.add(s, root, name, extraction.spec_for(
+        root, runspec.ModelSpec(path=model, dtype="float32"), root.capture))
+
+
+def _objects(run: str, name: str = "") -> dict[str, bytes]:
+    """Stored activation objects of one extraction by key relative to it, actx.json aside
+    (it records the attempt's numerics, the same here, and the extraction's fingerprint)."""
+    prefix = layout.extraction_prefix(name)
+    objects = worker_procs.stored_objects(run, prefix + "activations")
+    return {k[len(prefix):]: v for k, v in objects.items() if not k.endswith("actx.json")}
+
+
+def _checksums(run: str, name: str = "") -> dict[int, dict]:
+    s = extraction.view(store.open_store(run), name)
+    return {p: commit.read_marker(s, p).checksums for p in commit.committed_partitions(s)}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    base = hf_models.make_tiny_checkpoint(root / "base", "qwen2", seed=0)
+    chat = hf_models.make_tiny_checkpoint(root / "chat", "qwen2", seed=1)  # other weights
+    return {"base": str(base), "chat": str(chat)}
+
+
+@pytest.fixture(scope="module")
+def alone(models, tmp_path_factory):
+    """Each model extracted alone into a run of its own (the default extraction)."""
+    runs = {}
+    for name, model in models.items():
+        run = str(tmp_path_factory.mktemp(f"alone-{name}") / "run")
+        token_runs.write_token_run(run, model, n_rows=N_ROWS, hooks=HOOKS,
+                                   partition_rows=PARTITION_ROWS)
+        _extract(run)
+        runs[name] = run
+    return runs
+
+
+@pytest.fixture(scope="module")
+def both(models, tmp_path_factory):
+    """One token store, extractions `base` and `chat`, extracted by one worker process one
+    after the other."""
+    run = str(tmp_path_factory.mktemp("both") / "run")
+    token_runs.write_token_run(run, models["base"], n_rows=N_ROWS, hooks=HOOKS,
+                               partition_rows=PARTITION_ROWS)
+    for name, model in models.items():
+        _add(run, name, model)
+    _extract(run, "base,chat")
+    return run
+
+
+def test_each_extraction_equals_its_model_alone(both, alone):
+    assert extraction.names(store.open_store(both)) == ["base", "chat"]  # no default
+    for name in ("base", "chat"):
+        assert _objects(both, name) == _objects(alone[name]), name
+        assert _checksums(both, name) == _checksums(alone[name])
+    assert _objects(both, "base") != _objects(both, "chat")  # two models, two results
+    # The default extraction (the root) was not extracted; the token store is shared.
+    assert not os.path.exists(os.path.join(both, "activations"))
+    assert not os.path.exists(os.path.join(both, "commits"))
+    info = json.load(open(os.path.join(both, "extractions", "chat", "activations",
+                                       "actx.json")))
+    chat_spec = runspec.read_run_spec(extraction.view(store.open_store(both), "chat"))
+    assert info["fingerprint"] == chat_spec.fingerprint
+
+
+def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):
+    """A finished single-model run gets a second model later, without preparing again; the
+    new extraction's worker is killed after its first commit and rerun: the first model's
+    activations and markers are untouched, the new one equals its model alone."""
+    run = worker_procs.copy_token_store(alone["base"], str(tmp_path / "run"))
+    _extract(run)  # the finished run: the default extraction
+    before = {**_objects(run), **{f"m{p}": json.dumps(c) for p, c in _checksums(run).items()}}
+    markers_before = sorted(os.listdir(os.path.join(run, "commits")))
+    _add(run, "chat", models["chat"])
+    code, out = worker_procs.run_worker(
+        ["--run", run, "--batch-size", "8", "--extraction", "chat"], devices=8,
+        ACTX_CRASH_AT="before_commit:2")
+    assert code != 0, out
+    assert len(_checksums(run, "chat")) == 1  # one partition committed, one not
+    _extract(run, "all")  # finishes whichever extraction is behind
+    assert {**_objects(run), **{f"m{p}": json.dumps(c) for p, c in _checksums(run).items()}} \
+        == before
+    assert sorted(os.listdir(os.path.join(run, "commits"))) == markers_before
+    assert _objects(run, "chat") == _objects(alone["chat"])
+    assert _checksums(run, "chat") == _checksums(alone["chat"])
+    assert extraction.names(store.open_store(run)) == ["", "chat"]
+
+
+def test_other_token_settings_are_refused(both, models):
+    s = store.open_store(both)
+    root = runspec.read_run_spec(s)
+    other = extraction.spec_for(root, runspec.ModelSpec(path=models["chat"]), root.capture)
+    import dataclasses
+
+    other = dataclasses.replace(other, packing=dataclasses.replace(root.packing, seq_len=8))
+    with pytest.raises(extraction.ExtractionMismatch, match="only model.. and capture"):
+        extraction.add(s, root, "other", other)
+    with pytest.raises(ValueError, match="extraction name 'Bad/name'"):
+        extraction.add(s, root, "Bad/name", root)
