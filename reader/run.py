@@ -45,21 +45,31 @@ class HookInfo:
         return self.shape[2]
 
 
-def open_run(uri: "str | os.PathLike | uri_lib.Location") -> "Run":
-    """Opens a run directory (local path, gs://bucket/path or memory://name)."""
+def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") -> "Run":
+    """Opens a run directory (local path, gs://bucket/path or memory://name); `extraction`
+    names one of its extractions (schemas.extraction; "" the default one). Several read
+    together, token for token: reader.aligned."""
+    from schemas import extraction as extraction_lib
+
     try:
         opened = run_dir.open_run(uri)
-    except schemas_errors.NotARunError as e:
+        spec = extraction_lib.read_spec(opened, extraction)
+    except (schemas_errors.NotARunError, extraction_lib.UnknownExtractionError,
+            extraction_lib.ExtractionMismatch) as e:
         raise errors.NotARunError(str(e)) from None
-    return Run(opened.store, opened.spec, opened.manifest)
+    return Run(extraction_lib.view(opened.store, extraction), spec, opened.manifest,
+               extraction=extraction)
 
 
 class Run:
     """A run directory opened for reading. Build with `open_run`."""
 
     def __init__(self, store: store_lib.ObjectStore, spec: runspec_lib.RunSpec,
-                 manifest: manifest_lib.Manifest):
+                 manifest: manifest_lib.Manifest, extraction: str = ""):
+        # A named extraction's store is its view (schemas.extraction): its own markers,
+        # actx.json and statistics; its arrays' keys go through `stored_key`.
         self.store = store
+        self.extraction = extraction
         self.location = store.location
         self.spec = spec
         self.manifest = manifest
@@ -159,7 +169,8 @@ class Run:
         from reader import stats
 
         return {
-            "location": str(self.location), "fingerprint": self.spec.fingerprint,
+            "location": str(self.location), "extraction": self.extraction,
+            "fingerprint": self.spec.fingerprint,
             "seq_len": self.seq_len, "total_rows": self.total_rows,
             "hooks": {h: {"shape": list(i.shape), "dtype": i.dtype}
                       for h, i in self.hooks.items()},
@@ -211,7 +222,7 @@ class Run:
         `context` (a child of it, e.g. with other GCS limits) when given."""
         if context is None and key in self._arrays:
             return self._arrays[key]
-        spec = layout.array_spec(self.location, key)
+        spec = layout.array_spec(self.location, self.stored_key(key))
         try:
             # The process-wide context: memory:// runs exist only in it, and its cache
             # pool keeps shard indexes between gathers.
@@ -222,6 +233,10 @@ class Run:
         if context is None:
             self._arrays[key] = array
         return array
+
+    def stored_key(self, key: str) -> str:
+        """`key` (of the default layout) where this run's extraction stores it."""
+        return layout.extraction_key(self.extraction, key)
 
     def activation_array(self, hook: str):
         """The tensorstore array of a hook (no commit checks: callers check rows)."""

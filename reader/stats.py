@@ -132,8 +132,9 @@ def compute_stats(run: run_lib.Run, hooks: Sequence[str] | None = None, *,
                                 exclude_special=False)
     names = every.names
     removed = dict.fromkeys(masks_lib.TOKEN_REASONS, 0)
-    norm_arrays = ({h: ts_context.open_array(layout.norms_array(
-        h, run.total_rows, run.seq_len, run.spec.layout).spec(run.location, create=True))
+    norm_arrays = ({h: ts_context.open_array(dataclasses.replace(layout.norms_array(
+        h, run.total_rows, run.seq_len, run.spec.layout), key=run.stored_key(
+            layout.norms_array_key(h))).spec(run.location, create=True))
         for h in hooks} if write else {})
     norms_of = {}  # hook -> [partition rows, T] float32: every token's norm, per partition
     for pid in ids:
@@ -208,7 +209,7 @@ def load_stats(run: run_lib.Run, hook: str) -> HookStats:
     if entry is None:
         run.hook(hook)  # unknown hook: say so, listing the hooks
         raise errors.ReaderError(
-            f"{run.location.join(layout.STATS_KEY)}: no statistics for hook {hook!r}; "
+            f"{run.location.join(run.stored_key(layout.STATS_KEY))}: no statistics for hook {hook!r}; "
             f"compute them with reader.open_run(...).compute_stats([{hook!r}])")
     stats = HookStats.from_json_obj(hook, entry)
     stale = set(stats.partitions) - set(run.committed)

@@ -114,6 +114,13 @@ def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):
         ACTX_CRASH_AT="before_commit:2")
     assert code != 0, out
     assert len(_checksums(run, "chat")) == 1  # one partition committed, one not
+    from reader import aligned  # reads only what both extractions committed
+
+    with aligned.aligned_stream(run, ["", "chat"], HOOK, 16, buffer_tokens=64) as stream:
+        assert stream.partitions == tuple(_checksums(run, "chat"))
+        rows = np.concatenate([b.rows for b in stream])
+    part = stream.runs["chat"].partitions[stream.partitions[0]]
+    assert len(rows) and part.row_start <= rows.min() and rows.max() < part.row_stop
     _extract(run, "all")  # finishes whichever extraction is behind
     assert {**_objects(run), **{f"m{p}": json.dumps(c) for p, c in _checksums(run).items()}} \
         == before
@@ -134,3 +141,74 @@ def test_other_token_settings_are_refused(both, models):
         extraction.add(s, root, "other", other)
     with pytest.raises(ValueError, match="extraction name 'Bad/name'"):
         extraction.add(s, root, "Bad/name", root)
+
+
+HOOK = "layers.1.resid_post"
+
+
+def _valid_tokens(run) -> set[tuple[int, int]]:
+    seg = run.token_rows("segment_ids", 0, run.total_rows)
+    return {(int(r), int(c)) for r, c in zip(*np.nonzero(seg > 0))}
+
+
+def test_aligned_batches_pair_the_right_tokens(both):
+    from reader import aligned, open_run
+
+    alone = {name: open_run(both, extraction=name) for name in ("base", "chat")}
+    options = dict(seed=3, buffer_tokens=64, drop_last=False)
+    with aligned.aligned_stream(both, ["base", "chat"], HOOK, 16, **options) as stream:
+        batches = list(stream)
+    seen = [(int(r), int(c)) for b in batches for r, c in zip(b.rows, b.cols)]
+    assert sorted(seen) == sorted(_valid_tokens(alone["base"]))  # every token once
+    for b in batches:
+        assert b.acts.shape == (len(b), 2, 64) and b.extractions == ("base", "chat")
+        for k, name in enumerate(b.extractions):  # each model's own activation of the token
+            np.testing.assert_array_equal(
+                b.acts[:, k], alone[name].gather([HOOK], b.rows, b.cols)[HOOK])
+    # The order is the one each extraction's own stream has.
+    with alone["chat"].stream(HOOK, 16, **options) as own:
+        for b, mine in zip(batches, own):
+            np.testing.assert_array_equal(b.rows, mine.rows)
+            np.testing.assert_array_equal(b.acts[:, 1], mine.acts[HOOK])
+    # Resumable: after batch 1, the rest.
+    with aligned.aligned_stream(both, ["base", "chat"], HOOK, 16, **options) as stream:
+        state = stream.state(batches[1])
+    with aligned.aligned_stream(both, ["base", "chat"], HOOK, 16, resume=state,
+                                **options) as stream:
+        rest = list(stream)
+    assert [b.step for b in rest] == [b.step for b in batches[2:]]
+    np.testing.assert_array_equal(rest[0].acts, batches[2].acts)
+    # Split across processes: disjoint shares of the same tokens.
+    shares = []
+    for i in range(2):
+        with aligned.aligned_stream(both, ["base", "chat"], HOOK, 8, process_index=i,
+                                    process_count=2, **options) as stream:
+            shares.append({(int(r), int(c)) for b in stream for r, c in zip(b.rows, b.cols)})
+    assert not shares[0] & shares[1] and shares[0] | shares[1] == set(seen)
+
+
+def test_aligned_filters_mapping_and_normalisation(both):
+    """whole_document and token masks as in one extraction's stream, a hook per model, and
+    normalisation by each model's own statistics."""
+    from reader import aligned, open_run
+
+    runs = aligned.open_runs(both, ["base", "chat"])
+    for run in runs.values():
+        run.compute_stats(["layers.0.resid_post", HOOK])
+    stats = {name: run.stats(HOOK) for name, run in runs.items()}  # stored per extraction
+    assert stats["base"].mean_norm != stats["chat"].mean_norm
+    options = dict(seed=1, buffer_tokens=64, whole_document=True, exclude=["bos"],
+                   normalize="unit_mean_norm")
+    hooks = {"base": "layers.0.resid_post", "chat": HOOK}
+    with aligned.AlignedStream(runs, hooks, 16, **options) as stream:
+        batches = list(stream)
+    for name, run in runs.items():
+        with run.stream(hooks[name], 16, **options) as own:
+            mine = list(own)
+        assert len(mine) == len(batches)
+        for b, m in zip(batches, mine):
+            np.testing.assert_array_equal(b.rows, m.rows)
+            np.testing.assert_array_equal(b.acts[:, b.extractions.index(name)],
+                                          m.acts[hooks[name]])
+    with pytest.raises(ValueError, match="outlier"):
+        aligned.AlignedStream(runs, HOOK, 16, exclude=["outlier"])
