@@ -19,6 +19,7 @@ import time
 from deploy import config as config_lib
 from deploy import runstate
 from schemas import config as schemas_config
+from schemas import extraction as extraction_lib
 from schemas import heartbeat as heartbeat_lib
 from schemas import layout as layout_lib
 from schemas import runspec as runspec_lib
@@ -69,14 +70,16 @@ class _Proc:
 
 def worker_args(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 replica: int, process_id: int, coordinator: str | None,
-                only: list[int] | None) -> list[str]:
-    """Command-line flags of one local worker process."""
+                only: list[int] | None, extraction: str = "") -> list[str]:
+    """Command-line flags of one local worker process (`extraction`: the run's
+    extractions it extracts one after another, workers' --extraction)."""
     group = ({"coordinator": coordinator, "num_processes": target.hosts_per_replica,
               "process_id": process_id} if target.hosts_per_replica > 1 else {})
     return worker_options.WorkerOptions.for_job(
         target, run=run, replicas=target.replicas, replica=replica, job=job, only=only,
         expect_fingerprint=fingerprint, host_name=f"local-r{replica}h{process_id}",
-        steal=target.steal and target.replicas > 1, **group).to_argv()
+        steal=target.steal and target.replicas > 1, extraction=extraction,
+        **group).to_argv()
 
 
 def worker_env(target: config_lib.TargetConfig) -> dict:
@@ -117,7 +120,7 @@ def log_dir(run: str, job: str) -> tuple[str, bool]:
 
 def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 only: list[int] | None = None, progress_s: float = 3.0,
-                out=sys.stdout) -> int:
+                out=sys.stdout, extraction: str = "") -> int:
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
     logs, upload = log_dir(run, job)
     env = worker_env(target)
@@ -126,7 +129,8 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
         coordinator = (f"127.0.0.1:{_free_port()}" if target.hosts_per_replica > 1 else None)
         for i in range(target.hosts_per_replica):
             name = f"local-r{r}h{i}"
-            args = worker_args(run, target, fingerprint, job, r, i, coordinator, only)
+            args = worker_args(run, target, fingerprint, job, r, i, coordinator, only,
+                               extraction)
             log_path = os.path.join(logs, f"{name}.log")
             log_file = open(log_path, "w")
             popen = subprocess.Popen([sys.executable, "-m", "workers.main", *args], env=env,
@@ -159,7 +163,11 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 time.sleep(0.2)
             try:
                 handle = handle or runstate.open_run(run)
-                line = runstate.one_line(runstate.compute_status(handle))
+                line = " | ".join(  # one progress line per extraction
+                    (f"{name}: " if name else "") + runstate.one_line(
+                        runstate.compute_status(extraction_lib.scoped(handle, name)))
+                    for name in ("" if n == "default" else n
+                                 for n in (extraction.split(",") if extraction else [""])))
             except Exception as e:  # progress is best effort; the workers decide the outcome
                 line = f"(progress unavailable: {e})"
             if tty:

@@ -147,6 +147,9 @@ def read_spec(opened: run_dir.OpenedRun, name: str) -> runspec_lib.RunSpec:
             f"{opened.location}: no extraction {name!r} (named extractions: {known}); add it "
             f"with `actx submit` (an `extractions` table in the config) or "
             f"`actx extract --run {opened.location} --add-extraction {name} ...`") from None
+    # The tokens are the run's, so is the record of the tokenizer that made them (an
+    # extraction recorded before its run was prepared has none of its own).
+    spec = dataclasses.replace(spec, tokenizer_identity=opened.spec.tokenizer_identity)
     if spec.tokens_fingerprint != opened.spec.tokens_fingerprint:
         raise ExtractionMismatch(
             f"{opened.location.join(layout.extraction_key(name, runspec_lib.RUN_SPEC_KEY))}: "
@@ -195,3 +198,27 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
             ext_store.delete_prefix(prefix)
     ext_store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
     return True
+
+
+def scoped(opened: run_dir.OpenedRun, name: str) -> run_dir.OpenedRun:
+    """The opened run as extraction `name` sees it: its spec and store view, the shared
+    manifest (what status, rerun and verify take)."""
+    if not name:
+        return opened
+    return run_dir.OpenedRun(opened.location, view(opened.store, name),
+                             read_spec(opened, name), opened.manifest)
+
+
+def select(store: store_lib.ObjectStore, wanted: str | None) -> list[str]:
+    """The extractions a command names: None or "all" every one of the run (`names`),
+    else a comma-separated list ("default" or "" names the root one), each checked."""
+    if wanted in (None, "all"):
+        return names(store)
+    chosen = ["" if n.strip() in ("", "default") else n.strip() for n in wanted.split(",")]
+    known = named(store)
+    for name in chosen:
+        if name and name not in known:
+            raise UnknownExtractionError(
+                f"{store.location}: no extraction {name!r} (named extractions: "
+                f"{', '.join(known) or 'none'})")
+    return chosen

@@ -65,9 +65,11 @@ _EXTRACTION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 
 def check_extraction_name(name: str) -> str:
     """`name` when it can name an extraction (a key segment), else ValueError."""
-    if not _EXTRACTION_NAME.fullmatch(name or ""):
+    if not _EXTRACTION_NAME.fullmatch(name or "") or name in ("all", "default"):
         raise ValueError(f"extraction name {name!r}: use 1-40 lower-case letters, digits, "
-                         f"'-' or '_', starting with a letter or digit (e.g. base, chat)")
+                         f"'-' or '_', starting with a letter or digit (e.g. base, chat), "
+                         f"other than 'all' and 'default' (commands' names for every "
+                         f"extraction and for the run's root one)")
     return name
 
 

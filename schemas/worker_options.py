@@ -79,8 +79,9 @@ class WorkerOptions(ExtractSettings):
     process_id: this host's index in the replica (default ACTX_PROCESS_ID or 0).
     only: extract only these partition ids (default: all that belong to the replica).
     extraction: which of the run's extractions (schemas.extraction) to extract: "" the
-      default one (the root run.json's model), a name, several names separated by commas
-      (extracted one after another, one model in memory at a time), or "all".
+      default one (the root run.json's model; "default" in a list), a name, several names
+      separated by commas (extracted one after another, one model in memory at a time),
+      or "all".
     """
 
     run: str

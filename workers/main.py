@@ -70,7 +70,8 @@ def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
 
     if opts.extraction == "all":
         return extraction_lib.names(store.open_store(opts.run))
-    names = [n.strip() for n in opts.extraction.split(",")] if opts.extraction else [""]
+    names = ["" if n.strip() == "default" else n.strip() for n in opts.extraction.split(",")] \
+        if opts.extraction else [""]
     for name in names:
         if name:
             layout.check_extraction_name(name)
