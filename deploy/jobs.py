@@ -91,7 +91,7 @@ def cmd_submit(args, out) -> int:
                                      job)
     if target.kind == "tpu-vm":  # checks the target first: nothing is created on bad input
         plan = tpu_vm.plan(run, target, fingerprint, job, prepare=prep,
-                           config=args.config or "CONFIG", extraction=extraction)
+                           config=args.config or "CONFIG", extraction=extraction or None)
     elif not run.startswith("gs://"):
         raise UsageError(f"run {run!r}: Dataflow workers need a gs:// run directory")
     else:
@@ -382,7 +382,7 @@ def _rerun_extractions(args, handle, handles: dict, target, out) -> int:
         raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
     plan = tpu_vm.plan(run, target, None, job, only=only, create=False, install=args.install,
                        recreate=args.recreate, config=args.config or "CONFIG",
-                       extraction=",".join(names))
+                       extraction=",".join(names))  # never empty: named ones behind
     if args.dry_run:
         print("# dry run: nothing is executed.", file=out)
         print(commands.render_plan(plan), file=out, flush=True)

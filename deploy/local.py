@@ -70,7 +70,7 @@ class _Proc:
 
 def worker_args(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 replica: int, process_id: int, coordinator: str | None,
-                only: list[int] | None, extraction: str = "") -> list[str]:
+                only: list[int] | None, extraction: str | None = None) -> list[str]:
     """Command-line flags of one local worker process (`extraction`: the run's
     extractions it extracts one after another, workers' --extraction)."""
     group = ({"coordinator": coordinator, "num_processes": target.hosts_per_replica,
@@ -120,7 +120,7 @@ def log_dir(run: str, job: str) -> tuple[str, bool]:
 
 def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 only: list[int] | None = None, progress_s: float = 3.0,
-                out=sys.stdout, extraction: str = "") -> int:
+                out=sys.stdout, extraction: str | None = None) -> int:
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
     logs, upload = log_dir(run, job)
     env = worker_env(target)

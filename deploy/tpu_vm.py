@@ -173,7 +173,7 @@ def worker_env(tpu: config_lib.TpuConfig) -> dict[str, str]:
 
 
 def worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                only: list[int] | None = None, extraction: str = "") -> list[str]:
+                only: list[int] | None = None, extraction: str | None = None) -> list[str]:
     """The worker command of every host: the whole slice is one replica, and each host
     learns its place in it from the environment (`worker_env`)."""
     opts = worker_options.WorkerOptions.for_job(
@@ -188,7 +188,7 @@ def host_name_expr(tpu: config_lib.TpuConfig) -> str:
 
 
 def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                  only: list[int] | None = None, extraction: str = "") -> str:
+                  only: list[int] | None = None, extraction: str | None = None) -> str:
     """The shell line each host runs: its place in the slice, then the worker under
     deploy.host_run, detached from the ssh session."""
     tpu = target.tpu
@@ -206,7 +206,7 @@ def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, j
 
 def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                   only: list[int] | None = None, config: str = "CONFIG",
-                  extraction: str = "") -> Command:
+                  extraction: str | None = None) -> Command:
     cmd = ssh(target.tpu, worker_script(run, target, fingerprint, job, only, extraction),
               f"start one worker per host, detached ({slice_hosts(target.tpu)} host(s), "
               f"one replica); logs go to {run.rstrip('/')}/logs/{job}/")
@@ -218,7 +218,7 @@ def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, j
 def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
          only: list[int] | None = None, create: bool | None = None, install: bool = True,
          prepare: list[Command] = (), recreate: bool = False,
-         config: str = "CONFIG", extraction: str = "") -> list[Command]:
+         config: str = "CONFIG", extraction: str | None = None) -> list[Command]:
     """Create (optional; `recreate`: delete first), prepare (optional), install, start
     (`extraction`: the run's extractions the workers extract, workers' --extraction).
 

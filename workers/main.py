@@ -70,8 +70,8 @@ def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
 
     if opts.extraction == "all":
         return extraction_lib.names(store.open_store(opts.run))
-    names = ["" if n.strip() == "default" else n.strip() for n in opts.extraction.split(",")] \
-        if opts.extraction else [""]
+    names = [n.strip() for n in (opts.extraction or "").split(",")]
+    names = ["" if n == "default" else n for n in names]
     for name in names:
         if name:
             layout.check_extraction_name(name)

@@ -64,7 +64,7 @@ class Worker:
         opened = run_dir.open_run(opts.run)
         # One extraction per worker (schemas.extraction): its spec, and a view of the run's
         # store that keeps its activations, numerics record, markers and claims apart.
-        self.extraction = opts.extraction
+        self.extraction = opts.extraction or ""
         self.location, self.manifest = opened.location, opened.manifest
         self.store = extraction_lib.view(opened.store, self.extraction)
         self.spec = extraction_lib.read_spec(opened, self.extraction)
@@ -95,8 +95,9 @@ class Worker:
                                         opts.allow_numerics_change,
                                         nothing_committed=not self._committed)
         self.arrays = writer.ActivationArrays(
-            self.location.join(layout.extraction_prefix(self.extraction)), self.hooks, self.manifest.total_rows, self.manifest.seq_len,
-            self.spec.capture.dtype, self.spec.layout)
+            self.location.join(layout.extraction_prefix(self.extraction)), self.hooks,
+            self.manifest.total_rows, self.manifest.seq_len, self.spec.capture.dtype,
+            self.spec.layout)
         self.tokens = prefetch.TokenStore(self.location)
         self.host = opts.host_name or (
             f"{socket.gethostname()}-r{self.topo.replica}h{self.topo.host_index}")
