@@ -113,7 +113,8 @@ def cmd_submit(args, out) -> int:
         print(f"prepared {run} on Dataflow; extract it with `actx rerun {run} --config "
               f"CONFIG --target tpu-vm` (or --target local)", file=out)
     if target.kind == "tpu-vm":
-        return _after_tpu_launch(code, run, target, job, started_at, None, args, out)
+        return _after_tpu_launch(code, run, target, job, started_at, None, args, out,
+                                 extraction or None)
     return code
 
 
@@ -155,7 +156,7 @@ def _record_extractions(cfg, run: str, out) -> None:
 
 
 def _after_tpu_launch(code: int, run: str, target, job: str, started_at: float, only,
-                      args, out) -> int:
+                      args, out, extraction: str | None = None) -> int:
     """What to do next once the workers run detached on the slice; `--wait` follows them."""
     if code != 0:  # the failed step said what to do
         return code
@@ -171,7 +172,7 @@ def _after_tpu_launch(code: int, run: str, target, job: str, started_at: float, 
     return tpu_follow.follow(run, f"{target.tpu.name}-w", started_at, only,
                              config=args.config or "CONFIG", out=out,
                              every_s=min(5.0, max(0.5, target.heartbeat_s)),
-                             stale_after_s=args.stale_after)
+                             stale_after_s=args.stale_after, extraction=extraction)
 
 
 def _run_prepare_command(cmd, retry_argv: list[str]) -> int:
@@ -389,7 +390,8 @@ def _rerun_extractions(args, handle, handles: dict, target, out) -> int:
         return 0
     started_at = time.time()
     code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s)
-    return _after_tpu_launch(code, run, target, job, started_at, only, args, out)
+    return _after_tpu_launch(code, run, target, job, started_at, only, args, out,
+                             ",".join(names))
 
 
 # -- down -----------------------------------------------------------------------------------

@@ -123,6 +123,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 out=sys.stdout, extraction: str | None = None) -> int:
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
     logs, upload = log_dir(run, job)
+    names = ["" if n == "default" else n for n in (extraction or "").split(",")]
     env = worker_env(target)
     procs: list[_Proc] = []
     for r in range(target.replicas):
@@ -153,7 +154,8 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                         p.returncode = p.popen.returncode
                         if p.returncode != 0:
                             try:
-                                mark_dead(run, p.name, p.returncode)
+                                for name in names:
+                                    mark_dead(run, p.name, p.returncode, name)
                             except Exception as e:  # status then learns it after stale_after
                                 print(f"extract: could not record that {p.name} died: {e}",
                                       file=out, flush=True)
@@ -166,8 +168,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 line = " | ".join(  # one progress line per extraction
                     (f"{name}: " if name else "") + runstate.one_line(
                         runstate.compute_status(extraction_lib.scoped(handle, name)))
-                    for name in ("" if n == "default" else n
-                                 for n in (extraction.split(",") if extraction else [""])))
+                    for name in names)
             except Exception as e:  # progress is best effort; the workers decide the outcome
                 line = f"(progress unavailable: {e})"
             if tty:
@@ -194,12 +195,13 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     return 1 if failed else 0
 
 
-def mark_dead(run: str, host: str, returncode: int) -> bool:
+def mark_dead(run: str, host: str, returncode: int, extraction: str = "") -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
     until it went stale). Status then shows the host failed at once, and its partition as
-    stale for `actx rerun --only stale`. Returns whether it wrote."""
-    store = store_lib.open_store(run)
+    stale for `actx rerun --only stale`. Returns whether it wrote. A named extraction's
+    heartbeats are its own (schemas.extraction)."""
+    store = extraction_lib.view(store_lib.open_store(run), extraction)
     key = layout_lib.heartbeat_key(host)
     try:
         data = store.read_json(key)

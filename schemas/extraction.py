@@ -5,8 +5,9 @@ named extraction (`base`, `chat`, ...) is the run's spec with another model and 
 kept at `extractions/<name>/run.json` beside its own activations, numerics record,
 commit markers, claims and statistics. Everything that reads or writes one extraction
 goes through `ExtractionStore`, a view of the run's store that puts the extraction's own
-keys (layout.EXTRACTION_KEYS) under its prefix and leaves the shared ones (tokens,
-manifest, docs, heartbeats, logs) where they are, so the commit rule, the numerics record
+keys (layout.EXTRACTION_KEYS, heartbeats among them: a status per extraction shows the
+hosts at work on it) under its prefix and leaves the shared ones (tokens, manifest, docs,
+logs) where they are, so the commit rule, the numerics record
 and their readers keep one definition each.
 """
 
@@ -145,8 +146,8 @@ def read_spec(opened: run_dir.OpenedRun, name: str) -> runspec_lib.RunSpec:
         known = ", ".join(repr(n) for n in named(opened.store)) or "none"
         raise UnknownExtractionError(
             f"{opened.location}: no extraction {name!r} (named extractions: {known}); add it "
-            f"with `actx submit` (an `extractions` table in the config) or "
-            f"`actx extract --run {opened.location} --add-extraction {name} ...`") from None
+            f"to the `extractions` table of the run's submit config and `actx submit` it "
+            f"(the prepared tokens are kept), or schemas.extraction.add") from None
     # The tokens are the run's, so is the record of the tokenizer that made them (an
     # extraction recorded before its run was prepared has none of its own).
     spec = dataclasses.replace(spec, tokenizer_identity=opened.spec.tokenizer_identity)

@@ -53,13 +53,13 @@ PREPARE_ATTEMPT_KEY = "prepare/attempt.json"
 # and a chat model for a crosscoder). A run's root keeps today's layout: it is the default
 # extraction, whose spec is the root run.json. A named extraction keeps its own copies of
 # the keys in EXTRACTION_KEYS under extractions/<name>/ (its run.json: the run's spec with
-# its own model and capture; its activations/, actx.json, commits/, claims/, stats, masks
-# and verify record); the token store, manifest, docs, heartbeats and logs stay shared.
+# its own model and capture; its activations/, actx.json, commits/, claims/, heartbeats,
+# stats, masks and verify record); the token store, manifest, docs and logs stay shared.
 # EXTRACTIONS_VERSION counts changes to this layout (1: the first).
 EXTRACTIONS_PREFIX = "extractions/"
 EXTRACTIONS_VERSION = 1
 EXTRACTION_KEYS = (runspec_lib.RUN_SPEC_KEY, f"{ACTIVATIONS_GROUP}/", COMMITS_PREFIX,
-                   CLAIMS_PREFIX, f"{MASKS_GROUP}/", STATS_KEY, "verify/")
+                   CLAIMS_PREFIX, WORKERS_PREFIX, f"{MASKS_GROUP}/", STATS_KEY, "verify/")
 _EXTRACTION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 
 

@@ -212,3 +212,30 @@ def test_aligned_filters_mapping_and_normalisation(both):
                                           m.acts[hooks[name]])
     with pytest.raises(ValueError, match="outlier"):
         aligned.AlignedStream(runs, HOOK, 16, exclude=["outlier"])
+
+
+def test_status_follow_and_tpu_plan_per_extraction(both, capsys):
+    import io
+
+    from deploy import cli, config, tpu_follow, tpu_vm
+
+    out = io.StringIO()
+    assert cli.main(["status", both, "--check"], out=out) == 0
+    text = out.getvalue()
+    assert "2 extractions over one token store:" in text
+    assert "== extraction base ==" in text and "== extraction chat ==" in text
+    out = io.StringIO()
+    assert cli.main(["status", both, "--extraction", "chat", "--json"], out=out) == 0
+    obj = json.loads(out.getvalue())
+    assert obj["complete"] and obj["extractions"]["chat"]["counts"]["committed"] == 2
+    assert cli.main(["status", both, "--extraction", "sft"], out=io.StringIO()) == 2
+    assert "no extraction 'sft' (named extractions: base, chat)" in capsys.readouterr().err
+    assert cli.main(["verify", both, "--extraction", "chat"], out=io.StringIO()) == 0
+    assert tpu_follow.follow(both, "tpu1-w", 0.0, extraction="base,chat",
+                             out=io.StringIO()) == 0
+    tpu = config.TpuConfig(name="tpu1", zone="z", project="p", accelerator_type="v4-32")
+    plan = tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(batch_size=16, tpu=tpu), None,
+                       "j", install=False, extraction="base,chat")
+    assert "--extraction base,chat --host-name" in plan[-1].argv[-1]
+    assert "--extraction" not in tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(
+        batch_size=16, tpu=tpu), "0123", "j", install=False)[-1].argv[-1]

@@ -60,6 +60,8 @@ def test_crosscoder_workflow_runs(tmp_path, monkeypatch, qwen_tokenizer_dir):
     assert "nothing to do" in rerun
     assert "== extraction base ==" in verify and "== extraction chat ==" in verify
     assert not (run / "activations").exists()  # only the named extractions ran
+    # Each extraction's hosts beat under its own name (its status shows its own hosts).
+    assert (run / "extractions" / "chat" / "workers").is_dir() and not (run / "workers").exists()
 
     scope: dict = {}
     exec(compile(code, "README.md (crosscoder)", "exec"), scope)
