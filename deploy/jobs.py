@@ -222,6 +222,9 @@ def _extract_named_local(run: str, target, job: str, only, names: list[str], out
     behind = [name for name, handle in handles.items()
               if not runstate.compute_status(handle).complete]
     code = 0
+    if behind and target.extract == "beam":
+        raise UsageError("extractions: the Beam extraction target runs one model; extract "
+                         "named extractions with target.extract = \"workers\"")
     if behind:
         code = local.run_workers(run, target, None, job, only=only, out=out,
                                  extraction=",".join(n or "default" for n in behind))
@@ -300,7 +303,7 @@ def _rerun_target(args):
 
 
 def cmd_rerun(args, out) -> int:
-    from deploy import commands, runstate, tpu_vm
+    from deploy import runstate
 
     handle = open_run(args.run)
     target = _rerun_target(args)
@@ -331,28 +334,38 @@ def cmd_rerun(args, out) -> int:
               f"wins and the other attempt changes nothing", file=out)
     job = _job(f"rerun-{target.kind}", args)
     run = str(handle.location)
+    return _rerun_on(args, target, run, job, handle.spec.fingerprint, ids, out,
+                     lambda: _extract_local(run, target, handle.spec.fingerprint, job, ids, out))
+
+
+def _rerun_on(args, target, run: str, job: str, fingerprint: str | None, only, out,
+              extract_here, extraction: str | None = None) -> int:
+    """Starts a rerun's workers: here (`extract_here()`, the local target) or on the TPU
+    slice (`extraction`: the workers' --extraction)."""
+    from deploy import commands, tpu_vm
+
     if target.kind == "local":
         if args.dry_run:
             raise UsageError("--dry-run is for the tpu-vm target; the local target runs here")
-        return _extract_local(run, target, handle.spec.fingerprint, job, ids, out)
+        return extract_here()
     if target.kind == "dataflow":
         raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
-    plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, only=ids, create=False,
+    plan = tpu_vm.plan(run, target, fingerprint, job, only=only, create=False,
                        install=args.install, recreate=args.recreate,
-                       config=args.config or "CONFIG")
+                       config=args.config or "CONFIG", extraction=extraction)
     if args.dry_run:
         print("# dry run: nothing is executed.", file=out)
         print(commands.render_plan(plan), file=out, flush=True)
         return 0
     started_at = time.time()
     code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s)
-    return _after_tpu_launch(code, run, target, job, started_at, ids, args, out)
+    return _after_tpu_launch(code, run, target, job, started_at, only, args, out, extraction)
 
 
 def _rerun_extractions(args, handle, handles: dict, target, out) -> int:
     """`actx rerun` of a run with named extractions: the selected partitions of every
     extraction that is behind, the extractions one after another on the same workers."""
-    from deploy import commands, runstate, tpu_vm
+    from deploy import runstate
 
     if not handle.manifest.partitions:
         raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
@@ -374,24 +387,9 @@ def _rerun_extractions(args, handle, handles: dict, target, out) -> int:
     only = None if args.only == "all" else sorted(set().union(*behind.values()))
     job = _job(f"rerun-{target.kind}", args)
     run = str(handle.location)
-    names = [name or "default" for name in behind]
-    if target.kind == "local":
-        if args.dry_run:
-            raise UsageError("--dry-run is for the tpu-vm target; the local target runs here")
-        return _extract_named_local(run, target, job, only, list(behind), out)
-    if target.kind == "dataflow":
-        raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
-    plan = tpu_vm.plan(run, target, None, job, only=only, create=False, install=args.install,
-                       recreate=args.recreate, config=args.config or "CONFIG",
-                       extraction=",".join(names))  # never empty: named ones behind
-    if args.dry_run:
-        print("# dry run: nothing is executed.", file=out)
-        print(commands.render_plan(plan), file=out, flush=True)
-        return 0
-    started_at = time.time()
-    code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s)
-    return _after_tpu_launch(code, run, target, job, started_at, only, args, out,
-                             ",".join(names))
+    return _rerun_on(args, target, run, job, None, only, out,
+                     lambda: _extract_named_local(run, target, job, only, list(behind), out),
+                     ",".join(name or "default" for name in behind))
 
 
 # -- down -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ process with the same devices, so every attempt shares one numerics key.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -104,8 +105,10 @@ def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):
     """A finished single-model run gets a second model later, without preparing again; the
     new extraction's worker is killed after its first commit and rerun: the first model's
     activations and markers are untouched, the new one equals its model alone."""
-    run = worker_procs.copy_token_store(alone["base"], str(tmp_path / "run"))
-    _extract(run)  # the finished run: the default extraction
+    import shutil
+
+    run = str(tmp_path / "run")
+    shutil.copytree(alone["base"], run)  # the finished run: the default extraction
     before = {**_objects(run), **{f"m{p}": json.dumps(c) for p, c in _checksums(run).items()}}
     markers_before = sorted(os.listdir(os.path.join(run, "commits")))
     _add(run, "chat", models["chat"])
@@ -121,7 +124,12 @@ def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):
         rows = np.concatenate([b.rows for b in stream])
     part = stream.runs["chat"].partitions[stream.partitions[0]]
     assert len(rows) and part.row_start <= rows.min() and rows.max() < part.row_stop
-    _extract(run, "all")  # finishes whichever extraction is behind
+    from deploy import cli
+
+    out = io.StringIO()  # `actx rerun` finishes whichever extraction is behind
+    assert cli.main(["rerun", run, "--batch-size", "8", "--devices-per-host", "8"],
+                    out=out) == 0, out.getvalue()
+    assert "rerun: chat: 1 partition(s) on local" in out.getvalue()
     assert {**_objects(run), **{f"m{p}": json.dumps(c) for p, c in _checksums(run).items()}} \
         == before
     assert sorted(os.listdir(os.path.join(run, "commits"))) == markers_before
@@ -215,8 +223,6 @@ def test_aligned_filters_mapping_and_normalisation(both):
 
 
 def test_status_follow_and_tpu_plan_per_extraction(both, capsys):
-    import io
-
     from deploy import cli, config, tpu_follow, tpu_vm
 
     out = io.StringIO()
