@@ -23,6 +23,7 @@ from tests import hf_models, token_runs, worker_procs
 N_ROWS = 16
 PARTITION_ROWS = 8  # 2 partitions of 1 step (batch 8); shards of 4 rows
 HOOKS = "layers.*.resid_post"
+LIVE_BYTES: list[int] = []  # device bytes alive as each extraction of `both` starts
 
 
 def _extract(run: str, names: str = "") -> None:
@@ -82,11 +83,32 @@ def both(models, tmp_path_factory):
                                partition_rows=PARTITION_ROWS)
     for name, model in models.items():
         _add(run, name, model)
-    _extract(run, "base,chat")
+    import gc
+
+    import jax
+
+    from workers import main as worker_main
+
+    real = worker_main._extract
+
+    def counting(opts, sigint):
+        gc.collect()
+        LIVE_BYTES.append(sum(a.nbytes for a in jax.live_arrays()))
+        return real(opts, sigint)
+
+    worker_main._extract = counting
+    try:
+        _extract(run, "base,chat")
+    finally:
+        worker_main._extract = real
     return run
 
 
-def test_each_extraction_equals_its_model_alone(both, alone):
+def test_each_extraction_equals_its_model_alone(both, alone, models):
+    # One model in memory at a time: base's weights were gone before chat's loaded.
+    weights = os.path.getsize(os.path.join(models["base"], "model.safetensors"))
+    assert len(LIVE_BYTES) == 2 and LIVE_BYTES[1] < LIVE_BYTES[0] + weights / 2, \
+        LIVE_BYTES
     assert extraction.names(store.open_store(both)) == ["base", "chat"]  # no default
     for name in ("base", "chat"):
         assert _objects(both, name) == _objects(alone[name]), name

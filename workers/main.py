@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import signal
 import logging
 import sys
 
@@ -52,8 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:  # one after another, one model in memory at a time
         if len(names) > 1:
             logging.getLogger("actx.worker").info("extraction %r", name)
+        sigterm = signal.getsignal(signal.SIGTERM)
         code = _extract(dataclasses.replace(opts, extraction=name), sigint)
-        sigint.worker = None  # the model goes before the next one loads
+        # The model goes before the next one loads: nothing may hold its worker (the
+        # SIGTERM handler it installed does, until it is put back).
+        if signal.getsignal(signal.SIGTERM) is not sigterm:
+            signal.signal(signal.SIGTERM, sigterm)
+        sigint.worker = None
         gc.collect()
         if code != 0 or sigint.received.is_set():
             break
