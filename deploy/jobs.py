@@ -118,6 +118,10 @@ def cmd_submit(args, out) -> int:
     return code
 
 
+BEAM_ONE_MODEL = ("extractions: the Beam extraction target runs one model; extract named "
+                  "extractions with target.extract = \"workers\"")
+
+
 def _check_extractions(cfg, run: str, target, dry_run: bool, out) -> str:
     """The config's named extractions (comma-separated; "" for none), each one's model
     checked by the pre-flight as the spec's is (the tokenizer must be every model's)."""
@@ -127,8 +131,7 @@ def _check_extractions(cfg, run: str, target, dry_run: bool, out) -> str:
     if not specs:
         return ""
     if target.extract == "beam":
-        raise UsageError("extractions: the Beam extraction target runs one model; extract "
-                         "named extractions with target.extract = \"workers\"")
+        raise UsageError(BEAM_ONE_MODEL)
     for name, spec in specs.items():
         try:
             preflight.check(spec, run, target, dry_run=dry_run, out=out)
@@ -223,8 +226,7 @@ def _extract_named_local(run: str, target, job: str, only, names: list[str], out
               if not runstate.compute_status(handle).complete]
     code = 0
     if behind and target.extract == "beam":
-        raise UsageError("extractions: the Beam extraction target runs one model; extract "
-                         "named extractions with target.extract = \"workers\"")
+        raise UsageError(BEAM_ONE_MODEL)
     if behind:
         code = local.run_workers(run, target, None, job, only=only, out=out,
                                  extraction=",".join(n or "default" for n in behind))

@@ -267,3 +267,16 @@ def test_status_follow_and_tpu_plan_per_extraction(both, capsys):
     assert "--extraction base,chat --host-name" in plan[-1].argv[-1]
     assert "--extraction" not in tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(
         batch_size=16, tpu=tpu), "0123", "j", install=False)[-1].argv[-1]
+
+
+def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
+    """The worker's tokenizer check applies per extraction: a model whose embedding is
+    smaller than the token store's vocabulary (512 ids) is refused for it."""
+    from workers import admission, runner
+
+    small = hf_models.make_tiny_checkpoint(tmp_path / "small", "qwen2", vocab_size=256)
+    run = worker_procs.copy_token_store(both, str(tmp_path / "run"))
+    _add(run, "small", str(small))
+    with pytest.raises(admission.RunMismatch, match="256"):
+        runner.Worker(runner.WorkerOptions(run=run, batch_size=8, extraction="small"))
+    assert not os.path.exists(os.path.join(run, "extractions", "small", "activations"))

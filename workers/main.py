@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import signal
 import logging
+import signal
 import sys
 
 from schemas import errors, flags, worker_options
