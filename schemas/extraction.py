@@ -109,14 +109,12 @@ def view(store: store_lib.ObjectStore, name: str) -> store_lib.ObjectStore:
 
 
 def named(store: store_lib.ObjectStore) -> list[str]:
-    """The run's named extractions, sorted (one listing)."""
-    suffix = "/" + runspec_lib.RUN_SPEC_KEY
-    found = []
-    for key in store.list(layout.EXTRACTIONS_PREFIX):
-        rest = key[len(layout.EXTRACTIONS_PREFIX):]
-        if rest.endswith(suffix) and "/" not in rest[:-len(suffix)]:
-            found.append(rest[:-len(suffix)])
-    return sorted(found)
+    """The run's named extractions, sorted (one listing of a few small objects)."""
+    if isinstance(store, ExtractionStore):
+        store = store.base
+    start = len(layout.EXTRACTION_NAMES_PREFIX)
+    return sorted(key[start:-len(".json")] for key in store.list(layout.EXTRACTION_NAMES_PREFIX)
+                  if key.endswith(".json"))
 
 
 def names(store: store_lib.ObjectStore) -> list[str]:
@@ -184,6 +182,8 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
     if existing is not None:
         old = runspec_lib.RunSpec.from_dict(existing)
         if old.fingerprint == spec.fingerprint:
+            # Its name too, in case an earlier call stopped between the two writes.
+            store.create_json(layout.extraction_name_key(name), {"name": name})
             return False
         changed = old.extraction_changes(spec)
         committed = commit_lib.committed_partitions(ext_store)
@@ -198,6 +198,7 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
         for prefix in (f"{layout.ACTIVATIONS_GROUP}/", layout.CLAIMS_PREFIX):
             ext_store.delete_prefix(prefix)
     ext_store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
+    store.create_json(layout.extraction_name_key(name), {"name": name})  # after its spec
     return True
 
 

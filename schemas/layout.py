@@ -58,6 +58,9 @@ PREPARE_ATTEMPT_KEY = "prepare/attempt.json"
 # EXTRACTIONS_VERSION counts changes to this layout (1: the first).
 EXTRACTIONS_PREFIX = "extractions/"
 EXTRACTIONS_VERSION = 1
+# One small object per named extraction, so the names come from a listing of a few keys,
+# not of every stored object under extractions/ ("_" starts no extraction name).
+EXTRACTION_NAMES_PREFIX = f"{EXTRACTIONS_PREFIX}_names/"
 EXTRACTION_KEYS = (runspec_lib.RUN_SPEC_KEY, f"{ACTIVATIONS_GROUP}/", COMMITS_PREFIX,
                    CLAIMS_PREFIX, WORKERS_PREFIX, f"{MASKS_GROUP}/", STATS_KEY, "verify/")
 _EXTRACTION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
@@ -71,6 +74,11 @@ def check_extraction_name(name: str) -> str:
                          f"other than 'all' and 'default' (commands' names for every "
                          f"extraction and for the run's root one)")
     return name
+
+
+def extraction_name_key(name: str) -> str:
+    """The object that says extraction `name` exists (written after its run.json)."""
+    return f"{EXTRACTION_NAMES_PREFIX}{check_extraction_name(name)}.json"
 
 
 def extraction_prefix(name: str) -> str:
