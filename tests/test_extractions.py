@@ -277,6 +277,7 @@ def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
     small = hf_models.make_tiny_checkpoint(tmp_path / "small", "qwen2", vocab_size=256)
     run = worker_procs.copy_token_store(both, str(tmp_path / "run"))
     _add(run, "small", str(small))
-    with pytest.raises(admission.RunMismatch, match=r"larger than the model.s embedding \(256 rows"):
+    with pytest.raises(admission.RunMismatch,
+                       match=r"larger than the model.s embedding \(256 rows"):
         runner.Worker(runner.WorkerOptions(run=run, batch_size=8, extraction="small"))
     assert not os.path.exists(os.path.join(run, "extractions", "small", "activations"))
