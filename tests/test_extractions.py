@@ -281,3 +281,28 @@ def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
                        match=r"larger than the model.s embedding \(256 rows"):
         runner.Worker(runner.WorkerOptions(run=run, batch_size=8, extraction="small"))
     assert not os.path.exists(os.path.join(run, "extractions", "small", "activations"))
+
+
+def test_aligned_batches_of_two_widths_are_a_mapping(both, tmp_path):
+    """A model of another width over the same tokens: each batch maps extraction -> its
+    [n, d] activations, still the same tokens in each."""
+    import shutil
+
+    from reader import aligned, open_run
+
+    narrow = hf_models.make_tiny_checkpoint(tmp_path / "narrow", "qwen2", hidden_size=32,
+                                            intermediate_size=64)
+    run = str(tmp_path / "run")
+    shutil.copytree(both, run)
+    _add(run, "narrow", str(narrow))
+    _extract(run, "narrow")
+    with aligned.aligned_stream(run, ["base", "narrow"], HOOK, 16, seed=5,
+                                buffer_tokens=64) as stream:
+        batches = list(stream)
+    assert batches and all(isinstance(b.acts, dict) for b in batches)
+    for name, width in (("base", 64), ("narrow", 32)):
+        alone = open_run(run, extraction=name)
+        for b in batches:
+            assert b.acts[name].shape == (len(b), width)
+            np.testing.assert_array_equal(b.acts[name],
+                                          alone.gather([HOOK], b.rows, b.cols)[HOOK])
