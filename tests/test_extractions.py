@@ -217,7 +217,7 @@ def test_aligned_batches_pair_the_right_tokens(both):
     assert not shares[0] & shares[1] and shares[0] | shares[1] == set(seen)
 
 
-def test_aligned_filters_mapping_and_normalisation(both):
+def test_aligned_filters_hook_per_model_and_normalisation(both):
     """whole_document and token masks as in one extraction's stream, a hook per model, and
     normalisation by each model's own statistics."""
     from reader import aligned, open_run
