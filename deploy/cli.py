@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--html", metavar="FILE", help="write the page once, self-contained")
     st.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
                     help="--serve: seconds between the page's refreshes (default 5)")
+    _add_extraction_flag(st, "show (default: every one; the page shows the first)")
 
     r = sub.add_parser("rerun", help="extract the partitions that have no commit")
     r.add_argument("run")
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--recreate", action="store_true",
                    help="tpu-vm: delete the slice and request it again first (after a "
                         "preemption), then install")
+    _add_extraction_flag(r, "extract (default: whichever are behind)")
     _add_target_flags(r)
     _add_wait_flags(r, stale_after=False)
 
@@ -140,40 +142,60 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--repair", action="store_true",
                    help="turn partitions that fail back into pending (their markers are "
                         "deleted, and recorded under verify/repairs/) for `actx rerun`")
+    _add_extraction_flag(v, "verify (default: every one)")
     return p
+
+
+def _add_extraction_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--extraction", default=None, metavar="NAME[,NAME]",
+                   help=f"the run's extractions to {what}; 'default' names the run's root "
+                        f"one (a run with one model has only that)")
 
 
 # -- status / verify ------------------------------------------------------------------
 def cmd_status(args, out) -> int:
     from deploy import runstate
 
-    handle = jobs.open_run(args.run)
+    handles = jobs.extraction_handles(jobs.open_run(args.run), args.extraction)
     if args.html is not None or args.serve is not None:
         from deploy import ui_server
 
         if args.json or args.watch is not None:
             raise UsageError("--serve and --html show the page; drop --json and --watch")
-        return ui_server.page_command(handle, args.html, args.serve, args.refresh,
-                                      args.stale_after, out)
+        return ui_server.page_command(next(iter(handles.values())), args.html, args.serve,
+                                      args.refresh, args.stale_after, out)
     tty = hasattr(out, "isatty") and out.isatty()
     while True:
-        status = runstate.compute_status(handle, args.stale_after)
-        text = (json.dumps(status.to_json_obj(), indent=1, sort_keys=True) if args.json
-                else runstate.render(status))
+        statuses = {name: runstate.compute_status(handle, args.stale_after)
+                    for name, handle in handles.items()}
+        text = runstate.render_extractions(statuses, as_json=args.json)
         if args.watch is not None and tty and not args.json:
             print("\x1b[H\x1b[2J" + text, file=out, flush=True)
         else:
             print(text, file=out, flush=True)
-        if args.watch is None or status.complete:
-            return 1 if args.check and not status.complete else 0
+        complete = all(status.complete for status in statuses.values())
+        if args.watch is None or complete:
+            return 1 if args.check and not complete else 0
         time.sleep(args.watch)
 
 
 def cmd_verify(args, out) -> int:
+    """Each extraction of the run that --extraction names (every one by default) in turn,
+    under its name when the run has named ones; the worst exit code."""
+    handles = jobs.extraction_handles(jobs.open_run(args.run), args.extraction)
+    codes = []
+    for name, handle in handles.items():
+        if list(handles) != [""]:
+            print((json.dumps({"extraction": name or "default"}) if args.json
+                   else f"== extraction {name or 'default'} =="), file=out, flush=True)
+        codes.append(_verify_one(args, handle, out))
+    return max(codes)
+
+
+def _verify_one(args, handle, out) -> int:
     from deploy import verify
     from schemas import store_errors
 
-    handle = jobs.open_run(args.run)
     if args.only not in ("all",) and isinstance(args.only, str):
         raise UsageError("verify --only takes partition ids, e.g. 3,7,9")
     only = None if args.only == "all" else set(args.only)

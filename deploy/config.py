@@ -150,12 +150,28 @@ class TargetConfig(worker_options.ExtractSettings):
 
 
 @dataclasses.dataclass(frozen=True)
+class ExtractionConfig:
+    """One named extraction of the run's token store (schemas.extraction).
+
+    model: its model (the spec's tokenizer must be this model's too).
+    capture: its hooks and dtype (default: the spec's capture).
+    """
+
+    model: runspec_lib.ModelSpec
+    capture: runspec_lib.CaptureConfig | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class SubmitConfig:
     """run: the run directory (local path or gs://bucket/path).
     spec: the run spec (model, tokenizer, sources, packing, capture, layout, name).
     target: where it runs.
     demo_assets: make the demo's inputs in the cache first (the embedded demo config).
     max_reject_fraction: prepare fails when more inputs than this are rejected.
+    extractions: named extractions over the one token store, e.g. `base` and `chat` for a
+      crosscoder (README, "Several models on one token store"): when given, the workers
+      extract these, one after another, instead of the spec's own model (which then only
+      serves prepare's tokenizer check).
     """
 
     run: str
@@ -163,6 +179,20 @@ class SubmitConfig:
     target: TargetConfig = TargetConfig()
     demo_assets: bool = False
     max_reject_fraction: float = 0.01
+    extractions: dict[str, ExtractionConfig] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        from schemas import layout
+
+        for name in self.extractions:
+            layout.check_extraction_name(name)
+
+    def extraction_specs(self) -> dict[str, runspec_lib.RunSpec]:
+        """The RunSpec of each named extraction: the spec with its model and capture."""
+        from schemas import extraction
+
+        return {name: extraction.spec_for(self.spec, e.model, e.capture or self.spec.capture)
+                for name, e in self.extractions.items()}
 
 
 def _expand(value, cache: str):
@@ -188,9 +218,13 @@ def load_submit_config(path: str | None, overrides: list[str] = ()) -> SubmitCon
     data = config_lib.load_file(path)
     data = config_lib.apply_overrides(data, list(overrides))
     data = _expand(data, demo.cache_dir())
+    base_dir = os.path.dirname(os.path.abspath(path))
     if isinstance(data.get("spec"), dict):
-        data["spec"] = runspec_lib.absolute_paths(
-            data["spec"], os.path.dirname(os.path.abspath(path)))
+        data["spec"] = runspec_lib.absolute_paths(data["spec"], base_dir)
+    for name, extraction in (data.get("extractions") or {}).items():
+        if isinstance(extraction, dict) and isinstance(extraction.get("model"), dict):
+            model = runspec_lib.absolute_paths({"model": extraction["model"]}, base_dir)
+            data["extractions"][name] = {**extraction, "model": model["model"]}
     return config_lib.from_dict(SubmitConfig, data, f"{path}: ")
 
 

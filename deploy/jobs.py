@@ -66,8 +66,15 @@ def cmd_submit(args, out) -> int:
     from deploy import preflight
 
     preflight.check(spec, run, target, dry_run=args.dry_run, out=out)
+    extraction = _check_extractions(cfg, run, target, args.dry_run, out)
     print(f"submit: run {run} (spec {spec.name!r}, fingerprint {spec.fingerprint}), "
-          f"target {target.kind}, job {job}", file=out, flush=True)
+          f"target {target.kind}, job {job}"
+          + (f", extractions {extraction}" if extraction else ""), file=out, flush=True)
+    if extraction and not args.dry_run:
+        _record_extractions(cfg, run, out)
+    # Named extractions are checked by the workers against their own specs (run.json of
+    # each under extractions/), so the root fingerprint is not theirs to expect.
+    fingerprint = None if extraction else spec.fingerprint
 
     if target.kind == "local":
         if args.dry_run:
@@ -76,14 +83,16 @@ def cmd_submit(args, out) -> int:
         from deploy import local
 
         local.prepare_local(spec, run, cfg.max_reject_fraction, out=out, retry_argv=retry_argv)
+        if extraction:
+            return _extract_named_local(run, target, job, None, extraction.split(","), out)
         return _extract_local(run, target, spec.fingerprint, job, None, out)
 
     on_dataflow = target.kind == "dataflow" or target.prepare == "dataflow"
     prep = dataflow.prepare_commands(spec, run, target, cfg.max_reject_fraction, on_dataflow,
                                      job)
     if target.kind == "tpu-vm":  # checks the target first: nothing is created on bad input
-        plan = tpu_vm.plan(run, target, spec.fingerprint, job, prepare=prep,
-                           config=args.config or "CONFIG")
+        plan = tpu_vm.plan(run, target, fingerprint, job, prepare=prep,
+                           config=args.config or "CONFIG", extraction=extraction or None)
     elif not run.startswith("gs://"):
         raise UsageError(f"run {run!r}: Dataflow workers need a gs:// run directory")
     else:
@@ -105,12 +114,53 @@ def cmd_submit(args, out) -> int:
         print(f"prepared {run} on Dataflow; extract it with `actx rerun {run} --config "
               f"CONFIG --target tpu-vm` (or --target local)", file=out)
     if target.kind == "tpu-vm":
-        return _after_tpu_launch(code, run, target, job, started_at, None, args, out)
+        return _after_tpu_launch(code, run, target, job, started_at, None, args, out,
+                                 extraction or None)
     return code
 
 
+BEAM_ONE_MODEL = ("extractions: the Beam extraction target runs one model; extract named "
+                  "extractions with target.extract = \"workers\"")
+
+
+def _check_extractions(cfg, run: str, target, dry_run: bool, out) -> str:
+    """The config's named extractions (comma-separated; "" for none), each one's model
+    checked by the pre-flight as the spec's is (the tokenizer must be every model's)."""
+    from deploy import preflight
+
+    specs = cfg.extraction_specs()
+    if not specs:
+        return ""
+    if target.extract == "beam":
+        raise UsageError(BEAM_ONE_MODEL)
+    for name, spec in specs.items():
+        try:
+            preflight.check(spec, run, target, dry_run=dry_run, out=out)
+        except preflight.PreflightError as e:
+            raise preflight.PreflightError(f"extractions.{name}: {e}") from None
+    return ",".join(specs)
+
+
+def _record_extractions(cfg, run: str, out) -> None:
+    """Writes each named extraction's spec into the run (before prepare when the run is
+    new: prepare leaves extractions/ alone). An extraction with other settings is
+    replaced only while it has committed nothing."""
+    from schemas import extraction as extraction_lib
+    from schemas import runspec as runspec_lib
+    from schemas import store as store_lib
+
+    store = store_lib.open_store(run)
+    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    root = runspec_lib.RunSpec.from_dict(existing) if existing is not None else cfg.spec
+    for name, spec in cfg.extraction_specs().items():
+        if extraction_lib.add(store, root, name, spec):
+            print(f"submit: extraction {name!r}: model {spec.model.path or spec.model.flax}, "
+                  f"hooks {spec.capture.hooks} (fingerprint {spec.fingerprint})", file=out,
+                  flush=True)
+
+
 def _after_tpu_launch(code: int, run: str, target, job: str, started_at: float, only,
-                      args, out) -> int:
+                      args, out, extraction: str | None = None) -> int:
     """What to do next once the workers run detached on the slice; `--wait` follows them."""
     if code != 0:  # the failed step said what to do
         return code
@@ -126,7 +176,7 @@ def _after_tpu_launch(code: int, run: str, target, job: str, started_at: float, 
     return tpu_follow.follow(run, f"{target.tpu.name}-w", started_at, only,
                              config=args.config or "CONFIG", out=out,
                              every_s=min(5.0, max(0.5, target.heartbeat_s)),
-                             stale_after_s=args.stale_after)
+                             stale_after_s=args.stale_after, extraction=extraction)
 
 
 def _run_prepare_command(cmd, retry_argv: list[str]) -> int:
@@ -165,6 +215,37 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
           f"print(r.describe())\"", file=out)
     print(f"check them:  actx verify {handle.location}", file=out, flush=True)
     return 1 if _rerun_hint(handle, status, only, out) else 0
+
+
+def _extract_named_local(run: str, target, job: str, only, names: list[str], out) -> int:
+    """Local workers extract the named extractions that are behind, one after another in
+    each process; then a status line per extraction and how to read them together."""
+    from deploy import local, runstate
+
+    handles = extraction_handles(open_run(run), ",".join(names))
+    behind = [name for name, handle in handles.items()
+              if not runstate.compute_status(handle).complete]
+    code = 0
+    if behind and target.extract == "beam":
+        raise UsageError(BEAM_ONE_MODEL)
+    if behind:
+        code = local.run_workers(run, target, None, job, only=only, out=out,
+                                 extraction=",".join(n or "default" for n in behind))
+    statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
+    print(file=out)
+    print(runstate.render_extractions(statuses), file=out)
+    print(f"\nread them together: reader.aligned.aligned_stream({run!r}, "
+          f"{list(handles)!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one token "
+          f"store\")\ncheck them:  actx verify {run}", file=out, flush=True)
+    missing = {name or "default": [p for p, st in s.partitions.items()
+                                   if st != runstate.COMMITTED and (only is None or p in only)]
+               for name, s in statuses.items()}
+    missing = {name: ids for name, ids in missing.items() if ids}
+    if missing:
+        print(f"extract: partitions still without a commit: "
+              f"{'; '.join(f'{n}: {len(ids)}' for n, ids in missing.items())}; "
+              f"`actx rerun {run}` finishes whichever extraction is behind", file=out)
+    return code or (1 if missing else 0)
 
 
 def _rerun_hint(handle, status, only, out) -> list[int]:
@@ -225,10 +306,13 @@ def _rerun_target(args):
 
 
 def cmd_rerun(args, out) -> int:
-    from deploy import commands, runstate, tpu_vm
+    from deploy import runstate
 
     handle = open_run(args.run)
     target = _rerun_target(args)
+    handles = extraction_handles(handle, args.extraction)
+    if list(handles) != [""]:
+        return _rerun_extractions(args, handle, handles, target, out)
     status = runstate.compute_status(handle, args.stale_after)
     n = len(status.partitions)
     if n == 0:
@@ -253,22 +337,62 @@ def cmd_rerun(args, out) -> int:
               f"wins and the other attempt changes nothing", file=out)
     job = _job(f"rerun-{target.kind}", args)
     run = str(handle.location)
+    return _rerun_on(args, target, run, job, handle.spec.fingerprint, ids, out,
+                     lambda: _extract_local(run, target, handle.spec.fingerprint, job, ids, out))
+
+
+def _rerun_on(args, target, run: str, job: str, fingerprint: str | None, only, out,
+              extract_here, extraction: str | None = None) -> int:
+    """Starts a rerun's workers: here (`extract_here()`, the local target) or on the TPU
+    slice (`extraction`: the workers' --extraction)."""
+    from deploy import commands, tpu_vm
+
     if target.kind == "local":
         if args.dry_run:
             raise UsageError("--dry-run is for the tpu-vm target; the local target runs here")
-        return _extract_local(run, target, handle.spec.fingerprint, job, ids, out)
+        return extract_here()
     if target.kind == "dataflow":
         raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
-    plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, only=ids, create=False,
+    plan = tpu_vm.plan(run, target, fingerprint, job, only=only, create=False,
                        install=args.install, recreate=args.recreate,
-                       config=args.config or "CONFIG")
+                       config=args.config or "CONFIG", extraction=extraction)
     if args.dry_run:
         print("# dry run: nothing is executed.", file=out)
         print(commands.render_plan(plan), file=out, flush=True)
         return 0
     started_at = time.time()
     code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s)
-    return _after_tpu_launch(code, run, target, job, started_at, ids, args, out)
+    return _after_tpu_launch(code, run, target, job, started_at, only, args, out, extraction)
+
+
+def _rerun_extractions(args, handle, handles: dict, target, out) -> int:
+    """`actx rerun` of a run with named extractions: the selected partitions of every
+    extraction that is behind, the extractions one after another on the same workers."""
+    from deploy import runstate
+
+    if not handle.manifest.partitions:
+        raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
+                         f"document; nothing to extract")
+    behind = {}
+    for name, scoped in handles.items():
+        status = runstate.compute_status(scoped, args.stale_after)
+        ids = [] if status.complete else select_partitions(status, args.only)
+        if ids:
+            behind[name] = ids
+    if not behind:
+        print(f"rerun: extractions {', '.join(n or 'default' for n in handles)} of "
+              f"{handle.location}: no partition is selected and uncommitted; nothing to do",
+              file=out)
+        return 0
+    print("rerun: " + "; ".join(f"{name or 'default'}: {len(ids)} partition(s)"
+                                for name, ids in behind.items())
+          + f" on {target.kind}", file=out)
+    only = None if args.only == "all" else sorted(set().union(*behind.values()))
+    job = _job(f"rerun-{target.kind}", args)
+    run = str(handle.location)
+    return _rerun_on(args, target, run, job, None, only, out,
+                     lambda: _extract_named_local(run, target, job, only, list(behind), out),
+                     ",".join(name or "default" for name in behind))
 
 
 # -- down -----------------------------------------------------------------------------------
@@ -295,3 +419,12 @@ def cmd_down(args, out) -> int:
     return commands.execute(plan, out=out)
 
 
+
+
+def extraction_handles(handle, wanted: str | None) -> dict:
+    """{name: the run as that extraction sees it} for the extractions `wanted` names
+    (schemas.extraction.select; None: every one of the run)."""
+    from schemas import extraction as extraction_lib
+
+    return {name: extraction_lib.scoped(handle, name)
+            for name in extraction_lib.select(handle.store, wanted)}

@@ -20,6 +20,7 @@ import time
 from deploy import config as config_lib
 from deploy import runstate
 from schemas import config as schemas_config
+from schemas import extraction as extraction_lib
 from schemas import heartbeat as heartbeat_lib
 from schemas import layout as layout_lib
 from schemas import runspec as runspec_lib
@@ -105,14 +106,16 @@ class _Proc:
 
 def worker_args(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 replica: int, process_id: int, coordinator: str | None,
-                only: list[int] | None) -> list[str]:
-    """Command-line flags of one local worker process."""
+                only: list[int] | None, extraction: str | None = None) -> list[str]:
+    """Command-line flags of one local worker process (`extraction`: the run's
+    extractions it extracts one after another, workers' --extraction)."""
     group = ({"coordinator": coordinator, "num_processes": target.hosts_per_replica,
               "process_id": process_id} if target.hosts_per_replica > 1 else {})
     return worker_options.WorkerOptions.for_job(
         target, run=run, replicas=target.replicas, replica=replica, job=job, only=only,
         expect_fingerprint=fingerprint, host_name=f"local-r{replica}h{process_id}",
-        steal=target.steal and target.replicas > 1, **group).to_argv()
+        steal=target.steal and target.replicas > 1, extraction=extraction,
+        **group).to_argv()
 
 
 def worker_env(target: config_lib.TargetConfig) -> dict:
@@ -153,16 +156,18 @@ def log_dir(run: str, job: str) -> tuple[str, bool]:
 
 def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 only: list[int] | None = None, progress_s: float = 3.0,
-                out=sys.stdout) -> int:
+                out=sys.stdout, extraction: str | None = None) -> int:
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
     logs, upload = log_dir(run, job)
+    names = ["" if n == "default" else n for n in (extraction or "").split(",")]
     env = worker_env(target)
     procs: list[_Proc] = []
     for r in range(target.replicas):
         coordinator = (f"127.0.0.1:{_free_port()}" if target.hosts_per_replica > 1 else None)
         for i in range(target.hosts_per_replica):
             name = f"local-r{r}h{i}"
-            args = worker_args(run, target, fingerprint, job, r, i, coordinator, only)
+            args = worker_args(run, target, fingerprint, job, r, i, coordinator, only,
+                               extraction)
             log_path = os.path.join(logs, f"{name}.log")
             log_file = open(log_path, "w")
             popen = subprocess.Popen([sys.executable, "-m", "workers.main", *args], env=env,
@@ -186,7 +191,9 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                         p.returncode = p.popen.returncode
                         if p.returncode != 0:
                             try:
-                                mark_dead(run, p.name, p.returncode, p.log_path)
+                                for name in names:
+                                    mark_dead(run, p.name, p.returncode, p.log_path,
+                                              extraction=name)
                             except Exception as e:  # status then learns it after stale_after
                                 print(f"extract: could not record that {p.name} died: {e}",
                                       file=out, flush=True)
@@ -196,7 +203,10 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 time.sleep(0.2)
             try:
                 handle = handle or runstate.open_run(run)
-                line = runstate.one_line(runstate.compute_status(handle))
+                line = " | ".join(  # one progress line per extraction
+                    (f"{name}: " if name else "") + runstate.one_line(
+                        runstate.compute_status(extraction_lib.scoped(handle, name)))
+                    for name in names)
             except Exception as e:  # progress is best effort; the workers decide the outcome
                 line = f"(progress unavailable: {e})"
             if tty:
@@ -219,7 +229,9 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
         if interrupted:
             for p in procs:  # what a worker stopped while starting could not say itself
                 try:
-                    mark_dead(run, p.name, p.popen.returncode, stopped_by_user=True)
+                    for name in names:
+                        mark_dead(run, p.name, p.popen.returncode, stopped_by_user=True,
+                                  extraction=name)
                 except Exception:  # noqa: BLE001 - status then learns it when it goes stale
                     pass
             print(_kept_line(run), file=out, flush=True)
@@ -245,15 +257,15 @@ def _kept_line(run: str) -> str:
 
 
 def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None,
-              stopped_by_user: bool = False) -> bool:
+              stopped_by_user: bool = False, extraction: str = "") -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
     until it went stale) or when there is none (it died before its first beat). Status
     then shows the host failed at once, with the exit code and the log's last line, and
     its partition as stale for `actx rerun --only stale`. `stopped_by_user`: the launcher
     stopped it (Ctrl-C), which status shows as preempted, not failed. Returns whether it
-    wrote."""
-    store = store_lib.open_store(run)
+    wrote. A named extraction's heartbeats are its own (schemas.extraction)."""
+    store = extraction_lib.view(store_lib.open_store(run), extraction)
     key = layout_lib.heartbeat_key(host)
     try:
         data = store.read_json(key)

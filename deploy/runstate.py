@@ -407,3 +407,31 @@ _URGENCY = "FSW.C"  # what a character covering several partitions shows first
 
 def _worst(chars: str) -> str:
     return next(c for c in _URGENCY if c in chars)
+
+
+def render_extractions(statuses: dict[str, RunStatus], as_json: bool = False) -> str:
+    """`actx status` of one or several extractions (schemas.extraction): a run with only
+    its default extraction prints as it always has; otherwise one line per extraction,
+    then each one's full status (with its map) under its name. JSON: an
+    "extractions" object keyed by name ("default" for the root one)."""
+    import json
+
+    if list(statuses) == [""]:
+        status = statuses[""]
+        return (json.dumps(status.to_json_obj(), indent=1, sort_keys=True) if as_json
+                else render(status))
+    if as_json:
+        return json.dumps({"extractions": {name or "default": s.to_json_obj()
+                                           for name, s in statuses.items()},
+                           "complete": all(s.complete for s in statuses.values())},
+                          indent=1, sort_keys=True)
+    width = max(len(name or "default") for name in statuses)
+    lines = [f"{len(statuses)} extractions over one token store:"]
+    for name, s in statuses.items():
+        c = s.counts
+        lines.append(f"  {name or 'default':<{width}}  {c[COMMITTED]}/{len(s.partitions)} "
+                     f"committed, {c[IN_PROGRESS]} in progress, {c[STALE]} stale, "
+                     f"{c[PENDING]} pending, fingerprint {s.fingerprint}")
+    for name, s in statuses.items():
+        lines += ["", f"== extraction {name or 'default'} ==", render(s)]
+    return "\n".join(lines)

@@ -24,12 +24,13 @@ def job_hosts(status: runstate.RunStatus, prefix: str, since: float) -> list:
 def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | None = None,
            config: str = "CONFIG", out=sys.stdout, every_s: float = 5.0,
            stale_after_s: float = runstate.DEFAULT_STALE_AFTER_S,
-           start_timeout_s: float = 900.0) -> int:
+           start_timeout_s: float = 900.0, extraction: str | None = None) -> int:
     """Prints progress lines until the `wanted` partitions (None: all) are committed (0) or
-    the job's hosts are gone (1)."""
+    the job's hosts are gone (1); of every extraction `extraction` names (comma-separated;
+    None: the default one), each with its own markers and heartbeats."""
     try:
         return _follow(run, host_prefix, started_at, wanted, config, out, every_s,
-                       stale_after_s, start_timeout_s)
+                       stale_after_s, start_timeout_s, extraction)
     except KeyboardInterrupt:
         # Not "interrupted": the command's own "actx ...: interrupted" line says that.
         print(f"stopped following; the job goes on on the slice (committed partitions are "
@@ -38,27 +39,40 @@ def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | No
 
 
 def _follow(run, host_prefix, started_at, wanted, config, out, every_s, stale_after_s,
-            start_timeout_s) -> int:
-    handle = runstate.open_run(run)
+            start_timeout_s, extraction) -> int:
+    from schemas import extraction as extraction_lib
+
+    opened = runstate.open_run(run)
+    names = ["" if n == "default" else n for n in (extraction or "").split(",")]
+    handles = [extraction_lib.scoped(opened, name) for name in names]
     last = ""
     while True:
-        status = runstate.compute_status(handle, stale_after_s)
-        line = runstate.one_line(status)
+        statuses = [runstate.compute_status(handle, stale_after_s) for handle in handles]
+        line = " | ".join((f"{name}: " if name else "") + runstate.one_line(s)
+                          for name, s in zip(names, statuses))
         if line != last:
             print(line, file=out, flush=True)
             last = line
-        ids = status.partitions if wanted is None else wanted
-        missing = [p for p in ids if status.partitions[p] != runstate.COMMITTED]
-        if not missing:
+        ids = statuses[0].partitions if wanted is None else wanted
+        behind = [i for i, s in enumerate(statuses)
+                  if any(s.partitions[p] != runstate.COMMITTED for p in ids)]
+        if not behind:
             return 0
+        # The workers run the extractions in order: the first one behind is the one at
+        # work, and it has no heartbeat yet while the one before it has just finished.
+        status = statuses[behind[0]]
+        missing = [p for p in ids if status.partitions[p] != runstate.COMMITTED]
         hosts = job_hosts(status, host_prefix, started_at)
+        earlier = [h for s in statuses[:behind[0]] for h in job_hosts(s, host_prefix,
+                                                                         started_at)]
+        quiet_s = min((h.age_s for h in earlier), default=time.time() - started_at)
         if hosts and not any(h.live for h in hosts):
             print(runstate.render(status), file=out)
             print(f"the job's {len(hosts)} host(s) stopped with {len(missing)} partition(s) "
                   f"without a commit; `actx rerun {run} --target tpu-vm --config {config}` "
                   f"redoes them (add --recreate after a preemption)", file=out, flush=True)
             return 1
-        if not hosts and time.time() - started_at > start_timeout_s:
+        if not hosts and quiet_s > start_timeout_s:
             print(f"no worker of this job reported in {start_timeout_s:g} s; see "
                   f"{run.rstrip('/')}/{layout.LOGS_PREFIX} and ~/actx-*.out on the hosts", file=out)
             return 1

@@ -174,11 +174,12 @@ def worker_env(tpu: config_lib.TpuConfig) -> dict[str, str]:
 
 
 def worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                only: list[int] | None = None) -> list[str]:
+                only: list[int] | None = None, extraction: str | None = None) -> list[str]:
     """The worker command of every host: the whole slice is one replica, and each host
     learns its place in it from the environment (`worker_env`)."""
     opts = worker_options.WorkerOptions.for_job(
-        target, run=run, job=job, only=only, expect_fingerprint=fingerprint, steal=False)
+        target, run=run, job=job, only=only, expect_fingerprint=fingerprint, steal=False,
+        extraction=extraction)
     return [target.tpu.python, "-m", "workers.main", *opts.to_argv()]
 
 
@@ -188,7 +189,7 @@ def host_name_expr(tpu: config_lib.TpuConfig) -> str:
 
 
 def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                  only: list[int] | None = None) -> str:
+                  only: list[int] | None = None, extraction: str | None = None) -> str:
     """The shell line each host runs: its place in the slice, then the worker under
     deploy.host_run, detached from the ssh session."""
     tpu = target.tpu
@@ -196,7 +197,7 @@ def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, j
     host = host_name_expr(tpu)
     supervisor = shlex.join([tpu.python, "-m", "deploy.host_run", "--run", run, "--job", job,
                              "--log-every-s", f"{tpu.log_every_s:g}"])
-    worker = shlex.join(worker_argv(run, target, fingerprint, job, only))
+    worker = shlex.join(worker_argv(run, target, fingerprint, job, only, extraction))
     return (f"{exports}; test -n \"$ACTX_PROCESS_ID\" || {{ echo 'no TPU metadata server "
             f"answered (agent-worker-number)' >&2; exit 1; }}; "
             f"nohup setsid {supervisor} --host {host} -- {worker} --host-name {host} "
@@ -205,8 +206,9 @@ def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, j
 
 
 def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                  only: list[int] | None = None, config: str = "CONFIG") -> Command:
-    cmd = ssh(target.tpu, worker_script(run, target, fingerprint, job, only),
+                  only: list[int] | None = None, config: str = "CONFIG",
+                  extraction: str | None = None) -> Command:
+    cmd = ssh(target.tpu, worker_script(run, target, fingerprint, job, only, extraction),
               f"start one worker per host, detached ({slice_hosts(target.tpu)} host(s), "
               f"one replica); logs go to {run.rstrip('/')}/{layout.LOGS_PREFIX}{job}/")
     return dataclasses.replace(cmd, on_fail=(
@@ -217,8 +219,9 @@ def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, j
 def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
          only: list[int] | None = None, create: bool | None = None, install: bool = True,
          prepare: list[Command] = (), recreate: bool = False,
-         config: str = "CONFIG") -> list[Command]:
-    """Create (optional; `recreate`: delete first), prepare (optional), install, start.
+         config: str = "CONFIG", extraction: str | None = None) -> list[Command]:
+    """Create (optional; `recreate`: delete first), prepare (optional), install, start
+    (`extraction`: the run's extractions the workers extract, workers' --extraction).
 
     The slice comes first, so a queued resource that fails leaves nothing prepared.
     `config`: the submit config's path, as the printed hints name it.
@@ -231,7 +234,7 @@ def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
     cmds += prepare
     if install or recreate:
         cmds += install_commands(tpu, job)
-    cmds.append(start_command(run, target, fingerprint, job, only, config))
+    cmds.append(start_command(run, target, fingerprint, job, only, config, extraction))
     return cmds
 
 

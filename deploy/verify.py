@@ -81,6 +81,9 @@ def _stored_shards(store, hook: str) -> set[int]:
 
 
 def _open(handle: runstate.RunHandle, key: str):
+    # A named extraction's handle holds its store view (schemas.extraction), whose name
+    # says where its arrays are.
+    key = layout_lib.extraction_key(getattr(handle.store, "name", ""), key)
     return ts_context.open_array(layout_lib.array_spec(handle.location, key))
 
 

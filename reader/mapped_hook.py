@@ -37,7 +37,7 @@ def plain_layout(run, hook: str, array: ts.TensorStore
         return None, f"{run.location.scheme}:// run (mapping is for local files)"
     if not mapped_region.available():
         return None, "this platform has no mapping support here (Linux x86-64/arm64 only)"
-    key = layout_lib.activation_array_key(hook)
+    key = run.stored_key(layout_lib.activation_array_key(hook))
     try:
         metadata = shard_files.read_metadata(run.location.join(key, "zarr.json").path)
         return shard_files.plain_shards(metadata, tuple(array.shape),
@@ -76,7 +76,7 @@ class MappedHook:
         self._array = array
         self._seq_len = layout.shape[1]
         self._path = lambda shard: run.location.join(
-            layout_lib.activation_shard_key(hook, shard)).path
+            run.stored_key(layout_lib.activation_shard_key(hook, shard))).path
         self._chunk_grid, self._inside_grid = layout.token_grids()
         self.mapped_blocks = self.decoded_blocks = 0
         self.refusals: list[str] = []

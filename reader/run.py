@@ -27,13 +27,20 @@ from schemas import uri as uri_lib
 __all__ = ["HookInfo", "Run", "open_run"]
 
 
-def open_run(uri: "str | os.PathLike | uri_lib.Location") -> "Run":
-    """Opens a run directory (local path, gs://bucket/path or memory://name)."""
+def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") -> "Run":
+    """Opens a run directory (local path, gs://bucket/path or memory://name); `extraction`
+    names one of its extractions (schemas.extraction; "" the default one). Several read
+    together, token for token: reader.aligned."""
+    from schemas import extraction as extraction_lib
+
     try:
         opened = run_dir.open_run(uri)
-    except schemas_errors.NotARunError as e:
+        spec = extraction_lib.read_spec(opened, extraction)
+    except (schemas_errors.NotARunError, extraction_lib.UnknownExtractionError,
+            extraction_lib.ExtractionMismatch) as e:
         raise errors.NotARunError(str(e)) from None
-    return Run(opened.store, opened.spec, opened.manifest)
+    return Run(extraction_lib.view(opened.store, extraction), spec, opened.manifest,
+               extraction=extraction)
 
 
 class Run(RunSnapshot):
@@ -43,7 +50,8 @@ class Run(RunSnapshot):
         """A plain summary: hooks (shape, dtype), partitions committed and not, and the
         tokens each mask removes (reader.masks; None until `compute_stats` counted them)."""
         return {
-            "location": str(self.location), "fingerprint": self.spec.fingerprint,
+            "location": str(self.location), "extraction": self.extraction,
+            "fingerprint": self.spec.fingerprint,
             "seq_len": self.seq_len, "total_rows": self.total_rows,
             "hooks": {h: {"shape": list(i.shape), "dtype": i.dtype}
                       for h, i in self.hooks.items()},

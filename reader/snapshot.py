@@ -49,7 +49,10 @@ class RunSnapshot:
     build one with `reader.open_run`)."""
 
     def __init__(self, store: store_lib.ObjectStore, spec: runspec_lib.RunSpec,
-                 manifest: manifest_lib.Manifest):
+                 manifest: manifest_lib.Manifest, extraction: str = ""):
+        # A named extraction's store is its view (schemas.extraction): its own markers,
+        # actx.json and statistics; its arrays' keys go through `stored_key`.
+        self.extraction = extraction
         self.store = store
         self.location = store.location
         self.spec = spec
@@ -187,7 +190,7 @@ class RunSnapshot:
         `context` (a child of it, e.g. with other GCS limits) when given."""
         if context is None and key in self._arrays:
             return self._arrays[key]
-        spec = layout.array_spec(self.location, key)
+        spec = layout.array_spec(self.location, self.stored_key(key))
         try:
             # The process-wide context: memory:// runs exist only in it, and its cache
             # pool keeps shard indexes between gathers.
@@ -198,6 +201,10 @@ class RunSnapshot:
         if context is None:
             self._arrays[key] = array
         return array
+
+    def stored_key(self, key: str) -> str:
+        """`key` (of the default layout) where this run's extraction stores it."""
+        return layout.extraction_key(self.extraction, key)
 
     def activation_array(self, hook: str):
         """The tensorstore array of a hook (no commit checks: callers check rows)."""

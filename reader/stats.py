@@ -87,8 +87,9 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
                                 exclude_special=False)
     names = every.names
     removed = dict.fromkeys(masks_lib.TOKEN_REASONS, 0)
-    norm_arrays = ({h: ts_context.open_array(layout.norms_array(
-        h, run.total_rows, run.seq_len, run.spec.layout).spec(run.location, create=True))
+    norm_arrays = ({h: ts_context.open_array(dataclasses.replace(layout.norms_array(
+        h, run.total_rows, run.seq_len, run.spec.layout), key=run.stored_key(
+            layout.norms_array_key(h))).spec(run.location, create=True))
         for h in hooks} if write else {})
     norms_of = {}  # hook -> [partition rows, T] float32: every token's norm, per partition
     for pid in ids:

@@ -76,7 +76,8 @@ def load_stats(run: snapshot.RunSnapshot, hook: str) -> HookStats:
     if entry is None:
         run.hook(hook)  # unknown hook: say so, listing the hooks
         raise errors.ReaderError(
-            f"{run.location.join(layout.STATS_KEY)}: no statistics for hook {hook!r}; "
+            f"{run.location.join(run.stored_key(layout.STATS_KEY))}: no statistics for hook "
+            f"{hook!r}; "
             f"compute them with reader.open_run(...).compute_stats([{hook!r}])")
     stats = HookStats.from_json_obj(hook, entry)
     stale = set(stats.partitions) - set(run.committed)

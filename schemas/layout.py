@@ -9,6 +9,7 @@ every object is written by exactly one process.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from schemas import runspec as runspec_lib
 from schemas import uri as uri_lib
@@ -47,6 +48,53 @@ PREPARE_OUTPUT_PREFIXES = (f"{TOKENS_GROUP}/", DOCS_PREFIX, REJECTS_PREFIX, "pre
 # Written by prepare before anything else: only a directory holding it (or run.json) has
 # its prefixes above cleared, so a user's own docs/ or tokens/ are never deleted.
 PREPARE_ATTEMPT_KEY = "prepare/attempt.json"
+
+# Several extractions over one token store (one per model and capture spec, e.g. a base
+# and a chat model for a crosscoder). A run's root keeps today's layout: it is the default
+# extraction, whose spec is the root run.json. A named extraction keeps its own copies of
+# the keys in EXTRACTION_KEYS under extractions/<name>/ (its run.json: the run's spec with
+# its own model and capture; its activations/, actx.json, commits/, claims/, heartbeats,
+# stats, masks and verify record); the token store, manifest, docs and logs stay shared.
+# EXTRACTIONS_VERSION counts changes to this layout (1: the first).
+EXTRACTIONS_PREFIX = "extractions/"
+EXTRACTIONS_VERSION = 1
+# One small object per named extraction, so the names come from a listing of a few keys,
+# not of every stored object under extractions/ ("_" starts no extraction name).
+EXTRACTION_NAMES_PREFIX = f"{EXTRACTIONS_PREFIX}_names/"
+EXTRACTION_KEYS = (runspec_lib.RUN_SPEC_KEY, f"{ACTIVATIONS_GROUP}/", COMMITS_PREFIX,
+                   CLAIMS_PREFIX, WORKERS_PREFIX, f"{MASKS_GROUP}/", STATS_KEY, "verify/")
+_EXTRACTION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+
+
+def check_extraction_name(name: str) -> str:
+    """`name` when it can name an extraction (a key segment), else ValueError."""
+    if not _EXTRACTION_NAME.fullmatch(name or "") or name in ("all", "default"):
+        raise ValueError(f"extraction name {name!r}: use 1-40 lower-case letters, digits, "
+                         f"'-' or '_', starting with a letter or digit (e.g. base, chat), "
+                         f"other than 'all' and 'default' (commands' names for every "
+                         f"extraction and for the run's root one)")
+    return name
+
+
+def extraction_name_key(name: str) -> str:
+    """The object that says extraction `name` exists (written after its run.json)."""
+    return f"{EXTRACTION_NAMES_PREFIX}{check_extraction_name(name)}.json"
+
+
+def extraction_prefix(name: str) -> str:
+    """Where a named extraction keeps its keys ("" for the default extraction)."""
+    return f"{EXTRACTIONS_PREFIX}{check_extraction_name(name)}/" if name else ""
+
+
+def extraction_key(name: str, key: str) -> str:
+    """`key` (a run-directory key of the default layout) as extraction `name` stores it:
+    under its prefix when the key is one of an extraction's own (EXTRACTION_KEYS), as it
+    is otherwise (the shared token store, manifest, docs, heartbeats, logs)."""
+    if not name or not any(key == k or (k.endswith("/") and key.startswith(k))
+                           for k in EXTRACTION_KEYS):
+        return key
+    return extraction_prefix(name) + key
+
 
 # Token arrays written by prepare, all int32 [rows, seq_len].
 #   input_ids: token ids (pad_id at padding).

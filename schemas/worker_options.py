@@ -78,6 +78,10 @@ class WorkerOptions(ExtractSettings):
     num_processes: hosts in this replica (default ACTX_NUM_PROCESSES or 1).
     process_id: this host's index in the replica (default ACTX_PROCESS_ID or 0).
     only: extract only these partition ids (default: all that belong to the replica).
+    extraction: which of the run's extractions (schemas.extraction) to extract: None the
+      default one (the root run.json's model; "default" in a list), a name, several names
+      separated by commas (extracted one after another, one model in memory at a time),
+      or "all".
     """
 
     run: str
@@ -90,6 +94,7 @@ class WorkerOptions(ExtractSettings):
     num_processes: int | None = None
     process_id: int | None = None
     only: tuple[int, ...] | None = None
+    extraction: str | None = None
 
     @classmethod
     def for_job(cls, settings: ExtractSettings, **placement) -> "WorkerOptions":

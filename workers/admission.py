@@ -20,17 +20,27 @@ class RunMismatch(errors.UserError, ValueError):
     """The run directory does not belong to this worker's spec, model or numerics."""
 
 
-def check_spec(location, spec, manifest, expect_fingerprint: str | None) -> None:
-    if expect_fingerprint and expect_fingerprint != spec.fingerprint:
-        raise RunMismatch(
-            f"{location}: run fingerprint {spec.fingerprint} differs from this worker's spec "
-            f"({expect_fingerprint}); the run was prepared with another configuration. Use a "
-            f"new run directory, or the spec the run was made with")
+def check_spec(location, spec, manifest, expect_fingerprint: str | None,
+               run_spec=None) -> None:
+    """`spec` (the extraction's) is the one the worker expects, and the manifest is the
+    run's (`run_spec`, the root run.json, when `spec` is a named extraction's)."""
+    if run_spec is not None and run_spec.fingerprint != spec.fingerprint:
+        check_spec(location, run_spec, manifest, None)
+        return _check_expected(location, spec, expect_fingerprint)
+    _check_expected(location, spec, expect_fingerprint)
     if manifest.fingerprint != spec.fingerprint:
         raise RunMismatch(
             f"{location}: manifest.json was prepared for fingerprint {manifest.fingerprint} "
             f"but run.json says {spec.fingerprint}; re-run `actx prepare` into a fresh "
             f"directory")
+
+
+def _check_expected(location, spec, expect_fingerprint: str | None) -> None:
+    if expect_fingerprint and expect_fingerprint != spec.fingerprint:
+        raise RunMismatch(
+            f"{location}: run fingerprint {spec.fingerprint} differs from this worker's spec "
+            f"({expect_fingerprint}); the run was prepared with another configuration. Use a "
+            f"new run directory, or the spec the run was made with")
 
 
 def check_vocabulary(spec, manifest, cfg) -> None:
@@ -121,7 +131,8 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
                                     numerics=numerics)
     if info_lib.create_info(store, mine):
         return
-    key = location.join(layout.ACTIVATIONS_INFO_KEY)
+    key = location.join(layout.extraction_key(getattr(store, "name", ""),
+                                              layout.ACTIVATIONS_INFO_KEY))
     first = info_lib.read_info(store)
     if first is None:  # deleted between the create attempt and this read
         raise RunMismatch(f"{key}: vanished while this worker checked it; run again")

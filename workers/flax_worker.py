@@ -18,7 +18,10 @@ from workers import admission, flax_hooks, flax_model, flax_step, runner
 def worker_for_run(opts: runner.WorkerOptions) -> runner.Worker:
     """The worker that can run `opts.run`'s model."""
     ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
-    spec = runspec.read_run_spec(store.open_store(opts.run))
+    from schemas import extraction as extraction_lib
+
+    spec = runspec.read_run_spec(extraction_lib.view(store.open_store(opts.run),
+                                                     opts.extraction))
     return FlaxWorker(opts) if spec.model.flax else runner.Worker(opts)
 
 

@@ -7,7 +7,10 @@ group first (flags, or ACTX_* variables set by the launcher; none on a one-host 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import logging
+import signal
 import sys
 
 from schemas import errors, flags, worker_options
@@ -38,6 +41,52 @@ def main(argv: list[str] | None = None) -> int:
     try:
         distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
                                           opts.process_id).initialize()
+        names = extraction_names(opts)
+    except (errors.UserError, FileNotFoundError, ValueError) as e:
+        if not sigint.received.is_set():
+            print(f"actx extract: error: {e}", file=sys.stderr)
+            return 2
+        names = []
+    except KeyboardInterrupt:
+        names = []
+    code = 0
+    for name in names:  # one after another, one model in memory at a time
+        if len(names) > 1:
+            logging.getLogger("actx.worker").info("extraction %r", name)
+        sigterm = signal.getsignal(signal.SIGTERM)
+        code = _extract(dataclasses.replace(opts, extraction=name), sigint)
+        # The model goes before the next one loads: nothing may hold its worker (the
+        # SIGTERM handler it installed does, until it is put back).
+        if signal.getsignal(signal.SIGTERM) is not sigterm:
+            signal.signal(signal.SIGTERM, sigterm)
+        sigint.worker = None
+        gc.collect()
+        if code != 0 or sigint.received.is_set():
+            break
+    if sigint.received.is_set() and code != 130:
+        print(INTERRUPTED.format(run=opts.run), file=sys.stderr)
+        return 130
+    return code
+
+
+def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
+    """The extractions `opts.extraction` names, in order ("all": every one of the run)."""
+    from schemas import extraction as extraction_lib
+    from schemas import layout, store
+
+    if opts.extraction == "all":
+        return extraction_lib.names(store.open_store(opts.run))
+    names = [n.strip() for n in (opts.extraction or "").split(",")]
+    names = ["" if n == "default" else n for n in names]
+    for name in names:
+        if name:
+            layout.check_extraction_name(name)
+    return names
+
+
+def _extract(opts: worker_options.WorkerOptions, sigint: "_SigintStop") -> int:
+    """Extracts one extraction of the run: 0 when done, else the process's exit code."""
+    try:
         from workers import flax_worker
 
         worker = flax_worker.worker_for_run(opts)  # runner.Worker, or one for a Flax model

@@ -25,6 +25,7 @@ import numpy as np
 from schemas import commit as commit_lib
 from schemas import run_dir
 from schemas import config as config_lib
+from schemas import extraction as extraction_lib
 from schemas import layout
 from schemas import parallelism
 from schemas import manifest as manifest_lib
@@ -57,9 +58,14 @@ class Worker:
         self.jax = jax
         ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
         opened = run_dir.open_run(opts.run)
-        self.location, self.store = opened.location, opened.store
-        self.spec, self.manifest = opened.spec, opened.manifest
-        admission.check_spec(self.location, self.spec, self.manifest, opts.expect_fingerprint)
+        # One extraction per worker (schemas.extraction): its spec, and a view of the run's
+        # store that keeps its activations, numerics record, markers and claims apart.
+        self.extraction = opts.extraction or ""
+        self.location, self.manifest = opened.location, opened.manifest
+        self.store = extraction_lib.view(opened.store, self.extraction)
+        self.spec = extraction_lib.read_spec(opened, self.extraction)
+        admission.check_spec(self.location, self.spec, self.manifest, opts.expect_fingerprint,
+                             run_spec=opened.spec)
         self.topo = schedule.Topology(
             replicas=opts.replicas, replica=opts.replica,
             hosts_per_replica=jax.process_count(), host_index=jax.process_index())
@@ -113,8 +119,9 @@ class Worker:
                                         opts.allow_numerics_change,
                                         nothing_committed=not self._committed)
         self.arrays = writer.ActivationArrays(
-            self.location, self.hooks, self.manifest.total_rows, self.manifest.seq_len,
-            self.spec.capture.dtype, self.spec.layout)
+            self.location.join(layout.extraction_prefix(self.extraction)), self.hooks,
+            self.manifest.total_rows, self.manifest.seq_len, self.spec.capture.dtype,
+            self.spec.layout)
         self.tokens = prefetch.TokenStore(self.location)
         self.timings = outputs.HostTimings()
         self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)

@@ -1,0 +1,226 @@
+"""Extractions: several models' activations over one token store (schemas.layout).
+
+A run's root is its default extraction (today's layout, the root run.json's model). A
+named extraction (`base`, `chat`, ...) is the run's spec with another model and capture,
+kept at `extractions/<name>/run.json` beside its own activations, numerics record,
+commit markers, claims and statistics. Everything that reads or writes one extraction
+goes through `ExtractionStore`, a view of the run's store that puts the extraction's own
+keys (layout.EXTRACTION_KEYS, heartbeats among them: a status per extraction shows the
+hosts at work on it) under its prefix and leaves the shared ones (tokens, manifest, docs,
+logs) where they are, so the commit rule, the numerics record
+and their readers keep one definition each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schemas import commit as commit_lib
+from schemas import errors
+from schemas import layout
+from schemas import run_dir
+from schemas import runspec as runspec_lib
+from schemas import store as store_lib
+
+
+class UnknownExtractionError(errors.UserError, KeyError):
+    """A name that is not one of the run's extractions."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class ExtractionMismatch(errors.UserError, ValueError):
+    """An extraction spec that cannot share the run's token store."""
+
+
+class ExtractionStore(store_lib.ObjectStore):
+    """The run's store as one extraction sees it (see the module docstring). The default
+    extraction's view is the run's store itself (`view` returns it unchanged)."""
+
+    def __init__(self, base: store_lib.ObjectStore, name: str):
+        super().__init__(base.location)
+        self.base = base
+        self.name = layout.check_extraction_name(name)
+        self.PARALLEL_LISTING = base.PARALLEL_LISTING
+        self._prefix = layout.extraction_prefix(name)
+
+    def _key(self, key: str) -> str:
+        return layout.extraction_key(self.name, key)
+
+    def _unkey(self, key: str) -> str:
+        return key[len(self._prefix):] if key.startswith(self._prefix) else key
+
+    def read(self, key):
+        return self.base.read(self._key(key))
+
+    def write(self, key, data):
+        self.base.write(self._key(key), data)
+
+    def create(self, key, data):
+        return self.base.create(self._key(key), data)
+
+    def list(self, prefix=""):
+        return [self._unkey(k) for k in self.base.list(self._key(prefix))]
+
+    def list_split(self, prefix, boundaries):
+        return [self._unkey(k) for k in self.base.list_split(
+            self._key(prefix), [self._key(b) for b in boundaries])]
+
+    def delete(self, key):
+        self.base.delete(self._key(key))
+
+    def exists(self, key):
+        return self.base.exists(self._key(key))
+
+    def size(self, key):
+        return self.base.size(self._key(key))
+
+    def read_range(self, key, start, end):
+        return self.base.read_range(self._key(key), start, end)
+
+    def check_reachable(self):
+        self.base.check_reachable()
+
+    def read_many(self, keys, max_parallel=32):
+        return self.base.read_many([self._key(k) for k in keys], max_parallel)
+
+    def write_with_summary(self, key, data, summary):
+        self.base.write_with_summary(self._key(key), data, summary)
+
+    def list_summaries(self, prefix):
+        found = self.base.list_summaries(self._key(prefix))
+        return None if found is None else {self._unkey(k): v for k, v in found.items()}
+
+    def parse_json(self, key, data):
+        return self.base.parse_json(self._key(key), data)
+
+    def delete_prefix(self, prefix):
+        return self.base.delete_prefix(self._key(prefix))
+
+
+def view(store: store_lib.ObjectStore, name: str) -> store_lib.ObjectStore:
+    """The store as extraction `name` sees it ("" or None: the default, `store` itself)."""
+    if not name:
+        return store
+    if isinstance(store, ExtractionStore):
+        store = store.base
+    return ExtractionStore(store, name)
+
+
+def named(store: store_lib.ObjectStore) -> list[str]:
+    """The run's named extractions, sorted (one listing of a few small objects)."""
+    if isinstance(store, ExtractionStore):
+        store = store.base
+    start = len(layout.EXTRACTION_NAMES_PREFIX)
+    return sorted(key[start:-len(".json")] for key in store.list(layout.EXTRACTION_NAMES_PREFIX)
+                  if key.endswith(".json"))
+
+
+def names(store: store_lib.ObjectStore) -> list[str]:
+    """Every extraction of the run: "" (the default, at the root) first when it is in use,
+    then the named ones. The default is in use unless the run has named extractions and
+    the default has written nothing (a run prepared for named models only)."""
+    others = named(store)
+    # The first worker writes actx.json before any data: one read, no listing.
+    default_used = not others or store.exists(layout.ACTIVATIONS_INFO_KEY)
+    return ([""] if default_used else []) + others
+
+
+def shown(name: str) -> str:
+    """How messages name an extraction."""
+    return f"extraction {name!r}" if name else "the default extraction"
+
+
+def read_spec(opened: run_dir.OpenedRun, name: str) -> runspec_lib.RunSpec:
+    """The RunSpec of extraction `name` of an opened run ("" the root run.json), checked
+    to share the run's token store."""
+    if not name:
+        return opened.spec
+    ext_store = view(opened.store, name)
+    try:
+        spec = runspec_lib.read_run_spec(ext_store)
+    except FileNotFoundError:
+        known = ", ".join(repr(n) for n in named(opened.store)) or "none"
+        raise UnknownExtractionError(
+            f"{opened.location}: no extraction {name!r} (named extractions: {known}); add it "
+            f"to the `extractions` table of the run's submit config and `actx submit` it "
+            f"(the prepared tokens are kept), or schemas.extraction.add") from None
+    # The tokens are the run's, so is the record of the tokenizer that made them (an
+    # extraction recorded before its run was prepared has none of its own).
+    spec = dataclasses.replace(spec, tokenizer_identity=opened.spec.tokenizer_identity)
+    if spec.tokens_fingerprint != opened.spec.tokens_fingerprint:
+        raise ExtractionMismatch(
+            f"{opened.location.join(layout.extraction_key(name, runspec_lib.RUN_SPEC_KEY))}: "
+            f"its token settings differ from the run's run.json; the file was edited by "
+            f"hand. Restore it, or add the extraction again")
+    return spec
+
+
+def spec_for(run_spec: runspec_lib.RunSpec, model: runspec_lib.ModelSpec,
+             capture: runspec_lib.CaptureConfig) -> runspec_lib.RunSpec:
+    """The spec of an extraction of `run_spec`'s token store with `model` and `capture`."""
+    return dataclasses.replace(run_spec, model=model, capture=capture)
+
+
+def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
+        spec: runspec_lib.RunSpec) -> bool:
+    """Records extraction `name` of a prepared run (`run_spec` its root run.json) with
+    `spec` (a RunSpec that differs from it in model and capture only). True when written
+    now; False when the run already has it with this spec. An extraction with another spec
+    is replaced while it has committed nothing, else refused (CommittedRunError)."""
+    layout.check_extraction_name(name)
+    if spec.tokens_fingerprint != run_spec.tokens_fingerprint:
+        raise ExtractionMismatch(
+            f"{store.location}: extraction {name!r} differs from the run in more than model "
+            f"and capture; an extraction shares the run's tokens, so only model.* and "
+            f"capture.* may differ. Prepare a new run for other token settings")
+    # The tokens are the run's, so is the record of the tokenizer that made them.
+    spec = dataclasses.replace(spec, tokenizer_identity=run_spec.tokenizer_identity)
+    ext_store = view(store, name)
+    existing = ext_store.read_json(runspec_lib.RUN_SPEC_KEY)
+    if existing is not None:
+        old = runspec_lib.RunSpec.from_dict(existing)
+        if old.fingerprint == spec.fingerprint:
+            # Its name too, in case an earlier call stopped between the two writes.
+            store.create_json(layout.extraction_name_key(name), {"name": name})
+            return False
+        changed = old.extraction_changes(spec)
+        committed = commit_lib.committed_partitions(ext_store)
+        if committed:
+            raise run_dir.CommittedRunError(
+                f"{store.location}: extraction {name!r} has {len(committed)} committed "
+                f"partition(s) with the earlier {', '.join(changed)}; activations of two "
+                f"settings would mix. Add it under another name")
+        run_dir.record_change(store, "extraction-spec", {
+            "extraction": name, "from_fingerprint": old.fingerprint,
+            "to_fingerprint": spec.fingerprint, "changed": changed})
+        for prefix in (f"{layout.ACTIVATIONS_GROUP}/", layout.CLAIMS_PREFIX):
+            ext_store.delete_prefix(prefix)
+    ext_store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
+    store.create_json(layout.extraction_name_key(name), {"name": name})  # after its spec
+    return True
+
+
+def scoped(opened: run_dir.OpenedRun, name: str) -> run_dir.OpenedRun:
+    """The opened run as extraction `name` sees it: its spec and store view, the shared
+    manifest (what status, rerun and verify take)."""
+    if not name:
+        return opened
+    return run_dir.OpenedRun(opened.location, view(opened.store, name),
+                             read_spec(opened, name), opened.manifest)
+
+
+def select(store: store_lib.ObjectStore, wanted: str | None) -> list[str]:
+    """The extractions a command names: None or "all" every one of the run (`names`),
+    else a comma-separated list ("default" or "" names the root one), each checked."""
+    if wanted in (None, "all"):
+        return names(store)
+    chosen = ["" if n.strip() in ("", "default") else n.strip() for n in wanted.split(",")]
+    known = named(store)
+    for name in chosen:
+        if name and name not in known:
+            raise UnknownExtractionError(
+                f"{store.location}: no extraction {name!r} (named extractions: "
+                f"{', '.join(known) or 'none'})")
+    return chosen

@@ -1,0 +1,308 @@
+"""Several extractions over one token store (schemas.extraction): two tiny Qwen2 models
+with one tokenizer (the second a copy with other weights) extracted into one run, each
+extraction byte-identical to a run of its model alone; a model added to a finished run;
+a killed extraction rerun without touching the other; aligned batches (reader.aligned)
+checked token for token against each extraction read alone.
+
+Workers run in this process (8 CPU devices, batch 8) except the one that is killed, a real
+process with the same devices, so every attempt shares one numerics key.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from schemas import commit, extraction, layout, runspec, store
+from tests import hf_models, token_runs, worker_procs
+
+N_ROWS = 16
+PARTITION_ROWS = 8  # 2 partitions of 1 step (batch 8); shards of 4 rows
+HOOKS = "layers.*.resid_post"
+LIVE_BYTES: list[int] = []  # device bytes alive as each extraction of `both` starts
+
+
+def _extract(run: str, names: str = "") -> None:
+    from workers import main as worker_main
+
+    argv = ["--run", run, "--batch-size", "8"] + (["--extraction", names] if names else [])
+    assert worker_main.main(argv) == 0
+
+
+def _add(run: str, name: str, model: str) -> None:
+    s = store.open_store(run)
+    root = runspec.read_run_spec(s)
+    extraction.add(s, root, name, extraction.spec_for(
+        root, runspec.ModelSpec(path=model, dtype="float32"), root.capture))
+
+
+def _objects(run: str, name: str = "") -> dict[str, bytes]:
+    """Stored activation objects of one extraction by key relative to it, actx.json aside
+    (it records the attempt's numerics, the same here, and the extraction's fingerprint)."""
+    prefix = layout.extraction_prefix(name)
+    objects = worker_procs.stored_objects(run, prefix + "activations")
+    return {k[len(prefix):]: v for k, v in objects.items() if not k.endswith("actx.json")}
+
+
+def _checksums(run: str, name: str = "") -> dict[int, dict]:
+    s = extraction.view(store.open_store(run), name)
+    return {p: commit.read_marker(s, p).checksums for p in commit.committed_partitions(s)}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    base = hf_models.make_tiny_checkpoint(root / "base", "qwen2", seed=0)
+    chat = hf_models.make_tiny_checkpoint(root / "chat", "qwen2", seed=1)  # other weights
+    return {"base": str(base), "chat": str(chat)}
+
+
+@pytest.fixture(scope="module")
+def alone(models, tmp_path_factory):
+    """Each model extracted alone into a run of its own (the default extraction)."""
+    runs = {}
+    for name, model in models.items():
+        run = str(tmp_path_factory.mktemp(f"alone-{name}") / "run")
+        token_runs.write_token_run(run, model, n_rows=N_ROWS, hooks=HOOKS,
+                                   partition_rows=PARTITION_ROWS)
+        _extract(run)
+        runs[name] = run
+    return runs
+
+
+@pytest.fixture(scope="module")
+def both(models, tmp_path_factory):
+    """One token store, extractions `base` and `chat`, extracted by one worker process one
+    after the other."""
+    run = str(tmp_path_factory.mktemp("both") / "run")
+    token_runs.write_token_run(run, models["base"], n_rows=N_ROWS, hooks=HOOKS,
+                               partition_rows=PARTITION_ROWS)
+    for name, model in models.items():
+        _add(run, name, model)
+    import gc
+
+    import jax
+
+    from workers import main as worker_main
+
+    real = worker_main._extract
+
+    def counting(opts, sigint):
+        gc.collect()
+        LIVE_BYTES.append(sum(a.nbytes for a in jax.live_arrays()))
+        return real(opts, sigint)
+
+    worker_main._extract = counting
+    try:
+        _extract(run, "base,chat")
+    finally:
+        worker_main._extract = real
+    return run
+
+
+def test_each_extraction_equals_its_model_alone(both, alone, models):
+    # One model in memory at a time: base's weights were gone before chat's loaded.
+    weights = os.path.getsize(os.path.join(models["base"], "model.safetensors"))
+    assert len(LIVE_BYTES) == 2 and LIVE_BYTES[1] < LIVE_BYTES[0] + weights / 2, \
+        LIVE_BYTES
+    assert extraction.names(store.open_store(both)) == ["base", "chat"]  # no default
+    for name in ("base", "chat"):
+        assert _objects(both, name) == _objects(alone[name]), name
+        assert _checksums(both, name) == _checksums(alone[name])
+    assert _objects(both, "base") != _objects(both, "chat")  # two models, two results
+    # The default extraction (the root) was not extracted; the token store is shared.
+    assert not os.path.exists(os.path.join(both, "activations"))
+    assert not os.path.exists(os.path.join(both, "commits"))
+    info = json.load(open(os.path.join(both, "extractions", "chat", "activations",
+                                       "actx.json")))
+    chat_spec = runspec.read_run_spec(extraction.view(store.open_store(both), "chat"))
+    assert info["fingerprint"] == chat_spec.fingerprint
+
+
+def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):
+    """A finished single-model run gets a second model later, without preparing again; the
+    new extraction's worker is killed after its first commit and rerun: the first model's
+    activations and markers are untouched, the new one equals its model alone."""
+    import shutil
+
+    run = str(tmp_path / "run")
+    shutil.copytree(alone["base"], run)  # the finished run: the default extraction
+    before = {**_objects(run), **{f"m{p}": json.dumps(c) for p, c in _checksums(run).items()}}
+    markers_before = sorted(os.listdir(os.path.join(run, "commits")))
+    _add(run, "chat", models["chat"])
+    code, out = worker_procs.run_worker(
+        ["--run", run, "--batch-size", "8", "--extraction", "chat"], devices=8,
+        ACTX_CRASH_AT="before_commit:2")
+    assert code != 0, out
+    assert len(_checksums(run, "chat")) == 1  # one partition committed, one not
+    from reader import aligned  # reads only what both extractions committed
+
+    with aligned.aligned_stream(run, ["", "chat"], HOOK, 16, buffer_tokens=64) as stream:
+        assert stream.partitions == tuple(_checksums(run, "chat"))
+        rows = np.concatenate([b.rows for b in stream])
+    part = stream.runs["chat"].partitions[stream.partitions[0]]
+    assert len(rows) and part.row_start <= rows.min() and rows.max() < part.row_stop
+    from deploy import cli
+
+    out = io.StringIO()  # `actx rerun` finishes whichever extraction is behind
+    assert cli.main(["rerun", run, "--batch-size", "8", "--devices-per-host", "8"],
+                    out=out) == 0, out.getvalue()
+    assert "rerun: chat: 1 partition(s) on local" in out.getvalue()
+    assert {**_objects(run), **{f"m{p}": json.dumps(c) for p, c in _checksums(run).items()}} \
+        == before
+    assert sorted(os.listdir(os.path.join(run, "commits"))) == markers_before
+    assert _objects(run, "chat") == _objects(alone["chat"])
+    assert _checksums(run, "chat") == _checksums(alone["chat"])
+    assert extraction.names(store.open_store(run)) == ["", "chat"]
+
+
+def test_other_token_settings_are_refused(both, models):
+    s = store.open_store(both)
+    root = runspec.read_run_spec(s)
+    other = extraction.spec_for(root, runspec.ModelSpec(path=models["chat"]), root.capture)
+    import dataclasses
+
+    other = dataclasses.replace(other, packing=dataclasses.replace(root.packing, seq_len=8))
+    with pytest.raises(extraction.ExtractionMismatch, match="only model.. and capture"):
+        extraction.add(s, root, "other", other)
+    with pytest.raises(ValueError, match="extraction name 'Bad/name'"):
+        extraction.add(s, root, "Bad/name", root)
+
+
+HOOK = "layers.1.resid_post"
+
+
+def _valid_tokens(run) -> set[tuple[int, int]]:
+    seg = run.token_rows("segment_ids", 0, run.total_rows)
+    return {(int(r), int(c)) for r, c in zip(*np.nonzero(seg > 0))}
+
+
+def test_aligned_batches_pair_the_right_tokens(both):
+    from reader import aligned, open_run
+
+    alone = {name: open_run(both, extraction=name) for name in ("base", "chat")}
+    options = dict(seed=3, buffer_tokens=64, drop_last=False)
+    with aligned.aligned_stream(both, ["base", "chat"], HOOK, 16, **options) as stream:
+        batches = list(stream)
+    seen = [(int(r), int(c)) for b in batches for r, c in zip(b.rows, b.cols)]
+    assert sorted(seen) == sorted(_valid_tokens(alone["base"]))  # every token once
+    for b in batches:
+        assert b.acts.shape == (len(b), 2, 64) and b.extractions == ("base", "chat")
+        for k, name in enumerate(b.extractions):  # each model's own activation of the token
+            np.testing.assert_array_equal(
+                b.acts[:, k], alone[name].gather([HOOK], b.rows, b.cols)[HOOK])
+    # The order is the one each extraction's own stream has.
+    with alone["chat"].stream(HOOK, 16, **options) as own:
+        for b, mine in zip(batches, own):
+            np.testing.assert_array_equal(b.rows, mine.rows)
+            np.testing.assert_array_equal(b.acts[:, 1], mine.acts[HOOK])
+    # Resumable: after batch 1, the rest.
+    with aligned.aligned_stream(both, ["base", "chat"], HOOK, 16, **options) as stream:
+        state = stream.state(batches[1])
+    with aligned.aligned_stream(both, ["base", "chat"], HOOK, 16, resume=state,
+                                **options) as stream:
+        rest = list(stream)
+    assert [b.step for b in rest] == [b.step for b in batches[2:]]
+    np.testing.assert_array_equal(rest[0].acts, batches[2].acts)
+    # Split across processes: disjoint shares of the same tokens.
+    shares = []
+    for i in range(2):
+        with aligned.aligned_stream(both, ["base", "chat"], HOOK, 8, process_index=i,
+                                    process_count=2, **options) as stream:
+            shares.append({(int(r), int(c)) for b in stream for r, c in zip(b.rows, b.cols)})
+    assert not shares[0] & shares[1] and shares[0] | shares[1] == set(seen)
+
+
+def test_aligned_filters_hook_per_model_and_normalisation(both):
+    """whole_document and token masks as in one extraction's stream, a hook per model, and
+    normalisation by each model's own statistics."""
+    from reader import aligned, open_run
+
+    runs = aligned.open_runs(both, ["base", "chat"])
+    for run in runs.values():
+        run.compute_stats(["layers.0.resid_post", HOOK])
+    stats = {name: run.stats(HOOK) for name, run in runs.items()}  # stored per extraction
+    assert stats["base"].mean_norm != stats["chat"].mean_norm
+    options = dict(seed=1, buffer_tokens=64, whole_document=True, exclude=["bos"],
+                   normalize="unit_mean_norm")
+    hooks = {"base": "layers.0.resid_post", "chat": HOOK}
+    with aligned.AlignedStream(runs, hooks, 16, **options) as stream:
+        batches = list(stream)
+    for name, run in runs.items():
+        with run.stream(hooks[name], 16, **options) as own:
+            mine = list(own)
+        assert len(mine) == len(batches)
+        for b, m in zip(batches, mine):
+            np.testing.assert_array_equal(b.rows, m.rows)
+            np.testing.assert_array_equal(b.acts[:, b.extractions.index(name)],
+                                          m.acts[hooks[name]])
+    with pytest.raises(ValueError, match="outlier"):
+        aligned.AlignedStream(runs, HOOK, 16, exclude=["outlier"])
+
+
+def test_status_follow_and_tpu_plan_per_extraction(both, capsys):
+    from deploy import cli, config, tpu_follow, tpu_vm
+
+    out = io.StringIO()
+    assert cli.main(["status", both, "--check"], out=out) == 0
+    text = out.getvalue()
+    assert "2 extractions over one token store:" in text
+    assert "== extraction base ==" in text and "== extraction chat ==" in text
+    out = io.StringIO()
+    assert cli.main(["status", both, "--extraction", "chat", "--json"], out=out) == 0
+    obj = json.loads(out.getvalue())
+    assert obj["complete"] and obj["extractions"]["chat"]["counts"]["committed"] == 2
+    assert cli.main(["status", both, "--extraction", "sft"], out=io.StringIO()) == 2
+    assert "no extraction 'sft' (named extractions: base, chat)" in capsys.readouterr().err
+    assert cli.main(["verify", both, "--extraction", "chat"], out=io.StringIO()) == 0
+    assert tpu_follow.follow(both, "tpu1-w", 0.0, extraction="base,chat",
+                             out=io.StringIO()) == 0
+    tpu = config.TpuConfig(name="tpu1", zone="z", project="p", accelerator_type="v4-32")
+    plan = tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(batch_size=16, tpu=tpu), None,
+                       "j", install=False, extraction="base,chat")
+    assert "--extraction base,chat --host-name" in plan[-1].argv[-1]
+    assert "--extraction" not in tpu_vm.plan("gs://b/runs/r1", config.TargetConfig(
+        batch_size=16, tpu=tpu), "0123", "j", install=False)[-1].argv[-1]
+
+
+def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
+    """The worker's tokenizer check applies per extraction: a model whose embedding is
+    smaller than the token store's vocabulary (512 ids) is refused for it."""
+    from workers import admission, runner
+
+    small = hf_models.make_tiny_checkpoint(tmp_path / "small", "qwen2", vocab_size=256)
+    run = worker_procs.copy_token_store(both, str(tmp_path / "run"))
+    _add(run, "small", str(small))
+    with pytest.raises(admission.RunMismatch,
+                       match=r"larger than the model.s embedding \(256 rows"):
+        runner.Worker(runner.WorkerOptions(run=run, batch_size=8, extraction="small"))
+    assert not os.path.exists(os.path.join(run, "extractions", "small", "activations"))
+
+
+def test_aligned_batches_of_two_widths_are_a_mapping(both, tmp_path):
+    """A model of another width over the same tokens: each batch maps extraction -> its
+    [n, d] activations, still the same tokens in each."""
+    import shutil
+
+    from reader import aligned, open_run
+
+    narrow = hf_models.make_tiny_checkpoint(tmp_path / "narrow", "qwen2", hidden_size=32,
+                                            intermediate_size=64)
+    run = str(tmp_path / "run")
+    shutil.copytree(both, run)
+    _add(run, "narrow", str(narrow))
+    _extract(run, "narrow")
+    with aligned.aligned_stream(run, ["base", "narrow"], HOOK, 16, seed=5,
+                                buffer_tokens=64) as stream:
+        batches = list(stream)
+    assert batches and all(isinstance(b.acts, dict) for b in batches)
+    for name, width in (("base", 64), ("narrow", 32)):
+        alone = open_run(run, extraction=name)
+        for b in batches:
+            assert b.acts[name].shape == (len(b), width)
+            np.testing.assert_array_equal(b.acts[name],
+                                          alone.gather([HOOK], b.rows, b.cols)[HOOK])
