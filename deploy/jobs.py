@@ -143,12 +143,21 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
         print(f"extract: all {len(status.partitions)} partitions of {run} are committed; "
               f"nothing to do", file=out)
     else:
-        if target.extract == "beam":
-            from deploy import beam_target
+        from schemas import stop_signals
 
-            code = beam_target.run_local(run, target, fingerprint, job, only=only, out=out)
-        else:
-            code = local.run_workers(run, target, fingerprint, job, only=only, out=out)
+        try:
+            if target.extract == "beam":
+                from deploy import beam_target
+
+                code = beam_target.run_local(run, target, fingerprint, job, only=only,
+                                             out=out)
+            else:
+                code = local.run_workers(run, target, fingerprint, job, only=only, out=out)
+        except KeyboardInterrupt as e:  # SIGINT or SIGTERM: the workers were stopped
+            raise stop_signals.Stopped(
+                stop_signals.signum_of(e),
+                hint=f"the workers stopped; partitions without a commit marker stay "
+                     f"uncommitted: `actx rerun {run}` finishes them") from None
         status = runstate.compute_status(handle)
         if code != 0:
             print(runstate.render(status), file=out)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from deploy import commands
 from deploy import config as config_lib
 from deploy import runstate
 from schemas import config as schemas_config
@@ -43,13 +44,25 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
         print(f"prepare: {run} is already prepared for fingerprint {spec.fingerprint}; "
               f"skipping", file=out, flush=True)
         return False
-    from pipeline import main as pipeline_main  # Beam: only when prepare runs here
+    from pipeline import interrupt  # Beam: only when prepare runs here
+    from pipeline import main as pipeline_main
+    from schemas import stop_signals
 
     print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
     t0 = time.monotonic()
-    manifest = pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
-                                         max_reject_fraction=max_reject_fraction,
-                                         retry_argv=retry_argv)
+    with interrupt.interruptible() as interrupted:
+        try:
+            manifest = pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
+                                                 max_reject_fraction=max_reject_fraction,
+                                                 retry_argv=retry_argv)
+        except BaseException:
+            if not interrupted.is_set():
+                raise
+    if interrupted.is_set():  # Beam wraps the KeyboardInterrupt into errors of its own
+        raise stop_signals.Stopped(
+            interrupted.signum,
+            hint=f"{run} is not prepared (no manifest.json); "
+                 f"`{' '.join(retry_argv or ['actx', 'submit'])}` again prepares it")
     print(f"prepare: {manifest.total_rows} rows, {manifest.total_tokens:,} tokens, "
           f"{len(manifest.partitions)} partitions, {manifest.docs_rejected} rejected "
           f"({time.monotonic() - t0:.1f}s)", file=out, flush=True)
@@ -181,12 +194,13 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     if upload:
         upload_logs(run, job, logs)
     for p in failed:
-        print(f"extract: worker {p.name} failed with exit code {p.returncode}; last lines of "
+        print(f"extract: worker {p.name} (pid {p.popen.pid}) failed "
+              f"({commands.describe_exit(p.returncode)}); last lines of "
               f"{p.log_path}:\n{tail(p.log_path)}", file=out, flush=True)
     return 1 if failed else 0
 
 
-def mark_dead(run: str, host: str, returncode: int) -> bool:
+def mark_dead(run: str, host: str, returncode: int | None, how: str = "") -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
     until it went stale). Status then shows the host failed at once, and its partition as
@@ -200,8 +214,9 @@ def mark_dead(run: str, host: str, returncode: int) -> bool:
         beat = schemas_config.from_dict(heartbeat_lib.Heartbeat, data, f"{key}: ")
     except (ValueError, schemas_config.ConfigError):
         return False  # a damaged heartbeat: status reports it as it is
-    how = (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
-           and -returncode in signal.valid_signals() else f"exited with code {returncode}")
+    how = how or (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
+                  and -returncode in signal.valid_signals()
+                  else f"exited with code {returncode}")
     beat = dataclasses.replace(
         beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
         message=f"process {how} (seen by actx on {socket.gethostname()}); "

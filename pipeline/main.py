@@ -409,10 +409,10 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
         if not interrupted.is_set():
             raise
     if interrupted.is_set():
-        print(f"actx prepare: interrupted; {args.out} is not prepared (no manifest.json). "
-              f"The same command again clears what this attempt left and prepares it",
-              file=sys.stderr)
-        return 130
+        print(f"actx prepare: interrupted by {interrupted.name}; {args.out} is not prepared "
+              f"(no manifest.json). The same command again clears what this attempt left "
+              f"and prepares it", file=sys.stderr)
+        return interrupted.exit_code
     print(f"prepared {args.out}: {manifest.total_rows} rows, {manifest.total_tokens} tokens, "
           f"{len(manifest.partitions)} partition(s), {manifest.docs_rejected} rejected "
           f"(fingerprint {manifest.fingerprint})")

@@ -218,13 +218,14 @@ _DISK_FAULTS = {
 @contextlib.contextmanager
 def local_write(path: str, tmp: str | None = None):
     """Turns a full or read-only disk into one StoreError naming the path and what to do
-    (then running the same command again goes on); the temporary file goes."""
+    (then running the same command again goes on); the temporary file goes, on any
+    failure or a stop signal (SIGINT, SIGTERM: `schemas.stop_signals`) alike."""
     try:
         yield
-    except OSError as e:
+    except BaseException as e:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-        if e.errno not in _DISK_FAULTS:
+        if not isinstance(e, OSError) or e.errno not in _DISK_FAULTS:
             raise
         raise StoreError(f"{path}: cannot write ({e.strerror}); {_DISK_FAULTS[e.errno]}, "
                          f"then run the same command again") from None

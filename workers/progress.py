@@ -23,6 +23,7 @@ class Progress:
         self.lock = threading.Lock()
         self.state = "starting"
         self.partition: int | None = None
+        self.held: tuple[int, ...] = ()  # given to this process, not yet done
         self.step = 0
         self.steps = 0
         self.tokens_done = 0
@@ -46,11 +47,11 @@ class HeartbeatThread:
     """Writes `progress` as this host's heartbeat every `interval_s` until stopped."""
 
     def __init__(self, store, host: str, replica: int, process_index: int, attempt: str,
-                 progress: Progress, interval_s: float):
+                 progress: Progress, interval_s: float, job: str = ""):
         self._writer = heartbeat_lib.HeartbeatWriter(store, host, min_interval_s=interval_s)
         self._identity = dict(host=host, replica=replica, process_index=process_index,
                               attempt=attempt, machine=heartbeat_lib.this_machine(),
-                              pid=os.getpid())
+                              pid=os.getpid(), job=job)
         self._progress = progress
         self._interval_s = interval_s
         self._stop = threading.Event()
@@ -76,7 +77,7 @@ class HeartbeatThread:
                 partition=p.partition, step=p.step, steps=p.steps, tokens_done=p.tokens_done,
                 tokens_per_s=round(rate, 1),
                 eta_s=round(p.tokens_left / rate, 1) if rate > 0 else None,
-                partitions_done=p.partitions_done, message=p.message)
+                partitions_done=p.partitions_done, message=p.message, held=p.held)
         with self._write_lock:
             try:
                 self._writer.beat(hb, force=force)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -355,13 +354,6 @@ class Worker:
             self.progress.partitions_done += 1
         self._committed.add(pid)
 
-    def install_signal_handlers(self) -> None:
-        def on_term(signum, frame):
-            log.warning("SIGTERM received: finishing the current step, committing nothing "
-                        "partial")
-            self.stop_requested.set()
-
-        signal.signal(signal.SIGTERM, on_term)
 
 
 class Session:
@@ -376,7 +368,7 @@ class Session:
         worker.progress.update(tokens_left=tokens_left)
         self._beats = progress.HeartbeatThread(
             worker.store, worker.host, worker.topo.replica, worker.topo.host_index,
-            worker.attempt, worker.progress, worker.opts.heartbeat_s)
+            worker.attempt, worker.progress, worker.opts.heartbeat_s, job=worker.opts.job)
         self._beats.start()
         self.pool = writer.WriterPool(worker.opts.writer_threads,
                                       worker.opts.max_pending_mb << 20)
@@ -392,6 +384,7 @@ class Session:
         todo = [p for p in pids if not w._is_committed(p)]
         if not todo:
             return []
+        w.progress.update(held=tuple(todo))
         try:
             if w.topo.hosts_per_replica == 1:
                 w.run_stream(self.pool, self.committer, set(), sequence=todo)
@@ -402,7 +395,7 @@ class Session:
         except BaseException as e:
             w.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
             raise
-        w.progress.update(state="idle", partition=None)
+        w.progress.update(state="idle", partition=None, held=())
         return todo
 
     def committed_by_me(self, pid: int) -> bool:
