@@ -79,7 +79,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: 
             _stop_group(proc)
             raise
     if upload:
-        local.upload_logs(run, job, log_dir)
+        local.upload_logs(run, job, log_dir, out)
     if dead:
         for hb in dead:
             local.mark_dead(run, hb.host, None, how="died (killed, or out of memory): "

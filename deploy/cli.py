@@ -259,20 +259,24 @@ def main(argv: list[str] | None = None, out=None) -> int:
 _RESUME = {
     "status": "nothing was written",
     "verify": "nothing was recorded; `actx verify {run}` checks it again",
-    "rerun": "partitions without a commit marker stay uncommitted: `actx rerun {run}` "
-             "finishes them",
+    "extract": "partitions without a commit marker stay uncommitted: `actx rerun {run}` "
+               "finishes them",
 }
-_RESUME["extract"] = _RESUME["rerun"]
 
 
 def _interrupted(argv: list[str], e: KeyboardInterrupt) -> int:
     """One line: which command a stop signal ended, and the command that resumes."""
+    import shlex
+
     command = argv[0] if argv else ""
     run = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--run", "--out")),
                next((a for a in argv[1:] if not a.startswith("-")), "RUN"))
-    hint = getattr(e, "hint", "") or _RESUME.get(command, "").format(run=run) or (
-        f"`{' '.join(['actx', *argv])}` again resumes; committed work is kept"
-        if command in ("submit", "demo") else "")
+    hint = getattr(e, "hint", "") or _RESUME.get(command, "").format(run=run)
+    if command in ("submit", "demo", "rerun") and "`" not in hint:
+        # The same command (its config, its target) resumes: committed partitions are
+        # kept, a prepared run is not prepared again.
+        hint = (f"{hint or 'committed work is kept'}: `{shlex.join(['actx', *argv])}` "
+                f"again finishes them")
     signum = stop_signals.signum_of(e)
     print(f"actx {command}: interrupted by {stop_signals.signal_name(signum)}"
           f"{'; ' + hint if hint else ''}".replace("actx :", "actx:"), file=sys.stderr,

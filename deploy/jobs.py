@@ -156,8 +156,8 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
         except KeyboardInterrupt as e:  # SIGINT or SIGTERM: the workers were stopped
             raise stop_signals.Stopped(
                 stop_signals.signum_of(e),
-                hint=f"the workers stopped; partitions without a commit marker stay "
-                     f"uncommitted: `actx rerun {run}` finishes them") from None
+                hint="the workers stopped; partitions without a commit marker stay "
+                     "uncommitted") from None
         status = runstate.compute_status(handle)
         if code != 0:
             print(runstate.render(status), file=out)

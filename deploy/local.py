@@ -192,7 +192,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
             p.popen.wait()
             p.log_file.close()
     if upload:
-        upload_logs(run, job, logs)
+        upload_logs(run, job, logs, out)
     for p in failed:
         print(f"extract: worker {p.name} (pid {p.popen.pid}) failed "
               f"({commands.describe_exit(p.returncode)}); last lines of "
@@ -234,7 +234,17 @@ def _stop_replica(procs: list[_Proc], replica: int) -> None:
             p.popen.terminate()
 
 
-def upload_logs(run: str, job: str, log_dir: str) -> None:
+def upload_logs(run: str, job: str, log_dir: str, out=sys.stdout) -> None:
+    """Copies the job's local logs into <run>/logs/<job>/. A store that refuses them (a
+    bucket that takes no writes) costs one line, not the workers' outcome: the logs stay
+    where they are, and that line says where."""
+    try:
+        _upload_logs(run, job, log_dir)
+    except store_lib.StoreError as e:
+        print(f"extract: the logs stay in {log_dir}: {e}", file=out, flush=True)
+
+
+def _upload_logs(run: str, job: str, log_dir: str) -> None:
     store = store_lib.open_store(run)
     for name in sorted(os.listdir(log_dir)):
         with open(os.path.join(log_dir, name), "rb") as f:

@@ -154,6 +154,9 @@ def translate(where: str, bucket: str, e: BaseException) -> BaseException:
     if isinstance(cause, api.Unauthorized):
         return StoreError(f"{where}: the credentials were rejected (401); run `gcloud auth "
                           f"application-default login` again, or check the key file")
+    refused = _refusal(where, bucket, cause)
+    if refused is not None:
+        return refused
     if isinstance(cause, api.Forbidden):
         return StoreError(f"{where}: permission denied on bucket {bucket} (403: "
                           f"{_message(cause)}); grant this account roles/storage.objectViewer "
@@ -169,7 +172,34 @@ def translate(where: str, bucket: str, e: BaseException) -> BaseException:
     if _is_network(cause) or isinstance(e, api.RetryError):
         return StoreError(f"{where}: cannot reach {_endpoint()} ({_network_reason(cause)}); "
                           f"check the network, proxy or STORAGE_EMULATOR_HOST")
+    if isinstance(cause, api.GoogleAPICallError) and isinstance(cause.code, int) and (
+            cause.code >= 400 and not isinstance(cause, (api.PreconditionFailed,
+                                                         api.NotFound))):
+        # Any other answer that refuses the request: GCS's own words, where, what next.
+        return StoreError(f"{where}: GCS refused the request ({cause.code}: "
+                          f"{_message(cause)}); check the bucket and this account's access "
+                          f"to it, then run the same command again")
     return e
+
+
+# A bucket that will not take more: what GCS says (its error reasons and words), and what
+# to do. Checked before permission, since a used-up quota also answers 403.
+_NO_ROOM = ("quotaexceeded", "quota exceeded", "storage quota", "insufficientstorage",
+            "insufficient storage")
+
+
+def _refusal(where: str, bucket: str, cause: BaseException) -> StoreError | None:
+    code = getattr(cause, "code", None)
+    said = " ".join([_message(cause), *(str(e.get("reason", "")) for e in
+                                        (getattr(cause, "errors", None) or [])
+                                        if isinstance(e, dict))]).lower()
+    if code == 507 or (isinstance(code, int) and code >= 400 and any(w in said
+                                                                      for w in _NO_ROOM)):
+        return StoreError(f"{where}: bucket {bucket} has no room for it ({code}: "
+                          f"{_message(cause)}); free space or raise the project's storage "
+                          f"quota, or choose a run directory in another bucket, then run the "
+                          f"same command again")
+    return None
 
 
 def _is_network(e: BaseException) -> bool:
@@ -195,7 +225,16 @@ def _network_reason(e: BaseException) -> str:
 
 
 def _message(e: BaseException) -> str:
-    return getattr(e, "message", None) or _first_line(e)
+    """GCS's words, without the request line google-cloud-storage puts first (the caller
+    names the object already)."""
+    import re
+
+    text = getattr(e, "message", None) or _first_line(e)
+    # An upload's refusal carries GCS's JSON answer verbatim: its message says it.
+    said = re.search(r'"message":\s*"((?:[^"\\]|\\.)*)"', text)
+    if said:
+        return said.group(1)
+    return re.sub(r"^[A-Z]+ https?://\S+: ", "", text)
 
 
 def _first_line(e: BaseException) -> str:

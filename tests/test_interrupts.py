@@ -159,7 +159,7 @@ def _submit_config(tmp_path, model: str, tokenizer: str, run: str) -> str:
 
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": f"document {i} " * 12}) + "\n"
-                             for i in range(300)))
+                             for i in range(80)))
     path = tmp_path / f"{os.path.basename(run)}.yaml"
     path.write_text(yaml.safe_dump({
         "run": run,
@@ -188,7 +188,8 @@ def test_sigterm_during_submit_stops_its_workers_and_rerun_is_byte_identical(
                           cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    proc = _start("submit", _submit_config(tmp_path, model, qwen_tokenizer_dir, run))
+    config = _submit_config(tmp_path, model, qwen_tokenizer_dir, run)
+    proc = _start("submit", config)
     deadline = time.monotonic() + 300
     while not (os.path.isdir(os.path.join(run, "commits")) and os.listdir(
             os.path.join(run, "commits"))):
@@ -198,15 +199,16 @@ def test_sigterm_during_submit_stops_its_workers_and_rerun_is_byte_identical(
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     line = _one_interrupted_line(proc, out + err, "submit", signal.SIGTERM)
-    assert f"`actx rerun {run}` finishes them" in line, line
+    assert f"stay uncommitted: `actx submit {config}` again finishes them" in line, line
     assert workers and not any(os.path.exists(f"/proc/{w}") for w in workers), workers
     assert not _temporary_files(run)
     committed = len(os.listdir(os.path.join(run, "commits")))
     manifest = json.load(open(os.path.join(run, "manifest.json")))
     assert committed < len(manifest["partitions"]["tokens"]), "nothing was left to interrupt"
-    again = _start("rerun", run)
+    again = _start("submit", config)
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, out + err
+    assert "is already prepared" in out
     worker_procs.assert_same_activations(run, ref)
 
 
