@@ -52,6 +52,10 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--job", default=None, help="job id (default: <target>-<time>)")
     g.add_argument("--dry-run", action="store_true",
                    help="print every command exactly and run nothing (tpu-vm, dataflow)")
+    g.add_argument("--join", action="store_true",
+                   help="local: run beside the job already extracting this run instead of "
+                        "being refused (this job's hosts get their own names and logs; "
+                        "the first commit of a partition wins)")
 
 
 def _add_wait_flags(p: argparse.ArgumentParser, stale_after: bool = True) -> None:

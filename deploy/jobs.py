@@ -75,7 +75,8 @@ def cmd_submit(args, out) -> int:
         from deploy import local
 
         local.prepare_local(spec, run, cfg.max_reject_fraction, out=out, retry_argv=retry_argv)
-        return _extract_local(run, target, spec.fingerprint, job, None, out)
+        return _extract_local(run, target, spec.fingerprint, job, None, out,
+                              join=getattr(args, "join", False))
 
     on_dataflow = target.kind == "dataflow" or target.prepare == "dataflow"
     prep = dataflow.prepare_commands(spec, run, target, cfg.max_reject_fraction, on_dataflow,
@@ -134,7 +135,8 @@ def _run_prepare_command(cmd, retry_argv: list[str]) -> int:
     return pipeline_main.main(list(cmd.argv[2:]), retry_argv=retry_argv)
 
 
-def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> int:
+def _extract_local(run: str, target, fingerprint: str, job: str, only, out,
+                   join: bool = False) -> int:
     from deploy import local, runstate
 
     handle = runstate.open_run(run)
@@ -145,14 +147,17 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
     else:
         from schemas import stop_signals
 
+        prefix = f"local-{job}" if join else "local"
         try:
-            if target.extract == "beam":
-                from deploy import beam_target
+            with _job_lease(handle, job, target, prefix, join):
+                if target.extract == "beam":
+                    from deploy import beam_target
 
-                code = beam_target.run_local(run, target, fingerprint, job, only=only,
-                                             out=out)
-            else:
-                code = local.run_workers(run, target, fingerprint, job, only=only, out=out)
+                    code = beam_target.run_local(run, target, fingerprint, job, only=only,
+                                                 out=out)
+                else:
+                    code = local.run_workers(run, target, fingerprint, job, only=only,
+                                             out=out, prefix=prefix)
         except KeyboardInterrupt as e:  # SIGINT or SIGTERM: the workers were stopped
             raise stop_signals.Stopped(
                 stop_signals.signum_of(e),
@@ -173,6 +178,44 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
           f"print(r.describe())\"", file=out)
     print(f"check them:  actx verify {handle.location}", file=out, flush=True)
     return 1 if _rerun_hint(handle, status, only, out) else 0
+
+
+def _job_lease(handle, job: str, target, prefix: str, join: bool):
+    """The run's job lease (schemas.job_lease) while this launcher's workers run, or a
+    UsageError naming the live job that holds it; none when joining that job."""
+    import contextlib
+    import os
+    import socket
+
+    from deploy import local
+    from schemas import job_lease
+
+    if join:
+        return contextlib.nullcontext()
+    hosts = (["beam workers (named beam-<machine>-<pid>)"] if target.extract == "beam"
+             else local.host_names(target, prefix))
+    lease = job_lease.new(job, hosts, target.kind,
+                          stop=f"Ctrl-C in its terminal, or `kill -TERM {os.getpid()}` on "
+                               f"{socket.gethostname()}")
+    keeper = job_lease.Keeper(handle.store, lease)
+
+    class _Held:
+        def __enter__(self):
+            try:
+                return keeper.__enter__()
+            except job_lease.LeaseHeld as e:
+                import time
+
+                raise UsageError(
+                    f"{handle.location}: another job is extracting this run: "
+                    f"{e.lease.describe(time.time())}. Wait for it to end, stop it, or add "
+                    f"--join to run this job beside it (its hosts get their own names and "
+                    f"logs)") from None
+
+        def __exit__(self, *exc):
+            keeper.__exit__(*exc)
+
+    return _Held()
 
 
 def _rerun_hint(handle, status, only, out) -> list[int]:
@@ -264,7 +307,8 @@ def cmd_rerun(args, out) -> int:
     if target.kind == "local":
         if args.dry_run:
             raise UsageError("--dry-run is for the tpu-vm target; the local target runs here")
-        return _extract_local(run, target, handle.spec.fingerprint, job, ids, out)
+        return _extract_local(run, target, handle.spec.fingerprint, job, ids, out,
+                              join=args.join)
     if target.kind == "dataflow":
         raise UsageError("rerun extracts; Dataflow only prepares. Use --target local or tpu-vm")
     plan = tpu_vm.plan(run, target, handle.spec.fingerprint, job, only=ids, create=False,

@@ -80,15 +80,27 @@ class _Proc:
     stopped: bool = False  # terminated by us because a peer of its replica failed
 
 
+def host_name(replica: int, process_id: int, prefix: str = "local") -> str:
+    """A local worker's host name (its heartbeat workers/<host>.json, its log <host>.log).
+    A job that joins another's run names its hosts after itself, so they never share a
+    heartbeat with the first job's."""
+    return f"{prefix}-r{replica}h{process_id}"
+
+
+def host_names(target: config_lib.TargetConfig, prefix: str = "local") -> list[str]:
+    return [host_name(r, i, prefix) for r in range(target.replicas)
+            for i in range(target.hosts_per_replica)]
+
+
 def worker_args(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 replica: int, process_id: int, coordinator: str | None,
-                only: list[int] | None) -> list[str]:
+                only: list[int] | None, prefix: str = "local") -> list[str]:
     """Command-line flags of one local worker process."""
     group = ({"coordinator": coordinator, "num_processes": target.hosts_per_replica,
               "process_id": process_id} if target.hosts_per_replica > 1 else {})
     return worker_options.WorkerOptions.for_job(
         target, run=run, replicas=target.replicas, replica=replica, job=job, only=only,
-        expect_fingerprint=fingerprint, host_name=f"local-r{replica}h{process_id}",
+        expect_fingerprint=fingerprint, host_name=host_name(replica, process_id, prefix),
         steal=target.steal and target.replicas > 1, **group).to_argv()
 
 
@@ -130,7 +142,7 @@ def log_dir(run: str, job: str) -> tuple[str, bool]:
 
 def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 only: list[int] | None = None, progress_s: float = 3.0,
-                out=sys.stdout) -> int:
+                out=sys.stdout, prefix: str = "local") -> int:
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
     logs, upload = log_dir(run, job)
     env = worker_env(target)
@@ -138,8 +150,8 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     for r in range(target.replicas):
         coordinator = (f"127.0.0.1:{_free_port()}" if target.hosts_per_replica > 1 else None)
         for i in range(target.hosts_per_replica):
-            name = f"local-r{r}h{i}"
-            args = worker_args(run, target, fingerprint, job, r, i, coordinator, only)
+            name = host_name(r, i, prefix)
+            args = worker_args(run, target, fingerprint, job, r, i, coordinator, only, prefix)
             log_path = os.path.join(logs, f"{name}.log")
             log_file = open(log_path, "w")
             popen = subprocess.Popen([sys.executable, "-m", "workers.main", *args], env=env,

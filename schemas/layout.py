@@ -47,6 +47,12 @@ PREPARE_OUTPUT_PREFIXES = (f"{TOKENS_GROUP}/", DOCS_PREFIX, REJECTS_PREFIX, "pre
 # Written by prepare before anything else: only a directory holding it (or run.json) has
 # its prefixes above cleared, so a user's own docs/ or tokens/ are never deleted.
 PREPARE_ATTEMPT_KEY = "prepare/attempt.json"
+# One job at a time (schemas.job_lease): the job extracting the run, its hosts, who
+# started it and until when it holds the run (renewed by its launcher, and kept alive by
+# its hosts' heartbeats). Create-only; taken over only once expired, through a create-only
+# takeover object under leases/ named after the expired lease, so two takers never both win.
+JOB_LEASE_KEY = "job_lease.json"
+JOB_LEASE_TAKEOVERS_PREFIX = "leases/"
 
 # Token arrays written by prepare, all int32 [rows, seq_len].
 #   input_ids: token ids (pad_id at padding).

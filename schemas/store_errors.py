@@ -192,14 +192,79 @@ def _refusal(where: str, bucket: str, cause: BaseException) -> StoreError | None
     code = getattr(cause, "code", None)
     said = " ".join([_message(cause), *(str(e.get("reason", "")) for e in
                                         (getattr(cause, "errors", None) or [])
-                                        if isinstance(e, dict))]).lower()
-    if code == 507 or (isinstance(code, int) and code >= 400 and any(w in said
-                                                                      for w in _NO_ROOM)):
+                                        if isinstance(e, dict))])
+    return _no_room(where, bucket, code, _message(cause), said)
+
+
+def _no_room(where: str, bucket: str, code, message: str, said: str) -> StoreError | None:
+    if code == 507 or (isinstance(code, int) and code >= 400 and any(
+            w in said.lower() for w in _NO_ROOM)):
         return StoreError(f"{where}: bucket {bucket} has no room for it ({code}: "
-                          f"{_message(cause)}); free space or raise the project's storage "
+                          f"{message}); free space or raise the project's storage "
                           f"quota, or choose a run directory in another bucket, then run the "
                           f"same command again")
     return None
+
+
+# tensorstore's words for what `_DISK_FAULTS` lists (its file driver reports strerror).
+_DISK_WORDS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+               "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+
+
+def from_tensorstore(e: BaseException, where: str = "") -> BaseException:
+    """tensorstore's error (a ValueError whose text carries GCS's HTTP answer, or the
+    file system's words) as the StoreError that google-cloud-storage's or a local write's
+    failure of the same kind gives: one line naming the object and what to do. Anything
+    else (a bug, a 404 or 412 its caller expects) comes back unchanged."""
+    import json
+    import re
+
+    text = str(e).split(" [tensorstore_spec=")[0]
+    named = re.search(r"Error (?:writing|reading|deleting|opening)(?: local file)? "
+                      r"\"?((?:gs://|/)[^\s\"]+?)\"?: ", text)
+    where = named.group(1) if named else where
+    code = re.search(r"http_response_code='(\d+)'", text)
+    if code is None:
+        for words, number in _DISK_WORDS.items():
+            if words in text:
+                return StoreError(f"{where}: cannot write ({words}); {_DISK_FAULTS[number]}, "
+                                  f"then run the same command again")
+        return e
+    code = int(code.group(1))
+    if code < 400 or code in (404, 412):
+        return e
+    body = re.search(r"http_response_body='(.*?)'\]", text, re.S)
+    message, said = text.split(": ", 2)[-1].split(" [http_")[0], body.group(1) if body else ""
+    try:
+        message = json.loads(said.encode().decode("unicode_escape"))["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    bucket = where[len("gs://"):].split("/")[0] if where.startswith("gs://") else "?"
+    refused = _no_room(where, bucket, code, message, said + " " + message)
+    if refused is not None:
+        return refused
+    if code == 401:
+        return StoreError(f"{where}: the credentials were rejected (401); run `gcloud auth "
+                          f"application-default login` again, or check the key file")
+    if code == 403:
+        return StoreError(f"{where}: permission denied on bucket {bucket} (403: {message}); "
+                          f"grant this account roles/storage.objectAdmin on it, or use "
+                          f"another account, then run the same command again")
+    return StoreError(f"{where}: GCS refused the request ({code}: {message}); check the "
+                      f"bucket and this account's access to it, then run the same command "
+                      f"again")
+
+
+@contextlib.contextmanager
+def tensorstore_errors(where: str = ""):
+    """Raises what `from_tensorstore` knows as a StoreError, without the library's chain."""
+    try:
+        yield
+    except ValueError as e:
+        error = from_tensorstore(e, where)
+        if error is e:
+            raise
+        raise error from None
 
 
 def _is_network(e: BaseException) -> bool:

@@ -101,7 +101,7 @@ def prepared(prepared_once, gcs_bucket) -> str:
     return run
 
 
-@pytest.mark.parametrize("kind", sorted(REFUSALS))
+@pytest.mark.parametrize("kind", ["403", "507"])  # the quota's 403: prepare, the shard test
 def test_extract_and_verify_on_a_bucket_that_refuses_writes(kind, prepared, proxy):
     run = prepared
     _refuse_writes(proxy, kind)
@@ -123,3 +123,31 @@ def test_extract_and_verify_on_a_bucket_that_refuses_writes(kind, prepared, prox
     code, said = _actx(proxy, "rerun", run, "--hosts", "1", "--batch-size", "2")
     assert code == 0, said
     assert _actx(proxy, "verify", run)[0] == 0
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSALS))
+def test_a_shard_write_refused_names_the_object(kind, gcs_bucket, proxy, monkeypatch):
+    """tensorstore's side of the same refusals (activation shards), in process: the
+    writer's error is the one line google-cloud-storage's refusal gives."""
+    import numpy as np
+
+    from schemas import runspec, store_errors, ts_context, uri
+    from workers import writer
+
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)  # read at every open
+    ts_context.configure(4, 1)
+    try:
+        arrays = writer.ActivationArrays(
+            uri.parse(gcs_bucket + "/runs/w"), {"h": 8}, total_rows=8, seq_len=4,
+            dtype="float32", layout=runspec.LayoutSpec(rows_per_shard=4, partition_rows=8,
+                                                       chunk_rows=2))
+        proxy.add_rule(kind, lambda r: r.agent == "tensorstore" and r.method in WRITES, None)
+        part = writer.PartitionWriter(arrays, (0, 8), writer.WriterPool(1, 1 << 20))
+        part.add(0, {"h": np.ones((8, 4, 8), np.float32)})
+        with pytest.raises(store_errors.StoreError) as raised:
+            part.finish()
+    finally:
+        ts_context.configure()
+    said = str(raised.value)
+    assert said.startswith(f"{gcs_bucket}/runs/w/activations/h/") and REFUSALS[kind] in said
+    assert "\n" not in said and "then run the same command again" in said
