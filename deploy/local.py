@@ -44,25 +44,20 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
         print(f"prepare: {run} is already prepared for fingerprint {spec.fingerprint}; "
               f"skipping", file=out, flush=True)
         return False
-    from pipeline import interrupt  # Beam: only when prepare runs here
-    from pipeline import main as pipeline_main
+    from pipeline import main as pipeline_main  # Beam: only when prepare runs here
     from schemas import stop_signals
 
     print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
     t0 = time.monotonic()
-    with interrupt.interruptible() as interrupted:
-        try:
-            manifest = pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
-                                                 max_reject_fraction=max_reject_fraction,
-                                                 retry_argv=retry_argv)
-        except BaseException:
-            if not interrupted.is_set():
-                raise
-    if interrupted.is_set():  # Beam wraps the KeyboardInterrupt into errors of its own
+    try:
+        manifest = pipeline_main.run_prepare_stoppable(
+            spec, run, ["--runner=FnApiRunner"], max_reject_fraction=max_reject_fraction,
+            retry_argv=retry_argv)
+    except KeyboardInterrupt as e:
         raise stop_signals.Stopped(
-            interrupted.signum,
+            stop_signals.signum_of(e),
             hint=f"{run} is not prepared (no manifest.json); "
-                 f"`{' '.join(retry_argv or ['actx', 'submit'])}` again prepares it")
+                 f"`{' '.join(retry_argv or ['actx', 'submit'])}` again prepares it") from None
     print(f"prepare: {manifest.total_rows} rows, {manifest.total_tokens:,} tokens, "
           f"{len(manifest.partitions)} partitions, {manifest.docs_rejected} rejected "
           f"({time.monotonic() - t0:.1f}s)", file=out, flush=True)

@@ -34,6 +34,7 @@ from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import run_dir
 from schemas import runspec as runspec_lib
+from schemas import stop_signals
 from schemas import store as store_lib
 from schemas import tokenizer_identity
 from schemas import uri as uri_lib
@@ -372,6 +373,18 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         name=args.name)
     return runspec_lib.RunSpec.from_dict(runspec_lib.absolute_paths(spec.to_dict(),
                                                                     os.getcwd()))
+
+
+def run_prepare_stoppable(*args, **kwargs) -> manifest_lib.Manifest:
+    """`run_prepare` for a caller that is not `main` (`actx submit`): a stop signal comes
+    out as `stop_signals.Stopped`, not as the errors Beam wraps its interrupt into."""
+    with interrupt.interruptible() as interrupted:
+        try:
+            return run_prepare(*args, **kwargs)
+        except BaseException:
+            if not interrupted.is_set():
+                raise
+    raise stop_signals.Stopped(interrupted.signum)
 
 
 def _beams_echo_of_user_errors(record: logging.LogRecord) -> bool:
