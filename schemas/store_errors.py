@@ -158,9 +158,7 @@ def translate(where: str, bucket: str, e: BaseException) -> BaseException:
     if refused is not None:
         return refused
     if isinstance(cause, api.Forbidden):
-        return StoreError(f"{where}: permission denied on bucket {bucket} (403: "
-                          f"{_message(cause)}); grant this account roles/storage.objectViewer "
-                          f"(objectAdmin to write) on it, or use another account")
+        return _permission_denied(where, bucket, _message(cause))
     if isinstance(cause, api.NotFound):
         return StoreError(f"{where}: bucket {bucket} does not exist (404); check the name "
                           f"(`gcloud storage buckets list`)")
@@ -194,6 +192,12 @@ def _refusal(where: str, bucket: str, cause: BaseException) -> StoreError | None
                                         (getattr(cause, "errors", None) or [])
                                         if isinstance(e, dict))])
     return _no_room(where, bucket, code, _message(cause), said)
+
+
+def _permission_denied(where: str, bucket: str, message: str) -> StoreError:
+    return StoreError(f"{where}: permission denied on bucket {bucket} (403: {message}); "
+                      f"grant this account roles/storage.objectViewer (objectAdmin to write) "
+                      f"on it, or use another account")
 
 
 def _no_room(where: str, bucket: str, code, message: str, said: str) -> StoreError | None:
@@ -247,9 +251,7 @@ def from_tensorstore(e: BaseException, where: str = "") -> BaseException:
         return StoreError(f"{where}: the credentials were rejected (401); run `gcloud auth "
                           f"application-default login` again, or check the key file")
     if code == 403:
-        return StoreError(f"{where}: permission denied on bucket {bucket} (403: {message}); "
-                          f"grant this account roles/storage.objectAdmin on it, or use "
-                          f"another account, then run the same command again")
+        return _permission_denied(where, bucket, message)
     return StoreError(f"{where}: GCS refused the request ({code}: {message}); check the "
                       f"bucket and this account's access to it, then run the same command "
                       f"again")
