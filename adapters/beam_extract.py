@@ -76,6 +76,11 @@ class _ProcessReplica:
             return replica
 
     @classmethod
+    def loaded(cls, opts: worker_options.WorkerOptions) -> bool:
+        with cls._lock:
+            return opts in cls._by_options
+
+    @classmethod
     def release(cls, opts: worker_options.WorkerOptions) -> None:
         with cls._lock:
             replica = cls._by_options.get(opts)
@@ -108,7 +113,8 @@ class ExtractPartitionFn(beam.DoFn):
         host = self._opts.host_name or f"beam-{socket.gethostname()}-{os.getpid()}"
         self._process_opts = dataclasses.replace(self._opts, host_name=host)
         self._run = run_dir.open_run(self._opts.run)
-        self._early_beat(())
+        if not _ProcessReplica.loaded(self._process_opts):  # else its session beats
+            self._early_beat(())
 
     def _early_beat(self, held: tuple[int, ...]) -> None:
         """The process's heartbeat before its replica (and the replica's heartbeat thread)
@@ -126,6 +132,28 @@ class ExtractPartitionFn(beam.DoFn):
             heartbeat_lib.HeartbeatWriter(self._run.store, host).beat(beat, force=True)
         except Exception as e:  # a missed heartbeat must not stop extraction
             log.warning("heartbeat write failed: %s", e)
+
+    def _load_beating(self, held: tuple[int, ...]) -> "_ProcessReplica":
+        """Loads the process's replica, beating (naming `held`) meanwhile: a long load is
+        no silence that status would take for a dead process. (Once another DoFn instance
+        of the process has loaded it, its session beats.)"""
+        if _ProcessReplica.loaded(self._process_opts):
+            return _ProcessReplica.acquire(self._process_opts)
+        stop = threading.Event()
+
+        def beat():
+            while True:
+                self._early_beat(held)
+                if stop.wait(self._opts.heartbeat_s):
+                    return
+
+        beats = threading.Thread(target=beat, daemon=True, name="actx-early-heartbeat")
+        beats.start()
+        try:
+            return _ProcessReplica.acquire(self._process_opts)
+        finally:
+            stop.set()
+            beats.join(timeout=30)
 
     def start_bundle(self):
         self._taken: list = []  # this bundle's partitions, extracted together at its end
@@ -150,8 +178,7 @@ class ExtractPartitionFn(beam.DoFn):
         if not taken:
             return
         if self._replica is None:  # the model loads once per process, at its first bundle
-            self._early_beat(tuple(p.id for p in taken))
-            self._replica = _ProcessReplica.acquire(self._process_opts)
+            self._replica = self._load_beating(tuple(p.id for p in taken))
         worker = self._replica.worker
         with self._replica.step_lock:
             ran = set(self._replica.session.extract([p.id for p in taken]))
