@@ -3,12 +3,14 @@ workers are extracting is refused with exit 2, naming the job, its hosts and how
 it, unless it asks to `--join` (then its hosts get their own names and logs); the lease is
 a create-only object in the run directory, so it works on gs:// (the GCS emulator) as on
 local disk, renewed by its launcher and kept by its hosts' heartbeats, and taken over only
-once expired, by exactly one of two takers. Real worker processes on a tiny random Qwen2.
+once expired, by exactly one of two takers; a SIGTERM to `actx rerun` stops its workers
+and gives the lease back. Real worker processes on a tiny random Qwen2.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,7 +88,7 @@ def _rerun(run: str, job: str, *flags: str) -> subprocess.Popen:
 def test_a_second_rerun_is_refused_unless_it_joins(tmp_path):
     model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1)
     run = str(tmp_path / "run")
-    token_runs.write_token_run(run, str(model), n_rows=1536, seq_len=128,
+    token_runs.write_token_run(run, str(model), n_rows=3072, seq_len=128,
                                partition_rows=32, rows_per_shard=8)
     s = store.open_store(run)
     first = _rerun(run, "first")
@@ -105,13 +107,28 @@ def test_a_second_rerun_is_refused_unless_it_joins(tmp_path):
     assert f"`kill -TERM {first.pid}`" in line and "--join" in line, line
     assert not os.path.exists(os.path.join(run, "logs", "second"))
 
+    # --join runs beside it; a SIGTERM then stops the first (its workers at a step
+    # boundary) and gives the lease back, and the joined job finishes the run.
     joined = _rerun(run, "joined", "--join")
+    while not os.path.exists(os.path.join(run, layout.heartbeat_key("local-joined-r0h0"))):
+        assert joined.poll() is None and time.monotonic() < deadline, joined.communicate()
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 143, out
+    [line] = [x for x in out.splitlines() if "interrupted" in x]
+    assert line.startswith("actx rerun: interrupted by SIGTERM; the workers stopped; "
+                           "partitions without a commit marker stay uncommitted: "
+                           f"`actx rerun {run} --hosts 1 --batch-size 8 --job first` again "
+                           "finishes them"), line
+    assert job_lease.read(s) is None  # given back
     out, _ = joined.communicate(timeout=300)
     assert joined.returncode == 0, out
-    assert "rerun: " in out and "nothing to do" not in out, out  # it ran beside the first
+    assert "rerun: " in out and "nothing to do" not in out, out
     assert os.path.exists(os.path.join(run, "logs", "joined", "local-joined-r0h0.log"))
     assert s.read_json(layout.heartbeat_key("local-joined-r0h0"))["job"] == "joined"
-    out, _ = first.communicate(timeout=300)
-    assert first.returncode == 0, out
-    assert job_lease.read(s) is None  # released at the end
-    assert len(s.list(layout.COMMITS_PREFIX)) == 1536 // 32
+    assert len(s.list(layout.COMMITS_PREFIX)) == 3072 // 32
+    verify = subprocess.run([sys.executable, "-m", "deploy.cli", "verify", run], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": REPO}, capture_output=True,
+                            text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
