@@ -215,11 +215,17 @@ _DISK_WORDS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": e
                "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
 
 
-def from_tensorstore(e: BaseException, where: str = "") -> BaseException:
+_RETRIED = (408, 429, 500, 502, 503, 504)  # what tensorstore retries, as GCS asks
+
+
+def from_tensorstore(e: BaseException, where: str = "", retried: bool = False
+                     ) -> BaseException:
     """tensorstore's error (a ValueError whose text carries GCS's HTTP answer, or the
     file system's words) as the StoreError that google-cloud-storage's or a local write's
-    failure of the same kind gives: one line naming the object and what to do. Anything
-    else (a bug, a 404 or 412 its caller expects) comes back unchanged."""
+    failure of the same kind gives: one line naming the object and what to do. An answer
+    tensorstore retries (429, 5xx) only with `retried` (else the caller says it, as the
+    shard writer does, naming the rows); anything else (a bug, a 404 or 412 its caller
+    expects) comes back unchanged."""
     import json
     import re
 
@@ -235,7 +241,7 @@ def from_tensorstore(e: BaseException, where: str = "") -> BaseException:
                                   f"then run the same command again")
         return e
     code = int(code.group(1))
-    if code < 400 or code in (404, 412):
+    if code < 400 or code in (404, 412) or (code in _RETRIED and not retried):
         return e
     body = re.search(r"http_response_body='(.*?)'\]", text, re.S)
     message, said = text.split(": ", 2)[-1].split(" [http_")[0], body.group(1) if body else ""
@@ -252,6 +258,9 @@ def from_tensorstore(e: BaseException, where: str = "") -> BaseException:
                           f"application-default login` again, or check the key file")
     if code == 403:
         return _permission_denied(where, bucket, message)
+    if code in _RETRIED:
+        return StoreError(f"{where}: GCS kept failing after tensorstore's retries ({code}: "
+                          f"{message}); try again later")
     return StoreError(f"{where}: GCS refused the request ({code}: {message}); check the "
                       f"bucket and this account's access to it, then run the same command "
                       f"again")
@@ -263,7 +272,7 @@ def tensorstore_errors(where: str = ""):
     try:
         yield
     except ValueError as e:
-        error = from_tensorstore(e, where)
+        error = from_tensorstore(e, where, retried=True)
         if error is e:
             raise
         raise error from None
