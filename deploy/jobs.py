@@ -4,6 +4,7 @@ that submit created."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from schemas import activations_info as info_lib
@@ -180,10 +181,10 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out,
     return 1 if _rerun_hint(handle, status, only, out) else 0
 
 
+@contextlib.contextmanager
 def _job_lease(handle, job: str, target, prefix: str, join: bool):
-    """The run's job lease (schemas.job_lease) while this launcher's workers run, or a
-    UsageError naming the live job that holds it; none when joining that job."""
-    import contextlib
+    """Holds the run's job lease (schemas.job_lease) while this launcher's workers run, or
+    raises a UsageError naming the live job that holds it; none when joining that job."""
     import os
     import socket
 
@@ -191,31 +192,24 @@ def _job_lease(handle, job: str, target, prefix: str, join: bool):
     from schemas import job_lease
 
     if join:
-        return contextlib.nullcontext()
+        yield
+        return
     hosts = (["beam workers (named beam-<machine>-<pid>)"] if target.extract == "beam"
              else local.host_names(target, prefix))
-    lease = job_lease.new(job, hosts, target.kind,
-                          stop=f"Ctrl-C in its terminal, or `kill -TERM {os.getpid()}` on "
-                               f"{socket.gethostname()}")
-    keeper = job_lease.Keeper(handle.store, lease)
-
-    class _Held:
-        def __enter__(self):
-            try:
-                return keeper.__enter__()
-            except job_lease.LeaseHeld as e:
-                import time
-
-                raise UsageError(
-                    f"{handle.location}: another job is extracting this run: "
-                    f"{e.lease.describe(time.time())}. Wait for it to end, stop it, or add "
-                    f"--join to run this job beside it (its hosts get their own names and "
-                    f"logs)") from None
-
-        def __exit__(self, *exc):
-            keeper.__exit__(*exc)
-
-    return _Held()
+    keeper = job_lease.Keeper(handle.store, job_lease.new(
+        job, hosts, target.kind, stop=f"Ctrl-C in its terminal, or `kill -TERM "
+                                      f"{os.getpid()}` on {socket.gethostname()}"))
+    try:
+        keeper.__enter__()
+    except job_lease.LeaseHeld as e:
+        raise UsageError(
+            f"{handle.location}: another job is extracting this run: "
+            f"{e.lease.describe(time.time())}. Wait for it to end, stop it, or add --join "
+            f"to run this job beside it (its hosts get their own names and logs)") from None
+    try:
+        yield
+    finally:
+        keeper.__exit__(None, None, None)
 
 
 def _rerun_hint(handle, status, only, out) -> list[int]:
