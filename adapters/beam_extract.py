@@ -28,7 +28,7 @@ from apache_beam.metrics import Metrics
 
 from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
-from schemas import errors, flags, run_dir, worker_options
+from schemas import errors, flags, layout, run_dir, worker_options
 
 log = logging.getLogger("actx.beam_extract")
 NAMESPACE = "actx"
@@ -76,6 +76,11 @@ class _ProcessReplica:
             return replica
 
     @classmethod
+    def loaded(cls, opts: worker_options.WorkerOptions) -> bool:
+        with cls._lock:
+            return opts in cls._by_options
+
+    @classmethod
     def release(cls, opts: worker_options.WorkerOptions) -> None:
         with cls._lock:
             replica = cls._by_options.get(opts)
@@ -101,21 +106,64 @@ class ExtractPartitionFn(beam.DoFn):
         self._bytes = Metrics.counter(NAMESPACE, "activation_bytes")
 
     def setup(self):
-        # One heartbeat per worker process: its machine and pid name it.
+        # One heartbeat per worker process: its machine and pid name it. The first is
+        # written now, before the model loads (which takes the longest), and names the
+        # bundle's partitions once they arrive: a process killed at any point (SIGKILL,
+        # out of memory) leaves a heartbeat that status and the launcher see as dead.
         host = self._opts.host_name or f"beam-{socket.gethostname()}-{os.getpid()}"
         self._process_opts = dataclasses.replace(self._opts, host_name=host)
-        self._replica = _ProcessReplica.acquire(self._process_opts)
+        self._run = run_dir.open_run(self._opts.run)
+        if not _ProcessReplica.loaded(self._process_opts):  # else its session beats
+            self._early_beat(())
+
+    def _early_beat(self, held: tuple[int, ...]) -> None:
+        """The process's heartbeat before its replica (and the replica's heartbeat thread)
+        exists."""
+        import time
+
+        from schemas import heartbeat as heartbeat_lib
+
+        host = self._process_opts.host_name
+        beat = heartbeat_lib.Heartbeat(
+            host=host, replica=0, process_index=0, state="starting",
+            attempt=f"{host}-{os.getpid()}-setup", updated_at=time.time(), held=held,
+            machine=heartbeat_lib.this_machine(), pid=os.getpid(), job=self._opts.job)
+        try:
+            heartbeat_lib.HeartbeatWriter(self._run.store, host).beat(beat, force=True)
+        except Exception as e:  # a missed heartbeat must not stop extraction
+            log.warning("heartbeat write failed: %s", e)
+
+    def _load_beating(self, held: tuple[int, ...]) -> "_ProcessReplica":
+        """Loads the process's replica, beating (naming `held`) meanwhile: a long load is
+        no silence that status would take for a dead process. (Once another DoFn instance
+        of the process has loaded it, its session beats.)"""
+        if _ProcessReplica.loaded(self._process_opts):
+            return _ProcessReplica.acquire(self._process_opts)
+        stop = threading.Event()
+
+        def beat():
+            while True:
+                self._early_beat(held)
+                if stop.wait(self._opts.heartbeat_s):
+                    return
+
+        beats = threading.Thread(target=beat, daemon=True, name="actx-early-heartbeat")
+        beats.start()
+        try:
+            return _ProcessReplica.acquire(self._process_opts)
+        finally:
+            stop.set()
+            beats.join(timeout=30)
 
     def start_bundle(self):
         self._taken: list = []  # this bundle's partitions, extracted together at its end
 
     def process(self, partition_id: int):
-        worker = self._replica.worker
-        part = worker.manifest.partition(int(partition_id))
-        if worker._is_committed(part.id):
+        part = self._run.manifest.partition(int(partition_id))
+        if self._run.store.exists(layout.commit_key(part.id)):
             self._skipped.inc()
             yield CommitRecord(part.id, "already committed", part.tokens, part.row_count,
-                               worker.host)
+                               self._process_opts.host_name)
         else:
             self._taken.append(part)
 
@@ -129,6 +177,8 @@ class ExtractPartitionFn(beam.DoFn):
         taken, self._taken = self._taken, []
         if not taken:
             return
+        if self._replica is None:  # the model loads once per process, at its first bundle
+            self._replica = self._load_beating(tuple(p.id for p in taken))
         worker = self._replica.worker
         with self._replica.step_lock:
             ran = set(self._replica.session.extract([p.id for p in taken]))
@@ -150,7 +200,7 @@ class ExtractPartitionFn(beam.DoFn):
                                 [window.GlobalWindow()])
 
     def teardown(self):
-        if self._process_opts is not None:
+        if self._process_opts is not None and self._replica is not None:
             _ProcessReplica.release(self._process_opts)
             self._process_opts = None
 

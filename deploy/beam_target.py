@@ -40,36 +40,81 @@ def local_command(run: str, target: config_lib.TargetConfig, fingerprint: str, j
 def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
               only=None, out=sys.stdout, progress_s: float = 3.0) -> int:
     """Runs the pipeline in a child process with the local target's devices, showing the
-    run's progress; returns its exit code (0: every selected partition committed)."""
-    from deploy import local, runstate
+    run's progress; returns its exit code (0: every selected partition committed).
+
+    Beam's local runners wait forever for a worker process that died (SIGKILL, out of
+    memory): the heartbeats of this job tell, and the pipeline is stopped with one line
+    naming the dead process (deploy.dead_workers)."""
+    from deploy import dead_workers, local, runstate
 
     log_dir, upload = local.log_dir(run, job)
     log_path = os.path.join(log_dir, "beam.log")
     argv = local_command(run, target, fingerprint, job, only)
     print(f"extract: job {job} through Beam ({' '.join(target.beam_args or LOCAL_RUNNER_ARGS)}); "
           f"log in {log_path}", file=out, flush=True)
+    dead: list = []
     with open(log_path, "w") as log_file:
+        # Its own process group: the runner's worker processes are stopped with it.
         proc = subprocess.Popen(argv, env=local.worker_env(target), cwd=config_lib.REPO_ROOT,
-                                stdout=log_file, stderr=subprocess.STDOUT)
-        handle, last = None, ""
-        while proc.poll() is None:
-            time.sleep(progress_s)
-            try:
-                handle = handle or runstate.open_run(run)
-                line = runstate.one_line(runstate.compute_status(handle))
-            except Exception as e:  # progress is best effort; the pipeline decides
-                line = f"(progress unavailable: {e})"
-            if line != last:
-                print(line, file=out, flush=True)
-            last = line
+                                stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        handle, last, gone_since = None, "", {}
+        try:
+            while proc.poll() is None:
+                time.sleep(progress_s)
+                try:
+                    handle = handle or runstate.open_run(run)
+                    line = runstate.one_line(runstate.compute_status(handle))
+                    dead = dead_workers.find(handle.store, job, gone_since,
+                                             grace_s=max(30.0, 3 * target.heartbeat_s))
+                except Exception as e:  # progress is best effort; the pipeline decides
+                    line = f"(progress unavailable: {e})"
+                if line != last:
+                    print(line, file=out, flush=True)
+                last = line
+                if dead and proc.poll() is None:
+                    _stop_group(proc)
+                    break
+        except KeyboardInterrupt:  # SIGINT or SIGTERM: the runner's workers stop too
+            _stop_group(proc)
+            raise
     if upload:
-        local.upload_logs(run, job, log_dir)
+        local.upload_logs(run, job, log_dir, out)
+    if dead:
+        for hb in dead:
+            local.mark_dead(run, hb.host, None, how="died (killed, or out of memory): "
+                                                    "its runner never reported it")
+        print(f"extract: Beam worker process {'; '.join(map(dead_workers.describe, dead))} "
+              f"died, and Beam's local runner would wait for it forever: the pipeline was "
+              f"stopped. Nothing partial was committed; `actx rerun {run}` finishes the run",
+              file=out, flush=True)
+        return 1
     if proc.returncode != 0:
         from deploy import commands
 
         print(f"extract: the Beam pipeline failed ({commands.describe_exit(proc.returncode)});"
               f" last lines of {log_path}:\n{local.tail(log_path)}", file=out, flush=True)
     return 0 if proc.returncode == 0 else 1  # 1: a worker failed, whatever ended it
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to the pipeline's process group, SIGKILL to what is left after `grace_s`."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+            # The group's other members (the runner's workers) may outlive its leader.
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        return
 
 
 def job_name(spec: runspec_lib.RunSpec) -> str:

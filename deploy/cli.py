@@ -20,6 +20,7 @@ from deploy.jobs import UsageError
 from schemas import errors
 from schemas import flags
 from schemas import layout as layout_lib
+from schemas import stop_signals
 
 EXAMPLES = """\
 examples:
@@ -51,6 +52,10 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--job", default=None, help="job id (default: <target>-<time>)")
     g.add_argument("--dry-run", action="store_true",
                    help="print every command exactly and run nothing (tpu-vm, dataflow)")
+    g.add_argument("--join", action="store_true",
+                   help="local: run beside the job already extracting this run instead of "
+                        "being refused (this job's hosts get their own names and logs; "
+                        "the first commit of a partition wins)")
 
 
 def _add_wait_flags(p: argparse.ArgumentParser, stale_after: bool = True) -> None:
@@ -260,21 +265,49 @@ def _staged_for_dataflow(argv: list[str]) -> list[str]:
 
 # -- entry point ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None, out=None) -> int:
-    """Exit codes: 0 ok, 1 a check or a worker failed, 2 bad input, 130 interrupted
-    (SIGINT, in every command and stage)."""
+    """Exit codes: 0 ok, 1 a check or a worker failed, 2 bad input, 130 / 143 interrupted
+    by SIGINT / SIGTERM (128 + the signal's number, in every command and stage)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _main(argv, out)
-    except KeyboardInterrupt:  # prepare and extract, or anywhere the commands do not catch it
-        print(f"actx {argv[0] if argv else ''}: interrupted".replace("  ", " "),
-              file=sys.stderr)
-        return 130
+        with stop_signals.handled():
+            return _main(argv, out)
+    except KeyboardInterrupt as e:  # anywhere the commands do not catch it
+        return _interrupted(argv, e)
     except BrokenPipeError:
         # `actx status RUN | head -1`: the reader has all it wanted, which is no error.
         # stdout now points at /dev/null so the interpreter's last flush stays quiet.
         if out is None or out is sys.stdout:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+# What an interrupted command leaves, and what to type next, when no launcher said more.
+_RESUME = {
+    "status": "nothing was written",
+    "verify": "nothing was recorded; `actx verify {run}` checks it again",
+    "extract": "partitions without a commit marker stay uncommitted: `actx rerun {run}` "
+               "finishes them",
+}
+
+
+def _interrupted(argv: list[str], e: KeyboardInterrupt) -> int:
+    """One line: which command a stop signal ended, and the command that resumes."""
+    import shlex
+
+    command = argv[0] if argv else ""
+    run = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--run", "--out")),
+               next((a for a in argv[1:] if not a.startswith("-")), "RUN"))
+    hint = getattr(e, "hint", "") or _RESUME.get(command, "").format(run=run)
+    if command in ("submit", "demo", "rerun") and "`" not in hint:
+        # The same command (its config, its target) resumes: committed partitions are
+        # kept, a prepared run is not prepared again.
+        hint = (f"{hint or 'committed work is kept'}: `{shlex.join(['actx', *argv])}` "
+                f"again finishes them")
+    signum = stop_signals.signum_of(e)
+    print(f"actx {command}: interrupted by {stop_signals.signal_name(signum)}"
+          f"{'; ' + hint if hint else ''}".replace("actx :", "actx:"), file=sys.stderr,
+          flush=True)
+    return stop_signals.exit_code(signum)
 
 
 def _main(argv: list[str] | None, out) -> int:
@@ -311,9 +344,6 @@ def _main(argv: list[str] | None, out) -> int:
     except errors.UserError as e:
         print(f"actx {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"actx {args.command}: interrupted", file=sys.stderr)
-        return 130
     finally:
         if interactive:
             store_errors.set_deadline(None)

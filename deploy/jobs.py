@@ -4,6 +4,7 @@ that submit created."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from schemas import activations_info as info_lib
@@ -84,8 +85,10 @@ def cmd_submit(args, out) -> int:
 
         local.prepare_local(spec, run, cfg.max_reject_fraction, out=out, retry_argv=retry_argv)
         if extraction:
-            return _extract_named_local(run, target, job, None, extraction.split(","), out)
-        return _extract_local(run, target, spec.fingerprint, job, None, out)
+            return _extract_named_local(run, target, job, None, extraction.split(","), out,
+                                        join=getattr(args, "join", False))
+        return _extract_local(run, target, spec.fingerprint, job, None, out,
+                              join=getattr(args, "join", False))
 
     on_dataflow = target.kind == "dataflow" or target.prepare == "dataflow"
     prep = dataflow.prepare_commands(spec, run, target, cfg.max_reject_fraction, on_dataflow,
@@ -185,7 +188,8 @@ def _run_prepare_command(cmd, retry_argv: list[str]) -> int:
     return pipeline_main.main(list(cmd.argv[2:]), retry_argv=retry_argv)
 
 
-def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> int:
+def _extract_local(run: str, target, fingerprint: str, job: str, only, out,
+                   join: bool = False) -> int:
     from deploy import local, runstate
 
     handle = runstate.open_run(run)
@@ -194,12 +198,24 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
         print(f"extract: all {len(status.partitions)} partitions of {run} are committed; "
               f"nothing to do", file=out)
     else:
-        if target.extract == "beam":
-            from deploy import beam_target
+        from schemas import stop_signals
 
-            code = beam_target.run_local(run, target, fingerprint, job, only=only, out=out)
-        else:
-            code = local.run_workers(run, target, fingerprint, job, only=only, out=out)
+        prefix = f"local-{job}" if join else "local"
+        try:
+            with _job_lease(handle, job, target, prefix, join):
+                if target.extract == "beam":
+                    from deploy import beam_target
+
+                    code = beam_target.run_local(run, target, fingerprint, job, only=only,
+                                                 out=out)
+                else:
+                    code = local.run_workers(run, target, fingerprint, job, only=only,
+                                             out=out, prefix=prefix)
+        except KeyboardInterrupt as e:  # SIGINT or SIGTERM: the workers were stopped
+            raise stop_signals.Stopped(
+                stop_signals.signum_of(e),
+                hint="the workers stopped; partitions without a commit marker stay "
+                     "uncommitted") from None
         status = runstate.compute_status(handle)
         if code != 0:
             print(runstate.render(status), file=out)
@@ -217,20 +233,25 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out) -> i
     return 1 if _rerun_hint(handle, status, only, out) else 0
 
 
-def _extract_named_local(run: str, target, job: str, only, names: list[str], out) -> int:
+def _extract_named_local(run: str, target, job: str, only, names: list[str], out,
+                         join: bool = False) -> int:
     """Local workers extract the named extractions that are behind, one after another in
     each process; then a status line per extraction and how to read them together."""
     from deploy import local, runstate
 
-    handles = extraction_handles(open_run(run), ",".join(names))
+    root = open_run(run)
+    handles = extraction_handles(root, ",".join(names))
     behind = [name for name, handle in handles.items()
               if not runstate.compute_status(handle).complete]
     code = 0
     if behind and target.extract == "beam":
         raise UsageError(BEAM_ONE_MODEL)
     if behind:
-        code = local.run_workers(run, target, None, job, only=only, out=out,
-                                 extraction=",".join(n or "default" for n in behind))
+        prefix = f"local-{job}" if join else "local"
+        with _job_lease(root, job, target, prefix, join):  # one job on the run at a time
+            code = local.run_workers(run, target, None, job, only=only, out=out,
+                                     extraction=",".join(n or "default" for n in behind),
+                                     prefix=prefix)
     statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
     print(file=out)
     print(runstate.render_extractions(statuses), file=out)
@@ -246,6 +267,37 @@ def _extract_named_local(run: str, target, job: str, only, names: list[str], out
               f"{'; '.join(f'{n}: {len(ids)}' for n, ids in missing.items())}; "
               f"`actx rerun {run}` finishes whichever extraction is behind", file=out)
     return code or (1 if missing else 0)
+
+
+@contextlib.contextmanager
+def _job_lease(handle, job: str, target, prefix: str, join: bool):
+    """Holds the run's job lease (schemas.job_lease) while this launcher's workers run, or
+    raises a UsageError naming the live job that holds it; none when joining that job."""
+    import os
+    import socket
+
+    from deploy import local
+    from schemas import job_lease
+
+    if join:
+        yield
+        return
+    hosts = (["beam workers (named beam-<machine>-<pid>)"] if target.extract == "beam"
+             else local.host_names(target, prefix))
+    keeper = job_lease.Keeper(handle.store, job_lease.new(
+        job, hosts, target.kind, stop=f"Ctrl-C in its terminal, or `kill -TERM "
+                                      f"{os.getpid()}` on {socket.gethostname()}"))
+    try:
+        keeper.__enter__()
+    except job_lease.LeaseHeld as e:
+        raise UsageError(
+            f"{handle.location}: another job is extracting this run: "
+            f"{e.lease.describe(time.time())}. Wait for it to end, stop it, or add --join "
+            f"to run this job beside it (its hosts get their own names and logs)") from None
+    try:
+        yield
+    finally:
+        keeper.__exit__(None, None, None)
 
 
 def _rerun_hint(handle, status, only, out) -> list[int]:
@@ -338,7 +390,8 @@ def cmd_rerun(args, out) -> int:
     job = _job(f"rerun-{target.kind}", args)
     run = str(handle.location)
     return _rerun_on(args, target, run, job, handle.spec.fingerprint, ids, out,
-                     lambda: _extract_local(run, target, handle.spec.fingerprint, job, ids, out))
+                     lambda: _extract_local(run, target, handle.spec.fingerprint, job, ids, out,
+                                            join=args.join))
 
 
 def _rerun_on(args, target, run: str, job: str, fingerprint: str | None, only, out,
@@ -391,7 +444,8 @@ def _rerun_extractions(args, handle, handles: dict, target, out) -> int:
     job = _job(f"rerun-{target.kind}", args)
     run = str(handle.location)
     return _rerun_on(args, target, run, job, None, only, out,
-                     lambda: _extract_named_local(run, target, job, only, list(behind), out),
+                     lambda: _extract_named_local(run, target, job, only, list(behind), out,
+                                                  join=args.join),
                      ",".join(name or "default" for name in behind))
 
 

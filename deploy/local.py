@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+from deploy import commands
 from deploy import config as config_lib
 from deploy import runstate
 from schemas import config as schemas_config
@@ -46,26 +47,22 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
               f"skipping", file=out, flush=True)
         return False
     from pipeline import main as pipeline_main  # Beam: only when prepare runs here
+    from schemas import stop_signals
 
     print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
-    # Beam wraps the KeyboardInterrupt of a Ctrl-C into its own errors: the event says.
-    with pipeline_main.interrupt.interruptible() as interrupted:
-        try:
-            with _prepare_lines_to(out):  # its progress lines (every few seconds), summary
-                pipeline_main.run_prepare(spec, run, ["--runner=FnApiRunner"],
-                                          max_reject_fraction=max_reject_fraction,
-                                          retry_argv=retry_argv,
-                                          progress_interval_s=PREPARE_PROGRESS_S)
-        except BaseException:
-            if not interrupted.is_set():
-                raise
-    if interrupted.is_set():
-        again = " ".join(retry_argv) if retry_argv else "the same command"
-        # Not "interrupted": the command's own "actx submit: interrupted" line says that.
-        print(f"prepare: stopped; {run} is not prepared (no manifest.json), nothing of "
-              f"it is kept. `{again}` clears what this attempt left and prepares it",
-              file=out, flush=True)
-        raise KeyboardInterrupt
+    # Beam wraps the interrupt of a Ctrl-C or SIGTERM into its own errors:
+    # run_prepare_stoppable gives it back as stop_signals.Stopped.
+    try:
+        with _prepare_lines_to(out):  # its progress lines (every few seconds), summary
+            pipeline_main.run_prepare_stoppable(
+                spec, run, ["--runner=FnApiRunner"], max_reject_fraction=max_reject_fraction,
+                retry_argv=retry_argv, progress_interval_s=PREPARE_PROGRESS_S)
+    except KeyboardInterrupt as e:
+        again = " ".join(retry_argv or ["actx", "submit"])
+        raise stop_signals.Stopped(
+            stop_signals.signum_of(e),
+            hint=f"{run} is not prepared (no manifest.json), nothing of it is kept; "
+                 f"`{again}` again clears what this attempt left and prepares it") from None
     return True
 
 
@@ -104,16 +101,29 @@ class _Proc:
     stopped: bool = False  # terminated by us because a peer of its replica failed
 
 
+def host_name(replica: int, process_id: int, prefix: str = "local") -> str:
+    """A local worker's host name (its heartbeat workers/<host>.json, its log <host>.log).
+    A job that joins another's run names its hosts after itself, so they never share a
+    heartbeat with the first job's."""
+    return f"{prefix}-r{replica}h{process_id}"
+
+
+def host_names(target: config_lib.TargetConfig, prefix: str = "local") -> list[str]:
+    return [host_name(r, i, prefix) for r in range(target.replicas)
+            for i in range(target.hosts_per_replica)]
+
+
 def worker_args(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 replica: int, process_id: int, coordinator: str | None,
-                only: list[int] | None, extraction: str | None = None) -> list[str]:
+                only: list[int] | None, extraction: str | None = None,
+                prefix: str = "local") -> list[str]:
     """Command-line flags of one local worker process (`extraction`: the run's
     extractions it extracts one after another, workers' --extraction)."""
     group = ({"coordinator": coordinator, "num_processes": target.hosts_per_replica,
               "process_id": process_id} if target.hosts_per_replica > 1 else {})
     return worker_options.WorkerOptions.for_job(
         target, run=run, replicas=target.replicas, replica=replica, job=job, only=only,
-        expect_fingerprint=fingerprint, host_name=f"local-r{replica}h{process_id}",
+        expect_fingerprint=fingerprint, host_name=host_name(replica, process_id, prefix),
         steal=target.steal and target.replicas > 1, extraction=extraction,
         **group).to_argv()
 
@@ -156,7 +166,7 @@ def log_dir(run: str, job: str) -> tuple[str, bool]:
 
 def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 only: list[int] | None = None, progress_s: float = 3.0,
-                out=sys.stdout, extraction: str | None = None) -> int:
+                out=sys.stdout, extraction: str | None = None, prefix: str = "local") -> int:
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
     logs, upload = log_dir(run, job)
     names = ["" if n == "default" else n for n in (extraction or "").split(",")]
@@ -165,9 +175,9 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     for r in range(target.replicas):
         coordinator = (f"127.0.0.1:{_free_port()}" if target.hosts_per_replica > 1 else None)
         for i in range(target.hosts_per_replica):
-            name = f"local-r{r}h{i}"
+            name = host_name(r, i, prefix)
             args = worker_args(run, target, fingerprint, job, r, i, coordinator, only,
-                               extraction)
+                               extraction, prefix)
             log_path = os.path.join(logs, f"{name}.log")
             log_file = open(log_path, "w")
             popen = subprocess.Popen([sys.executable, "-m", "workers.main", *args], env=env,
@@ -236,9 +246,10 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                     pass
             print(_kept_line(run), file=out, flush=True)
     if upload:
-        upload_logs(run, job, logs)
+        upload_logs(run, job, logs, out)
     for p in failed:
-        print(f"extract: worker {p.name} failed with exit code {p.returncode}; last lines of "
+        print(f"extract: worker {p.name} (pid {p.popen.pid}) failed "
+              f"({commands.describe_exit(p.returncode)}); last lines of "
               f"{p.log_path}:\n{tail(p.log_path)}", file=out, flush=True)
     return 1 if failed else 0
 
@@ -256,8 +267,8 @@ def _kept_line(run: str) -> str:
             f"`actx rerun {run}` extracts the rest")
 
 
-def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None,
-              stopped_by_user: bool = False, extraction: str = "") -> bool:
+def mark_dead(run: str, host: str, returncode: int | None, log_path: str | None = None,
+              stopped_by_user: bool = False, extraction: str = "", how: str = "") -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
     until it went stale) or when there is none (it died before its first beat). Status
@@ -269,7 +280,8 @@ def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None,
     key = layout_lib.heartbeat_key(host)
     try:
         data = store.read_json(key)
-        if data is not None and data.get("state") == "failed" and not stopped_by_user:
+        if (data is not None and data.get("state") == "failed" and not stopped_by_user
+                and returncode is not None):
             return _add_exit_code(store, key, data, returncode)
         if data is not None and data.get("state") not in runstate.LIVE_STATES:
             return False  # done or preempted: the worker said how it ended
@@ -279,8 +291,9 @@ def mark_dead(run: str, host: str, returncode: int, log_path: str | None = None,
                 schemas_config.from_dict(heartbeat_lib.Heartbeat, data, f"{key}: "))
     except (ValueError, schemas_config.ConfigError):
         return False  # a damaged heartbeat: status reports it as it is
-    how = (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
-           and -returncode in signal.valid_signals() else f"exited with code {returncode}")
+    how = how or (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
+                  and -returncode in signal.valid_signals()
+                  else f"exited with code {returncode}")
     before = " before its first heartbeat" if data is None else ""
     last = last_log_line(log_path) if log_path else ""
     if stopped_by_user:
@@ -328,7 +341,17 @@ def _stop_replica(procs: list[_Proc], replica: int) -> None:
             p.popen.terminate()
 
 
-def upload_logs(run: str, job: str, log_dir: str) -> None:
+def upload_logs(run: str, job: str, log_dir: str, out=sys.stdout) -> None:
+    """Copies the job's local logs into <run>/logs/<job>/. A store that refuses them (a
+    bucket that takes no writes) costs one line, not the workers' outcome: the logs stay
+    where they are, and that line says where."""
+    try:
+        _upload_logs(run, job, log_dir)
+    except store_lib.StoreError as e:
+        print(f"extract: the logs stay in {log_dir}: {e}", file=out, flush=True)
+
+
+def _upload_logs(run: str, job: str, log_dir: str) -> None:
     store = store_lib.open_store(run)
     for name in sorted(os.listdir(log_dir)):
         with open(os.path.join(log_dir, name), "rb") as f:

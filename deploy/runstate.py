@@ -175,8 +175,9 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         hosts.append(HostState(hb.host, shown, live, round(age, 1), hb.partition,
                                hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
                                hb.tokens_done, hb.message, hb.partitions_done, hb.history))
-        if hb.partition is not None and hb.state not in ("done",):
-            (held_live if live else held_dead).add(hb.partition)
+        if hb.state not in ("done",):
+            held = set(hb.held) | ({hb.partition} if hb.partition is not None else set())
+            (held_live if live else held_dead).update(held)
     parts = handle.manifest.partitions
     states = dict.fromkeys((p.id for p in parts), PENDING)
     for ids, state in ((held_dead, STALE), (held_live, IN_PROGRESS), (committed, COMMITTED)):

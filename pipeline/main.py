@@ -34,6 +34,7 @@ from schemas import layout
 from schemas import manifest as manifest_lib
 from schemas import run_dir
 from schemas import runspec as runspec_lib
+from schemas import stop_signals
 from schemas import store as store_lib
 from schemas import tokenizer_identity
 from schemas import uri as uri_lib
@@ -375,6 +376,18 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
                                                                     os.getcwd()))
 
 
+def run_prepare_stoppable(*args, **kwargs) -> manifest_lib.Manifest:
+    """`run_prepare` for a caller that is not `main` (`actx submit`): a stop signal comes
+    out as `stop_signals.Stopped`, not as the errors Beam wraps its interrupt into."""
+    with interrupt.interruptible() as interrupted:
+        try:
+            return run_prepare(*args, **kwargs)
+        except BaseException:
+            if not interrupted.is_set():
+                raise
+    raise stop_signals.Stopped(interrupted.signum)
+
+
 def _beams_echo_of_user_errors(record: logging.LogRecord) -> bool:
     """Drops Beam's own log of a bundle that failed with a UserError (a full disk, a store
     refusing): the error reaches `main`, which prints it as one line."""
@@ -410,10 +423,10 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
         if not interrupted.is_set():
             raise
     if interrupted.is_set():
-        print(f"actx prepare: interrupted; {args.out} is not prepared (no manifest.json). "
-              f"The same command again clears what this attempt left and prepares it",
-              file=sys.stderr)
-        return 130
+        print(f"actx prepare: interrupted by {interrupted.name}; {args.out} is not prepared "
+              f"(no manifest.json). The same command again clears what this attempt left "
+              f"and prepares it", file=sys.stderr)
+        return interrupted.exit_code
     print(f"prepared {args.out}: {manifest.total_rows} rows, {manifest.total_tokens} tokens, "
           f"{len(manifest.partitions)} partition(s), {manifest.docs_rejected} rejected "
           f"(fingerprint {manifest.fingerprint})")

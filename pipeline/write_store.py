@@ -17,6 +17,7 @@ from pipeline import partition as partition_lib
 from schemas import layout
 from schemas import runspec as runspec_lib
 from schemas import store as store_lib
+from schemas import store_errors
 from schemas import ts_context
 from schemas import uri as uri_lib
 
@@ -35,7 +36,9 @@ def open_token_array(run_uri: str, name: str, total_rows: int, spec: runspec_lib
     array = layout.token_array(name, total_rows, spec.packing.seq_len, spec.layout)
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": False},
                          parent=ts_context.get())
-    return ts.open(array.spec(uri_lib.parse(run_uri), create=True), context=context).result()
+    with store_errors.tensorstore_errors(f"{run_uri}/{array.key}"):
+        return ts.open(array.spec(uri_lib.parse(run_uri), create=True),
+                       context=context).result()
 
 
 def make_durable(run_uri: str) -> None:
@@ -116,9 +119,11 @@ def _write_doc_table(run_uri: str, partition_id: int, doc_rows: list[dict]) -> N
 
 
 def finish_writes(writes: list) -> None:
-    """Waits for array writes (raising the first failure); empties the list."""
-    for write in writes:
-        write.result()
+    """Waits for array writes (raising the first failure, a store's refusal as one
+    StoreError); empties the list."""
+    with store_errors.tensorstore_errors():
+        for write in writes:
+            write.result()
     writes.clear()
 
 

@@ -26,6 +26,11 @@ class Heartbeat:
     eta_s: seconds until this host's assigned partitions are done (None: unknown).
     machine / pid: where the worker process runs (`this_machine()`) and its process id, so
       status on the same machine sees at once that a process is gone ("" / 0: unknown).
+    job: the launcher's job id ("" in heartbeats written before it was recorded), so a
+      launcher tells its own workers from an earlier job's.
+    held: every partition given to this process and not yet done (a Beam bundle's, from
+      before its model loads), so a process that dies holding them leaves them stale, not
+      pending; `partition` alone names only the one in hand.
     """
 
     host: str
@@ -45,6 +50,8 @@ class Heartbeat:
     history: tuple[tuple[float, int], ...] = ()
     machine: str = ""
     pid: int = 0
+    job: str = ""
+    held: tuple[int, ...] = ()
 
 
 def this_machine() -> str:

@@ -48,6 +48,12 @@ PREPARE_OUTPUT_PREFIXES = (f"{TOKENS_GROUP}/", DOCS_PREFIX, REJECTS_PREFIX, "pre
 # Written by prepare before anything else: only a directory holding it (or run.json) has
 # its prefixes above cleared, so a user's own docs/ or tokens/ are never deleted.
 PREPARE_ATTEMPT_KEY = "prepare/attempt.json"
+# One job at a time (schemas.job_lease): the job extracting the run, its hosts, who
+# started it and until when it holds the run (renewed by its launcher, and kept alive by
+# its hosts' heartbeats). Create-only; taken over only once expired, through a create-only
+# takeover object under leases/ named after the expired lease, so two takers never both win.
+JOB_LEASE_KEY = "job_lease.json"
+JOB_LEASE_TAKEOVERS_PREFIX = "leases/"
 
 # Several extractions over one token store (one per model and capture spec, e.g. a base
 # and a chat model for a crosscoder). A run's root keeps today's layout: it is the default

@@ -154,10 +154,11 @@ def translate(where: str, bucket: str, e: BaseException) -> BaseException:
     if isinstance(cause, api.Unauthorized):
         return StoreError(f"{where}: the credentials were rejected (401); run `gcloud auth "
                           f"application-default login` again, or check the key file")
+    refused = _refusal(where, bucket, cause)
+    if refused is not None:
+        return refused
     if isinstance(cause, api.Forbidden):
-        return StoreError(f"{where}: permission denied on bucket {bucket} (403: "
-                          f"{_message(cause)}); grant this account roles/storage.objectViewer "
-                          f"(objectAdmin to write) on it, or use another account")
+        return _permission_denied(where, bucket, _message(cause))
     if isinstance(cause, api.NotFound):
         return StoreError(f"{where}: bucket {bucket} does not exist (404); check the name "
                           f"(`gcloud storage buckets list`)")
@@ -169,7 +170,112 @@ def translate(where: str, bucket: str, e: BaseException) -> BaseException:
     if _is_network(cause) or isinstance(e, api.RetryError):
         return StoreError(f"{where}: cannot reach {_endpoint()} ({_network_reason(cause)}); "
                           f"check the network, proxy or STORAGE_EMULATOR_HOST")
+    if isinstance(cause, api.GoogleAPICallError) and isinstance(cause.code, int) and (
+            cause.code >= 400 and not isinstance(cause, (api.PreconditionFailed,
+                                                         api.NotFound))):
+        # Any other answer that refuses the request: GCS's own words, where, what next.
+        return StoreError(f"{where}: GCS refused the request ({cause.code}: "
+                          f"{_message(cause)}); check the bucket and this account's access "
+                          f"to it, then run the same command again")
     return e
+
+
+# A bucket that will not take more: what GCS says (its error reasons and words), and what
+# to do. Checked before permission, since a used-up quota also answers 403.
+_NO_ROOM = ("quotaexceeded", "quota exceeded", "storage quota", "insufficientstorage",
+            "insufficient storage")
+
+
+def _refusal(where: str, bucket: str, cause: BaseException) -> StoreError | None:
+    code = getattr(cause, "code", None)
+    said = " ".join([_message(cause), *(str(e.get("reason", "")) for e in
+                                        (getattr(cause, "errors", None) or [])
+                                        if isinstance(e, dict))])
+    return _no_room(where, bucket, code, _message(cause), said)
+
+
+def _permission_denied(where: str, bucket: str, message: str) -> StoreError:
+    return StoreError(f"{where}: permission denied on bucket {bucket} (403: {message}); "
+                      f"grant this account roles/storage.objectViewer (objectAdmin to write) "
+                      f"on it, or use another account")
+
+
+def _no_room(where: str, bucket: str, code, message: str, said: str) -> StoreError | None:
+    if code == 507 or (isinstance(code, int) and code >= 400 and any(
+            w in said.lower() for w in _NO_ROOM)):
+        return StoreError(f"{where}: bucket {bucket} has no room for it ({code}: "
+                          f"{message}); free space or raise the project's storage "
+                          f"quota, or choose a run directory in another bucket, then run the "
+                          f"same command again")
+    return None
+
+
+# tensorstore's words for what `_DISK_FAULTS` lists (its file driver reports strerror).
+_DISK_WORDS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+               "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+
+
+_RETRIED = (408, 429, 500, 502, 503, 504)  # what tensorstore retries, as GCS asks
+
+
+def from_tensorstore(e: BaseException, where: str = "", retried: bool = False
+                     ) -> BaseException:
+    """tensorstore's error (a ValueError whose text carries GCS's HTTP answer, or the
+    file system's words) as the StoreError that google-cloud-storage's or a local write's
+    failure of the same kind gives: one line naming the object and what to do. An answer
+    tensorstore retries (429, 5xx) only with `retried` (else the caller says it, as the
+    shard writer does, naming the rows); anything else (a bug, a 404 or 412 its caller
+    expects) comes back unchanged."""
+    import json
+    import re
+
+    text = str(e).split(" [tensorstore_spec=")[0]
+    named = re.search(r"Error (?:writing|reading|deleting|opening)(?: local file)? "
+                      r"\"?((?:gs://|/)[^\s\"]+?)\"?: ", text)
+    where = named.group(1) if named else where
+    code = re.search(r"http_response_code='(\d+)'", text)
+    if code is None:
+        for words, number in _DISK_WORDS.items():
+            if words in text:
+                return StoreError(f"{where}: cannot write ({words}); {_DISK_FAULTS[number]}, "
+                                  f"then run the same command again")
+        return e
+    code = int(code.group(1))
+    if code < 400 or code in (404, 412) or (code in _RETRIED and not retried):
+        return e
+    body = re.search(r"http_response_body='(.*?)'\]", text, re.S)
+    message, said = text.split(": ", 2)[-1].split(" [http_")[0], body.group(1) if body else ""
+    try:
+        message = json.loads(said.encode().decode("unicode_escape"))["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    bucket = where[len("gs://"):].split("/")[0] if where.startswith("gs://") else "?"
+    refused = _no_room(where, bucket, code, message, said + " " + message)
+    if refused is not None:
+        return refused
+    if code == 401:
+        return StoreError(f"{where}: the credentials were rejected (401); run `gcloud auth "
+                          f"application-default login` again, or check the key file")
+    if code == 403:
+        return _permission_denied(where, bucket, message)
+    if code in _RETRIED:
+        return StoreError(f"{where}: GCS kept failing after tensorstore's retries ({code}: "
+                          f"{message}); try again later")
+    return StoreError(f"{where}: GCS refused the request ({code}: {message}); check the "
+                      f"bucket and this account's access to it, then run the same command "
+                      f"again")
+
+
+@contextlib.contextmanager
+def tensorstore_errors(where: str = ""):
+    """Raises what `from_tensorstore` knows as a StoreError, without the library's chain."""
+    try:
+        yield
+    except ValueError as e:
+        error = from_tensorstore(e, where, retried=True)
+        if error is e:
+            raise
+        raise error from None
 
 
 def _is_network(e: BaseException) -> bool:
@@ -195,7 +301,16 @@ def _network_reason(e: BaseException) -> str:
 
 
 def _message(e: BaseException) -> str:
-    return getattr(e, "message", None) or _first_line(e)
+    """GCS's words, without the request line google-cloud-storage puts first (the caller
+    names the object already)."""
+    import re
+
+    text = getattr(e, "message", None) or _first_line(e)
+    # An upload's refusal carries GCS's JSON answer verbatim: its message says it.
+    said = re.search(r'"message":\s*"((?:[^"\\]|\\.)*)"', text)
+    if said:
+        return said.group(1)
+    return re.sub(r"^[A-Z]+ https?://\S+: ", "", text)
 
 
 def _first_line(e: BaseException) -> str:
@@ -218,13 +333,14 @@ _DISK_FAULTS = {
 @contextlib.contextmanager
 def local_write(path: str, tmp: str | None = None):
     """Turns a full or read-only disk into one StoreError naming the path and what to do
-    (then running the same command again goes on); the temporary file goes."""
+    (then running the same command again goes on); the temporary file goes, on any
+    failure or a stop signal (SIGINT, SIGTERM: `schemas.stop_signals`) alike."""
     try:
         yield
-    except OSError as e:
+    except BaseException as e:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-        if e.errno not in _DISK_FAULTS:
+        if not isinstance(e, OSError) or e.errno not in _DISK_FAULTS:
             raise
         raise StoreError(f"{path}: cannot write ({e.strerror}); {_DISK_FAULTS[e.errno]}, "
                          f"then run the same command again") from None

@@ -13,6 +13,8 @@ import threading
 
 import tensorstore as ts
 
+from schemas import store_errors
+
 _CONTEXT: ts.Context | None = None
 _LOCK = threading.Lock()
 
@@ -73,10 +75,13 @@ def get() -> ts.Context:
 
 
 def open_array(spec: dict) -> ts.TensorStore:
-    """Opens a tensorstore spec in the process-wide context (blocking)."""
-    return ts.open(spec, context=get()).result()
+    """Opens a tensorstore spec in the process-wide context (blocking); a store that
+    refuses (a bucket that takes no writes, a full disk) is one StoreError."""
+    with store_errors.tensorstore_errors():
+        return ts.open(spec, context=get()).result()
 
 
 def open_kvstore(spec: dict) -> ts.KvStore:
     """Opens a kvstore spec in the process-wide context (blocking)."""
-    return ts.KvStore.open(spec, context=get()).result()
+    with store_errors.tensorstore_errors():
+        return ts.KvStore.open(spec, context=get()).result()

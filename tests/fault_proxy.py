@@ -10,6 +10,13 @@ request is forwarded to fake-gcs-server unless the proxy decides to fail it:
   "lost"         forwarded (applied), then the connection is reset with no response: a
                  client that retries a create-only write then meets its own object (412)
 
+and, for rules only (they are not survivable, so never drawn at random), refusals GCS
+gives a bucket that will not take writes, answered by the proxy:
+
+  "403"          permission denied (the account may not create objects)
+  "403-quota"    403 "quotaExceeded": the project's storage quota is used up
+  "507"          insufficient storage
+
 Decisions are reproducible: whether the n-th request of a client for one object fails, and
 how, is a hash of (seed, client, method, object, n), whatever the threads' interleaving.
 A client is the process that opened the connection, named by its `--host-name` flag
@@ -34,6 +41,15 @@ import urllib.parse
 from typing import Callable, Iterable
 
 KINDS = ("429", "503", "reset", "slow", "lost")
+REFUSALS = {  # kind -> (HTTP status, reason, GCS's JSON error: reason, message)
+    "403": (403, "Forbidden", "forbidden", "actx-test@example.iam.gserviceaccount.com does "
+            "not have storage.objects.create access to the Google Cloud Storage object. "
+            "(fault proxy)"),
+    "403-quota": (403, "Forbidden", "quotaExceeded", "The project's storage quota has been "
+                  "exceeded. (fault proxy)"),
+    "507": (507, "Insufficient Storage", "insufficientStorage", "Insufficient storage "
+            "(fault proxy)"),
+}
 
 # Hop-by-hop headers, never forwarded (the proxy sets its own framing).
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
@@ -123,7 +139,7 @@ class FaultProxy:
         self._server.server_close()
 
     def add_rule(self, kind: str, match: Callable[[Request], bool], times: int | None = 1):
-        if kind not in KINDS:
+        if kind not in KINDS and kind not in REFUSALS:
             raise ValueError(f"unknown fault kind {kind!r}; known: {KINDS}")
         with self._lock:
             self.rules.append(Rule(kind, match, times))
@@ -264,6 +280,13 @@ def _handler_for(proxy: FaultProxy):
             req = Request(self.client_name, self.command, self.path, self._body(),
                           _library(self.headers.get("User-Agent", "")))
             kind = proxy.decide(req)
+            if kind in REFUSALS:
+                status, reason, why, message = REFUSALS[kind]
+                self._send(status, reason, [("Content-Type", "application/json")],
+                           json.dumps({"error": {"code": status, "message": message,
+                                                 "errors": [{"reason": why,
+                                                             "message": message}]}}).encode())
+                return
             if kind in ("429", "503"):
                 status = int(kind)
                 self._send(status, "Too Many Requests" if status == 429 else

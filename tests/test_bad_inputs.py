@@ -255,6 +255,16 @@ def _no_data_run(prepared: str, tmp_path) -> str:
     return run
 
 
+def _leased_run(prepared: str, tmp_path) -> str:
+    """A run another live job holds (its lease unexpired, its launcher this process)."""
+    from schemas import job_lease, store
+
+    run = _copy(prepared, tmp_path / "leased_run")
+    job_lease.acquire(store.open_store(run), job_lease.new(
+        "other", ["local-r0h0", "local-r1h0"], "local", "Ctrl-C in its terminal"))
+    return run
+
+
 def _rejected_texts(tmp_path) -> str:
     path = tmp_path / "no_text.jsonl"
     path.write_text("".join(json.dumps({"body": f"document {i}"}) + "\n" for i in range(5)))
@@ -282,6 +292,10 @@ NO_FALSE_SUCCESS = {
     "rerun a run that holds no data": (
         lambda t, r, q: ["rerun", _no_data_run(r, t)], 2,
         ["the run holds no data: its prepare accepted no document"]),
+    "rerun a run that another live job is extracting": (
+        lambda t, r, q: ["rerun", _leased_run(r, t)], 2,
+        ["another job is extracting this run: job other (local; hosts local-r0h0, "
+         "local-r1h0;", "stop it with Ctrl-C in its terminal", "add --join"]),
 }
 
 

@@ -174,3 +174,64 @@ def test_a_worker_killed_mid_partition_leaves_no_marker_and_a_new_pipeline_finis
     assert code == 0, out
     assert f"{N_ROWS // PARTITION_ROWS - len(done)} partition(s) given to the pipeline" in out
     _assert_same_as_reference(run, reference_run)
+
+
+def test_a_killed_worker_process_of_the_two_process_runner_is_noticed(reference_run, tmp_path):
+    """Beam's 2-process local runner waits forever for a worker process that died: the
+    process's heartbeat (written before its model loads, naming the partitions it holds)
+    shows it dead at once, status calls its partitions stale, `actx rerun` stops with one
+    line naming the process and the command that finishes, and that command does, with
+    the bytes of the worker target."""
+    import io
+    import json
+    import os
+    import signal
+    import time
+
+    import yaml
+
+    from deploy import cli
+    from schemas import layout
+
+    run = worker_procs.copy_token_store(reference_run, str(tmp_path / "run"))
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(yaml.safe_dump({"target": {
+        "extract": "beam", "devices_per_host": 4, "batch_size": 8, "heartbeat_s": 1,
+        "beam_args": ["--runner=FnApiRunner", "--direct_num_workers=2",
+                      "--direct_running_mode=multi_processing"]}}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "rerun", run, "--config", str(cfg), "--job",
+         "k1"], cwd=worker_procs.REPO, env=worker_procs.worker_env(4), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    s = store.open_store(run)
+    deadline, victim = time.monotonic() + 300, None
+    while victim is None:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        for key in s.list(layout.WORKERS_PREFIX):
+            beat = s.read_json(key) or {}
+            if beat.get("job") == "k1" and beat.get("held") and beat.get("state") != "done":
+                victim = beat
+        time.sleep(0.05)
+    os.kill(victim["pid"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    [line] = [x for x in out.splitlines() if "died" in x and "Beam worker process" in x]
+    assert f"{victim['host']} (pid {victim['pid']}, holding " in line, line
+    assert f"`actx rerun {run}` finishes the run" in line, line
+    assert "Traceback" not in out
+
+    st = io.StringIO()
+    cli.main(["status", run, "--json"], out=st)
+    st = json.loads(st.getvalue())
+    held = [layout.partition_name(p) for p in victim["held"]]
+    assert {st["partitions"][p] for p in held} <= {"stale", "committed"}, st["partitions"]
+    assert "stale" in {st["partitions"][p] for p in held}
+
+    again = io.StringIO()
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump({"target": {
+        "extract": "beam", "devices_per_host": 4, "batch_size": 8,
+        "beam_args": ["--runner=FnApiRunner"]}}))
+    assert cli.main(["rerun", run, "--config", str(one), "--job", "k2"], out=again) == 0, \
+        again.getvalue()
+    _assert_same_as_reference(run, reference_run)

@@ -75,7 +75,7 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     os.kill(pid, signal.SIGKILL)
     text, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, text
-    assert f"worker {HOST} failed with exit code -9" in text
+    assert f"worker {HOST} (pid {pid}) failed (killed by SIGKILL)" in text
     assert f"`actx rerun {run}` redoes them (`--only stale`: just the stale ones)" in text
     assert "killed by SIGKILL" in text  # submit's final status shows it dead
 

@@ -73,6 +73,24 @@ def test_live_worker_gives_in_progress_and_an_eta(run):
     assert st["bytes_total"] is None  # no worker has written activations/actx.json yet
 
 
+def test_partitions_a_process_holds_go_stale_with_it(run):
+    """A heartbeat names every partition given to its process (`held`: a Beam bundle's,
+    before its model loads); they are in progress while it beats, and stale once its
+    heartbeat is older than the stale interval, all of them, not just the one in hand."""
+    s = store.open_store(run)
+    s.create_json(layout.commit_key(3), {"partition": 3})
+    hb = heartbeat.Heartbeat(host="beam-m-7", replica=0, process_index=0, state="starting",
+                             attempt="beam-m-7-7-setup", updated_at=time.time() - 30,
+                             held=(1, 2, 3), job="j")
+    s.write_json(layout.heartbeat_key("beam-m-7"), config_lib.to_dict(hb))
+    parts = _status_json(run, "--stale-after", "60")["partitions"]
+    assert [parts[f"p-0000{i}"] for i in range(5)] == [
+        "pending", "in_progress", "in_progress", "committed", "pending"]
+    parts = _status_json(run, "--stale-after", "10")["partitions"]
+    assert [parts[f"p-0000{i}"] for i in range(5)] == [
+        "pending", "stale", "stale", "committed", "pending"]
+
+
 def test_bytes_from_activation_info(run):
     s = store.open_store(run)
     s.write_json(layout.ACTIVATIONS_INFO_KEY, {"dtype": "bfloat16", "fingerprint": "x",

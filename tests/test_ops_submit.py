@@ -5,6 +5,7 @@ worker named with the tail of its log."""
 from __future__ import annotations
 
 import io
+import re
 import os
 import shutil
 
@@ -94,6 +95,6 @@ def test_failing_worker_is_named_with_its_log(tmp_path):
     out = io.StringIO()
     assert cli.main(["rerun", run, "--config", str(cfg), "--job", "bad"], out=out) == 1
     text = out.getvalue()
-    assert "worker local-r0h0 failed with exit code" in text
+    assert re.search(r"worker local-r0h0 \(pid \d+\) failed \(exit code \d+\)", text), text
     assert "no-such-model" in text  # the tail of its log says why
     assert "0/2 committed" in text

@@ -264,8 +264,8 @@ def test_host_whose_requests_all_fail_stops_cleanly_and_rerun_finishes(
     code, out = _main(["submit", config, "--job", "broken"])
     assert code == 1, out
     assert "already prepared" in out
-    assert "worker local-r1h0 failed with exit code 2" in out
-    tail = out[out.index("worker local-r1h0 failed"):]
+    assert re.search(r"worker local-r1h0 \(pid \d+\) failed \(exit code 2\)", out), out
+    tail = out[out.index("worker local-r1h0 (pid"):]
     # One line that says what happened and where (the store's answer, not a chain of
     # library exceptions), after retries that were logged and bounded.
     assert re.search(r"\nactx extract: error: gs://actx-faults-host/runs/job/run\.json: "

@@ -10,10 +10,9 @@ import argparse
 import dataclasses
 import gc
 import logging
-import signal
 import sys
 
-from schemas import errors, flags, worker_options
+from schemas import errors, flags, stop_signals, worker_options
 from workers import distributed
 from workers.preflight import check_job  # noqa: F401  (deploy's pre-flight, through here)
 
@@ -24,9 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# SIGINT: nothing partial is committed (a partition counts only with its marker).
-INTERRUPTED = ("actx extract: interrupted; partitions without a commit marker stay "
-               "uncommitted: `actx rerun {run}` finishes them")
+# SIGINT or SIGTERM: nothing partial is committed (a partition counts only with its marker).
+INTERRUPTED = ("actx extract: interrupted by {signal}; partitions without a commit marker "
+               "stay uncommitted: `actx rerun {run}` finishes them")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # settings out of range, all of them in one line
         print(f"actx extract: error: {e}", file=sys.stderr)
         return 2
-    sigint = _SigintStop()
+    sigint = _StopSignals()
     try:
         distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
                                           opts.process_id).initialize()
@@ -53,19 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:  # one after another, one model in memory at a time
         if len(names) > 1:
             logging.getLogger("actx.worker").info("extraction %r", name)
-        sigterm = signal.getsignal(signal.SIGTERM)
         code = _extract(dataclasses.replace(opts, extraction=name), sigint)
-        # The model goes before the next one loads: nothing may hold its worker (the
-        # SIGTERM handler it installed does, until it is put back).
-        if signal.getsignal(signal.SIGTERM) is not sigterm:
-            signal.signal(signal.SIGTERM, sigterm)
+        # The model goes before the next one loads: nothing may hold its worker (the stop
+        # signals' handler does, until it lets go).
         sigint.worker = None
         gc.collect()
         if code != 0 or sigint.received.is_set():
             break
-    if sigint.received.is_set() and code != 130:
-        print(INTERRUPTED.format(run=opts.run), file=sys.stderr)
-        return 130
+    if sigint.received.is_set() and code != sigint.received.exit_code:
+        print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr)
+        return sigint.received.exit_code
     return code
 
 
@@ -84,7 +80,7 @@ def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
     return names
 
 
-def _extract(opts: worker_options.WorkerOptions, sigint: "_SigintStop") -> int:
+def _extract(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
     """Extracts one extraction of the run: 0 when done, else the process's exit code."""
     try:
         from workers import flax_worker
@@ -97,10 +93,9 @@ def _extract(opts: worker_options.WorkerOptions, sigint: "_SigintStop") -> int:
     except KeyboardInterrupt:
         pass
     if sigint.received.is_set():
-        print(INTERRUPTED.format(run=opts.run), file=sys.stderr)
-        return 130
-    worker.install_signal_handlers()
-    sigint.worker = worker
+        print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr)
+        return sigint.received.exit_code
+    sigint.worker = worker  # from now on a stop signal ends the loop at the next step
     try:
         code = worker.run()
     except errors.UserError as e:
@@ -110,7 +105,7 @@ def _extract(opts: worker_options.WorkerOptions, sigint: "_SigintStop") -> int:
             _leave_replica_now()
         print(f"actx extract: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a second SIGINT: stop now
+    except KeyboardInterrupt:  # a second stop signal: stop now
         code = None
     except BaseException:
         if worker.topo.hosts_per_replica > 1:
@@ -118,33 +113,41 @@ def _extract(opts: worker_options.WorkerOptions, sigint: "_SigintStop") -> int:
         raise
     if not sigint.received.is_set():
         return code
-    print(INTERRUPTED.format(run=opts.run), file=sys.stderr, flush=True)
+    print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr,
+          flush=True)
     if code is None and worker.topo.hosts_per_replica > 1:
-        _leave_replica_now(130)
-    return 130
+        _leave_replica_now(sigint.received.exit_code)
+    return sigint.received.exit_code
 
 
-class _SigintStop:
-    """SIGINT while starting raises KeyboardInterrupt (nothing to finish); once the loop
-    runs it stops it as SIGTERM does, at the next step, committing what is complete; a
-    second SIGINT raises at once. The event says whether one came: a KeyboardInterrupt
-    raised inside a garbage-collector callback is ignored by Python, so the exception
-    alone cannot tell."""
+class _StopSignals:
+    """SIGINT or SIGTERM (a preemption notice, a launcher stopping its workers) while
+    starting raises KeyboardInterrupt (nothing to finish); once the loop runs it stops it
+    at the next step, committing what is complete; a second signal raises at once. The
+    record says whether one came, and which: a KeyboardInterrupt raised inside a
+    garbage-collector callback is ignored by Python, so the exception alone cannot tell."""
 
     def __init__(self):
         import signal
         import threading
 
-        self.received = threading.Event()
+        self.received = stop_signals.Received()
         self.worker = None
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._on_sigint)
+            for s in stop_signals.STOP_SIGNALS:
+                signal.signal(s, self._on_signal)
 
-    def _on_sigint(self, signum, frame):
+    def _on_signal(self, signum, frame):
         again = self.received.is_set()
-        self.received.set()
+        self.received.set(signum)
         if self.worker is None or again:
-            raise KeyboardInterrupt
+            if not stop_signals.safe_to_raise(frame):  # comes back as a second signal
+                stop_signals.redeliver(signum)
+                return
+            raise stop_signals.Stopped(signum)
+        logging.getLogger("actx.worker").warning(
+            "%s received: finishing the current step, committing nothing partial",
+            stop_signals.signal_name(signum))
         self.worker.stop_requested.set()
 
 
@@ -159,7 +162,7 @@ def _leave_replica_now(code: int = 1) -> None:
     import os
     import traceback
 
-    if code != 130:  # an interrupt has said so in one line already
+    if code not in (130, 143):  # an interrupt has said so in one line already
         traceback.print_exc()
         print("actx extract: this host failed; leaving its replica without the shutdown "
               "barrier so the other hosts stop too. Nothing partial was committed; "

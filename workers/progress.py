@@ -23,6 +23,7 @@ class Progress:
         self.lock = threading.Lock()
         self.state = "starting"
         self.partition: int | None = None
+        self.held: tuple[int, ...] = ()  # given to this process, not yet done
         self.step = 0
         self.steps = 0
         self.tokens_done = 0
@@ -61,14 +62,14 @@ class HeartbeatThread:
 
     def __init__(self, store, host: str, replica: int, process_index: int, attempt: str,
                  progress: Progress, interval_s: float,
-                 writer: heartbeat_lib.HeartbeatWriter | None = None):
+                 writer: heartbeat_lib.HeartbeatWriter | None = None, job: str = ""):
         # A writer passed on from an earlier thread (the start-up's) keeps its history and
         # its one-write-per-interval pace.
         self.writer = writer or heartbeat_lib.HeartbeatWriter(store, host,
                                                               min_interval_s=interval_s)
         self._identity = dict(host=host, replica=replica, process_index=process_index,
                               attempt=attempt, machine=heartbeat_lib.this_machine(),
-                              pid=os.getpid())
+                              pid=os.getpid(), job=job)
         self._progress = progress
         self._interval_s = interval_s
         self._stop = threading.Event()
@@ -94,7 +95,8 @@ class HeartbeatThread:
                 partition=p.partition, step=p.step, steps=p.steps, tokens_done=p.tokens_done,
                 tokens_per_s=round(rate, 1),
                 eta_s=round(p.tokens_left / rate, 1) if rate > 0 else None,
-                partitions_done=p.partitions_done, message=p.message or p.phase)
+                partitions_done=p.partitions_done, message=p.message or p.phase,
+                held=p.held)
         with self._write_lock:
             try:
                 self.writer.beat(hb, force=force)

@@ -90,7 +90,7 @@ class Worker:
         # (or that failed to) instead of nothing; the session's thread takes over after.
         startup = progress.HeartbeatThread(
             self.store, self.host, self.topo.replica, self.topo.host_index, self.attempt,
-            self.progress, opts.heartbeat_s)
+            self.progress, opts.heartbeat_s, job=opts.job)
         self.heartbeat_writer = startup.writer
         self.progress.update(phase="loading the model")  # `loading` adds what and how big
         startup.start()
@@ -399,8 +399,6 @@ class Worker:
             self.progress.partitions_done += 1
         self._committed.add(pid)
 
-    def install_signal_handlers(self) -> None:
-        self.stop.install_handler()
 
 
 class Session:
@@ -417,7 +415,7 @@ class Session:
         self._beats = progress.HeartbeatThread(
             worker.store, worker.host, worker.topo.replica, worker.topo.host_index,
             worker.attempt, worker.progress, worker.opts.heartbeat_s,
-            writer=worker.heartbeat_writer)
+            writer=worker.heartbeat_writer, job=worker.opts.job)
         self._beats.start()
         self.pool = writer.WriterPool(worker.opts.writer_threads,
                                       worker.opts.max_pending_mb << 20)
@@ -433,6 +431,7 @@ class Session:
         todo = [p for p in pids if not w._is_committed(p)]
         if not todo:
             return []
+        w.progress.update(held=tuple(todo))
         try:
             if w.topo.hosts_per_replica == 1:
                 w.run_stream(self.pool, self.committer, set(), sequence=todo)
@@ -443,7 +442,7 @@ class Session:
         except BaseException as e:
             w.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
             raise
-        w.progress.update(state="idle", partition=None)
+        w.progress.update(state="idle", partition=None, held=())
         return todo
 
     def committed_by_me(self, pid: int) -> bool:

@@ -9,11 +9,7 @@ agreed on raises Preempted, and nothing of the partition in hand is committed.
 
 from __future__ import annotations
 
-import logging
-import signal
 import threading
-
-log = logging.getLogger("actx.worker")
 
 
 class Preempted(Exception):
@@ -36,11 +32,3 @@ class StopSignal:
         """Raises Preempted when the replica agreed to stop at this step."""
         if agreed:
             raise Preempted(f"stopped at step {step_index} of {where}")
-
-    def install_handler(self) -> None:
-        def on_term(signum, frame):
-            log.warning("SIGTERM received: finishing the current step, committing nothing "
-                        "partial")
-            self.requested.set()
-
-        signal.signal(signal.SIGTERM, on_term)

@@ -220,7 +220,11 @@ class WriterPool:
 
 def _store_error(run: uri_lib.Location, hook: str, block: _Block, e: ValueError):
     """tensorstore's error after its retries ran out (429s, 5xx, dropped connections) as
-    one line naming the block; other errors (bugs) unchanged."""
+    one line naming the block; a refusal (a bucket that takes no writes, a full disk) as
+    the store's one line; other errors (bugs) unchanged."""
+    refused = store_errors.from_tensorstore(e)
+    if refused is not e:
+        return refused
     reason = str(e).split(" [tensorstore_spec=")[0]
     if "retry attempts failed" not in reason and not reason.startswith(
             ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")):

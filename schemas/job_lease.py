@@ -1,0 +1,180 @@
+"""One run, one job at a time: the lease a launcher takes on a run directory before its
+workers start (`job_lease.json`, layout.JOB_LEASE_KEY), on local disk and on gs:// alike.
+
+Taken create-only, so of two launchers starting at once exactly one wins. It holds until
+`expires_at`, which its launcher renews while it waits for its workers; past that, it
+still holds while any host of its job beats (live state, a fresh heartbeat, a process not
+gone), so detached workers (tpu-vm) keep it without their launcher. Once neither holds, a
+new launcher takes it over: the create-only takeover object `leases/<job>-<renewed_at>`
+decides who, then the expired lease is replaced. A second job that means to run beside
+the first says so (`--join`) and takes no lease; its hosts get their own names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+
+from schemas import config as config_lib
+from schemas import heartbeat as heartbeat_lib
+from schemas import layout
+from schemas import store as store_lib
+
+LIVE_STATES = ("starting", "working", "idle")  # heartbeat states that claim a live host
+DEFAULT_TTL_S = 120.0  # how long a lease holds without renewal (and a heartbeat, silent)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobLease:
+    """job: the job id. hosts: its worker hosts' names (heartbeats workers/<host>.json).
+    launcher: machine (heartbeat_lib.this_machine()) and pid of the process that took it.
+    target: local, tpu-vm, ... stop: how to stop the job, in words a user types.
+    started_at / renewed_at / expires_at: seconds since the epoch."""
+
+    job: str
+    hosts: tuple[str, ...]
+    machine: str
+    pid: int
+    target: str
+    stop: str
+    started_at: float
+    renewed_at: float
+    expires_at: float
+    hostname: str = ""
+
+    def live(self, beats: list[heartbeat_lib.Heartbeat], now: float,
+             ttl_s: float = DEFAULT_TTL_S) -> bool:
+        """Unexpired, or a host of its job still beats."""
+        if now < self.expires_at and not self._launcher_gone():
+            return True
+        return any(hb.job == self.job and hb.state in LIVE_STATES
+                   and now - hb.updated_at <= ttl_s and not heartbeat_lib.process_gone(hb)
+                   for hb in beats)
+
+    def _launcher_gone(self) -> bool:
+        """Its launcher ran on this machine and is gone (killed): no need to wait for the
+        expiry then, unless its hosts beat."""
+        return heartbeat_lib.process_gone(heartbeat_lib.Heartbeat(
+            host="", replica=0, process_index=0, state="working", attempt="",
+            updated_at=0.0, machine=self.machine, pid=self.pid))
+
+    def describe(self, now: float) -> str:
+        hosts = ", ".join(self.hosts[:8]) + (" ..." if len(self.hosts) > 8 else "")
+        return (f"job {self.job} ({self.target}; hosts {hosts or '-'}; started "
+                f"{now - self.started_at:.0f} s ago by pid {self.pid} on "
+                f"{self.hostname or self.machine}, renewed {now - self.renewed_at:.0f} s "
+                f"ago); stop it with {self.stop}")
+
+
+class LeaseHeld(Exception):
+    """Another live job holds the run; `lease` is its lease."""
+
+    def __init__(self, lease: JobLease):
+        super().__init__(lease.job)
+        self.lease = lease
+
+
+def new(job: str, hosts, target: str, stop: str, now: float | None = None,
+        ttl_s: float = DEFAULT_TTL_S) -> JobLease:
+    now = time.time() if now is None else now
+    return JobLease(job=job, hosts=tuple(hosts), machine=heartbeat_lib.this_machine(),
+                    pid=os.getpid(), target=target, stop=stop, started_at=now,
+                    renewed_at=now, expires_at=now + ttl_s, hostname=socket.gethostname())
+
+
+def read(store) -> JobLease | None:
+    data = store.read_json(layout.JOB_LEASE_KEY)
+    if data is None:
+        return None
+    return config_lib.from_dict(JobLease, data, f"{store.location.join(layout.JOB_LEASE_KEY)}: ")
+
+
+def _dumps(lease: JobLease) -> bytes:
+    return store_lib.dumps(config_lib.to_dict(lease))
+
+
+def acquire(store, lease: JobLease, now: float | None = None,
+            ttl_s: float = DEFAULT_TTL_S) -> JobLease:
+    """Takes the run for `lease`'s job, or raises LeaseHeld naming the live job that has
+    it. A lease of the same job (its launcher again, e.g. `--wait` after a launch) is
+    renewed, not refused."""
+    for _ in range(3):  # a holder that released between our reads: try again
+        if store.create(layout.JOB_LEASE_KEY, _dumps(lease)):
+            return lease
+        held = read(store)
+        if held is None:
+            continue
+        now_ = time.time() if now is None else now
+        if held.job == lease.job:
+            return renew(store, dataclasses.replace(lease, started_at=held.started_at),
+                         now_, ttl_s)
+        if held.live(heartbeat_lib.read_heartbeats(store, history=False), now_, ttl_s):
+            raise LeaseHeld(held)
+        # Expired: exactly one taker wins the takeover object named after this lease.
+        takeover = (f"{layout.JOB_LEASE_TAKEOVERS_PREFIX}{held.job}-"
+                    f"{held.renewed_at:.3f}.json")
+        if not store.create(takeover, _dumps(lease)):
+            winner = read(store)
+            raise LeaseHeld(winner if winner is not None else held)
+        store.write(layout.JOB_LEASE_KEY, _dumps(lease))
+        return lease
+    raise LeaseHeld(read(store) or lease)
+
+
+def renew(store, lease: JobLease, now: float | None = None,
+          ttl_s: float = DEFAULT_TTL_S) -> JobLease:
+    """Moves the expiry on; writes only while the stored lease is this job's."""
+    now = time.time() if now is None else now
+    renewed = dataclasses.replace(lease, renewed_at=now, expires_at=now + ttl_s)
+    held = read(store)
+    if held is None or held.job == lease.job:
+        store.write(layout.JOB_LEASE_KEY, _dumps(renewed))
+    return renewed
+
+
+def release(store, lease: JobLease) -> None:
+    """Gives the run back, when the stored lease is still this job's."""
+    held = read(store)
+    if held is not None and held.job == lease.job and held.pid == lease.pid:
+        store.delete(layout.JOB_LEASE_KEY)
+
+
+class Keeper:
+    """Holds a lease while a launcher waits for its workers: renews it every `every_s`
+    from a daemon thread, releases it at the end (also when a stop signal ends the wait).
+    A renewal that fails is logged; the hosts' heartbeats keep the lease meanwhile."""
+
+    def __init__(self, store, lease: JobLease, every_s: float = DEFAULT_TTL_S / 4,
+                 ttl_s: float = DEFAULT_TTL_S):
+        import threading
+
+        self._store, self.lease, self._every_s, self._ttl_s = store, lease, every_s, ttl_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="actx-lease")
+
+    def __enter__(self) -> "Keeper":
+        self.lease = acquire(self._store, self.lease, ttl_s=self._ttl_s)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        import logging
+
+        while not self._stop.wait(self._every_s):
+            try:
+                self.lease = renew(self._store, self.lease, ttl_s=self._ttl_s)
+            except Exception as e:  # noqa: BLE001 - the heartbeats hold it meanwhile
+                logging.getLogger("actx.lease").warning("renewing the job lease failed: %s", e)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        try:
+            release(self._store, self.lease)
+        except Exception as e:  # noqa: BLE001 - it expires on its own
+            import logging
+
+            logging.getLogger("actx.lease").warning(
+                "releasing the job lease failed (it expires on its own): %s", e)

@@ -1,0 +1,134 @@
+"""One run, one job at a time (schemas.job_lease): a second `actx rerun` on a run whose
+workers are extracting is refused with exit 2, naming the job, its hosts and how to stop
+it, unless it asks to `--join` (then its hosts get their own names and logs); the lease is
+a create-only object in the run directory, so it works on gs:// (the GCS emulator) as on
+local disk, renewed by its launcher and kept by its hosts' heartbeats, and taken over only
+once expired, by exactly one of two takers; a SIGTERM to `actx rerun` stops its workers
+and gives the lease back. Real worker processes on a tiny random Qwen2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from schemas import heartbeat as heartbeat_lib
+from schemas import job_lease, layout, store
+from tests import hf_models, token_runs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(params=["local", "gs"])
+def run_store(request, tmp_path):
+    if request.param == "local":
+        return store.open_store(str(tmp_path / "run"))
+    return store.open_store(request.getfixturevalue("gcs_bucket") + "/runs/r")
+
+
+def _gone_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_lease_refuses_a_second_job_until_it_expires(run_store):
+    now = time.time()
+    first = job_lease.new("a", ["local-r0h0"], "local", "Ctrl-C", now=now)
+    job_lease.acquire(run_store, first, now=now)
+    with pytest.raises(job_lease.LeaseHeld) as held:
+        job_lease.acquire(run_store, job_lease.new("b", [], "local", "-", now=now), now=now)
+    assert held.value.lease.job == "a" and held.value.lease.hosts == ("local-r0h0",)
+    # The same job again (its launcher, later) renews instead.
+    again = job_lease.new("a", ["local-r0h0"], "local", "Ctrl-C", now=now + 5)
+    assert job_lease.acquire(run_store, again, now=now + 5).expires_at > first.expires_at
+    assert job_lease.read(run_store).started_at == first.started_at
+
+    # Expired, its launcher gone: still held while a host of its job beats ...
+    expired = job_lease.read(run_store)
+    run_store.write(layout.JOB_LEASE_KEY, store.dumps(
+        {**_as_dict(expired), "pid": _gone_pid(), "expires_at": now - 1}))
+    beat = heartbeat_lib.Heartbeat(host="local-r0h0", replica=0, process_index=0,
+                                   state="working", attempt="x", updated_at=time.time(),
+                                   machine=heartbeat_lib.this_machine(), pid=os.getpid(),
+                                   job="a")
+    heartbeat_lib.HeartbeatWriter(run_store, "local-r0h0").beat(beat, force=True)
+    with pytest.raises(job_lease.LeaseHeld):
+        job_lease.acquire(run_store, job_lease.new("b", [], "local", "-"))
+    # ... and taken over once that host is done, by exactly one of two takers.
+    heartbeat_lib.HeartbeatWriter(run_store, "local-r0h0").beat(
+        heartbeat_lib.Heartbeat(**{**_as_dict(beat), "state": "done", "history": ()}),
+        force=True)
+    b = job_lease.acquire(run_store, job_lease.new("b", [], "local", "-"))
+    with pytest.raises(job_lease.LeaseHeld) as held:
+        job_lease.acquire(run_store, job_lease.new("c", [], "local", "-"))
+    assert held.value.lease.job == "b" == job_lease.read(run_store).job
+    job_lease.release(run_store, b)
+    assert job_lease.read(run_store) is None
+
+
+def _as_dict(obj) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _rerun(run: str, job: str, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "rerun", run, "--hosts", "1", "--batch-size",
+         "8", "--job", job, *flags], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_a_second_rerun_is_refused_unless_it_joins(tmp_path):
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1)
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, str(model), n_rows=3072, seq_len=128,
+                               partition_rows=32, rows_per_shard=8)
+    s = store.open_store(run)
+    first = _rerun(run, "first")
+    deadline = time.monotonic() + 180
+    while not s.list(layout.COMMITS_PREFIX):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+
+    second = subprocess.run(
+        [sys.executable, "-m", "deploy.cli", "rerun", run, "--job", "second"], cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=120)
+    said = second.stdout + second.stderr
+    assert second.returncode == 2, said
+    [line] = [x for x in said.splitlines() if x.startswith("actx rerun: error:")]
+    assert "another job is extracting this run: job first (local; hosts local-r0h0;" in line
+    assert f"`kill -TERM {first.pid}`" in line and "--join" in line, line
+    assert not os.path.exists(os.path.join(run, "logs", "second"))
+
+    # --join runs beside it; a SIGTERM then stops the first (its workers at a step
+    # boundary) and gives the lease back, and the joined job finishes the run.
+    joined = _rerun(run, "joined", "--join")
+    while not os.path.exists(os.path.join(run, layout.heartbeat_key("local-joined-r0h0"))):
+        assert joined.poll() is None and time.monotonic() < deadline, joined.communicate()
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 143, out
+    [line] = [x for x in out.splitlines() if "interrupted" in x]
+    assert line.startswith("actx rerun: interrupted by SIGTERM; the workers stopped; "
+                           "partitions without a commit marker stay uncommitted: "
+                           f"`actx rerun {run} --hosts 1 --batch-size 8 --job first` again "
+                           "finishes them"), line
+    assert job_lease.read(s) is None  # given back
+    out, _ = joined.communicate(timeout=300)
+    assert joined.returncode == 0, out
+    assert "rerun: " in out and "nothing to do" not in out, out
+    assert os.path.exists(os.path.join(run, "logs", "joined", "local-joined-r0h0.log"))
+    assert s.read_json(layout.heartbeat_key("local-joined-r0h0"))["job"] == "joined"
+    assert len(s.list(layout.COMMITS_PREFIX)) == 3072 // 32
+    verify = subprocess.run([sys.executable, "-m", "deploy.cli", "verify", run], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": REPO}, capture_output=True,
+                            text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
