@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 
+from schemas import errors
 from schemas import heartbeat as heartbeat_lib
 
 log = logging.getLogger("actx.worker")
@@ -77,15 +79,17 @@ class HeartbeatThread:
         self._write_lock = threading.Lock()  # the final beat never races the thread's
 
     def start(self) -> None:
+        """Writes the first beat here: a run this host cannot write at all (a bucket that
+        refuses, a full or read-only disk) ends the worker at once with the store's one-line
+        error. Later beats go on the thread, where a missed one must not stop extraction."""
+        self.beat(force=True, raise_user_errors=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while True:
+        while not self._stop.wait(self._interval_s):
             self.beat(force=False)
-            if self._stop.wait(self._interval_s):
-                return
 
-    def beat(self, force: bool) -> None:
+    def beat(self, force: bool, raise_user_errors: bool = False) -> None:
         p = self._progress
         with p.lock:
             elapsed = max(1e-6, time.monotonic() - p.started)
@@ -100,6 +104,10 @@ class HeartbeatThread:
         with self._write_lock:
             try:
                 self.writer.beat(hb, force=force)
+            except errors.UserError:
+                if raise_user_errors:
+                    raise
+                log.warning("heartbeat write failed: %s", sys.exc_info()[1])
             except Exception as e:  # a missed heartbeat must not stop extraction
                 log.warning("heartbeat write failed: %s", e)
 
