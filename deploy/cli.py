@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--html", metavar="FILE", help="write the page once, self-contained")
     st.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
                     help="--serve: seconds between the page's refreshes (default 5)")
-    _add_extraction_flag(st, "show (default: every one; the page shows the first)")
+    _add_extraction_flag(st, "show (default: every one; the page lists them and shows the first in full)")
 
     r = sub.add_parser("rerun", help="extract the partitions that have no commit")
     r.add_argument("run")
@@ -168,7 +168,8 @@ def cmd_status(args, out) -> int:
         if args.json or args.watch is not None:
             raise UsageError("--serve and --html show the page; drop --json and --watch")
         return ui_server.page_command(next(iter(handles.values())), args.html, args.serve,
-                                      args.refresh, args.stale_after, out)
+                                      args.refresh, args.stale_after, out,
+                                      extractions=handles)
     tty = hasattr(out, "isatty") and out.isatty()
     while True:
         statuses = {name: runstate.compute_status(handle, args.stale_after)

@@ -159,3 +159,16 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
                         else config_lib.to_dict(status.token_masks)),
         "commands": page_commands(status),
     }
+
+
+def extraction_lines(statuses: dict[str, runstate.RunStatus], shown: str) -> list[dict]:
+    """One line per extraction of a run that has several (none otherwise): its counts and
+    phase, as `actx status` prints them, and whether it is the one the page shows."""
+    if len(statuses) < 2:
+        return []
+    return [{"name": name or "default", "shown": name == shown,
+             "committed": s.counts[runstate.COMMITTED], "partitions": len(s.partitions),
+             "in_progress": s.counts[runstate.IN_PROGRESS],
+             "stale": s.counts[runstate.STALE], "pending": s.counts[runstate.PENDING],
+             "phase": s.phase, "fingerprint": s.fingerprint}
+            for name, s in statuses.items()]

@@ -36,7 +36,7 @@ dl.facts{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin
  background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:8px 12px;font-size:13px}
 dl.facts dt{color:#5a6473} dl.facts dd{margin:0;word-break:break-all}
 #failures div{color:#b42318;margin:2px 0}
-td.msg{white-space:normal;max-width:560px;word-break:break-word}
+td.msg{white-space:normal;max-width:560px;word-break:break-word} tr.shown td{font-weight:600}
 """
 
 _JS = r"""
@@ -229,6 +229,15 @@ function render(d) {
   $("failures").innerHTML = failures.map((h) =>
     `<div data-failed-host="${esc(h.host)}">${esc(h.host)}: ${esc(h.message)}</div>`).join("");
   renderIdentity(d);
+  const ex = d.extractions || [];  // a run with several models: a line per extraction
+  $("extractions").innerHTML = ex.length ? "<h2>Extractions over this token store</h2>" +
+    "<table><thead><tr><th>extraction</th><th>committed</th><th>in progress</th><th>stale" +
+    "</th><th>pending</th><th>phase</th></tr></thead><tbody>" + ex.map((e) =>
+    `<tr data-extraction="${esc(e.name)}"${e.shown ? ' class="shown"' : ""}><td>${esc(e.name)}` +
+    `${e.shown ? " (this page)" : ""}</td><td class="num">${e.committed} / ${e.partitions}` +
+    `</td><td class="num">${e.in_progress}</td><td class="num">${e.stale}</td>` +
+    `<td class="num">${e.pending}</td><td>${esc(e.phase)}</td></tr>`).join("") +
+    "</tbody></table>" : "";
   for (const k of ["committed", "in_progress", "stale", "pending"]) {
     set("n-" + k, int(d.counts[k]), d.counts[k]);
   }
@@ -335,7 +344,7 @@ _BODY = """
 <h1>actx run <span id="name"></span></h1>
 <div class="sub"><span id="run"></span> &middot; fingerprint <span id="fingerprint"></span>
  &middot; as of <span id="at"></span> &middot; <span id="live"></span></div>
-<div id="phase" class="phase"></div><div id="failures"></div>
+<div id="phase" class="phase"></div><div id="failures"></div><div id="extractions"></div>
 <div class="cards">
  <div class="card"><div class="k">committed</div><div class="v"><span id="n-committed"></span>
   / <span id="n-total"></span></div></div>

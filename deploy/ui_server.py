@@ -18,11 +18,15 @@ from schemas import errors
 
 
 class PageSource:
-    """The page's data for one run, recomputed at most every `min_interval_s`."""
+    """The page's data for one run, recomputed at most every `min_interval_s`. `extractions`:
+    every extraction of the run the page lists ({name: handle}, `handle` among them), one
+    line each, beside the one it shows in full."""
 
     def __init__(self, handle: runstate.RunHandle, stale_after_s: float,
-                 min_interval_s: float = 1.0):
+                 min_interval_s: float = 1.0,
+                 extractions: dict[str, runstate.RunHandle] | None = None):
         self.handle = handle
+        self.extractions = extractions or {}
         self.stale_after_s = stale_after_s
         self.min_interval_s = min_interval_s
         # Rejects are written once by prepare: their samples are read once per page source.
@@ -37,13 +41,19 @@ class PageSource:
                 status = runstate.compute_status(self.handle, self.stale_after_s,
                                                  history=True)
                 self._data = ui_data.page_data(status, self.rejects)
+                shown = next((n for n, h in self.extractions.items() if h is self.handle), "")
+                self._data["extractions"] = ui_data.extraction_lines({
+                    name: status if name == shown else
+                    runstate.compute_status(h, self.stale_after_s)
+                    for name, h in self.extractions.items()}, shown)
                 self._at = time.monotonic()
             return self._data
 
 
-def write_html(handle: runstate.RunHandle, path: str, stale_after_s: float) -> dict:
+def write_html(handle: runstate.RunHandle, path: str, stale_after_s: float,
+               extractions: dict[str, runstate.RunHandle] | None = None) -> dict:
     """Writes the page once, self-contained (no server, no refresh). Returns its data."""
-    data = PageSource(handle, stale_after_s).data()
+    data = PageSource(handle, stale_after_s, extractions=extractions).data()
     with open(path, "w", encoding="utf-8") as f:
         f.write(ui_page.render_html(data, live_s=0))
     return data
@@ -84,24 +94,27 @@ def make_server(source: PageSource, port: int, refresh_s: float) -> http.server.
 
 
 def page_command(handle: runstate.RunHandle, html_path: str | None, port: int | None,
-                 refresh_s: float, stale_after_s: float, out) -> int:
-    """`actx status RUN --html FILE` and/or `--serve [PORT]`."""
+                 refresh_s: float, stale_after_s: float, out,
+                 extractions: dict[str, runstate.RunHandle] | None = None) -> int:
+    """`actx status RUN --html FILE` and/or `--serve [PORT]`: the page of `handle`, listing
+    the run's `extractions` too where it has several."""
     if refresh_s <= 0:
         raise errors.UserError(f"--refresh {refresh_s:g}: must be a positive number of "
                                f"seconds")
     if html_path is not None:
-        data = write_html(handle, html_path, stale_after_s)
+        data = write_html(handle, html_path, stale_after_s, extractions)
         print(f"wrote {html_path} ({data['counts']['committed']}/{data['partitions_total']} "
               f"partitions committed); open it in a browser", file=out, flush=True)
     if port is not None:
-        return serve(handle, port, refresh_s, stale_after_s, out)
+        return serve(handle, port, refresh_s, stale_after_s, out, extractions)
     return 0
 
 
 def serve(handle: runstate.RunHandle, port: int, refresh_s: float, stale_after_s: float,
-          out) -> int:
+          out, extractions: dict[str, runstate.RunHandle] | None = None) -> int:
     """Serves the page until interrupted (Ctrl-C)."""
-    source = PageSource(handle, stale_after_s, min_interval_s=min(refresh_s, 5.0))
+    source = PageSource(handle, stale_after_s, min_interval_s=min(refresh_s, 5.0),
+                        extractions=extractions)
     try:
         server = make_server(source, port, refresh_s)
     except OSError as e:

@@ -103,7 +103,7 @@ class Elements(html.parser.HTMLParser):
     """Elements with an id or one of the data- attributes of KEYS: attributes and text."""
 
     KEYS = ("id", "data-host", "data-source", "data-mask", "data-reject", "data-command",
-            "data-failed-host")
+            "data-failed-host", "data-extraction")
 
     def __init__(self, markup: str):
         super().__init__()

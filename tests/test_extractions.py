@@ -269,6 +269,41 @@ def test_status_follow_and_tpu_plan_per_extraction(both, capsys):
         batch_size=16, tpu=tpu), "0123", "j", install=False)[-1].argv[-1]
 
 
+def test_the_page_lists_every_extraction_as_status_counts_it(both, tmp_path):
+    """`actx status --html` of a run with two extractions, one of them behind (a marker
+    removed: status trusts markers), in Chromium: a line per extraction with the counts
+    `status --json` gives it, the one shown in full marked, and `--extraction` picks it."""
+    import shutil
+
+    from deploy import cli
+    from tests import browser
+
+    browser.require_chromium()
+    run = str(tmp_path / "run")
+    shutil.copytree(both, run)
+    chat = extraction.view(store.open_store(run), "chat")
+    chat.delete(layout.commit_key(1))
+    out = io.StringIO()
+    assert cli.main(["status", run, "--json"], out=out) == 0
+    want = json.loads(out.getvalue())["extractions"]
+    assert want["chat"]["counts"]["committed"] == 1 and want["base"]["counts"]["committed"] == 2
+    pages = []
+    for args in ([], ["--extraction", "chat,base"]):
+        pages.append(str(tmp_path / f"page{len(pages)}.html"))
+        assert cli.main(["status", run, "--html", pages[-1], *args], out=io.StringIO()) == 0
+    for dom, shown in zip(browser.dump_doms(pages), ("base", "chat")):
+        page = browser.Elements(dom)
+        for name, st in want.items():
+            cells = page.text(f"data-extraction={name}").replace("(this page) ", "").split()
+            c = st["counts"]
+            assert cells == [name, str(c["committed"]), "/", str(len(st["partitions"])),
+                             str(c["in_progress"]), str(c["stale"]), str(c["pending"]),
+                             st["phase"]], (name, cells)
+            assert ("(this page)" in page.text(f"data-extraction={name}")) == (name == shown)
+        # The page's own figures are the shown extraction's.
+        assert page.text("n-committed") == str(want[shown]["counts"]["committed"])
+
+
 def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
     """The worker's tokenizer check applies per extraction: a model whose embedding is
     smaller than the token store's vocabulary (512 ids) is refused for it."""
