@@ -60,4 +60,7 @@ def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
     status = runstate.compute_status(runstate.open_run(run))
     assert status.phase == "stopped", status.hosts
     assert [h.state for h in status.hosts] == ["preempted"]
-    assert "stopped by Ctrl-C" in status.hosts[0].message
+    # Said by the worker (its stop handler caught the signal while it started) or, when
+    # it could not say it, by the launcher.
+    assert status.hosts[0].message.startswith(
+        ("stopped by Ctrl-C", "interrupted while starting")), status.hosts[0].message
