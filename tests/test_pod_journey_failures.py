@@ -127,7 +127,8 @@ def test_every_problem_is_listed_at_once(tmp_path, fake_cloud, text_source, smal
 
 
 def test_workers_finish_when_the_submitter_dies_and_logs_show_while_they_run(
-        tmp_path, fake_cloud, gcs_bucket, text_source, qwen_tokenizer_dir, small_model):
+        tmp_path, fake_cloud, gcs_bucket, text_source, qwen_tokenizer_dir, small_model,
+        capsys):
     run = f"{gcs_bucket}/runs/detached"
     # Two hosts (v4-16): enough for a multi-host replica, half the CPU of the journey.
     cfg = pod_config(tmp_path / "c.yaml", run, small_model, qwen_tokenizer_dir, text_source,
@@ -157,9 +158,11 @@ def test_workers_finish_when_the_submitter_dies_and_logs_show_while_they_run(
     # on the slice or here, is refused naming the job, its hosts and how to stop it ...
     rerun = ["rerun", run, "--config", cfg, "--job", "second"]
     for target in ("tpu-vm", "local"):
-        code, out = _main(rerun + ["--target", target])
+        capsys.readouterr()
+        code, _ = _main(rerun + ["--target", target])
+        said = capsys.readouterr().err  # the one-line error
         assert code == 2 and f"another job is extracting this run: job {job} (tpu-vm; hosts " \
-            f"pod1-w0, pod1-w1;" in out and f"`actx down --config {cfg}`" in out, out
+            f"pod1-w0, pod1-w1;" in said and f"`actx down --config {cfg}`" in said, said
     assert "second" not in str(fake_cloud.calls())
     # ... unless it joins (here on another slice, which does not exist: the plan's first
     # step says so).
