@@ -1,7 +1,8 @@
 """What goes wrong on the way to a TPU slice, against the simulated cloud: a queued resource
 that ends FAILED or SUSPENDED or never comes, a create refused, a target that cannot be
 (refused before anything is created), and a submitter that goes away while the workers
-run (they finish anyway, their logs readable in the run directory meanwhile)."""
+run (they finish anyway, their logs readable in the run directory meanwhile, the run
+theirs: a second job is refused unless it joins, until `actx down` gives it back)."""
 
 from __future__ import annotations
 
