@@ -111,8 +111,10 @@ def cmd_submit(args, out) -> int:
         return 0
     dataflow.write_spec_file(spec, job)
     started_at = time.time()
-    code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s,
-                            in_process=lambda cmd: _run_prepare_command(cmd, retry_argv))
+    with _tpu_lease(run, target, job, args) as failed:
+        code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s,
+                                in_process=lambda cmd: _run_prepare_command(cmd, retry_argv))
+        failed(code)
     if code == 0 and target.kind == "dataflow" and target.extract != "beam":
         print(f"prepared {run} on Dataflow; extract it with `actx rerun {run} --config "
               f"CONFIG --target tpu-vm` (or --target local)", file=out)
@@ -180,6 +182,25 @@ def _after_tpu_launch(code: int, run: str, target, job: str, started_at: float, 
                              config=args.config or "CONFIG", out=out,
                              every_s=min(5.0, max(0.5, target.heartbeat_s)),
                              stale_after_s=args.stale_after, extraction=extraction)
+
+
+@contextlib.contextmanager
+def _tpu_lease(run: str, target, job: str, args):
+    """Holds the run's detached job lease (deploy.tpu_lease) for a tpu-vm launch, taken
+    before its plan runs; given back when the plan fails (`failed(code)`, nonzero) or
+    raises, as its workers did not start. Nothing for other targets or with --join."""
+    if target.kind != "tpu-vm":
+        yield lambda code: None
+        return
+    from deploy import tpu_lease
+
+    taken = tpu_lease.take(run, target, job, args.config or "CONFIG",
+                           getattr(args, "join", False))
+    try:
+        yield lambda code: tpu_lease.give_back(taken) if code != 0 else None
+    except BaseException:
+        tpu_lease.give_back(taken)
+        raise
 
 
 def _run_prepare_command(cmd, retry_argv: list[str]) -> int:
@@ -290,10 +311,7 @@ def _job_lease(handle, job: str, target, prefix: str, join: bool):
     try:
         keeper.__enter__()
     except job_lease.LeaseHeld as e:
-        raise UsageError(
-            f"{handle.location}: another job is extracting this run: "
-            f"{e.lease.describe(time.time())}. Wait for it to end, stop it, or add --join "
-            f"to run this job beside it (its hosts get their own names and logs)") from None
+        raise UsageError(job_lease.refusal(handle.location, e.lease, time.time())) from None
     try:
         yield
     finally:
@@ -414,7 +432,9 @@ def _rerun_on(args, target, run: str, job: str, fingerprint: str | None, only, o
         print(commands.render_plan(plan), file=out, flush=True)
         return 0
     started_at = time.time()
-    code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s)
+    with _tpu_lease(run, target, job, args) as failed:
+        code = commands.execute(plan, out=out, poll_s=target.tpu.poll_s)
+        failed(code)
     return _after_tpu_launch(code, run, target, job, started_at, only, args, out, extraction)
 
 
@@ -470,7 +490,13 @@ def cmd_down(args, out) -> int:
         print("# dry run: nothing is executed.", file=out)
         print(commands.render_plan(plan), file=out, flush=True)
         return 0
-    return commands.execute(plan, out=out)
+    code = commands.execute(plan, out=out)
+    if code == 0:  # its hosts are gone: a rerun must not wait for their last heartbeats
+        from deploy import tpu_lease
+
+        run = data.get("run")
+        tpu_lease.release_for_down(run if isinstance(run, str) else None, target.tpu, out)
+    return code
 
 
 

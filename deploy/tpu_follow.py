@@ -12,6 +12,7 @@ import sys
 import time
 
 from deploy import runstate
+from schemas import job_lease
 from schemas import layout
 
 
@@ -24,7 +25,8 @@ def job_hosts(status: runstate.RunStatus, prefix: str, since: float) -> list:
 def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | None = None,
            config: str = "CONFIG", out=sys.stdout, every_s: float = 5.0,
            stale_after_s: float = runstate.DEFAULT_STALE_AFTER_S,
-           start_timeout_s: float = 900.0, extraction: str | None = None) -> int:
+           start_timeout_s: float = job_lease.DETACHED_START_GRACE_S,
+           extraction: str | None = None) -> int:
     """Prints progress lines until the `wanted` partitions (None: all) are committed (0) or
     the job's hosts are gone (1); of every extraction `extraction` names (comma-separated;
     None: the default one), each with its own markers and heartbeats."""

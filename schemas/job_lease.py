@@ -4,7 +4,10 @@ workers start (`job_lease.json`, layout.JOB_LEASE_KEY), on local disk and on gs:
 Taken create-only, so of two launchers starting at once exactly one wins. It holds until
 `expires_at`, which its launcher renews while it waits for its workers; past that, it
 still holds while any host of its job beats (live state, a fresh heartbeat, a process not
-gone), so detached workers (tpu-vm) keep it without their launcher. Once neither holds, a
+gone). A detached lease (tpu-vm: the launcher exits once the slice's workers start) does
+not depend on its launcher at all: once a host of its job has reported, it holds exactly
+while one of them beats; before that, for a start grace (install and model load on the
+hosts) until `expires_at`. Once nothing holds it, a
 new launcher takes it over: the create-only takeover object `leases/<job>-<renewed_at>`
 decides who, then the expired lease is replaced. A second job that means to run beside
 the first says so (`--join`) and takes no lease; its hosts get their own names.
@@ -24,6 +27,9 @@ from schemas import store as store_lib
 
 LIVE_STATES = ("starting", "working", "idle")  # heartbeat states that claim a live host
 DEFAULT_TTL_S = 120.0  # how long a lease holds without renewal (and a heartbeat, silent)
+# How long a detached lease holds before any host of its job has reported: the hosts
+# install actx and load the model first (the same wait as tpu_follow's start timeout).
+DETACHED_START_GRACE_S = 900.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +37,9 @@ class JobLease:
     """job: the job id. hosts: its worker hosts' names (heartbeats workers/<host>.json).
     launcher: machine (heartbeat_lib.this_machine()) and pid of the process that took it.
     target: local, tpu-vm, ... stop: how to stop the job, in words a user types.
-    started_at / renewed_at / expires_at: seconds since the epoch."""
+    started_at / renewed_at / expires_at: seconds since the epoch. detached: its workers
+    run without their launcher (tpu-vm), so only their heartbeats (or, before the first,
+    the start grace until expires_at) hold it; lease files written before it read False."""
 
     job: str
     hosts: tuple[str, ...]
@@ -43,15 +51,19 @@ class JobLease:
     renewed_at: float
     expires_at: float
     hostname: str = ""
+    detached: bool = False
 
     def live(self, beats: list[heartbeat_lib.Heartbeat], now: float,
              ttl_s: float = DEFAULT_TTL_S) -> bool:
-        """Unexpired, or a host of its job still beats."""
-        if now < self.expires_at and not self._launcher_gone():
+        """Unexpired, or a host of its job still beats. Detached: while a host of its job
+        beats, or, none having reported yet, until its start grace ends."""
+        mine = [hb for hb in beats if hb.job == self.job]
+        if self.detached and not mine:
+            return now < self.expires_at
+        if not self.detached and now < self.expires_at and not self._launcher_gone():
             return True
-        return any(hb.job == self.job and hb.state in LIVE_STATES
-                   and now - hb.updated_at <= ttl_s and not heartbeat_lib.process_gone(hb)
-                   for hb in beats)
+        return any(hb.state in LIVE_STATES and now - hb.updated_at <= ttl_s
+                   and not heartbeat_lib.process_gone(hb) for hb in mine)
 
     def _launcher_gone(self) -> bool:
         """Its launcher ran on this machine and is gone (killed): no need to wait for the
@@ -77,11 +89,22 @@ class LeaseHeld(Exception):
 
 
 def new(job: str, hosts, target: str, stop: str, now: float | None = None,
-        ttl_s: float = DEFAULT_TTL_S) -> JobLease:
+        ttl_s: float = DEFAULT_TTL_S, detached: bool = False) -> JobLease:
+    """A lease to acquire; a detached one holds `DETACHED_START_GRACE_S` before its hosts
+    first report."""
     now = time.time() if now is None else now
+    hold_s = DETACHED_START_GRACE_S if detached else ttl_s
     return JobLease(job=job, hosts=tuple(hosts), machine=heartbeat_lib.this_machine(),
                     pid=os.getpid(), target=target, stop=stop, started_at=now,
-                    renewed_at=now, expires_at=now + ttl_s, hostname=socket.gethostname())
+                    renewed_at=now, expires_at=now + hold_s, hostname=socket.gethostname(),
+                    detached=detached)
+
+
+def refusal(location, lease: JobLease, now: float) -> str:
+    """The one line a refused launcher prints: who holds the run, and what to do."""
+    return (f"{location}: another job is extracting this run: {lease.describe(now)}. Wait "
+            f"for it to end, stop it, or add --join to run this job beside it (its hosts "
+            f"get their own names and logs)")
 
 
 def read(store) -> JobLease | None:
@@ -107,9 +130,10 @@ def acquire(store, lease: JobLease, now: float | None = None,
         if held is None:
             continue
         now_ = time.time() if now is None else now
-        if held.job == lease.job:
+        if held.job == lease.job:  # a detached lease keeps its start grace
+            hold_s = lease.expires_at - lease.renewed_at if lease.detached else ttl_s
             return renew(store, dataclasses.replace(lease, started_at=held.started_at),
-                         now_, ttl_s)
+                         now_, hold_s)
         if held.live(heartbeat_lib.read_heartbeats(store, history=False), now_, ttl_s):
             raise LeaseHeld(held)
         # Expired: exactly one taker wins the takeover object named after this lease.
@@ -139,6 +163,16 @@ def release(store, lease: JobLease) -> None:
     held = read(store)
     if held is not None and held.job == lease.job and held.pid == lease.pid:
         store.delete(layout.JOB_LEASE_KEY)
+
+
+def drop(store, job: str) -> bool:
+    """Gives the run back for `job` whoever took it (`actx down` of a detached job's
+    slice: its hosts are gone, though their last heartbeats may still look fresh)."""
+    held = read(store)
+    if held is None or held.job != job:
+        return False
+    store.delete(layout.JOB_LEASE_KEY)
+    return True
 
 
 class Keeper:

@@ -72,6 +72,54 @@ def test_the_lease_refuses_a_second_job_until_it_expires(run_store):
     assert job_lease.read(run_store) is None
 
 
+def _beat(job: str, state: str = "working", age_s: float = 0.0, pid: int | None = None,
+          now: float | None = None) -> heartbeat_lib.Heartbeat:
+    return heartbeat_lib.Heartbeat(
+        host="pod1-w0", replica=0, process_index=0, state=state, attempt="x",
+        updated_at=(time.time() if now is None else now) - age_s,
+        machine=heartbeat_lib.this_machine(), pid=os.getpid() if pid is None else pid,
+        job=job)
+
+
+def test_a_detached_lease_holds_by_its_hosts_heartbeats_not_its_launcher():
+    now = time.time()
+    lease = job_lease.new("t", ["pod1-w0", "pod1-w1"], "tpu-vm", "actx down", now=now,
+                          detached=True)
+    lease = job_lease.JobLease(**{**_as_dict(lease), "pid": _gone_pid()})  # launcher exited
+    assert lease.expires_at == now + job_lease.DETACHED_START_GRACE_S
+    # No host of its job has reported: the start grace holds it (another job's do not count).
+    assert lease.live([], now + 600) and lease.live([_beat("old")], now + 600)
+    assert not lease.live([_beat("old")], now + job_lease.DETACHED_START_GRACE_S + 1)
+    # Once its hosts report, exactly while one of them beats, grace or not.
+    late = now + 2 * job_lease.DETACHED_START_GRACE_S
+    assert lease.live([_beat("t", "done", now=late), _beat("t", now=late)], late)
+    assert not lease.live([_beat("t", "done", now=now)], now + 1)
+    assert not lease.live([_beat("t", pid=_gone_pid(), now=now)], now + 1)  # process gone
+    assert not lease.live([_beat("t", age_s=job_lease.DEFAULT_TTL_S + 1, now=now)], now)
+    # A local (attached) lease with its launcher gone holds by heartbeats only, as before.
+    attached = job_lease.JobLease(**{**_as_dict(lease), "detached": False})
+    assert not attached.live([], now + 1) and attached.live([_beat("t", now=now)], now + 1)
+
+
+def test_detached_leases_on_the_store_read_old_files_and_are_dropped_by_job(run_store):
+    now = time.time()
+    old = job_lease.new("a", ["local-r0h0"], "local", "Ctrl-C", now=now)
+    fields = {k: v for k, v in _as_dict(old).items() if k != "detached"}
+    run_store.write(layout.JOB_LEASE_KEY, store.dumps(fields))  # written before `detached`
+    assert job_lease.read(run_store).detached is False
+    run_store.delete(layout.JOB_LEASE_KEY)
+    lease = job_lease.new("t", ["pod1-w0"], "tpu-vm", "actx down", now=now, detached=True)
+    job_lease.acquire(run_store, lease, now=now)
+    # Its launcher again (the same job) keeps the start grace, not the short ttl.
+    again = job_lease.acquire(run_store, job_lease.new("t", ["pod1-w0"], "tpu-vm", "-",
+                                                       now=now + 5, detached=True), now=now + 5)
+    assert again.expires_at == now + 5 + job_lease.DETACHED_START_GRACE_S
+    with pytest.raises(job_lease.LeaseHeld):
+        job_lease.acquire(run_store, job_lease.new("b", [], "local", "-"))
+    assert not job_lease.drop(run_store, "other") and job_lease.read(run_store).job == "t"
+    assert job_lease.drop(run_store, "t") and job_lease.read(run_store) is None
+
+
 def _as_dict(obj) -> dict:
     import dataclasses
 

@@ -21,7 +21,7 @@ import yaml
 
 from deploy import cli
 from pipeline import sample_data
-from schemas import layout, store
+from schemas import job_lease, layout, store
 from tests import hf_models
 from tests.fake_gcloud_fixtures import fake_cloud, pod_config  # noqa: F401 (fixture)
 
@@ -109,6 +109,9 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
 
     st = _wait_for("every host's heartbeat", all_hosts_beating)
     assert {h["host"] for h in st["hosts"]} == {f"pod1-w{i}" for i in range(HOSTS)}
+    lease = job_lease.read(s)  # the run is the job's while its hosts beat
+    assert lease.job == job and lease.detached and lease.hosts == tuple(
+        f"pod1-w{i}" for i in range(HOSTS))
     assert st["counts"]["committed"] < n and st["tokens_total"] > 0
     _wait_for("half the partitions committed", lambda: len(committed()) >= n // 2, every=0.05)
     phase("half way")
@@ -139,6 +142,7 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     rerun = ["rerun", run, "--target", "tpu-vm", "--config", cfg]
     code, out = _main(rerun + ["--job", "r0"])
     assert code == 1 and "FAILED_PRECONDITION: TPU pod1 is PREEMPTED" in out
+    assert job_lease.read(s) is None  # its hosts died: taken over, given back on failure
     assert f"if the slice was preempted or deleted: `actx rerun {run} --target tpu-vm " \
         f"--config {cfg} --recreate`" in out
     job2 = f"j2-{uuid.uuid4().hex[:6]}"
@@ -176,5 +180,6 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     assert code == 0, out
     state = fake_cloud.read()
     assert state["queued"] == {} and state["tpus"] == {} and fake_cloud.host_pids() == []
+    assert job_lease.read(s) is None and f"job lease of job {job2}" in out
     phase("compare, down")
     print(f"journey: {time.monotonic() - t0:.1f} s; by phase: {phases}")

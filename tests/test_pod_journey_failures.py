@@ -1,7 +1,8 @@
 """What goes wrong on the way to a TPU slice, against the simulated cloud: a queued resource
 that ends FAILED or SUSPENDED or never comes, a create refused, a target that cannot be
 (refused before anything is created), and a submitter that goes away while the workers
-run (they finish anyway, their logs readable in the run directory meanwhile)."""
+run (they finish anyway, their logs readable in the run directory meanwhile, the run
+theirs: a second job is refused unless it joins, until `actx down` gives it back)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import uuid
 import pytest
 
 from deploy import cli
-from schemas import store
+from schemas import heartbeat, job_lease, store
 from tests import hf_models
 from tests.fake_gcloud_fixtures import fake_cloud, pod_config  # noqa: F401 (fixture)
 
@@ -127,7 +128,8 @@ def test_every_problem_is_listed_at_once(tmp_path, fake_cloud, text_source, smal
 
 
 def test_workers_finish_when_the_submitter_dies_and_logs_show_while_they_run(
-        tmp_path, fake_cloud, gcs_bucket, text_source, qwen_tokenizer_dir, small_model):
+        tmp_path, fake_cloud, gcs_bucket, text_source, qwen_tokenizer_dir, small_model,
+        capsys):
     run = f"{gcs_bucket}/runs/detached"
     # Two hosts (v4-16): enough for a multi-host replica, half the CPU of the journey.
     cfg = pod_config(tmp_path / "c.yaml", run, small_model, qwen_tokenizer_dir, text_source,
@@ -153,6 +155,22 @@ def test_workers_finish_when_the_submitter_dies_and_logs_show_while_they_run(
     submitter.wait()
     assert fake_cloud.host_pids("pod1"), "the workers died with the submitter"
 
+    # The run is theirs though their launcher is gone (a detached lease): a second job,
+    # on the slice or here, is refused naming the job, its hosts and how to stop it ...
+    rerun = ["rerun", run, "--config", cfg, "--job", "second"]
+    for target in ("tpu-vm", "local"):
+        capsys.readouterr()
+        code, _ = _main(rerun + ["--target", target])
+        said = capsys.readouterr().err  # the one-line error
+        assert code == 2 and f"another job is extracting this run: job {job} (tpu-vm; hosts " \
+            f"pod1-w0, pod1-w1;" in said and f"`actx down --config {cfg}`" in said, said
+    assert "second" not in str(fake_cloud.calls())
+    # ... unless it joins (here on another slice, which does not exist: the plan's first
+    # step says so).
+    code, out = _main(rerun + ["--target", "tpu-vm", "--join", "--set", "target.tpu.name=pod2"])
+    assert code == 1 and "NOT_FOUND: TPU pod2 not found" in out, out
+    assert job_lease.read(s).job == job
+
     # While the workers run, each host's log is readable in the run directory.
     seen_live_log = False
     deadline = time.monotonic() + 240
@@ -177,3 +195,8 @@ def test_workers_finish_when_the_submitter_dies_and_logs_show_while_they_run(
             b"[actx: worker exited with code 0]\n")
     code, out = _main(["verify", run])
     assert code == 0, out
+    # Its hosts done, the lease holds no more; `actx down` gives it back with the slice.
+    assert not job_lease.read(s).live(heartbeat.read_heartbeats(s), time.time())
+    code, out = _main(["down", "--config", cfg])
+    assert code == 0 and f"released the run's job lease of job {job}" in out, out
+    assert job_lease.read(s) is None
