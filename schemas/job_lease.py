@@ -134,7 +134,7 @@ def acquire(store, lease: JobLease, now: float | None = None,
             hold_s = lease.expires_at - lease.renewed_at if lease.detached else ttl_s
             return renew(store, dataclasses.replace(lease, started_at=held.started_at),
                          now_, hold_s)
-        if held.live(heartbeat_lib.read_heartbeats(store, history=False), now_, ttl_s):
+        if held.live(run_heartbeats(store), now_, ttl_s):
             raise LeaseHeld(held)
         # Expired: exactly one taker wins the takeover object named after this lease.
         takeover = (f"{layout.JOB_LEASE_TAKEOVERS_PREFIX}{held.job}-"
@@ -145,6 +145,18 @@ def acquire(store, lease: JobLease, now: float | None = None,
         store.write(layout.JOB_LEASE_KEY, _dumps(lease))
         return lease
     raise LeaseHeld(read(store) or lease)
+
+
+def run_heartbeats(store) -> list[heartbeat_lib.Heartbeat]:
+    """Every host's heartbeat in the run: the default extraction's and each named one's (a
+    worker of a named extraction beats under its prefix, schemas.extraction), so a job
+    extracting named models holds its lease by their beats too."""
+    from schemas import extraction as extraction_lib
+
+    beats = heartbeat_lib.read_heartbeats(store, history=False)
+    for name in extraction_lib.named(store):
+        beats += heartbeat_lib.read_heartbeats(extraction_lib.view(store, name), history=False)
+    return beats
 
 
 def renew(store, lease: JobLease, now: float | None = None,

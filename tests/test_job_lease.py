@@ -120,6 +120,27 @@ def test_detached_leases_on_the_store_read_old_files_and_are_dropped_by_job(run_
     assert job_lease.drop(run_store, "t") and job_lease.read(run_store) is None
 
 
+def test_a_jobs_hosts_of_a_named_extraction_hold_its_lease(run_store):
+    """Workers of a named extraction beat under extractions/<name>/workers/: those beats
+    keep a detached lease past its start grace, and once they stop the run is taken over."""
+    from schemas import extraction
+
+    now = time.time()
+    run_store.write(layout.extraction_name_key("chat"), b"{}")
+    job_lease.acquire(run_store, job_lease.new("t", ["pod1-w0"], "tpu-vm", "actx down",
+                                               now=now, detached=True), now=now)
+    late = now + job_lease.DETACHED_START_GRACE_S + 60
+    beats = extraction.view(run_store, "chat")
+    beats.write(layout.heartbeat_key("pod1-w0"),
+                store.dumps(_as_dict(_beat("t", now=late))))
+    with pytest.raises(job_lease.LeaseHeld):
+        job_lease.acquire(run_store, job_lease.new("b", [], "local", "-", now=late), now=late)
+    beats.write(layout.heartbeat_key("pod1-w0"),
+                store.dumps(_as_dict(_beat("t", "done", now=late))))
+    assert job_lease.acquire(run_store, job_lease.new("b", [], "local", "-", now=late),
+                             now=late).job == "b"
+
+
 def _as_dict(obj) -> dict:
     import dataclasses
 
