@@ -37,6 +37,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench import common  # noqa: E402
 from tests.cache_inputs import make_inputs  # noqa: E402
 from workers import attention as attn  # noqa: E402
 
@@ -91,6 +92,52 @@ def timed(fn, args, iters):
     return statistics.median(times) * 1e3
 
 
+# (block_q, block_k, num_warps, num_stages) tried by --sweep-tiles. On the H100 8 warps
+# were slower in every case at head_dim 64 (bench/RESULTS.md), so one such choice only.
+SWEEP = [(bq, bk, 4, st) for bq in (64, 128) for bk in (64, 128) for st in (2, 3)] + [
+    (128, 64, 8, 3)]
+
+
+def sweep_tiles(a) -> None:
+    """ms per call of the GPU kernel for each tile choice: the cache scenarios and rows
+    alone; prints `best: BQ,BK,WARPS,STAGES` by the sum over them (the other figures in
+    the same run are the current choice's)."""
+    from workers import ranged_flash_gpu as kernel
+
+    dtype = jnp.dtype(a.dtype or ("bfloat16" if jax.default_backend() == "gpu"
+                                  else "float32"))
+    rng = np.random.default_rng(0)
+    shape = (a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, a.blocks)
+    ptr = jnp.int32(3 % a.blocks)
+    inputs = {held: make_inputs(rng, *shape, [depth] * a.batch, dtype, int(ptr), a.window)
+              for held, depth in (("none", 0), ("half", max(1, a.blocks // 2)),
+                                  ("all", a.blocks))}
+    print(f"{'tiles (bq,bk,warps,stages)':28s}" + "".join(
+        f"{name:>10s}" for name in [*inputs, "alone", "sum"]))
+    best = None
+    for tiles in SWEEP:
+        kernel.BLOCK_Q, kernel.BLOCK_K, kernel.NUM_WARPS, kernel.NUM_STAGES = tiles
+        cached = jax.jit(lambda x, ptr: kernel.ranged_attention(
+            x["q"], x["kr"], x["vr"], x["lo"], x["hi"], x["ck"], x["cv"], ptr,
+            scale=a.head_dim ** -0.5, block_len=a.seq))
+        alone = jax.jit(lambda x: kernel.ranged_attention(
+            x["q"], x["kr"], x["vr"], x["lo"] - x["ck"].shape[1], x["hi"] - x["ck"].shape[1],
+            scale=a.head_dim ** -0.5))
+        try:
+            ms = [timed(cached, (x, ptr), a.iters) for x in inputs.values()]
+            ms.append(timed(alone, (inputs["none"],), a.iters))
+        except Exception as err:  # noqa: BLE001 - a choice that cannot compile is skipped
+            print(f"{str(tiles):28s} fails: {type(err).__name__}: "
+                  f"{str(err).splitlines()[0][:100] if str(err) else ''}")
+            continue
+        total = sum(ms)
+        print(f"{str(tiles):28s}" + "".join(f"{m:10.3f}" for m in ms) + f"{total:10.3f}")
+        if best is None or total < best[0]:
+            best = (total, tiles)
+    if best:
+        print("best: " + ",".join(str(x) for x in best[1]))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=16)
@@ -104,7 +151,13 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--interpret", action="store_true",
                    help="also the Pallas kernels of other devices, in interpret mode")
+    p.add_argument("--sweep-tiles", action="store_true",
+                   help="time the GPU kernel over tile choices instead (prints the best)")
+    common.add_flash_tiles_arg(p)
     a = p.parse_args()
+    common.apply_flash_tiles(a.flash_tiles)
+    if a.sweep_tiles:
+        return sweep_tiles(a)
     backend = jax.default_backend()
     dtype = jnp.dtype(a.dtype or ("bfloat16" if backend == "gpu" else "float32"))
     chosen = attn.implementation_for(dtype, a.seq, a.head_dim)

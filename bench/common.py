@@ -58,6 +58,23 @@ def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
                    help="Gemma 2 2B shapes (26 layers, 8 heads of 256, hidden 2304), batch "
                         "8 x seq 2048, bfloat16")
     p.add_argument("--skip-hf", action="store_true", help="do not time HF PyTorch")
+    add_flash_tiles_arg(p)
+
+
+def add_flash_tiles_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--flash-tiles", default=None, metavar="BQ,BK,WARPS,STAGES",
+                   help="the GPU attention kernel's query/key tiles, warps and stages "
+                        "(default: workers.ranged_flash_gpu's)")
+
+
+def apply_flash_tiles(spec: str | None) -> None:
+    """Sets workers.ranged_flash_gpu's tiles from "BQ,BK,WARPS,STAGES" (None: keep)."""
+    if not spec:
+        return
+    from workers import ranged_flash_gpu
+    bq, bk, warps, stages = (int(x) for x in spec.split(","))
+    ranged_flash_gpu.BLOCK_Q, ranged_flash_gpu.BLOCK_K = bq, bk
+    ranged_flash_gpu.NUM_WARPS, ranged_flash_gpu.NUM_STAGES = warps, stages
 
 
 def apply_presets(args: argparse.Namespace,
@@ -76,6 +93,7 @@ def apply_presets(args: argparse.Namespace,
                 setattr(args, name, value)
         args.dtype = args.dtype or "bfloat16"
     args.dtype = args.dtype or "float32"
+    apply_flash_tiles(getattr(args, "flash_tiles", None))
     return args
 
 

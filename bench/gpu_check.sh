@@ -18,6 +18,10 @@
 #   extract               end to end through Worker.run (token store -> committed bf16
 #                         shards on local disk), overflow continue and truncate, vs
 #                         forward-only of the same steps (target >= 0.95), host ms per step
+#   write_bandwidth       this host's local disk: GB/s of 64 MB writes, fsync'd
+#   extract_all_layers    extract with all 24 layers hooked (target >= 0.9 x the lower of
+#                         forward only and the write bandwidth)
+#   extract_memory        extract writing to /dev/shm: the host side without the disk
 # The GPU image has JAX (CUDA), tensorstore, transformers and torch but not crc32c: carry
 # its wheel (bench/RESULTS.md, "Getting GPU figures").
 #
@@ -29,7 +33,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/actx-gpu-check}"
 BUDGET_S="${BUDGET_S:-540}"  # the whole script; leave room under the call's timeout
 SMALL="${SMALL:-0}"
-STEPS=" ${STEPS:-read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract} "
+STEPS=" ${STEPS:-kernel_probe tile_sweep read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers extract_memory} "
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 start=$SECONDS
@@ -68,6 +72,11 @@ if [[ $SMALL == 1 ]]; then
   FWD8=(--arch llama3 --head-dim 32 "${MODEL[@]}" --seq 64 --batch 2 --iters 2)
   EXTRACT=("${MODEL[@]}" --seq 64 --batch 2 --partitions 1 --steps-per-partition 2 --skip-hf
            --hooked-layers 2 --rounds 1)
+  EXTRACT_ALL=("${EXTRACT[@]}" --hooked-layers 2 --packing truncate)
+  PROBE=(--seq 64 --head-dim 32 --heads 4 --kv-heads 2 --blocks 2)
+  SWEEP=("${CACHED[@]}" --iters 1)
+  EXTRACT_MEM=("${EXTRACT[@]}")
+  WRITE_GB=1
 else
   READ=(--rows 512 --passes 3 --rounds 2)
   CACHED=()
@@ -75,8 +84,22 @@ else
   FWD=(--qwen05b --iters 10)
   FWD8=(--llama8b --layers 8 --iters 5)
   EXTRACT=(--qwen05b --skip-hf --codec none --rounds 1)
+  EXTRACT_ALL=(--qwen05b --skip-hf --codec none --rounds 1 --hooked-layers 24
+               --partitions 2 --steps-per-partition 4 --packing truncate)
+  PROBE=()
+  SWEEP=()
+  EXTRACT_MEM=("${EXTRACT[@]}" --partitions 2 --steps-per-partition 8)
+  WRITE_GB=8
 fi
 
+step kernel_probe 60 python3 bench/kernel_probe.py "${PROBE[@]}"
+step tile_sweep 100 python3 bench/cached_attention.py --sweep-tiles "${SWEEP[@]}"
+TILES=$(grep -s '^best: ' "$OUT/tile_sweep.txt" | cut -d' ' -f2)
+if [[ -n $TILES ]]; then
+  CACHED+=(--flash-tiles "$TILES") LONG+=(--flash-tiles "$TILES") FWD+=(--flash-tiles "$TILES")
+  EXTRACT+=(--flash-tiles "$TILES") EXTRACT_ALL+=(--flash-tiles "$TILES")
+  EXTRACT_MEM+=(--flash-tiles "$TILES")
+fi
 step read_none 100 python3 bench/read.py --codec none "${READ[@]}" --also-decoded
 step read_zstd 100 python3 bench/read.py --codec zstd "${READ[@]}"
 step read_jax 60 python3 bench/read.py --codec none "${READ[@]}" --rounds 1 --framework jax
@@ -90,4 +113,21 @@ step long_documents 180 python3 bench/long_documents.py "${LONG[@]}"
 step forward 120 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/forward.py "${FWD[@]}"
 step forward_8b 90 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/forward.py "${FWD8[@]}"
 step extract 180 python3 bench/extract.py "${EXTRACT[@]}"
+step write_bandwidth 60 python3 -c "
+import os, tempfile, time, numpy as np
+block = np.random.default_rng(0).integers(0, 255, 64 << 20, dtype=np.uint8)
+with tempfile.TemporaryDirectory() as d:
+    path, n = os.path.join(d, 'w'), $WRITE_GB * 16
+    t0 = time.perf_counter()
+    with open(path, 'wb') as f:
+        for _ in range(n):
+            f.write(block)
+        f.flush(); os.fsync(f.fileno())
+    s = time.perf_counter() - t0
+    print(f'local write: {n * 64 / 1024:.1f} GB in {s:.2f} s = {n * 64 / 1024 / s:.2f} GB/s (fsync at the end)')
+"
+step extract_all_layers 150 python3 bench/extract.py "${EXTRACT_ALL[@]}"
+mkdir -p /dev/shm/actx-extract && df -h /dev/shm >> "$OUT/gpu.txt"
+step extract_memory 120 python3 bench/extract.py "${EXTRACT_MEM[@]}" --dir /dev/shm/actx-extract
+rm -rf /dev/shm/actx-extract
 echo "== all steps done in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
