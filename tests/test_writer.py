@@ -145,3 +145,42 @@ def test_a_device_shard_that_is_a_whole_block_is_stored_as_it_is(tmp_path):
             "driver": "file", "path": str(tmp_path / "run" / "activations" / hook) + "/"}}
         ).result()
         np.testing.assert_array_equal(stored[0:8].read().result(), v)
+
+
+def test_written_blocks_buffers_are_filled_again_with_the_next_rows(tmp_path):
+    """Blocks assembled from scattered rows take the buffers of blocks already written
+    (here the partition before's); every stored row is still the row given, none is
+    left over from the buffer's last block."""
+    arrays = _arrays(tmp_path, "float32")
+    pool = writer.WriterPool(threads=1, max_pending_bytes=1 << 20)
+    rng = np.random.default_rng(2)
+    data = {k: rng.normal(size=(16, 3, 8)).astype(np.float32) for k in ("a", "b")}
+    for lo in (0, 8):  # two partitions of two blocks each, on one pool
+        part = writer.PartitionWriter(arrays, (lo, lo + 8), pool)
+        for rows in ((lo + 1, lo + 4), (lo + 0, lo + 5), (lo + 3, lo + 6),
+                     (lo + 2, lo + 7)):  # each step's rows in two blocks: copied
+            part.add_slots(rows, (True, True),
+                           {k: [(0, v[list(rows)])] for k, v in data.items()})
+        part.finish()
+    pool.shutdown()
+    assert pool.buffers.reused == 4  # the second partition's blocks refilled the first's
+    for hook in ("a", "b"):
+        stored = ts.open({"driver": "zarr3", "kvstore": {
+            "driver": "file", "path": str(tmp_path / "run" / "activations" / hook) + "/"}}
+        ).result()
+        np.testing.assert_array_equal(stored[0:16].read().result(), data[hook])
+
+
+def test_block_buffers_are_bounded_and_keyed_by_shape_and_dtype():
+    buffers = writer.BlockBuffers(max_free_bytes=100)
+    a = buffers.take((3, 4), np.float32)  # 48 bytes
+    buffers.give(a)
+    assert buffers.take((3, 4), np.float16) is not a  # another dtype: a fresh one
+    assert buffers.take((4, 3), np.float32) is not a  # another shape
+    assert buffers.take((3, 4), np.float32) is a
+    buffers.give(a)
+    buffers.give(np.empty((3, 4), np.float32))
+    buffers.give(np.empty((3, 4), np.float32))  # past 100 bytes: dropped
+    for _ in range(3):
+        buffers.take((3, 4), np.float32)
+    assert buffers.reused == 3  # a once before, then the two that were kept

@@ -36,6 +36,8 @@ class _Block:
     rows: int
     data: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     filled_by_hook: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Hooks whose data is a buffer of the pool's (given back once the block is durable).
+    pooled: list[str] = dataclasses.field(default_factory=list)
 
 
 class ActivationArrays:
@@ -137,7 +139,9 @@ class PartitionWriter:
             block.data[hook] = values  # the whole block from one step: no copy
         else:
             if hook not in block.data:
-                block.data[hook] = np.empty((block.rows,) + tuple(target.shape[1:]), dtype)
+                block.data[hook] = self._pool.buffers.take(
+                    (block.rows,) + tuple(target.shape[1:]), dtype)
+                block.pooled.append(hook)
             # The one host-side copy of these rows: one bulk copy per run.
             np.copyto(block.data[hook][first:first + count], values)
         block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + count
@@ -161,6 +165,9 @@ class PartitionWriter:
                 if error is e:
                     raise
                 raise error from e
+        # Durable: tensorstore no longer reads the buffers (it may until the write commits).
+        for hook in block.pooled:
+            self._pool.buffers.give(block.data[hook])
         return sums
 
     def finish(self) -> dict[str, list[str]]:
@@ -174,12 +181,49 @@ class PartitionWriter:
         return per_hook
 
 
+class BlockBuffers:
+    """Block buffers to fill again once written, by shape and dtype.
+
+    A fresh buffer of a block's size is fresh memory from the kernel: its first writes
+    fault in every page. On the development machine 235 MB of rows (one step of 4 hooks at
+    Qwen2.5-0.5B shapes) took 222 ms to copy into a fresh buffer and 29-32 ms into one
+    filled before; on the H100's host, `continue` runs (rows scattered over blocks, so
+    copied) spent 101 ms a step copying against 11 ms with `truncate` (bench/RESULTS.md).
+    At most `max_free_bytes` wait here; past that a written buffer is freed.
+    """
+
+    def __init__(self, max_free_bytes: int):
+        self._max_free_bytes = max_free_bytes
+        self._free: dict[tuple, list[np.ndarray]] = {}
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+        self.reused = 0  # buffers handed out again (tests, benchmarks)
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        with self._lock:
+            free = self._free.get((shape, np.dtype(dtype)))
+            if free:
+                buffer = free.pop()
+                self._free_bytes -= buffer.nbytes
+                self.reused += 1
+                return buffer
+        return np.empty(shape, dtype)
+
+    def give(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            if self._free_bytes + buffer.nbytes <= self._max_free_bytes:
+                self._free.setdefault((buffer.shape, buffer.dtype), []).append(buffer)
+                self._free_bytes += buffer.nbytes
+
+
 class WriterPool:
     """A thread pool bounded by bytes in flight: `submit` blocks while the blocks already
     queued or being written hold `max_pending_bytes` (always admitting one), so host memory
-    stays bounded however slow storage is."""
+    stays bounded however slow storage is. Written blocks' buffers wait in `buffers` (up to
+    half that bound) for the next blocks of this host, across partitions."""
 
     def __init__(self, threads: int = 4, max_pending_bytes: int = 2 << 30):
+        self.buffers = BlockBuffers(max_pending_bytes // 2)
         self._executor = concurrent.futures.ThreadPoolExecutor(threads, "actx-writer")
         self._max_pending_bytes = max_pending_bytes
         self._pending_bytes = 0
