@@ -40,3 +40,65 @@ def test_training_loop_example_runs(tmp_path):
         want -= 0.05 * x.T @ (x @ want - y) / len(y)
     assert np.abs(want).sum() > 0
     np.testing.assert_allclose(scope["w"], want, rtol=1e-4, atol=1e-7)
+
+
+def _block(text: str, heading: str, nth: int = 0) -> str:
+    section = text[text.index(heading):]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[nth]
+
+
+def _arc_run(tmp_path, monkeypatch) -> rf.RunTruth:
+    # Real ARC task ids, as the README's block names one.
+    monkeypatch.setattr(rf, "ARC_TASKS", ("007bbfb7", "00d62c1b"))
+    return rf.build_run(str(tmp_path / "run"), num_partitions=4, partition_rows=16,
+                        rows_per_shard=8, committed=(0, 1, 2, 3), dtype="float32")
+
+
+def test_reading_and_token_mask_examples_run(tmp_path, monkeypatch, capsys):
+    text = README.read_text()
+    truth = _arc_run(tmp_path, monkeypatch)
+    scope = {"run_dir": truth.uri}
+    exec(compile(_block(text, "### Reading activations"), "README.md (reading)", "exec"),
+         scope)
+    hook = scope["hook"]
+    assert f"'committed': [0, 1, 2, 3]" in capsys.readouterr().out
+    # The stream's last batch: device arrays whose norms are those of the tokens it names.
+    b, norms = scope["b"], scope["norms"]
+    want = np.linalg.norm(truth.value(hook, b.rows, b.cols).astype(np.float64), axis=-1)
+    np.testing.assert_allclose(np.asarray(norms), want, rtol=1e-6)
+    assert not np.isin(truth.tokens["input_ids"][b.rows, b.cols], [rf.BOS_ID]).any()
+    # The selection: every cell of the first task's test input, against the token arrays.
+    t = truth.tokens
+    r, c = np.nonzero((t["arc_task"] == 0) & (t["arc_grid"] == 2) & (t["arc_row"] >= 0))
+    assert len(r) > 0
+    np.testing.assert_array_equal(scope["sel"].rows, r)
+    np.testing.assert_array_equal(scope["sel"].acts[hook], truth.value(hook, r, c))
+    rows, cols = np.nonzero(truth.committed_mask())
+    stats = scope["stats"][hook]
+    assert stats.count == len(rows)
+    np.testing.assert_allclose(stats.mean, truth.value(hook, rows, cols).astype(
+        np.float64).mean(axis=0), rtol=1e-9)
+    assert sum(len(x.rows) for x in scope["exact"]) // 256 * 256 == len(rows) // 256 * 256
+
+    exec(compile(_block(text, "#### Token masks"), "README.md (token masks)", "exec"), scope)
+    removed = reader.open_run(truth.uri).describe()["masks"]["removed"]
+    first_tokens = sum(1 for d in truth.docs)  # every document's first token is BOS here
+    assert removed["bos"] >= first_tokens > 0
+
+
+def test_torch_dataset_example_runs(tmp_path, monkeypatch):
+    text = README.read_text()
+    truth = _arc_run(tmp_path, monkeypatch)
+    code = _block(text, "**PyTorch: your own loop, sparsify's modules.**")
+    reader.open_run(truth.uri).compute_stats()  # normalize= needs them, as README says
+    scope = {"run_dir": truth.uri}
+    exec(compile(code, "README.md (PyTorch dataset)", "exec"), scope)
+    import torch
+
+    x, step = scope["x"], scope["step"]
+    kept = truth.committed_mask() & ~np.isin(truth.tokens["input_ids"], rf.SPECIAL_IDS)
+    # Each of the 2 workers reads its own share and drops its own last partial batch.
+    whole = int(kept.sum()) // 256
+    assert whole - 1 <= step + 1 <= whole
+    assert x.shape == (256, truth.hidden) and x.dtype == torch.float32
+    assert torch.isfinite(x).all()
