@@ -28,14 +28,14 @@ def test_flax_model_example_runs():
     exec(compile(code, "README.md (your own Flax model)", "exec"), {})
 
 
-def test_every_python_block_is_run_by_a_test_or_says_it_is_a_sketch():
-    """A block a reader would paste either runs as written (the paragraph before it names
-    the test that runs it) or says it is a sketch and what the reader supplies."""
+def test_every_python_block_is_run_by_a_test():
+    """A block a reader would paste runs as written: the paragraph before it names the
+    test that runs it (and what the test supplies, such as `run_dir`)."""
     text = README.read_text()
     blocks = [m.start() for m in re.finditer(r"^```python\n", text, re.M)]
     assert len(blocks) >= 6
     for start in blocks:
         before = " ".join(text[text.rfind("\n\n", 0, start - 2):start].split())
-        assert "runs this block" in before or "a sketch:" in before, (
+        assert "runs this block" in before, (
             f"README.md line {text.count(chr(10), 0, start) + 1}: a python block that no "
-            f"test runs and that does not say it is a sketch")
+            f"test runs")
