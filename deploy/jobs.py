@@ -219,24 +219,16 @@ def _extract_local(run: str, target, fingerprint: str, job: str, only, out,
         print(f"extract: all {len(status.partitions)} partitions of {run} are committed; "
               f"nothing to do", file=out)
     else:
-        from schemas import stop_signals
+        prefix = _host_prefix(job, join)
+        with _workers_stop_hint(), _job_lease(handle, job, target, prefix, join):
+            if target.extract == "beam":
+                from deploy import beam_target
 
-        prefix = f"local-{job}" if join else "local"
-        try:
-            with _job_lease(handle, job, target, prefix, join):
-                if target.extract == "beam":
-                    from deploy import beam_target
-
-                    code = beam_target.run_local(run, target, fingerprint, job, only=only,
-                                                 out=out)
-                else:
-                    code = local.run_workers(run, target, fingerprint, job, only=only,
-                                             out=out, prefix=prefix)
-        except KeyboardInterrupt as e:  # SIGINT or SIGTERM: the workers were stopped
-            raise stop_signals.Stopped(
-                stop_signals.signum_of(e),
-                hint="the workers stopped; partitions without a commit marker stay "
-                     "uncommitted") from None
+                code = beam_target.run_local(run, target, fingerprint, job, only=only,
+                                             out=out)
+            else:
+                code = local.run_workers(run, target, fingerprint, job, only=only,
+                                         out=out, prefix=prefix)
         status = runstate.compute_status(handle)
         if code != 0:
             print(runstate.render(status), file=out)
@@ -268,8 +260,9 @@ def _extract_named_local(run: str, target, job: str, only, names: list[str], out
     if behind and target.extract == "beam":
         raise UsageError(BEAM_ONE_MODEL)
     if behind:
-        prefix = f"local-{job}" if join else "local"
-        with _job_lease(root, job, target, prefix, join):  # one job on the run at a time
+        prefix = _host_prefix(job, join)
+        # One job on the run at a time.
+        with _workers_stop_hint(), _job_lease(root, job, target, prefix, join):
             code = local.run_workers(run, target, None, job, only=only, out=out,
                                      extraction=",".join(n or "default" for n in behind),
                                      prefix=prefix)
@@ -288,6 +281,26 @@ def _extract_named_local(run: str, target, job: str, only, names: list[str], out
               f"{'; '.join(f'{n}: {len(ids)}' for n, ids in missing.items())}; "
               f"`actx rerun {run}` finishes whichever extraction is behind", file=out)
     return code or (1 if missing else 0)
+
+
+def _host_prefix(job: str, join: bool) -> str:
+    """Local workers' host names: a joining launcher's carry its job, so that they never
+    take the names of the hosts it joins."""
+    return f"local-{job}" if join else "local"
+
+
+@contextlib.contextmanager
+def _workers_stop_hint():
+    """A stop signal while local workers run: they were stopped; say what stays."""
+    from schemas import stop_signals
+
+    try:
+        yield
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM
+        raise stop_signals.Stopped(
+            stop_signals.signum_of(e),
+            hint="the workers stopped; partitions without a commit marker stay "
+                 "uncommitted") from None
 
 
 @contextlib.contextmanager
