@@ -56,15 +56,24 @@ class ActivationDataset(torch_data.IterableDataset):
     with_tokens: items are (acts, tokens), tokens a dict of int64 tensors rows / cols /
       input_ids saying where each token of the batch is in the run.
     resume: a `state_dict(n)`: continue after the n batches this process had taken.
+    extraction: which of the run's extractions to read (README, "Several models on one
+      token store"; default: the one an opened `run` was opened with, else the run's
+      default one).
     """
 
     def __init__(self, run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequence[str]",
                  batch_size: int, *, rank: int | None = None, world_size: int | None = None,
                  seed: int = 0, epochs: int | None = 1, drop_last: bool = True,
                  dtype: torch.dtype = torch.float32, device: "str | torch.device | None" = None,
-                 with_tokens: bool = False, resume: dict | None = None, **stream_kwargs: Any):
+                 with_tokens: bool = False, resume: dict | None = None,
+                 extraction: str | None = None, **stream_kwargs: Any):
         super().__init__()
-        self.uri = str(run.location) if isinstance(run, run_lib.Run) else os.fspath(run)
+        if isinstance(run, run_lib.Run):  # an opened run: its location and extraction
+            self.uri = str(run.location)
+            extraction = run.extraction if extraction is None else extraction
+        else:
+            self.uri = os.fspath(run)
+        self.extraction = extraction or ""
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         self.single = isinstance(hooks, str)
         default_rank, default_world = _default_rank_world()
@@ -85,10 +94,13 @@ class ActivationDataset(torch_data.IterableDataset):
             self.batches_taken = int(resume["batches_taken"])
 
     def _settings(self) -> dict:
-        return {"uri": self.uri, "hooks": list(self.hooks), "batch_size": self.batch_size,
-                "rank": self.rank, "world_size": self.world_size, "seed": self.seed,
-                "epochs": self.epochs, "drop_last": self.drop_last,
-                "stream": {k: repr(v) for k, v in sorted(self.stream_kwargs.items())}}
+        settings = {"uri": self.uri, "hooks": list(self.hooks), "batch_size": self.batch_size,
+                    "rank": self.rank, "world_size": self.world_size, "seed": self.seed,
+                    "epochs": self.epochs, "drop_last": self.drop_last,
+                    "stream": {k: repr(v) for k, v in sorted(self.stream_kwargs.items())}}
+        if self.extraction:  # absent for the default one: states saved before still resume
+            settings["extraction"] = self.extraction
+        return settings
 
     def state_dict(self, batches_taken: int) -> dict:
         """What to save after this process took `batches_taken` batches in all (counting
@@ -126,7 +138,7 @@ class ActivationDataset(torch_data.IterableDataset):
         # The cast runs on the stream's prefetch thread, in numpy: torch's bfloat16 ->
         # float32 took 24 ms per 4096 x 896 batch here, numpy's (ml_dtypes) 1.6 ms.
         kwargs.setdefault("dtype", _NUMPY_DTYPES.get(self.dtype))
-        return reader.open_run(self.uri).stream(
+        return reader.open_run(self.uri, self.extraction).stream(
             self.hooks, self.batch_size, seed=self.seed, epochs=self.epochs,
             drop_last=self.drop_last, process_index=index, process_count=count,
             start_step=done, **kwargs)

@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from schemas import commit, extraction, layout, runspec, store
 from tests import hf_models, token_runs, worker_procs
@@ -215,6 +216,31 @@ def test_aligned_batches_pair_the_right_tokens(both):
                                     process_count=2, **options) as stream:
             shares.append({(int(r), int(c)) for b in stream for r, c in zip(b.rows, b.cols)})
     assert not shares[0] & shares[1] and shares[0] | shares[1] == set(seen)
+
+
+def test_the_pytorch_dataset_reads_the_extraction_it_names(both):
+    """reader.torch_data over a named extraction, by name or from an opened run: each
+    batch is that model's activations of the tokens it names."""
+    from reader import open_run
+    from reader.torch_data import ActivationDataset
+
+    chat = open_run(both, extraction="chat")
+    for data in (ActivationDataset(both, HOOK, 16, rank=0, world_size=1, extraction="chat",
+                                   with_tokens=True, dtype=torch.float32),
+                 ActivationDataset(chat, HOOK, 16, rank=0, world_size=1, with_tokens=True,
+                                   dtype=torch.float32)):
+        assert data.state_dict(0)["settings"]["extraction"] == "chat"
+        batches = list(data)
+        assert batches
+        for acts, tokens in batches:
+            want = chat.gather([HOOK], tokens["rows"].numpy(), tokens["cols"].numpy())[HOOK]
+            np.testing.assert_array_equal(acts.numpy(), want.astype(np.float32))
+    base = ActivationDataset(both, HOOK, 16, rank=0, world_size=1, extraction="base",
+                             with_tokens=True, dtype=torch.float32)
+    acts, tokens = next(iter(base))
+    assert not np.array_equal(  # the other model's activations of the same tokens
+        acts.numpy(), chat.gather([HOOK], tokens["rows"].numpy(),
+                                  tokens["cols"].numpy())[HOOK].astype(np.float32))
 
 
 def test_aligned_filters_hook_per_model_and_normalisation(both):
