@@ -325,12 +325,8 @@ def _add_exit_code(store, key: str, data: dict, returncode: int) -> bool:
 
 
 def last_log_line(path: str, max_chars: int = 300) -> str:
-    """The last line a worker wrote to its log (not actx's own "[actx: ...]" notes)."""
-    for line in reversed(tail(path, 40).splitlines()):
-        line = line.strip()
-        if line and not line.startswith("[actx:"):
-            return line if len(line) <= max_chars else line[:max_chars] + " ..."
-    return ""
+    """The last line a worker wrote to its log file (runstate.last_log_line)."""
+    return runstate.last_log_line(tail(path, 40), max_chars)
 
 
 def _stop_replica(procs: list[_Proc], replica: int) -> None:

@@ -157,6 +157,34 @@ def _read_masks_for_status(store) -> token_masks_lib.MaskCounts | None:
         return None
 
 
+def last_log_line(text: str, max_chars: int = 300) -> str:
+    """The last line a worker wrote to its log (not actx's own "[actx: ...]" notes)."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line and not line.startswith("[actx:"):
+            return line if len(line) <= max_chars else line[:max_chars] + " ..."
+    return ""
+
+
+def _stale_message(store, hb: heartbeat_lib.Heartbeat, age: float) -> str:
+    """A host that stopped beating without saying why (a preempted or lost TPU VM dies
+    with its worker): how long it has been silent and the last line of the log its host
+    copied into the run (deploy.host_run), which is often the reason."""
+    said = f"no heartbeat for {age:.0f} s (preempted, or its host is gone)"
+    key = layout_lib.log_key(hb.job, hb.host)
+    line = ""
+    if hb.job:
+        try:
+            size = store.size(key)
+            if size:
+                line = last_log_line(store.read_range(key, max(0, size - 8192), size)
+                                     .decode("utf-8", "replace"))
+        except (OSError, ValueError, errors.UserError):
+            line = ""  # an unreadable log says nothing more; status itself goes on
+    return "; ".join(part for part in (
+        hb.message, said, f"its log ({key}) ends: {line}" if line else "") if part)
+
+
 def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER_S,
                    now: float | None = None, history: bool = False) -> RunStatus:
     """`history`: also the hosts' (time, tokens) samples (the page draws them); without
@@ -172,9 +200,12 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         live = hb.state in LIVE_STATES and age <= stale_after_s and not gone
         shown = (hb.state if live or hb.state not in LIVE_STATES
                  else f"{hb.state} (process gone)" if gone else f"{hb.state} (stale)")
+        message = hb.message
+        if hb.state in LIVE_STATES and not live and not gone:
+            message = _stale_message(handle.store, hb, age)
         hosts.append(HostState(hb.host, shown, live, round(age, 1), hb.partition,
                                hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
-                               hb.tokens_done, hb.message, hb.partitions_done, hb.history))
+                               hb.tokens_done, message, hb.partitions_done, hb.history))
         if hb.state not in ("done",):
             held = set(hb.held) | ({hb.partition} if hb.partition is not None else set())
             (held_live if live else held_dead).update(held)

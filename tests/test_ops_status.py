@@ -60,6 +60,34 @@ def test_stale_heartbeat_is_stale_and_eta_unknown(run):
     assert _status_json(run, "--stale-after", "1000")["partitions"]["p-00001"] == "in_progress"
 
 
+def test_a_silent_host_shows_how_long_and_the_last_line_of_its_copied_log(run):
+    """A TPU VM that is preempted dies with its worker, which never says why: status and
+    the page's data show how long the host has been silent and the last line of the log
+    its host copied into the run (deploy.host_run), not just "stale"."""
+    s = store.open_store(run)
+    hb = heartbeat.Heartbeat(host="tpu-w-1", replica=0, process_index=1, state="working",
+                             attempt="a", updated_at=time.time() - 700, partition=2,
+                             job="j7", message="extracting p-00002")
+    s.write_json(layout.heartbeat_key("tpu-w-1"), config_lib.to_dict(hb))
+    s.write(layout.log_key("j7", "tpu-w-1"),
+            b"step 3 of 8\nMaintenance event: instance preempted (spot)\n"
+            b"[actx: log copied]\n\n")
+    _beat(run, "no-log-host", "working", 3, age_s=900, tokens_per_s=1.0)  # no job, no log
+    hosts = {h["host"]: h for h in _status_json(run)["hosts"]}
+    message = hosts["tpu-w-1"]["message"]
+    assert message.startswith("extracting p-00002; no heartbeat for 70")
+    assert message.endswith("its log (logs/j7/tpu-w-1.log) ends: Maintenance event: "
+                            "instance preempted (spot)")
+    assert hosts["no-log-host"]["message"].startswith("no heartbeat for 90")
+    assert "its log" not in hosts["no-log-host"]["message"]
+    text = io.StringIO()
+    cli.main(["status", run], out=text)
+    assert "instance preempted (spot)" in text.getvalue()
+    # A live host's message is its own.
+    assert _status_json(run, "--stale-after", "10000")["hosts"][1]["message"] == \
+        "extracting p-00002"
+
+
 def test_live_worker_gives_in_progress_and_an_eta(run):
     _beat(run, "h0", "working", 2, age_s=1, tokens_per_s=100.0)
     _beat(run, "h1", "preempted", 3, age_s=1, tokens_per_s=100.0)
