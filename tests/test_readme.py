@@ -39,3 +39,34 @@ def test_every_python_block_is_run_by_a_test():
         assert "runs this block" in before, (
             f"README.md line {text.count(chr(10), 0, start) + 1}: a python block that no "
             f"test runs")
+
+
+def _merged(base: dict, fragment: dict) -> dict:
+    """The fragment's sections (spec, target, ...) over the base's, key by key: a key the
+    fragment gives (spec.model, target.kind) replaces the base's whole."""
+    return {**base, **{key: ({**base[key], **value} if isinstance(value, dict)
+                             and isinstance(base.get(key), dict) else value)
+                       for key, value in fragment.items()}}
+
+
+def test_every_yaml_block_is_a_valid_submit_config(tmp_path):
+    """README's config blocks, fragments included (merged onto the embedded demo config,
+    as `--set` would), load as submit configs: no key is misspelt or out of date."""
+    import textwrap
+
+    import yaml
+
+    from deploy import config as deploy_config
+    from schemas import config as config_lib
+
+    text = README.read_text()
+    blocks = re.findall(r"^( *)```yaml\n(.*?)^ *```", text, re.S | re.M)
+    assert len(blocks) >= 3
+    demo = config_lib.load_file(deploy_config.DEMO_CONFIG)
+    for i, (indent, body) in enumerate(blocks):
+        fragment = yaml.safe_load(textwrap.dedent(body))
+        path = tmp_path / f"block{i}.yaml"
+        path.write_text(yaml.safe_dump(_merged(demo, fragment)))
+        config = deploy_config.load_submit_config(str(path))
+        for key in fragment.get("target", {}):
+            assert hasattr(config.target, key), key
