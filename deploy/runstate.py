@@ -166,11 +166,12 @@ def last_log_line(text: str, max_chars: int = 300) -> str:
     return ""
 
 
-def _stale_message(store, hb: heartbeat_lib.Heartbeat, age: float) -> str:
+def _stale_message(store, hb: heartbeat_lib.Heartbeat) -> str:
     """A host that stopped beating without saying why (a preempted or lost TPU VM dies
-    with its worker): how long it has been silent and the last line of the log its host
-    copied into the run (deploy.host_run), which is often the reason."""
-    said = f"no heartbeat for {age:.0f} s (preempted, or its host is gone)"
+    with its worker): that it stopped (its age is the host's `age_s`; kept out of the
+    message, which stays the same from one status to the next) and the last line of the
+    log its host copied into the run (deploy.host_run), which is often the reason."""
+    said = "stopped beating (preempted, or its host is gone)"
     key = layout_lib.log_key(hb.job, hb.host)
     line = ""
     if hb.job:
@@ -202,7 +203,7 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
                  else f"{hb.state} (process gone)" if gone else f"{hb.state} (stale)")
         message = hb.message
         if hb.state in LIVE_STATES and not live and not gone:
-            message = _stale_message(handle.store, hb, age)
+            message = _stale_message(handle.store, hb)
         hosts.append(HostState(hb.host, shown, live, round(age, 1), hb.partition,
                                hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
                                hb.tokens_done, message, hb.partitions_done, hb.history))
