@@ -24,11 +24,16 @@ def _free_port() -> int:
 
 
 def reserve_endpoint() -> str:
-    """Chooses the emulator's URL and points both GCS clients at it (idempotent)."""
+    """Chooses the emulator's URL and points both GCS clients at it (idempotent; the
+    processes a test starts inherit it). Each pytest-xdist worker runs its own emulator:
+    a URL inherited from the controller (which imports conftest too) is replaced once per
+    worker, or two workers would share one server and lose it when either session ends."""
     url = os.environ.get("ACTX_TEST_GCS_URL")
-    if not url:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not url or os.environ.get("ACTX_TEST_GCS_WORKER", "") != worker:
         url = f"http://127.0.0.1:{_free_port()}"
         os.environ["ACTX_TEST_GCS_URL"] = url
+        os.environ["ACTX_TEST_GCS_WORKER"] = worker
     os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
     os.environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = "actx-test-token"
     os.environ["STORAGE_EMULATOR_HOST"] = url
@@ -60,9 +65,15 @@ class Emulator:
                 raise RuntimeError(f"fake-gcs-server exited; log in {self._log.name}")
             try:
                 urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1)
-                return self
             except (urllib.error.URLError, OSError):
                 time.sleep(0.1)
+                continue
+            # Another server on this port would answer too, while ours fails to bind.
+            time.sleep(0.3)
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited (is {self.url} taken?); log "
+                                   f"in {self._log.name}")
+            return self
         raise RuntimeError(f"fake-gcs-server did not start at {self.url}")
 
     def create_bucket(self, name: str) -> str:
