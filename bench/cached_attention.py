@@ -98,14 +98,12 @@ SWEEP = [(bq, bk, 4, st) for bq in (64, 128) for bk in (64, 128) for st in (2, 3
     (128, 64, 8, 3)]
 
 
-def sweep_tiles(a) -> None:
-    """ms per call of the GPU kernel for each tile choice: the cache scenarios and rows
-    alone; prints `best: BQ,BK,WARPS,STAGES` by the sum over them (the other figures in
-    the same run are the current choice's)."""
+def sweep_tiles(a, dtype) -> None:
+    """ms per call of the GPU kernel for each tile choice, with none, half and all of the
+    cache held and for rows alone; prints `best: BQ,BK,WARPS,STAGES`, the choice with the
+    least time summed over the four."""
     from workers import ranged_flash_gpu as kernel
 
-    dtype = jnp.dtype(a.dtype or ("bfloat16" if jax.default_backend() == "gpu"
-                                  else "float32"))
     rng = np.random.default_rng(0)
     shape = (a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, a.blocks)
     ptr = jnp.int32(3 % a.blocks)
@@ -116,7 +114,7 @@ def sweep_tiles(a) -> None:
         f"{name:>10s}" for name in [*inputs, "alone", "sum"]))
     best = None
     for tiles in SWEEP:
-        kernel.BLOCK_Q, kernel.BLOCK_K, kernel.NUM_WARPS, kernel.NUM_STAGES = tiles
+        common.set_flash_tiles(tiles)
         cached = jax.jit(lambda x, ptr: kernel.ranged_attention(
             x["q"], x["kr"], x["vr"], x["lo"], x["hi"], x["ck"], x["cv"], ptr,
             scale=a.head_dim ** -0.5, block_len=a.seq))
@@ -156,10 +154,10 @@ def main() -> None:
     common.add_flash_tiles_arg(p)
     a = p.parse_args()
     common.apply_flash_tiles(a.flash_tiles)
-    if a.sweep_tiles:
-        return sweep_tiles(a)
     backend = jax.default_backend()
     dtype = jnp.dtype(a.dtype or ("bfloat16" if backend == "gpu" else "float32"))
+    if a.sweep_tiles:
+        return sweep_tiles(a, dtype)
     chosen = attn.implementation_for(dtype, a.seq, a.head_dim)
     print(f"device {jax.devices()[0].device_kind} ({backend}); batch {a.batch} x seq "
           f"{a.seq}, heads {a.heads}/{a.kv_heads} of {a.head_dim}, cache {a.blocks} blocks "

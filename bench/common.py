@@ -67,14 +67,17 @@ def add_flash_tiles_arg(p: argparse.ArgumentParser) -> None:
                         "(default: workers.ranged_flash_gpu's)")
 
 
+def set_flash_tiles(tiles: tuple[int, int, int, int]) -> None:
+    """Sets workers.ranged_flash_gpu's (block_q, block_k, num_warps, num_stages)."""
+    from workers import ranged_flash_gpu as kernel
+
+    kernel.BLOCK_Q, kernel.BLOCK_K, kernel.NUM_WARPS, kernel.NUM_STAGES = tiles
+
+
 def apply_flash_tiles(spec: str | None) -> None:
-    """Sets workers.ranged_flash_gpu's tiles from "BQ,BK,WARPS,STAGES" (None: keep)."""
-    if not spec:
-        return
-    from workers import ranged_flash_gpu
-    bq, bk, warps, stages = (int(x) for x in spec.split(","))
-    ranged_flash_gpu.BLOCK_Q, ranged_flash_gpu.BLOCK_K = bq, bk
-    ranged_flash_gpu.NUM_WARPS, ranged_flash_gpu.NUM_STAGES = warps, stages
+    """`set_flash_tiles` from "BQ,BK,WARPS,STAGES" (None: keep the module's)."""
+    if spec:
+        set_flash_tiles(tuple(int(x) for x in spec.split(",")))
 
 
 def apply_presets(args: argparse.Namespace,
