@@ -38,7 +38,7 @@ def local_command(run: str, target: config_lib.TargetConfig, fingerprint: str, j
 
 
 def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-              only=None, out=sys.stdout, progress_s: float = 3.0) -> int:
+              only=None, out=sys.stdout, progress_s: float = 3.0, handle=None) -> int:
     """Runs the pipeline in a child process with the local target's devices, showing the
     run's progress; returns its exit code (0: every selected partition committed).
 
@@ -58,7 +58,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: 
         proc = subprocess.Popen(argv, env=local.worker_env(target), cwd=config_lib.REPO_ROOT,
                                 stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        handle, last, gone_since = None, "", {}
+        last, gone_since = "", {}
         try:
             while proc.poll() is None:
                 time.sleep(progress_s)
@@ -78,12 +78,13 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: 
         except KeyboardInterrupt:  # SIGINT or SIGTERM: the runner's workers stop too
             _stop_group(proc)
             raise
+    where = handle.store if handle is not None else run  # the store, opened once
     if upload:
-        local.upload_logs(run, job, log_dir, out)
+        local.upload_logs(where, job, log_dir, out)
     if dead:
         for hb in dead:
-            local.mark_dead(run, hb.host, None, how="died (killed, or out of memory): "
-                                                    "its runner never reported it")
+            local.mark_dead(where, hb.host, None, how="died (killed, or out of memory): "
+                                                      "its runner never reported it")
         print(f"extract: Beam worker process {'; '.join(map(dead_workers.describe, dead))} "
               f"died, and Beam's local runner would wait for it forever: the pipeline was "
               f"stopped. Nothing partial was committed; `actx rerun {run}` finishes the run",

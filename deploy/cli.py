@@ -18,6 +18,7 @@ from deploy import config as config_lib
 from deploy import jobs
 from deploy.jobs import UsageError
 from schemas import errors
+from schemas import extraction as extraction_lib
 from schemas import flags
 from schemas import layout as layout_lib
 from schemas import stop_signals
@@ -161,7 +162,7 @@ def _add_extraction_flag(p: argparse.ArgumentParser, what: str) -> None:
 def cmd_status(args, out) -> int:
     from deploy import runstate
 
-    handles = jobs.extraction_handles(jobs.open_run(args.run), args.extraction)
+    handles = extraction_lib.scoped_all(jobs.open_run(args.run), args.extraction)
     if args.html is not None or args.serve is not None:
         from deploy import ui_server
 
@@ -188,7 +189,7 @@ def cmd_status(args, out) -> int:
 def cmd_verify(args, out) -> int:
     """Each extraction of the run that --extraction names (every one by default) in turn,
     under its name when the run has named ones; the worst exit code."""
-    handles = jobs.extraction_handles(jobs.open_run(args.run), args.extraction)
+    handles = extraction_lib.scoped_all(jobs.open_run(args.run), args.extraction)
     codes = []
     for name, handle in handles.items():
         if list(handles) != [""]:

@@ -33,13 +33,14 @@ LOG_TAIL_LINES = 25
 
 
 def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: float,
-                  out=sys.stdout, retry_argv: list[str] | None = None) -> bool:
-    """Runs prepare in-process unless the run is already prepared for this spec.
+                  out=sys.stdout, retry_argv: list[str] | None = None, store=None) -> bool:
+    """Runs prepare in-process unless the run is already prepared for this spec. `store`:
+    the run's store if the caller opened it (Beam's workers get `run`, a string).
 
     Returns False when it was already prepared (prepare is deterministic, so the existing
     token store is the one this spec would write).
     """
-    store = store_lib.open_store(run)
+    store = store if store is not None else store_lib.open_store(run)
     existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
     if (existing is not None and existing.get("fingerprint") == spec.fingerprint
             and store.exists(layout_lib.MANIFEST_KEY)):
@@ -166,8 +167,10 @@ def log_dir(run: str, job: str) -> tuple[str, bool]:
 
 def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
                 only: list[int] | None = None, progress_s: float = 3.0,
-                out=sys.stdout, extraction: str | None = None, prefix: str = "local") -> int:
-    """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed)."""
+                out=sys.stdout, extraction: str | None = None, prefix: str = "local",
+                handle=None) -> int:
+    """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed).
+    `handle`: the opened run (schemas.run_dir.OpenedRun), else it is opened here."""
     logs, upload = log_dir(run, job)
     names = ["" if n == "default" else n for n in (extraction or "").split(",")]
     env = worker_env(target)
@@ -188,7 +191,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
           f"x {target.hosts_per_replica} host(s), {target.devices_per_host} CPU device(s) "
           f"each); logs in {logs}", file=out, flush=True)
     failed: list[_Proc] = []
-    handle = None
+    where = handle.store if handle is not None else run  # opened once, where it can be
     interrupted = False
     tty = hasattr(out, "isatty") and out.isatty()
     last_line = ""
@@ -202,7 +205,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                         if p.returncode != 0:
                             try:
                                 for name in names:
-                                    mark_dead(run, p.name, p.returncode, p.log_path,
+                                    mark_dead(where, p.name, p.returncode, p.log_path,
                                               extraction=name)
                             except Exception as e:  # status then learns it after stale_after
                                 print(f"extract: could not record that {p.name} died: {e}",
@@ -240,13 +243,13 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
             for p in procs:  # what a worker stopped while starting could not say itself
                 try:
                     for name in names:
-                        mark_dead(run, p.name, p.popen.returncode, stopped_by_user=True,
+                        mark_dead(where, p.name, p.popen.returncode, stopped_by_user=True,
                                   extraction=name)
                 except Exception:  # noqa: BLE001 - status then learns it when it goes stale
                     pass
-            print(_kept_line(run), file=out, flush=True)
+            print(_kept_line(run, handle), file=out, flush=True)
     if upload:
-        upload_logs(run, job, logs, out)
+        upload_logs(where, job, logs, out)
     for p in failed:
         print(f"extract: worker {p.name} (pid {p.popen.pid}) failed "
               f"({commands.describe_exit(p.returncode)}); last lines of "
@@ -254,11 +257,11 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     return 1 if failed else 0
 
 
-def _kept_line(run: str) -> str:
+def _kept_line(run: str, handle=None) -> str:
     """What an interrupted extraction kept (committed partitions; nothing partial) and the
     command that finishes the rest."""
     try:
-        status = runstate.compute_status(runstate.open_run(run))
+        status = runstate.compute_status(handle or runstate.open_run(run))
         kept = (f"{status.counts[runstate.COMMITTED]} of {len(status.partitions)} "
                 f"partition(s) are committed and kept")
     except Exception as e:  # noqa: BLE001 - the hint matters more than the count
@@ -267,7 +270,8 @@ def _kept_line(run: str) -> str:
             f"`actx rerun {run}` extracts the rest")
 
 
-def mark_dead(run: str, host: str, returncode: int | None, log_path: str | None = None,
+def mark_dead(run: "str | store_lib.ObjectStore", host: str, returncode: int | None,
+              log_path: str | None = None,
               stopped_by_user: bool = False, extraction: str = "", how: str = "") -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
@@ -337,7 +341,8 @@ def _stop_replica(procs: list[_Proc], replica: int) -> None:
             p.popen.terminate()
 
 
-def upload_logs(run: str, job: str, log_dir: str, out=sys.stdout) -> None:
+def upload_logs(run: "str | store_lib.ObjectStore", job: str, log_dir: str,
+                out=sys.stdout) -> None:
     """Copies the job's local logs into <run>/logs/<job>/. A store that refuses them (a
     bucket that takes no writes) costs one line, not the workers' outcome: the logs stay
     where they are, and that line says where."""
@@ -347,7 +352,7 @@ def upload_logs(run: str, job: str, log_dir: str, out=sys.stdout) -> None:
         print(f"extract: the logs stay in {log_dir}: {e}", file=out, flush=True)
 
 
-def _upload_logs(run: str, job: str, log_dir: str) -> None:
+def _upload_logs(run: "str | store_lib.ObjectStore", job: str, log_dir: str) -> None:
     store = store_lib.open_store(run)
     for name in sorted(os.listdir(log_dir)):
         with open(os.path.join(log_dir, name), "rb") as f:

@@ -5,7 +5,8 @@ anything, so a typo costs seconds, not a prepared token store and a provisioned 
 It checks the model's config.json (local or gs://) and architecture, hooks and layer
 ranges, the context length, whether the tokenizer is the model's
 (schemas.tokenizer_identity), the input paths, the batch
-against the target's devices, and the target's own settings. In a dry run, inputs it
+against the target's devices, and the target's own settings (`Target.problems`,
+deploy/targets.py). In a dry run, inputs it
 cannot reach (no credentials on this machine) or that are not there yet are named as not
 checked instead of refused.
 """
@@ -13,7 +14,6 @@ checked instead of refused.
 from __future__ import annotations
 
 from schemas import errors
-from schemas import parallelism
 from schemas import runspec as runspec_lib
 from schemas import store_errors
 from schemas import tokenizer_identity
@@ -21,41 +21,6 @@ from schemas import tokenizer_identity
 
 class PreflightError(errors.UserError):
     """The job cannot run as configured; the message lists every problem found."""
-
-
-def _local_data_parallel(target) -> int | None:
-    """Devices a local replica splits its batch over: its hosts' devices over the model
-    axis. Through Beam each worker process is a replica of one host."""
-    hosts = 1 if target.extract == "beam" else target.hosts_per_replica
-    return parallelism.data_parallel(hosts * target.devices_per_host, target.model_parallel)
-
-
-def target_problems(run: str, target) -> tuple[list[str], int | None]:
-    """(problems of the target's settings, the replica's data-parallel size if known)."""
-    from deploy import dataflow, tpu_vm
-
-    if target.kind == "local":
-        model = parallelism.model_parallel_problem(target.model_parallel,
-                                                   target.devices_per_host)
-        problems = [f"target.model_parallel: {model} (target.devices_per_host)"] if model else []
-        return problems, _local_data_parallel(target)
-    if target.kind == "tpu-vm":
-        # tpu_vm.problems checks the batch against the slice's chips itself.
-        found = tpu_vm.problems(run, target)
-        if target.extract == "beam":
-            found.append('target.extract: "beam" runs on Beam runners (kind "local" or '
-                         '"dataflow"); a TPU slice runs the workers themselves')
-        return found, None
-    found = []
-    try:
-        dataflow.check(run, target.dataflow)
-    except errors.UserError as e:
-        found.append(str(e))
-    if target.extract == "beam":
-        from deploy import beam_target
-
-        found += beam_target.problems(run, target)
-    return found, None
 
 
 def _prepared_for(run: str, spec: runspec_lib.RunSpec) -> bool:
@@ -84,10 +49,10 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
     notes: list[str] = []
     batch = data_parallel = None
     model_parallel = 1
-    if target is not None:
-        target_found, data_parallel = target_problems(run, target)
+    if target is not None:  # a deploy.targets.Target
+        target_found, data_parallel = target.problems(run)
         found += target_found
-        batch, model_parallel = target.batch_size, target.model_parallel
+        batch, model_parallel = target.config.batch_size, target.config.model_parallel
 
     def unreachable(what: str, e: Exception) -> None:
         if not dry_run:

@@ -26,13 +26,14 @@ def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | No
            config: str = "CONFIG", out=sys.stdout, every_s: float = 5.0,
            stale_after_s: float = runstate.DEFAULT_STALE_AFTER_S,
            start_timeout_s: float = job_lease.DETACHED_START_GRACE_S,
-           extraction: str | None = None) -> int:
+           extraction: str | None = None, handle=None) -> int:
     """Prints progress lines until the `wanted` partitions (None: all) are committed (0) or
     the job's hosts are gone (1); of every extraction `extraction` names (comma-separated;
-    None: the default one), each with its own markers and heartbeats."""
+    None: the default one), each with its own markers and heartbeats. `handle`: the opened
+    run, else it is opened here."""
     try:
         return _follow(run, host_prefix, started_at, wanted, config, out, every_s,
-                       stale_after_s, start_timeout_s, extraction)
+                       stale_after_s, start_timeout_s, extraction, handle)
     except KeyboardInterrupt:
         # Not "interrupted": the command's own "actx ...: interrupted" line says that.
         print(f"stopped following; the job goes on on the slice (committed partitions are "
@@ -41,10 +42,10 @@ def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | No
 
 
 def _follow(run, host_prefix, started_at, wanted, config, out, every_s, stale_after_s,
-            start_timeout_s, extraction) -> int:
+            start_timeout_s, extraction, handle) -> int:
     from schemas import extraction as extraction_lib
 
-    opened = runstate.open_run(run)
+    opened = handle or runstate.open_run(run)
     names = ["" if n == "default" else n for n in (extraction or "").split(",")]
     handles = [extraction_lib.scoped(opened, name) for name in names]
     last = ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from deploy import config as config_lib
+from deploy import targets
 from deploy import tpu_vm
 from schemas import job_lease
 from schemas import store as store_lib
@@ -18,11 +19,9 @@ def host_names(tpu: config_lib.TpuConfig) -> list[str]:
     return [f"{tpu.name}-w{i}" for i in range(tpu_vm.slice_hosts(tpu))]
 
 
-def take(run: str, target: config_lib.TargetConfig, job: str, config: str, join: bool):
+def take(run: "str | store_lib.ObjectStore", target: config_lib.TargetConfig, job: str, config: str, join: bool):
     """Takes the run for `job` on the slice, or raises a UsageError naming the live job
     that holds it; None when joining that job (no lease). Returns what `give_back` takes."""
-    from deploy.jobs import UsageError
-
     if join:
         return None
     store = store_lib.open_store(run)
@@ -32,7 +31,7 @@ def take(run: str, target: config_lib.TargetConfig, job: str, config: str, join:
     try:
         return store, job_lease.acquire(store, lease)
     except job_lease.LeaseHeld as e:
-        raise UsageError(job_lease.refusal(store.location, e.lease, time.time())) from None
+        raise targets.UsageError(job_lease.refusal(store.location, e.lease, time.time())) from None
 
 
 def give_back(taken) -> None:

@@ -224,3 +224,9 @@ def select(store: store_lib.ObjectStore, wanted: str | None) -> list[str]:
                 f"{store.location}: no extraction {name!r} (named extractions: "
                 f"{', '.join(known) or 'none'})")
     return chosen
+
+
+def scoped_all(opened: run_dir.OpenedRun, wanted: str | None) -> dict[str, run_dir.OpenedRun]:
+    """{name: the run as that extraction sees it} for the extractions `wanted` names
+    (`select`; None: every one of the run), in order; "" is the default extraction."""
+    return {name: scoped(opened, name) for name in select(opened.store, wanted)}

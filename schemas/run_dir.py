@@ -35,18 +35,20 @@ class OpenedRun:
     manifest: manifest_lib.Manifest
 
 
-def open_run(run: "str | os.PathLike | uri_lib.Location") -> OpenedRun:
+def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore") -> OpenedRun:
     """Opens a prepared run, or raises errors.NotARunError saying what is missing or wrong.
+    `run` may be its store, opened already (by a command that made the run).
 
     Object-store failures (no credentials, no network) raise store_errors.StoreError.
     """
     try:
-        location = uri_lib.parse(run)
+        location = run.location if isinstance(run, store_lib.ObjectStore) else uri_lib.parse(run)
     except ValueError as e:
         raise errors.NotARunError(str(e)) from None
     if location.is_local and not os.path.isdir(location.path):
-        raise errors.NotARunError(f"{run}: no such directory; not an actx run")
-    store = store_lib.open_store(location)
+        shown = location if isinstance(run, store_lib.ObjectStore) else run
+        raise errors.NotARunError(f"{shown}: no such directory; not an actx run")
+    store = run if isinstance(run, store_lib.ObjectStore) else store_lib.open_store(location)
     try:
         # Both reads at once: on GCS each is a round trip, and the manifest is the big one.
         with concurrent.futures.ThreadPoolExecutor(2) as pool:

@@ -431,7 +431,11 @@ def reset_gcs_client() -> None:
         _CLIENT = None
 
 
-def open_store(location: "str | os.PathLike | uri_lib.Location") -> ObjectStore:
+def open_store(location: "str | os.PathLike | uri_lib.Location | ObjectStore") -> ObjectStore:
+    """The store at `location`; a store passed in is returned as it is, so that code handed
+    an opened run's store never opens it again (a GCS client per open)."""
+    if isinstance(location, ObjectStore):
+        return location
     loc = uri_lib.parse(location)
     if loc.scheme == "gs":
         return GcsStore(loc)

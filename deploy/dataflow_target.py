@@ -1,0 +1,63 @@
+"""The dataflow target: prepare on Dataflow (deploy/dataflow.py); with `extract: beam`,
+extraction too, as the ExtractPartitions transform on Dataflow's GPU or TPU workers
+(deploy/beam_target.py). With `extract: workers` the run is extracted afterwards on
+another target (`actx rerun RUN --config CONFIG --target tpu-vm`)."""
+
+from __future__ import annotations
+
+from deploy import commands
+from deploy import targets
+from schemas import errors
+
+
+class DataflowTarget(targets.Target):
+    kind = "dataflow"
+
+    def problems(self, run: str) -> tuple[list[str], int | None]:
+        from deploy import dataflow
+
+        found = []
+        try:
+            dataflow.check(run, self.config.dataflow)
+        except errors.UserError as e:
+            found.append(str(e))
+        if self.config.extract == "beam":
+            from deploy import beam_target
+
+            found += beam_target.problems(run, self.config)
+        return found, None
+
+    def stop_hint(self) -> str:
+        return "A Dataflow job stops with `gcloud dataflow jobs cancel JOB_ID --region REGION`"
+
+    def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
+               out) -> int:
+        from deploy import dataflow
+
+        if not job.run.startswith("gs://"):
+            raise targets.UsageError(f"run {job.run!r}: Dataflow workers need a gs:// run "
+                                     f"directory")
+        plan = dataflow.prepare_commands(prepare.spec, job.run, self.config,
+                                         prepare.max_reject_fraction, True, job.name)
+        beam = self.config.extract == "beam"
+        if beam:  # then extraction on Dataflow GPU or TPU workers
+            from deploy import beam_target
+
+            plan = plan + [beam_target.dataflow_command(prepare.spec, job.run, self.config,
+                                                        job.name)]
+        if opts.dry_run:  # writes nothing: the spec file it names is written when it runs
+            print(f"# dry run: nothing is executed. The run spec would be in "
+                  f"{dataflow.spec_file(prepare.spec, job.name)}.", file=out)
+            print(commands.render_plan(plan), file=out, flush=True)
+            return 0
+        dataflow.write_spec_file(prepare.spec, job.name)
+        code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
+                                in_process=targets.prepare_in_process(prepare.retry_argv))
+        if code == 0 and not beam:
+            print(f"prepared {job.run} on Dataflow; extract it with `actx rerun {job.run} "
+                  f"--config CONFIG --target tpu-vm` (or --target local)", file=out)
+        return code
+
+    def rerun(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
+        raise targets.UsageError("rerun extracts; Dataflow only prepares. Use --target local "
+                                 "or tpu-vm")

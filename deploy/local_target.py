@@ -1,0 +1,222 @@
+"""The local target: prepare on Beam's in-process runner, then extraction on this machine
+while this command waits: worker processes as simulated hosts (deploy/local.py), or the
+Beam extraction transform on Beam's local runners (`target.extract: beam`,
+deploy/beam_target.py). One job at a time holds the run (schemas.job_lease)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+
+from deploy import local
+from deploy import runstate
+from deploy import targets
+from schemas import activations_info as info_lib
+from schemas import layout
+from schemas import parallelism
+
+
+class _WorkerProcesses:
+    """`extract: workers`: hosts × worker processes (deploy.local.run_workers)."""
+
+    named_extractions = True
+
+    def __init__(self, config):
+        self.config = config
+
+    def replica_hosts(self) -> int:
+        return self.config.hosts_per_replica
+
+    def host_names(self, prefix: str) -> list[str]:
+        return local.host_names(self.config, prefix)
+
+    def run(self, job: targets.Job, out, prefix: str) -> int:
+        return local.run_workers(job.run, self.config, job.fingerprint, job.name,
+                                 only=job.only, out=out, extraction=job.extraction,
+                                 prefix=prefix, handle=job.handle)
+
+
+class _BeamPipeline:
+    """`extract: beam`: the ExtractPartitions transform on Beam's local runners; each Beam
+    worker process is a replica of one host."""
+
+    named_extractions = False
+
+    def __init__(self, config):
+        self.config = config
+
+    def replica_hosts(self) -> int:
+        return 1
+
+    def host_names(self, prefix: str) -> list[str]:
+        return ["beam workers (named beam-<machine>-<pid>)"]
+
+    def run(self, job: targets.Job, out, prefix: str) -> int:
+        from deploy import beam_target
+
+        return beam_target.run_local(job.run, self.config, job.fingerprint, job.name,
+                                     only=job.only, out=out, handle=job.handle)
+
+
+class LocalTarget(targets.Target):
+    kind = "local"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.engine = (_BeamPipeline if config.extract == "beam" else _WorkerProcesses)(config)
+
+    def problems(self, run: str) -> tuple[list[str], int | None]:
+        cfg = self.config
+        model = parallelism.model_parallel_problem(cfg.model_parallel, cfg.devices_per_host)
+        found = [f"target.model_parallel: {model} (target.devices_per_host)"] if model else []
+        return found, parallelism.data_parallel(
+            self.engine.replica_hosts() * cfg.devices_per_host, cfg.model_parallel)
+
+    def stop_hint(self) -> str:
+        return "Local workers stop with their submit (Ctrl-C)"
+
+    def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
+               out) -> int:
+        if opts.dry_run:
+            raise targets.UsageError("--dry-run is for the tpu-vm and dataflow targets; the "
+                                     "local target runs here")
+        local.prepare_local(prepare.spec, job.run, prepare.max_reject_fraction, out=out,
+                            retry_argv=prepare.retry_argv, store=job.store)
+        return self.rerun(job, opts, out)
+
+    def rerun(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
+        if opts.dry_run:
+            raise targets.UsageError("--dry-run is for the tpu-vm target; the local target "
+                                     "runs here")
+        job = job.opened()  # submit: the run exists now that prepare made it
+        if job.extraction:
+            return self._extract_named(job, opts, out)
+        return self._extract_default(job, opts, out)
+
+    # -- the default extraction -----------------------------------------------------------
+    def _extract_default(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
+        handle = job.handle
+        status = runstate.compute_status(handle)
+        if status.complete:
+            print(f"extract: all {len(status.partitions)} partitions of {job.run} are "
+                  f"committed; nothing to do", file=out)
+        else:
+            code = self._run_engine(job, opts, out)
+            status = runstate.compute_status(handle)
+            if code != 0:
+                print(runstate.render(status), file=out)
+                _rerun_hint(handle, status, job.only, out)
+                return code
+        print(file=out)
+        print(runstate.render(status), file=out)
+        info = info_lib.read_info(handle.store)
+        print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
+              f"{info.dtype if info else handle.spec.capture.dtype}, [rows, seq_len, hidden]); "
+              f"hooks: {', '.join(sorted(info.hooks)) if info else '-'}", file=out)
+        print(f"read them:   python -c \"import reader; r = reader.open_run('{handle.location}'); "
+              f"print(r.describe())\"", file=out)
+        print(f"check them:  actx verify {handle.location}", file=out, flush=True)
+        return 1 if _rerun_hint(handle, status, job.only, out) else 0
+
+    # -- named extractions ----------------------------------------------------------------
+    def _extract_named(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
+        """The named extractions that are behind, one after another in each process; then
+        a status line per extraction and how to read them together."""
+        from schemas import extraction as extraction_lib
+
+        handles = extraction_lib.scoped_all(job.handle, job.extraction)
+        behind = [name for name, handle in handles.items()
+                  if not runstate.compute_status(handle).complete]
+        code = 0
+        if behind and not self.engine.named_extractions:
+            raise targets.UsageError(targets.BEAM_ONE_MODEL)
+        if behind:
+            import dataclasses
+
+            code = self._run_engine(dataclasses.replace(
+                job, fingerprint=None,
+                extraction=",".join(n or "default" for n in behind)), opts, out)
+        statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
+        print(file=out)
+        print(runstate.render_extractions(statuses), file=out)
+        print(f"\nread them together: reader.aligned.aligned_stream({job.run!r}, "
+              f"{list(handles)!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one token "
+              f"store\")\ncheck them:  actx verify {job.run}", file=out, flush=True)
+        missing = {name or "default": [p for p, st in s.partitions.items()
+                                       if st != runstate.COMMITTED
+                                       and (job.only is None or p in job.only)]
+                   for name, s in statuses.items()}
+        missing = {name: ids for name, ids in missing.items() if ids}
+        if missing:
+            print(f"extract: partitions still without a commit: "
+                  f"{'; '.join(f'{n}: {len(ids)}' for n, ids in missing.items())}; "
+                  f"`actx rerun {job.run}` finishes whichever extraction is behind",
+                  file=out)
+        return code or (1 if missing else 0)
+
+    def _run_engine(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
+        """Runs the engine's workers under the run's job lease, saying what stays if a stop
+        signal ends them."""
+        prefix = _host_prefix(job.name, opts.join)
+        with _workers_stop_hint(), self._job_lease(job, prefix, opts.join):
+            return self.engine.run(job, out, prefix)
+
+    @contextlib.contextmanager
+    def _job_lease(self, job: targets.Job, prefix: str, join: bool):
+        """Holds the run's job lease (schemas.job_lease) while this launcher's workers run,
+        or raises a UsageError naming the live job that holds it; none when joining."""
+        from schemas import job_lease
+
+        if join:
+            yield
+            return
+        keeper = job_lease.Keeper(job.handle.store, job_lease.new(
+            job.name, self.engine.host_names(prefix), self.kind,
+            stop=f"Ctrl-C in its terminal, or `kill -TERM {os.getpid()}` on "
+                 f"{socket.gethostname()}"))
+        try:
+            keeper.__enter__()
+        except job_lease.LeaseHeld as e:
+            raise targets.UsageError(
+                job_lease.refusal(job.handle.location, e.lease, time.time())) from None
+        try:
+            yield
+        finally:
+            keeper.__exit__(None, None, None)
+
+
+def _host_prefix(job: str, join: bool) -> str:
+    """Local workers' host names: a joining launcher's carry its job, so that they never
+    take the names of the hosts it joins."""
+    return f"local-{job}" if join else "local"
+
+
+@contextlib.contextmanager
+def _workers_stop_hint():
+    """A stop signal while local workers run: they were stopped; say what stays."""
+    from schemas import stop_signals
+
+    try:
+        yield
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM
+        raise stop_signals.Stopped(
+            stop_signals.signum_of(e),
+            hint="the workers stopped; partitions without a commit marker stay "
+                 "uncommitted") from None
+
+
+def _rerun_hint(handle, status, only, out) -> list[int]:
+    """Names the wanted partitions still without a commit and the command that redoes
+    them; returns them."""
+    wanted = status.partitions if only is None else only
+    missing = [p for p in wanted if status.partitions[p] != runstate.COMMITTED]
+    stale = [p for p in missing if status.partitions[p] == runstate.STALE]
+    if missing:
+        print(f"extract: {len(missing)} partition(s) still without a commit: "
+              f"{', '.join(layout.partition_name(p) for p in missing[:20])}"
+              + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
+              + f"; `actx rerun {handle.location}` redoes them"
+              + (" (`--only stale`: just the stale ones)" if stale else ""), file=out)
+    return missing

@@ -1,0 +1,170 @@
+"""Where a job runs: one interface that the pre-flight, `actx submit`, `actx rerun` and
+`actx down` call, one module per target behind it:
+
+  local    deploy/local_target.py     prepare here, then worker processes here, or Beam's
+                                      local runners (`target.extract: beam`)
+  tpu-vm   deploy/tpu_vm_target.py    a TPU VM slice through gcloud; detached workers
+  dataflow deploy/dataflow_target.py  prepare on Dataflow; with `extract: beam`, extraction
+                                      on Dataflow's GPU or TPU workers too
+
+The commands do what every target shares (the config, the pre-flight, the extractions'
+records, choosing the partitions); a target does what only it knows (where prepare runs,
+how workers start and are followed, which lease holds the run, what `down` deletes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, ClassVar
+
+from schemas import errors
+from schemas import runspec as runspec_lib
+
+
+class UsageError(errors.UserError):
+    """Bad input: printed as one line, exit code 2."""
+
+
+# One model per Beam extraction: the transform's workers load the run's one model.
+BEAM_ONE_MODEL = ("extractions: the Beam extraction target runs one model; extract named "
+                  "extractions with target.extract = \"workers\"")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """The command's flags that decide how a launch goes (not what it extracts)."""
+
+    dry_run: bool = False
+    join: bool = False  # local: run beside the job that holds the run
+    wait: bool = False  # tpu-vm: follow the detached workers until the job ends
+    install: bool = True  # tpu-vm: install actx on the hosts before starting
+    recreate: bool = False  # tpu-vm: delete the slice and request it again first
+    stale_after_s: float = 60.0
+    config: str = "CONFIG"  # the submit config's path, as printed hints name it
+
+    @classmethod
+    def from_args(cls, args, install: bool = True) -> "LaunchOptions":
+        return cls(dry_run=getattr(args, "dry_run", False), join=getattr(args, "join", False),
+                   wait=getattr(args, "wait", False),
+                   install=getattr(args, "install", install),
+                   recreate=getattr(args, "recreate", False),
+                   stale_after_s=getattr(args, "stale_after", None) or 60.0,
+                   config=getattr(args, "config", None) or "CONFIG")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One launch of extraction on a run.
+
+    run: the run's location; a string where it crosses into the workers' argv or Beam.
+    store: the run's object store, opened once by the command and passed down.
+    handle: the opened run (schemas.run_dir.OpenedRun, over `store`) where the command has
+      one; None before prepare has made the run.
+    fingerprint: the RunSpec fingerprint the workers must find (None for named
+      extractions: each is checked against its own spec).
+    only: the partitions to extract (None: every uncommitted one).
+    extraction: the workers' --extraction ("base,chat"; None: the default extraction).
+    """
+
+    run: str
+    name: str
+    fingerprint: str | None
+    store: Any
+    only: list[int] | None = None
+    extraction: str | None = None
+    handle: Any = None
+
+    def opened(self) -> "Job":
+        """This job with its run opened (after prepare made it), over the same store."""
+        if self.handle is not None:
+            return self
+        from schemas import run_dir
+
+        return dataclasses.replace(self, handle=run_dir.open_run(self.store))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepare:
+    """What `actx submit` prepares: the spec, the reject threshold, and the command line a
+    reject abort prints (with the fraction that passes)."""
+
+    spec: runspec_lib.RunSpec
+    max_reject_fraction: float
+    retry_argv: list[str]
+
+
+def job_name(prefix: str, given: str | None) -> str:
+    """The job's name: the one given (--job), else `<prefix>-<time>`."""
+    return given or f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_in_process(retry_argv: list[str] | None):
+    """How a plan runs its `actx prepare` steps: in this process (the pipeline's entry
+    point), so that a reject abort prints `retry_argv` with the fraction that passes."""
+    if retry_argv is None:
+        return None
+
+    def run(cmd) -> int:
+        from pipeline import main as pipeline_main
+
+        return pipeline_main.main(list(cmd.argv[2:]), retry_argv=retry_argv)
+
+    return run
+
+
+class Target:
+    """A place that prepares and extracts runs. Subclasses set `kind` and implement
+    `submit` and `rerun`; `problems` and `down` have defaults."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, config):
+        self.config = config  # deploy.config.TargetConfig
+
+    # -- pre-flight ---------------------------------------------------------------------
+    def problems(self, run: str) -> tuple[list[str], int | None]:
+        """(problems of the target's settings for `run`, the data-parallel size of one
+        replica if this target knows it; the pre-flight checks the batch against it)."""
+        return [], None
+
+    def check_named_extractions(self) -> None:
+        """Raises a UsageError when this target cannot extract named extractions."""
+        if self.config.extract == "beam":
+            raise UsageError(BEAM_ONE_MODEL)
+
+    # -- launching ------------------------------------------------------------------------
+    def submit(self, job: Job, prepare: Prepare, opts: LaunchOptions, out) -> int:
+        """Prepares `job.run` (unless it is prepared for this spec) and extracts it."""
+        raise NotImplementedError
+
+    def rerun(self, job: Job, opts: LaunchOptions, out) -> int:
+        """Extracts `job.only` of the prepared run `job.handle`."""
+        raise NotImplementedError
+
+    # -- down -----------------------------------------------------------------------------
+    def down(self, run: str | None, opts: LaunchOptions, out) -> int:
+        """Deletes what `submit` created for this target; by default nothing was created."""
+        raise UsageError(
+            f"{opts.config}: target.kind is {self.kind!r}; actx down deletes the TPU slice "
+            f"that `actx submit` created for a tpu-vm target, and this config has none. "
+            + self.stop_hint())
+
+    def stop_hint(self) -> str:
+        """How this target's work stops, for `actx down`'s refusal."""
+        return ""
+
+
+# Each kind's module and class: imported when chosen, so that a command for one target
+# never imports another's (the local target's launcher, the TPU's gcloud plans).
+_TARGETS = {"local": ("deploy.local_target", "LocalTarget"),
+            "tpu-vm": ("deploy.tpu_vm_target", "TpuVmTarget"),
+            "dataflow": ("deploy.dataflow_target", "DataflowTarget")}
+
+
+def for_config(config) -> Target:
+    """The target that `config.kind` names (deploy.config.TargetConfig)."""
+    import importlib
+
+    module, name = _TARGETS[config.kind]
+    return getattr(importlib.import_module(module), name)(config)

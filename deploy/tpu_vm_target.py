@@ -1,0 +1,111 @@
+"""The tpu-vm target: a plan of gcloud commands (deploy/tpu_vm.py) that requests the slice,
+prepares (here, or on Dataflow with `prepare: dataflow`), installs actx and starts one
+worker per host, detached. The run's job lease is held by the slice's heartbeats
+(deploy/tpu_lease.py); `--wait` follows the job from the run (deploy/tpu_follow.py);
+`actx down` deletes the slice."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from deploy import commands
+from deploy import targets
+from deploy import tpu_vm
+from schemas import layout
+
+
+class TpuVmTarget(targets.Target):
+    kind = "tpu-vm"
+
+    def problems(self, run: str) -> tuple[list[str], int | None]:
+        # tpu_vm.problems checks the batch against the slice's chips itself.
+        found = tpu_vm.problems(run, self.config)
+        if self.config.extract == "beam":
+            found.append('target.extract: "beam" runs on Beam runners (kind "local" or '
+                         '"dataflow"); a TPU slice runs the workers themselves')
+        return found, None
+
+    def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
+               out) -> int:
+        from deploy import dataflow
+
+        prep = dataflow.prepare_commands(prepare.spec, job.run, self.config,
+                                         prepare.max_reject_fraction,
+                                         self.config.prepare == "dataflow", job.name)
+        # The plan checks the target first: nothing is created on bad input.
+        plan = tpu_vm.plan(job.run, self.config, job.fingerprint, job.name, prepare=prep,
+                           config=opts.config, extraction=job.extraction)
+        if opts.dry_run:  # writes nothing: the spec file it names is written when it runs
+            print(f"# dry run: nothing is executed. The run spec would be in "
+                  f"{dataflow.spec_file(prepare.spec, job.name)}.", file=out)
+            print(commands.render_plan(plan), file=out, flush=True)
+            return 0
+        dataflow.write_spec_file(prepare.spec, job.name)
+        return self._launch(plan, job, opts, out, prepare.retry_argv)
+
+    def rerun(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
+        plan = tpu_vm.plan(job.run, self.config, job.fingerprint, job.name, only=job.only,
+                           create=False, install=opts.install, recreate=opts.recreate,
+                           config=opts.config, extraction=job.extraction)
+        if opts.dry_run:
+            print("# dry run: nothing is executed.", file=out)
+            print(commands.render_plan(plan), file=out, flush=True)
+            return 0
+        return self._launch(plan, job, opts, out)
+
+    def down(self, run: str | None, opts: targets.LaunchOptions, out) -> int:
+        """Deletes the slice (refused for one that submit did not create)."""
+        plan = tpu_vm.down_plan(self.config.tpu)
+        if opts.dry_run:
+            print("# dry run: nothing is executed.", file=out)
+            print(commands.render_plan(plan), file=out, flush=True)
+            return 0
+        code = commands.execute(plan, out=out)
+        if code == 0:  # its hosts are gone: a rerun must not wait for their last heartbeats
+            from deploy import tpu_lease
+
+            tpu_lease.release_for_down(run, self.config.tpu, out)
+        return code
+
+    # -------------------------------------------------------------------------------------
+    def _launch(self, plan, job: targets.Job, opts: targets.LaunchOptions, out,
+                retry_argv: list[str] | None = None) -> int:
+        """Runs the plan under the run's detached job lease; then says where the workers
+        are, and follows them with --wait."""
+        started_at = time.time()
+        with self._lease(job, opts) as failed:
+            code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
+                                    in_process=targets.prepare_in_process(retry_argv))
+            failed(code)
+        if code != 0:  # the failed step said what to do
+            return code
+        print(f"workers are running on {self.config.tpu.name}, detached from this command.\n"
+              f"  progress: actx status {job.run} --watch\n"
+              f"  logs:     {job.run.rstrip('/')}/{layout.log_key(job.name, '<host>')} "
+              f"(copied as they grow)\n"
+              f"  delete the slice afterwards: actx down --config {opts.config}",
+              file=out, flush=True)
+        if not opts.wait:
+            return 0
+        from deploy import tpu_follow
+
+        return tpu_follow.follow(job.run, f"{self.config.tpu.name}-w", started_at, job.only,
+                                 config=opts.config, out=out,
+                                 every_s=min(5.0, max(0.5, self.config.heartbeat_s)),
+                                 stale_after_s=opts.stale_after_s,
+                                 extraction=job.extraction, handle=job.handle)
+
+    @contextlib.contextmanager
+    def _lease(self, job: targets.Job, opts: targets.LaunchOptions):
+        """Holds the run's detached job lease (deploy.tpu_lease), taken before the plan
+        runs; given back when the plan fails (`failed(code)`, nonzero) or raises, as its
+        workers did not start."""
+        from deploy import tpu_lease
+
+        taken = tpu_lease.take(job.store, self.config, job.name, opts.config, opts.join)
+        try:
+            yield lambda code: tpu_lease.give_back(taken) if code != 0 else None
+        except BaseException:
+            tpu_lease.give_back(taken)
+            raise
