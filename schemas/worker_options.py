@@ -36,6 +36,11 @@ class ExtractSettings:
       agreement is a collective; one-host replicas check every step for free).
     gcs_request_concurrency: tensorstore's concurrent GCS requests per process.
     gcs_request_retries: tensorstore's retries of a failed GCS request.
+    models_at_once: named extractions (several models over one token store) a worker
+      process extracts at the same time, each model in device memory beside the others;
+      1 extracts them one after another, one model in memory at a time. More than one run
+      together only where they fit in device memory together (measured as each loads;
+      the rest wait their turn) and within one-host replicas (workers/model_groups.py).
     """
 
     batch_size: int = 8
@@ -50,11 +55,13 @@ class ExtractSettings:
     stop_check_steps: int = 16
     gcs_request_concurrency: int = 32
     gcs_request_retries: int = 8
+    models_at_once: int = 1
 
     def __post_init__(self):
         at_least = {"batch_size": 1, "model_parallel": 1, "prefetch_depth": 1,
                     "writer_threads": 1, "max_pending_mb": 1, "stop_check_steps": 1,
-                    "gcs_request_concurrency": 1, "gcs_request_retries": 0}
+                    "gcs_request_concurrency": 1, "gcs_request_retries": 0,
+                    "models_at_once": 1}
         wrong = [f"{name} must be at least {least}, got {getattr(self, name)}"
                  for name, least in at_least.items() if getattr(self, name) < least]
         if not self.heartbeat_s > 0:
@@ -108,4 +115,7 @@ class WorkerOptions(ExtractSettings):
 
     def to_argv(self) -> list[str]:
         """This process's flags for `actx extract` / `python -m workers.main`."""
-        return ["--run", self.run, *flags.to_argv(self, exclude=("run",))]
+        # models_at_once at 1 (one model after another) is left out: it is what a worker
+        # of an actx from before the setting does, and such a worker would refuse the flag.
+        at_once = ("models_at_once",) if self.models_at_once == 1 else ()
+        return ["--run", self.run, *flags.to_argv(self, exclude=("run", *at_once))]

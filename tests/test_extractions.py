@@ -10,6 +10,7 @@ process with the same devices, so every attempt shares one numerics key.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -27,10 +28,11 @@ HOOKS = "layers.*.resid_post"
 LIVE_BYTES: list[int] = []  # device bytes alive as each extraction of `both` starts
 
 
-def _extract(run: str, names: str = "") -> None:
+def _extract(run: str, names: str = "", *flags: str) -> None:
     from workers import main as worker_main
 
-    argv = ["--run", run, "--batch-size", "8"] + (["--extraction", names] if names else [])
+    argv = (["--run", run, "--batch-size", "8"] + (["--extraction", names] if names else [])
+            + list(flags))
     assert worker_main.main(argv) == 0
 
 
@@ -122,6 +124,119 @@ def test_each_extraction_equals_its_model_alone(both, alone, models):
                                        "actx.json")))
     chat_spec = runspec.read_run_spec(extraction.view(store.open_store(both), "chat"))
     assert info["fingerprint"] == chat_spec.fingerprint
+
+
+def _two_models_run(models, tmp_path) -> str:
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, models["base"], n_rows=N_ROWS, hooks=HOOKS,
+                               partition_rows=PARTITION_ROWS)
+    for name, model in models.items():
+        _add(run, name, model)
+    return run
+
+
+def test_two_models_at_once_equal_each_alone(models, alone, tmp_path, monkeypatch):
+    """`--models-at-once 2`: both models in memory together (chat loads while base's
+    weights are alive), both loops running at the same time on their own threads, and
+    each extraction byte for byte its model alone."""
+    import threading
+    import time
+
+    import jax
+
+    from workers import main as worker_main
+
+    run = _two_models_run(models, tmp_path)
+    live, spans = [], {}
+    real_load, real_run = worker_main._load, worker_main._run
+
+    def load(opts, sigint):
+        gc.collect()
+        live.append(sum(a.nbytes for a in jax.live_arrays()))
+        return real_load(opts, sigint)
+
+    def run_loop(worker, sigint, say_interrupted=True):
+        start = time.monotonic()
+        try:
+            return real_run(worker, sigint, say_interrupted)
+        finally:
+            spans[worker.extraction] = (start, time.monotonic(),
+                                        threading.current_thread().name)
+
+    monkeypatch.setattr(worker_main, "_load", load)
+    monkeypatch.setattr(worker_main, "_run", run_loop)
+    _extract(run, "base,chat", "--models-at-once", "2")
+    weights = os.path.getsize(os.path.join(models["base"], "model.safetensors"))
+    assert len(live) == 2 and live[1] >= live[0] + weights * 0.9, live  # base still there
+    (b0, b1, b_thread), (c0, c1, c_thread) = spans["base"], spans["chat"]
+    assert b0 < c1 and c0 < b1 and b_thread != c_thread, spans  # at the same time
+    for name in ("base", "chat"):
+        assert _objects(run, name) == _objects(alone[name]), name
+        assert _checksums(run, name) == _checksums(alone[name])
+
+
+def test_a_model_that_does_not_fit_beside_runs_after(models, alone, tmp_path, monkeypatch,
+                                                     caplog):
+    """A device too small for both (its memory measured after the second load says so),
+    or one that runs out of memory while the second loads: the second model is let go
+    and extracted after the first, with the reason in the log; the bytes are the same."""
+    import logging
+
+    from workers import main as worker_main
+    from workers import model_groups
+
+    monkeypatch.setattr(model_groups, "fit",
+                        lambda jax, workers: model_groups.Fit(False, "9.00 GiB of 8.00 GiB"))
+    run = _two_models_run(models, tmp_path / "small")
+    with caplog.at_level(logging.INFO, logger="actx.worker"):
+        _extract(run, "base,chat", "--models-at-once", "2")
+    assert "extraction 'chat' does not fit beside 'base' (9.00 GiB of 8.00 GiB); it runs " \
+           "after them" in caplog.text
+    assert "at once" not in caplog.text.replace("does not fit", "")
+    for name in ("base", "chat"):
+        assert _objects(run, name) == _objects(alone[name]), name
+
+    monkeypatch.undo()
+    real_load = worker_main._load
+    calls = []
+
+    def load(opts, sigint):  # the second load of the first group runs out of memory
+        calls.append(opts.extraction)
+        if calls == ["base", "chat"]:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+                               "1.50GiB")
+        return real_load(opts, sigint)
+
+    monkeypatch.setattr(worker_main, "_load", load)
+    run = _two_models_run(models, tmp_path / "oom")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="actx.worker"):
+        _extract(run, "base,chat", "--models-at-once", "2")
+    assert calls == ["base", "chat", "chat"]
+    assert "extraction 'chat' does not fit beside 'base' (RESOURCE_EXHAUSTED" in caplog.text
+    for name in ("base", "chat"):
+        assert _objects(run, name) == _objects(alone[name]), name
+
+
+def test_working_bytes_counts_the_outputs_in_flight_and_the_cache(both):
+    """The working set that decides whether two loops fit: outputs of the steps in flight
+    (and the one being handled) per device, plus the KV cache of a context-carrying run,
+    computed here from the run's own spec."""
+    import jax
+
+    from workers import model_groups, runner
+
+    worker = runner.Worker(runner.WorkerOptions(run=both, batch_size=8, extraction="chat",
+                                                steps_in_flight=3))
+    spec = runspec.read_run_spec(extraction.view(store.open_store(both), "chat"))
+    seq_len, itemsize = spec.packing.seq_len, np.dtype(spec.capture.dtype).itemsize
+    slots = 8 // jax.local_device_count()  # the batch split over the 8 CPU devices
+    # The tiny Qwen2 (tests/hf_models.py): 3 layers hooked, width 64, 2 kv heads of 16.
+    outputs = slots * seq_len * 3 * 64 * itemsize * (3 + 1)
+    assert spec.packing.carries_context  # segmented, continue: a cache of whole rows
+    capacity = -(-(spec.packing.max_context - 1) // seq_len) * seq_len
+    cache = 2 * 3 * slots * capacity * 2 * 16 * 4  # keys and values, float32 model
+    assert model_groups.working_bytes(worker) == outputs + cache
 
 
 def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):

@@ -14,6 +14,7 @@ import sys
 
 from schemas import errors, flags, stop_signals, worker_options
 from workers import distributed
+from workers import model_groups
 from workers.preflight import check_job  # noqa: F401  (deploy's pre-flight, through here)
 
 
@@ -48,20 +49,30 @@ def main(argv: list[str] | None = None) -> int:
         names = []
     except KeyboardInterrupt:
         names = []
+    if opts.models_at_once > 1 and len(names) > 1:
+        code = model_groups.extract_at_once(opts, names, sigint, _load, _run)
+    else:
+        code = _one_after_another(opts, names, sigint)
+    if sigint.received.is_set() and code != sigint.received.exit_code:
+        print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr)
+        return sigint.received.exit_code
+    return code
+
+
+def _one_after_another(opts: worker_options.WorkerOptions, names: list[str],
+                       sigint: "_StopSignals") -> int:
+    """The extractions in order, one model in memory at a time."""
     code = 0
-    for name in names:  # one after another, one model in memory at a time
+    for name in names:
         if len(names) > 1:
             logging.getLogger("actx.worker").info("extraction %r", name)
         code = _extract(dataclasses.replace(opts, extraction=name), sigint)
         # The model goes before the next one loads: nothing may hold its worker (the stop
         # signals' handler does, until it lets go).
-        sigint.worker = None
+        sigint.workers = []
         gc.collect()
         if code != 0 or sigint.received.is_set():
             break
-    if sigint.received.is_set() and code != sigint.received.exit_code:
-        print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr)
-        return sigint.received.exit_code
     return code
 
 
@@ -82,6 +93,15 @@ def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
 
 def _extract(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
     """Extracts one extraction of the run: 0 when done, else the process's exit code."""
+    worker = _load(opts, sigint)
+    if isinstance(worker, int):
+        return worker
+    sigint.workers = [worker]  # from now on a stop signal ends the loop at the next step
+    return _run(worker, sigint)
+
+
+def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals"):
+    """The worker of `opts.extraction`, its model loaded; or the process's exit code."""
     try:
         from workers import flax_worker
 
@@ -95,7 +115,11 @@ def _extract(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
     if sigint.received.is_set():
         print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr)
         return sigint.received.exit_code
-    sigint.worker = worker  # from now on a stop signal ends the loop at the next step
+    return worker
+
+
+def _run(worker, sigint: "_StopSignals", say_interrupted: bool = True) -> int:
+    """Runs a loaded worker's loop: 0 when done, else the process's exit code."""
     try:
         code = worker.run()
     except errors.UserError as e:
@@ -113,8 +137,9 @@ def _extract(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
         raise
     if not sigint.received.is_set():
         return code
-    print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr,
-          flush=True)
+    if say_interrupted:
+        print(INTERRUPTED.format(run=worker.opts.run, signal=sigint.received.name),
+              file=sys.stderr, flush=True)
     if code is None and worker.topo.hosts_per_replica > 1:
         _leave_replica_now(sigint.received.exit_code)
     return sigint.received.exit_code
@@ -132,7 +157,7 @@ class _StopSignals:
         import threading
 
         self.received = stop_signals.Received()
-        self.worker = None
+        self.workers = []  # the workers whose loops a signal stops
         if threading.current_thread() is threading.main_thread():
             for s in stop_signals.STOP_SIGNALS:
                 signal.signal(s, self._on_signal)
@@ -140,7 +165,7 @@ class _StopSignals:
     def _on_signal(self, signum, frame):
         again = self.received.is_set()
         self.received.set(signum)
-        if self.worker is None or again:
+        if not self.workers or again:
             if not stop_signals.safe_to_raise(frame):  # comes back as a second signal
                 stop_signals.redeliver(signum)
                 return
@@ -148,7 +173,8 @@ class _StopSignals:
         logging.getLogger("actx.worker").warning(
             "%s received: finishing the current step, committing nothing partial",
             stop_signals.signal_name(signum))
-        self.worker.stop_requested.set()
+        for worker in self.workers:
+            worker.stop_requested.set()
 
 
 def _leave_replica_now(code: int = 1) -> None:

@@ -1,0 +1,165 @@
+"""Several extractions of one run at once in one worker process (`models_at_once`): each
+model in device memory beside the others, each extraction's loop on a thread of its own.
+
+Which models go together is decided by measurement, not by a guess: the next model is
+loaded beside those already loaded, and kept there only when the device's memory holds
+the loaded weights (the backend's `bytes_in_use`) plus every loop's working set
+(`working_bytes`: KV cache and the steps' outputs in flight) within 90% of its
+`bytes_limit`; a load that runs out of device memory counts as not fitting. A model that
+does not fit is let go at once and waits for the next group. A backend that does not report
+its memory (the CPU) holds whatever the host holds.
+
+The loops run on threads only within a one-host replica: a multi-host replica's loops
+agree through collectives, and two loops' collectives in one process could interleave in
+another order on each host. There, and with `models_at_once: 1`, extractions run one after
+another (workers.main).
+
+Each extraction keeps its own store view, heartbeats, markers and numerics record
+(schemas.extraction), so the bytes are those of each model alone; the XLA programs of two
+models share the devices and run in whichever order they are dispatched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import threading
+
+FIT_FRACTION = 0.9  # as kv_cache.check_fits: the rest for the compiler's buffers
+
+log = logging.getLogger("actx.worker")
+
+
+def working_bytes(worker) -> int:
+    """Device bytes one worker's loop holds beyond its weights, per device: its KV cache
+    (long documents) and the outputs of the steps in flight (and the one being handled)."""
+    import numpy as np
+
+    from workers import sharding
+
+    opts = worker.opts
+    slots = opts.batch_size // max(1, sharding.axis_size(worker.mesh, "batch"))
+    seq_len = worker.manifest.seq_len
+    outputs = (slots * seq_len * sum(worker.hooks.values())
+               * np.dtype(worker.spec.capture.dtype).itemsize * (opts.steps_in_flight + 1))
+    cache = 0
+    if getattr(worker, "max_context", None) is not None:
+        cache = worker.fn.cache_bytes_per_device(opts.batch_size, seq_len)
+    return outputs + cache
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """Whether loaded workers fit on the device together, and the figures that said so."""
+
+    fits: bool
+    detail: str
+
+
+def fit(jax, workers: list) -> Fit:
+    """Whether `workers`, all loaded, can run their loops at once (see the module's doc)."""
+    try:
+        stats = jax.local_devices()[0].memory_stats() or {}
+    except Exception:  # backends without memory statistics
+        stats = {}
+    limit, in_use = stats.get("bytes_limit"), stats.get("bytes_in_use")
+    if not limit or in_use is None:
+        return Fit(True, "the device does not report its memory")
+    need = in_use + sum(working_bytes(w) for w in workers)
+    gib = 1 << 30
+    return Fit(need <= FIT_FRACTION * limit,
+               f"{need / gib:.2f} GiB needed (weights loaded {in_use / gib:.2f} GiB, the loops' "
+               f"working sets {(need - in_use) / gib:.2f} GiB) of {limit / gib:.2f} GiB")
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    return "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()
+
+
+def extract_at_once(opts, names: list[str], sigint, load, run) -> int:
+    """Extracts `names` in groups of up to `opts.models_at_once` that fit together, each
+    group's loops at once; `load(opts, sigint)` gives a worker or an exit code,
+    `run(worker, sigint, say_interrupted)` runs one. Returns the worst exit code; stops
+    after a group with a failure, as one after another does."""
+    import jax
+
+    if jax.process_count() > 1:
+        log.info("models_at_once=%d: this replica has %d hosts, whose loops agree through "
+                 "collectives; the extractions run one after another", opts.models_at_once,
+                 jax.process_count())
+        group_size = 1
+    else:
+        group_size = opts.models_at_once
+    pending = list(names)
+    while pending:
+        group = []
+        for name in pending[:group_size]:
+            try:
+                loaded = load(dataclasses.replace(opts, extraction=name), sigint)
+            except Exception as e:  # noqa: BLE001 - out of device memory: not beside these
+                if not group or not _out_of_memory(e):
+                    raise
+                log.info("extraction %r does not fit beside %s (%s); it runs after them",
+                         name, _shown(group), str(e).splitlines()[0][:200])
+                break
+            if isinstance(loaded, int):  # refused, or stopped while loading
+                _let_go(group, sigint)
+                return loaded
+            if group:
+                found = fit(jax, [*group, loaded])
+                if not found.fits:
+                    log.info("extraction %r does not fit beside %s (%s); it runs after them",
+                             name, _shown(group), found.detail)
+                    del loaded
+                    gc.collect()
+                    break
+            group.append(loaded)
+            del loaded  # the group holds it; nothing else may when the group lets go
+        pending = pending[len(group):]
+        code = _run_group(group, sigint, run)
+        _let_go(group, sigint)
+        if code != 0 or sigint.received.is_set():
+            return code
+    return 0
+
+
+def _shown(group: list) -> str:
+    return ", ".join(repr(w.extraction or "default") for w in group)
+
+
+def _let_go(group: list, sigint) -> None:
+    """The group's models go before the next group loads."""
+    sigint.workers = []
+    group.clear()
+    gc.collect()
+
+
+def _run_group(group: list, sigint, run) -> int:
+    """Runs the group's loops, one thread each (the first on this thread); the worst exit
+    code. A loop that fails leaves the others to finish: their partitions commit."""
+    sigint.workers = list(group)  # a stop signal ends every loop at its next step
+    if len(group) == 1:
+        return run(group[0], sigint, True)
+    log.info("extracting %s at once", _shown(group))
+    codes: list = [None] * len(group)
+    raised: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            codes[i] = run(group[i], sigint, i == 0)  # one "interrupted" line
+        except BaseException as e:  # noqa: BLE001 - raised again on this thread below
+            codes[i] = 1
+            raised.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True,
+                                name=f"extraction-{group[i].extraction or 'default'}")
+               for i in range(1, len(group))]
+    for t in threads:
+        t.start()
+    one(0)
+    for t in threads:
+        t.join()
+    if raised:
+        raise raised[0]
+    return max(codes, key=lambda c: (c != 0, c or 0))
