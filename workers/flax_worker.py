@@ -11,7 +11,7 @@ It is `runner.Worker` with another `_load_model`.
 
 from __future__ import annotations
 
-from schemas import runspec, store, ts_context
+from schemas import ts_context
 from workers import admission, flax_hooks, flax_model, flax_step, runner
 
 
@@ -19,10 +19,11 @@ def worker_for_run(opts: runner.WorkerOptions) -> runner.Worker:
     """The worker that can run `opts.run`'s model."""
     ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
     from schemas import extraction as extraction_lib
+    from schemas import run_dir
 
-    spec = runspec.read_run_spec(extraction_lib.view(store.open_store(opts.run),
-                                                     opts.extraction))
-    return FlaxWorker(opts) if spec.model.flax else runner.Worker(opts)
+    opened = run_dir.open_run(opts.run)  # once: the worker takes it as it is
+    spec = extraction_lib.read_spec(opened, opts.extraction or "")
+    return (FlaxWorker if spec.model.flax else runner.Worker)(opts, opened)
 
 
 class FlaxWorker(runner.Worker):

@@ -49,7 +49,8 @@ code_version = version.code_version
 
 
 class Worker:
-    def __init__(self, opts: WorkerOptions):
+    def __init__(self, opts: WorkerOptions, opened: run_dir.OpenedRun | None = None):
+        """`opened`: the run `opts.run` names, if the caller has opened it."""
         import jax
 
         from workers import sharding
@@ -57,7 +58,8 @@ class Worker:
         self.opts = opts
         self.jax = jax
         ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
-        opened = run_dir.open_run(opts.run)
+        if opened is None:
+            opened = run_dir.open_run(opts.run)
         # One extraction per worker (schemas.extraction): its spec, and a view of the run's
         # store that keeps its activations, numerics record, markers and claims apart.
         self.extraction = opts.extraction or ""
