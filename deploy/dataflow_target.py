@@ -45,11 +45,8 @@ class DataflowTarget(targets.Target):
 
             plan = plan + [beam_target.dataflow_command(prepare.spec, job.run, self.config,
                                                         job.name)]
-        if opts.dry_run:  # writes nothing: the spec file it names is written when it runs
-            print(f"# dry run: nothing is executed. The run spec would be in "
-                  f"{dataflow.spec_file(prepare.spec, job.name)}.", file=out)
-            print(commands.render_plan(plan), file=out, flush=True)
-            return 0
+        if opts.dry_run:
+            return targets.show_plan(plan, out, dataflow.spec_file(prepare.spec, job.name))
         dataflow.write_spec_file(prepare.spec, job.name)
         code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
                                 in_process=targets.prepare_in_process(prepare.retry_argv))

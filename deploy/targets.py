@@ -99,6 +99,17 @@ def job_name(prefix: str, given: str | None) -> str:
     return given or f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def show_plan(plan, out, spec_file: str | None = None) -> int:
+    """--dry-run: prints the plan's commands exactly, runs nothing, writes nothing (the spec
+    file a prepare step names, `spec_file`, is written only when the plan runs); 0."""
+    from deploy import commands
+
+    print("# dry run: nothing is executed."
+          + (f" The run spec would be in {spec_file}." if spec_file else ""), file=out)
+    print(commands.render_plan(plan), file=out, flush=True)
+    return 0
+
+
 def prepare_in_process(retry_argv: list[str] | None):
     """How a plan runs its `actx prepare` steps: in this process (the pipeline's entry
     point), so that a reject abort prints `retry_argv` with the fraction that passes."""

@@ -36,11 +36,8 @@ class TpuVmTarget(targets.Target):
         # The plan checks the target first: nothing is created on bad input.
         plan = tpu_vm.plan(job.run, self.config, job.fingerprint, job.name, prepare=prep,
                            config=opts.config, extraction=job.extraction)
-        if opts.dry_run:  # writes nothing: the spec file it names is written when it runs
-            print(f"# dry run: nothing is executed. The run spec would be in "
-                  f"{dataflow.spec_file(prepare.spec, job.name)}.", file=out)
-            print(commands.render_plan(plan), file=out, flush=True)
-            return 0
+        if opts.dry_run:
+            return targets.show_plan(plan, out, dataflow.spec_file(prepare.spec, job.name))
         dataflow.write_spec_file(prepare.spec, job.name)
         return self._launch(plan, job, opts, out, prepare.retry_argv)
 
@@ -49,18 +46,14 @@ class TpuVmTarget(targets.Target):
                            create=False, install=opts.install, recreate=opts.recreate,
                            config=opts.config, extraction=job.extraction)
         if opts.dry_run:
-            print("# dry run: nothing is executed.", file=out)
-            print(commands.render_plan(plan), file=out, flush=True)
-            return 0
+            return targets.show_plan(plan, out)
         return self._launch(plan, job, opts, out)
 
     def down(self, run: str | None, opts: targets.LaunchOptions, out) -> int:
         """Deletes the slice (refused for one that submit did not create)."""
         plan = tpu_vm.down_plan(self.config.tpu)
         if opts.dry_run:
-            print("# dry run: nothing is executed.", file=out)
-            print(commands.render_plan(plan), file=out, flush=True)
-            return 0
+            return targets.show_plan(plan, out)
         code = commands.execute(plan, out=out)
         if code == 0:  # its hosts are gone: a rerun must not wait for their last heartbeats
             from deploy import tpu_lease
