@@ -159,7 +159,7 @@ def log_dir(run: str, job: str) -> tuple[str, bool]:
     """(local directory for worker logs, whether to upload it into <run>/logs/ after)."""
     loc = uri_lib.parse(run)
     if loc.is_local:
-        path = os.path.join(loc.path, "logs", job)
+        path = os.path.join(loc.path, layout_lib.LOGS_PREFIX, job)
         os.makedirs(path, exist_ok=True)
         return path, False
     return tempfile.mkdtemp(prefix=f"actx-logs-{job}-"), True

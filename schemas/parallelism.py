@@ -7,6 +7,8 @@ same words, wherever it is first seen.
 
 - The model axis (model_parallel, tensor parallelism) stays within one host and divides
   its devices: the hosts of a replica split the batch between them, not the model.
+- The model axis splits the attention heads: model_parallel divides the model's heads
+  (a model axis that does not leaves every device all of them: no tensor parallelism).
 - A replica's batch (batch_size rows per step) splits evenly over its hosts, and over its
   data-parallel devices (its devices over the model axis): a batch that did not would
   have some device redo rows, or a host step on a ragged share.
@@ -32,6 +34,22 @@ def model_parallel_problem(model_parallel: int, devices_per_host: int) -> str:
     if devices_per_host % model_parallel:
         return f"{model_parallel} does not divide the {devices_per_host} devices of a host"
     return ""
+
+
+def heads_problem(num_heads: int, model_parallel: int) -> str:
+    """"" when the model axis splits the model's attention heads evenly, else why (begins
+    with model_parallel's value)."""
+    if model_parallel > 1 and num_heads % model_parallel:
+        return (f"{model_parallel} does not divide the model's {num_heads} attention heads; "
+                f"choose a divisor of {num_heads}")
+    return ""
+
+
+def heads_per_device(num_heads: int, model_parallel: int) -> int:
+    """Attention heads one device computes (all of them where the model axis does not
+    divide them)."""
+    return num_heads // model_parallel if not heads_problem(num_heads, model_parallel) \
+        else num_heads
 
 
 def hosts_problem(batch_size: int, hosts_per_replica: int) -> str:

@@ -11,6 +11,7 @@ from schemas import activations_info as info_lib
 from schemas import config as config_lib
 from schemas import errors
 from schemas import layout
+from schemas import parallelism
 from schemas import run_dir
 from schemas import tokenizer_identity
 from workers import kv_cache, sharding
@@ -94,7 +95,7 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
         stats = {}
     weights = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(model.params))
     slots = batch_size // sharding.axis_size(mesh, "batch")
-    heads = cfg.num_heads // (model_parallel if cfg.num_heads % model_parallel == 0 else 1)
+    heads = parallelism.heads_per_device(cfg.num_heads, model_parallel)
     kv_cache.check_fits(
         fn.cache_bytes_per_device(batch_size, seq_len), weights,
         kv_cache.attention_scratch_bytes(

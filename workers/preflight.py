@@ -59,10 +59,9 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 f"spec.packing.max_context={spec.packing.max_context} is larger than the "
                 f"model's max_position_embeddings={limit} ({spec.model.path}/config.json): "
                 f"set it to at most {limit}")
-        if model_parallel > 1 and config.num_heads % model_parallel:
-            problems.append(
-                f"model_parallel={model_parallel} does not divide the model's "
-                f"{config.num_heads} attention heads; choose a divisor of {config.num_heads}")
+        heads = parallelism.heads_problem(config.num_heads, model_parallel)
+        if heads:
+            problems.append(f"model_parallel={heads}")
     if batch_size is not None and batch_size < 1:
         problems.append(f"batch_size={batch_size}: must be at least 1")
     elif batch_size is not None:
