@@ -29,6 +29,8 @@ from apache_beam.metrics import Metrics
 from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
 from schemas import errors, flags, layout, run_dir, worker_options
+from schemas import extraction as extraction_lib
+from schemas import store as store_lib
 
 log = logging.getLogger("actx.beam_extract")
 NAMESPACE = "actx"
@@ -112,7 +114,9 @@ class ExtractPartitionFn(beam.DoFn):
         # out of memory) leaves a heartbeat that status and the launcher see as dead.
         host = self._opts.host_name or f"beam-{socket.gethostname()}-{os.getpid()}"
         self._process_opts = dataclasses.replace(self._opts, host_name=host)
-        self._run = run_dir.open_run(self._opts.run)
+        # The run as the extraction sees it: its markers and heartbeats are its own.
+        self._run = extraction_lib.scoped(run_dir.open_run(self._opts.run),
+                                          self._opts.extraction or "")
         if not _ProcessReplica.loaded(self._process_opts):  # else its session beats
             self._early_beat(())
 
@@ -219,9 +223,10 @@ class ExtractPartitions(beam.PTransform):
                 | "Extract" >> beam.ParDo(ExtractPartitionFn(self._opts)))
 
 
-def uncommitted(run: str, only=None) -> tuple[list[int], str]:
-    """(ids of the uncommitted partitions, restricted to `only`, the run's fingerprint)."""
-    opened = run_dir.open_run(run)
+def uncommitted(run: str, only=None, extraction: str = "") -> tuple[list[int], str]:
+    """(ids of the uncommitted partitions of `extraction` ("" the default one), restricted
+    to `only`, that extraction's fingerprint)."""
+    opened = extraction_lib.scoped(run_dir.open_run(run), extraction)
     done = commit_lib.committed_partitions(opened.store, len(opened.manifest.partitions))
     wanted = None if only is None else set(only)
     ids = [p.id for p in opened.manifest.partitions
@@ -229,30 +234,44 @@ def uncommitted(run: str, only=None) -> tuple[list[int], str]:
     return ids, opened.spec.fingerprint
 
 
+def extractions(run: str, wanted: str | None) -> list[str]:
+    """The extractions `wanted` names ("base,chat", "all"; None: the default one, ""),
+    each checked to exist in the run."""
+    return extraction_lib.select(store_lib.open_store(run), wanted or "default")
+
+
 def run_extract(settings: worker_options.ExtractSettings, run: str, job: str,
                 pipeline_args: list[str], only=None,
-                expect_fingerprint: str | None = None) -> int:
-    """Extracts the run's uncommitted partitions through the transform; returns how many
-    partitions it was given (0: nothing to do)."""
+                expect_fingerprint: str | None = None, extraction: str | None = None) -> int:
+    """Extracts the uncommitted partitions of each extraction `extraction` names (None: the
+    default one) through the transform, one pipeline per extraction, one after another
+    (one model per pipeline); returns how many partitions they were given (0: nothing to
+    do)."""
     from pipeline import options as options_lib  # the runner, named explicitly
 
-    ids, fingerprint = uncommitted(run, only)
-    if expect_fingerprint and expect_fingerprint != fingerprint:
-        raise errors.NotARunError(
-            f"{run}: run fingerprint {fingerprint} differs from the launcher's spec "
-            f"({expect_fingerprint}); use the spec the run was made with, or a new run")
-    if not ids:
-        return 0
-    opts = worker_options.WorkerOptions.for_job(
-        settings, run=run, job=job, expect_fingerprint=fingerprint, steal=False,
-        replicas=1, replica=0, host_name=None, coordinator=None, num_processes=None,
-        process_id=None, only=None)
-    pipeline = options_lib.make_pipeline(pipeline_args)
-    _ = (pipeline
-         | "Partitions" >> beam.Create(ids)
-         | "ExtractPartitions" >> ExtractPartitions(opts))
-    pipeline.run().wait_until_finish()
-    return len(ids)
+    given = 0
+    for name in extractions(run, extraction):
+        ids, fingerprint = uncommitted(run, only, name)
+        # A named extraction has its own spec; the launcher's is the root one.
+        if not name and expect_fingerprint and expect_fingerprint != fingerprint:
+            raise errors.NotARunError(
+                f"{run}: run fingerprint {fingerprint} differs from the launcher's spec "
+                f"({expect_fingerprint}); use the spec the run was made with, or a new run")
+        if not ids:
+            continue
+        if name:
+            log.info("extraction %r: %d partition(s)", name, len(ids))
+        opts = worker_options.WorkerOptions.for_job(
+            settings, run=run, job=job, expect_fingerprint=fingerprint, steal=False,
+            replicas=1, replica=0, host_name=None, coordinator=None, num_processes=None,
+            process_id=None, only=None, extraction=name or None)
+        pipeline = options_lib.make_pipeline(pipeline_args)
+        _ = (pipeline
+             | "Partitions" >> beam.Create(ids)
+             | "ExtractPartitions" >> ExtractPartitions(opts))
+        pipeline.run().wait_until_finish()
+        given += len(ids)
+    return given
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -273,13 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     settings = flags.from_namespace(worker_options.WorkerOptions, args)
     try:
         n = run_extract(settings, args.run, args.job, pipeline_args, args.only,
-                        args.expect_fingerprint)
+                        args.expect_fingerprint, args.extraction)
+        names = extractions(args.run, args.extraction)
     except errors.UserError as e:
         print(f"actx extract (beam): error: {e}", file=sys.stderr)
         return 2
-    left, _ = uncommitted(args.run, args.only)
-    print(f"extract (beam): {n} partition(s) given to the pipeline; {len(left)} left "
-          f"uncommitted", flush=True)
+    left = sum(len(uncommitted(args.run, args.only, name)[0]) for name in names)
+    print(f"extract (beam): {n} partition(s) given to the pipeline"
+          + (f" ({len(names)} extractions)" if names != [""] else "")
+          + f"; {left} left uncommitted", flush=True)
     return 1 if left else 0
 
 

@@ -21,35 +21,41 @@ CONTAINERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "container
 LOCAL_RUNNER_ARGS = ("--runner=FnApiRunner",)
 
 
-def _worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                 only) -> list[str]:
+def _worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str | None,
+                 job: str, only, extraction: str | None = None) -> list[str]:
     opts = worker_options.WorkerOptions.for_job(
-        target, run=run, job=job, only=only, expect_fingerprint=fingerprint, steal=False)
+        target, run=run, job=job, only=only, expect_fingerprint=fingerprint, steal=False,
+        extraction=extraction)
     return opts.to_argv()
 
 
-def local_command(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                  only=None) -> list[str]:
+def local_command(run: str, target: config_lib.TargetConfig, fingerprint: str | None,
+                  job: str, only=None, extraction: str | None = None) -> list[str]:
     """The extraction pipeline on Beam's local runners (target.beam_args, default the
-    in-process FnApiRunner)."""
+    in-process FnApiRunner); `extraction`: the run's extractions to extract, one pipeline
+    after another (None: the default one)."""
     return [sys.executable, "-m", "adapters.beam_extract",
-            *_worker_argv(run, target, fingerprint, job, only),
+            *_worker_argv(run, target, fingerprint, job, only, extraction),
             *(target.beam_args or LOCAL_RUNNER_ARGS)]
 
 
-def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-              only=None, out=sys.stdout, progress_s: float = 3.0, handle=None) -> int:
+def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None, job: str,
+              only=None, out=sys.stdout, progress_s: float = 3.0, handle=None,
+              extraction: str | None = None) -> int:
     """Runs the pipeline in a child process with the local target's devices, showing the
-    run's progress; returns its exit code (0: every selected partition committed).
+    run's progress (a line per extraction); returns its exit code (0: every selected
+    partition committed).
 
     Beam's local runners wait forever for a worker process that died (SIGKILL, out of
     memory): the heartbeats of this job tell, and the pipeline is stopped with one line
     naming the dead process (deploy.dead_workers)."""
     from deploy import dead_workers, local, runstate
+    from schemas import extraction as extraction_lib
 
+    names = ["" if n == "default" else n for n in (extraction or "").split(",")]
     log_dir, upload = local.log_dir(run, job)
     log_path = os.path.join(log_dir, "beam.log")
-    argv = local_command(run, target, fingerprint, job, only)
+    argv = local_command(run, target, fingerprint, job, only, extraction)
     print(f"extract: job {job} through Beam ({' '.join(target.beam_args or LOCAL_RUNNER_ARGS)}); "
           f"log in {log_path}", file=out, flush=True)
     dead: list = []
@@ -64,9 +70,12 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: 
                 time.sleep(progress_s)
                 try:
                     handle = handle or runstate.open_run(run)
-                    line = runstate.one_line(runstate.compute_status(handle))
-                    dead = dead_workers.find(handle.store, job, gone_since,
-                                             grace_s=max(30.0, 3 * target.heartbeat_s))
+                    scoped = {name: extraction_lib.scoped(handle, name) for name in names}
+                    line = " | ".join((f"{name}: " if name else "") + runstate.one_line(
+                        runstate.compute_status(h)) for name, h in scoped.items())
+                    dead = [(name, hb) for name, h in scoped.items()
+                            for hb in dead_workers.find(h.store, job, gone_since.setdefault(
+                                name, {}), grace_s=max(30.0, 3 * target.heartbeat_s))]
                 except Exception as e:  # progress is best effort; the pipeline decides
                     line = f"(progress unavailable: {e})"
                 if line != last:
@@ -82,10 +91,11 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str, job: 
     if upload:
         local.upload_logs(where, job, log_dir, out)
     if dead:
-        for hb in dead:
-            local.mark_dead(where, hb.host, None, how="died (killed, or out of memory): "
-                                                      "its runner never reported it")
-        print(f"extract: Beam worker process {'; '.join(map(dead_workers.describe, dead))} "
+        for name, hb in dead:
+            local.mark_dead(where, hb.host, None, extraction=name,
+                            how="died (killed, or out of memory): its runner never reported it")
+        print(f"extract: Beam worker process "
+              f"{'; '.join(dead_workers.describe(hb) for _, hb in dead)} "
               f"died, and Beam's local runner would wait for it forever: the pipeline was "
               f"stopped. Nothing partial was committed; `actx rerun {run}` finishes the run",
               file=out, flush=True)
@@ -135,7 +145,7 @@ def problems(run: str, target: config_lib.TargetConfig) -> list[str]:
 
 
 def dataflow_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.TargetConfig,
-                     job: str, only=None) -> Command:
+                     job: str, only=None, extraction: str | None = None) -> Command:
     """The exact launch command of extraction on Dataflow GPU or TPU workers.
 
     The workers run the custom SDK container (built from deploy/containers/), which holds
@@ -151,7 +161,8 @@ def dataflow_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.Tar
         [f"--sdk_container_image={df.sdk_container_image}", "--sdk_location=container"])
     beam.append(f"--dataflow_service_options=worker_accelerator={df.extract_accelerator}")
     argv = ("python3", "-m", "adapters.beam_extract",
-            *_worker_argv(run, target, spec.fingerprint, job, only), *beam,
+            *_worker_argv(run, target, None if extraction else spec.fingerprint, job, only,
+                          extraction), *beam,
             *target.beam_args)
     return Command(argv, f"extract {run} on Dataflow workers with {df.extract_accelerator} "
                          f"(job {job_name(spec)})")

@@ -44,7 +44,7 @@ class DataflowTarget(targets.Target):
             from deploy import beam_target
 
             plan = plan + [beam_target.dataflow_command(prepare.spec, job.run, self.config,
-                                                        job.name)]
+                                                        job.name, extraction=job.extraction)]
         if opts.dry_run:
             return targets.show_plan(plan, out, dataflow.spec_file(prepare.spec, job.name))
         dataflow.write_spec_file(prepare.spec, job.name)

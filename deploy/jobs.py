@@ -63,10 +63,11 @@ def cmd_submit(args, out) -> int:
     print(f"submit: run {run} (spec {spec.name!r}, fingerprint {spec.fingerprint}), "
           f"target {target.kind}, job {name}"
           + (f", extractions {extraction}" if extraction else ""), file=out, flush=True)
-    # The run's one store for the rest of the command; none in a dry run, which may run
-    # where the bucket cannot be reached (no credentials) and writes nothing.
-    store = None if args.dry_run else store_lib.open_store(run)
+    # The run's one store for the rest of the command, opened where a step needs it (never
+    # in a dry run, which may run where the bucket cannot be reached, and writes nothing).
+    store = None
     if extraction and not args.dry_run:
+        store = store_lib.open_store(run)
         _record_extractions(cfg, store, out)
     # Named extractions are checked by the workers against their own specs (run.json of
     # each under extractions/), so the root fingerprint is not theirs to expect.
@@ -86,7 +87,6 @@ def _check_extractions(cfg, run: str, target, dry_run: bool, out) -> str:
     specs = cfg.extraction_specs()
     if not specs:
         return ""
-    target.check_named_extractions()
     for name, spec in specs.items():
         try:
             preflight.check(spec, run, target, dry_run=dry_run, out=out)

@@ -280,7 +280,9 @@ def mark_dead(run: "str | store_lib.ObjectStore", host: str, returncode: int | N
     its partition as stale for `actx rerun --only stale`. `stopped_by_user`: the launcher
     stopped it (Ctrl-C), which status shows as preempted, not failed. Returns whether it
     wrote. A named extraction's heartbeats are its own (schemas.extraction)."""
-    store = extraction_lib.view(store_lib.open_store(run), extraction)
+    opened = store_lib.open_store(run)
+    run = str(opened.location)  # as the messages below name it, whichever was passed
+    store = extraction_lib.view(opened, extraction)
     key = layout_lib.heartbeat_key(host)
     try:
         data = store.read_json(key)

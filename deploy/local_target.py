@@ -21,8 +21,6 @@ from schemas import parallelism
 class _WorkerProcesses:
     """`extract: workers`: hosts × worker processes (deploy.local.run_workers)."""
 
-    named_extractions = True
-
     def __init__(self, config):
         self.config = config
 
@@ -40,9 +38,8 @@ class _WorkerProcesses:
 
 class _BeamPipeline:
     """`extract: beam`: the ExtractPartitions transform on Beam's local runners; each Beam
-    worker process is a replica of one host."""
-
-    named_extractions = False
+    worker process is a replica of one host; named extractions run one pipeline after
+    another."""
 
     def __init__(self, config):
         self.config = config
@@ -57,7 +54,8 @@ class _BeamPipeline:
         from deploy import beam_target
 
         return beam_target.run_local(job.run, self.config, job.fingerprint, job.name,
-                                     only=job.only, out=out, handle=job.handle)
+                                     only=job.only, out=out, handle=job.handle,
+                                     extraction=job.extraction)
 
 
 class LocalTarget(targets.Target):
@@ -83,7 +81,7 @@ class LocalTarget(targets.Target):
             raise targets.UsageError("--dry-run is for the tpu-vm and dataflow targets; the "
                                      "local target runs here")
         local.prepare_local(prepare.spec, job.run, prepare.max_reject_fraction, out=out,
-                            retry_argv=prepare.retry_argv, store=job.store)
+                            retry_argv=prepare.retry_argv, store=job.run_store())
         return self.rerun(job, opts, out)
 
     def rerun(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
@@ -130,8 +128,6 @@ class LocalTarget(targets.Target):
         behind = [name for name, handle in handles.items()
                   if not runstate.compute_status(handle).complete]
         code = 0
-        if behind and not self.engine.named_extractions:
-            raise targets.UsageError(targets.BEAM_ONE_MODEL)
         if behind:
             import dataclasses
 

@@ -26,11 +26,6 @@ class UsageError(errors.UserError):
     """Bad input: printed as one line, exit code 2."""
 
 
-# One model per Beam extraction: the transform's workers load the run's one model.
-BEAM_ONE_MODEL = ("extractions: the Beam extraction target runs one model; extract named "
-                  "extractions with target.extract = \"workers\"")
-
-
 @dataclasses.dataclass(frozen=True)
 class LaunchOptions:
     """The command's flags that decide how a launch goes (not what it extracts)."""
@@ -49,7 +44,8 @@ class LaunchOptions:
                    wait=getattr(args, "wait", False),
                    install=getattr(args, "install", install),
                    recreate=getattr(args, "recreate", False),
-                   stale_after_s=getattr(args, "stale_after", None) or 60.0,
+                   stale_after_s=(60.0 if getattr(args, "stale_after", None) is None
+                                  else args.stale_after),
                    config=getattr(args, "config", None) or "CONFIG")
 
 
@@ -58,7 +54,9 @@ class Job:
     """One launch of extraction on a run.
 
     run: the run's location; a string where it crosses into the workers' argv or Beam.
-    store: the run's object store, opened once by the command and passed down.
+    store: the run's object store, opened once and passed down (None until a step needs
+      it: `run_store()`; a target that never touches the run, like Dataflow's, never
+      opens it, and opening a bucket needs credentials here).
     handle: the opened run (schemas.run_dir.OpenedRun, over `store`) where the command has
       one; None before prepare has made the run.
     fingerprint: the RunSpec fingerprint the workers must find (None for named
@@ -75,13 +73,24 @@ class Job:
     extraction: str | None = None
     handle: Any = None
 
+    def run_store(self):
+        """The run's store: the opened run's, the one the command opened, or opened now."""
+        if self.handle is not None:
+            return self.handle.store
+        if self.store is None:
+            from schemas import store as store_lib
+
+            # Frozen, but this field is a cache of what `run` names: set once.
+            object.__setattr__(self, "store", store_lib.open_store(self.run))
+        return self.store
+
     def opened(self) -> "Job":
         """This job with its run opened (after prepare made it), over the same store."""
         if self.handle is not None:
             return self
         from schemas import run_dir
 
-        return dataclasses.replace(self, handle=run_dir.open_run(self.store))
+        return dataclasses.replace(self, handle=run_dir.open_run(self.run_store()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +147,6 @@ class Target:
         """(problems of the target's settings for `run`, the data-parallel size of one
         replica if this target knows it; the pre-flight checks the batch against it)."""
         return [], None
-
-    def check_named_extractions(self) -> None:
-        """Raises a UsageError when this target cannot extract named extractions."""
-        if self.config.extract == "beam":
-            raise UsageError(BEAM_ONE_MODEL)
 
     # -- launching ------------------------------------------------------------------------
     def submit(self, job: Job, prepare: Prepare, opts: LaunchOptions, out) -> int:

@@ -96,7 +96,8 @@ class TpuVmTarget(targets.Target):
         workers did not start."""
         from deploy import tpu_lease
 
-        taken = tpu_lease.take(job.store, self.config, job.name, opts.config, opts.join)
+        taken = (None if opts.join else  # joining: the lease is the joined job's
+                 tpu_lease.take(job.run_store(), self.config, job.name, opts.config, False))
         try:
             yield lambda code: tpu_lease.give_back(taken) if code != 0 else None
         except BaseException:

@@ -5,6 +5,7 @@ partition once. Real Beam runners, real worker code, a tiny random Qwen2."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -158,6 +159,16 @@ def test_dataflow_gpu_launch_command_in_dry_run(tmp_path, monkeypatch, capsys):
     assert (args.run, args.batch_size, args.job) == ("gs://b/runs/r1", 16, "j1")
     assert "--runner=DataflowRunner" in beam_flags
     assert not (tmp_path / ".actx").exists()
+    # Named extractions: one command, its pipelines one extraction after another, each
+    # checked by the workers against its own spec (no root fingerprint to expect).
+    out = io.StringIO()
+    assert cli.main(["submit", str(cfg), "--dry-run", "--job", "j2",
+                     "--set", "extractions.base.model.path=gs://b/models/qwen",
+                     "--set", "extractions.chat.model.path=gs://b/models/chat"],
+                    out=out) == 0, capsys.readouterr().err
+    [line] = [l for l in out.getvalue().splitlines() if "adapters.beam_extract" in l]
+    args, _ = beam_extract._parser().parse_known_args(shlex.split(line)[3:])
+    assert (args.extraction, args.expect_fingerprint) == ("base,chat", None)
 
 
 def test_a_worker_killed_mid_partition_leaves_no_marker_and_a_new_pipeline_finishes(
@@ -235,3 +246,61 @@ def test_a_killed_worker_process_of_the_two_process_runner_is_noticed(reference_
     assert cli.main(["rerun", run, "--config", str(one), "--job", "k2"], out=again) == 0, \
         again.getvalue()
     _assert_same_as_reference(run, reference_run)
+
+
+def test_named_extractions_through_beam_one_pipeline_each(reference_run, tmp_path):
+    """`actx rerun` of a run with two named extractions on the Beam target: one pipeline
+    per extraction, one after another; `base` (the reference's model) equals the worker
+    target's bytes, `other` (another model, same tokenizer) equals that model extracted by
+    a worker process; heartbeats and markers are each extraction's own."""
+    import io
+
+    import yaml
+
+    from deploy import cli
+    from schemas import extraction, layout, runspec
+
+    ref_spec = runspec.read_run_spec(store.open_store(reference_run))
+    other_model = hf_models.make_tiny_checkpoint(tmp_path / "other", "qwen2", seed=1)
+
+    def with_extractions(path: str) -> str:
+        run = worker_procs.copy_token_store(reference_run, path)
+        s = store.open_store(run)
+        root = runspec.read_run_spec(s)
+        for name, model in (("base", ref_spec.model.path), ("other", str(other_model))):
+            extraction.add(s, root, name, extraction.spec_for(
+                root, runspec.ModelSpec(path=model, dtype=root.model.dtype), root.capture))
+        return run
+
+    run = with_extractions(str(tmp_path / "run"))
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump({"target": {
+        "extract": "beam", "devices_per_host": 4, "batch_size": 8,
+        "beam_args": ["--runner=FnApiRunner"]}}))
+    out = io.StringIO()
+    assert cli.main(["rerun", run, "--config", str(cfg), "--job", "b2"], out=out) == 0, \
+        out.getvalue()
+    assert "rerun: base: 3 partition(s); other: 3 partition(s) on local" in out.getvalue()
+    log = (tmp_path / "run" / "logs" / "b2" / "beam.log").read_text()
+    assert "2 extractions" in log and "0 left uncommitted" in log, log[-2000:]
+
+    def objects(path: str, name: str) -> dict[str, bytes]:
+        prefix = layout.extraction_prefix(name)
+        found = worker_procs.stored_objects(path, prefix + "activations")
+        return {k[len(prefix):]: v for k, v in found.items() if not k.endswith("actx.json")}
+
+    reference = {k: v for k, v in worker_procs.stored_objects(reference_run).items()
+                 if not k.endswith("actx.json")}
+    assert objects(run, "base") == reference
+    alone = with_extractions(str(tmp_path / "alone"))  # `other` by the worker target
+    code, text = worker_procs.run_worker(["--run", alone, "--batch-size", "8",
+                                          "--extraction", "other"], devices=4)
+    assert code == 0, text
+    assert objects(run, "other") == objects(alone, "other") != objects(run, "base")
+    for name in ("base", "other"):
+        view = extraction.view(store.open_store(run), name)
+        assert sorted(commit.committed_partitions(view)) == list(range(N_ROWS // PARTITION_ROWS))
+        beats = [k for k in view.list("workers/") if k.endswith(".json")]
+        assert beats and all(k.startswith("workers/beam-") for k in beats), beats
+    assert not os.path.exists(os.path.join(run, "commits"))  # the default: not extracted
+    assert cli.main(["verify", run], out=io.StringIO()) == 0

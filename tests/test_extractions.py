@@ -126,6 +126,12 @@ def test_each_extraction_equals_its_model_alone(both, alone, models):
     assert info["fingerprint"] == chat_spec.fingerprint
 
 
+def _beats(run: str, name: str) -> list[dict]:
+    """The heartbeats of extraction `name` as they stand."""
+    view = extraction.view(store.open_store(run), name)
+    return [view.read_json(k) for k in view.list("workers/") if k.endswith(".json")]
+
+
 def _two_models_run(models, tmp_path) -> str:
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, models["base"], n_rows=N_ROWS, hooks=HOOKS,
@@ -147,18 +153,20 @@ def test_two_models_at_once_equal_each_alone(models, alone, tmp_path, monkeypatc
     from workers import main as worker_main
 
     run = _two_models_run(models, tmp_path)
-    live, spans = [], {}
+    live, spans, waiting = [], {}, []
     real_load, real_run = worker_main._load, worker_main._run
 
     def load(opts, sigint):
         gc.collect()
         live.append(sum(a.nbytes for a in jax.live_arrays()))
+        if opts.extraction == "chat":  # base, loaded, beats while chat loads beside it
+            waiting.extend(_beats(run, "base"))
         return real_load(opts, sigint)
 
-    def run_loop(worker, sigint, say_interrupted=True):
+    def run_loop(worker, sigint):
         start = time.monotonic()
         try:
-            return real_run(worker, sigint, say_interrupted)
+            return real_run(worker, sigint)
         finally:
             spans[worker.extraction] = (start, time.monotonic(),
                                         threading.current_thread().name)
@@ -168,6 +176,8 @@ def test_two_models_at_once_equal_each_alone(models, alone, tmp_path, monkeypatc
     _extract(run, "base,chat", "--models-at-once", "2")
     weights = os.path.getsize(os.path.join(models["base"], "model.safetensors"))
     assert len(live) == 2 and live[1] >= live[0] + weights * 0.9, live  # base still there
+    assert [(b["state"], b["message"]) for b in waiting] == [
+        ("starting", "loaded; waiting for the models loaded beside it")], waiting
     (b0, b1, b_thread), (c0, c1, c_thread) = spans["base"], spans["chat"]
     assert b0 < c1 and c0 < b1 and b_thread != c_thread, spans  # at the same time
     for name in ("base", "chat"):
@@ -188,11 +198,21 @@ def test_a_model_that_does_not_fit_beside_runs_after(models, alone, tmp_path, mo
     monkeypatch.setattr(model_groups, "fit",
                         lambda jax, workers: model_groups.Fit(False, "9.00 GiB of 8.00 GiB"))
     run = _two_models_run(models, tmp_path / "small")
+    real_run, waiting = worker_main._run, []
+
+    def run_loop(worker, sigint):  # while base runs, chat's heartbeat says it waits
+        if worker.extraction == "base":
+            waiting.extend(_beats(run, "chat"))
+        return real_run(worker, sigint)
+
+    monkeypatch.setattr(worker_main, "_run", run_loop)
     with caplog.at_level(logging.INFO, logger="actx.worker"):
         _extract(run, "base,chat", "--models-at-once", "2")
     assert "extraction 'chat' does not fit beside 'base' (9.00 GiB of 8.00 GiB); it runs " \
            "after them" in caplog.text
     assert "at once" not in caplog.text.replace("does not fit", "")
+    assert [(b["state"], b["message"]) for b in waiting] == [
+        ("starting", "waiting: runs after 'base'")], waiting
     for name in ("base", "chat"):
         assert _objects(run, name) == _objects(alone[name]), name
 
@@ -216,6 +236,47 @@ def test_a_model_that_does_not_fit_beside_runs_after(models, alone, tmp_path, mo
     assert "extraction 'chat' does not fit beside 'base' (RESOURCE_EXHAUSTED" in caplog.text
     for name in ("base", "chat"):
         assert _objects(run, name) == _objects(alone[name]), name
+
+
+def test_a_stop_signal_ends_both_loops_with_one_line(models, tmp_path):
+    """SIGTERM to a worker extracting two models at once: both loops stop at their next
+    step, the process exits 143 with one "interrupted" line and no traceback, nothing
+    partial is committed (verify passes), and a rerun at once finishes both."""
+    import signal
+    import time
+
+    from deploy import cli
+
+    run = str(tmp_path / "run")
+    n_parts = 192
+    token_runs.write_token_run(run, models["base"], n_rows=n_parts * PARTITION_ROWS,
+                               hooks=HOOKS, partition_rows=PARTITION_ROWS)
+    for name, model in models.items():
+        _add(run, name, model)
+    proc = worker_procs.start_worker(["--run", run, "--batch-size", "8", "--extraction",
+                                      "base,chat", "--models-at-once", "2",
+                                      "--heartbeat-s", "0.2"], devices=8)
+    views = {name: extraction.view(store.open_store(run), name) for name in models}
+    deadline = time.monotonic() + 180
+    while not all(any(f"-{proc.pid}-" in beat.get("attempt", "")
+                      and beat.get("state") == "working" and beat.get("tokens_done", 0) > 0
+                      for beat in (v.read_json(k) or {} for k in v.list("workers/")))
+                  for v in views.values()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out
+    assert "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if "interrupted" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        "actx extract: interrupted by SIGTERM"), lines
+    done = {name: len(_checksums(run, name)) for name in models}
+    assert all(0 < n < n_parts for n in done.values()), done  # both stopped mid-way
+    assert cli.main(["verify", run, "--committed-only"], out=io.StringIO()) == 0
+    _extract(run, "base,chat", "--models-at-once", "2")
+    assert all(len(_checksums(run, name)) == n_parts for name in models)
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
 
 
 def test_working_bytes_counts_the_outputs_in_flight_and_the_cache(both):

@@ -91,6 +91,8 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     assert code == 1  # incomplete
     [host] = st["hosts"]
     assert host["state"] == "failed" and not host["live"] and host["age_s"] < 60
+    # The launcher's record of the death names the run as the user typed it.
+    assert f"`actx rerun {run} --only stale` redoes its partition" in host["message"], host
     assert st["partitions"][layout.partition_name(held)] == "stale"
     assert [p for p, v in st["partitions"].items() if v == "stale"] == [
         layout.partition_name(held)]

@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         code = model_groups.extract_at_once(opts, names, sigint, _load, _run)
     else:
         code = _one_after_another(opts, names, sigint)
-    if sigint.received.is_set() and code != sigint.received.exit_code:
-        print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr)
+    if sigint.received.is_set():
+        sigint.say_interrupted(opts.run)
         return sigint.received.exit_code
     return code
 
@@ -113,12 +113,12 @@ def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals"):
     except KeyboardInterrupt:
         pass
     if sigint.received.is_set():
-        print(INTERRUPTED.format(run=opts.run, signal=sigint.received.name), file=sys.stderr)
+        sigint.say_interrupted(opts.run)
         return sigint.received.exit_code
     return worker
 
 
-def _run(worker, sigint: "_StopSignals", say_interrupted: bool = True) -> int:
+def _run(worker, sigint: "_StopSignals") -> int:
     """Runs a loaded worker's loop: 0 when done, else the process's exit code."""
     try:
         code = worker.run()
@@ -137,9 +137,7 @@ def _run(worker, sigint: "_StopSignals", say_interrupted: bool = True) -> int:
         raise
     if not sigint.received.is_set():
         return code
-    if say_interrupted:
-        print(INTERRUPTED.format(run=worker.opts.run, signal=sigint.received.name),
-              file=sys.stderr, flush=True)
+    sigint.say_interrupted(worker.opts.run)
     if code is None and worker.topo.hosts_per_replica > 1:
         _leave_replica_now(sigint.received.exit_code)
     return sigint.received.exit_code
@@ -158,9 +156,17 @@ class _StopSignals:
 
         self.received = stop_signals.Received()
         self.workers = []  # the workers whose loops a signal stops
+        self._said = threading.Lock()
         if threading.current_thread() is threading.main_thread():
             for s in stop_signals.STOP_SIGNALS:
                 signal.signal(s, self._on_signal)
+
+    def say_interrupted(self, run: str) -> None:
+        """The one line that says what a stop signal left and what finishes it: once per
+        process, whichever loop or phase noticed the signal first."""
+        if self._said.acquire(blocking=False):
+            print(INTERRUPTED.format(run=run, signal=self.received.name), file=sys.stderr,
+                  flush=True)
 
     def _on_signal(self, signum, frame):
         again = self.received.is_set()

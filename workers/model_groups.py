@@ -77,11 +77,35 @@ def _out_of_memory(e: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()
 
 
+def _beat_while_waiting(like, message: str, name: str | None = None):
+    """A heartbeat for an extraction of this process whose loop does not run yet, so that
+    status and `--wait` see a live host, not a silent one: `like` itself, loaded and
+    waiting for the rest of its group (its own writer, which its session takes over), or
+    extraction `name`, waiting for its turn (in `like`'s identity: every extraction of a
+    process has the process's host name)."""
+    from schemas import extraction as extraction_lib
+    from workers import progress
+
+    if name is None:
+        store, writer, beat = like.store, like.heartbeat_writer, like.progress
+        attempt = like.attempt
+    else:
+        store = extraction_lib.view(getattr(like.store, "base", like.store), name)
+        writer, beat, attempt = None, progress.Progress(), f"{like.attempt}-waiting"
+    beat.update(phase=message)
+    thread = progress.HeartbeatThread(store, like.host, like.topo.replica,
+                                      like.topo.host_index, attempt, beat,
+                                      like.opts.heartbeat_s, writer=writer, job=like.opts.job)
+    thread.start()
+    return thread
+
+
 def extract_at_once(opts, names: list[str], sigint, load, run) -> int:
     """Extracts `names` in groups of up to `opts.models_at_once` that fit together, each
     group's loops at once; `load(opts, sigint)` gives a worker or an exit code,
-    `run(worker, sigint, say_interrupted)` runs one. Returns the worst exit code; stops
-    after a group with a failure, as one after another does."""
+    `run(worker, sigint)` runs one. Returns the worst exit code. As one after another
+    does, it stops after a group with a failure, and a model that is refused while
+    loading stops the job after the models loaded before it have run."""
     import jax
 
     if jax.process_count() > 1:
@@ -92,9 +116,40 @@ def extract_at_once(opts, names: list[str], sigint, load, run) -> int:
     else:
         group_size = opts.models_at_once
     pending = list(names)
-    while pending:
-        group = []
-        for name in pending[:group_size]:
+    waiting: dict[str, object] = {}  # heartbeats of the extractions that wait their turn
+    try:
+        while pending:
+            group, refused = _load_group(opts, pending[:group_size], sigint, load, waiting)
+            pending = pending[len(group):]
+            if not group:
+                return refused
+            for name in pending:  # whoever waits says so while the group runs
+                if name not in waiting:
+                    waiting[name] = _beat_while_waiting(
+                        group[0], f"waiting: runs after {_shown(group)}", name)
+            code = _run_group(group, sigint, run)
+            _let_go(group, sigint)
+            if code != 0 or sigint.received.is_set():
+                return code
+            if refused:
+                return refused
+        return 0
+    finally:
+        for thread in waiting.values():
+            thread.stop(final_beat=False)
+
+
+def _load_group(opts, names: list[str], sigint, load, waiting: dict) -> tuple[list, int]:
+    """Loads the models of `names` one by one while they fit beside the ones before; (the
+    loaded workers, the exit code of a load that was refused or stopped, else 0)."""
+    import jax
+
+    group: list = []
+    beats: list = []  # the loaded models' heartbeats while the next one loads
+    try:
+        for name in names:
+            if name in waiting:  # its own worker beats from now on
+                waiting.pop(name).stop(final_beat=False)
             try:
                 loaded = load(dataclasses.replace(opts, extraction=name), sigint)
             except Exception as e:  # noqa: BLE001 - out of device memory: not beside these
@@ -104,24 +159,27 @@ def extract_at_once(opts, names: list[str], sigint, load, run) -> int:
                          name, _shown(group), str(e).splitlines()[0][:200])
                 break
             if isinstance(loaded, int):  # refused, or stopped while loading
-                _let_go(group, sigint)
-                return loaded
+                if sigint.received.is_set():
+                    _let_go(group, sigint)
+                return group, loaded
             if group:
                 found = fit(jax, [*group, loaded])
                 if not found.fits:
                     log.info("extraction %r does not fit beside %s (%s); it runs after them",
                              name, _shown(group), found.detail)
                     del loaded
-                    gc.collect()
                     break
             group.append(loaded)
+            beats.append((_beat_while_waiting(loaded, "loaded; waiting for the models "
+                                                      "loaded beside it"),
+                          loaded.progress, loaded.progress.phase))
             del loaded  # the group holds it; nothing else may when the group lets go
-        pending = pending[len(group):]
-        code = _run_group(group, sigint, run)
-        _let_go(group, sigint)
-        if code != 0 or sigint.received.is_set():
-            return code
-    return 0
+        return group, 0
+    finally:
+        for thread, progress, phase in beats:  # each session takes over its writer
+            thread.stop(final_beat=False)
+            progress.update(phase=phase)
+        gc.collect()  # a model let go (or a failed load's arrays) leaves the device now
 
 
 def _shown(group: list) -> str:
@@ -137,17 +195,20 @@ def _let_go(group: list, sigint) -> None:
 
 def _run_group(group: list, sigint, run) -> int:
     """Runs the group's loops, one thread each (the first on this thread); the worst exit
-    code. A loop that fails leaves the others to finish: their partitions commit."""
+    code. A loop that fails leaves the others to finish: their partitions commit. A second
+    stop signal while this thread waits for the others stops the process now."""
     sigint.workers = list(group)  # a stop signal ends every loop at its next step
     if len(group) == 1:
-        return run(group[0], sigint, True)
+        return run(group[0], sigint)
     log.info("extracting %s at once", _shown(group))
     codes: list = [None] * len(group)
     raised: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
-            codes[i] = run(group[i], sigint, i == 0)  # one "interrupted" line
+            codes[i] = run(group[i], sigint)
+        except KeyboardInterrupt:  # this thread, between signals' checks: a stop
+            codes[i] = sigint.received.exit_code
         except BaseException as e:  # noqa: BLE001 - raised again on this thread below
             codes[i] = 1
             raised.append(e)
@@ -157,9 +218,12 @@ def _run_group(group: list, sigint, run) -> int:
                for i in range(1, len(group))]
     for t in threads:
         t.start()
-    one(0)
-    for t in threads:
-        t.join()
+    try:
+        one(0)
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:  # the second signal: the loops' threads end with the process
+        return sigint.received.exit_code
     if raised:
         raise raised[0]
     return max(codes, key=lambda c: (c != 0, c or 0))
