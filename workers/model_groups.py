@@ -123,10 +123,11 @@ def extract_at_once(opts, names: list[str], sigint, load, run) -> int:
             pending = pending[len(group):]
             if not group:
                 return refused
-            for name in pending:  # whoever waits says so while the group runs
-                if name not in waiting:
-                    waiting[name] = _beat_while_waiting(
-                        group[0], f"waiting: runs after {_shown(group)}", name)
+            for name in pending:  # whoever waits says so (and after whom) while it runs
+                if name in waiting:
+                    waiting.pop(name).stop(final_beat=False)
+                waiting[name] = _beat_while_waiting(
+                    group[0], f"waiting: runs after {_shown(group)}", name)
             code = _run_group(group, sigint, run)
             _let_go(group, sigint)
             if code != 0 or sigint.received.is_set():
