@@ -81,6 +81,23 @@ def test_crosscoder_workflow_runs(tmp_path, monkeypatch, qwen_tokenizer_dir):
         np.testing.assert_allclose(b.acts[:, i].numpy(), want * np.sqrt(64) / mean_norm,
                                    rtol=1e-4, atol=1e-5)
 
+    # The same config with both models in memory at once (`target.models_at_once: 2`, the
+    # README's words): the same bytes in each extraction.
+    out = io.StringIO()
+    assert cli.main(["submit", "crosscoder.yaml", "--run", "runs/together",
+                     "--set", "target.models_at_once=2"], out=out) == 0, out.getvalue()
+    logs = "".join(p.read_text() for p in (tmp_path / "runs" / "together" / "logs").rglob(
+        "*.log"))
+    assert "extracting 'base', 'chat' at once" in logs, logs[-3000:]
+    compared = 0
+    for name in ("base", "chat"):
+        for path in (run / "extractions" / name / "activations").rglob("*"):
+            if path.is_file() and path.name != "actx.json":
+                other = tmp_path / "runs" / "together" / path.relative_to(run)
+                assert other.read_bytes() == path.read_bytes(), path
+                compared += 1
+    assert compared >= 4
+
 
 def test_a_model_of_another_vocabulary_is_refused(tmp_path, monkeypatch, qwen_tokenizer_dir):
     """The tokenizer check applies per model: an extraction whose model has another
