@@ -227,3 +227,4 @@ def cmd_down(args, out) -> int:
     run = data.get("run")
     return target.down(run if isinstance(run, str) else None,
                        targets.LaunchOptions.from_args(args), out)
+

@@ -13,6 +13,7 @@ checked instead of refused.
 
 from __future__ import annotations
 
+from deploy import targets
 from schemas import errors
 from schemas import runspec as runspec_lib
 from schemas import store_errors
@@ -21,6 +22,12 @@ from schemas import tokenizer_identity
 
 class PreflightError(errors.UserError):
     """The job cannot run as configured; the message lists every problem found."""
+
+
+def target_problems(run: str, target) -> tuple[list[str], int | None]:
+    """(problems of the target's settings, the replica's data-parallel size if known):
+    `Target.problems` of the target that `target` (a Target or its TargetConfig) is."""
+    return targets.as_target(target).problems(run)
 
 
 def _prepared_for(run: str, spec: runspec_lib.RunSpec) -> bool:
@@ -49,7 +56,8 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
     notes: list[str] = []
     batch = data_parallel = None
     model_parallel = 1
-    if target is not None:  # a deploy.targets.Target
+    if target is not None:
+        target = targets.as_target(target)
         target_found, data_parallel = target.problems(run)
         found += target_found
         batch, model_parallel = target.config.batch_size, target.config.model_parallel

@@ -183,3 +183,8 @@ def for_config(config) -> Target:
 
     module, name = _TARGETS[config.kind]
     return getattr(importlib.import_module(module), name)(config)
+
+
+def as_target(target) -> Target:
+    """`target` as a Target: itself, or the one its TargetConfig names."""
+    return target if isinstance(target, Target) else for_config(target)
