@@ -51,6 +51,10 @@ def _parse_args():
     p.add_argument("--store-dtype", default="bfloat16")
     p.add_argument("--codec", default="none", choices=["none", "zstd", "blosc"])
     p.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
+    p.add_argument("--output-memory", default="auto", choices=["auto", "device", "pinned_host"],
+                   help="where the step's outputs land (workers.transfer.OUTPUT_MEMORY): "
+                        "auto (pinned host memory on GPUs and TPUs), device (then an async "
+                        "copy), pinned_host")
     return common.apply_presets(p.parse_args())
 
 
@@ -169,6 +173,10 @@ def main() -> None:
     args = _parse_args()
     import jax
 
+    from workers import transfer
+
+    transfer.OUTPUT_MEMORY = args.output_memory
+
     from tests import hf_models
 
     work = args.dir or tempfile.mkdtemp(prefix="actx-bench-")
@@ -190,7 +198,9 @@ def main() -> None:
     print(f"device: {device.device_kind} x{jax.device_count()} ({jax.default_backend()}); "
           f"model hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
           f"{args.dtype}; batch {args.batch} x seq {args.seq}; hooks {hooks}; "
-          f"store {args.store_dtype}, codec {args.codec}; documents: "
+          f"store {args.store_dtype}, codec {args.codec}; outputs in "
+          f"{transfer.output_memory_kind(jax) or 'device'} memory ({args.output_memory}); "
+          f"documents: "
           f"{', '.join(f'{len(v)} ({p})' for p, v in lengths.items())}, median "
           f"{args.median_tokens:.0f} tokens; {args.rounds} rounds")
     results: dict[tuple[str, int], list[dict]] = {}

@@ -22,6 +22,7 @@
 #   extract_all_layers    extract with all 24 layers hooked (target >= 0.9 x the lower of
 #                         forward only and the write bandwidth)
 #   extract_memory        extract writing to /dev/shm: the host side without the disk
+#   extract_memory_device_outputs  the same, outputs in device memory (not pinned host)
 # The GPU image has JAX (CUDA), tensorstore, transformers and torch but not crc32c: carry
 # its wheel (bench/RESULTS.md, "Getting GPU figures").
 #
@@ -33,7 +34,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/actx-gpu-check}"
 BUDGET_S="${BUDGET_S:-540}"  # the whole script; leave room under the call's timeout
 SMALL="${SMALL:-0}"
-STEPS=" ${STEPS:-kernel_probe tile_sweep read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers extract_memory} "
+STEPS=" ${STEPS:-kernel_probe tile_sweep read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers extract_memory extract_memory_device_outputs} "
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 start=$SECONDS
@@ -129,5 +130,9 @@ with tempfile.TemporaryDirectory() as d:
 step extract_all_layers 150 python3 bench/extract.py "${EXTRACT_ALL[@]}"
 mkdir -p /dev/shm/actx-extract && df -h /dev/shm >> "$OUT/gpu.txt"
 step extract_memory 120 python3 bench/extract.py "${EXTRACT_MEM[@]}" --dir /dev/shm/actx-extract
+# The same with outputs in device memory and an asynchronous copy (issue 27: does the
+# pinned-host output's copy inside the step cost more than it saves?).
+step extract_memory_device_outputs 120 python3 bench/extract.py "${EXTRACT_MEM[@]}" \
+  --dir /dev/shm/actx-extract --output-memory device
 rm -rf /dev/shm/actx-extract
 echo "== all steps done in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"

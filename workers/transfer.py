@@ -31,6 +31,12 @@ def host_local_pieces(x) -> list[tuple[int, np.ndarray]]:
     return [(start - first, np.asarray(data)) for start, data in sorted(shards.items())]
 
 
+# Where outputs land, a module setting for measurement (bench/extract.py --output-memory):
+# "auto" (the rule below), "device" (device memory, then an asynchronous copy to host) or
+# "pinned_host" (wherever the backend has that kind). The bytes are the same either way.
+OUTPUT_MEMORY = "auto"
+
+
 def output_memory_kind(jax) -> str | None:
     """Where a step's outputs should land: "pinned_host" where the backend has pinned host
     memory and device memory is not host memory already, else None (device memory).
@@ -38,13 +44,16 @@ def output_memory_kind(jax) -> str | None:
     Device-to-host copies from pageable memory ran at 1.6 GB/s against 51 GB/s from
     pinned memory on an H200. On the CPU, jax lists a pinned_host kind too, but it is the
     same memory as the device's: asking for it would add a copy, so it is not used there.
+    `OUTPUT_MEMORY` overrides the rule.
     """
+    if OUTPUT_MEMORY == "device":
+        return None
     device = jax.local_devices()[0]
     try:
         kinds = {m.kind for m in device.addressable_memories()}
     except Exception:  # backends without memory kinds
         return None
-    if device.platform == "cpu" or "pinned_host" not in kinds:
+    if "pinned_host" not in kinds or (device.platform == "cpu" and OUTPUT_MEMORY == "auto"):
         return None
     return "pinned_host"
 
