@@ -19,7 +19,8 @@ def host_names(tpu: config_lib.TpuConfig) -> list[str]:
     return [f"{tpu.name}-w{i}" for i in range(tpu_vm.slice_hosts(tpu))]
 
 
-def take(run: "str | store_lib.ObjectStore", target: config_lib.TargetConfig, job: str, config: str, join: bool):
+def take(run: "str | store_lib.ObjectStore", target: config_lib.TargetConfig, job: str,
+         config: str, join: bool):
     """Takes the run for `job` on the slice, or raises a UsageError naming the live job
     that holds it; None when joining that job (no lease). Returns what `give_back` takes."""
     if join:
