@@ -30,7 +30,6 @@ from schemas import activations_info as info_lib
 from schemas import commit as commit_lib
 from schemas import errors, flags, layout, run_dir, worker_options
 from schemas import extraction as extraction_lib
-from schemas import store as store_lib
 
 log = logging.getLogger("actx.beam_extract")
 NAMESPACE = "actx"
@@ -223,46 +222,46 @@ class ExtractPartitions(beam.PTransform):
                 | "Extract" >> beam.ParDo(ExtractPartitionFn(self._opts)))
 
 
-def uncommitted(run: str, only=None, extraction: str = "") -> tuple[list[int], str]:
-    """(ids of the uncommitted partitions of `extraction` ("" the default one), restricted
-    to `only`, that extraction's fingerprint)."""
-    opened = extraction_lib.scoped(run_dir.open_run(run), extraction)
+def uncommitted(opened: run_dir.OpenedRun, only=None) -> list[int]:
+    """Ids of the uncommitted partitions of an opened run (as one extraction sees it:
+    `schemas.extraction.scoped`), restricted to `only`."""
     done = commit_lib.committed_partitions(opened.store, len(opened.manifest.partitions))
     wanted = None if only is None else set(only)
-    ids = [p.id for p in opened.manifest.partitions
-           if p.id not in done and (wanted is None or p.id in wanted)]
-    return ids, opened.spec.fingerprint
+    return [p.id for p in opened.manifest.partitions
+            if p.id not in done and (wanted is None or p.id in wanted)]
 
 
-def extractions(run: str, wanted: str | None) -> list[str]:
-    """The extractions `wanted` names ("base,chat", "all"; None: the default one, ""),
-    each checked to exist in the run."""
-    return extraction_lib.select(store_lib.open_store(run), wanted or "default")
+def extractions(opened: run_dir.OpenedRun, wanted: str | None) -> dict[str, run_dir.OpenedRun]:
+    """{name: the run as it sees it} for the extractions `wanted` names ("base,chat",
+    "all"; None: the default one, ""), each checked to exist in the run."""
+    return extraction_lib.scoped_all(opened, wanted or "default")
 
 
-def run_extract(settings: worker_options.ExtractSettings, run: str, job: str,
-                pipeline_args: list[str], only=None,
+def run_extract(settings: worker_options.ExtractSettings, run: "str | run_dir.OpenedRun",
+                job: str, pipeline_args: list[str], only=None,
                 expect_fingerprint: str | None = None, extraction: str | None = None) -> int:
     """Extracts the uncommitted partitions of each extraction `extraction` names (None: the
     default one) through the transform, one pipeline per extraction, one after another
     (one model per pipeline); returns how many partitions they were given (0: nothing to
-    do)."""
+    do). `run`: its location, or the run opened already."""
     from pipeline import options as options_lib  # the runner, named explicitly
 
+    opened = run if isinstance(run, run_dir.OpenedRun) else run_dir.open_run(run)
+    location = str(opened.location)
     given = 0
-    for name in extractions(run, extraction):
-        ids, fingerprint = uncommitted(run, only, name)
+    for name, scoped in extractions(opened, extraction).items():
+        ids, fingerprint = uncommitted(scoped, only), scoped.spec.fingerprint
         # A named extraction has its own spec; the launcher's is the root one.
         if not name and expect_fingerprint and expect_fingerprint != fingerprint:
             raise errors.NotARunError(
-                f"{run}: run fingerprint {fingerprint} differs from the launcher's spec "
+                f"{location}: run fingerprint {fingerprint} differs from the launcher's spec "
                 f"({expect_fingerprint}); use the spec the run was made with, or a new run")
         if not ids:
             continue
         if name:
             log.info("extraction %r: %d partition(s)", name, len(ids))
         opts = worker_options.WorkerOptions.for_job(
-            settings, run=run, job=job, expect_fingerprint=fingerprint, steal=False,
+            settings, run=location, job=job, expect_fingerprint=fingerprint, steal=False,
             replicas=1, replica=0, host_name=None, coordinator=None, num_processes=None,
             process_id=None, only=None, extraction=name or None)
         pipeline = options_lib.make_pipeline(pipeline_args)
@@ -291,15 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = flags.from_namespace(worker_options.WorkerOptions, args)
     try:
-        n = run_extract(settings, args.run, args.job, pipeline_args, args.only,
+        opened = run_dir.open_run(args.run)
+        n = run_extract(settings, opened, args.job, pipeline_args, args.only,
                         args.expect_fingerprint, args.extraction)
-        names = extractions(args.run, args.extraction)
+        scoped = extractions(opened, args.extraction)
     except errors.UserError as e:
         print(f"actx extract (beam): error: {e}", file=sys.stderr)
         return 2
-    left = sum(len(uncommitted(args.run, args.only, name)[0]) for name in names)
+    left = sum(len(uncommitted(s, args.only)) for s in scoped.values())
     print(f"extract (beam): {n} partition(s) given to the pipeline"
-          + (f" ({len(names)} extractions)" if names != [""] else "")
+          + (f" ({len(scoped)} extractions)" if list(scoped) != [""] else "")
           + f"; {left} left uncommitted", flush=True)
     return 1 if left else 0
 

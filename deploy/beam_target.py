@@ -52,7 +52,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
     from deploy import dead_workers, local, runstate
     from schemas import extraction as extraction_lib
 
-    names = ["" if n == "default" else n for n in (extraction or "").split(",")]
+    names = extraction_lib.parse(extraction)
     log_dir, upload = local.log_dir(run, job)
     log_path = os.path.join(log_dir, "beam.log")
     argv = local_command(run, target, fingerprint, job, only, extraction)
@@ -64,15 +64,16 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
         proc = subprocess.Popen(argv, env=local.worker_env(target), cwd=config_lib.REPO_ROOT,
                                 stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        last, gone_since = "", {}
+        last, gone_since, scoped = "", {}, None
         try:
             while proc.poll() is None:
                 time.sleep(progress_s)
                 try:
-                    handle = handle or runstate.open_run(run)
-                    scoped = {name: extraction_lib.scoped(handle, name) for name in names}
-                    line = " | ".join((f"{name}: " if name else "") + runstate.one_line(
-                        runstate.compute_status(h)) for name, h in scoped.items())
+                    if scoped is None:  # each extraction's view, read once
+                        handle = handle or runstate.open_run(run)
+                        scoped = {name: extraction_lib.scoped(handle, name) for name in names}
+                    line = runstate.lines_per_extraction(
+                        {name: runstate.compute_status(h) for name, h in scoped.items()})
                     dead = [(name, hb) for name, h in scoped.items()
                             for hb in dead_workers.find(h.store, job, gone_since.setdefault(
                                 name, {}), grace_s=max(30.0, 3 * target.heartbeat_s))]

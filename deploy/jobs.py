@@ -6,6 +6,7 @@ target does is behind `deploy.targets.Target`."""
 from __future__ import annotations
 
 from deploy import targets
+from schemas import extraction as extraction_lib
 from schemas import flags
 from schemas import layout
 from schemas import store as store_lib
@@ -99,7 +100,6 @@ def _record_extractions(cfg, store, out) -> None:
     """Writes each named extraction's spec into the run (before prepare when the run is
     new: prepare leaves extractions/ alone). An extraction with other settings is
     replaced only while it has committed nothing."""
-    from schemas import extraction as extraction_lib
     from schemas import runspec as runspec_lib
 
     existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
@@ -152,7 +152,6 @@ def _rerun_target(args):
 
 def cmd_rerun(args, out) -> int:
     from deploy import runstate
-    from schemas import extraction as extraction_lib
 
     handle = open_run(args.run)
     target = targets.for_config(_rerun_target(args))
@@ -181,9 +180,7 @@ def cmd_rerun(args, out) -> int:
     if live:
         print(f"rerun: note: {len(live)} of them are held by a live worker; the first commit "
               f"wins and the other attempt changes nothing", file=out)
-    job = targets.Job(str(handle.location), targets.job_name(f"rerun-{target.kind}", args.job),
-                      handle.spec.fingerprint, handle.store, only=ids, handle=handle)
-    return target.rerun(job, targets.LaunchOptions.from_args(args, install=False), out)
+    return _rerun(args, target, handle, handle.spec.fingerprint, ids, None, out)
 
 
 def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out) -> int:
@@ -209,10 +206,16 @@ def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out)
                                 for name, ids in behind.items())
           + f" on {target.kind}", file=out)
     only = None if args.only == "all" else sorted(set().union(*behind.values()))
+    return _rerun(args, target, handle, None, only, extraction_lib.joined(behind), out)
+
+
+def _rerun(args, target: targets.Target, handle, fingerprint: str | None, only,
+           extraction: str | None, out) -> int:
+    """Hands the rerun's job to its target."""
     job = targets.Job(str(handle.location), targets.job_name(f"rerun-{target.kind}", args.job),
-                      None, handle.store, only=only, handle=handle,
-                      extraction=",".join(name or "default" for name in behind))
-    return target.rerun(job, targets.LaunchOptions.from_args(args, install=False), out)
+                      fingerprint, handle.store, only=only, extraction=extraction,
+                      handle=handle)
+    return target.rerun(job, targets.LaunchOptions.from_args(args), out)
 
 
 # -- down -----------------------------------------------------------------------------------

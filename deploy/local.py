@@ -172,7 +172,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed).
     `handle`: the opened run (schemas.run_dir.OpenedRun), else it is opened here."""
     logs, upload = log_dir(run, job)
-    names = ["" if n == "default" else n for n in (extraction or "").split(",")]
+    names = extraction_lib.parse(extraction)
     env = worker_env(target)
     procs: list[_Proc] = []
     for r in range(target.replicas):
@@ -192,6 +192,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
           f"each); logs in {logs}", file=out, flush=True)
     failed: list[_Proc] = []
     where = handle.store if handle is not None else run  # opened once, where it can be
+    scoped = None  # {extraction: the run as it sees it}, for the progress line
     interrupted = False
     tty = hasattr(out, "isatty") and out.isatty()
     last_line = ""
@@ -215,11 +216,11 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                             _stop_replica(procs, p.replica)
                 time.sleep(0.2)
             try:
-                handle = handle or runstate.open_run(run)
-                line = " | ".join(  # one progress line per extraction
-                    (f"{name}: " if name else "") + runstate.one_line(
-                        runstate.compute_status(extraction_lib.scoped(handle, name)))
-                    for name in names)
+                if scoped is None:  # each extraction's view, read once
+                    handle = handle or runstate.open_run(run)
+                    scoped = {name: extraction_lib.scoped(handle, name) for name in names}
+                line = runstate.lines_per_extraction(
+                    {name: runstate.compute_status(h) for name, h in scoped.items()})
             except Exception as e:  # progress is best effort; the workers decide the outcome
                 line = f"(progress unavailable: {e})"
             if tty:

@@ -133,7 +133,7 @@ class LocalTarget(targets.Target):
 
             code = self._run_engine(dataclasses.replace(
                 job, fingerprint=None,
-                extraction=",".join(n or "default" for n in behind)), opts, out)
+                extraction=extraction_lib.joined(behind)), opts, out)
         statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
         print(file=out)
         print(runstate.render_extractions(statuses), file=out)

@@ -346,6 +346,13 @@ def one_line(status: RunStatus) -> str:
             f"ETA {_duration(status.eta_s)}{context}")
 
 
+def lines_per_extraction(statuses: dict[str, RunStatus]) -> str:
+    """`one_line` of each extraction ({name: status}; "" the default one), named where a
+    run has named ones, on one line."""
+    return " | ".join((f"{name}: " if name else "") + one_line(status)
+                      for name, status in statuses.items())
+
+
 def _average(status: RunStatus) -> str:
     avg = status.average_tokens_per_s
     return "unknown" if avg is None else f"{avg:,.0f}"

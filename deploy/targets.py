@@ -39,10 +39,11 @@ class LaunchOptions:
     config: str = "CONFIG"  # the submit config's path, as printed hints name it
 
     @classmethod
-    def from_args(cls, args, install: bool = True) -> "LaunchOptions":
+    def from_args(cls, args) -> "LaunchOptions":
+        """From a command's flags; the ones it lacks keep their defaults (submit always
+        installs on the slice; rerun with --install)."""
         return cls(dry_run=getattr(args, "dry_run", False), join=getattr(args, "join", False),
-                   wait=getattr(args, "wait", False),
-                   install=getattr(args, "install", install),
+                   wait=getattr(args, "wait", False), install=getattr(args, "install", True),
                    recreate=getattr(args, "recreate", False),
                    stale_after_s=(60.0 if getattr(args, "stale_after", None) is None
                                   else args.stale_after),

@@ -46,13 +46,12 @@ def _follow(run, host_prefix, started_at, wanted, config, out, every_s, stale_af
     from schemas import extraction as extraction_lib
 
     opened = handle or runstate.open_run(run)
-    names = ["" if n == "default" else n for n in (extraction or "").split(",")]
+    names = extraction_lib.parse(extraction)
     handles = [extraction_lib.scoped(opened, name) for name in names]
     last = ""
     while True:
         statuses = [runstate.compute_status(handle, stale_after_s) for handle in handles]
-        line = " | ".join((f"{name}: " if name else "") + runstate.one_line(s)
-                          for name, s in zip(names, statuses))
+        line = runstate.lines_per_extraction(dict(zip(names, statuses)))
         if line != last:
             print(line, file=out, flush=True)
             last = line

@@ -20,11 +20,10 @@ def host_names(tpu: config_lib.TpuConfig) -> list[str]:
 
 
 def take(run: "str | store_lib.ObjectStore", target: config_lib.TargetConfig, job: str,
-         config: str, join: bool):
+         config: str):
     """Takes the run for `job` on the slice, or raises a UsageError naming the live job
-    that holds it; None when joining that job (no lease). Returns what `give_back` takes."""
-    if join:
-        return None
+    that holds it (a launcher joining that job takes none). Returns what `give_back`
+    takes."""
     store = store_lib.open_store(run)
     lease = job_lease.new(job, host_names(target.tpu), "tpu-vm",
                           stop=f"`actx down --config {config}` (deletes slice "

@@ -97,7 +97,7 @@ class TpuVmTarget(targets.Target):
         from deploy import tpu_lease
 
         taken = (None if opts.join else  # joining: the lease is the joined job's
-                 tpu_lease.take(job.run_store(), self.config, job.name, opts.config, False))
+                 tpu_lease.take(job.run_store(), self.config, job.name, opts.config))
         try:
             yield lambda code: tpu_lease.give_back(taken) if code != 0 else None
         except BaseException:

@@ -211,12 +211,24 @@ def scoped(opened: run_dir.OpenedRun, name: str) -> run_dir.OpenedRun:
                              read_spec(opened, name), opened.manifest)
 
 
+def parse(text: str | None) -> list[str]:
+    """The extractions a comma-separated list names, in order, "" for the default one
+    (written "default", or nothing: None names the default alone); not checked against a
+    run (`select` does that)."""
+    return ["" if n.strip() in ("", "default") else n.strip() for n in (text or "").split(",")]
+
+
+def joined(names) -> str:
+    """The comma-separated list that `parse` reads back ("default" for "")."""
+    return ",".join(name or "default" for name in names)
+
+
 def select(store: store_lib.ObjectStore, wanted: str | None) -> list[str]:
     """The extractions a command names: None or "all" every one of the run (`names`),
     else a comma-separated list ("default" or "" names the root one), each checked."""
     if wanted in (None, "all"):
         return names(store)
-    chosen = ["" if n.strip() in ("", "default") else n.strip() for n in wanted.split(",")]
+    chosen = parse(wanted)
     known = named(store)
     for name in chosen:
         if name and name not in known:

@@ -89,10 +89,7 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
             f"({spec.model.path}/config.json): prepare with packing.max_context <= "
             f"{cfg.max_position_embeddings}")
     device = jax.local_devices()[0]
-    try:
-        stats = device.memory_stats() or {}
-    except Exception:  # backends without memory statistics
-        stats = {}
+    stats = device_memory_stats(jax)
     weights = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(model.params))
     slots = batch_size // sharding.axis_size(mesh, "batch")
     heads = parallelism.heads_per_device(cfg.num_heads, model_parallel)
@@ -105,6 +102,15 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
         stats.get("bytes_limit"),
         max_context=max_context, slots_per_device=slots, layers_run=fn.layers_run,
         device_kind=device.device_kind)
+
+
+def device_memory_stats(jax) -> dict:
+    """The first local device's memory statistics (`bytes_limit`, `bytes_in_use`, ...);
+    {} where the backend keeps none (the CPU)."""
+    try:
+        return jax.local_devices()[0].memory_stats() or {}
+    except Exception:  # backends without memory statistics
+        return {}
 
 
 def numerics_key(jax, mesh, batch_size: int, model_parallel: int,

@@ -94,6 +94,11 @@ def attention_scratch_bytes(slots_per_device: int, heads_per_device: int, seq_le
     return max(xla, fused)
 
 
+# The share of a device's memory a job may plan for; the rest is for other activations and
+# the compiler's buffers.
+DEVICE_FRACTION = 0.9
+
+
 def check_fits(cache_per_device_bytes: int, weights_per_device_bytes: int,
                scratch_per_device_bytes: int, device_bytes: int | None, *, max_context: int,
                slots_per_device: int, layers_run: int, device_kind: str) -> None:
@@ -106,7 +111,7 @@ def check_fits(cache_per_device_bytes: int, weights_per_device_bytes: int,
     if not device_bytes:
         return
     need = cache_per_device_bytes + weights_per_device_bytes + scratch_per_device_bytes
-    if need <= 0.9 * device_bytes:
+    if need <= DEVICE_FRACTION * device_bytes:
         return
     gib = 1 << 30
     raise ValueError(

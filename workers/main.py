@@ -83,8 +83,7 @@ def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
 
     if opts.extraction == "all":
         return extraction_lib.names(store.open_store(opts.run))
-    names = [n.strip() for n in (opts.extraction or "").split(",")]
-    names = ["" if n == "default" else n for n in names]
+    names = extraction_lib.parse(opts.extraction)
     for name in names:
         if name:
             layout.check_extraction_name(name)

@@ -26,8 +26,6 @@ import gc
 import logging
 import threading
 
-FIT_FRACTION = 0.9  # as kv_cache.check_fits: the rest for the compiler's buffers
-
 log = logging.getLogger("actx.worker")
 
 
@@ -43,9 +41,8 @@ def working_bytes(worker) -> int:
     seq_len = worker.manifest.seq_len
     outputs = (slots * seq_len * sum(worker.hooks.values())
                * np.dtype(worker.spec.capture.dtype).itemsize * (opts.steps_in_flight + 1))
-    cache = 0
-    if getattr(worker, "max_context", None) is not None:
-        cache = worker.fn.cache_bytes_per_device(opts.batch_size, seq_len)
+    cache = (0 if worker.max_context is None
+             else worker.fn.cache_bytes_per_device(opts.batch_size, seq_len))
     return outputs + cache
 
 
@@ -59,16 +56,15 @@ class Fit:
 
 def fit(jax, workers: list) -> Fit:
     """Whether `workers`, all loaded, can run their loops at once (see the module's doc)."""
-    try:
-        stats = jax.local_devices()[0].memory_stats() or {}
-    except Exception:  # backends without memory statistics
-        stats = {}
+    from workers import admission, kv_cache  # JAX: only once models load
+
+    stats = admission.device_memory_stats(jax)
     limit, in_use = stats.get("bytes_limit"), stats.get("bytes_in_use")
     if not limit or in_use is None:
         return Fit(True, "the device does not report its memory")
     need = in_use + sum(working_bytes(w) for w in workers)
     gib = 1 << 30
-    return Fit(need <= FIT_FRACTION * limit,
+    return Fit(need <= kv_cache.DEVICE_FRACTION * limit,
                f"{need / gib:.2f} GiB needed (weights loaded {in_use / gib:.2f} GiB, the loops' "
                f"working sets {(need - in_use) / gib:.2f} GiB) of {limit / gib:.2f} GiB")
 
