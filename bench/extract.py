@@ -3,16 +3,20 @@
 Builds a random-init Qwen2 checkpoint and token stores of FineWeb-like documents (log-normal
 lengths) on local disk, packed twice: `overflow: continue` (the default: long documents
 carry their context from row to row) and `overflow: truncate` (rows independent). For each,
-and each `--steps-in-flight`, every round times
+each `--steps-in-flight` and each `--output-memory`, every round times
 (1) end to end: `Worker.run()`, the code `actx extract` runs (partition choice, prefetch,
     step, outputs, writer, commit), over every partition of a fresh copy of the token store,
     until the last marker is written (model load and compilation before the clock starts),
-(2) forward only: the same step function on the run's own inputs, in order, back to
-    back, outputs left on device (the faster of two passes),
+(2) forward only: the same step function on the same steps' inputs, in order, back to back,
+    outputs left on device: one pass just before (1) and one just after it, so a machine
+    whose speed drifts (shared cores) drifts for both; the ratio is against their mean, and
+    against the faster of the two as well (the harsher reading),
 and prints steps per second of both and their ratio, the schedule's fill (stored rows per
 slot computed), and the host's milliseconds per step: waiting for outputs, copying them into
 blocks, writing (writer threads, off the loop), the writer's wait and the dispatcher's wait.
-Medians over `--rounds`. HF transformers (hidden states + host copy) is timed once at the end.
+Medians over `--rounds`; an untimed run of each store first records the steps the first
+pass replays (and warms the page cache as the later runs find it). HF transformers (hidden
+states + host copy) is timed once at the end.
 
   python bench/extract.py                      # CPU default, a few minutes
   python bench/extract.py --qwen05b --skip-hf  # Qwen2.5-0.5B shapes, bf16, for a GPU
@@ -50,11 +54,17 @@ def _parse_args():
     p.add_argument("--hooked-layers", type=int, default=4, help="resid_post of the last N")
     p.add_argument("--store-dtype", default="bfloat16")
     p.add_argument("--codec", default="none", choices=["none", "zstd", "blosc"])
+    p.add_argument("--rows-per-shard", type=int, default=None,
+                   help="rows per stored object (default: the layout's, "
+                        "schemas.runspec.LayoutSpec, where it divides a partition); each "
+                        "object costs its write a fixed price (on a local disk: two fsyncs "
+                        "and a rename)")
     p.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
-    p.add_argument("--output-memory", default="auto", choices=["auto", "device", "pinned_host"],
-                   help="where the step's outputs land (workers.transfer.OUTPUT_MEMORY): "
-                        "auto (pinned host memory on GPUs and TPUs), device (then an async "
-                        "copy), pinned_host")
+    p.add_argument("--output-memory", default="auto",
+                   help="comma list, each one measured: where the step's outputs land "
+                        "(workers.transfer.OUTPUT_MEMORY): auto (pinned host memory on GPUs "
+                        "and TPUs), device (then an async copy), pinned_host, pinned_copy "
+                        "(device, then an async copy into pinned host memory)")
     return common.apply_presets(p.parse_args())
 
 
@@ -79,7 +89,7 @@ def _token_store(args, model_dir: str, path: str, packing: str, lengths, hooks: 
 
     token_runs.write_long_document_run(
         path, model_dir, mode="segmented", seq_len=args.seq, max_context=4 * args.seq,
-        lengths=lengths, hooks=hooks, rows_per_shard=max(1, args.batch // 2),
+        lengths=lengths, hooks=hooks, rows_per_shard=_rows_per_shard(args),
         partition_rows=args.batch * args.steps_per_partition, vocab=args.vocab,
         overflow=packing, model_dtype=args.dtype, store_dtype=args.store_dtype,
         codec=args.codec)
@@ -95,8 +105,20 @@ def _fresh_copy(src: str, dest: str) -> str:
     return worker_procs.copy_token_store(src, dest)
 
 
-def _end_to_end(args, run: str, in_flight: int) -> dict:
-    """One timed `Worker.run()` over every partition of `run`."""
+def _rows_per_shard(args) -> int:
+    """--rows-per-shard, or the layout's default where it divides a partition's rows."""
+    import math
+
+    from schemas import runspec
+
+    return args.rows_per_shard or math.gcd(runspec.LayoutSpec().rows_per_shard,
+                                           args.batch * args.steps_per_partition)
+
+
+def _end_to_end(args, run: str, in_flight: int, calls_before: list | None) -> dict:
+    """One timed `Worker.run()` over every partition of `run`, between two forward-only
+    passes: one over `calls_before` (the previous run's inputs of this store: the same
+    steps) before it, one over its own inputs after it (the module's docstring says why)."""
     import jax
     import numpy as np
 
@@ -120,30 +142,49 @@ def _end_to_end(args, run: str, in_flight: int) -> dict:
 
     worker.fn = recorded
     # Forward only: the same step on the run's own inputs, in order, back to back, outputs
-    # left on device; timed twice, the faster counts (on a shared machine, the one less
-    # disturbed; this can only lower the ratio).
+    # left on device.
     fn = step.make_extract_fn(worker.model, worker.capture, worker.mesh,
                               max_context=worker.max_context)
     jax.block_until_ready(fn(tokens, tokens, tokens, **kwargs))
 
-    def forward_only() -> float:
+    def forward_only(inputs) -> float:
+        compiled_fwd = fn.compile_count()
         start = time.perf_counter()
-        for inputs, kw in calls:
-            outs = fn(*inputs, **kw)
+        for args_, kw in inputs:
+            outs = fn(*args_, **kw)
         jax.block_until_ready(outs)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        assert fn.compile_count() == compiled_fwd, "the forward-only pass compiled again"
+        return seconds
 
+    before_s = forward_only(calls_before) if calls_before else None
     start = time.perf_counter()
     assert worker.run() == 0
     seconds = time.perf_counter() - start
     assert step_fn.compile_count() == compiled, "the timed run compiled the step again"
-    timings = worker.timings
-    stored_rows = worker.manifest.total_rows
+    after_s = forward_only(calls)
+    if calls_before:
+        assert len(calls_before) == len(calls), "the same store planned other steps"
     n = len(calls)
-    forward_s = min(forward_only(), forward_only())
-    return dict(steps=n, e2e_steps_per_s=n / seconds, fwd_steps_per_s=n / forward_s,
-                fill=stored_rows / (n * args.batch), seconds=seconds,
-                partitions=len(worker.manifest.partitions), **timings.per_step_ms())
+    forward = [x for x in (before_s, after_s) if x is not None]
+    return dict(steps=n, e2e_steps_per_s=n / seconds,
+                fwd_steps_per_s=n / statistics.mean(forward),
+                fwd_fastest_steps_per_s=n / min(forward),
+                fill=worker.manifest.total_rows / (n * args.batch), seconds=seconds,
+                partitions=len(worker.manifest.partitions), calls=calls,
+                **worker.timings.per_step_ms())
+
+
+def _memory(jax, transfer, mode: str) -> str:
+    """Where `mode` puts a step's outputs on this backend, in words."""
+    transfer.OUTPUT_MEMORY = mode
+    kind = transfer.output_memory_kind(jax)
+    if kind is not None:
+        return f"written to {kind} by the step"
+    copy = transfer.copy_memory_kind(jax)
+    if copy is None and jax.default_backend() == "cpu":
+        return "device memory, which is host memory here"
+    return f"device, copied to {copy or 'host memory'}"
 
 
 def _hf(args, model_dir: str, hooks: str) -> float:
@@ -175,7 +216,11 @@ def main() -> None:
 
     from workers import transfer
 
-    transfer.OUTPUT_MEMORY = args.output_memory
+    modes = args.output_memory.split(",")
+    for mode in modes:
+        if mode not in transfer.OUTPUT_MEMORY_MODES:
+            raise SystemExit(f"--output-memory {mode!r}: one of "
+                             f"{', '.join(transfer.OUTPUT_MEMORY_MODES)}")
 
     from tests import hf_models
 
@@ -198,38 +243,50 @@ def main() -> None:
     print(f"device: {device.device_kind} x{jax.device_count()} ({jax.default_backend()}); "
           f"model hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
           f"{args.dtype}; batch {args.batch} x seq {args.seq}; hooks {hooks}; "
-          f"store {args.store_dtype}, codec {args.codec}; outputs in "
-          f"{transfer.output_memory_kind(jax) or 'device'} memory ({args.output_memory}); "
-          f"documents: "
+          f"store {args.store_dtype}, codec {args.codec}, {_rows_per_shard(args)} rows an "
+          f"object; outputs: "
+          f"{', '.join(f'{m} ({_memory(jax, transfer, m)})' for m in modes)}; documents: "
           f"{', '.join(f'{len(v)} ({p})' for p, v in lengths.items())}, median "
           f"{args.median_tokens:.0f} tokens; {args.rounds} rounds")
-    results: dict[tuple[str, int], list[dict]] = {}
+    configs = [(p, f, m) for p in packings for f in in_flights for m in modes]
+    calls: dict[str, list] = {}
+    for packing in packings:  # untimed: records the store's steps for the first pass
+        transfer.OUTPUT_MEMORY = modes[0]
+        calls[packing] = _end_to_end(args, _fresh_copy(stores[packing], os.path.join(
+            work, "run")), in_flights[0], None)["calls"]
+    results: dict[tuple[str, int, str], list[dict]] = {}
     for r in range(args.rounds):
-        for packing in packings:
-            for in_flight in in_flights:
-                run = _fresh_copy(stores[packing], os.path.join(work, "run"))
-                got = _end_to_end(args, run, in_flight)
-                results.setdefault((packing, in_flight), []).append(got)
-                print(f"round {r + 1} {packing:8s} steps in flight {in_flight}: "
-                      f"{got['steps']} steps over {got['partitions']} partitions, end to end "
-                      f"/ forward-only {got['e2e_steps_per_s'] / got['fwd_steps_per_s']:.3f}",
-                      flush=True)
+        for packing, in_flight, mode in configs:
+            transfer.OUTPUT_MEMORY = mode
+            run = _fresh_copy(stores[packing], os.path.join(work, "run"))
+            got = _end_to_end(args, run, in_flight, calls[packing])
+            calls[packing] = got.pop("calls")
+            results.setdefault((packing, in_flight, mode), []).append(got)
+            print(f"round {r + 1} {packing:8s} steps in flight {in_flight}, outputs {mode}: "
+                  f"{got['steps']} steps over {got['partitions']} partitions, end to end / "
+                  f"forward-only {got['e2e_steps_per_s'] / got['fwd_steps_per_s']:.3f}",
+                  flush=True)
     tokens_per_step = args.batch * args.seq
     print()
-    for (packing, in_flight), rounds in results.items():
+    for (packing, in_flight, mode), rounds in results.items():
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
         ratios = [r["e2e_steps_per_s"] / r["fwd_steps_per_s"] for r in rounds]
-        print(f"overflow: {packing}, steps in flight {in_flight} "
+        fastest = [r["e2e_steps_per_s"] / r["fwd_fastest_steps_per_s"] for r in rounds]
+        print(f"overflow: {packing}, steps in flight {in_flight}, outputs {mode} "
               f"({rounds[0]['steps']} steps, {rounds[0]['partitions']} partitions; "
               f"medians of {len(rounds)} rounds)")
         print(f"  end to end (token store -> committed shards): "
               f"{med['e2e_steps_per_s'] * tokens_per_step:12,.0f} tokens/s of slots "
               f"({med['seconds']:.2f} s; {med['fill']:.3f} of the slots are stored rows)")
         print(f"  forward only, same step and batch:            "
-              f"{med['fwd_steps_per_s'] * tokens_per_step:12,.0f} tokens/s")
+              f"{med['fwd_steps_per_s'] * tokens_per_step:12,.0f} tokens/s (the passes "
+              f"before and after)")
         print(f"  ratio end-to-end / forward-only:              "
               f"{statistics.median(ratios):12.3f}  (rounds: "
               f"{', '.join(f'{x:.3f}' for x in ratios)})")
+        print(f"  ratio against the faster forward pass:        "
+              f"{statistics.median(fastest):12.3f}  (rounds: "
+              f"{', '.join(f'{x:.3f}' for x in fastest)})")
         print(f"  host ms per step: waiting {med['waiting']:.1f}, copying {med['copying']:.2f}, "
               f"writing {med['writing']:.2f} (writer threads); writer wait "
               f"{med['writer_wait']:.2f}, dispatch wait {med['dispatch_wait']:.1f}; "

@@ -21,8 +21,10 @@
 #   write_bandwidth       this host's local disk: GB/s of 64 MB writes, fsync'd
 #   extract_all_layers    extract with all 24 layers hooked (target >= 0.9 x the lower of
 #                         forward only and the write bandwidth)
-#   extract_memory        extract writing to /dev/shm: the host side without the disk
-#   extract_memory_device_outputs  the same, outputs in device memory (not pinned host)
+#   extract_memory        extract writing to /dev/shm: the host side without the disk,
+#                         for each place the step's outputs can land (issue 27: written to
+#                         pinned host by the step, left in device memory and copied, or
+#                         copied into pinned host after the step), interleaved in one run
 # The GPU image has JAX (CUDA), tensorstore, transformers and torch but not crc32c: carry
 # its wheel (bench/RESULTS.md, "Getting GPU figures").
 #
@@ -34,7 +36,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/actx-gpu-check}"
 BUDGET_S="${BUDGET_S:-540}"  # the whole script; leave room under the call's timeout
 SMALL="${SMALL:-0}"
-STEPS=" ${STEPS:-kernel_probe tile_sweep read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers extract_memory extract_memory_device_outputs} "
+STEPS=" ${STEPS:-kernel_probe tile_sweep read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers extract_memory} "
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 start=$SECONDS
@@ -76,7 +78,7 @@ if [[ $SMALL == 1 ]]; then
   EXTRACT_ALL=("${EXTRACT[@]}" --hooked-layers 2 --packing truncate)
   PROBE=(--seq 64 --head-dim 32 --heads 4 --kv-heads 2 --blocks 2)
   SWEEP=("${CACHED[@]}" --iters 1)
-  EXTRACT_MEM=("${EXTRACT[@]}")
+  EXTRACT_MEM=("${EXTRACT[@]}" --output-memory auto,device,pinned_copy)
   WRITE_GB=1
 else
   READ=(--rows 512 --passes 3 --rounds 2)
@@ -89,7 +91,8 @@ else
                --partitions 2 --steps-per-partition 4 --packing truncate)
   PROBE=()
   SWEEP=()
-  EXTRACT_MEM=("${EXTRACT[@]}" --partitions 2 --steps-per-partition 8)
+  EXTRACT_MEM=("${EXTRACT[@]}" --partitions 4 --steps-per-partition 8
+               --output-memory auto,device,pinned_copy)
   WRITE_GB=8
 fi
 
@@ -129,10 +132,6 @@ with tempfile.TemporaryDirectory() as d:
 "
 step extract_all_layers 150 python3 bench/extract.py "${EXTRACT_ALL[@]}"
 mkdir -p /dev/shm/actx-extract && df -h /dev/shm >> "$OUT/gpu.txt"
-step extract_memory 120 python3 bench/extract.py "${EXTRACT_MEM[@]}" --dir /dev/shm/actx-extract
-# The same with outputs in device memory and an asynchronous copy (issue 27: does the
-# pinned-host output's copy inside the step cost more than it saves?).
-step extract_memory_device_outputs 120 python3 bench/extract.py "${EXTRACT_MEM[@]}" \
-  --dir /dev/shm/actx-extract --output-memory device
+step extract_memory 240 python3 bench/extract.py "${EXTRACT_MEM[@]}" --dir /dev/shm/actx-extract
 rm -rf /dev/shm/actx-extract
 echo "== all steps done in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"

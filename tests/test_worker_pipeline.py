@@ -120,6 +120,42 @@ def test_stream_bytes_equal_one_schedule_per_partition(model_dir, tmp_path, pack
             p: m.checksums for p, m in ref_markers.items()}
 
 
+def test_output_memory_modes_store_the_same_bytes(model_dir, tmp_path, monkeypatch):
+    """Where the step's outputs land (transfer.OUTPUT_MEMORY; bench/extract.py A/Bs them on
+    a GPU) changes no stored byte: the CPU's pinned_host memory kind stands in for a GPU's.
+    "pinned_host": the executable writes its outputs there; "pinned_copy": it leaves them
+    in device memory and the loop copies them there; either way the output thread reads
+    arrays in pinned host memory."""
+    import jax
+
+    from workers import outputs, transfer
+
+    reference = _run(model_dir, tmp_path / "ref", "continue", partition_rows=12)
+    assert runner.Worker(runner.WorkerOptions(run=reference, batch_size=8)).run() == 0
+    kinds = set()
+    host_pieces = outputs.host_pieces
+
+    def recorded(outs, timings):
+        kinds.update(x.sharding.memory_kind for x in outs.values())
+        return host_pieces(outs, timings)
+
+    monkeypatch.setattr(outputs, "host_pieces", recorded)
+    for mode in ("pinned_host", "pinned_copy"):
+        kinds.clear()
+        monkeypatch.setattr(transfer, "OUTPUT_MEMORY", mode)
+        run = worker_procs.copy_token_store(reference, str(tmp_path / mode))
+        worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+        assert (worker.fn.output_memory_kind == "pinned_host") == (mode == "pinned_host")
+        assert worker.run() == 0
+        assert kinds == {"pinned_host"}, mode
+        worker_procs.assert_same_activations(run, reference)
+        assert {p: m.checksums for p, m in _markers(run).items()} == {
+            p: m.checksums for p, m in _markers(reference).items()}
+    monkeypatch.setattr(transfer, "OUTPUT_MEMORY", "pinned")
+    with pytest.raises(ValueError, match="pinned_copy"):
+        transfer.output_memory_kind(jax)
+
+
 def _markers(run: str) -> dict[int, commit_lib.CommitMarker]:
     s = store.open_store(run)
     return {p: commit_lib.read_marker(s, p) for p in commit_lib.committed_partitions(s)}

@@ -8,10 +8,10 @@ Either way they are then taken apart into this host's rows without a copy. The s
 come from the step (`ExtractFn`), which takes them from `workers.sharding`.
 
 The copies a step's outputs go through: device to (pinned) host memory, once, inside the
-executable or asynchronously (none on the CPU, where device memory is host memory); then
-into the writer's blocks, one bulk copy per run of consecutive rows, and none where one
-device shard holds a whole block (`writer.PartitionWriter.add_slots`); the write to storage
-reads the block in place.
+executable or asynchronously after it (none on the CPU, where device memory is host
+memory); then into the writer's blocks, one bulk copy per run of consecutive rows, and none
+where one device shard holds a whole block (`writer.PartitionWriter.add_slots`); the write
+to storage reads the block in place.
 """
 
 from __future__ import annotations
@@ -32,9 +32,21 @@ def host_local_pieces(x) -> list[tuple[int, np.ndarray]]:
 
 
 # Where outputs land, a module setting for measurement (bench/extract.py --output-memory):
-# "auto" (the rule below), "device" (device memory, then an asynchronous copy to host) or
-# "pinned_host" (wherever the backend has that kind). The bytes are the same either way.
+# "auto" (the rule below), "device" (device memory, then an asynchronous copy to host),
+# "pinned_host" (the executable writes them to pinned host memory, wherever the backend has
+# that kind) or "pinned_copy" (device memory, then an asynchronous device_put into pinned
+# host memory: the copy leaves the step's executable but stays a pinned DMA). The bytes
+# are the same in every mode.
 OUTPUT_MEMORY = "auto"
+OUTPUT_MEMORY_MODES = ("auto", "device", "pinned_host", "pinned_copy")
+
+
+def _has_pinned_host(jax) -> bool:
+    try:
+        kinds = {m.kind for m in jax.local_devices()[0].addressable_memories()}
+    except Exception:  # backends without memory kinds
+        return False
+    return "pinned_host" in kinds
 
 
 def output_memory_kind(jax) -> str | None:
@@ -46,16 +58,21 @@ def output_memory_kind(jax) -> str | None:
     same memory as the device's: asking for it would add a copy, so it is not used there.
     `OUTPUT_MEMORY` overrides the rule.
     """
-    if OUTPUT_MEMORY == "device":
+    if OUTPUT_MEMORY not in OUTPUT_MEMORY_MODES:
+        raise ValueError(f"transfer.OUTPUT_MEMORY {OUTPUT_MEMORY!r}: one of "
+                         f"{', '.join(OUTPUT_MEMORY_MODES)}")
+    if OUTPUT_MEMORY in ("device", "pinned_copy") or not _has_pinned_host(jax):
         return None
-    device = jax.local_devices()[0]
-    try:
-        kinds = {m.kind for m in device.addressable_memories()}
-    except Exception:  # backends without memory kinds
-        return None
-    if "pinned_host" not in kinds or (device.platform == "cpu" and OUTPUT_MEMORY == "auto"):
+    if jax.local_devices()[0].platform == "cpu" and OUTPUT_MEMORY == "auto":
         return None
     return "pinned_host"
+
+
+def copy_memory_kind(jax) -> str | None:
+    """Where `HostTransfer.start_to_host` copies outputs the step left in device memory:
+    "pinned_host" in the "pinned_copy" mode (where the backend has it), else None (an
+    asynchronous copy to host memory that jax allocates)."""
+    return "pinned_host" if OUTPUT_MEMORY == "pinned_copy" and _has_pinned_host(jax) else None
 
 
 class HostTransfer:
@@ -65,6 +82,8 @@ class HostTransfer:
         self.jax = jax
         self.fn = fn
         self.batch_size = batch_size
+        self.copy_kind = (copy_memory_kind(jax)
+                          if getattr(fn, "output_memory_kind", None) is None else None)
 
     def tokens(self, local_bt: np.ndarray):
         """A [batch, seq] global array from this host's rows."""
@@ -78,9 +97,14 @@ class HostTransfer:
 
     def start_to_host(self, outs: dict) -> dict:
         """Starts the copy of every output to host memory, unless the step writes them
-        there itself; the copy overlaps the next steps."""
+        there itself; the copy overlaps the next steps. Returns the arrays to read: the
+        outputs themselves, or their copies in pinned host memory ("pinned_copy")."""
         if getattr(self.fn, "output_memory_kind", None) is not None:
             return outs
+        if self.copy_kind is not None:
+            # Dispatched after the step; the device arrays are freed once copied.
+            return {name: self.jax.device_put(x, x.sharding.with_memory_kind(self.copy_kind))
+                    for name, x in outs.items()}
         for x in outs.values():
             x.copy_to_host_async()
         return outs
