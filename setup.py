@@ -1,7 +1,7 @@
 """actx: activation extraction for decoder LLMs, from laptop to TPU pod.
 
-Each extra is one role and installs alone (tests/test_install_extras.py builds a fresh
-virtual environment per extra and runs its smoke command). Torch and transformers are the
+Each extra is one role and installs alone (tests/test_install_extras*.py build a fresh
+virtual environment per extra and run its smoke command). Torch and transformers are the
 tests' numerical reference only: no extra but `dev` brings them.
 """
 
