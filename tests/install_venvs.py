@@ -45,7 +45,7 @@ class Venv:
         run_ok([sys.executable, "-m", "venv", root])
         requirement = "actx" if extra is None else f"actx[{extra}]"
         run_ok([self.python, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels,
-              requirement])
+               requirement])
         seconds = time.monotonic() - start
         size_mb = int(run_ok(["du", "-sm", root]).stdout.split()[0])
         report(f"{requirement}: venv + install {seconds:.0f} s, {size_mb} MB")
@@ -71,7 +71,7 @@ class Venv:
         start = time.monotonic()
         proc = run_ok(args, timeout=timeout, cwd=cwd, env=self.env(**env))
         report(f"{self.extra or 'default'}: {' '.join(map(str, args))[:60]}... "
-                f"{time.monotonic() - start:.0f} s")
+               f"{time.monotonic() - start:.0f} s")
         return proc
 
 
@@ -109,4 +109,4 @@ def _build_wheels(src: pathlib.Path, wheels: pathlib.Path) -> None:
     start = time.monotonic()
     run_ok([sys.executable, "-m", "pip", "wheel", "-q", "-w", wheels, f"{src}[demo,gcs]"])
     report(f"wheel directory: {time.monotonic() - start:.0f} s, "
-            f"{len(list(wheels.glob('*.whl')))} wheels")
+           f"{len(list(wheels.glob('*.whl')))} wheels")
