@@ -15,25 +15,22 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
+
+from tests import install_venvs
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("ACTX_INSTALL_TESTS") != "1",
     reason="builds a virtual environment with apache-beam[gcp] (minutes); "
            "ACTX_INSTALL_TESTS=1 runs it")
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = install_venvs.REPO
 
 
-def _run(cmd, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
-    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
-                                  f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
-    return proc
+def _run(cmd, **kwargs):
+    return install_venvs.run_ok(cmd, timeout=900, **kwargs)
 
 
 def _files(root: pathlib.Path) -> dict[str, bytes]:
