@@ -89,3 +89,30 @@ def test_stream_pads_until_told_to_stop_once_the_work_is_out():
     assert [s.done for s in first] == [False, False, False, True, True, True]
     assert [r for s in first for r, w in zip(s.rows, s.write) if w] == [0, 1, 2]
     assert all(not any(s.write) and set(s.partitions) == {-1} for s in first[3:])
+
+
+def test_stream_pads_the_free_slots_while_the_next_partition_is_not_yet_chosen():
+    """A host whose leader has not chosen the next partition (NOT_YET) runs padding in its
+    free slots, not marked done, and asks again at the next step; the busy slot goes on."""
+    answers = iter([(0, [schedule.Chain((0, 1, 2)), schedule.Chain((3,))]),
+                    schedule.NOT_YET, schedule.NOT_YET,
+                    (1, [schedule.Chain((4,))]), None])
+    asked = []
+
+    def next_partition():
+        asked.append(True)
+        return next(answers)
+
+    steps = list(schedule.stream(next_partition, 2))
+    assert [s.rows for s in steps] == [(0, 3), (1, 0), (2, 0), (4, 0)]
+    assert [s.write for s in steps] == [(True, True), (True, False), (True, False),
+                                        (True, False)]
+    assert [s.partitions for s in steps] == [(0, 0), (0, -1), (0, -1), (1, -1)]
+    assert not any(s.done for s in steps)
+    assert len(asked) == 5  # 0; NOT_YET at steps 2 and 3; at step 4: 1, then None
+
+    # Nothing chosen yet at the start: padding steps until the partition comes.
+    answers = iter([schedule.NOT_YET, (0, [schedule.Chain((5,))]), None])
+    steps = list(schedule.stream(lambda: next(answers), 2, pad_forever=False))
+    assert [(s.rows, s.write) for s in steps] == [((0, 0), (False, False)),
+                                                   ((5, 0), (True, False))]

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from schemas import commit as commit_lib
-from schemas import manifest, store
+from schemas import layout, manifest, store
 from tests import hf_models, token_runs, worker_procs
-from workers import prefetch, runner, writer
+from workers import prefetch, runner, schedule, writer
 
 RUNS = {
     "continue": dict(),
@@ -230,6 +230,68 @@ def test_two_host_replica_streams_independent_rows_byte_identical(model_dir, tmp
     for pid, marker in markers.items():
         assert marker.checksums == _markers(ref)[pid].checksums
         assert marker.hosts == ("r0h0", "r0h1")
+
+
+def test_two_host_replica_that_steals_streams_and_follows_its_leaders_claims(model_dir,
+                                                                            tmp_path):
+    """A stealing multi-host replica streams too: its leader chooses (and claims) partitions
+    as the stream goes, and the other host takes the same ones from jax.distributed's
+    key-value store. Replica 1 of 2 never runs, but another attempt of the job claimed one
+    of its partitions: replica 0's two hosts extract and commit every other partition, its
+    own and stolen, with one process's bytes, and leave the claimed one alone. (Partitions
+    of 2 objects: each host holds half of each, so neither runs out of rows before the
+    other and waits for the leader's next choice. The hosts agree on what they finished
+    over a window of one partition, so the others finish beyond it and commit as it moves.)"""
+    ref = _run(model_dir, tmp_path / "ref", "continue", partition_rows=8)
+    code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    s = store.open_store(run)
+    partitions = manifest.read_manifest(s).partitions
+    assert len(partitions) >= 4
+    claimed = partitions[-1].id if partitions[-1].id % 2 else partitions[-2].id  # replica 1's
+    assert schedule.try_claim(s, "j1", claimed, "another-attempt")
+    probes = [tmp_path / f"probe{i}.txt" for i in range(2)]
+    for code, out in worker_procs.run_replica(
+            run, hosts=2, devices_per_host=1,
+            extra=["--batch-size", "4", "--stop-check-steps", "3", "--replicas", "2",
+                   "--replica", "0", "--steal", "--job", "j1"],
+            module="tests.stream_probe_worker",
+            host_env=lambda i: {"ACTX_STREAM_PROBE": str(probes[i]),
+                                 "ACTX_AGREEMENT_WINDOW": "1"}):
+        assert code == 0, out
+    # No drain at a partition boundary, on either host: the next partition's first rows
+    # were dispatched before the previous partition's commit was submitted.
+    partition_of = {row: p.id for p in partitions
+                    for row in range(p.row_start, p.row_start + p.row_count)}
+    for probe in probes:
+        events = [line.split() for line in probe.read_text().splitlines()]
+        first_dispatch, commit_at = {}, {}
+        for i, (what, n) in enumerate(events):
+            if what == "dispatch":
+                first_dispatch.setdefault(partition_of[int(n)], i)
+            else:
+                commit_at[int(n)] = i
+        order = sorted(first_dispatch, key=first_dispatch.get)
+        assert sorted(order) == sorted(p.id for p in partitions if p.id != claimed)
+        assert sorted(commit_at) == sorted(order)
+        for before, after in zip(order, order[1:]):
+            assert first_dispatch[after] < commit_at[before], (probe.name, before, after)
+    ref_markers, markers = _markers(ref), _markers(run)
+    assert sorted(markers) == sorted(p.id for p in partitions if p.id != claimed)
+    for pid, marker in markers.items():
+        assert marker.checksums == ref_markers[pid].checksums
+        assert marker.hosts == ("r0h0", "r0h1")
+        assert s.exists(layout.claim_key("j1", pid))
+    objects, ref_objects = worker_procs.stored_objects(run), worker_procs.stored_objects(ref)
+    objects.pop("activations/actx.json")
+    part = next(p for p in partitions if p.id == claimed)
+    rows_per_object = 4  # token_runs.write_long_document_run's layout
+    skipped = {layout.activation_shard_key(hook, row // rows_per_object)
+               for hook in ref_markers[claimed].checksums
+               for row in range(part.row_start, part.row_start + part.row_count)}
+    assert objects and all(objects[k] == ref_objects[k] for k in objects)
+    assert set(ref_objects) - set(objects) == {"activations/actx.json"} | skipped
 
 
 @pytest.mark.parametrize("crash_at", ["step:5", "write:4", "before_commit:2"])

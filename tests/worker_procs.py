@@ -31,8 +31,10 @@ def worker_env(devices: int, **extra: str) -> dict:
     return env
 
 
-def start_worker(args: list[str], devices: int = 4, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "workers.main", *args],
+def start_worker(args: list[str], devices: int = 4, module: str = "workers.main",
+                 **env: str) -> subprocess.Popen:
+    """`python -m module` (the worker's entry point, or a test's wrapper of it)."""
+    return subprocess.Popen([sys.executable, "-m", module, *args],
                             env=worker_env(devices, **env), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -48,12 +50,15 @@ def run_worker(args: list[str], devices: int = 4, timeout: float = 300,
 
 
 def run_replica(run: str, hosts: int, devices_per_host: int, extra: list[str] = (),
-                timeout: float = 300, **env: str) -> list[tuple[int, str]]:
-    """One replica of `hosts` processes joined by jax.distributed on loopback."""
+                timeout: float = 300, module: str = "workers.main", host_env=None,
+                **env: str) -> list[tuple[int, str]]:
+    """One replica of `hosts` processes joined by jax.distributed on loopback.
+    host_env(i): environment variables for process i only."""
     coordinator = f"127.0.0.1:{free_port()}"
     procs = [start_worker(["--run", run, "--coordinator", coordinator,
                            "--num-processes", str(hosts), "--process-id", str(i), *extra],
-                          devices_per_host, **env) for i in range(hosts)]
+                          devices_per_host, module, **env, **(host_env(i) if host_env else {}))
+             for i in range(hosts)]
     return [finish(p, timeout) for p in procs]
 
 

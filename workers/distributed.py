@@ -8,6 +8,7 @@ A one-host replica needs none of this and never calls `jax.distributed`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 
 import numpy as np
@@ -53,15 +54,6 @@ def process_count() -> int:
     return jax.process_count()
 
 
-def broadcast_int(value: int) -> int:
-    """Process 0's value, on every process."""
-    if process_count() == 1:
-        return value
-    from jax.experimental import multihost_utils
-
-    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
-
-
 def broadcast_ints(values: list[int]) -> list[int]:
     """Process 0's list of ints, on every process (the others' arguments are ignored)."""
     if process_count() == 1:
@@ -102,3 +94,52 @@ def allgather_uint32(values: np.ndarray) -> np.ndarray:
     # Bit-cast to int32: exact, and int32 is available whatever jax_enable_x64 says.
     gathered = multihost_utils.process_allgather(values.astype(np.uint32).view(np.int32))
     return np.ascontiguousarray(np.asarray(gathered, dtype=np.int32)).view(np.uint32)
+
+
+_sequence_names = itertools.count()
+
+
+class LeaderSequence:
+    """A sequence of ints that process 0 chooses one at a time and every process reads in
+    the same order, through jax.distributed's key-value store rather than a device
+    collective, so a planning thread may take the next value while the main thread runs the
+    replica's steps (the work-stealing partition choice, which claims partitions in storage
+    as it goes). A negative value ends the sequence.
+
+    Every process creates its sequences in the same order (the name is a counter). `next()`
+    never blocks on another process: elsewhere than on process 0 it returns None while the
+    value is not yet chosen, and the caller asks again later (the hosts of a replica run
+    their steps in lockstep, so one that waited here for the leader, while the leader still
+    had rows of its own to plan, would stall them all). Process 0 chooses `lookahead` values
+    ahead of its own use, so hosts whose work runs out sooner seldom find nothing.
+    """
+
+    def __init__(self, choose, lookahead: int = 2):
+        self._choose = choose
+        self._lookahead = lookahead
+        self._name = f"actx/sequence/{next(_sequence_names)}"
+        self._index = 0  # the next value this process reads
+        self._chosen: list[int] = []  # process 0: the values published so far
+
+    def next(self) -> int | None:
+        import jax
+        from jax._src import distributed as jax_distributed  # the store has no public API
+
+        client = jax_distributed.global_state.client
+        if jax.process_index() == 0:
+            while (len(self._chosen) <= self._index + self._lookahead
+                   and not (self._chosen and self._chosen[-1] < 0)):
+                value = int(self._choose())
+                client.key_value_set(f"{self._name}/{len(self._chosen)}", str(value))
+                self._chosen.append(value)
+            value = self._chosen[min(self._index, len(self._chosen) - 1)]
+        else:
+            try:
+                value = int(client.key_value_try_get(f"{self._name}/{self._index}"))
+            except Exception as e:
+                if "NOT_FOUND" in str(e):
+                    return None
+                raise
+        if value >= 0:
+            self._index += 1
+        return value

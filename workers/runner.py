@@ -202,31 +202,26 @@ class Worker:
             return True
         return False
 
-    def _next_partition(self, tried: set[int]) -> int:
-        """Leader picks; every host of the replica gets the same answer (-1: no more)."""
-        choice = -1
-        if self.topo.host_index == 0:
-            for pid in self._candidates():
+    def _choose_partition(self, tried: set[int]) -> int:
+        """The next partition to extract (-1: none): this replica's own first, then, when
+        stealing, other replicas' that nobody claimed; a stealing worker claims it."""
+        for pid in self._candidates():
+            if pid in tried or self._is_committed(pid):
+                continue
+            tried.add(pid)
+            if not self.opts.steal or schedule.try_claim(self.store, self.opts.job, pid,
+                                                         self.attempt):
+                return pid
+        if self.opts.steal:
+            for pid in schedule.steal_order(self.manifest, self.topo):
+                if self.opts.only is not None and pid not in self.opts.only:
+                    continue
                 if pid in tried or self._is_committed(pid):
                     continue
                 tried.add(pid)
-                if not self.opts.steal or schedule.try_claim(self.store, self.opts.job, pid,
-                                                             self.attempt):
-                    choice = pid
-                    break
-            if choice < 0 and self.opts.steal:
-                for pid in schedule.steal_order(self.manifest, self.topo):
-                    if self.opts.only is not None and pid not in self.opts.only:
-                        continue
-                    if pid in tried or self._is_committed(pid):
-                        continue
-                    tried.add(pid)
-                    if schedule.try_claim(self.store, self.opts.job, pid, self.attempt):
-                        choice = pid
-                        break
-        choice = distributed.broadcast_int(choice)
-        tried.add(choice)
-        return choice
+                if schedule.try_claim(self.store, self.opts.job, pid, self.attempt):
+                    return pid
+        return -1
 
     # -- one partition -----------------------------------------------------------------
     def _handle(self, batch: prefetch.Batch, outs: dict, part_writer: writer.PartitionWriter,
@@ -323,9 +318,8 @@ class Worker:
     def run_partition(self, pid: int, pool: writer.WriterPool,
                       committer: commit_step.Committer) -> None:
         """One partition with its own steps (every host of the replica runs as many),
-        drained before it returns: only for multi-host replicas that steal, which take
-        partitions one at a time with claims (a collective the stream cannot run on its
-        planning thread)."""
+        drained before it returns. Extraction streams (`run_stream`); this is the plain
+        schedule the stream's bytes are tested against, and what benchmarks plan with."""
         part = self.manifest.partition(pid)
         started = time.perf_counter()
         steps = self._plan_steps(part)
@@ -342,12 +336,17 @@ class Worker:
         """Every partition left (or `sequence`, in order), streamed with no barrier between
         them (workers.stream_loop): a slot whose document (or row) ends takes the next one,
         from the next partition if need be."""
+        agreed = None
         if sequence is None and self.topo.hosts_per_replica > 1:
-            # Hosts take the partitions in one agreed order: the leader's.
-            mine = [p for p in self._candidates() if not self._is_committed(p)] \
-                if self.topo.host_index == 0 else []
-            sequence = distributed.broadcast_ints(mine)
-        stream = stream_loop.PartitionStream(self, pool, committer, tried, sequence)
+            # Hosts take the partitions in one order: the leader's.
+            if self.opts.steal:  # chosen (and claimed) as the stream goes
+                sequence = []
+                agreed = distributed.LeaderSequence(lambda: self._choose_partition(tried))
+            else:
+                mine = [p for p in self._candidates() if not self._is_committed(p)] \
+                    if self.topo.host_index == 0 else []
+                sequence = distributed.broadcast_ints(mine)
+        stream = stream_loop.PartitionStream(self, pool, committer, tried, sequence, agreed)
         self._run_steps(stream.steps(), stream.on_output, "the partitions in hand",
                         agree=stream.agree)
         stream.finish()
@@ -366,13 +365,7 @@ class Worker:
         code = 0
         try:
             try:
-                # Work stealing takes partitions one at a time with claims, so a
-                # multi-host replica that steals keeps one schedule per partition.
-                if self.topo.hosts_per_replica == 1 or not self.opts.steal:
-                    self.run_stream(session.pool, session.committer, tried)
-                else:
-                    while (pid := self._next_partition(tried)) >= 0:
-                        self.run_partition(pid, session.pool, session.committer)
+                self.run_stream(session.pool, session.committer, tried)
             finally:
                 # Partitions whose steps all ran are complete: commit them even when
                 # stopping, so a preemption loses at most the partition in hand.
@@ -435,11 +428,7 @@ class Session:
             return []
         w.progress.update(held=tuple(todo))
         try:
-            if w.topo.hosts_per_replica == 1:
-                w.run_stream(self.pool, self.committer, set(), sequence=todo)
-            else:
-                for pid in todo:
-                    w.run_partition(pid, self.pool, self.committer)
+            w.run_stream(self.pool, self.committer, set(), sequence=todo)
             self.committer.drain()
         except BaseException as e:
             w.progress.update(state="failed", message=f"{type(e).__name__}: {e}")

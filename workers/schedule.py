@@ -171,29 +171,37 @@ def by_length(chain_list: Sequence[Chain]) -> list[Chain]:
     return [chain_list[i] for i in order]
 
 
-def stream(next_partition: Callable[[], "tuple[int, list[Chain]] | None"],
+NOT_YET = "not yet"  # `stream`'s next_partition: no partition yet; ask again next step
+
+
+def stream(next_partition: Callable[[], "tuple[int, list[Chain]] | None | str"],
            local_batch: int, pad_forever: bool = False) -> Iterator[Step]:
     """Steps over partitions taken one after another, with no barrier between them.
 
     A slot that finishes its chain takes the next one (`by_length` order within a
     partition), and when the partition in hand has none left, `next_partition()` is asked
-    for another (partition id, chains) or None. So no slot idles while work remains,
-    however long a partition's longest document: a partition ends when its last row is
-    written. pad_forever: once the work is out, yield padding steps marked `done` until the
-    consumer stops (the hosts of a multi-host replica step in lockstep until all are out).
+    for another (partition id, chains), None (no more) or NOT_YET (a host of a multi-host
+    replica whose leader has not chosen it yet: the free slots pad this step). So no slot
+    idles while work remains, however long a partition's longest document: a partition ends
+    when its last row is written. pad_forever: once the work is out, yield padding steps
+    marked `done` until the consumer stops (the hosts of a multi-host replica step in
+    lockstep until all are out).
     """
     queues: list[collections.deque] = [collections.deque() for _ in range(local_batch)]
     waiting: collections.deque = collections.deque()
     exhausted = False
     filler = None
     while True:
+        not_yet = False
         for queue in queues:
             if queue:
                 continue
-            while not waiting and not exhausted:
+            while not waiting and not exhausted and not not_yet:
                 got = next_partition()
                 if got is None:
                     exhausted = True
+                elif got is NOT_YET:
+                    not_yet = True
                 else:
                     pid, chain_list = got
                     waiting.extend((pid, chain) for chain in by_length(chain_list))
@@ -202,7 +210,7 @@ def stream(next_partition: Callable[[], "tuple[int, list[Chain]] | None"],
                 queue.extend((row, k >= chain.warmup, k > 0, pid)
                              for k, row in enumerate(chain.rows))
                 filler = chain.rows[0] if filler is None else filler
-        if not any(queues):
+        if not any(queues) and not not_yet:
             if not pad_forever:
                 return
             if filler is None:
@@ -210,6 +218,8 @@ def stream(next_partition: Callable[[], "tuple[int, list[Chain]] | None"],
             while True:
                 yield Step((filler,) * local_batch, (False,) * local_batch,
                            (False,) * local_batch, (-1,) * local_batch, done=True)
+        if filler is None:  # nothing planned yet (NOT_YET): any stored row pads
+            filler = 0
         entries = [q.popleft() if q else (filler, False, False, -1) for q in queues]
         yield Step(*(tuple(e[i] for e in entries) for i in range(4)))
 

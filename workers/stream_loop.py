@@ -8,7 +8,10 @@ is durable (on the committer's thread; the output thread hands it over). The hos
 multi-host replica run every step in lockstep but finish a partition at different steps,
 so every `stop_check_steps` steps they agree, in one small all-gather, on three things:
 whether one of them got SIGTERM, which partitions every host has finished (committed then,
-in order, by the collective commit), and whether all of them have run out of work.
+in order, by the collective commit), and whether all of them have run out of work. Their
+partitions come in one order on every host: agreed before the stream starts, or, when the
+replica steals, chosen by the leader as the stream goes (claims and all) and read by the
+others from jax.distributed's key-value store, off the steps' path.
 """
 
 from __future__ import annotations
@@ -21,46 +24,69 @@ import numpy as np
 from workers import distributed, outputs, prefetch, schedule, writer
 
 
+# Multi-host replicas report which partitions they finished as a bitmap over this many
+# sequence indices from the oldest one not yet committed; a partition finished beyond it
+# waits for the next agreement after the window moves.
+AGREEMENT_WINDOW = 1024
+
+
 class PartitionStream:
     """One worker's stream over its partitions; the runner drives it (`Worker.run`).
 
-    sequence: the partitions in the order every host of a multi-host replica takes them
-      (agreed before the stream starts); None on a one-host replica, which asks the
-      worker's partition choice (claims, work stealing) as it goes.
+    sequence: the partitions in the order every host of a multi-host replica takes them;
+      None on a one-host replica, which asks the worker's partition choice (claims, work
+      stealing) as it goes.
+    agreed: where a multi-host replica's sequence goes on once `sequence` is used up: the
+      leader's partition choice as it goes (claims, work stealing), the same on every host
+      (`distributed.LeaderSequence`, -1 when there is no more); None: `sequence` is all.
     """
 
     def __init__(self, worker, pool: writer.WriterPool, committer, tried: set[int],
-                 sequence: list[int] | None = None):
+                 sequence: list[int] | None = None,
+                 agreed: distributed.LeaderSequence | None = None):
         self.worker = worker
         self.pool = pool
         self.committer = committer
         self.tried = tried
-        self.sequence = sequence
         self.multi_host = worker.topo.hosts_per_replica > 1
+        self.sequence = list(sequence) if sequence is not None or agreed is not None \
+            else None
+        self.agreed = agreed
         self._next_index = 0
         self._lock = threading.Lock()
         # pid -> [partition, writer, rows left, started, index in sequence]
         self._in_hand: dict[int, list] = {}
         self._finished_here: set[int] = set()  # multi-host: written here, not yet committed
         self._committed_indices: set[int] = set()
+        self._committed_through = 0  # every sequence index below it is committed
 
     # -- planning (prefetch thread) ----------------------------------------------------
     def steps(self):
         return schedule.stream(self._next_partition, self.worker.local_batch,
                                pad_forever=self.multi_host)
 
-    def _choose(self) -> tuple[int, int]:
-        """(partition id, its index in the sequence) or (-1, -1)."""
+    def _choose(self) -> tuple[int, int] | None:
+        """(partition id, its index in the sequence), (-1, -1) when there is no more, or
+        None when the leader has not chosen the next one yet."""
         if self.sequence is None:
-            return self.worker._next_partition(self.tried), -1
+            return self.worker._choose_partition(self.tried), -1
         if self._next_index >= len(self.sequence):
-            return -1, -1
+            pid = self.agreed.next() if self.agreed is not None else -1
+            if pid is None:
+                return None
+            if pid < 0:
+                return -1, -1
+            with self._lock:
+                self.sequence.append(pid)
         self._next_index += 1
         return self.sequence[self._next_index - 1], self._next_index - 1
 
     def _next_partition(self):
         w = self.worker
-        pid, index = self._choose()
+        chosen = self._choose()
+        if chosen is None:
+            return schedule.NOT_YET
+        pid, index = chosen
         if pid < 0:
             return None
         part = w.manifest.partition(pid)
@@ -119,35 +145,47 @@ class PartitionStream:
         return bool(flags[:, 1].all())
 
     def finish(self) -> None:
-        """After the last step: the multi-host replica commits what every host finished."""
-        if self.multi_host:
+        """After the last step: the multi-host replica commits what every host finished
+        (every host took the same sequence to its end, so they agree as often)."""
+        if not self.multi_host:
+            return
+        while True:
+            through = self._committed_through
             self._gather(False, True)
-            if self._in_hand:
+            if not self._in_hand:
+                return
+            if self._committed_through == through:
                 raise RuntimeError(f"partitions {sorted(self._in_hand)} were planned but not "
                                    f"finished on every host")
 
     def _gather(self, stop: bool, done: bool) -> np.ndarray:
-        """All-gathers [stop, done, bitmap of the sequence indices finished here], commits
-        the partitions every host has finished, in sequence order; returns [hosts, 2]."""
-        n = len(self.sequence)
-        finished = np.zeros(n, bool)
+        """All-gathers [stop, done, bitmap of the sequence indices finished here in the
+        agreement window], commits the partitions every host has finished, in sequence
+        order; returns [hosts, 2]."""
+        base = self._committed_through  # the same on every host: it follows the gathers
+        finished = np.zeros(AGREEMENT_WINDOW, bool)
         with self._lock:
             for pid in self._finished_here:
-                finished[self._in_hand[pid][4]] = True
+                if self._in_hand[pid][4] - base < AGREEMENT_WINDOW:
+                    finished[self._in_hand[pid][4] - base] = True
         words = np.packbits(finished, bitorder="little")
         local = np.zeros(2 + len(words), np.uint32)
         local[0], local[1] = stop, done
         local[2:] = words
         gathered = distributed.allgather_uint32(local)
         everywhere = np.unpackbits(np.bitwise_and.reduce(gathered[:, 2:].astype(np.uint8),
-                                                         axis=0), count=n, bitorder="little")
-        for index in np.flatnonzero(everywhere):
+                                                         axis=0), count=AGREEMENT_WINDOW,
+                                   bitorder="little")
+        for index in base + np.flatnonzero(everywhere):
             if index in self._committed_indices:
                 continue
-            self._committed_indices.add(index)
-            pid = self.sequence[index]
+            self._committed_indices.add(int(index))
             with self._lock:
+                pid = self.sequence[index]
                 state = self._in_hand.pop(pid)
                 self._finished_here.discard(pid)
             self.committer.submit(state[0], state[1], state[3])  # the collective gather
+        while self._committed_through in self._committed_indices:
+            self._committed_indices.discard(self._committed_through)
+            self._committed_through += 1
         return gathered[:, :2]
