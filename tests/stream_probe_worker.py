@@ -1,11 +1,14 @@
 """`python -m workers.main`, recording when partitions' steps are dispatched and commits are
 submitted (run by tests/test_worker_pipeline.py on multi-host replicas).
 
-Usage: ACTX_STREAM_PROBE=FILE [ACTX_AGREEMENT_WINDOW=N] python -m tests.stream_probe_worker
-WORKER ARGS... (ACTX_AGREEMENT_WINDOW: a narrower `stream_loop.AGREEMENT_WINDOW`, so a few
-partitions cross it.)
+Usage: ACTX_STREAM_PROBE=FILE python -m tests.stream_probe_worker WORKER ARGS...
 Each line of FILE: "dispatch ROW" when the dispatching thread takes a step that stores row
-ROW, "commit PID" when the worker submits partition PID's commit.
+ROW, "commit PID" when the worker submits partition PID's commit, "not-yet" when the
+leader's next partition was not yet chosen when this host asked.
+Settings for the test, in the environment: ACTX_AGREEMENT_WINDOW (a narrower
+`stream_loop.AGREEMENT_WINDOW`, so partitions cross it), ACTX_LEADER_LOOKAHEAD
+(`distributed.LeaderSequence.LOOKAHEAD`), ACTX_CHOICE_FAILS_AFTER=N (the leader's N+1-th
+partition choice raises).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from workers import commit, main, prefetch, stream_loop
+from workers import commit, distributed, main, prefetch, runner, stream_loop
 
 
 def _probe(path: str) -> None:
@@ -33,12 +36,37 @@ def _probe(path: str) -> None:
         out.write(f"commit {part.id}\n")
         return submit(self, part, *args, **kwargs)
 
+    leader_next = distributed.LeaderSequence.next
+
+    def asked(self):
+        value = leader_next(self)
+        if value is None:
+            out.write("not-yet\n")
+        return value
+
     prefetch.Prefetcher.__iter__ = iterate
     commit.Committer.submit = submitted
+    distributed.LeaderSequence.next = asked
+
+
+def _settings(env) -> None:
+    if env.get("ACTX_AGREEMENT_WINDOW"):
+        stream_loop.AGREEMENT_WINDOW = int(env["ACTX_AGREEMENT_WINDOW"])
+    if env.get("ACTX_LEADER_LOOKAHEAD"):
+        distributed.LeaderSequence.LOOKAHEAD = int(env["ACTX_LEADER_LOOKAHEAD"])
+    if env.get("ACTX_CHOICE_FAILS_AFTER"):
+        choose, calls = runner.Worker._choose_partition, []
+
+        def failing(self, tried):
+            calls.append(1)
+            if len(calls) > int(env["ACTX_CHOICE_FAILS_AFTER"]):
+                raise OSError("claims store unreachable (test)")
+            return choose(self, tried)
+
+        runner.Worker._choose_partition = failing
 
 
 if __name__ == "__main__":
     _probe(os.environ["ACTX_STREAM_PROBE"])
-    if os.environ.get("ACTX_AGREEMENT_WINDOW"):
-        stream_loop.AGREEMENT_WINDOW = int(os.environ["ACTX_AGREEMENT_WINDOW"])
+    _settings(os.environ)
     sys.exit(main.main())

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from schemas import layout, store
@@ -22,6 +26,21 @@ def test_fingerprint_mismatch_is_refused(model_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert spec.fingerprint in err and "0123456789abcdef" in err and "new run directory" in err
+
+
+def test_an_in_process_worker_gives_ctrl_c_back(model_dir, tmp_path):
+    """`workers.main.main` called in a process of the caller's (a test, a notebook) handles
+    SIGINT and SIGTERM only while it runs: afterwards Ctrl-C interrupts the caller again,
+    rather than going to the finished worker's handler, which would only ask its loop to
+    stop."""
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    assert worker_main.main(["--run", run]) == 0
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
 
 
 def test_missing_manifest_is_a_clear_error(model_dir, tmp_path):

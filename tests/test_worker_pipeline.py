@@ -232,17 +232,40 @@ def test_two_host_replica_streams_independent_rows_byte_identical(model_dir, tmp
         assert marker.hosts == ("r0h0", "r0h1")
 
 
+def _probe_events(path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()]
+
+
+def _stealing_replica(run: str, tmp_path, **env: str) -> tuple[list, list]:
+    """Replica 0 of 2, two hosts, stealing, under tests/stream_probe_worker.py: each host's
+    (exit code, output) and its probe file."""
+    probes = [tmp_path / f"probe{i}.txt" for i in range(2)]
+    results = worker_procs.run_replica(
+        run, hosts=2, devices_per_host=1,
+        extra=["--batch-size", "4", "--stop-check-steps", "3", "--replicas", "2",
+               "--replica", "0", "--steal", "--job", "j1"],
+        module="tests.stream_probe_worker",
+        host_env=lambda i: {"ACTX_STREAM_PROBE": str(probes[i]), **env})
+    return results, probes
+
+
+@pytest.mark.parametrize("slices", ["even", "uneven"])
 def test_two_host_replica_that_steals_streams_and_follows_its_leaders_claims(model_dir,
-                                                                            tmp_path):
+                                                                            tmp_path, slices):
     """A stealing multi-host replica streams too: its leader chooses (and claims) partitions
     as the stream goes, and the other host takes the same ones from jax.distributed's
     key-value store. Replica 1 of 2 never runs, but another attempt of the job claimed one
     of its partitions: replica 0's two hosts extract and commit every other partition, its
-    own and stolen, with one process's bytes, and leave the claimed one alone. (Partitions
-    of 2 objects: each host holds half of each, so neither runs out of rows before the
-    other and waits for the leader's next choice. The hosts agree on what they finished
-    over a window of one partition, so the others finish beyond it and commit as it moves.)"""
-    ref = _run(model_dir, tmp_path / "ref", "continue", partition_rows=8)
+    own and stolen, with one process's bytes, and leave the claimed one alone. The hosts
+    agree on what they finished over a window of one partition, so the others finish
+    beyond it and commit as it moves.
+
+    even: partitions of 2 objects, one a host, so neither host runs out of rows before the
+    other, and neither drains at a partition boundary. uneven: partitions of 3 objects (2
+    on the leader, 1 on the other host) and a leader that chooses nothing ahead, so the
+    other host finds the next partition not yet chosen and pads until it is."""
+    ref = _run(model_dir, tmp_path / "ref", "continue",
+               partition_rows=8 if slices == "even" else 12)
     code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "4"], devices=2)
     assert code == 0, out
     run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
@@ -251,32 +274,35 @@ def test_two_host_replica_that_steals_streams_and_follows_its_leaders_claims(mod
     assert len(partitions) >= 4
     claimed = partitions[-1].id if partitions[-1].id % 2 else partitions[-2].id  # replica 1's
     assert schedule.try_claim(s, "j1", claimed, "another-attempt")
-    probes = [tmp_path / f"probe{i}.txt" for i in range(2)]
-    for code, out in worker_procs.run_replica(
-            run, hosts=2, devices_per_host=1,
-            extra=["--batch-size", "4", "--stop-check-steps", "3", "--replicas", "2",
-                   "--replica", "0", "--steal", "--job", "j1"],
-            module="tests.stream_probe_worker",
-            host_env=lambda i: {"ACTX_STREAM_PROBE": str(probes[i]),
-                                 "ACTX_AGREEMENT_WINDOW": "1"}):
+    env = {"ACTX_AGREEMENT_WINDOW": "1"}
+    if slices == "uneven":
+        env["ACTX_LEADER_LOOKAHEAD"] = "0"
+    results, probes = _stealing_replica(run, tmp_path, **env)
+    for code, out in results:
         assert code == 0, out
-    # No drain at a partition boundary, on either host: the next partition's first rows
-    # were dispatched before the previous partition's commit was submitted.
+    # No drain at a partition boundary: the next partition's first rows were dispatched
+    # before the previous partition's commit was submitted (on the host with fewer rows
+    # of each partition, only while it had the leader's next choice).
     partition_of = {row: p.id for p in partitions
                     for row in range(p.row_start, p.row_start + p.row_count)}
-    for probe in probes:
-        events = [line.split() for line in probe.read_text().splitlines()]
+    for host, probe in enumerate(probes):
+        events = _probe_events(probe)
         first_dispatch, commit_at = {}, {}
-        for i, (what, n) in enumerate(events):
-            if what == "dispatch":
-                first_dispatch.setdefault(partition_of[int(n)], i)
-            else:
-                commit_at[int(n)] = i
+        for i, event in enumerate(events):
+            if event[0] == "dispatch":
+                first_dispatch.setdefault(partition_of[int(event[1])], i)
+            elif event[0] == "commit":
+                commit_at[int(event[1])] = i
         order = sorted(first_dispatch, key=first_dispatch.get)
         assert sorted(order) == sorted(p.id for p in partitions if p.id != claimed)
         assert sorted(commit_at) == sorted(order)
-        for before, after in zip(order, order[1:]):
-            assert first_dispatch[after] < commit_at[before], (probe.name, before, after)
+        if slices == "even" or host == 0:
+            for before, after in zip(order, order[1:]):
+                assert first_dispatch[after] < commit_at[before], (probe.name, before, after)
+    waits = [sum(e == ["not-yet"] for e in _probe_events(p)) for p in probes]
+    assert waits[0] == 0  # the leader never waits for itself
+    if slices == "uneven":
+        assert waits[1] > 0
     ref_markers, markers = _markers(ref), _markers(run)
     assert sorted(markers) == sorted(p.id for p in partitions if p.id != claimed)
     for pid, marker in markers.items():
@@ -292,6 +318,29 @@ def test_two_host_replica_that_steals_streams_and_follows_its_leaders_claims(mod
                for row in range(part.row_start, part.row_start + part.row_count)}
     assert objects and all(objects[k] == ref_objects[k] for k in objects)
     assert set(ref_objects) - set(objects) == {"activations/actx.json"} | skipped
+
+
+def test_a_stealing_leader_whose_choice_fails_stops_its_replica_without_commits_after(
+        model_dir, tmp_path):
+    """The leader's third partition choice raises (its claims store unreachable): the
+    leader fails with that error and the other host fails too, rather than wait for a
+    choice that never comes: it reads the leader's error where the choice would be, or,
+    when it is already in a step the leader never joins, it loses its replica. What is
+    committed is whole and the reference's."""
+    ref = _run(model_dir, tmp_path / "ref", "continue", partition_rows=8)
+    code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "4"], devices=2)
+    assert code == 0, out
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    results, _ = _stealing_replica(run, tmp_path, ACTX_CHOICE_FAILS_AFTER="2",
+                                   ACTX_LEADER_LOOKAHEAD="0")
+    (code0, out0), (code1, out1) = results
+    assert code0 != 0 and "claims store unreachable (test)" in out0, out0
+    assert code1 != 0, out1
+    assert ("leader (process 0) failed to choose the next partition: OSError: claims store "
+            "unreachable (test)" in out1 or "leaving its replica" in out1), out1
+    ref_markers = _markers(ref)
+    for pid, marker in _markers(run).items():
+        assert marker.checksums == ref_markers[pid].checksums
 
 
 @pytest.mark.parametrize("crash_at", ["step:5", "write:4", "before_commit:2"])

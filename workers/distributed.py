@@ -107,16 +107,20 @@ class LeaderSequence:
     as it goes). A negative value ends the sequence.
 
     Every process creates its sequences in the same order (the name is a counter). `next()`
-    never blocks on another process: elsewhere than on process 0 it returns None while the
-    value is not yet chosen, and the caller asks again later (the hosts of a replica run
-    their steps in lockstep, so one that waited here for the leader, while the leader still
-    had rows of its own to plan, would stall them all). Process 0 chooses `lookahead` values
-    ahead of its own use, so hosts whose work runs out sooner seldom find nothing.
+    does not block on another process once the steps run: elsewhere than on process 0 it
+    returns None while the value is not yet chosen, and the caller asks again later (the
+    hosts of a replica run their steps in lockstep, so one that waited here for the leader,
+    while the leader still had rows of its own to plan, would stall them all); only the
+    first value, chosen before any step, is waited for. Process 0 chooses `LOOKAHEAD` values
+    ahead of its own use, so hosts whose work runs out sooner seldom find nothing. When its
+    choice fails, process 0 publishes the error, and the others raise it rather than wait.
     """
 
-    def __init__(self, choose, lookahead: int = 2):
+    LOOKAHEAD = 2
+    _ERROR = "error: "
+
+    def __init__(self, choose):
         self._choose = choose
-        self._lookahead = lookahead
         self._name = f"actx/sequence/{next(_sequence_names)}"
         self._index = 0  # the next value this process reads
         self._chosen: list[int] = []  # process 0: the values published so far
@@ -127,19 +131,41 @@ class LeaderSequence:
 
         client = jax_distributed.global_state.client
         if jax.process_index() == 0:
-            while (len(self._chosen) <= self._index + self._lookahead
+            while (len(self._chosen) <= self._index + self.LOOKAHEAD
                    and not (self._chosen and self._chosen[-1] < 0)):
-                value = int(self._choose())
-                client.key_value_set(f"{self._name}/{len(self._chosen)}", str(value))
+                key = f"{self._name}/{len(self._chosen)}"
+                try:
+                    value = int(self._choose())
+                except BaseException as e:
+                    client.key_value_set(key, f"{self._ERROR}{type(e).__name__}: {e}")
+                    raise
+                client.key_value_set(key, str(value))
                 self._chosen.append(value)
             value = self._chosen[min(self._index, len(self._chosen) - 1)]
         else:
+            key = f"{self._name}/{self._index}"
             try:
-                value = int(client.key_value_try_get(f"{self._name}/{self._index}"))
+                # The first value is waited for: before it, no host has a step to run, and
+                # the leader chooses it before anything else. Later ones are not.
+                text = (self._wait_for(client, key) if self._index == 0
+                        else client.key_value_try_get(key))
             except Exception as e:
                 if "NOT_FOUND" in str(e):
                     return None
                 raise
+            if text.startswith(self._ERROR):
+                raise RuntimeError(f"the replica's leader (process 0) failed to choose the "
+                                   f"next partition: {text[len(self._ERROR):]}")
+            value = int(text)
         if value >= 0:
             self._index += 1
         return value
+
+    @staticmethod
+    def _wait_for(client, key: str) -> str:
+        while True:
+            try:
+                return client.blocking_key_value_get(key, 10_000)
+            except Exception as e:  # a deadline: ask again (the leader may list for long)
+                if "DEADLINE_EXCEEDED" not in str(e):
+                    raise

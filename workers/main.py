@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"actx extract: error: {e}", file=sys.stderr)
         return 2
     sigint = _StopSignals()
+    # Restored on the way out: a caller in the same process (a test, a notebook) gets its
+    # own Ctrl-C back, not this worker's handler, which would only stop finished loops.
+    with stop_signals.handled(sigint._on_signal):
+        return _main(opts, sigint)
+
+
+def _main(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
     try:
         distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
                                           opts.process_id).initialize()
@@ -143,22 +150,20 @@ def _run(worker, sigint: "_StopSignals") -> int:
 
 
 class _StopSignals:
-    """SIGINT or SIGTERM (a preemption notice, a launcher stopping its workers) while
+    """The handler of SIGINT and SIGTERM while `main` runs (`stop_signals.handled`).
+
+    SIGINT or SIGTERM (a preemption notice, a launcher stopping its workers) while
     starting raises KeyboardInterrupt (nothing to finish); once the loop runs it stops it
     at the next step, committing what is complete; a second signal raises at once. The
     record says whether one came, and which: a KeyboardInterrupt raised inside a
     garbage-collector callback is ignored by Python, so the exception alone cannot tell."""
 
     def __init__(self):
-        import signal
         import threading
 
         self.received = stop_signals.Received()
         self.workers = []  # the workers whose loops a signal stops
         self._said = threading.Lock()
-        if threading.current_thread() is threading.main_thread():
-            for s in stop_signals.STOP_SIGNALS:
-                signal.signal(s, self._on_signal)
 
     def say_interrupted(self, run: str) -> None:
         """The one line that says what a stop signal left and what finishes it: once per

@@ -368,7 +368,9 @@ class Worker:
                 self.run_stream(session.pool, session.committer, tried)
             finally:
                 # Partitions whose steps all ran are complete: commit them even when
-                # stopping, so a preemption loses at most the partition in hand.
+                # stopping, so a preemption loses only the partitions in hand. (When
+                # stealing, their claims, and those of the partitions a multi-host leader
+                # chose ahead, stay with this attempt: `actx rerun` takes them.)
                 session.committer.drain()
             self.progress.update(state="done", partition=None)
             log.info("host per step: %s", self.host_timings(session.pool).summary())
@@ -424,6 +426,8 @@ class Session:
         returns those it ran. Nothing partial is committed when it raises."""
         w = self.worker
         todo = [p for p in pids if not w._is_committed(p)]
+        if w.topo.hosts_per_replica > 1:  # one list on every host: the leader's
+            todo = distributed.broadcast_ints(todo)
         if not todo:
             return []
         w.progress.update(held=tuple(todo))

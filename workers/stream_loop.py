@@ -49,8 +49,7 @@ class PartitionStream:
         self.committer = committer
         self.tried = tried
         self.multi_host = worker.topo.hosts_per_replica > 1
-        self.sequence = list(sequence) if sequence is not None or agreed is not None \
-            else None
+        self.sequence = None if sequence is None and agreed is None else list(sequence or ())
         self.agreed = agreed
         self._next_index = 0
         self._lock = threading.Lock()
