@@ -205,23 +205,23 @@ class Worker:
     def _choose_partition(self, tried: set[int]) -> int:
         """The next partition to extract (-1: none): this replica's own first, then, when
         stealing, other replicas' that nobody claimed; a stealing worker claims it."""
-        for pid in self._candidates():
+        for pid in self._choices():
             if pid in tried or self._is_committed(pid):
                 continue
             tried.add(pid)
             if not self.opts.steal or schedule.try_claim(self.store, self.opts.job, pid,
                                                          self.attempt):
                 return pid
+        return -1
+
+    def _choices(self):
+        """The partitions `_choose_partition` considers, in order (others' only once this
+        replica's own are used up: the steal order is not computed before)."""
+        yield from self._candidates()
         if self.opts.steal:
             for pid in schedule.steal_order(self.manifest, self.topo):
-                if self.opts.only is not None and pid not in self.opts.only:
-                    continue
-                if pid in tried or self._is_committed(pid):
-                    continue
-                tried.add(pid)
-                if schedule.try_claim(self.store, self.opts.job, pid, self.attempt):
-                    return pid
-        return -1
+                if self.opts.only is None or pid in self.opts.only:
+                    yield pid
 
     # -- one partition -----------------------------------------------------------------
     def _handle(self, batch: prefetch.Batch, outs: dict, part_writer: writer.PartitionWriter,

@@ -210,16 +210,14 @@ def stream(next_partition: Callable[[], "tuple[int, list[Chain]] | None | str"],
                 queue.extend((row, k >= chain.warmup, k > 0, pid)
                              for k, row in enumerate(chain.rows))
                 filler = chain.rows[0] if filler is None else filler
+        if filler is None:  # nothing planned yet: any stored row pads
+            filler = 0
         if not any(queues) and not not_yet:
             if not pad_forever:
                 return
-            if filler is None:
-                filler = 0
             while True:
                 yield Step((filler,) * local_batch, (False,) * local_batch,
                            (False,) * local_batch, (-1,) * local_batch, done=True)
-        if filler is None:  # nothing planned yet (NOT_YET): any stored row pads
-            filler = 0
         entries = [q.popleft() if q else (filler, False, False, -1) for q in queues]
         yield Step(*(tuple(e[i] for e in entries) for i in range(4)))
 

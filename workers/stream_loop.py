@@ -165,8 +165,9 @@ class PartitionStream:
         finished = np.zeros(AGREEMENT_WINDOW, bool)
         with self._lock:
             for pid in self._finished_here:
-                if self._in_hand[pid][4] - base < AGREEMENT_WINDOW:
-                    finished[self._in_hand[pid][4] - base] = True
+                offset = self._in_hand[pid][4] - base
+                if offset < AGREEMENT_WINDOW:
+                    finished[offset] = True
         words = np.packbits(finished, bitorder="little")
         local = np.zeros(2 + len(words), np.uint32)
         local[0], local[1] = stop, done
