@@ -46,6 +46,30 @@ def test_an_in_process_worker_gives_ctrl_c_back(model_dir, tmp_path):
     assert received == [signal.SIGINT]
 
 
+def test_a_stop_signal_that_surfaces_as_an_import_error_while_loading_is_a_stop(
+        model_dir, tmp_path, monkeypatch, capsys):
+    """SIGTERM while the worker loads, raised inside a C extension's initialisation, comes
+    out as that module's ImportError (what pybind11 makes of it: seen with tensorstore):
+    the worker still exits 143 with the one interrupted line, not a traceback."""
+    from workers import flax_worker
+
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
+
+    def loading_meets_a_signal(opts):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt as e:
+            raise ImportError("initialization failed") from e
+        raise AssertionError("the worker's handler did not raise")
+
+    monkeypatch.setattr(flax_worker, "worker_for_run", loading_meets_a_signal)
+    assert worker_main.main(["--run", run]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "SIGTERM" in err and f"actx rerun {run}" in err and "Traceback" not in err, err
+
+
 def test_missing_manifest_is_a_clear_error(model_dir, tmp_path):
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)

@@ -118,6 +118,12 @@ def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals"):
             return 2
     except KeyboardInterrupt:
         pass
+    except Exception:
+        # A stop signal can come out as another error: raised inside a C extension's
+        # initialisation (the first `import tensorstore`), it surfaces as that module's
+        # "ImportError: initialization failed". The record says whether one came.
+        if not sigint.received.is_set():
+            raise
     if sigint.received.is_set():
         sigint.say_interrupted(opts.run)
         return sigint.received.exit_code
