@@ -10,6 +10,11 @@ import re
 
 from setuptools import Extension, find_packages, setup
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The repository's folders are the project card's; installed, they are one package, actx:
+# actx/ (the front door) and schemas/, pipeline/, ... as actx.schemas, actx.pipeline, ...
+SUBPACKAGES = ("schemas", "pipeline", "workers", "deploy", "reader", "adapters")
+
 # Ops (status, rerun, verify), the reader and the run directory contract: no jax, no Beam.
 _CORE = ["numpy>=1.26", "pyyaml>=6", "tensorstore>=0.1.70", "ml_dtypes>=0.5", "crc32c>=2.4"]
 _GCS = ["google-cloud-storage>=2.16"]
@@ -43,37 +48,51 @@ _TEST = [
 
 def _version() -> str:
     """schemas/version.py's VERSION, read without importing the package."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "schemas", "version.py")) as f:
+    with open(os.path.join(HERE, "schemas", "version.py")) as f:
         return re.search(r'^VERSION = "([^"]+)"', f.read(), re.M).group(1)
 
 
 def _native_extensions() -> list[Extension]:
-    """The stream's row copy (reader/native/row_copy.c) as the module reader._row_copy.
+    """The stream's row copy (reader/native/row_copy.c) as the module actx.reader._row_copy.
 
     Optional: where it cannot be built (no C compiler, no Python headers) the install goes
     on without it and the reader copies with numpy (reader.row_copy says so once).
     ACTX_PURE_WHEEL=1 leaves it out, for the py3-none-any wheel TPU hosts install
-    (deploy.tpu_package): the submitter's binary would not fit their platform."""
+    (actx.deploy.tpu_package): the submitter's binary would not fit their platform."""
     if os.environ.get("ACTX_PURE_WHEEL") == "1":
         return []
-    return [Extension("reader._row_copy",
+    return [Extension("actx.reader._row_copy",
                       ["reader/native/row_copy.c", "reader/native/row_copy_module.c"],
                       optional=True)]
+
+
+def _package_dirs() -> dict[str, str]:
+    """actx.X -> X/ for each subpackage folder here (a staging copy may hold fewer), and
+    their own subpackages, which follow their folders."""
+    dirs = {"actx": "actx"}
+    for sub in SUBPACKAGES:
+        if os.path.isdir(os.path.join(HERE, sub)):
+            dirs[f"actx.{sub}"] = sub
+            for nested in find_packages(os.path.join(HERE, sub)):
+                dirs[f"actx.{sub}.{nested}"] = os.path.join(sub, *nested.split("."))
+    return dirs
 
 
 def _extra(*parts: list[str]) -> list[str]:
     return sorted({req for part in parts for req in part})
 
 
+_PACKAGE_DIRS = _package_dirs()
+
 setup(
-    name="actx",
+    # `actx` and `actx-cli` on PyPI are other projects: the distribution is actx-lm, the
+    # import package and the command are actx.
+    name="actx-lm",
     version=_version(),
     description="Extract LLM activations at pod scale into zarr v3 on GCS",
-    packages=find_packages(include=["schemas", "schemas.*", "pipeline", "pipeline.*",
-                                    "workers", "workers.*", "deploy", "deploy.*",
-                                    "reader", "reader.*", "adapters", "adapters.*"]),
-    package_data={"deploy": ["demo.yaml"]},
+    packages=sorted(_PACKAGE_DIRS),
+    package_dir=_PACKAGE_DIRS,
+    package_data={"actx.deploy": ["demo.yaml"]},
     ext_modules=_native_extensions(),
     python_requires=">=3.10",
     install_requires=_CORE,
@@ -88,5 +107,5 @@ setup(
         "data": _DEMO_INPUTS,  # the demo's inputs alone (kept for existing installs)
         "dev": _extra(_WORKERS, _FLAX, _PIPELINE, _DATAFLOW, _GCS, _DEMO_INPUTS, _TEST),
     },
-    entry_points={"console_scripts": ["actx=deploy.cli:main"]},
+    entry_points={"console_scripts": ["actx=actx.deploy.cli:main"]},
 )

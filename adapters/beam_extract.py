@@ -10,7 +10,7 @@ partition is committed exactly once. This is the one module that imports both Be
 JAX (through workers.runner).
 
 Command line (what `actx submit` runs for `target.extract: beam`, and what README shows
-for Dataflow): `python -m adapters.beam_extract --run RUN [worker flags] [Beam flags]`.
+for Dataflow): `python -m actx.adapters.beam_extract --run RUN [worker flags] [Beam flags]`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import threading
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from schemas import activations_info as info_lib
-from schemas import commit as commit_lib
-from schemas import errors, flags, layout, run_dir, worker_options
-from schemas import extraction as extraction_lib
+from actx.schemas import activations_info as info_lib
+from actx.schemas import commit as commit_lib
+from actx.schemas import errors, flags, layout, run_dir, worker_options
+from actx.schemas import extraction as extraction_lib
 
 log = logging.getLogger("actx.beam_extract")
 NAMESPACE = "actx"
@@ -60,7 +60,7 @@ class _ProcessReplica:
     _by_options: dict = {}
 
     def __init__(self, opts: worker_options.WorkerOptions):
-        from workers import flax_worker  # JAX: only in worker processes
+        from actx.workers import flax_worker  # JAX: only in worker processes
 
         self.worker = flax_worker.worker_for_run(opts)
         self.session = self.worker.open_session()
@@ -124,7 +124,7 @@ class ExtractPartitionFn(beam.DoFn):
         exists."""
         import time
 
-        from schemas import heartbeat as heartbeat_lib
+        from actx.schemas import heartbeat as heartbeat_lib
 
         host = self._process_opts.host_name
         beat = heartbeat_lib.Heartbeat(
@@ -244,7 +244,7 @@ def run_extract(settings: worker_options.ExtractSettings, run: "str | run_dir.Op
     default one) through the transform, one pipeline per extraction, one after another
     (one model per pipeline); returns how many partitions they were given (0: nothing to
     do). `run`: its location, or the run opened already."""
-    from pipeline import options as options_lib  # the runner, named explicitly
+    from actx.pipeline import options as options_lib  # the runner, named explicitly
 
     opened = run if isinstance(run, run_dir.OpenedRun) else run_dir.open_run(run)
     location = str(opened.location)
@@ -275,7 +275,7 @@ def run_extract(settings: worker_options.ExtractSettings, run: "str | run_dir.Op
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m adapters.beam_extract", description=__doc__,
+        prog="python -m actx.adapters.beam_extract", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Other flags are Beam PipelineOptions (--runner, --direct_num_workers, ...).")
     # The worker's own flags: launchers derive them from the same WorkerOptions. Each Beam
@@ -307,6 +307,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # Run through the package's module, not __main__, so the DoFn and its records pickle
     # under their importable names for Beam's worker processes.
-    from adapters import beam_extract
+    from actx.adapters import beam_extract
 
     sys.exit(beam_extract.main())

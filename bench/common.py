@@ -69,7 +69,7 @@ def add_flash_tiles_arg(p: argparse.ArgumentParser) -> None:
 
 def set_flash_tiles(tiles: tuple[int, int, int, int]) -> None:
     """Sets workers.ranged_flash_gpu's (block_q, block_k, num_warps, num_stages)."""
-    from workers import ranged_flash_gpu as kernel
+    from actx.workers import ranged_flash_gpu as kernel
 
     kernel.BLOCK_Q, kernel.BLOCK_K, kernel.NUM_WARPS, kernel.NUM_STAGES = tiles
 

@@ -93,7 +93,7 @@ def _token_store(args, model_dir: str, path: str, packing: str, lengths, hooks: 
         partition_rows=args.batch * args.steps_per_partition, vocab=args.vocab,
         overflow=packing, model_dtype=args.dtype, store_dtype=args.store_dtype,
         codec=args.codec)
-    from schemas import manifest, store
+    from actx.schemas import manifest, store
 
     return len(manifest.read_manifest(store.open_store(path)).partitions)
 
@@ -109,7 +109,7 @@ def _rows_per_shard(args) -> int:
     """--rows-per-shard, or the layout's default where it divides a partition's rows."""
     import math
 
-    from schemas import runspec
+    from actx.schemas import runspec
 
     return args.rows_per_shard or math.gcd(runspec.LayoutSpec().rows_per_shard,
                                            args.batch * args.steps_per_partition)
@@ -122,7 +122,7 @@ def _end_to_end(args, run: str, in_flight: int, calls_before: list | None) -> di
     import jax
     import numpy as np
 
-    from workers import runner, step
+    from actx.workers import runner, step
 
     worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=args.batch,
                                                 steps_in_flight=in_flight, heartbeat_s=5.0))
@@ -214,7 +214,7 @@ def main() -> None:
     args = _parse_args()
     import jax
 
-    from workers import transfer
+    from actx.workers import transfer
 
     modes = args.output_memory.split(",")
     for mode in modes:

@@ -41,12 +41,12 @@ def main() -> None:
     args = _parse_args()
     import jax
 
-    from adapters import beam_extract
+    from actx.adapters import beam_extract
     from bench.extract import _write_checkpoint
-    from schemas import commit as commit_lib
-    from schemas import store as store_lib
+    from actx.schemas import commit as commit_lib
+    from actx.schemas import store as store_lib
     from tests import token_runs, worker_procs
-    from workers import runner
+    from actx.workers import runner
 
     work = args.dir or tempfile.mkdtemp(prefix="actx-bench-beam-")
     model_dir = _write_checkpoint(args, os.path.join(work, "model"))

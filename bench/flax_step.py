@@ -42,7 +42,7 @@ def main() -> None:
     from flax import nnx
 
     from tests import flax_models
-    from workers import flax_step
+    from actx.workers import flax_step
 
     model = flax_models.make_masked_decoder(d=args.hidden, heads=args.heads, mlp=args.mlp,
                                             layers=args.layers, vocab=args.vocab)

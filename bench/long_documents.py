@@ -81,9 +81,9 @@ def _extract(run: str, batch: int, independent: bool = False,
     import jax
     import numpy as np
 
-    from schemas import manifest as manifest_lib
-    from schemas import store as store_lib
-    from workers import runner, step
+    from actx.schemas import manifest as manifest_lib
+    from actx.schemas import store as store_lib
+    from actx.workers import runner, step
 
     worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=batch, heartbeat_s=30))
     if independent:
@@ -117,7 +117,7 @@ def _attended_keys(run: str) -> tuple[float, float]:
     alone, only its document's tokens earlier in the same row."""
     import numpy as np
 
-    import reader
+    from actx import reader
 
     r = reader.open_run(run)
     # The token arrays alone: what each token attended to is recorded there.
@@ -183,7 +183,7 @@ def main() -> None:
           f"{lengths_arr[rows > 1].sum() / lengths_arr.sum():.0%} of tokens span several rows; "
           f"{np.maximum(0, lengths_arr - args.max_context).sum():,} tokens past "
           f"max_context {args.max_context}")
-    from workers import attention
+    from actx.workers import attention
 
     chosen = attention.implementation_for(args.dtype, args.seq, args.hidden // args.heads,
                                           requested=args.attention)

@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline import qwen_tokenizer, sample_data, units  # noqa: E402
+from actx.pipeline import qwen_tokenizer, sample_data, units  # noqa: E402
 
 ENCODE_BATCH = 512
 
@@ -93,8 +93,8 @@ def _cpu_s() -> float:
 
 
 def _child_prepare(args) -> dict:
-    from pipeline import main as prepare_main
-    from schemas import runspec as R
+    from actx.pipeline import main as prepare_main
+    from actx.schemas import runspec as R
 
     spec = R.RunSpec(R.ModelSpec(""), R.TokenizerSpec(args.tokenizer),
                      (R.SourceSpec("fineweb", (args.parquet,)),),

@@ -44,10 +44,10 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 import tensorstore as ts  # noqa: E402
 
-import reader  # noqa: E402
-from reader import mixing  # noqa: E402
-from reader import read_contexts as contexts_lib  # noqa: E402
-from schemas import layout  # noqa: E402
+from actx import reader  # noqa: E402
+from actx.reader import mixing  # noqa: E402
+from actx.reader import read_contexts as contexts_lib  # noqa: E402
+from actx.schemas import layout  # noqa: E402
 
 
 def _peak_rss_mb() -> float:

@@ -26,8 +26,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-import reader  # noqa: E402
-from reader import torch_data  # noqa: E402
+from actx import reader  # noqa: E402
+from actx.reader import torch_data  # noqa: E402
 
 
 def _epoch(batches, touch) -> tuple[float, int]:

@@ -6,7 +6,7 @@ activations/actx.json, list commits/ and workers/ (names only), read every heart
 parallel on GCS), and parse nothing. On GCS the listing baseline does only what status
 now does there (heartbeats from the workers/ listing's summaries, not a read each).
 `status` is `actx status RUN` in process (median of --iters after one warm-up); `--json` prints every partition's state; `command` is one
-`python -m deploy.cli status RUN` subprocess (interpreter start and imports included).
+`python -m actx.deploy.cli status RUN` subprocess (interpreter start and imports included).
 
   python bench/status.py                       # 1k, 10k, 150k; local and gs://
   python bench/status.py --partitions 1000 --no-gcs
@@ -57,7 +57,7 @@ def baseline_local(run: str) -> None:
 
 
 def baseline_gcs(prefix: str) -> None:
-    from schemas import store
+    from actx.schemas import store
 
     bucket = store._gcs_client().bucket(BUCKET)
     for key in ("run.json", "manifest.json", "activations/actx.json"):
@@ -74,7 +74,7 @@ def baseline_gcs(prefix: str) -> None:
 def baseline_gcs_summaries(prefix: str) -> None:
     """The I/O status does on GCS now: heartbeats come from the workers/ listing with each
     object's summary (custom metadata), not one read each."""
-    from schemas import store
+    from actx.schemas import store
 
     bucket = store._gcs_client().bucket(BUCKET)
     for key in ("run.json", "manifest.json", "activations/actx.json"):
@@ -88,7 +88,7 @@ def baseline_gcs_summaries(prefix: str) -> None:
 
 
 def time_status(run: str, iters: int, baseline, baseline2=None) -> dict:
-    from deploy import cli
+    from actx.deploy import cli
 
     def status(*flags):
         out = io.StringIO()
@@ -100,7 +100,7 @@ def time_status(run: str, iters: int, baseline, baseline2=None) -> dict:
            "baseline2": _median(baseline2, iters) if baseline2 else None,
            "json": _median(lambda: status("--json"), iters)}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "deploy.cli", "status", run], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "actx.deploy.cli", "status", run], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL, env=os.environ.copy())
     row["command"] = time.perf_counter() - start
     return row

@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 
-from deploy import config as config_lib
-from deploy.commands import Command
-from schemas import runspec as runspec_lib
-from schemas import worker_options
+from actx.deploy import config as config_lib
+from actx.deploy.commands import Command
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import worker_options
 
 CONTAINERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers")
 LOCAL_RUNNER_ARGS = ("--runner=FnApiRunner",)
@@ -34,7 +34,7 @@ def local_command(run: str, target: config_lib.TargetConfig, fingerprint: str | 
     """The extraction pipeline on Beam's local runners (target.beam_args, default the
     in-process FnApiRunner); `extraction`: the run's extractions to extract, one pipeline
     after another (None: the default one)."""
-    return [sys.executable, "-m", "adapters.beam_extract",
+    return [sys.executable, "-m", "actx.adapters.beam_extract",
             *_worker_argv(run, target, fingerprint, job, only, extraction),
             *(target.beam_args or LOCAL_RUNNER_ARGS)]
 
@@ -49,8 +49,8 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
     Beam's local runners wait forever for a worker process that died (SIGKILL, out of
     memory): the heartbeats of this job tell, and the pipeline is stopped with one line
     naming the dead process (deploy.dead_workers)."""
-    from deploy import dead_workers, local, runstate
-    from schemas import extraction as extraction_lib
+    from actx.deploy import dead_workers, local, runstate
+    from actx.schemas import extraction as extraction_lib
 
     names = extraction_lib.parse(extraction)
     log_dir, upload = local.log_dir(run, job)
@@ -61,7 +61,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
     dead: list = []
     with open(log_path, "w") as log_file:
         # Its own process group: the runner's worker processes are stopped with it.
-        proc = subprocess.Popen(argv, env=local.worker_env(target), cwd=config_lib.REPO_ROOT,
+        proc = subprocess.Popen(argv, env=local.worker_env(target), cwd=config_lib.code_path(),
                                 stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         last, gone_since, scoped = "", {}, None
@@ -102,7 +102,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
               file=out, flush=True)
         return 1
     if proc.returncode != 0:
-        from deploy import commands
+        from actx.deploy import commands
 
         print(f"extract: the Beam pipeline failed ({commands.describe_exit(proc.returncode)});"
               f" last lines of {log_path}:\n{local.tail(log_path)}", file=out, flush=True)
@@ -154,14 +154,14 @@ def dataflow_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.Tar
     Dataflow's worker_accelerator service option (GPU: "type:nvidia-l4;count:1;
     install-nvidia-driver"; TPU: "type:tpu-v5-lite-podslice;topology:1x1").
     """
-    from deploy import dataflow
+    from actx.deploy import dataflow
 
     df = target.dataflow
     beam = dataflow.service_args(
         df, job_name(spec), df.extract_machine_type,
         [f"--sdk_container_image={df.sdk_container_image}", "--sdk_location=container"])
     beam.append(f"--dataflow_service_options=worker_accelerator={df.extract_accelerator}")
-    argv = ("python3", "-m", "adapters.beam_extract",
+    argv = ("python3", "-m", "actx.adapters.beam_extract",
             *_worker_argv(run, target, None if extraction else spec.fingerprint, job, only,
                           extraction), *beam,
             *target.beam_args)

@@ -14,14 +14,14 @@ import os
 import sys
 import time
 
-from deploy import config as config_lib
-from deploy import jobs
-from deploy.jobs import UsageError
-from schemas import errors
-from schemas import extraction as extraction_lib
-from schemas import flags
-from schemas import layout as layout_lib
-from schemas import stop_signals
+from actx.deploy import config as config_lib
+from actx.deploy import jobs
+from actx.deploy.jobs import UsageError
+from actx.schemas import errors
+from actx.schemas import extraction as extraction_lib
+from actx.schemas import flags
+from actx.schemas import layout as layout_lib
+from actx.schemas import stop_signals
 
 EXAMPLES = """\
 examples:
@@ -160,11 +160,11 @@ def _add_extraction_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 # -- status / verify ------------------------------------------------------------------
 def cmd_status(args, out) -> int:
-    from deploy import runstate
+    from actx.deploy import runstate
 
     handles = extraction_lib.scoped_all(jobs.open_run(args.run), args.extraction)
     if args.html is not None or args.serve is not None:
-        from deploy import ui_server
+        from actx.deploy import ui_server
 
         if args.json or args.watch is not None:
             raise UsageError("--serve and --html show the page; drop --json and --watch")
@@ -200,8 +200,8 @@ def cmd_verify(args, out) -> int:
 
 
 def _verify_one(args, handle, out) -> int:
-    from deploy import verify
-    from schemas import store_errors
+    from actx.deploy import verify
+    from actx.schemas import store_errors
 
     if args.only not in ("all",) and isinstance(args.only, str):
         raise UsageError("verify --only takes partition ids, e.g. 3,7,9")
@@ -214,7 +214,7 @@ def _verify_one(args, handle, out) -> int:
                 f"--only: partition(s) {unknown} do not exist (the run has "
                 f"{len(known)} partition(s), 0..{len(known) - 1}); nothing was verified")
     report = verify.verify_run(handle, only)
-    from schemas import verification
+    from actx.schemas import verification
 
     repaired = verify.repair(handle, report, time.time()) if args.repair else []
     if args.json:
@@ -256,7 +256,7 @@ def _staged_for_dataflow(argv: list[str]) -> list[str]:
         return argv
     import tempfile
 
-    from deploy import dataflow_stage
+    from actx.deploy import dataflow_stage
 
     setup_file = dataflow_stage.stage(os.path.join(tempfile.mkdtemp(prefix="actx-stage-"),
                                                    "src"))
@@ -316,13 +316,13 @@ def _main(argv: list[str] | None, out) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     out = out or sys.stdout
     if argv and argv[0] == "prepare":
-        from pipeline import main as pipeline_main
+        from actx.pipeline import main as pipeline_main
 
-        from deploy import preflight
+        from actx.deploy import preflight
 
         return pipeline_main.main(_staged_for_dataflow(argv[1:]), preflight=preflight.check)
     if argv and argv[0] == "extract":
-        from workers import main as workers_main
+        from actx.workers import main as workers_main
 
         return workers_main.main(argv[1:])
     parser = build_parser()
@@ -335,7 +335,7 @@ def _main(argv: list[str] | None, out) -> int:
     args.argv = ["actx", *argv]  # as typed, for hints that repeat the command
     handlers = {"submit": jobs.cmd_submit, "demo": jobs.cmd_submit, "status": cmd_status,
                 "rerun": jobs.cmd_rerun, "verify": cmd_verify, "down": jobs.cmd_down}
-    from schemas import store_errors
+    from actx.schemas import store_errors
 
     # Commands that only look at a run answer within seconds when GCS is unreachable.
     interactive = args.command in ("status", "verify", "rerun")

@@ -7,15 +7,22 @@ dotted key and the file. `--set key.sub=value` overrides apply before validation
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.util
 import os
+import shutil
+import tempfile
 from typing import Literal
 
-from schemas import config as config_lib
-from schemas import parallelism
-from schemas import runspec as runspec_lib
-from schemas import worker_options
+from actx.schemas import config as config_lib
+from actx.schemas import parallelism
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import worker_options
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The directory that holds the actx package this process runs: a checkout's root (actx/
+# beside schemas/, ...) or site-packages (actx is this module's parent: already imported).
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(
+    importlib.util.find_spec("actx").origin)))
 # Shipped inside the package so `actx submit` works from any install, not only a clone.
 DEMO_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.yaml")
 CACHE_PLACEHOLDER = "{cache}"
@@ -182,14 +189,14 @@ class SubmitConfig:
     extractions: dict[str, ExtractionConfig] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        from schemas import layout
+        from actx.schemas import layout
 
         for name in self.extractions:
             layout.check_extraction_name(name)
 
     def extraction_specs(self) -> dict[str, runspec_lib.RunSpec]:
         """The RunSpec of each named extraction: the spec with its model and capture."""
-        from schemas import extraction
+        from actx.schemas import extraction
 
         return {name: extraction.spec_for(self.spec, e.model, e.capture or self.spec.capture)
                 for name, e in self.extractions.items()}
@@ -212,7 +219,7 @@ def load_submit_config(path: str | None, overrides: list[str] = ()) -> SubmitCon
     spec (sources, model, tokenizer; also when given by `--set`) are taken from the config
     file's directory. Raises ConfigError naming the key and the file.
     """
-    from deploy import demo
+    from actx.deploy import demo
 
     path = path or DEMO_CONFIG
     data = config_lib.load_file(path)
@@ -232,3 +239,33 @@ def target_from_flags(base: TargetConfig, **flags) -> TargetConfig:
     """`base` with the command-line flags that were given (None: keep the config's)."""
     changes = {k: v for k, v in flags.items() if v is not None}
     return dataclasses.replace(base, **changes) if changes else base
+
+
+def code_path() -> str:
+    """The directory local workers start in and find first on their path, so that they
+    import the actx this process runs and nothing of it under another name.
+
+    An installed actx: site-packages, where it is. A source checkout: a directory in the
+    temporary directory holding only a link to the checkout's actx/ (the front door finds
+    the subpackages from there): the checkout's root itself would make schemas, reader,
+    pipeline, ... importable at the top level, where PyPI's packages of those names belong.
+    """
+    if not os.path.isfile(os.path.join(CODE_ROOT, "setup.py")):
+        return CODE_ROOT
+    front = os.path.join(CODE_ROOT, "actx")
+    digest = hashlib.sha256(front.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"actx-code-{digest}")
+    link = os.path.join(path, "actx")
+    for _ in range(2):
+        if os.path.islink(link) and os.path.realpath(link) == os.path.realpath(front):
+            return path
+        shutil.rmtree(path, ignore_errors=True)  # not what it should be: made again
+        tmp = tempfile.mkdtemp(prefix=".actx-code-", dir=tempfile.gettempdir())
+        os.chmod(tmp, 0o755)
+        os.symlink(front, os.path.join(tmp, "actx"))
+        try:
+            os.rename(tmp, path)
+        except OSError:  # another launcher made it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    raise RuntimeError(f"could not make {path} a link to {front}; check the temporary "
+                       f"directory's permissions (TMPDIR)")

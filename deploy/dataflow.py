@@ -9,10 +9,10 @@ import os
 import re
 import sys
 
-from deploy import config as config_lib
-from deploy.commands import Command
-from deploy.tpu_vm import TargetError, job_dir
-from schemas import runspec as runspec_lib
+from actx.deploy import config as config_lib
+from actx.deploy.commands import Command
+from actx.deploy.tpu_vm import TargetError, job_dir
+from actx.schemas import runspec as runspec_lib
 
 def spec_file(spec: runspec_lib.RunSpec, job: str) -> str:
     """Where submit writes the run spec that the prepare command reads: the job's own
@@ -90,7 +90,7 @@ def prepare_commands(spec: runspec_lib.RunSpec, run: str, target: config_lib.Tar
         df = target.dataflow
         check(run, df)
         stage = [] if df.setup_file else [Command(
-            (sys.executable, "-m", "deploy.dataflow_stage", "--out", staging_dir(job)),
+            (sys.executable, "-m", "actx.deploy.dataflow_stage", "--out", staging_dir(job)),
             "stage actx for the Dataflow workers: its packages and a setup.py declaring what "
             "prepare imports")]
         return stage + [Command(base + tuple(pipeline_args(spec, df, job)),

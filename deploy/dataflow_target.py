@@ -5,16 +5,16 @@ another target (`actx rerun RUN --config CONFIG --target tpu-vm`)."""
 
 from __future__ import annotations
 
-from deploy import commands
-from deploy import targets
-from schemas import errors
+from actx.deploy import commands
+from actx.deploy import targets
+from actx.schemas import errors
 
 
 class DataflowTarget(targets.Target):
     kind = "dataflow"
 
     def problems(self, run: str) -> tuple[list[str], int | None]:
-        from deploy import dataflow
+        from actx.deploy import dataflow
 
         found = []
         try:
@@ -22,7 +22,7 @@ class DataflowTarget(targets.Target):
         except errors.UserError as e:
             found.append(str(e))
         if self.config.extract == "beam":
-            from deploy import beam_target
+            from actx.deploy import beam_target
 
             found += beam_target.problems(run, self.config)
         return found, None
@@ -32,7 +32,7 @@ class DataflowTarget(targets.Target):
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
-        from deploy import dataflow
+        from actx.deploy import dataflow
 
         if not job.run.startswith("gs://"):
             raise targets.UsageError(f"run {job.run!r}: Dataflow workers need a gs:// run "
@@ -41,7 +41,7 @@ class DataflowTarget(targets.Target):
                                          prepare.max_reject_fraction, True, job.name)
         beam = self.config.extract == "beam"
         if beam:  # then extraction on Dataflow GPU or TPU workers
-            from deploy import beam_target
+            from actx.deploy import beam_target
 
             plan = plan + [beam_target.dataflow_command(prepare.spec, job.run, self.config,
                                                         job.name, extraction=job.extraction)]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 
-from deploy.runstate import LIVE_STATES
-from schemas import heartbeat as heartbeat_lib
-from schemas import layout as layout_lib
+from actx.deploy.runstate import LIVE_STATES
+from actx.schemas import heartbeat as heartbeat_lib
+from actx.schemas import layout as layout_lib
 
 
 def holds_work(hb: heartbeat_lib.Heartbeat) -> bool:

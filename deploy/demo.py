@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 
-from schemas import cache
+from actx.schemas import cache
 
 # Qwen2.5's embedding rows (151,665 token ids incl. specials, padded to 151,936).
 QWEN25_VOCAB_ROWS = 151936
@@ -151,7 +151,7 @@ def _atomic_file(path: str, make) -> str:
 
 def ensure_demo_assets(root: str | None = None) -> str:
     """Makes every input of deploy/demo.yaml under `root` (the cache); returns `root`."""
-    from pipeline import main as prepare_main
+    from actx.pipeline import main as prepare_main
 
     root = os.path.abspath(root or cache_dir())
     prepare_main.ensure_qwen_tokenizer(os.path.join(root, "qwen2-tokenizer"))

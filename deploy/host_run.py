@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 
-from schemas import store as store_lib
-from schemas.layout import log_key
+from actx.schemas import store as store_lib
+from actx.schemas.layout import log_key
 
 
 class LogShipper:
@@ -63,7 +63,7 @@ class LogShipper:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.host_run", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m actx.deploy.host_run", description=__doc__)
     p.add_argument("--run", required=True)
     p.add_argument("--job", required=True)
     p.add_argument("--host", required=True, help="this host's name (its heartbeat's too)")
@@ -93,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         log.write(f"[actx: worker exited with code {rc}]\n")
     shipper.maybe_ship(force=True)
     if rc != 0:
-        from deploy import local
+        from actx.deploy import local
 
         try:
             local.mark_dead(args.run, args.host, rc, log_path)
         except Exception as e:  # status then learns it when the heartbeat goes stale
             print(f"host_run: could not record that the worker died: {e}", file=sys.stderr)
-    from deploy import commands
+    from actx.deploy import commands
 
     return commands.exit_status(rc)
 

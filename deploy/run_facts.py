@@ -7,7 +7,7 @@ Used by `actx status` (text and --json) and by the live page, so all three agree
 
 from __future__ import annotations
 
-from schemas import layout as layout_lib
+from actx.schemas import layout as layout_lib
 
 NOT_STARTED, STARTING, RUNNING, FINISHED, STOPPED, FAILED = (
     "not started", "starting", "running", "finished", "stopped", "failed")

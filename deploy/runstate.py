@@ -14,16 +14,16 @@ import concurrent.futures
 import dataclasses
 import time
 
-from deploy import run_facts
-from schemas import activations_info as info_lib
-from schemas import commit as commit_lib
-from schemas import errors
-from schemas import run_dir
-from schemas import config as schemas_config
-from schemas import heartbeat as heartbeat_lib
-from schemas import layout as layout_lib
-from schemas import token_masks as token_masks_lib
-from schemas import verification as verification_lib
+from actx.deploy import run_facts
+from actx.schemas import activations_info as info_lib
+from actx.schemas import commit as commit_lib
+from actx.schemas import errors
+from actx.schemas import run_dir
+from actx.schemas import config as schemas_config
+from actx.schemas import heartbeat as heartbeat_lib
+from actx.schemas import layout as layout_lib
+from actx.schemas import token_masks as token_masks_lib
+from actx.schemas import verification as verification_lib
 
 DEFAULT_STALE_AFTER_S = 60.0
 COMMITTED, IN_PROGRESS, STALE, PENDING = "committed", "in_progress", "stale", "pending"

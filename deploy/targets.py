@@ -18,8 +18,8 @@ import dataclasses
 import time
 from typing import Any, ClassVar
 
-from schemas import errors
-from schemas import runspec as runspec_lib
+from actx.schemas import errors
+from actx.schemas import runspec as runspec_lib
 
 
 class UsageError(errors.UserError):
@@ -79,7 +79,7 @@ class Job:
         if self.handle is not None:
             return self.handle.store
         if self.store is None:
-            from schemas import store as store_lib
+            from actx.schemas import store as store_lib
 
             # Frozen, but this field is a cache of what `run` names: set once.
             object.__setattr__(self, "store", store_lib.open_store(self.run))
@@ -89,7 +89,7 @@ class Job:
         """This job with its run opened (after prepare made it), over the same store."""
         if self.handle is not None:
             return self
-        from schemas import run_dir
+        from actx.schemas import run_dir
 
         return dataclasses.replace(self, handle=run_dir.open_run(self.run_store()))
 
@@ -112,7 +112,7 @@ def job_name(prefix: str, given: str | None) -> str:
 def show_plan(plan, out, spec_file: str | None = None) -> int:
     """--dry-run: prints the plan's commands exactly, runs nothing, writes nothing (the spec
     file a prepare step names, `spec_file`, is written only when the plan runs); 0."""
-    from deploy import commands
+    from actx.deploy import commands
 
     print("# dry run: nothing is executed."
           + (f" The run spec would be in {spec_file}." if spec_file else ""), file=out)
@@ -127,7 +127,7 @@ def prepare_in_process(retry_argv: list[str] | None):
         return None
 
     def run(cmd) -> int:
-        from pipeline import main as pipeline_main
+        from actx.pipeline import main as pipeline_main
 
         return pipeline_main.main(list(cmd.argv[2:]), retry_argv=retry_argv)
 
@@ -173,9 +173,9 @@ class Target:
 
 # Each kind's module and class: imported when chosen, so that a command for one target
 # never imports another's (the local target's launcher, the TPU's gcloud plans).
-_TARGETS = {"local": ("deploy.local_target", "LocalTarget"),
-            "tpu-vm": ("deploy.tpu_vm_target", "TpuVmTarget"),
-            "dataflow": ("deploy.dataflow_target", "DataflowTarget")}
+_TARGETS = {"local": ("actx.deploy.local_target", "LocalTarget"),
+            "tpu-vm": ("actx.deploy.tpu_vm_target", "TpuVmTarget"),
+            "dataflow": ("actx.deploy.dataflow_target", "DataflowTarget")}
 
 
 def for_config(config) -> Target:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 import time
 
-from deploy import runstate
-from schemas import job_lease
-from schemas import layout
+from actx.deploy import runstate
+from actx.schemas import job_lease
+from actx.schemas import layout
 
 
 def job_hosts(status: runstate.RunStatus, prefix: str, since: float) -> list:
@@ -43,7 +43,7 @@ def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | No
 
 def _follow(run, host_prefix, started_at, wanted, config, out, every_s, stale_after_s,
             start_timeout_s, extraction, handle) -> int:
-    from schemas import extraction as extraction_lib
+    from actx.schemas import extraction as extraction_lib
 
     opened = handle or runstate.open_run(run)
     names = extraction_lib.parse(extraction)

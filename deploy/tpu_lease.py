@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import time
 
-from deploy import config as config_lib
-from deploy import targets
-from deploy import tpu_vm
-from schemas import job_lease
-from schemas import store as store_lib
+from actx.deploy import config as config_lib
+from actx.deploy import targets
+from actx.deploy import tpu_vm
+from actx.schemas import job_lease
+from actx.schemas import store as store_lib
 
 
 def host_names(tpu: config_lib.TpuConfig) -> list[str]:

@@ -18,13 +18,13 @@ import shlex
 import sys
 import tempfile
 
-from deploy import config as config_lib
-from deploy import tpu_package, tpu_types
-from deploy.commands import Command
-from schemas import errors
-from schemas import layout
-from schemas import parallelism
-from schemas import worker_options
+from actx.deploy import config as config_lib
+from actx.deploy import tpu_package, tpu_types
+from actx.deploy.commands import Command
+from actx.schemas import errors
+from actx.schemas import layout
+from actx.schemas import parallelism
+from actx.schemas import worker_options
 
 # A real host asks its metadata server; ACTX_TPU_METADATA_URL replaces it (tests' hosts).
 METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
@@ -154,11 +154,11 @@ def install_commands(tpu: config_lib.TpuConfig, job: str) -> list[Command]:
     name = tpu_package.wheel_name(tpu_package.package_version())
     where = "this checkout" if tpu_package.is_checkout() else "the installed actx"
     return [
-        Command((sys.executable, "-m", "deploy.tpu_package", "--out", out),
+        Command((sys.executable, "-m", "actx.deploy.tpu_package", "--out", out),
                 f"build a wheel of {where} in {out}"),
         Command(_gcloud("tpu-vm", "scp", os.path.join(out, name), f"{tpu.name}:{name}",
                         *_where(tpu), "--worker=all"), "copy it to every host"),
-        ssh(tpu, f"{pip} \"actx[workers] @ file://$HOME/{name}\"{jax}",
+        ssh(tpu, f"{pip} \"actx-lm[workers] @ file://$HOME/{name}\"{jax}",
             "install actx and JAX on every host"),
     ]
 
@@ -180,7 +180,7 @@ def worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     opts = worker_options.WorkerOptions.for_job(
         target, run=run, job=job, only=only, expect_fingerprint=fingerprint, steal=False,
         extraction=extraction)
-    return [target.tpu.python, "-m", "workers.main", *opts.to_argv()]
+    return [target.tpu.python, "-m", "actx.workers.main", *opts.to_argv()]
 
 
 def host_name_expr(tpu: config_lib.TpuConfig) -> str:
@@ -195,7 +195,7 @@ def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, j
     tpu = target.tpu
     exports = "; ".join(f"export {k}={v}" for k, v in worker_env(tpu).items())
     host = host_name_expr(tpu)
-    supervisor = shlex.join([tpu.python, "-m", "deploy.host_run", "--run", run, "--job", job,
+    supervisor = shlex.join([tpu.python, "-m", "actx.deploy.host_run", "--run", run, "--job", job,
                              "--log-every-s", f"{tpu.log_every_s:g}"])
     worker = shlex.join(worker_argv(run, target, fingerprint, job, only, extraction))
     return (f"{exports}; test -n \"$ACTX_PROCESS_ID\" || {{ echo 'no TPU metadata server "

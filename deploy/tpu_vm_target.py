@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 import time
 
-from deploy import commands
-from deploy import targets
-from deploy import tpu_vm
-from schemas import layout
+from actx.deploy import commands
+from actx.deploy import targets
+from actx.deploy import tpu_vm
+from actx.schemas import layout
 
 
 class TpuVmTarget(targets.Target):
@@ -28,7 +28,7 @@ class TpuVmTarget(targets.Target):
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
-        from deploy import dataflow
+        from actx.deploy import dataflow
 
         prep = dataflow.prepare_commands(prepare.spec, job.run, self.config,
                                          prepare.max_reject_fraction,
@@ -56,7 +56,7 @@ class TpuVmTarget(targets.Target):
             return targets.show_plan(plan, out)
         code = commands.execute(plan, out=out)
         if code == 0:  # its hosts are gone: a rerun must not wait for their last heartbeats
-            from deploy import tpu_lease
+            from actx.deploy import tpu_lease
 
             tpu_lease.release_for_down(run, self.config.tpu, out)
         return code
@@ -81,7 +81,7 @@ class TpuVmTarget(targets.Target):
               file=out, flush=True)
         if not opts.wait:
             return 0
-        from deploy import tpu_follow
+        from actx.deploy import tpu_follow
 
         return tpu_follow.follow(job.run, f"{self.config.tpu.name}-w", started_at, job.only,
                                  config=opts.config, out=out,
@@ -94,7 +94,7 @@ class TpuVmTarget(targets.Target):
         """Holds the run's detached job lease (deploy.tpu_lease), taken before the plan
         runs; given back when the plan fails (`failed(code)`, nonzero) or raises, as its
         workers did not start."""
-        from deploy import tpu_lease
+        from actx.deploy import tpu_lease
 
         taken = (None if opts.join else  # joining: the lease is the joined job's
                  tpu_lease.take(job.run_store(), self.config, job.name, opts.config))

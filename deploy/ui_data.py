@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from deploy import run_facts, runstate
-from schemas import config as config_lib
-from schemas import layout as layout_lib
+from actx.deploy import run_facts, runstate
+from actx.schemas import config as config_lib
+from actx.schemas import layout as layout_lib
 
 # Points of the job's tokens-over-time series (host histories resampled onto one grid).
 SERIES_POINTS = 120
@@ -107,7 +107,7 @@ def page_commands(status: runstate.RunStatus) -> dict:
     run = status.run
     cmds = {"status": f"actx status {run} --json"}
     if status.complete:
-        cmds["read"] = (f"python -c \"import reader; print(reader.open_run('{run}')"
+        cmds["read"] = (f"python -c \"import actx; print(actx.open_run('{run}')"
                         f".describe())\"")
     else:
         if status.counts[runstate.STALE]:

@@ -316,7 +316,7 @@ function render(d) {
     }
   }
   $("masks").innerHTML = mk.join("") ||
-    "<tr><td>not counted yet: reader.open_run(run).compute_stats(hooks) counts them</td></tr>";
+    "<tr><td>not counted yet: actx.open_run(run).compute_stats(hooks) counts them</td></tr>";
   $("masks-positions").textContent = m ? `of ${int(m.positions)} token positions in ` +
     `${m.partitions.length} partitions` : "";
   $("commands").innerHTML = Object.entries(d.commands)

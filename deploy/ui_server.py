@@ -13,8 +13,8 @@ import json
 import threading
 import time
 
-from deploy import runstate, ui_data, ui_page
-from schemas import errors
+from actx.deploy import runstate, ui_data, ui_page
+from actx.schemas import errors
 
 
 class PageSource:

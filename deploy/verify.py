@@ -13,12 +13,12 @@ import dataclasses
 
 import numpy as np
 
-from deploy import runstate
-from schemas import activations_info as info_lib
-from schemas import commit as commit_lib
-from schemas import config as config_lib
-from schemas import layout as layout_lib
-from schemas import ts_context
+from actx.deploy import runstate
+from actx.schemas import activations_info as info_lib
+from actx.schemas import commit as commit_lib
+from actx.schemas import config as config_lib
+from actx.schemas import layout as layout_lib
+from actx.schemas import ts_context
 
 
 @dataclasses.dataclass

@@ -2,9 +2,9 @@
 
     python examples/train_sae.py RUN_DIR --hook layers.0.resid_post --steps 300
 
-Reads shuffled batches through `reader.torch_data.ActivationDataset` (run.stream) from
+Reads shuffled batches through `actx.ActivationDataset` (run.stream) from
 every committed partition but the last, leaving out BOS / first tokens, special tokens
-and high-norm outliers (reader.masks), scaled to unit mean norm with the statistics
+and high-norm outliers (actx.reader.masks), scaled to unit mean norm with the statistics
 `compute_stats` stores; then prints the explained variance of the reconstruction on the
 held-out last partition. A ReLU SAE with an L1 penalty (Bricken et al. 2023): about what
 any SAE trainer does, small enough to read in one sitting.
@@ -17,8 +17,7 @@ import sys
 
 import torch
 
-import reader
-from reader import torch_data
+import actx
 
 
 class SparseAutoencoder(torch.nn.Module):
@@ -68,14 +67,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.manual_seed(0)
 
-    run = reader.open_run(args.run)
+    run = actx.open_run(args.run)
     if len(run.committed) < 2:
         sys.exit(f"{args.run}: needs 2 committed partitions (one is held out)")
     run.compute_stats([args.hook])  # the scale, and the norms the outlier mask needs
     train, held_out = run.committed[:-1], run.committed[-1:]
     common = dict(exclude=["bos", "special", "outlier"], normalize="unit_mean_norm")
-    data = torch_data.ActivationDataset(run, args.hook, args.batch_size, epochs=None,
-                                        partitions=list(train), **common)
+    data = actx.ActivationDataset(run, args.hook, args.batch_size, epochs=None,
+                                  partitions=list(train), **common)
     sae = SparseAutoencoder(run.hook(args.hook).hidden, args.expansion * run.hook(args.hook).hidden)
     opt = torch.optim.Adam(sae.parameters(), lr=args.lr)
     losses = []
@@ -93,8 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
         if step % 50 == 0 or step == args.steps - 1:
             print(f"step {step:4d}  loss {loss.item():.4f}  mse {mse.item():.4f}  "
                   f"L0 {(f > 0).float().sum(-1).mean().item():.1f}", flush=True)
-    held = torch_data.ActivationDataset(run, args.hook, args.batch_size, epochs=1,
-                                        drop_last=False, partitions=list(held_out), **common)
+    held = actx.ActivationDataset(run, args.hook, args.batch_size, epochs=1,
+                                  drop_last=False, partitions=list(held_out), **common)
     ev = explained_variance(sae, held)
     print(f"explained variance on held-out partition {held_out[0]}: {ev:.3f}")
     return {"losses": losses, "explained_variance": ev}

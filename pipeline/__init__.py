@@ -1,7 +1,7 @@
 """actx pipeline.
 
 Importing it imports Apache Beam once, quietly: without google-apitools (installed only
-with Beam's gcp extra, which `actx[pipeline]` does not need) `import apache_beam` logs
+with Beam's gcp extra, which `actx-lm[pipeline]` does not need) `import apache_beam` logs
 "apitools not found, and bigquery client libraries are not available ..." on the root
 logger, which also installs a handler there and so changes every later log line's format.
 """
@@ -23,7 +23,7 @@ def _import_beam_quietly() -> None:
     root.addFilter(notice)
     try:
         import apache_beam  # noqa: F401
-    except ImportError:  # actx[pipeline] is not installed: its modules say so when used
+    except ImportError:  # actx-lm[pipeline] is not installed: its modules say so when used
         pass
     finally:
         root.removeHandler(handler)

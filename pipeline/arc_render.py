@@ -14,7 +14,7 @@ import random
 
 import numpy as np
 
-from schemas import layout
+from actx.schemas import layout
 
 MAX_GRID_SIDE = 30
 DIHEDRAL = ("identity", "rot90", "rot180", "rot270", "flip_lr", "flip_ud", "transpose",

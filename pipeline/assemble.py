@@ -12,13 +12,13 @@ import dataclasses
 
 import numpy as np
 
-from pipeline import arc_render
-from pipeline import pack
-from pipeline import pack_group
-from pipeline import partition as partition_lib
-from pipeline import unit_tokens
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
+from actx.pipeline import arc_render
+from actx.pipeline import pack
+from actx.pipeline import pack_group
+from actx.pipeline import partition as partition_lib
+from actx.pipeline import unit_tokens
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
 
 UNITS_KEPT = 3
 

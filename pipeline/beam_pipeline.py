@@ -30,17 +30,17 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsList, AsSingleton
 
-from pipeline import assemble
-from pipeline import deferred
-from pipeline import pack_group
-from pipeline import partition as partition_lib
-from pipeline import progress
-from pipeline import tokenize
-from pipeline import unit_tokens
-from pipeline import units as units_lib
-from pipeline import write_store
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
+from actx.pipeline import assemble
+from actx.pipeline import deferred
+from actx.pipeline import pack_group
+from actx.pipeline import partition as partition_lib
+from actx.pipeline import progress
+from actx.pipeline import tokenize
+from actx.pipeline import unit_tokens
+from actx.pipeline import units as units_lib
+from actx.pipeline import write_store
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
 
 NAMESPACE = "actx.prepare"
 REJECTS_TAG = "rejects"

@@ -13,9 +13,9 @@ import glob
 import io
 import os
 
-from schemas import errors
-from schemas import store as store_lib
-from schemas import uri as uri_lib
+from actx.schemas import errors
+from actx.schemas import store as store_lib
+from actx.schemas import uri as uri_lib
 
 # Files a directory expands to (hidden files and unknown extensions are skipped).
 DATA_EXTENSIONS = (".parquet", ".jsonl", ".ndjson", ".json", ".txt")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from schemas import stop_signals
+from actx.schemas import stop_signals
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 manifest.json (last, so a run without a manifest is "not prepared").
 
 Python: `run_prepare(spec, run_uri, pipeline_args)`; command line: `main(argv)` (also
-`python -m pipeline.main`). Unknown flags are Beam PipelineOptions (--runner, ...).
+`python -m actx.pipeline.main`). Unknown flags are Beam PipelineOptions (--runner, ...).
 """
 
 from __future__ import annotations
@@ -16,28 +16,28 @@ import shlex
 import sys
 import time
 
-from pipeline import beam_pipeline
-from pipeline import fileio
-from pipeline import interrupt
-from pipeline import options as options_lib
-from pipeline import progress
-from pipeline import qwen_tokenizer
-from pipeline import sample_data
-from pipeline import tokenize
-from pipeline import unit_tokens
-from pipeline import units
-from pipeline import write_store
-from schemas import config as config_lib
-from schemas import errors
-from schemas import flags
-from schemas import layout
-from schemas import manifest as manifest_lib
-from schemas import run_dir
-from schemas import runspec as runspec_lib
-from schemas import stop_signals
-from schemas import store as store_lib
-from schemas import tokenizer_identity
-from schemas import uri as uri_lib
+from actx.pipeline import beam_pipeline
+from actx.pipeline import fileio
+from actx.pipeline import interrupt
+from actx.pipeline import options as options_lib
+from actx.pipeline import progress
+from actx.pipeline import qwen_tokenizer
+from actx.pipeline import sample_data
+from actx.pipeline import tokenize
+from actx.pipeline import unit_tokens
+from actx.pipeline import units
+from actx.pipeline import write_store
+from actx.schemas import config as config_lib
+from actx.schemas import errors
+from actx.schemas import flags
+from actx.schemas import layout
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import run_dir
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import stop_signals
+from actx.schemas import store as store_lib
+from actx.schemas import tokenizer_identity
+from actx.schemas import uri as uri_lib
 
 DEFAULT_MAX_REJECT_FRACTION = 0.01
 

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from schemas import runspec as runspec_lib
+from actx.schemas import runspec as runspec_lib
 
 
 @dataclasses.dataclass(frozen=True)

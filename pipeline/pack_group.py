@@ -24,9 +24,9 @@ from typing import Iterable
 
 import numpy as np
 
-from pipeline import pack
-from schemas import layout
-from schemas import runspec as runspec_lib
+from actx.pipeline import pack
+from actx.schemas import layout
+from actx.schemas import runspec as runspec_lib
 
 # Input lines per pack group. Part of the output format: changing it moves documents
 # between rows, so it is a constant (fixed for every run), not an option. 32768 FineWeb

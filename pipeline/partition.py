@@ -21,10 +21,10 @@ import dataclasses
 import functools
 from typing import Iterable
 
-from pipeline import pack
-from pipeline import pack_group
-from schemas import manifest as manifest_lib
-from schemas import runspec as runspec_lib
+from actx.pipeline import pack
+from actx.pipeline import pack_group
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import runspec as runspec_lib
 
 
 def file_limits(spec: runspec_lib.RunSpec, unit_records: Iterable[tuple[tuple, int]]

@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 
-from schemas import layout
-from schemas import store as store_lib
+from actx.schemas import layout
+from actx.schemas import store as store_lib
 
 PROGRESS_PREFIX = "prepare/progress/"
 DEFAULT_INTERVAL_S = 10.0

@@ -3,7 +3,7 @@ HF tokenizer files (tokenizer.json + tokenizer_config.json) in a cache directory
 
 The HF files are built directly with the `tokenizers` library (byte-level BPE whose merges
 are derived from the ranks, Qwen's pre-tokenizer regex, NFC), because transformers 5 changed
-the slow-to-fast converter arguments. Run as `python -m pipeline.qwen_tokenizer --out DIR`.
+the slow-to-fast converter arguments. Run as `python -m actx.pipeline.qwen_tokenizer --out DIR`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import pathlib
 import tempfile
 
-from schemas import cache
+from actx.schemas import cache
 
 # Qwen2's pre-tokenizer: contractions, letters (with one leading non-letter), single
 # digits, punctuation runs, newlines, whitespace (as in Qwen2's tokenizer.json).

@@ -14,9 +14,9 @@ import json
 import os
 from typing import Iterator
 
-from pipeline import arc_render
-from pipeline import fileio
-from schemas import runspec as runspec_lib
+from actx.pipeline import arc_render
+from actx.pipeline import fileio
+from actx.schemas import runspec as runspec_lib
 
 SNIPPET_CHARS = 200
 FINEWEB_PROVENANCE = ("url", "dump")

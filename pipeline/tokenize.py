@@ -14,12 +14,12 @@ import tempfile
 
 import numpy as np
 
-from pipeline import arc_render
-from pipeline import sources
-from schemas import errors
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
-from schemas import uri as uri_lib
+from actx.pipeline import arc_render
+from actx.pipeline import sources
+from actx.schemas import errors
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
+from actx.schemas import uri as uri_lib
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -35,7 +35,7 @@ def check_tokenizer_path(path: str) -> None:
     if not store.exists(TOKENIZER_FILE):
         raise TokenizerError(
             f"{store.location.join(TOKENIZER_FILE)}: tokenizer not found; point --tokenizer at "
-            f"an HF tokenizer directory (for Qwen: python -m pipeline.qwen_tokenizer --out DIR)")
+            f"an HF tokenizer directory (for Qwen: python -m actx.pipeline.qwen_tokenizer --out DIR)")
 
 
 @dataclasses.dataclass

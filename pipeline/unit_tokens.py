@@ -17,11 +17,11 @@ from typing import Iterable
 
 import numpy as np
 
-from pipeline import arc_render
-from pipeline import sources
-from pipeline import tokenize
-from pipeline import units as units_lib
-from schemas import runspec as runspec_lib
+from actx.pipeline import arc_render
+from actx.pipeline import sources
+from actx.pipeline import tokenize
+from actx.pipeline import units as units_lib
+from actx.schemas import runspec as runspec_lib
 
 UNITS_PREFIX = "prepare/units/"
 ENCODE_BATCH_DOCS = 512  # documents per tokenizer call (its threads split a batch)

@@ -20,10 +20,10 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeline import fileio
-from pipeline import pack_group
-from pipeline import sources
-from schemas import runspec as runspec_lib
+from actx.pipeline import fileio
+from actx.pipeline import pack_group
+from actx.pipeline import sources
+from actx.schemas import runspec as runspec_lib
 
 DEFAULT_UNIT_BYTES = 32 << 20  # text per unit: a few seconds of tokenizing per unit
 PARQUET_BATCH_ROWS = 1024

@@ -11,15 +11,15 @@ import dataclasses
 import json
 from typing import Callable
 
-from pipeline import assemble
-from pipeline import pack_group
-from pipeline import partition as partition_lib
-from schemas import layout
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
-from schemas import store_errors
-from schemas import ts_context
-from schemas import uri as uri_lib
+from actx.pipeline import assemble
+from actx.pipeline import pack_group
+from actx.pipeline import partition as partition_lib
+from actx.schemas import layout
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
+from actx.schemas import store_errors
+from actx.schemas import ts_context
+from actx.schemas import uri as uri_lib
 
 # Staged by the pipeline, read by the driver before it writes run.json and manifest.json.
 SUMMARY_KEY = layout.PREPARE_SUMMARY_KEY

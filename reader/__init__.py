@@ -2,7 +2,7 @@
 
 Imports neither apache_beam nor jax (jax only when JAX arrays are asked for).
 
-    import reader
+    from actx import reader
     run = reader.open_run("gs://bucket/runs/r1")
     with run.stream("layers.12.resid_post", batch_size=4096, buffer_tokens=1 << 22,
                     seed=0, process_index=i, process_count=n) as batches:
@@ -47,17 +47,17 @@ memory:// runs written in the same process are readable and its cache pool is sh
 (streams read activations in a child of it without a chunk cache: read_contexts).
 """
 
-from reader.batches import Batch, TokenBatches
-from reader.blocks import BlockTable, StreamPlan
-from reader.errors import (NotARunError, NothingCommittedError, ReaderError,
-                           UncommittedPartitionError, UnknownHookError)
-from reader.mixing import Mixing
-from reader.mixing import measure as measure_mixing
-from reader.provenance import Selection
-from reader.run import HookInfo, Run, open_run
-from reader.shuffle import ShufflePlan, TokenIndex, build_index
-from reader.stats import HookStats, compute_stats, load_stats
-from reader.stream import ShuffledStream
+from actx.reader.batches import Batch, TokenBatches
+from actx.reader.blocks import BlockTable, StreamPlan
+from actx.reader.errors import (NotARunError, NothingCommittedError, ReaderError,
+                                UncommittedPartitionError, UnknownHookError)
+from actx.reader.mixing import Mixing
+from actx.reader.mixing import measure as measure_mixing
+from actx.reader.provenance import Selection
+from actx.reader.run import HookInfo, Run, open_run
+from actx.reader.shuffle import ShufflePlan, TokenIndex, build_index
+from actx.reader.stats import HookStats, compute_stats, load_stats
+from actx.reader.stream import ShuffledStream
 
 __all__ = [
     "Batch", "BlockTable", "HookInfo", "HookStats", "Mixing", "NotARunError", "NothingCommittedError",

@@ -23,8 +23,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from reader import errors
-from reader import run as run_lib
+from actx.reader import errors
+from actx.reader import run as run_lib
 
 STATE_VERSION = 1
 

@@ -24,11 +24,11 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from reader import formats
-from reader import options as options_lib
-from reader import prefetch as prefetch_lib
-from reader import snapshot
-from reader import shuffle as shuffle_lib
+from actx.reader import formats
+from actx.reader import options as options_lib
+from actx.reader import prefetch as prefetch_lib
+from actx.reader import snapshot
+from actx.reader import shuffle as shuffle_lib
 
 
 @dataclasses.dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas import errors as schemas_errors
+from actx.schemas import errors as schemas_errors
 
 
 class ReaderError(schemas_errors.UserError):

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from reader import stored_stats
+from actx.reader import stored_stats
 
 Framework = Literal["numpy", "jax", "torch"]
 FRAMEWORKS = ("numpy", "jax", "torch")

@@ -21,10 +21,10 @@ from typing import Sequence
 import numpy as np
 import tensorstore as ts
 
-from reader import mapped_region
-from reader import read_window
-from reader import shard_files
-from schemas import layout as layout_lib
+from actx.reader import mapped_region
+from actx.reader import read_window
+from actx.reader import shard_files
+from actx.schemas import layout as layout_lib
 
 # How many reasons a hook keeps for shard files it decoded instead (for diagnosis).
 _MAX_REASONS = 4

@@ -29,9 +29,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from reader import errors
-from reader import stored_stats
-from schemas import layout
+from actx.reader import errors
+from actx.reader import stored_stats
+from actx.schemas import layout
 
 REASONS = ("special", "bos", "padding", "doc_boundary", "outlier")
 TOKEN_REASONS = REASONS[:4]
@@ -166,7 +166,7 @@ def token_filter(run, hooks: Sequence[str], exclude: "Iterable[str] | None" = No
                 raise errors.ReaderError(
                     f"{run.location}: exclude=['outlier'] needs the token norms of hook "
                     f"{h!r} in partitions {missing or list(partitions)}; run "
-                    f"reader.open_run(...).compute_stats([{h!r}]) after they commit")
+                    f"actx.open_run(...).compute_stats([{h!r}]) after they commit")
             limits.append((h, float(outlier_factor * s.norm_median)))
     m = run.manifest
     return TokenFilter(m.bos_id, tuple(m.special_token_ids), run.spec.packing.mode == "concat",

@@ -14,8 +14,8 @@ from typing import Iterable
 
 import numpy as np
 
-from reader import snapshot
-from reader.batches import Batch
+from actx.reader import snapshot
+from actx.reader.batches import Batch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from reader import formats
-from reader import masks as masks_lib
+from actx.reader import formats
+from actx.reader import masks as masks_lib
 
 
 @dataclasses.dataclass(frozen=True)

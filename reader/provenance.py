@@ -16,9 +16,9 @@ from typing import Sequence
 
 import numpy as np
 
-from reader import masks as masks_lib
-from reader import snapshot
-from schemas import layout
+from actx.reader import masks as masks_lib
+from actx.reader import snapshot
+from actx.schemas import layout
 
 
 @dataclasses.dataclass

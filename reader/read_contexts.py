@@ -7,8 +7,8 @@ import functools
 
 import tensorstore as ts
 
-from reader import snapshot
-from schemas import ts_context
+from actx.reader import snapshot
+from actx.schemas import ts_context
 
 FILE_IO_MODES = ("default", "memmap", "direct")
 

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 try:
-    _built: ModuleType | None = importlib.import_module("reader._row_copy")
+    _built: ModuleType | None = importlib.import_module("actx.reader._row_copy")
     _NOT_BUILT = ""
 except ImportError as e:  # built at install only where a C compiler was at hand
     _built = None
@@ -65,9 +65,9 @@ def load(module: ModuleType | None = None) -> tuple[CopyRows | None, str]:
     why not). Never raises for an install without it."""
     module = _built if module is None else module
     if module is None:
-        return None, (f"reader._row_copy was not built at install ({_NOT_BUILT}); "
+        return None, (f"actx.reader._row_copy was not built at install ({_NOT_BUILT}); "
                       f"reinstall actx where a C compiler and the Python headers are at "
-                      f"hand (pip install --force-reinstall --no-deps actx, or "
+                      f"hand (pip install --force-reinstall --no-deps actx-lm, or "
                       f"pip install -e . in a checkout)")
     where = getattr(module, "__file__", module.__name__)
     if module.version() != VERSION:

@@ -13,16 +13,16 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from reader import batches as batches_lib
-from reader import errors
-from reader import options as options_lib
-from reader import provenance
-from reader import stats as stats_lib
-from reader import stream as stream_lib
-from reader.snapshot import HookInfo, RunSnapshot
-from schemas import errors as schemas_errors
-from schemas import run_dir
-from schemas import uri as uri_lib
+from actx.reader import batches as batches_lib
+from actx.reader import errors
+from actx.reader import options as options_lib
+from actx.reader import provenance
+from actx.reader import stats as stats_lib
+from actx.reader import stream as stream_lib
+from actx.reader.snapshot import HookInfo, RunSnapshot
+from actx.schemas import errors as schemas_errors
+from actx.schemas import run_dir
+from actx.schemas import uri as uri_lib
 
 __all__ = ["HookInfo", "Run", "open_run"]
 
@@ -31,7 +31,7 @@ def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") 
     """Opens a run directory (local path, gs://bucket/path or memory://name); `extraction`
     names one of its extractions (schemas.extraction; "" the default one). Several read
     together, token for token: reader.aligned."""
-    from schemas import extraction as extraction_lib
+    from actx.schemas import extraction as extraction_lib
 
     try:
         opened = run_dir.open_run(uri)

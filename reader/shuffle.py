@@ -20,8 +20,8 @@ from typing import Iterable
 
 import numpy as np
 
-from reader import masks as masks_lib
-from reader import snapshot
+from actx.reader import masks as masks_lib
+from actx.reader import snapshot
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,16 +18,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import tensorstore as ts
 
-from reader import errors
-from schemas import activations_info as info_lib
-from schemas import commit as commit_lib
-from schemas import config as config_lib
-from schemas import layout
-from schemas import manifest as manifest_lib
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
-from schemas import ts_context
-from schemas import uri as uri_lib
+from actx.reader import errors
+from actx.schemas import activations_info as info_lib
+from actx.schemas import commit as commit_lib
+from actx.schemas import config as config_lib
+from actx.schemas import layout
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
+from actx.schemas import ts_context
+from actx.schemas import uri as uri_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,11 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
-from reader import masks as masks_lib
-from reader import snapshot
-from reader.stored_stats import STATS_VERSION, HookStats, load_masks, load_stats  # noqa: F401
-from schemas import layout
-from schemas import ts_context
+from actx.reader import masks as masks_lib
+from actx.reader import snapshot
+from actx.reader.stored_stats import STATS_VERSION, HookStats, load_masks, load_stats  # noqa: F401
+from actx.schemas import layout
+from actx.schemas import ts_context
 
 NORM_BINS_PER_OCTAVE = 256
 _LOG2_RANGE = (-64.0, 64.0)  # norms outside 2^-64..2^64 fall in the end bins

@@ -11,11 +11,11 @@ import dataclasses
 
 import numpy as np
 
-from reader import errors
-from reader import snapshot
-from schemas import config as config_lib
-from schemas import layout
-from schemas import token_masks
+from actx.reader import errors
+from actx.reader import snapshot
+from actx.schemas import config as config_lib
+from actx.schemas import layout
+from actx.schemas import token_masks
 
 STATS_VERSION = 1
 
@@ -78,7 +78,7 @@ def load_stats(run: snapshot.RunSnapshot, hook: str) -> HookStats:
         raise errors.ReaderError(
             f"{run.location.join(run.stored_key(layout.STATS_KEY))}: no statistics for hook "
             f"{hook!r}; "
-            f"compute them with reader.open_run(...).compute_stats([{hook!r}])")
+            f"compute them with actx.open_run(...).compute_stats([{hook!r}])")
     stats = HookStats.from_json_obj(hook, entry)
     stale = set(stats.partitions) - set(run.committed)
     if stale:  # cannot happen for create-only markers, but a hand-edited run could

@@ -41,22 +41,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator, Sequence
 
-from reader import blocks as blocks_lib
-from reader import formats
-from reader import gather as gather_lib
-from reader import mapped_hook
-from reader import masks as masks_lib
-from reader import options as options_lib
-from reader import prefetch as prefetch_lib
-from reader import read_window
-from reader import row_copy
-from reader import snapshot
-from reader import stream_buffers
-from reader import stream_pipeline
-from reader.batches import Batch
-from reader.read_contexts import default_file_io_mode, read_contexts
-from reader.stream_state import STATE_VERSION, StreamSettings, StreamState
-from schemas import layout
+from actx.reader import blocks as blocks_lib
+from actx.reader import formats
+from actx.reader import gather as gather_lib
+from actx.reader import mapped_hook
+from actx.reader import masks as masks_lib
+from actx.reader import options as options_lib
+from actx.reader import prefetch as prefetch_lib
+from actx.reader import read_window
+from actx.reader import row_copy
+from actx.reader import snapshot
+from actx.reader import stream_buffers
+from actx.reader import stream_pipeline
+from actx.reader.batches import Batch
+from actx.reader.read_contexts import default_file_io_mode, read_contexts
+from actx.reader.stream_state import STATE_VERSION, StreamSettings, StreamState
+from actx.schemas import layout
 
 # Positions per buffer: 0.47 GB per hook and buffer at hidden 896 in bfloat16, 2.1 GB at
 # 4096; two buffers are read into (prefetch_buffers=1) and about two are in batches.

@@ -17,12 +17,12 @@ from typing import Any, Callable
 import numpy as np
 import tensorstore as ts
 
-from reader import blocks as blocks_lib
-from reader import gather as gather_lib
-from reader import masks as masks_lib
-from reader import read_window
-from reader import snapshot
-from reader.errors import ReaderError
+from actx.reader import blocks as blocks_lib
+from actx.reader import gather as gather_lib
+from actx.reader import masks as masks_lib
+from actx.reader import read_window
+from actx.reader import snapshot
+from actx.reader.errors import ReaderError
 
 
 @dataclasses.dataclass

@@ -16,12 +16,12 @@ from typing import Iterator
 
 import numpy as np
 
-from reader import array_pool
-from reader import blocks as blocks_lib
-from reader import gather as gather_lib
-from reader import read_window
-from reader import stream_buffers
-from reader.batches import Batch
+from actx.reader import array_pool
+from actx.reader import blocks as blocks_lib
+from actx.reader import gather as gather_lib
+from actx.reader import read_window
+from actx.reader import stream_buffers
+from actx.reader.batches import Batch
 
 
 class BufferPipeline:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils import data as torch_data
 
-from reader import run as run_lib
+from actx.reader import run as run_lib
 
 STATE_VERSION = 1
 _NUMPY_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.float64: "float64"}
@@ -125,7 +125,7 @@ class ActivationDataset(torch_data.IterableDataset):
 
     def open_stream(self):
         """The calling worker's `run.stream`, started after the batches already taken."""
-        import reader
+        from actx import reader
 
         index, count, workers = self.share()
         # The DataLoader starts again at its worker 0, so after n batches its worker w

@@ -26,8 +26,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from reader import run as run_lib
-from reader import torch_data
+from actx.reader import run as run_lib
+from actx.reader import torch_data
 
 # actx hook point -> TransformerLens hook point (SAELens's hook names).
 _TL_POINTS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
@@ -56,7 +56,7 @@ class ActivationBuffer:
     def __init__(self, run: "str | os.PathLike | run_lib.Run", hook: str,
                  out_batch_size: int = 8192, device: "str | torch.device" = "cpu", *,
                  epochs: int | None = None, **stream_kwargs: Any):
-        import reader
+        from actx import reader
 
         self.run = run if isinstance(run, run_lib.Run) else reader.open_run(run)
         self.hook = hook
@@ -100,7 +100,7 @@ def export_saelens(run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequenc
     dataset's column per hook (default: transformer_lens_name). Returns what to put in
     SAELens's config: hook names, context_size, d_in, and the tokens written / dropped."""
     import datasets
-    import reader
+    from actx import reader
 
     run = run if isinstance(run, run_lib.Run) else reader.open_run(run)
     hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from schemas import config as config_lib
-from schemas import layout
+from actx.schemas import config as config_lib
+from actx.schemas import layout
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: status reads markers' names, never their data

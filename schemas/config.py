@@ -20,7 +20,7 @@ import typing
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
-from schemas import errors
+from actx.schemas import errors
 
 
 class ConfigError(errors.UserError, ValueError):

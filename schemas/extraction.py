@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from schemas import commit as commit_lib
-from schemas import errors
-from schemas import layout
-from schemas import run_dir
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
+from actx.schemas import commit as commit_lib
+from actx.schemas import errors
+from actx.schemas import layout
+from actx.schemas import run_dir
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
 
 
 class UnknownExtractionError(errors.UserError, KeyError):

@@ -12,9 +12,9 @@ import dataclasses
 import json
 import time
 
-from schemas import config as config_lib
-from schemas import layout
-from schemas import store as store_lib
+from actx.schemas import config as config_lib
+from actx.schemas import layout
+from actx.schemas import store as store_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,10 +20,10 @@ import os
 import socket
 import time
 
-from schemas import config as config_lib
-from schemas import heartbeat as heartbeat_lib
-from schemas import layout
-from schemas import store as store_lib
+from actx.schemas import config as config_lib
+from actx.schemas import heartbeat as heartbeat_lib
+from actx.schemas import layout
+from actx.schemas import store as store_lib
 
 LIVE_STATES = ("starting", "working", "idle")  # heartbeat states that claim a live host
 DEFAULT_TTL_S = 120.0  # how long a lease holds without renewal (and a heartbeat, silent)
@@ -151,7 +151,7 @@ def run_heartbeats(store) -> list[heartbeat_lib.Heartbeat]:
     """Every host's heartbeat in the run: the default extraction's and each named one's (a
     worker of a named extraction beats under its prefix, schemas.extraction), so a job
     extracting named models holds its lease by their beats too."""
-    from schemas import extraction as extraction_lib
+    from actx.schemas import extraction as extraction_lib
 
     beats = heartbeat_lib.read_heartbeats(store, history=False)
     for name in extraction_lib.named(store):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from schemas import runspec as runspec_lib
-from schemas import uri as uri_lib
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import uri as uri_lib
 
 MANIFEST_KEY = "manifest.json"
 TOKENS_GROUP = "tokens"

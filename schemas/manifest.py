@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from schemas import config as config_lib
-from schemas import layout
+from actx.schemas import config as config_lib
+from actx.schemas import layout
 
 # 2: partitions stored as columns ({"id": [...], "tokens": [...], ...}): 150k partitions
 # load in ~0.2 s instead of ~1.5 s as objects. Version 1 manifests (a list of partition

@@ -12,13 +12,13 @@ import concurrent.futures
 import dataclasses
 import os
 
-from schemas import commit as commit_lib
-from schemas import errors
-from schemas import layout
-from schemas import manifest as manifest_lib
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
-from schemas import uri as uri_lib
+from actx.schemas import commit as commit_lib
+from actx.schemas import errors
+from actx.schemas import layout
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
+from actx.schemas import uri as uri_lib
 
 # Exceptions google-cloud-storage raises for a bucket that is missing or not ours, matched by
 # name so that opening a local run never imports the client.

@@ -12,8 +12,8 @@ import hashlib
 import json
 from typing import Literal
 
-from schemas import config as config_lib
-from schemas import tokenizer_identity as tokenizer_identity_lib
+from actx.schemas import config as config_lib
+from actx.schemas import tokenizer_identity as tokenizer_identity_lib
 
 RUN_SPEC_KEY = "run.json"
 # 2: packing.max_context, tokens/context_start, and continuation rows computed with their

@@ -16,8 +16,8 @@ import threading
 import uuid
 from typing import Any
 
-from schemas import store_errors
-from schemas import uri as uri_lib
+from actx.schemas import store_errors
+from actx.schemas import uri as uri_lib
 
 StoreError = store_errors.StoreError
 
@@ -218,7 +218,7 @@ class MemoryStore(ObjectStore):
 
     def __init__(self, location: uri_lib.Location):
         super().__init__(location)
-        from schemas import ts_context
+        from actx.schemas import ts_context
 
         self._kv = ts_context.open_kvstore(location.kvstore(directory=True))
 
@@ -315,7 +315,7 @@ class GcsStore(ObjectStore):
         if len(keys) < 2 or max_parallel < 2:
             return [self.read(key) for key in keys]
         if self._kv is None:
-            from schemas import ts_context
+            from actx.schemas import ts_context
 
             self._kv = ts_context.open_kvstore(self.location.kvstore(directory=True))
         futures = [self._kv.read(key) for key in keys]
@@ -395,7 +395,7 @@ def _gcs_client():
                 from google.cloud import storage
             except ImportError as e:
                 raise ImportError(
-                    "gs:// locations need google-cloud-storage: pip install 'actx[gcs]'") from e
+                    "gs:// locations need google-cloud-storage: pip install 'actx-lm[gcs]'") from e
             if os.environ.get("STORAGE_EMULATOR_HOST"):
                 from google.auth.credentials import AnonymousCredentials
 

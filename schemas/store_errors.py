@@ -17,7 +17,7 @@ import functools
 import logging
 import os
 
-from schemas import errors
+from actx.schemas import errors
 
 log = logging.getLogger("actx.store")
 # Retries show where the process configured logging (workers, prepare); an interactive

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from schemas import config as config_lib
-from schemas import layout
+from actx.schemas import config as config_lib
+from actx.schemas import layout
 
 
 @dataclasses.dataclass(frozen=True)

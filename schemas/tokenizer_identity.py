@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import json
 
-from schemas import store as store_lib
+from actx.schemas import store as store_lib
 
 TOKENIZER_FILE = "tokenizer.json"
 GENERATION_CONFIG_FILE = "generation_config.json"

@@ -13,7 +13,7 @@ import threading
 
 import tensorstore as ts
 
-from schemas import store_errors
+from actx.schemas import store_errors
 
 _CONTEXT: ts.Context | None = None
 _LOCK = threading.Lock()
@@ -51,7 +51,7 @@ def configure(gcs_request_concurrency: int = 32, gcs_request_retries: int = 8,
     run's small objects) give up after the same back-off time.
     """
     global _CONTEXT
-    from schemas import store_errors
+    from actx.schemas import store_errors
 
     spec = {
         "gcs_request_concurrency": {"limit": gcs_request_concurrency},

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from schemas import config as config_lib
-from schemas import layout
+from actx.schemas import config as config_lib
+from actx.schemas import layout
 
 MAX_PROBLEMS = 100  # the record keeps the first problems; `actx verify` prints them all
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"
+# The distribution's name on PyPI (`pip install actx-lm`): `actx` there is another project.
+# The import package and the command are actx.
+DISTRIBUTION = "actx-lm"
 
 
 def code_version() -> str:
@@ -16,6 +19,6 @@ def code_version() -> str:
     try:
         from importlib import metadata
 
-        return metadata.version("actx")
+        return metadata.version(DISTRIBUTION)
     except Exception:  # not installed as a distribution
         return VERSION

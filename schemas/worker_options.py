@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from schemas import flags
+from actx.schemas import flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +114,7 @@ class WorkerOptions(ExtractSettings):
         return cls(**values)
 
     def to_argv(self) -> list[str]:
-        """This process's flags for `actx extract` / `python -m workers.main`."""
+        """This process's flags for `actx extract` / `python -m actx.workers.main`."""
         # models_at_once at 1 (one model after another) is left out: it is what a worker
         # of an actx from before the setting does, and such a worker would refuse the flag.
         at_once = ("models_at_once",) if self.models_at_once == 1 else ()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from workers import attention, key_ranges
+from actx.workers import attention, key_ranges
 
 
 def make_inputs(rng, b, t, n, k, h, blocks, depths, dtype, ptr, window):

@@ -20,7 +20,7 @@ SKIP_UNLESS_ASKED = pytest.mark.skipif(
     reason="builds a virtual environment per extra (minutes); ACTX_INSTALL_TESTS=1 runs them")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SOURCES = ("setup.py", "schemas", "pipeline", "workers", "deploy", "reader", "adapters")
+SOURCES = ("setup.py", "actx", "schemas", "pipeline", "workers", "deploy", "reader", "adapters")
 REFERENCE_ONLY = {"torch", "transformers"}  # the tests' reference: no lean extra brings them
 
 
@@ -43,7 +43,7 @@ class Venv:
         self.root, self.extra = root, extra
         start = time.monotonic()
         run_ok([sys.executable, "-m", "venv", root])
-        requirement = "actx" if extra is None else f"actx[{extra}]"
+        requirement = "actx-lm" if extra is None else f"actx-lm[{extra}]"
         run_ok([self.python, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels,
                requirement])
         seconds = time.monotonic() - start
@@ -51,6 +51,13 @@ class Venv:
         report(f"{requirement}: venv + install {seconds:.0f} s, {size_mb} MB")
         listed = json.loads(run_ok([self.python, "-m", "pip", "list", "--format=json"]).stdout)
         self.packages = {p["name"].lower().replace("_", "-") for p in listed}
+
+    def install_from_pypi(self, *requirements: str) -> None:
+        """Other projects' packages from the package index, beside actx."""
+        start = time.monotonic()
+        run_ok([self.python, "-m", "pip", "install", "-q", *requirements])
+        report(f"{self.extra}: + {' '.join(requirements)} from the index "
+               f"{time.monotonic() - start:.0f} s")
 
     @property
     def python(self) -> pathlib.Path:
@@ -77,7 +84,7 @@ class Venv:
 
 def assert_lacks(venv: Venv, *names: str) -> None:
     present = sorted(venv.packages & (REFERENCE_ONLY | set(names)))
-    assert not present, f"actx[{venv.extra}] installed {present}"
+    assert not present, f"actx-lm[{venv.extra}] installed {present}"
 
 
 def wheelhouse(tmp_path_factory) -> pathlib.Path:
@@ -99,7 +106,7 @@ def wheelhouse(tmp_path_factory) -> pathlib.Path:
 
 
 def _build_wheels(src: pathlib.Path, wheels: pathlib.Path) -> None:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")
     src.mkdir()
     for name in SOURCES:
         if (REPO / name).is_dir():

@@ -7,7 +7,7 @@ import io
 import json
 import time
 
-from deploy import cli
+from actx.deploy import cli
 from tests import browser
 
 

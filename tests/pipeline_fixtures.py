@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pipeline import qwen_tokenizer
-from pipeline import sample_data
+from actx.pipeline import qwen_tokenizer
+from actx.pipeline import sample_data
 
 
 @pytest.fixture(scope="session")

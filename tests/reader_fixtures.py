@@ -17,12 +17,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from schemas import commit as commit_lib
-from schemas import layout
-from schemas import manifest as manifest_lib
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
-from schemas import ts_context
+from actx.schemas import commit as commit_lib
+from actx.schemas import layout
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
+from actx.schemas import ts_context
 
 BOS_ID, EOS_ID, PAD_ID = 1, 2, 0
 SPECIAL_IDS = (BOS_ID, EOS_ID)

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Iterator
 
-from schemas import commit, config, heartbeat, layout, manifest, runspec, store
+from actx.schemas import commit, config, heartbeat, layout, manifest, runspec, store
 
 PARTITION_ROWS = 4096
 SEQ_LEN = 1024

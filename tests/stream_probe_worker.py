@@ -1,4 +1,4 @@
-"""`python -m workers.main`, recording when partitions' steps are dispatched and commits are
+"""`python -m actx.workers.main`, recording when partitions' steps are dispatched and commits are
 submitted (run by tests/test_worker_pipeline.py on multi-host replicas).
 
 Usage: ACTX_STREAM_PROBE=FILE python -m tests.stream_probe_worker WORKER ARGS...
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from workers import commit, distributed, main, prefetch, runner, stream_loop
+from actx.workers import commit, distributed, main, prefetch, runner, stream_loop
 
 
 def _probe(path: str) -> None:

@@ -93,7 +93,7 @@ def _int_weights(model, tmp_path):
 def _actx(*args, env=None, timeout=120):
     env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
     env = {k: v for k, v in env.items() if v is not None}
-    return subprocess.run([sys.executable, "-m", "deploy.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "actx.deploy.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -205,8 +205,8 @@ def test_bad_input_is_refused_before_work(name, tmp_path, good_model, qwen_token
 def test_checkpoint_checks_read_only_headers_on_gcs(gcs_bucket, good_model, tmp_path):
     """On gs:// the same checks run from ranged reads of each file's header (GCS's
     inclusive range end included), and a sound checkpoint passes."""
-    from schemas import store
-    from workers import checkpoint_check, model_config
+    from actx.schemas import store
+    from actx.workers import checkpoint_check, model_config
 
     cfg = model_config.ModelConfig.from_hf(json.load(open(os.path.join(good_model,
                                                                        "config.json"))))
@@ -244,7 +244,7 @@ def _no_data_run(prepared: str, tmp_path) -> str:
     refuses to write it: see the prepare case)."""
     import dataclasses
 
-    from schemas import manifest, store
+    from actx.schemas import manifest, store
 
     run = _copy(prepared, tmp_path / "empty_run")
     s = store.open_store(run)
@@ -257,7 +257,7 @@ def _no_data_run(prepared: str, tmp_path) -> str:
 
 def _leased_run(prepared: str, tmp_path) -> str:
     """A run another live job holds (its lease unexpired, its launcher this process)."""
-    from schemas import job_lease, store
+    from actx.schemas import job_lease, store
 
     run = _copy(prepared, tmp_path / "leased_run")
     job_lease.acquire(store.open_store(run), job_lease.new(
@@ -301,7 +301,7 @@ NO_FALSE_SUCCESS = {
 
 @pytest.mark.parametrize("name", list(NO_FALSE_SUCCESS))
 def test_no_false_success(name, tmp_path, prepared_run, qwen_tokenizer_dir):
-    from schemas import store
+    from actx.schemas import store
 
     build, code, expected = NO_FALSE_SUCCESS[name]
     before = store.open_store(prepared_run).list()
@@ -321,7 +321,7 @@ def test_no_false_success(name, tmp_path, prepared_run, qwen_tokenizer_dir):
 def test_the_reader_on_a_run_with_nothing_committed_says_so_everywhere(prepared_run):
     import numpy as np
 
-    import reader
+    from actx import reader
 
     run = reader.open_run(prepared_run)
     hook = "layers.0.resid_post"

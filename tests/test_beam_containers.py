@@ -66,4 +66,4 @@ def test_image_requirements_resolve(kind, tmp_path):
     import json
 
     names = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
-    assert {"actx", "jax", "jaxlib", "safetensors", "tensorstore"} <= names
+    assert {"actx-lm", "jax", "jaxlib", "safetensors", "tensorstore"} <= names

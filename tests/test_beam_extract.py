@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from schemas import commit, store
+from actx.schemas import commit, store
 from tests import hf_models, token_runs, worker_procs
 
 HOOKS = "embed,layers.*.resid_post,layers.1.mlp_out"
@@ -32,7 +32,7 @@ def reference_run(tmp_path_factory):
 
 def _start(run: str, job: str, *beam_args: str, **env: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "adapters.beam_extract", "--run", run, "--batch-size", "8",
+        [sys.executable, "-m", "actx.adapters.beam_extract", "--run", run, "--batch-size", "8",
          "--job", job, *beam_args], env=worker_procs.worker_env(4, **env),
         cwd=worker_procs.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -98,7 +98,7 @@ def test_rerun_with_the_beam_target_then_status_and_verify(reference_run, tmp_pa
 
     import yaml
 
-    from deploy import cli
+    from actx.deploy import cli
 
     run = worker_procs.copy_token_store(reference_run, str(tmp_path / "run"))
     cfg = tmp_path / "t.yaml"
@@ -121,7 +121,7 @@ def test_dataflow_gpu_launch_command_in_dry_run(tmp_path, monkeypatch, capsys):
 
     import yaml
 
-    from deploy import cli
+    from actx.deploy import cli
 
     monkeypatch.chdir(tmp_path)
     cfg = tmp_path / "c.yaml"
@@ -141,9 +141,9 @@ def test_dataflow_gpu_launch_command_in_dry_run(tmp_path, monkeypatch, capsys):
     out = io.StringIO()
     assert cli.main(["submit", str(cfg), "--dry-run", "--job", "j1"], out=out) == 0, \
         capsys.readouterr().err
-    [line] = [l for l in out.getvalue().splitlines() if "adapters.beam_extract" in l]
+    [line] = [l for l in out.getvalue().splitlines() if "actx.adapters.beam_extract" in l]
     argv = shlex.split(line)
-    assert argv[:3] == ["python3", "-m", "adapters.beam_extract"]
+    assert argv[:3] == ["python3", "-m", "actx.adapters.beam_extract"]
     for flag in ("--run", "gs://b/runs/r1", "--batch-size", "16", "--job", "j1",
                  "--runner=DataflowRunner", "--project=proj", "--region=us-central1",
                  "--sdk_container_image=us-docker.pkg.dev/proj/r/actx-gpu:1",
@@ -153,7 +153,7 @@ def test_dataflow_gpu_launch_command_in_dry_run(tmp_path, monkeypatch, capsys):
                  "install-nvidia-driver"):
         assert flag in argv, flag
     # The worker flags are the worker's own: `actx extract` would parse them the same way.
-    from adapters import beam_extract
+    from actx.adapters import beam_extract
 
     args, beam_flags = beam_extract._parser().parse_known_args(argv[3:])
     assert (args.run, args.batch_size, args.job) == ("gs://b/runs/r1", 16, "j1")
@@ -166,7 +166,7 @@ def test_dataflow_gpu_launch_command_in_dry_run(tmp_path, monkeypatch, capsys):
                      "--set", "extractions.base.model.path=gs://b/models/qwen",
                      "--set", "extractions.chat.model.path=gs://b/models/chat"],
                     out=out) == 0, capsys.readouterr().err
-    [line] = [l for l in out.getvalue().splitlines() if "adapters.beam_extract" in l]
+    [line] = [l for l in out.getvalue().splitlines() if "actx.adapters.beam_extract" in l]
     args, _ = beam_extract._parser().parse_known_args(shlex.split(line)[3:])
     assert (args.extraction, args.expect_fingerprint) == ("base,chat", None)
 
@@ -201,8 +201,8 @@ def test_a_killed_worker_process_of_the_two_process_runner_is_noticed(reference_
 
     import yaml
 
-    from deploy import cli
-    from schemas import layout
+    from actx.deploy import cli
+    from actx.schemas import layout
 
     run = worker_procs.copy_token_store(reference_run, str(tmp_path / "run"))
     cfg = tmp_path / "two.yaml"
@@ -211,7 +211,7 @@ def test_a_killed_worker_process_of_the_two_process_runner_is_noticed(reference_
         "beam_args": ["--runner=FnApiRunner", "--direct_num_workers=2",
                       "--direct_running_mode=multi_processing"]}}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy.cli", "rerun", run, "--config", str(cfg), "--job",
+        [sys.executable, "-m", "actx.deploy.cli", "rerun", run, "--config", str(cfg), "--job",
          "k1"], cwd=worker_procs.REPO, env=worker_procs.worker_env(4), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     s = store.open_store(run)
@@ -257,8 +257,8 @@ def test_named_extractions_through_beam_one_pipeline_each(reference_run, tmp_pat
 
     import yaml
 
-    from deploy import cli
-    from schemas import extraction, layout, runspec
+    from actx.deploy import cli
+    from actx.schemas import extraction, layout, runspec
 
     ref_spec = runspec.read_run_spec(store.open_store(reference_run))
     other_model = hf_models.make_tiny_checkpoint(tmp_path / "other", "qwen2", seed=1)

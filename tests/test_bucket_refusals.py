@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from schemas import layout, store
+from actx.schemas import layout, store
 from tests import fault_proxy, hf_models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +46,7 @@ def _actx(proxy, *args, timeout=300) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": REPO, "STORAGE_EMULATOR_HOST": proxy.url,
            "TENSORSTORE_GCS_HTTP_URL": proxy.url, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    proc = subprocess.run([sys.executable, "-m", "deploy.cli", *args], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -135,8 +135,8 @@ def test_a_shard_write_refused_names_the_object(kind, gcs_bucket, proxy, monkeyp
     writer's error is the one line google-cloud-storage's refusal gives."""
     import numpy as np
 
-    from schemas import runspec, store_errors, ts_context, uri
-    from workers import writer
+    from actx.schemas import runspec, store_errors, ts_context, uri
+    from actx.workers import writer
 
     monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)  # read at every open
     ts_context.configure(4, 1)

@@ -1,7 +1,7 @@
 """Small things a user hits on the command line: the example in `--set`'s error works,
 `actx down` on a config that is not tpu-vm says so, relative paths of a config are the
 config's (and run.json records them absolute), and no command prints Beam's apitools
-notice when google-apitools is not installed (`actx[pipeline]` does not install it).
+notice when google-apitools is not installed (`actx-lm[pipeline]` does not install it).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import sys
 
 import yaml
 
-from deploy import config as config_lib
-from schemas import store
+from actx.deploy import config as config_lib
+from actx.schemas import store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Runs `python -m deploy.cli ARGS` as if google-apitools were not installed.
+# Runs `python -m actx.deploy.cli ARGS` as if google-apitools were not installed.
 WITHOUT_APITOOLS = """
 import importlib.abc, runpy, sys
 class _NoApitools(importlib.abc.MetaPathFinder):
@@ -28,14 +28,14 @@ class _NoApitools(importlib.abc.MetaPathFinder):
             raise ImportError("No module named " + repr(name))
 sys.meta_path.insert(0, _NoApitools())
 sys.argv = ["actx", *sys.argv[1:]]
-runpy.run_module("deploy.cli", run_name="__main__")
+runpy.run_module("actx.deploy.cli", run_name="__main__")
 """
 
 
 def _actx(*args, cwd=REPO, without_apitools=False):
     env = {**os.environ, "PYTHONPATH": REPO}
     cmd = ([sys.executable, "-c", WITHOUT_APITOOLS, *args] if without_apitools
-           else [sys.executable, "-m", "deploy.cli", *args])
+           else [sys.executable, "-m", "actx.deploy.cli", *args])
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -43,9 +43,9 @@ def test_prepare_runs_from_what_dataflow_workers_install(tmp_path, qwen_tokenize
     import apache_beam
     from apache_beam.runners.portability.stager import Stager
 
-    from schemas import runspec
+    from actx.schemas import runspec
 
-    staged = _run([sys.executable, "-m", "deploy.dataflow_stage", "--out", tmp_path / "stage"],
+    staged = _run([sys.executable, "-m", "actx.deploy.dataflow_stage", "--out", tmp_path / "stage"],
                   cwd=tmp_path).stdout.strip()
     assert staged == str(tmp_path / "stage" / "setup.py")
     sdist = Stager._build_setup_package(staged, str(tmp_path / "sdist"))  # as --setup_file
@@ -57,7 +57,7 @@ def test_prepare_runs_from_what_dataflow_workers_install(tmp_path, qwen_tokenize
     _run([py, "-m", "pip", "install", "-q", sdist])  # the SDK container's boot does this
     installed = {re.split(r"[ =@<>;]", line, maxsplit=1)[0].lower() for line in
                  _run([py, "-m", "pip", "freeze"]).stdout.splitlines()}
-    assert "actx" in installed and not installed & {"jax", "torch", "transformers"}
+    assert "actx-lm" in installed and not installed & {"jax", "torch", "transformers"}
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": f"Document {i}: " + "words " * (i % 17)}) + "\n"
@@ -78,7 +78,7 @@ def test_prepare_runs_from_what_dataflow_workers_install(tmp_path, qwen_tokenize
     for name, python, extra_env in (("staged", py, {}), ("here", sys.executable,
                                                         {"PYTHONPATH": str(REPO)})):
         out = tmp_path / f"run-{name}"
-        _run([python, "-m", "pipeline.main", "--spec", spec_path, "--out", out,
+        _run([python, "-m", "actx.pipeline.main", "--spec", spec_path, "--out", out,
               "--runner=FnApiRunner"], cwd=tmp_path, env={**env, **extra_env})
         outs[name] = _files(out)
     assert outs["staged"].keys() == outs["here"].keys() and "manifest.json" in outs["here"]

@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from deploy import demo
+from actx.deploy import demo
 from tests import hf_models
-from workers import capture, step
-from workers import model as model_lib
+from actx.workers import capture, step
+from actx.workers import model as model_lib
 
 ALL_HOOKS = ("layers.*.resid_pre,layers.*.resid_mid,layers.*.resid_post,"
              "layers.*.attn_out,layers.*.mlp_out,embed,final_norm")
@@ -100,7 +100,7 @@ def test_transformers_loads_it_and_matches_actx(tmp_path):
 
 
 def test_written_without_torch_or_transformers(tmp_path):
-    code = ("import sys; from deploy import demo; demo.make_tiny_qwen2(sys.argv[1]); "
+    code = ("import sys; from actx.deploy import demo; demo.make_tiny_qwen2(sys.argv[1]); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout

@@ -4,13 +4,15 @@ error naming the key and the file (exit 2, no traceback)."""
 from __future__ import annotations
 
 import io
+import pathlib
 
 import pytest
 import yaml
 
-from deploy import cli, config
-from schemas import config as schemas_config
+from actx.deploy import cli, config
+from actx.schemas import config as schemas_config
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 SPEC = {"model": {"path": "m"}, "tokenizer": {"path": "t"},
         "sources": [{"kind": "text", "paths": ["x.jsonl"]}]}
 
@@ -102,7 +104,7 @@ def test_example_configs_load():
     import glob
     import os
 
-    paths = sorted(glob.glob(os.path.join(config.REPO_ROOT, "configs", "*.*")))
+    paths = sorted(glob.glob(os.path.join(REPO, "configs", "*.*")))
     paths.append(config.DEMO_CONFIG)
     assert len(paths) >= 3
     for path in paths:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import pathlib
 import shlex
 import sys
 import tempfile
@@ -15,10 +16,11 @@ import tempfile
 import pytest
 import yaml
 
-from deploy import cli, config, dataflow, tpu_vm
+from actx.deploy import cli, config, dataflow, tpu_vm
 
 METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 CURL = 'curl -sf -H Metadata-Flavor:Google "${ACTX_TPU_METADATA_URL:-' + METADATA + '}'
+REPO = pathlib.Path(__file__).resolve().parents[1]
 SPEC = {
     "name": "r1",
     "model": {"path": "gs://b/models/qwen", "dtype": "bfloat16"},
@@ -37,7 +39,7 @@ def local_inputs(tmp_path_factory, qwen_tokenizer_dir):
     """Real inputs on local disk for SPEC: `submit` checks the model, tokenizer and sources
     before it plans (deploy/preflight.py), and gs:// ones would answer differently with and
     without the GCS emulator running."""
-    from pipeline import sample_data
+    from actx.pipeline import sample_data
     from tests import hf_models
 
     root = tmp_path_factory.mktemp("plan-inputs")
@@ -63,7 +65,7 @@ def _dry_run(argv: list[str]) -> list[str]:
 
 
 def _fingerprint() -> str:
-    from schemas import runspec
+    from actx.schemas import runspec
 
     return runspec.RunSpec.from_dict(SPEC).fingerprint
 
@@ -75,9 +77,9 @@ def _worker_command(job: str, hosts: int, extra: str = "", batch: int = 8) -> st
     return (f'export ACTX_NUM_PROCESSES={hosts}; export ACTX_PROCESS_ID="$({CURL}'
             f'/agent-worker-number")"{coordinator}; test -n "$ACTX_PROCESS_ID" || {{ echo '
             f"'no TPU metadata server answered (agent-worker-number)' >&2; exit 1; }}; "
-            f"nohup setsid python3 -m deploy.host_run --run gs://b/runs/r1 --job {job} "
+            f"nohup setsid python3 -m actx.deploy.host_run --run gs://b/runs/r1 --job {job} "
             f'--log-every-s 10 --host "tpu1-w$ACTX_PROCESS_ID" -- '
-            f"python3 -m workers.main --run gs://b/runs/r1 --batch-size {batch} "
+            f"python3 -m actx.workers.main --run gs://b/runs/r1 --batch-size {batch} "
             f"--model-parallel 1 --no-steal --no-allow-numerics-change --prefetch-depth 4 "
             f"--steps-in-flight 2 --writer-threads 4 --max-pending-mb 2048 --heartbeat-s 2 "
             f"--stop-check-steps 16 --gcs-request-concurrency 32 --gcs-request-retries 8 "
@@ -98,7 +100,7 @@ def test_tpu_vm_submit_dry_run_prints_exact_commands(tmp_path, monkeypatch):
     lines = _dry_run(["submit", cfg, "--dry-run", "--job", job])
     fp = _fingerprint()
     job_dir = os.path.join(tempfile.gettempdir(), f"actx-{job}")
-    wheel = "actx-0.1.0-py3-none-any.whl"
+    wheel = "actx_lm-0.2.0-py3-none-any.whl"
     expected = [
         # The slice first: a queued resource that fails leaves nothing prepared.
         shlex.join(["gcloud", "compute", "tpus", "queued-resources", "create", "tpu1",
@@ -108,11 +110,11 @@ def test_tpu_vm_submit_dry_run_prints_exact_commands(tmp_path, monkeypatch):
                     "--format=value(state.state)"]),
         shlex.join(["actx", "prepare", "--spec", f"{job_dir}/r1-{fp}.json", "--out",
                     "gs://b/runs/r1", "--max-reject-fraction=0.01", "--runner=FnApiRunner"]),
-        shlex.join([sys.executable, "-m", "deploy.tpu_package", "--out", job_dir]),
+        shlex.join([sys.executable, "-m", "actx.deploy.tpu_package", "--out", job_dir]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "scp", f"{job_dir}/{wheel}",
                     f"tpu1:{wheel}", *WHERE, "--worker=all"]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
-                    f"--command=python3 -m pip install -q \"actx[workers] @ "
+                    f"--command=python3 -m pip install -q \"actx-lm[workers] @ "
                     f"file://$HOME/{wheel}\" 'jax[tpu]'"]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
                     "--command=" + _worker_command(job, hosts=4, batch=32)]),
@@ -145,11 +147,11 @@ def test_tpu_worker_environment_per_slice_size():
 def test_tpu_vm_prepare_on_dataflow_existing_slice_custom_install(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = _write(tmp_path, {"kind": "tpu-vm", "prepare": "dataflow", "dataflow": DATAFLOW,
-                            "tpu": {**TPU, "install": "actx[workers,gcs]==0.1.0"}})
+                            "tpu": {**TPU, "install": "actx-lm[workers,gcs]==0.2.0"}})
     lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j2", "--batch-size", "16"])
     fp = _fingerprint()
     job_dir = os.path.join(tempfile.gettempdir(), "actx-j2")
-    assert lines[0] == shlex.join([sys.executable, "-m", "deploy.dataflow_stage", "--out",
+    assert lines[0] == shlex.join([sys.executable, "-m", "actx.deploy.dataflow_stage", "--out",
                                    f"{job_dir}/dataflow-src"])
     assert lines[1] == shlex.join([
         "actx", "prepare", "--spec", os.path.join(job_dir, f"r1-{fp}.json"),
@@ -159,7 +161,7 @@ def test_tpu_vm_prepare_on_dataflow_existing_slice_custom_install(tmp_path, monk
         f"--job_name=actx-prepare-r1-{fp}", "--max_num_workers=16"])
     assert lines[2:] == [
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
-                    "--command=python3 -m pip install -q 'actx[workers,gcs]==0.1.0' 'jax[tpu]'"]),
+                    "--command=python3 -m pip install -q 'actx-lm[workers,gcs]==0.2.0' 'jax[tpu]'"]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
                     "--command=" + _worker_command("j2", hosts=4, batch=16)]),
     ]
@@ -180,7 +182,7 @@ def test_dataflow_submit_dry_run_and_pipeline_options(tmp_path, monkeypatch):
             "--staging_location=gs://b/tmp/staging", f"--setup_file={setup_py}",
             f"--job_name=actx-prepare-r1-{fp}", "--max_num_workers=16",
             "--machine_type=n2-highmem-8", "--experiments=use_runner_v2"]
-    assert lines == [shlex.join([sys.executable, "-m", "deploy.dataflow_stage", "--out",
+    assert lines == [shlex.join([sys.executable, "-m", "actx.deploy.dataflow_stage", "--out",
                                  f"{job_dir}/dataflow-src"]),
                      shlex.join(["actx", "prepare", *argv])]
     assert not os.path.exists(job_dir)  # the dry run wrote nothing
@@ -210,7 +212,7 @@ def test_remote_targets_need_gs_and_names(tmp_path, monkeypatch, capsys):
 def test_rerun_dry_run_on_tpu_vm_names_only_uncommitted(tmp_path):
     from tests import token_runs
 
-    from schemas import commit, store
+    from actx.schemas import commit, store
 
     run = str(tmp_path / "run")
     spec = token_runs.write_token_run(run, "unused-model", n_rows=24, partition_rows=8)
@@ -233,14 +235,14 @@ def test_rerun_dry_run_on_tpu_vm_names_only_uncommitted(tmp_path):
     assert [(c.argv[3:5] if c.argv[0] == "gcloud" else c.argv[1:3], c.may_fail)
             for c in plan] == [
         (("queued-resources", "delete"), True), (("queued-resources", "create"), False),
-        (("queued-resources", "describe"), False), (("-m", "deploy.tpu_package"), False),
+        (("queued-resources", "describe"), False), (("-m", "actx.deploy.tpu_package"), False),
         (("tpu-vm", "scp"), False), (("tpu-vm", "ssh"), False), (("tpu-vm", "ssh"), False)]
     assert "--only 0,2 --host-name" in plan[-1].argv[-1]
     assert plan[-1].on_fail.endswith("--config t.yaml --recreate`")
 
 
 def test_example_tpu_config_passes_the_checks_and_downs_what_it_created(tmp_path):
-    example = os.path.join(config.REPO_ROOT, "configs", "example_tpu.yaml")
+    example = os.path.join(REPO, "configs", "example_tpu.yaml")
     cfg = config.load_submit_config(example)
     tpu_vm.check(cfg.run, cfg.target)
     shape = tpu_vm.slice_shape(cfg.target.tpu)

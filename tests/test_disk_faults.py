@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not _private_mounts_work(),
 
 def _actx_with_mount(mount: str, *args) -> subprocess.CompletedProcess:
     """`actx ARGS` after `mount` ran, both inside one private mount namespace."""
-    command = (f"{mount} && exec {shlex.quote(sys.executable)} -m deploy.cli "
+    command = (f"{mount} && exec {shlex.quote(sys.executable)} -m actx.deploy.cli "
                + " ".join(shlex.quote(a) for a in args))
     env = {**os.environ, "PYTHONPATH": REPO}
     return subprocess.run(["unshare", "-m", "sh", "-c", command], cwd=REPO, env=env,
@@ -71,7 +71,7 @@ def prepared(tmp_path_factory, qwen_tokenizer_dir) -> str:
     t = tmp_path_factory.mktemp("prepared")
     run = str(t / "run")
     proc = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "prepare", "--out", run, "--tokenizer",
+        [sys.executable, "-m", "actx.deploy.cli", "prepare", "--out", run, "--tokenizer",
          qwen_tokenizer_dir, "--text", _texts(t, 20), "--seq-len", "32", "--runner=FnApiRunner"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
         timeout=300)

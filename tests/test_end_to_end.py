@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import main as prepare_main
-from pipeline import sample_data
-from schemas import commit, runspec, store
+from actx.pipeline import main as prepare_main
+from actx.pipeline import sample_data
+from actx.schemas import commit, runspec, store
 from tests import hf_models, token_runs, worker_procs
 
 HOOKS = "layers.0.resid_post,layers.1.resid_post,layers.1.attn_out,final_norm"
@@ -92,7 +92,7 @@ def test_prepare_extract_read_matches_hf(where, qwen_sized_model, qwen_tokenizer
         rows = context_start[p.row_start:p.row_stop]
         assert p.full_context_tokens == int((rows == 0).sum()) > 0
 
-    import reader
+    from actx import reader
 
     r = reader.open_run(run)
     seg = token_runs.read_tokens(run, "segment_ids")
@@ -118,7 +118,7 @@ def test_zarr_python_reads_extracted_arrays(qwen_sized_model, qwen_tokenizer_dir
     prepare_main.run_prepare(spec, run, ["--runner=FnApiRunner"])
     code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"])
     assert code == 0, out
-    from reader import zarr_compat
+    from actx.reader import zarr_compat
 
     zarr_compat.register_bfloat16()
     arr = zarr.open_array(f"{run}/activations/final_norm", mode="r")

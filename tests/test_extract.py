@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from schemas import commit, layout, store
+from actx.schemas import commit, layout, store
 from tests import hf_models, token_runs, worker_procs
 
 HOOKS = "embed,layers.*.resid_post,layers.1.attn_out,layers.1.mlp_out,final_norm"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from schemas import commit, extraction, layout, runspec, store
+from actx.schemas import commit, extraction, layout, runspec, store
 from tests import hf_models, token_runs, worker_procs
 
 N_ROWS = 16
@@ -29,7 +29,7 @@ LIVE_BYTES: list[int] = []  # device bytes alive as each extraction of `both` st
 
 
 def _extract(run: str, names: str = "", *flags: str) -> None:
-    from workers import main as worker_main
+    from actx.workers import main as worker_main
 
     argv = (["--run", run, "--batch-size", "8"] + (["--extraction", names] if names else [])
             + list(flags))
@@ -90,7 +90,7 @@ def both(models, tmp_path_factory):
 
     import jax
 
-    from workers import main as worker_main
+    from actx.workers import main as worker_main
 
     real = worker_main._extract
 
@@ -150,7 +150,7 @@ def test_two_models_at_once_equal_each_alone(models, alone, tmp_path, monkeypatc
 
     import jax
 
-    from workers import main as worker_main
+    from actx.workers import main as worker_main
 
     run = _two_models_run(models, tmp_path)
     live, spans, waiting = [], {}, []
@@ -192,8 +192,8 @@ def test_a_model_that_does_not_fit_beside_runs_after(models, alone, tmp_path, mo
     and extracted after the first, with the reason in the log; the bytes are the same."""
     import logging
 
-    from workers import main as worker_main
-    from workers import model_groups
+    from actx.workers import main as worker_main
+    from actx.workers import model_groups
 
     monkeypatch.setattr(model_groups, "fit",
                         lambda jax, workers: model_groups.Fit(False, "9.00 GiB of 8.00 GiB"))
@@ -245,7 +245,7 @@ def test_a_stop_signal_ends_both_loops_with_one_line(models, tmp_path):
     import signal
     import time
 
-    from deploy import cli
+    from actx.deploy import cli
 
     run = str(tmp_path / "run")
     n_parts = 192
@@ -285,7 +285,7 @@ def test_working_bytes_counts_the_outputs_in_flight_and_the_cache(both):
     computed here from the run's own spec."""
     import jax
 
-    from workers import model_groups, runner
+    from actx.workers import model_groups, runner
 
     worker = runner.Worker(runner.WorkerOptions(run=both, batch_size=8, extraction="chat",
                                                 steps_in_flight=3))
@@ -316,14 +316,14 @@ def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):
         ACTX_CRASH_AT="before_commit:2")
     assert code != 0, out
     assert len(_checksums(run, "chat")) == 1  # one partition committed, one not
-    from reader import aligned  # reads only what both extractions committed
+    from actx.reader import aligned  # reads only what both extractions committed
 
     with aligned.aligned_stream(run, ["", "chat"], HOOK, 16, buffer_tokens=64) as stream:
         assert stream.partitions == tuple(_checksums(run, "chat"))
         rows = np.concatenate([b.rows for b in stream])
     part = stream.runs["chat"].partitions[stream.partitions[0]]
     assert len(rows) and part.row_start <= rows.min() and rows.max() < part.row_stop
-    from deploy import cli
+    from actx.deploy import cli
 
     out = io.StringIO()  # `actx rerun` finishes whichever extraction is behind
     assert cli.main(["rerun", run, "--batch-size", "8", "--devices-per-host", "8"],
@@ -359,7 +359,7 @@ def _valid_tokens(run) -> set[tuple[int, int]]:
 
 
 def test_aligned_batches_pair_the_right_tokens(both):
-    from reader import aligned, open_run
+    from actx.reader import aligned, open_run
 
     alone = {name: open_run(both, extraction=name) for name in ("base", "chat")}
     options = dict(seed=3, buffer_tokens=64, drop_last=False)
@@ -397,8 +397,8 @@ def test_aligned_batches_pair_the_right_tokens(both):
 def test_the_pytorch_dataset_reads_the_extraction_it_names(both):
     """reader.torch_data over a named extraction, by name or from an opened run: each
     batch is that model's activations of the tokens it names."""
-    from reader import open_run
-    from reader.torch_data import ActivationDataset
+    from actx.reader import open_run
+    from actx.reader.torch_data import ActivationDataset
 
     chat = open_run(both, extraction="chat")
     for data in (ActivationDataset(both, HOOK, 16, rank=0, world_size=1, extraction="chat",
@@ -422,7 +422,7 @@ def test_the_pytorch_dataset_reads_the_extraction_it_names(both):
 def test_aligned_filters_hook_per_model_and_normalisation(both):
     """whole_document and token masks as in one extraction's stream, a hook per model, and
     normalisation by each model's own statistics."""
-    from reader import aligned, open_run
+    from actx.reader import aligned, open_run
 
     runs = aligned.open_runs(both, ["base", "chat"])
     for run in runs.values():
@@ -447,7 +447,7 @@ def test_aligned_filters_hook_per_model_and_normalisation(both):
 
 
 def test_status_follow_and_tpu_plan_per_extraction(both, capsys):
-    from deploy import cli, config, tpu_follow, tpu_vm
+    from actx.deploy import cli, config, tpu_follow, tpu_vm
 
     out = io.StringIO()
     assert cli.main(["status", both, "--check"], out=out) == 0
@@ -477,7 +477,7 @@ def test_the_page_lists_every_extraction_as_status_counts_it(both, tmp_path):
     `status --json` gives it, the one shown in full marked, and `--extraction` picks it."""
     import shutil
 
-    from deploy import cli
+    from actx.deploy import cli
     from tests import browser
 
     browser.require_chromium()
@@ -509,7 +509,7 @@ def test_the_page_lists_every_extraction_as_status_counts_it(both, tmp_path):
 def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
     """The worker's tokenizer check applies per extraction: a model whose embedding is
     smaller than the token store's vocabulary (512 ids) is refused for it."""
-    from workers import admission, runner
+    from actx.workers import admission, runner
 
     small = hf_models.make_tiny_checkpoint(tmp_path / "small", "qwen2", vocab_size=256)
     run = worker_procs.copy_token_store(both, str(tmp_path / "run"))
@@ -525,7 +525,7 @@ def test_aligned_batches_of_two_widths_are_a_mapping(both, tmp_path):
     [n, d] activations, still the same tokens in each."""
     import shutil
 
-    from reader import aligned, open_run
+    from actx.reader import aligned, open_run
 
     narrow = hf_models.make_tiny_checkpoint(tmp_path / "narrow", "qwen2", hidden_size=32,
                                             intermediate_size=64)

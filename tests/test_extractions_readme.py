@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import yaml
 
-from deploy import cli, demo
+from actx.deploy import cli, demo
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 WORDS = "the a model token layer chat base read write store run cat sat on mat".split()
@@ -70,7 +70,7 @@ def test_crosscoder_workflow_runs(tmp_path, monkeypatch, qwen_tokenizer_dir):
     assert np.isfinite(float(scope["loss"].detach()))
     # Each column is its own model's activation of the same token, scaled by that model's
     # own mean norm (computed here with numpy over every stored token).
-    import reader
+    from actx import reader
 
     for i, name in enumerate(("base", "chat")):
         r = reader.open_run(str(run), extraction=name)

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 import yaml
 
-from deploy import config as deploy_config
-from deploy import local, tpu_vm
-from schemas import flags
-from schemas.worker_options import ExtractSettings, WorkerOptions
-from workers import main as worker_main
+from actx.deploy import config as deploy_config
+from actx.deploy import local, tpu_vm
+from actx.schemas import flags
+from actx.schemas.worker_options import ExtractSettings, WorkerOptions
+from actx.workers import main as worker_main
 
 
 def _parse(argv: list[str]) -> WorkerOptions:
@@ -77,7 +77,7 @@ def test_target_table_carries_every_extract_setting(tmp_path):
                                          host_name="local-r1h0", only=(2,),
                                          steal=settings["steal"])
     argv = tpu_vm.worker_argv("gs://b/runs/r", target, "fp", "j")
-    assert argv[:3] == ["python3", "-m", "workers.main"]
+    assert argv[:3] == ["python3", "-m", "actx.workers.main"]
     opts = _parse(argv[3:])
     for name, value in settings.items():
         if name != "steal":  # the slice is one replica: nothing to steal from
@@ -86,13 +86,13 @@ def test_target_table_carries_every_extract_setting(tmp_path):
 
 
 def test_cli_target_flags_match_the_config_fields():
-    from deploy import cli
+    from actx.deploy import cli
 
     parser = cli.build_parser()
     submit = parser._subparsers._group_actions[0].choices["submit"]
     dests = {a.dest: a for a in submit._actions}
     fields = {f.name: f for f in dataclasses.fields(deploy_config.TargetConfig)}
-    from deploy import jobs
+    from actx.deploy import jobs
 
     for name in jobs.TARGET_FLAGS:
         assert dests[name].default is None and name in fields

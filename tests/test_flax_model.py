@@ -10,9 +10,9 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from schemas import runspec
+from actx.schemas import runspec
 from tests import flax_models
-from workers import flax_model, flax_preflight, flax_step, sharding
+from actx.workers import flax_model, flax_preflight, flax_step, sharding
 
 HOOKS = "blocks.*:output,blocks.*.mlp:output,blocks.*.attn:input"
 B, T = 8, 12
@@ -142,7 +142,7 @@ def test_annotations_name_mesh_axes_or_actx_logical_axes():
 
 
 def flax_model_hooks(loaded, text):
-    from workers import flax_hooks
+    from actx.workers import flax_hooks
 
     return flax_hooks.parse_hooks(text, loaded.paths)
 

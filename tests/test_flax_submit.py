@@ -16,8 +16,8 @@ import numpy as np
 import yaml
 from flax import nnx
 
-from deploy import cli
-from schemas import commit, store
+from actx.deploy import cli
+from actx.schemas import commit, store
 from tests import flax_models, token_runs, worker_procs
 
 DOCS = ["The cat sat on the mat. " * (1 + i % 5) + f"Document {i}." for i in range(20)]
@@ -111,7 +111,7 @@ def test_plain_decoder_pad_on_two_hosts_and_segmented_refused(tmp_path, qwen_tok
     _assert_hooks_equal_sown(run, flax_models.make_plain_decoder(), names, False)
     assert cli.main(["verify", run], out=io.StringIO()) == 0
 
-    import reader
+    from actx import reader
 
     opened = reader.open_run(run)
     assert opened.hook("blocks.2.mlp:output").hidden == flax_models.D
@@ -124,7 +124,7 @@ def test_plain_decoder_pad_on_two_hosts_and_segmented_refused(tmp_path, qwen_tok
     # Beam extraction of the same token store (one row per device, as above): same bytes.
     beam_run = worker_procs.copy_token_store(run, str(tmp_path / "beam-run"))
     code, out = worker_procs.finish(subprocess.Popen(
-        [sys.executable, "-m", "adapters.beam_extract", "--run", beam_run, "--batch-size", "2",
+        [sys.executable, "-m", "actx.adapters.beam_extract", "--run", beam_run, "--batch-size", "2",
          "--job", "beam", "--runner=FnApiRunner"], env=worker_procs.worker_env(2),
         cwd=worker_procs.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
         timeout=600)

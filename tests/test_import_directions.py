@@ -1,32 +1,54 @@
 """The import directions of docs/ARCHITECTURE.md are part of the architecture; this test holds them.
 
-schemas imports neither jax nor apache_beam; pipeline never imports jax; workers never
-import apache_beam; adapters/ (the Beam extraction transform) is the one place that imports
-both; deploy reaches pipeline, workers and adapters only through their entry points;
-the reader pulls in neither Beam nor (at import time) JAX.
+actx.schemas imports neither jax nor apache_beam; actx.pipeline never imports jax;
+actx.workers never import apache_beam; actx.adapters (the Beam extraction transform) is the
+one place that imports both; actx.deploy reaches actx.pipeline, actx.workers and
+actx.adapters only through their entry points; the reader pulls in neither Beam nor (at
+import time) JAX. The folders are the project card's (schemas/, workers/, ...); installed,
+each is a subpackage of actx, and nothing imports them by their old top-level names.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SUBPACKAGES = ("schemas", "pipeline", "workers", "deploy", "reader", "adapters")
 
+# Per subpackage folder: what it must not import. Bare names are third-party packages;
+# subpackages are named as imported, actx.X.
 FORBIDDEN = {
-    "schemas": {"jax", "jaxlib", "flax", "apache_beam", "pipeline", "workers", "deploy", "reader",
-                "adapters"},
-    "pipeline": {"jax", "jaxlib", "flax", "workers", "deploy", "reader", "adapters"},
-    "workers": {"apache_beam", "pipeline", "deploy", "reader", "adapters"},
-    "reader": {"apache_beam", "pipeline", "workers", "deploy", "adapters"},
+    "schemas": {"jax", "jaxlib", "flax", "apache_beam", "actx.pipeline", "actx.workers",
+                "actx.deploy", "actx.reader", "actx.adapters"},
+    "pipeline": {"jax", "jaxlib", "flax", "actx.workers", "actx.deploy", "actx.reader",
+                 "actx.adapters"},
+    "workers": {"apache_beam", "actx.pipeline", "actx.deploy", "actx.reader", "actx.adapters"},
+    "reader": {"apache_beam", "actx.pipeline", "actx.workers", "actx.deploy", "actx.adapters"},
     # The one place that imports both Beam and JAX (through the workers' runner).
-    "adapters": {"deploy", "reader"},
+    "adapters": {"actx.deploy", "actx.reader"},
 }
-ENTRY_POINTS = {"pipeline.main", "workers.main", "adapters.beam_extract"}
+ENTRY_POINTS = {"actx.pipeline.main", "actx.workers.main", "actx.adapters.beam_extract"}
+# The front door (`import actx`, its names imported on first use) is for users: inside
+# actx a module imports another by its full name, so the rules above see what it pulls in.
+FRONT_DOOR = {"open_run", "open_runs", "aligned_stream", "TokenOptions", "OrderOptions",
+              "OutputOptions", "ActivationDataset", "export_saelens", "load_pretrained",
+              "CaptureSpec", "make_extract_fn"}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    """The installed name of a file: schemas/x.py is actx.schemas.x (tests/ keeps its own)."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["actx", *parts] if parts[0] in SUBPACKAGES else parts)
 
 
 def _imports(path: pathlib.Path, top_level_only: bool = False):
@@ -36,10 +58,22 @@ def _imports(path: pathlib.Path, top_level_only: bool = False):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.lineno, node.module
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: what it names once installed
+                package = _module_name(path)
+                if path.name != "__init__.py":
+                    package = package.rpartition(".")[0]
+                module = importlib.util.resolve_name("." * node.level + module, package)
+            yield node.lineno, module
             for alias in node.names:
-                yield node.lineno, f"{node.module}.{alias.name}"
+                yield node.lineno, f"{module}.{alias.name}"
+
+
+def _root(name: str) -> str:
+    """The unit an import rule speaks of: actx.X for actx's subpackages, else the top name."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "actx" and len(parts) > 1 else parts[0]
 
 
 def _files(package: str):
@@ -51,17 +85,37 @@ def test_package_imports_follow_design(package):
     violations = []
     for path in _files(package):
         for lineno, name in _imports(path):
-            if name.split(".")[0] in FORBIDDEN[package]:
+            if _root(name) in FORBIDDEN[package]:
                 violations.append(f"{path.relative_to(REPO)}:{lineno} imports {name}")
     assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_subpackages_import_modules_not_the_front_door(package):
+    violations = []
+    for path in _files(package):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name == "actx"]
+            elif isinstance(node, ast.ImportFrom) and node.module == "actx" and not node.level:
+                names = [f"actx.{a.name}" for a in node.names if a.name not in SUBPACKAGES]
+            else:
+                continue
+            violations += [f"{path.relative_to(REPO)}:{node.lineno} imports {n}" for n in names]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_front_door_lists_what_this_test_holds():
+    import actx
+
+    assert set(actx._FRONT_DOOR) == FRONT_DOOR and set(actx.SUBPACKAGES) == set(SUBPACKAGES)
 
 
 def test_deploy_uses_only_entry_points():
     violations = []
     for path in _files("deploy"):
         for lineno, name in _imports(path):
-            root = name.split(".")[0]
-            if root in ("pipeline", "workers", "adapters") and not any(
+            if _root(name) in ("actx.pipeline", "actx.workers", "actx.adapters") and not any(
                     name == e or name.startswith(e + ".") or e.startswith(name)
                     for e in ENTRY_POINTS):
                 violations.append(f"{path.relative_to(REPO)}:{lineno} imports {name}")
@@ -69,8 +123,94 @@ def test_deploy_uses_only_entry_points():
 
 
 def test_reader_and_schemas_load_without_jax_or_beam():
-    code = ("import sys, schemas.runspec, schemas.layout, schemas.commit, schemas.store, "
-            "schemas.manifest, reader; "
+    code = ("import sys, actx, actx.schemas.runspec, actx.schemas.layout, actx.schemas.commit, "
+            "actx.schemas.store, actx.schemas.manifest, actx.reader; actx.open_run; "
             "bad = [m for m in ('jax', 'apache_beam') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def _python_files():
+    """The project's own Python files: not virtual environments, build output or hidden
+    folders that may lie in a checkout, nor the fixture an old actx wrote."""
+    skip = {"build", "dist", "node_modules", "site-packages", "old_runs"}
+
+    def walk(folder: pathlib.Path):
+        if (folder / "pyvenv.cfg").exists():
+            return
+        for entry in sorted(folder.iterdir()):
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in skip:
+                yield from walk(entry)
+            elif entry.suffix == ".py":
+                yield entry
+
+    yield from walk(REPO)
+
+
+def _module_exists(dotted: str) -> bool:
+    """Whether actx.<dotted> is a module of this checkout (found by file, not imported)."""
+    path = REPO.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+OLD_MODULE_PATH = re.compile(r"(?:schemas|pipeline|workers|deploy|reader|adapters)(?:\.\w+)*")
+
+
+def test_nothing_imports_the_old_top_level_names():
+    """Every import of actx's own code names actx.X, and so does every string that names
+    one of its modules (`python -m`, importlib): the folders are not packages of their own
+    once installed, and PyPI has other packages by those names."""
+    violations = []
+    for path in _python_files():
+        violations += [f"{path.relative_to(REPO)}:{lineno} imports {name}"
+                       for lineno, name in _imports(path) if name.split(".")[0] in SUBPACKAGES]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and OLD_MODULE_PATH.fullmatch(node.value) and "." in node.value
+                    and _module_exists(node.value)):
+                violations.append(f"{path.relative_to(REPO)}:{node.lineno} names module "
+                                  f"{node.value!r}; installed it is 'actx.{node.value}'")
+    assert not violations, "\n".join(violations)
+
+
+def test_the_old_top_level_names_are_not_installed(tmp_path):
+    """From outside the checkout, `import reader` (or any old name) finds no actx code: the
+    installed distribution puts actx and nothing else at the top level."""
+    code = ("import importlib.util, json; "
+            f"print(json.dumps({{n: getattr(importlib.util.find_spec(n), 'origin', None) "
+            f"for n in {SUBPACKAGES!r}}}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True,
+                         capture_output=True, text=True).stdout
+    found = {n: o for n, o in json.loads(out).items() if o and o.startswith(str(REPO))}
+    assert not found, f"actx's folders importable at the top level: {found}"
+    # Nor does any installed distribution of actx (this one, or an old `actx` left behind)
+    # own a top-level name but actx.
+    code = ("import importlib.metadata as md, json; "
+            "print(json.dumps({n: d for n, d in md.packages_distributions().items() "
+            "if {x.lower().replace('_', '-') for x in d} & {'actx', 'actx-lm'}}))")
+    owned = json.loads(subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True,
+                                      capture_output=True, text=True).stdout)
+    assert set(owned) <= {"actx"}, f"installed at the top level by actx: {owned}"
+
+
+def test_the_front_door_is_light_and_documented():
+    """`import actx` imports neither torch, jax nor Beam; every front-door name resolves to
+    an object with a docstring, and importing it pulls in only what it needs."""
+    code = ("import sys, actx; "
+            "assert not [m for m in ('jax', 'torch', 'apache_beam') if m in sys.modules]; "
+            "names = [n for n in actx.__all__ if n != '__version__']; "
+            "missing = [n for n in names if not (getattr(actx, n).__doc__ or '').strip()]; "
+            "assert not missing, missing; "
+            "from actx.schemas import version; assert actx.__version__ == version.VERSION; "
+            "print(sorted(names))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, cwd=REPO).stdout
+    assert ast.literal_eval(out) == sorted([
+        "ActivationDataset", "CaptureSpec", "OrderOptions", "OutputOptions", "TokenOptions",
+        "aligned_stream", "export_saelens", "load_pretrained", "make_extract_fn", "open_run",
+        "open_runs"])
+    reader_only = ("import sys, actx; actx.open_run; actx.aligned_stream; actx.TokenOptions; "
+                   "print([m for m in ('jax', 'torch', 'apache_beam') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", reader_only], check=True, capture_output=True,
+                         text=True, cwd=REPO).stdout
+    assert out.strip() == "[]"

@@ -30,12 +30,10 @@ def test_workers_extra_loads_a_checkpoint_and_runs_a_step(tmp_path, wheelhouse):
     ckpt = hf_models.make_tiny_checkpoint(tmp_path / "qwen2", "qwen2")  # transformers' own
     ids = np.random.RandomState(0).randint(1, 512, (2, 24)).astype(np.int32)
     np.save(tmp_path / "ids.npy", ids)
-    step = ("import sys, numpy as np\n"
-            "from workers.model import load_pretrained\n"
-            "from workers.capture import CaptureSpec\n"
-            "from workers.step import make_extract_fn\n"
-            "model = load_pretrained(sys.argv[1], dtype='float32')\n"
-            "fn = make_extract_fn(model, CaptureSpec.parse(sys.argv[2]))\n"
+    # Through the front door, as README shows it: `import actx` alone.
+    step = ("import sys, numpy as np, actx\n"
+            "model = actx.load_pretrained(sys.argv[1], dtype='float32')\n"
+            "fn = actx.make_extract_fn(model, actx.CaptureSpec.parse(sys.argv[2]))\n"
             "acts = fn(np.load(sys.argv[3]))\n"
             "np.savez(sys.argv[4], **{k: np.asarray(v) for k, v in acts.items()})\n")
     venv.run(["python", "-c", step, ckpt, HOOKS, tmp_path / "ids.npy", tmp_path / "acts.npz"],
@@ -51,9 +49,9 @@ def test_workers_extra_loads_a_checkpoint_and_runs_a_step(tmp_path, wheelhouse):
 
 def test_pipeline_extra_prepares_a_tiny_input(tmp_path, wheelhouse, qwen_tokenizer_dir,
                                               fineweb_parquet):
-    from pipeline import main as prepare_main
-    from pipeline import sample_data
-    from schemas import manifest as manifest_lib
+    from actx.pipeline import main as prepare_main
+    from actx.pipeline import sample_data
+    from actx.schemas import manifest as manifest_lib
 
     venv = install_venvs.Venv(tmp_path / "venv", wheelhouse, "pipeline")
     install_venvs.assert_lacks(venv, "jax", "jaxlib", "flax")

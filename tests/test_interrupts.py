@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from deploy import commands
-from schemas import store
+from actx.deploy import commands
+from actx.schemas import store
 from tests import hf_models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _start(*args) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": REPO}
-    return subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "actx.deploy.cli", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -185,7 +185,7 @@ def test_sigterm_during_submit_stops_its_workers_and_rerun_is_byte_identical(
     model = hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", vocab_size=151936,
                                            num_hidden_layers=1)
     ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
-    done = subprocess.run([sys.executable, "-m", "deploy.cli", "submit",
+    done = subprocess.run([sys.executable, "-m", "actx.deploy.cli", "submit",
                            _submit_config(tmp_path, model, qwen_tokenizer_dir, ref)],
                           cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
                           capture_output=True, text=True, timeout=300)

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from schemas import heartbeat as heartbeat_lib
-from schemas import job_lease, layout, store
+from actx.schemas import heartbeat as heartbeat_lib
+from actx.schemas import job_lease, layout, store
 from tests import hf_models, token_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,7 +123,7 @@ def test_detached_leases_on_the_store_read_old_files_and_are_dropped_by_job(run_
 def test_a_jobs_hosts_of_a_named_extraction_hold_its_lease(run_store):
     """Workers of a named extraction beat under extractions/<name>/workers/: those beats
     keep a detached lease past its start grace, and once they stop the run is taken over."""
-    from schemas import extraction
+    from actx.schemas import extraction
 
     now = time.time()
     run_store.write(layout.extraction_name_key("chat"), b"{}")
@@ -149,7 +149,7 @@ def _as_dict(obj) -> dict:
 
 def _rerun(run: str, job: str, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "deploy.cli", "rerun", run, "--hosts", "1", "--batch-size",
+        [sys.executable, "-m", "actx.deploy.cli", "rerun", run, "--hosts", "1", "--batch-size",
          "8", "--job", job, *flags], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -167,7 +167,7 @@ def test_a_second_rerun_is_refused_unless_it_joins(tmp_path):
         time.sleep(0.05)
 
     second = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "rerun", run, "--job", "second"], cwd=REPO,
+        [sys.executable, "-m", "actx.deploy.cli", "rerun", run, "--job", "second"], cwd=REPO,
         env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=120)
     said = second.stdout + second.stderr
     assert second.returncode == 2, said
@@ -197,7 +197,7 @@ def test_a_second_rerun_is_refused_unless_it_joins(tmp_path):
     assert os.path.exists(os.path.join(run, "logs", "joined", "local-joined-r0h0.log"))
     assert s.read_json(layout.heartbeat_key("local-joined-r0h0"))["job"] == "joined"
     assert len(s.list(layout.COMMITS_PREFIX)) == 3072 // 32
-    verify = subprocess.run([sys.executable, "-m", "deploy.cli", "verify", run], cwd=REPO,
+    verify = subprocess.run([sys.executable, "-m", "actx.deploy.cli", "verify", run], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": REPO}, capture_output=True,
                             text=True, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr

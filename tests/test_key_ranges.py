@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipeline import pack
-from schemas import runspec
-from workers import attention, key_ranges, kv_cache, schedule
+from actx.pipeline import pack
+from actx.schemas import runspec
+from actx.workers import attention, key_ranges, kv_cache, schedule
 
 
 def _block(lengths, packing, rng):

@@ -13,11 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-from pipeline import pack
-from schemas import runspec
+from actx.pipeline import pack
+from actx.schemas import runspec
 from tests import hf_models
-from workers import attention, attention_xla, capture, model as model_lib, schedule, step
-from workers import ranged_flash_gpu, ranged_flash_tpu
+from actx.workers import attention, attention_xla, capture, model as model_lib, schedule, step
+from actx.workers import ranged_flash_gpu, ranged_flash_tpu
 
 SEQ_LEN = 8
 HOOKS = "embed,layers.*.resid_pre,layers.*.attn_out,layers.*.resid_mid,layers.*.mlp_out," \

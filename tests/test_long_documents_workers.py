@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from schemas import commit, store
+from actx.schemas import commit, store
 from tests import hf_models, token_runs, worker_procs
 
 HOOKS = "embed,layers.*.resid_post,layers.1.attn_out,layers.2.mlp_out,final_norm"
@@ -90,7 +90,7 @@ def test_sigkill_inside_a_long_document_then_rerun_is_byte_identical(reference, 
 
 
 def test_reader_selects_tokens_that_saw_their_whole_document(reference):
-    import reader
+    from actx import reader
 
     run, docs = reference
     sel = reader.open_run(run).select(["layers.2.resid_post"], whole_document=True)
@@ -104,7 +104,7 @@ def test_reader_selects_tokens_that_saw_their_whole_document(reference):
     total = sum(len(d) for d in docs)
     assert len(sel) == total - sum(max(0, len(d) - MAX_CONTEXT) for d in docs) < total
     m = store.open_store(run)
-    from schemas import manifest
+    from actx.schemas import manifest
     assert sum(p.full_context_tokens for p in manifest.read_manifest(m).partitions) == len(sel)
 
 
@@ -113,8 +113,8 @@ def test_a_run_prepared_before_context_was_recorded_is_refused(reference, tmp_pa
     are both refused with the missing field named, by workers and by the reader."""
     import json
 
-    import reader
-    from workers import runner
+    from actx import reader
+    from actx.workers import runner
 
     ref, _ = reference
     old_spec = _copy_tokens(ref, str(tmp_path / "old_spec"))
@@ -135,7 +135,7 @@ def test_a_run_prepared_before_context_was_recorded_is_refused(reference, tmp_pa
 
 
 def test_max_context_beyond_the_model_is_refused(model_dir, tmp_path):
-    from workers import runner
+    from actx.workers import runner
 
     run = str(tmp_path / "run")
     token_runs.write_long_document_run(run, str(model_dir), max_context=8192)
@@ -145,7 +145,7 @@ def test_max_context_beyond_the_model_is_refused(model_dir, tmp_path):
 
 
 def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
-    from workers import kv_cache
+    from actx.workers import kv_cache
 
     kv_cache.check_fits(4 << 30, 8 << 30, 1 << 30, 16 << 30, max_context=4096,
                         slots_per_device=8, layers_run=32, device_kind="TPU v5 lite")
@@ -156,7 +156,7 @@ def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
         kv_cache.check_fits(9 << 30, 4 << 30, 3 << 29, 16 << 30, max_context=8192,
                             slots_per_device=8, layers_run=32, device_kind="TPU v5 lite")
     # Llama-3.1-8B-like at 8 slots x 4096 tokens of bfloat16: 0.5 GiB a slot, 4 GiB in all.
-    from workers.model_config import ModelConfig
+    from actx.workers.model_config import ModelConfig
     llama8b = ModelConfig("LlamaForCausalLM", 32, 4096, 128256, 32, 8, 128, 14336)
     assert kv_cache.cache_bytes(llama8b, 32, 8, 4096, 2) == 4 << 30
     assert kv_cache.capacity_tokens(4096, 1024) == 4096
@@ -164,8 +164,8 @@ def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
 
 
 def test_prepare_refuses_max_context_beyond_the_model_before_any_work(model_dir, tmp_path):
-    from pipeline import main as prepare_main
-    from schemas import runspec
+    from actx.pipeline import main as prepare_main
+    from actx.schemas import runspec
 
     spec = runspec.RunSpec.from_dict({
         "model": {"path": str(model_dir)}, "tokenizer": {"path": "unused"},
@@ -181,7 +181,7 @@ def test_prepare_refuses_max_context_beyond_the_model_before_any_work(model_dir,
 def test_training_streams_can_keep_only_tokens_that_saw_their_whole_document(reference):
     """run.stream and run.batches with whole_document=True yield exactly the tokens whose
     context_start is 0, each once per epoch, with their stored values."""
-    import reader
+    from actx import reader
 
     run, _ = reference
     context_start = token_runs.read_tokens(run, "context_start")
@@ -206,7 +206,7 @@ def test_a_short_warm_up_is_exact_when_the_windows_allow_it(model_dir, tmp_path)
     before them, so a partition that starts inside a document re-runs only its last 3 rows
     (not all of them) and every token still equals HF with the window, one process and a
     2-host replica alike."""
-    from workers import schedule
+    from actx.workers import schedule
 
     run = str(tmp_path / "run")
     _, docs = token_runs.write_long_document_run(run, str(model_dir), hooks=HOOKS,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from deploy import runstate, verify
-from pipeline import main as prepare_main
-from pipeline import sample_data
-from schemas import commit, runspec, store
+from actx.deploy import runstate, verify
+from actx.pipeline import main as prepare_main
+from actx.pipeline import sample_data
+from actx.schemas import commit, runspec, store
 from tests import hf_models
-from workers import runner
+from actx.workers import runner
 
 
 def test_prepare_extract_read_verify_in_memory(tmp_path, qwen_tokenizer_dir):
@@ -32,7 +32,7 @@ def test_prepare_extract_read_verify_in_memory(tmp_path, qwen_tokenizer_dir):
     assert worker.run() == 0
     assert commit.committed_partitions(store.open_store(run)) == {p.id for p in m.partitions}
 
-    import reader
+    from actx import reader
 
     r = reader.open_run(run)
     with r.batches("layers.1.resid_post", batch_size=32, drop_last=False, prefetch=1) as it:

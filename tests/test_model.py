@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tests import hf_models
-from workers import attention, attention_xla, capture, model_config, step
-from workers import model as model_lib
+from actx.workers import attention, attention_xla, capture, model_config, step
+from actx.workers import model as model_lib
 
 ALL_HOOKS = ("layers.*.resid_pre,layers.*.resid_mid,layers.*.resid_post,"
              "layers.*.attn_out,layers.*.mlp_out,embed,final_norm")
@@ -182,7 +182,7 @@ def test_load_from_gcs(ckpt_dir, gcs_bucket):
     """gs:// checkpoints are read through tensorstore's gcs kvstore (the GCS emulator)."""
     import tensorstore as ts
 
-    from schemas import uri
+    from actx.schemas import uri
 
     path = ckpt_dir("qwen2")
     remote_uri = f"{gcs_bucket}/models/tiny"

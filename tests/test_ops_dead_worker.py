@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from deploy import cli
-from schemas import commit, layout, store
+from actx.deploy import cli
+from actx.schemas import commit, layout, store
 from tests import hf_models, token_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +66,7 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     cfg = tmp_path / "t.yaml"
     cfg.write_text("target:\n  heartbeat_s: 1\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy.cli", "rerun", run, "--config", str(cfg), "--hosts",
+        [sys.executable, "-m", "actx.deploy.cli", "rerun", run, "--config", str(cfg), "--hosts",
          "1", "--batch-size", "8", "--job", "killed"], cwd=REPO, text=True,
         env={**os.environ, "PYTHONPATH": REPO}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
@@ -136,7 +136,7 @@ def test_check_exits_1_until_every_partition_is_committed(tmp_path):
 
 def test_current_rate_is_the_latest_interval_and_average_spans_the_run(tmp_path):
     """Two hosts' heartbeats with known histories: one live, one finished."""
-    from schemas import config as config_lib, heartbeat
+    from actx.schemas import config as config_lib, heartbeat
 
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, "unused-model", n_rows=24, seq_len=16, partition_rows=8,
@@ -162,7 +162,7 @@ def test_current_rate_is_the_latest_interval_and_average_spans_the_run(tmp_path)
 def test_a_gone_process_on_this_machine_is_dead_at_once(tmp_path):
     """No launcher saw it die (started by hand, or the launcher died too): its fresh
     heartbeat still says working, but its process is gone from this machine."""
-    from schemas import config as config_lib, heartbeat
+    from actx.schemas import config as config_lib, heartbeat
 
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, "unused-model", n_rows=24, seq_len=16, partition_rows=8,
@@ -187,8 +187,8 @@ def test_a_gone_process_on_this_machine_is_dead_at_once(tmp_path):
 
 
 def test_heartbeats_name_their_process(tmp_path):
-    from schemas import heartbeat
-    from workers import progress
+    from actx.schemas import heartbeat
+    from actx.workers import progress
 
     s = store.open_store(str(tmp_path))
     beats = progress.HeartbeatThread(s, "h", 0, 0, "h-1-x", progress.Progress(), 60.0)

@@ -11,9 +11,9 @@ import json
 import pytest
 import yaml
 
-from deploy import cli
-from pipeline import sample_data
-from schemas import layout, store
+from actx.deploy import cli
+from actx.pipeline import sample_data
+from actx.schemas import layout, store
 from tests import hf_models
 
 HOOKS = ("layers.0.resid_post", "layers.1.resid_post")

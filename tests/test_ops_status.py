@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from deploy import cli
-from schemas import config as config_lib
-from schemas import heartbeat, layout, store
+from actx.deploy import cli
+from actx.schemas import config as config_lib
+from actx.schemas import heartbeat, layout, store
 from tests import token_runs
 
 
@@ -167,7 +167,7 @@ def test_rerun_only_stale_with_none_stale(run):
 
 
 def test_ops_commands_import_neither_jax_nor_beam(run):
-    code = ("import sys, io; from deploy import cli; "
+    code = ("import sys, io; from actx.deploy import cli; "
             f"cli.main(['status', {run!r}], out=io.StringIO()); "
             f"cli.main(['status', {run!r}, '--html', {run + '/page.html'!r}], out=io.StringIO()); "
             f"cli.main(['verify', {run!r}], out=io.StringIO()); "

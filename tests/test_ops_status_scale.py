@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from deploy import cli
-from schemas import commit, config, heartbeat, layout, manifest, store
+from actx.deploy import cli
+from actx.schemas import commit, config, heartbeat, layout, manifest, store
 from tests import status_runs
 
 

@@ -12,8 +12,8 @@ import shutil
 import pytest
 import yaml
 
-from deploy import cli
-from schemas import commit, store
+from actx.deploy import cli
+from actx.schemas import commit, store
 from tests import hf_models, token_runs
 
 

@@ -9,8 +9,8 @@ import io
 import json
 import os
 
-from deploy import cli
-from schemas import commit, layout, store
+from actx.deploy import cli
+from actx.schemas import commit, layout, store
 from tests import hf_models, token_runs
 
 HOOK = "layers.0.resid_post"

@@ -3,7 +3,7 @@ replica's hosts and devices, checked against the arithmetic it stands for."""
 
 import itertools
 
-from schemas import parallelism
+from actx.schemas import parallelism
 
 
 def test_the_rules_refuse_exactly_the_splits_that_do_not_divide():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline import arc_render
+from actx.pipeline import arc_render
 
 TASK = {"train": [{"input": [[1, 2, 0], [3, 4, 5]], "output": [[6, 7], [8, 9], [0, 1]]}],
         "test": [{"input": [[0, 3], [4, 0]], "output": [[5]]}]}

@@ -8,8 +8,8 @@ import numpy as np
 import zarr
 from tokenizers import Tokenizer
 
-from pipeline import arc_render, main, sample_data, tokenize
-from schemas import layout, runspec as R
+from actx.pipeline import arc_render, main, sample_data, tokenize
+from actx.schemas import layout, runspec as R
 
 N_TASKS = 20
 

@@ -8,7 +8,7 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from pipeline import deferred
+from actx.pipeline import deferred
 
 
 def test_outputs_wait_for_their_writes_and_keep_their_order():

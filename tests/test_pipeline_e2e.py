@@ -9,8 +9,8 @@ import pytest
 import zarr
 from tokenizers import Tokenizer
 
-from pipeline import fileio, main, sample_data, tokenize, write_store
-from schemas import layout, manifest as manifest_lib, runspec as R, store as store_lib
+from actx.pipeline import fileio, main, sample_data, tokenize, write_store
+from actx.schemas import layout, manifest as manifest_lib, runspec as R, store as store_lib
 
 ARC_TASK = {"train": [{"input": [[1, 2], [3, 4]], "output": [[4, 3], [2, 1]]}],
             "test": [{"input": [[5, 6], [7, 8]], "output": [[8, 7], [6, 5]]}]}
@@ -129,7 +129,7 @@ def test_arc_provenance_selects_test_input_cells(prepared):
     sel = (arrays["arc_grid"] == test_input) & (arrays["arc_row"] >= 0)
     assert sel.sum() == 8 * 4  # 8 variants x a 2x2 test input
     tok = Tokenizer.from_file(os.path.join(prepared[0].tokenizer.path, "tokenizer.json"))
-    from pipeline import arc_render
+    from actx.pipeline import arc_render
     for r, c in zip(*np.nonzero(sel)):
         variant = arc_render.variants("t-one", True, 0, 0)[arrays["arc_variant"][r, c]]
         grid = arc_render.transform_grid(ARC_TASK["test"][0]["input"], variant)
@@ -217,7 +217,7 @@ def test_gcs_inputs_and_run_directory(prepared, gcs_bucket):
     assert manifest_lib.read_manifest(store) == m and store.exists("run.json")
     assert store.exists(write_store.rejects_key("misc")) and store.exists(layout.docs_key(0))
     import tensorstore as ts
-    from schemas import uri
+    from actx.schemas import uri
     gs_ids = ts.open(layout.token_array("input_ids", m.total_rows, 64, spec.layout).spec(
         uri.parse(run))).result().read().result()
     assert (gs_ids == _arrays(local_run)["input_ids"]).all()

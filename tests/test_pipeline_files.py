@@ -10,8 +10,8 @@ import pytest
 import zarr
 from tokenizers import Tokenizer
 
-from pipeline import main, pack_group, partition, write_store
-from schemas import layout, runspec as R
+from actx.pipeline import main, pack_group, partition, write_store
+from actx.schemas import layout, runspec as R
 
 FILES = {"a.jsonl": ["alpha one two three", "alpha four", "alpha five six seven eight"],
          "b.jsonl": ["beta one", None, "beta three and more", "beta four"],
@@ -161,7 +161,7 @@ def test_only_summaries_are_collected_globally(tmp_path, qwen_tokenizer_dir):
     from apache_beam.pipeline import PipelineVisitor
     from apache_beam.transforms import combiners, core
 
-    from pipeline import beam_pipeline
+    from actx.pipeline import beam_pipeline
 
     spec = _spec(qwen_tokenizer_dir, _write(tmp_path), max_docs=5)
     p = beam.Pipeline()

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline import pack
-from schemas import runspec as R
+from actx.pipeline import pack
+from actx.schemas import runspec as R
 
 
 def _fill(lengths, packing, sep=0):

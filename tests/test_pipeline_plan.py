@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipeline import assemble, pack, pack_group, partition, unit_tokens, units
-from schemas import layout, manifest as manifest_lib, runspec as R, store
+from actx.pipeline import assemble, pack, pack_group, partition, unit_tokens, units
+from actx.schemas import layout, manifest as manifest_lib, runspec as R, store
 
 
 def _spec(mode="segmented", seq_len=8, partition_rows=2, max_docs=(None, None), **packing):

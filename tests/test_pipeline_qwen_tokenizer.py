@@ -5,7 +5,7 @@ import os
 
 from tokenizers import Tokenizer
 
-from pipeline import qwen_tokenizer
+from actx.pipeline import qwen_tokenizer
 
 TEXTS = [
     "Hello world! It's 2024-01-02; pi is 3.14159, and 1234567890 digits.",
@@ -45,7 +45,7 @@ def test_special_tokens_and_config(qwen_tokenizer_dir):
 
 
 def test_chat_template_renders_like_qwen(qwen_tokenizer_dir):
-    from pipeline import arc_render
+    from actx.pipeline import arc_render
 
     with open(os.path.join(qwen_tokenizer_dir, "tokenizer_config.json")) as f:
         template = json.load(f)["chat_template"]

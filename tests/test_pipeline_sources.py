@@ -11,8 +11,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline import beam_pipeline, fileio, sample_data, sources, tokenize, unit_tokens, units
-from schemas import runspec as R, store
+from actx.pipeline import beam_pipeline, fileio, sample_data, sources, tokenize, unit_tokens, units
+from actx.schemas import runspec as R, store
 
 GRID = [[1, 2], [3, 4]]
 TASK = {"train": [{"input": GRID, "output": GRID}], "test": [{"input": GRID}]}

@@ -2,6 +2,7 @@
 reading (the records of the whole file), the same run whatever the unit size, and no
 element larger than a small bound crossing a stage boundary on the multi-process runner."""
 
+import importlib
 import json
 import os
 
@@ -13,8 +14,8 @@ import pytest
 
 from apache_beam.coders import typecoders
 
-from pipeline import main, pack_group, sample_data, sources, units
-from schemas import layout, runspec as R
+from actx.pipeline import main, pack_group, sample_data, sources, units
+from actx.schemas import layout, runspec as R
 from tests.pipeline_fixtures import size_checking_coder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,9 +167,9 @@ def test_no_large_element_crosses_a_stage_boundary(tmp_path, qwen_tokenizer_dir,
     main.run_prepare(spec, reference, max_reject_fraction=0.5)
     assert _tree(run) == _tree(reference)
     # The largest unit's tokens would not have passed the bound.
-    from pipeline import unit_tokens
+    from actx.pipeline import unit_tokens
     tokens, _ = unit_tokens.tokenize_unit(
-        __import__("pipeline.tokenize").tokenize.load_tokenizer(qwen_tokenizer_dir), spec,
+        importlib.import_module("actx.pipeline.tokenize").load_tokenizer(qwen_tokenizer_dir), spec,
         units.plan_units(spec, 0, parquet, 20000)[0], None, [])
     assert len(tokens.to_bytes()) > ELEMENT_BOUND
     monkeypatch.setattr(registry, "_fallback_coder", typecoders.FirstOf(
@@ -184,7 +185,7 @@ def test_a_run_without_arc_sources_has_no_arc_arrays_and_selects_the_same(reader
     -1 everywhere: ARC filters select nothing, other filters select what they did."""
     import shutil
 
-    import reader
+    from actx import reader
 
     copy = str(tmp_path / "no-arc")
     shutil.copytree(reader_run.uri, copy)

@@ -4,7 +4,7 @@ run directory, lose the slice half way, see the lost hosts stale, rerun only the
 partitions on a recreated slice, verify, compare with an uninterrupted local run byte for
 byte, and tear the slice down.
 
-The hosts run the real `python -m workers.main` (installed on each host from the wheel
+The hosts run the real `python -m actx.workers.main` (installed on each host from the wheel
 submit builds) on CPU, joined by a real jax.distributed coordinator on loopback.
 """
 
@@ -19,9 +19,9 @@ import uuid
 import pytest
 import yaml
 
-from deploy import cli
-from pipeline import sample_data
-from schemas import job_lease, layout, store
+from actx.deploy import cli
+from actx.pipeline import sample_data
+from actx.schemas import job_lease, layout, store
 from tests import hf_models
 from tests.fake_gcloud_fixtures import fake_cloud, pod_config  # noqa: F401 (fixture)
 
@@ -149,7 +149,7 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     code, out = _main(rerun + ["--recreate", "--wait", "--job", job2])
     assert code == 0, out
     phase("status, rerun --recreate --wait")
-    started = [c for c in _commands(out, dry_run=False) if "deploy.host_run" in c]
+    started = [c for c in _commands(out, dry_run=False) if "actx.deploy.host_run" in c]
     assert len(started) == 1 and f"--only {','.join(map(str, missing))} " in started[0]
     assert committed() == set(range(n))
     # The partitions committed before the preemption were not redone.

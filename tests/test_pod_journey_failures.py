@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from deploy import cli
-from schemas import heartbeat, job_lease, store
+from actx.deploy import cli
+from actx.schemas import heartbeat, job_lease, store
 from tests import hf_models
 from tests.fake_gcloud_fixtures import fake_cloud, pod_config  # noqa: F401 (fixture)
 
@@ -138,7 +138,7 @@ def test_workers_finish_when_the_submitter_dies_and_logs_show_while_they_run(
     env = dict(os.environ, PYTHONPATH=REPO)
     # The submitter follows the job (--wait) in its own session, like a laptop's terminal.
     submitter = subprocess.Popen(
-        [sys.executable, "-m", "deploy.cli", "submit", cfg, "--job", job, "--wait"],
+        [sys.executable, "-m", "actx.deploy.cli", "submit", cfg, "--job", job, "--wait"],
         cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
     lines = []

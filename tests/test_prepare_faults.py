@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from pipeline import main
-from schemas import layout, runspec as R, store
+from actx.pipeline import main
+from actx.schemas import layout, runspec as R, store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,7 +39,7 @@ def _spec(tok, path):
 
 
 def _tokens(run):
-    from schemas import ts_context, uri
+    from actx.schemas import ts_context, uri
 
     loc = uri.parse(run)
     return {n: ts_context.open_array({"driver": "zarr3", "kvstore": loc.join(
@@ -95,7 +95,7 @@ def test_rejects_describe_only_the_attempt_with_the_manifest(tmp_path, qwen_toke
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "deploy.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "actx.deploy.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": REPO})
 
@@ -132,7 +132,7 @@ def test_reject_abort_prints_the_command_that_passes(tmp_path, qwen_tokenizer_di
 def test_submit_takes_max_reject_fraction_and_its_hint_passes(tmp_path, qwen_tokenizer_dir):
     """`actx submit` aborts with the command to type; typed as printed, it prepares with
     the reject recorded and extracts every partition."""
-    from deploy import cli
+    from actx.deploy import cli
     from tests import hf_models
 
     model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1,

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import tensorstore as ts
 
-from reader import read_window
+from actx.reader import read_window
 
 ROWS, WIDTH = 64, 1024
 

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from reader import gather as gather_lib
+from actx.reader import gather as gather_lib
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])

@@ -13,9 +13,9 @@ import crc32c
 import numpy as np
 import pytest
 
-import reader
-from reader import gather as gather_lib
-from reader import shard_files
+from actx import reader
+from actx.reader import gather as gather_lib
+from actx.reader import shard_files
 from tests import reader_fixtures as rf
 
 T = 16  # the fixtures' seq_len
@@ -41,7 +41,7 @@ def _zarr_read(truth, hook):
     """The whole hook array as zarr-python reads it (the independent reference)."""
     import zarr
 
-    from reader import zarr_compat
+    from actx.reader import zarr_compat
 
     zarr_compat.register_bfloat16()
     return np.asarray(zarr.open_array(os.path.join(truth.uri, "activations", hook),
@@ -262,7 +262,7 @@ def test_batches_outlive_the_mappings_and_every_mapping_is_released(tmp_path):
 def test_a_file_system_that_cannot_map_files_is_decoded_from_then_on(tmp_path, monkeypatch):
     import errno
 
-    from reader import mapped_region
+    from actx.reader import mapped_region
 
     def cannot_map(self, i, fd):  # as mmap fails on a file system without it
         raise OSError(errno.ENODEV, "No such device")

@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
-import reader
-from schemas import layout
-from schemas import manifest as manifest_lib
-from schemas import store as store_lib
-from schemas import ts_context
+from actx import reader
+from actx.schemas import layout
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import store as store_lib
+from actx.schemas import ts_context
 from tests import reader_fixtures as rf
 
 T = 16
@@ -61,7 +61,7 @@ def _qwen_special_ids(tokenizer_dir: str) -> list[int]:
 
 
 def test_special_mask_uses_the_tokenizers_special_ids(tmp_path, qwen_tokenizer_dir):
-    from pipeline import tokenize  # how prepare records them in the manifest
+    from actx.pipeline import tokenize  # how prepare records them in the manifest
 
     truth = rf.build_run(str(tmp_path / "run"), committed=(0, 1))
     special = _qwen_special_ids(qwen_tokenizer_dir)
@@ -187,7 +187,7 @@ def test_status_and_the_page_show_what_each_mask_removes(tmp_path):
     stored, the same as describe(); before compute_stats they say none were counted."""
     import io
 
-    from deploy import cli
+    from actx.deploy import cli
     from tests import browser
 
     truth, _, _ = _with_outliers(tmp_path, packing="concat")

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-import reader
-from schemas import layout
+from actx import reader
+from actx.schemas import layout
 from tests import reader_fixtures as rf
 
 

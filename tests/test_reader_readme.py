@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-import reader
+from actx import reader
 from tests import reader_fixtures as rf
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"

@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import pytest
 
-import reader
+from actx import reader
 from tests import reader_fixtures as rf
 
 
@@ -77,7 +77,7 @@ def test_gcs_run_reads_like_local(gcs_bucket):
 def test_zarr_python_reads_the_same_values(tmp_path, dtype):
     import zarr
 
-    from reader import zarr_compat
+    from actx.reader import zarr_compat
 
     truth = rf.build_run(str(tmp_path / "run"), dtype=dtype, num_partitions=2)
     if dtype == "bfloat16":  # zarr-python 3.1 has no bfloat16 of its own

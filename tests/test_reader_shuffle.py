@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-import reader
+from actx import reader
 from tests import reader_fixtures as rf
 
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-import reader
-from schemas import layout
+from actx import reader
+from actx.schemas import layout
 from tests import reader_fixtures as rf
 
 

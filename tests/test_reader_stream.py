@@ -11,10 +11,10 @@ import weakref
 import numpy as np
 import pytest
 
-import reader
-from reader import gather as gather_lib
-from reader import mixing
-from reader.stream_state import StreamState
+from actx import reader
+from actx.reader import gather as gather_lib
+from actx.reader import mixing
+from actx.reader.stream_state import StreamState
 from tests import reader_fixtures as rf
 
 T = 16  # the fixtures' seq_len
@@ -143,7 +143,7 @@ def test_values_equal_zarr_pythons_read_of_the_arrays(tmp_path, codec, file_io_m
     # None: the default for a local run, mapped files; "default": tensorstore's read().
     import zarr
 
-    from reader import zarr_compat
+    from actx.reader import zarr_compat
 
     truth = _uneven_run(tmp_path / "run", dtype="bfloat16", codec=codec)
     zarr_compat.register_bfloat16()
@@ -356,7 +356,7 @@ def test_a_damaged_block_fails_the_stream_with_the_read_error(tmp_path):
 
 
 def test_local_runs_read_mapped_files_where_tensorstore_can(reader_run, monkeypatch):
-    from reader import read_contexts
+    from actx.reader import read_contexts
 
     run = reader.open_run(reader_run.uri)
     assert read_contexts.default_file_io_mode(run) == "memmap"

@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import reader  # noqa: E402
-from reader import torch_data  # noqa: E402
+from actx import reader  # noqa: E402
+from actx.reader import torch_data  # noqa: E402
 from tests import reader_fixtures as rf  # noqa: E402
 
 HOOK = "layers.0.resid_post"
@@ -91,7 +91,7 @@ def test_in_process_iteration_yields_dicts_for_several_hooks_on_a_device(tmp_pat
 
 def test_the_reader_does_not_import_torch(tmp_path):
     truth = _run(tmp_path)
-    code = ("import sys, reader; r = reader.open_run(sys.argv[1]); "
+    code = ("import sys, actx; r = actx.open_run(sys.argv[1]); "
             "[b for b in r.stream('embed', 8)]; r.select('embed', exclude=['bos']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code, truth.uri], check=True)

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import reader  # noqa: E402
-from reader import trainers  # noqa: E402
+from actx import reader  # noqa: E402
+from actx.reader import trainers  # noqa: E402
 from tests import reader_fixtures as rf  # noqa: E402
 
 HOOK = "layers.0.resid_post"

@@ -56,8 +56,8 @@ def test_every_yaml_block_is_a_valid_submit_config(tmp_path):
 
     import yaml
 
-    from deploy import config as deploy_config
-    from schemas import config as config_lib
+    from actx.deploy import config as deploy_config
+    from actx.schemas import config as config_lib
 
     text = README.read_text()
     blocks = re.findall(r"^( *)```yaml\n(.*?)^ *```", text, re.S | re.M)

@@ -9,9 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import reader
-from reader import gather as gather_lib
-from reader import row_copy
+from actx import reader
+from actx.reader import gather as gather_lib
+from actx.reader import row_copy
 from tests import reader_fixtures as rf
 
 T = 16  # the fixtures' seq_len
@@ -50,20 +50,20 @@ def test_kernel_copies_rows_where_numpy_says_streamed_or_not(dtype, hidden):
 def test_an_install_without_the_extension_copies_with_numpy_and_logs_it_once(
         reader_run, monkeypatch, caplog):
     monkeypatch.setattr(row_copy, "_built", None)
-    monkeypatch.setattr(row_copy, "_NOT_BUILT", "No module named 'reader._row_copy'")
+    monkeypatch.setattr(row_copy, "_NOT_BUILT", "No module named 'actx.reader._row_copy'")
     monkeypatch.setattr(row_copy, "_loaded", None)
     monkeypatch.delenv("ACTX_ROW_COPY", raising=False)
     run = reader.open_run(reader_run.uri)
     with caplog.at_level(logging.WARNING, logger=row_copy.__name__):
         for _ in range(2):
             s = run.stream("embed", 8, buffer_tokens=4 * T, block_rows=2)
-            assert s.copy_path.startswith("numpy: reader._row_copy was not built at install")
+            assert s.copy_path.startswith("numpy: actx.reader._row_copy was not built at install")
     warnings = [r for r in caplog.records if r.name == row_copy.__name__]
     assert len(warnings) == 1 and "numpy" in warnings[0].getMessage()
 
 
 def test_a_module_of_another_version_is_refused():
-    other = types.SimpleNamespace(__name__="reader._row_copy", version=lambda: 2,
+    other = types.SimpleNamespace(__name__="actx.reader._row_copy", version=lambda: 2,
                                   copy_rows=None)
     copy_rows, why = row_copy.load(other)
     assert copy_rows is None and "version 2, expected 1" in why

@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-from schemas import activations_info, errors, layout, run_dir, store
+from actx.schemas import activations_info, errors, layout, run_dir, store
 
 
 def test_every_input_error_is_a_user_error():
-    import reader
-    from deploy import jobs, tpu_vm
-    from pipeline import fileio, main as pipeline_main, tokenize
-    from schemas import config, store_errors
-    from workers import admission
+    from actx import reader
+    from actx.deploy import jobs, tpu_vm
+    from actx.pipeline import fileio, main as pipeline_main, tokenize
+    from actx.schemas import config, store_errors
+    from actx.workers import admission
 
     for cls in (config.ConfigError, fileio.InputError, tokenize.TokenizerError,
                 pipeline_main.PrepareError, admission.RunMismatch, tpu_vm.TargetError,
@@ -30,9 +30,9 @@ def test_every_input_error_is_a_user_error():
 
 
 def test_not_a_run_is_said_the_same_way_by_every_stage(tmp_path, capsys):
-    import reader
-    from deploy import cli
-    from workers import runner
+    from actx import reader
+    from actx.deploy import cli
+    from actx.workers import runner
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -56,7 +56,7 @@ def test_not_a_run_is_said_the_same_way_by_every_stage(tmp_path, capsys):
 
 
 def test_a_user_error_raised_anywhere_exits_2_in_one_line(tmp_path, capsys):
-    from deploy import cli
+    from actx.deploy import cli
 
     assert cli.main(["status", str(tmp_path / "run"), "--serve", "1", "--refresh", "0"],
                     out=io.StringIO()) == 2  # no run: said before the flag
@@ -105,7 +105,7 @@ def test_a_record_from_before_the_attention_field_reads_and_still_matches(tmp_pa
 
 
 def test_damaged_activations_info_names_key_and_field(tmp_path):
-    from schemas import config
+    from actx.schemas import config
 
     s = store.open_store(str(tmp_path))
     s.write_json(layout.ACTIVATIONS_INFO_KEY, {"fingerprint": "abc", "dtype": "bfloat16",

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from schemas import layout  # noqa: E402
-from schemas import store as store_lib  # noqa: E402
-from schemas import ts_context  # noqa: E402
+from actx.schemas import layout  # noqa: E402
+from actx.schemas import store as store_lib  # noqa: E402
+from actx.schemas import ts_context  # noqa: E402
 from tests import reader_fixtures as rf  # noqa: E402
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "train_sae.py"

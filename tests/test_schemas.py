@@ -2,7 +2,7 @@
 
 import pytest
 
-from schemas import commit, config, layout, runspec, store, uri
+from actx.schemas import commit, config, layout, runspec, store, uri
 
 
 def _spec(**over):

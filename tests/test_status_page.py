@@ -19,8 +19,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from deploy import cli
-from schemas import layout, store, ts_context
+from actx.deploy import cli
+from actx.schemas import layout, store, ts_context
 from tests import browser, page_checks, reader_fixtures, status_runs
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -57,7 +57,7 @@ def test_html_page_of_a_run_with_a_dead_host(run_with_dead_host, tmp_path):
 
 def test_served_page_refreshes_from_the_store(run_with_dead_host, tmp_path):
     run = run_with_dead_host
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "status", run, "--serve", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "actx.deploy.cli", "status", run, "--serve", "0",
                              "--refresh", "1"], stdout=subprocess.PIPE, text=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from deploy import cli
-from deploy import config as deploy_config
-from deploy import local
-from schemas import config as config_lib
-from schemas import heartbeat, layout, store
+from actx.deploy import cli
+from actx.deploy import config as deploy_config
+from actx.deploy import local
+from actx.schemas import config as config_lib
+from actx.schemas import heartbeat, layout, store
 from tests import browser, page_checks, reader_fixtures, status_runs, token_runs
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")

@@ -27,7 +27,7 @@ def _actx(*args, env=None, timeout=60):
     env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
     env = {k: v for k, v in env.items() if v is not None}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "deploy.cli", *args], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc, time.monotonic() - t0
 
@@ -141,7 +141,7 @@ def test_pipe_closed_early_is_no_error(tmp_path):
                                rows_per_shard=1)
     read_end, write_end = os.pipe()
     os.close(read_end)  # closed before the child starts: every write meets a closed pipe
-    proc = subprocess.run([sys.executable, "-m", "deploy.cli", "status", run], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", "status", run], cwd=REPO,
                           env={**os.environ, "PYTHONPATH": REPO}, stdout=write_end,
                           stderr=subprocess.PIPE, text=True, timeout=60)
     os.close(write_end)

@@ -20,9 +20,9 @@ import re
 import pytest
 import yaml
 
-from deploy import cli
-from pipeline import sample_data
-from schemas import layout, store
+from actx.deploy import cli
+from actx.pipeline import sample_data
+from actx.schemas import layout, store
 from tests import fault_proxy, hf_models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,9 +141,9 @@ def test_lost_response_of_a_create_only_write(gcs_bucket, proxy, caplog):
     response lost; the retry meets it (412) and it counts as this call's write. Another
     writer's object still wins, and a worker counts a standing marker as its own commit
     only when its attempt id is its own."""
-    from schemas import commit as commit_lib
-    from workers import commit as commit_step
-    from workers import schedule
+    from actx.schemas import commit as commit_lib
+    from actx.workers import commit as commit_step
+    from actx.workers import schedule
 
     s = store.open_store(gcs_bucket + "/runs/r")
     proxy.add_rule("lost", lambda r: r.is_create_only, 1)
@@ -173,8 +173,8 @@ def test_shard_write_whose_retries_run_out_names_the_block(gcs_bucket, proxy):
     and rows and says what to do."""
     import numpy as np
 
-    from schemas import runspec, store_errors, ts_context, uri
-    from workers import writer
+    from actx.schemas import runspec, store_errors, ts_context, uri
+    from actx.workers import writer
 
     ts_context.configure(4, 1)
     try:

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from deploy import config as deploy_config
-from deploy import demo, local, runstate
-from schemas import stop_signals, store
+from actx.deploy import config as deploy_config
+from actx.deploy import demo, local, runstate
+from actx.schemas import stop_signals, store
 from tests import token_runs
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import commit, heartbeat, manifest, store
+from actx.schemas import commit, heartbeat, manifest, store
 from tests import hf_models, token_runs
-from workers import runner, schedule
+from actx.workers import runner, schedule
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import threading
 import numpy as np
 import pytest
 
-from schemas import commit as commit_lib
-from schemas import layout, manifest, store
+from actx.schemas import commit as commit_lib
+from actx.schemas import layout, manifest, store
 from tests import hf_models, token_runs, worker_procs
-from workers import prefetch, runner, schedule, writer
+from actx.workers import prefetch, runner, schedule, writer
 
 RUNS = {
     "continue": dict(),
@@ -128,7 +128,7 @@ def test_output_memory_modes_store_the_same_bytes(model_dir, tmp_path, monkeypat
     arrays in pinned host memory."""
     import jax
 
-    from workers import outputs, transfer
+    from actx.workers import outputs, transfer
 
     reference = _run(model_dir, tmp_path / "ref", "continue", partition_rows=12)
     assert runner.Worker(runner.WorkerOptions(run=reference, batch_size=8)).run() == 0
@@ -184,7 +184,7 @@ def test_an_error_on_the_output_thread_stops_the_loop_and_commits_nothing_after(
 
 
 def test_output_thread_bounds_the_steps_in_flight():
-    from workers import outputs
+    from actx.workers import outputs
 
     handled, release = [], threading.Event()
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from schemas import commit, runspec, uri
-from workers import writer
+from actx.schemas import commit, runspec, uri
+from actx.workers import writer
 
 LAYOUT = runspec.LayoutSpec(rows_per_shard=4, partition_rows=8, chunk_rows=2, codec="zstd")
 

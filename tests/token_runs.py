@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from schemas import layout, manifest, runspec, store, ts_context, uri
+from actx.schemas import layout, manifest, runspec, store, ts_context, uri
 
 
 def segmented_rows(n_rows: int, seq_len: int, vocab: int, seed: int = 0):
@@ -107,7 +107,7 @@ def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmente
                             codec: str = "zstd"):
     """A run packed by the real packer (pipeline.pack) from random documents of `lengths`
     tokens. Returns (spec, documents as int32 arrays)."""
-    from pipeline import pack
+    from actx.pipeline import pack
 
     spec = runspec.RunSpec.from_dict({
         "name": "long",

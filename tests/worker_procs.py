@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from schemas import uri
+from actx.schemas import uri
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +31,7 @@ def worker_env(devices: int, **extra: str) -> dict:
     return env
 
 
-def start_worker(args: list[str], devices: int = 4, module: str = "workers.main",
+def start_worker(args: list[str], devices: int = 4, module: str = "actx.workers.main",
                  **env: str) -> subprocess.Popen:
     """`python -m module` (the worker's entry point, or a test's wrapper of it)."""
     return subprocess.Popen([sys.executable, "-m", module, *args],
@@ -50,7 +50,7 @@ def run_worker(args: list[str], devices: int = 4, timeout: float = 300,
 
 
 def run_replica(run: str, hosts: int, devices_per_host: int, extra: list[str] = (),
-                timeout: float = 300, module: str = "workers.main", host_env=None,
+                timeout: float = 300, module: str = "actx.workers.main", host_env=None,
                 **env: str) -> list[tuple[int, str]]:
     """One replica of `hosts` processes joined by jax.distributed on loopback.
     host_env(i): environment variables for process i only."""

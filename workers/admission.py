@@ -7,14 +7,14 @@ chips: each refusal says what differs and what to do.
 
 from __future__ import annotations
 
-from schemas import activations_info as info_lib
-from schemas import config as config_lib
-from schemas import errors
-from schemas import layout
-from schemas import parallelism
-from schemas import run_dir
-from schemas import tokenizer_identity
-from workers import kv_cache, sharding
+from actx.schemas import activations_info as info_lib
+from actx.schemas import config as config_lib
+from actx.schemas import errors
+from actx.schemas import layout
+from actx.schemas import parallelism
+from actx.schemas import run_dir
+from actx.schemas import tokenizer_identity
+from actx.workers import kv_cache, sharding
 
 
 class RunMismatch(errors.UserError, ValueError):

@@ -28,7 +28,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from workers import attention_xla, key_ranges, ranged_flash_gpu, ranged_flash_tpu
+from actx.workers import attention_xla, key_ranges, ranged_flash_gpu, ranged_flash_tpu
 
 log = logging.getLogger(__name__)
 

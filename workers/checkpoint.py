@@ -20,11 +20,11 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from schemas import ts_context
-from schemas import uri as uri_lib
-from workers import checkpoint_check
-from workers import sharding
-from workers.model_config import ModelConfig
+from actx.schemas import ts_context
+from actx.schemas import uri as uri_lib
+from actx.workers import checkpoint_check
+from actx.workers import sharding
+from actx.workers.model_config import ModelConfig
 
 # Our parameter tree: name -> logical axes. Names carry the shape letters:
 # v vocab, d hidden, l layers, n heads, k kv heads, h head dim, f MLP width.

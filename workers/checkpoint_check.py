@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import struct
 
-from schemas import store as store_lib
-from workers.model_config import ModelConfig
+from actx.schemas import store as store_lib
+from actx.workers.model_config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
 # The dtypes `workers.checkpoint` reads and casts (safetensors' names).

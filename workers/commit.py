@@ -16,10 +16,10 @@ from typing import Callable
 
 import numpy as np
 
-from schemas import commit as commit_lib
-from schemas import manifest as manifest_lib
-from schemas import runspec as runspec_lib
-from workers import distributed, faults, schedule, writer
+from actx.schemas import commit as commit_lib
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import runspec as runspec_lib
+from actx.workers import distributed, faults, schedule, writer
 
 log = logging.getLogger("actx.worker")
 

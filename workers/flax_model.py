@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from schemas import errors
-from schemas import runspec as runspec_lib
+from actx.schemas import errors
+from actx.schemas import runspec as runspec_lib
 
 MASK_ARGS = ("segment_ids", "attention_mask")
 
@@ -94,7 +94,7 @@ def import_nnx():
         from flax import nnx
     except ImportError as e:
         raise FlaxMissing(f"model.flax needs Flax, which is not installed here ({e}); "
-                          f"pip install 'actx[flax]' on every host that extracts") from e
+                          f"pip install 'actx-lm[flax]' on every host that extracts") from e
     return nnx
 
 
@@ -171,7 +171,7 @@ def load(ref_or_module, mesh=None) -> FlaxModel:
     """
     import jax
 
-    from workers import sharding
+    from actx.workers import sharding
 
     nnx = import_nnx()
     if isinstance(ref_or_module, str):

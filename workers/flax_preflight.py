@@ -6,10 +6,10 @@ are allocated on the submitting machine.
 
 from __future__ import annotations
 
-from schemas import parallelism
-from schemas import runspec as runspec_lib
-from workers import flax_hooks, flax_model
-from workers.job_check import JobCheck
+from actx.schemas import parallelism
+from actx.schemas import runspec as runspec_lib
+from actx.workers import flax_hooks, flax_model
+from actx.workers.job_check import JobCheck
 
 
 def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from workers import flax_hooks, flax_model, sharding
+from actx.workers import flax_hooks, flax_model, sharding
 
 # The recording of the trace in progress: {id(submodule): {"input": x, "output": y}}.
 _RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("actx_flax_rec",

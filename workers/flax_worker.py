@@ -11,15 +11,15 @@ It is `runner.Worker` with another `_load_model`.
 
 from __future__ import annotations
 
-from schemas import ts_context
-from workers import admission, flax_hooks, flax_model, flax_step, runner
+from actx.schemas import ts_context
+from actx.workers import admission, flax_hooks, flax_model, flax_step, runner
 
 
 def worker_for_run(opts: runner.WorkerOptions) -> runner.Worker:
     """The worker that can run `opts.run`'s model."""
     ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
-    from schemas import extraction as extraction_lib
-    from schemas import run_dir
+    from actx.schemas import extraction as extraction_lib
+    from actx.schemas import run_dir
 
     opened = run_dir.open_run(opts.run)  # once: the worker takes it as it is
     spec = extraction_lib.read_spec(opened, opts.extraction or "")

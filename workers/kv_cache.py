@@ -17,8 +17,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from workers import attention_xla
-from workers.model_config import ModelConfig
+from actx.workers import attention_xla
+from actx.workers.model_config import ModelConfig
 
 # Logical axes (see workers.sharding): slots split over `data`, kv heads over `model`.
 KV_AXES = ("layers", "batch", None, "kv_heads", "head_dim")

@@ -1,4 +1,4 @@
-"""`actx extract` / `python -m workers.main`: one extraction worker process per host.
+"""`actx extract` / `python -m actx.workers.main`: one extraction worker process per host.
 
 Only wires flags to `workers.runner`; the process joins its replica's `jax.distributed`
 group first (flags, or ACTX_* variables set by the launcher; none on a one-host replica).
@@ -12,10 +12,10 @@ import gc
 import logging
 import sys
 
-from schemas import errors, flags, stop_signals, worker_options
-from workers import distributed
-from workers import model_groups
-from workers.preflight import check_job  # noqa: F401  (deploy's pre-flight, through here)
+from actx.schemas import errors, flags, stop_signals, worker_options
+from actx.workers import distributed
+from actx.workers import model_groups
+from actx.workers.preflight import check_job  # noqa: F401  (deploy's pre-flight, through here)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,8 +85,8 @@ def _one_after_another(opts: worker_options.WorkerOptions, names: list[str],
 
 def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
     """The extractions `opts.extraction` names, in order ("all": every one of the run)."""
-    from schemas import extraction as extraction_lib
-    from schemas import layout, store
+    from actx.schemas import extraction as extraction_lib
+    from actx.schemas import layout, store
 
     if opts.extraction == "all":
         return extraction_lib.names(store.open_store(opts.run))
@@ -109,7 +109,7 @@ def _extract(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
 def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals"):
     """The worker of `opts.extraction`, its model loaded; or the process's exit code."""
     try:
-        from workers import flax_worker
+        from actx.workers import flax_worker
 
         worker = flax_worker.worker_for_run(opts)  # runner.Worker, or one for a Flax model
     except (errors.UserError, FileNotFoundError, ValueError) as e:

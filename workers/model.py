@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from workers import attention as attn_lib
-from workers import checkpoint
-from workers import key_ranges
-from workers import kv_cache
-from workers.model_config import ModelConfig
+from actx.workers import attention as attn_lib
+from actx.workers import checkpoint
+from actx.workers import key_ranges
+from actx.workers import kv_cache
+from actx.workers.model_config import ModelConfig
 
 # Re-exported so callers need only this module.
 __all__ = ["Model", "ModelConfig", "load_pretrained", "forward", "forward_cached"]

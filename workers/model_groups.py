@@ -34,7 +34,7 @@ def working_bytes(worker) -> int:
     (long documents) and the outputs of the steps in flight (and the one being handled)."""
     import numpy as np
 
-    from workers import sharding
+    from actx.workers import sharding
 
     opts = worker.opts
     slots = opts.batch_size // max(1, sharding.axis_size(worker.mesh, "batch"))
@@ -56,7 +56,7 @@ class Fit:
 
 def fit(jax, workers: list) -> Fit:
     """Whether `workers`, all loaded, can run their loops at once (see the module's doc)."""
-    from workers import admission, kv_cache  # JAX: only once models load
+    from actx.workers import admission, kv_cache  # JAX: only once models load
 
     stats = admission.device_memory_stats(jax)
     limit, in_use = stats.get("bytes_limit"), stats.get("bytes_in_use")
@@ -79,8 +79,8 @@ def _beat_while_waiting(like, message: str, name: str | None = None):
     waiting for the rest of its group (its own writer, which its session takes over), or
     extraction `name`, waiting for its turn (in `like`'s identity: every extraction of a
     process has the process's host name)."""
-    from schemas import extraction as extraction_lib
-    from workers import progress
+    from actx.schemas import extraction as extraction_lib
+    from actx.workers import progress
 
     if name is None:
         store, writer, beat = like.store, like.heartbeat_writer, like.progress

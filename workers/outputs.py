@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from workers import transfer, writer
+from actx.workers import transfer, writer
 
 
 @dataclasses.dataclass

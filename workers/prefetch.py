@@ -13,10 +13,10 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from schemas import layout as layout_lib
-from schemas import ts_context
-from schemas import uri as uri_lib
-from workers import schedule
+from actx.schemas import layout as layout_lib
+from actx.schemas import ts_context
+from actx.schemas import uri as uri_lib
+from actx.workers import schedule
 
 STEP_INPUTS = ("input_ids", "positions", "segment_ids")
 

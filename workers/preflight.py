@@ -9,13 +9,13 @@ second, not a prepared token store and a provisioned slice.
 
 from __future__ import annotations
 
-from schemas import parallelism
-from schemas import runspec as runspec_lib
-from schemas import store as store_lib
-from workers import capture as capture_lib
-from workers import checkpoint_check
-from workers import model_config as model_config_lib
-from workers.job_check import JobCheck
+from actx.schemas import parallelism
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
+from actx.workers import capture as capture_lib
+from actx.workers import checkpoint_check
+from actx.workers import model_config as model_config_lib
+from actx.workers.job_check import JobCheck
 
 
 def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
@@ -25,7 +25,7 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
     data_parallel: devices the replica's batch is split over (None: not known here).
     """
     if spec.model.flax:  # a user's Flax model: its own checks (workers.flax_preflight)
-        from workers import flax_preflight
+        from actx.workers import flax_preflight
 
         return flax_preflight.check_job(spec, batch_size, data_parallel)
     problems: list[str] = []

@@ -12,8 +12,8 @@ import sys
 import threading
 import time
 
-from schemas import errors
-from schemas import heartbeat as heartbeat_lib
+from actx.schemas import errors
+from actx.schemas import heartbeat as heartbeat_lib
 
 log = logging.getLogger("actx.worker")
 

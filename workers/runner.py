@@ -22,19 +22,19 @@ import uuid
 
 import numpy as np
 
-from schemas import commit as commit_lib
-from schemas import run_dir
-from schemas import config as config_lib
-from schemas import extraction as extraction_lib
-from schemas import layout
-from schemas import parallelism
-from schemas import manifest as manifest_lib
-from schemas import ts_context
-from schemas import version, worker_options
-from workers import commit as commit_step
-from workers import (admission, distributed, faults, outputs, prefetch, progress, schedule,
-                     stream_loop, transfer, writer)
-from workers.stop import Preempted, StopSignal
+from actx.schemas import commit as commit_lib
+from actx.schemas import run_dir
+from actx.schemas import config as config_lib
+from actx.schemas import extraction as extraction_lib
+from actx.schemas import layout
+from actx.schemas import parallelism
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import ts_context
+from actx.schemas import version, worker_options
+from actx.workers import commit as commit_step
+from actx.workers import (admission, distributed, faults, outputs, prefetch, progress, schedule,
+                          stream_loop, transfer, writer)
+from actx.workers.stop import Preempted, StopSignal
 
 log = logging.getLogger("actx.worker")
 
@@ -53,7 +53,7 @@ class Worker:
         """`opened`: the run `opts.run` names, if the caller has opened it."""
         import jax
 
-        from workers import sharding
+        from actx.workers import sharding
 
         self.opts = opts
         self.jax = jax
@@ -135,7 +135,7 @@ class Worker:
     def loading(self, what: str, path: str) -> None:
         """Says that weights are loading, with their size when the checkpoint is a local
         directory."""
-        from workers import checkpoint
+        from actx.workers import checkpoint
 
         size = checkpoint.local_weight_bytes(path)
         self.progress.say_phase(f"loading weights: {what}"
@@ -146,9 +146,9 @@ class Worker:
         `model`, `max_context`, `fn`, `warmup_rows` and `hooks` (name -> width). Returns
         the attention implementation the step runs, for the numerics record. The one part
         of the worker that differs for a user's Flax model (`workers.flax_worker`)."""
-        from workers import capture as capture_lib
-        from workers import model as model_lib
-        from workers import step as step_lib
+        from actx.workers import capture as capture_lib
+        from actx.workers import model as model_lib
+        from actx.workers import step as step_lib
 
         jax, opts = self.jax, self.opts
         self.capture = capture_lib.CaptureSpec.parse(self.spec.capture.hooks,

@@ -14,8 +14,8 @@ import dataclasses
 import time
 from typing import Callable, Iterator, Sequence
 
-from schemas import layout
-from schemas import manifest as manifest_lib
+from actx.schemas import layout
+from actx.schemas import manifest as manifest_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from schemas import parallelism
+from actx.schemas import parallelism
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from workers import attention
-from workers import capture as capture_lib
-from workers import kv_cache
-from workers import model as model_lib
-from workers import sharding
+from actx.workers import attention
+from actx.workers import capture as capture_lib
+from actx.workers import kv_cache
+from actx.workers import model as model_lib
+from actx.workers import sharding
 
 
 class ExtractFn:

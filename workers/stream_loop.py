@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from workers import distributed, outputs, prefetch, schedule, writer
+from actx.workers import distributed, outputs, prefetch, schedule, writer
 
 
 # Multi-host replicas report which partitions they finished as a bitmap over this many

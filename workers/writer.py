@@ -18,13 +18,13 @@ import time
 
 import numpy as np
 
-from schemas import commit as commit_lib
-from schemas import layout as layout_lib
-from schemas import runspec as runspec_lib
-from schemas import store_errors
-from schemas import ts_context
-from schemas import uri as uri_lib
-from workers import faults
+from actx.schemas import commit as commit_lib
+from actx.schemas import layout as layout_lib
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store_errors
+from actx.schemas import ts_context
+from actx.schemas import uri as uri_lib
+from actx.workers import faults
 
 
 @dataclasses.dataclass
