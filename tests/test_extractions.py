@@ -248,7 +248,7 @@ def test_a_stop_signal_ends_both_loops_with_one_line(models, tmp_path):
     from actx.deploy import cli
 
     run = str(tmp_path / "run")
-    n_parts = 192
+    n_parts = 384  # enough that neither loop can finish before both are seen working
     token_runs.write_token_run(run, models["base"], n_rows=n_parts * PARTITION_ROWS,
                                hooks=HOOKS, partition_rows=PARTITION_ROWS)
     for name, model in models.items():
@@ -258,10 +258,12 @@ def test_a_stop_signal_ends_both_loops_with_one_line(models, tmp_path):
                                       "--heartbeat-s", "0.2"], devices=8)
     views = {name: extraction.view(store.open_store(run), name) for name in models}
     deadline = time.monotonic() + 180
-    while not all(any(f"-{proc.pid}-" in beat.get("attempt", "")
-                      and beat.get("state") == "working" and beat.get("tokens_done", 0) > 0
-                      for beat in (v.read_json(k) or {} for k in v.list("workers/")))
-                  for v in views.values()):
+    working: set[str] = set()  # the loops seen extracting, each at some poll
+    while working != set(views):
+        working |= {name for name, v in views.items()
+                    if any(f"-{proc.pid}-" in beat.get("attempt", "")
+                           and beat.get("state") == "working" and beat.get("tokens_done", 0) > 0
+                           for beat in (v.read_json(k) or {} for k in v.list("workers/")))}
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)

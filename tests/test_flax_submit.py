@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pathlib
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import yaml
 from flax import nnx
 
@@ -21,6 +24,15 @@ from actx.schemas import commit, store
 from tests import flax_models, token_runs, worker_procs
 
 DOCS = ["The cat sat on the mat. " * (1 + i % 5) + f"Document {i}." for i in range(20)]
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def factory_on_the_path(monkeypatch):
+    """The factories are in tests/flax_models.py: on every host's PYTHONPATH, as README asks
+    of a `model.flax` module (the workers start outside any checkout)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
 
 
 def _config(tmp_path, tokenizer: str, factory: str, packing: dict, hooks: str,
