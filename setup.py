@@ -66,23 +66,18 @@ def _native_extensions() -> list[Extension]:
                       optional=True)]
 
 
-def _package_dirs() -> dict[str, str]:
-    """actx.X -> X/ for each subpackage folder here (a staging copy may hold fewer), and
-    their own subpackages, which follow their folders."""
-    dirs = {"actx": "actx"}
-    for sub in SUBPACKAGES:
-        if os.path.isdir(os.path.join(HERE, sub)):
-            dirs[f"actx.{sub}"] = sub
-            for nested in find_packages(os.path.join(HERE, sub)):
-                dirs[f"actx.{sub}.{nested}"] = os.path.join(sub, *nested.split("."))
-    return dirs
+# actx.X -> X/ for each subpackage folder here (a staging copy may hold fewer); packages
+# nested in a folder follow it without an entry of their own.
+_PACKAGE_DIRS = {"actx": "actx", **{f"actx.{sub}": sub for sub in SUBPACKAGES
+                                    if os.path.isdir(os.path.join(HERE, sub))}}
+_PACKAGES = ["actx", *(f"{package}.{nested}" if nested else package
+                       for package, folder in _PACKAGE_DIRS.items() if package != "actx"
+                       for nested in ["", *find_packages(os.path.join(HERE, folder))])]
 
 
 def _extra(*parts: list[str]) -> list[str]:
     return sorted({req for part in parts for req in part})
 
-
-_PACKAGE_DIRS = _package_dirs()
 
 setup(
     # `actx` and `actx-cli` on PyPI are other projects: the distribution is actx-lm, the
@@ -90,7 +85,7 @@ setup(
     name="actx-lm",
     version=_version(),
     description="Extract LLM activations at pod scale into zarr v3 on GCS",
-    packages=sorted(_PACKAGE_DIRS),
+    packages=_PACKAGES,
     package_dir=_PACKAGE_DIRS,
     package_data={"actx.deploy": ["demo.yaml"]},
     ext_modules=_native_extensions(),

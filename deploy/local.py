@@ -174,6 +174,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     logs, upload = log_dir(run, job)
     names = extraction_lib.parse(extraction)
     env = worker_env(target)
+    code = config_lib.code_path()
     procs: list[_Proc] = []
     for r in range(target.replicas):
         coordinator = (f"127.0.0.1:{_free_port()}" if target.hosts_per_replica > 1 else None)
@@ -184,7 +185,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
             log_path = os.path.join(logs, f"{name}.log")
             log_file = open(log_path, "w")
             popen = subprocess.Popen([sys.executable, "-m", "actx.workers.main", *args], env=env,
-                                     cwd=config_lib.code_path(), stdout=log_file,
+                                     cwd=code, stdout=log_file,
                                      stderr=subprocess.STDOUT)
             procs.append(_Proc(name, r, popen, log_path, log_file))
     print(f"extract: job {job}: {len(procs)} worker process(es) ({target.replicas} replica(s) "
