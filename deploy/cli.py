@@ -148,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--repair", action="store_true",
                    help="turn partitions that fail back into pending (their markers are "
                         "deleted, and recorded under verify/repairs/) for `actx rerun`")
+    v.add_argument("--reference", action="store_true",
+                   help="recompute a sample of stored documents with the model itself (HF "
+                        "transformers on PyTorch: the `torch` extra) and compare every "
+                        "stored hook, instead of the checksums")
+    v.add_argument("--sample", type=int, default=4, metavar="N",
+                   help="--reference: documents to recompute (default 4)")
+    v.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="--reference: where the reference runs (default cpu)")
+    v.add_argument("--seed", type=int, default=0, help="--reference: which documents")
     _add_extraction_flag(v, "verify (default: every one)")
     return p
 
@@ -213,6 +222,10 @@ def _verify_one(args, handle, out) -> int:
             raise UsageError(
                 f"--only: partition(s) {unknown} do not exist (the run has "
                 f"{len(known)} partition(s), 0..{len(known) - 1}); nothing was verified")
+    if args.reference:
+        from actx.deploy import verify_reference
+
+        return verify_reference.command(handle, only, args, out)
     report = verify.verify_run(handle, only)
     from actx.schemas import verification
 

@@ -196,23 +196,43 @@ def build_messages(task: dict, encoder: str, include_test_output: bool
     return messages
 
 
-def _render_template(template: str, messages: list[dict], add_generation_prompt: bool) -> str:
+def _render_template(template: str, messages: list[dict], add_generation_prompt: bool,
+                     template_vars: dict | None = None) -> str:
+    """The template rendered as HF transformers' `apply_chat_template` renders it: its
+    sandboxed environment, filters and globals, the special tokens by name (`bos_token`,
+    ...) and the messages, with no tools or documents."""
+    import datetime
+    import json
+
+    import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
 
     def raise_exception(message):
         raise ValueError(f"chat template: {message}")
 
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers' own filter: Jinja's escapes HTML characters.
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(messages=messages, tools=None,
-                                            add_generation_prompt=add_generation_prompt)
+    # As transformers: the clock of the machine that renders (Llama 3.2's date line).
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env.from_string(template).render(**{
+        **(template_vars or {}), "messages": messages, "tools": None, "documents": None,
+        "add_generation_prompt": add_generation_prompt})
 
 
-def render_prompt(messages: list[tuple[str, AttributedText]], chat_template: str | None
-                  ) -> AttributedText:
+def render_prompt(messages: list[tuple[str, AttributedText]], chat_template: str | None,
+                  template_vars: dict | None = None) -> AttributedText:
     """The prompt as attributed text, through the chat template when there is one.
 
+    template_vars: what the template sees besides the messages: the tokenizer's special
+    tokens by name (pipeline.chat_templates.special_tokens), as transformers passes them.
     The template is rendered with a unique marker as each message's content, so the real
     (attributed) contents can be spliced in; template text before a message's content
     belongs to that message's part, text after the last content to the last message, and
@@ -225,11 +245,12 @@ def render_prompt(messages: list[tuple[str, AttributedText]], chat_template: str
                 out.add("\n\n", PART[role])
             out.extend(content)
         return out
+    template_vars = template_vars or {}
     markers = [f"\x00ACTX-MSG-{i}\x00" for i in range(len(messages))]
     generate = messages[-1][0] != "assistant"
     plain = [{"role": r, "content": m} for (r, _), m in zip(messages, markers)]
-    rendered = _render_template(chat_template, plain, add_generation_prompt=False)
-    with_prompt = _render_template(chat_template, plain, add_generation_prompt=generate)
+    rendered = _render_template(chat_template, plain, False, template_vars)
+    with_prompt = _render_template(chat_template, plain, generate, template_vars)
     if not with_prompt.startswith(rendered):
         raise ValueError("chat template: the generation prompt is not a suffix")
     pos = 0

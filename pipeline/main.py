@@ -91,13 +91,18 @@ def check_inputs(spec: runspec_lib.RunSpec
         missing.append(f"spec.tokenizer.path: {e}")
         return problems, missing, None
     try:
-        tokenize.load_tokenizer(spec.tokenizer.path)
-        return problems, missing, tokenizer_identity.read_tokenizer(spec.tokenizer.path)
+        loaded = tokenize.load_tokenizer(spec.tokenizer.path)
+        files = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
     except store_lib.StoreError:
         raise
     except Exception as e:  # a tokenizer that does not load
         problems.append(f"spec.tokenizer.path: {e}")
         return problems, missing, None
+    try:  # a chat template it does not have, BOS asked of a tokenizer without one
+        tokenize.rules(loaded, spec)
+    except errors.UserError as e:
+        problems.append(str(e))
+    return problems, missing, files
 
 
 def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
@@ -115,7 +120,8 @@ def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
     if existing is not None and existing.get("fingerprint") != spec.fingerprint:
         raise PrepareError(
             f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
-            f"this spec is {spec.fingerprint}); choose a new run directory")
+            f"this spec is {spec.fingerprint}); choose a new run directory"
+            + _add_bos_hint(existing, spec, store.location))
     # Until the new manifest lands the run counts as not prepared.
     store.delete(layout.MANIFEST_KEY)
     store.delete(write_store.SUMMARY_KEY)
@@ -135,6 +141,21 @@ def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
                   store.location, ", ".join(prefixes))
     # No time in it: the run directory stays byte-identical across prepares.
     store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
+
+
+def _add_bos_hint(existing: dict, spec: runspec_lib.RunSpec, location) -> str:
+    """What to write when the run was prepared before `prepend_bos` (its run.json says
+    add_bos) and the spec differs from it only by leaving BOS to the tokenizer."""
+    old = (existing.get("tokenizer") or {}).get("add_bos")
+    if not isinstance(old, bool) or spec.tokenizer.bos_choice is not None:
+        return ""
+    same = dataclasses.replace(spec, tokenizer=dataclasses.replace(spec.tokenizer,
+                                                                   add_bos=old))
+    if same.fingerprint != existing.get("fingerprint"):
+        return ""
+    return (f"; or go on with it: it was prepared before spec.tokenizer.prepend_bos, with "
+            f"add_bos: {str(old).lower()} (docs/checkpoints.md): add that to spec.tokenizer, "
+            f"or `actx rerun {location}`")
 
 
 def _reject_summary(summary: dict) -> str:
@@ -243,7 +264,13 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
                            f"0 and 1 (a fraction of the inputs read)")
     # Everything that can be checked before work starts is checked here.
     _check_max_context(spec)
-    spec = dataclasses.replace(spec, tokenizer_identity=_check_tokenizer_is_models(spec))
+    identity = _check_tokenizer_is_models(spec)
+    # How documents become ids (BOS, EOS, chat template), refused here when the tokenizer
+    # cannot do what the spec asks, and recorded in run.json.
+    spec = dataclasses.replace(spec, tokenizer_identity=tokenize.record_rules(
+        tokenize.load_tokenizer(spec.tokenizer.path), spec, identity))
+    for note in spec.tokenizer_identity.notes:
+        _log.warning("prepare: %s", note)
     # Only extraction settings changed and nothing is committed: the token store stands.
     changed = run_dir.switch_extraction_spec(store_lib.open_store(run_uri), spec)
     if changed is not None:
@@ -326,7 +353,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fineweb", action="append", default=[], help="FineWeb parquet path/glob")
     p.add_argument("--text", action="append", default=[], help="JSONL/parquet/txt path/glob")
     p.add_argument("--arc", action="append", default=[], help="ARC JSONL or ARC-AGI JSON")
-    p.add_argument("--no-bos", action="store_true", help="do not prepend BOS")
+    bos = p.add_mutually_exclusive_group()
+    bos.add_argument("--no-bos", action="store_true", help="never prepend BOS (default: the "
+                     "tokenizer's own rule, as HF's tokenizer(text))")
+    bos.add_argument("--prepend-bos", action="store_true", help="prepend BOS to every document")
     p.add_argument("--add-eos", action="store_true", help="append EOS to every document")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--name", default="run")
@@ -365,7 +395,9 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         raise SystemExit("actx prepare: give at least one --fineweb, --text or --arc input")
     spec = runspec_lib.RunSpec(
         model=runspec_lib.ModelSpec(args.model),
-        tokenizer=runspec_lib.TokenizerSpec(args.tokenizer, add_bos=not args.no_bos,
+        tokenizer=runspec_lib.TokenizerSpec(args.tokenizer,
+                                            prepend_bos=(False if args.no_bos else True
+                                                         if args.prepend_bos else None),
                                             add_eos=args.add_eos,
                                             chat_template=not args.no_chat_template),
         sources=tuple(srcs),

@@ -1,28 +1,35 @@
 """The HF tokenizer (local directory or gs://) and batched encoding of documents.
 
-A document becomes a `TokenizedDoc`: its sort key, int32 token ids with the BOS/EOS policy
-of the run spec applied, ARC per-token provenance when it is an ARC prompt, and the fields
-of its doc-table row.
+A document becomes a `TokenizedDoc`: its sort key, int32 token ids with the run's `rules`
+applied (BOS by the tokenizer's own rule unless the spec says otherwise, EOS, the chat
+template ARC prompts are rendered through), ARC per-token provenance when it is an ARC
+prompt, and the fields of its doc-table row.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import tempfile
 
 import numpy as np
 
 from actx.pipeline import arc_render
+from actx.pipeline import chat_templates
 from actx.pipeline import sources
 from actx.schemas import errors
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
+from actx.schemas import tokenizer_identity
 from actx.schemas import uri as uri_lib
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
+# Files whose change reloads a local tokenizer (templates included).
+_WATCHED = (TOKENIZER_FILE, CONFIG_FILE, chat_templates.JINJA_FILE,
+            chat_templates.PROCESSOR_FILE, chat_templates.NAMED_DIR)
+# A text every tokenization model turns into at least one id, to see what the
+# post-processor puts around a text.
+_PROBE = "actx"
 
 
 class TokenizerError(errors.UserError, ValueError):
@@ -40,7 +47,16 @@ def check_tokenizer_path(path: str) -> None:
 
 @dataclasses.dataclass
 class LoadedTokenizer:
-    """A tokenizers.Tokenizer with what the run needs from tokenizer_config.json."""
+    """A tokenizers.Tokenizer with what the run needs from the rest of its directory.
+
+    chat_template: the default chat template (None when it has none); templates: all of
+    them (pipeline.chat_templates); template_vars: the special tokens a template sees by
+    name. processor_prefix / processor_suffix: the ids tokenizer.json's post-processor
+    puts before / after a text, which HF transformers' `tokenizer(text)` adds.
+    config_add_bos: tokenizer_config.json's `add_bos_token` (None when absent), which
+    transformers 5 does not read beside a tokenizer.json (transformers 4 did, for its
+    Llama and Gemma classes).
+    """
 
     tokenizer: object
     bos_id: int | None
@@ -48,6 +64,13 @@ class LoadedTokenizer:
     chat_template: str | None
     vocab_size: int
     special_token_ids: tuple[int, ...]
+    path: str = ""
+    templates: chat_templates.ChatTemplates | None = None
+    template_vars: dict = dataclasses.field(default_factory=dict)
+    processor_prefix: tuple[int, ...] = ()
+    processor_suffix: tuple[int, ...] = ()
+    config_add_bos: bool | None = None
+    _rules: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
 def _token_id(tok, value) -> int | None:
@@ -59,16 +82,26 @@ def _token_id(tok, value) -> int | None:
 _LOADED: dict[tuple, LoadedTokenizer] = {}
 
 
+def _stamp(directory: str) -> tuple:
+    stamp = []
+    for name in _WATCHED:
+        f = os.path.join(directory, name)
+        stamp.append(os.stat(f).st_mtime_ns if os.path.exists(f) else 0)
+        if os.path.isdir(f):
+            stamp += sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(f))
+    return tuple(stamp)
+
+
 def load_tokenizer(path: str) -> LoadedTokenizer:
-    """Loads tokenizer.json (+ tokenizer_config.json when present) from a dir or gs://.
+    """Loads tokenizer.json, tokenizer_config.json and the chat templates from a dir or
+    gs://.
 
     A local directory loads once per process and stays loaded while its files are
     unchanged (the in-process runner's workers share the driver's process).
     """
     loc = uri_lib.parse(path)
     if loc.is_local:
-        files = [os.path.join(loc.path, n) for n in (TOKENIZER_FILE, CONFIG_FILE)]
-        stamp = (path, *(os.stat(f).st_mtime_ns if os.path.exists(f) else 0 for f in files))
+        stamp = (path, *_stamp(loc.path))
         if stamp not in _LOADED:
             _LOADED.clear()
             _LOADED[stamp] = _load_tokenizer(path)
@@ -79,29 +112,28 @@ def load_tokenizer(path: str) -> LoadedTokenizer:
 def _load_tokenizer(path: str) -> LoadedTokenizer:
     from tokenizers import Tokenizer
 
-    loc = uri_lib.parse(path)
-    if loc.is_local:
-        local_dir = loc.path
-    else:
-        store = store_lib.open_store(loc)
-        local_dir = tempfile.mkdtemp(prefix="actx-tokenizer-")
-        for name in (TOKENIZER_FILE, CONFIG_FILE):
-            data = store.read(name)
-            if data is not None:
-                with open(os.path.join(local_dir, name), "wb") as f:
-                    f.write(data)
-    tok_file = os.path.join(local_dir, TOKENIZER_FILE)
-    if not os.path.isfile(tok_file):
+    store = store_lib.open_store(path)
+    data = store.read(TOKENIZER_FILE)
+    if data is None:
         raise TokenizerError(f"{path}: no {TOKENIZER_FILE}")
-    tok = Tokenizer.from_file(tok_file)
-    config = {}
-    if os.path.isfile(os.path.join(local_dir, CONFIG_FILE)):
-        with open(os.path.join(local_dir, CONFIG_FILE)) as f:
-            config = json.load(f)
+    tok = Tokenizer.from_str(data.decode("utf-8"))
+    # transformers' `tokenizer(text)` neither pads nor truncates one text, whatever
+    # tokenizer.json says.
+    tok.no_padding()
+    tok.no_truncation()
+    config = store.read_json(CONFIG_FILE) or {}
     special = sorted(t.id for t in _added_tokens(tok) if t.special)
+    templates = chat_templates.read_templates(store, config)
+    prefix, suffix = _post_processor_ids(tok, path)
+    add_bos = config.get("add_bos_token")
     return LoadedTokenizer(tok, _token_id(tok, config.get("bos_token")),
-                           _token_id(tok, config.get("eos_token")), config.get("chat_template"),
-                           tok.get_vocab_size(with_added_tokens=True), tuple(special))
+                           _token_id(tok, config.get("eos_token")),
+                           templates.templates.get(chat_templates.DEFAULT),
+                           tok.get_vocab_size(with_added_tokens=True), tuple(special),
+                           path=path, templates=templates,
+                           template_vars=chat_templates.special_tokens(config),
+                           processor_prefix=prefix, processor_suffix=suffix,
+                           config_add_bos=add_bos if isinstance(add_bos, bool) else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +144,115 @@ class _Added:
 
 def _added_tokens(tok) -> list[_Added]:
     return [_Added(i, t.special) for i, t in tok.get_added_tokens_decoder().items()]
+
+
+def _post_processor_ids(tok, path: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ids before, ids after) a text that the tokenizer's post-processor adds: what
+    transformers' `tokenizer(text)` gives around `tokenizer(text, add_special_tokens=False)`."""
+    if tok.post_processor is None:
+        return (), ()
+    bare = tok.encode(_PROBE, add_special_tokens=False).ids
+    full = tok.encode(_PROBE, add_special_tokens=True).ids
+    for i in range(len(full) - len(bare) + 1):
+        if bare and full[i:i + len(bare)] == bare:
+            return tuple(full[:i]), tuple(full[i + len(bare):])
+    raise TokenizerError(
+        f"{path}/{TOKENIZER_FILE}: its post-processor changes the ids of a text (not only "
+        f"adds special tokens around it: {bare} became {full}); actx cannot tell which "
+        f"ids open a document. Set spec.tokenizer.prepend_bos")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """How this run's documents become ids besides the text's own.
+
+    prose_prefix / prose_suffix: ids before / after a document not rendered through a chat
+    template. templated_prefix / templated_suffix: the same around a chat-templated prompt;
+    templated_unless_present: templated_prefix is left out where the template already
+    opens the prompt with it. template: the chat template ARC prompts are rendered with.
+    rule: what decided BOS: "tokenizer" (its post-processor), "prepend_bos" or "add_bos"
+    (the spelling of runs before prepend_bos). notes: what the record should say besides.
+    """
+
+    prose_prefix: tuple[int, ...]
+    prose_suffix: tuple[int, ...]
+    templated_prefix: tuple[int, ...]
+    templated_suffix: tuple[int, ...]
+    templated_unless_present: bool
+    template: chat_templates.SelectedTemplate | None
+    rule: str
+    notes: tuple[str, ...] = ()
+
+    def around(self, ids: list[int], templated: bool) -> tuple[list[int], list[int]]:
+        if not templated:
+            return list(self.prose_prefix), list(self.prose_suffix)
+        prefix = list(self.templated_prefix)
+        if self.templated_unless_present and ids[:len(prefix)] == prefix:
+            prefix = []
+        return prefix, list(self.templated_suffix)
+
+
+def rules(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec) -> Rules:
+    """The run's BOS/EOS and chat template rules, or a clear error before any work (a
+    template the tokenizer does not have, BOS asked of a tokenizer without one)."""
+    key = (spec.tokenizer, any(s.kind == "arc" for s in spec.sources))
+    if key not in loaded._rules:
+        loaded._rules[key] = _rules(loaded, *key)
+    return loaded._rules[key]
+
+
+def _rules(loaded: LoadedTokenizer, tok_spec: runspec_lib.TokenizerSpec,
+           renders_prompts: bool) -> Rules:
+    templates = loaded.templates or chat_templates.ChatTemplates({}, {}, ())
+    try:
+        template = chat_templates.select(templates, tok_spec.chat_template, loaded.path)
+    except chat_templates.ChatTemplateError:
+        if renders_prompts or tok_spec.chat_template is not True:
+            raise
+        template = None  # only named templates, and no prompt to render: nothing to choose
+    if not renders_prompts:
+        template = None
+    eos = (loaded.eos_id,) if tok_spec.add_eos and loaded.eos_id is not None else ()
+    bos = (loaded.bos_id,) if loaded.bos_id is not None else ()
+    if tok_spec.legacy_bos:  # as actx did before prepend_bos: BOS on every document
+        prefix = bos if tok_spec.add_bos else ()
+        return Rules(prefix, eos, prefix, eos, False, template, "add_bos")
+    suffix = loaded.processor_suffix
+    if eos and suffix[-1:] != eos:
+        suffix += eos
+    notes = ()
+    if loaded.config_add_bos is not None and \
+            loaded.config_add_bos != (loaded.bos_id in loaded.processor_prefix):
+        notes = (f"{CONFIG_FILE} says add_bos_token: {str(loaded.config_add_bos).lower()}, "
+                 f"but the post-processor of {TOKENIZER_FILE} "
+                 f"{'adds no BOS' if loaded.config_add_bos else 'adds BOS'}: transformers 5 "
+                 f"follows {TOKENIZER_FILE}, as actx does (transformers 4's Llama and Gemma "
+                 f"tokenizers followed add_bos_token); set spec.tokenizer.prepend_bos to "
+                 f"choose",)
+    if tok_spec.prepend_bos is None:
+        return Rules(loaded.processor_prefix, suffix, (), eos, False, template, "tokenizer",
+                     notes)
+    if not tok_spec.prepend_bos:
+        return Rules((), suffix, (), eos, False, template, "prepend_bos")
+    if not bos and not loaded.processor_prefix:
+        raise TokenizerError(
+            f"spec.tokenizer.prepend_bos: true, but the tokenizer at {loaded.path} has no BOS "
+            f"token (no bos_token in its {CONFIG_FILE}, and its post-processor adds none); "
+            f"leave prepend_bos unset (the tokenizer's own rule) or set it to false")
+    prefix = bos or loaded.processor_prefix
+    return Rules(prefix, suffix, prefix, eos, True, template, "prepend_bos")
+
+
+def record_rules(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
+                 identity: tokenizer_identity.TokenizerIdentity
+                 ) -> tokenizer_identity.TokenizerIdentity:
+    """`identity` with the run's rules added, as run.json records them."""
+    r = rules(loaded, spec)
+    return dataclasses.replace(
+        identity, bos_rule=r.rule, prepended=r.prose_prefix, appended=r.prose_suffix,
+        prepended_templated=r.templated_prefix, appended_templated=r.templated_suffix,
+        chat_template=r.template.source if r.template else "",
+        chat_template_sha256=r.template.sha256 if r.template else "", notes=r.notes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,11 +289,11 @@ def expand_arc_variants(record: sources.ArcTaskRecord, source: runspec_lib.Sourc
         record.task_id, source.arc_dihedral, source.arc_colour_perms, source.arc_seed)]
 
 
-def _render_arc(item: ArcVariantRecord, source: runspec_lib.SourceSpec, template: str | None
-                ) -> arc_render.AttributedText:
+def _render_arc(item: ArcVariantRecord, source: runspec_lib.SourceSpec, template: str | None,
+                template_vars: dict) -> arc_render.AttributedText:
     task = arc_render.transform_task(item.task.task, item.variant)
     messages = arc_render.build_messages(task, source.arc_encoder, source.arc_include_test_output)
-    return arc_render.render_prompt(messages, template)
+    return arc_render.render_prompt(messages, template, template_vars)
 
 
 def _encode_texts(tokenizer, texts: list[str], with_offsets: bool) -> list:
@@ -164,14 +305,15 @@ def _encode_texts(tokenizer, texts: list[str], with_offsets: bool) -> list:
 
 def encode_batch(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
                  items: list[sources.TextRecord | ArcVariantRecord]) -> list[TokenizedDoc]:
-    """Encodes a batch with one batched tokenizer call; applies the BOS/EOS policy."""
-    tok_spec = spec.tokenizer
-    template = loaded.chat_template if tok_spec.chat_template else None
+    """Encodes a batch with one batched tokenizer call; applies the run's `rules` (BOS,
+    EOS, chat template)."""
+    run_rules = rules(loaded, spec)
+    template = run_rules.template.text if run_rules.template is not None else None
     texts, rendered = [], []
     for item in items:
         if isinstance(item, ArcVariantRecord):
             source = spec.sources[item.task.source_index]
-            prompt = _render_arc(item, source, template)
+            prompt = _render_arc(item, source, template, loaded.template_vars)
             rendered.append(prompt)
             texts.append(prompt.text)
         else:
@@ -179,10 +321,10 @@ def encode_batch(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
             texts.append(item.text)
     encodings = _encode_texts(loaded.tokenizer, texts,
                               with_offsets=any(p is not None for p in rendered))
-    prefix = [loaded.bos_id] if tok_spec.add_bos and loaded.bos_id is not None else []
-    suffix = [loaded.eos_id] if tok_spec.add_eos and loaded.eos_id is not None else []
     out = []
     for item, enc, prompt in zip(items, encodings, rendered):
+        prefix, suffix = run_rules.around(enc.ids, templated=prompt is not None
+                                          and template is not None)
         ids = np.asarray(prefix + enc.ids + suffix, dtype=np.int32)
         if isinstance(item, ArcVariantRecord):
             rec = item.task

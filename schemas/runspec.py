@@ -75,10 +75,25 @@ class SourceSpec:
 class TokenizerSpec:
     """The HF tokenizer (a directory with tokenizer.json, local or gs://).
 
-    add_bos: prepend the tokenizer's BOS token to each document (Qwen has none; then
-      nothing is added and the spec records that).
+    prepend_bos: whether each document opens with the tokenizer's BOS token. Unset (the
+      default): the tokenizer's own rule, as HF transformers' `tokenizer(text)` applies it:
+      the special tokens its tokenizer.json post-processor puts before a text (Llama 3,
+      Gemma, Mistral: BOS; Qwen, GPT-2 and SmolLM: none). A prompt rendered through a chat
+      template gets no BOS of actx's then, as `apply_chat_template` gives it none: the
+      template writes its own. true / false: always / never (true is refused for a
+      tokenizer without a BOS token). run.json records what was applied
+      (`tokenizer_identity.bos_rule`).
+    add_bos: the spelling of runs made before `prepend_bos` (it was true by default there):
+      true prepends the BOS token (when the tokenizer names one in tokenizer_config.json) to
+      every document, templated prompts included; false never does. A run.json holding it
+      keeps the tokens and fingerprint it had. New specs write `prepend_bos`.
     add_eos: append the EOS token to each document.
-    chat_template: render ARC prompts through the tokenizer's chat template when it has one.
+    chat_template: how ARC prompts are rendered. true: through the tokenizer's default chat
+      template when it has one (chat_template.jinja, a `chat_template` in
+      tokenizer_config.json, or chat_template.json, as transformers reads them), as plain
+      text when it has none; "NAME": its template of that name (additional_chat_templates/
+      NAME.jinja, or a named entry of tokenizer_config.json), refused before any work when
+      it has none; false: plain text. run.json records the template's sha256.
     allow_model_mismatch: use this tokenizer although it is not the model's (another
       tokenizer.json than the checkpoint's, a vocabulary far smaller than the embedding,
       bos/eos/pad ids of the model's config that are not its special tokens). Refused
@@ -86,10 +101,32 @@ class TokenizerSpec:
     """
 
     path: str
-    add_bos: bool = True
+    add_bos: bool | None = None
     add_eos: bool = False
-    chat_template: bool = True
+    chat_template: bool | str = True
     allow_model_mismatch: bool = False
+    prepend_bos: bool | None = None
+
+    def __post_init__(self):
+        if (self.prepend_bos is not None and self.add_bos is not None
+                and self.prepend_bos != self.add_bos):
+            raise ValueError(f"prepend_bos ({str(self.prepend_bos).lower()}) and add_bos "
+                             f"({str(self.add_bos).lower()}, its old spelling) disagree; "
+                             f"give prepend_bos alone")
+        if isinstance(self.chat_template, str) and not self.chat_template.strip():
+            raise ValueError("chat_template: an empty name; give true, false or the name of "
+                             "one of the tokenizer's templates")
+
+    @property
+    def bos_choice(self) -> bool | None:
+        """What the spec says about BOS: True / False, or None for the tokenizer's rule."""
+        return self.prepend_bos if self.prepend_bos is not None else self.add_bos
+
+    @property
+    def legacy_bos(self) -> bool:
+        """Whether the spec asks for the BOS rule of runs before `prepend_bos` (`add_bos`
+        given, `prepend_bos` not): BOS on every document, templated ones included."""
+        return self.prepend_bos is None and self.add_bos is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +291,11 @@ class RunSpec:
         if not data["model"]["flax"]:
             # Absent unless used, so specs written before model.flax keep their fingerprint.
             del data["model"]["flax"]
+        for key in ("add_bos", "prepend_bos"):
+            # Absent unless given: a run.json of an earlier actx always holds add_bos and
+            # keeps its fingerprint; a spec that leaves BOS to the tokenizer hashes neither.
+            if data["tokenizer"][key] is None:
+                del data["tokenizer"][key]
         return data
 
     @classmethod

@@ -43,6 +43,22 @@ class TokenizerIdentity:
     vocabulary / special_tokens / normalizer / merges: hashes of each part (token -> id;
       the added tokens marked special, with their ids; normalizer and pre-tokenizer; the
       tokenization model's type and merges), so a mismatch can say which part differs.
+
+    How the run's documents became ids besides their text (pipeline.tokenize.Rules;
+    recorded by prepare since `spec.tokenizer.prepend_bos` exists, absent before; none of
+    it enters a fingerprint):
+    bos_rule: what decided BOS: "tokenizer" (its tokenizer.json post-processor, as
+      transformers' `tokenizer(text)`), "prepend_bos" (the spec), "add_bos" (the rule of
+      runs before prepend_bos: BOS on every document).
+    prepended / appended: ids put before / after each document not rendered through a
+      chat template; prepended_templated / appended_templated: around a chat-templated ARC
+      prompt (besides what the template writes; with prepend_bos: true, BOS is left out
+      where the template already opens the prompt with it).
+    chat_template: where the template ARC prompts were rendered with came from (e.g.
+      "chat_template.jinja"; "" for none: plain text, or a run without ARC prompts);
+      chat_template_sha256: sha256 of its text (`sha256sum chat_template.jinja`).
+    notes: what prepare found worth saying about these rules (e.g. a tokenizer_config.json
+      add_bos_token that its tokenizer.json contradicts).
     """
 
     fingerprint: str
@@ -51,6 +67,17 @@ class TokenizerIdentity:
     special_tokens: str
     normalizer: str
     merges: str
+    # Records of the run, not parts of the tokenizer: two identities compare by the above.
+    bos_rule: str = dataclasses.field(default="", compare=False)
+    prepended: tuple[int, ...] | None = dataclasses.field(default=None, compare=False)
+    appended: tuple[int, ...] | None = dataclasses.field(default=None, compare=False)
+    prepended_templated: tuple[int, ...] | None = dataclasses.field(default=None,
+                                                                    compare=False)
+    appended_templated: tuple[int, ...] | None = dataclasses.field(default=None,
+                                                                   compare=False)
+    chat_template: str = dataclasses.field(default="", compare=False)
+    chat_template_sha256: str = dataclasses.field(default="", compare=False)
+    notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def differing_parts(self, other: "TokenizerIdentity") -> list[str]:
         return [part for part in ("vocabulary", "special_tokens", "normalizer", "merges")

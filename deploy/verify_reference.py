@@ -1,0 +1,261 @@
+"""`actx verify RUN --reference`: recomputes a sample of stored documents with the model
+itself and compares every stored hook.
+
+A plain `actx verify` checks stored bytes against the checksums the workers wrote: it
+cannot see a checkpoint whose conversion, dtype or configuration made actx compute
+something else, nor values changed together with their checksums. This check can. Each
+sampled document is run alone through HF transformers on PyTorch (deploy.hf_reference),
+or for a Flax model through its module called eagerly (deploy.flax_reference), from its
+first token, every token seeing what `tokens/context_start` says it saw (a
+sliding window of packing.max_context past it); in `concat` runs a row is one causal
+stream and is recomputed whole. Every stored hook of every stored token is compared.
+
+The sample: `--sample` documents (default 4) from committed partitions chosen by
+`--seed`, the longest of them first, and one from a partition whose documents ran past
+max_context when there is one (documents longer than MAX_TOKENS are left out: HF would
+need a [tokens, tokens] mask). The error of a token is |stored - reference| / |reference|
+(L2 over the hidden dimension; where |reference| is below the document's median token
+norm, over that median: a hook near zero at a token is not a relative mismatch); a hook's
+error is the worst over the sample, checked against `tolerance(spec)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+import numpy as np
+
+from actx.deploy import hf_reference
+from actx.reader import run as reader_run
+from actx.schemas import errors
+from actx.schemas import layout
+from actx.schemas import reference_verification as record_lib
+from actx.schemas import store_errors
+
+DEFAULT_SAMPLE = 4
+MAX_TOKENS = 8192
+# The worst relative error of a stored token against the float32 reference: what the
+# compute dtype costs (float32: rounding through the layers; bfloat16: 8 bits of
+# mantissa in every matmul input) and what storing rounds off (bfloat16 2^-9, float16
+# 2^-12 per element), the larger of the two.
+COMPUTE_TOLERANCE = {"float32": 1e-4, "bfloat16": 6e-2}
+STORED_TOLERANCE = {"float32": 0.0, "float16": 2e-3, "bfloat16": 1e-2}
+
+
+class ReferenceCheckError(errors.UserError, ValueError):
+    """The run cannot be checked against its model as asked."""
+
+
+def tolerance(spec, compute_dtype: str | None = None) -> float:
+    """The bound of a run's errors: its compute dtype's (spec.model.dtype, or a Flax
+    model's own) and its stored dtype's, the larger."""
+    return max(COMPUTE_TOLERANCE[compute_dtype or spec.model.dtype],
+               STORED_TOLERANCE[spec.capture.dtype])
+
+
+@dataclasses.dataclass
+class _Reference:
+    """What recomputes: compute(input_ids, context_start) -> {hook: [n, width]}."""
+
+    described: str
+    compute: object
+    compute_dtype: str | None
+    unknown: list
+
+
+def _reference(spec, hooks: list[str], device: str) -> _Reference:
+    if spec.model.flax:
+        from actx.deploy import flax_reference
+
+        ref = flax_reference.load(spec.model.flax)
+        return _Reference(ref.described, lambda ids, context: flax_reference.hooks(
+            ref, ids, hooks), ref.compute_dtype,
+            [h for h in hooks if not flax_reference.supports(ref, h)])
+    ref = hf_reference.load(spec.model.path, device)
+    return _Reference(ref.described, lambda ids, context: hf_reference.hooks(
+        ref, ids, context, hooks), None,
+        [h for h in hooks if not hf_reference.supports(h, ref.num_layers)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """What is recomputed at once: a document's tokens in order (rows / cols), or a
+    `concat` row's. whole_stream: a concat row (context from its first column)."""
+
+    what: str
+    partition: int
+    rows: np.ndarray
+    cols: np.ndarray
+    whole_stream: bool = False
+
+
+def _doc_table(run, pid: int) -> list[dict]:
+    data = run.store.read(layout.docs_key(pid))
+    return [json.loads(line) for line in (data or b"").decode().splitlines() if line.strip()]
+
+
+def _document(run, doc: dict, pid: int) -> Unit:
+    seq_len, n = run.seq_len, int(doc["n_tokens"])
+    first = int(doc["first_row"])
+    last = min(run.total_rows, first + (int(doc["first_col"]) + n - 1) // seq_len + 1)
+    doc_index = run.token_array("doc_index")[first:last].read().result()
+    r, c = np.nonzero(doc_index == int(doc["doc_index"]))
+    if len(r) != n:
+        raise ReferenceCheckError(
+            f"{run.location}: document {doc['doc_id']!r} has {n} tokens in "
+            f"{layout.docs_key(pid)} but {len(r)} in tokens/doc_index")
+    return Unit(f"document {doc['doc_id']} (doc_index {doc['doc_index']})", pid,
+                (r + first).astype(np.int64), c.astype(np.int64))
+
+
+def sample(run, n: int, seed: int, only: set[int] | None) -> list[Unit]:
+    """The units to recompute (see the module's doc)."""
+    committed = [p for p in run.committed if only is None or p in only]
+    if not committed:
+        return []
+    rng = np.random.default_rng(seed)
+    if run.spec.packing.mode == "concat":
+        units = []
+        for pid in rng.permutation(committed)[:n]:
+            part = run.partitions[int(pid)]
+            row = part.row_start + int(rng.integers(part.row_count))
+            seg = run.token_array("segment_ids")[row].read().result()
+            cols = np.flatnonzero(seg > 0).astype(np.int64)
+            if len(cols):
+                units.append(Unit(f"row {row}", int(pid), np.full(len(cols), row, np.int64),
+                                  cols, whole_stream=True))
+        return units
+    chosen = [int(p) for p in rng.permutation(committed)[:n]]
+    past = [p for p in committed if run.partitions[p].full_context_tokens
+            < run.partitions[p].tokens and p not in chosen]
+    if past:
+        chosen.append(int(past[int(rng.integers(len(past)))]))
+    docs = [(d, pid) for pid in chosen for d in _doc_table(run, pid)
+            if int(d["n_tokens"]) <= MAX_TOKENS]
+    if not docs:
+        return []
+    longest = max(range(len(docs)), key=lambda i: (int(docs[i][0]["n_tokens"]), -i))
+    rest = [i for i in rng.permutation(len(docs)) if i != longest][:n - 1]
+    return [_document(run, *docs[i]) for i in [longest, *rest]]
+
+
+def _errors(stored: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Per token: |stored - reference| / max(|reference|, median |reference|)."""
+    diff = np.linalg.norm(stored.astype(np.float64) - reference, axis=-1)
+    norm = np.linalg.norm(reference.astype(np.float64), axis=-1)
+    floor = max(float(np.median(norm)), 1e-30)
+    return diff / np.maximum(norm, floor)
+
+
+def check(handle, n: int = DEFAULT_SAMPLE, device: str = "cpu", seed: int = 0,
+          only: set[int] | None = None, at: float | None = None,
+          log=None) -> record_lib.ReferenceRecord:
+    """Recomputes `n` sampled units of the run (`handle`: deploy.runstate.RunHandle) and
+    returns the record of what was found."""
+    spec = handle.spec
+    if n < 1:
+        raise ReferenceCheckError(f"--sample {n}: recompute at least 1 document")
+    if not spec.model.flax:
+        hf_reference.require_torch()
+    run = reader_run.Run(handle.store, spec, handle.manifest,
+                         extraction=getattr(handle.store, "name", ""))
+    units = sample(run, n, seed, only)
+    if not units:
+        raise ReferenceCheckError(f"{handle.location}: no committed document to recompute"
+                                  + (" in the partitions --only names" if only else "")
+                                  + "; extract first (`actx rerun`)")
+    hooks = sorted(run.hooks)
+    ref = _reference(spec, hooks, device)
+    if ref.unknown:
+        raise ReferenceCheckError(f"hooks {ref.unknown}: not hooks of the model "
+                                  f"{spec.model.flax or spec.model.path}")
+    bound = tolerance(spec, ref.compute_dtype)
+    committed = set(run.committed)
+    row_starts = np.asarray([p.row_start for p in run.partitions])
+    worst: dict[str, float] = {h: 0.0 for h in hooks}
+    checked, failures = [], []
+    for unit in units:
+        # Prepare wrote every token: those of a partition not committed yet are read too.
+        tokens = {name: run.token_array(name).vindex[unit.rows, unit.cols].read().result()
+                  for name in ("input_ids", "positions", "context_start")}
+        n_tokens = len(unit.rows)
+        want_positions = unit.cols if unit.whole_stream else np.arange(n_tokens)
+        if not np.array_equal(tokens["positions"], want_positions):
+            failures.append(f"{unit.what} (partition {layout.partition_name(unit.partition)})"
+                            f": stored positions are not 0..{n_tokens - 1}")
+            continue
+        context = (np.zeros(n_tokens, np.int64) if unit.whole_stream
+                   else tokens["context_start"].astype(np.int64))
+        started = time.monotonic()
+        reference = ref.compute(tokens["input_ids"], context)
+        # Only tokens of committed partitions hold values (a document may run on).
+        pids = np.searchsorted(row_starts, unit.rows, side="right") - 1
+        keep = np.isin(pids, list(committed))
+        stored = run.gather(hooks, unit.rows[keep], unit.cols[keep])
+        per_hook = {}
+        for hook in hooks:
+            errs = _errors(stored[hook].astype(np.float32), reference[hook][keep])
+            per_hook[hook] = float(errs.max()) if len(errs) else 0.0
+            worst[hook] = max(worst[hook], per_hook[hook])
+            if per_hook[hook] > bound or not np.isfinite(per_hook[hook]):
+                at = int(np.argmax(np.where(np.isfinite(errs), errs, np.inf)))
+                token = int(np.flatnonzero(keep)[at])
+                failures.append(
+                    f"{unit.what} (partition {layout.partition_name(unit.partition)}), hook "
+                    f"{hook}: relative error {per_hook[hook]:.3g} > tolerance {bound:.2g} "
+                    f"(worst at token {token} of {n_tokens}, row {int(unit.rows[token])} "
+                    f"column {int(unit.cols[token])})")
+        checked.append(record_lib.CheckedDocument(
+            unit.what, layout.partition_name(unit.partition), int(keep.sum()),
+            int((context[keep] > 0).sum()), per_hook))
+        if log is not None:
+            print(f"recomputed {unit.what}: {n_tokens} tokens in "
+                  f"{time.monotonic() - started:.1f}s", file=log, flush=True)
+    return record_lib.ReferenceRecord(
+        at=time.time() if at is None else at, ok=not failures, reference=ref.described,
+        seed=seed, sample=n, tolerance=bound, hooks=worst, documents=tuple(checked),
+        failures=tuple(failures))
+
+
+def render(record: record_lib.ReferenceRecord, run: str) -> str:
+    lines = [f"verify --reference {run}: {record_lib.units(record)} recomputed with "
+             f"{record.reference} (seed {record.seed})"]
+    for doc in record.documents:
+        past = f", {doc.past_max_context} past max_context" if doc.past_max_context else ""
+        lines.append(f"  {doc.what}: partition {doc.partition}, {doc.tokens} tokens{past}")
+    lines.append(f"  {'hook':<28} {'worst relative error':>20} {'tolerance':>10}")
+    for hook, err in record.hooks.items():
+        lines.append(f"  {hook:<28} {err:>20.3g} {record.tolerance:>10.2g}")
+    if record.ok:
+        lines.append("OK: every stored value of the sample equals the model's own, within "
+                     "tolerance")
+    else:
+        lines.append(f"FAILED: {len(record.failures)} (document, hook) pair(s) out of "
+                     f"tolerance:")
+        lines += [f"  {f}" for f in record.failures]
+    return "\n".join(lines)
+
+
+def command(handle, only: set[int] | None, args, out) -> int:
+    """`actx verify RUN --reference`: prints and records the check; 1 when out of
+    tolerance."""
+    if args.repair:
+        raise ReferenceCheckError("--repair and --reference: a value out of tolerance is not "
+                                  "damage a rerun repairs (the same model computes it "
+                                  "again); run them separately")
+    record = check(handle, args.sample, args.device, args.seed, only,
+                   log=None if args.json else out)
+    if args.json:
+        from actx.schemas import config as config_lib
+
+        print(json.dumps(config_lib.to_dict(record), indent=1, sort_keys=True), file=out)
+    else:
+        print(render(record, str(handle.location)), file=out)
+    try:
+        record_lib.write_record(handle.store, record)
+    except store_errors.StoreError as e:
+        print(f"actx verify: the report above was not recorded: {e}", file=sys.stderr)
+    return 0 if record.ok else 1

@@ -1,0 +1,183 @@
+"""BOS by the tokenizer's own rule: prepare's tokens equal HF transformers'
+`tokenizer(text)` for the tokenizers of each supported family as transformers saves them
+(tests/tokenizer_families.py), unless the spec says otherwise; what was applied is in
+run.json; runs made before `prepend_bos` keep their fingerprint and their tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from actx.pipeline import main as prepare_main
+from actx.pipeline import tokenize
+from actx.schemas import config as config_lib
+from actx.schemas import layout, runspec, store, ts_context, uri
+from tests import tokenizer_families as families
+from tests.test_old_runs import OLD, old_inputs  # noqa: F401 (a fixture)
+
+TEXTS = ["The 3th document of a small corpus.", "grids of colours, rows and columns",
+         " leading space and digits 0123456789", "Example 5 input and output." * 6]
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("families")
+    return {f: families.save_family(root / f, f) for f in families.FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("texts") / "texts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n"
+                            for i, t in enumerate(TEXTS)))
+    return str(path)
+
+
+def _spec(tokenizer: str, texts: str, **tokenizer_settings) -> runspec.RunSpec:
+    return runspec.RunSpec.from_dict({
+        "name": "bos", "model": {"path": ""},
+        "tokenizer": {"path": tokenizer, **tokenizer_settings},
+        "sources": [{"kind": "text", "paths": [texts]}],
+        "packing": {"mode": "segmented", "seq_len": 16},
+        "layout": {"rows_per_shard": 2, "partition_rows": 4}})
+
+
+def stored_documents(run: str) -> dict[str, list[int]]:
+    """doc_id -> the document's stored token ids, in order (from the token store)."""
+    loc, s = uri.parse(run), store.open_store(run)
+    arrays = {name: ts_context.open_array(layout.array_spec(
+        loc, layout.token_array_key(name))).read().result()
+        for name in ("input_ids", "doc_index")}
+    out = {}
+    for key in s.list(layout.DOCS_PREFIX):
+        for line in s.read(key).decode().splitlines():
+            doc = json.loads(line)
+            out[doc["doc_id"]] = arrays["input_ids"][arrays["doc_index"] == doc["doc_index"]
+                                                     ].tolist()
+    return out
+
+
+def _prepare(spec: runspec.RunSpec, run) -> tuple[dict[str, list[int]], dict]:
+    prepare_main.run_prepare(spec, str(run))
+    return stored_documents(str(run)), json.load(open(os.path.join(run, "run.json")))
+
+
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_prepare_gives_what_hf_tokenizer_gives(family, tokenizers, texts, tmp_path):
+    hf = families.hf_tokenizer(tokenizers[family])
+    docs, recorded = _prepare(_spec(tokenizers[family], texts), tmp_path / "run")
+    for i, text in enumerate(TEXTS):
+        assert docs[f"d{i}"] == hf(text)["input_ids"], (family, text)
+    opens_with_bos = family in ("llama3", "llama2", "gemma")
+    bare = hf(TEXTS[0], add_special_tokens=False)["input_ids"]
+    assert (hf(TEXTS[0])["input_ids"] != bare) == opens_with_bos  # the families differ
+    record = recorded["tokenizer_identity"]
+    assert record["bos_rule"] == "tokenizer"
+    assert record["prepended"] == ([hf.bos_token_id] if opens_with_bos else [])
+    assert "prepend_bos" not in recorded["tokenizer"] and "add_bos" not in recorded["tokenizer"]
+
+
+@pytest.mark.parametrize("family,prepend", [("gpt2", True), ("llama3", False),
+                                            ("gemma", False), ("qwen2", False)])
+def test_prepend_bos_overrides_the_rule_and_is_recorded(family, prepend, tokenizers, texts,
+                                                        tmp_path):
+    hf = families.hf_tokenizer(tokenizers[family])
+    spec = _spec(tokenizers[family], texts, prepend_bos=prepend)
+    assert spec.fingerprint != _spec(tokenizers[family], texts).fingerprint
+    docs, recorded = _prepare(spec, tmp_path / "run")
+    for i, text in enumerate(TEXTS):
+        bare = hf(text, add_special_tokens=False)["input_ids"]
+        assert docs[f"d{i}"] == ([hf.bos_token_id] if prepend else []) + bare
+    assert recorded["tokenizer"]["prepend_bos"] is prepend
+    assert recorded["tokenizer_identity"]["bos_rule"] == "prepend_bos"
+
+
+def test_prepend_bos_of_a_tokenizer_without_one_is_refused_before_work(tokenizers, texts,
+                                                                       tmp_path):
+    spec = _spec(tokenizers["qwen2"], texts, prepend_bos=True)
+    problems, _, _ = prepare_main.check_inputs(spec)  # what `actx submit` checks first
+    assert len(problems) == 1 and "spec.tokenizer.prepend_bos: true, but the tokenizer at " \
+        f"{tokenizers['qwen2']} has no BOS token" in problems[0]
+    with pytest.raises(tokenize.TokenizerError, match="has no BOS token"):
+        prepare_main.run_prepare(spec, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_add_bos_keeps_the_rule_of_earlier_runs(tokenizers, texts, tmp_path):
+    """add_bos (the old spelling, written by every earlier run.json): BOS on every document
+    when the tokenizer names one, whatever its post-processor does; hashed as before."""
+    hf = families.hf_tokenizer(tokenizers["gpt2"])
+    spec = _spec(tokenizers["gpt2"], texts, add_bos=True)
+    docs, recorded = _prepare(spec, tmp_path / "run")
+    for i, text in enumerate(TEXTS):
+        assert docs[f"d{i}"] == [hf.bos_token_id] + hf(text)["input_ids"]
+    assert recorded["tokenizer"]["add_bos"] is True
+    assert recorded["tokenizer_identity"]["bos_rule"] == "add_bos"
+    assert runspec.RunSpec.from_dict(recorded).fingerprint == recorded["fingerprint"]
+    # The same spec without add_bos is another run (other tokens): refused, saying how to
+    # go on with this one.
+    with pytest.raises(prepare_main.PrepareError) as e:
+        prepare_main.run_prepare(_spec(tokenizers["gpt2"], texts), str(tmp_path / "run"))
+    assert str(e.value).endswith(
+        "choose a new run directory; or go on with it: it was prepared before "
+        "spec.tokenizer.prepend_bos, with add_bos: true (docs/checkpoints.md): add that to "
+        f"spec.tokenizer, or `actx rerun {tmp_path / 'run'}`")
+    with pytest.raises(config_lib.ConfigError, match=r"tokenizer: prepend_bos \(false\) and "
+                                                     r"add_bos \(true, its old spelling\) "
+                                                     r"disagree; give prepend_bos alone"):
+        _spec(tokenizers["gpt2"], texts, add_bos=True, prepend_bos=False)
+
+
+def test_the_command_lines_bos_flags(tokenizers, texts):
+    args = prepare_main._parser().parse_args(["--out", "x", "--tokenizer", tokenizers["gpt2"],
+                                              "--text", texts])
+    assert prepare_main.spec_from_args(args).tokenizer.bos_choice is None
+    for flag, choice in (("--no-bos", False), ("--prepend-bos", True)):
+        args = prepare_main._parser().parse_args(
+            ["--out", "x", "--tokenizer", tokenizers["gpt2"], "--text", texts, flag])
+        assert prepare_main.spec_from_args(args).tokenizer.prepend_bos is choice
+
+
+def test_a_contradicting_add_bos_token_follows_transformers_and_is_noted(tokenizers, texts,
+                                                                         tmp_path):
+    """tokenizer_config.json says add_bos_token: false while tokenizer.json's post-processor
+    adds BOS (a hand-edited config): transformers 5 reads tokenizer.json; so does actx, and
+    run.json says what it found."""
+    tok = shutil.copytree(tokenizers["llama2"], tmp_path / "tok")
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": False}))
+    hf = families.hf_tokenizer(tok)
+    docs, recorded = _prepare(_spec(str(tok), texts), tmp_path / "run")
+    assert docs["d0"] == hf(TEXTS[0])["input_ids"]
+    [note] = recorded["tokenizer_identity"]["notes"]
+    assert "add_bos_token: false, but the post-processor of tokenizer.json adds BOS" in note
+
+
+def test_a_run_made_before_prepend_bos_keeps_its_fingerprint_and_tokens(old_inputs, tmp_path):
+    """The 0.1.0 run (tests/old_runs): its tokenizer names <s> but its post-processor adds
+    none. Its run.json says add_bos: true, so preparing its spec again gives its
+    fingerprint and, byte for byte, its token store: BOS on every document. The same spec
+    written today without add_bos follows the tokenizer (no BOS): another run."""
+    old = store.open_store(str(OLD / "run"))
+    recorded = json.loads((OLD / "run" / "run.json").read_text())
+    spec = runspec.read_run_spec(old)
+    assert spec.fingerprint == recorded["fingerprint"] == "f0b4a2a9fa02f967"
+    run = tmp_path / "run"
+    prepare_main.run_prepare(spec, str(run))
+    assert json.loads((run / "run.json").read_text())["fingerprint"] == recorded["fingerprint"]
+    for name in ("input_ids", "segment_ids", "positions", "doc_index", "context_start"):
+        mine, theirs = (ts_context.open_array(layout.array_spec(
+            uri.parse(str(where)), layout.token_array_key(name))).read().result()
+            for where in (run, OLD / "run"))
+        np.testing.assert_array_equal(mine, theirs, err_msg=name)
+    hf = families.hf_tokenizer(OLD / "tokenizer")
+    assert all(ids[0] == hf.bos_token_id for ids in stored_documents(str(run)).values())
+
+    today = runspec.RunSpec.from_dict({**spec.to_dict(), "tokenizer": {
+        "path": spec.tokenizer.path}})
+    assert today.fingerprint != spec.fingerprint
+    assert hf("a text")["input_ids"] == hf("a text", add_special_tokens=False)["input_ids"]
