@@ -8,6 +8,7 @@ partition twice. Readers, status and rerun trust markers, never the presence of 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING
 
 from actx.schemas import config as config_lib
@@ -87,12 +88,16 @@ def committed_partitions(store, n_partitions: int = 0) -> set[int]:
     Given the run's partition count, a store that lists in pages of 1,000 names (GCS)
     lists up to 16 key ranges in parallel instead of one page after another.
     """
-    boundaries = []
     ranges = min(_MAX_RANGES, -(-n_partitions // _LIST_RANGE))
     if store.PARALLEL_LISTING and ranges > 1:
-        names = sorted(layout.commit_key(p) for p in range(n_partitions))
+        keys = sorted(layout.commit_key(p) for p in range(n_partitions))
         step = -(-n_partitions // ranges)
-        boundaries = names[step::step]
-    start = len(layout.COMMITS_PREFIX) + 2  # commits/p-<id>.json
-    return {int(key[start:-5]) for key in store.list_split(layout.COMMITS_PREFIX, boundaries)
-            if key.endswith(".json") and key[start - 2:start] == "p-"}
+        listed = store.list_split(layout.COMMITS_PREFIX, keys[step::step])
+        names = [key[len(layout.COMMITS_PREFIX):] for key in listed]
+    else:
+        names = store.list_names(layout.COMMITS_PREFIX)
+    # One regex over all names, ints made by map: 90k markers in a few ms.
+    return set(map(int, _MARKER_NAME.findall("\n".join(names))))
+
+
+_MARKER_NAME = re.compile(r"^p-(\d+)\.json$", re.MULTILINE)  # layout.commit_key

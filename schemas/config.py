@@ -281,6 +281,16 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
 def from_columns(cls: type[T], columns: Any, where: str) -> tuple[T, ...]:
     """Objects of dataclass `cls` from a table of columns ({field: [value per object]}), a
     compact form for many flat objects: a missing column takes the field's default."""
+    cols = list(checked_columns(cls, columns, where).values())
+    try:
+        return tuple(map(cls, *cols)) if cols else ()
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def checked_columns(cls: type, columns: Any, where: str) -> dict[str, list]:
+    """`columns` checked and converted as `from_columns` reads them, without building the
+    objects: {field: values}, every field of `cls` in its order (defaults filled in)."""
     hints, fields = _class_fields(cls)
     if type(columns) is not dict:
         raise ConfigError(f"{where}: expected a table of columns "
@@ -295,7 +305,7 @@ def from_columns(cls: type[T], columns: Any, where: str) -> tuple[T, ...]:
         if length != n:
             raise ConfigError(f"{where}.{name}: expected a list of {n} values (the length of "
                               f"the longest column), got {columns[name]!r:.80}")
-    cols = []
+    cols = {}
     for name, field in fields.items():
         col = columns.get(name)
         if col is None:
@@ -313,11 +323,8 @@ def from_columns(cls: type[T], columns: Any, where: str) -> tuple[T, ...]:
             if col is None:
                 col = [_convert(v, hints[name], f"{where}.{name}[{i}]")
                        for i, v in enumerate(columns[name])]
-        cols.append(col)
-    try:
-        return tuple(map(cls, *cols)) if cols else ()
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{where}: {e}") from e
+        cols[name] = col
+    return cols
 
 
 def to_columns(objs: "tuple | list", cls: type) -> dict[str, list]:

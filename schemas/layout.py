@@ -164,6 +164,13 @@ def log_key(job: str, host: str) -> str:
     return f"{LOGS_PREFIX}{job}/{host}.log"
 
 
+def log_lines_key(job: str) -> str:
+    """What status last read at the end of each host log of a job, with the log's version:
+    a preempted slice's silent hosts are read once, not at every refresh (a cache: deleting
+    it costs one slower status)."""
+    return f"{LOGS_PREFIX}{job}/last-lines.json"
+
+
 def docs_key(partition_id: int) -> str:
     """The doc table rows of the documents that start in a partition (JSONL)."""
     return f"{DOCS_PREFIX}{partition_name(partition_id)}.jsonl"

@@ -6,6 +6,7 @@ docs read = docs accepted + docs rejected, per source and in total.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import json
 
@@ -43,6 +44,64 @@ class Partition:
         return layout.partition_name(self.id)
 
 
+class PartitionTable(collections.abc.Sequence):
+    """manifest.json's partition columns, read as a sequence of `Partition` that builds its
+    objects only when one is asked for. Status at 150k partitions sums columns
+    (`column`) instead of building 150k objects (0.34 s). Equal to the tuple of the same
+    partitions; iterating builds and keeps them all."""
+
+    __slots__ = ("_columns", "_objects")
+
+    def __init__(self, columns: dict[str, list]):
+        # Every field of Partition, in its order (config.checked_columns gives that).
+        self._columns = columns
+        self._objects: tuple[Partition, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self._columns["id"])
+
+    def __getitem__(self, index):
+        if self._objects is not None or isinstance(index, slice):
+            return self._all()[index]
+        return Partition(*(col[index] for col in self._columns.values()))
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def _all(self) -> tuple[Partition, ...]:
+        if self._objects is None:
+            self._objects = tuple(map(Partition, *self._columns.values()))
+        return self._objects
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (tuple, PartitionTable)):
+            return self._all() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return f"PartitionTable({len(self)} partitions)"
+
+    def __reduce__(self):
+        return PartitionTable, (self._columns,)
+
+    def column(self, name: str) -> list:
+        """One field of every partition, in manifest order."""
+        return self._columns[name]
+
+    def columns(self) -> dict[str, list]:
+        return {name: list(col) for name, col in self._columns.items()}
+
+
+def partition_column(partitions, name: str) -> list:
+    """Field `name` of every partition (a PartitionTable's column, or read off objects)."""
+    if isinstance(partitions, PartitionTable):
+        return partitions.column(name)
+    return [getattr(p, name) for p in partitions]
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceCounts:
     """Input accounting of one source: read = accepted + rejected."""
@@ -70,6 +129,7 @@ class Manifest:
     seq_len: int
     total_rows: int
     total_tokens: int
+    # A tuple, or (read from manifest.json) a PartitionTable: a sequence either way.
     partitions: tuple[Partition, ...]
     sources: dict[str, SourceCounts]
     vocab_size: int
@@ -99,7 +159,9 @@ class Manifest:
 
     def to_json_obj(self) -> dict:
         obj = config_lib.to_dict(dataclasses.replace(self, partitions=()))
-        obj["partitions"] = config_lib.to_columns(self.partitions, Partition)
+        obj["partitions"] = (self.partitions.columns()
+                             if isinstance(self.partitions, PartitionTable)
+                             else config_lib.to_columns(self.partitions, Partition))
         obj["totals"] = {"docs_read": self.docs_read, "docs_accepted": self.docs_accepted,
                          "docs_rejected": self.docs_rejected}
         return obj
@@ -113,10 +175,12 @@ class Manifest:
         data = dict(data)
         data.pop("totals", None)
         columns = data.get("partitions")
-        if isinstance(columns, dict):
-            data["partitions"] = config_lib.from_columns(Partition, columns,
-                                                         f"{where}: partitions")
-        return config_lib.from_dict(cls, data, where + ": ")
+        if not isinstance(columns, dict):  # version 1: a list of objects
+            return config_lib.from_dict(cls, data, where + ": ")
+        table = PartitionTable(config_lib.checked_columns(Partition, columns,
+                                                          f"{where}: partitions"))
+        manifest = config_lib.from_dict(cls, dict(data, partitions=()), where + ": ")
+        return dataclasses.replace(manifest, partitions=table)
 
 
 def read_manifest(store) -> Manifest:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import hashlib
 import json
 import os
 import threading
@@ -47,6 +48,12 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str = "") -> list[str]:
         """Keys under `prefix` (recursively), sorted. Names only: no object metadata."""
+
+    def list_names(self, folder: str) -> list[str]:
+        """The names (not keys) of the objects directly in `folder` (a prefix ending in
+        "/"), in no particular order: what a caller that parses names needs, without the
+        keys and the sorting of `list`."""
+        return [key[len(folder):] for key in self.list(folder) if "/" not in key[len(folder):]]
 
     def list_split(self, prefix: str, boundaries: list[str]) -> list[str]:
         """`list(prefix)`, which a store may cut at the sorted key `boundaries` into ranges
@@ -89,6 +96,17 @@ class ObjectStore(abc.ABC):
         without one), in one listing; None where the store has no summaries (read the
         objects instead, which is as cheap on local disk)."""
         return None
+
+    def list_stamps(self, prefix: str) -> dict[str, tuple[int, str]]:
+        """Keys under `prefix` with (size, version), the version changing whenever the
+        object is rewritten (a GCS generation, a local file's modification time): what a
+        cache of something read from the objects is checked against, in one listing on GCS."""
+        stamps = {}
+        for key in self.list(prefix):
+            data = self.read(key)
+            if data is not None:
+                stamps[key] = (len(data), hashlib.sha256(data).hexdigest()[:16])
+        return stamps
 
     def read_json(self, key: str) -> Any:
         data = self.read(key)
@@ -197,6 +215,25 @@ class LocalStore(ObjectStore):
                     elif ".tmp-" not in entry.name and (inside or key.startswith(prefix)):
                         keys.append(key)
         return sorted(keys)
+
+    def list_names(self, folder: str) -> list[str]:
+        # One scandir, no key strings, no sort: 90k commit markers in ~half list()'s time.
+        try:
+            with os.scandir(self._path(folder)) as entries:
+                return [e.name for e in entries
+                        if ".tmp-" not in e.name and not e.is_dir()]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def list_stamps(self, prefix: str) -> dict[str, tuple[int, str]]:
+        stamps = {}
+        for key in self.list(prefix):
+            try:
+                st = os.stat(self._path(key))
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # deleted since the listing
+            stamps[key] = (st.st_size, str(st.st_mtime_ns))
+        return stamps
 
     def delete(self, key: str) -> None:
         try:
@@ -322,15 +359,48 @@ class GcsStore(ObjectStore):
         results = [f.result() for f in futures]
         return [bytes(r.value) if r.state == "value" else None for r in results]
 
+    # GCS answers at most this many items a page, whatever maxResults asks; we ask more.
+    GCS_PAGE_ITEMS = 1000
+    PAGE_ASK = 5000
+
+    def _list_page(self, prefix: str, fields: str, start: str | None, end: str | None,
+                   token: str | None) -> tuple[list[dict], str | None]:
+        """One objects.list page under `prefix` (names relative to the store), with only
+        `fields` of each item, and the next page's token. Straight from the JSON API:
+        list_blobs builds a Blob per item (a third of a listing's time at 15k markers), and
+        these callers want a name and a field or two. Asking for more than GCS's 1,000 a
+        page lets a server that allows it answer in fewer round trips."""
+        root = f"{self.location.path}/" if self.location.path else ""
+        params = {"prefix": root + prefix, "maxResults": self.PAGE_ASK,
+                  "fields": f"items({fields}),nextPageToken"}
+        if start is not None:
+            params["startOffset"] = root + start
+        if end is not None:
+            params["endOffset"] = root + end
+        if token:
+            params["pageToken"] = token
+        page = self._bucket.client._connection.api_request(
+            method="GET", path=f"/b/{self.location.bucket}/o", query_params=params,
+            **store_errors.read_options())
+        items = page.get("items", [])
+        for item in items:
+            item["name"] = item["name"][len(root):]
+        return items, page.get("nextPageToken")
+
+    def _list_items(self, prefix: str, fields: str, start: str | None = None,
+                    end: str | None = None, token: str | None = None) -> list[dict]:
+        """Every page of `_list_page`, one after another."""
+        items = []
+        while True:
+            page, token = self._list_page(prefix, fields, start, end, token)
+            items += page
+            if not token:
+                return items
+
     @store_errors.gcs_errors
     def _list_range(self, prefix: str, start: str | None, end: str | None) -> list[str]:
-        root = f"{self.location.path}/" if self.location.path else ""
-        # Names only: full metadata is ~850 bytes per object; real GCS pages at 1,000.
-        blobs = self._bucket.client.list_blobs(
-            self._bucket, prefix=root + prefix, fields="items(name),nextPageToken",
-            page_size=1000, start_offset=None if start is None else root + start,
-            end_offset=None if end is None else root + end, **store_errors.read_options())
-        return [b.name[len(root):] for b in blobs]
+        # Names only: full metadata is ~850 bytes per object.
+        return [item["name"] for item in self._list_items(prefix, "name", start, end)]
 
     def list(self, prefix: str = "") -> list[str]:
         return sorted(self._list_range(prefix, None, None))
@@ -350,20 +420,34 @@ class GcsStore(ObjectStore):
 
     @store_errors.gcs_errors
     def list_summaries(self, prefix: str) -> dict[str, str | None]:
-        root = f"{self.location.path}/" if self.location.path else ""
-        blobs = self._bucket.client.list_blobs(
-            self._bucket, prefix=root + prefix, fields="items(name,metadata),nextPageToken",
-            page_size=1000, **store_errors.read_options())
-        return {b.name[len(root):]: (b.metadata or {}).get(SUMMARY_METADATA_KEY) for b in blobs}
+        return {item["name"]: (item.get("metadata") or {}).get(SUMMARY_METADATA_KEY)
+                for item in self._list_items(prefix, "name,metadata")}
 
+    @store_errors.gcs_errors
+    def list_stamps(self, prefix: str) -> dict[str, tuple[int, str]]:
+        return {item["name"]: (int(item.get("size") or 0), str(item.get("generation")))
+                for item in self._list_items(prefix, "name,size,generation")}
+
+    @store_errors.gcs_errors
     def list_split(self, prefix: str, boundaries: list[str]) -> list[str]:
-        cuts = [None, *sorted(boundaries), None]
-        if len(cuts) == 2:
-            return self.list(prefix)
+        """The first page first: when it is the only one (up to 1,000 markers) the listing
+        is one request. Otherwise the rest of the key space, past the page's last name, is
+        cut at the boundaries beyond it and listed in parallel; a server that answered more
+        than GCS's 1,000 items a page (an emulator) is followed page by page instead, as
+        each of its requests costs the same however narrow."""
+        first, token = self._list_page(prefix, "name", None, None, None)
+        names = [item["name"] for item in first]
+        if not token:
+            return sorted(names)
+        if len(first) > self.GCS_PAGE_ITEMS or not boundaries:
+            return sorted(names + [item["name"] for item in
+                                   self._list_items(prefix, "name", token=token)])
+        last = max(names)  # startOffset is inclusive: `last` comes back and is dropped
+        cuts = [last, *sorted(b for b in boundaries if b > last), None]
         ranges = list(zip(cuts[:-1], cuts[1:]))
         with concurrent.futures.ThreadPoolExecutor(min(16, len(ranges))) as pool:
             pages = pool.map(lambda r: self._list_range(prefix, *r), ranges)
-            return sorted(name for page in pages for name in page)
+            return sorted(set(names).union(*pages))
 
     def delete_prefix(self, prefix: str) -> int:
         # One request per object: a failed prepare's token store (thousands of shards)
