@@ -119,6 +119,20 @@ def open_run(run: str):
 
 
 # -- rerun ----------------------------------------------------------------------------------
+def check_only(only, partition_ids) -> None:
+    """Refuses `--only` ids the run does not have (a UsageError naming them and the run's
+    range), whatever the run's state: a run with every partition committed must not answer
+    "nothing to do" to ids it never had."""
+    if isinstance(only, str):  # "all", "stale", "pending": states, not ids
+        return
+    known = set(partition_ids)
+    unknown = sorted(set(only) - known)
+    if unknown:
+        span = f"0..{max(known)}" if known else "none"
+        raise UsageError(f"--only: partition(s) {unknown} do not exist (the run has "
+                         f"{len(known)} partition(s), {span}); nothing was extracted")
+
+
 def select_partitions(status, only) -> list[int]:
     from actx.deploy import runstate
 
@@ -129,10 +143,7 @@ def select_partitions(status, only) -> list[int]:
         return status.ids(runstate.STALE)
     if only == "pending":
         return status.ids(runstate.PENDING)
-    unknown = [p for p in only if p not in status.partitions]
-    if unknown:
-        raise UsageError(f"--only: partition(s) {unknown} do not exist (the run has "
-                         f"{len(status.partitions)} partitions, 0..{len(status.partitions) - 1})")
+    check_only(only, status.partitions)
     return [p for p in only if status.partitions[p] != runstate.COMMITTED]
 
 
@@ -164,6 +175,7 @@ def cmd_rerun(args, out) -> int:
         raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
                          f"document (see {handle.location.join('rejects/')}); nothing to "
                          f"extract. Prepare it again with inputs that pass")
+    check_only(args.only, status.partitions)  # before "nothing to do" (no false OK)
     if status.complete:
         print(f"rerun: all {n} partitions of {handle.location} are committed; nothing to do",
               file=out)
@@ -191,6 +203,7 @@ def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out)
     if not handle.manifest.partitions:
         raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
                          f"document; nothing to extract")
+    check_only(args.only, [p.id for p in handle.manifest.partitions])
     behind = {}
     for name, scoped in handles.items():
         status = runstate.compute_status(scoped, args.stale_after)

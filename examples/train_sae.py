@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"{args.run}: needs 2 committed partitions (one is held out)")
     run.compute_stats([args.hook])  # the scale, and the norms the outlier mask needs
     train, held_out = run.committed[:-1], run.committed[-1:]
-    common = dict(exclude=["bos", "special", "outlier"], normalize="unit_mean_norm")
+    common = dict(exclude=["bos", "special", "outlier"], normalize="sqrt_d_mean_norm")
     data = actx.ActivationDataset(run, args.hook, args.batch_size, epochs=None,
                                   partitions=list(train), **common)
     sae = SparseAutoencoder(run.hook(args.hook).hidden, args.expansion * run.hook(args.hook).hidden)

@@ -210,11 +210,24 @@ def _check_max_context(spec: runspec_lib.RunSpec) -> None:
     except Exception:  # the model may not be reachable from here; workers check again
         return
     limit = int((config or {}).get("max_position_embeddings") or 0)
-    if limit and spec.packing.max_context > limit:
+    packing = spec.packing
+    if not (limit and packing.max_context > limit):
+        return
+    where = f"the model's max_position_embeddings={limit} ({spec.model.path}/config.json)"
+    # max_context is at least seq_len: when a row alone is too long, seq_len is what to lower
+    # (the same advice as workers.preflight.context_problem, which pipeline may not import).
+    if packing.seq_len > limit:
+        default = runspec_lib.DEFAULT_MAX_CONTEXT
+        also = (f" and packing.max_context to at most {limit} (its default is "
+                f"max({default}, seq_len))"
+                if packing.max_context > packing.seq_len or limit < default else
+                f" (and packing.max_context, if you set it, to at most {limit})")
         raise PrepareError(
-            f"packing.max_context={spec.packing.max_context} is larger than the model's "
-            f"max_position_embeddings={limit} ({spec.model.path}/config.json): set "
-            f"packing.max_context to at most {limit}")
+            f"packing.seq_len={packing.seq_len} is larger than {where}: set packing.seq_len "
+            f"to at most {limit}{also}")
+    raise PrepareError(
+        f"packing.max_context={packing.max_context} is larger than {where}: set "
+        f"packing.max_context to at most {limit} (and at least seq_len={packing.seq_len})")
 
 
 def _check_tokenizer_is_models(spec: runspec_lib.RunSpec

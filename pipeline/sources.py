@@ -95,6 +95,14 @@ def file_format(source: runspec_lib.SourceSpec, path: str) -> str:
     return "parquet" if source.kind == "fineweb" else "jsonl"
 
 
+def _names(names, most: int = 12) -> str:
+    """Keys or columns for a reason, e.g. ['body', 'id']; no ':' or ' (' outside the
+    names, so that the reason's kind (schemas.layout.reject_kind) keeps them."""
+    names = list(names)
+    shown = "[" + ", ".join(repr(str(n)) for n in names[:most]) + "]"
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def _snippet(raw: bytes | str) -> str:
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
     return text[:SNIPPET_CHARS]
@@ -107,6 +115,7 @@ class _Emitter:
                  line_kind: str):
         self.source_index, self.source, self.name, self.path = source_index, source, name, path
         self.line_kind = line_kind
+        self._missing_column: str | None = None  # parquet: the reason, once read
 
     def reject(self, line: int, reason: str, raw: bytes | str = "") -> Reject:
         return Reject(self.source_index, self.name, self.path, line, self.line_kind, reason,
@@ -115,7 +124,11 @@ class _Emitter:
     def text(self, line: int, obj: dict, raw: bytes | str) -> TextRecord | Reject:
         field = self.source.text_field
         if field not in obj:
-            return self.reject(line, f"missing text field {field!r}", raw)
+            if file_format(self.source, self.path) == "parquet":  # no such column in it
+                return self.reject(line, self.missing_column(), raw)
+            return self.reject(line, f"missing text field {field!r}, this line's keys are "
+                                     f"{_names(obj)} - set the source's text_field to the "
+                                     f"key that holds the text", raw)
         text = obj[field]
         if isinstance(text, bytes):
             try:
@@ -133,6 +146,23 @@ class _Emitter:
         if self.source.kind == "fineweb":
             prov = tuple((k, str(obj[k])) for k in FINEWEB_PROVENANCE if obj.get(k) is not None)
         return TextRecord(self.source_index, self.path, line, self.line_kind, doc_id, text, prov)
+
+    def missing_column(self) -> str:
+        """The reason of each row of a parquet file without the text column: one reason
+        for the whole file (prepare's summary counts rejects by it), naming the file's
+        columns, read once from its footer."""
+        if self._missing_column is None:
+            try:
+                import pyarrow.parquet as pq
+
+                with fileio.open_input(self.path) as f:
+                    found = f"its columns are {_names(pq.ParquetFile(f).schema_arrow.names)}"
+            except Exception as e:  # noqa: BLE001 - the reason still names the field
+                found = f"its columns could not be read ({type(e).__name__})"
+            self._missing_column = (
+                f"parquet file has no text column {self.source.text_field!r}, {found} - set "
+                f"the source's text_field to the column that holds the text")
+        return self._missing_column
 
     def arc(self, line: int, task_id, task, raw: bytes | str) -> ArcTaskRecord | Reject:
         if not isinstance(task_id, str) or not task_id:

@@ -15,7 +15,10 @@ from actx.reader import stored_stats
 
 Framework = Literal["numpy", "jax", "torch"]
 FRAMEWORKS = ("numpy", "jax", "torch")
-NORMALIZE_MODES = ("standardize", "unit_mean_norm")
+NORMALIZE_MODES = ("standardize", "sqrt_d_mean_norm")
+# Earlier names still accepted: "unit_mean_norm" never gave a mean norm of 1 but of
+# sqrt(hidden), which is what its new name says.
+NORMALIZE_ALIASES = {"unit_mean_norm": "sqrt_d_mean_norm"}
 
 
 def check_framework(framework: str) -> str:
@@ -57,8 +60,11 @@ def convert(array: np.ndarray, framework: str, dtype: str | None,
 class Normalizer:
     """x -> (x - shift) * scale per hidden dimension, in float32.
 
-    "standardize": zero mean and unit variance per dimension; "unit_mean_norm": x scaled
-    so that the mean L2 norm is sqrt(hidden) (the usual SAE input scaling; no shift).
+    "standardize": zero mean and unit variance per dimension.
+    "sqrt_d_mean_norm": x times one scalar per hook, sqrt(hidden) / (the run's mean L2 norm
+      of the hook), so that the mean L2 norm becomes sqrt(hidden), not 1: the usual SAE
+      input scaling (SAELens's normalize_activations="expected_average_only_in"); no
+      shift. "unit_mean_norm" is its earlier name, still accepted.
     """
 
     shift_d: np.ndarray | None  # float32 [hidden]
@@ -71,7 +77,8 @@ class Normalizer:
             # A constant dimension keeps its (shifted) value instead of dividing by zero.
             scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 1.0)
             return cls(stats.mean.astype(np.float32), scale.astype(np.float32))
-        if mode == "unit_mean_norm":
+        mode = NORMALIZE_ALIASES.get(mode, mode)
+        if mode == "sqrt_d_mean_norm":
             hidden = len(stats.mean)
             return cls(None, np.float32(np.sqrt(hidden) / stats.mean_norm))
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)} or None, "
@@ -93,6 +100,7 @@ def normalizers(run, hooks: tuple[str, ...], mode: str | None) -> dict[str, Norm
     """
     if mode is None:
         return {}
+    mode = NORMALIZE_ALIASES.get(mode, mode)
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)} or None, "
                          f"got {mode!r}")

@@ -26,7 +26,9 @@ OutputOptions: what a batch's activations are, and how far ahead they are made.
     `formats.convert`): device-ready arrays for a sharded trainer; it must divide every
     batch, so keep drop_last=True (no short last batch).
   dtype: cast activations (e.g. "float32"); None keeps the stored dtype.
-  normalize: None, "standardize" or "unit_mean_norm" with the statistics stored by
+  normalize: None, "standardize" (zero mean, unit variance per dimension) or
+    "sqrt_d_mean_norm" (one scale per hook: mean L2 norm sqrt(hidden), not 1;
+    "unit_mean_norm" is its earlier name) with the statistics stored by
     `run.compute_stats` (float32 output; see `formats.Normalizer`).
   prefetch: batches made ahead by a background thread (0: made in the caller's thread).
 """

@@ -26,10 +26,22 @@ import os
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import torch
-from torch.utils import data as torch_data
 
 from actx.reader import run as run_lib
+from actx.schemas import errors
+
+try:
+    import torch
+    from torch.utils import data as torch_data
+except ImportError as e:
+    from actx.schemas import version
+
+    class MissingTorch(errors.UserError, ImportError):
+        """This module without PyTorch: one line naming the extra that installs it."""
+
+    raise MissingTorch(f"actx.reader.torch_data (ActivationDataset, ActivationBuffer) needs "
+                       f"PyTorch, which is not installed here ({e}): pip install "
+                       f"'{version.DISTRIBUTION}[torch]'") from None
 
 STATE_VERSION = 1
 _NUMPY_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.float64: "float64"}

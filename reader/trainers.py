@@ -11,8 +11,8 @@
   single tokens, so a row need not be one sequence); a tail shorter than a row is dropped.
 - sparsify and anything else that takes a DataLoader: `reader.torch_data.ActivationDataset`.
 
-torch (and `datasets` for the export) are imported here, so import this module only
-when handing off.
+torch (for ActivationBuffer) and `datasets` (for the export) are imported by the
+functions that use them, so the module imports without either (the export needs no torch).
 """
 
 from __future__ import annotations
@@ -21,13 +21,17 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
-import torch
 
 from actx.reader import run as run_lib
-from actx.reader import torch_data
+
+if TYPE_CHECKING:
+    import torch
+
+# The dtypes of the export's Array2D columns: the ones pyarrow stores (not bfloat16).
+SAELENS_DTYPES = ("float32", "float16", "float64")
 
 # actx hook point -> TransformerLens hook point (SAELens's hook names).
 _TL_POINTS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
@@ -57,6 +61,7 @@ class ActivationBuffer:
                  out_batch_size: int = 8192, device: "str | torch.device" = "cpu", *,
                  epochs: int | None = None, **stream_kwargs: Any):
         from actx import reader
+        from actx.reader import torch_data  # torch: only the buffer needs it
 
         self.run = run if isinstance(run, run_lib.Run) else reader.open_run(run)
         self.hook = hook
@@ -97,8 +102,21 @@ def export_saelens(run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequenc
                    **stream_kwargs: Any) -> dict:
     """Writes SAELens's cached-activations dataset of `hooks` at `out_dir` (new or empty)
     from one epoch of `run.stream` (keywords such as exclude= go to it). columns: the
-    dataset's column per hook (default: transformer_lens_name). Returns what to put in
-    SAELens's config: hook names, context_size, d_in, and the tokens written / dropped."""
+    dataset's column per hook (default: transformer_lens_name). dtype: the columns' dtype,
+    one of SAELENS_DTYPES (pyarrow stores no bfloat16; anything else is refused before
+    anything is written).
+
+    Returns what to put in SAELens's config, plus the tokens written / dropped:
+      one hook: `hook_name` (its column, a str) and `d_in` (an int), as SAELens's config
+        takes them; `hook_names` is the one-element list;
+      several hooks: `hook_names` (a list of columns) and `d_in` (a dict column -> width);
+        no `hook_name` (a SAELens config trains one hook: pick one);
+      always: context_size, tokens, dropped_tokens, rows.
+    """
+    if dtype not in SAELENS_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: SAELens's cached activations are stored by "
+                         f"pyarrow, which takes {', '.join(SAELENS_DTYPES)}; pass one of "
+                         f"those (float32 is what SAELens trains in)")
     import datasets
     from actx import reader
 
@@ -146,7 +164,9 @@ def export_saelens(run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequenc
         data.save_to_disk(out_dir)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    return {"hook_names": list(columns), "context_size": context_size,
-            "d_in": {c: hidden[h] for h, c in zip(hooks, columns)},
+    d_in = {c: hidden[h] for h, c in zip(hooks, columns)}
+    names = {"hook_name": columns[0], "d_in": d_in[columns[0]]} if len(columns) == 1 \
+        else {"d_in": d_in}
+    return {"hook_names": list(columns), **names, "context_size": context_size,
             "tokens": written["tokens"], "dropped_tokens": written["dropped"],
             "rows": len(data)}

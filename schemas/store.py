@@ -17,6 +17,7 @@ import threading
 import uuid
 from typing import Any
 
+from actx.schemas import errors
 from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
 
@@ -471,6 +472,12 @@ _CLIENT = None
 _CLIENT_LOCK = threading.Lock()
 
 
+class MissingInstall(errors.UserError, ImportError):
+    """A gs:// location where google-cloud-storage is not installed: one line naming the
+    extra that installs it (an ImportError still, for the `except ImportError` that had
+    it)."""
+
+
 def _gcs_client():
     global _CLIENT
     with _CLIENT_LOCK:
@@ -478,8 +485,11 @@ def _gcs_client():
             try:
                 from google.cloud import storage
             except ImportError as e:
-                raise ImportError(
-                    "gs:// locations need google-cloud-storage: pip install 'actx-lm[gcs]'") from e
+                from actx.schemas import version
+
+                raise MissingInstall(
+                    f"gs:// locations need google-cloud-storage, which is not installed here "
+                    f"({e}): pip install '{version.DISTRIBUTION}[gcs]'") from None
             if os.environ.get("STORAGE_EMULATOR_HOST"):
                 from google.auth.credentials import AnonymousCredentials
 

@@ -82,12 +82,12 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
     if max_context is None:
         return
     cfg = model.config
-    if cfg.max_position_embeddings and max_context > cfg.max_position_embeddings:
-        raise ValueError(
-            f"packing.max_context={max_context} is larger than the model's "
-            f"max_position_embeddings={cfg.max_position_embeddings} "
-            f"({spec.model.path}/config.json): prepare with packing.max_context <= "
-            f"{cfg.max_position_embeddings}")
+    from actx.workers import preflight
+
+    problem = preflight.context_problem(spec.packing, cfg.max_position_embeddings,
+                                        spec.model.path)
+    if problem:
+        raise ValueError(f"{problem}, and prepare the run again")
     device = jax.local_devices()[0]
     stats = device_memory_stats(jax)
     weights = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(model.params))

@@ -53,12 +53,10 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 capture.validate(config)
             except ValueError as e:
                 problems.append(f"spec.capture.hooks: {e}")
-        limit = config.max_position_embeddings
-        if spec.packing.carries_context and limit and spec.packing.max_context > limit:
-            problems.append(
-                f"spec.packing.max_context={spec.packing.max_context} is larger than the "
-                f"model's max_position_embeddings={limit} ({spec.model.path}/config.json): "
-                f"set it to at most {limit}")
+        context = context_problem(spec.packing, config.max_position_embeddings,
+                                  spec.model.path)
+        if context:
+            problems.append(f"spec.{context}")
         heads = parallelism.heads_problem(config.num_heads, model_parallel)
         if heads:
             problems.append(f"model_parallel={heads}")
@@ -71,6 +69,32 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
             problems.append(split)
     return JobCheck(tuple(problems), config.vocab_size if config is not None else None,
                     tuple(missing), unreachable)
+
+
+def context_problem(packing: runspec_lib.PackingSpec, limit: int, model_path: str
+                    ) -> str | None:
+    """What to change when a document's context (packing.max_context, which is at least
+    seq_len) is longer than the model's max_position_embeddings (`limit`; 0: not given).
+    The setting to lower is seq_len when a row alone is too long (max_context cannot go
+    below it), max_context only when it alone is too large."""
+    if not (packing.carries_context and limit and packing.max_context > limit):
+        return None
+    where = f"the model's max_position_embeddings={limit} ({model_path}/config.json)"
+    if packing.seq_len > limit:
+        return (f"packing.seq_len={packing.seq_len} is larger than {where}: set "
+                f"packing.seq_len to at most {limit}{_and_max_context(packing, limit)}")
+    return (f"packing.max_context={packing.max_context} is larger than {where}: set "
+            f"packing.max_context to at most {limit} (and at least "
+            f"seq_len={packing.seq_len})")
+
+
+def _and_max_context(packing: runspec_lib.PackingSpec, limit: int) -> str:
+    """The rest of the seq_len advice: whether max_context must come down too (its default,
+    max(DEFAULT_MAX_CONTEXT, seq_len), is beyond a model of fewer positions)."""
+    if packing.max_context > packing.seq_len or limit < runspec_lib.DEFAULT_MAX_CONTEXT:
+        return (f" and packing.max_context to at most {limit} (its default is "
+                f"max({runspec_lib.DEFAULT_MAX_CONTEXT}, seq_len))")
+    return f" (and packing.max_context, if you set it, to at most {limit})"
 
 
 def _model_config(path: str, problems: list[str], missing: list[str]):
