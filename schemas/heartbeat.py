@@ -31,6 +31,15 @@ class Heartbeat:
     held: every partition given to this process and not yet done (a Beam bundle's, from
       before its model loads), so a process that dies holding them leaves them stale, not
       pending; `partition` alone names only the one in hand.
+    stolen_from: where replicas share work (`--steal`), per replica ("r1"), the partitions
+      of its list this host's replica took (claimed), a dead attempt's taken over included.
+      Written by the host that chooses: a multi-host replica's process 0.
+    given_up: per replica ("r1"; "?" when the taker is not known), the partitions of this
+      replica's own list another replica had claimed when this one came to them.
+    idle_reason: why this host has nothing to extract: while it waits for work that may
+      still come to it (another replica's partitions, taken later), or, in the last
+      heartbeat of a host that extracted nothing, why it did not; "" otherwise.
+    Heartbeats written before a field existed read with its default.
     """
 
     host: str
@@ -52,6 +61,9 @@ class Heartbeat:
     pid: int = 0
     job: str = ""
     held: tuple[int, ...] = ()
+    stolen_from: dict[str, int] = dataclasses.field(default_factory=dict)
+    given_up: dict[str, int] = dataclasses.field(default_factory=dict)
+    idle_reason: str = ""
 
 
 def this_machine() -> str:

@@ -50,6 +50,10 @@ def _probe(path: str) -> None:
 
 
 def _settings(env) -> None:
+    if env.get("ACTX_START_GRACE_S"):  # a replica that never starts: no wait for it
+        from actx.workers import partition_choice
+
+        partition_choice.START_GRACE_S = float(env["ACTX_START_GRACE_S"])
     if env.get("ACTX_AGREEMENT_WINDOW"):
         stream_loop.AGREEMENT_WINDOW = int(env["ACTX_AGREEMENT_WINDOW"])
     if env.get("ACTX_LEADER_LOOKAHEAD"):

@@ -245,7 +245,10 @@ def _stealing_replica(run: str, tmp_path, **env: str) -> tuple[list, list]:
         extra=["--batch-size", "4", "--stop-check-steps", "3", "--replicas", "2",
                "--replica", "0", "--steal", "--job", "j1"],
         module="tests.stream_probe_worker",
-        host_env=lambda i: {"ACTX_STREAM_PROBE": str(probes[i]), **env})
+        # Replica 1 never starts: its partitions are taken at once, not after the
+        # start-up grace a replica that has not beaten keeps them for.
+        host_env=lambda i: {"ACTX_STREAM_PROBE": str(probes[i]), "ACTX_START_GRACE_S": "0",
+                            **env})
     return results, probes
 
 

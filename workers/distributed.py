@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import time
 
 import numpy as np
 
@@ -114,13 +115,18 @@ class LeaderSequence:
     first value, chosen before any step, is waited for. Process 0 chooses `LOOKAHEAD` values
     ahead of its own use, so hosts whose work runs out sooner seldom find nothing. When its
     choice fails, process 0 publishes the error, and the others raise it rather than wait.
+    `choose` may return None: nothing to choose yet (work sharing: another replica's
+    partitions may come free later); nothing is published and every process reads None,
+    except for the first value, which process 0 waits for (`wait()` between tries), since
+    every process waits for it before its first step.
     """
 
     LOOKAHEAD = 2
     _ERROR = "error: "
 
-    def __init__(self, choose):
+    def __init__(self, choose, wait=lambda: time.sleep(1.0)):
         self._choose = choose
+        self._wait = wait
         self._name = f"actx/sequence/{next(_sequence_names)}"
         self._index = 0  # the next value this process reads
         self._chosen: list[int] = []  # process 0: the values published so far
@@ -135,13 +141,23 @@ class LeaderSequence:
                    and not (self._chosen and self._chosen[-1] < 0)):
                 key = f"{self._name}/{len(self._chosen)}"
                 try:
-                    value = int(self._choose())
+                    value = self._choose()
+                    while value is None and not self._chosen:
+                        self._wait()
+                        value = self._choose()
                 except BaseException as e:
                     client.key_value_set(key, f"{self._ERROR}{type(e).__name__}: {e}")
                     raise
-                client.key_value_set(key, str(value))
-                self._chosen.append(value)
-            value = self._chosen[min(self._index, len(self._chosen) - 1)]
+                if value is None:  # nothing yet: asked again at a later step
+                    break
+                client.key_value_set(key, str(int(value)))
+                self._chosen.append(int(value))
+            if self._index < len(self._chosen):
+                value = self._chosen[self._index]
+            elif self._chosen[-1] < 0:
+                value = self._chosen[-1]
+            else:
+                return None
         else:
             key = f"{self._name}/{self._index}"
             try:

@@ -36,6 +36,11 @@ class Progress:
         # What the worker does before its first tokens (loading weights, compiling, the
         # first step): shown as the heartbeat's message until tokens flow.
         self.phase = ""
+        # Work sharing between replicas (workers.partition_choice): replica -> partitions
+        # taken from its list; taker -> own partitions it took first; why this host idles.
+        self.stolen_from: dict[str, int] = {}
+        self.given_up: dict[str, int] = {}
+        self.idle_reason = ""
 
     def update(self, **fields) -> None:
         with self.lock:
@@ -57,6 +62,20 @@ class Progress:
                 self.phase = ""
                 log.info("first tokens done after %.1fs: extracting",
                          time.monotonic() - self.created)
+
+
+# Replicas named per counter in a heartbeat: its summary must stay within GCS's 8 KB of
+# metadata however many replicas a stealing host took from; the rest add up under "more".
+MAX_NAMED_REPLICAS = 16
+
+
+def _largest(counts: dict[str, int]) -> dict[str, int]:
+    if len(counts) <= MAX_NAMED_REPLICAS:
+        return dict(counts)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = dict(ranked[:MAX_NAMED_REPLICAS - 1])
+    kept["more"] = sum(n for _, n in ranked[MAX_NAMED_REPLICAS - 1:])
+    return kept
 
 
 class HeartbeatThread:
@@ -100,7 +119,8 @@ class HeartbeatThread:
                 tokens_per_s=round(rate, 1),
                 eta_s=round(p.tokens_left / rate, 1) if rate > 0 else None,
                 partitions_done=p.partitions_done, message=p.message or p.phase,
-                held=p.held)
+                held=p.held, stolen_from=_largest(p.stolen_from),
+                given_up=_largest(p.given_up), idle_reason=p.idle_reason)
         with self._write_lock:
             try:
                 self.writer.beat(hb, force=force)

@@ -32,8 +32,8 @@ from actx.schemas import manifest as manifest_lib
 from actx.schemas import ts_context
 from actx.schemas import version, worker_options
 from actx.workers import commit as commit_step
-from actx.workers import (admission, distributed, faults, outputs, prefetch, progress, schedule,
-                          stream_loop, transfer, writer)
+from actx.workers import (admission, distributed, faults, outputs, partition_choice, prefetch,
+                          progress, schedule, stream_loop, transfer, writer)
 from actx.workers.stop import Preempted, StopSignal
 
 log = logging.getLogger("actx.worker")
@@ -68,6 +68,11 @@ class Worker:
         self.spec = extraction_lib.read_spec(opened, self.extraction)
         admission.check_spec(self.location, self.spec, self.manifest, opts.expect_fingerprint,
                              run_spec=opened.spec)
+        n = len(self.manifest.partitions)
+        unknown = sorted(set(opts.only or ()) - set(range(n)))
+        if unknown:  # exits 2 (workers.main), as `actx rerun --only` does
+            raise ValueError(f"--only: partition(s) {unknown} do not exist (the run has {n} "
+                             f"partition(s), 0..{n - 1}); nothing was extracted")
         self.topo = schedule.Topology(
             replicas=opts.replicas, replica=opts.replica,
             hosts_per_replica=jax.process_count(), host_index=jax.process_index())
@@ -88,6 +93,11 @@ class Worker:
         self.stop = StopSignal(self.topo.hosts_per_replica, opts.stop_check_steps)
         self.stop_requested = self.stop.requested  # set on SIGTERM (workers.stop)
         self.progress = progress.Progress()
+        self.choice = partition_choice.Chooser(
+            self.store, self.manifest, self.topo, opts.job, self.attempt, only=opts.only,
+            steal=opts.steal)
+        # Whether this host has no rows in hand: the partition stream says while it runs.
+        self.hand_empty = lambda: True
         # Heartbeats start before the model loads, so status shows a host that is loading
         # (or that failed to) instead of nothing; the session's thread takes over after.
         startup = progress.HeartbeatThread(
@@ -187,13 +197,10 @@ class Worker:
         activations/actx.json)."""
         return config_lib.to_dict(self.numerics)
 
-    # -- partition choice --------------------------------------------------------------
+    # -- partition choice (workers.partition_choice) ----------------------------------
     def _candidates(self) -> list[int]:
-        own = schedule.own_partitions(self.manifest, self.topo)
-        if self.opts.only is not None:
-            wanted = set(self.opts.only)
-            own = [p for p in own if p in wanted]
-        return own
+        """This replica's own partitions (within `only`), in order."""
+        return list(self.choice.own)
 
     def _is_committed(self, pid: int) -> bool:
         # One object read per candidate; the start-up listing covers the common case.
@@ -202,26 +209,25 @@ class Worker:
             return True
         return False
 
-    def _choose_partition(self, tried: set[int]) -> int:
-        """The next partition to extract (-1: none): this replica's own first, then, when
-        stealing, other replicas' that nobody claimed; a stealing worker claims it."""
-        for pid in self._choices():
-            if pid in tried or self._is_committed(pid):
-                continue
-            tried.add(pid)
-            if not self.opts.steal or schedule.try_claim(self.store, self.opts.job, pid,
-                                                         self.attempt):
-                return pid
-        return -1
+    def _choose_partition(self, tried: set[int]) -> int | None:
+        """The next partition to extract: -1 when there is no more, None when there is
+        nothing to take now but there may be later (ask again). Its own first; when
+        stealing, claimed, and another replica's only where its owner will not reach it
+        soon (workers.partition_choice)."""
+        idle = self.hand_empty()
+        pid = self.choice.choose(tried, self._is_committed, idle=idle)
+        with self.progress.lock:
+            self.progress.stolen_from = dict(self.choice.stolen_from)
+            self.progress.given_up = dict(self.choice.given_up)
+            self.progress.idle_reason = self.choice.why_waiting if pid is None and idle else ""
+        return pid
 
-    def _choices(self):
-        """The partitions `_choose_partition` considers, in order (others' only once this
-        replica's own are used up: the steal order is not computed before)."""
-        yield from self._candidates()
-        if self.opts.steal:
-            for pid in schedule.steal_order(self.manifest, self.topo):
-                if self.opts.only is None or pid in self.opts.only:
-                    yield pid
+    def wait_for_work(self) -> None:
+        """With nothing in hand and nothing to take yet: waits a heartbeat interval, or
+        raises Preempted at once on SIGTERM (nothing is in hand to lose)."""
+        self.progress.update(state="idle", partition=None)  # `idle_reason` says why
+        if self.stop_requested.wait(max(0.2, self.opts.heartbeat_s)):
+            raise Preempted("stopped while waiting for work (nothing was in hand)")
 
     # -- one partition -----------------------------------------------------------------
     def _handle(self, batch: prefetch.Batch, outs: dict, part_writer: writer.PartitionWriter,
@@ -341,7 +347,8 @@ class Worker:
             # Hosts take the partitions in one order: the leader's.
             if self.opts.steal:  # chosen (and claimed) as the stream goes
                 sequence = []
-                agreed = distributed.LeaderSequence(lambda: self._choose_partition(tried))
+                agreed = distributed.LeaderSequence(lambda: self._choose_partition(tried),
+                                                    wait=self.wait_for_work)
             else:
                 mine = [p for p in self._candidates() if not self._is_committed(p)] \
                     if self.topo.host_index == 0 else []
@@ -370,8 +377,12 @@ class Worker:
                 # Partitions whose steps all ran are complete: commit them even when
                 # stopping, so a preemption loses only the partitions in hand. (When
                 # stealing, their claims, and those of the partitions a multi-host leader
-                # chose ahead, stay with this attempt: `actx rerun` takes them.)
+                # chose ahead, stay with this attempt until the other replicas see that it
+                # ended and take them over, or `actx rerun` does.)
                 session.committer.drain()
+            with self.progress.lock:
+                self.progress.idle_reason = "" if self.progress.tokens_done else \
+                    self.choice.why_nothing_done(set(self._candidates()) - set(candidates))
             self.progress.update(state="done", partition=None)
             log.info("host per step: %s", self.host_timings(session.pool).summary())
         except Preempted as e:

@@ -1,7 +1,8 @@
 """Which partitions a replica extracts, and how a host walks its rows in fixed-shape steps.
 
-Pure Python (no JAX): replicas never talk to each other, so the assignment is a function
-of the manifest, the commit markers and the replica's index. Within a multi-host replica
+Pure Python (no JAX): replicas never talk to each other, so a replica's own partitions are
+a function of the manifest and its index, and what replicas share goes through the store
+(claims here; the policy in workers.partition_choice). Within a multi-host replica
 every host must run the same number of steps, so short slices are padded with masked rows.
 The rows of a long document form a chain that runs through one batch slot in successive
 steps, so the slot's KV cache carries the document from row to row (workers.kv_cache).
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
@@ -42,24 +44,51 @@ def own_partitions(manifest: manifest_lib.Manifest, topo: Topology) -> list[int]
 
 
 def steal_order(manifest: manifest_lib.Manifest, topo: Topology) -> list[int]:
-    """Other replicas' partitions, latest first (their owners start from the front)."""
+    """Other replicas' partitions, latest first (their owners start from the front). The
+    worker's choice no longer uses it: it steals only from replicas that have started, the
+    end of the longest list first (workers.partition_choice)."""
     others = [p.id for p in manifest.partitions if p.id % topo.replicas != topo.replica]
     return sorted(others, key=lambda pid: (-(pid // topo.replicas), pid))
 
 
-
-
-def try_claim(store, job: str, partition_id: int, attempt: str) -> bool:
+def try_claim(store, job: str, partition_id: int, attempt: str, generation: int = 0) -> bool:
     """Create-only claim of a partition within one job; False if another attempt has it.
 
     Claims only steer work sharing inside a job (a rerun is a new job); correctness never
     depends on them, since the commit marker is create-only and the bytes deterministic.
+    generation: 0 for the first claim; g + 1 takes over a claim of generation g whose
+    attempt is dead (workers.partition_choice), create-only like the first.
     """
-    key = layout.claim_key(job, partition_id)
+    key = claim_key(job, partition_id, generation)
     if store.create_json(key, {"attempt": attempt, "at": time.time()}):
         return True
     existing = store.read_json(key) or {}
     return existing.get("attempt") == attempt
+
+
+def claim_key(job: str, partition_id: int, generation: int = 0) -> str:
+    """`layout.claim_key`, or at generation g > 0 claims/<job>/p-00042.<g>.json."""
+    key = layout.claim_key(job, partition_id)
+    return key if generation == 0 else f"{key[:-len('.json')]}.{generation}.json"
+
+
+def claims_folder(job: str) -> str:
+    return layout.claim_key(job, 0)[:-len("p-00000.json")]
+
+
+# The name of a claim in its folder: p-<partition>.json or p-<partition>.<generation>.json.
+_CLAIM_NAME = re.compile(r"^p-(\d+)(?:\.(\d+))?\.json$", re.MULTILINE)
+
+
+def claim_generations(names: Iterable[str]) -> dict[int, int]:
+    """Partition -> the highest claim generation among claim names (one regex over all of
+    them: a pod's claims are tens of thousands of names, read at every look)."""
+    generations: dict[int, int] = {}
+    for pid, generation in _CLAIM_NAME.findall("\n".join(names)):
+        pid, generation = int(pid), int(generation or 0)
+        if generation >= generations.get(pid, -1):
+            generations[pid] = generation
+    return generations
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,6 +58,7 @@ class PartitionStream:
         self._finished_here: set[int] = set()  # multi-host: written here, not yet committed
         self._committed_indices: set[int] = set()
         self._committed_through = 0  # every sequence index below it is committed
+        worker.hand_empty = lambda: not self._in_hand  # what the partition choice asks
 
     # -- planning (prefetch thread) ----------------------------------------------------
     def steps(self):
@@ -66,9 +67,18 @@ class PartitionStream:
 
     def _choose(self) -> tuple[int, int] | None:
         """(partition id, its index in the sequence), (-1, -1) when there is no more, or
-        None when the leader has not chosen the next one yet."""
+        None when the leader has not chosen the next one yet (or, on a one-host replica,
+        when nothing can be taken yet while rows are in hand)."""
         if self.sequence is None:
-            return self.worker._choose_partition(self.tried), -1
+            while True:
+                pid = self.worker._choose_partition(self.tried)
+                if pid is not None:
+                    return pid, -1
+                if self._in_hand:  # the free slots pad; asked again at the next step
+                    return None
+                # Nothing in hand and nothing to take yet (another replica's partitions
+                # may come free): wait here, not in padding steps that burn the device.
+                self.worker.wait_for_work()
         if self._next_index >= len(self.sequence):
             pid = self.agreed.next() if self.agreed is not None else -1
             if pid is None:
@@ -116,7 +126,12 @@ class PartitionStream:
         progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
         with self._lock:
             oldest = min(self._in_hand, default=None)
-        progress.update(state="working", partition=oldest, step=batch.index + 1, steps=0)
+        with progress.lock:
+            # With nothing left in hand the host may already wait for work ("idle", said by
+            # the partition choice on the planning thread): this late output keeps that.
+            if oldest is not None or progress.state == "starting":
+                progress.state = "working"
+            progress.partition, progress.step, progress.steps = oldest, batch.index + 1, 0
 
     def _done_here(self, pid: int, state: list) -> None:
         with self._lock:

@@ -1,0 +1,331 @@
+"""Work sharing between replicas (workers.partition_choice): what a replica may take, when,
+and what its heartbeat says about it; then the real thing, a job of 2 local hosts over
+partitions of a few long documents (issue 50's held-out case), a dead replica's claimed
+partition taken over, and a host that waits saying why."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import signal
+import time
+
+import pytest
+
+from actx.schemas import commit, heartbeat, layout, manifest, store
+from actx.schemas import config as config_lib
+from actx.workers import partition_choice as pc
+from actx.workers import prefetch, progress, schedule
+from tests import hf_models, token_runs, worker_procs
+
+JOB = "j"
+
+
+def _beat(s, host: str, replica: int, attempt: str, state: str = "working", step: int = 5,
+          age_s: float = 0.0, job: str = JOB, now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    hb = heartbeat.Heartbeat(host=host, replica=replica, process_index=0, state=state,
+                             attempt=attempt, updated_at=now - age_s, step=step,
+                             tokens_done=step * 10, job=job)
+    heartbeat.HeartbeatWriter(s, host).beat(hb, force=True)
+
+
+# -- what the heartbeats say -------------------------------------------------------------
+def test_replica_states_from_heartbeats(tmp_path):
+    s = store.open_store(str(tmp_path))
+    now = 1000.0
+    _beat(s, "h0", 0, "a0", now=now)                                  # stepping
+    _beat(s, "h1", 1, "a1", state="starting", step=0, now=now)        # loading
+    _beat(s, "h2", 2, "a2", age_s=61, now=now)                        # silent 61 s
+    _beat(s, "h3", 3, "a3", state="failed", now=now)
+    _beat(s, "h4", 4, "a4", state="done", now=now)
+    _beat(s, "h5", 5, "a5", job="earlier", now=now)                   # another job's
+    _beat(s, "h6a", 6, "a6a", now=now)                                # host 0 of replica 6:
+    _beat(s, "h6b", 6, "a6b", state="failed", now=now)                # its other host died
+    beats = pc.Beats.read(heartbeat.read_heartbeats(s), JOB, now, stale_after_s=60.0)
+    assert beats.replicas == {0: pc.STARTED, 1: pc.LOADING, 2: pc.DEAD, 3: pc.DEAD,
+                              4: pc.DONE, 6: pc.DEAD}
+    assert beats.holder_dead("a0") is False and beats.holder_dead("a1") is False
+    assert beats.holder_dead("a2") and beats.holder_dead("a3") and beats.holder_dead("a4")
+    assert beats.holder_dead("a6a")  # alive itself, but its replica stopped
+    assert beats.holder_dead("a5") is None and beats.holder_dead("nobody") is None
+
+
+# -- the decision ------------------------------------------------------------------------
+def test_own_partitions_come_first():
+    shares = pc.Shares(own=(4, 8), others={1: (1, 5)}, held={}, states={1: pc.STARTED})
+    assert pc.decide(shares, now=0.0, grace_until=0.0) == pc.Decision((4, 8), wait=False)
+
+
+def test_stealing_takes_the_ends_of_the_longest_lists_of_replicas_that_started():
+    """r1 started (3 left), r2 is dead (2 left), r3 is loading, r4 never beat. The dead
+    one's list first (its owner reaches none of it), from its end; then r1's from its end;
+    r3's and r4's stay with them, so the replica waits once those are taken. After the
+    grace r4 counts as dead."""
+    shares = pc.Shares(own=(), others={1: (1, 5, 9), 2: (2, 6), 3: (3, 7, 11, 15), 4: (4,)},
+                       held={}, states={1: pc.STARTED, 2: pc.DEAD, 3: pc.LOADING})
+    decision = pc.decide(shares, now=10.0, grace_until=60.0)
+    assert decision.take == (6, 2, 9, 5, 1)
+    assert decision.wait
+    assert decision.why == ("r3 is loading and keeps its 4 partition(s) until it steps; "
+                            "r4 has not beaten and keeps its 1 partition(s) for 50s more of "
+                            "start-up grace")
+    after_grace = pc.decide(shares, now=60.0, grace_until=60.0)
+    assert after_grace.take == (6, 2, 4, 9, 5, 1)
+
+
+def test_the_longest_list_is_the_one_its_owner_needs_longest_for():
+    """r1 has 4 partitions left at 10 s each, r2 has 2 at 30 s each and 1 in hand: r2's
+    90 s outlast r1's 40 s, so its last goes first, until the lists even out. A replica
+    at 25 s a partition takes only while the owner would need longer than that for what
+    it has left: r1's last two stay with r1."""
+    shares = pc.Shares(own=(), others={1: (1, 3, 5, 7), 2: (2, 4)}, held={10: 2},
+                       states={1: pc.STARTED, 2: pc.STARTED}, pace={1: 10.0, 2: 30.0})
+    assert pc.decide(shares, 0.0, 0.0).take == (4, 2, 7, 5, 3, 1)
+    slow = dataclasses.replace(shares, my_pace=25.0)
+    decision = pc.decide(slow, 0.0, 0.0)
+    assert decision.take == (4, 2, 7, 5)
+    slower = dataclasses.replace(shares, my_pace=100.0)
+    decision = pc.decide(slower, 0.0, 0.0)
+    assert decision.take == () and decision.wait
+    assert decision.why.startswith("r1 gets through its last 4 partition(s) sooner than "
+                                   "this replica would; r2 gets through its last 2")
+
+
+def test_with_nothing_to_take_a_replica_waits_while_others_hold_work_else_ends():
+    held = pc.Shares(own=(), others={}, held={7: 1, 9: 1}, states={1: pc.STARTED})
+    decision = pc.decide(held, now=0.0, grace_until=0.0)
+    assert decision.take == () and decision.wait
+    assert decision.why == ("r1 is extracting 2 partition(s) (7, 9), taken over if its "
+                            "heartbeat goes stale")
+    done = pc.Shares(own=(), others={1: ()}, held={}, states={1: pc.DONE})
+    assert pc.decide(done, now=0.0, grace_until=0.0) == pc.Decision((), wait=False)
+
+
+def test_without_fill_slots_a_busy_host_takes_nothing_of_another_replicas():
+    shares = pc.Shares(own=(), others={1: (1, 5)}, held={}, states={1: pc.STARTED})
+    assert pc.decide(shares, 0.0, 0.0, idle=False, fill_slots=True).take == (5, 1)
+    busy = pc.decide(shares, 0.0, 0.0, idle=False, fill_slots=False)
+    assert busy.take == () and busy.wait
+    assert pc.decide(shares, 0.0, 0.0, idle=True, fill_slots=False).take == (5, 1)
+
+
+def test_claim_keys_and_generations():
+    assert schedule.claim_key(JOB, 42) == layout.claim_key(JOB, 42)
+    assert schedule.claim_key(JOB, 42, 2) == "claims/j/p-00042.2.json"
+    assert schedule.claims_folder(JOB) + "p-00042.json" == layout.claim_key(JOB, 42)
+    names = ["p-00003.json", "p-00003.1.json", "p-00004.json", "p-00005.2.json",
+             "p-00005.json", "p-00005.1.json", "notes.json", "p-00006.json.tmp-1"]
+    assert schedule.claim_generations(names) == {3: 1, 4: 0, 5: 2}
+
+
+def test_own_order_starts_with_the_partitions_that_must_hold_a_long_chain(tmp_path):
+    """A partition where few documents start holds a long chain: the packer's layout
+    bears the bound out (chains read back from the token store, as a worker reads them),
+    and those partitions come first in their replica's order."""
+    run = str(tmp_path / "run")
+    lengths = (5, 16, 3, 80, 7, 32, 2, 192, 9, 11, 40, 4, 100, 6, 27, 1, 60, 300, 8, 2)
+    token_runs.write_long_document_run(run, "unused", lengths=lengths, seq_len=16,
+                                       partition_rows=8, rows_per_shard=4)
+    m = manifest.read_manifest(store.open_store(run))
+    tokens = prefetch.TokenStore(store.open_store(run).location)
+    longest = {}
+    for part in m.partitions:
+        continues, _ = tokens.continuation_flags(part.row_start, part.row_stop)
+        chains = schedule.chains(part.row_start, part.row_stop, continues, [0] * len(continues),
+                                 16, max_warmup_rows=0)
+        longest[part.id] = max(len(c.rows) for c in chains)
+        assert longest[part.id] >= pc.longest_chain_at_least(part), part
+    order = pc.own_order(m, [p.id for p in m.partitions])
+    bounds = [pc.longest_chain_at_least(m.partition(p)) for p in order]
+    assert bounds == sorted(bounds, reverse=True) and bounds[0] > 1
+    ties = [p for p in order if pc.longest_chain_at_least(m.partition(p)) == 1]
+    assert ties == sorted(ties)  # the rest keep the id order
+
+
+# -- the choice against a store ------------------------------------------------------------
+def _manifest(n: int, rows: int = 8) -> manifest.Manifest:
+    parts = tuple(manifest.Partition(i, i * rows, rows, rows * 4, docs=rows) for i in range(n))
+    return manifest.Manifest("f", 4, n * rows, n * rows * 4, parts, {}, 10)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = time.time()
+
+    def __call__(self):
+        return self.now
+
+
+def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
+    """Replica 0 of 2 with partitions 0..9. It takes its own; replica 1 (started, attempt
+    a1) holds 1 and 3: replica 0 takes r1's others from the end, then waits, saying why;
+    when r1's heartbeat goes stale it takes 1 and 3 over (a claim of the next generation),
+    and a partition claimed by an attempt this job does not know is left alone. Replica 1,
+    restarted, counts the partitions of its list it finds taken as given up, by whom."""
+    s = store.open_store(str(tmp_path))
+    clock = _Clock()
+    m = _manifest(10)
+
+    def is_committed(pid):
+        return s.exists(layout.commit_key(pid))
+
+    _beat(s, "h1", 1, "a1", now=clock.now)
+    assert schedule.try_claim(s, JOB, 1, "a1") and schedule.try_claim(s, JOB, 3, "a1")
+    assert schedule.try_claim(s, JOB, 9, "someone-else")
+    r0 = pc.Chooser(s, m, schedule.Topology(replicas=2, replica=0), JOB, "a0", clock=clock,
+                    refresh_s=0.0)
+    _beat(s, "h0", 0, "a0", now=clock.now)
+    tried: set[int] = set()
+    assert [r0.choose(tried, is_committed) for _ in range(5)] == [0, 2, 4, 6, 8]
+    assert [r0.choose(tried, is_committed) for _ in range(2)] == [7, 5]
+    assert r0.choose(tried, is_committed) is None
+    assert r0.why_waiting == ("r1 is extracting 2 partition(s) (1, 3), taken over if its "
+                              "heartbeat goes stale")
+    clock.now += 61
+    _beat(s, "h0", 0, "a0", now=clock.now)
+    assert sorted(r0.choose(tried, is_committed) for _ in range(2)) == [1, 3]
+    assert s.read_json(schedule.claim_key(JOB, 1, 1))["attempt"] == "a0"
+    assert s.read_json(schedule.claim_key(JOB, 1))["attempt"] == "a1"
+    assert r0.choose(tried, is_committed) == -1  # 9 is someone else's: not waited for
+    assert dict(r0.stolen_from) == {"r1": 4}
+    # Replica 1 again, while r0 extracts what it took: those are held by a live attempt.
+    r1 = pc.Chooser(s, m, schedule.Topology(replicas=2, replica=1), JOB, "a1b", clock=clock)
+    assert r1.choose(set(), is_committed) is None
+    assert dict(r1.given_up) == {"r0": 4, "?": 1}
+    assert r1.why_waiting.startswith("r0 is extracting 9 partition(s) (0, 1, 2, 3, 4, ...)")
+    for pid in tried:  # r0 commits them: nothing is left for r1 (9 is not its to wait for)
+        s.create_json(layout.commit_key(pid), {})
+    clock.now += pc.REFRESH_S  # its next look at the store
+    assert r1.choose(set(), is_committed) == -1
+
+
+def test_without_steal_the_choice_is_the_replicas_own_list_unclaimed(tmp_path):
+    s = store.open_store(str(tmp_path))
+    m = _manifest(6)
+    c = pc.Chooser(s, m, schedule.Topology(replicas=3, replica=1), JOB, "a", steal=False)
+    tried: set[int] = set()
+    assert [c.choose(tried, lambda p: p == 4) for _ in range(2)] == [1, -1]
+    assert s.list(layout.CLAIMS_PREFIX) == []
+
+
+# -- the heartbeat's new fields ------------------------------------------------------------
+def test_heartbeats_without_the_sharing_fields_still_read(tmp_path):
+    s = store.open_store(str(tmp_path))
+    old = {"host": "h", "replica": 0, "process_index": 0, "state": "done", "attempt": "a",
+           "updated_at": 1.0, "partitions_done": 3, "job": "j"}
+    s.write_json(layout.heartbeat_key("h"), old)
+    (hb,) = heartbeat.read_heartbeats(s)
+    assert (hb.stolen_from, hb.given_up, hb.idle_reason) == ({}, {}, "")
+    new = dataclasses.replace(hb, stolen_from={"r1": 2}, given_up={"r3": 1},
+                              idle_reason="r1 is loading")
+    assert config_lib.from_dict(heartbeat.Heartbeat, json.loads(heartbeat.summary(new))) == new
+
+
+def test_a_heartbeat_names_at_most_16_replicas_per_counter():
+    counts = {f"r{i}": i + 1 for i in range(512)}
+    kept = progress._largest(counts)
+    assert len(kept) == progress.MAX_NAMED_REPLICAS and sum(kept.values()) == sum(counts.values())
+    assert kept["r511"] == 512 and "r0" not in kept
+    hb = heartbeat.Heartbeat(host="h" * 40, replica=511, process_index=0, state="working",
+                             attempt="a" * 60, updated_at=0.0, stolen_from=kept,
+                             given_up=kept, idle_reason="x" * 400)
+    assert len(heartbeat.summary(hb)) < 4096  # GCS custom metadata: 8 KB per object
+
+
+# -- real workers ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def long_docs(tmp_path_factory):
+    """4 partitions of 2 documents of 16 rows (fewer chains than 8 slots), a tiny model, and
+    the reference bytes of one process."""
+    root = tmp_path_factory.mktemp("fair")
+    model = str(hf_models.make_tiny_checkpoint(root / "qwen2", "qwen2"))
+    ref = str(root / "ref")
+    spec, _ = token_runs.write_long_document_run(
+        ref, model, seq_len=16, max_context=64, lengths=[16 * 16] * 8,
+        hooks="layers.1.resid_post", rows_per_shard=16, partition_rows=32)
+    code, out = worker_procs.run_worker(["--run", ref, "--batch-size", "8"], devices=1)
+    assert code == 0, out
+    return ref, spec.fingerprint
+
+
+def _markers(run: str) -> dict[int, commit.CommitMarker]:
+    s = store.open_store(run)
+    return {p: commit.read_marker(s, p) for p in commit.committed_partitions(s)}
+
+
+def test_two_local_hosts_each_extract_half(long_docs, tmp_path):
+    """Issue 50's held-out case, through the local launcher as `actx submit` runs it: 2
+    hosts (replicas of one host), 8 slots each, partitions of 2 long documents. A host
+    that loads first no longer takes the partitions of the other: each extracts 2
+    partitions, half the tokens, and the bytes are one process's."""
+    from actx.deploy import config as config_lib_deploy
+    from actx.deploy import local
+
+    ref, fingerprint = long_docs
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    target = config_lib_deploy.TargetConfig(kind="local", hosts=2, batch_size=8,
+                                            heartbeat_s=1.0)
+    out = io.StringIO()
+    assert local.run_workers(run, target, fingerprint, job="two", out=out) == 0, out.getvalue()
+    beats = {hb.host: hb for hb in heartbeat.read_heartbeats(store.open_store(run))}
+    total = manifest.read_manifest(store.open_store(run)).total_tokens
+    assert sorted(beats) == ["local-r0h0", "local-r1h0"]
+    for hb in beats.values():
+        assert abs(hb.tokens_done - total / 2) <= 0.25 * total / 2, (hb.host, hb.tokens_done)
+        assert (hb.state, hb.partitions_done, hb.stolen_from, hb.given_up, hb.idle_reason) \
+            == ("done", 2, {}, {}, ""), hb
+    assert {p: m.attempt.split("-")[1] for p, m in _markers(run).items()} == \
+        {0: "r0h0", 1: "r1h0", 2: "r0h0", 3: "r1h0"}
+    worker_procs.assert_same_activations(run, ref)
+
+
+def _replica_0_of_2(run: str):
+    """A stealing worker process of replica 0 of 2 (1 device, as the reference's)."""
+    return worker_procs.start_worker(
+        ["--run", run, "--batch-size", "8", "--replicas", "2", "--replica", "0", "--steal",
+         "--job", JOB, "--heartbeat-s", "1", "--host-name", "w-r0h0"], devices=1)
+
+
+def test_a_dead_replicas_claimed_partition_is_taken_over(long_docs, tmp_path):
+    """Replica 1 failed holding partition 1 (its heartbeat says so, its claim stands):
+    replica 0 does its own, steals 3 and takes 1 over, with the reference bytes."""
+    ref, _ = long_docs
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    s = store.open_store(run)
+    _beat(s, "gone-r1h0", 1, "gone", state="failed")
+    assert schedule.try_claim(s, JOB, 1, "gone")
+    code, out = worker_procs.finish(_replica_0_of_2(run))
+    assert code == 0, out
+    assert sorted(_markers(run)) == [0, 1, 2, 3]
+    beat = s.read_json(layout.heartbeat_key("w-r0h0"))
+    assert s.read_json(schedule.claim_key(JOB, 1, 1))["attempt"] == beat["attempt"]
+    assert beat["stolen_from"] == {"r1": 2} and beat["partitions_done"] == 4
+    worker_procs.assert_same_activations(run, ref)
+
+
+def test_a_host_waiting_for_another_replica_says_why_and_stops_on_sigterm(long_docs,
+                                                                           tmp_path):
+    """Replica 1 never starts: replica 0 does its own partitions, then waits out the
+    start-up grace rather than take r1's; its heartbeat names why, and a stop signal ends
+    the wait at once (nothing was in hand)."""
+    ref, _ = long_docs
+    run = worker_procs.copy_token_store(ref, str(tmp_path / "run"))
+    proc = _replica_0_of_2(run)
+    key = layout.heartbeat_key("w-r0h0")
+    deadline = time.monotonic() + 120
+    while True:
+        beat = store.open_store(run).read_json(key) or {}
+        if beat.get("idle_reason") and beat.get("partitions_done") == 2:  # own committed
+            break
+        assert proc.poll() is None and time.monotonic() < deadline, (beat, proc.poll())
+        time.sleep(0.2)
+    assert beat["idle_reason"].startswith("r1 has not beaten and keeps its 2 partition(s) "
+                                          "for "), beat
+    assert beat["state"] == "idle" and beat["partitions_done"] == 2
+    proc.send_signal(signal.SIGTERM)
+    code, out = worker_procs.finish(proc, timeout=60)
+    assert code == 143, out
+    assert sorted(_markers(run)) == [0, 2]
+    assert store.open_store(run).read_json(key)["state"] == "preempted"
