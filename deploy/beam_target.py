@@ -49,7 +49,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
     Beam's local runners wait forever for a worker process that died (SIGKILL, out of
     memory): the heartbeats of this job tell, and the pipeline is stopped with one line
     naming the dead process (deploy.dead_workers)."""
-    from actx.deploy import dead_workers, local, runstate
+    from actx.deploy import dead_workers, local, runstate, status_text
     from actx.schemas import extraction as extraction_lib
 
     names = extraction_lib.parse(extraction)
@@ -72,7 +72,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
                     if scoped is None:  # each extraction's view, read once
                         handle = handle or runstate.open_run(run)
                         scoped = {name: extraction_lib.scoped(handle, name) for name in names}
-                    line = runstate.lines_per_extraction(
+                    line = status_text.lines_per_extraction(
                         {name: runstate.compute_status(h) for name, h in scoped.items()})
                     dead = [(name, hb) for name, h in scoped.items()
                             for hb in dead_workers.find(h.store, job, gone_since.setdefault(

@@ -169,7 +169,7 @@ def _add_extraction_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 # -- status / verify ------------------------------------------------------------------
 def cmd_status(args, out) -> int:
-    from actx.deploy import runstate
+    from actx.deploy import runstate, status_text
 
     handles = extraction_lib.scoped_all(jobs.open_run(args.run), args.extraction)
     if args.html is not None or args.serve is not None:
@@ -184,7 +184,7 @@ def cmd_status(args, out) -> int:
     while True:
         statuses = {name: runstate.compute_status(handle, args.stale_after)
                     for name, handle in handles.items()}
-        text = runstate.render_extractions(statuses, as_json=args.json)
+        text = status_text.render_extractions(statuses, as_json=args.json)
         if args.watch is not None and tty and not args.json:
             print("\x1b[H\x1b[2J" + text, file=out, flush=True)
         else:

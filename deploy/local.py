@@ -19,7 +19,9 @@ import time
 
 from actx.deploy import commands
 from actx.deploy import config as config_lib
+from actx.deploy import host_logs
 from actx.deploy import runstate
+from actx.deploy import status_text
 from actx.schemas import config as schemas_config
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import heartbeat as heartbeat_lib
@@ -220,7 +222,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 if scoped is None:  # each extraction's view, read once
                     handle = handle or runstate.open_run(run)
                     scoped = {name: extraction_lib.scoped(handle, name) for name in names}
-                line = runstate.lines_per_extraction(
+                line = status_text.lines_per_extraction(
                     {name: runstate.compute_status(h) for name, h in scoped.items()})
             except Exception as e:  # progress is best effort; the workers decide the outcome
                 line = f"(progress unavailable: {e})"
@@ -333,8 +335,8 @@ def _add_exit_code(store, key: str, data: dict, returncode: int) -> bool:
 
 
 def last_log_line(path: str, max_chars: int = 300) -> str:
-    """The last line a worker wrote to its log file (runstate.last_log_line)."""
-    return runstate.last_log_line(tail(path, 40), max_chars)
+    """The last line a worker wrote to its log file (host_logs.last_log_line)."""
+    return host_logs.last_log_line(tail(path, 40), max_chars)
 
 
 def _stop_replica(procs: list[_Proc], replica: int) -> None:

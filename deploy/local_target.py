@@ -12,6 +12,7 @@ import time
 
 from actx.deploy import local
 from actx.deploy import runstate
+from actx.deploy import status_text
 from actx.deploy import targets
 from actx.schemas import activations_info as info_lib
 from actx.schemas import layout
@@ -104,11 +105,11 @@ class LocalTarget(targets.Target):
             code = self._run_engine(job, opts, out)
             status = runstate.compute_status(handle)
             if code != 0:
-                print(runstate.render(status), file=out)
+                print(status_text.render(status), file=out)
                 _rerun_hint(handle, status, job.only, out)
                 return code
         print(file=out)
-        print(runstate.render(status), file=out)
+        print(status_text.render(status), file=out)
         info = info_lib.read_info(handle.store)
         print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
               f"{info.dtype if info else handle.spec.capture.dtype}, [rows, seq_len, hidden]); "
@@ -136,7 +137,7 @@ class LocalTarget(targets.Target):
                 extraction=extraction_lib.joined(behind)), opts, out)
         statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
         print(file=out)
-        print(runstate.render_extractions(statuses), file=out)
+        print(status_text.render_extractions(statuses), file=out)
         print(f"\nread them together: reader.aligned.aligned_stream({job.run!r}, "
               f"{list(handles)!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one token "
               f"store\")\ncheck them:  actx verify {job.run}", file=out, flush=True)

@@ -9,12 +9,16 @@ preempted) and pending (nobody holds it).
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import time
 
+from actx.deploy import host_logs
 from actx.deploy import run_facts
+from actx.deploy import status_json
+# The state words are status's vocabulary: callers name them runstate.COMMITTED and so on.
+from actx.deploy.partition_states import (COMMITTED, IN_PROGRESS, PENDING,  # noqa: F401
+                                          STALE, PartitionStates)
 from actx.schemas import activations_info as info_lib
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
@@ -22,13 +26,12 @@ from actx.schemas import run_dir
 from actx.schemas import config as schemas_config
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import layout as layout_lib
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import reference_verification as reference_lib
 from actx.schemas import token_masks as token_masks_lib
 from actx.schemas import verification as verification_lib
 
 DEFAULT_STALE_AFTER_S = 60.0
-COMMITTED, IN_PROGRESS, STALE, PENDING = "committed", "in_progress", "stale", "pending"
-MAP_CHARS = {COMMITTED: "C", IN_PROGRESS: "W", STALE: "S", PENDING: "."}
-FAILED_CHAR = "F"  # committed, but its data failed the latest `actx verify`
 LIVE_STATES = ("starting", "working", "idle")  # a heartbeat in these states claims a live worker
 
 
@@ -54,6 +57,12 @@ class HostState:
     partitions_done: int = 0
     # (unix time, tokens done) samples of this attempt, oldest first (see schemas.heartbeat).
     history: tuple[tuple[float, int], ...] = ()
+    # Work shared between replicas (schemas.heartbeat): partitions this host's replica took
+    # from others' lists ({"r1": 2}), its own partitions others took first, and why it has
+    # nothing to extract ("" when it has, or never said).
+    stolen_from: dict = dataclasses.field(default_factory=dict)
+    given_up: dict = dataclasses.field(default_factory=dict)
+    idle_reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +72,7 @@ class RunStatus:
     run: str
     name: str
     fingerprint: str
-    partitions: dict[int, str]
+    partitions: PartitionStates  # {partition id: state}
     counts: dict[str, int]
     tokens_done: int
     tokens_total: int
@@ -92,6 +101,9 @@ class RunStatus:
     identity: dict = dataclasses.field(default_factory=dict)
     verification: dict | None = None
     phase: str = ""
+    # The latest `actx verify --reference` (verify/reference.json): at, ok, summary; None
+    # when it never ran.
+    reference: dict | None = None
 
     @property
     def complete(self) -> bool:
@@ -99,18 +111,27 @@ class RunStatus:
         return bool(self.partitions) and self.counts[COMMITTED] == len(self.partitions)
 
     def ids(self, state: str) -> list[int]:
-        return [p for p, s in sorted(self.partitions.items()) if s == state]
+        return self.partitions.ids_in(state)
 
     def to_json_obj(self) -> dict:
+        """What `status --json` prints, as an object."""
+        return dict(self._json_fields(), partitions=self.partitions.named())
+
+    def json_fields(self) -> dict:
+        """`to_json_obj` with the partition map as `status_json.Encoded` (the fast text)."""
+        return dict(self._json_fields(), partitions=status_json.Encoded(
+            self.partitions.json_text))
+
+    def _json_fields(self) -> dict:
         # Not dataclasses.asdict: it deep-copies 150k partition entries one by one.
-        obj = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        obj = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "partitions"}
         # A host's history is for the page (`--serve`, `--html`); here it would be 90% of it.
         obj["hosts"] = [{f.name: getattr(h, f.name) for f in dataclasses.fields(h)
                          if f.name != "history"} for h in self.hosts]
         obj["counts"] = dict(self.counts)
-        name = layout_lib.partition_name
-        obj["partitions"] = {name(p): s for p, s in sorted(self.partitions.items())}
-        obj["failed_verification"] = [name(p) for p in self.failed_verification]
+        obj["failed_verification"] = [layout_lib.partition_name(p)
+                                      for p in self.failed_verification]
         obj["complete"] = self.complete
         obj["eta"] = "unknown" if self.eta_s is None else round(self.eta_s, 1)
         obj["map"] = partition_map(self)
@@ -138,15 +159,28 @@ def _read_progress(handle: RunHandle, history: bool):
     """Commit ids, heartbeats, activations/actx.json and the verification record, read
     concurrently (each is one or more round trips on GCS)."""
     store = handle.store
-    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
         committed = pool.submit(commit_lib.committed_partitions, store,
                                 len(handle.manifest.partitions))
         beats = pool.submit(heartbeat_lib.read_heartbeats, store, history=history)
         info = pool.submit(_read_info_for_status, store)
         verified = pool.submit(verification_lib.read_record, store)
         masks = pool.submit(_read_masks_for_status, store)
+        reference = pool.submit(_read_reference_for_status, store)
         return (committed.result(), beats.result(), info.result(), verified.result(),
-                masks.result())
+                masks.result(), reference.result())
+
+
+def _read_reference_for_status(store) -> dict | None:
+    """The latest `actx verify --reference`, as status shows it; a damaged record says so
+    in its summary (`actx verify --reference` rewrites it)."""
+    try:
+        record = reference_lib.read_record(store)
+    except (schemas_config.ConfigError, ValueError) as e:
+        return {"at": None, "ok": False, "summary": f"reference: unreadable record: {e}"}
+    if record is None:
+        return None
+    return {"at": record.at, "ok": record.ok, "summary": record.summary()}
 
 
 def _read_masks_for_status(store) -> token_masks_lib.MaskCounts | None:
@@ -157,50 +191,27 @@ def _read_masks_for_status(store) -> token_masks_lib.MaskCounts | None:
         return None
 
 
-def last_log_line(text: str, max_chars: int = 300) -> str:
-    """The last line a worker wrote to its log (not actx's own "[actx: ...]" notes)."""
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line and not line.startswith("[actx:"):
-            return line if len(line) <= max_chars else line[:max_chars] + " ..."
-    return ""
-
-
-def _stale_message(store, hb: heartbeat_lib.Heartbeat) -> str:
-    """A host that stopped beating without saying why (a preempted or lost TPU VM dies
-    with its worker): that it stopped (its age is the host's `age_s`; kept out of the
-    message, which stays the same from one status to the next) and the last line of the
-    log its host copied into the run (deploy.host_run), which is often the reason."""
-    said = "stopped beating (preempted, or its host is gone)"
-    key = layout_lib.log_key(hb.job, hb.host)
-    line = ""
-    if hb.job:
-        try:
-            size = store.size(key)
-            if size:
-                line = last_log_line(store.read_range(key, max(0, size - 8192), size)
-                                     .decode("utf-8", "replace"))
-        except (OSError, ValueError, errors.UserError):
-            line = ""  # an unreadable log says nothing more; status itself goes on
-    return "; ".join(part for part in (
-        hb.message, said, f"its log ({key}) ends: {line}" if line else "") if part)
-
-
 def _silent_messages(store, beats: list[heartbeat_lib.Heartbeat]) -> dict[str, str]:
-    """{host: `_stale_message`} of the hosts that stopped beating, their logs read at once
-    (two round trips each on GCS: a preempted slice leaves every host silent)."""
-    if not beats:
-        return {}
-    with concurrent.futures.ThreadPoolExecutor(min(16, len(beats))) as pool:
-        return dict(zip((hb.host for hb in beats),
-                        pool.map(lambda hb: _stale_message(store, hb), beats)))
+    """{host: message} of the hosts that stopped beating without saying why (a preempted or
+    lost TPU VM dies with its worker): that it stopped (its age is the host's `age_s`; kept
+    out of the message, which stays the same from one status to the next) and the last line
+    of the log its host copied into the run (deploy.host_run), which is often the reason."""
+    said = "stopped beating (preempted, or its host is gone)"
+    lines = host_logs.last_lines(store, [(hb.job, hb.host) for hb in beats if hb.job])
+    messages = {}
+    for hb in beats:
+        line = lines.get((hb.job, hb.host), "")
+        key = layout_lib.log_key(hb.job, hb.host)
+        messages[hb.host] = "; ".join(part for part in (
+            hb.message, said, f"its log ({key}) ends: {line}" if line else "") if part)
+    return messages
 
 
 def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER_S,
                    now: float | None = None, history: bool = False) -> RunStatus:
     """`history`: also the hosts' (time, tokens) samples (the page draws them); without
     it, heartbeats on GCS come from one listing of their summaries."""
-    committed, beats, info, verified, masks = _read_progress(handle, history)
+    committed, beats, info, verified, masks, reference = _read_progress(handle, history)
     now = time.time() if now is None else now
     hosts = []
     held_live: set[int] = set()
@@ -217,22 +228,22 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         hosts.append(HostState(hb.host, shown, live, round(age, 1), hb.partition,
                                hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
                                hb.tokens_done, silent.get(hb.host, hb.message),
-                               hb.partitions_done, hb.history))
+                               hb.partitions_done, hb.history, dict(hb.stolen_from),
+                               dict(hb.given_up), hb.idle_reason))
         if hb.state not in ("done",):
             held = set(hb.held) | ({hb.partition} if hb.partition is not None else set())
             (held_live if live else held_dead).update(held)
     parts = handle.manifest.partitions
-    states = dict.fromkeys((p.id for p in parts), PENDING)
-    for ids, state in ((held_dead, STALE), (held_live, IN_PROGRESS), (committed, COMMITTED)):
-        for pid in ids:  # later states win: committed over a live worker over a dead one
-            if pid in states:
-                states[pid] = state
-    tally = collections.Counter(states.values())
-    counts = {s: tally[s] for s in MAP_CHARS}
-    done = [p for p in parts if p.id in committed]
-    tokens_done = sum(p.tokens for p in done)
+    column = lambda name: manifest_lib.partition_column(parts, name)  # noqa: E731
+    # Later states win: committed over a live worker over a dead one.
+    states = PartitionStates.build(column("id"), [
+        (held_dead, STALE), (held_live, IN_PROGRESS), (committed, COMMITTED)])
+    counts = states.counts()
+    done = states.where(COMMITTED)
+    total = lambda name: sum(map(column(name).__getitem__, done))  # noqa: E731
+    tokens_done = total("tokens")
     per_row = info.bytes_per_row(handle.manifest.seq_len) if info else None
-    rows_done = sum(p.row_count for p in done)
+    rows_done = total("row_count")
     throughput = sum(h.tokens_per_s for h in hosts if h.live)
     remaining = handle.manifest.total_tokens - tokens_done
     if remaining <= 0:
@@ -249,13 +260,13 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         tokens_total=handle.manifest.total_tokens,
         bytes_done=None if per_row is None else per_row * rows_done,
         bytes_total=None if per_row is None else per_row * handle.manifest.total_rows,
-        full_context_tokens_done=sum(p.full_context_tokens for p in done),
+        full_context_tokens_done=total("full_context_tokens"),
         tokens_per_s=round(throughput, 1), eta_s=eta, hosts=tuple(hosts),
         failed_verification=tuple(p for p in verified.failed if p in committed)
         if verified else (),
         stale_after_s=stale_after_s, at=now, token_masks=masks,
         identity=run_facts.identity(handle, info),
-        verification=run_facts.verification(verified, set(committed)),
+        verification=run_facts.verification(verified, set(committed)), reference=reference,
         phase=run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts))
 
 
@@ -295,194 +306,9 @@ def _timing(beats, hosts: list[HostState], now: float
 def map_chars(status: RunStatus) -> str:
     """One character per partition, in id order: MAP_CHARS, and F for a committed
     partition that failed the latest verify."""
-    chars = [MAP_CHARS[s] for _, s in sorted(status.partitions.items())]
-    for pid in status.failed_verification:
-        chars[pid] = FAILED_CHAR
-    return "".join(chars)
+    return status.partitions.chars(status.failed_verification)
 
 
 def partition_map(status: RunStatus, width: int = 64) -> list[str]:
     chars = map_chars(status)
     return [chars[i:i + width] for i in range(0, len(chars), width)] or [""]
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "unknown"
-    s = int(round(s))
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
-
-
-def one_line(status: RunStatus) -> str:
-    """A progress line for submit's live display: while no worker has processed a token,
-    what each one is doing (loading weights, compiling) instead of a rate of 0."""
-    c = status.counts
-    pct = 100.0 * status.tokens_done / max(1, status.tokens_total)
-    if status.phase == run_facts.STARTING:
-        doing = "; ".join(f"{h.host} {h.message or h.state}" for h in status.hosts if h.live)
-        rate = f"starting: {doing}"
-    elif status.phase == run_facts.NOT_STARTED:
-        rate = "starting: waiting for the workers' first heartbeat"
-    elif status.complete:
-        rate = f"finished, {_average(status)} tok/s avg"
-    else:
-        rate = (f"{status.current_tokens_per_s:,.0f} tok/s now, {_average(status)} avg")
-    context = f" | {_whole_documents(status)}" if status.tokens_done else ""
-    return (f"[{status.name}] {c[COMMITTED]}/{len(status.partitions)} committed, "
-            f"{c[IN_PROGRESS]} in progress, {c[STALE]} stale, {c[PENDING]} pending | "
-            f"{pct:5.1f}% tokens | {rate} | elapsed {_duration(status.elapsed_s)} | "
-            f"ETA {_duration(status.eta_s)}{context}")
-
-
-def lines_per_extraction(statuses: dict[str, RunStatus]) -> str:
-    """`one_line` of each extraction ({name: status}; "" the default one), named where a
-    run has named ones, on one line."""
-    return " | ".join((f"{name}: " if name else "") + one_line(status)
-                      for name, status in statuses.items())
-
-
-def _average(status: RunStatus) -> str:
-    avg = status.average_tokens_per_s
-    return "unknown" if avg is None else f"{avg:,.0f}"
-
-
-def _whole_documents(status: RunStatus) -> str:
-    share = 100.0 * status.full_context_tokens_done / max(1, status.tokens_done)
-    return (f"{status.full_context_tokens_done:,} of {status.tokens_done:,} stored tokens "
-            f"({share:.1f}%) saw their whole document")
-
-
-def _settings(ident: dict) -> str:
-    if not ident:
-        return "?"
-    hooks = (", ".join(ident["hooks"]) if ident.get("hooks")
-             else f"{ident['hooks_requested']} (resolved when a worker starts)")
-    context = f", max_context {ident['max_context']:,}" if ident.get("max_context") else ""
-    return (f"model {ident['model']}; hooks {hooks} stored as {ident['dtype']}; seq_len "
-            f"{ident['seq_len']:,}, {ident['packing']} packing{context}; activations in "
-            f"{ident['activations']}")
-
-
-def _verify_line(status: RunStatus) -> str:
-    v = status.verification
-    if v is None:
-        return f"not run yet: `actx verify {status.run}` re-reads the data against its markers"
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v["at"]))
-    if v["ok"]:
-        return f"passed at {when} ({v['checked']} partition(s) checked)"
-    return f"FAILED at {when}: {v['failed']} committed partition(s) did not match their marker"
-
-
-def _masks_line(m: token_masks_lib.MaskCounts) -> str:
-    """What each token mask leaves out, of the positions compute_stats counted."""
-    parts = [f"{name} {n:,}" for name, n in m.removed.items()]
-    parts += [f"outlier in {hook} {n:,}" for hook, n in sorted(m.outlier.items())]
-    return (f"{', '.join(parts)} of {m.positions:,} token positions "
-            f"({len(m.partitions)} partitions counted by compute_stats; "
-            f"outlier: norm > {m.outlier_factor:g} x the hook's median)")
-
-
-def render(status: RunStatus) -> str:
-    c = status.counts
-    n = len(status.partitions)
-    bytes_note = "" if status.bytes_total is not None else " (sizes known once a worker starts)"
-    lines = [
-        f"run {status.run}  (name {status.name}, fingerprint {status.fingerprint})",
-        f"phase:      {status.phase}: {run_facts.PHASE_NOTES[status.phase]}",
-        f"settings:   {_settings(status.identity)}",
-        f"partitions: {n} total | {c[COMMITTED]} committed | {c[IN_PROGRESS]} in progress | "
-        f"{c[STALE]} stale | {c[PENDING]} pending",
-        f"tokens:     {status.tokens_done:,} / {status.tokens_total:,} "
-        f"({100.0 * status.tokens_done / max(1, status.tokens_total):.1f}%)",
-        *([f"context:    {_whole_documents(status)} (the rest: past packing.max_context, or "
-           f"documents continued from an earlier concat row; tokens/context_start says "
-           f"which)"] if status.tokens_done else []),
-        f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
-        (("throughput: finished; no heartbeat to time it" if status.elapsed_s is None else
-          f"throughput: finished; average {_average(status)} tokens/s over "
-          f"{_duration(status.elapsed_s)}") if status.complete else
-         f"throughput: {status.current_tokens_per_s:,.0f} tokens/s now (live workers); average "
-         f"{_average(status)} tokens/s; elapsed {_duration(status.elapsed_s)}   "
-         f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None
-                                              else " (no live worker)")),
-    ]
-    if status.token_masks is not None:
-        lines.append(f"masks:      {_masks_line(status.token_masks)}")
-    if status.hosts:
-        lines.append(f"hosts (stale after {status.stale_after_s:g}s without a heartbeat):")
-        for h in status.hosts:
-            # steps is 0 for a worker streaming partitions (no per-partition step count).
-            step = f"step {h.step}/{h.steps}" if h.steps else f"step {h.step}"
-            where = (f"partition {layout_lib.partition_name(h.partition)} {step}"
-                     if h.partition is not None else "-")
-            msg = f"  {h.message}" if h.message else ""
-            lines.append(f"  {h.host:<28} {h.state:<16} {where:<30} "
-                         f"{h.tokens_per_s:>10,.0f} tok/s  last beat {_duration(h.age_s)} ago{msg}")
-    else:
-        lines.append("hosts: none has reported yet")
-    lines.append(f"verify:     {_verify_line(status)}")
-    if status.failed_verification:
-        names = ", ".join(layout_lib.partition_name(p) for p in status.failed_verification[:20])
-        lines.append(f"verify:     {len(status.failed_verification)} committed partition(s) "
-                     f"failed the latest `actx verify`: {names}; `actx verify {status.run}` "
-                     f"says why")
-    chars = map_chars(status)
-    per_char = max(1, -(-len(chars) // TEXT_MAP_CHARS))
-    if per_char > 1:  # 150k partitions would be 2,344 lines: each character covers several
-        chars = "".join(_worst(chars[i:i + per_char]) for i in range(0, len(chars), per_char))
-    lines.append("map (C committed, W in progress, S stale, . pending"
-                 + (", F failed verification" if status.failed_verification else "")
-                 + (f"; one character per {per_char} partitions, the most urgent state "
-                    f"among them; `--serve` draws every partition" if per_char > 1 else "")
-                 + "):")
-    for i in range(0, len(chars), 64):
-        lines.append(f"  {i * per_char:>6}  {chars[i:i + 64]}")
-    return "\n".join(lines)
-
-
-TEXT_MAP_CHARS = 64 * 64  # the text map's size at most (64 lines)
-_URGENCY = "FSW.C"  # what a character covering several partitions shows first
-
-
-def _worst(chars: str) -> str:
-    return next(c for c in _URGENCY if c in chars)
-
-
-def render_extractions(statuses: dict[str, RunStatus], as_json: bool = False) -> str:
-    """`actx status` of one or several extractions (schemas.extraction): a run with only
-    its default extraction prints as it always has; otherwise one line per extraction,
-    then each one's full status (with its map) under its name. JSON: an
-    "extractions" object keyed by name ("default" for the root one)."""
-    import json
-
-    if list(statuses) == [""]:
-        status = statuses[""]
-        return (json.dumps(status.to_json_obj(), indent=1, sort_keys=True) if as_json
-                else render(status))
-    if as_json:
-        return json.dumps({"extractions": {name or "default": s.to_json_obj()
-                                           for name, s in statuses.items()},
-                           "complete": all(s.complete for s in statuses.values())},
-                          indent=1, sort_keys=True)
-    width = max(len(name or "default") for name in statuses)
-    lines = [f"{len(statuses)} extractions over one token store:"]
-    for name, s in statuses.items():
-        c = s.counts
-        lines.append(f"  {name or 'default':<{width}}  {c[COMMITTED]}/{len(s.partitions)} "
-                     f"committed, {c[IN_PROGRESS]} in progress, {c[STALE]} stale, "
-                     f"{c[PENDING]} pending, fingerprint {s.fingerprint}")
-    for name, s in statuses.items():
-        lines += ["", f"== extraction {name or 'default'} ==", render(s)]
-    return "\n".join(lines)

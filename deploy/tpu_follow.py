@@ -12,6 +12,7 @@ import sys
 import time
 
 from actx.deploy import runstate
+from actx.deploy import status_text
 from actx.schemas import job_lease
 from actx.schemas import layout
 
@@ -51,7 +52,7 @@ def _follow(run, host_prefix, started_at, wanted, config, out, every_s, stale_af
     last = ""
     while True:
         statuses = [runstate.compute_status(handle, stale_after_s) for handle in handles]
-        line = runstate.lines_per_extraction(dict(zip(names, statuses)))
+        line = status_text.lines_per_extraction(dict(zip(names, statuses)))
         if line != last:
             print(line, file=out, flush=True)
             last = line
@@ -69,7 +70,7 @@ def _follow(run, host_prefix, started_at, wanted, config, out, every_s, stale_af
                                                                          started_at)]
         quiet_s = min((h.age_s for h in earlier), default=time.time() - started_at)
         if hosts and not any(h.live for h in hosts):
-            print(runstate.render(status), file=out)
+            print(status_text.render(status), file=out)
             print(f"the job's {len(hosts)} host(s) stopped with {len(missing)} partition(s) "
                   f"without a commit; `actx rerun {run} --target tpu-vm --config {config}` "
                   f"redoes them (add --recreate after a preemption)", file=out, flush=True)

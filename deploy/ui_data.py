@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from actx.deploy import run_facts, runstate
+from actx.deploy import run_facts, runstate, status_text
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
 
@@ -131,6 +131,9 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "step": h.step, "steps": h.steps, "tokens_per_s": h.tokens_per_s,
         "tokens_done": h.tokens_done, "partitions_done": h.partitions_done,
         "message": h.message, "dead": not h.live and h.state != "done",
+        # What it did: tokens, partitions, work taken from or given to other replicas,
+        # and why it idles (status's "did:" line).
+        "did": status_text.host_did(h),
         # Live but no token yet: loading weights, compiling (its message says which).
         "starting": h.live and h.tokens_done == 0,
         "slow": (h.live and h.tokens_done > 0 and median_rate > 0
@@ -153,6 +156,7 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "reject_groups_complete": (rejects or {}).get("groups_complete", True),
         "phase": status.phase, "phase_note": run_facts.PHASE_NOTES[status.phase],
         "identity": status.identity, "verification": status.verification,
+        "reference": status.reference,
         "elapsed_s": status.elapsed_s, "average_tokens_per_s": status.average_tokens_per_s,
         "current_tokens_per_s": status.current_tokens_per_s,
         "token_masks": (None if status.token_masks is None

@@ -217,6 +217,12 @@ function renderIdentity(d) {
     el.textContent = `FAILED at ${when(v.at)}: ${int(v.failed)} committed partition(s) did ` +
       `not match their marker` + (v.problems.length ? ` (${v.problems[0]})` : "");
   }
+  const r = d.reference, ref = $("reference");
+  ref.hidden = !r;
+  if (r) {
+    ref.className = r.ok ? "ok" : "bad"; ref.dataset.state = r.ok ? "passed" : "failed";
+    ref.textContent = r.at ? `${r.summary} (${when(r.at)})` : r.summary;
+  }
 }
 
 function render(d) {
@@ -284,7 +290,8 @@ function render(d) {
       <td><span class="bar" style="width:${Math.round(120 * h.tokens_per_s / maxRate)}px">
       </span></td>
       <td class="num">${int(h.tokens_done)}</td><td class="num">${h.partitions_done}</td>
-      <td class="msg">${esc(h.message)}${h.slow ? " (slow: under half the median)" : ""}</td>
+      <td class="msg">${esc(h.message)}${h.slow ? " (slow: under half the median)" : ""}${
+        h.did ? `<div class="did">${esc(h.did)}</div>` : ""}</td>
       </tr>`).join("") || `<tr><td colspan="10">no worker has reported yet</td></tr>`;
   const rj = [];
   for (const [src, r] of Object.entries(d.rejects)) {
@@ -365,7 +372,7 @@ _BODY = """
 </div>
 <div class="grid2">
  <div><h2>Run</h2><dl class="facts" id="identity"></dl></div>
- <div><h2>Latest verify</h2><div id="verify"></div></div>
+ <div><h2>Latest verify</h2><div id="verify"></div><div id="reference" hidden></div></div>
 </div>
 <h2>Partitions</h2><div class="legend" id="legend"></div><canvas id="map"></canvas>
 <div class="grid2">

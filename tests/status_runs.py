@@ -41,12 +41,15 @@ def partition_tokens(pid: int) -> int:
 
 def objects(n_partitions: int, n_hosts: int, committed: int, dead_hosts: int = 1,
             now: float = 1.8e9, started: float | None = None,
-            history_samples: int = 60) -> Iterator[tuple[str, bytes]]:
+            history_samples: int = 60, job: str = "") -> Iterator[tuple[str, bytes]]:
     """A run in progress: partitions [0, committed) have markers; `n_hosts` heartbeats, the
     last `dead_hosts` of them silent for 10 minutes and holding a partition (stale).
+    `dead_hosts=n_hosts` is a preempted slice: every host silent.
 
     Hosts work in lockstep: host h commits partitions h, h + n_hosts, ... at a steady rate,
-    and its heartbeat carries that history.
+    and its heartbeat carries that history. With a `job`, the heartbeats name it and each
+    host has the log its launcher copies into the run (`logs/<job>/<host>.log`), which
+    status reads for a silent host.
     """
     sp = spec()
     started = now - 3600.0 if started is None else started
@@ -101,8 +104,22 @@ def objects(n_partitions: int, n_hosts: int, committed: int, dead_hosts: int = 1
             attempt=f"host-{h:03d}-1", updated_at=updated,
             partition=in_hand if in_hand < n_partitions else None, step=3, steps=8,
             tokens_done=tokens_done, tokens_per_s=round(rate, 1), partitions_done=len(mine),
-            history=tuple(hist))
+            history=tuple(hist), job=job)
         yield layout.heartbeat_key(hb.host), store.dumps(config.to_dict(hb))
+        if job:
+            yield layout.log_key(job, hb.host), host_log(h, dead).encode()
+
+
+def host_log(h: int, dead: bool) -> str:
+    """A worker host's log as its launcher copies it: the worker's lines, the launcher's
+    own "[actx: ...]" notes, and for a dead host the reason it died last."""
+    lines = [f"I1127 12:00:{s:02d} worker.py:88] host-{h:03d}: partition {s}, step 8/8"
+             for s in range(40)]
+    lines.append("[actx: log copied into the run]")
+    if dead:
+        lines.insert(-1, f"RuntimeError: host-{h:03d}: TPU slice preempted "
+                         f"(maintenance event {h * 37 % 1000})")
+    return "\n".join(lines) + "\n"
 
 
 def write_local(root: str, exclude_prefix: str | None = None, **kwargs) -> str:

@@ -355,3 +355,16 @@ def test_sqrt_d_mean_norm_gives_a_mean_norm_of_sqrt_hidden_and_keeps_its_old_nam
     assert abs(mean_norm - np.sqrt(8)) < 1e-4 * np.sqrt(8), mean_norm
     with pytest.raises(ValueError, match="standardize, sqrt_d_mean_norm"):
         epoch("unit_norm")
+
+
+def test_the_worker_refuses_only_naming_absent_partitions(committed_run):
+    """`actx extract --only` (the worker itself) exits 2 naming the ids, as rerun does."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", "extract", "--run",
+                           committed_run, "--only", "3,4242"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--only: partition(s) [4242] do not exist (the run has 8 partition(s), 0..7)" \
+        in proc.stderr, proc.stderr[-2000:]

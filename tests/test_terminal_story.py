@@ -14,7 +14,7 @@ import time
 import pytest
 
 from actx.deploy import config as deploy_config
-from actx.deploy import demo, local, runstate
+from actx.deploy import demo, local, runstate, status_text
 from actx.schemas import stop_signals, store
 from tests import token_runs
 
@@ -33,7 +33,7 @@ def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
             beats = [s.read_json(k) for k in s.list("workers/")]
             if beats and beats[0]:
                 seen["beat"] = beats[0]
-                seen["line"] = runstate.one_line(runstate.compute_status(runstate.open_run(run)))
+                seen["line"] = status_text.one_line(runstate.compute_status(runstate.open_run(run)))
                 break
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C in the launcher's terminal

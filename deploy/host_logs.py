@@ -1,0 +1,98 @@
+"""The last line of the hosts' logs, as status shows it for a host that stopped beating.
+
+A preempted slice leaves every host silent, so status would read 512 logs at every refresh
+(two round trips each on GCS). A silent host's log rarely changes, so what status read is
+kept in the run beside the logs (`logs/<job>/last-lines.json`, layout.log_lines_key) with
+each log's version (size and GCS generation or file time); a later status lists the job's
+logs once, reads that one object, and reads only logs whose version moved. The object is a
+cache: status works without it, and where it cannot be written (read-only credentials)
+status reads the logs as before.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+from actx.schemas import errors
+from actx.schemas import layout as layout_lib
+
+TAIL_BYTES = 8192  # where the last line is looked for
+CACHE_VERSION = 1
+
+
+def last_log_line(text: str, max_chars: int = 300) -> str:
+    """The last line a worker wrote to its log (not actx's own "[actx: ...]" notes)."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line and not line.startswith("[actx:"):
+            return line if len(line) <= max_chars else line[:max_chars] + " ..."
+    return ""
+
+
+def last_lines(store, hosts: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """{(job, host): the last line of that host's log in the job} ("" for a log that is
+    missing, empty or unreadable: it says nothing more, and status goes on)."""
+    jobs: dict[str, list[str]] = {}
+    for job, host in hosts:
+        jobs.setdefault(job, []).append(host)
+    out = {}
+    for job, names in sorted(jobs.items()):
+        out.update(((job, host), line) for host, line in _job_lines(store, job, names).items())
+    return out
+
+
+def _job_lines(store, job: str, hosts: list[str]) -> dict[str, str]:
+    try:
+        stamps = store.list_stamps(f"{layout_lib.LOGS_PREFIX}{job}/")
+    except (OSError, ValueError, errors.UserError):
+        return dict.fromkeys(hosts, "")
+    cache_key = layout_lib.log_lines_key(job)
+    cached = _read_cache(store, cache_key)
+    lines, unread = {}, []
+    for host in hosts:
+        key = layout_lib.log_key(job, host)
+        stamp = stamps.get(key)
+        if stamp is None or stamp[0] == 0:
+            lines[host] = ""
+        elif key in cached and cached[key][:2] == list(stamp):
+            lines[host] = cached[key][2]
+        else:
+            unread.append((host, key, stamp))
+    if not unread:
+        return lines
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(unread))) as pool:
+        tails = pool.map(lambda u: _tail_line(store, u[1], u[2][0]), unread)
+        for (host, key, stamp), line in zip(unread, tails):
+            lines[host] = line
+            if line is not None:
+                cached[key] = [*stamp, line]
+    _write_cache(store, cache_key, cached)
+    return {host: line or "" for host, line in lines.items()}
+
+
+def _tail_line(store, key: str, size: int) -> str | None:
+    """The log's last line; None when it could not be read (not cached: tried again)."""
+    try:
+        tail = store.read_range(key, max(0, size - TAIL_BYTES), size)
+    except (OSError, ValueError, errors.UserError):
+        return None
+    return last_log_line(tail.decode("utf-8", "replace"))
+
+
+def _read_cache(store, key: str) -> dict[str, list]:
+    try:
+        data = store.read_json(key)
+    except (OSError, ValueError, errors.UserError):
+        return {}  # damaged or unreadable: read the logs
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+        return {}
+    lines = data.get("lines")
+    return {k: v for k, v in lines.items()
+            if isinstance(v, list) and len(v) == 3} if isinstance(lines, dict) else {}
+
+
+def _write_cache(store, key: str, lines: dict[str, list]) -> None:
+    try:
+        store.write_json(key, {"version": CACHE_VERSION, "lines": lines})
+    except Exception:  # noqa: BLE001 — a cache that cannot be written (read-only
+        pass           # credentials, a full disk) costs the next status a re-read, no more
