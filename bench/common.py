@@ -26,6 +26,15 @@ ARCH_OVERRIDES = {"gemma2": dict(sliding_window=4096, query_pre_attn_scalar=256,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})}
 
 
+# The tests.hf_models architectures a bench may build (`--arch`).
+ARCHS = ("qwen2", "llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3", "olmo2",
+         "qwen3_moe", "olmoe", "mixtral")
+# Mixtures of experts: each one's config field for the expert count and whether its
+# experts' width is `moe_intermediate_size` (else `intermediate_size`).
+MOE_FIELDS = {"qwen3_moe": ("num_experts", True), "olmoe": ("num_experts", False),
+              "mixtral": ("num_local_experts", False)}
+
+
 def checkpoint_overrides(args: argparse.Namespace) -> dict:
     """Config fields for `tests.hf_models.make_tiny_checkpoint` from the shape flags."""
     out = dict(hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -34,6 +43,11 @@ def checkpoint_overrides(args: argparse.Namespace) -> dict:
                max_position_embeddings=max(args.seq, 8192))
     if args.head_dim:
         out["head_dim"] = args.head_dim
+    if args.arch in MOE_FIELDS:
+        experts_field, own_width = MOE_FIELDS[args.arch]
+        width = getattr(args, "moe_intermediate", None) or args.intermediate
+        out.update({experts_field: args.experts, "num_experts_per_tok": args.experts_per_token,
+                    ("moe_intermediate_size" if own_width else "intermediate_size"): width})
     return {**out, **ARCH_OVERRIDES.get(args.arch, {})}
 
 
@@ -48,7 +62,14 @@ def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
     p.add_argument("--batch", type=int, default=batch)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
-    p.add_argument("--arch", default="qwen2", help="tests.hf_models architecture")
+    p.add_argument("--arch", default="qwen2", choices=ARCHS,
+                   help="tests.hf_models architecture")
+    p.add_argument("--experts", type=int, default=8,
+                   help="mixtures of experts (qwen3_moe, olmoe, mixtral): experts per layer")
+    p.add_argument("--experts-per-token", type=int, default=2,
+                   help="mixtures of experts: the k experts each token is routed to")
+    p.add_argument("--moe-intermediate", type=int, default=None,
+                   help="mixtures of experts: each expert's width (default: --intermediate)")
     p.add_argument("--head-dim", type=int, default=None, help="default: hidden / heads")
     p.add_argument("--qwen05b", action="store_true",
                    help="Qwen2.5-0.5B shapes, batch 16 x seq 2048, bfloat16")
@@ -109,3 +130,31 @@ def median_seconds(run: Callable[[], object], iters: int) -> float:
         run()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def hf_extraction_tokens_per_s(hf, ids, layers: list[int], iters: int) -> tuple[float, str]:
+    """HF transformers as an expert's extraction script runs it: `hf` (a causal LM, on the
+    GPU where there is one) forward with output_hidden_states, then the hidden states of
+    `layers` copied into preallocated (pinned, on a GPU) host buffers, non-blocking, with
+    one synchronisation. ids: [batch, seq] numpy. Returns (tokens/s, a label)."""
+    import torch
+
+    device = next(hf.parameters()).device
+    ids_pt = torch.as_tensor(ids, dtype=torch.long, device=device)
+    pinned = device.type == "cuda"
+    hidden = hf.config.hidden_size
+    buffers = [torch.empty((*ids.shape, hidden), dtype=hf.dtype, pin_memory=pinned)
+               for _ in layers]
+
+    def run():
+        with torch.no_grad():
+            states = hf.model(input_ids=ids_pt, output_hidden_states=True).hidden_states
+            # hidden_states[i + 1] is layer i's output (resid_post; the last one after the
+            # final norm, the same bytes to move).
+            for buf, layer in zip(buffers, layers):
+                buf.copy_(states[layer + 1], non_blocking=pinned)
+        if pinned:
+            torch.cuda.synchronize()
+
+    label = f"HF extraction ({len(layers)} layers -> {'pinned ' if pinned else ''}host)"
+    return ids.size / median_seconds(run, iters), label

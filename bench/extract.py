@@ -16,7 +16,11 @@ slot computed), and the host's milliseconds per step: waiting for outputs, copyi
 blocks, writing (writer threads, off the loop), the writer's wait and the dispatcher's wait.
 Medians over `--rounds`; an untimed run of each store first records the steps the first
 pass replays (and warms the page cache as the later runs find it). HF transformers (hidden
-states + host copy) is timed once at the end.
+states copied into preallocated host buffers, pinned on a GPU) is timed once at the end, and
+with --minimal-jax the minimal JAX script too (bench/minimal_jax.py: a plain jitted forward
+of the same model returning the same hooked layers into pinned host memory, copied into
+numpy buffers, no storage; the ceiling an extraction tool could reach, issue 49); end to
+end is printed as a ratio of each.
 
   python bench/extract.py                      # CPU default, a few minutes
   python bench/extract.py --qwen05b --skip-hf  # Qwen2.5-0.5B shapes, bf16, for a GPU
@@ -59,11 +63,16 @@ def _parse_args():
                         "schemas.runspec.LayoutSpec, where it divides a partition); each "
                         "object costs its write a fixed price (on a local disk: two fsyncs "
                         "and a rename)")
+    p.add_argument("--copy-threads", default="auto",
+                   help="comma list, each one measured: threads copying rows into the "
+                        "writer's blocks (workers.block_copy; auto: its default_threads)")
+    p.add_argument("--minimal-jax", action="store_true",
+                   help="also time bench/minimal_jax.py on the same model and batch")
     p.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
     p.add_argument("--output-memory", default="auto",
                    help="comma list, each one measured: where the step's outputs land "
-                        "(workers.transfer.OUTPUT_MEMORY): auto (pinned host memory on GPUs "
-                        "and TPUs), device (then an async copy), pinned_host, pinned_copy "
+                        "(workers.transfer.OUTPUT_MEMORY): auto (pinned_copy on GPUs, "
+                        "pinned_host on TPUs), device (then an async copy), pinned_host, pinned_copy "
                         "(device, then an async copy into pinned host memory)")
     return common.apply_presets(p.parse_args())
 
@@ -187,8 +196,9 @@ def _memory(jax, transfer, mode: str) -> str:
     return f"device, copied to {copy or 'host memory'}"
 
 
-def _hf(args, model_dir: str, hooks: str) -> float:
-    """HF transformers tokens/s: hidden states plus a host copy of the hooked layers."""
+def _hf(args, model_dir: str, hooks: str) -> tuple[float, str]:
+    """HF transformers tokens/s: hidden states copied into host buffers (pinned on a GPU),
+    on the GPU where there is one."""
     import numpy as np
     import torch
     import transformers
@@ -197,17 +207,38 @@ def _hf(args, model_dir: str, hooks: str) -> float:
     # SDPA: HF's fastest built-in attention, so the baseline is a fair one.
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
-    layer_ids = [int(h.split(".")[1]) for h in hooks.split(",")]
-    ids = torch.as_tensor(np.random.default_rng(0).integers(1, args.vocab,
-                                                            (args.batch, args.seq)))
+    hf = hf.to("cuda" if torch.cuda.is_available() else "cpu")
+    ids = np.random.default_rng(0).integers(1, args.vocab, (args.batch, args.seq))
+    return common.hf_extraction_tokens_per_s(hf, ids, _layers(hooks), 5)
 
-    def hf_extract():
-        with torch.no_grad():
-            out = hf.model(input_ids=ids, output_hidden_states=True)
-        # hidden_states[i + 1] is resid_post of layer i; copied to host as actx stores it.
-        return [out.hidden_states[i + 1].to(torch.bfloat16).float().numpy() for i in layer_ids]
 
-    return args.batch * args.seq / common.median_seconds(hf_extract, 5)
+def _layers(hooks: str) -> list[int]:
+    return [int(h.split(".")[1]) for h in hooks.split(",")]
+
+
+def _minimal_jax(args, model_dir: str, hooks: str, steps: int) -> dict[str, float]:
+    """The minimal JAX script's tokens/s over `steps` random batches of the same shape,
+    with jax.nn.dot_product_attention's default and, on a GPU, its fused cuDNN kernel."""
+    import jax
+    import numpy as np
+
+    from bench import minimal_jax
+
+    params, config = minimal_jax.load_params(model_dir, args.dtype)
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(1, args.vocab, (args.batch, args.seq)).astype(np.int32)
+           for _ in range(steps)]
+    rates = {}
+    for attention in (None, "cudnn") if jax.default_backend() == "gpu" else (None,):
+        try:
+            rate, memory = minimal_jax.tokens_per_s(params, config, ids, _layers(hooks),
+                                                    attention=attention)
+        except Exception as e:  # a kernel this GPU or dtype lacks: say so, go on
+            print(f"minimal JAX with {attention} attention failed: {str(e)[:300]}")
+            continue
+        rates[f"minimal JAX ({attention or 'default'} attention, {len(_layers(hooks))} "
+              f"layers -> {memory}, copied to numpy)"] = rate
+    return rates
 
 
 def main() -> None:
@@ -248,31 +279,40 @@ def main() -> None:
           f"{', '.join(f'{m} ({_memory(jax, transfer, m)})' for m in modes)}; documents: "
           f"{', '.join(f'{len(v)} ({p})' for p, v in lengths.items())}, median "
           f"{args.median_tokens:.0f} tokens; {args.rounds} rounds")
-    configs = [(p, f, m) for p in packings for f in in_flights for m in modes]
+    from actx.workers import block_copy
+
+    default_threads = block_copy.default_threads
+    copies = [default_threads() if c == "auto" else int(c)
+              for c in args.copy_threads.split(",")]
+    configs = [(p, f, m, c) for p in packings for f in in_flights for m in modes
+               for c in copies]
     calls: dict[str, list] = {}
     for packing in packings:  # untimed: records the store's steps for the first pass
         transfer.OUTPUT_MEMORY = modes[0]
         calls[packing] = _end_to_end(args, _fresh_copy(stores[packing], os.path.join(
             work, "run")), in_flights[0], None)["calls"]
-    results: dict[tuple[str, int, str], list[dict]] = {}
+    results: dict[tuple[str, int, str, int], list[dict]] = {}
     for r in range(args.rounds):
-        for packing, in_flight, mode in configs:
+        for packing, in_flight, mode, copy in configs:
             transfer.OUTPUT_MEMORY = mode
+            block_copy.default_threads = lambda copy=copy: copy
             run = _fresh_copy(stores[packing], os.path.join(work, "run"))
             got = _end_to_end(args, run, in_flight, calls[packing])
             calls[packing] = got.pop("calls")
-            results.setdefault((packing, in_flight, mode), []).append(got)
-            print(f"round {r + 1} {packing:8s} steps in flight {in_flight}, outputs {mode}: "
+            results.setdefault((packing, in_flight, mode, copy), []).append(got)
+            print(f"round {r + 1} {packing:8s} steps in flight {in_flight}, outputs {mode}, "
+                  f"{copy} copy threads: "
                   f"{got['steps']} steps over {got['partitions']} partitions, end to end / "
                   f"forward-only {got['e2e_steps_per_s'] / got['fwd_steps_per_s']:.3f}",
                   flush=True)
     tokens_per_step = args.batch * args.seq
     print()
-    for (packing, in_flight, mode), rounds in results.items():
+    for (packing, in_flight, mode, copy), rounds in results.items():
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
         ratios = [r["e2e_steps_per_s"] / r["fwd_steps_per_s"] for r in rounds]
         fastest = [r["e2e_steps_per_s"] / r["fwd_fastest_steps_per_s"] for r in rounds]
-        print(f"overflow: {packing}, steps in flight {in_flight}, outputs {mode} "
+        print(f"overflow: {packing}, steps in flight {in_flight}, outputs {mode}, {copy} "
+              f"copy threads "
               f"({rounds[0]['steps']} steps, {rounds[0]['partitions']} partitions; "
               f"medians of {len(rounds)} rounds)")
         print(f"  end to end (token store -> committed shards): "
@@ -291,9 +331,19 @@ def main() -> None:
               f"writing {med['writing']:.2f} (writer threads); writer wait "
               f"{med['writer_wait']:.2f}, dispatch wait {med['dispatch_wait']:.1f}; "
               f"step {1000 / med['fwd_steps_per_s']:.1f} ms forward only")
+    baselines = {}
+    if args.minimal_jax:
+        steps = min(32, max(r[0]["steps"] for r in results.values()))
+        baselines.update(_minimal_jax(args, model_dir, hooks, steps))
     if not args.skip_hf:
-        hf_tps = _hf(args, model_dir, hooks)
-        print(f"HF transformers (hidden states + host copy): {hf_tps:12,.0f} tokens/s")
+        rate, label = _hf(args, model_dir, hooks)
+        baselines[label] = rate
+    for label, rate in baselines.items():
+        print(f"{label}: {rate:12,.0f} tokens/s")
+        for (packing, in_flight, mode, copy), rounds in results.items():
+            e2e = statistics.median(r["e2e_steps_per_s"] for r in rounds) * tokens_per_step
+            print(f"  end to end ({packing}, steps in flight {in_flight}, outputs {mode}, "
+                  f"{copy} copy threads) / this: {e2e / rate:.3f}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ Gemma 2) of the requested size with transformers, then times
 (3) the HF PyTorch model with output_hidden_states=True (its base model, no LM head), and
 (4) HF as an expert's extraction script runs it: the same forward, then the hidden states
     of the same 4 layers copied into preallocated pinned host buffers (non-blocking, one
-    synchronisation), which is what actx replaces,
+    synchronisation), which is what actx replaces, and
+(5) with --minimal-jax, the minimal JAX script (bench/minimal_jax.py): a plain jitted
+    forward returning the same 4 layers into pinned host memory, copied into numpy buffers
+    while the next step runs; the ceiling an extraction tool could reach (issue 49),
 on the same inputs; prints tokens/s (median over iterations) and the ratios.
 
   python bench/forward.py                     # modest CPU default, ~1 minute
@@ -34,6 +37,9 @@ def _parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(p, batch=4)
     p.add_argument("--iters", type=int, default=7)
+    p.add_argument("--minimal-jax", action="store_true",
+                   help="also time bench/minimal_jax.py (Qwen2 checkpoints) and check its "
+                        "4 layers against actx's hooks")
     return common.apply_presets(p.parse_args())
 
 
@@ -53,6 +59,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as ckpt:
         hf_models.make_tiny_checkpoint(ckpt, args.arch, **common.checkpoint_overrides(args))
         model = model_lib.load_pretrained(ckpt, dtype=args.dtype)
+        if args.minimal_jax:
+            from bench import minimal_jax
+
+            minimal = minimal_jax.load_params(ckpt, args.dtype)
         hf = None
         if not args.skip_hf:
             import transformers
@@ -78,6 +88,18 @@ def main() -> None:
         ids_dev = jax.device_put(ids)
         seconds = common.median_seconds(lambda: jax.block_until_ready(fn(ids_dev)), args.iters)
         results[label] = tokens / seconds
+        if hooks == four and args.minimal_jax:
+            actx_four = {name: np.asarray(x, np.float32)
+                         for name, x in jax.device_get(fn(ids_dev)).items()}
+    if args.minimal_jax:
+        layers = [int(name.split(".")[1]) for name in four.split(",")]
+        rate, memory = minimal_jax.tokens_per_s(*minimal, [ids] * args.iters, layers)
+        results[f"minimal JAX (4 layers -> {memory})"] = rate
+        mine = minimal_jax.jitted(minimal[1], layers)[0](minimal[0], jax.numpy.asarray(ids))
+        diff = max(float(np.max(np.abs(np.asarray(m, np.float32) - actx_four[name])))
+                   for m, name in zip(mine, four.split(",")))
+        print(f"minimal JAX vs actx hooks on the same ids: max |difference| {diff:.3g} "
+              f"({args.dtype})")
     if hf is not None:
         torch_device = "cuda" if torch.cuda.is_available() else "cpu"
         hf = hf.to(torch_device)
@@ -93,24 +115,9 @@ def main() -> None:
 
         results["HF PyTorch (output_hidden_states)"] = tokens / common.median_seconds(
             run_hf, args.iters)
-        # hidden_states[i + 1] is layer i's output (resid_post; the last one after the
-        # final norm, the same bytes to move).
         layers = [int(name.split(".")[1]) for name in four.split(",")]
-        pinned = torch_device == "cuda"
-        buffers = [torch.empty((args.batch, args.seq, args.hidden),
-                               dtype=getattr(torch, args.dtype), pin_memory=pinned)
-                   for _ in layers]
-
-        def run_hf_extraction():
-            with torch.no_grad():
-                hidden = hf.model(input_ids=ids_pt, output_hidden_states=True).hidden_states
-                for buf, layer in zip(buffers, layers):
-                    buf.copy_(hidden[layer + 1], non_blocking=pinned)
-            if torch_device == "cuda":
-                torch.cuda.synchronize()
-
-        label = f"HF extraction (4 layers -> {'pinned ' if pinned else ''}host)"
-        results[label] = tokens / common.median_seconds(run_hf_extraction, args.iters)
+        rate, label = common.hf_extraction_tokens_per_s(hf, ids, layers, args.iters)
+        results[label] = rate
     for label, tokens_per_s in results.items():
         print(f"{label:36s} {tokens_per_s:12,.0f} tokens/s")
     if hf is not None:
@@ -121,6 +128,10 @@ def main() -> None:
             if label.startswith("actx"):
                 print(f"ratio {label} / HF: {rate / hf_rate:.2f}x; / HF extraction: "
                       f"{rate / hf_extraction:.2f}x")
+    for label, rate in results.items():
+        if args.minimal_jax and label.startswith("actx"):
+            minimal_rate = next(r for name, r in results.items() if name.startswith("minimal"))
+            print(f"ratio {label} / minimal JAX: {rate / minimal_rate:.2f}x")
 
 
 if __name__ == "__main__":

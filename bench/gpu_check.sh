@@ -2,6 +2,12 @@
 # The GPU-machine figures of bench/RESULTS.md in one run on a lent GPU machine (device
 # `run`), one output file per step under $OUT. Steps, in order of priority (a step that
 # would start past the budget is skipped, and each has its own cap):
+#   extract_memory        extract writing to /dev/shm: the host side without the disk,
+#                         for each place the step's outputs can land (issue 27: written to
+#                         pinned host by the step, left in device memory and copied, or
+#                         copied into pinned host after the step), interleaved in one run;
+#                         beside HF's pinned-buffer extraction and the minimal JAX script
+#                         (bench/minimal_jax.py) on the same model, in the same process
 #   read_none, read_zstd  reader (issue 14) on this host's cores: the streaming shuffle
 #                         against the sequential decoded read, hidden 896, 0.94 GB stores
 #   read_jax              the same stream handing over device-ready JAX arrays on the GPU
@@ -14,6 +20,7 @@
 #                         exact also with the fused cuDNN call (the way before the kernel)
 #   forward               actx forward-only and 4 resid_post hooks vs HF PyTorch on CUDA
 #                         (plain forward, and 4 layers copied into pinned host buffers)
+#                         and vs the minimal JAX script, checked against actx's hooks
 #   forward_8b            the same for Llama-3.1-8B layer shapes (8 of its 32 layers)
 #   extract               end to end through Worker.run (token store -> committed bf16
 #                         shards on local disk), overflow continue and truncate, vs
@@ -21,10 +28,6 @@
 #   write_bandwidth       this host's local disk: GB/s of 64 MB writes, fsync'd
 #   extract_all_layers    extract with all 24 layers hooked (target >= 0.9 x the lower of
 #                         forward only and the write bandwidth)
-#   extract_memory        extract writing to /dev/shm: the host side without the disk,
-#                         for each place the step's outputs can land (issue 27: written to
-#                         pinned host by the step, left in device memory and copied, or
-#                         copied into pinned host after the step), interleaved in one run
 # The GPU image has JAX (CUDA), tensorstore, transformers and torch but not crc32c: carry
 # its wheel (bench/RESULTS.md, "Getting GPU figures").
 #
@@ -36,7 +39,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/actx-gpu-check}"
 BUDGET_S="${BUDGET_S:-540}"  # the whole script; leave room under the call's timeout
 SMALL="${SMALL:-0}"
-STEPS=" ${STEPS:-kernel_probe tile_sweep read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers extract_memory} "
+STEPS=" ${STEPS:-kernel_probe tile_sweep extract_memory read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers} "
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 start=$SECONDS
@@ -71,28 +74,30 @@ if [[ $SMALL == 1 ]]; then
   MODEL=(--hidden 128 --heads 4 --kv-heads 2 --intermediate 256 --layers 2 --vocab 512)
   LONG=("${MODEL[@]}" --seq 128 --batch 4 --docs 12 --median 100 --max-context 512
         --partition-rows 16 --hooked-layers 1)
-  FWD=("${MODEL[@]}" --seq 64 --batch 2 --iters 2)
+  FWD=("${MODEL[@]}" --seq 64 --batch 2 --iters 2 --minimal-jax)
   FWD8=(--arch llama3 --head-dim 32 "${MODEL[@]}" --seq 64 --batch 2 --iters 2)
   EXTRACT=("${MODEL[@]}" --seq 64 --batch 2 --partitions 1 --steps-per-partition 2 --skip-hf
            --hooked-layers 2 --rounds 1)
   EXTRACT_ALL=("${EXTRACT[@]}" --hooked-layers 2 --packing truncate)
   PROBE=(--seq 64 --head-dim 32 --heads 4 --kv-heads 2 --blocks 2)
   SWEEP=("${CACHED[@]}" --iters 1)
-  EXTRACT_MEM=("${EXTRACT[@]}" --output-memory auto,device,pinned_copy)
+  EXTRACT_MEM=("${MODEL[@]}" --seq 64 --batch 2 --partitions 1 --steps-per-partition 2
+               --hooked-layers 2 --rounds 1 --output-memory auto,device,pinned_copy
+               --minimal-jax)
   WRITE_GB=1
 else
   READ=(--rows 512 --passes 3 --rounds 2)
   CACHED=()
   LONG=(--qwen05b --seq 1024 --docs 480 --partition-rows 256 --also cudnn)
-  FWD=(--qwen05b --iters 10)
+  FWD=(--qwen05b --iters 10 --minimal-jax)
   FWD8=(--llama8b --layers 8 --iters 5)
   EXTRACT=(--qwen05b --skip-hf --codec none --rounds 1)
   EXTRACT_ALL=(--qwen05b --skip-hf --codec none --rounds 1 --hooked-layers 24
                --partitions 2 --steps-per-partition 4 --packing truncate)
   PROBE=()
   SWEEP=()
-  EXTRACT_MEM=("${EXTRACT[@]}" --partitions 4 --steps-per-partition 8
-               --output-memory auto,device,pinned_copy)
+  EXTRACT_MEM=(--qwen05b --codec none --rounds 1 --partitions 4 --steps-per-partition 8
+               --output-memory auto,device,pinned_copy --minimal-jax)
   WRITE_GB=8
 fi
 
@@ -104,6 +109,9 @@ if [[ -n $TILES ]]; then
   EXTRACT+=(--flash-tiles "$TILES") EXTRACT_ALL+=(--flash-tiles "$TILES")
   EXTRACT_MEM+=(--flash-tiles "$TILES")
 fi
+mkdir -p /dev/shm/actx-extract && df -h /dev/shm >> "$OUT/gpu.txt"
+step extract_memory 240 python3 bench/extract.py "${EXTRACT_MEM[@]}" --dir /dev/shm/actx-extract
+rm -rf /dev/shm/actx-extract
 step read_none 100 python3 bench/read.py --codec none "${READ[@]}" --also-decoded
 step read_zstd 100 python3 bench/read.py --codec zstd "${READ[@]}"
 step read_jax 60 python3 bench/read.py --codec none "${READ[@]}" --rounds 1 --framework jax
@@ -131,7 +139,4 @@ with tempfile.TemporaryDirectory() as d:
     print(f'local write: {n * 64 / 1024:.1f} GB in {s:.2f} s = {n * 64 / 1024 / s:.2f} GB/s (fsync at the end)')
 "
 step extract_all_layers 150 python3 bench/extract.py "${EXTRACT_ALL[@]}"
-mkdir -p /dev/shm/actx-extract && df -h /dev/shm >> "$OUT/gpu.txt"
-step extract_memory 240 python3 bench/extract.py "${EXTRACT_MEM[@]}" --dir /dev/shm/actx-extract
-rm -rf /dev/shm/actx-extract
 echo "== all steps done in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"

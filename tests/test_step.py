@@ -125,3 +125,24 @@ def test_outputs_written_to_pinned_host_memory_by_the_step(model, max_context):
     import jax
 
     assert transfer.output_memory_kind(jax) is None
+
+
+@pytest.mark.parametrize("platform,kinds,output,copy", [
+    ("gpu", {"device", "pinned_host"}, None, "pinned_host"),  # measured fastest (issue 49)
+    ("tpu", {"device", "pinned_host"}, "pinned_host", None),
+    ("cpu", {"device", "pinned_host"}, None, None),  # device memory is host memory
+    ("gpu", {"device"}, None, None),  # no pinned kind: jax's own async copy
+])
+def test_auto_output_memory_per_backend(monkeypatch, platform, kinds, output, copy):
+    """Where "auto" puts a step's outputs on each backend: what the step's executable
+    writes to (output_memory_kind) and where the loop copies them after it (copy)."""
+    import types
+
+    from actx.workers import transfer
+
+    device = types.SimpleNamespace(platform=platform, addressable_memories=lambda: [
+        types.SimpleNamespace(kind=k) for k in sorted(kinds)])
+    fake_jax = types.SimpleNamespace(local_devices=lambda: [device])
+    monkeypatch.setattr(transfer, "OUTPUT_MEMORY", "auto")
+    assert transfer.output_memory_kind(fake_jax) == output
+    assert transfer.copy_memory_kind(fake_jax) == copy

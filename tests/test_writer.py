@@ -10,7 +10,7 @@ import pytest
 import tensorstore as ts
 
 from actx.schemas import commit, runspec, uri
-from actx.workers import writer
+from actx.workers import block_copy, writer
 
 LAYOUT = runspec.LayoutSpec(rows_per_shard=4, partition_rows=8, chunk_rows=2, codec="zstd")
 
@@ -102,11 +102,16 @@ def test_every_codec_round_trips_and_zarr_python_agrees(tmp_path, codec):
                      "blosc": ["bytes", "blosc"]}[codec]
 
 
-def test_scattered_slots_and_whole_block_pieces_store_each_row_in_its_place(tmp_path):
+@pytest.mark.parametrize("copy_threads", [1, 3])
+def test_scattered_slots_and_whole_block_pieces_store_each_row_in_its_place(
+        tmp_path, monkeypatch, copy_threads):
     """Steps whose slots hold rows out of order, some not written, in per-device pieces of
-    2 slots, and one piece that is a whole block: every row lands where its row number says."""
+    2 slots, and one piece that is a whole block: every row lands where its row number says,
+    copied on one thread or cut into pieces over three (workers.block_copy)."""
+    monkeypatch.setattr(block_copy, "MIN_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(block_copy, "MIN_PIECE_BYTES", 16)
     arrays = _arrays(tmp_path, "float32")
-    pool = writer.WriterPool(threads=2, max_pending_bytes=1 << 20)
+    pool = writer.WriterPool(threads=2, max_pending_bytes=1 << 20, copy_threads=copy_threads)
     part = writer.PartitionWriter(arrays, (4, 16), pool)  # blocks at rows 4, 8, 12
     rng = np.random.default_rng(1)
     data = {k: rng.normal(size=(16, 3, 8)).astype(np.float32) for k in ("a", "b")}
@@ -184,3 +189,25 @@ def test_block_buffers_are_bounded_and_keyed_by_shape_and_dtype():
     for _ in range(3):
         buffers.take((3, 4), np.float32)
     assert buffers.reused == 3  # a once before, then the two that were kept
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided source", "cast to bfloat16",
+                                    "broadcast row"])
+def test_block_copier_pieces_copy_every_element_once(monkeypatch, layout):
+    """The copier's pieces, over four threads, give the bytes one np.copyto gives."""
+    monkeypatch.setattr(block_copy, "MIN_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(block_copy, "MIN_PIECE_BYTES", 64)
+    rng = np.random.default_rng(2)
+    big = rng.normal(size=(6, 40, 16)).astype(np.float32)
+    dtype = ml_dtypes.bfloat16 if layout == "cast to bfloat16" else np.float32
+    src = {"contiguous": big, "strided source": big[:, ::2], "cast to bfloat16": big,
+           "broadcast row": big[:1, :20]}[layout]
+    shape = (6, 20, 16) if layout in ("strided source", "broadcast row") else big.shape
+    want, got = np.zeros(shape, dtype), np.full(shape, 7, dtype)
+    np.copyto(want, src)
+    copier = block_copy.BlockCopier(threads=4)
+    assert len(block_copy._pieces(got, src, 4 * 16 * 4)) > 1  # really cut
+    copier.copy([(got[:3], src[:3] if src.shape[0] > 1 else src), (got[3:], src[3:]
+                 if src.shape[0] > 1 else src)])
+    copier.shutdown()
+    np.testing.assert_array_equal(got, want)

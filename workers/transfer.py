@@ -1,9 +1,10 @@
 """Moving a step's arrays between this host and its replica's devices.
 
 Inputs: each host holds its own rows of the replica's batch and builds the global array
-from them. Outputs: where the backend has pinned host memory (GPU, TPU), the step's
-executable writes them there itself (`output_memory_kind`), so they are in host memory when
-the step is done; elsewhere their copy to host memory starts when the step is dispatched.
+from them. Outputs: on a GPU the step leaves them in device memory and a `device_put`
+dispatched after it copies them into pinned host memory (`copy_memory_kind`); on a TPU the
+step's executable writes them to pinned host memory itself (`output_memory_kind`); on the
+CPU device memory is host memory already.
 Either way they are then taken apart into this host's rows without a copy. The shardings
 come from the step (`ExtractFn`), which takes them from `workers.sharding`.
 
@@ -32,7 +33,7 @@ def host_local_pieces(x) -> list[tuple[int, np.ndarray]]:
 
 
 # Where outputs land, a module setting for measurement (bench/extract.py --output-memory):
-# "auto" (the rule below), "device" (device memory, then an asynchronous copy to host),
+# "auto" (the rule of `output_memory_kind` and `copy_memory_kind`), "device" (device memory, then an asynchronous copy to host),
 # "pinned_host" (the executable writes them to pinned host memory, wherever the backend has
 # that kind) or "pinned_copy" (device memory, then an asynchronous device_put into pinned
 # host memory: the copy leaves the step's executable but stays a pinned DMA). The bytes
@@ -49,30 +50,43 @@ def _has_pinned_host(jax) -> bool:
     return "pinned_host" in kinds
 
 
-def output_memory_kind(jax) -> str | None:
-    """Where a step's outputs should land: "pinned_host" where the backend has pinned host
-    memory and device memory is not host memory already, else None (device memory).
+def _mode(jax) -> str:
+    """OUTPUT_MEMORY, with "auto" resolved for this backend.
 
-    Device-to-host copies from pageable memory ran at 1.6 GB/s against 51 GB/s from
-    pinned memory on an H200. On the CPU, jax lists a pinned_host kind too, but it is the
-    same memory as the device's: asking for it would add a copy, so it is not used there.
-    `OUTPUT_MEMORY` overrides the rule.
+    Pinned host memory, not pageable: device-to-host copies from pageable memory ran at
+    1.6 GB/s against 51 GB/s into pinned memory on an H200, and end to end ran at 0.43-0.45
+    of forward only with "device" against 0.86-0.99 with the pinned modes (H200, issue 49).
+    On a GPU, "pinned_copy": its step ran at forward only's speed and its copy overlapped
+    the next step, where a step writing its outputs to pinned host itself ran longer
+    (end to end 0.878 / 0.985 of forward only with continue / truncate, against 0.859 /
+    0.937; H100 and H200 alike). On a TPU, "pinned_host" (not yet measured there against
+    the copy). On the CPU jax lists a pinned_host kind too, but it is the same memory as
+    the device's: asking for it would add a copy, so neither is used there.
     """
     if OUTPUT_MEMORY not in OUTPUT_MEMORY_MODES:
         raise ValueError(f"transfer.OUTPUT_MEMORY {OUTPUT_MEMORY!r}: one of "
                          f"{', '.join(OUTPUT_MEMORY_MODES)}")
-    if OUTPUT_MEMORY in ("device", "pinned_copy") or not _has_pinned_host(jax):
-        return None
-    if jax.local_devices()[0].platform == "cpu" and OUTPUT_MEMORY == "auto":
-        return None
-    return "pinned_host"
+    if OUTPUT_MEMORY != "auto":
+        return OUTPUT_MEMORY if _has_pinned_host(jax) or OUTPUT_MEMORY == "device" else "device"
+    if not _has_pinned_host(jax):
+        return "device"
+    platform = jax.local_devices()[0].platform
+    return {"cpu": "device", "gpu": "pinned_copy", "cuda": "pinned_copy",
+            "rocm": "pinned_copy"}.get(platform, "pinned_host")
+
+
+def output_memory_kind(jax) -> str | None:
+    """Where the step's executable writes its outputs: "pinned_host" in that mode (`_mode`
+    says which mode "auto" is here), else None (device memory). `OUTPUT_MEMORY` overrides
+    the rule."""
+    return "pinned_host" if _mode(jax) == "pinned_host" else None
 
 
 def copy_memory_kind(jax) -> str | None:
     """Where `HostTransfer.start_to_host` copies outputs the step left in device memory:
-    "pinned_host" in the "pinned_copy" mode (where the backend has it), else None (an
-    asynchronous copy to host memory that jax allocates)."""
-    return "pinned_host" if OUTPUT_MEMORY == "pinned_copy" and _has_pinned_host(jax) else None
+    "pinned_host" in the "pinned_copy" mode, else None (an asynchronous copy to host
+    memory that jax allocates)."""
+    return "pinned_host" if _mode(jax) == "pinned_copy" else None
 
 
 class HostTransfer:

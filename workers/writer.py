@@ -24,7 +24,7 @@ from actx.schemas import runspec as runspec_lib
 from actx.schemas import store_errors
 from actx.schemas import ts_context
 from actx.schemas import uri as uri_lib
-from actx.workers import faults
+from actx.workers import block_copy, faults
 
 
 @dataclasses.dataclass
@@ -44,12 +44,15 @@ class ActivationArrays:
     """The run's activation arrays, created if absent (zarr metadata is create-or-open)."""
 
     def __init__(self, run: uri_lib.Location, hooks: dict[str, int], total_rows: int,
-                 seq_len: int, dtype: str, layout: runspec_lib.LayoutSpec):
+                 seq_len: int, dtype: str, layout: runspec_lib.LayoutSpec,
+                 hook_dtypes: dict[str, str] | None = None):
+        """hook_dtypes: hook -> its dtype where it is not `dtype` (int32 expert ids)."""
         self.layout = layout
         self.run = run
         self.arrays = {}
         for hook, hidden in sorted(hooks.items()):
-            spec = layout_lib.activation_array(hook, total_rows, seq_len, hidden, dtype, layout)
+            spec = layout_lib.activation_array(hook, total_rows, seq_len, hidden,
+                                               (hook_dtypes or {}).get(hook, dtype), layout)
             self.arrays[hook] = ts_context.open_array(spec.spec(run, create=True))
 
 
@@ -97,14 +100,18 @@ class PartitionWriter:
                 raise ValueError(f"row {row} is outside this host's slice {self._lo}..{self._hi}")
         runs_by_piece: dict[tuple[int, int], list[tuple[_Block, int, int, int]]] = {}
         touched: dict[int, _Block] = {}
+        copies: list[tuple[np.ndarray, np.ndarray]] = []
         for hook, hook_pieces in pieces.items():
             for offset, values in hook_pieces:
                 key = (offset, values.shape[0])
                 if key not in runs_by_piece:
                     runs_by_piece[key] = self._runs(rows, write, offset, values.shape[0])
                 for block, first, slot, count in runs_by_piece[key]:
-                    self._put(block, hook, first, values[slot - offset:slot - offset + count])
+                    self._put(block, hook, first, values[slot - offset:slot - offset + count],
+                              copies)
                     touched[block.start_row] = block
+        # The one host-side copy of these rows, all runs at once, over the pool's threads.
+        self._pool.copier.copy(copies)
         for block in touched.values():
             if all(block.filled_by_hook.get(h, 0) == block.rows for h in self._arrays.arrays):
                 del self._blocks[block.start_row]
@@ -130,7 +137,10 @@ class PartitionWriter:
                 runs.append([block, row - block.start_row, slot, 1])
         return [tuple(r) for r in runs]
 
-    def _put(self, block: _Block, hook: str, first: int, values: np.ndarray) -> None:
+    def _put(self, block: _Block, hook: str, first: int, values: np.ndarray,
+             copies: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Puts `values` as rows `first`.. of `block`'s `hook`: the values themselves where
+        they are the whole block, else a (destination, values) pair added to `copies`."""
         target = self._arrays.arrays[hook]
         dtype = target.dtype.numpy_dtype
         count = values.shape[0]
@@ -142,8 +152,7 @@ class PartitionWriter:
                 block.data[hook] = self._pool.buffers.take(
                     (block.rows,) + tuple(target.shape[1:]), dtype)
                 block.pooled.append(hook)
-            # The one host-side copy of these rows: one bulk copy per run.
-            np.copyto(block.data[hook][first:first + count], values)
+            copies.append((block.data[hook][first:first + count], values))
         block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + count
 
     def _write(self, block: _Block) -> dict[str, str]:
@@ -220,10 +229,13 @@ class WriterPool:
     """A thread pool bounded by bytes in flight: `submit` blocks while the blocks already
     queued or being written hold `max_pending_bytes` (always admitting one), so host memory
     stays bounded however slow storage is. Written blocks' buffers wait in `buffers` (up to
-    half that bound) for the next blocks of this host, across partitions."""
+    half that bound) for the next blocks of this host, across partitions. Rows are copied
+    into blocks by `copier`'s threads (`workers.block_copy`)."""
 
-    def __init__(self, threads: int = 4, max_pending_bytes: int = 2 << 30):
+    def __init__(self, threads: int = 4, max_pending_bytes: int = 2 << 30,
+                 copy_threads: int | None = None):
         self.buffers = BlockBuffers(max_pending_bytes // 2)
+        self.copier = block_copy.BlockCopier(copy_threads)
         self._executor = concurrent.futures.ThreadPoolExecutor(threads, "actx-writer")
         self._max_pending_bytes = max_pending_bytes
         self._pending_bytes = 0
@@ -260,6 +272,7 @@ class WriterPool:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
+        self.copier.shutdown()
 
 
 def _store_error(run: uri_lib.Location, hook: str, block: _Block, e: ValueError):
