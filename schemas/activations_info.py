@@ -47,10 +47,14 @@ class Numerics:
 @dataclasses.dataclass(frozen=True)
 class ActivationsInfo:
     """fingerprint: the run spec's fingerprint the activations belong to.
-    dtype: the stored dtype of every hook array.
-    hooks: hook name -> hidden size (the last axis of its array).
+    dtype: the stored dtype of every hook array, except those in `hook_dtypes`.
+    hooks: hook name -> the last axis of its array (the hidden size; a mixture of
+      experts' router_logits: the experts; expert_ids / expert_weights: the experts per
+      token).
     model_digest: digest of the checkpoint the first attempt loaded (None in old runs).
     numerics: the first attempt's numerics (None in old runs).
+    hook_dtypes: hook name -> its stored dtype where it is not `dtype` (expert_ids:
+      "int32"); None where every hook is `dtype` (every run before mixtures of experts).
     """
 
     fingerprint: str
@@ -58,14 +62,21 @@ class ActivationsInfo:
     hooks: dict[str, int]
     model_digest: str | None = None
     numerics: Numerics | None = None
+    hook_dtypes: dict[str, str] | None = None
 
     def identity(self) -> tuple:
         """What every attempt must share exactly (numerics may differ when allowed)."""
-        return (self.fingerprint, self.dtype, self.hooks, self.model_digest)
+        return (self.fingerprint, self.dtype, self.hooks, self.model_digest,
+                self.hook_dtypes or {})
+
+    def dtype_of(self, hook: str) -> str:
+        """The stored dtype of `hook`'s array."""
+        return (self.hook_dtypes or {}).get(hook, self.dtype)
 
     def bytes_per_row(self, seq_len: int) -> int:
         """Stored activation bytes per token row, all hooks together."""
-        return seq_len * layout.ITEMSIZE.get(self.dtype, 2) * sum(self.hooks.values())
+        return seq_len * sum(layout.ITEMSIZE.get(self.dtype_of(h), 2) * width
+                             for h, width in self.hooks.items())
 
 
 def read_info(store) -> ActivationsInfo | None:

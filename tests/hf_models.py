@@ -10,7 +10,14 @@ overridden), "qwen3" (q/k norms, head_dim 32 unlike hidden / heads), "gemma2" (l
 global layers, window 12, logit soft-capping, query_pre_attn_scalar 24), "gemma3" (q/k
 norms, 4 layers with every 2nd global, local rope base 10000, global 1e6 with linear
 scaling), "gemma3_mm" (Gemma3ForConditionalGeneration: the same text tower beside a tiny
-vision tower).
+vision tower), "phi3" (fused qkv_proj and gate_up_proj, half the head dims rotate,
+sliding_window=None unless overridden), "phi3_longrope" (longrope with distinct short and
+long factors and an original context of 16 tokens, so documents of more than 16 tokens
+take the long factors), "olmo2" (norms after attention and the MLP, q/k norms over the
+whole projection), "qwen3_moe" (8 experts, top 2, renormalised), "olmoe" (8 experts, top
+2, not renormalised), "mixtral" (4 experts, top 2); the three mixtures of experts have 2
+layers, and their routers get random weights of std 0.5, so each token's choice is clear
+(no near-ties from a tiny init).
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from __future__ import annotations
 import os
 
 ARCHS = ("qwen2", "qwen2_untied", "llama3", "mistral", "qwen3", "gemma2", "gemma3",
-         "gemma3_mm")
+         "gemma3_mm", "phi3", "phi3_longrope", "olmo2", "qwen3_moe", "olmoe", "mixtral")
+MOE_ARCHS = ("qwen3_moe", "olmoe", "mixtral")
 # Architectures whose layers differ in their windows: HF takes one mask per layer type.
 PER_LAYER_TYPE_MASKS = ("gemma2", "gemma3", "gemma3_mm")
 
@@ -51,6 +59,40 @@ def tiny_config(arch: str = "qwen2", **overrides):
     elif arch == "qwen3":
         kwargs.update(tie_word_embeddings=True, rope_theta=10000.0, head_dim=32)
         cls = transformers.Qwen3Config
+    elif arch in ("phi3", "phi3_longrope"):
+        kwargs.update(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2, sliding_window=None)
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        if arch == "phi3_longrope":
+            # 4 frequencies (half of the 8 rotary dims); distinct short and long factors.
+            rope = {"rope_type": "longrope", "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5, "short_factor": [1.0, 1.5, 2.0, 3.0],
+                    "long_factor": [2.0, 4.0, 8.0, 16.0],
+                    "original_max_position_embeddings": 16}
+            kwargs.update(original_max_position_embeddings=16)
+        kwargs.update(rope_parameters=rope)
+        cls = transformers.Phi3Config
+    elif arch == "olmo2":
+        kwargs.update(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2, rope_theta=10000.0)
+        cls = transformers.Olmo2Config
+    elif arch == "qwen3_moe":
+        kwargs.update(tie_word_embeddings=False, rope_theta=10000.0, head_dim=32,
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      norm_topk_prob=True,
+                      num_hidden_layers=2)
+        cls = transformers.Qwen3MoeConfig
+    elif arch == "olmoe":
+        kwargs.update(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2, rope_theta=10000.0, num_experts=8,
+                      num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False,
+                      num_hidden_layers=2)
+        cls = transformers.OlmoeConfig
+    elif arch == "mixtral":
+        kwargs.update(tie_word_embeddings=False, rope_theta=10000.0, sliding_window=None,
+                      num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                      num_hidden_layers=2)
+        cls = transformers.MixtralConfig
     elif arch == "gemma2":
         kwargs.update(head_dim=32, sliding_window=12, query_pre_attn_scalar=24,
                       attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
@@ -102,6 +144,8 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.copy_(norm_center + 0.1 * torch.randn_like(param))
+            elif arch in MOE_ARCHS and name.endswith("gate.weight"):
+                param.copy_(0.5 * torch.randn_like(param))
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     os.makedirs(path, exist_ok=True)
@@ -141,7 +185,9 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
 
     Keys as actx names: embed, layers.{i}.{resid_pre,attn_out,resid_mid,mlp_out,
     resid_post}, final_norm. resid_post of the last layer is taken before the final norm
-    (HF's hidden_states[-1] is after it and becomes final_norm).
+    (HF's hidden_states[-1] is after it and becomes final_norm). A mixture of experts adds
+    layers.{i}.{router_logits,expert_ids,expert_weights}: what its router module
+    (`mlp.gate`) returns, [b, t, experts] and [b, t, k] (ids int32, in torch.topk's order).
     """
     import numpy as np
     import torch
@@ -173,6 +219,12 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
         handles.append(layer.register_forward_hook(
             lambda mod, args, out, i=i: captured.__setitem__(
                 f"layers.{i}.resid_post", out[0] if isinstance(out, tuple) else out)))
+        router = getattr(layer.mlp, "gate", None)
+        if router is not None and hasattr(router, "top_k"):
+            handles.append(router.register_forward_hook(
+                lambda mod, args, out, i=i: captured.update({
+                    f"layers.{i}.router_logits": out[0], f"layers.{i}.expert_weights": out[1],
+                    f"layers.{i}.expert_ids": out[2]})))
     try:
         with torch.no_grad():
             out = model(input_ids=torch.as_tensor(input_ids, dtype=torch.long),
@@ -193,7 +245,12 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
             result[f"layers.{i}.{point}"] = captured[f"layers.{i}.{point}"]
         result[f"layers.{i}.resid_mid"] = (result[f"layers.{i}.resid_pre"]
                                            + captured[f"layers.{i}.attn_out"])
-    return {k: v.detach().float().numpy() for k, v in result.items()}
+        for point in ("router_logits", "expert_ids", "expert_weights"):
+            if f"layers.{i}.{point}" in captured:  # [b * t, ...] -> [b, t, ...]
+                flat = captured[f"layers.{i}.{point}"]
+                result[f"layers.{i}.{point}"] = flat.reshape(*hidden[0].shape[:2], -1)
+    return {k: v.detach().numpy().astype(np.int32) if k.endswith("expert_ids")
+            else v.detach().float().numpy() for k, v in result.items()}
 
 
 def context_mask(model, length: int, max_context: int):

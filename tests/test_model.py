@@ -56,6 +56,8 @@ def test_float32_parity_every_hook(ckpt_dir, arch):
     path = ckpt_dir(arch)
     ids = _ids(2, SEQ)
     ref = hf_models.hf_hooks(hf_models.load_hf_model(path), ids)
+    # A mixture of experts' router points are compared in tests/test_moe.py.
+    ref = {k: v for k, v in ref.items() if k.split(".")[-1] not in capture.ROUTER_POINTS}
     ours = _extract_all(path, ids)
     assert sorted(ours) == sorted(ref)
     for name in ref:

@@ -2,10 +2,14 @@
 
 A worker refuses a run whose fingerprint, vocabulary, token layout, model weights or
 numerics differ from what it would write, and a max_context whose cache would not fit its
-chips: each refusal says what differs and what to do.
+chips (beside the weights, attention's and a mixture of experts' working memory): each
+refusal says what differs and what to do. `step_cost` counts a step's weight bytes and
+FLOPs, a mixture of experts' from its active experts only.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from actx.schemas import activations_info as info_lib
 from actx.schemas import config as config_lib
@@ -82,6 +86,13 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
     if max_context is None:
         return
     cfg = model.config
+    if cfg.rope.has_long_factors:
+        raise ValueError(
+            f"packing.max_context={max_context}: {cfg.architecture}'s longrope takes its "
+            f"long factors for a whole document longer than original_max_position_embeddings="
+            f"{cfg.rope.original_max_position_embeddings}, which rows of a long document "
+            f"seen through the KV cache cannot know; prepare the run without max_context "
+            f"(documents as rows)")
     from actx.workers import preflight
 
     problem = preflight.context_problem(spec.packing, cfg.max_position_embeddings,
@@ -98,10 +109,59 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
         kv_cache.attention_scratch_bytes(
             slots, heads, seq_len, kv_cache.capacity_tokens(max_context, seq_len),
             fn.attention_implementation(seq_len),
-            2 * cfg.num_kv_heads * cfg.head_dim * model.dtype.itemsize),
+            2 * cfg.num_kv_heads * cfg.head_dim * model.dtype.itemsize)
+        + moe_scratch_bytes(cfg, slots, seq_len, model.dtype.itemsize),
         stats.get("bytes_limit"),
         max_context=max_context, slots_per_device=slots, layers_run=fn.layers_run,
         device_kind=device.device_kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """What one step over `tokens` tokens costs, from the blocks that run.
+
+    weight_bytes: the weights the step reads (a mixture of experts: its router and only
+      the experts some token chose, at most min(experts, tokens * k) per layer).
+    flops: the matmuls' FLOPs (2 per multiply-add): projections, the MLP or the router and
+      k experts per token, and attention's scores and mixing over `keys_per_query` keys.
+    """
+
+    weight_bytes: int
+    flops: int
+
+
+def step_cost(cfg, tokens: int, layers: int | None = None, itemsize: int = 2,
+              keys_per_query: int = 0) -> StepCost:
+    """The weights read and FLOPs of a step over `tokens` tokens through `layers` blocks
+    (default: all), with weights of `itemsize` bytes; no LM head (actx computes none)."""
+    layers = cfg.num_layers if layers is None else layers
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    attention_params = d * (n + 2 * k) * h + n * h * d
+    per_token = 2 * attention_params + 4 * n * h * keys_per_query
+    if cfg.num_experts:
+        expert_params = 3 * d * cfg.moe_intermediate_size
+        active = min(cfg.num_experts, tokens * cfg.experts_per_token)
+        mlp_params = d * cfg.num_experts + active * expert_params  # router + active experts
+        per_token += 2 * d * cfg.num_experts + cfg.experts_per_token * 2 * expert_params
+    else:
+        mlp_params = 3 * d * cfg.intermediate_size
+        per_token += 2 * mlp_params
+    layer_bytes = (attention_params + mlp_params + 4 * d) * itemsize  # + norms, generously
+    embed_bytes = tokens * d * itemsize  # the embedding rows the step gathers
+    return StepCost(weight_bytes=layers * layer_bytes + embed_bytes,
+                    flops=layers * per_token * tokens)
+
+
+def moe_scratch_bytes(cfg, rows_per_device: int, seq_len: int, itemsize: int) -> int:
+    """A mixture of experts' working set in one layer on one device: the router's float32
+    probabilities, and the grouped matmuls' gate, up and activation [tokens * k, width]
+    and outputs [tokens * k, hidden] (workers.moe); 0 for a dense model."""
+    if not cfg.num_experts:
+        return 0
+    tokens = rows_per_device * seq_len
+    routed = tokens * cfg.experts_per_token
+    return (tokens * cfg.num_experts * 4
+            + routed * (3 * cfg.moe_intermediate_size + 2 * cfg.hidden_size) * itemsize)
 
 
 def device_memory_stats(jax) -> dict:
@@ -125,9 +185,11 @@ def numerics_key(jax, mesh, batch_size: int, model_parallel: int,
 
 def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
                           numerics: info_lib.Numerics, allow_numerics_change: bool,
-                          nothing_committed: bool = False) -> None:
+                          nothing_committed: bool = False,
+                          hook_dtypes: dict[str, str] | None = None) -> None:
     """Records what this run's activations are (create-only), or checks this worker
-    against the record of the first attempt.
+    against the record of the first attempt. hook_dtypes: the hooks stored in another
+    dtype than the capture's (`capture.hook_dtypes`: a mixture of experts' int32 ids).
 
     While nothing is committed, a worker whose numerics or checkpoint digest differ from an
     earlier attempt's (a new batch size, another device kind, re-downloaded weights) takes
@@ -135,7 +197,7 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
     """
     mine = info_lib.ActivationsInfo(fingerprint=spec.fingerprint, dtype=spec.capture.dtype,
                                     hooks=dict(hooks), model_digest=model_digest,
-                                    numerics=numerics)
+                                    numerics=numerics, hook_dtypes=hook_dtypes)
     if info_lib.create_info(store, mine):
         return
     key = location.join(layout.extraction_key(getattr(store, "name", ""),

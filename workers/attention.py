@@ -37,15 +37,24 @@ NO_WINDOW = 2**30
 
 
 def rope_cos_sin(positions_bt: jax.Array, inv_freq_f: jax.Array,
-                 dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
-    """cos and sin [b, t, h] for rotate-half RoPE, computed in float32 like HF."""
+                 dtype: jnp.dtype, scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [b, t, r] for rotate-half RoPE over r rotary dims, computed in float32
+    like HF; scale: multiplies both before the cast (longrope's attention factor)."""
     freqs_btf = positions_bt.astype(jnp.float32)[..., None] * inv_freq_f.astype(jnp.float32)
     emb_bth = jnp.concatenate([freqs_btf, freqs_btf], axis=-1)
-    return jnp.cos(emb_bth).astype(dtype), jnp.sin(emb_bth).astype(dtype)
+    cos_bth, sin_bth = jnp.cos(emb_bth), jnp.sin(emb_bth)
+    if scale != 1.0:
+        cos_bth, sin_bth = cos_bth * scale, sin_bth * scale
+    return cos_bth.astype(dtype), sin_bth.astype(dtype)
 
 
 def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax.Array:
-    """Rotates pairs (i, i + h/2) of each head, the HF `rotate_half` convention."""
+    """Rotates pairs (i, i + r/2) of each head's first r dims (r: cos' width; the rest
+    pass unrotated: partial rotary), the HF `rotate_half` convention."""
+    rotary = cos_bth.shape[-1]
+    if rotary < x_btnh.shape[-1]:
+        return jnp.concatenate([apply_rope(x_btnh[..., :rotary], cos_bth, sin_bth),
+                                x_btnh[..., rotary:]], axis=-1)
     half = x_btnh.shape[-1] // 2
     rotated_btnh = jnp.concatenate([-x_btnh[..., half:], x_btnh[..., :half]], axis=-1)
     return x_btnh * cos_bth[:, :, None, :] + rotated_btnh * sin_bth[:, :, None, :]

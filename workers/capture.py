@@ -3,6 +3,9 @@
 A `CaptureSpec` names hook points (`resid_post`, `embed`, ...) and the layers they apply
 to; `CaptureSpec.parse` also reads the run spec's text form
 ("layers.0-3.resid_post,layers.5.attn_out,final_norm"), keeping per-point layer sets.
+A mixture of experts adds the router's points (`router_logits`, `expert_ids`,
+`expert_weights`; `experts` asks for both of the last two); `validate` refuses a point
+the model does not have, listing those it has (workers.families).
 """
 
 from __future__ import annotations
@@ -12,7 +15,12 @@ import difflib
 import re
 from typing import Sequence, Union
 
-LAYER_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+DENSE_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+# A mixture of experts' router (workers.families.base.MOE_HOOK_POINTS says what each is).
+ROUTER_POINTS = ("router_logits", "expert_ids", "expert_weights")
+LAYER_POINTS = DENSE_POINTS + ROUTER_POINTS
+# Names a request may use for several points.
+POINT_ALIASES = {"experts": ("expert_ids", "expert_weights")}
 GLOBAL_POINTS = ("embed", "final_norm")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -40,10 +48,10 @@ class CaptureSpec:
     extra: tuple[tuple[str, LayerSel], ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "hooks", tuple(self.hooks))
+        object.__setattr__(self, "hooks", _expand(self.hooks))
         object.__setattr__(self, "layers", _norm_layers(self.layers))
-        object.__setattr__(self, "extra",
-                           tuple((p, _norm_layers(l)) for p, l in self.extra))
+        object.__setattr__(self, "extra", tuple(
+            (q, _norm_layers(l)) for p, l in self.extra for q in POINT_ALIASES.get(p, (p,))))
         valid = LAYER_POINTS + GLOBAL_POINTS
         for point in self.hooks + tuple(p for p, _ in self.extra):
             if point not in valid:
@@ -79,11 +87,13 @@ class CaptureSpec:
                                  "use layers.<i>.<point>, layers.<i>-<j>.<point>, "
                                  "layers.*.<point>, embed or final_norm")
             sel, point = match.groups()
-            if point not in LAYER_POINTS:
+            if point not in LAYER_POINTS and point not in POINT_ALIASES:
                 raise ValueError(f"unknown hook point {point!r} in {item!r}"
                                  f"{_suggest(point, LAYER_POINTS)}; valid per-layer points: "
-                                 f"{', '.join(LAYER_POINTS)}")
-            per_point.setdefault(point, []).append(sel)
+                                 f"{', '.join(LAYER_POINTS)} (experts: expert_ids and "
+                                 f"expert_weights, for a mixture of experts)")
+            for each in POINT_ALIASES.get(point, (point,)):
+                per_point.setdefault(each, []).append(sel)
         extra: list[tuple[str, LayerSel]] = []
         for point, sels in per_point.items():
             if "*" in sels:
@@ -128,8 +138,49 @@ class CaptureSpec:
         return sorted(names)
 
     def validate(self, config) -> None:
-        """Raises ValueError if a layer index is out of range for `config.num_layers`."""
-        self.point_layers(config.num_layers)
+        """Raises ValueError if a layer index is out of range for `config.num_layers`, or
+        a point is one the model does not have (a router point of a dense model)."""
+        has = getattr(config, "layer_points", DENSE_POINTS)
+        missing = [p for p in self.point_layers(config.num_layers) if p not in has]
+        if missing:
+            dense = not set(has) & set(ROUTER_POINTS)
+            raise ValueError(
+                f"hook point(s) {', '.join(missing)}: "
+                f"{getattr(config, 'architecture', 'the model')} has no such "
+                f"point{' (it is not a mixture of experts)' if dense else ''}; its "
+                f"per-layer points: {', '.join(has)}; global: {', '.join(GLOBAL_POINTS)}")
+
+
+def point_width(config, point: str) -> int:
+    """The last axis of a per-layer point's array: the hidden size, the experts
+    (router_logits) or the experts per token (expert_ids, expert_weights)."""
+    if point == "router_logits":
+        return config.num_experts
+    if point in ("expert_ids", "expert_weights"):
+        return config.experts_per_token
+    return config.hidden_size
+
+
+def point_dtype(point: str, dtype: str) -> str:
+    """A point's stored dtype: the capture dtype, int32 for expert ids."""
+    return "int32" if point == "expert_ids" else dtype
+
+
+def hook_widths(config, hook_names) -> dict[str, int]:
+    """Hook name -> the last axis of its stored array (ActivationsInfo.hooks)."""
+    return {name: point_width(config, name.rsplit(".", 1)[-1]) for name in hook_names}
+
+
+def hook_dtypes(hook_names, dtype: str) -> dict[str, str] | None:
+    """Hook name -> its stored dtype where that is not the capture dtype; None where
+    every hook is (ActivationsInfo.hook_dtypes)."""
+    other = {name: point_dtype(name.rsplit(".", 1)[-1], dtype) for name in hook_names}
+    other = {name: d for name, d in other.items() if d != dtype}
+    return other or None
+
+
+def _expand(points) -> tuple[str, ...]:
+    return tuple(q for p in points for q in POINT_ALIASES.get(p, (p,)))
 
 
 def _norm_layers(layers) -> LayerSel:

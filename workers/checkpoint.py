@@ -13,7 +13,7 @@ import json
 import os
 import struct
 import tempfile
-from typing import Callable, Iterator, Mapping
+from typing import Iterator, Mapping
 
 import jax
 import ml_dtypes
@@ -23,78 +23,28 @@ from safetensors import safe_open
 from actx.schemas import ts_context
 from actx.schemas import uri as uri_lib
 from actx.workers import checkpoint_check
+from actx.workers.families import base as families_base
 from actx.workers import sharding
 from actx.workers.model_config import ModelConfig
 
-# Our parameter tree: name -> logical axes. Names carry the shape letters:
-# v vocab, d hidden, l layers, n heads, k kv heads, h head dim, f MLP width.
-TOP_PARAM_AXES: dict[str, tuple[str, ...]] = {
-    "embed_vd": ("vocab", "embed"),
-    "final_norm_d": ("embed",),
-}
-LAYER_PARAM_AXES: dict[str, tuple[str, ...]] = {
-    "attn_norm_ld": ("layers", "embed"),
-    "q_weight_ldnh": ("layers", "embed", "heads", "head_dim"),
-    "q_bias_lnh": ("layers", "heads", "head_dim"),
-    "k_weight_ldkh": ("layers", "embed", "kv_heads", "head_dim"),
-    "k_bias_lkh": ("layers", "kv_heads", "head_dim"),
-    "v_weight_ldkh": ("layers", "embed", "kv_heads", "head_dim"),
-    "v_bias_lkh": ("layers", "kv_heads", "head_dim"),
-    "o_weight_lnhd": ("layers", "heads", "head_dim", "embed"),
-    "mlp_norm_ld": ("layers", "embed"),
-    "gate_weight_ldf": ("layers", "embed", "mlp"),
-    "up_weight_ldf": ("layers", "embed", "mlp"),
-    "down_weight_lfd": ("layers", "mlp", "embed"),
-    # Qwen3 and Gemma 3: RMSNorm over each head's queries / keys.
-    "q_norm_lh": ("layers", "head_dim"),
-    "k_norm_lh": ("layers", "head_dim"),
-    # Gemma 2 and 3: the norms after attention and around the MLP.
-    "attn_post_norm_ld": ("layers", "embed"),
-    "mlp_post_norm_ld": ("layers", "embed"),
-}
-_BIAS_PARAMS = ("q_bias_lnh", "k_bias_lkh", "v_bias_lkh")
-_QK_NORM_PARAMS = ("q_norm_lh", "k_norm_lh")
-_GEMMA_NORM_PARAMS = ("attn_post_norm_ld", "mlp_post_norm_ld")
+# Our parameter tree: name -> logical axes. The layer parameters, their axes and how each
+# is read from HF tensors come from the model's family (workers.families); names carry the
+# shape letters (v vocab, d hidden, l layers, n heads, k kv heads, h head dim, f MLP width,
+# e experts).
+TOP_PARAM_AXES: dict[str, tuple[str, ...]] = families_base.TOP_PARAM_AXES
 
 _RAW_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32,
                "F64": np.float64}
 
 
-# HF layout -> ours, for each layer tensor of checkpoint_check.hf_layer_tensors.
-def _to_ours(cfg: ModelConfig) -> dict[str, Callable]:
-    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    return {
-        "attn_norm_ld": lambda w: w,
-        "q_weight_ldnh": lambda w: w.T.reshape(d, n, h),
-        "k_weight_ldkh": lambda w: w.T.reshape(d, k, h),
-        "v_weight_ldkh": lambda w: w.T.reshape(d, k, h),
-        "o_weight_lnhd": lambda w: w.T.reshape(n, h, d),
-        "mlp_norm_ld": lambda w: w,
-        "gate_weight_ldf": lambda w: w.T,
-        "up_weight_ldf": lambda w: w.T,
-        "down_weight_lfd": lambda w: w.T,
-        "q_bias_lnh": lambda b: b.reshape(n, h),
-        "k_bias_lkh": lambda b: b.reshape(k, h),
-        "v_bias_lkh": lambda b: b.reshape(k, h),
-        "q_norm_lh": lambda w: w,
-        "k_norm_lh": lambda w: w,
-        "attn_post_norm_ld": lambda w: w,
-        "mlp_post_norm_ld": lambda w: w,
-    }
-
-
-def _hf_layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], Callable]]:
-    """Our layer param -> (HF name under model.layers.{i}., HF shape, HF -> ours)."""
-    to_ours = _to_ours(cfg)
-    return {ours: (suffix, shape, to_ours[ours])
-            for ours, (suffix, shape) in checkpoint_check.hf_layer_tensors(cfg).items()}
+def layer_param_axes(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Our layer parameter -> its logical axes, "layers" first."""
+    return {name: ("layers",) + tensor.axes
+            for name, tensor in checkpoint_check.hf_layer_tensors(cfg).items()}
 
 
 def layer_param_names(cfg: ModelConfig) -> tuple[str, ...]:
-    return tuple(n for n in LAYER_PARAM_AXES
-                 if (cfg.qkv_bias or n not in _BIAS_PARAMS)
-                 and (cfg.qk_norm or n not in _QK_NORM_PARAMS)
-                 and (cfg.gemma_norms or n not in _GEMMA_NORM_PARAMS))
+    return tuple(checkpoint_check.hf_layer_tensors(cfg))
 
 
 def decoder_prefix(reader: "TensorReader", source: str = "") -> str:
@@ -219,20 +169,28 @@ def load_params(reader: TensorReader, cfg: ModelConfig, dtype: np.dtype,
     params["final_norm_d"] = _place(np.asarray(final_norm, dtype=dtype),
                                     TOP_PARAM_AXES["final_norm_d"], mesh, "final_norm_d")
     layers = {}
-    for ours, (hf_suffix, hf_shape, to_ours) in _hf_layer_tensors(cfg).items():
-        stacked = np.stack([
-            np.asarray(to_ours(fetch(f"{prefix}layers.{i}.{hf_suffix}", hf_shape)),
-                       dtype=dtype)
-            for i in range(cfg.num_layers)])
-        layers[ours] = _place(stacked, LAYER_PARAM_AXES[ours], mesh, ours)
+    for ours, tensor in checkpoint_check.hf_layer_tensors(cfg).items():
+        per_layer = []
+        for i in range(cfg.num_layers):
+            parts = [_part(fetch(f"{prefix}layers.{i}.{name}", tensor.hf_shape), tensor, dtype)
+                     for name in tensor.hf_names()]
+            per_layer.append(np.stack(parts) if tensor.experts else parts[0])
+        layers[ours] = _place(np.stack(per_layer), ("layers",) + tensor.axes, mesh, ours)
     params["layers"] = layers
     return params
 
 
+def _part(hf_array: np.ndarray, tensor, dtype: np.dtype) -> np.ndarray:
+    """One HF tensor in our layout and dtype: its rows of a fused tensor, transposed and
+    reshaped."""
+    if tensor.rows is not None:
+        hf_array = hf_array[tensor.rows[0]:tensor.rows[1]]
+    return np.asarray(tensor.to_ours(hf_array), dtype=dtype)
+
+
 def param_logical_axes(cfg: ModelConfig) -> dict:
     """The logical-axes tree matching `load_params`' output."""
-    return {**TOP_PARAM_AXES,
-            "layers": {n: LAYER_PARAM_AXES[n] for n in layer_param_names(cfg)}}
+    return {**TOP_PARAM_AXES, "layers": layer_param_axes(cfg)}
 
 
 def digest(directory: str) -> str:

@@ -4,7 +4,8 @@ every tensor the architecture needs is there with the config's shape and a float
 
 Without it a truncated download or a checkpoint of another size is found by the workers,
 after a full prepare. It also holds the table of the tensors a decoder needs (HF name and
-shape from config.json), which `workers.checkpoint` reads by. No JAX here.
+shape from config.json, from the family description in `workers.families`), which
+`workers.checkpoint` reads by. No JAX here.
 """
 
 from __future__ import annotations
@@ -22,34 +23,10 @@ FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
 MAX_HEADER_BYTES = 100 << 20
 
 
-def hf_layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Our layer param -> (HF name under model.layers.{i}., HF shape)."""
-    d, n, k, h, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                     cfg.intermediate_size)
-    table = {
-        "attn_norm_ld": ("input_layernorm.weight", (d,)),
-        "q_weight_ldnh": ("self_attn.q_proj.weight", (n * h, d)),
-        "k_weight_ldkh": ("self_attn.k_proj.weight", (k * h, d)),
-        "v_weight_ldkh": ("self_attn.v_proj.weight", (k * h, d)),
-        "o_weight_lnhd": ("self_attn.o_proj.weight", (d, n * h)),
-        # Gemma's norm before the MLP; the others name it after attention.
-        "mlp_norm_ld": ("pre_feedforward_layernorm.weight" if cfg.gemma_norms
-                        else "post_attention_layernorm.weight", (d,)),
-        "gate_weight_ldf": ("mlp.gate_proj.weight", (f, d)),
-        "up_weight_ldf": ("mlp.up_proj.weight", (f, d)),
-        "down_weight_lfd": ("mlp.down_proj.weight", (d, f)),
-    }
-    if cfg.qkv_bias:
-        table["q_bias_lnh"] = ("self_attn.q_proj.bias", (n * h,))
-        table["k_bias_lkh"] = ("self_attn.k_proj.bias", (k * h,))
-        table["v_bias_lkh"] = ("self_attn.v_proj.bias", (k * h,))
-    if cfg.qk_norm:
-        table["q_norm_lh"] = ("self_attn.q_norm.weight", (h,))
-        table["k_norm_lh"] = ("self_attn.k_norm.weight", (h,))
-    if cfg.gemma_norms:
-        table["attn_post_norm_ld"] = ("post_attention_layernorm.weight", (d,))
-        table["mlp_post_norm_ld"] = ("post_feedforward_layernorm.weight", (d,))
-    return table
+def hf_layer_tensors(cfg: ModelConfig) -> dict:
+    """Our layer param -> its `families.LayerTensor` (HF name(s) under model.layers.{i}.,
+    HF shape, layout change), from the model's family description."""
+    return cfg.family.layer_tensors(cfg)
 
 
 # Where the decoder's tensors live: causal LMs under `model.`; Gemma 3's multimodal
@@ -72,9 +49,10 @@ def needed_tensors(cfg: ModelConfig, prefix: str = "model.") -> dict[str, tuple[
     shape from config.json; `prefix`: where the checkpoint keeps the decoder."""
     needed = {f"{prefix}embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
               f"{prefix}norm.weight": (cfg.hidden_size,)}
-    for suffix, shape in hf_layer_tensors(cfg).values():
+    for tensor in hf_layer_tensors(cfg).values():
         for i in range(cfg.num_layers):
-            needed[f"{prefix}layers.{i}.{suffix}"] = shape
+            for suffix in tensor.hf_names():
+                needed[f"{prefix}layers.{i}.{suffix}"] = tensor.hf_shape
     return needed
 
 

@@ -21,13 +21,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from actx.workers import attention as attn_lib
+from actx.workers import capture
 from actx.workers import checkpoint
 from actx.workers import key_ranges
 from actx.workers import kv_cache
+from actx.workers import moe
 from actx.workers.model_config import ModelConfig
 
 # Re-exported so callers need only this module.
 __all__ = ["Model", "ModelConfig", "load_pretrained", "forward", "forward_cached"]
+
+# A mixture of experts' matmuls, one of workers.moe.IMPLEMENTATIONS; None: the backend's
+# (`moe.default_implementation`). Read when a step is traced.
+EXPERT_MATMULS: str | None = None
 
 Constrain = Callable[[jax.Array, tuple[str | None, ...]], jax.Array]
 
@@ -76,13 +82,16 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32",
 
 
 def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float,
-             gemma: bool = False) -> jax.Array:
+             gemma: bool = False, scale_fp32: bool = False) -> jax.Array:
     """RMSNorm computed in float32, then scaled in the input dtype (as HF does); Gemma's
-    scales by (1 + w) in float32 and casts last (HF's Gemma2RMSNorm / Gemma3RMSNorm)."""
+    scales by (1 + w) in float32 and casts last (HF's Gemma2RMSNorm / Gemma3RMSNorm);
+    scale_fp32: scales by w in float32 and casts last (HF's Olmo2RMSNorm)."""
     x32 = x_btd.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     if gemma:
         return (normed * (1.0 + weight_d.astype(jnp.float32))).astype(x_btd.dtype)
+    if scale_fp32:
+        return (weight_d.astype(jnp.float32) * normed).astype(x_btd.dtype)
     return weight_d * normed.astype(x_btd.dtype)
 
 
@@ -92,10 +101,41 @@ def _mlp_activation(gate_btf: jax.Array, cfg: ModelConfig) -> jax.Array:
     return jax.nn.silu(gate_btf)
 
 
+def _qk_norm(q_btnh, k_btkh, p, cfg):
+    """RMSNorm of queries and keys before RoPE: over each head (Qwen3, Gemma 3) or over
+    the whole projection, all heads together (OLMo 2, OLMoE)."""
+    eps, gemma = cfg.rms_norm_eps, cfg.gemma_norms
+    if cfg.qk_norm:
+        return (rms_norm(q_btnh, p["q_norm_lh"], eps, gemma),
+                rms_norm(k_btkh, p["k_norm_lh"], eps, gemma))
+    if cfg.qk_norm_full:
+        def whole(x_btnh, w_nh):
+            b, t = x_btnh.shape[:2]
+            flat = rms_norm(x_btnh.reshape(b, t, -1), w_nh.reshape(-1), eps,
+                            scale_fp32=cfg.norm_scale_fp32)
+            return flat.reshape(x_btnh.shape)
+        return whole(q_btnh, p["q_norm_lnh"]), whole(k_btkh, p["k_norm_lkh"])
+    return q_btnh, k_btkh
+
+
+def _mlp(p, h_btd, cfg, moe_impl) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The MLP's output, and the router's hook points for a mixture of experts."""
+    activation = lambda x: _mlp_activation(x, cfg)  # noqa: E731
+    if cfg.num_experts:
+        logits_bte, ids_btk, weights_btk = moe.route(h_btd, p["router_weight_led"], cfg)
+        out_btd = moe.experts(h_btd, ids_btk, weights_btk, p, activation, moe_impl)
+        return out_btd, {"router_logits": logits_bte, "expert_ids": ids_btk,
+                         "expert_weights": weights_btk}
+    gate_btf = jnp.einsum("btd,df->btf", h_btd, p["gate_weight_ldf"])
+    up_btf = jnp.einsum("btd,df->btf", h_btd, p["up_weight_ldf"])
+    return jnp.einsum("btf,fd->btd", activation(gate_btf) * up_btf,
+                      p["down_weight_lfd"]), {}
+
+
 def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
           sin_bth: jax.Array, lo_bt: jax.Array, hi_bt: jax.Array, cfg: ModelConfig,
           attention_impl: str | None = None,
-          cached: Mapping[str, jax.Array] | None = None
+          cached: Mapping[str, jax.Array] | None = None, moe_impl: str = "blocked"
           ) -> tuple[dict[str, jax.Array], tuple[jax.Array, jax.Array]]:
     """One decoder block; returns every hook point of the block, and the row's keys and
     values (RoPE applied) for the cache.
@@ -103,9 +143,11 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     lo_bt, hi_bt: the keys each query sees, this layer's window applied
       (workers.key_ranges): the row's, or [cache in document order, row] with a cache.
     cached: this layer's cache view (see `forward_cached`); None for rows seen alone.
+    moe_impl: a mixture of experts' matmuls, one of `moe.IMPLEMENTATIONS`.
     """
     gemma, eps = cfg.gemma_norms, cfg.rms_norm_eps
-    h_btd = rms_norm(x_btd, p["attn_norm_ld"], eps, gemma)
+    post_norms = gemma or cfg.post_norms
+    h_btd = rms_norm(x_btd, p["attn_norm_ld"], eps, gemma) if cfg.input_norms else x_btd
     q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q_weight_ldnh"])
     k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k_weight_ldkh"])
     v_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["v_weight_ldkh"])
@@ -113,9 +155,7 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
         q_btnh = q_btnh + p["q_bias_lnh"]
         k_btkh = k_btkh + p["k_bias_lkh"]
         v_btkh = v_btkh + p["v_bias_lkh"]
-    if cfg.qk_norm:
-        q_btnh = rms_norm(q_btnh, p["q_norm_lh"], eps, gemma)
-        k_btkh = rms_norm(k_btkh, p["k_norm_lh"], eps, gemma)
+    q_btnh, k_btkh = _qk_norm(q_btnh, k_btkh, p, cfg)
     q_btnh = attn_lib.apply_rope(q_btnh, cos_bth, sin_bth)
     k_btkh = attn_lib.apply_rope(k_btkh, cos_bth, sin_bth)
     scoring = {"scale": cfg.query_scale, "softcap": cfg.attn_logit_softcap}
@@ -129,21 +169,20 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
         heads_btnh = attn_lib.cached_attention(
             q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cached["k_bckh"], cached["v_bckh"],
             cached["ptr"], cached["data_shards"], attention_impl, **scoring)
-    # attn_out / mlp_out are what is added to the residual stream: after Gemma's post-norms.
+    # attn_out / mlp_out are what is added to the residual stream: after the post-norms.
     attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
-    if gemma:
-        attn_out_btd = rms_norm(attn_out_btd, p["attn_post_norm_ld"], eps, gemma)
+    if post_norms:
+        attn_out_btd = rms_norm(attn_out_btd, p["attn_post_norm_ld"], eps, gemma,
+                                cfg.norm_scale_fp32)
     mid_btd = x_btd + attn_out_btd
 
-    h_btd = rms_norm(mid_btd, p["mlp_norm_ld"], eps, gemma)
-    gate_btf = jnp.einsum("btd,df->btf", h_btd, p["gate_weight_ldf"])
-    up_btf = jnp.einsum("btd,df->btf", h_btd, p["up_weight_ldf"])
-    mlp_out_btd = jnp.einsum("btf,fd->btd", _mlp_activation(gate_btf, cfg) * up_btf,
-                             p["down_weight_lfd"])
-    if gemma:
-        mlp_out_btd = rms_norm(mlp_out_btd, p["mlp_post_norm_ld"], eps, gemma)
+    h_btd = rms_norm(mid_btd, p["mlp_norm_ld"], eps, gemma) if cfg.input_norms else mid_btd
+    mlp_out_btd, router_hooks = _mlp(p, h_btd, cfg, moe_impl)
+    if post_norms:
+        mlp_out_btd = rms_norm(mlp_out_btd, p["mlp_post_norm_ld"], eps, gemma,
+                               cfg.norm_scale_fp32)
     hooks = {"resid_pre": x_btd, "attn_out": attn_out_btd, "resid_mid": mid_btd,
-             "mlp_out": mlp_out_btd, "resid_post": mid_btd + mlp_out_btd}
+             "mlp_out": mlp_out_btd, "resid_post": mid_btd + mlp_out_btd, **router_hooks}
     return hooks, (k_btkh, v_btkh)
 
 
@@ -154,6 +193,41 @@ def layers_to_run(cfg: ModelConfig, point_layers: Mapping[str, tuple[int, ...]],
     if "final_norm" in global_points:
         return cfg.num_layers
     return max(wanted_layers) + 1 if wanted_layers else 0
+
+
+def point_width(cfg: ModelConfig, point: str) -> int:
+    """The last axis of a per-layer point's array (`capture.point_width`)."""
+    return capture.point_width(cfg, point)
+
+
+def point_dtype(point: str, out_dtype) -> jnp.dtype:
+    """A point's array dtype: out_dtype, int32 for expert ids (`capture.point_dtype`)."""
+    return jnp.dtype(capture.point_dtype(point, jnp.dtype(out_dtype).name))
+
+
+def _rope_tables(cfg: ModelConfig, positions_bt, segment_ids_bt, dtype, cached: bool):
+    """cos and sin of the global layers' RoPE. Longrope takes its long factors for the
+    tokens of documents longer than original_max_position_embeddings, as HF run on that
+    document does; a document's length is its segment's last position + 1 in the row,
+    so rows through the cache (documents longer than a row) cannot know it: refused."""
+    rope = cfg.rope
+    inv_freq = jnp.asarray(rope.inv_freq(cfg.head_dim), jnp.float32)
+    short = attn_lib.rope_cos_sin(positions_bt, inv_freq, dtype, rope.attention_factor)
+    if not rope.has_long_factors:
+        return short
+    if cached:
+        raise ValueError(
+            f"{cfg.architecture}: longrope switches to its long factors for a whole "
+            f"document longer than original_max_position_embeddings="
+            f"{rope.original_max_position_embeddings}, which rows of a long document seen "
+            f"through the KV cache cannot know; extract without max_context (documents "
+            f"as rows), or use a checkpoint whose long and short factors are equal")
+    long_inv_freq = jnp.asarray(rope.inv_freq(cfg.head_dim, long=True), jnp.float32)
+    long = attn_lib.rope_cos_sin(positions_bt, long_inv_freq, dtype, rope.attention_factor)
+    same_bts = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+    length_bt = jnp.max(jnp.where(same_bts, positions_bt[:, None, :], -1), axis=-1) + 1
+    is_long_bt1 = (length_bt > rope.original_max_position_embeddings)[..., None]
+    return (jnp.where(is_long_bt1, long[0], short[0]), jnp.where(is_long_bt1, long[1], short[1]))
 
 
 def forward(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
@@ -169,7 +243,8 @@ def forward(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
     point_layers: per-layer point -> layer indices to capture (validated by the caller).
     global_points: any of "embed", "final_norm".
     constrain: applies a sharding constraint given logical axes (identity without a mesh).
-    Returns {"embed"?, "final_norm"?, "layers.{i}.{point}"...}, each [b, t, d] out_dtype.
+    Returns {"embed"?, "final_norm"?, "layers.{i}.{point}"...}, each [b, t, d] out_dtype
+    ([b, t, point_width] of point_dtype for a mixture of experts' router points).
     """
     out, _ = _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt,
                   point_layers=point_layers, global_points=global_points,
@@ -220,8 +295,8 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
     if num_run == 0:
         return out, cache
 
-    inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim), jnp.float32)
-    cos_bth, sin_bth = attn_lib.rope_cos_sin(positions_bt, inv_freq, x_btd.dtype)
+    cos_bth, sin_bth = _rope_tables(cfg, positions_bt, segment_ids_bt, x_btd.dtype,
+                                    cached=cache is not None)
     if cfg.local_rope is not None:
         # Gemma 3's local layers rotate with their own base: both tables once per step.
         local_inv_freq = jnp.asarray(cfg.local_rope.inv_freq(cfg.head_dim), jnp.float32)
@@ -241,9 +316,8 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
         table[list(point_layers[point])] = np.arange(len(point_layers[point]))
         slots[point] = jnp.asarray(table)
     buf_axes = (None, "batch", "seq", "embed")
-    d = cfg.hidden_size
-    buffers = {p: constrain(jnp.zeros((len(point_layers[p]) + 1, b, t, d), out_dtype),
-                            buf_axes) for p in points}
+    buffers = {p: constrain(jnp.zeros((len(point_layers[p]) + 1, b, t, point_width(cfg, p)),
+                                      point_dtype(p, out_dtype)), buf_axes) for p in points}
 
     shared_view = None
     if cache is not None:
@@ -260,6 +334,8 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
     else:
         lo_bt, hi_bt = key_ranges.key_ranges(segment_ids_bt)
 
+    expert_matmuls = EXPERT_MATMULS or moe.default_implementation()
+
     def body(carry, xs):
         x_btd, buffers = carry
         layer, window, is_local, slot, cache_k, cache_v = xs
@@ -274,9 +350,10 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
             **shared_view, "k_bckh": cache_k, "v_bckh": cache_v}
         hooks, (k_btkh, v_btkh) = block(layer_params, x_btd, cos, sin,
                                         key_ranges.windowed(lo_bt, hi_bt, window), hi_bt,
-                                        cfg, attention_impl, cached)
+                                        cfg, attention_impl, cached, expert_matmuls)
         buffers = {p: constrain(jax.lax.dynamic_update_index_in_dim(
-            buffers[p], hooks[p].astype(out_dtype), slot[p], 0), buf_axes) for p in points}
+            buffers[p], hooks[p].astype(buffers[p].dtype), slot[p], 0), buf_axes)
+            for p in points}
         new_kv = None if cached is None else (k_btkh, v_btkh)
         return (constrain(hooks["resid_post"], act_axes), buffers), new_kv
 
@@ -292,7 +369,7 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
             out[f"layers.{layer}.{point}"] = buffers[point][j]
     if "final_norm" in global_points:
         out["final_norm"] = rms_norm(x_btd, params["final_norm_d"], cfg.rms_norm_eps,
-                                     cfg.gemma_norms).astype(out_dtype)
+                                     cfg.gemma_norms, cfg.norm_scale_fp32).astype(out_dtype)
     if cache is None:
         return out, None
     row_k_ltbkh, row_v_ltbkh = new_kv

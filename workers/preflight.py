@@ -57,6 +57,14 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                                   spec.model.path)
         if context:
             problems.append(f"spec.{context}")
+        if spec.packing.carries_context and config.rope.has_long_factors:
+            problems.append(
+                f"spec.packing.max_context={spec.packing.max_context}: "
+                f"{config.architecture}'s longrope takes its long factors for a whole "
+                f"document longer than original_max_position_embeddings="
+                f"{config.rope.original_max_position_embeddings}, which rows of a long "
+                f"document seen through the KV cache cannot know; set packing.overflow: "
+                f"truncate (or packing.mode: pad), so each document is computed alone")
         heads = parallelism.heads_problem(config.num_heads, model_parallel)
         if heads:
             problems.append(f"model_parallel={heads}")

@@ -24,7 +24,8 @@ MODEL_AXIS = "model"
 MESH_AXES = (DATA_AXIS, MODEL_AXIS)
 
 # Logical axis -> mesh axis (None = replicated). Parameters split over `model` (tensor
-# parallel over attention heads and MLP width); activations split over `data` (batch).
+# parallel over attention heads and MLP width, experts); activations split over `data`
+# (batch). A mesh axis goes to the first dimension of a parameter that it divides.
 LOGICAL_TO_MESH: dict[str, str | None] = {
     "batch": DATA_AXIS,
     "seq": None,
@@ -35,6 +36,11 @@ LOGICAL_TO_MESH: dict[str, str | None] = {
     "mlp": MODEL_AXIS,
     "vocab": MODEL_AXIS,
     "layers": None,
+    # A mixture of experts: the experts split over `model` (expert parallelism: each
+    # device holds whole experts); where `model` does not divide the experts, each
+    # expert's width splits over it instead (tensor parallelism within every expert).
+    "moe_experts": MODEL_AXIS,
+    "moe_mlp": MODEL_AXIS,
 }
 
 # Logical axes that must divide exactly: silently replicating the batch would make every
