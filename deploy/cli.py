@@ -29,7 +29,7 @@ examples:
   actx submit configs/example_tpu.yaml --set target.tpu.name=my-tpu --dry-run
   actx status runs/demo --watch
   actx status gs://bucket/runs/r1 --serve      # live page on http://127.0.0.1:8765/
-  actx rerun gs://bucket/runs/r1 --only stale --hosts 2
+  actx rerun gs://bucket/runs/r1 --hosts 2     # every uncommitted partition
   actx verify gs://bucket/runs/r1
   actx down --config configs/example_tpu.yaml  # delete the slice submit created
 """
@@ -52,7 +52,12 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     flags.add_override_arguments(g, config_lib.TargetConfig, jobs.TARGET_FLAGS)
     g.add_argument("--job", default=None, help="job id (default: <target>-<time>)")
     g.add_argument("--dry-run", action="store_true",
-                   help="print every command exactly and run nothing (tpu-vm, dataflow)")
+                   help="print the plan (every command exactly, on tpu-vm and dataflow) and "
+                        "what the job costs (tokens; each hook's bytes and objects), run "
+                        "nothing, write nothing; every target")
+    g.add_argument("--estimate", action="store_true",
+                   help="with --dry-run (local target): also a time for the job, from one "
+                        "worker timed over the first partitions of a temporary copy")
     g.add_argument("--join", action="store_true",
                    help="local: run beside the job already extracting this run instead of "
                         "being refused (this job's hosts get their own names and logs; "
@@ -245,7 +250,8 @@ def _verify_one(args, handle, out) -> int:
                   f"extracts them", file=out)
         elif not report.ok:
             print(f"`actx verify {handle.location} --repair` turns the failed partitions back "
-                  f"into pending for `actx rerun`", file=out)
+                  f"into pending; then `actx rerun {handle.location}` extracts them again",
+                  file=out)
     # Recorded for status and the live page (failed partitions shown on the map); a
     # repaired partition is pending now, not failed. The report above stands without it.
     try:

@@ -212,15 +212,20 @@ def _expand(value, cache: str):
     return value
 
 
-def load_submit_config(path: str | None, overrides: list[str] = ()) -> SubmitConfig:
+def load_submit_config(path: str | None, overrides: list[str] = (),
+                       check_old_run: bool = True) -> SubmitConfig:
     """Loads a submit config (None: the embedded demo config) with `--set` overrides.
 
     Strings may name "{cache}" (the actx cache directory). Relative local paths of the
-    spec (sources, model, tokenizer; also when given by `--set`) are taken from the config
-    file's directory. Raises ConfigError naming the key and the file.
+    spec (sources, model, tokenizer) and `run` (also when given by `--set`) are taken from
+    the config file's directory; the embedded demo's `run` (runs/demo) from the current
+    directory, where its README walk-through looks. `check_old_run`: refuse a `run` that
+    the old rule (up to actx 0.2.0: the current directory) found prepared and the
+    new one does not (`old_run_problem`). Raises ConfigError naming the key and the file.
     """
     from actx.deploy import demo
 
+    demo_config = path is None
     path = path or DEMO_CONFIG
     data = config_lib.load_file(path)
     data = config_lib.apply_overrides(data, list(overrides))
@@ -232,7 +237,56 @@ def load_submit_config(path: str | None, overrides: list[str] = ()) -> SubmitCon
         if isinstance(extraction, dict) and isinstance(extraction.get("model"), dict):
             model = runspec_lib.absolute_paths({"model": extraction["model"]}, base_dir)
             data["extractions"][name] = {**extraction, "model": model["model"]}
-    return config_lib.from_dict(SubmitConfig, data, f"{path}: ")
+    written = data.get("run")
+    if isinstance(written, str) and not demo_config:
+        data["run"] = run_location(written, base_dir)
+    cfg = config_lib.from_dict(SubmitConfig, data, f"{path}: ")
+    if check_old_run and isinstance(written, str) and not demo_config:
+        problem = old_run_problem(written, cfg.run, cfg.spec.fingerprint)
+        if problem:
+            raise config_lib.ConfigError(f"{path}: run: {problem}")
+    return cfg
+
+
+def run_location(run: str, base_dir: str) -> str:
+    """A config's `run` as a location: gs:// and memory:// as written, a local path taken
+    from the config file's directory (`base_dir`) like every other path of the config."""
+    if "://" in run or os.path.isabs(run):
+        return run
+    return os.path.normpath(os.path.join(base_dir, os.path.expanduser(run)))
+
+
+def old_run_problem(written: str, run: str, fingerprint: str) -> str:
+    """Why a relative `run` must not be used as resolved ("": it may).
+
+    Up to actx 0.2.0 a config's `run` was taken from the current directory. A run made that
+    way, submitted again from that directory, would now resolve elsewhere and be prepared
+    again from scratch, quietly, beside the old one. So when `run` (from the config's
+    directory) does not exist while the same words from the current directory name
+    a run prepared for this very spec (its fingerprint), nothing is done and both paths
+    are named: the user says which one is meant (refusing costs one edit; guessing could
+    write a second copy of a large run, or later point at the wrong one)."""
+    old = os.path.abspath(os.path.expanduser(written))
+    if "://" in written or os.path.isabs(written) or old == run:
+        return ""
+    if os.path.exists(run) or _prepared_fingerprint(old) != fingerprint:
+        return ""
+    return (f"{written!r} is taken from the config file's directory (after actx 0.2.0): "
+            f"{run}, which does not exist; {old} (from the current directory, the old "
+            f"rule) holds this config's run (fingerprint {fingerprint}). Nothing was done. "
+            f"To go on with it, write `run: {old}` in the config (or pass --run {old}); to "
+            f"start a new run at {run}, create that directory first")
+
+
+def _prepared_fingerprint(path: str) -> str | None:
+    """The fingerprint in `path`/run.json of a local run directory (None: none there)."""
+    import json
+
+    try:
+        with open(os.path.join(path, runspec_lib.RUN_SPEC_KEY)) as f:
+            return json.load(f).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def target_from_flags(base: TargetConfig, **flags) -> TargetConfig:

@@ -36,7 +36,11 @@ def cmd_submit(args, out) -> int:
 
     from actx.deploy import config as config_lib
 
-    cfg = config_lib.load_submit_config(args.config, args.set)
+    if getattr(args, "estimate", False) and not args.dry_run:
+        raise UsageError("--estimate goes with --dry-run: it times a temporary copy, "
+                         "never the run")
+    # --run is a command-line path (from the current directory): no old-rule check then.
+    cfg = config_lib.load_submit_config(args.config, args.set, check_old_run=args.run is None)
     target_cfg = _target(cfg.target, args)
     run = args.run or cfg.run
     if run.startswith(("gs://", "memory://")) is False:
@@ -77,7 +81,20 @@ def cmd_submit(args, out) -> int:
     # A reject abort prints this command with the fraction that passes.
     prepare = targets.Prepare(spec, cfg.max_reject_fraction,
                               getattr(args, "argv", None) or ["actx", "submit"])
-    return target.submit(job, prepare, targets.LaunchOptions.from_args(args), out)
+    code = target.submit(job, prepare, targets.LaunchOptions.from_args(args), out)
+    if args.dry_run and code == 0:  # what it would cost, on every target
+        from actx.deploy import dry_run
+
+        from actx.deploy import preflight as preflight_lib
+        from actx.schemas import store_errors
+
+        # As the pre-flight's: a run or model out of reach from here costs seconds.
+        with store_errors.deadline(preflight_lib.DRY_RUN_DEADLINE_S):
+            lines = dry_run.report(spec, run, count_inputs=target.kind == "local")
+        print("\n".join(lines), file=out, flush=True)
+        if args.estimate:
+            dry_run.estimate(spec, run, target_cfg, out)
+    return code
 
 
 def _check_extractions(cfg, run: str, target, dry_run: bool, out) -> str:
@@ -147,8 +164,12 @@ def select_partitions(status, only) -> list[int]:
     return [p for p in only if status.partitions[p] != runstate.COMMITTED]
 
 
-def _rerun_target(args):
+def _rerun_target(args, store=None, out=None):
+    """The rerun's target: the --config's target table, else the settings the run's last
+    launch recorded (deploy.launch_record: hosts, batch size, ... on the same kind of
+    target), else the defaults; flags over all of them."""
     from actx.deploy import config as config_lib
+    from actx.deploy import launch_record
     from actx.schemas import config as schemas_config
 
     base = config_lib.TargetConfig()
@@ -158,14 +179,33 @@ def _rerun_target(args):
                                         f"{args.config}: target")
     elif args.set:
         raise UsageError("--set needs --config")
+    elif store is not None:
+        recorded = launch_record.settings_for(launch_record.read(store),
+                                              args.target or base.kind)
+        given = flags.overrides(args, TARGET_FLAGS)
+        kept = {k: v for k, v in recorded.items() if given.get(k) is None}
+        if kept:
+            try:
+                base = config_lib.target_from_flags(base, **kept)
+            except ValueError:  # a record that does not fit today's rules: the defaults
+                kept = {}
+            said = {k: v for k, v in kept.items()
+                    if v != getattr(config_lib.TargetConfig(), k)}
+            if said and out is not None:
+                print("rerun: as the run's last launch: " + ", ".join(
+                    f"{k} {v}" for k, v in said.items()) + " (flags or --config override)",
+                    file=out)
     return _target(base, args)
 
 
 def cmd_rerun(args, out) -> int:
     from actx.deploy import runstate
 
+    if getattr(args, "estimate", False):
+        raise UsageError("--estimate is for `actx submit --dry-run`")
+
     handle = open_run(args.run)
-    target = targets.for_config(_rerun_target(args))
+    target = targets.for_config(_rerun_target(args, handle.store, out))
     handles = extraction_lib.scoped_all(handle, args.extraction)
     if list(handles) != [""]:
         return _rerun_extractions(args, handle, handles, target, out)
@@ -241,6 +281,10 @@ def cmd_down(args, out) -> int:
     target = targets.for_config(schemas_config.from_dict(
         config_lib.TargetConfig, data.get("target") or {}, f"{args.config}: target"))
     run = data.get("run")
+    if isinstance(run, str):  # taken from the config file's directory, as submit takes it
+        import os
+
+        run = config_lib.run_location(run, os.path.dirname(os.path.abspath(args.config)))
     return target.down(run if isinstance(run, str) else None,
                        targets.LaunchOptions.from_args(args), out)
 

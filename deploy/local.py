@@ -20,6 +20,7 @@ import time
 from actx.deploy import commands
 from actx.deploy import config as config_lib
 from actx.deploy import host_logs
+from actx.deploy import progress_line
 from actx.deploy import runstate
 from actx.deploy import status_text
 from actx.schemas import config as schemas_config
@@ -43,9 +44,7 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
     token store is the one this spec would write).
     """
     store = store if store is not None else store_lib.open_store(run)
-    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
-    if (existing is not None and existing.get("fingerprint") == spec.fingerprint
-            and store.exists(layout_lib.MANIFEST_KEY)):
+    if is_prepared(store, spec):
         print(f"prepare: {run} is already prepared for fingerprint {spec.fingerprint}; "
               f"skipping", file=out, flush=True)
         return False
@@ -67,6 +66,14 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
             hint=f"{run} is not prepared (no manifest.json), nothing of it is kept; "
                  f"`{again}` again clears what this attempt left and prepares it") from None
     return True
+
+
+def is_prepared(store, spec: runspec_lib.RunSpec) -> bool:
+    """Whether the run holds a finished prepare of this spec (run.json with its
+    fingerprint, and manifest.json, which prepare writes last)."""
+    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    return (existing is not None and existing.get("fingerprint") == spec.fingerprint
+            and store.exists(layout_lib.MANIFEST_KEY))
 
 
 PREPARE_PROGRESS_S = 5.0  # seconds between prepare's progress lines in submit's output
@@ -197,8 +204,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     where = handle.store if handle is not None else run  # opened once, where it can be
     scoped = None  # {extraction: the run as it sees it}, for the progress line
     interrupted = False
-    tty = hasattr(out, "isatty") and out.isatty()
-    last_line = ""
+    shown = progress_line.ProgressLine(out)
     try:
         while any(p.returncode is None for p in procs):
             deadline = time.monotonic() + progress_s
@@ -222,15 +228,13 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                 if scoped is None:  # each extraction's view, read once
                     handle = handle or runstate.open_run(run)
                     scoped = {name: extraction_lib.scoped(handle, name) for name in names}
-                line = status_text.lines_per_extraction(
-                    {name: runstate.compute_status(h) for name, h in scoped.items()})
+                statuses = {name: runstate.compute_status(h) for name, h in scoped.items()}
+                make = lambda width: status_text.lines_per_extraction(statuses, width)  # noqa: E731
             except Exception as e:  # progress is best effort; the workers decide the outcome
-                line = f"(progress unavailable: {e})"
-            if tty:
-                print("\r\x1b[2K" + line, end="", file=out, flush=True)
-            elif line != last_line:
-                print(line, file=out, flush=True)
-            last_line = line
+                make = lambda width, e=e: status_text.fit(  # noqa: E731
+                    f"(progress unavailable: {e})", width)
+            # The last line (the workers all ended) always shows, in a pipe too.
+            shown.show(make, force=all(p.returncode is not None for p in procs))
     except KeyboardInterrupt:
         for p in procs:
             if p.popen.poll() is None:
@@ -238,8 +242,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
         interrupted = True
         raise
     finally:
-        if tty:
-            print(file=out)
+        shown.end()
         for p in procs:
             p.popen.wait()
             p.log_file.close()
@@ -281,9 +284,10 @@ def mark_dead(run: "str | store_lib.ObjectStore", host: str, returncode: int | N
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
     until it went stale) or when there is none (it died before its first beat). Status
     then shows the host failed at once, with the exit code and the log's last line, and
-    its partition as stale for `actx rerun --only stale`. `stopped_by_user`: the launcher
-    stopped it (Ctrl-C), which status shows as preempted, not failed. Returns whether it
-    wrote. A named extraction's heartbeats are its own (schemas.extraction)."""
+    its partition as stale; the message names `actx rerun RUN`, which finishes the run.
+    `stopped_by_user`: the launcher stopped it (Ctrl-C), which status shows as stopped,
+    not failed (also over an older worker's "failed ... Stopped: SIGTERM"). Returns
+    whether it wrote. A named extraction's heartbeats are its own (schemas.extraction)."""
     opened = store_lib.open_store(run)
     run = str(opened.location)  # as the messages below name it, whichever was passed
     store = extraction_lib.view(opened, extraction)
@@ -293,7 +297,10 @@ def mark_dead(run: "str | store_lib.ObjectStore", host: str, returncode: int | N
         if (data is not None and data.get("state") == "failed" and not stopped_by_user
                 and returncode is not None):
             return _add_exit_code(store, key, data, returncode)
-        if data is not None and data.get("state") not in runstate.LIVE_STATES:
+        if (data is not None and stopped_by_user and data.get("state") == "failed"
+                and data.get("message", "").startswith(_INTERRUPT_MESSAGES)):
+            data = dict(data, state="working")  # a stop read as a failure by an older worker
+        elif data is not None and data.get("state") not in runstate.LIVE_STATES:
             return False  # done or preempted: the worker said how it ended
         beat = (heartbeat_lib.Heartbeat(host=host, replica=0, process_index=0,
                                         state="starting", attempt="", updated_at=time.time())
@@ -315,11 +322,17 @@ def mark_dead(run: "str | store_lib.ObjectStore", host: str, returncode: int | N
             beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
             message=f"process {how}{before} (seen by actx on {socket.gethostname()})"
                     + (f"; its log ends: {last}" if last else "")
+                    # Every uncommitted partition, not only the stale ones: what a dead
+                    # worker had claimed ahead reads as pending, and must be redone too.
                     + (f"; fix that, then `actx rerun {run}`" if data is None else
-                       f"; `actx rerun {run} --only stale` redoes its partition"))
+                       f"; `actx rerun {run}` finishes the run"))
     store.write_with_summary(key, store_lib.dumps(schemas_config.to_dict(beat)),
                              heartbeat_lib.summary(beat))
     return True
+
+
+# How a worker older than runner.ended_by described a stop signal that ended its loop.
+_INTERRUPT_MESSAGES = ("Stopped:", "KeyboardInterrupt")
 
 
 def _add_exit_code(store, key: str, data: dict, returncode: int) -> bool:

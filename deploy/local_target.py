@@ -10,6 +10,7 @@ import os
 import socket
 import time
 
+from actx.deploy import launch_record
 from actx.deploy import local
 from actx.deploy import runstate
 from actx.deploy import status_text
@@ -65,6 +66,7 @@ class LocalTarget(targets.Target):
     def __init__(self, config):
         super().__init__(config)
         self.engine = (_BeamPipeline if config.extract == "beam" else _WorkerProcesses)(config)
+        self._holding = False  # this launcher holds the run's lease (submit: from prepare)
 
     def problems(self, run: str) -> tuple[list[str], int | None]:
         cfg = self.config
@@ -79,16 +81,43 @@ class LocalTarget(targets.Target):
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
         if opts.dry_run:
-            raise targets.UsageError("--dry-run is for the tpu-vm and dataflow targets; the "
-                                     "local target runs here")
-        local.prepare_local(prepare.spec, job.run, prepare.max_reject_fraction, out=out,
-                            retry_argv=prepare.retry_argv, store=job.run_store())
-        return self.rerun(job, opts, out)
+            return self._show_plan(job, prepare, opts, out)
+        store = job.run_store()
+        if opts.join:
+            _check_joinable(store, prepare.spec)
+        # The lease comes before prepare: a second submit started meanwhile is refused
+        # before it writes anything (prepare would clear and rewrite the live token store).
+        with self._job_lease(job, _host_prefix(job.name, opts.join), opts.join):
+            local.prepare_local(prepare.spec, job.run, prepare.max_reject_fraction, out=out,
+                                retry_argv=prepare.retry_argv, store=store)
+            return self.rerun(job, opts, out)
+
+    def _show_plan(self, job: targets.Job, prepare: targets.Prepare | None,
+                   opts: targets.LaunchOptions, out) -> int:
+        """--dry-run: what submit (or rerun) would do here, writing nothing (the job's cost
+        follows, deploy.dry_run)."""
+        print("# dry run: nothing is executed, nothing is written.", file=out)
+        if prepare is not None:
+            prepared = _prepared(job.run, prepare.spec)
+            print(f"prepare: {job.run} is already prepared for fingerprint "
+                  f"{prepare.spec.fingerprint}; skipped" if prepared else
+                  f"prepare: {job.run} (in-process Beam runner; max reject fraction "
+                  f"{prepare.max_reject_fraction:g})", file=out)
+        cfg = self.config
+        what = (f"the Beam extraction transform on Beam's local runners"
+                if cfg.extract == "beam" else
+                f"{cfg.hosts} worker process(es) ({cfg.replicas} replica(s) x "
+                f"{cfg.hosts_per_replica} host(s), {cfg.devices_per_host} CPU device(s) each)")
+        only = "" if job.only is None else f", partitions {_names(job.only)}"
+        print(f"extract: job {job.name}: {what}, batch {cfg.batch_size}{only}"
+              + ("" if opts.join else "; under the run's job lease")
+              + f"; logs in {job.run.rstrip('/')}/{layout.log_key(job.name, '<host>')}",
+              file=out, flush=True)
+        return 0
 
     def rerun(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
         if opts.dry_run:
-            raise targets.UsageError("--dry-run is for the tpu-vm target; the local target "
-                                     "runs here")
+            return self._show_plan(job, None, opts, out)
         job = job.opened()  # submit: the run exists now that prepare made it
         if job.extraction:
             return self._extract_named(job, opts, out)
@@ -158,6 +187,8 @@ class LocalTarget(targets.Target):
         signal ends them."""
         prefix = _host_prefix(job.name, opts.join)
         with _workers_stop_hint(), self._job_lease(job, prefix, opts.join):
+            if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
+                launch_record.record(job.run_store(), self.config, job.name)
             return self.engine.run(job, out, prefix)
 
     @contextlib.contextmanager
@@ -166,10 +197,10 @@ class LocalTarget(targets.Target):
         or raises a UsageError naming the live job that holds it; none when joining."""
         from actx.schemas import job_lease
 
-        if join:
+        if join or self._holding:  # joining: the lease is the joined job's
             yield
             return
-        keeper = job_lease.Keeper(job.handle.store, job_lease.new(
+        keeper = job_lease.Keeper(job.run_store(), job_lease.new(
             job.name, self.engine.host_names(prefix), self.kind,
             stop=f"Ctrl-C in its terminal, or `kill -TERM {os.getpid()}` on "
                  f"{socket.gethostname()}"))
@@ -177,11 +208,41 @@ class LocalTarget(targets.Target):
             keeper.__enter__()
         except job_lease.LeaseHeld as e:
             raise targets.UsageError(
-                job_lease.refusal(job.handle.location, e.lease, time.time())) from None
+                job_lease.refusal(job.run_store().location, e.lease, time.time())) from None
+        self._holding = True
         try:
             yield
         finally:
+            self._holding = False
             keeper.__exit__(None, None, None)
+
+
+def _prepared(run: str, spec) -> bool:
+    """Whether the run is prepared for `spec` (False where it cannot be read here)."""
+    from actx.schemas import store as store_lib
+
+    try:
+        return local.is_prepared(store_lib.open_store(run), spec)
+    except Exception:  # noqa: BLE001 - a dry run says what it would do, whatever the run
+        return False
+
+
+def _names(ids) -> str:
+    return ", ".join(map(layout.partition_name, ids[:20])) + (" ..." if len(ids) > 20 else "")
+
+
+def _check_joinable(store, spec) -> None:
+    """`submit --join` runs beside a job, never beside its prepare: refused (exit 2, before
+    anything is written) while a live job holds a run that is not prepared for this spec."""
+    from actx.schemas import job_lease
+
+    if local.is_prepared(store, spec):
+        return
+    held = job_lease.read(store)
+    if held is not None and held.live(job_lease.run_heartbeats(store), time.time()):
+        raise targets.UsageError(
+            f"{store.location}: job {held.job} is preparing this run; --join runs beside "
+            f"its workers once it is prepared (manifest.json written): submit again then")
 
 
 def _host_prefix(job: str, join: bool) -> str:
@@ -214,6 +275,5 @@ def _rerun_hint(handle, status, only, out) -> list[int]:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
               f"{', '.join(layout.partition_name(p) for p in missing[:20])}"
               + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
-              + f"; `actx rerun {handle.location}` redoes them"
-              + (" (`--only stale`: just the stale ones)" if stale else ""), file=out)
+              + f"; `actx rerun {handle.location}` redoes them", file=out)
     return missing

@@ -17,9 +17,16 @@ PHASE_NOTES = {
     STARTING: "workers are loading the model or compiling; throughput follows",
     RUNNING: "workers are extracting",
     FINISHED: "every partition is committed",
-    STOPPED: "no live worker and partitions left: `actx rerun` finishes them",
-    FAILED: "a worker failed (its reason is in the hosts table): `actx rerun` after a fix",
+    STOPPED: "no live worker and partitions left: `actx rerun {run}` finishes them",
+    FAILED: "a worker failed (its reason is in the hosts table): `actx rerun {run}` after "
+            "a fix",
 }
+
+
+def phase_note(phase: str, run: str) -> str:
+    """What the phase means, with the command that finishes the run as typed (`actx rerun`
+    alone would not run: it needs the run)."""
+    return PHASE_NOTES[phase].format(run=run)
 VERIFY_PROBLEMS_SHOWN = 3
 
 
@@ -48,6 +55,20 @@ def verification(record, committed: set[int]) -> dict | None:
     failed = [p for p in record.failed if p in committed]
     return {"at": record.at, "checked": record.checked, "failed": len(failed),
             "ok": not failed, "problems": list(record.problems[:VERIFY_PROBLEMS_SHOWN])}
+
+
+def shown_state(state: str) -> str:
+    """A heartbeat's state as status shows it: "preempted" (the heartbeat's word for a
+    worker a stop signal ended: Ctrl-C, a launcher's SIGTERM, a preemption notice) reads
+    as stopped, as the run's phase does."""
+    return "stopped" if state == "preempted" else state
+
+
+def without_advice(message: str) -> str:
+    """A host's message without the commands it advised ("; `actx rerun RUN` finishes the
+    run"): once every partition is committed there is nothing left to rerun."""
+    kept = [part for part in message.split("; ") if "`actx rerun" not in part]
+    return "; ".join(kept)
 
 
 def phase(complete: bool, hosts) -> str:

@@ -63,6 +63,7 @@ class HostState:
     stolen_from: dict = dataclasses.field(default_factory=dict)
     given_up: dict = dataclasses.field(default_factory=dict)
     idle_reason: str = ""
+    job: str = ""  # the launcher's job id ("" in heartbeats written before it was recorded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +111,13 @@ class RunStatus:
         # A run without partitions (its prepare accepted no document) holds nothing.
         return bool(self.partitions) and self.counts[COMMITTED] == len(self.partitions)
 
+    @property
+    def eta_word(self) -> str:
+        """What stands for an ETA that has no number: "estimating" while live workers have
+        no steady-state rate yet (loading, compiling, their first step), "unknown" when no
+        worker is live."""
+        return "estimating" if any(h.live for h in self.hosts) else "unknown"
+
     def ids(self, state: str) -> list[int]:
         return self.partitions.ids_in(state)
 
@@ -133,7 +141,7 @@ class RunStatus:
         obj["failed_verification"] = [layout_lib.partition_name(p)
                                       for p in self.failed_verification]
         obj["complete"] = self.complete
-        obj["eta"] = "unknown" if self.eta_s is None else round(self.eta_s, 1)
+        obj["eta"] = self.eta_word if self.eta_s is None else round(self.eta_s, 1)
         obj["map"] = partition_map(self)
         obj["token_masks"] = (None if self.token_masks is None
                               else schemas_config.to_dict(self.token_masks))
@@ -219,17 +227,23 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
     silent = _silent_messages(handle.store, [
         hb for hb in beats if hb.state in LIVE_STATES and now - hb.updated_at > stale_after_s
         and not heartbeat_lib.process_gone(hb)])
+    # Every partition committed: what a host's last heartbeat advised (`actx rerun ...`)
+    # is done, and must not be offered again.
+    finished = bool(handle.manifest.partitions) and len(committed) == len(
+        handle.manifest.partitions)
     for hb in sorted(beats, key=lambda b: b.host):
         age = max(0.0, now - hb.updated_at)
         gone = hb.state in LIVE_STATES and heartbeat_lib.process_gone(hb)
         live = hb.state in LIVE_STATES and age <= stale_after_s and not gone
-        shown = (hb.state if live or hb.state not in LIVE_STATES
+        shown = (run_facts.shown_state(hb.state) if live or hb.state not in LIVE_STATES
                  else f"{hb.state} (process gone)" if gone else f"{hb.state} (stale)")
+        message = silent.get(hb.host, hb.message)
         hosts.append(HostState(hb.host, shown, live, round(age, 1), hb.partition,
                                hb.step, hb.steps, hb.tokens_per_s if live else 0.0,
-                               hb.tokens_done, silent.get(hb.host, hb.message),
+                               hb.tokens_done,
+                               run_facts.without_advice(message) if finished else message,
                                hb.partitions_done, hb.history, dict(hb.stolen_from),
-                               dict(hb.given_up), hb.idle_reason))
+                               dict(hb.given_up), hb.idle_reason, hb.job))
         if hb.state not in ("done",):
             held = set(hb.held) | ({hb.partition} if hb.partition is not None else set())
             (held_live if live else held_dead).update(held)
@@ -244,6 +258,8 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
     tokens_done = total("tokens")
     per_row = info.bytes_per_row(handle.manifest.seq_len) if info else None
     rows_done = total("row_count")
+    # Each host's rate is its steady state (workers.progress: from its first tokens on),
+    # 0 until it has one: start-up never counts as throughput.
     throughput = sum(h.tokens_per_s for h in hosts if h.live)
     remaining = handle.manifest.total_tokens - tokens_done
     if remaining <= 0:
@@ -251,7 +267,7 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
     elif throughput > 0:
         eta = remaining / throughput
     else:
-        eta = None  # no live worker: any number would be a guess
+        eta = None  # no live worker, or none past start-up: any number would be a guess
     elapsed, average, current = _timing(beats, hosts, now)
     return RunStatus(
         elapsed_s=elapsed, average_tokens_per_s=average, current_tokens_per_s=current,

@@ -32,9 +32,17 @@ def _duration(s: float | None) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
 
-def one_line(status: RunStatus) -> str:
+def _eta(status: RunStatus) -> str:
+    return _duration(status.eta_s) if status.eta_s is not None else status.eta_word
+
+
+def one_line(status: RunStatus, width: int | None = None) -> str:
     """A progress line for submit's live display: while no worker has processed a token,
-    what each one is doing (loading weights, compiling) instead of a rate of 0."""
+    what each one is doing (loading weights, compiling) instead of a rate of 0.
+
+    `width`: at most this many characters (a terminal's columns): the parts that matter
+    most are kept (committed, tokens, ETA, rate, elapsed, then the other counts and the
+    context), in their usual order, and the line is cut only if those alone are longer."""
     c = status.counts
     pct = 100.0 * status.tokens_done / max(1, status.tokens_total)
     if status.phase == run_facts.STARTING:
@@ -46,18 +54,47 @@ def one_line(status: RunStatus) -> str:
         rate = f"finished, {_average(status)} tok/s avg"
     else:
         rate = (f"{status.current_tokens_per_s:,.0f} tok/s now, {_average(status)} avg")
-    context = f" | {_whole_documents(status)}" if status.tokens_done else ""
-    return (f"[{status.name}] {c[COMMITTED]}/{len(status.partitions)} committed, "
-            f"{c[IN_PROGRESS]} in progress, {c[STALE]} stale, {c[PENDING]} pending | "
-            f"{pct:5.1f}% tokens | {rate} | elapsed {_duration(status.elapsed_s)} | "
-            f"ETA {_duration(status.eta_s)}{context}")
+    # (priority: lower is kept first, separator before it, text), in display order.
+    parts = [
+        (5, ", ", f"{c[IN_PROGRESS]} in progress, {c[STALE]} stale, {c[PENDING]} pending"),
+        (0, " | ", f"{pct:5.1f}% tokens"),
+        (2, " | ", rate),
+        (3, " | ", f"elapsed {_duration(status.elapsed_s)}"),
+        (1, " | ", f"ETA {_eta(status)}"),
+        (6, " | ", _whole_documents(status) if status.tokens_done else ""),
+    ]
+    head = f"[{status.name}] {c[COMMITTED]}/{len(status.partitions)} committed"
+    kept = {i for i, (_, _, text) in enumerate(parts) if text}
+    if width is not None:
+        chosen: set[int] = set()
+        for i in sorted(kept, key=lambda i: parts[i][0]):
+            if len(_join(head, parts, chosen | {i})) <= width:
+                chosen.add(i)
+        kept = chosen
+    return fit(_join(head, parts, kept), width)
 
 
-def lines_per_extraction(statuses: dict[str, RunStatus]) -> str:
+def _join(head: str, parts, kept: set[int]) -> str:
+    return head + "".join(sep + text for i, (_, sep, text) in enumerate(parts) if i in kept)
+
+
+def fit(line: str, width: int | None) -> str:
+    """`line` cut to `width` characters (None: as it is), an ellipsis saying it was."""
+    if width is None or len(line) <= width:
+        return line
+    return line[:max(0, width - 1)] + "…"
+
+
+def lines_per_extraction(statuses: dict[str, RunStatus], width: int | None = None) -> str:
     """`one_line` of each extraction ({name: status}; "" the default one), named where a
-    run has named ones, on one line."""
-    return " | ".join((f"{name}: " if name else "") + one_line(status)
-                      for name, status in statuses.items())
+    run has named ones, on one line (of at most `width` characters: each extraction gets
+    its share)."""
+    share = None if width is None else max(20, (width - 3 * (len(statuses) - 1))
+                                           // max(1, len(statuses)))
+    line = " | ".join(fit((f"{name}: " if name else "") + one_line(
+        status, None if share is None else share - (len(name) + 2 if name else 0)), share)
+        for name, status in statuses.items())
+    return fit(line, width)
 
 
 def _average(status: RunStatus) -> str:
@@ -140,7 +177,7 @@ def render(status: RunStatus) -> str:
     bytes_note = "" if status.bytes_total is not None else " (sizes known once a worker starts)"
     lines = [
         f"run {status.run}  (name {status.name}, fingerprint {status.fingerprint})",
-        f"phase:      {status.phase}: {run_facts.PHASE_NOTES[status.phase]}",
+        f"phase:      {status.phase}: {run_facts.phase_note(status.phase, status.run)}",
         f"settings:   {_settings(status.identity)}",
         f"partitions: {n} total | {c[COMMITTED]} committed | {c[IN_PROGRESS]} in progress | "
         f"{c[STALE]} stale | {c[PENDING]} pending",
@@ -154,8 +191,9 @@ def render(status: RunStatus) -> str:
           f"{_duration(status.elapsed_s)}") if status.complete else
          f"throughput: {status.current_tokens_per_s:,.0f} tokens/s now (live workers); average "
          f"{_average(status)} tokens/s; elapsed {_duration(status.elapsed_s)}   "
-         f"ETA: {_duration(status.eta_s)}" + ("" if status.eta_s is not None
-                                              else " (no live worker)")),
+         f"ETA: {_eta(status)}" + ("" if status.eta_s is not None else
+                                   " (no live worker)" if status.eta_word == "unknown" else
+                                   " (no steady-state rate yet: loading, compiling)")),
     ]
     if status.token_masks is not None:
         lines.append(f"masks:      {_masks_line(status.token_masks)}")

@@ -67,12 +67,16 @@ class TpuVmTarget(targets.Target):
         """Runs the plan under the run's detached job lease; then says where the workers
         are, and follows them with --wait."""
         started_at = time.time()
-        with self._lease(job, opts) as failed:
+        with self._lease(job, opts, out) as failed:
             code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
                                     in_process=targets.prepare_in_process(retry_argv))
             failed(code)
         if code != 0:  # the failed step said what to do
             return code
+        if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
+            from actx.deploy import launch_record
+
+            launch_record.record(job.run_store(), self.config, job.name)
         print(f"workers are running on {self.config.tpu.name}, detached from this command.\n"
               f"  progress: actx status {job.run} --watch\n"
               f"  logs:     {job.run.rstrip('/')}/{layout.log_key(job.name, '<host>')} "
@@ -87,17 +91,18 @@ class TpuVmTarget(targets.Target):
                                  config=opts.config, out=out,
                                  every_s=min(5.0, max(0.5, self.config.heartbeat_s)),
                                  stale_after_s=opts.stale_after_s,
-                                 extraction=job.extraction, handle=job.handle)
+                                 extraction=job.extraction, handle=job.handle,
+                                 job=job.name)
 
     @contextlib.contextmanager
-    def _lease(self, job: targets.Job, opts: targets.LaunchOptions):
+    def _lease(self, job: targets.Job, opts: targets.LaunchOptions, out=None):
         """Holds the run's detached job lease (deploy.tpu_lease), taken before the plan
-        runs; given back when the plan fails (`failed(code)`, nonzero) or raises, as its
-        workers did not start."""
+        runs (over a job whose slice is preempted or gone); given back when the plan fails
+        (`failed(code)`, nonzero) or raises, as its workers did not start."""
         from actx.deploy import tpu_lease
 
         taken = (None if opts.join else  # joining: the lease is the joined job's
-                 tpu_lease.take(job.run_store(), self.config, job.name, opts.config))
+                 tpu_lease.take(job.run_store(), self.config, job.name, opts.config, out))
         try:
             yield lambda code: tpu_lease.give_back(taken) if code != 0 else None
         except BaseException:

@@ -103,15 +103,14 @@ def read_reject_samples(store, manifest, max_bytes: int = REJECT_BYTES) -> dict:
 
 def page_commands(status: runstate.RunStatus) -> dict:
     """What to run next, for the run's phase: a finished run is read and verified, not
-    rerun; a run with stale partitions reruns those first."""
+    rerun; an unfinished one is rerun whole (every uncommitted partition: `--only stale`
+    would leave the partitions a dead worker had claimed ahead, which read as pending)."""
     run = status.run
     cmds = {"status": f"actx status {run} --json"}
     if status.complete:
         cmds["read"] = (f"python -c \"import actx; print(actx.open_run('{run}')"
                         f".describe())\"")
     else:
-        if status.counts[runstate.STALE]:
-            cmds["rerun_stale"] = f"actx rerun {run} --only stale"
         cmds["rerun_all"] = f"actx rerun {run}"
     cmds["verify"] = f"actx verify {run}"
     return cmds
@@ -130,7 +129,10 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "partition": None if h.partition is None else layout_lib.partition_name(h.partition),
         "step": h.step, "steps": h.steps, "tokens_per_s": h.tokens_per_s,
         "tokens_done": h.tokens_done, "partitions_done": h.partitions_done,
-        "message": h.message, "dead": not h.live and h.state != "done",
+        # Dead: failed or gone; a stopped host (Ctrl-C, SIGTERM) is no failure, and once
+        # every partition is committed no host is shown as a failure to act on.
+        "message": h.message,
+        "dead": not h.live and h.state not in ("done", "stopped") and not status.complete,
         # What it did: tokens, partitions, work taken from or given to other replicas,
         # and why it idles (status's "did:" line).
         "did": status_text.host_did(h),
@@ -154,7 +156,7 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "rejects": (rejects or {}).get("sources", {}),
         "reject_groups": (rejects or {}).get("groups", []),
         "reject_groups_complete": (rejects or {}).get("groups_complete", True),
-        "phase": status.phase, "phase_note": run_facts.PHASE_NOTES[status.phase],
+        "phase": status.phase, "phase_note": run_facts.phase_note(status.phase, status.run),
         "identity": status.identity, "verification": status.verification,
         "reference": status.reference,
         "elapsed_s": status.elapsed_s, "average_tokens_per_s": status.average_tokens_per_s,

@@ -259,7 +259,8 @@ function render(d) {
   if (finished) set("tokens-per-s", dec1(d.average_tokens_per_s || 0), d.average_tokens_per_s);
   else set("tokens-per-s", dec1(d.tokens_per_s), d.tokens_per_s);
   set("eta-label", finished ? "took" : "ETA");
-  set("eta", finished ? duration(d.elapsed_s) : duration(d.eta_s),
+  set("eta", finished ? duration(d.elapsed_s) :
+      (d.eta_s === null && d.hosts_live ? "estimating" : duration(d.eta_s)),
       finished ? d.elapsed_s : d.eta_s);
   set("hosts-live", int(d.hosts_live), d.hosts_live);
   set("hosts-total", int(d.hosts.length), d.hosts.length);

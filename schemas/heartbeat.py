@@ -22,7 +22,8 @@ class Heartbeat:
     """state: "starting", "working", "idle", "done", "failed" or "preempted".
 
     partition: partition in hand (None when idle); step / steps: progress in it.
-    tokens_per_s: recent throughput of this host (non-padding tokens).
+    tokens_per_s: this host's steady-state throughput (non-padding tokens per second from
+      its first tokens on, start-up excluded); 0 until tokens came after the first ones.
     eta_s: seconds until this host's assigned partitions are done (None: unknown).
     machine / pid: where the worker process runs (`this_machine()`) and its process id, so
       status on the same machine sees at once that a process is gone ("" / 0: unknown).

@@ -53,6 +53,8 @@ PREPARE_ATTEMPT_KEY = "prepare/attempt.json"
 # its hosts' heartbeats). Create-only; taken over only once expired, through a create-only
 # takeover object under leases/ named after the expired lease, so two takers never both win.
 JOB_LEASE_KEY = "job_lease.json"
+# How the latest job launched its workers (optional; deploy/launch_record.py).
+LAUNCH_KEY = "launch.json"
 JOB_LEASE_TAKEOVERS_PREFIX = "leases/"
 
 # Several extractions over one token store (one per model and capture spec, e.g. a base

@@ -52,7 +52,7 @@ def check_page(dom: str, st: dict, manifest_obj: dict) -> browser.Elements:
         assert "rerun" not in page.text("commands")
     else:
         assert page.text("tokens-per-s") == f"{st['tokens_per_s']:,.1f}"
-        assert page.text("eta") == ("unknown" if st["eta_s"] is None
+        assert page.text("eta") == (st["eta"] if st["eta_s"] is None
                                     else _duration(st["eta_s"]))
         assert page.attr("card-hosts-done", "hidden") is not None
         live = [h for h in st["hosts"] if h["live"]]
@@ -98,7 +98,10 @@ def check_page(dom: str, st: dict, manifest_obj: dict) -> browser.Elements:
         starting = h["live"] and h["tokens_done"] == 0
         assert ("starting" if starting else h["state"]) in page.text(key)
         assert " ".join(h["message"].split()) in page.text(key)
-        if not h["live"] and h["state"] != "done" and h["message"]:
+        # A failure banner for a failed or lost host; none for a stopped one (Ctrl-C,
+        # SIGTERM), and none at all once every partition is committed.
+        if (not h["live"] and h["state"] not in ("done", "stopped") and h["message"]
+                and not st["complete"]):
             assert " ".join(h["message"].split()) in page.text(f"data-failed-host={h['host']}")
     for source, counts in manifest_obj["sources"].items():
         row = page.text(f"data-source={source}")

@@ -9,6 +9,7 @@ and gives the lease back. Real worker processes on a tiny random Qwen2.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -201,3 +202,53 @@ def test_a_second_rerun_is_refused_unless_it_joins(tmp_path):
                             env={**os.environ, "PYTHONPATH": REPO}, capture_output=True,
                             text=True, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_preempted_slices_lease_is_taken_over_at_once():
+    """A tpu-vm job's detached lease whose hosts beat moments ago from machines this one
+    cannot look into: held while gcloud says its slice is READY (the refusal names a job
+    that runs), taken over at once when the slice is PREEMPTED, deleted or being created
+    again; never for another slice, nor before the job's hosts reported (its launcher may
+    still be creating the slice)."""
+    import io
+
+    from actx.deploy import config as deploy_config
+    from actx.deploy import targets, tpu_lease
+
+    s = store.open_store("memory://lease-preempted")
+    target = deploy_config.TargetConfig(kind="tpu-vm", tpu=deploy_config.TpuConfig(
+        name="pod1", zone="z", project="p", accelerator_type="v4-16"))
+    hosts = tpu_lease.host_names(target.tpu)
+    assert hosts == ["pod1-w0", "pod1-w1"]
+
+    def held_by(job: str, hosts, reported: bool = True) -> None:
+        s.delete(layout.JOB_LEASE_KEY)
+        for key in s.list("workers/"):
+            s.delete(key)
+        job_lease.acquire(s, job_lease.new(job, hosts, "tpu-vm", "actx down", detached=True))
+        if reported:
+            for host in hosts:
+                beat = dataclasses.replace(_beat(job), host=host, pid=12345,
+                                           machine="t1v-n-elsewhere/boot")
+                heartbeat_lib.HeartbeatWriter(s, host).beat(beat, force=True)
+
+    def take(state: str):
+        out = io.StringIO()
+        taken = tpu_lease.take(s, target, "rerun-1", "pod.yaml", out,
+                               slice_state=lambda tpu: state)
+        return taken, out.getvalue()
+
+    held_by("j1", hosts)
+    with pytest.raises(targets.UsageError, match="job j1 .*stop it with actx down"):
+        take("READY")
+    for state in ("PREEMPTED", "NOT_FOUND", "DELETING", "CREATING"):
+        held_by("j1", hosts)
+        (_, lease), said = take(state)
+        assert lease.job == "rerun-1" and job_lease.read(s).job == "rerun-1"
+        assert f"job j1 held the run, but its slice pod1 is {state}" in said
+    held_by("j1", ["pod2-w0", "pod2-w1"])  # another slice's job: its slice is not ours
+    with pytest.raises(targets.UsageError, match="job j1"):
+        take("NOT_FOUND")
+    held_by("j1", hosts, reported=False)  # still being created by its launcher
+    with pytest.raises(targets.UsageError, match="job j1"):
+        take("NOT_FOUND")

@@ -1,19 +1,22 @@
 """A worker killed under `actx`'s local target (SIGKILL: no last heartbeat) is shown dead
-at once, its partition is stale for `rerun --only stale` without waiting for the heartbeat
-to age, the command says what to type, and status reports elapsed time and throughput
-during and after the run. Real worker processes on a tiny random Qwen2."""
+at once, its partition is stale without waiting for the heartbeat to age, the command
+says what to type, that command, typed exactly, finishes the run (and then no advice is
+left), and status reports elapsed time and throughput during and after the run. Real
+worker processes on a tiny random Qwen2."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
-from actx.deploy import cli
+from actx.deploy import cli, runstate, ui_data
 from actx.schemas import commit, layout, store
 from tests import hf_models, token_runs
 
@@ -76,8 +79,9 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     text, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, text
     assert f"worker {HOST} (pid {pid}) failed (killed by SIGKILL)" in text
-    assert f"`actx rerun {run}` redoes them (`--only stale`: just the stale ones)" in text
+    assert f"`actx rerun {run}` redoes them" in text and "--only stale" not in text
     assert "killed by SIGKILL" in text  # submit's final status shows it dead
+    launcher_says = re.findall(r"`(actx rerun [^`]*)`", text)
 
     # While the worker was in hand, status showed it working with a throughput.
     st = json.loads(during)
@@ -91,24 +95,37 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     assert code == 1  # incomplete
     [host] = st["hosts"]
     assert host["state"] == "failed" and not host["live"] and host["age_s"] < 60
-    # The launcher's record of the death names the run as the user typed it.
-    assert f"`actx rerun {run} --only stale` redoes its partition" in host["message"], host
+    # The launcher's record of the death names the run as the user typed it, and the
+    # command that finishes it: not `--only stale`, which would leave the partitions after
+    # the dead one pending.
+    assert f"`actx rerun {run}` finishes the run" in host["message"], host
     assert st["partitions"][layout.partition_name(held)] == "stale"
     assert [p for p, v in st["partitions"].items() if v == "stale"] == [
         layout.partition_name(held)]
+    assert "pending" in st["partitions"].values()  # the work the dead worker never reached
+    page = ui_data.page_commands(runstate.compute_status(runstate.open_run(run)))
+    advised = {*launcher_says, *re.findall(r"`(actx rerun [^`]*)`", host["message"]),
+               *(c for c in page.values() if c.startswith("actx rerun"))}
+    assert advised == {f"actx rerun {run}"}, advised
 
+    # Typed exactly as printed, it finishes the run.
+    [command] = advised
     out = io.StringIO()
     t0 = time.time()
-    assert cli.main(["rerun", run, "--only", "stale", "--config", str(cfg), "--hosts", "1",
-                     "--batch-size", "8", "--job", "again"], out=out) == 0  # what was asked
+    assert cli.main(shlex.split(command)[1:], out=out) == 0, out.getvalue()
     wall_s = time.time() - t0
-    assert f"rerun: 1 partition(s) on local: {layout.partition_name(held)}" in out.getvalue()
     assert commit.read_marker(s, held) is not None
 
-    # After the run: no live worker, so 0 now, but elapsed and average of that attempt.
+    # After the run: complete; no live worker, so 0 now, but elapsed and average of that
+    # attempt; no failure and no rerun advice left anywhere.
     code, out = _status(run, "--json", "--check")
     st = json.loads(out)
-    assert code == 1 and st["current_tokens_per_s"] == 0
+    assert code == 0 and st["complete"] and st["phase"] == "finished", st
+    assert st["current_tokens_per_s"] == 0
+    assert not any("actx rerun" in h["message"] for h in st["hosts"]), st["hosts"]
+    data = ui_data.page_data(runstate.compute_status(runstate.open_run(run)))
+    assert not any(h["dead"] for h in data["hosts"]) and "rerun_all" not in data["commands"]
+    assert "actx rerun" not in _status(run)[1]
     beat = s.read_json(layout.heartbeat_key(HOST))
     mine = [commit.read_marker(s, p) for p in commit.committed_partitions(s, 24)]
     tokens = sum(m.tokens for m in mine if m.attempt == beat["attempt"])
@@ -117,8 +134,8 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     assert abs(st["average_tokens_per_s"] * st["elapsed_s"] - tokens) <= 0.1 * st[
         "elapsed_s"] + 0.05 * st["average_tokens_per_s"] + 1
     text = _status(run)[1]
-    assert (f"average {st['average_tokens_per_s']:,.0f} tokens/s; elapsed" in text
-            and "0 tokens/s now" in text)
+    assert (f"throughput: finished; average {st['average_tokens_per_s']:,.0f} tokens/s "
+            f"over" in text)
 
 
 def test_check_exits_1_until_every_partition_is_committed(tmp_path):

@@ -49,7 +49,9 @@ def test_html_page_of_a_run_with_a_dead_host(run_with_dead_host, tmp_path):
     # Charts drawn from the heartbeats' history: as many points as the series has.
     assert int(page.attr("chart-tokens", "data-points")) > 10
     # Commands to act on what the page shows.
-    assert f"actx rerun {run} --only stale" in page.text("commands")
+    # Every uncommitted partition (`--only stale` would leave the pending ones).
+    assert f"actx rerun {run}" in page.text("commands")
+    assert "--only stale" not in page.text("commands")
     assert f"actx verify {run}" in page.text("commands")
     shot = browser.screenshot(f"file://{page_path}", str(tmp_path / "page.png"))
     assert os.path.getsize(shot) > 20_000

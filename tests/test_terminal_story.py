@@ -62,8 +62,20 @@ def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
     # Status then reads "stopped", not "failed": the launcher stopped its worker.
     status = runstate.compute_status(runstate.open_run(run))
     assert status.phase == "stopped", status.hosts
-    assert [h.state for h in status.hosts] == ["preempted"]
+    assert [h.state for h in status.hosts] == ["stopped"]
     # Said by the worker (its stop handler caught the signal while it started) or, when
     # it could not say it, by the launcher.
     assert status.hosts[0].message.startswith(
         ("stopped by Ctrl-C", "interrupted while starting")), status.hosts[0].message
+    # What it says to type, typed exactly, finishes the run; then it reads finished.
+    import re
+    import shlex
+
+    from actx.deploy import cli
+
+    [command] = set(re.findall(r"`(actx [^`]*)`", text))
+    assert command == f"actx rerun {run}"
+    assert cli.main(shlex.split(command)[1:], out=io.StringIO()) == 0
+    status = runstate.compute_status(runstate.open_run(run))
+    assert status.complete and status.phase == "finished"
+    assert not any("actx rerun" in h.message for h in status.hosts)

@@ -32,6 +32,10 @@ class Progress:
         self.partitions_done = 0
         self.tokens_left = 0
         self.started = self.created = time.monotonic()
+        # The steady-state rate counts from the first tokens on: what came before (loading
+        # weights, compiling the step, the first step itself) is start-up, not throughput.
+        self.first_tokens_at: float | None = None
+        self.first_tokens = 0
         self.message = ""
         # What the worker does before its first tokens (loading weights, compiling, the
         # first step): shown as the heartbeat's message until tokens flow.
@@ -47,6 +51,14 @@ class Progress:
             for name, value in fields.items():
                 setattr(self, name, value)
 
+    def steady_rate(self, now: float) -> float:
+        """Tokens per second since the first tokens (0.0 until tokens came after them:
+        no steady rate yet, which status shows as an ETA still estimating). Caller holds
+        the lock."""
+        if self.first_tokens_at is None or self.tokens_done <= self.first_tokens:
+            return 0.0
+        return (self.tokens_done - self.first_tokens) / max(1e-6, now - self.first_tokens_at)
+
     def say_phase(self, phase: str) -> None:
         """A start-up phase: in the heartbeat until the first tokens, and in the log."""
         with self.lock:
@@ -56,6 +68,8 @@ class Progress:
 
     def add_tokens(self, tokens: int) -> None:
         with self.lock:
+            if tokens and self.first_tokens_at is None:
+                self.first_tokens_at, self.first_tokens = time.monotonic(), tokens
             self.tokens_done += tokens
             self.tokens_left = max(0, self.tokens_left - tokens)
             if tokens and self.phase:
@@ -111,8 +125,7 @@ class HeartbeatThread:
     def beat(self, force: bool, raise_user_errors: bool = False) -> None:
         p = self._progress
         with p.lock:
-            elapsed = max(1e-6, time.monotonic() - p.started)
-            rate = p.tokens_done / elapsed
+            rate = p.steady_rate(time.monotonic())
             hb = heartbeat_lib.Heartbeat(
                 **self._identity, state=p.state, updated_at=time.time(),
                 partition=p.partition, step=p.step, steps=p.steps, tokens_done=p.tokens_done,

@@ -126,14 +126,18 @@ class Worker:
         self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
                                                opts.model_parallel, attention=attention)
         self._committed = commit_lib.committed_partitions(self.store)
+        from actx.workers import capture as capture_lib
+
+        hook_dtypes = capture_lib.hook_dtypes(self.hooks, self.spec.capture.dtype)
         admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
                                         self.model.digest, self.numerics,
                                         opts.allow_numerics_change,
-                                        nothing_committed=not self._committed)
+                                        nothing_committed=not self._committed,
+                                        hook_dtypes=hook_dtypes)
         self.arrays = writer.ActivationArrays(
             self.location.join(layout.extraction_prefix(self.extraction)), self.hooks,
             self.manifest.total_rows, self.manifest.seq_len, self.spec.capture.dtype,
-            self.spec.layout)
+            self.spec.layout, hook_dtypes)
         self.tokens = prefetch.TokenStore(self.location)
         self.timings = outputs.HostTimings()
         self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)
@@ -181,7 +185,7 @@ class Worker:
         admission.check_context_fits(jax, self.spec, self.model, self.fn, self.mesh,
                                      opts.batch_size, opts.model_parallel,
                                      self.manifest.seq_len, self.max_context)
-        self.hooks = {name: cfg.hidden_size for name in self.fn.hook_names}
+        self.hooks = capture_lib.hook_widths(cfg, self.fn.hook_names)
         return self.fn.attention_implementation(self.manifest.seq_len)
 
     def _warn_idle_hosts(self) -> None:
@@ -391,7 +395,7 @@ class Worker:
                       "`actx rerun` will redo it", e)
             code = 143
         except BaseException as e:
-            self.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
+            self.progress.update(**ended_by(e))
             raise
         finally:
             session.close()
@@ -407,6 +411,20 @@ class Worker:
             self.progress.partitions_done += 1
         self._committed.add(pid)
 
+
+
+def ended_by(e: BaseException) -> dict:
+    """The last heartbeat's state and message for an exception that ends the loop: a stop
+    signal (Ctrl-C, a launcher's or a preemption's SIGTERM, even a second one that raises
+    at once as `Stopped`) is a stop, which status reads as stopped, not a failure; the
+    state keeps its heartbeat name "preempted" (schemas.heartbeat)."""
+    if isinstance(e, KeyboardInterrupt):
+        from actx.schemas import stop_signals
+
+        return {"state": "preempted",
+                "message": f"stopped by {stop_signals.signal_name(stop_signals.signum_of(e))}; "
+                           f"nothing partial was committed"}
+    return {"state": "failed", "message": f"{type(e).__name__}: {e}"}
 
 
 class Session:
@@ -446,7 +464,7 @@ class Session:
             w.run_stream(self.pool, self.committer, set(), sequence=todo)
             self.committer.drain()
         except BaseException as e:
-            w.progress.update(state="failed", message=f"{type(e).__name__}: {e}")
+            w.progress.update(**ended_by(e))
             raise
         w.progress.update(state="idle", partition=None, held=())
         return todo

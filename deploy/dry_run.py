@@ -1,0 +1,289 @@
+"""What a job will cost, before it runs (`actx submit --dry-run`): its tokens and rows,
+and for the activations the bytes of each hook and in all and the objects they take.
+
+Tokens and rows come from the run's manifest when the run is already prepared for this
+spec; otherwise, on the local target, from a prepare of the inputs into memory (nothing
+is written to the run; it takes as long as tokenizing the inputs here), done only for
+local inputs of at most `COUNT_INPUT_BYTES`; other targets' prepare counts them. Each hook's width comes from the checkpoint's config.json. Sizes are
+uncompressed: the stored zstd shards are at most about that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import uuid
+
+from actx.schemas import layout as layout_lib
+from actx.schemas import runspec as runspec_lib
+
+COUNT_INPUT_BYTES = 256 << 20  # local inputs up to this size are counted by a dry prepare
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """tokens / rows / partitions of the run; how they were found ("manifest", "counted")."""
+
+    tokens: int
+    rows: int
+    partitions: int
+    seq_len: int
+    source: str
+
+
+def counts(spec: runspec_lib.RunSpec, run: str,
+           count_inputs: bool = True) -> tuple[Counts | None, str]:
+    """(the run's counts, "") or (None, why they are not known here). `count_inputs`:
+    count an unprepared run's inputs by a prepare into memory (the local target, whose
+    prepare runs here anyway; another target's inputs are counted by its prepare)."""
+    from actx.schemas import layout, store as store_lib
+
+    try:
+        s = store_lib.open_store(run)
+        existing = s.read_json(runspec_lib.RUN_SPEC_KEY)
+        if existing is not None and existing.get("fingerprint") == spec.fingerprint \
+                and s.exists(layout.MANIFEST_KEY):
+            from actx.schemas import run_dir
+
+            m = run_dir.open_run(s).manifest
+            return Counts(m.total_tokens, m.total_rows, len(m.partitions), m.seq_len,
+                          "from the run's manifest"), ""
+    except Exception:  # noqa: BLE001 - unreachable here: counted from the inputs, if local
+        pass
+    if not count_inputs:
+        return None, "the run is not prepared yet; its prepare counts the inputs"
+    paths = [p for source in spec.sources for p in source.paths]
+    if any("://" in p for p in paths):
+        return None, "the inputs are remote; prepare counts them"
+    absent = [p for p in paths if not _exists(p)]
+    if absent:
+        return None, f"{absent[0]} is not here; prepare counts the inputs"
+    size = sum(_size(p) for p in paths)
+    if size > COUNT_INPUT_BYTES:
+        return None, (f"the inputs are {size / 2**20:,.0f} MiB (over "
+                      f"{COUNT_INPUT_BYTES >> 20} MiB); prepare counts them")
+    return _counted(spec)
+
+
+def _exists(path: str) -> bool:
+    import glob
+
+    return bool(glob.glob(path)) if any(c in path for c in "*?[") else os.path.exists(path)
+
+
+def _size(path: str) -> int:
+    import glob
+
+    return sum(os.path.getsize(p) for p in glob.glob(path) if os.path.isfile(p)) if any(
+        c in path for c in "*?[") else (os.path.getsize(path) if os.path.isfile(path) else 0)
+
+
+def _counted(spec: runspec_lib.RunSpec) -> tuple[Counts | None, str]:
+    """A prepare into memory (in-process Beam runner): the manifest prepare would write."""
+    import contextlib
+    import io
+    import logging
+
+    from actx.pipeline import main as pipeline_main
+    from actx.schemas import store as store_lib
+
+    where = f"memory://actx-dry-run-{uuid.uuid4().hex}"
+    quiet = logging.getLogger("actx.prepare")
+    saved = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            m = pipeline_main.run_prepare_stoppable(spec, where, ["--runner=FnApiRunner"],
+                                                    max_reject_fraction=1.0)
+    except Exception as e:  # noqa: BLE001 - the dry run shows the plan anyway
+        return None, f"a prepare into memory failed: {e}"
+    finally:
+        quiet.setLevel(saved)
+        with contextlib.suppress(Exception):
+            store_lib.open_store(where).delete_prefix("")
+    return Counts(m.total_tokens, m.total_rows, len(m.partitions), m.seq_len,
+                  "counted by a prepare of the inputs into memory"), ""
+
+
+# The last axis of each hook point's array, read from the checkpoint's config.json as the
+# workers do (workers.capture.point_width; deploy may import only the workers' entry
+# points, so the rule is restated here for the dry run's arithmetic): the residual width,
+# or the router's experts (router_logits) and experts per token (expert ids, weights).
+_ROUTER_WIDTH = {"router_logits": ("num_local_experts", "num_experts", "n_routed_experts"),
+                 "expert_ids": ("num_experts_per_tok", "moe_topk", "top_k"),
+                 "expert_weights": ("num_experts_per_tok", "moe_topk", "top_k")}
+_HOOK = re.compile(r"^layers\.(\*|\d+(?:-\d+)?)\.([A-Za-z_]+)$")
+
+
+def hook_widths(spec: runspec_lib.RunSpec) -> tuple[dict[str, tuple[int, str]], str]:
+    """({hook: (values per token, stored dtype)}, "") from the checkpoint's config.json,
+    or ({}, why not)."""
+    from actx.schemas import store as store_lib
+
+    if not spec.model.path:
+        return {}, "no checkpoint directory (spec.model.path) to read the widths from"
+    try:
+        data = store_lib.open_store(spec.model.path).read_json("config.json") or {}
+        data = data.get("text_config") or data if "hidden_size" not in data else data
+        layers = int(data["num_hidden_layers"])
+        hidden = int(data["hidden_size"])
+    except Exception as e:  # noqa: BLE001 - the pre-flight has said what is wrong
+        return {}, f"the model's config.json could not be read ({e})"
+    hooks = spec.capture.hooks
+    words = [w.strip() for w in (hooks.split(",") if isinstance(hooks, str) else hooks)
+             if w.strip()]
+    widths: dict[str, tuple[int, str]] = {}
+    for word in words:
+        m = _HOOK.match(word)
+        if m is None:  # a global point (embed, final_norm)
+            names, point = [word], word
+        else:
+            sel, point = m.groups()
+            lo, _, hi = sel.partition("-")
+            span = range(layers) if sel == "*" else range(int(lo), int(hi or lo) + 1)
+            names = [f"layers.{i}.{point}" for i in span]
+        for point_name in (("expert_ids", "expert_weights") if point == "experts" else
+                           (point,)):
+            keys = _ROUTER_WIDTH.get(point_name)
+            width = (next((int(data[k]) for k in keys if data.get(k)), 0) if keys else hidden)
+            dtype = "int32" if point_name == "expert_ids" else spec.capture.dtype
+            for name in names:
+                widths[name.rsplit(".", 1)[0] + "." + point_name
+                       if point == "experts" else name] = (width, dtype)
+    return widths, ""
+
+
+def _size_text(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def report(spec: runspec_lib.RunSpec, run: str, count_inputs: bool = True) -> list[str]:
+    """The cost lines of a dry run (each starts with "# "); `count_inputs` as `counts`."""
+    found, why = counts(spec, run, count_inputs)
+    widths, why_widths = hook_widths(spec)
+    lines = ["# cost:"]
+    if found is None:
+        lines.append(f"#   tokens: not known here ({why})")
+    else:
+        lines.append(f"#   tokens: {found.tokens:,} in {found.rows:,} rows of {found.seq_len:,} "
+                     f"({found.partitions:,} partitions; {found.source})")
+    if not widths:
+        lines.append(f"#   activations: not known here ({why_widths})")
+        return lines
+    shards_per_hook = (None if found is None
+                       else math.ceil(found.rows / spec.layout.rows_per_shard))
+    total = 0
+    for name, (width, dtype) in widths.items():
+        per_row = spec.packing.seq_len * width * layout_lib.ITEMSIZE[dtype]
+        if found is None:
+            lines.append(f"#   {name}: {width} {dtype} values per token, "
+                         f"{_size_text(per_row)} per row")
+        else:
+            total += per_row * found.rows
+            lines.append(f"#   {name}: [{found.rows:,}, {found.seq_len:,}, {width}] {dtype} = "
+                         f"{_size_text(per_row * found.rows)} in {shards_per_hook:,} objects")
+    if found is not None:
+        objects = len(widths) * (shards_per_hook + 1) + found.partitions
+        lines.append(f"#   activations in all: {_size_text(total)} uncompressed in {len(widths)} "
+                     f"hook(s); {objects:,} objects ({shards_per_hook:,} shards of "
+                     f"{spec.layout.rows_per_shard} rows per hook, a zarr.json each, and "
+                     f"{found.partitions:,} commit markers)")
+    return lines
+
+
+def estimate(spec: runspec_lib.RunSpec, run: str, target, out) -> None:
+    """`--estimate`: a time for the whole job from a short timed run of one worker process
+    here (the target's batch, devices and model parallelism) over the first partitions of
+    a copy of the token store prepared in a temporary directory (the run itself is not
+    touched): its steady-state rate (from its first tokens on, workers.progress) times the
+    job's replicas, plus its start-up. Local target only: another target's hardware is
+    not this machine's."""
+    import dataclasses
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    if target.kind != "local":
+        print(f"# estimate: not made for the {target.kind} target (it would time this "
+              f"machine, not the target's hardware)", file=out, flush=True)
+        return
+    found, why = counts(spec, run)
+    if found is None:
+        print(f"# estimate: not made ({why})", file=out, flush=True)
+        return
+    from actx.deploy import local
+    from actx.pipeline import main as pipeline_main
+    from actx.schemas import heartbeat as heartbeat_lib, run_dir, store as store_lib
+
+    tmp = tempfile.mkdtemp(prefix="actx-estimate-")
+    try:
+        copy = os.path.join(tmp, "run")
+        import contextlib
+        import io
+        import logging
+
+        logger = logging.getLogger("actx.prepare")
+        saved = logger.level
+        logger.setLevel(logging.WARNING)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                pipeline_main.run_prepare_stoppable(spec, copy, ["--runner=FnApiRunner"],
+                                                    max_reject_fraction=1.0)
+        finally:
+            logger.setLevel(saved)
+        manifest = run_dir.open_run(copy).manifest
+        one = dataclasses.replace(target, hosts=target.hosts_per_replica)  # one replica
+        ids, rows = [], 0
+        for p in manifest.partitions:  # enough rows for a few steps after the first
+            ids.append(p.id)
+            rows += p.row_count
+            if rows >= 4 * one.batch_size:
+                break
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "actx.workers.main",
+             *local.worker_args(copy, one, spec.fingerprint, "estimate", 0, i, coordinator,
+                                ids)], env=local.worker_env(one), cwd=local.config_lib.code_path(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for coordinator in [f"127.0.0.1:{local._free_port()}"
+                                if one.hosts_per_replica > 1 else None]
+            for i in range(one.hosts_per_replica)]
+        started = time.time()
+        errors = [p.communicate()[1] for p in procs]
+        if any(p.returncode != 0 for p in procs):
+            print(f"# estimate: the timed worker failed: {errors[0].strip()[-300:]}",
+                  file=out, flush=True)
+            return
+        beat = next(hb for hb in heartbeat_lib.read_heartbeats(store_lib.open_store(copy))
+                    if hb.host == local.host_name(0, 0))
+        rate = beat.tokens_per_s
+        first = next((t for t, n in beat.history if n > 0), None)
+        if rate <= 0 or first is None:
+            print(f"# estimate: not made (the timed partitions ran too few steps to measure "
+                  f"a steady rate)", file=out, flush=True)
+            return
+        startup = max(0.0, first - started)
+        seconds = startup + found.tokens / (rate * target.replicas)
+        print(f"# estimate: about {_duration(seconds)} for {found.tokens:,} tokens: one "
+              f"replica ran {rate:,.0f} tokens/s here in steady state (timed over "
+              f"{len(ids)} partition(s) after a start-up of {_duration(startup)}), x "
+              f"{target.replicas} replica(s) (if they do not slow each other on this "
+              f"machine's cores)", file=out, flush=True)
+    except Exception as e:  # noqa: BLE001 - a dry run's estimate is best effort
+        print(f"# estimate: not made ({e})", file=out, flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _duration(s: float) -> str:
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
