@@ -2,8 +2,9 @@
 
 Each extra is one role and installs alone (tests/test_install_extras*.py build a fresh
 virtual environment per extra and run its smoke command). Torch and transformers are the
-numerical reference: of the tests (`dev`) and of `actx verify --reference` (`torch`); no
-other extra brings them.
+numerical reference: of the tests (`dev`) and of `actx verify --reference` (`torch`, which
+also serves the reader's PyTorch dataset and the SAELens export); no other extra brings
+them.
 """
 
 import os
@@ -36,6 +37,9 @@ _TORCH = [
     "torch==2.13.0",  # exactly: a loose torch pulls a multi-GB CUDA build
     "transformers>=4.45",
 ]
+# The reader's PyTorch side (reader.torch_data, reader.trainers): torch above, and HF
+# datasets, which writes SAELens's cached-activations layout (export_saelens).
+_TORCH_READER = ["datasets>=3"]
 # The tests: HF transformers on PyTorch is the numerical reference of the JAX model.
 _TEST = [
     *_TORCH,
@@ -105,7 +109,8 @@ setup(
         # `actx submit` on its embedded defaults: prepare + extract locally, and its inputs.
         "demo": _extra(_WORKERS, _PIPELINE, _DEMO_INPUTS),
         "data": _DEMO_INPUTS,  # the demo's inputs alone (kept for existing installs)
-        "torch": _extra(_TORCH),  # `actx verify --reference` (with the core install)
+        # `actx verify --reference`, the reader's PyTorch dataset and the SAELens export.
+        "torch": _extra(_TORCH, _TORCH_READER),
         "dev": _extra(_WORKERS, _FLAX, _PIPELINE, _DATAFLOW, _GCS, _DEMO_INPUTS, _TEST),
     },
     entry_points={"console_scripts": ["actx=actx.deploy.cli:main"]},

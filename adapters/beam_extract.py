@@ -9,8 +9,8 @@ duplicated attempt leaves no marker or loses the create-only marker race, so eac
 partition is committed exactly once. This is the one module that imports both Beam and
 JAX (through workers.runner).
 
-Command line (what `actx submit` runs for `target.extract: beam`, and what README shows
-for Dataflow): `python -m actx.adapters.beam_extract --run RUN [worker flags] [Beam flags]`.
+Command line (what `actx submit` runs for `target.extract: beam`, and what docs/dataflow.md
+shows): `python -m actx.adapters.beam_extract --run RUN [worker flags] [Beam flags]`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Pure Python over document lengths only, in document order, so the layout is a
 deterministic function of (lengths, packing spec). Prepare packs each pack group (one file,
 or one block of its lines; `pipeline.pack_group`) on its own, rows numbered from 0, and
-shifts them into place afterwards. Modes (docs/ARCHITECTURE.md, README):
+shifts them into place afterwards. Modes (docs/ARCHITECTURE.md, docs/run-directory.md):
   pad        each document starts a new row; the rest of the row is padding.
   concat     documents (each followed by a separator, except the last) form one stream cut
              into rows; positions are the column (a row is one causal sequence).

@@ -12,7 +12,7 @@ TokenOptions: which tokens.
   exclude_bos / exclude_special: leave out tokens with the BOS id (anywhere in a row, also
     mid-row in concat packing) / the tokenizer's special tokens.
   whole_document: only tokens that attended to their whole document up to themselves
-    (tokens/context_start == 0; see README, "What each token sees").
+    (tokens/context_start == 0; see docs/run-directory.md, "What each token sees").
   partitions: committed partitions to use (default: all committed at open time).
 OrderOptions: which steps, in which order, on this process.
   seed / epochs: order seed; epochs to run (None: forever).

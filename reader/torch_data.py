@@ -68,9 +68,8 @@ class ActivationDataset(torch_data.IterableDataset):
     with_tokens: items are (acts, tokens), tokens a dict of int64 tensors rows / cols /
       input_ids saying where each token of the batch is in the run.
     resume: a `state_dict(n)`: continue after the n batches this process had taken.
-    extraction: which of the run's extractions to read (README, "Several models on one
-      token store"; default: the one an opened `run` was opened with, else the run's
-      default one).
+    extraction: which of the run's extractions to read (docs/several-models.md; default:
+      the one an opened `run` was opened with, else the run's default one).
     """
 
     def __init__(self, run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequence[str]",

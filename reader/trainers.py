@@ -3,8 +3,10 @@
 - dictionary_learning (saprmarks): `ActivationBuffer`, a drop-in for its ActivationBuffer:
   an endless iterator of float tensors [out_batch_size, d_submodule] on `device`, which is
   all its `trainSAE(data=buffer, ...)` reads (plus `config`, which it saves).
-- SAELens: `export_saelens` writes its cached-activations layout, a HF `datasets` dataset
-  saved with `save_to_disk` (what its CacheActivationsRunner writes and its
+- SAELens: its `SAETrainer` takes `iter(reader.torch_data.ActivationDataset(...))` as its
+  data provider as it is (docs/training.md), with no export. For its runner's
+  cached-activations route, `export_saelens` writes its cached-activations layout, a HF
+  `datasets` dataset saved with `save_to_disk` (what its CacheActivationsRunner writes and its
   ActivationsStore reads with `use_cached_activations=True, cached_activations_path=`):
   one column per hook of Array2D (context_size, d_in) and `token_ids` (context_size).
   Rows are `context_size` kept tokens in the stream's shuffled order (SAELens trains on
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 
 from actx.reader import run as run_lib
+from actx.schemas import errors
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +40,22 @@ SAELENS_DTYPES = ("float32", "float16", "float64")
 _TL_POINTS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
               "resid_post": "hook_resid_post", "attn_out": "hook_attn_out",
               "mlp_out": "hook_mlp_out"}
+
+
+class MissingDatasets(errors.UserError, ImportError):
+    """export_saelens without HF datasets: one line naming the extra that installs it."""
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError as e:
+        from actx.schemas import version
+
+        raise MissingDatasets(f"actx.export_saelens writes SAELens's cached activations with "
+                              f"HF datasets, which is not installed here ({e}): pip install "
+                              f"'{version.DISTRIBUTION}[torch]'") from None
+    return datasets
 
 
 def transformer_lens_name(hook: str) -> str:
@@ -117,7 +136,7 @@ def export_saelens(run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequenc
         raise ValueError(f"dtype {dtype!r}: SAELens's cached activations are stored by "
                          f"pyarrow, which takes {', '.join(SAELENS_DTYPES)}; pass one of "
                          f"those (float32 is what SAELens trains in)")
-    import datasets
+    datasets = _datasets()  # before anything is written
     from actx import reader
 
     run = run if isinstance(run, run_lib.Run) else reader.open_run(run)

@@ -131,7 +131,7 @@ class TokenizerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class PackingSpec:
-    """How documents become fixed-length rows (see README, "What each token sees").
+    """How documents become fixed-length rows (see docs/run-directory.md, "What each token sees").
 
     mode: "pad" (one document per row), "concat" (a stream cut into rows) or
       "segmented" (several documents per row with segment ids and restarting positions).
@@ -182,8 +182,8 @@ class ModelSpec:
     """The decoder: an HF checkpoint directory (local or gs://) and its compute dtype.
 
     flax: instead of a checkpoint, a user's Flax NNX model: "package.module:factory", a
-      callable taking no arguments that returns the module with its weights (README, "Your
-      own Flax model"). Its own dtypes then decide the compute; `dtype` is not used.
+      callable taking no arguments that returns the module with its weights (docs/flax.md,
+      "Your own Flax model"). Its own dtypes then decide the compute; `dtype` is not used.
     """
 
     path: str = ""
@@ -203,8 +203,8 @@ class ModelSpec:
 class CaptureConfig:
     """Which activations are stored, and in what dtype.
 
-    hooks: hook names (README, "Extraction API"), comma separated, with layer ranges allowed:
-      "layers.0-3.resid_post,final_norm" or "layers.*.resid_post".
+    hooks: hook names (docs/models.md, "Extraction API"), comma separated, with layer
+      ranges allowed: "layers.0-3.resid_post,final_norm" or "layers.*.resid_post".
     dtype: storage dtype of the activation arrays.
     """
 

@@ -1,4 +1,4 @@
-"""README's crosscoder workflow ("Several models on one token store") runs as written: its
+"""docs/several-models.md's crosscoder workflow runs as written: its
 config, its `actx` commands (prepare once, two tiny Qwen2 models with Qwen2.5's real
 vocabulary extracted one after another) and its training loop over aligned batches."""
 
@@ -15,14 +15,12 @@ import yaml
 
 from actx.deploy import cli, demo
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "several-models.md"
 WORDS = "the a model token layer chat base read write store run cat sat on mat".split()
 
 
 def _blocks() -> tuple[str, list[str], str]:
-    text = README.read_text()
-    section = text[text.index("### Several models on one token store"):]
-    section = section[:section.index("\n### ", 10)]
+    section = PAGE.read_text()
     config = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     shell = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     commands = [line.split("#")[0].split() for line in shell.splitlines() if line.strip()]
@@ -64,7 +62,7 @@ def test_crosscoder_workflow_runs(tmp_path, monkeypatch, qwen_tokenizer_dir):
     assert (run / "extractions" / "chat" / "workers").is_dir() and not (run / "workers").exists()
 
     scope: dict = {}
-    exec(compile(code, "README.md (crosscoder)", "exec"), scope)
+    exec(compile(code, "docs/several-models.md (crosscoder)", "exec"), scope)
     b, batches = scope["b"], scope["batches"]
     assert b.step == 2 * batches.steps_per_epoch - 1 and tuple(b.acts.shape[1:]) == (2, 64)
     assert np.isfinite(float(scope["loss"].detach()))
@@ -82,7 +80,7 @@ def test_crosscoder_workflow_runs(tmp_path, monkeypatch, qwen_tokenizer_dir):
                                    rtol=1e-4, atol=1e-5)
 
     # The same config with both models in memory at once (`target.models_at_once: 2`, the
-    # README's words): the same bytes in each extraction.
+    # the page's words): the same bytes in each extraction.
     out = io.StringIO()
     assert cli.main(["submit", "crosscoder.yaml", "--run", "runs/together",
                      "--set", "target.models_at_once=2"], out=out) == 0, out.getvalue()

@@ -1,4 +1,5 @@
-"""README's training-loop example (the reader section) runs as written on a real run."""
+"""docs/reading.md's examples (reading, token masks, training on a stream) and
+docs/training.md's PyTorch dataset run as written on a real run."""
 
 from __future__ import annotations
 
@@ -10,18 +11,19 @@ import numpy as np
 from actx import reader
 from tests import reader_fixtures as rf
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+READING, TRAINING = DOCS / "reading.md", DOCS / "training.md"
 
 
 def test_training_loop_example_runs(tmp_path):
-    text = README.read_text()
-    section = text[text.index("#### Training on a stream"):]
+    text = READING.read_text()
+    section = text[text.index("## Training on a stream"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len([line for line in code.splitlines() if line.strip()]) <= 12
     truth = rf.build_run(str(tmp_path / "run"), num_partitions=4, partition_rows=16,
                          rows_per_shard=8, committed=(0, 1, 2, 3), dtype="bfloat16")
     scope = {"run_dir": truth.uri}
-    exec(compile(code, "README.md (training on a stream)", "exec"), scope)
+    exec(compile(code, "docs/reading.md (training on a stream)", "exec"), scope)
     batches, last = scope["batches"], scope["b"]
     # Both epochs ran to the end, and the probe's weights are those of the same SGD steps
     # replayed here in float64 on the fixture's values, standardised with numpy's
@@ -48,17 +50,17 @@ def _block(text: str, heading: str, nth: int = 0) -> str:
 
 
 def _arc_run(tmp_path, monkeypatch) -> rf.RunTruth:
-    # Real ARC task ids, as the README's block names one.
+    # Real ARC task ids, as the page's block names one.
     monkeypatch.setattr(rf, "ARC_TASKS", ("007bbfb7", "00d62c1b"))
     return rf.build_run(str(tmp_path / "run"), num_partitions=4, partition_rows=16,
                         rows_per_shard=8, committed=(0, 1, 2, 3), dtype="float32")
 
 
 def test_reading_and_token_mask_examples_run(tmp_path, monkeypatch, capsys):
-    text = README.read_text()
+    text = READING.read_text()
     truth = _arc_run(tmp_path, monkeypatch)
     scope = {"run_dir": truth.uri}
-    exec(compile(_block(text, "### Reading activations"), "README.md (reading)", "exec"),
+    exec(compile(_block(text, "# Reading activations"), "docs/reading.md (reading)", "exec"),
          scope)
     hook = scope["hook"]
     assert f"'committed': [0, 1, 2, 3]" in capsys.readouterr().out
@@ -80,22 +82,27 @@ def test_reading_and_token_mask_examples_run(tmp_path, monkeypatch, capsys):
         np.float64).mean(axis=0), rtol=1e-9)
     assert sum(len(x.rows) for x in scope["exact"]) // 256 * 256 == len(rows) // 256 * 256
 
-    exec(compile(_block(text, "#### Token masks"), "README.md (token masks)", "exec"), scope)
+    exec(compile(_block(text, "## Token masks"), "docs/reading.md (token masks)", "exec"),
+         scope)
     removed = reader.open_run(truth.uri).describe()["masks"]["removed"]
     first_tokens = sum(1 for d in truth.docs)  # every document's first token is BOS here
     assert removed["bos"] >= first_tokens > 0
 
 
 def test_torch_dataset_example_runs(tmp_path, monkeypatch):
-    text = README.read_text()
+    """The block as a script: its loader's spawned workers import it again, so it starts
+    the loader under `if __name__ == "__main__":` (here its `read` is called instead)."""
+    text = TRAINING.read_text()
     truth = _arc_run(tmp_path, monkeypatch)
-    code = _block(text, "**PyTorch: your own loop, sparsify's modules.**")
-    reader.open_run(truth.uri).compute_stats()  # normalize= needs them, as README says
-    scope = {"run_dir": truth.uri}
-    exec(compile(code, "README.md (PyTorch dataset)", "exec"), scope)
+    code = _block(text, "## PyTorch: your own loop")
+    assert re.search(r'^if __name__ == "__main__":', code, re.M)
+    assert "loader(num_workers=2" in code
+    reader.open_run(truth.uri).compute_stats()  # normalize= needs them, as the page says
+    scope = {"__name__": "docs_training"}       # imported, not run as a script
+    exec(compile(code, "docs/training.md (PyTorch dataset)", "exec"), scope)
     import torch
 
-    x, step = scope["x"], scope["step"]
+    step, x = scope["read"](truth.uri)
     kept = truth.committed_mask() & ~np.isin(truth.tokens["input_ids"], rf.SPECIAL_IDS)
     # Each of the 2 workers reads its own share and drops its own last partial batch.
     whole = int(kept.sum()) // 256

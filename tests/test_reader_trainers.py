@@ -124,3 +124,79 @@ def test_saelens_activations_store_trains_from_the_export(tmp_path):
     kept = truth.committed_mask() & ~np.isin(truth.tokens["input_ids"], rf.SPECIAL_IDS)
     assert np.isin(flat, np.flatnonzero(kept)).all()
     np.testing.assert_array_equal(acts, truth.value(HOOK, flat // T, flat % T))
+
+
+def test_export_without_datasets_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from actx.schemas import errors
+
+    truth = _run(tmp_path)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # an import of it fails, as uninstalled
+    out = tmp_path / "cache"
+    with pytest.raises(errors.UserError) as e:
+        trainers.export_saelens(truth.uri, HOOK, str(out))
+    message = str(e.value)
+    assert "\n" not in message and "pip install 'actx-lm[torch]'" in message
+    assert not out.exists()  # refused before anything is written
+
+
+# docs/training.md's SAELens blocks (SAETrainer fed by ActivationDataset, then the
+# cached-activations route), imported as a module by this driver so that their
+# `if __name__ == "__main__":` parts stay out, and called with a short schedule.
+_SAELENS_DRIVE = """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import training_recipes as recipes
+run, cache = sys.argv[2], sys.argv[3]
+saes = {"direct": recipes.train(run, batch=128, steps=1000, lr=3e-3),
+        "cached": recipes.train_cached(run, cache, batch=128, steps=1000)}
+for name, sae in saes.items():
+    np.savez(f"{sys.argv[1]}/{name}.npz", **{k: getattr(sae, k).detach().cpu().numpy()
+                                             for k in ("W_enc", "b_enc", "W_dec", "b_dec")})
+"""
+
+
+@pytest.mark.skipif(not _saelens_python(), reason="sae-lens not installed here and "
+                    "ACTX_SAELENS_PYTHON not set")
+def test_saelens_recipes_of_the_docs_train_an_sae_from_the_run(tmp_path):
+    """Both routes run as written (no hub: nothing could reach one here) and return SAEs
+    that, applied with numpy to the run's raw activations (the normalization folded into
+    the weights, as the page says), explain them with few latents: the run holds sparse
+    sums of a dictionary (tests/test_sae_example.py), which an untrained SAE does not."""
+    import os
+    import pathlib
+    import re
+    import subprocess
+
+    from actx.deploy import config as deploy_config
+    from tests.test_sae_example import _sparse_run
+
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    routes = page[page.index("## SAELens 6"):page.index("## dictionary_learning")]
+    code = re.findall(r"```python\n(.*?)```", routes, re.S)
+    assert len(code) == 2 and all('if __name__ == "__main__":' in c for c in code)
+    work = tmp_path / "drive"
+    work.mkdir()
+    (work / "training_recipes.py").write_text("\n\n".join(code))
+    uri = _sparse_run(tmp_path)
+    # One thread: torch's default pool only contends with itself on a small machine.
+    env = {**os.environ, "PYTHONPATH": deploy_config.code_path(), "OMP_NUM_THREADS": "1",
+           "WANDB_MODE": "disabled"}
+    done = subprocess.run([_saelens_python(), "-c", _SAELENS_DRIVE, str(work), uri,
+                           str(tmp_path / "cache")], capture_output=True, text=True,
+                          env=env, cwd=str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = reader.open_run(uri)
+    x = run.rows(HOOK, 0, run.total_rows).reshape(-1, run.hook(HOOK).hidden)
+    x = x[np.linalg.norm(x, axis=1) > 0].astype(np.float64)  # the valid tokens
+
+    def explained(p) -> tuple[float, float]:
+        f = np.maximum((x - p["b_dec"]) @ p["W_enc"] + p["b_enc"], 0)
+        error = f @ p["W_dec"] + p["b_dec"] - x
+        return 1 - (error ** 2).sum() / ((x - x.mean(0)) ** 2).sum(), (f > 0).sum(1).mean()
+
+    direct = explained(np.load(work / "direct.npz"))
+    cached = explained(np.load(work / "cached.npz"))
+    assert direct[0] > 0.4 and direct[1] < 16, direct  # of 512 latents; the data has 3
+    assert cached[0] > 0.3, cached

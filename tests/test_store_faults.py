@@ -290,10 +290,10 @@ def test_host_whose_requests_all_fail_stops_cleanly_and_rerun_finishes(
 
 
 def bad_inputs_tried() -> int:
-    """Rows of README's "Bad input and faults" table other than this module's (object-store
-    faults), each naming the test that tries it."""
-    text = open(os.path.join(REPO, "README.md")).read()
-    lines = text[text.index("#### Bad input and faults"):].splitlines()
+    """Rows of the bad-input-and-faults table (docs/faults.md) other than this module's
+    (object-store faults), each naming the test that tries it."""
+    text = open(os.path.join(REPO, "docs", "faults.md")).read()
+    lines = text[text.index("## Each bad input and fault"):].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| ---")) + 1
     rows = []
     for line in lines[start:]:
