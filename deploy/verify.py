@@ -131,8 +131,9 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
         if tuple(arr.shape) != want_shape:
             problems.append(f"array {hook}: shape {list(arr.shape)}, expected {list(want_shape)}")
             continue
-        if arr.dtype.name != dtype:
-            problems.append(f"array {hook}: dtype {arr.dtype.name}, expected {dtype}")
+        if arr.dtype.name != info.dtype_of(hook):
+            problems.append(f"array {hook}: dtype {arr.dtype.name}, expected "
+                            f"{info.dtype_of(hook)}")
             continue
         arrays[hook] = arr
         shards[hook] = _stored_shards(store, hook)
@@ -164,8 +165,9 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
             if sums is None:
                 continue
             label = f"{where}, array {hook}"
-            if marker.dtypes.get(hook) != dtype:
-                problems.append(f"{label}: marker dtype {marker.dtypes.get(hook)}, expected {dtype}")
+            if marker.dtypes.get(hook) != info.dtype_of(hook):
+                problems.append(f"{label}: marker dtype {marker.dtypes.get(hook)}, expected "
+                                f"{info.dtype_of(hook)}")
             if len(sums) != n_blocks:
                 problems.append(f"{label}: marker has {len(sums)} block checksums, expected "
                                 f"{n_blocks}")

@@ -30,6 +30,7 @@ import numpy as np
 
 from actx.deploy import hf_reference
 from actx.reader import run as reader_run
+from actx.schemas import activations_info as info_lib
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import reference_verification as record_lib
@@ -167,7 +168,14 @@ def check(handle, n: int = DEFAULT_SAMPLE, device: str = "cpu", seed: int = 0,
         raise ReferenceCheckError(f"{handle.location}: no committed document to recompute"
                                   + (" in the partitions --only names" if only else "")
                                   + "; extract first (`actx rerun`)")
-    hooks = sorted(run.hooks)
+    # A router's hooks (mixtures of experts) have no counterpart in the references' hook
+    # points; the layer's mlp_out, which the chosen experts make, is compared.
+    not_recomputed = tuple(h for h in sorted(run.hooks) if h.rsplit(".", 1)[-1] in info_lib.ROUTER_POINTS)
+    hooks = [h for h in sorted(run.hooks) if h not in not_recomputed]
+    if not hooks:
+        raise ReferenceCheckError(f"hooks {list(not_recomputed)}: a router's hooks only, which "
+                                  f"the reference does not recompute; store a layer's "
+                                  f"mlp_out or resid_post beside them to check the run")
     ref = _reference(spec, hooks, device)
     if ref.unknown:
         raise ReferenceCheckError(f"hooks {ref.unknown}: not hooks of the model "
@@ -217,7 +225,7 @@ def check(handle, n: int = DEFAULT_SAMPLE, device: str = "cpu", seed: int = 0,
     return record_lib.ReferenceRecord(
         at=time.time() if at is None else at, ok=not failures, reference=ref.described,
         seed=seed, sample=n, tolerance=bound, hooks=worst, documents=tuple(checked),
-        failures=tuple(failures))
+        failures=tuple(failures), not_recomputed=not_recomputed)
 
 
 def render(record: record_lib.ReferenceRecord, run: str) -> str:
@@ -229,6 +237,9 @@ def render(record: record_lib.ReferenceRecord, run: str) -> str:
     lines.append(f"  {'hook':<28} {'worst relative error':>20} {'tolerance':>10}")
     for hook, err in record.hooks.items():
         lines.append(f"  {hook:<28} {err:>20.3g} {record.tolerance:>10.2g}")
+    if record.not_recomputed:
+        lines.append(f"  not recomputed (no reference counterpart): "
+                     f"{', '.join(record.not_recomputed)}")
     if record.ok:
         lines.append("OK: every stored value of the sample equals the model's own, within "
                      "tolerance")

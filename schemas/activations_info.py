@@ -12,6 +12,10 @@ import dataclasses
 from actx.schemas import config as config_lib
 from actx.schemas import layout
 
+# The hook points of a mixture of experts' router, as stored (the `experts` hook stores
+# two arrays, expert_ids and expert_weights; workers.families.base says what each is).
+ROUTER_POINTS = ("router_logits", "expert_ids", "expert_weights")
+
 
 @dataclasses.dataclass(frozen=True)
 class Numerics:

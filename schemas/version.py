@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 # The distribution's name on PyPI (`pip install actx-lm`): `actx` there is another project.
 # The import package and the command are actx.
 DISTRIBUTION = "actx-lm"

@@ -100,7 +100,7 @@ def test_tpu_vm_submit_dry_run_prints_exact_commands(tmp_path, monkeypatch):
     lines = _dry_run(["submit", cfg, "--dry-run", "--job", job])
     fp = _fingerprint()
     job_dir = os.path.join(tempfile.gettempdir(), f"actx-{job}")
-    wheel = "actx_lm-0.2.0-py3-none-any.whl"
+    wheel = "actx_lm-0.3.0-py3-none-any.whl"
     expected = [
         # The slice first: a queued resource that fails leaves nothing prepared.
         shlex.join(["gcloud", "compute", "tpus", "queued-resources", "create", "tpu1",
@@ -147,7 +147,7 @@ def test_tpu_worker_environment_per_slice_size():
 def test_tpu_vm_prepare_on_dataflow_existing_slice_custom_install(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = _write(tmp_path, {"kind": "tpu-vm", "prepare": "dataflow", "dataflow": DATAFLOW,
-                            "tpu": {**TPU, "install": "actx-lm[workers,gcs]==0.2.0"}})
+                            "tpu": {**TPU, "install": "actx-lm[workers,gcs]==0.3.0"}})
     lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j2", "--batch-size", "16"])
     fp = _fingerprint()
     job_dir = os.path.join(tempfile.gettempdir(), "actx-j2")
@@ -161,7 +161,7 @@ def test_tpu_vm_prepare_on_dataflow_existing_slice_custom_install(tmp_path, monk
         f"--job_name=actx-prepare-r1-{fp}", "--max_num_workers=16"])
     assert lines[2:] == [
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
-                    "--command=python3 -m pip install -q 'actx-lm[workers,gcs]==0.2.0' 'jax[tpu]'"]),
+                    "--command=python3 -m pip install -q 'actx-lm[workers,gcs]==0.3.0' 'jax[tpu]'"]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
                     "--command=" + _worker_command("j2", hosts=4, batch=16)]),
     ]

@@ -261,6 +261,18 @@ def test_router_hooks_through_a_worker_and_the_reader(tmp_path, ckpt_dir):
             assert (seg[b.rows, b.cols] > 0).all()
             seen += len(b.rows)
     assert seen == int((seg > 0).sum())
+    # verify reads each hook at its recorded dtype, in the array and in the commit
+    # markers (the ids int32, the rest float32).
+    import io
+
+    from actx.deploy import cli
+    from actx.schemas import commit
+
+    out = io.StringIO()
+    assert cli.main(["verify", run], out=out) == 0, out.getvalue()
+    marker = commit.read_marker(store.open_store(run), 0)
+    assert marker.dtypes["layers.1.expert_ids"] == "int32"
+    assert marker.dtypes["layers.1.expert_weights"] == "float32"
 
 
 def test_step_cost_counts_the_active_experts():

@@ -15,9 +15,11 @@ import difflib
 import re
 from typing import Sequence, Union
 
+from actx.schemas import activations_info as info_lib
+
 DENSE_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 # A mixture of experts' router (workers.families.base.MOE_HOOK_POINTS says what each is).
-ROUTER_POINTS = ("router_logits", "expert_ids", "expert_weights")
+ROUTER_POINTS = info_lib.ROUTER_POINTS
 LAYER_POINTS = DENSE_POINTS + ROUTER_POINTS
 # Names a request may use for several points.
 POINT_ALIASES = {"experts": ("expert_ids", "expert_weights")}

@@ -72,7 +72,7 @@ class Committer:
             partition=part.id, fingerprint=self._spec.fingerprint, row_start=part.row_start,
             row_count=part.row_count, tokens=part.tokens,
             block_rows=self._spec.layout.rows_per_shard, checksums=merged,
-            dtypes={h: self._spec.capture.dtype for h in merged}, attempt=self._attempt,
+            dtypes={h: part_writer.dtypes[h] for h in merged}, attempt=self._attempt,
             hosts=tuple(f"r{self._topo.replica}h{h}" for h in range(self._topo.hosts_per_replica)),
             timings_s={"total": round(time.perf_counter() - started, 3)},
             code_version=self._code_version, created_at=time.time())

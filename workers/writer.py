@@ -50,6 +50,8 @@ class ActivationArrays:
         self.layout = layout
         self.run = run
         self.arrays = {}
+        # Each hook's stored dtype, as commit markers record it.
+        self.dtypes = {hook: (hook_dtypes or {}).get(hook, dtype) for hook in hooks}
         for hook, hidden in sorted(hooks.items()):
             spec = layout_lib.activation_array(hook, total_rows, seq_len, hidden,
                                                (hook_dtypes or {}).get(hook, dtype), layout)
@@ -71,6 +73,11 @@ class PartitionWriter:
         self._rows_per_shard = arrays.layout.rows_per_shard
         self._blocks: dict[int, _Block] = {}
         self._futures: list[tuple[int, concurrent.futures.Future]] = []
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """Each hook's stored dtype."""
+        return self._arrays.dtypes
 
     def _block_for(self, row: int) -> _Block:
         start = self._lo + ((row - self._lo) // self._rows_per_shard) * self._rows_per_shard
