@@ -1,6 +1,8 @@
-"""A mixture of experts' MLP alone: actx's grouped (`jax.lax.ragged_dot`) and dense (every
-expert on every token) expert matmuls against HF's per-expert loop (Qwen3-MoE's experts),
-on the same weights and routing, in the same run; prints tokens/s and the ratios.
+"""A mixture of experts' MLP alone: actx's three forms of the expert matmuls (`ragged`:
+`jax.lax.ragged_dot` over the expert groups; `blocked`: each expert's rows padded to blocks,
+one expert per block in a scan; `dense`: every expert on every token) against HF's
+per-expert loop (Qwen3-MoE's experts), on the same weights and routing, in the same run;
+prints tokens/s and the ratios.
 
     python bench/moe_experts.py --experts 8 --top-k 2 --hidden 256 --width 512 --tokens 4096
     python bench/moe_experts.py --experts 128 --top-k 8 --hidden 1024 --width 768 \

@@ -48,6 +48,7 @@ class DataflowTarget(targets.Target):
         if opts.dry_run:
             return targets.show_plan(plan, out, dataflow.spec_file(prepare.spec, job.name))
         dataflow.write_spec_file(prepare.spec, job.name)
+        prepare.write_records()  # no job lease here: Dataflow prepares, workers extract later
         code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
                                 in_process=targets.prepare_in_process(prepare.retry_argv))
         if code == 0 and not beam:

@@ -70,17 +70,18 @@ def cmd_submit(args, out) -> int:
           + (f", extractions {extraction}" if extraction else ""), file=out, flush=True)
     # The run's one store for the rest of the command, opened where a step needs it (never
     # in a dry run, which may run where the bucket cannot be reached, and writes nothing).
-    store = None
+    store = records = None
     if extraction and not args.dry_run:
         store = store_lib.open_store(run)
-        _record_extractions(cfg, store, out)
+        # Written by the target once it holds the run's job lease (targets.Prepare).
+        records = lambda: _record_extractions(cfg, store, out)  # noqa: E731
     # Named extractions are checked by the workers against their own specs (run.json of
     # each under extractions/), so the root fingerprint is not theirs to expect.
     job = targets.Job(run, name, None if extraction else spec.fingerprint, store,
                       extraction=extraction or None)
     # A reject abort prints this command with the fraction that passes.
     prepare = targets.Prepare(spec, cfg.max_reject_fraction,
-                              getattr(args, "argv", None) or ["actx", "submit"])
+                              getattr(args, "argv", None) or ["actx", "submit"], records)
     code = target.submit(job, prepare, targets.LaunchOptions.from_args(args), out)
     if args.dry_run and code == 0:  # what it would cost, on every target
         from actx.deploy import dry_run

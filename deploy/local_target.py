@@ -88,6 +88,7 @@ class LocalTarget(targets.Target):
         # The lease comes before prepare: a second submit started meanwhile is refused
         # before it writes anything (prepare would clear and rewrite the live token store).
         with self._job_lease(job, _host_prefix(job.name, opts.join), opts.join):
+            prepare.write_records()
             local.prepare_local(prepare.spec, job.run, prepare.max_reject_fraction, out=out,
                                 retry_argv=prepare.retry_argv, store=store)
             return self.rerun(job, opts, out)

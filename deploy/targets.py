@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from actx.schemas import errors
 from actx.schemas import runspec as runspec_lib
@@ -96,12 +96,20 @@ class Job:
 
 @dataclasses.dataclass(frozen=True)
 class Prepare:
-    """What `actx submit` prepares: the spec, the reject threshold, and the command line a
-    reject abort prints (with the fraction that passes)."""
+    """What `actx submit` prepares: the spec, the reject threshold, the command line a
+    reject abort prints (with the fraction that passes), and `records`: what writes this
+    job's own records into the run (the named extractions' specs), which a target calls
+    once it holds the run's job lease, before prepare, so a submit refused by the lease
+    writes nothing."""
 
     spec: runspec_lib.RunSpec
     max_reject_fraction: float
     retry_argv: list[str]
+    records: Callable[[], None] | None = None
+
+    def write_records(self) -> None:
+        if self.records is not None:
+            self.records()
 
 
 def job_name(prefix: str, given: str | None) -> str:

@@ -39,7 +39,7 @@ class TpuVmTarget(targets.Target):
         if opts.dry_run:
             return targets.show_plan(plan, out, dataflow.spec_file(prepare.spec, job.name))
         dataflow.write_spec_file(prepare.spec, job.name)
-        return self._launch(plan, job, opts, out, prepare.retry_argv)
+        return self._launch(plan, job, opts, out, prepare.retry_argv, prepare.write_records)
 
     def rerun(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
         plan = tpu_vm.plan(job.run, self.config, job.fingerprint, job.name, only=job.only,
@@ -63,11 +63,14 @@ class TpuVmTarget(targets.Target):
 
     # -------------------------------------------------------------------------------------
     def _launch(self, plan, job: targets.Job, opts: targets.LaunchOptions, out,
-                retry_argv: list[str] | None = None) -> int:
-        """Runs the plan under the run's detached job lease; then says where the workers
-        are, and follows them with --wait."""
+                retry_argv: list[str] | None = None, records=None) -> int:
+        """Runs the plan under the run's detached job lease (after `records`, the job's own
+        records, written once the lease is held); then says where the workers are, and
+        follows them with --wait."""
         started_at = time.time()
         with self._lease(job, opts, out) as failed:
+            if records is not None:
+                records()
             code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
                                     in_process=targets.prepare_in_process(retry_argv))
             failed(code)

@@ -92,11 +92,20 @@ def read_info(store) -> ActivationsInfo | None:
     return config_lib.from_dict(ActivationsInfo, data, f"{layout.ACTIVATIONS_INFO_KEY}: ")
 
 
+def _record(info: ActivationsInfo) -> dict:
+    """The record's JSON: `hook_dtypes` only where a hook has a dtype of its own, so a run
+    without one writes the record of earlier versions, byte for byte."""
+    data = config_lib.to_dict(info)
+    if not data.get("hook_dtypes"):
+        data.pop("hook_dtypes", None)
+    return data
+
+
 def create_info(store, info: ActivationsInfo) -> bool:
     """Writes the record unless one exists; True when this call wrote it."""
-    return store.create_json(layout.ACTIVATIONS_INFO_KEY, config_lib.to_dict(info))
+    return store.create_json(layout.ACTIVATIONS_INFO_KEY, _record(info))
 
 
 def replace_info(store, info: ActivationsInfo) -> None:
     """Overwrites the record: only while no partition is committed (workers/admission)."""
-    store.write_json(layout.ACTIVATIONS_INFO_KEY, config_lib.to_dict(info))
+    store.write_json(layout.ACTIVATIONS_INFO_KEY, _record(info))

@@ -154,6 +154,20 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
     return os.fspath(path)
 
 
+def checkpoint_maker(tmp_path_factory):
+    """get(arch, **overrides) -> a tiny checkpoint's directory, each (arch, overrides) made
+    once (a module-scoped fixture's body: checkpoints take seconds to write)."""
+    made: dict = {}
+
+    def get(arch: str, **kwargs) -> str:
+        key = (arch, tuple(sorted(kwargs.items())))
+        if key not in made:
+            made[key] = make_tiny_checkpoint(tmp_path_factory.mktemp(arch), arch, **kwargs)
+        return made[key]
+
+    return get
+
+
 def load_hf_model(path: str | os.PathLike):
     """The float32, eager-attention PyTorch model of checkpoint `path`, in eval mode (a
     multimodal Gemma 3 checkpoint loads whole; `decoder` finds its text tower)."""

@@ -26,16 +26,7 @@ NEW_DENSE = ("phi3", "phi3_longrope", "olmo2")
 
 @pytest.fixture(scope="module")
 def ckpt_dir(tmp_path_factory):
-    made: dict = {}
-
-    def get(arch: str, **kwargs) -> str:
-        key = (arch, tuple(sorted(kwargs.items())))
-        if key not in made:
-            made[key] = hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp(arch), arch,
-                                                       **kwargs)
-        return made[key]
-
-    return get
+    return hf_models.checkpoint_maker(tmp_path_factory)
 
 
 def _config(path) -> ModelConfig:

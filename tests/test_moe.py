@@ -26,16 +26,7 @@ SEQ = 24
 
 @pytest.fixture(scope="module")
 def ckpt_dir(tmp_path_factory):
-    made: dict = {}
-
-    def get(arch: str, **kwargs) -> str:
-        key = (arch, tuple(sorted(kwargs.items())))
-        if key not in made:
-            made[key] = hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp(arch), arch,
-                                                       **kwargs)
-        return made[key]
-
-    return get
+    return hf_models.checkpoint_maker(tmp_path_factory)
 
 
 def _extract(path, ids, hooks=ALL_HOOKS, mesh=None, **kwargs):

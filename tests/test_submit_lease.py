@@ -111,3 +111,23 @@ def test_two_submits_at_once_the_second_is_refused_during_the_first_ones_prepare
     assert code == 0 and "is already prepared" in said, said
     verify = io.StringIO()
     assert cli.main(["verify", run], out=verify) == 0, verify.getvalue()
+
+
+def test_named_extractions_are_recorded_only_under_the_lease(
+        tmp_path, model, qwen_tokenizer_dir):
+    """A config with named extractions writes their specs (extractions/<name>/run.json)
+    only once it holds the run's job lease: refused by another job's lease, it writes
+    nothing, so it cannot replace an extraction the other job is extracting."""
+    run = str(tmp_path / "run")
+    config = _config(tmp_path, model, qwen_tokenizer_dir, run)
+    with open(config) as f:
+        data = yaml.safe_load(f)
+    data["extractions"] = {"chat": {"model": {"path": model},
+                                    "capture": {"hooks": "layers.0.mlp_out"}}}
+    with open(config, "w") as f:
+        yaml.safe_dump(data, f)
+    s = store.open_store(run)
+    job_lease.acquire(s, job_lease.new("first", ["local-r0h0"], "local", "Ctrl-C"))
+    code, said = _submit(config, "--job", "second")
+    assert code == 2 and "another job is extracting this run: job first" in said, said
+    assert _files(run) == [layout.JOB_LEASE_KEY]
