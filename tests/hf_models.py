@@ -154,6 +154,20 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
     return os.fspath(path)
 
 
+def segmented_rows(seq: int):
+    """(docs, ids, positions, segment_ids) of three documents, 9 and 11 tokens sharing
+    row 0 and one of `seq` tokens filling row 1, for the segmented-row parity tests."""
+    import numpy as np
+
+    docs = [np.random.RandomState(10 + n).randint(1, 512, n).astype(np.int32)
+            for n in (9, 11, seq)]
+    ids, seg, pos = (np.zeros((3, seq), np.int32) for _ in range(3))
+    ids[0, :9], seg[0, :9], pos[0, :9] = docs[0], 1, np.arange(9)
+    ids[0, 9:20], seg[0, 9:20], pos[0, 9:20] = docs[1], 2, np.arange(11)
+    ids[1], seg[1], pos[1] = docs[2], 1, np.arange(seq)
+    return docs, ids, pos, seg
+
+
 def checkpoint_maker(tmp_path_factory):
     """get(arch, **overrides) -> a tiny checkpoint's directory, each (arch, overrides) made
     once (a module-scoped fixture's body: checkpoints take seconds to write)."""

@@ -97,12 +97,7 @@ def test_segmented_rows_match_hf_on_each_document(ckpt_dir, arch):
     third, as HF run on each document does."""
     path = ckpt_dir(arch)
     hf = hf_models.load_hf_model(path)
-    docs = [np.random.RandomState(10 + n).randint(1, 512, n).astype(np.int32)
-            for n in (9, 11, SEQ)]
-    ids, seg, pos = (np.zeros((3, SEQ), np.int32) for _ in range(3))
-    ids[0, :9], seg[0, :9], pos[0, :9] = docs[0], 1, np.arange(9)
-    ids[0, 9:20], seg[0, 9:20], pos[0, 9:20] = docs[1], 2, np.arange(11)
-    ids[1], seg[1], pos[1] = docs[2], 1, np.arange(SEQ)
+    docs, ids, pos, seg = hf_models.segmented_rows(SEQ)
     ours = _extract(path, ids, positions=pos, segment_ids=seg)
     for row, start, doc in ((0, 0, docs[0]), (0, 9, docs[1]), (1, 0, docs[2])):
         ref = hf_models.hf_hooks(hf, doc[None])

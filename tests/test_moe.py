@@ -49,13 +49,7 @@ def _assert_hooks_equal(ours, ref, context=""):
 
 
 def _segmented_rows():
-    docs = [np.random.RandomState(10 + n).randint(1, 512, n).astype(np.int32)
-            for n in (9, 11, SEQ)]
-    ids, seg, pos = (np.zeros((3, SEQ), np.int32) for _ in range(3))
-    ids[0, :9], seg[0, :9], pos[0, :9] = docs[0], 1, np.arange(9)
-    ids[0, 9:20], seg[0, 9:20], pos[0, 9:20] = docs[1], 2, np.arange(11)
-    ids[1], seg[1], pos[1] = docs[2], 1, np.arange(SEQ)
-    return docs, ids, pos, seg
+    return hf_models.segmented_rows(SEQ)
 
 
 @pytest.mark.parametrize("arch,impl", [(a, "blocked") for a in hf_models.MOE_ARCHS]
