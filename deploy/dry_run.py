@@ -1,11 +1,14 @@
-"""What a job will cost, before it runs (`actx submit --dry-run`): its tokens and rows,
-and for the activations the bytes of each hook and in all and the objects they take.
+"""What a job will cost, before it runs (`actx submit --dry-run`, every target): its tokens
+and rows, and for the activations the bytes of each hook and in all and the objects they
+take; with `--estimate`, its time.
 
 Tokens and rows come from the run's manifest when the run is already prepared for this
-spec; otherwise, on the local target, from a prepare of the inputs into memory (nothing
-is written to the run; it takes as long as tokenizing the inputs here), done only for
-local inputs of at most `COUNT_INPUT_BYTES`; other targets' prepare counts them. Each hook's width comes from the checkpoint's config.json. Sizes are
-uncompressed: the stored zstd shards are at most about that.
+spec; otherwise from a prepare of the inputs into memory (nothing is written to the run),
+local or gs:// alike: whole up to `COUNT_INPUT_BYTES`, sampled by files and scaled by bytes
+beyond it. Each hook's width comes from the checkpoint's config.json. Sizes are
+uncompressed: the stored zstd shards are at most about that. The time is a timed run of
+one worker here on the local target, and the bound of the accelerators' peak on the others
+(deploy.cost_bound), whose hardware this machine cannot time.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import uuid
 from actx.schemas import layout as layout_lib
 from actx.schemas import runspec as runspec_lib
 
-COUNT_INPUT_BYTES = 256 << 20  # local inputs up to this size are counted by a dry prepare
+COUNT_INPUT_BYTES = 256 << 20  # inputs up to this size are counted whole by a dry prepare
+ESTIMATE_DOCS = 2000  # documents per source the local estimate's timed worker may reach
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +37,13 @@ class Counts:
     source: str
 
 
-def counts(spec: runspec_lib.RunSpec, run: str,
-           count_inputs: bool = True) -> tuple[Counts | None, str]:
-    """(the run's counts, "") or (None, why they are not known here). `count_inputs`:
-    count an unprepared run's inputs by a prepare into memory (the local target, whose
-    prepare runs here anyway; another target's inputs are counted by its prepare)."""
+def counts(spec: runspec_lib.RunSpec, run: str) -> tuple[Counts | None, str]:
+    """(the run's counts, "") or (None, why they are not known here), on every target:
+    from the manifest of a run already prepared for this spec; else from a prepare of the
+    inputs into memory, local or gs://: all of them up to `COUNT_INPUT_BYTES`, beyond that
+    the first files of each source up to its share of that, scaled by bytes (an estimate,
+    said so). A source with max_docs is read whole: its prepare stops there anyway."""
+    from actx.pipeline import fileio
     from actx.schemas import layout, store as store_lib
 
     try:
@@ -50,34 +56,50 @@ def counts(spec: runspec_lib.RunSpec, run: str,
             m = run_dir.open_run(s).manifest
             return Counts(m.total_tokens, m.total_rows, len(m.partitions), m.seq_len,
                           "from the run's manifest"), ""
-    except Exception:  # noqa: BLE001 - unreachable here: counted from the inputs, if local
+    except Exception:  # noqa: BLE001 - unreachable here: counted from the inputs
         pass
-    if not count_inputs:
-        return None, "the run is not prepared yet; its prepare counts the inputs"
-    paths = [p for source in spec.sources for p in source.paths]
-    if any("://" in p for p in paths):
-        return None, "the inputs are remote; prepare counts them"
-    absent = [p for p in paths if not _exists(p)]
-    if absent:
-        return None, f"{absent[0]} is not here; prepare counts the inputs"
-    size = sum(_size(p) for p in paths)
-    if size > COUNT_INPUT_BYTES:
-        return None, (f"the inputs are {size / 2**20:,.0f} MiB (over "
-                      f"{COUNT_INPUT_BYTES >> 20} MiB); prepare counts them")
-    return _counted(spec)
+    try:
+        files = [[f for p in source.paths for f in fileio.expand_path_sizes(p)]
+                 for source in spec.sources]
+    except Exception as e:  # noqa: BLE001 - the pre-flight has said what is wrong
+        return None, f"the inputs could not be listed ({e}); prepare counts them"
+    total = sum(size for source in files for _, size in source)
+    sampled = files
+    if total > COUNT_INPUT_BYTES:
+        sampled = [source_files if spec.sources[i].max_docs is not None
+                   else _leading(source_files, COUNT_INPUT_BYTES * sum(
+                       size for _, size in source_files) / total)
+                   for i, source_files in enumerate(files)]
+    taken = sum(size for source in sampled for _, size in source)
+    if taken > 2 * COUNT_INPUT_BYTES:
+        return None, (f"the inputs are {total / 2**20:,.0f} MiB in files too large to sample "
+                      f"(over {COUNT_INPUT_BYTES >> 20} MiB); prepare counts them")
+    if sampled is files:
+        return _counted(spec)
+    sources = tuple(dataclasses.replace(source, paths=tuple(name for name, _ in chosen))
+                    for source, chosen in zip(spec.sources, sampled))
+    found, why = _counted(dataclasses.replace(spec, sources=sources))
+    if found is None:
+        return None, why
+    scale = total / max(1, taken)
+    rows = round(found.rows * scale)
+    n_files, n_taken = sum(map(len, files)), sum(map(len, sampled))
+    return Counts(round(found.tokens * scale), rows,
+                  math.ceil(rows / spec.layout.partition_rows), found.seq_len,
+                  f"estimated: {n_taken} of {n_files} input files ({taken / 2**20:,.0f} of "
+                  f"{total / 2**20:,.0f} MiB) counted by a prepare into memory, scaled by "
+                  f"bytes"), ""
 
 
-def _exists(path: str) -> bool:
-    import glob
-
-    return bool(glob.glob(path)) if any(c in path for c in "*?[") else os.path.exists(path)
-
-
-def _size(path: str) -> int:
-    import glob
-
-    return sum(os.path.getsize(p) for p in glob.glob(path) if os.path.isfile(p)) if any(
-        c in path for c in "*?[") else (os.path.getsize(path) if os.path.isfile(path) else 0)
+def _leading(files: list[tuple[str, int]], budget: float) -> list[tuple[str, int]]:
+    """The first files whose sizes reach `budget` (at least one)."""
+    chosen, size = [], 0
+    for name, n in files:
+        if chosen and size >= budget:
+            break
+        chosen.append((name, n))
+        size += n
+    return chosen
 
 
 def _counted(spec: runspec_lib.RunSpec) -> tuple[Counts | None, str]:
@@ -163,9 +185,9 @@ def _size_text(n: float) -> str:
     return str(n)
 
 
-def report(spec: runspec_lib.RunSpec, run: str, count_inputs: bool = True) -> list[str]:
-    """The cost lines of a dry run (each starts with "# "); `count_inputs` as `counts`."""
-    found, why = counts(spec, run, count_inputs)
+def report(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str]) -> list[str]:
+    """The cost lines of a dry run (each starts with "# "), given `counts`'s answer."""
+    found, why = counted
     widths, why_widths = hook_widths(spec)
     lines = ["# cost:"]
     if found is None:
@@ -197,13 +219,15 @@ def report(spec: runspec_lib.RunSpec, run: str, count_inputs: bool = True) -> li
     return lines
 
 
-def estimate(spec: runspec_lib.RunSpec, run: str, target, out) -> None:
-    """`--estimate`: a time for the whole job from a short timed run of one worker process
-    here (the target's batch, devices and model parallelism) over the first partitions of
-    a copy of the token store prepared in a temporary directory (the run itself is not
-    touched): its steady-state rate (from its first tokens on, workers.progress) times the
-    job's replicas, plus its start-up. Local target only: another target's hardware is
-    not this machine's."""
+def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], target,
+             out) -> None:
+    """`--estimate`, given `counts`'s answer: on the local target, a time for the whole job
+    from a short timed run of one worker process here (the target's batch, devices and
+    model parallelism) over the first partitions of a small token store prepared in a
+    temporary directory (the run itself is not touched): its steady-state rate (from its
+    first tokens on, workers.progress) times the job's replicas, plus its start-up. On
+    another target, the least time its accelerators' peak allows (`_bound`): another
+    target's hardware is not this machine's."""
     import dataclasses
     import shutil
     import subprocess
@@ -211,11 +235,10 @@ def estimate(spec: runspec_lib.RunSpec, run: str, target, out) -> None:
     import tempfile
     import time
 
+    found, why = counted
     if target.kind != "local":
-        print(f"# estimate: not made for the {target.kind} target (it would time this "
-              f"machine, not the target's hardware)", file=out, flush=True)
+        _bound(spec, target, found, why, out)
         return
-    found, why = counts(spec, run)
     if found is None:
         print(f"# estimate: not made ({why})", file=out, flush=True)
         return
@@ -234,8 +257,14 @@ def estimate(spec: runspec_lib.RunSpec, run: str, target, out) -> None:
         saved = logger.level
         logger.setLevel(logging.WARNING)
         try:
+            # The first documents of each source are enough for a few steps: the timed
+            # worker never reaches more, and large inputs would take long to prepare.
+            docs = max(ESTIMATE_DOCS, 16 * target.batch_size * target.hosts_per_replica)
+            small = dataclasses.replace(spec, sources=tuple(
+                dataclasses.replace(source, max_docs=min(source.max_docs or docs, docs))
+                for source in spec.sources))
             with contextlib.redirect_stdout(io.StringIO()):
-                pipeline_main.run_prepare_stoppable(spec, copy, ["--runner=FnApiRunner"],
+                pipeline_main.run_prepare_stoppable(small, copy, ["--runner=FnApiRunner"],
                                                     max_reject_fraction=1.0)
         finally:
             logger.setLevel(saved)
@@ -249,7 +278,7 @@ def estimate(spec: runspec_lib.RunSpec, run: str, target, out) -> None:
                 break
         procs = [subprocess.Popen(
             [sys.executable, "-m", "actx.workers.main",
-             *local.worker_args(copy, one, spec.fingerprint, "estimate", 0, i, coordinator,
+             *local.worker_args(copy, one, small.fingerprint, "estimate", 0, i, coordinator,
                                 ids)], env=local.worker_env(one), cwd=local.config_lib.code_path(),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for coordinator in [f"127.0.0.1:{local._free_port()}"
@@ -280,6 +309,36 @@ def estimate(spec: runspec_lib.RunSpec, run: str, target, out) -> None:
         print(f"# estimate: not made ({e})", file=out, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bound(spec: runspec_lib.RunSpec, target, found: Counts | None, why: str, out) -> None:
+    """Another target's estimate: the least time its accelerators' peak allows (this
+    machine's speed says nothing about the target's hardware; deploy.cost_bound)."""
+    from actx.deploy import cost_bound
+    from actx.schemas import store as store_lib
+
+    if found is None:
+        print(f"# estimate: not made ({why})", file=out, flush=True)
+        return
+    peak, what = cost_bound.target_peak(target)
+    if peak is None:
+        print(f"# estimate: not made ({what})", file=out, flush=True)
+        return
+    widths, why_widths = hook_widths(spec)
+    try:
+        data = store_lib.open_store(spec.model.path).read_json("config.json") or {}
+        data = data.get("text_config") or data if "hidden_size" not in data else data
+        blocks = cost_bound.layers_run(list(widths), int(data["num_hidden_layers"]))
+        per_token = cost_bound.forward_flops_per_token(data, blocks, found.seq_len)
+    except Exception as e:  # noqa: BLE001 - a dry run's estimate is best effort
+        print(f"# estimate: not made (the model's config.json: {why_widths or e})", file=out,
+              flush=True)
+        return
+    seconds = found.tokens * per_token / peak
+    print(f"# estimate: at least {_duration(seconds)} for {found.tokens:,} tokens on {what}: "
+          f"{per_token / 1e9:,.2f} GFLOP per token over {blocks} block(s) at full peak; a "
+          f"forward pass reaches a fraction of peak, which only a run on that hardware "
+          f"measures", file=out, flush=True)
 
 
 def _duration(s: float) -> str:

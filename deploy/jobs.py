@@ -91,10 +91,11 @@ def cmd_submit(args, out) -> int:
 
         # As the pre-flight's: a run or model out of reach from here costs seconds.
         with store_errors.deadline(preflight_lib.DRY_RUN_DEADLINE_S):
-            lines = dry_run.report(spec, run, count_inputs=target.kind == "local")
+            counted = dry_run.counts(spec, run)
+            lines = dry_run.report(spec, counted)
         print("\n".join(lines), file=out, flush=True)
         if args.estimate:
-            dry_run.estimate(spec, run, target_cfg, out)
+            dry_run.estimate(spec, counted, target_cfg, out)
     return code
 
 

@@ -41,40 +41,45 @@ def _gcs_bucket(loc: uri_lib.Location):
 
 def expand_path(path: str) -> list[str]:
     """The sorted files that `path` (file, directory or glob; local or gs://) names."""
+    return [name for name, _ in expand_path_sizes(path)]
+
+
+def expand_path_sizes(path: str) -> list[tuple[str, int]]:
+    """`expand_path`'s files with their sizes in bytes (from the same listing on gs://)."""
     if path.startswith("gs://"):
         loc = uri_lib.parse(path)
         bucket = _gcs_bucket(loc)
         if _has_glob(loc.path):
             prefix = loc.path[:min(loc.path.find(c) for c in _GLOB_CHARS if c in loc.path)]
-            names = [b.name for b in bucket.list_blobs(prefix=prefix)
-                     if fnmatch.fnmatchcase(b.name, loc.path)]
+            blobs = {b.name: b.size or 0 for b in bucket.list_blobs(prefix=prefix)
+                     if fnmatch.fnmatchcase(b.name, loc.path)}
             kind = "glob"
         else:
-            names = [b.name for b in bucket.list_blobs(prefix=loc.path)]
-            if loc.path in names:
-                return [path]
-            names = [n for n in names if n.startswith(loc.path.rstrip("/") + "/")
-                     and _is_data_file(n)]
+            blobs = {b.name: b.size or 0 for b in bucket.list_blobs(prefix=loc.path)}
+            if loc.path in blobs:
+                return [(path, blobs[loc.path])]
+            blobs = {n: size for n, size in blobs.items()
+                     if n.startswith(loc.path.rstrip("/") + "/") and _is_data_file(n)}
             kind = "path"
-        if not names:
+        if not blobs:
             raise InputError(f"{path}: {'glob matches no objects' if kind == 'glob' else 'no such object or prefix'}"
                              f" in bucket {loc.bucket}; check the path")
-        return sorted(f"gs://{loc.bucket}/{n}" for n in names)
+        return sorted((f"gs://{loc.bucket}/{n}", size) for n, size in blobs.items())
     local = os.path.abspath(os.path.expanduser(path[len("file://"):] if path.startswith("file://") else path))
     if _has_glob(local):
         files = sorted(f for f in glob.glob(local, recursive=True) if os.path.isfile(f))
         if not files:
             raise InputError(f"{path}: glob matches no files; check the pattern")
-        return files
-    if os.path.isfile(local):
-        return [local]
-    if os.path.isdir(local):
+    elif os.path.isfile(local):
+        files = [local]
+    elif os.path.isdir(local):
         files = sorted(os.path.join(d, f) for d, _, names in os.walk(local) for f in names
                        if _is_data_file(f))
         if not files:
             raise InputError(f"{path}: directory holds no data files ({', '.join(DATA_EXTENSIONS)})")
-        return files
-    raise InputError(f"{path}: no such file or directory")
+    else:
+        raise InputError(f"{path}: no such file or directory")
+    return [(f, os.path.getsize(f)) for f in files]
 
 
 class _GcsReader(io.RawIOBase):

@@ -65,13 +65,13 @@ def run(tmp_path) -> str:
 
 def _kill_a_stealing_worker(run: str) -> None:
     """What a SIGKILLed replica of a two-replica job leaves: its heartbeat still says
-    working on p-00001 (its process gone), its claim of p-00002 taken ahead (it would
+    working on p-00001 (its process gone) and holding p-00002, claimed ahead (it would
     have been next), and its launcher's record of the death (local.mark_dead)."""
     s = store.open_store(run)
     attempt = f"{DEAD_HOST}-{_gone_pid()}-dead0001"
     beat = heartbeat.Heartbeat(host=DEAD_HOST, replica=1, process_index=0, state="working",
                                attempt=attempt, updated_at=time.time(), partition=1, step=1,
-                               steps=2, tokens_done=40, tokens_per_s=400.0, held=(1,),
+                               steps=2, tokens_done=40, tokens_per_s=400.0, held=(1, 2),
                                machine=heartbeat.this_machine(),
                                pid=int(attempt.split("-")[-2]), job=DEAD_JOB)
     s.write_json(layout.heartbeat_key(DEAD_HOST), config_lib.to_dict(beat))
@@ -84,8 +84,9 @@ def test_a_dead_worker_with_claims_ahead_is_finished_by_what_every_view_advises(
     _kill_a_stealing_worker(run)
     status = runstate.compute_status(runstate.open_run(run))
     assert status.phase == "failed"
+    # What it held, the partition in hand and the one claimed ahead, is stale at once.
     assert status.partitions.named() == {"p-00000": "pending", "p-00001": "stale",
-                                         "p-00002": "pending", "p-00003": "pending"}
+                                         "p-00002": "stale", "p-00003": "pending"}
     launcher = io.StringIO()
     assert local_target._rerun_hint(runstate.open_run(run), status, None, launcher)
     text, page = _everything_said(run)
@@ -93,8 +94,8 @@ def test_a_dead_worker_with_claims_ahead_is_finished_by_what_every_view_advises(
     assert host["dead"] and "killed by SIGKILL" in host["message"]
     advised = (_advice(launcher.getvalue()) | _advice(text) | _advice(host["message"])
                | {c for c in page["commands"].values() if c.startswith("actx rerun")})
-    # One command everywhere, and not `--only stale`: that would leave p-00000, p-00002
-    # and p-00003 pending and answer "nothing to do" on the next try.
+    # One command everywhere, and not `--only stale`: that would leave p-00000 and p-00003
+    # pending and answer "nothing to do" on the next try.
     advised.discard(f"actx verify {run}")  # status's "verify: not run yet" line
     assert advised == {f"actx rerun {run}"}, advised
 

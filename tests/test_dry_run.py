@@ -97,3 +97,63 @@ def test_dry_run_prints_the_plan_and_the_cost_and_the_submit_matches_it(config, 
         stored_objects += len(files) + 1
     stored_objects += len(os.listdir(os.path.join(run, layout.COMMITS_PREFIX)))
     assert stored_objects == objects
+
+
+def _cost(argv: list[str]) -> tuple[str, dict]:
+    out = io.StringIO()
+    assert cli.main(argv, out=out) == 0, out.getvalue()
+    said = out.getvalue()
+    m = re.search(r"tokens: ([\d,]+) in ([\d,]+) rows of [\d,]+ \(([\d,]+) partitions; ([^)]*)\)",
+                  said)
+    assert m, said
+    return said, {"tokens": _int(m.group(1)), "rows": _int(m.group(2)),
+                  "partitions": _int(m.group(3)), "source": m.group(4)}
+
+
+def test_a_tpu_target_counts_the_inputs_and_bounds_the_time_by_its_peak(config, tmp_path):
+    """Off the local target the dry run counts the same tokens; `--estimate` cannot time
+    a TPU from here, so it gives the least time the slice's peak allows."""
+    from actx.deploy import cost_bound
+
+    path, run = config
+    _, local = _cost(["submit", path, "--dry-run"])
+    data = yaml.safe_load(open(path))
+    data["run"] = "gs://b/runs/dry"
+    data["target"] = {"kind": "tpu-vm", "batch_size": 8,
+                      "tpu": {"name": "t", "zone": "z", "project": "p",
+                              "accelerator_type": "v4-8"}}
+    tpu = tmp_path / "tpu.yaml"
+    tpu.write_text(yaml.safe_dump(data))
+    said, counted = _cost(["submit", str(tpu), "--dry-run", "--estimate"])
+    assert counted == local, said
+    line = next(x for x in said.splitlines() if x.startswith("# estimate:"))
+    model = json.load(open(os.path.join(data["spec"]["model"]["path"], "config.json")))
+    per_token = cost_bound.forward_flops_per_token(model, 2, 32)  # both layers hooked
+    assert line == (f"# estimate: at least 0s for {local['tokens']:,} tokens on a v4-8 (4 chips "
+                    f"x 275 TFLOP/s bf16): {per_token / 1e9:,.2f} GFLOP per token over 2 "
+                    f"block(s) at full peak; a forward pass reaches a fraction of peak, which "
+                    f"only a run on that hardware measures"), line
+
+
+def test_inputs_over_the_limit_are_sampled_by_files_and_scaled(config, tmp_path, monkeypatch):
+    from actx.deploy import dry_run
+
+    path, _ = config
+    data = yaml.safe_load(open(path))
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for f in range(6):  # six files alike: a sample of two stands for all six
+        (folder / f"{f}.jsonl").write_text("".join(
+            json.dumps({"text": f"file {f} note {i} " + "words here " * (i % 7 + 1)}) + "\n"
+            for i in range(40)))
+    data["spec"]["sources"] = [{"kind": "text", "paths": [str(folder)]}]
+    many = tmp_path / "many.yaml"
+    many.write_text(yaml.safe_dump(data))
+    _, whole = _cost(["submit", str(many), "--dry-run"])
+    assert whole["source"] == "counted by a prepare of the inputs into memory"
+    size = sum(os.path.getsize(folder / f"{f}.jsonl") for f in range(6))
+    monkeypatch.setattr(dry_run, "COUNT_INPUT_BYTES", size // 3)
+    said, sampled = _cost(["submit", str(many), "--dry-run"])
+    assert sampled["source"].startswith("estimated: 2 of 6 input files"), said
+    assert abs(sampled["tokens"] - whole["tokens"]) <= 0.05 * whole["tokens"], (sampled, whole)
+    assert abs(sampled["rows"] - whole["rows"]) <= 0.1 * whole["rows"] + 1, (sampled, whole)

@@ -99,9 +99,13 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     # command that finishes it: not `--only stale`, which would leave the partitions after
     # the dead one pending.
     assert f"`actx rerun {run}` finishes the run" in host["message"], host
+    # Stale: the partition in hand and those it had claimed ahead (its heartbeat's
+    # `held`, the prefetch's), not pending as if nobody had them.
+    beat = s.read_json(layout.heartbeat_key(HOST))
+    assert held in beat["held"] and len(beat["held"]) > 1, beat["held"]
     assert st["partitions"][layout.partition_name(held)] == "stale"
-    assert [p for p, v in st["partitions"].items() if v == "stale"] == [
-        layout.partition_name(held)]
+    assert sorted(p for p, v in st["partitions"].items() if v == "stale") == sorted(
+        layout.partition_name(p) for p in beat["held"])
     assert "pending" in st["partitions"].values()  # the work the dead worker never reached
     page = ui_data.page_commands(runstate.compute_status(runstate.open_run(run)))
     advised = {*launcher_says, *re.findall(r"`(actx rerun [^`]*)`", host["message"]),

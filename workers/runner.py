@@ -224,6 +224,10 @@ class Worker:
             self.progress.stolen_from = dict(self.choice.stolen_from)
             self.progress.given_up = dict(self.choice.given_up)
             self.progress.idle_reason = self.choice.why_waiting if pid is None and idle else ""
+            if pid is not None and pid >= 0:
+                # Claimed ahead of the partition in hand (prefetch): if this process dies,
+                # status shows it stale with the one in hand, not pending.
+                self.progress.held = (*self.progress.held, pid)
         return pid
 
     def wait_for_work(self) -> None:
@@ -409,6 +413,7 @@ class Worker:
     def _on_commit(self, pid: int) -> None:
         with self.progress.lock:
             self.progress.partitions_done += 1
+            self.progress.held = tuple(p for p in self.progress.held if p != pid)
         self._committed.add(pid)
 
 
