@@ -2,8 +2,9 @@
 
 GCS allows about one write per second to one object, so a writer never writes more often
 than `min_interval_s`. Each heartbeat carries a short history of (time, tokens done), so
-throughput over time can be drawn without a database, and is written with a summary (itself
-without the history) that a GCS listing returns, so status reads 512 hosts in one request.
+throughput over time can be drawn without a database, and is written with a summary (the
+history included where it fits) that a GCS listing returns, so status and the live page
+read 512 hosts in one request.
 """
 
 from __future__ import annotations
@@ -126,34 +127,50 @@ class HeartbeatWriter:
         return True
 
 
-# A summary's message is cut here (GCS allows 8 KB of custom metadata per object).
+# A summary's message is cut here, and a summary over SUMMARY_BYTES leaves its history out
+# (GCS allows 8 KiB of custom metadata per object, the key's name included).
 SUMMARY_MESSAGE_CHARS = 500
+SUMMARY_BYTES = 6 << 10
 
 
 def summary(heartbeat: Heartbeat) -> str:
-    """The heartbeat without its history (and its message cut), as compact JSON: what a
-    listing returns on GCS, so status needs no read per host."""
-    small = dataclasses.replace(heartbeat, history=(),
-                                message=heartbeat.message[:SUMMARY_MESSAGE_CHARS])
-    return json.dumps(config_lib.to_dict(small), sort_keys=True, separators=(",", ":"))
+    """The heartbeat as compact JSON, its message cut: what a GCS listing returns, so
+    status needs no read per host. It carries the history (64 samples, about 2 KB) where
+    the whole fits in SUMMARY_BYTES, so the live page draws 512 hosts from one listing too;
+    a summary without it (or from a writer before 0.3.0, whose summaries never had one)
+    sends a reader that wants the history to the object itself."""
+    small = dataclasses.replace(heartbeat, message=heartbeat.message[:SUMMARY_MESSAGE_CHARS])
+    text = json.dumps(config_lib.to_dict(small), sort_keys=True, separators=(",", ":"))
+    if len(text.encode()) > SUMMARY_BYTES:
+        small = dataclasses.replace(small, history=())
+        text = json.dumps(config_lib.to_dict(small), sort_keys=True, separators=(",", ":"))
+    return text
 
 
 def read_heartbeats(store, max_parallel: int = 32, history: bool = True) -> list[Heartbeat]:
-    """Every host's heartbeat. Without `history`, where the store lists summaries (GCS),
-    one listing is enough: 512 hosts cost one request instead of 512 reads. Otherwise (and
-    for heartbeats written without a summary) a listing of names, then reads in parallel.
+    """Every host's heartbeat. Where the store lists summaries (GCS), one listing is
+    enough: 512 hosts cost one request instead of 512 reads. A host's object is read where
+    its summary lacks what the caller needs: any summary at all, or with `history`, the
+    history and the whole message (a writer always has at least one sample, so an empty
+    history means a summary without it). On local disk: a listing, then reads in parallel.
     """
-    summaries = None if history else store.list_summaries(layout.WORKERS_PREFIX)
+    summaries = store.list_summaries(layout.WORKERS_PREFIX)
     if summaries is None:
         summaries = dict.fromkeys(store.list(layout.WORKERS_PREFIX))
     keys = sorted(k for k in summaries if k.endswith(".json"))
-    unread = [k for k in keys if summaries[k] is None]
+    parsed = {k: store.parse_json(k, summaries[k]) for k in keys if summaries[k] is not None}
+    if history:
+        parsed = {k: d for k, d in parsed.items()
+                  if d.get("history") and len(d.get("message", "")) < SUMMARY_MESSAGE_CHARS}
+    unread = [k for k in keys if k not in parsed]
     read = dict(zip(unread, store.read_many(unread, max_parallel=max_parallel)))
     beats = []
     for key in keys:
-        data = summaries[key] or read[key]
-        if data is None:  # deleted between the listing and the read
-            continue
-        beats.append(config_lib.from_dict(Heartbeat, store.parse_json(key, data),
-                                          str(store.location.join(key)) + ": "))
+        data = parsed.get(key)
+        if data is None:
+            raw = read[key]
+            if raw is None:  # deleted between the listing and the read
+                continue
+            data = store.parse_json(key, raw)
+        beats.append(config_lib.from_dict(Heartbeat, data, str(store.location.join(key)) + ": "))
     return beats

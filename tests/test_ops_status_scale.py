@@ -146,9 +146,12 @@ def test_gcs_listing_in_ranges_and_parallel_heartbeats(gcs_bucket, monkeypatch):
     assert beats == plain and len(beats) == 40
 
 
-def test_gcs_heartbeats_from_one_listing_of_summaries(gcs_bucket):
-    """Heartbeats written as workers write them: status reads them from the listing alone
-    and gets what reading every object gives, less the history."""
+def test_gcs_heartbeats_from_one_listing_of_summaries(gcs_bucket, monkeypatch):
+    """Heartbeats written as workers write them: status and the page read them from the
+    listing alone and get what reading every object gives (status: with each message cut
+    at 500 characters); the page reads only the objects whose summary cannot stand for
+    them: a cut message, or a summary without the history (a writer before 0.3.0, or
+    none at all)."""
     s = store.open_store(f"{gcs_bucket}/runs/summaries")
     for h in range(5):
         writer = heartbeat.HeartbeatWriter(s, f"h{h}")
@@ -159,16 +162,42 @@ def test_gcs_heartbeats_from_one_listing_of_summaries(gcs_bucket):
                 tokens_per_s=1.5 * h, message="m" * (600 if h == 0 else 3)), force=True)
     s.write_json(layout.heartbeat_key("old"), config.to_dict(heartbeat.Heartbeat(
         host="old", replica=9, process_index=0, state="done", attempt="b", updated_at=1.0)))
+    earlier = heartbeat.Heartbeat(host="h5", replica=5, process_index=0, state="done",
+                                  attempt="c", updated_at=2.0, history=((1.0, 5), (2.0, 9)))
+    s.write_with_summary(layout.heartbeat_key("h5"), store.dumps(config.to_dict(earlier)),
+                         heartbeat.summary(dataclasses.replace(earlier, history=())))
     summaries = s.list_summaries(layout.WORKERS_PREFIX)
     assert summaries[layout.heartbeat_key("old")] is None  # written without one: read
-    assert sum(v is not None for v in summaries.values()) == 5
+    assert sum(v is not None for v in summaries.values()) == 6
+    plain = [config.from_dict(heartbeat.Heartbeat, s.read_json(k))
+             for k in s.list(layout.WORKERS_PREFIX)]
+    read = []
+    real = s.read_many
+    monkeypatch.setattr(s, "read_many", lambda keys, **kw: read.extend(keys) or real(keys, **kw))
     full = heartbeat.read_heartbeats(s)
+    assert full == plain and len(full[1].history) == 3
+    assert read == [layout.heartbeat_key(h) for h in ("h0", "h5", "old")]
+    read.clear()
     listed = heartbeat.read_heartbeats(s, history=False)
-    assert len(full[0].history) == 3 and all(b.history == () for b in listed)
-    expected = [dataclasses.replace(b, history=(), message=b.message[:500]) for b in full]
+    assert read == [layout.heartbeat_key("old")]
+    expected = [dataclasses.replace(b, message=b.message[:500],
+                                    history=() if b.host == "h5" else b.history) for b in full]
     assert listed == expected
-    raw = [json.loads(s.read(layout.heartbeat_key(f"h{h}"))) for h in range(5)]
-    assert [b.tokens_done for b in listed[:5]] == [r["tokens_done"] for r in raw]
+
+
+def test_a_summary_keeps_the_history_while_it_fits():
+    hb = heartbeat.Heartbeat(host="h" * 40, replica=511, process_index=0, state="working",
+                             attempt="a" * 60, updated_at=1.8e9, tokens_done=10**12,
+                             message="x" * 600, idle_reason="y" * 400,
+                             history=tuple((1.8e9 + 0.1 * i, 10**12 + i)
+                                           for i in range(heartbeat.MAX_HISTORY)))
+    text = heartbeat.summary(hb)
+    assert len(text) <= heartbeat.SUMMARY_BYTES < 8192  # GCS custom metadata: 8 KB an object
+    assert config.from_dict(heartbeat.Heartbeat, json.loads(text)) == dataclasses.replace(
+        hb, message="x" * 500)
+    crowded = dataclasses.replace(hb, held=tuple(range(10**6, 10**6 + 800)))
+    text = heartbeat.summary(crowded)  # past the budget: the history stays in the object
+    assert json.loads(text)["history"] == [] and json.loads(text)["held"] == list(crowded.held)
 
 
 def test_text_map_of_a_large_run_keeps_the_urgent_states(tmp_path):
