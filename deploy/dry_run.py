@@ -43,7 +43,7 @@ def counts(spec: runspec_lib.RunSpec, run: str) -> tuple[Counts | None, str]:
     inputs into memory, local or gs://: all of them up to `COUNT_INPUT_BYTES`, beyond that
     the first files of each source up to its share of that, scaled by bytes (an estimate,
     said so). A source with max_docs is read whole: its prepare stops there anyway."""
-    from actx.pipeline import fileio
+    from actx.pipeline import main as pipeline_main
     from actx.schemas import layout, store as store_lib
 
     try:
@@ -59,8 +59,7 @@ def counts(spec: runspec_lib.RunSpec, run: str) -> tuple[Counts | None, str]:
     except Exception:  # noqa: BLE001 - unreachable here: counted from the inputs
         pass
     try:
-        files = [[f for p in source.paths for f in fileio.expand_path_sizes(p)]
-                 for source in spec.sources]
+        files = pipeline_main.source_file_sizes(spec)
     except Exception as e:  # noqa: BLE001 - the pre-flight has said what is wrong
         return None, f"the inputs could not be listed ({e}); prepare counts them"
     total = sum(size for source in files for _, size in source)
@@ -129,52 +128,12 @@ def _counted(spec: runspec_lib.RunSpec) -> tuple[Counts | None, str]:
                   "counted by a prepare of the inputs into memory"), ""
 
 
-# The last axis of each hook point's array, read from the checkpoint's config.json as the
-# workers do (workers.capture.point_width; deploy may import only the workers' entry
-# points, so the rule is restated here for the dry run's arithmetic): the residual width,
-# or the router's experts (router_logits) and experts per token (expert ids, weights).
-_ROUTER_WIDTH = {"router_logits": ("num_local_experts", "num_experts", "n_routed_experts"),
-                 "expert_ids": ("num_experts_per_tok", "moe_topk", "top_k"),
-                 "expert_weights": ("num_experts_per_tok", "moe_topk", "top_k")}
-_HOOK = re.compile(r"^layers\.(\*|\d+(?:-\d+)?)\.([A-Za-z_]+)$")
-
-
 def hook_widths(spec: runspec_lib.RunSpec) -> tuple[dict[str, tuple[int, str]], str]:
     """({hook: (values per token, stored dtype)}, "") from the checkpoint's config.json,
-    or ({}, why not)."""
-    from actx.schemas import store as store_lib
+    by the workers' own rule (workers.preflight.hook_shapes), or ({}, why not)."""
+    from actx.workers import main as workers_main
 
-    if not spec.model.path:
-        return {}, "no checkpoint directory (spec.model.path) to read the widths from"
-    try:
-        data = store_lib.open_store(spec.model.path).read_json("config.json") or {}
-        data = data.get("text_config") or data if "hidden_size" not in data else data
-        layers = int(data["num_hidden_layers"])
-        hidden = int(data["hidden_size"])
-    except Exception as e:  # noqa: BLE001 - the pre-flight has said what is wrong
-        return {}, f"the model's config.json could not be read ({e})"
-    hooks = spec.capture.hooks
-    words = [w.strip() for w in (hooks.split(",") if isinstance(hooks, str) else hooks)
-             if w.strip()]
-    widths: dict[str, tuple[int, str]] = {}
-    for word in words:
-        m = _HOOK.match(word)
-        if m is None:  # a global point (embed, final_norm)
-            names, point = [word], word
-        else:
-            sel, point = m.groups()
-            lo, _, hi = sel.partition("-")
-            span = range(layers) if sel == "*" else range(int(lo), int(hi or lo) + 1)
-            names = [f"layers.{i}.{point}" for i in span]
-        for point_name in (("expert_ids", "expert_weights") if point == "experts" else
-                           (point,)):
-            keys = _ROUTER_WIDTH.get(point_name)
-            width = (next((int(data[k]) for k in keys if data.get(k)), 0) if keys else hidden)
-            dtype = "int32" if point_name == "expert_ids" else spec.capture.dtype
-            for name in names:
-                widths[name.rsplit(".", 1)[0] + "." + point_name
-                       if point == "experts" else name] = (width, dtype)
-    return widths, ""
+    return workers_main.hook_shapes(spec)
 
 
 def _size_text(n: float) -> str:

@@ -68,6 +68,21 @@ def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
     return files
 
 
+def source_file_sizes(spec: runspec_lib.RunSpec) -> list[list[tuple[str, int]]]:
+    """Per source, its input files as `expand_sources` orders them, with their sizes in
+    bytes (one listing on gs://): what a dry run counts or samples."""
+    sizes = []
+    for s, source in enumerate(spec.sources):
+        found = {}
+        for path in source.paths:
+            try:
+                found.update(fileio.expand_path_sizes(path))
+            except fileio.InputError as e:
+                raise fileio.InputError(f"source {spec.source_name(s)!r}: {e}") from None
+        sizes.append(sorted(found.items()))
+    return sizes
+
+
 def check_inputs(spec: runspec_lib.RunSpec
                  ) -> tuple[list[str], list[str], tokenizer_identity.TokenizerFiles | None]:
     """(problems, missing, the tokenizer's files) of the spec's inputs, before any work:

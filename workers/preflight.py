@@ -79,6 +79,29 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                     tuple(missing), unreachable)
 
 
+def hook_shapes(spec: runspec_lib.RunSpec) -> tuple[dict[str, tuple[int, str]], str]:
+    """({hook name: (values per token, stored dtype)}, "") for the job's capture, as the
+    workers will record them in activations/actx.json, or ({}, why not): what
+    `actx submit --dry-run` sizes before anything runs."""
+    if spec.model.flax:
+        return {}, "a Flax model's hooks are known once it loads"
+    if not spec.model.path:
+        return {}, "no checkpoint directory (spec.model.path) to read the widths from"
+    problems: list[str] = []
+    missing: list[str] = []
+    try:
+        capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
+        config = _model_config(spec.model.path, problems, missing)
+    except Exception as e:  # noqa: BLE001 - the pre-flight has said what is wrong
+        return {}, f"the model's config.json could not be read ({e})"
+    if config is None:
+        return {}, (problems + missing)[0]
+    names = capture.hook_names(config.num_layers)
+    widths = capture_lib.hook_widths(config, names)
+    dtypes = capture_lib.hook_dtypes(names, spec.capture.dtype) or {}
+    return {name: (widths[name], dtypes.get(name, spec.capture.dtype)) for name in names}, ""
+
+
 def context_problem(packing: runspec_lib.PackingSpec, limit: int, model_path: str
                     ) -> str | None:
     """What to change when a document's context (packing.max_context, which is at least
