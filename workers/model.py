@@ -135,7 +135,8 @@ def _mlp(p, h_btd, cfg, moe_impl) -> tuple[jax.Array, dict[str, jax.Array]]:
 def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
           sin_bth: jax.Array, lo_bt: jax.Array, hi_bt: jax.Array, cfg: ModelConfig,
           attention_impl: str | None = None,
-          cached: Mapping[str, jax.Array] | None = None, moe_impl: str = "blocked"
+          cached: Mapping[str, jax.Array] | None = None, moe_impl: str = "blocked",
+          attend: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
           ) -> tuple[dict[str, jax.Array], tuple[jax.Array, jax.Array]]:
     """One decoder block; returns every hook point of the block, and the row's keys and
     values (RoPE applied) for the cache.
@@ -144,6 +145,9 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
       (workers.key_ranges): the row's, or [cache in document order, row] with a cache.
     cached: this layer's cache view (see `forward_cached`); None for rows seen alone.
     moe_impl: a mixture of experts' matmuls, one of `moe.IMPLEMENTATIONS`.
+    attend: (q, k, v) of the row (RoPE applied) -> heads [b, t, n, h], in place of the
+      attention above (lo/hi and cached unused): generation's per-slot cache
+      (workers.generate_step).
     """
     gemma, eps = cfg.gemma_norms, cfg.rms_norm_eps
     post_norms = gemma or cfg.post_norms
@@ -159,7 +163,9 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     q_btnh = attn_lib.apply_rope(q_btnh, cos_bth, sin_bth)
     k_btkh = attn_lib.apply_rope(k_btkh, cos_bth, sin_bth)
     scoring = {"scale": cfg.query_scale, "softcap": cfg.attn_logit_softcap}
-    if cached is None:
+    if attend is not None:
+        heads_btnh = attend(q_btnh, k_btkh, v_btkh)
+    elif cached is None:
         heads_btnh = attn_lib.attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, attention_impl,
                                         **scoring)
     else:
