@@ -130,11 +130,8 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
     out: dict[str, jax.Array] = {}
     if "embed" in global_points:
         out["embed"] = x_btd.astype(out_dtype)
-    cos_bth, sin_bth = model_lib._rope_tables(cfg, positions_bt, jnp.ones_like(tokens_bt),
-                                              x_btd.dtype, cached=True)
-    if cfg.local_rope is not None:
-        local_inv_freq = jnp.asarray(cfg.local_rope.inv_freq(cfg.head_dim), jnp.float32)
-        local_cos_sin = attn_lib.rope_cos_sin(positions_bt, local_inv_freq, x_btd.dtype)
+    cos_bth, sin_bth, local_cos_sin = model_lib.step_rope(
+        cfg, positions_bt, jnp.ones_like(tokens_bt), x_btd.dtype, cached=True)
     num = cfg.num_layers
     windows = np.array([attn_lib.NO_WINDOW if w is None else w
                         for w in cfg.window_per_layer], np.int32)
@@ -152,13 +149,8 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
     def body(carry, xs):
         x_btd, buffers = carry
         layer, window, is_local, slot, cache_k, cache_v = xs
-        cos, sin = cos_bth, sin_bth
-        if cfg.local_rope is not None:
-            cos = jnp.where(is_local, local_cos_sin[0], cos_bth)
-            sin = jnp.where(is_local, local_cos_sin[1], sin_bth)
-        layer_params = jax.tree.map(
-            lambda w: jax.lax.dynamic_index_in_dim(w, layer, keepdims=False),
-            params["layers"])
+        layer_params, cos, sin = model_lib.layer_inputs(params, cfg, layer, is_local, cos_bth,
+                                                        sin_bth, local_cos_sin)
         written = {}
 
         def attend(q_btnh, k_btkh, v_btkh):

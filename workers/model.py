@@ -283,6 +283,30 @@ def forward_cached(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
                 data_shards=data_shards)
 
 
+def step_rope(cfg: ModelConfig, positions_bt, segment_ids_bt, dtype, cached: bool) -> tuple:
+    """(cos, sin, the local layers' (cos, sin) or None) of a step's tokens, once per step:
+    Gemma 3's local layers rotate with their own base."""
+    cos_bth, sin_bth = _rope_tables(cfg, positions_bt, segment_ids_bt, dtype, cached=cached)
+    local_cos_sin = None
+    if cfg.local_rope is not None:
+        local_inv_freq = jnp.asarray(cfg.local_rope.inv_freq(cfg.head_dim), jnp.float32)
+        local_cos_sin = attn_lib.rope_cos_sin(positions_bt, local_inv_freq, dtype)
+    return cos_bth, sin_bth, local_cos_sin
+
+
+def layer_inputs(params: dict, cfg: ModelConfig, layer: jax.Array, is_local: jax.Array,
+                 cos_bth: jax.Array, sin_bth: jax.Array, local_cos_sin) -> tuple:
+    """(the layer's weights, its RoPE cos, sin) inside a scan over the stacked layers: a
+    local-attention layer of a model with its own local RoPE takes `local_cos_sin`."""
+    cos, sin = cos_bth, sin_bth
+    if cfg.local_rope is not None:
+        cos = jnp.where(is_local, local_cos_sin[0], cos_bth)
+        sin = jnp.where(is_local, local_cos_sin[1], sin_bth)
+    layer_params = jax.tree.map(
+        lambda w: jax.lax.dynamic_index_in_dim(w, layer, keepdims=False), params["layers"])
+    return layer_params, cos, sin
+
+
 def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layers,
          global_points, out_dtype, constrain, attention_impl, cache=None, continues_b=None,
          max_context=None, data_shards=1):
@@ -301,12 +325,8 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
     if num_run == 0:
         return out, cache
 
-    cos_bth, sin_bth = _rope_tables(cfg, positions_bt, segment_ids_bt, x_btd.dtype,
-                                    cached=cache is not None)
-    if cfg.local_rope is not None:
-        # Gemma 3's local layers rotate with their own base: both tables once per step.
-        local_inv_freq = jnp.asarray(cfg.local_rope.inv_freq(cfg.head_dim), jnp.float32)
-        local_cos_sin = attn_lib.rope_cos_sin(positions_bt, local_inv_freq, x_btd.dtype)
+    cos_bth, sin_bth, local_cos_sin = step_rope(cfg, positions_bt, segment_ids_bt,
+                                                x_btd.dtype, cached=cache is not None)
     local_rope = np.asarray(cfg.local_rope_per_layer[:num_run], bool)
     windows = np.array([attn_lib.NO_WINDOW if w is None else w
                         for w in cfg.window_per_layer[:num_run]], np.int32)
@@ -345,13 +365,8 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
     def body(carry, xs):
         x_btd, buffers = carry
         layer, window, is_local, slot, cache_k, cache_v = xs
-        cos, sin = cos_bth, sin_bth
-        if cfg.local_rope is not None:
-            cos = jnp.where(is_local, local_cos_sin[0], cos_bth)
-            sin = jnp.where(is_local, local_cos_sin[1], sin_bth)
-        layer_params = jax.tree.map(
-            lambda w: jax.lax.dynamic_index_in_dim(w, layer, keepdims=False),
-            params["layers"])
+        layer_params, cos, sin = layer_inputs(params, cfg, layer, is_local, cos_bth, sin_bth,
+                                              local_cos_sin)
         cached = None if shared_view is None else {
             **shared_view, "k_bckh": cache_k, "v_bckh": cache_v}
         hooks, (k_btkh, v_btkh) = block(layer_params, x_btd, cos, sin,
