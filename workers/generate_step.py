@@ -135,12 +135,7 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
     num = cfg.num_layers
     windows = np.array([attn_lib.NO_WINDOW if w is None else w
                         for w in cfg.window_per_layer], np.int32)
-    points = [p for p in point_layers if point_layers[p]]
-    slots = {}
-    for point in points:
-        table = np.full(num, len(point_layers[point]), np.int32)
-        table[list(point_layers[point])] = np.arange(len(point_layers[point]))
-        slots[point] = jnp.asarray(table)
+    points, slots = model_lib.hook_slots(point_layers, num)
     buffers = {p: jnp.zeros((len(point_layers[p]) + 1, b, t, model_lib.point_width(cfg, p)),
                             model_lib.point_dtype(p, out_dtype)) for p in points}
     scale = cfg.query_scale if cfg.query_scale is not None else cfg.head_dim ** -0.5

@@ -294,6 +294,18 @@ def step_rope(cfg: ModelConfig, positions_bt, segment_ids_bt, dtype, cached: boo
     return cos_bth, sin_bth, local_cos_sin
 
 
+def hook_slots(point_layers: Mapping[str, tuple[int, ...]], num_run: int) -> tuple:
+    """(the captured points, per point slot[i]: layer i's place among its captured layers,
+    or the scratch slot (last) for a layer nobody asked for) of a scan over the layers."""
+    points = [p for p in point_layers if point_layers[p]]
+    slots = {}
+    for point in points:
+        table = np.full(num_run, len(point_layers[point]), np.int32)
+        table[list(point_layers[point])] = np.arange(len(point_layers[point]))
+        slots[point] = jnp.asarray(table)
+    return points, slots
+
+
 def layer_inputs(params: dict, cfg: ModelConfig, layer: jax.Array, is_local: jax.Array,
                  cos_bth: jax.Array, sin_bth: jax.Array, local_cos_sin) -> tuple:
     """(the layer's weights, its RoPE cos, sin) inside a scan over the stacked layers: a
@@ -335,12 +347,7 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
 
     # Per point: slot[i] = position of layer i among the captured layers, or the scratch
     # slot (last) for layers nobody asked for; buffers hold only captured layers.
-    points = [p for p in point_layers if point_layers[p]]
-    slots = {}
-    for point in points:
-        table = np.full(num_run, len(point_layers[point]), np.int32)
-        table[list(point_layers[point])] = np.arange(len(point_layers[point]))
-        slots[point] = jnp.asarray(table)
+    points, slots = hook_slots(point_layers, num_run)
     buf_axes = (None, "batch", "seq", "embed")
     buffers = {p: constrain(jnp.zeros((len(point_layers[p]) + 1, b, t, point_width(cfg, p)),
                                       point_dtype(p, out_dtype)), buf_axes) for p in points}
