@@ -15,6 +15,7 @@ import os
 
 from actx.schemas import errors
 from actx.schemas import store as store_lib
+from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
 
 # Files a directory expands to (hidden files and unknown extensions are skipped).
@@ -48,23 +49,9 @@ def expand_path_sizes(path: str) -> list[tuple[str, int]]:
     """`expand_path`'s files with their sizes in bytes (from the same listing on gs://)."""
     if path.startswith("gs://"):
         loc = uri_lib.parse(path)
-        bucket = _gcs_bucket(loc)
-        if _has_glob(loc.path):
-            prefix = loc.path[:min(loc.path.find(c) for c in _GLOB_CHARS if c in loc.path)]
-            blobs = {b.name: b.size or 0 for b in bucket.list_blobs(prefix=prefix)
-                     if fnmatch.fnmatchcase(b.name, loc.path)}
-            kind = "glob"
-        else:
-            blobs = {b.name: b.size or 0 for b in bucket.list_blobs(prefix=loc.path)}
-            if loc.path in blobs:
-                return [(path, blobs[loc.path])]
-            blobs = {n: size for n, size in blobs.items()
-                     if n.startswith(loc.path.rstrip("/") + "/") and _is_data_file(n)}
-            kind = "path"
-        if not blobs:
-            raise InputError(f"{path}: {'glob matches no objects' if kind == 'glob' else 'no such object or prefix'}"
-                             f" in bucket {loc.bucket}; check the path")
-        return sorted((f"gs://{loc.bucket}/{n}", size) for n, size in blobs.items())
+        # No credentials, no network, no access: one line naming the path and the fix.
+        with store_errors.translated(path, loc.bucket):
+            return _expand_gcs(path, loc)
     local = os.path.abspath(os.path.expanduser(path[len("file://"):] if path.startswith("file://") else path))
     if _has_glob(local):
         files = sorted(f for f in glob.glob(local, recursive=True) if os.path.isfile(f))
@@ -80,6 +67,26 @@ def expand_path_sizes(path: str) -> list[tuple[str, int]]:
     else:
         raise InputError(f"{path}: no such file or directory")
     return [(f, os.path.getsize(f)) for f in files]
+
+
+def _expand_gcs(path: str, loc: uri_lib.Location) -> list[tuple[str, int]]:
+    bucket = _gcs_bucket(loc)
+    if _has_glob(loc.path):
+        prefix = loc.path[:min(loc.path.find(c) for c in _GLOB_CHARS if c in loc.path)]
+        blobs = {b.name: b.size or 0 for b in bucket.list_blobs(prefix=prefix)
+                 if fnmatch.fnmatchcase(b.name, loc.path)}
+        kind = "glob"
+    else:
+        blobs = {b.name: b.size or 0 for b in bucket.list_blobs(prefix=loc.path)}
+        if loc.path in blobs:
+            return [(path, blobs[loc.path])]
+        blobs = {n: size for n, size in blobs.items()
+                 if n.startswith(loc.path.rstrip("/") + "/") and _is_data_file(n)}
+        kind = "path"
+    if not blobs:
+        raise InputError(f"{path}: {'glob matches no objects' if kind == 'glob' else 'no such object or prefix'}"
+                         f" in bucket {loc.bucket}; check the path")
+    return sorted((f"gs://{loc.bucket}/{n}", size) for n, size in blobs.items())
 
 
 class _GcsReader(io.RawIOBase):
