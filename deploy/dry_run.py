@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import uuid
 
 from actx.schemas import layout as layout_lib
@@ -63,31 +62,35 @@ def counts(spec: runspec_lib.RunSpec, run: str) -> tuple[Counts | None, str]:
     except Exception as e:  # noqa: BLE001 - the pre-flight has said what is wrong
         return None, f"the inputs could not be listed ({e}); prepare counts them"
     total = sum(size for source in files for _, size in source)
-    sampled = files
-    if total > COUNT_INPUT_BYTES:
-        sampled = [source_files if spec.sources[i].max_docs is not None
-                   else _leading(source_files, COUNT_INPUT_BYTES * sum(
-                       size for _, size in source_files) / total)
-                   for i, source_files in enumerate(files)]
-    taken = sum(size for source in sampled for _, size in source)
-    if taken > 2 * COUNT_INPUT_BYTES:
-        return None, (f"the inputs are {total / 2**20:,.0f} MiB in files too large to sample "
-                      f"(over {COUNT_INPUT_BYTES >> 20} MiB); prepare counts them")
-    if sampled is files:
+    if total <= COUNT_INPUT_BYTES:
         return _counted(spec)
-    sources = tuple(dataclasses.replace(source, paths=tuple(name for name, _ in chosen))
-                    for source, chosen in zip(spec.sources, sampled))
-    found, why = _counted(dataclasses.replace(spec, sources=sources))
-    if found is None:
-        return None, why
-    scale = total / max(1, taken)
-    rows = round(found.rows * scale)
-    n_files, n_taken = sum(map(len, files)), sum(map(len, sampled))
-    return Counts(round(found.tokens * scale), rows,
-                  math.ceil(rows / spec.layout.partition_rows), found.seq_len,
-                  f"estimated: {n_taken} of {n_files} input files ({taken / 2**20:,.0f} of "
-                  f"{total / 2**20:,.0f} MiB) counted by a prepare into memory, scaled by "
-                  f"bytes"), ""
+    # Each source alone: its first files up to its share of the budget, scaled by its own
+    # bytes; a source with max_docs whole (its prepare stops there, whatever its size).
+    tokens = rows = 0.0
+    n_taken = taken = 0
+    free = sum(n for source, source_files in zip(spec.sources, files)
+               if source.max_docs is None for _, n in source_files)
+    for source, source_files in zip(spec.sources, files):
+        size = sum(n for _, n in source_files)
+        chosen = source_files if source.max_docs is not None else _leading(
+            source_files, COUNT_INPUT_BYTES * size / max(1, free))
+        part = sum(n for _, n in chosen)
+        if source.max_docs is None and part > 2 * COUNT_INPUT_BYTES:
+            return None, (f"the inputs are {total / 2**20:,.0f} MiB in files too large to "
+                          f"sample (over {COUNT_INPUT_BYTES >> 20} MiB); prepare counts them")
+        one = dataclasses.replace(source, paths=tuple(name for name, _ in chosen))
+        found, why = _counted(dataclasses.replace(spec, sources=(one,)))
+        if found is None:
+            return None, why
+        scale = 1.0 if source.max_docs is not None else size / max(1, part)
+        tokens, rows = tokens + found.tokens * scale, rows + found.rows * scale
+        n_taken, taken = n_taken + len(chosen), taken + part
+    rows = round(rows)
+    return Counts(round(tokens), rows, math.ceil(rows / spec.layout.partition_rows),
+                  spec.packing.seq_len,
+                  f"estimated: {n_taken} of {sum(map(len, files))} input files "
+                  f"({_size_text(taken)} of {_size_text(total)}) counted by a prepare into "
+                  f"memory, scaled by bytes"), ""
 
 
 def _leading(files: list[tuple[str, int]], budget: float) -> list[tuple[str, int]]:

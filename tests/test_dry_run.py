@@ -135,7 +135,11 @@ def test_a_tpu_target_counts_the_inputs_and_bounds_the_time_by_its_peak(config, 
                     f"only a run on that hardware measures"), line
 
 
-def test_inputs_over_the_limit_are_sampled_by_files_and_scaled(config, tmp_path, monkeypatch):
+@pytest.mark.parametrize("capped", [False, True])
+def test_inputs_over_the_limit_are_sampled_by_files_and_scaled(config, tmp_path, monkeypatch,
+                                                               capped):
+    """Past the limit, each source's first files stand for it, scaled by its bytes; a
+    source with max_docs is counted whole (its prepare stops there)."""
     from actx.deploy import dry_run
 
     path, _ = config
@@ -146,7 +150,9 @@ def test_inputs_over_the_limit_are_sampled_by_files_and_scaled(config, tmp_path,
         (folder / f"{f}.jsonl").write_text("".join(
             json.dumps({"text": f"file {f} note {i} " + "words here " * (i % 7 + 1)}) + "\n"
             for i in range(40)))
-    data["spec"]["sources"] = [{"kind": "text", "paths": [str(folder)]}]
+    data["spec"]["sources"] = [{"kind": "text", "paths": [str(folder)]}] + (
+        [{"kind": "text", "paths": [str(folder)], "max_docs": 30, "name": "capped"}]
+        if capped else [])
     many = tmp_path / "many.yaml"
     many.write_text(yaml.safe_dump(data))
     _, whole = _cost(["submit", str(many), "--dry-run"])
@@ -154,6 +160,7 @@ def test_inputs_over_the_limit_are_sampled_by_files_and_scaled(config, tmp_path,
     size = sum(os.path.getsize(folder / f"{f}.jsonl") for f in range(6))
     monkeypatch.setattr(dry_run, "COUNT_INPUT_BYTES", size // 3)
     said, sampled = _cost(["submit", str(many), "--dry-run"])
-    assert sampled["source"].startswith("estimated: 2 of 6 input files"), said
+    assert sampled["source"].startswith(
+        f"estimated: {8 if capped else 2} of {12 if capped else 6} input files"), said
     assert abs(sampled["tokens"] - whole["tokens"]) <= 0.05 * whole["tokens"], (sampled, whole)
     assert abs(sampled["rows"] - whole["rows"]) <= 0.1 * whole["rows"] + 1, (sampled, whole)
