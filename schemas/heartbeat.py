@@ -31,8 +31,9 @@ class Heartbeat:
     job: the launcher's job id ("" in heartbeats written before it was recorded), so a
       launcher tells its own workers from an earlier job's.
     held: every partition given to this process and not yet done (a Beam bundle's, from
-      before its model loads), so a process that dies holding them leaves them stale, not
-      pending; `partition` alone names only the one in hand.
+      before its model loads; a worker's, each one it claimed, ahead of the one in hand
+      too), so a process that dies holding them leaves them stale, not pending;
+      `partition` alone names only the one in hand.
     stolen_from: where replicas share work (`--steal`), per replica ("r1"), the partitions
       of its list this host's replica took (claimed), a dead attempt's taken over included.
       Written by the host that chooses: a multi-host replica's process 0.
