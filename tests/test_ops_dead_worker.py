@@ -31,8 +31,9 @@ def _status(run, *flags):
 
 
 def _stop_in_partition(s, proc) -> tuple[int, int]:
-    """SIGSTOPs the worker while its heartbeat holds a partition without a commit; returns
-    (worker pid, that partition). The stopped process cannot commit it any more."""
+    """SIGSTOPs the worker while its heartbeat holds a partition without a commit and the
+    next one claimed (its prefetch reaches that in the partition's last steps); returns
+    (worker pid, the partition in hand). The stopped process cannot commit it any more."""
     path = os.path.join(str(s.location), layout.heartbeat_key(HOST))
     seen = None
     deadline = time.monotonic() + 120
@@ -45,13 +46,14 @@ def _stop_in_partition(s, proc) -> tuple[int, int]:
         seen = stamp
         # Past its first tokens, so status has a throughput to show.
         if (beat and beat["state"] == "working" and beat["partition"] is not None
-                and beat["tokens_done"] > 0):
+                and beat["tokens_done"] > 0 and len(beat["held"]) > 1):
             pid = int(beat["attempt"].split("-")[-2])  # "<host>-<pid>-<random>"
             os.kill(pid, signal.SIGSTOP)
             beat = s.read_json(layout.heartbeat_key(HOST))  # final: the process is frozen
             held = beat["partition"]
             if (held is not None and beat["tokens_done"] > 0
-                    and not s.exists(layout.commit_key(held))):
+                    and not s.exists(layout.commit_key(held))
+                    and len(beat["held"]) > 1):
                 return pid, held
             os.kill(pid, signal.SIGCONT)
         time.sleep(0.002)
