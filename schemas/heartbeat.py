@@ -138,7 +138,7 @@ def summary(heartbeat: Heartbeat) -> str:
     """The heartbeat as compact JSON, its message cut: what a GCS listing returns, so
     status needs no read per host. It carries the history (64 samples, about 2 KB) where
     the whole fits in SUMMARY_BYTES, so the live page draws 512 hosts from one listing too;
-    a summary without it (or from a writer before 0.3.0, whose summaries never had one)
+    a summary without it (or from an earlier writer, whose summaries never had one)
     sends a reader that wants the history to the object itself."""
     small = dataclasses.replace(heartbeat, message=heartbeat.message[:SUMMARY_MESSAGE_CHARS])
     text = json.dumps(config_lib.to_dict(small), sort_keys=True, separators=(",", ":"))
