@@ -51,17 +51,26 @@ def raise_stopped(signum, frame):
 
 
 def safe_to_raise(frame) -> bool:
-    """False inside a garbage-collector callback (JAX has one): Python ignores an exception
-    raised there and prints its traceback ("Exception ignored in ..."), so the stop would
-    be lost and the user would see a traceback."""
+    """False where an exception raised now would not reach the command's own handling:
+    - inside a garbage-collector callback (JAX has one): Python ignores an exception
+      raised there and prints its traceback ("Exception ignored in ..."), so the stop would
+      be lost and the user would see a traceback;
+    - inside an import (JAX's takes seconds): the exception can surface as another one
+      (a RuntimeError from a class body's `__set_name__`) with a traceback, and it leaves
+      the module half-imported.
+    The caller redelivers the signal, which comes back once out of there."""
     import gc
 
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks} - {None}
     while frame is not None:
-        if frame.f_code in callbacks:
+        if frame.f_code in callbacks or frame.f_code.co_filename.startswith(_IMPORT_MACHINERY):
             return False
         frame = frame.f_back
     return True
+
+
+# importlib's own frames, present on the stack for as long as any module is being imported
+_IMPORT_MACHINERY = "<frozen importlib._bootstrap"
 
 
 def redeliver(signum: int, after_s: float = 0.05) -> None:

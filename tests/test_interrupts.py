@@ -24,7 +24,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _start(*args) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": REPO}
+    # faulthandler: a process that hangs instead of stopping is sent SIGABRT and prints
+    # every thread's stack, so a failure says where it hung
+    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen([sys.executable, "-m", "actx.deploy.cli", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -59,8 +61,20 @@ def _interrupt_when(proc: subprocess.Popen, started: str, timeout_s: float = 120
         assert time.monotonic() < deadline, "".join(said)
     time.sleep(1.0)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=timeout_s)
+    out, err = _communicate(proc, timeout_s)
     return "".join(said) + err + out
+
+
+def _communicate(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
+    """proc.communicate, but a process still running after `timeout_s` fails the test
+    with its threads' stacks (faulthandler's, on SIGABRT)."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate(timeout=60)
+        raise AssertionError(f"still running {timeout_s} s after the stop signal:\n"
+                             f"{out}{err}") from None
 
 
 def _one_interrupted_line(proc, said: str, command: str, sig: int = signal.SIGINT) -> str:
@@ -140,7 +154,7 @@ def test_stop_signal_during_extract(small_run, when, sig):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = _communicate(proc, 120)
     said = out + err
     _one_interrupted_line(proc, said, "extract", sig)
     assert f"`actx rerun {small_run}` finishes them" in said
@@ -199,7 +213,7 @@ def test_sigterm_during_submit_stops_its_workers_and_rerun_is_byte_identical(
         time.sleep(0.05)
     workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of(int(p), proc.pid)]
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    out, err = _communicate(proc, 120)
     line = _one_interrupted_line(proc, out + err, "submit", signal.SIGTERM)
     assert f"stay uncommitted: `actx submit {config}` again finishes them" in line, line
     assert workers and not any(os.path.exists(f"/proc/{w}") for w in workers), workers
