@@ -10,8 +10,6 @@ forward reaches a fraction of that peak; the fraction is not known before the jo
 
 from __future__ import annotations
 
-import re
-
 from actx.deploy import tpu_types
 
 # Peak dense bf16 (fp16 where the card has no bf16) tensor FLOP/s per chip, from the
@@ -28,34 +26,21 @@ DATAFLOW_TPU = {"tpu-v5-lite-podslice": "v5litepod", "tpu-v5p-slice": "v5p",
                 "tpu-v6e-slice": "v6e", "tpu-v4-podslice": "v4"}
 
 
-def forward_flops_per_token(config: dict, layers_run: int, seq_len: int) -> float:
-    """2 x the parameters a token meets in `layers_run` blocks (a mixture of experts': its
-    experts per token's) plus attention's scores and weighted sum over half a row on
-    average (causal), from a checkpoint's config.json."""
-    hidden = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    experts = int(next((config[k] for k in ("num_local_experts", "num_experts",
-                                            "n_routed_experts") if config.get(k)), 0))
-    per_token = int(next((config[k] for k in ("num_experts_per_tok", "moe_topk", "top_k")
-                          if config.get(k)), 1)) if experts else 1
-    inter = int(config.get("moe_intermediate_size") or config["intermediate_size"]) \
-        if experts else int(config["intermediate_size"])
-    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+def forward_flops_per_token(config, blocks: int, seq_len: int) -> float:
+    """2 x the parameters a token meets in `blocks` decoder blocks (a mixture of experts':
+    its experts per token's) plus attention's scores and weighted sum over half a row on
+    average (causal). config: the checkpoint's workers ModelConfig (hidden_size,
+    num_heads, num_kv_heads, head_dim, intermediate_size, num_experts, experts_per_token,
+    moe_intermediate_size), as workers.preflight.hook_shapes read it; blocks: its blocks
+    run for the hooks, by the same rule."""
+    hidden, heads, head_dim = config.hidden_size, config.num_heads, config.head_dim
+    experts = config.num_experts
+    per_token = config.experts_per_token if experts else 1
+    inter = config.moe_intermediate_size if experts else config.intermediate_size
+    attention = hidden * heads * head_dim * 2 + hidden * config.num_kv_heads * head_dim * 2
     mlp = 3 * hidden * inter * per_token + hidden * experts
     context = 2 * 2 * heads * head_dim * (seq_len / 2)
-    return layers_run * (2 * (attention + mlp) + context)
-
-
-def layers_run(hook_names, num_layers: int) -> int:
-    """Blocks the forward runs for these hooks: up to the last hooked layer, every block
-    for final_norm, none for embed alone (as workers.model.layers_to_run)."""
-    if "final_norm" in hook_names:
-        return num_layers
-    layers = [int(m.group(1)) for name in hook_names
-              if (m := re.match(r"layers\.(\d+)\.", name))]
-    return max(layers) + 1 if layers else 0
+    return blocks * (2 * (attention + mlp) + context)
 
 
 def target_peak(target) -> tuple[float, str] | tuple[None, str]:

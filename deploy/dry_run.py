@@ -131,9 +131,10 @@ def _counted(spec: runspec_lib.RunSpec) -> tuple[Counts | None, str]:
                   "counted by a prepare of the inputs into memory"), ""
 
 
-def hook_widths(spec: runspec_lib.RunSpec) -> tuple[dict[str, tuple[int, str]], str]:
-    """({hook: (values per token, stored dtype)}, "") from the checkpoint's config.json,
-    by the workers' own rule (workers.preflight.hook_shapes), or ({}, why not)."""
+def hook_shapes(spec: runspec_lib.RunSpec):
+    """The job's hooks ({hook: (values per token, stored dtype)}), the blocks the forward
+    runs for them and the model's config, from the checkpoint's config.json by the workers'
+    own rules, or why not (workers.preflight.HookShapes)."""
     from actx.workers import main as workers_main
 
     return workers_main.hook_shapes(spec)
@@ -150,7 +151,8 @@ def _size_text(n: float) -> str:
 def report(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str]) -> list[str]:
     """The cost lines of a dry run (each starts with "# "), given `counts`'s answer."""
     found, why = counted
-    widths, why_widths = hook_widths(spec)
+    shapes = hook_shapes(spec)
+    widths = shapes.hooks
     lines = ["# cost:"]
     if found is None:
         lines.append(f"#   tokens: not known here ({why})")
@@ -158,7 +160,7 @@ def report(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str]) -> lis
         lines.append(f"#   tokens: {found.tokens:,} in {found.rows:,} rows of {found.seq_len:,} "
                      f"({found.partitions:,} partitions; {found.source})")
     if not widths:
-        lines.append(f"#   activations: not known here ({why_widths})")
+        lines.append(f"#   activations: not known here ({shapes.why})")
         return lines
     shards_per_hook = (None if found is None
                        else math.ceil(found.rows / spec.layout.rows_per_shard))
@@ -277,7 +279,6 @@ def _bound(spec: runspec_lib.RunSpec, target, found: Counts | None, why: str, ou
     """Another target's estimate: the least time its accelerators' peak allows (this
     machine's speed says nothing about the target's hardware; deploy.cost_bound)."""
     from actx.deploy import cost_bound
-    from actx.schemas import store as store_lib
 
     if found is None:
         print(f"# estimate: not made ({why})", file=out, flush=True)
@@ -286,16 +287,13 @@ def _bound(spec: runspec_lib.RunSpec, target, found: Counts | None, why: str, ou
     if peak is None:
         print(f"# estimate: not made ({what})", file=out, flush=True)
         return
-    widths, why_widths = hook_widths(spec)
-    try:
-        data = store_lib.open_store(spec.model.path).read_json("config.json") or {}
-        data = data.get("text_config") or data if "hidden_size" not in data else data
-        blocks = cost_bound.layers_run(list(widths), int(data["num_hidden_layers"]))
-        per_token = cost_bound.forward_flops_per_token(data, blocks, found.seq_len)
-    except Exception as e:  # noqa: BLE001 - a dry run's estimate is best effort
-        print(f"# estimate: not made (the model's config.json: {why_widths or e})", file=out,
+    shapes = hook_shapes(spec)  # the blocks and sizes by the workers' rules, one read
+    if shapes.config is None:
+        print(f"# estimate: not made (the model's config.json: {shapes.why})", file=out,
               flush=True)
         return
+    blocks = shapes.blocks
+    per_token = cost_bound.forward_flops_per_token(shapes.config, blocks, found.seq_len)
     seconds = found.tokens * per_token / peak
     print(f"# estimate: at least {_duration(seconds)} for {found.tokens:,} tokens on {what}: "
           f"{per_token / 1e9:,.2f} GFLOP per token over {blocks} block(s) at full peak; a "

@@ -8,6 +8,9 @@ import json
 import pytest
 
 from actx.deploy import config as config_lib, cost_bound
+from actx.schemas import runspec
+from actx.workers import main as workers_main
+from actx.workers.model_config import ModelConfig
 from tests import hf_models
 
 
@@ -40,9 +43,9 @@ def _hf_matmul_params_per_token(model, layers: int) -> int:
 def test_flops_per_token_are_twice_the_parameters_a_token_meets(tmp_path, arch):
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch)
     model = hf_models.load_hf_model(path)
-    config = json.load(open(f"{path}/config.json"))
-    config = config.get("text_config") or config
-    layers = config["num_hidden_layers"]
+    # As the dry run has it: the workers' reading of config.json (text_config unwrapped).
+    config = ModelConfig.from_hf(json.load(open(f"{path}/config.json")))
+    layers = config.num_layers
     heads, head_dim = model.config.num_attention_heads, (
         getattr(model.config, "head_dim", None) or model.config.hidden_size
         // model.config.num_attention_heads)
@@ -54,10 +57,33 @@ def test_flops_per_token_are_twice_the_parameters_a_token_meets(tmp_path, arch):
                 2 * _hf_matmul_params_per_token(model, run) + attention, rel=1e-9)
 
 
-def test_layers_run_follow_the_hooks():
-    assert cost_bound.layers_run(["layers.0.resid_post", "layers.5.attn_out"], 12) == 6
-    assert cost_bound.layers_run(["embed", "final_norm"], 12) == 12
-    assert cost_bound.layers_run(["embed"], 12) == 0
+@pytest.mark.parametrize("hooks", ["layers.0.resid_post", "layers.1.resid_post,layers.0.mlp_out",
+                                   "embed,layers.2.attn_out", "layers.0.resid_pre,final_norm",
+                                   "embed"])
+def test_the_dry_runs_blocks_are_those_the_workers_scan_runs(tmp_path, hooks):
+    """The blocks the bound counts (workers.preflight.hook_shapes, from config.json alone)
+    are the scan's length in the workers' traced step for the same hooks."""
+    import re
+
+    import jax
+    import numpy as np
+
+    from actx.workers import capture, model as model_lib, step
+
+    path = hf_models.make_tiny_checkpoint(tmp_path / "qwen2", "qwen2")  # 3 layers
+    spec = runspec.RunSpec(model=runspec.ModelSpec(path=str(path)),
+                           tokenizer=runspec.TokenizerSpec(path="tok"),
+                           sources=(runspec.SourceSpec(kind="text", paths=("x.jsonl",)),),
+                           capture=runspec.CaptureConfig(hooks=hooks, dtype="float32"))
+    shapes = workers_main.hook_shapes(spec)
+    assert shapes.why == "" and shapes.config.num_layers == 3
+    fn = step.make_extract_fn(model_lib.load_pretrained(str(path)),
+                              capture.CaptureSpec.parse(hooks))
+    ids = np.ones((1, 8), np.int32)
+    jaxpr = str(jax.make_jaxpr(fn._jitted)(fn._params, ids, ids, ids))
+    scanned = [int(n) for n in re.findall(r"length=(\d+)", jaxpr)]
+    assert scanned == ([shapes.blocks] if shapes.blocks else []), (hooks, scanned)
+    assert sorted(shapes.hooks) == fn.hook_names
 
 
 def test_the_peak_of_what_a_target_names():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from typing import Sequence, Union
+from typing import Mapping, Sequence, Union
 
 from actx.schemas import activations_info as info_lib
 
@@ -132,6 +132,10 @@ class CaptureSpec:
     def global_points(self) -> tuple[str, ...]:
         return tuple(p for p in GLOBAL_POINTS if p in self.hooks)
 
+    def blocks_run(self, num_layers: int) -> int:
+        """Decoder blocks a forward runs for this capture (`blocks_run`)."""
+        return blocks_run(self.point_layers(num_layers), self.global_points(), num_layers)
+
     def hook_names(self, num_layers: int) -> list[str]:
         """Sorted full hook names, e.g. ["embed", "final_norm", "layers.0.resid_post"]."""
         names = list(self.global_points())
@@ -151,6 +155,18 @@ class CaptureSpec:
                 f"{getattr(config, 'architecture', 'the model')} has no such "
                 f"point{' (it is not a mixture of experts)' if dense else ''}; its "
                 f"per-layer points: {', '.join(has)}; global: {', '.join(GLOBAL_POINTS)}")
+
+
+def blocks_run(point_layers: Mapping[str, Sequence[int]], global_points: Sequence[str],
+               num_layers: int) -> int:
+    """How many decoder blocks a forward runs for these hooks: through the last hooked
+    layer, every block for final_norm (it normalizes the last block's output), none for
+    embed alone. The one rule for the workers' scan (workers.model) and for the FLOPs a
+    dry run bounds (deploy.cost_bound, through workers.preflight.hook_shapes)."""
+    if "final_norm" in global_points:
+        return num_layers
+    wanted = [i for layers in point_layers.values() for i in layers]
+    return max(wanted) + 1 if wanted else 0
 
 
 def point_width(config, point: str) -> int:

@@ -194,11 +194,9 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
 
 def layers_to_run(cfg: ModelConfig, point_layers: Mapping[str, tuple[int, ...]],
                   global_points: tuple[str, ...]) -> int:
-    """How many blocks the scan runs: up to the last hooked layer (all for final_norm)."""
-    wanted_layers = [i for layers in point_layers.values() for i in layers]
-    if "final_norm" in global_points:
-        return cfg.num_layers
-    return max(wanted_layers) + 1 if wanted_layers else 0
+    """How many blocks the scan runs: up to the last hooked layer, all for final_norm
+    (`capture.blocks_run`, the rule the dry run counts FLOPs by too)."""
+    return capture.blocks_run(point_layers, global_points, cfg.num_layers)
 
 
 def point_width(cfg: ModelConfig, point: str) -> int:

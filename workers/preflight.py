@@ -9,6 +9,8 @@ second, not a prepared token store and a provisioned slice.
 
 from __future__ import annotations
 
+import dataclasses
+
 from actx.schemas import parallelism
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
@@ -79,27 +81,49 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                     tuple(missing), unreachable)
 
 
-def hook_shapes(spec: runspec_lib.RunSpec) -> tuple[dict[str, tuple[int, str]], str]:
-    """({hook name: (values per token, stored dtype)}, "") for the job's capture, as the
-    workers will record them in activations/actx.json, or ({}, why not): what
-    `actx submit --dry-run` sizes before anything runs."""
+@dataclasses.dataclass(frozen=True)
+class HookShapes:
+    """What a job's capture stores and computes, by the workers' own rules, before it runs
+    (`actx submit --dry-run`).
+
+    hooks: {hook name: (values per token, stored dtype)}, as the workers will record them
+      in activations/actx.json; {} where not known.
+    blocks: decoder blocks the forward runs for those hooks (capture.blocks_run); None
+      where not known.
+    config: the checkpoint's ModelConfig, whose sizes bound the forward's FLOPs
+      (deploy.cost_bound); None where not known.
+    why: why they are not known ("" where they are).
+    """
+
+    hooks: dict[str, tuple[int, str]]
+    blocks: int | None = None
+    config: model_config_lib.ModelConfig | None = None
+    why: str = ""
+
+
+def hook_shapes(spec: runspec_lib.RunSpec) -> HookShapes:
+    """The job's hooks, blocks run and model config from the checkpoint's config.json (one
+    read), or HookShapes({}, why=why not): what `actx submit --dry-run` sizes and bounds
+    before anything runs."""
     if spec.model.flax:
-        return {}, "a Flax model's hooks are known once it loads"
+        return HookShapes({}, why="a Flax model's hooks are known once it loads")
     if not spec.model.path:
-        return {}, "no checkpoint directory (spec.model.path) to read the widths from"
+        return HookShapes({}, why="no checkpoint directory (spec.model.path) to read the "
+                                  "widths from")
     problems: list[str] = []
     missing: list[str] = []
     try:
         capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
         config = _model_config(spec.model.path, problems, missing)
     except Exception as e:  # noqa: BLE001 - the pre-flight has said what is wrong
-        return {}, f"the model's config.json could not be read ({e})"
+        return HookShapes({}, why=f"the model's config.json could not be read ({e})")
     if config is None:
-        return {}, (problems + missing)[0]
+        return HookShapes({}, why=(problems + missing)[0])
     names = capture.hook_names(config.num_layers)
     widths = capture_lib.hook_widths(config, names)
     dtypes = capture_lib.hook_dtypes(names, spec.capture.dtype) or {}
-    return {name: (widths[name], dtypes.get(name, spec.capture.dtype)) for name in names}, ""
+    return HookShapes({name: (widths[name], dtypes.get(name, spec.capture.dtype))
+                       for name in names}, capture.blocks_run(config.num_layers), config)
 
 
 def context_problem(packing: runspec_lib.PackingSpec, limit: int, model_path: str
