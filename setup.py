@@ -20,9 +20,10 @@ SUBPACKAGES = ("schemas", "pipeline", "workers", "deploy", "reader", "adapters")
 # Ops (status, rerun, verify), the reader and the run directory contract: no jax, no Beam.
 _CORE = ["numpy>=1.26", "pyyaml>=6", "tensorstore>=0.1.70", "ml_dtypes>=0.5", "crc32c>=2.4"]
 _GCS = ["google-cloud-storage>=2.16"]
-# Extraction on accelerator hosts: pure JAX (no Flax), checkpoints read with safetensors.
+# Extraction on accelerator hosts: pure JAX (no Flax), checkpoints read with safetensors;
+# tokenizers decodes what a generating run's model writes (workers.generate_text).
 # Add the accelerator's jax build beside it: 'jax[tpu]' or 'jax[cuda12]'.
-_WORKERS = ["jax>=0.6", "safetensors>=0.4"]
+_WORKERS = ["jax>=0.6", "safetensors>=0.4", "tokenizers>=0.20"]
 # Users' own Flax NNX models (`model.flax`): only where that is used, beside `workers`.
 _FLAX = ["flax>=0.12"]
 # prepare on Beam's in-process runners; jinja2 renders chat templates (ARC prompts).

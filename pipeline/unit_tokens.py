@@ -18,6 +18,7 @@ from typing import Iterable
 import numpy as np
 
 from actx.pipeline import arc_render
+from actx.pipeline import generation_docs
 from actx.pipeline import sources
 from actx.pipeline import tokenize
 from actx.pipeline import units as units_lib
@@ -114,8 +115,9 @@ def tokenize_unit(loaded: tokenize.LoadedTokenizer, spec: runspec_lib.RunSpec,
                 yield record
 
     ids, attrs, lengths, variants, task_ids, metas, lines = [], [], [], [], [], [], set()
+    prompts = []  # a generating run's documents, expanded into samples once all are read
 
-    def collect(docs):
+    def store(docs):
         for doc in docs:
             ids.append(doc.token_ids)
             lengths.append(len(doc.token_ids))
@@ -126,6 +128,7 @@ def tokenize_unit(loaded: tokenize.LoadedTokenizer, spec: runspec_lib.RunSpec,
             if doc.arc_attrs is not None:
                 attrs.append(doc.arc_attrs)
 
+    collect = store if spec.generate is None else prompts.extend
     # Batches encode in helper threads (the tokenizer releases the GIL) while this thread
     # reads the next batch and collects the ones before. Two encoders, so that one batch's
     # Python part (ids to arrays, records) never leaves the tokenizer's cores idle: the
@@ -138,6 +141,8 @@ def tokenize_unit(loaded: tokenize.LoadedTokenizer, spec: runspec_lib.RunSpec,
                 collect(pending.popleft().result())
         while pending:
             collect(pending.popleft().result())
+    if spec.generate is not None:
+        store(generation_docs.sample_documents(prompts, spec, rejects))
     if attrs and len(attrs) != len(ids):
         raise ValueError(f"{unit.path}: ARC and text documents in one unit")
     n_attrs = len(arc_render.CHAR_ATTRS)

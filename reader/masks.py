@@ -11,6 +11,10 @@ Reasons (REASONS), each a boolean [rows, seq_len] mask, True where the token is 
   doc_boundary  concat rows only: the two tokens on either side of a document boundary
                 inside a row (the separator that closes a document and the first token of
                 the next), whose context mixes documents. Empty in pad / segmented runs.
+  prompt        a generating run's prompt tokens (run.json's `generate`; docs/generate.md).
+  generated     a generating run's tokens the model wrote. Both read the run's
+                `generated.token_ids` array; positions reserved for a sample that stopped
+                before them are left out always, as padding is.
   outlier       per hook: the L2 norm of the token's activation is above `outlier_factor`
                 times the hook's median norm. The norms are stored per token beside the
                 hook (layout.norms_array_key) and the median in stats.json, both by
@@ -33,14 +37,16 @@ from actx.reader import errors
 from actx.reader import stored_stats
 from actx.schemas import layout
 
-REASONS = ("special", "bos", "padding", "doc_boundary", "outlier")
+REASONS = ("special", "bos", "padding", "doc_boundary", "prompt", "generated", "outlier")
 TOKEN_REASONS = REASONS[:4]
+ROLE_REASONS = ("prompt", "generated")
 # Norm above this many times the hook's median: the rare tokens (often the first token
 # or a repeated delimiter) whose norm is orders of magnitude above the rest.
 DEFAULT_OUTLIER_FACTOR = 10.0
 # Token arrays each reason needs (segment_ids and input_ids are always read, first).
 _NEEDS = {"special": (), "bos": ("positions", "doc_index", "context_start"),
-          "padding": (), "doc_boundary": ("doc_index",), "outlier": ()}
+          "padding": (), "doc_boundary": ("doc_index",), "prompt": (), "generated": (),
+          "outlier": ()}
 
 
 def check_exclude(exclude: "Iterable[str] | None") -> tuple[str, ...]:
@@ -102,8 +108,10 @@ class TokenFilter:
     whole_document keeps only tokens that attended to their whole document up to
     themselves (context_start == 0).
 
-    `sources(run)` are the arrays to read over the same rows, in order (token arrays, then
-    each outlier hook's norms); `keep(values)` takes what was read and returns the mask.
+    `sources(run)` are the arrays to read over the same rows, in order (token arrays, a
+    generating run's `generated.token_ids`, then each outlier hook's norms); `keep(values)`
+    takes what was read and returns the mask.
+    generates: the run generates (its unused reserved positions are always left out).
     """
 
     bos_id: int | None
@@ -114,6 +122,7 @@ class TokenFilter:
     exclude_special: bool = False
     whole_document: bool = False
     norm_limits: tuple[tuple[str, float], ...] = ()  # (hook, max norm) for "outlier"
+    generates: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -124,7 +133,9 @@ class TokenFilter:
         return ("segment_ids", "input_ids") + tuple(n for n in layout.TOKEN_ARRAYS if n in extra)
 
     def sources(self, run, context: Any = None) -> list:
+        generated = [layout.activation_array_key(layout.GENERATED_IDS)] if self.generates else []
         return ([run.open_array(layout.token_array_key(n), context) for n in self.names]
+                + [run.open_array(k, context) for k in generated]
                 + [run.open_array(layout.norms_array_key(h), context) for h, _ in self.norm_limits])
 
     def keep(self, values: Sequence[np.ndarray]) -> np.ndarray:
@@ -142,7 +153,15 @@ class TokenFilter:
         for m in token_reasons(arrays, self.bos_id, self.special_ids, self.concat,
                                reasons).values():
             mask &= ~m
-        for norms, (_, limit) in zip(values[len(self.names):], self.norm_limits):
+        rest = values[len(self.names):]
+        if self.generates:
+            generated, rest = rest[0][..., 0], rest[1:]
+            mask &= generated != layout.GENERATED_UNUSED
+            if "prompt" in self.exclude:
+                mask &= generated != layout.GENERATED_PROMPT
+            if "generated" in self.exclude:
+                mask &= generated < 0
+        for norms, (_, limit) in zip(rest, self.norm_limits):
             mask &= ~(norms > limit)
         return mask
 
@@ -155,6 +174,12 @@ def token_filter(run, hooks: Sequence[str], exclude: "Iterable[str] | None" = No
     """The filter of a reader over `hooks` and committed `partitions`; "outlier" needs
     `compute_stats` to have stored the norms of every one of those partitions."""
     exclude = check_exclude(exclude)
+    generates = run.spec.generate is not None
+    roles = [r for r in exclude if r in ROLE_REASONS]
+    if roles and not generates:
+        raise ValueError(f"exclude: {roles[0]!r} tells a generating run's prompt from what "
+                         f"the model wrote; {run.location} does not generate (its run.json "
+                         f"has no generate section)")
     limits = []
     if "outlier" in exclude:
         if not outlier_factor > 0:
@@ -170,4 +195,5 @@ def token_filter(run, hooks: Sequence[str], exclude: "Iterable[str] | None" = No
             limits.append((h, float(outlier_factor * s.norm_median)))
     m = run.manifest
     return TokenFilter(m.bos_id, tuple(m.special_token_ids), run.spec.packing.mode == "concat",
-                       exclude, exclude_bos, exclude_special, whole_document, tuple(limits))
+                       exclude, exclude_bos, exclude_special, whole_document, tuple(limits),
+                       generates)

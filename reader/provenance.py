@@ -130,7 +130,8 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
            whole_document: bool = False,
            partitions: Sequence[int] | None = None,
            exclude: Sequence[str] | None = None,
-           outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR) -> Selection:
+           outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR,
+           generated: bool | None = None) -> Selection:
     """Tokens that match every given filter, over committed partitions.
 
     whole_document: only tokens that attended to their whole document up to themselves
@@ -144,8 +145,12 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
     arc_grid="test_input", cells_only=True).
     exclude / outlier_factor: token masks to leave out (reader.masks); also a filter of
     its own: select(h, exclude=["bos", "outlier"]) is every other valid token.
+    generated: in a generating run, True for the tokens the model wrote only, False for
+    its prompts' only (exclude=["prompt"] / ["generated"]).
     """
     hooks = _hooks(run, hooks)
+    if generated is not None:
+        exclude = (*(exclude or ()), "prompt" if generated else "generated")
     wanted = {
         "arc_task": _index_of(arc_task, run.manifest.arc_tasks, "ARC task"),
         "arc_variant": arc_variant,
@@ -162,7 +167,7 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
     ids = run.committed_ids(partitions, hooks)
     keep = masks_lib.token_filter(run, hooks, exclude, outlier_factor=outlier_factor,
                                   partitions=ids)
-    keep_sources = keep.sources(run) if keep.exclude else []
+    keep_sources = keep.sources(run) if keep.exclude or keep.generates else []
     # A run without ARC sources has no ARC arrays: every token reads as -1 there.
     absent = {n for n in names if n in layout.ARC_ARRAYS
               and not run.store.exists(f"{layout.token_array_key(n)}/zarr.json")}

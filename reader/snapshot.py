@@ -119,7 +119,8 @@ class RunSnapshot:
             raise errors.NotARunError(
                 f"{self.location.join(layout.ACTIVATIONS_INFO_KEY)}: missing, but "
                 f"{len(self.committed)} partition(s) are committed; run `actx verify`")
-        return sorted(info.hooks)
+        # A generating run's ids are stored beside the hooks, not one of them (reader.masks)
+        return sorted(h for h in info.hooks if h != layout.GENERATED_IDS)
 
     def require_commits(self) -> None:
         """Raises NothingCommittedError when no partition is committed: every reading

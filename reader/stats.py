@@ -82,9 +82,10 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
     block = run.spec.layout.rows_per_shard  # one stored object per read
     counted = masks_lib.TokenFilter(run.manifest.bos_id, tuple(run.manifest.special_token_ids),
                                     run.spec.packing.mode == "concat",
-                                    exclude_bos=exclude_bos, exclude_special=exclude_special)
+                                    exclude_bos=exclude_bos, exclude_special=exclude_special,
+                                    generates=run.spec.generate is not None)
     every = dataclasses.replace(counted, exclude=masks_lib.TOKEN_REASONS, exclude_bos=False,
-                                exclude_special=False)
+                                exclude_special=False, generates=False)
     names = every.names
     removed = dict.fromkeys(masks_lib.TOKEN_REASONS, 0)
     norm_arrays = ({h: ts_context.open_array(dataclasses.replace(layout.norms_array(
@@ -98,9 +99,12 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
         for lo in range(part.row_start, part.row_stop, block):
             hi = min(lo + block, part.row_stop)
             toks = [run.token_array(n)[lo:hi].read() for n in names]
+            if counted.generates:  # its unused reserved positions count as padding
+                toks.append(run.open_array(layout.activation_array_key(
+                    layout.GENERATED_IDS))[lo:hi].read())
             acts = {h: run.activation_array(h)[lo:hi].read() for h in hooks}
             values = [f.result() for f in toks]
-            arrays = dict(zip(names, values))
+            arrays = dict(zip(names, values))  # the token arrays (zip stops at names)
             mask = counted.keep(values)
             for reason, m in masks_lib.token_reasons(
                     arrays, every.bos_id, every.special_ids, every.concat).items():

@@ -47,6 +47,9 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 return _convert(value, arg, where)
             except ConfigError as e:
                 errors.append(str(e))
+        real = [a for a in args if a is not type(None)]
+        if len(real) == 1 and len(errors) == 1:  # Optional[X]: X's own error says more
+            raise ConfigError(errors[0])
         raise ConfigError(f"{where}: expected {' or '.join(_type_name(a) for a in args)}, "
                           f"got {type(value).__name__} {value!r}")
     if origin is typing.Literal:

@@ -69,8 +69,12 @@ EXTRACTIONS_VERSION = 1
 # One small object per named extraction, so the names come from a listing of a few keys,
 # not of every stored object under extractions/ ("_" starts no extraction name).
 EXTRACTION_NAMES_PREFIX = f"{EXTRACTIONS_PREFIX}_names/"
+# A generating run's per-partition record of its samples (`generated_key`), under each
+# extraction: each model writes its own text into the positions prepare reserved.
+GENERATED_PREFIX = "generated/"
 EXTRACTION_KEYS = (runspec_lib.RUN_SPEC_KEY, f"{ACTIVATIONS_GROUP}/", COMMITS_PREFIX,
-                   CLAIMS_PREFIX, WORKERS_PREFIX, f"{MASKS_GROUP}/", STATS_KEY, "verify/")
+                   CLAIMS_PREFIX, WORKERS_PREFIX, f"{MASKS_GROUP}/", STATS_KEY, "verify/",
+                   GENERATED_PREFIX)
 _EXTRACTION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 
 
@@ -176,6 +180,24 @@ def log_lines_key(job: str) -> str:
 def docs_key(partition_id: int) -> str:
     """The doc table rows of the documents that start in a partition (JSONL)."""
     return f"{DOCS_PREFIX}{partition_name(partition_id)}.jsonl"
+
+
+# A generating run (run.json's `generate`): the ids the model wrote, stored as an int32
+# activation array of width 1 beside the hooks (written, checksummed and committed with
+# them): the generated id at each generated position, GENERATED_PROMPT (-1) at prompt
+# tokens and padding, GENERATED_UNUSED (-2) at positions reserved for a sample that
+# stopped before them (their activations are zero; readers drop them as padding).
+GENERATED_IDS = "generated.token_ids"
+GENERATED_PROMPT = -1
+GENERATED_UNUSED = -2
+# GENERATED_VERSION counts changes to the generation record (generated/p-NNNNN.json).
+GENERATED_VERSION = 1
+
+
+def generated_key(partition_id: int) -> str:
+    """A generating run's record of the samples whose documents start in a partition:
+    their ids, text, why each stopped, and an ARC answer's verdict (JSON)."""
+    return f"{GENERATED_PREFIX}{partition_name(partition_id)}.json"
 
 
 def token_array_key(name: str) -> str:

@@ -250,6 +250,55 @@ class LayoutSpec:
                              f"({self.rows_per_shard})")
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerateSpec:
+    """Generation: the model writes after each document, which is its prompt, and the
+    activations of what it writes are stored beside the prompt's (docs/generate.md).
+
+    max_new_tokens: most tokens generated per sample, the stop token included. Prepare
+      reserves this many positions after each prompt, so prompt + max_new_tokens must fit
+      packing.max_context (a longer prompt is rejected with its reason).
+    temperature: 0 for greedy decoding (argmax, as HF `generate` without sampling); above
+      0, sampling at this temperature.
+    top_k: sample among the k likeliest tokens (0: no limit). top_p: nucleus sampling over
+      the smallest set of tokens whose probability reaches top_p (1: off).
+    stop_token_ids: a sample ends after writing one of these ids (kept in its tokens).
+      Unset: the model's eos_token_id (generation_config.json, then config.json), the
+      tokenizer's EOS and its chat template's end-of-turn token.
+    samples_per_prompt: independent samples of each prompt; each is its own document in
+      the token store (its `sample` in the doc table).
+    seed: the root of the random streams. A token's stream depends only on the seed, its
+      prompt's document, its sample and its index, never on slot, batch or host.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] | None = None
+    samples_per_prompt: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        def bad(key, why):
+            return ValueError(f"{key}: {why}")
+
+        if self.max_new_tokens < 1:
+            raise bad("max_new_tokens", f"must be at least 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0:
+            raise bad("temperature", f"must be >= 0 (0: greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise bad("top_k", f"must be >= 0 (0: no limit), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise bad("top_p", f"must be in (0, 1] (1: off), got {self.top_p}")
+        if self.samples_per_prompt < 1:
+            raise bad("samples_per_prompt", f"must be at least 1, got {self.samples_per_prompt}")
+        if not 0 <= self.seed < 2**32:
+            raise bad("seed", f"must be in [0, 2**32), got {self.seed}")
+        if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", f"token ids are >= 0, got {list(self.stop_token_ids)}")
+
+
 # What only extraction uses: a run whose extraction has committed nothing may change these
 # without preparing its tokens again (schemas.run_dir.switch_extraction_spec).
 EXTRACTION_ONLY_FIELDS = ("model", "capture")
@@ -270,10 +319,14 @@ class RunSpec:
     # by hand; None in runs of spec_version 2). Not part of the fingerprints: it is
     # derived from tokenizer.path, and a worker's spec from the job's config has none.
     tokenizer_identity: tokenizer_identity_lib.TokenizerIdentity | None = None
+    # Absent (None) unless the run generates: a spec without it keeps its fingerprint.
+    generate: GenerateSpec | None = None
 
     def __post_init__(self):
         if not self.sources:
             raise ValueError("sources: at least one source is required")
+        if self.generate is not None:
+            self._check_generate()
         chunk = self.layout.chunk_tokens
         if chunk and chunk < self.packing.seq_len and self.packing.seq_len % chunk:
             raise ValueError(f"layout.chunk_tokens ({chunk}) must divide packing.seq_len "
@@ -282,12 +335,37 @@ class RunSpec:
         if len(set(names)) != len(names):
             raise ValueError(f"sources: names must be unique, got {names}")
 
+    def _check_generate(self) -> None:
+        """What a generating run's token store cannot hold, refused naming the key."""
+        packing, gen = self.packing, self.generate
+        if packing.mode == "concat":
+            raise ValueError("generate: packing.mode \"concat\" runs documents into one "
+                             "stream, where no prompt has room to be answered; use "
+                             "\"segmented\" or \"pad\"")
+        if packing.overflow == "truncate":
+            raise ValueError("generate: packing.overflow \"truncate\" would cut answers at "
+                             "the row's end; use \"continue\"")
+        if gen.max_new_tokens >= packing.max_context:
+            raise ValueError(f"generate.max_new_tokens: {gen.max_new_tokens} leaves no room "
+                             f"for a prompt in packing.max_context={packing.max_context} "
+                             f"tokens; lower it or raise packing.max_context")
+        if self.tokenizer.add_eos:
+            raise ValueError("generate: tokenizer.add_eos ends every prompt with EOS, after "
+                             "which the model has nothing to answer; set it false")
+        answered = [s.name or s.kind for s in self.sources
+                    if s.kind == "arc" and s.arc_include_test_output]
+        if answered:
+            raise ValueError(f"generate: source {answered[0]!r} has arc_include_test_output: "
+                             f"its prompts hold the answer; set it false")
+
     def source_name(self, index: int) -> str:
         s = self.sources[index]
         return s.name or f"{s.kind}{index}"
 
     def to_dict(self) -> dict:
         data = config_lib.to_dict(self)
+        if data.get("generate", 0) is None:
+            del data["generate"]  # absent unless the run generates
         if not data["model"]["flax"]:
             # Absent unless used, so specs written before model.flax keep their fingerprint.
             del data["model"]["flax"]

@@ -75,9 +75,10 @@ def stored_objects(run_dir: str, prefix: str = "activations") -> dict[str, bytes
 
 
 def copy_token_store(src: str, dest: str) -> str:
-    """A new local run with `src`'s token store and specs, no activations or commits."""
+    """A new local run with `src`'s token store (its doc table too) and specs, no
+    activations or commits."""
     os.makedirs(dest)
-    for name in ("run.json", "manifest.json", "tokens"):
+    for name in ("run.json", "manifest.json", "tokens", "docs"):
         path = os.path.join(src, name)
         (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, os.path.join(dest, name))
     return dest

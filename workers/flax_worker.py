@@ -23,6 +23,15 @@ def worker_for_run(opts: runner.WorkerOptions) -> runner.Worker:
 
     opened = run_dir.open_run(opts.run)  # once: the worker takes it as it is
     spec = extraction_lib.read_spec(opened, opts.extraction or "")
+    if spec.generate is not None:
+        if spec.model.flax:
+            raise admission.RunMismatch(
+                f"{opts.run}: generate: a user's Flax model (model.flax) cannot generate in "
+                f"actx yet (its call takes no KV cache); use a Hugging Face checkpoint "
+                f"(model.path)")
+        from actx.workers import generate_worker
+
+        return generate_worker.GenerateWorker(opts, opened)
     return (FlaxWorker if spec.model.flax else runner.Worker)(opts, opened)
 
 

@@ -283,12 +283,16 @@ class Generator:
         return sorted(done, key=lambda s: (s.prompt_index, s.sample_index))
 
     def samples(self, prompts: Sequence[Sequence[int]],
-                documents: Sequence[int] | None = None) -> Iterator[Sample]:
+                documents: Sequence[int] | None = None,
+                sample_indices: Sequence[int] | None = None) -> Iterator[Sample]:
         """Generates every (prompt, sample) and yields each sample as it completes.
 
         documents: per prompt, the id its random streams are folded from (default: its
         index); give the run's global document ids so a prompt samples the same text in
         any partition.
+        sample_indices: when given, each prompt is one sample, of this index (a run's
+        token store holds each sample as a document of its own); else every prompt has
+        config.samples_per_prompt samples, 0...
         """
         prompts = self.check_prompts(prompts)
         documents = list(range(len(prompts))) if documents is None else list(documents)
@@ -296,9 +300,15 @@ class Generator:
             raise ValueError(f"{len(documents)} documents for {len(prompts)} prompts")
         if documents and not 0 <= min(documents) <= max(documents) < 2**31:
             raise ValueError("document ids must be in [0, 2**31): they seed int32 streams")
-        queue = collections.deque(
-            _Slot(i, documents[i], s, prompts[i]) for i in range(len(prompts))
-            for s in range(self.config.samples_per_prompt))
+        if sample_indices is None:
+            work = [(i, s) for i in range(len(prompts))
+                    for s in range(self.config.samples_per_prompt)]
+        else:
+            if len(sample_indices) != len(prompts):
+                raise ValueError(f"{len(sample_indices)} sample indices for {len(prompts)} "
+                                 f"prompts")
+            work = list(enumerate(int(s) for s in sample_indices))
+        queue = collections.deque(_Slot(i, documents[i], s, prompts[i]) for i, s in work)
         active: list[_Slot | None] = [None] * self.slots
         stop_ids = set(self.config.stop_token_ids)
         pending = None  # the previous step's hooks, still on their way to the host

@@ -56,7 +56,7 @@ def _main(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
         names = []
     except KeyboardInterrupt:
         names = []
-    if opts.models_at_once > 1 and len(names) > 1:
+    if opts.models_at_once > 1 and len(names) > 1 and not _generates(opts, names):
         code = model_groups.extract_at_once(opts, names, sigint, _load, _run)
     else:
         code = _one_after_another(opts, names, sigint)
@@ -81,6 +81,16 @@ def _one_after_another(opts: worker_options.WorkerOptions, names: list[str],
         if code != 0 or sigint.received.is_set():
             break
     return code
+
+
+def _generates(opts: worker_options.WorkerOptions, names: list[str]) -> bool:
+    """Whether an extraction of `names` generates: generating models run one after
+    another (each writes its own text), whatever models_at_once says."""
+    from actx.schemas import extraction as extraction_lib
+    from actx.schemas import run_dir
+
+    opened = run_dir.open_run(opts.run)
+    return any(extraction_lib.read_spec(opened, name).generate is not None for name in names)
 
 
 def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:

@@ -70,6 +70,7 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
         heads = parallelism.heads_problem(config.num_heads, model_parallel)
         if heads:
             problems.append(f"model_parallel={heads}")
+        problems += generate_problems(spec, config)
     if batch_size is not None and batch_size < 1:
         problems.append(f"batch_size={batch_size}: must be at least 1")
     elif batch_size is not None:
@@ -99,6 +100,27 @@ class HookShapes:
     blocks: int | None = None
     config: model_config_lib.ModelConfig | None = None
     why: str = ""
+
+
+def generate_problems(spec: runspec_lib.RunSpec, config) -> list[str]:
+    """What a generating run asks that this model cannot do (stop ids beyond its
+    vocabulary, a longrope model whose factors a growing text cannot know); the spec's own
+    checks (runspec.GenerateSpec, RunSpec) came first."""
+    gen = spec.generate
+    if gen is None:
+        return []
+    problems = []
+    outside = [t for t in gen.stop_token_ids or () if t >= config.vocab_size]
+    if outside:
+        problems.append(f"spec.generate.stop_token_ids: {outside} outside the model's "
+                        f"vocabulary of {config.vocab_size} ids")
+    if config.rope.has_long_factors:
+        problems.append(f"spec.generate: {config.architecture}'s longrope switches to its "
+                        f"long factors once a text outgrows original_max_position_embeddings"
+                        f"={config.rope.original_max_position_embeddings}, which a text "
+                        f"still being generated cannot know; use a checkpoint whose long and "
+                        f"short factors are equal")
+    return problems
 
 
 def hook_shapes(spec: runspec_lib.RunSpec) -> HookShapes:

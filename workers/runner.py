@@ -126,9 +126,7 @@ class Worker:
         self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
                                                opts.model_parallel, attention=attention)
         self._committed = commit_lib.committed_partitions(self.store)
-        from actx.workers import capture as capture_lib
-
-        hook_dtypes = capture_lib.hook_dtypes(self.hooks, self.spec.capture.dtype)
+        hook_dtypes = self.hook_dtypes()
         admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
                                         self.model.digest, self.numerics,
                                         opts.allow_numerics_change,
@@ -140,11 +138,19 @@ class Worker:
             self.spec.layout, hook_dtypes)
         self.tokens = prefetch.TokenStore(self.location)
         self.timings = outputs.HostTimings()
-        self.transfer = transfer.HostTransfer(jax, self.fn, opts.batch_size)
+        # A generating worker runs its own steps (workers.generate_worker): no extract step.
+        self.transfer = None if self.fn is None else transfer.HostTransfer(jax, self.fn,
+                                                                           opts.batch_size)
         # `concat` rows are one causal stream across documents: the model must not apply
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
         self._compiled = False
+
+    def hook_dtypes(self) -> dict[str, str] | None:
+        """Each stored array's dtype where it is not the capture's (None: none)."""
+        from actx.workers import capture as capture_lib
+
+        return capture_lib.hook_dtypes(self.hooks, self.spec.capture.dtype)
 
     def loading(self, what: str, path: str) -> None:
         """Says that weights are loading, with their size when the checkpoint is a local

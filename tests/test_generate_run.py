@@ -1,0 +1,249 @@
+"""A generating run end to end: a real Beam prepare of prompts with the real Qwen
+vocabulary reserves room after each prompt, a real worker process writes into it, and
+every stored token, prompt and generated alike, is checked against HF transformers:
+`generate`'s greedy ids and text, then its forward over prompt + generated. Prompts longer
+than a row and answers that cross rows and partitions included; then the reader's roles,
+`actx verify`, sampling's determinism across batch sizes and reruns, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from actx.pipeline import main as prepare_main
+from actx.schemas import commit, layout, runspec, store
+from actx.schemas.config import ConfigError
+from tests import hf_models, token_runs, worker_procs
+
+HOOKS = "layers.0.resid_post,layers.1.resid_post,final_norm"
+HOOK_NAMES = HOOKS.split(",")
+MAX_NEW = 24
+# ',' (id 11): the prompt that ends in a list makes the tiny model write it first, so one
+# sample stops on it and the others run to max_new_tokens.
+STOP = 11
+PROMPTS = ["The cat sat on the mat and", "Once upon a time " * 12, "1 2 3 4 5", "Hello",
+           "A list: apples, pears, plums, figs,"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    return hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "qwen2", "qwen2",
+                                          vocab_size=151936, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("in") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in PROMPTS))
+    return str(path)
+
+
+def _spec(model: str, tokenizer: str, prompts: str, **generate) -> runspec.RunSpec:
+    return runspec.RunSpec.from_dict({
+        "model": {"path": model, "dtype": "float32"}, "tokenizer": {"path": tokenizer},
+        "sources": [{"kind": "text", "paths": [prompts]}],
+        # 32-token rows: the 49-token prompt crosses a row, answers cross rows, and
+        # partitions of 4 rows cut documents.
+        "packing": {"mode": "segmented", "seq_len": 32, "max_context": 160},
+        "capture": {"hooks": HOOKS, "dtype": "float32"},
+        "layout": {"rows_per_shard": 2, "partition_rows": 4},
+        "generate": {"max_new_tokens": MAX_NEW, **generate}})
+
+
+def _generated_run(run: str, spec: runspec.RunSpec, batch_size: int = 4) -> None:
+    m = prepare_main.run_prepare(spec, run, ["--runner=FnApiRunner"])
+    assert m.docs_rejected == 0
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", str(batch_size)],
+                                        devices=1)
+    assert code == 0, out
+    assert commit.committed_partitions(store.open_store(run)) == {p.id for p in m.partitions}
+
+
+def _records(run: str) -> dict[int, dict]:
+    s = store.open_store(run)
+    out = {}
+    for key in s.list(layout.GENERATED_PREFIX):
+        record = json.loads(s.read(key))
+        assert record["version"] == layout.GENERATED_VERSION
+        out.update((e["doc_index"], {**e, "stop_token_ids": record["stop_token_ids"]})
+                   for e in record["samples"])
+    return out
+
+
+def _document_places(run: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each document's (rows, cols), in document order."""
+    doc_index = token_runs.read_tokens(run, "doc_index")
+    positions = token_runs.read_tokens(run, "positions")
+    places = {}
+    for d in sorted(set(np.unique(doc_index).tolist()) - {-1}):
+        where = np.nonzero(doc_index == d)
+        order = np.argsort(positions[where])
+        places[d] = (where[0][order], where[1][order])
+    return places
+
+
+@pytest.fixture(scope="module")
+def greedy(model, qwen_tokenizer_dir, prompts_file, tmp_path_factory) -> str:
+    run = str(tmp_path_factory.mktemp("greedy") / "run")
+    _generated_run(run, _spec(model, qwen_tokenizer_dir, prompts_file,
+                              stop_token_ids=[STOP]))
+    return run
+
+
+def test_greedy_run_is_hf_generate_and_every_token_hf_forward(greedy, model,
+                                                              qwen_tokenizer_dir):
+    import torch
+    import transformers
+
+    hf = hf_models.load_hf_model(model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+    input_ids = token_runs.read_tokens(greedy, "input_ids")
+    generated_ids = token_runs.read_activation(greedy, layout.GENERATED_IDS)[..., 0]
+    acts = {h: token_runs.read_activation(greedy, h) for h in HOOK_NAMES}
+    records, places = _records(greedy), _document_places(greedy)
+    assert sorted(records) == sorted(places) == list(range(len(PROMPTS)))
+    reasons, crossing = set(), {"prompt": False, "answer": False}
+    for d, (r, c) in places.items():
+        e = records[d]
+        prompt = input_ids[r, c][:e["prompt_tokens"]]
+        assert list(prompt) == tokenizer(PROMPTS[d])["input_ids"]  # the prompt as HF's
+        assert len(r) == len(prompt) + MAX_NEW  # its room, reserved by prepare
+        out = hf.generate(torch.tensor(prompt[None]), max_new_tokens=MAX_NEW, do_sample=False,
+                          eos_token_id=STOP, pad_token_id=0,
+                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        answer = out[0, len(prompt):].numpy()
+        assert e["generated_ids"] == answer.tolist(), f"document {d}"
+        assert e["text"] == tokenizer.decode(answer)
+        assert e["stop_reason"] == ("stop_token" if answer[-1] == STOP else "length")
+        assert e["stop_token_ids"] == [STOP]
+        reasons.add(e["stop_reason"])
+        text = np.concatenate([prompt, answer])
+        n = len(text)
+        reference = hf_models.hf_hooks(hf, text[None])
+        for hook, values in acts.items():
+            worker_procs.assert_close(values[r[:n], c[:n]], reference[hook][0], 1e-5,
+                                      f"document {d} ({len(prompt)} + {len(answer)}) {hook}")
+            assert not values[r[n:], c[n:]].any()  # room it did not use holds zeros
+        g = generated_ids[r, c]
+        assert (g[:len(prompt)] == layout.GENERATED_PROMPT).all()
+        assert g[len(prompt):n].tolist() == answer.tolist()
+        assert (g[n:] == layout.GENERATED_UNUSED).all()
+        crossing["prompt"] |= len(set(r[:len(prompt)].tolist())) > 1
+        crossing["answer"] |= len(set(r[len(prompt):n].tolist())) > 1
+    assert reasons == {"stop_token", "length"}
+    assert crossing == {"prompt": True, "answer": True}
+
+
+def test_the_reader_reads_prompt_and_answer_apart(greedy):
+    from actx import reader
+
+    run = reader.open_run(greedy)
+    assert sorted(run.hooks) == sorted(HOOK_NAMES)  # the ids are stored beside the hooks
+    generated = token_runs.read_activation(greedy, layout.GENERATED_IDS)[..., 0]
+    segment_ids = token_runs.read_tokens(greedy, "segment_ids")
+    stored = token_runs.read_activation(greedy, "final_norm")
+
+    def places(selection):
+        return set(zip(selection.rows.tolist(), selection.cols.tolist()))
+
+    answers = run.select("final_norm", generated=True)
+    assert places(answers) == set(zip(*np.nonzero(generated >= 0)))
+    np.testing.assert_array_equal(answers.acts["final_norm"],
+                                  stored[answers.rows, answers.cols])
+    prompts = run.select("final_norm", exclude=["generated"])
+    assert places(prompts) == set(zip(*np.nonzero((generated == layout.GENERATED_PROMPT)
+                                                  & (segment_ids > 0))))
+    seen = []
+    with run.batches("final_norm", batch_size=16, seed=0, drop_last=False,
+                     prefetch=1) as batches:
+        for b in batches:
+            seen += list(zip(b.rows.tolist(), b.cols.tolist()))
+    # every token of a prompt or an answer once; the unused room never
+    assert sorted(seen) == sorted(places(answers) | places(prompts))
+    with run.batches("final_norm", batch_size=16, seed=0, drop_last=False, prefetch=1,
+                     exclude=["prompt"]) as batches:
+        assert sum(len(b.rows) for b in batches) == len(answers.rows)
+
+
+def test_verify_reads_a_generating_run_back(greedy, capsys):
+    from actx.deploy import cli
+
+    assert cli.main(["verify", greedy]) == 0
+    assert "every committed block matches its checksum" in capsys.readouterr().out
+
+
+def test_sampling_is_the_same_in_any_batch_and_a_rerun_rewrites_the_same_bytes(
+        model, qwen_tokenizer_dir, prompts_file, tmp_path):
+    spec = _spec(model, qwen_tokenizer_dir, prompts_file, temperature=1.0, top_k=50,
+                 samples_per_prompt=2, seed=7, stop_token_ids=[STOP])
+    run = str(tmp_path / "run")
+    _generated_run(run, spec, batch_size=4)
+    records = _records(run)
+    assert len(records) == 2 * len(PROMPTS)
+    by_prompt = {}
+    for e in records.values():
+        by_prompt.setdefault(e["prompt_doc"], []).append(e["generated_ids"])
+    assert any(a != b for a, b in by_prompt.values())  # two samples, two streams
+
+    other = str(tmp_path / "other")  # the same tokens, 2 slots
+    worker_procs.copy_token_store(run, other)
+    code, out = worker_procs.run_worker(["--run", other, "--batch-size", "2"], devices=1)
+    assert code == 0, out
+    assert {d: e["generated_ids"] for d, e in _records(other).items()} == \
+        {d: e["generated_ids"] for d, e in records.items()}
+
+    before = worker_procs.stored_objects(run)
+    s = store.open_store(run)
+    s.delete(layout.commit_key(0))
+    s.delete(layout.generated_key(0))
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=1)
+    assert code == 0, out
+    assert worker_procs.stored_objects(run) == before
+    assert _records(run) == records
+
+
+def test_a_prompt_without_room_is_rejected_with_its_reason(model, qwen_tokenizer_dir,
+                                                           prompts_file, tmp_path):
+    spec = runspec.RunSpec.from_dict({
+        **_spec(model, qwen_tokenizer_dir, prompts_file).to_dict(),
+        "packing": {"mode": "pad", "seq_len": 32, "max_context": 64}})
+    run = str(tmp_path / "run")
+    m = prepare_main.run_prepare(spec, run, ["--runner=FnApiRunner"], max_reject_fraction=0.5)
+    assert m.docs_rejected == 1  # the 49-token prompt: 49 + 24 > 64
+    rejects = [json.loads(line) for key in store.open_store(run).list("rejects/")
+               for line in store.open_store(run).read(key).decode().splitlines()]
+    assert len(rejects) == 1 and rejects[0]["line"] == 2  # 1-based: the second prompt
+    assert "generate.max_new_tokens=24" in rejects[0]["reason"]
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"packing": {"mode": "concat"}}, "packing.mode"),
+    ({"packing": {"overflow": "truncate"}}, "packing.overflow"),
+    ({"generate": {"temperature": -0.5}}, "temperature"),
+    ({"generate": {"max_new_tokens": 4096}}, "generate.max_new_tokens"),
+    ({"generate": {"top_p": 0}}, "top_p"),
+    ({"tokenizer": {"path": "t", "add_eos": True}}, "tokenizer.add_eos"),
+    ({"sources": [{"kind": "arc", "paths": ["a"], "arc_include_test_output": True}]},
+     "arc_include_test_output"),
+])
+def test_what_cannot_generate_is_refused_naming_the_key(change, key):
+    data = {"model": {"path": "m"}, "tokenizer": {"path": "t"},
+            "sources": [{"kind": "text", "paths": ["x"]}], "generate": {"max_new_tokens": 8}}
+    for name, value in change.items():
+        data[name] = {**data.get(name, {}), **value} if isinstance(value, dict) else value
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        runspec.RunSpec.from_dict(data)
+
+
+def test_stop_ids_outside_the_vocabulary_are_refused_before_work(model, qwen_tokenizer_dir,
+                                                                 prompts_file, tmp_path):
+    from actx.workers import preflight
+
+    spec = _spec(model, qwen_tokenizer_dir, prompts_file, stop_token_ids=[STOP, 200000])
+    problems = preflight.check_job(spec, batch_size=4).problems
+    assert any("generate.stop_token_ids: [200000] outside the model's vocabulary" in p
+               for p in problems), problems
