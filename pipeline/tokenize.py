@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from actx.pipeline import arc_expected
 from actx.pipeline import arc_render
 from actx.pipeline import chat_templates
 from actx.pipeline import sources
@@ -333,6 +334,9 @@ def encode_batch(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
             attrs = np.concatenate([pad(len(prefix)), attrs, pad(len(suffix))], axis=1)
             meta = {"doc_id": f"{rec.task_id}/v{item.variant.index}", "task_id": rec.task_id,
                     "variant": item.variant.index, "transform": item.variant.description}
+            if spec.generate is not None:  # what the answer is judged against (48)
+                meta["arc_expected"] = arc_expected.expected_outputs(rec.task, item.variant)
+                meta["arc_encoder"] = spec.sources[rec.source_index].arc_encoder
             out.append(TokenizedDoc((rec.source_index, rec.file, rec.line, item.variant.index),
                                     ids, attrs, rec.task_id, item.variant.index,
                                     {**meta, "file": rec.file, rec.line_kind: rec.line}))

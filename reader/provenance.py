@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from actx.reader import generations
 from actx.reader import masks as masks_lib
 from actx.reader import snapshot
 from actx.schemas import layout
@@ -131,7 +132,7 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
            partitions: Sequence[int] | None = None,
            exclude: Sequence[str] | None = None,
            outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR,
-           generated: bool | None = None) -> Selection:
+           generated: bool | None = None, arc_verdict: str | None = None) -> Selection:
     """Tokens that match every given filter, over committed partitions.
 
     whole_document: only tokens that attended to their whole document up to themselves
@@ -147,10 +148,15 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
     its own: select(h, exclude=["bos", "outlier"]) is every other valid token.
     generated: in a generating run, True for the tokens the model wrote only, False for
     its prompts' only (exclude=["prompt"] / ["generated"]).
+    arc_verdict: in a generating run, the tokens (prompt and answer) of the samples whose
+    ARC answer is "correct", "wrong", "unparseable" or "no_expected" (schemas.arc_answer).
     """
     hooks = _hooks(run, hooks)
     if generated is not None:
         exclude = (*(exclude or ()), "prompt" if generated else "generated")
+    if arc_verdict is not None and run.spec.generate is None:
+        raise ValueError(f"arc_verdict: {run.location} does not generate (its run.json has "
+                         f"no generate section)")
     wanted = {
         "arc_task": _index_of(arc_task, run.manifest.arc_tasks, "ARC task"),
         "arc_variant": arc_variant,
@@ -161,10 +167,12 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
     wanted = {k: v for k, v in wanted.items() if v is not None}
     if whole_document:
         wanted["context_start"] = 0
+    ids = run.committed_ids(partitions, hooks)
+    if arc_verdict is not None:
+        wanted["doc_index"] = generations.documents_with_verdict(run, ids, arc_verdict)
     names = list(wanted) + (["arc_row"] if cells_only else [])
     if not names and not exclude:
         raise ValueError("select: give at least one provenance filter or exclude=")
-    ids = run.committed_ids(partitions, hooks)
     keep = masks_lib.token_filter(run, hooks, exclude, outlier_factor=outlier_factor,
                                   partitions=ids)
     keep_sources = keep.sources(run) if keep.exclude or keep.generates else []
@@ -206,11 +214,18 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
     cols = np.concatenate(all_cols).astype(np.int64) if all_cols else np.zeros(0, np.int64)
     ids = run.gather_tokens(["input_ids"], rows, cols)["input_ids"]
     acts = run.gather(hooks, rows, cols)
-    return Selection(rows, cols, ids, acts, {"filters": {**wanted, "cells_only": cells_only}})
+    filters = {k: v for k, v in wanted.items() if k != "doc_index"}
+    if arc_verdict is not None:
+        filters["arc_verdict"] = arc_verdict
+    if generated is not None:
+        filters["generated"] = generated
+    return Selection(rows, cols, ids, acts, {"filters": {**filters, "cells_only": cells_only}})
 
 
 def _match(name: str, values: np.ndarray, wanted: dict) -> np.ndarray:
     if name == "arc_row" and name not in wanted:
         return values >= 0
+    if name == "doc_index":  # the documents of an arc_verdict
+        return np.isin(values, wanted[name])
     return values == wanted[name]
 

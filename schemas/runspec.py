@@ -260,8 +260,9 @@ class GenerateSpec:
       packing.max_context (a longer prompt is rejected with its reason).
     temperature: 0 for greedy decoding (argmax, as HF `generate` without sampling); above
       0, sampling at this temperature.
-    top_k: sample among the k likeliest tokens (0: no limit). top_p: nucleus sampling over
-      the smallest set of tokens whose probability reaches top_p (1: off).
+    top_k: sample among the k likeliest tokens (0: no limit).
+    top_p: nucleus sampling over the smallest set of tokens whose probability reaches top_p
+      (1: off).
     stop_token_ids: a sample ends after writing one of these ids (kept in its tokens).
       Unset: the model's eos_token_id (generation_config.json, then config.json), the
       tokenizer's EOS and its chat template's end-of-turn token.

@@ -311,3 +311,31 @@ def band_mask(length: int, window: int | None):
     k = np.arange(length)[None, :]
     allowed = (k <= q) & ((q - k < window) if window is not None else True)
     return np.where(allowed, 0.0, np.finfo(np.float32).min).astype(np.float32)[None, None]
+
+
+def make_answering_checkpoint(path: str | os.PathLike, answer_id: int, end_id: int,
+                              **overrides) -> str:
+    """A tiny Qwen2 (Qwen's 151,936 ids) whose greedy answer to any prompt is `answer_id`
+    then `end_id`: a model that answers, for tests of what is done with answers.
+
+    Every embedding row leans on one direction u, `answer_id`'s on -u; the LM head maps u
+    to `answer_id` and -u to `end_id`. The blocks keep their small random weights, so the
+    activations are a real forward pass's, only dominated by the embedding."""
+    import torch
+    import transformers
+
+    config = tiny_config("qwen2", vocab_size=151936, tie_word_embeddings=False, **overrides)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                          attn_implementation="eager")
+    with torch.no_grad():
+        embed = model.get_input_embeddings().weight
+        u = torch.nn.functional.normalize(torch.randn(embed.shape[1]), dim=0)
+        embed.add_(u)
+        embed[answer_id] -= 2 * u
+        head = model.get_output_embeddings().weight
+        head[answer_id] = 20 * u
+        head[end_id] = -20 * u
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    return os.fspath(path)

@@ -11,7 +11,8 @@ that crosses into the next partition is generated again there; generation is a f
 of the run's seed, the prompt's document and the sample, so both write the same tokens.
 Positions a sample did not reach (it stopped early) hold zeros and `GENERATED_UNUSED` in
 `generated.token_ids`. The record of the samples that start in the partition
-(`layout.generated_key`) is written before the commit marker.
+(`layout.generated_key`: ids, text, why each stopped, an ARC answer's grid and verdict) is
+written before the commit marker.
 
 One process for now: a multi-host replica, Beam extraction, several models at once and a
 user's Flax model are refused by name.
@@ -25,6 +26,7 @@ import time
 
 import numpy as np
 
+from actx.schemas import arc_answer
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import ts_context
@@ -215,14 +217,19 @@ class GenerateWorker(runner.Worker):
             if not part.row_start <= doc["first_row"] < part.row_stop:
                 continue  # recorded by the partition it starts in
             sample = samples[i]
-            entries.append({
+            text = self.decoder.text(sample.generated_ids)
+            entry = {
                 "doc_index": doc["doc_index"], "sample": doc["sample"],
                 "prompt_doc": doc["doc_index"] - doc["sample"],
                 "prompt_tokens": doc["prompt_tokens"],
                 "generated_tokens": len(sample.generated_ids),
                 "stop_reason": sample.stop_reason,
-                "generated_ids": sample.generated_ids.tolist(),
-                "text": self.decoder.text(sample.generated_ids)})
+                "generated_ids": sample.generated_ids.tolist(), "text": text}
+            if "arc_expected" in doc:  # an ARC task's answer, judged (schemas.arc_answer)
+                entry["arc"] = arc_answer.judge_task(
+                    text, doc["arc_expected"], doc["arc_encoder"],
+                    truncated=sample.stop_reason == "length")
+            entries.append(entry)
         record = {"version": layout.GENERATED_VERSION, "partition": part.id,
                   "stop_token_ids": list(self.stop_token_ids), "samples": entries}
         return json.dumps(record, sort_keys=True).encode()
