@@ -41,11 +41,12 @@ def _prompts(seed=0, lengths=LENGTHS):
 
 
 def _generator(path, config, hooks=HOOKS, dtype="float32", slots=SLOTS, prefill=PREFILL,
-               max_length=MAX_LENGTH):
+               max_length=MAX_LENGTH, attention=None):
     model = model_lib.load_pretrained(path, dtype=dtype)
     spec = capture.CaptureSpec.parse(hooks, dtype=dtype)
     return generate.Generator(model, generate_step.load_lm_head(path, model), spec, config,
-                              slots=slots, max_length=max_length, prefill_len=prefill)
+                              slots=slots, max_length=max_length, prefill_len=prefill,
+                              attention=attention)
 
 
 def _hf_greedy(hf, prompt, max_new, stop_ids):

@@ -161,13 +161,15 @@ class Generator:
     max_length: tokens per slot the cache holds: a prompt's tokens + max_new_tokens
       (at most the model's max_position_embeddings).
     prefill_len: prompt tokens a slot feeds per prefill step (longer prompts take several).
+    attention: "xla" or "pallas" (`generate_step.attention_for`: by default the Pallas
+      kernel on TPUs and half precision on GPUs, where it compiles).
     trace_count: times a step was traced (2: one per step shape; 1 with prefill_len 1).
     steps: steps run so far.
     """
 
     def __init__(self, model: model_lib.Model, head: generate_step.LMHead,
                  spec: capture_lib.CaptureSpec, config: GenerateConfig, *, slots: int,
-                 max_length: int, prefill_len: int = 64):
+                 max_length: int, prefill_len: int = 64, attention: str | None = None):
         cfg = model.config
         spec.validate(cfg)
         config.validate(cfg.vocab_size, cfg.max_position_embeddings)
@@ -199,6 +201,7 @@ class Generator:
         self.hook_names = spec.hook_names(cfg.num_layers)
         self.trace_count = 0
         self.steps = 0
+        self.attention = generate_step.attention_for(model.dtype, cfg, max_length, attention)
         self._params = model.params
         point_layers = spec.point_layers(cfg.num_layers)
         global_points = spec.global_points()
@@ -210,7 +213,7 @@ class Generator:
             hooks, logits_bv, cache = generate_step.step(
                 params, generate_step.LMHead(head_vd, head.final_softcap), cfg, cache,
                 tokens_bt, start_b, last_b, point_layers=point_layers,
-                global_points=global_points, out_dtype=out_dtype)
+                global_points=global_points, out_dtype=out_dtype, attention=self.attention)
             next_b = sampling.choose(
                 logits_bv, temperature=config.temperature, top_k=config.top_k,
                 top_p=config.top_p, seed=config.seed, document_b=document_b,

@@ -18,7 +18,9 @@ generation runs exactly the blocks extraction runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
 import os
 from typing import Mapping
 
@@ -27,9 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from actx.workers import attention as attn_lib
-from actx.workers import attention_xla, checkpoint, moe
+from actx.workers import attention_xla, checkpoint, decode_flash, moe
 from actx.workers import model as model_lib
 from actx.workers.model_config import ModelConfig
+
+log = logging.getLogger("actx.worker")
 
 
 @jax.tree_util.register_dataclass
@@ -87,6 +91,45 @@ def load_lm_head(path: str | os.PathLike, model: model_lib.Model) -> LMHead:
     return LMHead(weight, None if softcap is None else float(softcap))
 
 
+ATTENTIONS = ("xla", "pallas")
+
+
+def attention_for(dtype, cfg: ModelConfig, capacity: int, requested: str | None = None
+                  ) -> str:
+    """How a generating step attends: `requested`, else the Pallas kernel on TPUs and for
+    half precision on GPUs (as extraction: Triton's float32 products round to TF32), else
+    XLA; a kernel that cannot compile here falls back to XLA with one log line."""
+    backend = jax.default_backend()
+    wanted = requested or ("pallas" if backend == "tpu" or (
+        backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)) else "xla")
+    if wanted not in ATTENTIONS:
+        raise ValueError(f"generation attention {wanted!r}: choose one of "
+                         f"{', '.join(ATTENTIONS)}")
+    if wanted == "pallas" and backend in ("gpu", "tpu"):
+        why = _kernel_compiles(jnp.dtype(dtype).name, cfg.num_heads, cfg.num_kv_heads,
+                               cfg.head_dim, capacity, cfg.attn_logit_softcap)
+        if why is not None:
+            log.warning("generation attention: the Pallas kernel cannot run here (%s); "
+                        "using XLA", why)
+            return "xla"
+    return wanted
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_compiles(dtype_name, heads, kv_heads, head_dim, capacity, softcap) -> str | None:
+    """None where the decode kernel compiles for one slot of these shapes, else why not."""
+    q = jax.ShapeDtypeStruct((1, 1, heads, head_dim), jnp.dtype(dtype_name))
+    kv = jax.ShapeDtypeStruct((1, capacity, kv_heads, head_dim), jnp.dtype(dtype_name))
+    pos = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    try:
+        jax.jit(functools.partial(decode_flash.attention, window=capacity,
+                                  scale=head_dim ** -0.5, softcap=softcap)).lower(
+            q, kv, kv, pos).compile()
+    except Exception as err:  # noqa: BLE001 - any compile failure means "not here"
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return None
+
+
 def _attention(q_btnh, k_bckh, v_bckh, positions_bt, window, scale, softcap):
     """Each query over its slot's cached keys at positions <= its own and less than
     `window` back; logits and softmax in float32 (as `attention_xla.rows_attention`)."""
@@ -114,10 +157,11 @@ def _write(cache_bckh, row_btkh, positions_bt):
 def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
          tokens_bt: jax.Array, start_b: jax.Array, last_b: jax.Array, *,
          point_layers: Mapping[str, tuple[int, ...]], global_points: tuple[str, ...],
-         out_dtype) -> tuple[dict[str, jax.Array], jax.Array, SlotCache]:
+         out_dtype, attention: str = "xla") -> tuple[dict[str, jax.Array], jax.Array, SlotCache]:
     """Feeds tokens_bt [b, t] at positions start_b + 0..t-1 of each slot's document.
 
     last_b: the index in the row of each slot's last real token, whose logits are returned.
+    attention: "xla" (`_attention`) or "pallas" (`workers.decode_flash`; `attention_for`).
     Returns ({hook: [b, t, width]}, float32 logits [b, vocab], the updated cache). Every
     layer runs (the logits need them all); tokens past a slot's real ones compute garbage
     that the caller drops.
@@ -151,6 +195,10 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
         def attend(q_btnh, k_btkh, v_btkh):
             written["k"] = _write(cache_k, k_btkh, positions_bt)
             written["v"] = _write(cache_v, v_btkh, positions_bt)
+            if attention == "pallas":
+                return decode_flash.attention(q_btnh, written["k"], written["v"],
+                                              positions_bt, window, scale=scale,
+                                              softcap=cfg.attn_logit_softcap)
             return _attention(q_btnh, written["k"], written["v"], positions_bt, window,
                               scale, cfg.attn_logit_softcap)
 

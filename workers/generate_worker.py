@@ -35,8 +35,6 @@ from actx.workers.stop import Preempted
 
 log = logging.getLogger("actx.worker")
 
-# The attention a generating step runs (workers.generate_step), for the numerics record.
-ATTENTION = "xla-generate"
 PREFILL_LEN = 64  # prompt tokens a slot feeds per prefill step
 
 
@@ -89,7 +87,8 @@ class GenerateWorker(runner.Worker):
             name: ts_context.open_array(layout.array_spec(
                 self.location, layout.token_array_key(name), recheck_cached_data="open"))
             for name in ("input_ids", "positions", "doc_index")}
-        return ATTENTION
+        # For the numerics record: "xla-generate" or "pallas-generate" (generate_step).
+        return f"{self.generator.attention}-generate"
 
     def hook_dtypes(self) -> dict[str, str]:
         return {**(super().hook_dtypes() or {}), layout.GENERATED_IDS: "int32"}
