@@ -7,6 +7,8 @@ Used by `actx status` (text and --json) and by the live page, so all three agree
 
 from __future__ import annotations
 
+from actx.schemas import commit as commit_lib
+from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
 
 NOT_STARTED, STARTING, RUNNING, FINISHED, STOPPED, FAILED = (
@@ -27,24 +29,48 @@ def phase_note(phase: str, run: str) -> str:
     """What the phase means, with the command that finishes the run as typed (`actx rerun`
     alone would not run: it needs the run)."""
     return PHASE_NOTES[phase].format(run=run)
+
+
 VERIFY_PROBLEMS_SHOWN = 3
 
 
-def identity(handle, info) -> dict:
+def identity(handle, info, committed: "set[int] | None" = None) -> dict:
     """The run's settings as prepared (run.json, manifest.json) and, once a worker wrote
-    activations/actx.json, the hooks it resolved with their widths."""
+    activations/actx.json, the hooks it resolved with their widths. A generating run adds
+    its `generate` settings and, under "generation", what its committed partitions
+    generated (`generation`); `committed`: their ids where the caller listed them."""
     spec, packing = handle.spec, handle.spec.packing
     model = spec.model.path or f"flax:{spec.model.flax}"
-    return {
+    hooks = dict(info.hooks) if info else None
+    facts = {
         "model": model, "model_dtype": spec.model.dtype if spec.model.path else None,
         "hooks_requested": spec.capture.hooks,
-        "hooks": dict(info.hooks) if info else None,
+        "hooks": hooks,
         "dtype": spec.capture.dtype, "seq_len": handle.manifest.seq_len,
         "packing": packing.mode, "overflow": packing.overflow,
         "max_context": packing.max_context if packing.carries_context else None,
         "tokens": handle.manifest.total_tokens, "rows": handle.manifest.total_rows,
         "activations": str(handle.location.join(layout_lib.ACTIVATIONS_GROUP)),
     }
+    if spec.generate is not None:
+        if hooks:  # the ids the model wrote are stored beside the hooks, not one of them
+            hooks.pop(layout_lib.GENERATED_IDS, None)
+        facts["generate"] = config_lib.to_dict(spec.generate)
+        facts["generation"] = generation(handle, committed)
+    return facts
+
+
+def generation(handle, committed: "set[int] | None" = None) -> dict:
+    """A generating run's counts over its committed partitions' records
+    (reader.generation_records.count: prompts, samples, generated_tokens, stop_reasons,
+    partitions, unreadable), read in parallel. Only a generating run calls it: the others
+    pay neither the reads nor the reader's import."""
+    from actx.reader import generation_records
+
+    if committed is None:
+        committed = commit_lib.committed_partitions(handle.store,
+                                                    len(handle.manifest.partitions))
+    return generation_records.count(generation_records.read_records(handle.store, committed))
 
 
 def verification(record, committed: set[int]) -> dict | None:

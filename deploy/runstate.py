@@ -281,7 +281,7 @@ def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER
         failed_verification=tuple(p for p in verified.failed if p in committed)
         if verified else (),
         stale_after_s=stale_after_s, at=now, token_masks=masks,
-        identity=run_facts.identity(handle, info),
+        identity=run_facts.identity(handle, info, committed),
         verification=run_facts.verification(verified, set(committed)), reference=reference,
         phase=run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts))
 

@@ -147,9 +147,37 @@ def _settings(ident: dict) -> str:
     hooks = (", ".join(ident["hooks"]) if ident.get("hooks")
              else f"{ident['hooks_requested']} (resolved when a worker starts)")
     context = f", max_context {ident['max_context']:,}" if ident.get("max_context") else ""
-    return (f"model {ident['model']}; hooks {hooks} stored as {ident['dtype']}; seq_len "
-            f"{ident['seq_len']:,}, {ident['packing']} packing{context}; activations in "
-            f"{ident['activations']}")
+    generates = f"; {generates_words(ident['generate'])}" if ident.get("generate") else ""
+    return (f"model {ident['model']}; hooks {hooks} stored as {ident['dtype']}{generates}; "
+            f"seq_len {ident['seq_len']:,}, {ident['packing']} packing{context}; "
+            f"activations in {ident['activations']}")
+
+
+def generates_words(gen: dict) -> str:
+    """A generating run's `generate` settings (identity's "generate"), as status and the
+    page say them."""
+    how = "greedy" if gen["temperature"] == 0 else f"temperature {gen['temperature']:g}"
+    if gen["temperature"] and gen["top_k"]:
+        how += f", top_k {gen['top_k']}"
+    if gen["temperature"] and gen["top_p"] < 1:
+        how += f", top_p {gen['top_p']:g}"
+    return (f"generates up to {gen['max_new_tokens']:,} new tokens per sample ({how}), "
+            f"{gen['samples_per_prompt']:,} sample(s) per prompt")
+
+
+def generated_words(g: dict) -> str:
+    """What a generating run's committed partitions generated (identity's "generation")."""
+    if not g["partitions"] and not g["unreadable"]:
+        return "nothing yet: no partition is committed"
+    reasons = ", ".join(f"{reason} {n:,}" for reason, n in g["stop_reasons"].items())
+    text = (f"{g['samples']:,} sample(s) of {g['prompts']:,} prompt(s), "
+            f"{g['generated_tokens']:,} generated tokens; stopped by: {reasons} (records of "
+            f"{g['partitions']:,} committed partition(s))")
+    if g["unreadable"]:
+        names = ", ".join(layout_lib.partition_name(p) for p in g["unreadable"][:5])
+        text += (f"; {len(g['unreadable']):,} committed partition(s) without a readable "
+                 f"generated/ record, not counted: {names}")
+    return text
 
 
 def _verify_line(status: RunStatus) -> str:
@@ -185,6 +213,8 @@ def render(status: RunStatus) -> str:
         f"({100.0 * status.tokens_done / max(1, status.tokens_total):.1f}%)",
         *([f"context:    {_whole_documents(status)}{_context_causes(status.identity)}"]
           if status.tokens_done else []),
+        *([f"generated:  {generated_words(status.identity['generation'])}"]
+          if status.identity.get("generation") else []),
         f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
         (("throughput: finished; no heartbeat to time it" if status.elapsed_s is None else
           f"throughput: finished; average {_average(status)} tokens/s over "

@@ -158,6 +158,7 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "reject_groups_complete": (rejects or {}).get("groups_complete", True),
         "phase": status.phase, "phase_note": run_facts.phase_note(status.phase, status.run),
         "identity": status.identity, "verification": status.verification,
+        "generation_facts": generation_facts(status.identity),
         "reference": status.reference,
         "elapsed_s": status.elapsed_s, "average_tokens_per_s": status.average_tokens_per_s,
         "current_tokens_per_s": status.current_tokens_per_s,
@@ -165,6 +166,15 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
                         else config_lib.to_dict(status.token_masks)),
         "commands": page_commands(status),
     }
+
+
+def generation_facts(identity: dict) -> list[tuple[str, str]]:
+    """A generating run's lines of the page's Run facts, in status's words: what it
+    generates and what its committed partitions generated ([] for any other run)."""
+    if not identity.get("generate"):
+        return []
+    return [("generates", status_text.generates_words(identity["generate"])),
+            ("generated", status_text.generated_words(identity["generation"]))]
 
 
 def extraction_lines(statuses: dict[str, runstate.RunStatus], shown: str) -> list[dict]:

@@ -199,7 +199,8 @@ function renderIdentity(d) {
     ["hooks", hooks], ["stored dtype", i.dtype], ["seq_len", int(i.seq_len)],
     ["packing", `${i.packing} (overflow: ${i.overflow})`],
     ["max_context", i.max_context ? int(i.max_context) : "none (rows are seen alone)"],
-    ["tokens", `${int(i.tokens)} in ${int(i.rows)} rows`], ["activations", i.activations]];
+    ["tokens", `${int(i.tokens)} in ${int(i.rows)} rows`], ["activations", i.activations],
+    ...(d.generation_facts || [])];  // a generating run's settings and counts
   for (const [k, v] of facts) {
     rows.push(`<dt>${esc(k)}</dt><dd id="id-${k.replace(/[ _]/g, "-")}">${esc(v)}</dd>`);
   }

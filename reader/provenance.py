@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from actx.reader import generations
+from actx.reader import generation_records
 from actx.reader import masks as masks_lib
 from actx.reader import snapshot
 from actx.schemas import layout
@@ -154,9 +154,6 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
     hooks = _hooks(run, hooks)
     if generated is not None:
         exclude = (*(exclude or ()), "prompt" if generated else "generated")
-    if arc_verdict is not None and run.spec.generate is None:
-        raise ValueError(f"arc_verdict: {run.location} does not generate (its run.json has "
-                         f"no generate section)")
     wanted = {
         "arc_task": _index_of(arc_task, run.manifest.arc_tasks, "ARC task"),
         "arc_variant": arc_variant,
@@ -169,7 +166,7 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
         wanted["context_start"] = 0
     ids = run.committed_ids(partitions, hooks)
     if arc_verdict is not None:
-        wanted["doc_index"] = generations.documents_with_verdict(run, ids, arc_verdict)
+        wanted["doc_index"] = generation_records.documents_with_verdict(run, ids, arc_verdict)
     names = list(wanted) + (["arc_row"] if cells_only else [])
     if not names and not exclude:
         raise ValueError("select: give at least one provenance filter or exclude=")

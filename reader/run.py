@@ -3,7 +3,8 @@
 A `Run` is a `reader.snapshot.RunSnapshot` (hooks, committed partitions, checks, random
 access) with the methods that hand the run to the modules above it: `document` and
 `select` (reader.provenance), `batches` (reader.batches), `stream` (reader.stream),
-`compute_stats` and `stats` (reader.stats). This module sits above all of them and none
+`compute_stats` and `stats` (reader.stats), `generations` (a generating run's samples:
+reader.generation_records). This module sits above all of them and none
 imports it, so the reader has no import circle. The keywords of `stream` and `batches`
 are sorted here into their option groups (reader.options).
 """
@@ -15,6 +16,7 @@ from typing import Sequence
 
 from actx.reader import batches as batches_lib
 from actx.reader import errors
+from actx.reader import generation_records
 from actx.reader import options as options_lib
 from actx.reader import provenance
 from actx.reader import stats as stats_lib
@@ -47,8 +49,14 @@ class Run(RunSnapshot):
     """A run directory opened for reading. Build with `open_run`."""
 
     def describe(self) -> dict:
-        """A plain summary: hooks (shape, dtype), partitions committed and not, and the
-        tokens each mask removes (reader.masks; None until `compute_stats` counted them)."""
+        """A plain summary: hooks (shape, dtype), partitions committed and not, the
+        tokens each mask removes (reader.masks; None until `compute_stats` counted them)
+        and, for a generating run (run.json's `generate`), what its committed partitions
+        generated (None for any other run): prompts (distinct prompt documents), samples,
+        generated_tokens (stop tokens included), stop_reasons ({"stop_token": n,
+        "length": n}), partitions (records counted) and unreadable (committed partitions
+        whose generated/ record could not be read: not counted; `generations()` says
+        why)."""
         return {
             "location": str(self.location), "extraction": self.extraction,
             "fingerprint": self.spec.fingerprint,
@@ -58,7 +66,21 @@ class Run(RunSnapshot):
             "committed": list(self.committed),
             "uncommitted": [p.id for p in self.uncommitted_partitions],
             "masks": stats_lib.load_masks(self),
+            "generation": (None if self.spec.generate is None else generation_records.count(
+                generation_records.read_records(self.store, self.committed))),
         }
+
+    def generations(self, partitions: Sequence[int] | None = None) -> list[dict]:
+        """The samples a generating run (run.json's `generate`) wrote in its committed
+        partitions (`partitions`: these committed ids only), one dict per sample in
+        doc_index order, as its worker recorded them (generated/p-NNNNN.json, the
+        partition its document starts in): doc_index, sample, prompt_doc (the prompt's
+        document: doc_index - sample), prompt_tokens, generated_tokens (stop token
+        included), stop_reason ("stop_token" or "length"), generated_ids, text (decoded,
+        special tokens kept), "arc" (an ARC task's verdict) where the prompt is one, and
+        partition (the record's). Raises ReaderError for a run that does not generate or
+        a committed partition whose record is missing or damaged."""
+        return generation_records.committed_samples(self, self.committed_ids(partitions))
 
     # -- documents and provenance (see reader.provenance) -------------------------
 
