@@ -3,7 +3,7 @@ vocabulary reserves room after each prompt, a real worker process writes into it
 every stored token, prompt and generated alike, is checked against HF transformers:
 `generate`'s greedy ids and text, then its forward over prompt + generated. Prompts longer
 than a row and answers that cross rows and partitions included; then the reader's roles,
-`actx verify`, sampling's determinism across batch sizes and reruns, and the refusals."""
+`actx verify`, sampling's determinism across replicas and reruns, and the refusals."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def test_verify_reads_a_generating_run_back(greedy, capsys):
     assert "every committed block matches its checksum" in capsys.readouterr().out
 
 
-def test_sampling_is_the_same_in_any_batch_and_a_rerun_rewrites_the_same_bytes(
+def test_sampling_is_the_same_on_any_host_and_in_a_rerun(
         model, qwen_tokenizer_dir, prompts_file, tmp_path):
     spec = _spec(model, qwen_tokenizer_dir, prompts_file, temperature=1.0, top_k=50,
                  samples_per_prompt=2, seed=7, stop_token_ids=[STOP])
@@ -189,14 +189,17 @@ def test_sampling_is_the_same_in_any_batch_and_a_rerun_rewrites_the_same_bytes(
         by_prompt.setdefault(e["prompt_doc"], []).append(e["generated_ids"])
     assert any(a != b for a, b in by_prompt.values())  # two samples, two streams
 
-    other = str(tmp_path / "other")  # the same tokens, 2 slots
-    worker_procs.copy_token_store(run, other)
-    code, out = worker_procs.run_worker(["--run", other, "--batch-size", "2"], devices=1)
-    assert code == 0, out
-    assert {d: e["generated_ids"] for d, e in _records(other).items()} == \
-        {d: e["generated_ids"] for d, e in records.items()}
-
     before = worker_procs.stored_objects(run)
+    two = str(tmp_path / "two")  # two one-host replicas, each its share of the partitions
+    worker_procs.copy_token_store(run, two)
+    procs = [worker_procs.start_worker(["--run", two, "--batch-size", "4", "--replicas", "2",
+                                        "--replica", str(i)], devices=1) for i in range(2)]
+    for proc in procs:
+        code, out = worker_procs.finish(proc)
+        assert code == 0, out
+    assert worker_procs.stored_objects(two) == before
+    assert _records(two) == records
+
     s = store.open_store(run)
     s.delete(layout.commit_key(0))
     s.delete(layout.generated_key(0))
@@ -247,3 +250,11 @@ def test_stop_ids_outside_the_vocabulary_are_refused_before_work(model, qwen_tok
     problems = preflight.check_job(spec, batch_size=4).problems
     assert any("generate.stop_token_ids: [200000] outside the model's vocabulary" in p
                for p in problems), problems
+
+
+def test_a_replica_of_two_hosts_is_refused_by_name(greedy, tmp_path):
+    run = worker_procs.copy_token_store(greedy, str(tmp_path / "run"))
+    for code, out in worker_procs.run_replica(run, hosts=2, devices_per_host=1,
+                                              extra=["--batch-size", "4"]):
+        assert code == 2, out
+        assert "generate: a run that generates runs on one host per replica" in out, out
