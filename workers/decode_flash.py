@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from actx.workers import ranged_flash_gpu
+
 ROW_TILE = 16  # query rows per program are padded to a multiple of this
 KEY_TILE = 128  # keys per tile (the capacity is padded to a multiple of it)
 
@@ -42,7 +44,6 @@ def _kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, scale: 
     last = (jnp.max(hi) + block_k - 1) // block_k
 
     def visit(j, state, masked):
-        acc, m_old, l_old = state
         at = pl.multiple_of(j * block_k, block_k)
         keys, values = k_ref[pl.ds(at, block_k), :], v_ref[pl.ds(at, block_k), :]
         s = jnp.dot(q, keys.T, preferred_element_type=jnp.float32) * scale
@@ -51,15 +52,7 @@ def _kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, scale: 
         if masked:
             key_idx = at + jax.lax.broadcasted_iota(jnp.int32, (rows, block_k), 1)
             s = jnp.where((key_idx >= lo[:, None]) & (key_idx < hi[:, None]), s, -jnp.inf)
-        m_new = jnp.maximum(m_old, jnp.max(s, axis=1))
-        # A row whose interval starts past this tile has seen nothing yet: keep its
-        # exponents finite (its state stays zero, corrected away once it sees its keys).
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        p = jnp.exp(s - m_safe[:, None])
-        correction = jnp.exp(m_old - m_safe)
-        acc = acc * correction[:, None] + jnp.dot(p.astype(values.dtype), values,
-                                                  preferred_element_type=jnp.float32)
-        return acc, m_new, l_old * correction + jnp.sum(p, axis=1)
+        return ranged_flash_gpu.online_softmax(state, s, values, masked)
 
     inner_lo = jnp.clip((jnp.max(lo) + block_k - 1) // block_k, first, last)
     inner_hi = jnp.clip(jnp.min(hi) // block_k, inner_lo, last)

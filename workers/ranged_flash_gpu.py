@@ -54,6 +54,24 @@ def supports(t: int, head_dim: int, on_gpu: bool) -> str | None:
     return None
 
 
+def online_softmax(state, s, values, masked: bool):
+    """One key tile into the flash state (acc [q, h], running max [q], running sum [q]),
+    all float32: s [q, k] the tile's logits (-inf where masked), values [k, h]."""
+    acc, m_old, l_old = state
+    m_new = jnp.maximum(m_old, jnp.max(s, axis=1))
+    if masked:
+        # A query whose interval starts past this tile has seen nothing yet: keep its
+        # exponents finite (its state stays zero, corrected away once it sees its keys).
+        m_new_finite = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    else:
+        m_new_finite = m_new
+    p = jnp.exp(s - m_new_finite[:, None])
+    correction = jnp.exp(m_old - m_new_finite)
+    acc = acc * correction[:, None] + jnp.dot(p.astype(values.dtype), values,
+                                              preferred_element_type=jnp.float32)
+    return acc, m_new, l_old * correction + jnp.sum(p, axis=1)
+
+
 def _kernel(off_ref, lo_ref, hi_ref, q_ref, *refs, cache_len: int, block_k: int,
             scale: float, softcap: float | None):
     if cache_len:
@@ -68,26 +86,13 @@ def _kernel(off_ref, lo_ref, hi_ref, q_ref, *refs, cache_len: int, block_k: int,
     cache_tiles = cache_len // block_k
 
     def visit(keys, values, base, state, masked):
-        acc, m_old, l_old = state
         s = jnp.dot(q, keys.T, preferred_element_type=jnp.float32) * scale
         if softcap is not None:
             s = softcap * jnp.tanh(s / softcap)
-        if not masked:  # a tile inside every query's interval
-            m_new = jnp.maximum(m_old, jnp.max(s, axis=1))
-            p = jnp.exp(s - m_new[:, None])
-            correction = jnp.exp(m_old - m_new)
-        else:
+        if masked:  # a tile at an interval's end (inside every one: no mask)
             key_idx = base + jax.lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
             s = jnp.where((key_idx >= lo[:, None]) & (key_idx < hi[:, None]), s, -jnp.inf)
-            m_new = jnp.maximum(m_old, jnp.max(s, axis=1))
-            # A query whose interval starts past this tile has seen nothing yet: keep its
-            # exponents finite (its state stays zero, corrected away once it sees its keys).
-            m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-            p = jnp.exp(s - m_safe[:, None])
-            correction = jnp.exp(m_old - m_safe)
-        acc = acc * correction[:, None] + jnp.dot(p.astype(values.dtype), values,
-                                                  preferred_element_type=jnp.float32)
-        return acc, m_new, l_old * correction + jnp.sum(p, axis=1)
+        return online_softmax(state, s, values, masked)
 
     def tiles(start, stop, state, masked):
         """Visits key tiles [start, stop) in document order: ring tiles, then row tiles."""
