@@ -209,6 +209,7 @@ def cmd_rerun(args, out) -> int:
     handle = open_run(args.run)
     target = targets.for_config(_rerun_target(args, handle.store, out))
     handles = extraction_lib.scoped_all(handle, args.extraction)
+    _check_runnable(target, handles)
     if list(handles) != [""]:
         return _rerun_extractions(args, handle, handles, target, out)
     status = runstate.compute_status(handle, args.stale_after)
@@ -235,6 +236,18 @@ def cmd_rerun(args, out) -> int:
         print(f"rerun: note: {len(live)} of them are held by a live worker; the first commit "
               f"wins and the other attempt changes nothing", file=out)
     return _rerun(args, target, handle, handle.spec.fingerprint, ids, None, out)
+
+
+def _check_runnable(target: targets.Target, handles: dict) -> None:
+    """Refuses, before anything starts, a rerun of what the target cannot run with its
+    settings (`Target.spec_problems`: a generating run through Beam or on a replica of
+    several hosts), as submit's pre-flight refuses it."""
+    found = [f"extractions.{name}: {p}" if name else p
+             for name, scoped in handles.items() for p in target.spec_problems(scoped.spec)]
+    if found:
+        raise UsageError(found[0] if len(found) == 1 else
+                         f"{len(found)} problems, nothing was started:\n  "
+                         + "\n  ".join(found))
 
 
 def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out) -> int:

@@ -6,7 +6,8 @@ It checks the model's config.json (local or gs://) and architecture, hooks and l
 ranges, the context length, whether the tokenizer is the model's
 (schemas.tokenizer_identity), the input paths, the batch
 against the target's devices, and the target's own settings (`Target.problems`,
-deploy/targets.py). In a dry run, inputs it
+deploy/targets.py) and what of the spec it cannot run (`Target.spec_problems`: a
+generating run through Beam or on a replica of several hosts). In a dry run, inputs it
 cannot reach (no credentials on this machine) or that are not there yet are named as not
 checked instead of refused.
 """
@@ -59,7 +60,7 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
     if target is not None:
         target = targets.as_target(target)
         target_found, data_parallel = target.problems(run)
-        found += target_found
+        found += target_found + target.spec_problems(spec)
         batch, model_parallel = target.config.batch_size, target.config.model_parallel
 
     def unreachable(what: str, e: Exception) -> None:

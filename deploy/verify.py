@@ -2,7 +2,9 @@
 
 For every committed partition and hook: the block checksums (crc32c over the stored
 bytes, as the writer computed them), the array's shape and dtype, blocks whose stored
-object is missing (they would read as the fill value), NaN and Inf over valid tokens
+object is missing (they would read as the fill value; in a generating run, a block of
+padding and unreached room alone is zeros, which the store keeps as no object, and is
+checked as read), NaN and Inf over valid tokens
 (padding positions may hold anything). Reports per-hook mean and mean L2 norm per token.
 Uses tensorstore, numpy and crc32c only (no jax, no Beam).
 """
@@ -158,6 +160,7 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
             problems.append(f"{where}: marker hooks {sorted(marker.checksums)} differ from "
                             f"{layout_lib.ACTIVATIONS_INFO_KEY} {sorted(report.hooks)}")
         valid = segment_ids[part.row_start:part.row_stop].read().result() > 0
+        unreached = _unreached(arrays.get(layout_lib.GENERATED_IDS), part, valid)
         block_rows = marker.block_rows
         n_blocks = -(-part.row_count // block_rows)
         for hook, arr in arrays.items():
@@ -178,7 +181,8 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
                 lo = part.row_start + k * block_rows
                 hi = min(part.row_stop, lo + block_rows)
                 missing = sorted({r // rows_per_shard for r in range(lo, hi)} - shards[hook])
-                if missing:
+                if missing and not (hook != layout_lib.GENERATED_IDS and unreached is not None
+                                    and unreached[lo - part.row_start:hi - part.row_start].all()):
                     problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) was never written "
                                     f"(stored object(s) {missing} missing; it reads as fill value)")
                     continue
@@ -198,6 +202,18 @@ def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> Veri
     if last is not None and len(problems) > before:
         report.failed.append(last)
     return report
+
+
+def _unreached(generated, part, valid: np.ndarray) -> np.ndarray | None:
+    """Per row of a generating run's partition (`generated`: its generated.token_ids array;
+    None in a run that does not generate): whether the row holds no token the model
+    computed, only padding and room its samples did not reach. The worker writes zeros
+    there, and the store keeps a block of zeros (the arrays' fill value) as no object at
+    all: such a block is read as zeros and checked against its checksum like any other."""
+    if generated is None:
+        return None
+    ids = generated[part.row_start:part.row_stop].read().result()[..., 0]
+    return np.all(~valid | (ids == layout_lib.GENERATED_UNUSED), axis=1)
 
 
 def _accumulate(stats: HookHealth, block: np.ndarray, valid_bt: np.ndarray, label: str,

@@ -8,7 +8,10 @@ sampled document is run alone through HF transformers on PyTorch (deploy.hf_refe
 or for a Flax model through its module called eagerly (deploy.flax_reference), from its
 first token, every token seeing what `tokens/context_start` says it saw (a
 sliding window of packing.max_context past it); in `concat` runs a row is one causal
-stream and is recomputed whole. Every stored hook of every stored token is compared.
+stream and is recomputed whole. Every stored hook of every stored token is compared. In a
+generating run a sample's text is its prompt and the ids the model wrote
+(deploy.verify_generated): the reference runs on that, the positions the sample did not
+reach must hold zeros.
 
 The sample: `--sample` documents (default 4) from committed partitions chosen by
 `--seed`, the longest of them first, and one from a partition whose documents ran past
@@ -29,6 +32,7 @@ import time
 import numpy as np
 
 from actx.deploy import hf_reference
+from actx.deploy import verify_generated
 from actx.reader import run as reader_run
 from actx.schemas import activations_info as info_lib
 from actx.schemas import errors
@@ -84,13 +88,16 @@ def _reference(spec, hooks: list[str], device: str) -> _Reference:
 @dataclasses.dataclass(frozen=True)
 class Unit:
     """What is recomputed at once: a document's tokens in order (rows / cols), or a
-    `concat` row's. whole_stream: a concat row (context from its first column)."""
+    `concat` row's. whole_stream: a concat row (context from its first column).
+    prompt_tokens: in a generating run, where the sample's prompt ends (the doc table's;
+    deploy.verify_generated); None otherwise."""
 
     what: str
     partition: int
     rows: np.ndarray
     cols: np.ndarray
     whole_stream: bool = False
+    prompt_tokens: int | None = None
 
 
 def _doc_table(run, pid: int) -> list[dict]:
@@ -108,8 +115,11 @@ def _document(run, doc: dict, pid: int) -> Unit:
         raise ReferenceCheckError(
             f"{run.location}: document {doc['doc_id']!r} has {n} tokens in "
             f"{layout.docs_key(pid)} but {len(r)} in tokens/doc_index")
-    return Unit(f"document {doc['doc_id']} (doc_index {doc['doc_index']})", pid,
-                (r + first).astype(np.int64), c.astype(np.int64))
+    prompt = doc.get("prompt_tokens") if run.spec.generate is not None else None
+    sample = f", sample {doc['sample']}" if prompt is not None and "sample" in doc else ""
+    return Unit(f"document {doc['doc_id']} (doc_index {doc['doc_index']}{sample})", pid,
+                (r + first).astype(np.int64), c.astype(np.int64),
+                prompt_tokens=None if prompt is None else int(prompt))
 
 
 def sample(run, n: int, seed: int, only: set[int] | None) -> list[Unit]:
@@ -190,42 +200,73 @@ def check(handle, n: int = DEFAULT_SAMPLE, device: str = "cpu", seed: int = 0,
         tokens = {name: run.token_array(name).vindex[unit.rows, unit.cols].read().result()
                   for name in ("input_ids", "positions", "context_start")}
         n_tokens = len(unit.rows)
+        where = f"{unit.what} (partition {layout.partition_name(unit.partition)})"
         want_positions = unit.cols if unit.whole_stream else np.arange(n_tokens)
         if not np.array_equal(tokens["positions"], want_positions):
-            failures.append(f"{unit.what} (partition {layout.partition_name(unit.partition)})"
-                            f": stored positions are not 0..{n_tokens - 1}")
+            failures.append(f"{where}: stored positions are not 0..{n_tokens - 1}")
             continue
         context = (np.zeros(n_tokens, np.int64) if unit.whole_stream
                    else tokens["context_start"].astype(np.int64))
-        started = time.monotonic()
-        reference = ref.compute(tokens["input_ids"], context)
         # Only tokens of committed partitions hold values (a document may run on).
         pids = np.searchsorted(row_starts, unit.rows, side="right") - 1
         keep = np.isin(pids, list(committed))
+        ids, end, said = tokens["input_ids"], n_tokens, ""
+        if unit.prompt_tokens is not None:  # a sample: its prompt, then what was generated
+            text = verify_generated.sample_text(
+                ids, verify_generated.generated_ids(run, unit.rows, unit.cols), keep,
+                unit.prompt_tokens)
+            failures += [f"{where}: {p}" for p in text.problems]
+            failures += _unused_not_zero(run, hooks, unit, text.unused, where)
+            ids, end = text.input_ids, text.end
+            keep = keep & (np.arange(n_tokens) < end)
+            said = (f" ({unit.prompt_tokens} prompt + {text.generated} generated; "
+                    f"{int(text.unused.sum())} unreached, zero)")
+        started = time.monotonic()
+        reference = ref.compute(ids[:end], context[:end])
         stored = run.gather(hooks, unit.rows[keep], unit.cols[keep])
         per_hook = {}
         for hook in hooks:
-            errs = _errors(stored[hook].astype(np.float32), reference[hook][keep])
+            errs = _errors(stored[hook].astype(np.float32), reference[hook][keep[:end]])
             per_hook[hook] = float(errs.max()) if len(errs) else 0.0
             worst[hook] = max(worst[hook], per_hook[hook])
             if per_hook[hook] > bound or not np.isfinite(per_hook[hook]):
-                at = int(np.argmax(np.where(np.isfinite(errs), errs, np.inf)))
-                token = int(np.flatnonzero(keep)[at])
+                worst_at = int(np.argmax(np.where(np.isfinite(errs), errs, np.inf)))
+                token = int(np.flatnonzero(keep)[worst_at])
                 failures.append(
-                    f"{unit.what} (partition {layout.partition_name(unit.partition)}), hook "
-                    f"{hook}: relative error {per_hook[hook]:.3g} > tolerance {bound:.2g} "
-                    f"(worst at token {token} of {n_tokens}, row {int(unit.rows[token])} "
-                    f"column {int(unit.cols[token])})")
+                    f"{where}, hook {hook}: relative error {per_hook[hook]:.3g} > tolerance "
+                    f"{bound:.2g} (worst at token {token} of {n_tokens}, row "
+                    f"{int(unit.rows[token])} column {int(unit.cols[token])})")
         checked.append(record_lib.CheckedDocument(
             unit.what, layout.partition_name(unit.partition), int(keep.sum()),
             int((context[keep] > 0).sum()), per_hook))
         if log is not None:
-            print(f"recomputed {unit.what}: {n_tokens} tokens in "
+            print(f"recomputed {unit.what}: {end} tokens{said} in "
                   f"{time.monotonic() - started:.1f}s", file=log, flush=True)
     return record_lib.ReferenceRecord(
         at=time.time() if at is None else at, ok=not failures, reference=ref.described,
         seed=seed, sample=n, tolerance=bound, hooks=worst, documents=tuple(checked),
         failures=tuple(failures), not_recomputed=not_recomputed)
+
+
+def _unused_not_zero(run, hooks: list[str], unit: Unit, unused: np.ndarray,
+                     where: str) -> list[str]:
+    """A failure per hook whose values at the positions a sample did not reach (`unused`,
+    in committed partitions) are not all exactly zero, as the worker writes them."""
+    if not unused.any():
+        return []
+    stored = run.gather(hooks, unit.rows[unused], unit.cols[unused])
+    found = []
+    for hook in hooks:
+        nonzero = np.flatnonzero(np.any(stored[hook] != 0, axis=-1))
+        if len(nonzero):
+            token = int(np.flatnonzero(unused)[nonzero[0]])
+            found.append(
+                f"{where}, hook {hook}: {len(nonzero)} of the {int(unused.sum())} position(s) "
+                f"the sample did not reach ({layout.GENERATED_IDS} "
+                f"{layout.GENERATED_UNUSED}) hold nonzero values, which must be zero (first "
+                f"at token {token}, row {int(unit.rows[token])} column "
+                f"{int(unit.cols[token])})")
+    return found
 
 
 def render(record: record_lib.ReferenceRecord, run: str) -> str:
