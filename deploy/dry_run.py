@@ -159,6 +159,11 @@ def report(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str]) -> lis
     else:
         lines.append(f"#   tokens: {found.tokens:,} in {found.rows:,} rows of {found.seq_len:,} "
                      f"({found.partitions:,} partitions; {found.source})")
+        if spec.generate is not None:
+            gen = spec.generate
+            lines.append(f"#   generate: each prompt's {gen.samples_per_prompt} sample(s) hold "
+                         f"its tokens and {gen.max_new_tokens:,} positions for the answer: "
+                         f"the tokens above count both")
     if not widths:
         lines.append(f"#   activations: not known here ({shapes.why})")
         return lines

@@ -8,59 +8,38 @@ than a row and answers that cross rows and partitions included; then the reader'
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import numpy as np
 import pytest
 
 from actx.pipeline import main as prepare_main
-from actx.schemas import commit, layout, runspec, store
+from actx.schemas import layout, runspec, store
 from actx.schemas.config import ConfigError
-from tests import hf_models, token_runs, worker_procs
+from tests import generate_runs, hf_models, token_runs, worker_procs
 
-HOOKS = "layers.0.resid_post,layers.1.resid_post,final_norm"
-HOOK_NAMES = HOOKS.split(",")
+HOOK_NAMES = generate_runs.HOOKS.split(",")
 MAX_NEW = 24
-# ',' (id 11): the prompt that ends in a list makes the tiny model write it first, so one
-# sample stops on it and the others run to max_new_tokens.
-STOP = 11
-PROMPTS = ["The cat sat on the mat and", "Once upon a time " * 12, "1 2 3 4 5", "Hello",
-           "A list: apples, pears, plums, figs,"]
+STOP, PROMPTS = generate_runs.STOP, generate_runs.PROMPTS
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    return hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "qwen2", "qwen2",
-                                          vocab_size=151936, num_hidden_layers=2)
+    return generate_runs.tiny_qwen2(tmp_path_factory.mktemp("m") / "qwen2")
 
 
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("in") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in PROMPTS))
-    return str(path)
+    return generate_runs.write_prompts(tmp_path_factory.mktemp("in") / "prompts.jsonl")
 
 
 def _spec(model: str, tokenizer: str, prompts: str, **generate) -> runspec.RunSpec:
-    return runspec.RunSpec.from_dict({
-        "model": {"path": model, "dtype": "float32"}, "tokenizer": {"path": tokenizer},
-        "sources": [{"kind": "text", "paths": [prompts]}],
-        # 32-token rows: the 49-token prompt crosses a row, answers cross rows, and
-        # partitions of 4 rows cut documents.
-        "packing": {"mode": "segmented", "seq_len": 32, "max_context": 160},
-        "capture": {"hooks": HOOKS, "dtype": "float32"},
-        "layout": {"rows_per_shard": 2, "partition_rows": 4},
-        "generate": {"max_new_tokens": MAX_NEW, **generate}})
+    # 32-token rows: the 49-token prompt crosses a row, answers cross rows, and partitions
+    # of 4 rows cut documents.
+    return runspec.RunSpec.from_dict(generate_runs.spec_dict(
+        model, tokenizer, prompts, max_new_tokens=MAX_NEW, **generate))
 
 
-def _generated_run(run: str, spec: runspec.RunSpec, batch_size: int = 4) -> None:
-    m = prepare_main.run_prepare(spec, run, ["--runner=FnApiRunner"])
-    assert m.docs_rejected == 0
-    code, out = worker_procs.run_worker(["--run", run, "--batch-size", str(batch_size)],
-                                        devices=1)
-    assert code == 0, out
-    assert commit.committed_partitions(store.open_store(run)) == {p.id for p in m.partitions}
+_generated_run = generate_runs.generated_run
 
 
 def _records(run: str) -> dict[int, dict]:

@@ -21,46 +21,24 @@ import pytest
 
 from actx import reader
 from actx.deploy import cli, ui_data
-from actx.pipeline import main as prepare_main
 from actx.schemas import commit, layout, runspec, store
-from tests import browser, hf_models, page_checks, status_runs, token_runs, worker_procs
+from tests import browser, generate_runs, page_checks, status_runs, token_runs
 
-HOOKS = "layers.0.resid_post,layers.1.resid_post,final_norm"
 MAX_NEW = 24
 SAMPLES = 2
-# ',' (id 11): the prompt that ends in a list makes the tiny model write it first, so its
-# samples stop on it and the others run to max_new_tokens (tests/test_generate_run.py).
-STOP = 11
-PROMPTS = ["The cat sat on the mat and", "Once upon a time " * 12, "1 2 3 4 5", "Hello",
-           "A list: apples, pears, plums, figs,"]
-
-
-def _spec(model: str, tokenizer: str, prompts: str) -> runspec.RunSpec:
-    return runspec.RunSpec.from_dict({
-        "model": {"path": model, "dtype": "float32"}, "tokenizer": {"path": tokenizer},
-        "sources": [{"kind": "text", "paths": [prompts]}],
-        "packing": {"mode": "segmented", "seq_len": 32, "max_context": 160},
-        "capture": {"hooks": HOOKS, "dtype": "float32"},
-        "layout": {"rows_per_shard": 2, "partition_rows": 4},
-        "generate": {"max_new_tokens": MAX_NEW, "samples_per_prompt": SAMPLES,
-                     "stop_token_ids": [STOP]}})
+HOOKS, STOP, PROMPTS = generate_runs.HOOKS, generate_runs.STOP, generate_runs.PROMPTS
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory, qwen_tokenizer_dir) -> str:
-    """The finished run (test_generate_run's `_generated_run`)."""
+    """The finished run (tests.generate_runs), greedy with two samples per prompt."""
     root = tmp_path_factory.mktemp("gen")
-    model = hf_models.make_tiny_checkpoint(root / "qwen2", "qwen2", vocab_size=151936,
-                                           num_hidden_layers=2)
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"text": t}) + "\n" for t in PROMPTS))
+    spec = runspec.RunSpec.from_dict(generate_runs.spec_dict(
+        generate_runs.tiny_qwen2(root / "qwen2"), qwen_tokenizer_dir,
+        generate_runs.write_prompts(root / "prompts.jsonl"), max_new_tokens=MAX_NEW,
+        samples_per_prompt=SAMPLES, stop_token_ids=[STOP]))
     run = str(root / "run")
-    m = prepare_main.run_prepare(_spec(model, qwen_tokenizer_dir, str(prompts)), run,
-                                 ["--runner=FnApiRunner"])
-    assert m.docs_rejected == 0 and len(m.partitions) > 2
-    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=1)
-    assert code == 0, out
-    assert commit.committed_partitions(store.open_store(run)) == {p.id for p in m.partitions}
+    assert len(generate_runs.generated_run(run, spec).partitions) > 2
     return run
 
 

@@ -80,6 +80,8 @@ def copy_token_store(src: str, dest: str) -> str:
     os.makedirs(dest)
     for name in ("run.json", "manifest.json", "tokens", "docs"):
         path = os.path.join(src, name)
+        if name == "docs" and not os.path.exists(path):
+            continue  # a token store written by tests.token_runs has no doc table
         (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, os.path.join(dest, name))
     return dest
 

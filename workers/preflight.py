@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from actx.schemas import layout
 from actx.schemas import parallelism
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
@@ -144,8 +145,10 @@ def hook_shapes(spec: runspec_lib.RunSpec) -> HookShapes:
     names = capture.hook_names(config.num_layers)
     widths = capture_lib.hook_widths(config, names)
     dtypes = capture_lib.hook_dtypes(names, spec.capture.dtype) or {}
-    return HookShapes({name: (widths[name], dtypes.get(name, spec.capture.dtype))
-                       for name in names}, capture.blocks_run(config.num_layers), config)
+    shapes = {name: (widths[name], dtypes.get(name, spec.capture.dtype)) for name in names}
+    if spec.generate is not None:  # the ids the model writes, stored beside the hooks
+        shapes[layout.GENERATED_IDS] = (1, "int32")
+    return HookShapes(shapes, capture.blocks_run(config.num_layers), config)
 
 
 def context_problem(packing: runspec_lib.PackingSpec, limit: int, model_path: str
