@@ -26,7 +26,8 @@ from actx.schemas import layout
 class Selection:
     """Tokens picked from a run, in row-major order.
 
-    rows / cols: coordinates (int64 [n]); input_ids: token ids (int32 [n]);
+    rows / cols: coordinates (int64 [n]); input_ids: token ids (int32 [n]; in a generating
+    run the id the model wrote where it wrote one);
     acts: per hook, activations [n, hidden]; meta: the doc-table row for `document`.
     """
 
@@ -112,7 +113,7 @@ def document(run: snapshot.RunSnapshot, doc: "int | str",
         raise ValueError(f"{run.location}: document {doc!r} has {n_tokens} tokens in the doc "
                          f"table but {found} in tokens/doc_index (rows {row}..{last_row - 1})")
     rows, cols = found_rows.astype(np.int64), found_cols.astype(np.int64)
-    ids = run.gather_tokens(["input_ids"], rows, cols)["input_ids"]
+    ids = run.token_ids(rows, cols)
     return Selection(rows, cols, ids, run.gather(hooks, rows, cols), dict(meta))
 
 
@@ -209,7 +210,7 @@ def select(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None" = None
         all_cols.append(c)
     rows = np.concatenate(all_rows).astype(np.int64) if all_rows else np.zeros(0, np.int64)
     cols = np.concatenate(all_cols).astype(np.int64) if all_cols else np.zeros(0, np.int64)
-    ids = run.gather_tokens(["input_ids"], rows, cols)["input_ids"]
+    ids = run.token_ids(rows, cols)
     acts = run.gather(hooks, rows, cols)
     filters = {k: v for k, v in wanted.items() if k != "doc_index"}
     if arc_verdict is not None:

@@ -265,6 +265,17 @@ class RunSnapshot:
                    for n in names}
         return {n: f.result() for n, f in futures.items()}
 
+    def token_ids(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """The id of each token (rows[i], cols[i]): tokens/input_ids, and in a generating
+        run the id the model wrote where it wrote one (its reserved room holds the pad id
+        in tokens/input_ids; docs/generate.md)."""
+        ids = self.gather_tokens(["input_ids"], rows, cols)["input_ids"]
+        if self.spec.generate is None or len(ids) == 0:
+            return ids
+        generated = self.open_array(layout.activation_array_key(layout.GENERATED_IDS)).vindex[
+            np.asarray(rows), np.asarray(cols), 0].read().result()
+        return np.where(generated >= 0, generated, ids).astype(ids.dtype)
+
     def _partitions_of_rows(self, rows: np.ndarray) -> set[int]:
         if len(rows) == 0:
             return set()

@@ -226,3 +226,14 @@ def test_model_flax_keeps_old_fingerprints_and_round_trips():
     assert runspec.RunSpec.from_dict(flax_spec.to_json_obj()) == flax_spec
     with pytest.raises(ValueError, match="give one"):
         runspec.ModelSpec(path="m", flax=MASKED)
+
+
+def test_a_generating_run_is_refused_for_a_flax_model_by_name():
+    from actx.workers import preflight
+
+    spec = _spec(MASKED, "segmented", "continue")
+    generating = runspec.RunSpec(**{**spec.__dict__,
+                                    "generate": runspec.GenerateSpec(max_new_tokens=4)})
+    problems = preflight.check_job(generating).problems
+    assert f"spec.generate: {preflight.FLAX_GENERATES}" in problems, problems
+    assert not any("spec.generate" in p for p in preflight.check_job(spec).problems)

@@ -7,6 +7,7 @@ than a row and answers that cross rows and partitions included; then the reader'
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -133,6 +134,8 @@ def test_the_reader_reads_prompt_and_answer_apart(greedy):
     assert places(answers) == set(zip(*np.nonzero(generated >= 0)))
     np.testing.assert_array_equal(answers.acts["final_norm"],
                                   stored[answers.rows, answers.cols])
+    # what each token is: the id the model wrote (tokens/input_ids holds the pad id there)
+    assert answers.input_ids.tolist() == generated[answers.rows, answers.cols].tolist()
     prompts = run.select("final_norm", exclude=["generated"])
     assert places(prompts) == set(zip(*np.nonzero((generated == layout.GENERATED_PROMPT)
                                                   & (segment_ids > 0))))
@@ -237,3 +240,37 @@ def test_a_replica_of_two_hosts_is_refused_by_name(greedy, tmp_path):
                                               extra=["--batch-size", "4"]):
         assert code == 2, out
         assert "generate: a run that generates runs on one host per replica" in out, out
+
+
+def test_several_models_each_write_their_own_text_over_one_token_store(
+        model, qwen_tokenizer_dir, prompts_file, tmp_path):
+    from actx import reader
+    from actx.deploy import cli
+
+    other = hf_models.make_tiny_checkpoint(tmp_path / "other", "qwen2", seed=1,
+                                           vocab_size=151936, num_hidden_layers=2)
+    models = {"base": model, "other": other}
+    run = tmp_path / "run"
+    config = {"run": str(run),
+              "spec": generate_runs.spec_dict(model, qwen_tokenizer_dir, prompts_file,
+                                              max_new_tokens=8),
+              "extractions": {name: {"model": {"path": path, "dtype": "float32"}}
+                              for name, path in models.items()},
+              "target": {"kind": "local", "hosts": 1, "batch_size": 4}}
+    (tmp_path / "two.yaml").write_text(json.dumps(config))
+    assert cli.main(["submit", str(tmp_path / "two.yaml")], out=io.StringIO()) == 0
+    texts = {}
+    for name, path in models.items():
+        opened = reader.open_run(str(run), extraction=name)
+        samples = opened.generations()
+        texts[name] = [s["generated_ids"] for s in samples]
+        hf = hf_models.load_hf_model(path)
+        first = opened.document(0, ["final_norm"])  # prompt, answer and unused room
+        generated = token_runs.read_activation(
+            str(run / "extractions" / name), layout.GENERATED_IDS)[first.rows, first.cols, 0]
+        text = np.asarray(first.input_ids)[generated != layout.GENERATED_UNUSED]  # what it read
+        assert text[samples[0]["prompt_tokens"]:].tolist() == samples[0]["generated_ids"]
+        reference = hf_models.hf_hooks(hf, text[None])["final_norm"][0]
+        worker_procs.assert_close(first.acts["final_norm"][:len(text)], reference, 1e-5,
+                                  f"extraction {name}, document 0")
+    assert texts["base"] != texts["other"]  # each model wrote its own

@@ -25,10 +25,9 @@ def worker_for_run(opts: runner.WorkerOptions) -> runner.Worker:
     spec = extraction_lib.read_spec(opened, opts.extraction or "")
     if spec.generate is not None:
         if spec.model.flax:
-            raise admission.RunMismatch(
-                f"{opts.run}: generate: a user's Flax model (model.flax) cannot generate in "
-                f"actx yet (its call takes no KV cache); use a Hugging Face checkpoint "
-                f"(model.path)")
+            from actx.workers import preflight
+
+            raise admission.RunMismatch(f"{opts.run}: generate: {preflight.FLAX_GENERATES}")
         from actx.workers import generate_worker
 
         return generate_worker.GenerateWorker(opts, opened)

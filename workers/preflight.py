@@ -30,7 +30,11 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
     if spec.model.flax:  # a user's Flax model: its own checks (workers.flax_preflight)
         from actx.workers import flax_preflight
 
-        return flax_preflight.check_job(spec, batch_size, data_parallel)
+        found = flax_preflight.check_job(spec, batch_size, data_parallel)
+        if spec.generate is not None:  # as workers.flax_worker.worker_for_run refuses it
+            found = dataclasses.replace(found, problems=found.problems + (
+                f"spec.generate: {FLAX_GENERATES}",))
+        return found
     problems: list[str] = []
     missing: list[str] = []
     capture = None
@@ -101,6 +105,11 @@ class HookShapes:
     blocks: int | None = None
     config: model_config_lib.ModelConfig | None = None
     why: str = ""
+
+
+# Why a user's Flax model cannot generate (the pre-flight and the worker say the same).
+FLAX_GENERATES = ("a user's Flax model (model.flax) cannot generate in actx yet (its call "
+                  "takes no KV cache); use a Hugging Face checkpoint (model.path)")
 
 
 def generate_problems(spec: runspec_lib.RunSpec, config) -> list[str]:
