@@ -7,8 +7,10 @@ by the DoFn instances of the process) and extracts a bundle's partitions as one 
 the same step, writer and commit code as `actx extract` (`workers.runner.Session`). Retries are safe: a failed or
 duplicated attempt leaves no marker or loses the create-only marker race, so each
 partition is committed exactly once. This is the one module that imports both Beam and
-JAX (through workers.runner). A generating run (spec.generate) is refused by name before
-anything runs: its worker generates in a process of its own per replica.
+JAX (through workers.runner). A generating run (spec.generate) goes through the same
+session: its worker (workers/generate_worker.py) generates a bundle's partitions one after
+another, and a retried or duplicated partition writes the same tokens, since what is
+generated depends on the run's seed, the document and the sample alone.
 
 Command line (what `actx submit` runs for `target.extract: beam`, and what docs/dataflow.md
 shows): `python -m actx.adapters.beam_extract --run RUN [worker flags] [Beam flags]`.
@@ -51,35 +53,6 @@ class CommitRecord:
     tokens: int
     rows: int
     host: str
-
-
-class GeneratingRunRefused(errors.UserError, ValueError):
-    """A generating run (spec.generate) given to the Beam extraction transform."""
-
-
-def refuse_generating(spec, location, name: str = "") -> None:
-    """Raises GeneratingRunRefused when extraction `name` of the run at `location` (its
-    `spec`) generates: its worker (workers/generate_worker.py) runs partitions in its own
-    process per replica, not as this transform's bundles. The launchers' pre-flight
-    refuses it first (deploy.targets, `Target.spec_problems`); this holds for a pipeline
-    built by hand."""
-    if spec.generate is None:
-        return
-    where = f"{location}" + (f" (extraction {name!r})" if name else "")
-    raise GeneratingRunRefused(
-        f"{where}: spec.generate: a generating run runs in actx's own worker processes, one "
-        f"per replica; the Beam extraction transform cannot run it. Extract it with `actx "
-        f"rerun {location} --target local` (target.extract: \"workers\") or --target "
-        f"tpu-vm")
-
-
-def _spec_of(opts: worker_options.WorkerOptions):
-    """The spec of the extraction `opts` names, from its run.json alone."""
-    from actx.schemas import runspec as runspec_lib
-    from actx.schemas import store as store_lib
-
-    store = store_lib.open_store(opts.run)
-    return runspec_lib.read_run_spec(extraction_lib.view(store, opts.extraction or ""))
 
 
 class _ProcessReplica:
@@ -146,8 +119,6 @@ class ExtractPartitionFn(beam.DoFn):
         # The run as the extraction sees it: its markers and heartbeats are its own.
         self._run = extraction_lib.scoped(run_dir.open_run(self._opts.run),
                                           self._opts.extraction or "")
-        refuse_generating(self._run.spec, self._run.location,  # before any heartbeat
-                          self._opts.extraction or "")
         if not _ProcessReplica.loaded(self._process_opts):  # else its session beats
             self._early_beat(())
 
@@ -249,8 +220,6 @@ class ExtractPartitions(beam.PTransform):
         self._opts = opts
 
     def expand(self, partition_ids):
-        # Refused where the pipeline is built, before a runner starts anything.
-        refuse_generating(_spec_of(self._opts), self._opts.run, self._opts.extraction or "")
         return (partition_ids
                 | "Spread" >> beam.Reshuffle()
                 | "Extract" >> beam.ParDo(ExtractPartitionFn(self._opts)))
@@ -284,8 +253,6 @@ def run_extract(settings: worker_options.ExtractSettings, run: "str | run_dir.Op
     location = str(opened.location)
     given = 0
     wanted = extractions(opened, extraction)
-    for name, scoped in wanted.items():  # every one before any pipeline runs
-        refuse_generating(scoped.spec, scoped.location, name)
     for name, scoped in wanted.items():
         ids, fingerprint = uncommitted(scoped, only), scoped.spec.fingerprint
         # A named extraction has its own spec; the launcher's is the root one.

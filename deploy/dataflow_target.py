@@ -27,13 +27,6 @@ class DataflowTarget(targets.Target):
             found += beam_target.problems(run, self.config)
         return found, None
 
-    def spec_problems(self, spec) -> list[str]:
-        if spec.generate is not None and self.config.extract == "beam":
-            return [targets.GENERATE_BEAM + "Set target.extract: \"workers\" (Dataflow "
-                                            "prepares), then `actx rerun RUN --config CONFIG "
-                                            "--target tpu-vm` (or local) generates"]
-        return []
-
     def stop_hint(self) -> str:
         return "A Dataflow job stops with `gcloud dataflow jobs cancel JOB_ID --region REGION`"
 

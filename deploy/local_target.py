@@ -75,17 +75,6 @@ class LocalTarget(targets.Target):
         return found, parallelism.data_parallel(
             self.engine.replica_hosts() * cfg.devices_per_host, cfg.model_parallel)
 
-    def spec_problems(self, spec) -> list[str]:
-        if spec.generate is not None and self.config.extract == "beam":
-            return [targets.GENERATE_BEAM + "Set target.extract: \"workers\" (worker "
-                                            "processes here), or use kind tpu-vm"]
-        n = self.config.hosts_per_replica
-        return targets.generate_multihost(
-            spec, n, f"target.hosts_per_replica: {n} makes each replica of {n} local "
-                     f"processes (hosts)",
-            "set it to 1 (target.hosts then counts replicas, each generating its own "
-            "partitions)")
-
     def stop_hint(self) -> str:
         return "Local workers stop with their submit (Ctrl-C)"
 

@@ -112,24 +112,6 @@ class Prepare:
             self.records()
 
 
-# A generating run (spec.generate, workers/generate_worker.py) runs in actx's own worker
-# processes, one host per replica: the targets refuse what would run it otherwise by name.
-GENERATE_BEAM = ("spec.generate: a generating run runs in actx's own worker processes, one "
-                 "per replica; the Beam extraction transform (target.extract: \"beam\") "
-                 "cannot run it. ")
-
-
-def generate_multihost(spec: runspec_lib.RunSpec, hosts: int, replica: str,
-                       remedy: str) -> list[str]:
-    """The problem of a generating `spec` on replicas of `hosts` hosts ([] for one host or
-    a run that does not generate): `replica` says how the target makes such a replica,
-    `remedy` what to set instead."""
-    if spec.generate is None or hosts <= 1:
-        return []
-    return [f"spec.generate: a generating run runs on one host per replica, and {replica}; "
-            f"{remedy}"]
-
-
 def job_name(prefix: str, given: str | None) -> str:
     """The job's name: the one given (--job), else `<prefix>-<time>`."""
     return given or f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"

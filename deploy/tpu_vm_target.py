@@ -26,17 +26,6 @@ class TpuVmTarget(targets.Target):
                          '"dataflow"); a TPU slice runs the workers themselves')
         return found, None
 
-    def spec_problems(self, spec) -> list[str]:
-        try:  # an unknown type is tpu_vm.problems' to name
-            shape = tpu_vm.slice_shape(self.config.tpu)
-        except tpu_vm.TargetError:
-            return []
-        return targets.generate_multihost(
-            spec, shape.hosts, f"the {shape.accelerator_type} slice is one replica of "
-                               f"{shape.hosts} hosts",
-            "use a one-host slice for target.tpu.accelerator_type (e.g. v4-8, v5litepod-8, "
-            "v6e-8)")
-
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
         from actx.deploy import dataflow

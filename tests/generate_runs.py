@@ -54,3 +54,79 @@ def generated_run(run: str, spec: runspec.RunSpec, batch_size: int = 4):
     assert code == 0, out
     assert commit.committed_partitions(store.open_store(run)) == {p.id for p in m.partitions}
     return m
+
+
+def records(run: str) -> dict[int, dict]:
+    """Every stored sample record (generated/p-*.json) by doc_index, with the record's
+    stop_token_ids."""
+    import json as json_lib
+
+    from actx.schemas import layout
+
+    s = store.open_store(run)
+    out = {}
+    for key in s.list(layout.GENERATED_PREFIX):
+        record = json_lib.loads(s.read(key))
+        assert record["version"] == layout.GENERATED_VERSION
+        out.update((e["doc_index"], {**e, "stop_token_ids": record["stop_token_ids"]})
+                   for e in record["samples"])
+    return out
+
+
+def stored_run(run: str) -> dict[str, bytes]:
+    """What a generating run stored that must be the same bytes however it was run: every
+    activation array's chunks and metadata (not the numerics record, which names the
+    hosts and devices) and the sample records."""
+    objects = {**worker_procs.stored_objects(run), **worker_procs.stored_objects(run,
+                                                                                "generated")}
+    return {k: v for k, v in objects.items() if not k.endswith("actx.json")}
+
+
+def assert_every_token_is_hf(run: str, model: str, tokenizer_dir: str, prompts: list[str],
+                             max_new: int, stop: int, samples_per_prompt: int = 1,
+                             greedy: bool = True) -> None:
+    """Every sample's stored tokens and activations against HF transformers: its prompt
+    is HF's tokenizer's, (greedy) its answer is HF `generate`'s, and every hook of every
+    token, prompt and generated, is HF's forward over prompt + answer (fp32, 1e-5); the
+    room it did not reach holds zeros."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from actx.schemas import layout
+    from tests import token_runs
+
+    hf = hf_models.load_hf_model(model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    input_ids = token_runs.read_tokens(run, "input_ids")
+    doc_index = token_runs.read_tokens(run, "doc_index")
+    positions = token_runs.read_tokens(run, "positions")
+    generated_ids = token_runs.read_activation(run, layout.GENERATED_IDS)[..., 0]
+    acts = {h: token_runs.read_activation(run, h) for h in HOOKS.split(",")}
+    found = records(run)
+    assert sorted(found) == list(range(len(prompts) * samples_per_prompt))
+    for d, e in found.items():
+        where = np.nonzero(doc_index == d)
+        order = np.argsort(positions[where])
+        r, c = where[0][order], where[1][order]
+        prompt = input_ids[r, c][:e["prompt_tokens"]]
+        assert list(prompt) == tokenizer(prompts[e["prompt_doc"] // samples_per_prompt])[
+            "input_ids"]
+        answer = np.asarray(e["generated_ids"], np.int64)
+        if greedy:
+            out = hf.generate(torch.tensor(prompt[None]), max_new_tokens=max_new,
+                              do_sample=False, eos_token_id=stop, pad_token_id=0,
+                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+            assert answer.tolist() == out[0, len(prompt):].tolist(), f"document {d}"
+        assert e["text"] == tokenizer.decode(answer)
+        text = np.concatenate([prompt, answer])
+        n = len(text)
+        reference = hf_models.hf_hooks(hf, text[None])
+        for hook, values in acts.items():
+            worker_procs.assert_close(values[r[:n], c[:n]], reference[hook][0], 1e-5,
+                                      f"document {d} {hook}")
+            assert not values[r[n:], c[n:]].any()
+        g = generated_ids[r, c]
+        assert (g[:len(prompt)] == layout.GENERATED_PROMPT).all()
+        assert g[len(prompt):n].tolist() == answer.tolist()
+        assert (g[n:] == layout.GENERATED_UNUSED).all()

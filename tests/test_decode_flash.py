@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actx.workers import decode_flash, generate, generate_step
+from actx.workers import decode_flash, generate_config, generate_step
 from tests import hf_models
 from tests.test_generate import (HOOKS, MAX_NEW, _compare_activations, _generator,
                                  _hf_greedy, _prompts)
@@ -42,7 +42,7 @@ def test_a_generator_on_the_kernel_equals_hf(arch, tmp_path, monkeypatch):
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch)
     hf = hf_models.load_hf_model(path)
     prompts = _prompts()
-    config = generate.GenerateConfig(max_new_tokens=MAX_NEW)
+    config = generate_config.GenerateConfig(max_new_tokens=MAX_NEW)
     generator = _generator(path, config, HOOKS, attention="pallas")
     assert generator.attention == "pallas"
     for s, prompt in zip(generator.run(prompts), prompts):

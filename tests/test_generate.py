@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from actx.workers import capture, generate, generate_step, sampling
+from actx.workers import capture, generate, generate_config, generate_step, sampling
 from actx.workers import model as model_lib
 from tests import hf_models, worker_procs
 
@@ -82,7 +82,7 @@ def test_greedy_tokens_and_activations_equal_hf(ckpt_dir, arch):
     prompts = _prompts()
     # A stop id some prompts reach: the 4th token HF generates for the first prompt.
     stop = int(_hf_greedy(hf, prompts[0], MAX_NEW, ())[3])
-    config = generate.GenerateConfig(max_new_tokens=MAX_NEW, stop_token_ids=(stop,))
+    config = generate_config.GenerateConfig(max_new_tokens=MAX_NEW, stop_token_ids=(stop,))
     hooks = MOE_HOOKS if arch in hf_models.MOE_ARCHS else HOOKS
     samples = _generator(path, config, hooks).run(prompts)
     assert [(s.prompt_index, s.sample_index) for s in samples] == [(i, 0) for i in range(5)]
@@ -108,7 +108,7 @@ def test_bfloat16_activations_of_its_own_text(ckpt_dir):
 
     path = ckpt_dir("llama3")
     hf = hf_models.load_hf_model(path)
-    config = generate.GenerateConfig(max_new_tokens=MAX_NEW)
+    config = generate_config.GenerateConfig(max_new_tokens=MAX_NEW)
     samples = _generator(path, config, dtype="bfloat16").run(_prompts()[:2])
     hf_bf16 = hf_models.load_hf_model(path).to(torch.bfloat16)
     for s in samples:
@@ -127,7 +127,7 @@ def test_step_compiles_once_per_shape(ckpt_dir):
     """Two shapes (prefill rows, one-token decode), each traced once, whatever runs; a
     second run on the same slots (caches holding the first run's texts) is as exact."""
     path = ckpt_dir("qwen2_untied")
-    gen = _generator(path, generate.GenerateConfig(max_new_tokens=6))
+    gen = _generator(path, generate_config.GenerateConfig(max_new_tokens=6))
     gen.run(_prompts(1))
     assert gen.trace_count == 2
     prompts = _prompts(2, lengths=(17, 1, 30, 4, 2, 11))
@@ -151,7 +151,7 @@ def test_on_a_mesh_slots_over_data_and_heads_over_model(ckpt_dir):
     model = model_lib.load_pretrained(path, mesh=mesh)
     gen = generate.Generator(model, generate_step.load_lm_head(path, model),
                              capture.CaptureSpec.parse(HOOKS),
-                             generate.GenerateConfig(max_new_tokens=MAX_NEW), slots=4,
+                             generate_config.GenerateConfig(max_new_tokens=MAX_NEW), slots=4,
                              max_length=MAX_LENGTH, prefill_len=PREFILL)
     prompts = _prompts(6)
     hf = hf_models.load_hf_model(path)
@@ -161,25 +161,41 @@ def test_on_a_mesh_slots_over_data_and_heads_over_model(ckpt_dir):
     with pytest.raises(ValueError, match="batch size 3 is not divisible"):
         generate.Generator(model, generate_step.load_lm_head(path, model),
                            capture.CaptureSpec.parse(HOOKS),
-                           generate.GenerateConfig(max_new_tokens=MAX_NEW), slots=3,
+                           generate_config.GenerateConfig(max_new_tokens=MAX_NEW), slots=3,
                            max_length=MAX_LENGTH)
 
 
 def test_a_finished_slot_takes_the_next_prompt_at_once(ckpt_dir):
     """Continuous batching: prompt 0 stops at its first token, so its slot feeds that
     token (step 2), then prefills prompt 2 (step 3) while prompt 1 is mid-answer; then 8
-    decode steps finish both. Static batches of 2 would take 9 + 9 steps."""
+    decode steps finish both. Static batches of 2 would take 9 + 9 steps. A caller's
+    `before_step` runs before each step and may stop the generation there."""
     path = ckpt_dir("qwen2_untied")
     hf = hf_models.load_hf_model(path)
     prompts = _prompts(7, lengths=(6, 4, 7))
     free = [_hf_greedy(hf, p, MAX_NEW - 2, ()) for p in prompts]
     stop = int(free[0][0])
     assert stop not in free[1] and stop not in free[2]  # these prompts' own texts
-    gen = _generator(path, generate.GenerateConfig(max_new_tokens=MAX_NEW - 2,
+    gen = _generator(path, generate_config.GenerateConfig(max_new_tokens=MAX_NEW - 2,
                                                    stop_token_ids=(stop,)))
     order = [(s.prompt_index, len(s.generated_ids)) for s in gen.samples(prompts)]
     assert order[0] == (0, 1) and sorted(order[1:]) == [(1, 8), (2, 8)]
     assert gen.steps == 3 + 8
+    # before_step sees each step of the call by its index, before it runs (a worker's
+    # stop and crash point); what it raises ends the generation there, mid-answer.
+    seen = []
+    steps = gen.steps
+    done = list(gen.samples(prompts, before_step=seen.append))
+    assert seen == list(range(gen.steps - steps)) and len(done) == 3
+
+    def stop_at_5(step):
+        if step == 5:
+            raise KeyboardInterrupt(step)
+
+    steps = gen.steps
+    with pytest.raises(KeyboardInterrupt):
+        list(gen.samples(prompts, before_step=stop_at_5))
+    assert gen.steps - steps == 5
 
 
 SAMPLED = dict(max_new_tokens=8, temperature=1.0, top_k=100, top_p=0.95, seed=7)
@@ -193,7 +209,7 @@ def test_sampling_depends_on_seed_document_and_sample_only(ckpt_dir):
     stream (`test_draws_follow_their_keys` holds the seed's part)."""
     path = ckpt_dir("qwen2_untied")
     prompts = _prompts(3)
-    config = generate.GenerateConfig(samples_per_prompt=2, **SAMPLED)
+    config = generate_config.GenerateConfig(samples_per_prompt=2, **SAMPLED)
     documents = [10, 11, 12, 13, 14]
     first = _generator(path, config, slots=3).run(prompts, documents=documents)
     hf = hf_models.load_hf_model(path)
@@ -246,7 +262,7 @@ def test_top_k_one_samples_hf_greedy_text(ckpt_dir):
     HF's greedy text, whatever the temperature."""
     path = ckpt_dir("qwen2_untied")
     prompts = _prompts(5)[:3]
-    sampled = _generator(path, generate.GenerateConfig(
+    sampled = _generator(path, generate_config.GenerateConfig(
         max_new_tokens=6, temperature=1.5, top_k=1, seed=3)).run(prompts)
     hf = hf_models.load_hf_model(path)
     for s, prompt in zip(sampled, prompts):
@@ -289,22 +305,22 @@ def test_draws_follow_their_keys():
     (dict(seed=-1), "generate.seed"),
 ])
 def test_bad_settings_are_refused_by_name(ckpt_dir, changes, key):
-    config = generate.GenerateConfig(**{"max_new_tokens": 4, **changes})
-    with pytest.raises(generate.GenerateError, match=key):
+    config = generate_config.GenerateConfig(**{"max_new_tokens": 4, **changes})
+    with pytest.raises(generate_config.GenerateError, match=key):
         _generator(ckpt_dir("qwen2_untied"), config)
 
 
 def test_prompts_that_cannot_run_are_refused_before_any_step(ckpt_dir):
-    gen = _generator(ckpt_dir("qwen2_untied"), generate.GenerateConfig(max_new_tokens=10))
+    gen = _generator(ckpt_dir("qwen2_untied"), generate_config.GenerateConfig(max_new_tokens=10))
     for prompts, words in (([np.arange(3, 10), np.arange(3, 42)], "prompt 1: 39 tokens"),
                            ([[]], "prompt 0 is empty"),
                            ([[5, 512]], "prompt 0: token ids outside")):
-        with pytest.raises(generate.GenerateError, match=words):
+        with pytest.raises(generate_config.GenerateError, match=words):
             gen.run(prompts)
     assert gen.trace_count == 0
 
 
 def test_longrope_is_refused_by_name(ckpt_dir):
-    config = generate.GenerateConfig(max_new_tokens=4)
-    with pytest.raises(generate.GenerateError, match="longrope"):
+    config = generate_config.GenerateConfig(max_new_tokens=4)
+    with pytest.raises(generate_config.GenerateError, match="longrope"):
         _generator(ckpt_dir("phi3_longrope"), config)

@@ -234,14 +234,6 @@ def test_stop_ids_outside_the_vocabulary_are_refused_before_work(model, qwen_tok
                for p in problems), problems
 
 
-def test_a_replica_of_two_hosts_is_refused_by_name(greedy, tmp_path):
-    run = worker_procs.copy_token_store(greedy, str(tmp_path / "run"))
-    for code, out in worker_procs.run_replica(run, hosts=2, devices_per_host=1,
-                                              extra=["--batch-size", "4"]):
-        assert code == 2, out
-        assert "generate: a run that generates runs on one host per replica" in out, out
-
-
 def test_several_models_each_write_their_own_text_over_one_token_store(
         model, qwen_tokenizer_dir, prompts_file, tmp_path):
     from actx import reader

@@ -1,7 +1,7 @@
 """A generating run (spec.generate) everywhere the workers run: Beam extraction (the local
-target's `extract: beam`, Dataflow's) and replicas of several hosts (a multi-host TPU
-slice, local hosts_per_replica > 1) are refused by name before any work, at submit's
-pre-flight, at rerun and in the Beam transform itself; one host per replica stays allowed.
+target's `extract: beam`, Dataflow's) passes the pre-flight (tests/test_beam_generate.py
+generates through it); so do replicas of several hosts (a multi-host TPU slice, local
+hosts_per_replica > 1: they generate in lockstep, tests/test_generate_multihost.py).
 Then `actx verify --reference` on a real generating run (real Beam prepare, a real worker
 process, a tiny Qwen2 with the real Qwen vocabulary): HF transformers recomputes each
 sample on its prompt + generated ids, and a stored value changed at a generated position,
@@ -16,7 +16,6 @@ import shutil
 
 import numpy as np
 import pytest
-import yaml
 
 from actx.deploy import cli
 from actx.deploy import config as deploy_config
@@ -76,90 +75,33 @@ def _generate_lines(problems: list[str]) -> list[str]:
 
 
 # -- 1. Beam extraction ------------------------------------------------------------------
-def test_beam_extraction_of_a_generating_run_is_refused_at_the_pre_flight(spec, tmp_path):
+def test_beam_extraction_of_a_generating_run_passes_the_pre_flight(spec, tmp_path):
+    """The Beam transform generates (tests/test_beam_generate.py): nothing refuses it."""
     for target in (_target(kind="local", extract="beam"),
                    _target(kind="dataflow", extract="beam")):
         found, _ = preflight.problems(spec, str(tmp_path / "run"), target, dry_run=True)
-        [line] = _generate_lines(found)
-        assert 'target.extract: "beam"' in line and "cannot run it" in line
-        assert 'Set target.extract: "workers"' in line and "\n" not in line
-    # The same spec on worker processes, and a run that does not generate through Beam.
-    plain = runspec.RunSpec.from_dict({k: v for k, v in spec.to_dict().items()
-                                       if k != "generate"})
-    assert not _generate_lines(preflight.problems(
-        spec, str(tmp_path / "run"), _target(kind="local"), dry_run=True)[0])
-    assert not _generate_lines(preflight.problems(
-        plain, str(tmp_path / "run"), _target(kind="local", extract="beam"), dry_run=True)[0])
-
-
-def test_submit_through_beam_exits_2_before_anything_is_written(model, qwen_tokenizer_dir,
-                                                                prompts_file, tmp_path,
-                                                                capsys):
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({
-        "run": str(tmp_path / "run"),
-        "spec": _spec_dict(model, qwen_tokenizer_dir, prompts_file),
-        "target": {"kind": "local", "extract": "beam", "batch_size": 2}}))
-    code, _ = _cli("submit", config)
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
-    assert "spec.generate:" in err and 'target.extract: "beam"' in err
-    assert not (tmp_path / "run").exists()
-
-
-def test_the_beam_transform_refuses_a_generating_run_itself(generated):
-    import apache_beam as beam
-
-    from actx.adapters import beam_extract
-    from actx.schemas import worker_options
-
-    before = sorted(store.open_store(generated).list(layout.WORKERS_PREFIX))
-    settings = worker_options.WorkerOptions(run=generated, batch_size=2)
-    with pytest.raises(beam_extract.GeneratingRunRefused, match=r"spec\.generate: .*Beam"):
-        beam_extract.run_extract(settings, generated, "j", ["--runner=FnApiRunner"], only=[0])
-    # A pipeline built by hand: refused as it is built, before a runner starts.
-    opts = worker_options.WorkerOptions.for_job(settings, run=generated, job="j")
-    with pytest.raises(beam_extract.GeneratingRunRefused):
-        _ = beam.Pipeline() | beam.Create([0]) | beam_extract.ExtractPartitions(opts)
-    assert beam_extract.main(["--run", generated, "--runner=FnApiRunner"]) == 2
-    assert sorted(store.open_store(generated).list(layout.WORKERS_PREFIX)) == before
+        assert not _generate_lines(found), found
 
 
 # -- 2. replicas of several hosts ----------------------------------------------------------
-def test_a_replica_of_several_hosts_is_refused_one_host_per_replica_allowed(spec, tmp_path):
+def test_replicas_of_several_hosts_pass_the_pre_flight(spec, tmp_path):
+    """A multi-host replica generates in lockstep (tests/test_generate_multihost.py,
+    test_generate_tpu_vm.py): no target refuses it, nor one host per replica."""
     run = str(tmp_path / "run")
-    refused = {"v4-32 slice": _target(kind="tpu-vm", tpu={"accelerator_type": "v4-32"}),
-               "local processes": _target(kind="local", hosts=4, hosts_per_replica=2,
-                                          batch_size=2)}
-    # a v4-32 is 4 hosts
-    for (what, target), said in zip(refused.items(), ("the v4-32 slice is one replica of 4 "
-                                                      "hosts", "target.hosts_per_replica: 2 "
-                                                      "makes each replica of 2 local")):
-        [line] = target.spec_problems(spec)
-        assert line.startswith("spec.generate: a generating run runs on one host per "
-                               "replica, and " + said) and "\n" not in line, line
-        assert line in preflight.problems(spec, run, target, dry_run=True)[0], what
-    assert "v4-8" in refused["v4-32 slice"].spec_problems(spec)[0]
-    assert "set it to 1" in refused["local processes"].spec_problems(spec)[0]
-    allowed = [_target(kind="tpu-vm", tpu={"accelerator_type": "v4-8"}),
-               _target(kind="tpu-vm", tpu={"accelerator_type": "v6e-8"}),
-               _target(kind="local", hosts=4, hosts_per_replica=1)]  # four replicas
-    assert all(target.spec_problems(spec) == [] for target in allowed)
-    assert not _generate_lines(preflight.problems(spec, run, allowed[-1], dry_run=True)[0])
-    plain = runspec.RunSpec.from_dict({k: v for k, v in spec.to_dict().items()
-                                       if k != "generate"})
-    assert all(t.spec_problems(plain) == [] for t in refused.values())
+    for target in (_target(kind="tpu-vm", tpu={"accelerator_type": "v4-32"}),  # 4 hosts
+                   _target(kind="tpu-vm", tpu={"accelerator_type": "v4-8"}),
+                   _target(kind="local", hosts=4, hosts_per_replica=2, batch_size=2),
+                   _target(kind="local", hosts=4, hosts_per_replica=1)):
+        assert target.spec_problems(spec) == []
+        assert not _generate_lines(preflight.problems(spec, run, target, dry_run=True)[0])
 
 
-def test_rerun_refuses_what_submit_refuses(generated, capsys):
-    code, _ = _cli("rerun", generated, "--target", "local", "--hosts", "2",
-                   "--hosts-per-replica", "2", "--batch-size", "2")
-    err = capsys.readouterr().err
-    assert code == 2 and "spec.generate: a generating run runs on one host per replica" in err
-    # One host per replica: allowed (the run is complete, so nothing to do).
-    code, out = _cli("rerun", generated, "--target", "local", "--hosts", "2",
-                     "--hosts-per-replica", "1", "--batch-size", "2")
-    assert code == 0 and "nothing to do" in out, out + capsys.readouterr().err
+def test_rerun_of_a_complete_run_on_several_hosts_per_replica_has_nothing_to_do(generated,
+                                                                                capsys):
+    for per_replica in ("2", "1"):
+        code, out = _cli("rerun", generated, "--target", "local", "--hosts", "2",
+                         "--hosts-per-replica", per_replica, "--batch-size", "2")
+        assert code == 0 and "nothing to do" in out, out + capsys.readouterr().err
 
 
 # -- 3. verify --reference -------------------------------------------------------------------

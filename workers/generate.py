@@ -14,7 +14,11 @@ over prompt + generated gives for each of them. A step's hooks travel to the hos
 the next step runs (only the sampled tokens are waited for).
 
 On a mesh (the model's, from `load_pretrained(mesh=...)`) the slots split over `data` and
-weights and kv heads over `model`, as extraction's step; one process only for now.
+weights and kv heads over `model`, as extraction's step. The mesh may span the processes
+of a multi-host replica (jax.distributed): every process then runs this same loop in
+lockstep on the same prompts. Each builds the step's inputs from the same host-side state,
+and the step's outputs (hooks, sampled tokens) come back replicated, so every process reads
+every slot's values and makes the same decisions (refill, stop) without another collective.
 
 A runner drives it with `samples` (samples as they complete) or `run` (all, in order);
 `documents` gives each prompt the document id its random stream is folded from
@@ -27,79 +31,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from actx.schemas.errors import UserError
 from actx.workers import capture as capture_lib
 from actx.workers import generate_step, kv_cache, sampling, sharding
 from actx.workers import model as model_lib
 from actx.workers.checkpoint import TOP_PARAM_AXES
+from actx.workers.generate_config import GenerateConfig, GenerateError
 
 STOP_TOKEN = "stop_token"
 LENGTH = "length"
-
-
-class GenerateError(UserError, ValueError):
-    """A generate setting or prompt that cannot run; the message names the key."""
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateConfig:
-    """What to generate: the settings a run's `generate` section will carry.
-
-    max_new_tokens: most tokens generated per sample (the stop token included).
-    temperature: 0 for greedy (argmax); else sampling at this temperature.
-    top_k: sample among the k likeliest tokens (0: all). top_p: nucleus sampling (1: off).
-    stop_token_ids: a sample ends after generating any of these (kept in its tokens).
-    samples_per_prompt: independent samples of each prompt.
-    seed: the random streams' root (`workers.sampling.token_key`).
-    """
-
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] = ()
-    samples_per_prompt: int = 1
-    seed: int = 0
-
-    def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def validate(self, vocab_size: int, max_positions: int = 0) -> None:
-        """Refuses bad values, naming the key (`generate.<key>`)."""
-        def bad(key, value, why):
-            return GenerateError(f"generate.{key}={value!r}: {why}")
-
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise bad("max_new_tokens", self.max_new_tokens, "must be an integer >= 1")
-        if max_positions and self.max_new_tokens >= max_positions:
-            raise bad("max_new_tokens", self.max_new_tokens,
-                      f"leaves no room for a prompt within the model's "
-                      f"max_position_embeddings={max_positions}; lower it")
-        if not self.temperature >= 0:
-            raise bad("temperature", self.temperature, "must be >= 0 (0: greedy)")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad("top_k", self.top_k, "must be an integer >= 0 (0: no limit)")
-        if not 0 < self.top_p <= 1:
-            raise bad("top_p", self.top_p, "must be in (0, 1] (1: off)")
-        if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 1:
-            raise bad("samples_per_prompt", self.samples_per_prompt,
-                      "must be an integer >= 1")
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
-            raise bad("seed", self.seed, "must be an integer in [0, 2**32)")
-        outside = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-        if outside:
-            raise bad("stop_token_ids", list(self.stop_token_ids),
-                      f"{outside} outside the model's vocabulary of {vocab_size} ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,10 +136,10 @@ class Generator:
                 f"generated cannot know; use a checkpoint whose long and short factors "
                 f"are equal")
         self.mesh = model.mesh
+        # Hosts in lockstep (a mesh spanning processes): inputs are made global arrays and
+        # outputs come back replicated (`_place`).
+        self.multi_process = self.mesh is not None and jax.process_count() > 1
         if self.mesh is not None:
-            if jax.process_count() > 1:
-                raise ValueError("generation runs in one process (its devices on a mesh); "
-                                 "hosts in lockstep are not implemented")
             sharding.check_batch(slots, self.mesh)
         self.config, self.spec, self.model_config = config, spec, cfg
         self.slots, self.max_length, self.prefill_len = slots, max_length, prefill_len
@@ -250,12 +195,32 @@ class Generator:
                               generate_step.SlotCache(kv_cache.KV_AXES, kv_cache.KV_AXES),
                               jax.eval_shape(make_cache), is_leaf=is_axes)
         rows, per_slot = (sharding.data_parallel_sharding(mesh, n) for n in (2, 1))
-        hooks = {name: sharding.data_parallel_sharding(mesh, 3) for name in self.hook_names}
+        self._input_shardings = (rows,) + (per_slot,) * 5
+        if self.multi_process:
+            # Every process reads every slot's hooks and sampled token: the same decisions
+            # on every host, and each host writes its own rows of any slot's sample.
+            everywhere = sharding.replicated(mesh)
+            hooks = {name: everywhere for name in self.hook_names}
+            next_out = everywhere
+        else:
+            hooks = {name: sharding.data_parallel_sharding(mesh, 3) for name in self.hook_names}
+            next_out = per_slot
         self._step = jax.jit(run_step, donate_argnums=(2,),
-                             in_shardings=(params, head, caches, rows) + (per_slot,) * 5,
-                             out_shardings=(hooks, per_slot, caches))
+                             in_shardings=(params, head, caches) + self._input_shardings,
+                             out_shardings=(hooks, next_out, caches))
         self._cache = jax.jit(make_cache, out_shardings=caches)()
-        self._head_vd = jax.device_put(head_vd, head)
+        if self.multi_process and getattr(head_vd, "is_fully_addressable", True):
+            # A host-side (or one-device) head: every process holds the same values.
+            self._head_vd = _global(np.asarray(head_vd), head)
+        else:
+            self._head_vd = jax.device_put(head_vd, head)
+
+    def _global_inputs(self, inputs: tuple) -> tuple:
+        """The step's host inputs as it takes them: as they are on one process, global
+        arrays (each process its shards of the same values) on a mesh spanning several."""
+        if not self.multi_process:
+            return inputs
+        return tuple(_global(x, s) for x, s in zip(inputs, self._input_shardings))
 
     def check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """The prompts as int32 arrays; refuses (before any work) an empty one, ids
@@ -287,7 +252,8 @@ class Generator:
 
     def samples(self, prompts: Sequence[Sequence[int]],
                 documents: Sequence[int] | None = None,
-                sample_indices: Sequence[int] | None = None) -> Iterator[Sample]:
+                sample_indices: Sequence[int] | None = None,
+                before_step: Callable[[int], None] | None = None) -> Iterator[Sample]:
         """Generates every (prompt, sample) and yields each sample as it completes.
 
         documents: per prompt, the id its random streams are folded from (default: its
@@ -296,6 +262,8 @@ class Generator:
         sample_indices: when given, each prompt is one sample, of this index (a run's
         token store holds each sample as a document of its own); else every prompt has
         config.samples_per_prompt samples, 0...
+        before_step(i): called before the call's i-th step is dispatched (0, 1, ...; the
+        same on every process of a replica), e.g. to stop there by raising.
         """
         prompts = self.check_prompts(prompts)
         documents = list(range(len(prompts))) if documents is None else list(documents)
@@ -315,15 +283,20 @@ class Generator:
         active: list[_Slot | None] = [None] * self.slots
         stop_ids = set(self.config.stop_token_ids)
         pending = None  # the previous step's hooks, still on their way to the host
+        index = 0
         while True:
             for i in range(self.slots):
                 if active[i] is None and queue:
                     active[i] = queue.popleft()
             step = None
             if any(s is not None for s in active):
+                if before_step is not None:
+                    before_step(index)
+                index += 1
                 inputs, counts = self._inputs(active)
                 hooks, next_b, self._cache = self._step(self._params, self._head_vd,
-                                                        self._cache, *inputs)
+                                                        self._cache,
+                                                        *self._global_inputs(inputs))
                 self.steps += 1
                 for array in hooks.values():
                     array.copy_to_host_async()
@@ -381,3 +354,8 @@ class Generator:
             counts[i] = len(chunk)
             last[i] = max(len(chunk) - 1, 0)
         return (tokens, start, last, document, sample, index), counts
+
+
+def _global(values: np.ndarray, where) -> jax.Array:
+    """`values` (the same on every process) as a global array of sharding `where`."""
+    return jax.make_array_from_callback(values.shape, where, lambda index: values[index])

@@ -14,8 +14,17 @@ Positions a sample did not reach (it stopped early) hold zeros and `GENERATED_UN
 (`layout.generated_key`: ids, text, why each stopped, an ARC answer's grid and verdict) is
 written before the commit marker.
 
-One process for now: a multi-host replica, Beam extraction, several models at once and a
-user's Flax model are refused by name.
+A multi-host replica (jax.distributed, the model on a mesh spanning its processes)
+generates in lockstep, as extraction's hosts run their steps: process 0 chooses the
+partitions and every process takes them in its order (`distributed.broadcast_ints`, or a
+`distributed.LeaderSequence` when stealing); every process reads the same prompts, runs
+the same steps and reads every slot's outputs (replicated), so all make the same
+decisions and hold every sample. Each writes the rows of its own slice of the partition
+(`schedule.host_slice`, as an extraction host does), process 0 writes the record, and the
+committer gathers every host's checksums before process 0 commits. A SIGTERM is agreed on
+every `stop_check_steps` steps (`workers.stop`).
+
+A user's Flax model is refused by name (its call takes no KV cache).
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from actx.schemas import arc_answer
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import ts_context
-from actx.workers import admission, runner, writer
+from actx.workers import admission, distributed, faults, runner, schedule, writer
 from actx.workers.stop import Preempted
 
 log = logging.getLogger("actx.worker")
@@ -45,15 +54,12 @@ class GenerateWorker(runner.Worker):
     def _load_model(self) -> str:
         from actx.workers import capture as capture_lib
         from actx.workers import generate as generate_lib
+        from actx.workers import generate_config
         from actx.workers import generate_step
         from actx.workers import generate_text
         from actx.workers import model as model_lib
 
-        jax, spec = self.jax, self.spec
-        if jax.process_count() > 1:
-            raise admission.RunMismatch(
-                f"{self.location}: generate: a run that generates runs on one host per "
-                f"replica for now; start one worker process per replica (--replicas)")
+        spec = self.spec
         self.capture = capture_lib.CaptureSpec.parse(spec.capture.hooks,
                                                      dtype=spec.capture.dtype)
         self.loading(spec.model.path, spec.model.path)
@@ -69,7 +75,7 @@ class GenerateWorker(runner.Worker):
                 spec.tokenizer.chat_template is not False
             stops = self.decoder.default_stop_ids(spec.model.path, templated)
         self.stop_token_ids = tuple(stops)
-        self.config = generate_lib.GenerateConfig(
+        self.config = generate_config.GenerateConfig(
             max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k,
             top_p=gen.top_p, stop_token_ids=self.stop_token_ids,
             samples_per_prompt=gen.samples_per_prompt, seed=gen.seed)
@@ -96,20 +102,29 @@ class GenerateWorker(runner.Worker):
     # -- the partitions -----------------------------------------------------------------
     def run_stream(self, pool: writer.WriterPool, committer, tried: set[int],
                    sequence: list[int] | None = None) -> None:
-        """Every partition left (or `sequence`, in order), one after another."""
+        """Every partition left (or `sequence`, in order), one after another. The hosts of
+        a replica take them in process 0's order (as `runner.Worker.run_stream`)."""
+        choose = lambda: self._choose_partition(tried)  # noqa: E731
+        if sequence is None and self.topo.hosts_per_replica > 1:
+            if self.opts.steal:  # chosen (and claimed) one at a time by process 0
+                choose = distributed.LeaderSequence(choose, wait=self.wait_for_work).next
+            else:
+                sequence = distributed.broadcast_ints(
+                    [p for p in self._candidates() if not self._is_committed(p)]
+                    if self.topo.host_index == 0 else [])
         todo = iter(sequence) if sequence is not None else None
         while True:
             if todo is not None:
                 pid = next(todo, -1)
             else:
-                pid = self._choose_partition(tried)
+                pid = choose()
                 if pid is None:
                     self.wait_for_work()
                     continue
             if pid < 0:
                 return
-            if self._is_committed(pid):
-                continue
+            if self.topo.hosts_per_replica == 1 and self._is_committed(pid):
+                continue  # (several hosts: process 0 chose it uncommitted; all take it)
             self.generate_partition(self.manifest.partition(pid), pool, committer)
 
     def generate_partition(self, part: manifest_lib.Partition, pool: writer.WriterPool,
@@ -119,21 +134,30 @@ class GenerateWorker(runner.Worker):
         rows = self._read_tokens(lo, hi)
         docs = self._documents(part, rows)
         self.progress.update(state="working", partition=part.id, step=0, steps=len(docs))
-        prompts = [self._prompt(d) for d in docs]
+        prompts = [self._prompt(d, lo, hi, rows) for d in docs]
         samples = {}
-        for sample in self.generator.samples(
-                prompts, documents=[d["doc_index"] - d["sample"] for d in docs],
-                sample_indices=[d["sample"] for d in docs]):
-            if self.stop_requested.is_set():
+
+        def stop_here(step: int) -> None:  # the replica's hosts agree (runner._stop_agreed)
+            faults.maybe_crash("step")  # crash tests: a worker killed mid-generation
+            if self._stop_agreed(step):
                 raise Preempted(f"stopped while generating partition {part.id}; nothing "
                                 f"of it was committed")
+
+        for sample in self.generator.samples(
+                prompts, documents=[d["doc_index"] - d["sample"] for d in docs],
+                sample_indices=[d["sample"] for d in docs], before_step=stop_here):
             samples[sample.prompt_index] = sample
             self.progress.update(step=len(samples))
         blocks = self._scatter(rows, docs, samples)
-        part_writer = writer.PartitionWriter(self.arrays, (lo, hi), pool)
-        part_writer.add(lo, blocks)
-        self.store.write(layout.generated_key(part.id), self._record(part, docs, samples))
-        self.progress.add_tokens(int((rows["doc_index"] >= 0).sum()))
+        # Every host holds every sample; each writes its slice's rows, as in extraction.
+        mine = schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard)
+        part_writer = writer.PartitionWriter(self.arrays, mine, pool)
+        if mine[1] > mine[0]:
+            part_writer.add(mine[0], {hook: values[mine[0] - lo:mine[1] - lo]
+                                      for hook, values in blocks.items()})
+        if self.topo.host_index == 0:  # the same bytes on every host: the leader's
+            self.store.write(layout.generated_key(part.id), self._record(part, docs, samples))
+        self.progress.add_tokens(int((rows["doc_index"][mine[0] - lo:mine[1] - lo] >= 0).sum()))
         committer.submit(part, part_writer, started)
 
     def _read_tokens(self, lo: int, hi: int) -> dict[str, np.ndarray]:
@@ -171,12 +195,22 @@ class GenerateWorker(runner.Worker):
                     f"it again with this spec's generate section")
         return [found[i] for i in sorted(found)]
 
-    def _prompt(self, doc: dict) -> np.ndarray:
-        """The prompt's ids, read from the token store's rows where its document starts."""
+    def _prompt(self, doc: dict, lo: int, hi: int, part_rows: dict) -> np.ndarray:
+        """The prompt's ids, from the rows where its document starts: those of the
+        partition's rows [lo, hi) from `part_rows`, only the others (a document begun in
+        an earlier partition, a prompt running past this one) read from the token store."""
         seq_len = self.manifest.seq_len
         first = doc["first_row"]
         stop = first + -(-(doc["first_col"] + doc["prompt_tokens"]) // seq_len)
-        rows = self._read_tokens(first, stop)
+        pieces = []
+        if first < lo:
+            pieces.append(self._read_tokens(first, min(stop, lo)))
+        if max(first, lo) < min(stop, hi):
+            pieces.append({name: values[max(first, lo) - lo:min(stop, hi) - lo]
+                           for name, values in part_rows.items()})
+        if stop > hi:
+            pieces.append(self._read_tokens(max(first, hi), stop))
+        rows = {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
         mine = (rows["doc_index"] == doc["doc_index"]) & (rows["positions"] < doc["prompt_tokens"])
         order = np.argsort(rows["positions"][mine], kind="stable")
         ids = rows["input_ids"][mine][order]
