@@ -1,7 +1,8 @@
 """The tpu-vm target: a plan of gcloud commands (deploy/tpu_vm.py) that requests the slice,
 prepares (here, or on Dataflow with `prepare: dataflow`), installs actx and starts one
 worker per host, detached. The run's job lease is held by the slice's heartbeats
-(deploy/tpu_lease.py); `--wait` follows the job from the run (deploy/tpu_follow.py);
+(deploy/tpu_lease.py over deploy/detached/lease.py); `--wait` follows the job from the
+run (deploy/tpu_follow.py over deploy/detached/follow.py);
 `actx down` deletes the slice."""
 
 from __future__ import annotations
@@ -114,11 +115,9 @@ class TpuVmTarget(targets.Target):
         runs (over a job whose slice is preempted or gone); given back when the plan fails
         (`failed(code)`, nonzero) or raises, as its workers did not start."""
         from actx.deploy import tpu_lease
+        from actx.deploy.detached import lease as detached_lease
 
         taken = (None if opts.join else  # joining: the lease is the joined job's
                  tpu_lease.take(job.run_store(), self.config, job.name, opts.config, out))
-        try:
-            yield lambda code: tpu_lease.give_back(taken) if code != 0 else None
-        except BaseException:
-            tpu_lease.give_back(taken)
-            raise
+        with detached_lease.holding(taken) as failed:
+            yield failed
