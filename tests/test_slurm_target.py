@@ -82,7 +82,7 @@ def slurm_config(tmp_path, qwen_tokenizer_dir):
                                            vocab_size=151936)
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(f'{{"text": "document {i} says {" and ".join(["more"] * (i % 7))}"}}\n'
-                            for i in range(120)))
+                            for i in range(200)))
     cfg = {
         "run": str(tmp_path / "run"),
         "spec": {"name": "slurm", "model": {"path": str(model), "dtype": "float32"},
@@ -175,8 +175,9 @@ def test_node_dies_status_shows_it_rerun_finishes_byte_identical(slurm_config, f
     fake_slurm.kill_node(f"{sbatch_job(fake_slurm)}_0", 1)  # node 1 dies
     done_before = committed()
     assert len(done_before) < n, "the node died too late"
-    _wait_for("the task to end", lambda: fake_slurm.tasks()[f"{sbatch_job(fake_slurm)}_0"]
-              ["state"] == "NODE_FAIL", timeout=30)
+    first = sbatch_job(fake_slurm)
+    _wait_for("the task to end", lambda: [line.split("|")[:2] for line in _sacct(first)]
+              == [[f"{first}_0", "NODE_FAIL"]], timeout=30)
     assert fake_slurm.live_pids() == []  # --kill-on-bad-exit ended the other node too
     assert _squeue() == ""
 
@@ -227,6 +228,14 @@ def sbatch_job(sim: FakeSlurm) -> str:
     return sorted(sim.read()["jobs"])[0]
 
 
+def _sacct(job: str) -> list[str]:
+    import subprocess
+
+    return subprocess.run(["sacct", "-j", job, "--noheader", "--parsable2",
+                           "--format=JobID,State,ExitCode"], capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
 def _squeue() -> str:
     import subprocess
 
@@ -249,8 +258,8 @@ def test_down_cancels_the_job_and_gives_the_run_back(slurm_config, fake_slurm, c
     code, out = _main(["down", "--config", path])
     assert code == 0, out
     assert ["scancel", "--name=actx-t", f"--user={getpass.getuser()}"] in fake_slurm.calls()
-    key = f"{sbatch_job(fake_slurm)}_0"
-    _wait_for("the task cancelled", lambda: fake_slurm.tasks()[key]["state"] == "CANCELLED",
-              timeout=30)
+    job = sbatch_job(fake_slurm)
+    _wait_for("the task cancelled", lambda: [line.split("|")[:2] for line in _sacct(job)]
+              == [[f"{job}_0", "CANCELLED"]], timeout=30)
     assert fake_slurm.live_pids() == [] and _squeue() == ""
     assert job_lease.read(s) is None and "job lease of job c1" in out
