@@ -7,12 +7,10 @@ detached from this command. The run's job lease is held by the hosts' heartbeats
 from __future__ import annotations
 
 import os
-import time
 
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.slurm import plan as slurm_plan
-from actx.schemas import layout
 
 
 class SlurmTarget(targets.Target):
@@ -85,50 +83,40 @@ class SlurmTarget(targets.Target):
 
     def _launch(self, plan, script: str, job: targets.Job, opts: targets.LaunchOptions, out,
                 retry_argv: list[str] | None = None, records=None) -> int:
-        """Runs the plan under the run's detached job lease (after `records`, the job's own
-        records, written once the lease is held); then says where the workers are, and
-        follows them with --wait."""
-        from actx.deploy.detached import lease
+        """Writes the batch script and runs the plan under the run's detached job lease
+        (taken over from a job Slurm no longer runs), after `records`, the job's own
+        records; then says where the workers are, and follows them with --wait."""
+        from actx.deploy.detached import follow as detached_follow
+        from actx.deploy.detached import launch, lease
 
         slurm = self.config.slurm
-        started_at = time.time()
-        taken = None if opts.join else lease.take(  # joining: the lease is the joined job's
-            job.run_store(), self.kind, slurm_plan.host_names(slurm), job.name,
-            stop=f"`actx down --config {opts.config}` (scancel of your jobs named "
-                 f"{slurm.name})", out=out, gone=self._gone)
-        with lease.holding(taken) as failed:
-            if records is not None:
-                records()
+
+        def write_script() -> None:
             path = slurm_plan.script_path(job.name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.makedirs(slurm_plan.output_dir(slurm, job.name), exist_ok=True)
             with open(path, "w") as f:
                 f.write(script)
-            code = commands.execute(plan, out=out,
-                                    in_process=targets.prepare_in_process(retry_argv))
-            failed(code)
-        if code != 0:  # the failed step said what to do
-            return code
-        if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
-            from actx.deploy import launch_record
 
-            launch_record.record(job.run_store(), self.config, job.name)
-        print(f"workers are running as Slurm job {slurm.name}, detached from this command.\n"
-              f"  progress: actx status {job.run} --watch\n"
-              f"  logs:     {job.run.rstrip('/')}/{layout.log_key(job.name, '<host>')} "
-              f"(copied as they grow)\n"
-              f"  cancel it: actx down --config {opts.config}", file=out, flush=True)
-        if not opts.wait:
-            return 0
-        from actx.deploy.detached import follow
+        def follow(started_at: float) -> int:
+            return detached_follow.follow(
+                job.run, f"{slurm.name}-r", started_at, job.only, out=out,
+                every_s=min(5.0, max(0.5, self.config.heartbeat_s)),
+                stale_after_s=opts.stale_after_s, extraction=job.extraction,
+                handle=job.handle, job=job.name, where="the cluster",
+                look=f"Slurm's output in {slurm_plan.output_dir(slurm, job.name)}",
+                rerun=f"`actx rerun {job.run} --target slurm --config {opts.config}` "
+                      f"redoes them")
 
-        return follow.follow(
-            job.run, f"{slurm.name}-r", started_at, job.only, out=out,
-            every_s=min(5.0, max(0.5, self.config.heartbeat_s)),
-            stale_after_s=opts.stale_after_s, extraction=job.extraction, handle=job.handle,
-            job=job.name, where="the cluster",
-            look=f"Slurm's output in {slurm_plan.output_dir(slurm, job.name)}",
-            rerun=f"`actx rerun {job.run} --target slurm --config {opts.config}` redoes them")
+        return launch.launch(
+            plan, job, opts, out, config=self.config, retry_argv=retry_argv,
+            records=records, before=write_script, follow=follow,
+            take=lambda: lease.take(
+                job.run_store(), self.kind, slurm_plan.host_names(slurm), job.name,
+                stop=f"`actx down --config {opts.config}` (scancel of your jobs named "
+                     f"{slurm.name})", out=out, gone=self._gone),
+            running=f"as Slurm job {slurm.name}",
+            stop=f"cancel it: actx down --config {opts.config}")
 
     def _gone(self, held) -> str | None:
         """Why the job that holds the run (of this config's name) runs no worker: Slurm
