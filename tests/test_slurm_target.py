@@ -10,6 +10,7 @@ them: `srun python -m actx.deploy.slurm.step ... -- python -m actx.workers.main 
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import io
 import json
@@ -114,6 +115,32 @@ def test_first_host_and_placement_from_slurms_environment():
         "replica": 3, "host_name": "x-r3h1", "coordinator": "a10:9003", "num_processes": 4,
         "process_id": 1}
     assert step.placement({}, "x", 9000) == {"replica": 0, "host_name": "x-r0h0"}
+
+
+def test_sbatch_flags_and_a_nodes_devices_from_gres():
+    from actx.deploy import config
+    from actx.deploy.slurm import plan
+    from actx.deploy.slurm.settings import SlurmConfig
+
+    slurm = SlurmConfig(name="x", replicas=3, nodes=2, partition="p", account="a", qos="q",
+                        time="1:00:00", gres="gpu:a100:8", constraint="h100", mem="0",
+                        cpus_per_task=16, sbatch_args=("--exclusive",), output_dir="/o")
+    assert plan.sbatch_flags(slurm, "j") == [
+        "--job-name=x", "--array=0-2", "--nodes=2", "--ntasks-per-node=1",
+        "--output=/o/%x-%A_%a.out", "--partition=p", "--account=a", "--qos=q",
+        "--time=1:00:00", "--gres=gpu:a100:8", "--constraint=h100", "--mem=0",
+        "--cpus-per-task=16", "--exclusive"]
+    assert plan.devices_per_node(slurm) == 8
+    assert plan.host_names(slurm) == ["x-r0h0", "x-r0h1", "x-r1h0", "x-r1h1", "x-r2h0",
+                                      "x-r2h1"]
+    # 2 nodes x 8 GPUs: a batch of 8 leaves devices idle, 32 splits.
+    target = config.TargetConfig(kind="slurm", batch_size=8, slurm=slurm)
+    [problem] = plan.problems("/shared/run", target)
+    assert problem.startswith("target.batch_size: ") and "16" in problem, problem
+    assert plan.problems("/shared/run", dataclasses.replace(target, batch_size=32)) == []
+    assert plan.problems("runs/r", dataclasses.replace(target, batch_size=32)) == [
+        "run 'runs/r': the nodes need a run directory they can reach: a gs:// URI or an "
+        "absolute path on a filesystem they share"]
 
 
 def test_bad_settings_are_refused_before_anything_is_submitted(slurm_config, fake_slurm,
