@@ -16,6 +16,7 @@ import time
 
 from actx.deploy import config as config_lib
 from actx.deploy import jobs
+from actx.deploy import targets
 from actx.deploy.jobs import UsageError
 from actx.schemas import errors
 from actx.schemas import extraction as extraction_lib
@@ -47,7 +48,7 @@ def _ids_or_state(text: str) -> str | list[int]:
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("target (override the config's target table)")
-    g.add_argument("--target", choices=["local", "tpu-vm", "dataflow"], default=None,
+    g.add_argument("--target", choices=targets.NAMES, default=None,
                    help="where to run (default: the config's target.kind, else local)")
     flags.add_override_arguments(g, config_lib.TargetConfig, jobs.TARGET_FLAGS)
     g.add_argument("--job", default=None, help="job id (default: <target>-<time>)")
@@ -136,11 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_flags(r)
     _add_wait_flags(r, stale_after=False)
 
-    dn = sub.add_parser("down", help="tpu-vm: delete the TPU slice that submit created",
+    dn = sub.add_parser("down", help="tpu-vm: delete the TPU slice that submit created; "
+                                     "slurm: cancel the job",
                         description="Deletes the queued resource (with its slice) or the TPU "
-                                    "VM that `actx submit CONFIG` created.")
-    dn.add_argument("--config", required=True, help="the submit config whose target.tpu "
-                                                    "names the slice")
+                                    "VM that `actx submit CONFIG` created; for a slurm "
+                                    "target, cancels its jobs (scancel).")
+    dn.add_argument("--config", required=True, help="the submit config whose target table "
+                                                    "names the slice or the Slurm job")
     dn.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     dn.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
 

@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from typing import Literal
 
+from actx.deploy import targets as targets_lib
+from actx.deploy.slurm.settings import SlurmConfig
 from actx.schemas import config as config_lib
 from actx.schemas import parallelism
 from actx.schemas import runspec as runspec_lib
@@ -26,6 +28,8 @@ CODE_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(
 # Shipped inside the package so `actx submit` works from any install, not only a clone.
 DEMO_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.yaml")
 CACHE_PLACEHOLDER = "{cache}"
+# target.kind takes the registered targets' names (deploy.targets.KINDS), and only those.
+TargetKind = Literal[targets_lib.NAMES]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +113,11 @@ class TargetConfig(worker_options.ExtractSettings):
     """Where prepare and extract run, and how the workers extract.
 
     kind: "local" (this machine: in-process Beam, then `hosts` worker processes as
-      simulated hosts), "tpu-vm" (a TPU VM slice through gcloud) or "dataflow" (prepare
-      on Dataflow only; extract afterwards with `actx rerun --config` on another target).
-    prepare: where prepare runs for kind "tpu-vm": "local" (in-process Beam writing to the
-      run URI) or "dataflow" (the `dataflow` table).
+      simulated hosts), "tpu-vm" (a TPU VM slice through gcloud), "dataflow" (prepare
+      on Dataflow only; extract afterwards with `actx rerun --config` on another target)
+      or "slurm" (a Slurm cluster: an sbatch array, the `slurm` table).
+    prepare: where prepare runs for kinds "tpu-vm" and "slurm": "local" (in-process Beam
+      writing to the run URI) or "dataflow" (the `dataflow` table).
     hosts: local worker processes (simulated hosts); replicas = hosts / hosts_per_replica.
     hosts_per_replica: local processes that form one replica (joined by jax.distributed
       on loopback).
@@ -129,7 +134,7 @@ class TargetConfig(worker_options.ExtractSettings):
     heartbeat_s, ...), documented there and passed to each worker as its flag.
     """
 
-    kind: Literal["local", "tpu-vm", "dataflow"] = "local"
+    kind: TargetKind = "local"
     prepare: Literal["local", "dataflow"] = "local"
     hosts: int = 1
     hosts_per_replica: int = 1
@@ -139,6 +144,7 @@ class TargetConfig(worker_options.ExtractSettings):
     beam_args: tuple[str, ...] = ()
     tpu: TpuConfig = TpuConfig()
     dataflow: DataflowConfig = DataflowConfig()
+    slurm: SlurmConfig = SlurmConfig()
 
     def __post_init__(self):
         super().__post_init__()

@@ -6,6 +6,10 @@
   tpu-vm   deploy/tpu_vm_target.py    a TPU VM slice through gcloud; detached workers
   dataflow deploy/dataflow_target.py  prepare on Dataflow; with `extract: beam`, extraction
                                       on Dataflow's GPU or TPU workers too
+  slurm    deploy/slurm/target.py     a Slurm cluster: an sbatch array, one job step per
+                                      replica; detached workers
+
+`KINDS` below is the one list of them (a new target registers there and nowhere else).
 
 The commands do what every target shares (the config, the pre-flight, the extractions'
 records, choosing the partitions); a target does what only it knows (where prepare runs,
@@ -184,19 +188,40 @@ class Target:
         return ""
 
 
-# Each kind's module and class: imported when chosen, so that a command for one target
-# never imports another's (the local target's launcher, the TPU's gcloud plans).
-_TARGETS = {"local": ("actx.deploy.local_target", "LocalTarget"),
-            "tpu-vm": ("actx.deploy.tpu_vm_target", "TpuVmTarget"),
-            "dataflow": ("actx.deploy.dataflow_target", "DataflowTarget")}
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of target, as the registry lists it.
+
+    name: `target.kind` in a config and `--target` on the command line.
+    module / cls: the Target subclass that runs it, imported only when chosen, so that a
+      command for one target never imports another's (the local launcher, gcloud plans).
+    table: its own settings table under `target` (a field of deploy.config.TargetConfig;
+      None: it has none).
+    """
+
+    name: str
+    module: str
+    cls: str
+    table: str | None = None
+
+
+# The one list of targets: `--target`'s choices (deploy/cli.py), the config's allowed
+# `target.kind` (deploy/config.py) and `for_config` all read it.
+KINDS = {k.name: k for k in (
+    Kind("local", "actx.deploy.local_target", "LocalTarget"),
+    Kind("tpu-vm", "actx.deploy.tpu_vm_target", "TpuVmTarget", "tpu"),
+    Kind("dataflow", "actx.deploy.dataflow_target", "DataflowTarget", "dataflow"),
+    Kind("slurm", "actx.deploy.slurm.target", "SlurmTarget", "slurm"),
+)}
+NAMES = tuple(KINDS)
 
 
 def for_config(config) -> Target:
     """The target that `config.kind` names (deploy.config.TargetConfig)."""
     import importlib
 
-    module, name = _TARGETS[config.kind]
-    return getattr(importlib.import_module(module), name)(config)
+    kind = KINDS[config.kind]
+    return getattr(importlib.import_module(kind.module), kind.cls)(config)
 
 
 def as_target(target) -> Target:

@@ -1,18 +1,15 @@
 """The tpu-vm target: a plan of gcloud commands (deploy/tpu_vm.py) that requests the slice,
 prepares (here, or on Dataflow with `prepare: dataflow`), installs actx and starts one
 worker per host, detached. The run's job lease is held by the slice's heartbeats
-(deploy/tpu_lease.py); `--wait` follows the job from the run (deploy/tpu_follow.py);
+(deploy/tpu_lease.py over deploy/detached/lease.py); `--wait` follows the job from the
+run (deploy/tpu_follow.py over deploy/detached/follow.py);
 `actx down` deletes the slice."""
 
 from __future__ import annotations
 
-import contextlib
-import time
-
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy import tpu_vm
-from actx.schemas import layout
 
 
 class TpuVmTarget(targets.Target):
@@ -64,50 +61,26 @@ class TpuVmTarget(targets.Target):
     # -------------------------------------------------------------------------------------
     def _launch(self, plan, job: targets.Job, opts: targets.LaunchOptions, out,
                 retry_argv: list[str] | None = None, records=None) -> int:
-        """Runs the plan under the run's detached job lease (after `records`, the job's own
-        records, written once the lease is held); then says where the workers are, and
-        follows them with --wait."""
-        started_at = time.time()
-        with self._lease(job, opts, out) as failed:
-            if records is not None:
-                records()
-            code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
-                                    in_process=targets.prepare_in_process(retry_argv))
-            failed(code)
-        if code != 0:  # the failed step said what to do
-            return code
-        if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
-            from actx.deploy import launch_record
+        """Runs the plan under the run's detached job lease (deploy.tpu_lease: taken over
+        from a job whose slice is preempted or gone), after `records`, the job's own
+        records; then says where the workers are, and follows them with --wait."""
+        from actx.deploy import tpu_follow, tpu_lease
+        from actx.deploy.detached import launch
 
-            launch_record.record(job.run_store(), self.config, job.name)
-        print(f"workers are running on {self.config.tpu.name}, detached from this command.\n"
-              f"  progress: actx status {job.run} --watch\n"
-              f"  logs:     {job.run.rstrip('/')}/{layout.log_key(job.name, '<host>')} "
-              f"(copied as they grow)\n"
-              f"  delete the slice afterwards: actx down --config {opts.config}",
-              file=out, flush=True)
-        if not opts.wait:
-            return 0
-        from actx.deploy import tpu_follow
+        tpu = self.config.tpu
 
-        return tpu_follow.follow(job.run, f"{self.config.tpu.name}-w", started_at, job.only,
-                                 config=opts.config, out=out,
-                                 every_s=min(5.0, max(0.5, self.config.heartbeat_s)),
-                                 stale_after_s=opts.stale_after_s,
-                                 extraction=job.extraction, handle=job.handle,
-                                 job=job.name)
+        def follow(started_at: float) -> int:
+            return tpu_follow.follow(job.run, f"{tpu.name}-w", started_at, job.only,
+                                     config=opts.config, out=out,
+                                     every_s=min(5.0, max(0.5, self.config.heartbeat_s)),
+                                     stale_after_s=opts.stale_after_s,
+                                     extraction=job.extraction, handle=job.handle,
+                                     job=job.name)
 
-    @contextlib.contextmanager
-    def _lease(self, job: targets.Job, opts: targets.LaunchOptions, out=None):
-        """Holds the run's detached job lease (deploy.tpu_lease), taken before the plan
-        runs (over a job whose slice is preempted or gone); given back when the plan fails
-        (`failed(code)`, nonzero) or raises, as its workers did not start."""
-        from actx.deploy import tpu_lease
-
-        taken = (None if opts.join else  # joining: the lease is the joined job's
-                 tpu_lease.take(job.run_store(), self.config, job.name, opts.config, out))
-        try:
-            yield lambda code: tpu_lease.give_back(taken) if code != 0 else None
-        except BaseException:
-            tpu_lease.give_back(taken)
-            raise
+        return launch.launch(
+            plan, job, opts, out, config=self.config, poll_s=tpu.poll_s,
+            retry_argv=retry_argv, records=records, follow=follow,
+            take=lambda: tpu_lease.take(job.run_store(), self.config, job.name, opts.config,
+                                        out),
+            running=f"on {tpu.name}",
+            stop=f"delete the slice afterwards: actx down --config {opts.config}")

@@ -11,7 +11,8 @@ import sys
 import time
 import zipfile
 
-from actx.deploy import host_run, tpu_package
+from actx.deploy import tpu_package
+from actx.deploy.detached import host_run
 from actx.schemas import store as store_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
