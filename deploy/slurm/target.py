@@ -24,12 +24,6 @@ class SlurmTarget(targets.Target):
                          '"dataflow"); a Slurm job runs the workers themselves')
         return found, None
 
-    def spec_problems(self, spec) -> list[str]:
-        nodes = self.config.slurm.nodes
-        return targets.generate_multihost(
-            spec, nodes, f"a replica is {nodes} nodes (target.slurm.nodes)",
-            "set target.slurm.nodes to 1 (and target.slurm.replicas to the replicas wanted)")
-
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
         from actx.deploy import dataflow
