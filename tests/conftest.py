@@ -8,6 +8,19 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Deterministic CPU numerics for parity tests; tests that need float64 ask for it locally.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One persistent XLA compilation cache for the test processes and every worker process
+# they start (inherited through the environment): the tiny models' steps, compiled by
+# dozens of worker processes, compile once. An entry is keyed by the program, the XLA
+# flags and the devices, so a hit runs the very code a compile would make; the parity
+# tests hold either way. Least recently used entries go past 2 GiB.
+# ACTX_TEST_JAX_CACHE=0 compiles everything afresh.
+if os.environ.get("ACTX_TEST_JAX_CACHE", "1") != "0":
+    import tempfile
+
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                          os.path.join(tempfile.gettempdir(), f"actx-tests-jax-cache-{os.getuid()}"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))
 
 pytest_plugins = ["tests.fixtures", "tests.reader_fixtures", "tests.pipeline_fixtures"]
 
