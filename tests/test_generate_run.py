@@ -43,17 +43,6 @@ def _spec(model: str, tokenizer: str, prompts: str, **generate) -> runspec.RunSp
 _generated_run = generate_runs.generated_run
 
 
-def _records(run: str) -> dict[int, dict]:
-    s = store.open_store(run)
-    out = {}
-    for key in s.list(layout.GENERATED_PREFIX):
-        record = json.loads(s.read(key))
-        assert record["version"] == layout.GENERATED_VERSION
-        out.update((e["doc_index"], {**e, "stop_token_ids": record["stop_token_ids"]})
-                   for e in record["samples"])
-    return out
-
-
 def _document_places(run: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Each document's (rows, cols), in document order."""
     doc_index = token_runs.read_tokens(run, "doc_index")
@@ -84,7 +73,7 @@ def test_greedy_run_is_hf_generate_and_every_token_hf_forward(greedy, model,
     input_ids = token_runs.read_tokens(greedy, "input_ids")
     generated_ids = token_runs.read_activation(greedy, layout.GENERATED_IDS)[..., 0]
     acts = {h: token_runs.read_activation(greedy, h) for h in HOOK_NAMES}
-    records, places = _records(greedy), _document_places(greedy)
+    records, places = generate_runs.records(greedy), _document_places(greedy)
     assert sorted(records) == sorted(places) == list(range(len(PROMPTS)))
     reasons, crossing = set(), {"prompt": False, "answer": False}
     for d, (r, c) in places.items():
@@ -164,7 +153,7 @@ def test_sampling_is_the_same_on_any_host_and_in_a_rerun(
                  samples_per_prompt=2, seed=7, stop_token_ids=[STOP])
     run = str(tmp_path / "run")
     _generated_run(run, spec, batch_size=4)
-    records = _records(run)
+    records = generate_runs.records(run)
     assert len(records) == 2 * len(PROMPTS)
     by_prompt = {}
     for e in records.values():
@@ -180,7 +169,7 @@ def test_sampling_is_the_same_on_any_host_and_in_a_rerun(
         code, out = worker_procs.finish(proc)
         assert code == 0, out
     assert worker_procs.stored_objects(two) == before
-    assert _records(two) == records
+    assert generate_runs.records(two) == records
 
     s = store.open_store(run)
     s.delete(layout.commit_key(0))
@@ -188,7 +177,7 @@ def test_sampling_is_the_same_on_any_host_and_in_a_rerun(
     code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=1)
     assert code == 0, out
     assert worker_procs.stored_objects(run) == before
-    assert _records(run) == records
+    assert generate_runs.records(run) == records
 
 
 def test_a_prompt_without_room_is_rejected_with_its_reason(model, qwen_tokenizer_dir,
