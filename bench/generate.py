@@ -38,6 +38,9 @@ def _parse_args():
     p.add_argument("--new-tokens", type=int, default=32, help="max_new_tokens")
     p.add_argument("--prefill-len", type=int, default=64, help="actx's prefill rows")
     p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--attention", default="default",
+                   help="comma-separated generation attentions to time in turn: default "
+                        "(generate_step.attention_for's choice), xla, pallas")
     args = p.parse_args()
     if os.environ.get("SMALL"):
         for name, value in SMALL.items():
@@ -72,29 +75,50 @@ def main() -> None:
             overrides["max_position_embeddings"], args.prompt_len + args.new_tokens)
         hf_models.make_tiny_checkpoint(ckpt, args.arch, **overrides)
         model = model_lib.load_pretrained(ckpt, dtype=args.dtype)
-        gen = generate.Generator(
-            model, generate_step.load_lm_head(ckpt, model),
-            capture.CaptureSpec.parse(four, dtype=args.dtype),
-            generate.GenerateConfig(max_new_tokens=args.new_tokens), slots=args.batch,
-            max_length=args.prompt_len + args.new_tokens,
-            prefill_len=min(args.prefill_len, args.prompt_len))
-        ours = {}
+        samples = {}
+        for attention in args.attention.split(","):
+            gen = generate.Generator(
+                model, generate_step.load_lm_head(ckpt, model),
+                capture.CaptureSpec.parse(four, dtype=args.dtype),
+                generate.GenerateConfig(max_new_tokens=args.new_tokens), slots=args.batch,
+                max_length=args.prompt_len + args.new_tokens,
+                prefill_len=min(args.prefill_len, args.prompt_len),
+                attention=None if attention == "default" else attention)
 
-        def run_actx():
-            ours["samples"] = gen.run(prompts)
+            def run_actx():
+                samples[attention] = gen.run(prompts)
 
-        seconds = common.median_seconds(run_actx, args.iters)
-        assert sum(len(s.generated_ids) for s in ours["samples"]) == generated
-        label = f"actx generate ({args.batch} slots, {len(four.split(','))} hooks)"
-        results[label] = generated / seconds
+            seconds = common.median_seconds(run_actx, args.iters)
+            assert sum(len(s.generated_ids) for s in samples[attention]) == generated
+            name = gen.attention if attention != "default" else f"default = {gen.attention}"
+            label = (f"actx generate ({name} attention, {args.batch} slots, "
+                     f"{len(four.split(','))} hooks)")
+            results[label] = generated / seconds
+        if len(samples) > 1:  # the attentions' greedy ids, against the first's
+            first, *others = samples.values()
+            for attention, other in zip(list(samples)[1:], others):
+                same = sum(np.array_equal(a.generated_ids, b.generated_ids)
+                           for a, b in zip(first, other))
+                # In bfloat16 a random-init model's logits are near-ties over the whole
+                # vocabulary: one rounding flips an argmax and the rest of the text with
+                # it, so the length of the common start says more than whole-text equality.
+                agree = [int(np.argmin(np.append(a.generated_ids == b.generated_ids, False)))
+                          for a, b in zip(first, other)]
+                print(f"greedy ids of {attention} equal {list(samples)[0]}'s for {same} of "
+                      f"{len(first)} prompts; the same first tokens: median "
+                      f"{int(np.median(agree))} of {args.new_tokens}, first token equal for "
+                      f"{sum(c > 0 for c in agree)} of {len(first)}")
+        ours = {"samples": next(iter(samples.values()))}
         if not args.skip_hf:
             results["HF generate (output_hidden_states)"] = _hf_rate(
                 ckpt, args, prompts, generated, ours["samples"])
     for label, rate in results.items():
         print(f"{label:40s} {rate:10,.1f} generated tokens/s")
     if not args.skip_hf:
-        actx_rate, hf_rate = results.values()
-        print(f"ratio actx / HF: {actx_rate / hf_rate:.2f}x")
+        hf_rate = results["HF generate (output_hidden_states)"]
+        for label, rate in results.items():
+            if label.startswith("actx"):
+                print(f"ratio {label} / HF: {rate / hf_rate:.2f}x")
 
 
 def _hf_rate(ckpt, args, prompts, generated, ours) -> float:

@@ -15,6 +15,12 @@
 #                         way actx has (bench/cached_attention.py): time, error, slot bytes
 #   gpu_tests             the long-document HF parity tests and the cached-attention tests
 #                         on the GPU (float32 at full matmul precision)
+#   decode_tests          the generating steps' Pallas kernel (workers/decode_flash.py)
+#                         against the XLA attention and a Generator on it against HF, on
+#                         the GPU (float32 at full matmul precision)
+#   generate              generation with 4 hooks captured (bench/generate.py), Qwen2.5-0.5B
+#                         shapes, 64 prompts x 256 new tokens, the XLA attention and the
+#                         Pallas kernel in turn, vs HF generate(output_hidden_states=True)
 #   long_documents        exact context through the per-slot KV cache vs rows computed
 #                         alone vs truncate (issue 9), Qwen2.5-0.5B shapes, seq 1024;
 #                         exact also with the fused cuDNN call (the way before the kernel)
@@ -39,7 +45,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/actx-gpu-check}"
 BUDGET_S="${BUDGET_S:-540}"  # the whole script; leave room under the call's timeout
 SMALL="${SMALL:-0}"
-STEPS=" ${STEPS:-kernel_probe tile_sweep extract_memory read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers} "
+STEPS=" ${STEPS:-kernel_probe tile_sweep extract_memory decode_tests generate read_none read_zstd read_jax cached_attention gpu_tests long_documents forward forward_8b extract write_bandwidth extract_all_layers} "
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 start=$SECONDS
@@ -84,6 +90,8 @@ if [[ $SMALL == 1 ]]; then
   EXTRACT_MEM=("${MODEL[@]}" --seq 64 --batch 2 --partitions 1 --steps-per-partition 2
                --hooked-layers 2 --rounds 1 --output-memory auto,device,pinned_copy
                --minimal-jax)
+  GENERATE=(--hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --vocab 512
+            --batch 4 --prompts 8 --prompt-len 16 --new-tokens 8 --iters 1 --attention xla,pallas)
   WRITE_GB=1
 else
   READ=(--rows 512 --passes 3 --rounds 2)
@@ -98,6 +106,7 @@ else
   SWEEP=()
   EXTRACT_MEM=(--qwen05b --codec none --rounds 1 --partitions 4 --steps-per-partition 8
                --output-memory auto,device,pinned_copy --minimal-jax)
+  GENERATE=(--qwen05b --prompts 64 --new-tokens 256 --iters 2 --attention xla,pallas)
   WRITE_GB=8
 fi
 
@@ -112,6 +121,10 @@ fi
 mkdir -p /dev/shm/actx-extract && df -h /dev/shm >> "$OUT/gpu.txt"
 step extract_memory 240 python3 bench/extract.py "${EXTRACT_MEM[@]}" --dir /dev/shm/actx-extract
 rm -rf /dev/shm/actx-extract
+step decode_tests 90 env JAX_PLATFORMS= JAX_DEFAULT_MATMUL_PRECISION=highest \
+  python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_decode_flash.py
+step generate 200 env XLA_PYTHON_CLIENT_PREALLOCATE=false SMALL= python3 bench/generate.py \
+  "${GENERATE[@]}"
 step read_none 100 python3 bench/read.py --codec none "${READ[@]}" --also-decoded
 step read_zstd 100 python3 bench/read.py --codec zstd "${READ[@]}"
 step read_jax 60 python3 bench/read.py --codec none "${READ[@]}" --rounds 1 --framework jax

@@ -5,6 +5,7 @@ HF `generate`'s greedy ids and HF's forward for every stored activation."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from tests.test_generate import (HOOKS, MAX_NEW, _compare_activations, _generato
     (2, 8, 6, 3, 8, 300, 37, None),        # a prefill chunk, a window, 3 key tiles
     (2, 5, 2, 1, 16, 130, 2**30, 30.0),    # soft-capped logits, a capacity not of tiles
     (1, 3, 8, 8, 4, 64, 5, None),          # no grouping, a window shorter than the chunk
+    (2, 64, 14, 2, 16, 320, 2**30, None),  # a prefill chunk of 64 in groups of 7: 448
+                                           # rows, 4 tiles of 128 (Qwen2.5-0.5B's heads)
 ])
 def test_the_kernel_is_the_xla_attention(b, t, n, k, h, capacity, window, softcap,
                                          monkeypatch):
@@ -50,6 +53,16 @@ def test_a_generator_on_the_kernel_equals_hf(arch, tmp_path, monkeypatch):
         _compare_activations(s, hf)
 
 
+def test_row_tiles_are_powers_of_two_triton_can_lower():
+    # Triton's lowering refuses any block whose size is not a power of two (on the H200, a
+    # prefill chunk of 448 rows in one block failed to compile); its dot wants 16 rows.
+    for rows in (1, 2, 7, 16, 17, 100, 128, 129, 448, 4096):
+        tile = decode_flash.row_tile(rows)
+        assert tile & (tile - 1) == 0 and 16 <= tile <= 128, (rows, tile)
+        assert tile >= min(rows, 128)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU's default")
 def test_off_an_accelerator_the_default_is_xla():
     class Config:  # the fields attention_for reads of a ModelConfig
         num_heads, num_kv_heads, head_dim, attn_logit_softcap = 4, 2, 16, None

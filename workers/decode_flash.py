@@ -4,14 +4,16 @@ A generating slot's cache (`workers.generate_step.SlotCache`) holds its document
 position order, this step's included, so each query at position p sees the keys
 [max(0, p - window + 1), p + 1): one interval per query, as `workers.key_ranges` gives
 extraction's kernels. A decode step has one query per slot, a prefill step a chunk; both
-are few queries against a long cache, so a program takes every query of one slot and one
-key/value head at once (the `t * group` query rows that share its keys) and walks the key
-tiles that meet their intervals, with the online (flash) softmax in float32. Tiles inside
+are few queries against a long cache, so a program takes the queries of one slot and one
+key/value head (the `t * group` query rows that share its keys, a tile of them at a time)
+and walks the key tiles that meet their intervals, with the online (flash) softmax in float32. Tiles inside
 every interval skip the mask; tiles past every interval are never loaded, so the work
 follows each slot's own length and a slot's result depends only on its own inputs.
 
-The query rows are padded to a multiple of `ROW_TILE` (Triton's dot wants 16); padded rows
-see key 0 only and are dropped. Off a GPU or TPU the kernel runs in Pallas interpret mode
+The query rows go to programs in tiles of `row_tile(rows)`: a power of two from 16 to
+`ROW_TILE_MAX`, since Triton's lowering takes only power-of-two blocks and its dot at least
+16 rows (a prefill chunk of 64 positions in query groups of 7 is 448 rows: 4 tiles of 128).
+The rows are padded to whole tiles; padded rows see key 0 only and are dropped. Off a GPU or TPU the kernel runs in Pallas interpret mode
 (the tests run it on the CPU against `generate_step`'s XLA attention and HF transformers);
 where it cannot compile, `generate_step.attention_for` keeps XLA and says why once.
 """
@@ -26,13 +28,18 @@ from jax.experimental import pallas as pl
 
 from actx.workers import ranged_flash_gpu
 
-ROW_TILE = 16  # query rows per program are padded to a multiple of this
+ROW_TILE_MIN, ROW_TILE_MAX = 16, 128  # query rows per program: a power of two in between
 KEY_TILE = 128  # keys per tile (the capacity is padded to a multiple of it)
 
 
 def key_tile(capacity: int) -> int:
     """The key tile: KEY_TILE, or the capacity itself when shorter."""
     return min(KEY_TILE, capacity)
+
+
+def row_tile(rows: int) -> int:
+    """Query rows per program: the power of two covering `rows`, within [16, 128]."""
+    return min(ROW_TILE_MAX, max(ROW_TILE_MIN, 1 << max(0, rows - 1).bit_length()))
 
 
 def _kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, scale: float,
@@ -74,7 +81,8 @@ def attention(q_btnh: jax.Array, k_bckh: jax.Array, v_bckh: jax.Array,
     capacity, kv_heads = k_bckh.shape[1], k_bckh.shape[2]
     group = n // kv_heads
     rows = t * group
-    padded = -(-rows // ROW_TILE) * ROW_TILE
+    tile = row_tile(rows)
+    padded = -(-rows // tile) * tile
     block_k = key_tile(capacity)
     keys_padded = -(-capacity // block_k) * block_k
     # [b, k, t * group, h]: the rows of one kv head, query-major within a position
@@ -91,12 +99,12 @@ def attention(q_btnh: jax.Array, k_bckh: jax.Array, v_bckh: jax.Array,
         pad = ((0, 0), (0, keys_padded - capacity), (0, 0), (0, 0))
         k_bckh, v_bckh = jnp.pad(k_bckh, pad), jnp.pad(v_bckh, pad)
     on_device = jax.default_backend() in ("gpu", "tpu")
-    q_spec = pl.BlockSpec((None, None, padded, h), lambda s, head: (s, head, 0, 0))
-    range_spec = pl.BlockSpec((None, padded), lambda s, head: (s, 0))
-    kv_spec = pl.BlockSpec((None, keys_padded, None, h), lambda s, head: (s, 0, head, 0))
+    q_spec = pl.BlockSpec((None, None, tile, h), lambda s, head, r: (s, head, r, 0))
+    range_spec = pl.BlockSpec((None, tile), lambda s, head, r: (s, r))
+    kv_spec = pl.BlockSpec((None, keys_padded, None, h), lambda s, head, r: (s, 0, head, 0))
     out = pl.pallas_call(
         functools.partial(_kernel, block_k=block_k, scale=scale, softcap=softcap),
-        grid=(b, kv_heads), in_specs=[range_spec, range_spec, q_spec, kv_spec, kv_spec],
+        grid=(b, kv_heads, padded // tile), in_specs=[range_spec, range_spec, q_spec, kv_spec, kv_spec],
         out_specs=q_spec, out_shape=jax.ShapeDtypeStruct(q_bkrh.shape, q_btnh.dtype),
         interpret=not on_device, name="actx_decode_flash")(
             lo_br, hi_br, q_bkrh, k_bckh.astype(q_btnh.dtype), v_bckh.astype(q_btnh.dtype))

@@ -117,16 +117,19 @@ def attention_for(dtype, cfg: ModelConfig, capacity: int, requested: str | None 
 
 @functools.lru_cache(maxsize=None)
 def _kernel_compiles(dtype_name, heads, kv_heads, head_dim, capacity, softcap) -> str | None:
-    """None where the decode kernel compiles for one slot of these shapes, else why not."""
-    q = jax.ShapeDtypeStruct((1, 1, heads, head_dim), jnp.dtype(dtype_name))
-    kv = jax.ShapeDtypeStruct((1, capacity, kv_heads, head_dim), jnp.dtype(dtype_name))
-    pos = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-    try:
-        jax.jit(functools.partial(decode_flash.attention, window=capacity,
-                                  scale=head_dim ** -0.5, softcap=softcap)).lower(
-            q, kv, kv, pos).compile()
-    except Exception as err:  # noqa: BLE001 - any compile failure means "not here"
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    """None where the decode kernel compiles for one slot of these shapes, else why not:
+    a decode step (one query a slot) and a prefill chunk of `decode_flash.ROW_TILE_MAX`
+    positions (query rows in several whole tiles), the two shapes of tiles it runs."""
+    for queries in (1, min(decode_flash.ROW_TILE_MAX, capacity)):
+        q = jax.ShapeDtypeStruct((1, queries, heads, head_dim), jnp.dtype(dtype_name))
+        kv = jax.ShapeDtypeStruct((1, capacity, kv_heads, head_dim), jnp.dtype(dtype_name))
+        pos = jax.ShapeDtypeStruct((1, queries), jnp.int32)
+        try:
+            jax.jit(functools.partial(decode_flash.attention, window=capacity,
+                                      scale=head_dim ** -0.5, softcap=softcap)).lower(
+                q, kv, kv, pos).compile()
+        except Exception as err:  # noqa: BLE001 - any compile failure means "not here"
+            return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     return None
 
 
