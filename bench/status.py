@@ -63,9 +63,9 @@ def baseline_local(run: str) -> None:
 
 
 def baseline_gcs(prefix: str) -> None:
-    from actx.schemas import store
+    from actx.schemas import gcs_store
 
-    bucket = store._gcs_client().bucket(BUCKET)
+    bucket = gcs_store.gcs_client().bucket(BUCKET)
     for key in ("run.json", "manifest.json", "activations/actx.json"):
         bucket.blob(f"{prefix}/{key}").download_as_bytes()
     fields = "items(name),nextPageToken"
@@ -80,9 +80,9 @@ def baseline_gcs(prefix: str) -> None:
 def baseline_gcs_summaries(prefix: str) -> None:
     """The I/O status does on GCS now: heartbeats come from the workers/ listing with each
     object's summary (custom metadata), not one read each."""
-    from actx.schemas import store
+    from actx.schemas import gcs_store
 
-    bucket = store._gcs_client().bucket(BUCKET)
+    bucket = gcs_store.gcs_client().bucket(BUCKET)
     for key in ("run.json", "manifest.json", "activations/actx.json"):
         bucket.blob(f"{prefix}/{key}").download_as_bytes()
     [b.name for b in bucket.client.list_blobs(bucket, prefix=f"{prefix}/commits/",
