@@ -5,10 +5,12 @@ target does is behind `deploy.targets.Target`."""
 
 from __future__ import annotations
 
+from actx.deploy import partition_states
 from actx.deploy import targets
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags
 from actx.schemas import layout
+from actx.schemas import run_dir
 from actx.schemas import store as store_lib
 
 
@@ -130,13 +132,6 @@ def _record_extractions(cfg, store, out) -> None:
                   flush=True)
 
 
-def open_run(run: str):
-    """The run, or errors.NotARunError (a user error: exit 2) saying what is missing."""
-    from actx.schemas import run_dir
-
-    return run_dir.open_run(run)
-
-
 # -- rerun ----------------------------------------------------------------------------------
 def check_only(only, partition_ids) -> None:
     """Refuses `--only` ids the run does not have (a UsageError naming them and the run's
@@ -153,17 +148,16 @@ def check_only(only, partition_ids) -> None:
 
 
 def select_partitions(status, only) -> list[int]:
-    from actx.deploy import runstate
-
-    uncommitted = [p for p, s in sorted(status.partitions.items()) if s != runstate.COMMITTED]
+    uncommitted = [p for p, s in sorted(status.partitions.items())
+                   if s != partition_states.COMMITTED]
     if only == "all":
         return uncommitted
     if only == "stale":
-        return status.ids(runstate.STALE)
+        return status.ids(partition_states.STALE)
     if only == "pending":
-        return status.ids(runstate.PENDING)
+        return status.ids(partition_states.PENDING)
     check_only(only, status.partitions)
-    return [p for p in only if status.partitions[p] != runstate.COMMITTED]
+    return [p for p in only if status.partitions[p] != partition_states.COMMITTED]
 
 
 def _rerun_target(args, store=None, out=None):
@@ -206,7 +200,7 @@ def cmd_rerun(args, out) -> int:
     if getattr(args, "estimate", False):
         raise UsageError("--estimate is for `actx submit --dry-run`")
 
-    handle = open_run(args.run)
+    handle = run_dir.open_run(args.run)
     target = targets.for_config(_rerun_target(args, handle.store, out))
     handles = extraction_lib.scoped_all(handle, args.extraction)
     _check_runnable(target, handles)
@@ -227,10 +221,11 @@ def cmd_rerun(args, out) -> int:
     if not ids:
         what = args.only if isinstance(args.only, str) else "selected and uncommitted"
         print(f"rerun: no partition is {what} "
-              f"({status.counts[runstate.COMMITTED]}/{n} committed); nothing to do", file=out)
+              f"({status.counts[partition_states.COMMITTED]}/{n} committed); nothing to do",
+              file=out)
         return 0
     names = ", ".join(map(layout.partition_name, ids[:20])) + (" ..." if len(ids) > 20 else "")
-    live = [p for p in ids if status.partitions[p] == runstate.IN_PROGRESS]
+    live = [p for p in ids if status.partitions[p] == partition_states.IN_PROGRESS]
     print(f"rerun: {len(ids)} partition(s) on {target.kind}: {names}", file=out)
     if live:
         print(f"rerun: note: {len(live)} of them are held by a live worker; the first commit "

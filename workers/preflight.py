@@ -115,7 +115,7 @@ FLAX_GENERATES = ("a user's Flax model (model.flax) cannot generate in actx yet 
 def generate_problems(spec: runspec_lib.RunSpec, config) -> list[str]:
     """What a generating run asks that this model cannot do (stop ids beyond its
     vocabulary, a longrope model whose factors a growing text cannot know); the spec's own
-    checks (runspec.GenerateSpec, RunSpec) came first."""
+    checks (generate_spec.GenerateSpec, RunSpec) came first."""
     gen = spec.generate
     if gen is None:
         return []
