@@ -17,7 +17,7 @@ import time
 from actx.deploy import config as config_lib
 from actx.deploy import jobs
 from actx.deploy import targets
-from actx.deploy.jobs import UsageError
+from actx.deploy.targets import UsageError
 from actx.schemas import errors
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags

@@ -14,7 +14,6 @@ from actx.schemas import run_dir
 from actx.schemas import store as store_lib
 
 
-UsageError = targets.UsageError
 
 
 # -- submit ------------------------------------------------------------------------------
@@ -30,7 +29,7 @@ def _target(base, args):
         return config_lib.target_from_flags(base, kind=args.target,
                                             **flags.overrides(args, TARGET_FLAGS))
     except ValueError as e:
-        raise UsageError(f"target: {e}") from None
+        raise targets.UsageError(f"target: {e}") from None
 
 
 def cmd_submit(args, out) -> int:
@@ -39,8 +38,8 @@ def cmd_submit(args, out) -> int:
     from actx.deploy import config as config_lib
 
     if getattr(args, "estimate", False) and not args.dry_run:
-        raise UsageError("--estimate goes with --dry-run: it times a temporary copy, "
-                         "never the run")
+        raise targets.UsageError("--estimate goes with --dry-run: it times a temporary copy, "
+                                 "never the run")
     # --run is a command-line path (from the current directory): no old-rule check then.
     cfg = config_lib.load_submit_config(args.config, args.set, check_old_run=args.run is None)
     target_cfg = _target(cfg.target, args)
@@ -143,8 +142,8 @@ def check_only(only, partition_ids) -> None:
     unknown = sorted(set(only) - known)
     if unknown:
         span = f"0..{max(known)}" if known else "none"
-        raise UsageError(f"--only: partition(s) {unknown} do not exist (the run has "
-                         f"{len(known)} partition(s), {span}); nothing was extracted")
+        raise targets.UsageError(f"--only: partition(s) {unknown} do not exist (the run has "
+                                 f"{len(known)} partition(s), {span}); nothing was extracted")
 
 
 def select_partitions(status, only) -> list[int]:
@@ -174,7 +173,7 @@ def _rerun_target(args, store=None, out=None):
         base = schemas_config.from_dict(config_lib.TargetConfig, data.get("target") or {},
                                         f"{args.config}: target")
     elif args.set:
-        raise UsageError("--set needs --config")
+        raise targets.UsageError("--set needs --config")
     elif store is not None:
         recorded = launch_record.settings_for(launch_record.read(store),
                                               args.target or base.kind)
@@ -198,7 +197,7 @@ def cmd_rerun(args, out) -> int:
     from actx.deploy import runstate
 
     if getattr(args, "estimate", False):
-        raise UsageError("--estimate is for `actx submit --dry-run`")
+        raise targets.UsageError("--estimate is for `actx submit --dry-run`")
 
     handle = run_dir.open_run(args.run)
     target = targets.for_config(_rerun_target(args, handle.store, out))
@@ -209,9 +208,10 @@ def cmd_rerun(args, out) -> int:
     status = runstate.compute_status(handle, args.stale_after)
     n = len(status.partitions)
     if n == 0:
-        raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
-                         f"document (see {handle.location.join('rejects/')}); nothing to "
-                         f"extract. Prepare it again with inputs that pass")
+        raise targets.UsageError(
+            f"{handle.location}: the run holds no data: its prepare accepted no document (see "
+            f"{handle.location.join('rejects/')}); nothing to extract. Prepare it again with "
+            f"inputs that pass")
     check_only(args.only, status.partitions)  # before "nothing to do" (no false OK)
     if status.complete:
         print(f"rerun: all {n} partitions of {handle.location} are committed; nothing to do",
@@ -240,9 +240,9 @@ def _check_runnable(target: targets.Target, handles: dict) -> None:
     found = [f"extractions.{name}: {p}" if name else p
              for name, scoped in handles.items() for p in target.spec_problems(scoped.spec)]
     if found:
-        raise UsageError(found[0] if len(found) == 1 else
-                         f"{len(found)} problems, nothing was started:\n  "
-                         + "\n  ".join(found))
+        raise targets.UsageError(found[0] if len(found) == 1 else
+                                 f"{len(found)} problems, nothing was started:\n  "
+                                 + "\n  ".join(found))
 
 
 def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out) -> int:
@@ -251,8 +251,8 @@ def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out)
     from actx.deploy import runstate
 
     if not handle.manifest.partitions:
-        raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
-                         f"document; nothing to extract")
+        raise targets.UsageError(f"{handle.location}: the run holds no data: its prepare "
+                                 f"accepted no document; nothing to extract")
     check_only(args.only, [p.id for p in handle.manifest.partitions])
     behind = {}
     for name, scoped in handles.items():

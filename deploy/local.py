@@ -31,6 +31,7 @@ from actx.schemas import layout as layout_lib
 from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
+from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
 from actx.schemas import worker_options
 
@@ -360,7 +361,7 @@ def upload_logs(run: "str | store_lib.ObjectStore", job: str, log_dir: str,
     where they are, and that line says where."""
     try:
         _upload_logs(run, job, log_dir)
-    except store_lib.StoreError as e:
+    except store_errors.StoreError as e:
         print(f"extract: the logs stay in {log_dir}: {e}", file=out, flush=True)
 
 

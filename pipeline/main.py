@@ -36,6 +36,7 @@ from actx.schemas import runspec as runspec_lib
 from actx.schemas import spec_paths
 from actx.schemas import stop_signals
 from actx.schemas import store as store_lib
+from actx.schemas import store_errors
 from actx.schemas import tokenizer_identity
 from actx.schemas import uri as uri_lib
 
@@ -104,7 +105,7 @@ def check_inputs(spec: runspec_lib.RunSpec
     try:
         loaded = tokenize.load_tokenizer(spec.tokenizer.path)
         files = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
-    except store_lib.StoreError:
+    except store_errors.StoreError:
         raise
     except Exception as e:  # a tokenizer that does not load
         problems.append(f"spec.tokenizer.path: {e}")
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
                                    retry_argv or ["actx", "prepare", *argv], args.unit_bytes,
                                    args.progress_interval)
     except (errors.UserError, fileio.InputError, tokenize.TokenizerError, refusals.PrepareError,
-            config_lib.ConfigError, store_lib.StoreError, ValueError) as e:
+            config_lib.ConfigError, store_errors.StoreError, ValueError) as e:
         if not interrupted.is_set():
             print(f"actx prepare: error: {e}")
             return 2

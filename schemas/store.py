@@ -18,8 +18,6 @@ from typing import Any
 from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
 
-StoreError = store_errors.StoreError
-
 
 class ObjectStore(abc.ABC):
     """Keys are '/'-separated paths relative to the store's root location."""

@@ -13,14 +13,14 @@ from actx.schemas import activations_info, errors, layout, run_dir, store
 
 def test_every_input_error_is_a_user_error():
     from actx import reader
-    from actx.deploy import jobs, tpu_vm
+    from actx.deploy import targets, tpu_vm
     from actx.pipeline import fileio, prepare_refusals, tokenize
     from actx.schemas import config, store_errors
     from actx.workers import admission
 
     for cls in (config.ConfigError, fileio.InputError, tokenize.TokenizerError,
                 prepare_refusals.PrepareError, admission.RunMismatch, tpu_vm.TargetError,
-                jobs.UsageError, store_errors.StoreError, reader.ReaderError,
+                targets.UsageError, store_errors.StoreError, reader.ReaderError,
                 reader.NotARunError, reader.UnknownHookError, errors.NotARunError):
         assert issubclass(cls, errors.UserError), cls
     # The builtin bases callers have always caught stay.
