@@ -131,9 +131,10 @@ def _end_to_end(args, run: str, in_flight: int, calls_before: list | None) -> di
     import jax
     import numpy as np
 
+    from actx.schemas import worker_options
     from actx.workers import runner, step
 
-    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=args.batch,
+    worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=args.batch,
                                                 steps_in_flight=in_flight, heartbeat_s=5.0))
     # Compile on inputs placed as the loop places them (global arrays on the step's
     # shardings): numpy inputs would compile another executable.

@@ -46,6 +46,7 @@ def main() -> None:
     from actx.schemas import commit as commit_lib
     from actx.schemas import store as store_lib
     from tests import token_runs, worker_procs
+    from actx.schemas import worker_options
     from actx.workers import runner
 
     work = args.dir or tempfile.mkdtemp(prefix="actx-bench-beam-")
@@ -73,7 +74,7 @@ def main() -> None:
     def workers_job() -> float:
         run = fresh("workers")
         start = time.perf_counter()
-        code = runner.Worker(runner.WorkerOptions(run=run, batch_size=args.batch,
+        code = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=args.batch,
                                                   heartbeat_s=5.0)).run()
         elapsed = time.perf_counter() - start
         assert code == 0
@@ -81,7 +82,7 @@ def main() -> None:
 
     def beam_job() -> float:
         run = fresh("beam")
-        opts = runner.WorkerOptions(run=run, batch_size=args.batch, heartbeat_s=5.0)
+        opts = worker_options.WorkerOptions(run=run, batch_size=args.batch, heartbeat_s=5.0)
         start = time.perf_counter()
         beam_extract.run_extract(opts, run, "bench", ["--runner=FnApiRunner"])
         elapsed = time.perf_counter() - start

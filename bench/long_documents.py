@@ -83,9 +83,10 @@ def _extract(run: str, batch: int, independent: bool = False,
 
     from actx.schemas import manifest as manifest_lib
     from actx.schemas import store as store_lib
+    from actx.schemas import worker_options
     from actx.workers import runner, step
 
-    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=batch, heartbeat_s=30))
+    worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=batch, heartbeat_s=30))
     if independent:
         # The old behaviour, for the baseline only: no cache, rows computed alone.
         worker.max_context = None

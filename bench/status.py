@@ -63,9 +63,9 @@ def baseline_local(run: str) -> None:
 
 
 def baseline_gcs(prefix: str) -> None:
-    from actx.schemas import store
+    from actx.schemas import gcs_store
 
-    bucket = store._gcs_client().bucket(BUCKET)
+    bucket = gcs_store.gcs_client().bucket(BUCKET)
     for key in ("run.json", "manifest.json", "activations/actx.json"):
         bucket.blob(f"{prefix}/{key}").download_as_bytes()
     fields = "items(name),nextPageToken"
@@ -80,9 +80,9 @@ def baseline_gcs(prefix: str) -> None:
 def baseline_gcs_summaries(prefix: str) -> None:
     """The I/O status does on GCS now: heartbeats come from the workers/ listing with each
     object's summary (custom metadata), not one read each."""
-    from actx.schemas import store
+    from actx.schemas import gcs_store
 
-    bucket = store._gcs_client().bucket(BUCKET)
+    bucket = gcs_store.gcs_client().bucket(BUCKET)
     for key in ("run.json", "manifest.json", "activations/actx.json"):
         bucket.blob(f"{prefix}/{key}").download_as_bytes()
     [b.name for b in bucket.client.list_blobs(bucket, prefix=f"{prefix}/commits/",
@@ -123,17 +123,17 @@ def breakdown(run: str, iters: int) -> dict:
     opening the run (run.json, manifest.json), the commits/ listing, the heartbeats, the
     silent hosts' log lines, the whole computation (those reads included) and the encoding
     of the JSON."""
-    from actx.deploy import jobs, runstate, status_text
-    from actx.schemas import commit, heartbeat
+    from actx.deploy import runstate, status_text
+    from actx.schemas import commit, heartbeat, run_dir
 
-    handle = jobs.open_run(run)
+    handle = run_dir.open_run(run)
     n = len(handle.manifest.partitions)
     beats = heartbeat.read_heartbeats(handle.store, history=False)
     silent = [hb for hb in beats if time.time() - hb.updated_at > 60]
     status = runstate.compute_status(handle)
     return {
         "page": page_request(handle, iters),
-        "open": _median(lambda: jobs.open_run(run), iters),
+        "open": _median(lambda: run_dir.open_run(run), iters),
         "listing": _median(lambda: commit.committed_partitions(handle.store, n), iters),
         "heartbeats": _median(lambda: heartbeat.read_heartbeats(handle.store, history=False),
                               iters),

@@ -49,7 +49,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
     Beam's local runners wait forever for a worker process that died (SIGKILL, out of
     memory): the heartbeats of this job tell, and the pipeline is stopped with one line
     naming the dead process (deploy.dead_workers)."""
-    from actx.deploy import dead_workers, local, progress_line, runstate, status_text
+    from actx.deploy import dead_workers, job_progress, local, progress_line
     from actx.schemas import extraction as extraction_lib
 
     names = extraction_lib.parse(extraction)
@@ -64,23 +64,18 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
         proc = subprocess.Popen(argv, env=local.worker_env(target), cwd=config_lib.code_path(),
                                 stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        shown, gone_since, scoped = progress_line.ProgressLine(out), {}, None
+        shown, gone_since = progress_line.ProgressLine(out), {}
+        progress = job_progress.JobProgress(run, names, handle)
+
+        def find_dead(views):  # progress is best effort; the pipeline decides
+            dead[:] = [(name, hb) for name, h in views.items()
+                       for hb in dead_workers.find(h.store, job, gone_since.setdefault(
+                           name, {}), grace_s=max(30.0, 3 * target.heartbeat_s))]
+
         try:
             while proc.poll() is None:
                 time.sleep(progress_s)
-                try:
-                    if scoped is None:  # each extraction's view, read once
-                        handle = handle or runstate.open_run(run)
-                        scoped = {name: extraction_lib.scoped(handle, name) for name in names}
-                    statuses = {name: runstate.compute_status(h) for name, h in scoped.items()}
-                    make = lambda width: status_text.lines_per_extraction(  # noqa: E731
-                        statuses, width)
-                    dead = [(name, hb) for name, h in scoped.items()
-                            for hb in dead_workers.find(h.store, job, gone_since.setdefault(
-                                name, {}), grace_s=max(30.0, 3 * target.heartbeat_s))]
-                except Exception as e:  # progress is best effort; the pipeline decides
-                    make = lambda width, e=e: status_text.fit(  # noqa: E731
-                        f"(progress unavailable: {e})", width)
+                make = progress.poll(also=find_dead)
                 shown.show(make, force=proc.poll() is not None)  # the last line always
                 if dead and proc.poll() is None:
                     _stop_group(proc)
@@ -90,6 +85,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
             raise
         finally:
             shown.end()
+    handle = progress.handle
     where = handle.store if handle is not None else run  # the store, opened once
     if upload:
         local.upload_logs(where, job, log_dir, out)

@@ -17,11 +17,12 @@ import time
 from actx.deploy import config as config_lib
 from actx.deploy import jobs
 from actx.deploy import targets
-from actx.deploy.jobs import UsageError
+from actx.deploy.targets import UsageError
 from actx.schemas import errors
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags
 from actx.schemas import layout as layout_lib
+from actx.schemas import run_dir
 from actx.schemas import stop_signals
 
 EXAMPLES = """\
@@ -179,7 +180,7 @@ def _add_extraction_flag(p: argparse.ArgumentParser, what: str) -> None:
 def cmd_status(args, out) -> int:
     from actx.deploy import runstate, status_text
 
-    handles = extraction_lib.scoped_all(jobs.open_run(args.run), args.extraction)
+    handles = extraction_lib.scoped_all(run_dir.open_run(args.run), args.extraction)
     if args.html is not None or args.serve is not None:
         from actx.deploy import ui_server
 
@@ -206,7 +207,7 @@ def cmd_status(args, out) -> int:
 def cmd_verify(args, out) -> int:
     """Each extraction of the run that --extraction names (every one by default) in turn,
     under its name when the run has named ones; the worst exit code."""
-    handles = extraction_lib.scoped_all(jobs.open_run(args.run), args.extraction)
+    handles = extraction_lib.scoped_all(run_dir.open_run(args.run), args.extraction)
     codes = []
     for name, handle in handles.items():
         if list(handles) != [""]:

@@ -19,6 +19,7 @@ from actx.deploy.slurm.settings import SlurmConfig
 from actx.schemas import config as config_lib
 from actx.schemas import parallelism
 from actx.schemas import runspec as runspec_lib
+from actx.schemas import spec_paths
 from actx.schemas import worker_options
 
 # The directory that holds the actx package this process runs: a checkout's root (actx/
@@ -238,10 +239,10 @@ def load_submit_config(path: str | None, overrides: list[str] = (),
     data = _expand(data, demo.cache_dir())
     base_dir = os.path.dirname(os.path.abspath(path))
     if isinstance(data.get("spec"), dict):
-        data["spec"] = runspec_lib.absolute_paths(data["spec"], base_dir)
+        data["spec"] = spec_paths.absolute_paths(data["spec"], base_dir)
     for name, extraction in (data.get("extractions") or {}).items():
         if isinstance(extraction, dict) and isinstance(extraction.get("model"), dict):
-            model = runspec_lib.absolute_paths({"model": extraction["model"]}, base_dir)
+            model = spec_paths.absolute_paths({"model": extraction["model"]}, base_dir)
             data["extractions"][name] = {**extraction, "model": model["model"]}
     written = data.get("run")
     if isinstance(written, str) and not demo_config:

@@ -5,14 +5,15 @@ target does is behind `deploy.targets.Target`."""
 
 from __future__ import annotations
 
+from actx.deploy import partition_states
 from actx.deploy import targets
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags
 from actx.schemas import layout
+from actx.schemas import run_dir
 from actx.schemas import store as store_lib
 
 
-UsageError = targets.UsageError
 
 
 # -- submit ------------------------------------------------------------------------------
@@ -28,7 +29,7 @@ def _target(base, args):
         return config_lib.target_from_flags(base, kind=args.target,
                                             **flags.overrides(args, TARGET_FLAGS))
     except ValueError as e:
-        raise UsageError(f"target: {e}") from None
+        raise targets.UsageError(f"target: {e}") from None
 
 
 def cmd_submit(args, out) -> int:
@@ -37,8 +38,8 @@ def cmd_submit(args, out) -> int:
     from actx.deploy import config as config_lib
 
     if getattr(args, "estimate", False) and not args.dry_run:
-        raise UsageError("--estimate goes with --dry-run: it times a temporary copy, "
-                         "never the run")
+        raise targets.UsageError("--estimate goes with --dry-run: it times a temporary copy, "
+                                 "never the run")
     # --run is a command-line path (from the current directory): no old-rule check then.
     cfg = config_lib.load_submit_config(args.config, args.set, check_old_run=args.run is None)
     target_cfg = _target(cfg.target, args)
@@ -130,13 +131,6 @@ def _record_extractions(cfg, store, out) -> None:
                   flush=True)
 
 
-def open_run(run: str):
-    """The run, or errors.NotARunError (a user error: exit 2) saying what is missing."""
-    from actx.schemas import run_dir
-
-    return run_dir.open_run(run)
-
-
 # -- rerun ----------------------------------------------------------------------------------
 def check_only(only, partition_ids) -> None:
     """Refuses `--only` ids the run does not have (a UsageError naming them and the run's
@@ -148,22 +142,21 @@ def check_only(only, partition_ids) -> None:
     unknown = sorted(set(only) - known)
     if unknown:
         span = f"0..{max(known)}" if known else "none"
-        raise UsageError(f"--only: partition(s) {unknown} do not exist (the run has "
-                         f"{len(known)} partition(s), {span}); nothing was extracted")
+        raise targets.UsageError(f"--only: partition(s) {unknown} do not exist (the run has "
+                                 f"{len(known)} partition(s), {span}); nothing was extracted")
 
 
 def select_partitions(status, only) -> list[int]:
-    from actx.deploy import runstate
-
-    uncommitted = [p for p, s in sorted(status.partitions.items()) if s != runstate.COMMITTED]
+    uncommitted = [p for p, s in sorted(status.partitions.items())
+                   if s != partition_states.COMMITTED]
     if only == "all":
         return uncommitted
     if only == "stale":
-        return status.ids(runstate.STALE)
+        return status.ids(partition_states.STALE)
     if only == "pending":
-        return status.ids(runstate.PENDING)
+        return status.ids(partition_states.PENDING)
     check_only(only, status.partitions)
-    return [p for p in only if status.partitions[p] != runstate.COMMITTED]
+    return [p for p in only if status.partitions[p] != partition_states.COMMITTED]
 
 
 def _rerun_target(args, store=None, out=None):
@@ -180,7 +173,7 @@ def _rerun_target(args, store=None, out=None):
         base = schemas_config.from_dict(config_lib.TargetConfig, data.get("target") or {},
                                         f"{args.config}: target")
     elif args.set:
-        raise UsageError("--set needs --config")
+        raise targets.UsageError("--set needs --config")
     elif store is not None:
         recorded = launch_record.settings_for(launch_record.read(store),
                                               args.target or base.kind)
@@ -204,9 +197,9 @@ def cmd_rerun(args, out) -> int:
     from actx.deploy import runstate
 
     if getattr(args, "estimate", False):
-        raise UsageError("--estimate is for `actx submit --dry-run`")
+        raise targets.UsageError("--estimate is for `actx submit --dry-run`")
 
-    handle = open_run(args.run)
+    handle = run_dir.open_run(args.run)
     target = targets.for_config(_rerun_target(args, handle.store, out))
     handles = extraction_lib.scoped_all(handle, args.extraction)
     _check_runnable(target, handles)
@@ -215,9 +208,10 @@ def cmd_rerun(args, out) -> int:
     status = runstate.compute_status(handle, args.stale_after)
     n = len(status.partitions)
     if n == 0:
-        raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
-                         f"document (see {handle.location.join('rejects/')}); nothing to "
-                         f"extract. Prepare it again with inputs that pass")
+        raise targets.UsageError(
+            f"{handle.location}: the run holds no data: its prepare accepted no document (see "
+            f"{handle.location.join('rejects/')}); nothing to extract. Prepare it again with "
+            f"inputs that pass")
     check_only(args.only, status.partitions)  # before "nothing to do" (no false OK)
     if status.complete:
         print(f"rerun: all {n} partitions of {handle.location} are committed; nothing to do",
@@ -227,10 +221,11 @@ def cmd_rerun(args, out) -> int:
     if not ids:
         what = args.only if isinstance(args.only, str) else "selected and uncommitted"
         print(f"rerun: no partition is {what} "
-              f"({status.counts[runstate.COMMITTED]}/{n} committed); nothing to do", file=out)
+              f"({status.counts[partition_states.COMMITTED]}/{n} committed); nothing to do",
+              file=out)
         return 0
     names = ", ".join(map(layout.partition_name, ids[:20])) + (" ..." if len(ids) > 20 else "")
-    live = [p for p in ids if status.partitions[p] == runstate.IN_PROGRESS]
+    live = [p for p in ids if status.partitions[p] == partition_states.IN_PROGRESS]
     print(f"rerun: {len(ids)} partition(s) on {target.kind}: {names}", file=out)
     if live:
         print(f"rerun: note: {len(live)} of them are held by a live worker; the first commit "
@@ -245,9 +240,9 @@ def _check_runnable(target: targets.Target, handles: dict) -> None:
     found = [f"extractions.{name}: {p}" if name else p
              for name, scoped in handles.items() for p in target.spec_problems(scoped.spec)]
     if found:
-        raise UsageError(found[0] if len(found) == 1 else
-                         f"{len(found)} problems, nothing was started:\n  "
-                         + "\n  ".join(found))
+        raise targets.UsageError(found[0] if len(found) == 1 else
+                                 f"{len(found)} problems, nothing was started:\n  "
+                                 + "\n  ".join(found))
 
 
 def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out) -> int:
@@ -256,8 +251,8 @@ def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out)
     from actx.deploy import runstate
 
     if not handle.manifest.partitions:
-        raise UsageError(f"{handle.location}: the run holds no data: its prepare accepted no "
-                         f"document; nothing to extract")
+        raise targets.UsageError(f"{handle.location}: the run holds no data: its prepare "
+                                 f"accepted no document; nothing to extract")
     check_only(args.only, [p.id for p in handle.manifest.partitions])
     behind = {}
     for name, scoped in handles.items():

@@ -20,15 +20,18 @@ import time
 from actx.deploy import commands
 from actx.deploy import config as config_lib
 from actx.deploy import host_logs
+from actx.deploy import job_progress
+from actx.deploy import partition_states
 from actx.deploy import progress_line
 from actx.deploy import runstate
-from actx.deploy import status_text
 from actx.schemas import config as schemas_config
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import layout as layout_lib
+from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
+from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
 from actx.schemas import worker_options
 
@@ -202,7 +205,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
           f"each); logs in {logs}", file=out, flush=True)
     failed: list[_Proc] = []
     where = handle.store if handle is not None else run  # opened once, where it can be
-    scoped = None  # {extraction: the run as it sees it}, for the progress line
+    progress = job_progress.JobProgress(run, names, handle)
     interrupted = False
     shown = progress_line.ProgressLine(out)
     try:
@@ -224,17 +227,8 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                             failed.append(p)
                             _stop_replica(procs, p.replica)
                 time.sleep(0.2)
-            try:
-                if scoped is None:  # each extraction's view, read once
-                    handle = handle or runstate.open_run(run)
-                    scoped = {name: extraction_lib.scoped(handle, name) for name in names}
-                statuses = {name: runstate.compute_status(h) for name, h in scoped.items()}
-                make = lambda width: status_text.lines_per_extraction(statuses, width)  # noqa: E731
-            except Exception as e:  # progress is best effort; the workers decide the outcome
-                make = lambda width, e=e: status_text.fit(  # noqa: E731
-                    f"(progress unavailable: {e})", width)
             # The last line (the workers all ended) always shows, in a pipe too.
-            shown.show(make, force=all(p.returncode is not None for p in procs))
+            shown.show(progress.poll(), force=all(p.returncode is not None for p in procs))
     except KeyboardInterrupt:
         for p in procs:
             if p.popen.poll() is None:
@@ -254,7 +248,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                                   extraction=name)
                 except Exception:  # noqa: BLE001 - status then learns it when it goes stale
                     pass
-            print(_kept_line(run, handle), file=out, flush=True)
+            print(_kept_line(run, progress.handle), file=out, flush=True)
     if upload:
         upload_logs(where, job, logs, out)
     for p in failed:
@@ -268,8 +262,8 @@ def _kept_line(run: str, handle=None) -> str:
     """What an interrupted extraction kept (committed partitions; nothing partial) and the
     command that finishes the rest."""
     try:
-        status = runstate.compute_status(handle or runstate.open_run(run))
-        kept = (f"{status.counts[runstate.COMMITTED]} of {len(status.partitions)} "
+        status = runstate.compute_status(handle or run_dir.open_run(run))
+        kept = (f"{status.counts[partition_states.COMMITTED]} of {len(status.partitions)} "
                 f"partition(s) are committed and kept")
     except Exception as e:  # noqa: BLE001 - the hint matters more than the count
         kept = f"committed partitions are kept (the count is unavailable: {e})"
@@ -312,7 +306,7 @@ def mark_dead(run: "str | store_lib.ObjectStore", host: str, returncode: int | N
                   and -returncode in signal.valid_signals()
                   else f"exited with code {returncode}")
     before = " before its first heartbeat" if data is None else ""
-    last = last_log_line(log_path) if log_path else ""
+    last = last_line_of_log_file(log_path) if log_path else ""
     if stopped_by_user:
         beat = dataclasses.replace(
             beat, state="preempted", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
@@ -347,7 +341,7 @@ def _add_exit_code(store, key: str, data: dict, returncode: int) -> bool:
     return True
 
 
-def last_log_line(path: str, max_chars: int = 300) -> str:
+def last_line_of_log_file(path: str, max_chars: int = 300) -> str:
     """The last line a worker wrote to its log file (host_logs.last_log_line)."""
     return host_logs.last_log_line(tail(path, 40), max_chars)
 
@@ -367,7 +361,7 @@ def upload_logs(run: "str | store_lib.ObjectStore", job: str, log_dir: str,
     where they are, and that line says where."""
     try:
         _upload_logs(run, job, log_dir)
-    except store_lib.StoreError as e:
+    except store_errors.StoreError as e:
         print(f"extract: the logs stay in {log_dir}: {e}", file=out, flush=True)
 
 

@@ -12,6 +12,7 @@ import time
 
 from actx.deploy import launch_record
 from actx.deploy import local
+from actx.deploy import partition_states
 from actx.deploy import runstate
 from actx.deploy import status_text
 from actx.deploy import targets
@@ -172,7 +173,7 @@ class LocalTarget(targets.Target):
               f"{list(handles)!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one token "
               f"store\")\ncheck them:  actx verify {job.run}", file=out, flush=True)
         missing = {name or "default": [p for p, st in s.partitions.items()
-                                       if st != runstate.COMMITTED
+                                       if st != partition_states.COMMITTED
                                        and (job.only is None or p in job.only)]
                    for name, s in statuses.items()}
         missing = {name: ids for name, ids in missing.items() if ids}
@@ -270,8 +271,8 @@ def _rerun_hint(handle, status, only, out) -> list[int]:
     """Names the wanted partitions still without a commit and the command that redoes
     them; returns them."""
     wanted = status.partitions if only is None else only
-    missing = [p for p in wanted if status.partitions[p] != runstate.COMMITTED]
-    stale = [p for p in missing if status.partitions[p] == runstate.STALE]
+    missing = [p for p in wanted if status.partitions[p] != partition_states.COMMITTED]
+    stale = [p for p in missing if status.partitions[p] == partition_states.STALE]
     if missing:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
               f"{', '.join(layout.partition_name(p) for p in missing[:20])}"

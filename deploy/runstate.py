@@ -16,12 +16,9 @@ import time
 from actx.deploy import host_logs
 from actx.deploy import run_facts
 from actx.deploy import status_json
-# The state words are status's vocabulary: callers name them runstate.COMMITTED and so on.
-from actx.deploy.partition_states import (COMMITTED, IN_PROGRESS, PENDING,  # noqa: F401
-                                          STALE, PartitionStates)
+from actx.deploy.partition_states import COMMITTED, IN_PROGRESS, STALE, PartitionStates
 from actx.schemas import activations_info as info_lib
 from actx.schemas import commit as commit_lib
-from actx.schemas import errors
 from actx.schemas import run_dir
 from actx.schemas import config as schemas_config
 from actx.schemas import heartbeat as heartbeat_lib
@@ -33,13 +30,6 @@ from actx.schemas import verification as verification_lib
 
 DEFAULT_STALE_AFTER_S = 60.0
 LIVE_STATES = ("starting", "working", "idle")  # a heartbeat in these states claims a live worker
-
-
-# A run is opened one way for every stage (schemas.run_dir); these names are where deploy's
-# callers have always found it.
-RunError = errors.NotARunError
-RunHandle = run_dir.OpenedRun
-open_run = run_dir.open_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,13 +147,13 @@ def _read_info_for_status(store) -> info_lib.ActivationsInfo | None:
         return None
 
 
-def bytes_per_row(handle: RunHandle) -> int | None:
+def bytes_per_row(handle: run_dir.OpenedRun) -> int | None:
     """Stored activation bytes per row (all hooks), from activations/actx.json."""
     info = _read_info_for_status(handle.store)
     return info.bytes_per_row(handle.manifest.seq_len) if info else None
 
 
-def _read_progress(handle: RunHandle, history: bool):
+def _read_progress(handle: run_dir.OpenedRun, history: bool):
     """Commit ids, heartbeats, activations/actx.json and the verification record, read
     concurrently (each is one or more round trips on GCS)."""
     store = handle.store
@@ -215,7 +205,7 @@ def _silent_messages(store, beats: list[heartbeat_lib.Heartbeat]) -> dict[str, s
     return messages
 
 
-def compute_status(handle: RunHandle, stale_after_s: float = DEFAULT_STALE_AFTER_S,
+def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STALE_AFTER_S,
                    now: float | None = None, history: bool = False) -> RunStatus:
     """`history`: also the hosts' (time, tokens) samples (the page draws them); without
     it, heartbeats on GCS come from one listing of their summaries."""

@@ -7,8 +7,8 @@ import time
 
 from actx.deploy import run_facts
 from actx.deploy import status_json
-from actx.deploy.runstate import (COMMITTED, IN_PROGRESS, PENDING, STALE, HostState, RunStatus,
-                                  map_chars)
+from actx.deploy.partition_states import COMMITTED, IN_PROGRESS, PENDING, STALE
+from actx.deploy.runstate import HostState, RunStatus, map_chars
 from actx.schemas import layout as layout_lib
 from actx.schemas import token_masks as token_masks_lib
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from actx.deploy import partition_states
 from actx.deploy import run_facts, runstate, status_text
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
@@ -183,8 +184,9 @@ def extraction_lines(statuses: dict[str, runstate.RunStatus], shown: str) -> lis
     if len(statuses) < 2:
         return []
     return [{"name": name or "default", "shown": name == shown,
-             "committed": s.counts[runstate.COMMITTED], "partitions": len(s.partitions),
-             "in_progress": s.counts[runstate.IN_PROGRESS],
-             "stale": s.counts[runstate.STALE], "pending": s.counts[runstate.PENDING],
+             "committed": s.counts[partition_states.COMMITTED], "partitions": len(s.partitions),
+             "in_progress": s.counts[partition_states.IN_PROGRESS],
+             "stale": s.counts[partition_states.STALE],
+             "pending": s.counts[partition_states.PENDING],
              "phase": s.phase, "fingerprint": s.fingerprint}
             for name, s in statuses.items()]

@@ -15,6 +15,7 @@ import time
 
 from actx.deploy import runstate, ui_data, ui_page
 from actx.schemas import errors
+from actx.schemas import run_dir
 
 
 class PageSource:
@@ -22,9 +23,9 @@ class PageSource:
     every extraction of the run the page lists ({name: handle}, `handle` among them), one
     line each, beside the one it shows in full."""
 
-    def __init__(self, handle: runstate.RunHandle, stale_after_s: float,
+    def __init__(self, handle: run_dir.OpenedRun, stale_after_s: float,
                  min_interval_s: float = 1.0,
-                 extractions: dict[str, runstate.RunHandle] | None = None):
+                 extractions: dict[str, run_dir.OpenedRun] | None = None):
         self.handle = handle
         self.extractions = extractions or {}
         self.stale_after_s = stale_after_s
@@ -50,8 +51,8 @@ class PageSource:
             return self._data
 
 
-def write_html(handle: runstate.RunHandle, path: str, stale_after_s: float,
-               extractions: dict[str, runstate.RunHandle] | None = None) -> dict:
+def write_html(handle: run_dir.OpenedRun, path: str, stale_after_s: float,
+               extractions: dict[str, run_dir.OpenedRun] | None = None) -> dict:
     """Writes the page once, self-contained (no server, no refresh). Returns its data."""
     data = PageSource(handle, stale_after_s, extractions=extractions).data()
     with open(path, "w", encoding="utf-8") as f:
@@ -93,9 +94,9 @@ def make_server(source: PageSource, port: int, refresh_s: float) -> http.server.
     return server
 
 
-def page_command(handle: runstate.RunHandle, html_path: str | None, port: int | None,
+def page_command(handle: run_dir.OpenedRun, html_path: str | None, port: int | None,
                  refresh_s: float, stale_after_s: float, out,
-                 extractions: dict[str, runstate.RunHandle] | None = None) -> int:
+                 extractions: dict[str, run_dir.OpenedRun] | None = None) -> int:
     """`actx status RUN --html FILE` and/or `--serve [PORT]`: the page of `handle`, listing
     the run's `extractions` too where it has several."""
     if refresh_s <= 0:
@@ -110,8 +111,8 @@ def page_command(handle: runstate.RunHandle, html_path: str | None, port: int | 
     return 0
 
 
-def serve(handle: runstate.RunHandle, port: int, refresh_s: float, stale_after_s: float,
-          out, extractions: dict[str, runstate.RunHandle] | None = None) -> int:
+def serve(handle: run_dir.OpenedRun, port: int, refresh_s: float, stale_after_s: float,
+          out, extractions: dict[str, run_dir.OpenedRun] | None = None) -> int:
     """Serves the page until interrupted (Ctrl-C)."""
     source = PageSource(handle, stale_after_s, min_interval_s=min(refresh_s, 5.0),
                         extractions=extractions)

@@ -15,18 +15,18 @@ import dataclasses
 
 import numpy as np
 
-from actx.deploy import runstate
 from actx.schemas import activations_info as info_lib
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
+from actx.schemas import run_dir
 from actx.schemas import ts_context
 
 
 @dataclasses.dataclass
 class HookHealth:
     """What `verify` saw of one hook's values: non-finite counts, mean and mean norm (a
-    health check; reader.stats.HookStats are the normalisation statistics)."""
+    health check; reader.stored_stats.HookStats are the normalisation statistics)."""
 
     partitions: int = 0
     blocks: int = 0
@@ -82,14 +82,14 @@ def _stored_shards(store, hook: str) -> set[int]:
     return found
 
 
-def _open(handle: runstate.RunHandle, key: str):
+def _open(handle: run_dir.OpenedRun, key: str):
     # A named extraction's handle holds its store view (schemas.extraction), whose name
     # says where its arrays are.
     key = layout_lib.extraction_key(getattr(handle.store, "name", ""), key)
     return ts_context.open_array(layout_lib.array_spec(handle.location, key))
 
 
-def verify_run(handle: runstate.RunHandle, only: set[int] | None = None) -> VerifyReport:
+def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> VerifyReport:
     spec, manifest, store = handle.spec, handle.manifest, handle.store
     committed = commit_lib.committed_partitions(store)
     wanted = [p.id for p in manifest.partitions if only is None or p.id in only]
@@ -232,7 +232,7 @@ def _accumulate(stats: HookHealth, block: np.ndarray, valid_bt: np.ndarray, labe
     stats.norm_sum += float(np.linalg.norm(finite, axis=-1).sum())
 
 
-def repair(handle: runstate.RunHandle, report: VerifyReport, at: float) -> list[int]:
+def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[int]:
     """Turns every partition that failed `report` back into pending: records the repair
     (with the markers) under verify/repairs/, then deletes their commit markers, so
     `actx rerun` extracts them again. Returns the partitions repaired."""

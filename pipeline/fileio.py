@@ -14,7 +14,7 @@ import io
 import os
 
 from actx.schemas import errors
-from actx.schemas import store as store_lib
+from actx.schemas import gcs_store
 from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
 
@@ -37,7 +37,7 @@ def _is_data_file(name: str) -> bool:
 
 
 def _gcs_bucket(loc: uri_lib.Location):
-    return store_lib._gcs_client().bucket(loc.bucket)  # the project's one configured client
+    return gcs_store.gcs_client().bucket(loc.bucket)  # the project's one configured client
 
 
 def expand_path(path: str) -> list[str]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from actx.pipeline import sources
 from actx.pipeline import tokenize
+from actx.schemas import generate_spec
 from actx.schemas import runspec as runspec_lib
 
 
@@ -55,7 +56,7 @@ def sample_documents(docs: list[tokenize.TokenizedDoc], spec: runspec_lib.RunSpe
     return out
 
 
-def _samples(doc: tokenize.TokenizedDoc, gen: runspec_lib.GenerateSpec, pad_id: int):
+def _samples(doc: tokenize.TokenizedDoc, gen: generate_spec.GenerateSpec, pad_id: int):
     n, reserve = len(doc.token_ids), gen.max_new_tokens
     ids = np.concatenate([doc.token_ids, np.full(reserve, pad_id, np.int32)])
     attrs = None if doc.arc_attrs is None else np.concatenate(

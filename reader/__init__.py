@@ -56,7 +56,8 @@ from actx.reader.mixing import measure as measure_mixing
 from actx.reader.provenance import Selection
 from actx.reader.run import HookInfo, Run, open_run
 from actx.reader.shuffle import ShufflePlan, TokenIndex, build_index
-from actx.reader.stats import HookStats, compute_stats, load_stats
+from actx.reader.stats import compute_stats
+from actx.reader.stored_stats import HookStats, load_stats
 from actx.reader.stream import ShuffledStream
 
 __all__ = [

@@ -20,6 +20,7 @@ from actx.reader import generation_records
 from actx.reader import options as options_lib
 from actx.reader import provenance
 from actx.reader import stats as stats_lib
+from actx.reader import stored_stats
 from actx.reader import stream as stream_lib
 from actx.reader.snapshot import HookInfo, RunSnapshot
 from actx.schemas import errors as schemas_errors
@@ -65,7 +66,7 @@ class Run(RunSnapshot):
                       for h, i in self.hooks.items()},
             "committed": list(self.committed),
             "uncommitted": [p.id for p in self.uncommitted_partitions],
-            "masks": stats_lib.load_masks(self),
+            "masks": stored_stats.load_masks(self),
             "generation": (None if self.spec.generate is None else generation_records.count(
                 generation_records.read_records(self.store, self.committed))),
         }
@@ -128,4 +129,4 @@ class Run(RunSnapshot):
     def stats(self, hook: str):
         """Stored statistics of a hook (computed by `compute_stats`)."""
         self.require_commits()
-        return stats_lib.load_stats(self, hook)
+        return stored_stats.load_stats(self, hook)

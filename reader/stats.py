@@ -22,7 +22,7 @@ import numpy as np
 
 from actx.reader import masks as masks_lib
 from actx.reader import snapshot
-from actx.reader.stored_stats import STATS_VERSION, HookStats, load_masks, load_stats  # noqa: F401
+from actx.reader.stored_stats import HookStats
 from actx.schemas import layout
 from actx.schemas import ts_context
 

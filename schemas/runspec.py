@@ -13,6 +13,7 @@ import json
 from typing import Literal
 
 from actx.schemas import config as config_lib
+from actx.schemas import generate_spec
 from actx.schemas import tokenizer_identity as tokenizer_identity_lib
 
 RUN_SPEC_KEY = "run.json"
@@ -250,56 +251,6 @@ class LayoutSpec:
                              f"({self.rows_per_shard})")
 
 
-@dataclasses.dataclass(frozen=True)
-class GenerateSpec:
-    """Generation: the model writes after each document, which is its prompt, and the
-    activations of what it writes are stored beside the prompt's (docs/generate.md).
-
-    max_new_tokens: most tokens generated per sample, the stop token included. Prepare
-      reserves this many positions after each prompt, so prompt + max_new_tokens must fit
-      packing.max_context (a longer prompt is rejected with its reason).
-    temperature: 0 for greedy decoding (argmax, as HF `generate` without sampling); above
-      0, sampling at this temperature.
-    top_k: sample among the k likeliest tokens (0: no limit).
-    top_p: nucleus sampling over the smallest set of tokens whose probability reaches top_p
-      (1: off).
-    stop_token_ids: a sample ends after writing one of these ids (kept in its tokens).
-      Unset: the model's eos_token_id (generation_config.json, then config.json), the
-      tokenizer's EOS and its chat template's end-of-turn token.
-    samples_per_prompt: independent samples of each prompt; each is its own document in
-      the token store (its `sample` in the doc table).
-    seed: the root of the random streams. A token's stream depends only on the seed, its
-      prompt's document, its sample and its index, never on slot, batch or host.
-    """
-
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] | None = None
-    samples_per_prompt: int = 1
-    seed: int = 0
-
-    def __post_init__(self):
-        def bad(key, why):
-            return ValueError(f"{key}: {why}")
-
-        if self.max_new_tokens < 1:
-            raise bad("max_new_tokens", f"must be at least 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:
-            raise bad("temperature", f"must be >= 0 (0: greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise bad("top_k", f"must be >= 0 (0: no limit), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise bad("top_p", f"must be in (0, 1] (1: off), got {self.top_p}")
-        if self.samples_per_prompt < 1:
-            raise bad("samples_per_prompt", f"must be at least 1, got {self.samples_per_prompt}")
-        if not 0 <= self.seed < 2**32:
-            raise bad("seed", f"must be in [0, 2**32), got {self.seed}")
-        if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", f"token ids are >= 0, got {list(self.stop_token_ids)}")
-
-
 # What only extraction uses: a run whose extraction has committed nothing may change these
 # without preparing its tokens again (schemas.run_dir.switch_extraction_spec).
 EXTRACTION_ONLY_FIELDS = ("model", "capture")
@@ -321,7 +272,7 @@ class RunSpec:
     # derived from tokenizer.path, and a worker's spec from the job's config has none.
     tokenizer_identity: tokenizer_identity_lib.TokenizerIdentity | None = None
     # Absent (None) unless the run generates: a spec without it keeps its fingerprint.
-    generate: GenerateSpec | None = None
+    generate: generate_spec.GenerateSpec | None = None
 
     def __post_init__(self):
         if not self.sources:
@@ -418,29 +369,6 @@ class RunSpec:
 
     def to_json_obj(self) -> dict:
         return {**self.to_dict(), "spec_version": SPEC_VERSION, "fingerprint": self.fingerprint}
-
-
-def absolute_paths(spec_data: dict, base_dir: str) -> dict:
-    """`spec_data` (a RunSpec as a dict, as read from a config file) with its relative local
-    paths (sources' paths, model.path, tokenizer.path) made absolute against `base_dir`, so
-    a config means the same from any working directory and run.json records where the data
-    was. URIs (gs://, memory://) and empty paths stay as they are."""
-    import copy
-    import os
-
-    def absolute(path):
-        if not isinstance(path, str) or not path or "://" in path or os.path.isabs(path):
-            return path
-        return os.path.normpath(os.path.join(base_dir, path))
-
-    out = copy.deepcopy(spec_data)
-    for source in out.get("sources") or ():
-        if isinstance(source, dict) and isinstance(source.get("paths"), list):
-            source["paths"] = [absolute(p) for p in source["paths"]]
-    for part in ("model", "tokenizer"):
-        if isinstance(out.get(part), dict) and "path" in out[part]:
-            out[part]["path"] = absolute(out[part]["path"])
-    return out
 
 
 def read_run_spec(store) -> RunSpec:

@@ -17,6 +17,7 @@ import hashlib
 import json
 
 from actx.schemas import store as store_lib
+from actx.schemas import store_errors
 
 TOKENIZER_FILE = "tokenizer.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -189,7 +190,7 @@ def special_ids_named(model_path: str) -> list[tuple[str, int]]:
     for name in ("config.json", GENERATION_CONFIG_FILE):
         try:
             data = store.read_json(name)
-        except store_lib.StoreError:
+        except store_errors.StoreError:
             raise
         except Exception:  # unreadable: config.json's own check says so
             data = None

@@ -3,7 +3,7 @@
 Each simulated replica is one host with `slots` batch slots. Its steps come from the real
 `workers.schedule.stream`, over chains the real `schedule.chains` makes from documents
 packed by the real packer (`pipeline.pack.plan_pack`, FineWeb-like lengths); its partitions
-come from the real `workers.partition_choice.Chooser`, claiming in a store, reading the
+come from the real `workers.partition_chooser.Chooser`, claiming in a store, reading the
 commit markers and the heartbeats that the simulated replicas write there with the
 simulated clock. Only the mechanics are simulated: a step takes the replica's `step_s`
 seconds whatever its slots hold (a fixed-shape step on a device); a partition is
@@ -37,7 +37,7 @@ from actx.schemas import manifest as manifest_lib
 from actx.schemas import runspec
 from actx.schemas import store as store_lib
 from actx.schemas import uri
-from actx.workers import partition_choice, schedule
+from actx.workers import partition_choice, partition_chooser, schedule
 
 JOB = "sim"
 
@@ -236,7 +236,7 @@ class _Sim:
 
     # -- events ----------------------------------------------------------------------
     def _start(self, r, st, spec):
-        st["choice"] = partition_choice.Chooser(
+        st["choice"] = partition_chooser.Chooser(
             self.store, self.w.manifest, schedule.Topology(replicas=len(self.specs), replica=r),
             JOB, self._attempt(r), clock=lambda: self.now, stale_after_s=self.stale_after_s,
             start_grace_s=self.start_grace_s, refresh_s=self.refresh_s,

@@ -22,6 +22,7 @@ import pytest
 
 from actx.deploy import cli, local, local_target, runstate, status_text, ui_data
 from actx.schemas import commit, config as config_lib, heartbeat, layout, store
+from actx.schemas import run_dir
 from tests import hf_models, token_runs
 
 COMMAND = re.compile(r"`(actx [^`]*)`")
@@ -45,7 +46,7 @@ def _everything_said(run: str) -> tuple[str, dict]:
     """`actx status` as text and the page's data, of the run as it stands."""
     out = io.StringIO()
     assert cli.main(["status", run], out=out) == 0
-    return out.getvalue(), ui_data.page_data(runstate.compute_status(runstate.open_run(run)))
+    return out.getvalue(), ui_data.page_data(runstate.compute_status(run_dir.open_run(run)))
 
 
 def _gone_pid() -> int:
@@ -82,13 +83,13 @@ def _kill_a_stealing_worker(run: str) -> None:
 
 def test_a_dead_worker_with_claims_ahead_is_finished_by_what_every_view_advises(run):
     _kill_a_stealing_worker(run)
-    status = runstate.compute_status(runstate.open_run(run))
+    status = runstate.compute_status(run_dir.open_run(run))
     assert status.phase == "failed"
     # What it held, the partition in hand and the one claimed ahead, is stale at once.
     assert status.partitions.named() == {"p-00000": "pending", "p-00001": "stale",
                                          "p-00002": "stale", "p-00003": "pending"}
     launcher = io.StringIO()
-    assert local_target._rerun_hint(runstate.open_run(run), status, None, launcher)
+    assert local_target._rerun_hint(run_dir.open_run(run), status, None, launcher)
     text, page = _everything_said(run)
     [host] = page["hosts"]
     assert host["dead"] and "killed by SIGKILL" in host["message"]
@@ -187,7 +188,7 @@ def test_a_stop_signal_reads_as_stopped_not_failed(run):
     s.write_json(layout.heartbeat_key("local-r0h0"), config_lib.to_dict(
         dataclasses.replace(old, message="RuntimeError: out of memory")))
     assert not local.mark_dead(run, "local-r0h0", -15, stopped_by_user=True)
-    assert runstate.compute_status(runstate.open_run(run)).phase == "failed"
+    assert runstate.compute_status(run_dir.open_run(run)).phase == "failed"
 
 
 def test_status_line_of_a_finished_run_keeps_no_advice(run):
@@ -197,7 +198,7 @@ def test_status_line_of_a_finished_run_keeps_no_advice(run):
     s = store.open_store(run)
     for p in range(4):
         s.create_json(layout.commit_key(p), {"partition": p})
-    status = runstate.compute_status(runstate.open_run(run))
+    status = runstate.compute_status(run_dir.open_run(run))
     assert status.phase == "finished"
     [h] = status.hosts
     assert "killed by SIGKILL" in h.message and "actx rerun" not in h.message

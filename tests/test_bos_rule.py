@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from actx.pipeline import main as prepare_main
+from actx.pipeline import main as prepare_main, prepare_refusals
 from actx.pipeline import tokenize
 from actx.schemas import config as config_lib
 from actx.schemas import layout, runspec, store, ts_context, uri
@@ -120,7 +120,7 @@ def test_add_bos_keeps_the_rule_of_earlier_runs(tokenizers, texts, tmp_path):
     assert runspec.RunSpec.from_dict(recorded).fingerprint == recorded["fingerprint"]
     # The same spec without add_bos is another run (other tokens): refused, saying how to
     # go on with this one.
-    with pytest.raises(prepare_main.PrepareError) as e:
+    with pytest.raises(prepare_refusals.PrepareError) as e:
         prepare_main.run_prepare(_spec(tokenizers["gpt2"], texts), str(tmp_path / "run"))
     assert str(e.value).endswith(
         "choose a new run directory; or go on with it: it was prepared before "

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from actx.schemas import layout, stop_signals, store
+from actx.schemas import layout, stop_signals, store, worker_options
 from tests import hf_models, token_runs
 from actx.workers import main as worker_main
-from actx.workers import runner
+from actx.workers import admission, runner
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +75,19 @@ def test_missing_manifest_is_a_clear_error(model_dir, tmp_path):
     token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
     store.open_store(run).delete(layout.MANIFEST_KEY)
     with pytest.raises(FileNotFoundError, match=r"manifest.json: missing.*actx prepare"):
-        runner.Worker(runner.WorkerOptions(run=run))
+        runner.Worker(worker_options.WorkerOptions(run=run))
 
 
 def test_not_a_run_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not an actx run"):
-        runner.Worker(runner.WorkerOptions(run=str(tmp_path / "nothing")))
+        runner.Worker(worker_options.WorkerOptions(run=str(tmp_path / "nothing")))
 
 
 def test_tokenizer_vocab_larger_than_model_is_refused(model_dir, tmp_path):
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8, vocab=1000)
-    with pytest.raises(runner.RunMismatch, match=r"1000 ids.*512 rows.*do not belong together"):
-        runner.Worker(runner.WorkerOptions(run=run))
+    with pytest.raises(admission.RunMismatch, match=r"1000 ids.*512 rows.*do not belong together"):
+        runner.Worker(worker_options.WorkerOptions(run=run))
 
 
 def test_mesh_that_does_not_divide_batch_is_refused(model_dir, tmp_path):
@@ -95,7 +95,7 @@ def test_mesh_that_does_not_divide_batch_is_refused(model_dir, tmp_path):
     token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
     # 8 CPU devices (conftest) and model parallel 1: the data axis is 8.
     with pytest.raises(ValueError, match=r"batch.* 6.*8"):
-        runner.Worker(runner.WorkerOptions(run=run, batch_size=6))
+        runner.Worker(worker_options.WorkerOptions(run=run, batch_size=6))
 
 
 def test_activations_of_another_spec_are_refused(model_dir, tmp_path):
@@ -104,30 +104,30 @@ def test_activations_of_another_spec_are_refused(model_dir, tmp_path):
     s = store.open_store(run)
     s.write_json("activations/actx.json", {"fingerprint": "other", "dtype": "float32",
                                             "hooks": {}})
-    with pytest.raises(runner.RunMismatch, match="activations were written for"):
-        runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+    with pytest.raises(admission.RunMismatch, match="activations were written for"):
+        runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8))
 
 
 def test_other_numerics_are_refused_unless_allowed(model_dir, tmp_path):
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
-    first = runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+    first = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8))
     assert first.numerics_key()["rows_per_device"] == 1
     assert first.run() == 0  # a committed partition: its bytes depend on the numerics
     # 16 rows a step on the same 8 devices: 2 rows per device, other XLA blocking.
-    with pytest.raises(runner.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
-        runner.Worker(runner.WorkerOptions(run=run, batch_size=16))
-    runner.Worker(runner.WorkerOptions(run=run, batch_size=16, allow_numerics_change=True))
+    with pytest.raises(admission.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
+        runner.Worker(worker_options.WorkerOptions(run=run, batch_size=16))
+    runner.Worker(worker_options.WorkerOptions(run=run, batch_size=16, allow_numerics_change=True))
 
 
 def test_other_weights_at_the_same_path_are_refused(tmp_path):
     model = str(hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=0))
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model, n_rows=8, partition_rows=8)
-    assert runner.Worker(runner.WorkerOptions(run=run, batch_size=8)).run() == 0
+    assert runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8)).run() == 0
     hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=1)  # retrained in place
-    with pytest.raises(runner.RunMismatch, match=r"weights at .* changed"):
-        runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+    with pytest.raises(admission.RunMismatch, match=r"weights at .* changed"):
+        runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8))
 
 
 def test_numerics_and_weights_may_change_while_nothing_is_committed(tmp_path):
@@ -138,10 +138,10 @@ def test_numerics_and_weights_may_change_while_nothing_is_committed(tmp_path):
     model = str(hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=0))
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model, n_rows=8, partition_rows=8)
-    runner.Worker(runner.WorkerOptions(run=run, batch_size=8))  # admitted, never ran
-    second = runner.Worker(runner.WorkerOptions(run=run, batch_size=16))
+    runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8))  # admitted, never ran
+    second = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=16))
     hf_models.make_tiny_checkpoint(tmp_path / "m", "qwen2", seed=1)
-    third = runner.Worker(runner.WorkerOptions(run=run, batch_size=16))
+    third = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=16))
     s = store.open_store(run)
     info = json.loads(s.read(layout.ACTIVATIONS_INFO_KEY))
     assert info["numerics"]["rows_per_device"] == 2 and info["model_digest"] == third.model.digest
@@ -153,5 +153,5 @@ def test_numerics_and_weights_may_change_while_nothing_is_committed(tmp_path):
     assert changes[1]["before"]["model_digest"] == second.model.digest
     assert third.run() == 0
     # Once a partition is committed the record binds again.
-    with pytest.raises(runner.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
-        runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+    with pytest.raises(admission.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
+        runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8))

@@ -287,9 +287,10 @@ def test_working_bytes_counts_the_outputs_in_flight_and_the_cache(both):
     computed here from the run's own spec."""
     import jax
 
+    from actx.schemas import worker_options
     from actx.workers import model_groups, runner
 
-    worker = runner.Worker(runner.WorkerOptions(run=both, batch_size=8, extraction="chat",
+    worker = runner.Worker(worker_options.WorkerOptions(run=both, batch_size=8, extraction="chat",
                                                 steps_in_flight=3))
     spec = runspec.read_run_spec(extraction.view(store.open_store(both), "chat"))
     seq_len, itemsize = spec.packing.seq_len, np.dtype(spec.capture.dtype).itemsize
@@ -511,6 +512,7 @@ def test_the_page_lists_every_extraction_as_status_counts_it(both, tmp_path):
 def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
     """The worker's tokenizer check applies per extraction: a model whose embedding is
     smaller than the token store's vocabulary (512 ids) is refused for it."""
+    from actx.schemas import worker_options
     from actx.workers import admission, runner
 
     small = hf_models.make_tiny_checkpoint(tmp_path / "small", "qwen2", vocab_size=256)
@@ -518,7 +520,7 @@ def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
     _add(run, "small", str(small))
     with pytest.raises(admission.RunMismatch,
                        match=r"larger than the model.s embedding \(256 rows"):
-        runner.Worker(runner.WorkerOptions(run=run, batch_size=8, extraction="small"))
+        runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8, extraction="small"))
     assert not os.path.exists(os.path.join(run, "extractions", "small", "activations"))
 
 

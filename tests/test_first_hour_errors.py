@@ -88,13 +88,13 @@ def test_seq_len_beyond_the_models_positions_is_what_the_advice_names(model_32_p
                                                                       tmp_path):
     """seq_len 64 on a 32-position model: the advice is to lower seq_len (lowering
     max_context alone cannot work: it must be at least seq_len); followed, it passes."""
-    from actx.pipeline import main as prepare_main
+    from actx.pipeline import main as prepare_main, prepare_refusals
 
     spec = _spec(model_32_positions, tmp_path, seq_len=64)
     expected = "packing.seq_len=64 is larger than the model's max_position_embeddings=32"
     [problem] = _preflight_problems(spec)
     assert expected in problem and "set packing.seq_len to at most 32" in problem, problem
-    with pytest.raises(prepare_main.PrepareError) as e:
+    with pytest.raises(prepare_refusals.PrepareError) as e:
         prepare_main.run_prepare(spec, str(tmp_path / "run"))
     assert expected in str(e.value) and "set packing.seq_len to at most 32" in str(e.value)
     assert not (tmp_path / "run").exists()
@@ -135,6 +135,7 @@ def test_max_context_alone_beyond_the_models_positions_names_max_context(model_3
 def test_the_worker_gives_the_same_advice(model_32_positions, tmp_path):
     """A run prepared before the check (written here by the real packer) is refused by the
     worker itself with seq_len named."""
+    from actx.schemas import worker_options
     from actx.workers import runner
     from tests import token_runs
 
@@ -144,7 +145,7 @@ def test_the_worker_gives_the_same_advice(model_32_positions, tmp_path):
     with pytest.raises(ValueError, match=r"packing\.seq_len=48 is larger than the model's "
                                          r"max_position_embeddings=32 .*set packing\.seq_len "
                                          r"to at most 32"):
-        runner.Worker(runner.WorkerOptions(run=run))
+        runner.Worker(worker_options.WorkerOptions(run=run))
 
 
 # -- inputs without the text field name text_field and what they hold --------------------
@@ -177,13 +178,13 @@ def test_a_parquet_without_the_text_column_says_so_once_naming_its_columns(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from actx.pipeline import main as prepare_main
+    from actx.pipeline import main as prepare_main, prepare_refusals
 
     path = str(tmp_path / "docs.parquet")
     pq.write_table(pa.table({"id": [f"d{i}" for i in range(6)],
                              "content": [f"document {i}" for i in range(6)]}), path)
     run = str(tmp_path / "run")
-    with pytest.raises(prepare_main.PrepareError) as e:
+    with pytest.raises(prepare_refusals.PrepareError) as e:
         prepare_main.run_prepare(_prepare_spec(qwen_tokenizer_dir, path), run)
     reason = ("parquet file has no text column 'text', its columns are ['id', 'content'] - "
               "set the source's text_field to the column that holds the text")

@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from actx.schemas import generate_spec
 from actx.schemas import runspec
 from tests import flax_models
 from actx.workers import flax_model, flax_preflight, flax_step, sharding
@@ -233,7 +234,7 @@ def test_a_generating_run_is_refused_for_a_flax_model_by_name():
 
     spec = _spec(MASKED, "segmented", "continue")
     generating = runspec.RunSpec(**{**spec.__dict__,
-                                    "generate": runspec.GenerateSpec(max_new_tokens=4)})
+                                    "generate": generate_spec.GenerateSpec(max_new_tokens=4)})
     problems = preflight.check_job(generating).problems
     assert f"spec.generate: {preflight.FLAX_GENERATES}" in problems, problems
     assert not any("spec.generate" in p for p in preflight.check_job(spec).problems)

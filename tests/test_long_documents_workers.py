@@ -114,7 +114,8 @@ def test_a_run_prepared_before_context_was_recorded_is_refused(reference, tmp_pa
     import json
 
     from actx import reader
-    from actx.workers import runner
+    from actx.schemas import worker_options
+    from actx.workers import admission, runner
 
     ref, _ = reference
     old_spec = _copy_tokens(ref, str(tmp_path / "old_spec"))
@@ -123,25 +124,26 @@ def test_a_run_prepared_before_context_was_recorded_is_refused(reference, tmp_pa
     data["spec_version"] = 1
     del data["packing"]["max_context"]
     json.dump(data, open(path, "w"))
-    for open_it in (lambda: runner.Worker(runner.WorkerOptions(run=old_spec)),
+    for open_it in (lambda: runner.Worker(worker_options.WorkerOptions(run=old_spec)),
                     lambda: reader.open_run(old_spec)):
         with pytest.raises(Exception, match="no packing.max_context"):
             open_it()
 
     old_tokens = _copy_tokens(ref, str(tmp_path / "old_tokens"))
     shutil.rmtree(os.path.join(old_tokens, "tokens", "context_start"))
-    with pytest.raises(runner.RunMismatch, match="tokens/context_start: missing"):
-        runner.Worker(runner.WorkerOptions(run=old_tokens))
+    with pytest.raises(admission.RunMismatch, match="tokens/context_start: missing"):
+        runner.Worker(worker_options.WorkerOptions(run=old_tokens))
 
 
 def test_max_context_beyond_the_model_is_refused(model_dir, tmp_path):
+    from actx.schemas import worker_options
     from actx.workers import runner
 
     run = str(tmp_path / "run")
     token_runs.write_long_document_run(run, str(model_dir), max_context=8192)
     with pytest.raises(ValueError, match="max_context=8192 is larger than the model's "
                                          "max_position_embeddings=4096"):
-        runner.Worker(runner.WorkerOptions(run=run))
+        runner.Worker(worker_options.WorkerOptions(run=run))
 
 
 def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
@@ -164,14 +166,14 @@ def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
 
 
 def test_prepare_refuses_max_context_beyond_the_model_before_any_work(model_dir, tmp_path):
-    from actx.pipeline import main as prepare_main
+    from actx.pipeline import main as prepare_main, prepare_refusals
     from actx.schemas import runspec
 
     spec = runspec.RunSpec.from_dict({
         "model": {"path": str(model_dir)}, "tokenizer": {"path": "unused"},
         "sources": [{"kind": "text", "paths": [str(tmp_path / "none.jsonl")]}],
         "packing": {"seq_len": 16, "max_context": 8192}})
-    with pytest.raises(prepare_main.PrepareError,
+    with pytest.raises(prepare_refusals.PrepareError,
                        match="max_context=8192 is larger than the model's "
                              "max_position_embeddings=4096"):
         prepare_main.run_prepare(spec, str(tmp_path / "run"))

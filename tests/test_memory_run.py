@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from actx.deploy import runstate, verify
+from actx.deploy import verify
 from actx.pipeline import main as prepare_main
 from actx.pipeline import sample_data
-from actx.schemas import commit, runspec, store
+from actx.schemas import commit, run_dir, runspec, store, worker_options
 from tests import hf_models
 from actx.workers import runner
 
@@ -28,7 +28,7 @@ def test_prepare_extract_read_verify_in_memory(tmp_path, qwen_tokenizer_dir):
     })
     run = f"memory://{tmp_path.name}/run"
     m = prepare_main.run_prepare(spec, run, ["--runner=FnApiRunner"])
-    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+    worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8))
     assert worker.run() == 0
     assert commit.committed_partitions(store.open_store(run)) == {p.id for p in m.partitions}
 
@@ -37,7 +37,7 @@ def test_prepare_extract_read_verify_in_memory(tmp_path, qwen_tokenizer_dir):
     r = reader.open_run(run)
     with r.batches("layers.1.resid_post", batch_size=32, drop_last=False, prefetch=1) as it:
         assert sum(len(b.rows) for b in it) == m.total_tokens
-    report = verify.verify_run(runstate.open_run(run))
+    report = verify.verify_run(run_dir.open_run(run))
     assert report.ok, report.problems
     assert report.checked == [p.id for p in m.partitions]
     assert np.isfinite(report.stats["layers.1.resid_post"].to_json_obj(64)["mean"])

@@ -18,6 +18,7 @@ import time
 
 from actx.deploy import cli, runstate, ui_data
 from actx.schemas import commit, layout, store
+from actx.schemas import run_dir
 from tests import hf_models, token_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +110,7 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     assert sorted(p for p, v in st["partitions"].items() if v == "stale") == sorted(
         layout.partition_name(p) for p in beat["held"])
     assert "pending" in st["partitions"].values()  # the work the dead worker never reached
-    page = ui_data.page_commands(runstate.compute_status(runstate.open_run(run)))
+    page = ui_data.page_commands(runstate.compute_status(run_dir.open_run(run)))
     advised = {*launcher_says, *re.findall(r"`(actx rerun [^`]*)`", host["message"]),
                *(c for c in page.values() if c.startswith("actx rerun"))}
     assert advised == {f"actx rerun {run}"}, advised
@@ -129,7 +130,7 @@ def test_killed_worker_is_dead_at_once_and_its_partition_reruns(tmp_path):
     assert code == 0 and st["complete"] and st["phase"] == "finished", st
     assert st["current_tokens_per_s"] == 0
     assert not any("actx rerun" in h["message"] for h in st["hosts"]), st["hosts"]
-    data = ui_data.page_data(runstate.compute_status(runstate.open_run(run)))
+    data = ui_data.page_data(runstate.compute_status(run_dir.open_run(run)))
     assert not any(h["dead"] for h in data["hosts"]) and "rerun_all" not in data["commands"]
     assert "actx rerun" not in _status(run)[1]
     beat = s.read_json(layout.heartbeat_key(HOST))

@@ -9,7 +9,7 @@ import pytest
 import zarr
 from tokenizers import Tokenizer
 
-from actx.pipeline import fileio, main, sample_data, tokenize, write_store
+from actx.pipeline import fileio, main, prepare_refusals, sample_data, tokenize, write_store
 from actx.schemas import layout, manifest as manifest_lib, runspec as R, store as store_lib
 
 ARC_TASK = {"train": [{"input": [[1, 2], [3, 4]], "output": [[4, 3], [2, 1]]}],
@@ -228,7 +228,7 @@ def test_too_many_rejects_fails_with_summary(prepared, qwen_tokenizer_dir):
     spec = R.RunSpec(R.ModelSpec(""), R.TokenizerSpec(qwen_tokenizer_dir),
                      (R.SourceSpec("text", (text,)),))
     run = os.path.join(root, "run-rejects")
-    with pytest.raises(main.PrepareError, match=r"(?s)2 of 4 inputs rejected .*malformed JSON: 1"):
+    with pytest.raises(prepare_refusals.PrepareError, match=r"(?s)2 of 4 inputs rejected .*malformed JSON: 1"):
         main.run_prepare(spec, run)
     assert not os.path.exists(os.path.join(run, "manifest.json"))
     assert os.path.exists(os.path.join(run, write_store.rejects_key("text0")))

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from actx.pipeline import main
+from actx.pipeline import main, prepare_refusals
 from actx.schemas import layout, runspec as R, store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +64,7 @@ def test_retry_after_a_failed_prepare_equals_a_fresh_prepare(tmp_path, qwen_toke
     data = str(tmp_path / "in.jsonl")
     _write_jsonl(data, _texts(60), bad_lines=5)
     run = run_dir
-    with pytest.raises(main.PrepareError, match="5 of 65 inputs rejected"):
+    with pytest.raises(prepare_refusals.PrepareError, match="5 of 65 inputs rejected"):
         main.run_prepare(_spec(qwen_tokenizer_dir, data), run)
     left = _keys(run)  # the failed attempt wrote token shards and rejects
     assert any(k.startswith("tokens/") for k in left), left
@@ -169,6 +169,6 @@ def test_files_no_prepare_wrote_are_refused_not_deleted(tmp_path, qwen_tokenizer
     run = tmp_path / "mydata"
     (run / "docs").mkdir(parents=True)
     (run / "docs" / "notes.txt").write_text("mine")
-    with pytest.raises(main.PrepareError, match="holds docs/ that no actx prepare wrote"):
+    with pytest.raises(prepare_refusals.PrepareError, match="holds docs/ that no actx prepare wrote"):
         main.run_prepare(_spec(qwen_tokenizer_dir, data), str(run))
     assert (run / "docs" / "notes.txt").read_text() == "mine"

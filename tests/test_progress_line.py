@@ -14,6 +14,7 @@ import pytest
 
 from actx.deploy import cli, progress_line, runstate, status_text
 from actx.schemas import config as config_lib, heartbeat, layout, store
+from actx.schemas import run_dir
 from actx.workers import progress
 from tests import token_runs
 
@@ -54,7 +55,7 @@ def test_the_rate_counts_from_the_first_tokens_and_the_eta_estimates_until_then(
     beat = _beat_of(p, s, clock, monkeypatch)
     assert beat["tokens_done"] == 1_000 and beat["tokens_per_s"] == 0.0
     assert beat["eta_s"] is None
-    st = runstate.compute_status(runstate.open_run(run))
+    st = runstate.compute_status(run_dir.open_run(run))
     assert st.eta_s is None and st.eta_word == "estimating"
     assert "ETA: estimating (no steady-state rate yet" in status_text.render(st)
     assert "ETA estimating" in status_text.one_line(st)
@@ -67,8 +68,8 @@ def test_the_rate_counts_from_the_first_tokens_and_the_eta_estimates_until_then(
     beat = _beat_of(p, s, clock, monkeypatch)
     assert beat["tokens_per_s"] == 1_000.0  # not 11,000 / 70 s, start-up included
     assert beat["eta_s"] == pytest.approx((50_000 - 11_000) / 1_000.0)
-    st = runstate.compute_status(runstate.open_run(run))
-    total = runstate.open_run(run).manifest.total_tokens
+    st = runstate.compute_status(run_dir.open_run(run))
+    total = run_dir.open_run(run).manifest.total_tokens
     assert st.eta_s == pytest.approx(total / 1_000.0)  # nothing committed yet
 
 
@@ -77,7 +78,7 @@ def test_without_a_live_worker_the_eta_is_unknown(run):
     hb = heartbeat.Heartbeat(host="h0", replica=0, process_index=0, state="done",
                              attempt="a", updated_at=time.time(), tokens_done=5)
     s.write_json(layout.heartbeat_key("h0"), config_lib.to_dict(hb))
-    st = runstate.compute_status(runstate.open_run(run))
+    st = runstate.compute_status(run_dir.open_run(run))
     assert st.eta_s is None and st.eta_word == "unknown"
     assert "ETA: unknown (no live worker)" in status_text.render(st)
 
@@ -92,7 +93,7 @@ def _live_status(run: str, hosts: int = 3) -> runstate.RunStatus:
             tokens_per_s=123.0, history=((now - 30, 0), (now, 40)))
         s.write_json(layout.heartbeat_key(hb.host), config_lib.to_dict(hb))
     s.create_json(layout.commit_key(0), {"partition": 0})
-    return runstate.compute_status(runstate.open_run(run))
+    return runstate.compute_status(run_dir.open_run(run))
 
 
 @pytest.mark.parametrize("width", [40, 60, 79, 119, 200])

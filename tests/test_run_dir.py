@@ -13,14 +13,14 @@ from actx.schemas import activations_info, errors, layout, run_dir, store
 
 def test_every_input_error_is_a_user_error():
     from actx import reader
-    from actx.deploy import jobs, tpu_vm
-    from actx.pipeline import fileio, main as pipeline_main, tokenize
+    from actx.deploy import targets, tpu_vm
+    from actx.pipeline import fileio, prepare_refusals, tokenize
     from actx.schemas import config, store_errors
     from actx.workers import admission
 
     for cls in (config.ConfigError, fileio.InputError, tokenize.TokenizerError,
-                pipeline_main.PrepareError, admission.RunMismatch, tpu_vm.TargetError,
-                jobs.UsageError, store_errors.StoreError, reader.ReaderError,
+                prepare_refusals.PrepareError, admission.RunMismatch, tpu_vm.TargetError,
+                targets.UsageError, store_errors.StoreError, reader.ReaderError,
                 reader.NotARunError, reader.UnknownHookError, errors.NotARunError):
         assert issubclass(cls, errors.UserError), cls
     # The builtin bases callers have always caught stay.
@@ -32,6 +32,7 @@ def test_every_input_error_is_a_user_error():
 def test_not_a_run_is_said_the_same_way_by_every_stage(tmp_path, capsys):
     from actx import reader
     from actx.deploy import cli
+    from actx.schemas import worker_options
     from actx.workers import runner
 
     empty = tmp_path / "empty"
@@ -44,7 +45,7 @@ def test_not_a_run_is_said_the_same_way_by_every_stage(tmp_path, capsys):
         reader.open_run(str(empty))
     messages.append(str(e.value))
     with pytest.raises(FileNotFoundError) as e:
-        runner.Worker(runner.WorkerOptions(run=str(empty)))
+        runner.Worker(worker_options.WorkerOptions(run=str(empty)))
     messages.append(str(e.value))
     for command in ("status", "verify", "rerun"):
         assert cli.main([command, str(empty)], out=io.StringIO()) == 2

@@ -19,6 +19,7 @@ import pytest
 from actx.deploy import cli, host_logs, runstate, status_text, ui_server
 from actx.deploy.partition_states import STATES, PartitionStates
 from actx.schemas import commit, layout, manifest, store
+from actx.schemas import run_dir
 from tests import status_runs
 
 
@@ -34,7 +35,7 @@ def test_json_text_is_json_dumps_of_the_status_object(tmp_path, n):
     of `to_json_obj()`, one extraction or several."""
     run = status_runs.write_local(str(tmp_path / "r"), n_partitions=n, n_hosts=min(n, 9) or 1,
                                   committed=n // 3, dead_hosts=1, now=time.time(), job="j1")
-    handle = runstate.open_run(run)
+    handle = run_dir.open_run(run)
     status = runstate.compute_status(handle)
     one = status_text.render_extractions({"": status}, as_json=True)
     assert one == json.dumps(status.to_json_obj(), indent=1, sort_keys=True)
@@ -55,7 +56,7 @@ def test_json_of_150k_partitions_parses_to_the_plain_reading(tmp_path):
         os.link(os.path.join(run, layout.commit_key(0)), os.path.join(run, layout.commit_key(p)))
     text = _status(run, "--json")
     got = json.loads(text)
-    status = runstate.compute_status(runstate.open_run(run))
+    status = runstate.compute_status(run_dir.open_run(run))
     assert got["partitions"] == status.to_json_obj()["partitions"]
     committed = {int(n[2:-5]) for n in os.listdir(os.path.join(run, "commits"))}
     beats = [json.load(open(os.path.join(run, "workers", n)))
@@ -149,7 +150,7 @@ def _silent_run(tmp_path, hosts=6):
 
 def test_a_silent_hosts_log_is_read_once_and_again_when_it_moves(tmp_path):
     run = _silent_run(tmp_path)
-    handle = runstate.open_run(run)
+    handle = run_dir.open_run(run)
     counting = _CountingStore(handle.store)
     handle = dataclasses.replace(handle, store=counting)
     first = runstate.compute_status(handle)
@@ -176,7 +177,7 @@ def test_a_silent_hosts_log_is_read_once_and_again_when_it_moves(tmp_path):
 def test_the_log_cache_is_a_cache(tmp_path):
     """Damaged, missing or unwritable: status shows the same lines, read from the logs."""
     run = _silent_run(tmp_path, hosts=3)
-    handle = runstate.open_run(run)
+    handle = run_dir.open_run(run)
     clean = [h.message for h in runstate.compute_status(handle).hosts]
     cache = os.path.join(run, layout.log_lines_key("tpu-1"))
     for damage in (b"{not json", b'{"version": 99, "lines": {}}', b'{"version": 1, "lines": 3}'):
@@ -208,7 +209,7 @@ def test_the_page_of_a_pod_scale_run_through_its_server(tmp_path):
     run = status_runs.write_local(str(tmp_path / "r"), n_partitions=150_000, n_hosts=64,
                                   committed=2000, dead_hosts=64, now=time.time(),
                                   job="tpu-9", history_samples=4)
-    handle = runstate.open_run(run)
+    handle = run_dir.open_run(run)
     source = ui_server.PageSource(handle, 60.0, min_interval_s=0.0)
     server = ui_server.make_server(source, 0, 5.0)
     import threading
@@ -274,7 +275,7 @@ def test_status_and_the_page_show_the_latest_reference_verify(tmp_path):
     got = json.loads(_status(run, "--json"))["reference"]
     assert got == {"at": 1.8e9, "ok": False, "summary": record.summary()}
     assert "FAILED: document d1 (partition p-00001)" in got["summary"]
-    page = ui_server.PageSource(runstate.open_run(run), 60.0).data()
+    page = ui_server.PageSource(run_dir.open_run(run), 60.0).data()
     assert page["reference"] == got
     with open(os.path.join(run, ref.REFERENCE_RECORD_KEY), "w") as f:
         f.write('{"at": "yesterday"}')
@@ -308,7 +309,7 @@ def test_status_says_what_each_host_did_and_why_one_idles(tmp_path):
     assert hosts["host-000"]["stolen_from"] == {"r1": 2}
     assert hosts["host-001"]["given_up"] == {"r0": 2}
     assert hosts["host-001"]["idle_reason"].startswith("its partitions were all taken")
-    page = {h["host"]: h for h in ui_server.PageSource(runstate.open_run(run), 60.0)
+    page = {h["host"]: h for h in ui_server.PageSource(run_dir.open_run(run), 60.0)
             .data()["hosts"]}
     assert page["host-001"]["did"] in text and page["host-000"]["did"] in text
 

@@ -22,7 +22,7 @@ import yaml
 
 from actx.deploy import cli
 from actx.pipeline import sample_data
-from actx.schemas import layout, store
+from actx.schemas import gcs_store, layout, store
 from tests import fault_proxy, hf_models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,11 +84,11 @@ def proxy(gcs_emulator_server, monkeypatch):
     proxy = fault_proxy.FaultProxy(gcs_emulator_server.url, seed=11).start()
     monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)  # read at every open
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    store.reset_gcs_client()
+    gcs_store.reset_gcs_client()
     yield proxy
     proxy.stop()
     monkeypatch.undo()
-    store.reset_gcs_client()
+    gcs_store.reset_gcs_client()
 
 
 def _objects(run: str, prefix: str) -> dict[str, bytes]:

@@ -15,6 +15,7 @@ import pytest
 
 from actx.deploy import config as deploy_config
 from actx.deploy import demo, local, runstate, status_text
+from actx.schemas import run_dir
 from actx.schemas import stop_signals, store
 from tests import token_runs
 
@@ -33,7 +34,7 @@ def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
             beats = [s.read_json(k) for k in s.list("workers/")]
             if beats and beats[0]:
                 seen["beat"] = beats[0]
-                seen["line"] = status_text.one_line(runstate.compute_status(runstate.open_run(run)))
+                seen["line"] = status_text.one_line(runstate.compute_status(run_dir.open_run(run)))
                 break
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C in the launcher's terminal
@@ -60,7 +61,7 @@ def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
             f"{run}, nothing partial was committed. `actx rerun {run}` extracts the rest"
             in text), text
     # Status then reads "stopped", not "failed": the launcher stopped its worker.
-    status = runstate.compute_status(runstate.open_run(run))
+    status = runstate.compute_status(run_dir.open_run(run))
     assert status.phase == "stopped", status.hosts
     assert [h.state for h in status.hosts] == ["stopped"]
     # Said by the worker (its stop handler caught the signal while it started) or, when
@@ -76,6 +77,6 @@ def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
     [command] = set(re.findall(r"`(actx [^`]*)`", text))
     assert command == f"actx rerun {run}"
     assert cli.main(shlex.split(command)[1:], out=io.StringIO()) == 0
-    status = runstate.compute_status(runstate.open_run(run))
+    status = runstate.compute_status(run_dir.open_run(run))
     assert status.complete and status.phase == "finished"
     assert not any("actx rerun" in h.message for h in status.hosts)

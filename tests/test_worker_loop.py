@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actx.schemas import commit, heartbeat, manifest, store
+from actx.schemas import commit, heartbeat, manifest, store, worker_options
 from tests import hf_models, token_runs
 from actx.workers import runner, schedule
 
@@ -17,7 +17,7 @@ def model_dir(tmp_path_factory):
 def test_whole_job_compiles_once_and_reports_done(model_dir, tmp_path):
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model_dir, n_rows=30, partition_rows=8)  # short last part
-    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=8, heartbeat_s=1))
+    worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8, heartbeat_s=1))
     assert worker.run() == 0
     assert worker.fn.trace_count == 1
     assert worker.fn.compile_count() == 1

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from actx.schemas import commit as commit_lib
-from actx.schemas import layout, manifest, store
+from actx.schemas import layout, manifest, store, worker_options
 from tests import hf_models, token_runs, worker_procs
 from actx.workers import prefetch, runner, schedule, writer
 
@@ -73,7 +73,7 @@ def test_next_partition_is_dispatched_before_the_last_rows_are_handled(
         return commit(s, marker)
 
     monkeypatch.setattr(commit_lib, "commit", commit_marker)
-    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=8, steps_in_flight=2))
+    worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8, steps_in_flight=2))
     step_fn = worker.fn
 
     def step(*args, **kwargs):
@@ -97,7 +97,7 @@ def test_stream_bytes_equal_one_schedule_per_partition(model_dir, tmp_path, pack
     """Partitions of 12 rows and steps of 8: the stream runs rows of two partitions in one
     step; with 1 or 3 steps in flight it stores the bytes of the per-partition schedule."""
     reference = _run(model_dir, tmp_path / "ref", packing, partition_rows=12)
-    worker = runner.Worker(runner.WorkerOptions(run=reference, batch_size=8))
+    worker = runner.Worker(worker_options.WorkerOptions(run=reference, batch_size=8))
     pids = [p.id for p in worker.manifest.partitions]
     assert len(pids) >= 3
     session = worker.open_session()
@@ -111,7 +111,7 @@ def test_stream_bytes_equal_one_schedule_per_partition(model_dir, tmp_path, pack
     assert sorted(ref_markers) == pids
     for in_flight in (1, 3):
         run = worker_procs.copy_token_store(reference, str(tmp_path / f"run{in_flight}"))
-        w = runner.Worker(runner.WorkerOptions(run=run, batch_size=8,
+        w = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8,
                                                steps_in_flight=in_flight))
         assert w.run() == 0
         assert w.timings.steps > 0
@@ -131,7 +131,7 @@ def test_output_memory_modes_store_the_same_bytes(model_dir, tmp_path, monkeypat
     from actx.workers import outputs, transfer
 
     reference = _run(model_dir, tmp_path / "ref", "continue", partition_rows=12)
-    assert runner.Worker(runner.WorkerOptions(run=reference, batch_size=8)).run() == 0
+    assert runner.Worker(worker_options.WorkerOptions(run=reference, batch_size=8)).run() == 0
     kinds = set()
     host_pieces = outputs.host_pieces
 
@@ -144,7 +144,7 @@ def test_output_memory_modes_store_the_same_bytes(model_dir, tmp_path, monkeypat
         kinds.clear()
         monkeypatch.setattr(transfer, "OUTPUT_MEMORY", mode)
         run = worker_procs.copy_token_store(reference, str(tmp_path / mode))
-        worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=8))
+        worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8))
         assert (worker.fn.output_memory_kind == "pinned_host") == (mode == "pinned_host")
         assert worker.run() == 0
         assert kinds == {"pinned_host"}, mode
@@ -174,7 +174,7 @@ def test_an_error_on_the_output_thread_stops_the_loop_and_commits_nothing_after(
         add_slots(self, rows, write, pieces)
 
     monkeypatch.setattr(writer.PartitionWriter, "add_slots", add)
-    worker = runner.Worker(runner.WorkerOptions(run=run, batch_size=8, steps_in_flight=3))
+    worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8, steps_in_flight=3))
     with pytest.raises(OSError, match="disk gone"):
         worker.run()
     # Partitions of 8 rows, one step each: the third step's partition and later are not

@@ -12,10 +12,11 @@ It is `runner.Worker` with another `_load_model`.
 from __future__ import annotations
 
 from actx.schemas import ts_context
+from actx.schemas import worker_options
 from actx.workers import admission, flax_hooks, flax_model, flax_step, runner
 
 
-def worker_for_run(opts: runner.WorkerOptions) -> runner.Worker:
+def worker_for_run(opts: worker_options.WorkerOptions) -> runner.Worker:
     """The worker that can run `opts.run`'s model."""
     ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
     from actx.schemas import extraction as extraction_lib

@@ -15,6 +15,7 @@ from actx.schemas import layout
 from actx.schemas import parallelism
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
+from actx.schemas import store_errors
 from actx.workers import capture as capture_lib
 from actx.workers import checkpoint_check
 from actx.workers import model_config as model_config_lib
@@ -52,7 +53,7 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                                                                          config)
             problems += weight_problems
             missing += weights_missing
-    except store_lib.StoreError as e:
+    except store_errors.StoreError as e:
         unreachable = e
     if config is not None:
         if capture is not None:
@@ -115,7 +116,7 @@ FLAX_GENERATES = ("a user's Flax model (model.flax) cannot generate in actx yet 
 def generate_problems(spec: runspec_lib.RunSpec, config) -> list[str]:
     """What a generating run asks that this model cannot do (stop ids beyond its
     vocabulary, a longrope model whose factors a growing text cannot know); the spec's own
-    checks (runspec.GenerateSpec, RunSpec) came first."""
+    checks (generate_spec.GenerateSpec, RunSpec) came first."""
     gen = spec.generate
     if gen is None:
         return []
@@ -191,7 +192,7 @@ def _model_config(path: str, problems: list[str], missing: list[str]):
     where = f"{path.rstrip('/')}/config.json"
     try:
         data = store_lib.open_store(path).read_json("config.json")
-    except store_lib.StoreError:
+    except store_errors.StoreError:
         raise  # no credentials or no network: one clear line, not a list of guesses
     except Exception as e:  # unreadable JSON, a path that is not a directory
         problems.append(f"spec.model.path: {where} cannot be read ({e})")

@@ -32,24 +32,16 @@ from actx.schemas import manifest as manifest_lib
 from actx.schemas import ts_context
 from actx.schemas import version, worker_options
 from actx.workers import commit as commit_step
-from actx.workers import (admission, distributed, faults, outputs, partition_choice, prefetch,
-                          progress, schedule, stream_loop, transfer, writer)
+from actx.workers import (admission, distributed, faults, outputs, partition_chooser,
+                          prefetch, progress, schedule, stream_loop, transfer, writer)
 from actx.workers.stop import Preempted, StopSignal
 
 log = logging.getLogger("actx.worker")
 
 
-RunMismatch = admission.RunMismatch  # where callers have always found it
-
-
-WorkerOptions = worker_options.WorkerOptions  # where callers have always found it
-
-
-code_version = version.code_version
-
-
 class Worker:
-    def __init__(self, opts: WorkerOptions, opened: run_dir.OpenedRun | None = None):
+    def __init__(self, opts: worker_options.WorkerOptions,
+                 opened: run_dir.OpenedRun | None = None):
         """`opened`: the run `opts.run` names, if the caller has opened it."""
         import jax
 
@@ -93,7 +85,7 @@ class Worker:
         self.stop = StopSignal(self.topo.hosts_per_replica, opts.stop_check_steps)
         self.stop_requested = self.stop.requested  # set on SIGTERM (workers.stop)
         self.progress = progress.Progress()
-        self.choice = partition_choice.Chooser(
+        self.choice = partition_chooser.Chooser(
             self.store, self.manifest, self.topo, opts.job, self.attempt, only=opts.only,
             steal=opts.steal)
         # Whether this host has no rows in hand: the partition stream says while it runs.
@@ -118,7 +110,7 @@ class Worker:
             raise
         startup.stop(final_beat=False)
 
-    def _admit(self, jax, opts: WorkerOptions) -> None:
+    def _admit(self, jax, opts: worker_options.WorkerOptions) -> None:
         """Loads the model and checks the run against it (the rest of `__init__`)."""
         attention = self._load_model()
         self.progress.update(phase="checking the run against the model")
@@ -457,7 +449,7 @@ class Session:
         self.pool = writer.WriterPool(worker.opts.writer_threads,
                                       worker.opts.max_pending_mb << 20)
         self.committer = commit_step.Committer(worker.store, worker.spec, worker.topo,
-                                               worker.attempt, code_version(),
+                                               worker.attempt, version.code_version(),
                                                on_commit=worker._on_commit)
 
     def extract(self, pids: list[int]) -> list[int]:

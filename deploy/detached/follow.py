@@ -11,11 +11,13 @@ from __future__ import annotations
 import sys
 import time
 
+from actx.deploy import partition_states
 from actx.deploy import progress_line
 from actx.deploy import runstate
 from actx.deploy import status_text
 from actx.schemas import job_lease
 from actx.schemas import layout
+from actx.schemas import run_dir
 
 
 def job_hosts(status: runstate.RunStatus, prefix: str, since: float, job: str = "") -> list:
@@ -53,7 +55,7 @@ def _follow(run, host_prefix, started_at, wanted, out, every_s, stale_after_s,
             start_timeout_s, extraction, handle, job, words) -> int:
     from actx.schemas import extraction as extraction_lib
 
-    opened = handle or runstate.open_run(run)
+    opened = handle or run_dir.open_run(run)
     names = extraction_lib.parse(extraction)
     handles = [extraction_lib.scoped(opened, name) for name in names]
     shown = progress_line.ProgressLine(out)
@@ -71,7 +73,7 @@ def _follow_lines(run, host_prefix, started_at, wanted, out, every_s, stale_afte
         statuses = [runstate.compute_status(handle, stale_after_s) for handle in handles]
         ids = statuses[0].partitions if wanted is None else wanted
         behind = [i for i, s in enumerate(statuses)
-                  if any(s.partitions[p] != runstate.COMMITTED for p in ids)]
+                  if any(s.partitions[p] != partition_states.COMMITTED for p in ids)]
         # The last line (every partition committed) always shows, in a pipe too.
         shown.show(lambda width: status_text.lines_per_extraction(dict(zip(names, statuses)),
                                                                   width), force=not behind)
@@ -80,7 +82,7 @@ def _follow_lines(run, host_prefix, started_at, wanted, out, every_s, stale_afte
         # The workers run the extractions in order: the first one behind is the one at
         # work, and it has no heartbeat yet while the one before it has just finished.
         status = statuses[behind[0]]
-        missing = [p for p in ids if status.partitions[p] != runstate.COMMITTED]
+        missing = [p for p in ids if status.partitions[p] != partition_states.COMMITTED]
         hosts = job_hosts(status, host_prefix, started_at, job)
         earlier = [h for s in statuses[:behind[0]] for h in job_hosts(s, host_prefix,
                                                                          started_at, job)]

@@ -1,0 +1,181 @@
+"""What `actx prepare` refuses, and the hints it gives: a run directory of another run or
+with files no prepare wrote, a max_context beyond the model's, a tokenizer that is not the
+model's, sources that hold no documents, too many rejects.
+
+Apart from `pipeline.main` (which runs prepare and parses its command line) because these
+are the refusals themselves: each a check of the spec or the run directory that raises
+`PrepareError` with the line that says what to do, written once and called from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shlex
+
+from actx.pipeline import tokenize
+from actx.pipeline import write_store
+from actx.schemas import errors
+from actx.schemas import layout
+from actx.schemas import runspec as runspec_lib
+from actx.schemas import store as store_lib
+from actx.schemas import tokenizer_identity
+
+_log = logging.getLogger("actx.prepare")  # the logger of `pipeline.main`: one for prepare
+
+
+class PrepareError(errors.UserError, RuntimeError):
+    """The run failed a check (too many rejects, a conflicting run directory)."""
+
+
+def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
+    """Refuses another run's directory, then clears what an earlier attempt left.
+
+    run.json and manifest.json are written last, so without them every token array, doc
+    table and reject file here is from a failed attempt (possibly of another shape) and
+    goes; prepare/attempt.json, written first, says an attempt was made here, so files
+    that no prepare wrote are refused rather than deleted. Once partitions are committed
+    the token store stays (prepare is deterministic, and workers read it); rejects are
+    always rewritten by this attempt.
+    """
+    store.check_reachable()  # a missing bucket or no access: said now, not from a Beam worker
+    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    if existing is not None and existing.get("fingerprint") != spec.fingerprint:
+        raise PrepareError(
+            f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
+            f"this spec is {spec.fingerprint}); choose a new run directory"
+            + _add_bos_hint(existing, spec, store.location))
+    # Until the new manifest lands the run counts as not prepared.
+    store.delete(layout.MANIFEST_KEY)
+    store.delete(write_store.SUMMARY_KEY)
+    if existing is None and not store.exists(layout.PREPARE_ATTEMPT_KEY):
+        foreign = [p for p in layout.PREPARE_OUTPUT_PREFIXES if store.list(p)]
+        if foreign:
+            raise PrepareError(
+                f"{store.location}: holds {', '.join(foreign)} that no actx prepare wrote (no "
+                f"run.json, no {layout.PREPARE_ATTEMPT_KEY}); choose a new run directory, or "
+                f"delete them if they are a failed prepare's")
+    committed = existing is not None and bool(store.list(layout.COMMITS_PREFIX))
+    prefixes = ((layout.REJECTS_PREFIX, "prepare/") if committed
+                else layout.PREPARE_OUTPUT_PREFIXES)  # prepare/ last: its marker goes last
+    removed = sum(store.delete_prefix(prefix) for prefix in prefixes)
+    if removed:
+        _log.info("prepare: removed %d object(s) of an earlier attempt under %s (%s)", removed,
+                  store.location, ", ".join(prefixes))
+    # No time in it: the run directory stays byte-identical across prepares.
+    store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
+
+
+def _add_bos_hint(existing: dict, spec: runspec_lib.RunSpec, location) -> str:
+    """What to write when the run was prepared before `prepend_bos` (its run.json says
+    add_bos) and the spec differs from it only by leaving BOS to the tokenizer."""
+    old = (existing.get("tokenizer") or {}).get("add_bos")
+    if not isinstance(old, bool) or spec.tokenizer.bos_choice is not None:
+        return ""
+    same = dataclasses.replace(spec, tokenizer=dataclasses.replace(spec.tokenizer,
+                                                                   add_bos=old))
+    if same.fingerprint != existing.get("fingerprint"):
+        return ""
+    return (f"; or go on with it: it was prepared before spec.tokenizer.prepend_bos, with "
+            f"add_bos: {str(old).lower()} (docs/checkpoints.md): add that to spec.tokenizer, "
+            f"or `actx rerun {location}`")
+
+
+def reject_summary(summary: dict) -> str:
+    lines = []
+    for name, counts in summary["sources"].items():
+        reasons = summary["reject_reasons"].get(name, {})
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
+        lines.append(f"  {name}: read {counts['read']}, accepted {counts['accepted']}, "
+                     f"rejected {counts['rejected']}" + (f" ({detail})" if detail else ""))
+    return "\n".join(lines)
+
+
+def accept_rejects_hint(fraction: float, retry_argv: list[str] | None) -> str:
+    """What to type to accept `fraction` rejected: the same command with the smallest
+    --max-reject-fraction (rounded up to 3 decimals) that passes."""
+    needed = f"{min(1.0, math.ceil(fraction * 1000) / 1000):g}"
+    if retry_argv is None:
+        return f"run_prepare(..., max_reject_fraction={needed})"
+    kept, skip = [], False
+    for arg in retry_argv:
+        if skip:
+            skip = False
+        elif arg == "--max-reject-fraction":
+            skip = True  # its value follows
+        elif not arg.startswith("--max-reject-fraction="):
+            kept.append(arg)
+    return shlex.join(kept + [f"--max-reject-fraction={needed}"])
+
+
+def check_not_empty(spec: runspec_lib.RunSpec, files: list[tuple[int, str]],
+                     summary: dict) -> None:
+    """A source that yielded no record at all is a mistake (an empty file, a wrong glob's
+    empty match), not a run of 0 documents."""
+    for s, source in enumerate(spec.sources):
+        name = spec.source_name(s)
+        counts = summary["sources"].get(name)
+        if source.max_docs != 0 and counts is not None and counts["read"] == 0:
+            paths = [f for i, f in files if i == s]
+            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3
+                                            else "")
+            raise PrepareError(f"source {name!r}: no documents in {shown} (empty input); "
+                               f"check the path, or remove the source")
+
+
+def check_max_context(spec: runspec_lib.RunSpec) -> None:
+    """packing.max_context within the model's declared context, when its config.json can
+    be read now: the workers refuse it later, after the whole prepare, otherwise."""
+    if not spec.packing.carries_context:
+        return
+    try:
+        config = store_lib.open_store(spec.model.path).read_json("config.json")
+    except Exception:  # the model may not be reachable from here; workers check again
+        return
+    limit = int((config or {}).get("max_position_embeddings") or 0)
+    packing = spec.packing
+    if not (limit and packing.max_context > limit):
+        return
+    where = f"the model's max_position_embeddings={limit} ({spec.model.path}/config.json)"
+    # max_context is at least seq_len: when a row alone is too long, seq_len is what to lower
+    # (the same advice as workers.preflight.context_problem, which pipeline may not import).
+    if packing.seq_len > limit:
+        default = runspec_lib.DEFAULT_MAX_CONTEXT
+        also = (f" and packing.max_context to at most {limit} (its default is "
+                f"max({default}, seq_len))"
+                if packing.max_context > packing.seq_len or limit < default else
+                f" (and packing.max_context, if you set it, to at most {limit})")
+        raise PrepareError(
+            f"packing.seq_len={packing.seq_len} is larger than {where}: set packing.seq_len "
+            f"to at most {limit}{also}")
+    raise PrepareError(
+        f"packing.max_context={packing.max_context} is larger than {where}: set "
+        f"packing.max_context to at most {limit} (and at least seq_len={packing.seq_len})")
+
+
+def check_tokenizer_is_models(spec: runspec_lib.RunSpec
+                               ) -> tokenizer_identity.TokenizerIdentity:
+    """Refuses a tokenizer of another model (schemas.tokenizer_identity) when the model's
+    files can be read now (the workers check again); returns the tokenizer's identity,
+    which run.json records."""
+    tokenize.check_tokenizer_path(spec.tokenizer.path)
+    files = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
+    if not spec.model.path:  # prepare alone: the model is only recorded
+        return files.identity()
+    try:
+        config = store_lib.open_store(spec.model.path).read_json("config.json")
+        if config is None or "vocab_size" not in config:
+            return files.identity()
+        found = tokenizer_identity.match_problems(
+            files, spec.tokenizer.path, spec.model.path, int(config["vocab_size"]),
+            allowed=spec.tokenizer.allow_model_mismatch)
+    except Exception as e:  # the model may not be reachable from here; workers check again
+        _log.warning("prepare: could not check the tokenizer against the model (%s); the "
+                     "workers will", e)
+        return files.identity()
+    if found:
+        raise PrepareError(found[0] if len(found) == 1 else
+                           f"{len(found)} problems, nothing was started:\n  "
+                           + "\n  ".join(found))
+    return files.identity()
