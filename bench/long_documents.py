@@ -78,6 +78,8 @@ def _extract(run: str, batch: int, independent: bool = False,
              attention: str | None = None) -> tuple[float, int, int]:
     """Seconds to extract and commit every partition (after compiling the step on a dummy
     batch), stored tokens, and the steps run."""
+    import dataclasses
+
     import jax
     import numpy as np
 
@@ -89,26 +91,27 @@ def _extract(run: str, batch: int, independent: bool = False,
     worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=batch, heartbeat_s=30))
     if independent:
         # The old behaviour, for the baseline only: no cache, rows computed alone.
-        worker.max_context = None
+        worker.loaded = dataclasses.replace(worker.loaded, max_context=None)
     if independent or attention:
-        worker.fn = step.make_extract_fn(worker.model, worker.capture, worker.mesh,
-                                         attention_impl=attention,
-                                         max_context=worker.max_context)
+        loaded = worker.loaded
+        worker.loaded = dataclasses.replace(loaded, fn=step.make_extract_fn(
+            loaded.model, loaded.capture, worker.mesh, attention_impl=attention,
+            max_context=loaded.max_context))
     m = manifest_lib.read_manifest(store_lib.open_store(run))
     # Compile on a dummy batch placed as the worker places its inputs (global arrays on
     # the step's shardings): numpy inputs compile another executable, which the timed run
     # would then compile again.
     dummy = worker.transfer.tokens(np.ones((batch, m.seq_len), np.int32))
-    kwargs = ({} if worker.max_context is None
+    kwargs = ({} if worker.loaded.max_context is None
               else {"continues": worker.transfer.slots(np.zeros(batch, bool))})
-    jax.block_until_ready(worker.fn(dummy, dummy, dummy, **kwargs))
+    jax.block_until_ready(worker.loaded.fn(dummy, dummy, dummy, **kwargs))
     start = time.perf_counter()
     assert worker.run() == 0  # every partition, as `actx submit` runs a worker
     seconds = time.perf_counter() - start
-    if worker.max_context is not None:
+    if worker.loaded.max_context is not None:
         steps = worker.progress.step  # one stream of steps over all partitions
     else:
-        steps = sum(len(worker._plan_steps(p)) for p in m.partitions)
+        steps = sum(len(worker.plan_steps(p)) for p in m.partitions)
     return seconds, m.total_tokens, steps
 
 

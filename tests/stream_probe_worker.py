@@ -59,15 +59,15 @@ def _settings(env) -> None:
     if env.get("ACTX_LEADER_LOOKAHEAD"):
         distributed.LeaderSequence.LOOKAHEAD = int(env["ACTX_LEADER_LOOKAHEAD"])
     if env.get("ACTX_CHOICE_FAILS_AFTER"):
-        choose, calls = runner.Worker._choose_partition, []
+        choose, calls = runner.Worker.choose_partition, []
 
-        def failing(self, tried):
+        def failing(self, tried, idle=True):
             calls.append(1)
             if len(calls) > int(env["ACTX_CHOICE_FAILS_AFTER"]):
                 raise OSError("claims store unreachable (test)")
-            return choose(self, tried)
+            return choose(self, tried, idle)
 
-        runner.Worker._choose_partition = failing
+        runner.Worker.choose_partition = failing
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ def test_whole_job_compiles_once_and_reports_done(model_dir, tmp_path):
     token_runs.write_token_run(run, model_dir, n_rows=30, partition_rows=8)  # short last part
     worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8, heartbeat_s=1))
     assert worker.run() == 0
-    assert worker.fn.trace_count == 1
-    assert worker.fn.compile_count() == 1
+    assert worker.loaded.fn.trace_count == 1
+    assert worker.loaded.fn.compile_count() == 1
     s = store.open_store(run)
     assert commit.committed_partitions(s) == {0, 1, 2, 3}
     assert commit.read_marker(s, 3).row_count == 6

@@ -8,6 +8,7 @@ real packer: `overflow: continue` (rows carry context), `overflow: truncate` and
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -74,7 +75,7 @@ def test_next_partition_is_dispatched_before_the_last_rows_are_handled(
 
     monkeypatch.setattr(commit_lib, "commit", commit_marker)
     worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8, steps_in_flight=2))
-    step_fn = worker.fn
+    step_fn = worker.loaded.fn
 
     def step(*args, **kwargs):
         batch = dispatching.batch
@@ -84,7 +85,7 @@ def test_next_partition_is_dispatched_before_the_last_rows_are_handled(
             next_dispatched.set()
         return step_fn(*args, **kwargs)
 
-    worker.fn = step
+    worker.loaded = dataclasses.replace(worker.loaded, fn=step)
     assert worker.run() == 0
     assert ("last rows of 0 handled", True) in events, events
     assert events.index(("step with rows of 1",)) < events.index(("marker", 0)), events
@@ -145,7 +146,7 @@ def test_output_memory_modes_store_the_same_bytes(model_dir, tmp_path, monkeypat
         monkeypatch.setattr(transfer, "OUTPUT_MEMORY", mode)
         run = worker_procs.copy_token_store(reference, str(tmp_path / mode))
         worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8))
-        assert (worker.fn.output_memory_kind == "pinned_host") == (mode == "pinned_host")
+        assert (worker.loaded.fn.output_memory_kind == "pinned_host") == (mode == "pinned_host")
         assert worker.run() == 0
         assert kinds == {"pinned_host"}, mode
         worker_procs.assert_same_activations(run, reference)

@@ -6,14 +6,14 @@ it runs differs: the model comes from the factory (weights placed by their own s
 annotations), hooks are module paths, every row is seen alone (no KV cache), and packing
 modes the model cannot serve are refused before anything runs.
 
-It is `runner.Worker` with another `_load_model`.
+It is `runner.Worker` with another `load_model`, which returns a `loaded_model.LoadedModel`.
 """
 
 from __future__ import annotations
 
 from actx.schemas import ts_context
 from actx.schemas import worker_options
-from actx.workers import admission, flax_hooks, flax_model, flax_step, runner
+from actx.workers import admission, flax_hooks, flax_model, flax_step, loaded_model, runner
 
 
 def worker_for_run(opts: worker_options.WorkerOptions) -> runner.Worker:
@@ -36,30 +36,34 @@ def worker_for_run(opts: worker_options.WorkerOptions) -> runner.Worker:
 
 
 class FlaxWorker(runner.Worker):
-    """`runner.Worker` whose model is a user's Flax module: only `_load_model` differs."""
+    """`runner.Worker` whose model is a user's Flax module: only `load_model` differs."""
 
-    def _load_model(self) -> None:
+    def load_model(self) -> loaded_model.LoadedModel:
         """The factory's module, its hooks as module paths, every row seen alone."""
         self.progress.say_phase(f"loading weights: Flax model {self.spec.model.flax}")
-        self.model = flax_model.load(self.spec.model.flax, self.mesh)
-        problem = flax_model.packing_problem(self.spec.packing, self.model.call,
-                                             self.spec.model.flax)
-        if problem:
-            raise admission.RunMismatch(f"{self.location}: {problem}")
-        try:
-            self.capture = flax_hooks.parse_hooks(self.spec.capture.hooks, self.model.paths)
-        except ValueError as e:
-            raise admission.RunMismatch(f"{self.location}: capture.hooks: {e}") from e
-        if self.model.vocab_size is not None and \
-                self.manifest.vocab_size > self.model.vocab_size:
-            raise admission.RunMismatch(
-                f"tokenizer vocabulary ({self.manifest.vocab_size} ids, from "
-                f"{self.spec.tokenizer.path}) is larger than the Flax model's embedding "
-                f"({self.model.vocab_size} rows, {self.spec.model.flax}): tokenizer and "
-                f"model do not belong together")
-        self.max_context = None  # every row is seen alone (continue overflow is refused)
-        self.fn = flax_step.FlaxExtractFn(self.model, self.capture, self.mesh,
-                                          self.spec.capture.dtype)
-        self.warmup_rows = None
-        self.hooks = self.fn.hook_widths(self.manifest.seq_len)
-        return None  # the model's own attention: nothing of actx's to record
+        return load_flax(self.spec, self.manifest, self.mesh, self.location)
+
+
+def load_flax(spec, manifest, mesh, location) -> loaded_model.LoadedModel:
+    """The run's Flax model on the mesh with its step; refuses packing modes the model
+    cannot serve, hooks it does not have and a tokenizer larger than its embedding."""
+    model = flax_model.load(spec.model.flax, mesh)
+    problem = flax_model.packing_problem(spec.packing, model.call, spec.model.flax)
+    if problem:
+        raise admission.RunMismatch(f"{location}: {problem}")
+    try:
+        capture = flax_hooks.parse_hooks(spec.capture.hooks, model.paths)
+    except ValueError as e:
+        raise admission.RunMismatch(f"{location}: capture.hooks: {e}") from e
+    if model.vocab_size is not None and manifest.vocab_size > model.vocab_size:
+        raise admission.RunMismatch(
+            f"tokenizer vocabulary ({manifest.vocab_size} ids, from "
+            f"{spec.tokenizer.path}) is larger than the Flax model's embedding "
+            f"({model.vocab_size} rows, {spec.model.flax}): tokenizer and "
+            f"model do not belong together")
+    fn = flax_step.FlaxExtractFn(model, capture, mesh, spec.capture.dtype)
+    # Every row is seen alone (continue overflow is refused): no cache, no warm-up rows;
+    # the model's own attention: nothing of actx's to record.
+    return loaded_model.LoadedModel(model=model, capture=capture, fn=fn,
+                                    hooks=fn.hook_widths(manifest.seq_len),
+                                    max_context=None, warmup_rows=None, attention=None)

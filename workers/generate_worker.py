@@ -39,7 +39,7 @@ from actx.schemas import arc_answer
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import ts_context
-from actx.workers import admission, distributed, faults, runner, schedule, writer
+from actx.workers import admission, distributed, faults, loaded_model, runner, schedule, writer
 from actx.workers.stop import Preempted
 
 log = logging.getLogger("actx.worker")
@@ -48,10 +48,12 @@ PREFILL_LEN = 64  # prompt tokens a slot feeds per prefill step
 
 
 class GenerateWorker(runner.Worker):
-    """`runner.Worker` whose partitions are generated: `_load_model` builds a Generator,
+    """`runner.Worker` whose partitions are generated: `load_model` builds a Generator,
     `run_stream` runs partitions one after another."""
 
-    def _load_model(self) -> str:
+    def load_model(self) -> loaded_model.LoadedModel:
+        """The checkpoint, its Generator (`self.generator`, with the sampling settings and
+        the text decoder it stops by) and the run's token arrays; no extract step."""
         from actx.workers import capture as capture_lib
         from actx.workers import generate as generate_lib
         from actx.workers import generate_config
@@ -60,12 +62,11 @@ class GenerateWorker(runner.Worker):
         from actx.workers import model as model_lib
 
         spec = self.spec
-        self.capture = capture_lib.CaptureSpec.parse(spec.capture.hooks,
-                                                     dtype=spec.capture.dtype)
+        capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
         self.loading(spec.model.path, spec.model.path)
-        self.model = model_lib.load_pretrained(spec.model.path, dtype=spec.model.dtype,
-                                               mesh=self.mesh)
-        cfg = self.model.config
+        model = model_lib.load_pretrained(spec.model.path, dtype=spec.model.dtype,
+                                          mesh=self.mesh)
+        cfg = model.config
         admission.check_vocabulary(spec, self.manifest, cfg)
         self.decoder = generate_text.TextDecoder(spec.tokenizer.path)
         gen = spec.generate
@@ -79,22 +80,25 @@ class GenerateWorker(runner.Worker):
             max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k,
             top_p=gen.top_p, stop_token_ids=self.stop_token_ids,
             samples_per_prompt=gen.samples_per_prompt, seed=gen.seed)
-        self.max_context = spec.packing.max_context
+        max_context = spec.packing.max_context
         self.progress.say_phase("compiling the generation steps")
         self.generator = generate_lib.Generator(
-            self.model, generate_step.load_lm_head(spec.model.path, self.model), self.capture,
-            self.config, slots=self.opts.batch_size, max_length=self.max_context,
+            model, generate_step.load_lm_head(spec.model.path, model), capture,
+            self.config, slots=self.opts.batch_size, max_length=max_context,
             prefill_len=min(PREFILL_LEN, self.manifest.seq_len))
-        self.fn, self.warmup_rows = None, None
-        self.hooks = {**capture_lib.hook_widths(cfg, self.generator.hook_names),
-                      layout.GENERATED_IDS: 1}
         self._doc_tables: dict[int, list[dict]] = {}
         self._token_arrays = {
             name: ts_context.open_array(layout.array_spec(
                 self.location, layout.token_array_key(name), recheck_cached_data="open"))
             for name in ("input_ids", "positions", "doc_index")}
-        # For the numerics record: "xla-generate" or "pallas-generate" (generate_step).
-        return f"{self.generator.attention}-generate"
+        # No extract step (`fn`): the Generator runs the steps. The numerics record says
+        # "xla-generate" or "pallas-generate" (generate_step).
+        return loaded_model.LoadedModel(
+            model=model, capture=capture, fn=None,
+            hooks={**capture_lib.hook_widths(cfg, self.generator.hook_names),
+                   layout.GENERATED_IDS: 1},
+            max_context=max_context, warmup_rows=None,
+            attention=f"{self.generator.attention}-generate")
 
     def hook_dtypes(self) -> dict[str, str]:
         return {**(super().hook_dtypes() or {}), layout.GENERATED_IDS: "int32"}
@@ -104,13 +108,13 @@ class GenerateWorker(runner.Worker):
                    sequence: list[int] | None = None) -> None:
         """Every partition left (or `sequence`, in order), one after another. The hosts of
         a replica take them in process 0's order (as `runner.Worker.run_stream`)."""
-        choose = lambda: self._choose_partition(tried)  # noqa: E731
+        choose = lambda: self.choose_partition(tried)  # noqa: E731
         if sequence is None and self.topo.hosts_per_replica > 1:
             if self.opts.steal:  # chosen (and claimed) one at a time by process 0
                 choose = distributed.LeaderSequence(choose, wait=self.wait_for_work).next
             else:
                 sequence = distributed.broadcast_ints(
-                    [p for p in self._candidates() if not self._is_committed(p)]
+                    [p for p in self._candidates() if not self.is_committed(p)]
                     if self.topo.host_index == 0 else [])
         todo = iter(sequence) if sequence is not None else None
         while True:
@@ -123,7 +127,7 @@ class GenerateWorker(runner.Worker):
                     continue
             if pid < 0:
                 return
-            if self.topo.hosts_per_replica == 1 and self._is_committed(pid):
+            if self.topo.hosts_per_replica == 1 and self.is_committed(pid):
                 continue  # (several hosts: process 0 chose it uncommitted; all take it)
             self.generate_partition(self.manifest.partition(pid), pool, committer)
 
@@ -226,7 +230,7 @@ class GenerateWorker(runner.Worker):
         doc_index, positions = rows["doc_index"], rows["positions"]
         shape = doc_index.shape
         blocks = {hook: np.zeros(shape + (width,), self.arrays.arrays[hook].dtype.numpy_dtype)
-                  for hook, width in self.hooks.items()}
+                  for hook, width in self.loaded.hooks.items()}
         ids = np.full(shape, layout.GENERATED_PROMPT, np.int32)
         for i, doc in enumerate(docs):
             sample = samples[i]

@@ -11,11 +11,28 @@ import dataclasses
 import gc
 import logging
 import sys
+import threading
+from typing import TYPE_CHECKING, Protocol
 
 from actx.schemas import errors, flags, stop_signals, worker_options
 from actx.workers import distributed
 from actx.workers import model_groups
 from actx.workers.preflight import check_job, hook_shapes  # noqa: F401  (deploy's pre-flight and dry run, through here)
+
+if TYPE_CHECKING:
+    from actx.workers import schedule
+
+
+class Loop(Protocol):
+    """What this process does with a loaded worker (`runner.Worker` is one): runs its loop,
+    stops it on a signal, and says which run and replica it belongs to."""
+
+    opts: worker_options.WorkerOptions  # its run, for the line a stop signal prints
+    topo: "schedule.Topology"  # a multi-host replica's failed host leaves it at once
+    stop_requested: threading.Event  # set by a stop signal: the loop stops at its next step
+
+    def run(self) -> int:
+        """Extracts every partition left: 0, or the process's exit code."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,7 +133,7 @@ def _extract(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
     return _run(worker, sigint)
 
 
-def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals"):
+def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> "Loop | int":
     """The worker of `opts.extraction`, its model loaded; or the process's exit code."""
     try:
         from actx.workers import flax_worker
@@ -140,7 +157,7 @@ def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals"):
     return worker
 
 
-def _run(worker, sigint: "_StopSignals") -> int:
+def _run(worker: Loop, sigint: "_StopSignals") -> int:
     """Runs a loaded worker's loop: 0 when done, else the process's exit code."""
     try:
         code = worker.run()
@@ -178,7 +195,7 @@ class _StopSignals:
         import threading
 
         self.received = stop_signals.Received()
-        self.workers = []  # the workers whose loops a signal stops
+        self.workers: list[Loop] = []  # the workers whose loops a signal stops
         self._said = threading.Lock()
 
     def say_interrupted(self, run: str) -> None:

@@ -25,24 +25,55 @@ import dataclasses
 import gc
 import logging
 import threading
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # no JAX before a model loads (workers.main imports this module)
+    from actx.schemas import manifest as manifest_lib
+    from actx.schemas import runspec, worker_options
+    from actx.workers import loaded_model, schedule
+    from actx.workers.progress import Progress
 
 log = logging.getLogger("actx.worker")
 
 
-def working_bytes(worker) -> int:
+class Footprint(Protocol):
+    """What decides a loaded worker's device memory beyond its weights (`working_bytes`):
+    `runner.Worker` is one."""
+
+    opts: worker_options.WorkerOptions  # batch_size, steps_in_flight
+    mesh: Any  # jax.sharding.Mesh: the batch's split over devices
+    manifest: manifest_lib.Manifest  # seq_len
+    spec: runspec.RunSpec  # the capture's dtype
+    loaded: loaded_model.LoadedModel  # the hooks' widths, the KV cache
+
+
+class Member(Footprint, Protocol):
+    """A loaded worker of a group: its footprint, and the identity its heartbeats carry
+    while it waits (`_beat_while_waiting`); `workers.main` runs it and stops it."""
+
+    extraction: str
+    store: Any  # schemas.extraction.ExtractionStore
+    heartbeat_writer: Any
+    progress: Progress
+    host: str
+    attempt: str
+    topo: schedule.Topology
+
+
+def working_bytes(worker: Footprint) -> int:
     """Device bytes one worker's loop holds beyond its weights, per device: its KV cache
     (long documents) and the outputs of the steps in flight (and the one being handled)."""
     import numpy as np
 
     from actx.workers import sharding
 
-    opts = worker.opts
+    opts, loaded = worker.opts, worker.loaded
     slots = opts.batch_size // max(1, sharding.axis_size(worker.mesh, "batch"))
     seq_len = worker.manifest.seq_len
-    outputs = (slots * seq_len * sum(worker.hooks.values())
+    outputs = (slots * seq_len * sum(loaded.hooks.values())
                * np.dtype(worker.spec.capture.dtype).itemsize * (opts.steps_in_flight + 1))
-    cache = (0 if worker.max_context is None
-             else worker.fn.cache_bytes_per_device(opts.batch_size, seq_len))
+    cache = (0 if loaded.max_context is None
+             else loaded.fn.cache_bytes_per_device(opts.batch_size, seq_len))
     return outputs + cache
 
 
@@ -54,7 +85,7 @@ class Fit:
     detail: str
 
 
-def fit(jax, workers: list) -> Fit:
+def fit(jax, workers: list[Footprint]) -> Fit:
     """Whether `workers`, all loaded, can run their loops at once (see the module's doc)."""
     from actx.workers import admission, kv_cache  # JAX: only once models load
 
@@ -73,7 +104,7 @@ def _out_of_memory(e: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()
 
 
-def _beat_while_waiting(like, message: str, name: str | None = None):
+def _beat_while_waiting(like: Member, message: str, name: str | None = None):
     """A heartbeat for an extraction of this process whose loop does not run yet, so that
     status and `--wait` see a live host, not a silent one: `like` itself, loaded and
     waiting for the rest of its group (its own writer, which its session takes over), or
@@ -136,12 +167,13 @@ def extract_at_once(opts, names: list[str], sigint, load, run) -> int:
             thread.stop(final_beat=False)
 
 
-def _load_group(opts, names: list[str], sigint, load, waiting: dict) -> tuple[list, int]:
+def _load_group(opts, names: list[str], sigint, load, waiting: dict
+                ) -> tuple[list[Member], int]:
     """Loads the models of `names` one by one while they fit beside the ones before; (the
     loaded workers, the exit code of a load that was refused or stopped, else 0)."""
     import jax
 
-    group: list = []
+    group: list[Member] = []
     beats: list = []  # the loaded models' heartbeats while the next one loads
     try:
         for name in names:
@@ -179,18 +211,18 @@ def _load_group(opts, names: list[str], sigint, load, waiting: dict) -> tuple[li
         gc.collect()  # a model let go (or a failed load's arrays) leaves the device now
 
 
-def _shown(group: list) -> str:
+def _shown(group: list[Member]) -> str:
     return ", ".join(repr(w.extraction or "default") for w in group)
 
 
-def _let_go(group: list, sigint) -> None:
+def _let_go(group: list[Member], sigint) -> None:
     """The group's models go before the next group loads."""
     sigint.workers = []
     group.clear()
     gc.collect()
 
 
-def _run_group(group: list, sigint, run) -> int:
+def _run_group(group: list[Member], sigint, run) -> int:
     """Runs the group's loops, one thread each (the first on this thread); the worst exit
     code. A loop that fails leaves the others to finish: their partitions commit. A second
     stop signal while this thread waits for the others stops the process now."""

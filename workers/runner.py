@@ -30,10 +30,12 @@ from actx.schemas import layout
 from actx.schemas import parallelism
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import ts_context
-from actx.schemas import version, worker_options
+from actx.schemas import worker_options
 from actx.workers import commit as commit_step
-from actx.workers import (admission, distributed, faults, outputs, partition_chooser,
-                          prefetch, progress, schedule, stream_loop, transfer, writer)
+from actx.workers import (admission, distributed, faults, loaded_model, outputs,
+                          partition_chooser, prefetch, progress, schedule, stream_loop,
+                          transfer, writer)
+from actx.workers.session import Session, ended_by
 from actx.workers.stop import Preempted, StopSignal
 
 log = logging.getLogger("actx.worker")
@@ -88,8 +90,6 @@ class Worker:
         self.choice = partition_chooser.Chooser(
             self.store, self.manifest, self.topo, opts.job, self.attempt, only=opts.only,
             steal=opts.steal)
-        # Whether this host has no rows in hand: the partition stream says while it runs.
-        self.hand_empty = lambda: True
         # Heartbeats start before the model loads, so status shows a host that is loading
         # (or that failed to) instead of nothing; the session's thread takes over after.
         startup = progress.HeartbeatThread(
@@ -112,27 +112,29 @@ class Worker:
 
     def _admit(self, jax, opts: worker_options.WorkerOptions) -> None:
         """Loads the model and checks the run against it (the rest of `__init__`)."""
-        attention = self._load_model()
+        self.loaded = self.load_model()
         self.progress.update(phase="checking the run against the model")
         admission.check_token_layout(self.store, self.location)
         self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,
-                                               opts.model_parallel, attention=attention)
+                                               opts.model_parallel,
+                                               attention=self.loaded.attention)
         self._committed = commit_lib.committed_partitions(self.store)
         hook_dtypes = self.hook_dtypes()
-        admission.check_activation_info(self.store, self.location, self.spec, self.hooks,
-                                        self.model.digest, self.numerics,
+        admission.check_activation_info(self.store, self.location, self.spec,
+                                        self.loaded.hooks, self.loaded.model.digest,
+                                        self.numerics,
                                         opts.allow_numerics_change,
                                         nothing_committed=not self._committed,
                                         hook_dtypes=hook_dtypes)
         self.arrays = writer.ActivationArrays(
-            self.location.join(layout.extraction_prefix(self.extraction)), self.hooks,
+            self.location.join(layout.extraction_prefix(self.extraction)), self.loaded.hooks,
             self.manifest.total_rows, self.manifest.seq_len, self.spec.capture.dtype,
             self.spec.layout, hook_dtypes)
         self.tokens = prefetch.TokenStore(self.location)
         self.timings = outputs.HostTimings()
         # A generating worker runs its own steps (workers.generate_worker): no extract step.
-        self.transfer = None if self.fn is None else transfer.HostTransfer(jax, self.fn,
-                                                                           opts.batch_size)
+        fn = self.loaded.fn
+        self.transfer = None if fn is None else transfer.HostTransfer(jax, fn, opts.batch_size)
         # `concat` rows are one causal stream across documents: the model must not apply
         # the per-document mask there, while segment ids still tell padding apart.
         self.one_segment_per_row = self.spec.packing.mode == "concat"
@@ -142,7 +144,7 @@ class Worker:
         """Each stored array's dtype where it is not the capture's (None: none)."""
         from actx.workers import capture as capture_lib
 
-        return capture_lib.hook_dtypes(self.hooks, self.spec.capture.dtype)
+        return capture_lib.hook_dtypes(self.loaded.hooks, self.spec.capture.dtype)
 
     def loading(self, what: str, path: str) -> None:
         """Says that weights are loading, with their size when the checkpoint is a local
@@ -153,38 +155,12 @@ class Worker:
         self.progress.say_phase(f"loading weights: {what}"
                                 + (f" ({size / 2**20:,.1f} MB)" if size else ""))
 
-    def _load_model(self) -> str | None:
-        """Loads the run's model onto the mesh and builds its step: sets `capture`,
-        `model`, `max_context`, `fn`, `warmup_rows` and `hooks` (name -> width). Returns
-        the attention implementation the step runs, for the numerics record. The one part
-        of the worker that differs for a user's Flax model (`workers.flax_worker`)."""
-        from actx.workers import capture as capture_lib
-        from actx.workers import model as model_lib
-        from actx.workers import step as step_lib
-
-        jax, opts = self.jax, self.opts
-        self.capture = capture_lib.CaptureSpec.parse(self.spec.capture.hooks,
-                                                     dtype=self.spec.capture.dtype)
-        self.loading(self.spec.model.path, self.spec.model.path)
-        self.model = model_lib.load_pretrained(self.spec.model.path, dtype=self.spec.model.dtype,
-                                               mesh=self.mesh)
-        cfg = self.model.config
-        admission.check_vocabulary(self.spec, self.manifest, cfg)
-        packing = self.spec.packing
-        # Long documents carry their context from row to row through a slot's KV cache;
-        # concat and truncate rows are independent and run without one.
-        self.max_context = packing.max_context if packing.carries_context else None
-        self.fn = step_lib.make_extract_fn(self.model, self.capture, self.mesh,
-                                           max_context=self.max_context,
-                                           output_memory_kind=transfer.output_memory_kind(jax))
-        self.warmup_rows = None if self.max_context is None else schedule.warmup_rows(
-            [min(w or self.max_context, self.max_context)
-             for w in cfg.window_per_layer[:self.fn.layers_run]], self.manifest.seq_len)
-        admission.check_context_fits(jax, self.spec, self.model, self.fn, self.mesh,
-                                     opts.batch_size, opts.model_parallel,
-                                     self.manifest.seq_len, self.max_context)
-        self.hooks = capture_lib.hook_widths(cfg, self.fn.hook_names)
-        return self.fn.attention_implementation(self.manifest.seq_len)
+    def load_model(self) -> loaded_model.LoadedModel:
+        """The run's model on the mesh with its step (`loaded_model.LoadedModel`): the one
+        part of the worker that differs for a user's Flax model (`workers.flax_worker`)
+        or a generating run (`workers.generate_worker`)."""
+        return loaded_model.load_checkpoint(self.jax, self.spec, self.manifest, self.mesh,
+                                            self.opts, self.loading)
 
     def _warn_idle_hosts(self) -> None:
         hosts, rps = self.topo.hosts_per_replica, self.spec.layout.rows_per_shard
@@ -204,20 +180,21 @@ class Worker:
         """This replica's own partitions (within `only`), in order."""
         return list(self.choice.own)
 
-    def _is_committed(self, pid: int) -> bool:
+    def is_committed(self, pid: int) -> bool:
+        """Whether partition `pid` has its commit marker."""
         # One object read per candidate; the start-up listing covers the common case.
         if pid in self._committed or self.store.exists(layout.commit_key(pid)):
             self._committed.add(pid)
             return True
         return False
 
-    def _choose_partition(self, tried: set[int]) -> int | None:
+    def choose_partition(self, tried: set[int], idle: bool = True) -> int | None:
         """The next partition to extract: -1 when there is no more, None when there is
         nothing to take now but there may be later (ask again). Its own first; when
         stealing, claimed, and another replica's only where its owner will not reach it
-        soon (workers.partition_choice)."""
-        idle = self.hand_empty()
-        pid = self.choice.choose(tried, self._is_committed, idle=idle)
+        soon (workers.partition_choice). idle: whether this host has no rows in hand (the
+        partition stream says while it runs)."""
+        pid = self.choice.choose(tried, self.is_committed, idle=idle)
         with self.progress.lock:
             self.progress.stolen_from = dict(self.choice.stolen_from)
             self.progress.given_up = dict(self.choice.given_up)
@@ -252,17 +229,17 @@ class Worker:
         lo, hi = schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard)
         if hi == lo:
             return lo, hi, []
-        if self.max_context is None:  # rows are independent: one chain each
+        if self.loaded.max_context is None:  # rows are independent: one chain each
             return lo, hi, schedule.chains(lo, hi)
         continues, first_positions = self.tokens.continuation_flags(lo, hi)
         return lo, hi, schedule.chains(lo, hi, continues, first_positions,
-                                       self.manifest.seq_len, self.warmup_rows)
+                                       self.manifest.seq_len, self.loaded.warmup_rows)
 
-    def _plan_steps(self, part: manifest_lib.Partition) -> list[schedule.Step]:
+    def plan_steps(self, part: manifest_lib.Partition) -> list[schedule.Step]:
         """This host's steps: one row per slot, a long document's rows through one slot in
         successive steps. Hosts of a replica agree on the step count (the longest plan)."""
         rows_per_shard = self.spec.layout.rows_per_shard
-        if self.max_context is None:
+        if self.loaded.max_context is None:
             return schedule.plan_steps(part, self.topo, rows_per_shard, self.local_batch)
         lo, hi, chain_list = self.host_chains(part)
         filler = lo if hi > lo else part.row_start
@@ -303,11 +280,12 @@ class Worker:
                 if compiling:
                     compile_started = time.perf_counter()
                     self.progress.say_phase("compiling the step (its first call)")
-                if self.max_context is not None:
-                    outs = self.fn(*inputs, continues=self.transfer.slots(
+                fn = self.loaded.fn
+                if self.loaded.max_context is not None:
+                    outs = fn(*inputs, continues=self.transfer.slots(
                         np.asarray(batch.step.continues, bool)))
                 else:
-                    outs = self.fn(*inputs)
+                    outs = fn(*inputs)
                 if compiling:
                     self._compiled = True
                     log.info("compiled in %.1fs", time.perf_counter() - compile_started)
@@ -334,7 +312,7 @@ class Worker:
         schedule the stream's bytes are tested against, and what benchmarks plan with."""
         part = self.manifest.partition(pid)
         started = time.perf_counter()
-        steps = self._plan_steps(part)
+        steps = self.plan_steps(part)
         part_writer = writer.PartitionWriter(
             self.arrays, schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard),
             pool)
@@ -353,10 +331,11 @@ class Worker:
             # Hosts take the partitions in one order: the leader's.
             if self.opts.steal:  # chosen (and claimed) as the stream goes
                 sequence = []
-                agreed = distributed.LeaderSequence(lambda: self._choose_partition(tried),
-                                                    wait=self.wait_for_work)
+                agreed = distributed.LeaderSequence(  # `stream` exists before it is asked
+                    lambda: self.choose_partition(tried, idle=stream.hand_empty()),
+                    wait=self.wait_for_work)
             else:
-                mine = [p for p in self._candidates() if not self._is_committed(p)] \
+                mine = [p for p in self._candidates() if not self.is_committed(p)] \
                     if self.topo.host_index == 0 else []
                 sequence = distributed.broadcast_ints(mine)
         stream = stream_loop.PartitionStream(self, pool, committer, tried, sequence, agreed)
@@ -408,81 +387,9 @@ class Worker:
         self.timings.writing_s, self.timings.writer_wait_s = pool.busy_s, pool.wait_s
         return self.timings
 
-    def _on_commit(self, pid: int) -> None:
+    def on_commit(self, pid: int) -> None:
+        """Counts partition `pid` committed (the committer calls it)."""
         with self.progress.lock:
             self.progress.partitions_done += 1
             self.progress.held = tuple(p for p in self.progress.held if p != pid)
         self._committed.add(pid)
-
-
-
-def ended_by(e: BaseException) -> dict:
-    """The last heartbeat's state and message for an exception that ends the loop: a stop
-    signal (Ctrl-C, a launcher's or a preemption's SIGTERM, even a second one that raises
-    at once as `Stopped`) is a stop, which status reads as stopped, not a failure; the
-    state keeps its heartbeat name "preempted" (schemas.heartbeat)."""
-    if isinstance(e, KeyboardInterrupt):
-        from actx.schemas import stop_signals
-
-        return {"state": "preempted",
-                "message": f"stopped by {stop_signals.signal_name(stop_signals.signum_of(e))}; "
-                           f"nothing partial was committed"}
-    return {"state": "failed", "message": f"{type(e).__name__}: {e}"}
-
-
-class Session:
-    """One worker process's heartbeats, writer pool and committer, open while it extracts.
-
-    `extract(pid)` does one partition to its commit; `Worker.run` and the Beam transform
-    (adapters/beam_extract.py) both extract through the same step, writer and commit code.
-    """
-
-    def __init__(self, worker: Worker, tokens_left: int = 0):
-        self.worker = worker
-        # The rate counts from here, not from the model's loading.
-        worker.progress.update(tokens_left=tokens_left, started=time.monotonic())
-        self._beats = progress.HeartbeatThread(
-            worker.store, worker.host, worker.topo.replica, worker.topo.host_index,
-            worker.attempt, worker.progress, worker.opts.heartbeat_s,
-            writer=worker.heartbeat_writer, job=worker.opts.job)
-        self._beats.start()
-        self.pool = writer.WriterPool(worker.opts.writer_threads,
-                                      worker.opts.max_pending_mb << 20)
-        self.committer = commit_step.Committer(worker.store, worker.spec, worker.topo,
-                                               worker.attempt, version.code_version(),
-                                               on_commit=worker._on_commit)
-
-    def extract(self, pids: list[int]) -> list[int]:
-        """Extracts and commits the partitions of `pids` that are not committed, as
-        `Worker.run` would (streamed with no barrier between them);
-        returns those it ran. Nothing partial is committed when it raises."""
-        w = self.worker
-        todo = [p for p in pids if not w._is_committed(p)]
-        if w.topo.hosts_per_replica > 1:  # one list on every host: the leader's
-            todo = distributed.broadcast_ints(todo)
-        if not todo:
-            return []
-        w.progress.update(held=tuple(todo))
-        try:
-            w.run_stream(self.pool, self.committer, set(), sequence=todo)
-            self.committer.drain()
-        except BaseException as e:
-            w.progress.update(**ended_by(e))
-            raise
-        w.progress.update(state="idle", partition=None, held=())
-        return todo
-
-    def committed_by_me(self, pid: int) -> bool:
-        """Whether this process's attempt holds the partition's marker (a duplicate attempt
-        that lost the create-only race does not)."""
-        marker = commit_lib.read_marker(self.worker.store, pid)
-        return marker is not None and marker.attempt == self.worker.attempt
-
-    def close(self, state: str | None = None) -> None:
-        """Writes the last heartbeat (with `state`, when given) and stops the threads."""
-        if state is not None:
-            self.worker.progress.update(state=state, partition=None)
-        self._beats.stop()
-        self.committer.close()
-        self.pool.shutdown()
-        self.worker.host_timings(self.pool)  # the writer threads' share, for whoever asks

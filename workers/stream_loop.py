@@ -18,16 +18,44 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Protocol
 
 import numpy as np
 
+from actx.schemas import manifest as manifest_lib
 from actx.workers import distributed, outputs, prefetch, schedule, writer
+from actx.workers.progress import Progress
+from actx.workers.stop import StopSignal
 
 
 # Multi-host replicas report which partitions they finished as a bitmap over this many
 # sequence indices from the oldest one not yet committed; a partition finished beyond it
 # waits for the next agreement after the window moves.
 AGREEMENT_WINDOW = 1024
+
+
+class StreamHost(Protocol):
+    """What a partition stream needs of its host's worker (`runner.Worker` is one): where
+    its rows go, its progress and stop signal, and its partition choice."""
+
+    topo: schedule.Topology
+    local_batch: int  # the slots of this host's batch
+    manifest: manifest_lib.Manifest
+    arrays: writer.ActivationArrays
+    timings: outputs.HostTimings
+    progress: Progress
+    stop: StopSignal
+    stop_requested: threading.Event
+
+    def choose_partition(self, tried: set[int], idle: bool) -> int | None:
+        """The next partition: -1 when there is no more, None when nothing yet."""
+
+    def wait_for_work(self) -> None:
+        """Waits while there is nothing to take (raises Preempted on SIGTERM)."""
+
+    def host_chains(self, part: manifest_lib.Partition
+                    ) -> tuple[int, int, list[schedule.Chain]]:
+        """(lo, hi, chains) of this host's slice of `part`."""
 
 
 class PartitionStream:
@@ -41,7 +69,8 @@ class PartitionStream:
       (`distributed.LeaderSequence`, -1 when there is no more); None: `sequence` is all.
     """
 
-    def __init__(self, worker, pool: writer.WriterPool, committer, tried: set[int],
+    def __init__(self, worker: StreamHost, pool: writer.WriterPool, committer,
+                 tried: set[int],
                  sequence: list[int] | None = None,
                  agreed: distributed.LeaderSequence | None = None):
         self.worker = worker
@@ -58,7 +87,10 @@ class PartitionStream:
         self._finished_here: set[int] = set()  # multi-host: written here, not yet committed
         self._committed_indices: set[int] = set()
         self._committed_through = 0  # every sequence index below it is committed
-        worker.hand_empty = lambda: not self._in_hand  # what the partition choice asks
+
+    def hand_empty(self) -> bool:
+        """Whether this host has no rows in hand (what the partition choice asks)."""
+        return not self._in_hand
 
     # -- planning (prefetch thread) ----------------------------------------------------
     def steps(self):
@@ -71,7 +103,7 @@ class PartitionStream:
         when nothing can be taken yet while rows are in hand)."""
         if self.sequence is None:
             while True:
-                pid = self.worker._choose_partition(self.tried)
+                pid = self.worker.choose_partition(self.tried, idle=self.hand_empty())
                 if pid is not None:
                     return pid, -1
                 if self._in_hand:  # the free slots pad; asked again at the next step
