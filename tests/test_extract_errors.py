@@ -144,13 +144,14 @@ def test_numerics_and_weights_may_change_while_nothing_is_committed(tmp_path):
     third = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=16))
     s = store.open_store(run)
     info = json.loads(s.read(layout.ACTIVATIONS_INFO_KEY))
-    assert info["numerics"]["rows_per_device"] == 2 and info["model_digest"] == third.model.digest
-    assert second.model.digest != third.model.digest
+    assert (info["numerics"]["rows_per_device"] == 2
+            and info["model_digest"] == third.loaded.model.digest)
+    assert second.loaded.model.digest != third.loaded.model.digest
     changes = sorted((json.loads(s.read(k)) for k in s.list(layout.CHANGES_PREFIX)),
                      key=lambda c: c["at"])
     assert [c["kind"] for c in changes] == ["activations-info", "activations-info"]
     assert changes[0]["before"]["numerics"]["rows_per_device"] == 1
-    assert changes[1]["before"]["model_digest"] == second.model.digest
+    assert changes[1]["before"]["model_digest"] == second.loaded.model.digest
     assert third.run() == 0
     # Once a partition is committed the record binds again.
     with pytest.raises(admission.RunMismatch, match=r"rows_per_device.*--allow-numerics-change"):
