@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     sigint = _StopSignals()
     # Restored on the way out: a caller in the same process (a test, a notebook) gets its
     # own Ctrl-C back, not this worker's handler, which would only stop finished loops.
-    with stop_signals.handled(sigint._on_signal):
+    with stop_signals.handled(sigint.on_signal):
         return _main(opts, sigint)
 
 
@@ -205,7 +205,7 @@ class _StopSignals:
             print(INTERRUPTED.format(run=run, signal=self.received.name), file=sys.stderr,
                   flush=True)
 
-    def _on_signal(self, signum, frame):
+    def on_signal(self, signum, frame):
         again = self.received.is_set()
         self.received.set(signum)
         if not self.workers or again:
