@@ -15,7 +15,6 @@ import sys
 from actx.schemas import errors, flags, stop_signals, worker_options
 from actx.workers import distributed
 from actx.workers import model_groups
-from actx.workers.preflight import check_job, hook_shapes  # noqa: F401  (deploy's pre-flight and dry run, through here)
 
 
 def build_parser() -> argparse.ArgumentParser:
