@@ -135,9 +135,9 @@ def hook_shapes(spec: runspec_lib.RunSpec):
     """The job's hooks ({hook: (values per token, stored dtype)}), the blocks the forward
     runs for them and the model's config, from the checkpoint's config.json by the workers'
     own rules, or why not (workers.preflight.HookShapes)."""
-    from actx.workers import main as workers_main
+    from actx.workers import preflight as workers_preflight
 
-    return workers_main.hook_shapes(spec)
+    return workers_preflight.hook_shapes(spec)
 
 
 def _size_text(n: float) -> str:

@@ -51,7 +51,7 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
              dry_run: bool = False) -> tuple[list[str], list[str]]:
     """(problems, notes): what is wrong, and what a dry run could not check from here."""
     from actx.pipeline import main as pipeline_main
-    from actx.workers import main as workers_main
+    from actx.workers import preflight as workers_preflight
 
     found: list[str] = []
     notes: list[str] = []
@@ -80,7 +80,7 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
         found.append("spec.model.path: empty; extraction needs a Hugging Face checkpoint "
                      "directory (config.json + *.safetensors), local or gs://, or a Flax "
                      "model as spec.model.flax")
-    job = workers_main.check_job(spec, batch, model_parallel, data_parallel)
+    job = workers_preflight.check_job(spec, batch, model_parallel, data_parallel)
     found += job.problems
     absent(job.missing)
     if job.unreachable is not None:

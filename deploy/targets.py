@@ -161,6 +161,14 @@ class Target:
         replica if this target knows it; the pre-flight checks the batch against it)."""
         return [], None
 
+    def beam_extract_problem(self, runs_workers: str) -> list[str]:
+        """The refusal of `target.extract: "beam"` by a target whose hosts run the workers
+        themselves (`runs_workers` says who: "a TPU slice"); nothing for extract: workers."""
+        if self.config.extract != "beam":
+            return []
+        return [f'target.extract: "beam" runs on Beam runners (kind "local" or "dataflow"); '
+                f'{runs_workers} runs the workers themselves']
+
     def spec_problems(self, spec: runspec_lib.RunSpec) -> list[str]:
         """What this target cannot run of `spec` with its settings (the pre-flight and
         `actx rerun` ask, before anything is prepared or started); by default nothing."""

@@ -18,9 +18,7 @@ class TpuVmTarget(targets.Target):
     def problems(self, run: str) -> tuple[list[str], int | None]:
         # tpu_vm.problems checks the batch against the slice's chips itself.
         found = tpu_vm.problems(run, self.config)
-        if self.config.extract == "beam":
-            found.append('target.extract: "beam" runs on Beam runners (kind "local" or '
-                         '"dataflow"); a TPU slice runs the workers themselves')
+        found += self.beam_extract_problem("a TPU slice")
         return found, None
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,

@@ -87,9 +87,32 @@ def _retry():
     from google.cloud.storage import retry as storage_retry
 
     # The storage client's own predicate (429, 408, 5xx, dropped connections), with a log
-    # line per retry and this module's bound.
-    return api_retry.Retry(predicate=storage_retry._should_retry, on_error=_log_retry,
+    # line per retry and this module's bound; an interactive command does not retry a host
+    # name that does not resolve (no network, a wrong endpoint): it says so at once.
+    def should_retry(error: BaseException) -> bool:
+        if _deadline_s is not None and _unknown_host(error):
+            return False
+        return storage_retry._should_retry(error)
+
+    return api_retry.Retry(predicate=should_retry, on_error=_log_retry,
                            timeout=_deadline_s or _retry_budget_s)
+
+
+def _unknown_host(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is a host name that does not resolve
+    (EAI_NONAME: "Name or service not known"), not a temporary failure of name resolution
+    (EAI_AGAIN), which is retried like any dropped connection."""
+    import socket
+
+    mark = f"[Errno {socket.EAI_NONAME}]"
+    seen = 0
+    while error is not None and seen < 8:  # the chain: auth's TransportError, requests, ..
+        if isinstance(error, socket.gaierror) and error.errno == socket.EAI_NONAME:
+            return True
+        if mark in str(error):  # urllib3 keeps the gaierror only in its message
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def read_options() -> dict:

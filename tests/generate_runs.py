@@ -84,11 +84,12 @@ def stored_run(run: str) -> dict[str, bytes]:
 
 def assert_every_token_is_hf(run: str, model: str, tokenizer_dir: str, prompts: list[str],
                              max_new: int, stop: int, samples_per_prompt: int = 1,
-                             greedy: bool = True) -> None:
+                             greedy: bool = True) -> dict[int, tuple]:
     """Every sample's stored tokens and activations against HF transformers: its prompt
     is HF's tokenizer's, (greedy) its answer is HF `generate`'s, and every hook of every
     token, prompt and generated, is HF's forward over prompt + answer (fp32, 1e-5); the
-    room it did not reach holds zeros."""
+    room it did not reach holds zeros. Returns {document: (rows, cols, its record)}, its
+    tokens' places in position order, for a caller's further checks."""
     import numpy as np
     import torch
     import transformers
@@ -103,7 +104,7 @@ def assert_every_token_is_hf(run: str, model: str, tokenizer_dir: str, prompts: 
     positions = token_runs.read_tokens(run, "positions")
     generated_ids = token_runs.read_activation(run, layout.GENERATED_IDS)[..., 0]
     acts = {h: token_runs.read_activation(run, h) for h in HOOKS.split(",")}
-    found = records(run)
+    found, checked = records(run), {}
     assert sorted(found) == list(range(len(prompts) * samples_per_prompt))
     for d, e in found.items():
         where = np.nonzero(doc_index == d)
@@ -130,3 +131,5 @@ def assert_every_token_is_hf(run: str, model: str, tokenizer_dir: str, prompts: 
         assert (g[:len(prompt)] == layout.GENERATED_PROMPT).all()
         assert g[len(prompt):n].tolist() == answer.tolist()
         assert (g[n:] == layout.GENERATED_UNUSED).all()
+        checked[d] = (r, c, e)
+    return checked

@@ -9,7 +9,7 @@ import pytest
 
 from actx.deploy import config as config_lib, cost_bound
 from actx.schemas import runspec
-from actx.workers import main as workers_main
+from actx.workers import preflight as workers_preflight
 from actx.workers.model_config import ModelConfig
 from tests import hf_models
 
@@ -75,7 +75,7 @@ def test_the_dry_runs_blocks_are_those_the_workers_scan_runs(tmp_path, hooks):
                            tokenizer=runspec.TokenizerSpec(path="tok"),
                            sources=(runspec.SourceSpec(kind="text", paths=("x.jsonl",)),),
                            capture=runspec.CaptureConfig(hooks=hooks, dtype="float32"))
-    shapes = workers_main.hook_shapes(spec)
+    shapes = workers_preflight.hook_shapes(spec)
     assert shapes.why == "" and shapes.config.num_layers == 3
     fn = step.make_extract_fn(model_lib.load_pretrained(str(path)),
                               capture.CaptureSpec.parse(hooks))

@@ -65,44 +65,21 @@ def greedy(model, qwen_tokenizer_dir, prompts_file, tmp_path_factory) -> str:
 
 def test_greedy_run_is_hf_generate_and_every_token_hf_forward(greedy, model,
                                                               qwen_tokenizer_dir):
-    import torch
-    import transformers
-
-    hf = hf_models.load_hf_model(model)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
-    input_ids = token_runs.read_tokens(greedy, "input_ids")
-    generated_ids = token_runs.read_activation(greedy, layout.GENERATED_IDS)[..., 0]
-    acts = {h: token_runs.read_activation(greedy, h) for h in HOOK_NAMES}
-    records, places = generate_runs.records(greedy), _document_places(greedy)
-    assert sorted(records) == sorted(places) == list(range(len(PROMPTS)))
+    # The prompt as HF's tokenizer gives it, the answer HF generate's, every hook of every
+    # token HF's forward over prompt + answer, the ids beside them (generate_runs).
+    checked = generate_runs.assert_every_token_is_hf(greedy, model, qwen_tokenizer_dir,
+                                                     PROMPTS, MAX_NEW, STOP)
+    assert sorted(checked) == sorted(_document_places(greedy)) == list(range(len(PROMPTS)))
     reasons, crossing = set(), {"prompt": False, "answer": False}
-    for d, (r, c) in places.items():
-        e = records[d]
-        prompt = input_ids[r, c][:e["prompt_tokens"]]
-        assert list(prompt) == tokenizer(PROMPTS[d])["input_ids"]  # the prompt as HF's
-        assert len(r) == len(prompt) + MAX_NEW  # its room, reserved by prepare
-        out = hf.generate(torch.tensor(prompt[None]), max_new_tokens=MAX_NEW, do_sample=False,
-                          eos_token_id=STOP, pad_token_id=0,
-                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-        answer = out[0, len(prompt):].numpy()
-        assert e["generated_ids"] == answer.tolist(), f"document {d}"
-        assert e["text"] == tokenizer.decode(answer)
+    for d, (r, c, e) in checked.items():
+        prompt_len, answer = e["prompt_tokens"], e["generated_ids"]
+        assert len(r) == prompt_len + MAX_NEW  # its room, reserved by prepare
         assert e["stop_reason"] == ("stop_token" if answer[-1] == STOP else "length")
         assert e["stop_token_ids"] == [STOP]
         reasons.add(e["stop_reason"])
-        text = np.concatenate([prompt, answer])
-        n = len(text)
-        reference = hf_models.hf_hooks(hf, text[None])
-        for hook, values in acts.items():
-            worker_procs.assert_close(values[r[:n], c[:n]], reference[hook][0], 1e-5,
-                                      f"document {d} ({len(prompt)} + {len(answer)}) {hook}")
-            assert not values[r[n:], c[n:]].any()  # room it did not use holds zeros
-        g = generated_ids[r, c]
-        assert (g[:len(prompt)] == layout.GENERATED_PROMPT).all()
-        assert g[len(prompt):n].tolist() == answer.tolist()
-        assert (g[n:] == layout.GENERATED_UNUSED).all()
-        crossing["prompt"] |= len(set(r[:len(prompt)].tolist())) > 1
-        crossing["answer"] |= len(set(r[len(prompt):n].tolist())) > 1
+        n = prompt_len + len(answer)
+        crossing["prompt"] |= len(set(r[:prompt_len].tolist())) > 1
+        crossing["answer"] |= len(set(r[prompt_len:n].tolist())) > 1
     assert reasons == {"stop_token", "length"}
     assert crossing == {"prompt": True, "answer": True}
 

@@ -146,3 +146,35 @@ def test_pipe_closed_early_is_no_error(tmp_path):
                           stderr=subprocess.PIPE, text=True, timeout=60)
     os.close(write_end)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_an_interactive_command_does_not_retry_a_host_that_does_not_resolve():
+    """`status` and `verify` under their 10 s deadline: a host name that does not resolve
+    (what a machine without network, or a wrong endpoint, gives) is final at once; a
+    temporary failure of name resolution is retried like a dropped connection, and the
+    workers (no deadline, a 120 s budget) retry both."""
+    import requests
+    from google.auth import exceptions as auth
+
+    from actx.schemas import store_errors
+
+    def refresh_failure(errno: int) -> BaseException:
+        # google-auth's refresh over requests/urllib3: the gaierror survives as text only.
+        gai = socket.gaierror(errno, "resolution failed")
+        cause = requests.exceptions.ConnectionError(
+            f"HTTPSConnectionPool(host='oauth2.googleapis.com', port=443): Max retries "
+            f"exceeded (Caused by NameResolutionError(\"Failed to resolve: {gai}\"))")
+        try:
+            raise auth.TransportError(cause) from cause
+        except auth.TransportError as e:
+            return e
+
+    unknown, temporary = (refresh_failure(socket.EAI_NONAME),
+                          refresh_failure(socket.EAI_AGAIN))
+    with store_errors.deadline(store_errors.INTERACTIVE_DEADLINE_S):
+        retried = store_errors.read_options()["retry"]._predicate
+        assert not retried(unknown)
+        assert retried(temporary)
+        assert retried(requests.exceptions.ConnectionError("connection reset"))
+    workers = store_errors.read_options()["retry"]._predicate
+    assert workers(unknown) and workers(temporary)

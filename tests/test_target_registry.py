@@ -56,3 +56,17 @@ def test_an_unregistered_kind_is_refused_naming_the_key(tmp_path):
 
 class ToyTarget(targets.Target):
     kind = "toy"
+
+
+def test_targets_whose_hosts_run_the_workers_refuse_beam_extraction_by_name(tmp_path):
+    """tpu-vm and slurm start the workers on their own hosts: `extract: beam` is refused at
+    the pre-flight, naming the key and the kinds that run Beam; `extract: workers` is not."""
+    run = str(tmp_path / "run")
+    for kind, who in (("tpu-vm", "a TPU slice"), ("slurm", "a Slurm job")):
+        beam = targets.for_config(config.TargetConfig(kind=kind, extract="beam"))
+        found, _ = beam.problems(run)
+        line = [p for p in found if p.startswith("target.extract:")]
+        assert line == [f'target.extract: "beam" runs on Beam runners (kind "local" or '
+                        f'"dataflow"); {who} runs the workers themselves'], (kind, found)
+        workers = targets.for_config(config.TargetConfig(kind=kind, extract="workers"))
+        assert not [p for p in workers.problems(run)[0] if p.startswith("target.extract:")]

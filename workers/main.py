@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Protocol
 from actx.schemas import errors, flags, stop_signals, worker_options
 from actx.workers import distributed
 from actx.workers import model_groups
-from actx.workers.preflight import check_job, hook_shapes  # noqa: F401  (deploy's pre-flight and dry run, through here)
 
 if TYPE_CHECKING:
     from actx.workers import schedule

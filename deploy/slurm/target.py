@@ -19,9 +19,7 @@ class SlurmTarget(targets.Target):
     def problems(self, run: str) -> tuple[list[str], int | None]:
         # slurm_plan.problems checks the batch against a replica's devices itself.
         found = slurm_plan.problems(run, self.config)
-        if self.config.extract == "beam":
-            found.append('target.extract: "beam" runs on Beam runners (kind "local" or '
-                         '"dataflow"); a Slurm job runs the workers themselves')
+        found += self.beam_extract_problem("a Slurm job")
         return found, None
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
