@@ -31,6 +31,7 @@ import numpy as np
 from actx.workers import attention as attn_lib
 from actx.workers import attention_xla, checkpoint, decode_flash, moe
 from actx.workers import model as model_lib
+from actx.workers import rope
 from actx.workers.model_config import ModelConfig
 
 log = logging.getLogger("actx.worker")
@@ -177,7 +178,7 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
     out: dict[str, jax.Array] = {}
     if "embed" in global_points:
         out["embed"] = x_btd.astype(out_dtype)
-    cos_bth, sin_bth, local_cos_sin = model_lib.step_rope(
+    cos_bth, sin_bth, local_cos_sin = rope.step_rope(
         cfg, positions_bt, jnp.ones_like(tokens_bt), x_btd.dtype, cached=True)
     num = cfg.num_layers
     windows = np.array([attn_lib.NO_WINDOW if w is None else w

@@ -26,6 +26,7 @@ from actx.workers import checkpoint
 from actx.workers import key_ranges
 from actx.workers import kv_cache
 from actx.workers import moe
+from actx.workers import rope as rope_lib
 from actx.workers.model_config import ModelConfig
 
 # Re-exported so callers need only this module.
@@ -209,31 +210,6 @@ def point_dtype(point: str, out_dtype) -> jnp.dtype:
     return jnp.dtype(capture.point_dtype(point, jnp.dtype(out_dtype).name))
 
 
-def _rope_tables(cfg: ModelConfig, positions_bt, segment_ids_bt, dtype, cached: bool):
-    """cos and sin of the global layers' RoPE. Longrope takes its long factors for the
-    tokens of documents longer than original_max_position_embeddings, as HF run on that
-    document does; a document's length is its segment's last position + 1 in the row,
-    so rows through the cache (documents longer than a row) cannot know it: refused."""
-    rope = cfg.rope
-    inv_freq = jnp.asarray(rope.inv_freq(cfg.head_dim), jnp.float32)
-    short = attn_lib.rope_cos_sin(positions_bt, inv_freq, dtype, rope.attention_factor)
-    if not rope.has_long_factors:
-        return short
-    if cached:
-        raise ValueError(
-            f"{cfg.architecture}: longrope switches to its long factors for a whole "
-            f"document longer than original_max_position_embeddings="
-            f"{rope.original_max_position_embeddings}, which rows of a long document seen "
-            f"through the KV cache cannot know; extract without max_context (documents "
-            f"as rows), or use a checkpoint whose long and short factors are equal")
-    long_inv_freq = jnp.asarray(rope.inv_freq(cfg.head_dim, long=True), jnp.float32)
-    long = attn_lib.rope_cos_sin(positions_bt, long_inv_freq, dtype, rope.attention_factor)
-    same_bts = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
-    length_bt = jnp.max(jnp.where(same_bts, positions_bt[:, None, :], -1), axis=-1) + 1
-    is_long_bt1 = (length_bt > rope.original_max_position_embeddings)[..., None]
-    return (jnp.where(is_long_bt1, long[0], short[0]), jnp.where(is_long_bt1, long[1], short[1]))
-
-
 def forward(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
             positions_bt: jax.Array, segment_ids_bt: jax.Array, *,
             point_layers: Mapping[str, tuple[int, ...]],
@@ -281,17 +257,6 @@ def forward_cached(params: dict, cfg: ModelConfig, input_ids_bt: jax.Array,
                 data_shards=data_shards)
 
 
-def step_rope(cfg: ModelConfig, positions_bt, segment_ids_bt, dtype, cached: bool) -> tuple:
-    """(cos, sin, the local layers' (cos, sin) or None) of a step's tokens, once per step:
-    Gemma 3's local layers rotate with their own base."""
-    cos_bth, sin_bth = _rope_tables(cfg, positions_bt, segment_ids_bt, dtype, cached=cached)
-    local_cos_sin = None
-    if cfg.local_rope is not None:
-        local_inv_freq = jnp.asarray(cfg.local_rope.inv_freq(cfg.head_dim), jnp.float32)
-        local_cos_sin = attn_lib.rope_cos_sin(positions_bt, local_inv_freq, dtype)
-    return cos_bth, sin_bth, local_cos_sin
-
-
 def hook_slots(point_layers: Mapping[str, tuple[int, ...]], num_run: int) -> tuple:
     """(the captured points, per point slot[i]: layer i's place among its captured layers,
     or the scratch slot (last) for a layer nobody asked for) of a scan over the layers."""
@@ -335,7 +300,7 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
     if num_run == 0:
         return out, cache
 
-    cos_bth, sin_bth, local_cos_sin = step_rope(cfg, positions_bt, segment_ids_bt,
+    cos_bth, sin_bth, local_cos_sin = rope_lib.step_rope(cfg, positions_bt, segment_ids_bt,
                                                 x_btd.dtype, cached=cache is not None)
     local_rope = np.asarray(cfg.local_rope_per_layer[:num_run], bool)
     windows = np.array([attn_lib.NO_WINDOW if w is None else w
