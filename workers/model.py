@@ -29,8 +29,8 @@ from actx.workers import moe
 from actx.workers import rope as rope_lib
 from actx.workers.model_config import ModelConfig
 
-# Re-exported so callers need only this module.
-__all__ = ["Model", "ModelConfig", "load_pretrained", "forward", "forward_cached"]
+# The decoder's public functions (ModelConfig is workers.model_config's).
+__all__ = ["Model", "load_pretrained", "forward", "forward_cached"]
 
 # A mixture of experts' matmuls, one of workers.moe.IMPLEMENTATIONS; None: the backend's
 # (`moe.default_implementation`). Read when a step is traced.
