@@ -108,10 +108,9 @@ def main() -> None:
                       f"{len(first)} prompts; the same first tokens: median "
                       f"{int(np.median(agree))} of {args.new_tokens}, first token equal for "
                       f"{sum(c > 0 for c in agree)} of {len(first)}")
-        ours = {"samples": next(iter(samples.values()))}
         if not args.skip_hf:
             results["HF generate (output_hidden_states)"] = _hf_rate(
-                ckpt, args, prompts, generated, ours["samples"])
+                ckpt, args, prompts, generated, next(iter(samples.values())))
     for label, rate in results.items():
         print(f"{label:40s} {rate:10,.1f} generated tokens/s")
     if not args.skip_hf:

@@ -104,14 +104,14 @@ def _unknown_host(error: BaseException) -> bool:
     (EAI_AGAIN), which is retried like any dropped connection."""
     import socket
 
+    # A gaierror's text, which urllib3 keeps in its own error's message (not as a cause).
     mark = f"[Errno {socket.EAI_NONAME}]"
-    seen = 0
-    while error is not None and seen < 8:  # the chain: auth's TransportError, requests, ..
-        if isinstance(error, socket.gaierror) and error.errno == socket.EAI_NONAME:
+    for _ in range(8):  # the chain: auth's TransportError, requests', urllib3's
+        if error is None:
+            return False
+        if mark in str(error):
             return True
-        if mark in str(error):  # urllib3 keeps the gaierror only in its message
-            return True
-        error, seen = error.__cause__ or error.__context__, seen + 1
+        error = error.__cause__ or error.__context__
     return False
 
 

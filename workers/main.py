@@ -191,8 +191,6 @@ class _StopSignals:
     garbage-collector callback is ignored by Python, so the exception alone cannot tell."""
 
     def __init__(self):
-        import threading
-
         self.received = stop_signals.Received()
         self.workers: list[Loop] = []  # the workers whose loops a signal stops
         self._said = threading.Lock()
