@@ -45,6 +45,35 @@ def test_json_text_is_json_dumps_of_the_status_object(tmp_path, n):
                                "complete": status.complete}, indent=1, sort_keys=True)
 
 
+def _random_json(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(9 if depth < 4 else 5)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.randrange(-10**12, 10**12)
+    if kind == 2:
+        return rng.uniform(-1e6, 1e6)
+    if kind in (3, 4):  # newlines, quotes, separators-like text and non-ASCII inside strings
+        return "".join(rng.choice(['a', '\n', '"', ',', ': ', 'é', '\\', '\t', ' ', 'ü'])
+                       for _ in range(rng.randrange(6)))
+    if kind in (5, 6):
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {"".join(rng.choice("ab\n\"é") for _ in range(rng.randrange(1, 4))):
+            _random_json(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+def test_status_json_dumps_is_json_dumps_with_indent_byte_for_byte():
+    """The indented text of any JSON value (flat containers written by the C encoder,
+    nested ones framed by hand) is json.dumps(indent=1, sort_keys=True)'s, strings with
+    newlines, quotes, commas and non-ASCII characters included."""
+    from actx.deploy import status_json
+
+    rng = random.Random(11)
+    for _ in range(3000):
+        value = _random_json(rng)
+        assert status_json.dumps(value) == json.dumps(value, indent=1, sort_keys=True), value
+
+
 def test_json_of_150k_partitions_parses_to_the_plain_reading(tmp_path):
     """Past 100k partitions names sort differently as strings than as ids (the fast text
     keeps id order): the document parses to the same object, and each state is what a
@@ -73,6 +102,34 @@ def test_json_of_150k_partitions_parses_to_the_plain_reading(tmp_path):
     assert got["map"] == ["".join("CWS."[STATES.index(plain[f"p-{p:05d}"])]
                                   for p in range(i, min(i + 64, 150_000)))
                           for i in range(0, 150_000, 64)]
+
+
+def test_status_without_history_reads_what_the_whole_history_gives(tmp_path):
+    """status reads heartbeats without their history (only its first sample and last two
+    are kept): elapsed time, average and current rate, and every other field, are what the
+    whole history gives, on histories that are not straight lines."""
+    now = time.time()
+    run = status_runs.write_local(str(tmp_path / "r"), n_partitions=400, n_hosts=12,
+                                  committed=100, dead_hosts=3, now=now, history_samples=40)
+    rng = random.Random(3)
+    workers = os.path.join(run, "workers")
+    for name in os.listdir(workers):
+        with open(os.path.join(workers, name)) as f:
+            beat = json.load(f)
+        t, n, samples = beat["updated_at"] - 900, 0, []
+        for _ in range(rng.randrange(4, 40)):
+            t, n = t + rng.uniform(1, 20), n + rng.randrange(0, 10**6)
+            samples.append([round(t, 1), n])
+        beat["history"] = samples
+        with open(os.path.join(workers, name), "w") as f:
+            json.dump(beat, f)
+    handle = run_dir.open_run(run)
+    lean = runstate.compute_status(handle, now=now)
+    whole = runstate.compute_status(handle, now=now, history=True)
+    assert all(len(h.history) == 3 for h in lean.hosts)
+    assert lean.to_json_obj() == whole.to_json_obj()
+    assert lean.current_tokens_per_s == whole.current_tokens_per_s > 0
+    assert lean.elapsed_s == whole.elapsed_s
 
 
 @pytest.mark.parametrize("dense", [True, False])
