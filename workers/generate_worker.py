@@ -59,15 +59,10 @@ class GenerateWorker(runner.Worker):
         from actx.workers import generate_config
         from actx.workers import generate_step
         from actx.workers import generate_text
-        from actx.workers import model as model_lib
 
         spec = self.spec
-        capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
-        self.loading(spec.model.path, spec.model.path)
-        model = model_lib.load_pretrained(spec.model.path, dtype=spec.model.dtype,
-                                          mesh=self.mesh)
+        model, capture = loaded_model.load_weights(spec, self.manifest, self.mesh, self.loading)
         cfg = model.config
-        admission.check_vocabulary(spec, self.manifest, cfg)
         self.decoder = generate_text.TextDecoder(spec.tokenizer.path)
         gen = spec.generate
         stops = gen.stop_token_ids

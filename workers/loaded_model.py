@@ -44,6 +44,21 @@ class LoadedModel:
     attention: str | None = None
 
 
+def load_weights(spec: runspec.RunSpec, manifest: manifest_lib.Manifest, mesh,
+                 loading: Callable[[str, str], None]):
+    """(model, capture): the run's capture spec and its Hugging Face checkpoint on the mesh,
+    after refusing a tokenizer whose vocabulary is not the model's. What extraction
+    (`load_checkpoint`) and generation (`generate_worker`) load alike."""
+    from actx.workers import capture as capture_lib
+    from actx.workers import model as model_lib
+
+    capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
+    loading(spec.model.path, spec.model.path)
+    model = model_lib.load_pretrained(spec.model.path, dtype=spec.model.dtype, mesh=mesh)
+    admission.check_vocabulary(spec, manifest, model.config)
+    return model, capture
+
+
 def load_checkpoint(jax, spec: runspec.RunSpec, manifest: manifest_lib.Manifest, mesh,
                     opts: worker_options.WorkerOptions,
                     loading: Callable[[str, str], None]) -> LoadedModel:
@@ -51,14 +66,10 @@ def load_checkpoint(jax, spec: runspec.RunSpec, manifest: manifest_lib.Manifest,
     refuses a tokenizer that is not the model's and a context that does not fit.
     loading(what, path) says that weights are loading (`runner.Worker.loading`)."""
     from actx.workers import capture as capture_lib
-    from actx.workers import model as model_lib
     from actx.workers import step as step_lib
 
-    capture = capture_lib.CaptureSpec.parse(spec.capture.hooks, dtype=spec.capture.dtype)
-    loading(spec.model.path, spec.model.path)
-    model = model_lib.load_pretrained(spec.model.path, dtype=spec.model.dtype, mesh=mesh)
+    model, capture = load_weights(spec, manifest, mesh, loading)
     cfg = model.config
-    admission.check_vocabulary(spec, manifest, cfg)
     packing = spec.packing
     # Long documents carry their context from row to row through a slot's KV cache;
     # concat and truncate rows are independent and run without one.
