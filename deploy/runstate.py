@@ -153,20 +153,35 @@ def bytes_per_row(handle: run_dir.OpenedRun) -> int | None:
     return info.bytes_per_row(handle.manifest.seq_len) if info else None
 
 
-def _read_progress(handle: run_dir.OpenedRun, history: bool):
-    """Commit ids, heartbeats, activations/actx.json and the verification record, read
-    concurrently (each is one or more round trips on GCS)."""
+def _read_progress(handle: run_dir.OpenedRun, history: bool, now: float | None,
+                   stale_after_s: float):
+    """Commit ids, heartbeats (with what the silent hosts' logs say, and the time they
+    are judged at), activations/actx.json and the verification record, read concurrently
+    (each is one or more round trips on GCS): the silent hosts' logs are read while the
+    commits/ listing, the longest of them, goes on."""
     store = handle.store
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         committed = pool.submit(commit_lib.committed_partitions, store,
                                 len(handle.manifest.partitions))
-        beats = pool.submit(heartbeat_lib.read_heartbeats, store, history=history)
+        beats = pool.submit(_heartbeats_and_silence, store, history, now, stale_after_s)
         info = pool.submit(_read_info_for_status, store)
         verified = pool.submit(verification_lib.read_record, store)
         masks = pool.submit(_read_masks_for_status, store)
         reference = pool.submit(_read_reference_for_status, store)
-        return (committed.result(), beats.result(), info.result(), verified.result(),
+        return (committed.result(), *beats.result(), info.result(), verified.result(),
                 masks.result(), reference.result())
+
+
+def _heartbeats_and_silence(store, history: bool, now: float | None, stale_after_s: float
+                            ) -> tuple[list[heartbeat_lib.Heartbeat], dict[str, str], float]:
+    """(heartbeats, `_silent_messages` of the hosts silent at `now`, `now`); `now` is
+    when the heartbeats were read where the caller gave none."""
+    beats = heartbeat_lib.read_heartbeats(store, history=history)
+    now = time.time() if now is None else now
+    silent = _silent_messages(store, [
+        hb for hb in beats if hb.state in LIVE_STATES and now - hb.updated_at > stale_after_s
+        and not heartbeat_lib.process_gone(hb)])
+    return beats, silent, now
 
 
 def _read_reference_for_status(store) -> dict | None:
@@ -209,14 +224,11 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
                    now: float | None = None, history: bool = False) -> RunStatus:
     """`history`: also the hosts' (time, tokens) samples (the page draws them); without
     it, heartbeats on GCS come from one listing of their summaries."""
-    committed, beats, info, verified, masks, reference = _read_progress(handle, history)
-    now = time.time() if now is None else now
+    committed, beats, silent, now, info, verified, masks, reference = _read_progress(
+        handle, history, now, stale_after_s)
     hosts = []
     held_live: set[int] = set()
     held_dead: set[int] = set()
-    silent = _silent_messages(handle.store, [
-        hb for hb in beats if hb.state in LIVE_STATES and now - hb.updated_at > stale_after_s
-        and not heartbeat_lib.process_gone(hb)])
     # Every partition committed: what a host's last heartbeat advised (`actx rerun ...`)
     # is done, and must not be offered again.
     finished = bool(handle.manifest.partitions) and len(committed) == len(
