@@ -133,6 +133,46 @@ def test_status_counts_match_a_plain_reading(tmp_path):
         sum(b["tokens_per_s"] for b in beats if time.time() - b["updated_at"] <= 60), abs=0.1)
 
 
+@pytest.mark.parametrize("n", [2_000, 15_999, 99_999, 150_000, 123_457])
+def test_listing_ranges_cut_the_sorted_markers_evenly(n):
+    """The cuts a paged store lists between (from a sample of the keys, not all of them)
+    are sorted, one fewer than the ranges, and each range holds within 5% of an equal
+    share of the keys as they sort, past 100k ids too ("p-100000.json" sorts between
+    "p-10000.json" and "p-10001.json")."""
+    import bisect
+
+    ranges = min(commit._MAX_RANGES, -(-n // commit._LIST_RANGE))
+    cuts = commit.range_boundaries(n, ranges)
+    keys = sorted(layout.commit_key(p) for p in range(n))
+    assert cuts == sorted(set(cuts)) and len(cuts) == ranges - 1
+    edges = [0, *(bisect.bisect_left(keys, c) for c in cuts), n]
+    sizes = [b - a for a, b in zip(edges, edges[1:])]
+    assert max(sizes) <= 1.05 * n / ranges and min(sizes) >= 0.95 * n / ranges, sizes
+
+
+def test_listing_in_ranges_finds_every_marker(tmp_path):
+    """A store that lists each range on its own (as GCS does in parallel) finds every
+    marker of a run past 100k partitions, none twice."""
+    class RangedStore(store.LocalStore):
+        PARALLEL_LISTING = True
+        seen: list = []
+
+        def list_split(self, prefix, boundaries):
+            keys = self.list(prefix)
+            cuts = [None, *boundaries, None]
+            parts = [[k for k in keys if (lo is None or k >= lo) and (hi is None or k < hi)]
+                     for lo, hi in zip(cuts, cuts[1:])]
+            self.seen.append([len(p) for p in parts])
+            return [k for part in parts for k in part]
+
+    s = RangedStore(store.open_store(str(tmp_path)).location)
+    ids = set(range(0, 130_000, 97)) | {99_999, 100_000, 100_001, 129_999}
+    for p in ids:
+        s.write(layout.commit_key(p), b"{}")
+    assert commit.committed_partitions(s, 130_000) == ids
+    assert len(s.seen[0]) == 16 and sum(s.seen[0]) == len(ids)
+
+
 def test_gcs_listing_in_ranges_and_parallel_heartbeats(gcs_bucket, monkeypatch):
     run = f"{gcs_bucket}/runs/scale"
     status_runs.write_store(run, n_partitions=420, n_hosts=40, committed=333, dead_hosts=3)
