@@ -17,7 +17,8 @@ from actx.deploy.commands import Command
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import worker_options
 
-CONTAINERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers")
+CONTAINERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "containers")
 LOCAL_RUNNER_ARGS = ("--runner=FnApiRunner",)
 
 
@@ -152,7 +153,7 @@ def dataflow_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.Tar
     Dataflow's worker_accelerator service option (GPU: "type:nvidia-l4;count:1;
     install-nvidia-driver"; TPU: "type:tpu-v5-lite-podslice;topology:1x1").
     """
-    from actx.deploy import dataflow
+    from actx.deploy.targets.dataflow import plan as dataflow
 
     df = target.dataflow
     beam = dataflow.service_args(
