@@ -178,11 +178,12 @@ def _add_extraction_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 # -- status / verify ------------------------------------------------------------------
 def cmd_status(args, out) -> int:
-    from actx.deploy import runstate, status_text
+    from actx.deploy.status import runstate
+    from actx.deploy.status import text as status_text
 
     handles = extraction_lib.scoped_all(run_dir.open_run(args.run), args.extraction)
     if args.html is not None or args.serve is not None:
-        from actx.deploy import ui_server
+        from actx.deploy.page import server as ui_server
 
         if args.json or args.watch is not None:
             raise UsageError("--serve and --html show the page; drop --json and --watch")

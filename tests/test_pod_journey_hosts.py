@@ -11,8 +11,8 @@ import sys
 import time
 import zipfile
 
-from actx.deploy.targets.tpu_vm import package as tpu_package
 from actx.deploy.detached import host_run
+from actx.deploy.targets.tpu_vm import package as tpu_package
 from actx.schemas import store as store_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -50,7 +50,9 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
     Beam's local runners wait forever for a worker process that died (SIGKILL, out of
     memory): the heartbeats of this job tell, and the pipeline is stopped with one line
     naming the dead process (deploy.dead_workers)."""
-    from actx.deploy import dead_workers, job_progress, local, progress_line
+    from actx.deploy import dead_workers, local
+    from actx.deploy.status import job_progress
+    from actx.deploy.status import progress_line
     from actx.schemas import extraction as extraction_lib
 
     names = extraction_lib.parse(extraction)

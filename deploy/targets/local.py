@@ -12,10 +12,10 @@ import time
 
 from actx.deploy import launch_record
 from actx.deploy import local
-from actx.deploy import partition_states
-from actx.deploy import runstate
-from actx.deploy import status_text
 from actx.deploy import targets
+from actx.deploy.status import partition_states
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
 from actx.schemas import activations_info as info_lib
 from actx.schemas import layout
 from actx.schemas import parallelism

@@ -19,9 +19,9 @@ import sys
 import tempfile
 
 from actx.deploy import config as config_lib
-from actx.deploy.targets.tpu_vm import package as tpu_package
-from actx.deploy.targets.tpu_vm import accelerators as tpu_types
 from actx.deploy.commands import Command
+from actx.deploy.targets.tpu_vm import accelerators as tpu_types
+from actx.deploy.targets.tpu_vm import package as tpu_package
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import parallelism

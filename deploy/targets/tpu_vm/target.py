@@ -62,9 +62,9 @@ class TpuVmTarget(targets.Target):
         """Runs the plan under the run's detached job lease (deploy.targets.tpu_vm.lease: taken over
         from a job whose slice is preempted or gone), after `records`, the job's own
         records; then says where the workers are, and follows them with --wait."""
+        from actx.deploy.detached import launch
         from actx.deploy.targets.tpu_vm import follow as tpu_follow
         from actx.deploy.targets.tpu_vm import lease as tpu_lease
-        from actx.deploy.detached import launch
 
         tpu = self.config.tpu
 

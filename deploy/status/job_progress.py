@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from actx.deploy import runstate
-from actx.deploy import status_text
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import run_dir
 
