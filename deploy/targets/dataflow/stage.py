@@ -96,7 +96,8 @@ def stage(out_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actx.deploy.targets.dataflow.stage", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m actx.deploy.targets.dataflow.stage",
+                                description=__doc__)
     p.add_argument("--out", required=True, help="directory of the staging copy (replaced)")
     print(stage(p.parse_args(argv).out))
     return 0

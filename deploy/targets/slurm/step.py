@@ -41,7 +41,8 @@ def placement(env, name: str, port: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actx.deploy.targets.slurm.step", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m actx.deploy.targets.slurm.step",
+                                description=__doc__)
     p.add_argument("--run", required=True)
     p.add_argument("--job", required=True)
     p.add_argument("--name", required=True, help="target.slurm.name: the hosts' prefix")

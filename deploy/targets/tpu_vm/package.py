@@ -133,7 +133,8 @@ def _from_installed(out_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actx.deploy.targets.tpu_vm.package", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m actx.deploy.targets.tpu_vm.package",
+                                description=__doc__)
     p.add_argument("--out", required=True, help="directory for the wheel (created)")
     args = p.parse_args(argv)
     print(build(args.out))
