@@ -68,7 +68,8 @@ def _native_extensions() -> list[Extension]:
     Optional: where it cannot be built (no C compiler, no Python headers) the install goes
     on without it and the reader copies with numpy (reader.row_copy says so once).
     ACTX_PURE_WHEEL=1 leaves it out, for the py3-none-any wheel TPU hosts install
-    (actx.deploy.tpu_package): the submitter's binary would not fit their platform."""
+    (actx.deploy.targets.tpu_vm.package): the submitter's binary would not fit their
+    platform."""
     if os.environ.get("ACTX_PURE_WHEEL") == "1":
         return []
     return [Extension("actx.reader._row_copy",

@@ -128,7 +128,8 @@ def breakdown(run: str, iters: int) -> dict:
     opening the run (run.json, manifest.json), the commits/ listing, the heartbeats, the
     silent hosts' log lines, the whole computation (those reads included) and the encoding
     of the JSON."""
-    from actx.deploy import runstate, status_text
+    from actx.deploy.status import runstate
+    from actx.deploy.status import text as status_text
     from actx.schemas import commit, heartbeat, run_dir
 
     handle = run_dir.open_run(run)
@@ -156,7 +157,7 @@ def page_request(handle, iters: int) -> float:
     import threading
     import urllib.request
 
-    from actx.deploy import ui_server
+    from actx.deploy.page import server as ui_server
 
     source = ui_server.PageSource(handle, 60.0, min_interval_s=0.0)
     server = ui_server.make_server(source, 0, 5.0)

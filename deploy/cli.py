@@ -178,11 +178,12 @@ def _add_extraction_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 # -- status / verify ------------------------------------------------------------------
 def cmd_status(args, out) -> int:
-    from actx.deploy import runstate, status_text
+    from actx.deploy.status import runstate
+    from actx.deploy.status import text as status_text
 
     handles = extraction_lib.scoped_all(run_dir.open_run(args.run), args.extraction)
     if args.html is not None or args.serve is not None:
-        from actx.deploy import ui_server
+        from actx.deploy.page import server as ui_server
 
         if args.json or args.watch is not None:
             raise UsageError("--serve and --html show the page; drop --json and --watch")
@@ -269,7 +270,7 @@ def _verify_one(args, handle, out) -> int:
 
 def _staged_for_dataflow(argv: list[str]) -> list[str]:
     """`actx prepare ... --runner=DataflowRunner` without --setup_file: stage what the
-    Dataflow workers must install (deploy.dataflow_stage, as `actx submit` does) in a
+    Dataflow workers must install (deploy.targets.dataflow.stage, as `actx submit` does) in a
     temporary directory and name its setup.py."""
     runner = next((argv[i + 1] if a == "--runner" and i + 1 < len(argv) else
                    a.split("=", 1)[1] for i, a in enumerate(argv)
@@ -279,7 +280,7 @@ def _staged_for_dataflow(argv: list[str]) -> list[str]:
         return argv
     import tempfile
 
-    from actx.deploy import dataflow_stage
+    from actx.deploy.targets.dataflow import stage as dataflow_stage
 
     setup_file = dataflow_stage.stage(os.path.join(tempfile.mkdtemp(prefix="actx-stage-"),
                                                    "src"))

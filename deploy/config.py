@@ -15,7 +15,7 @@ import tempfile
 from typing import Literal
 
 from actx.deploy import targets as targets_lib
-from actx.deploy.slurm.settings import SlurmConfig
+from actx.deploy.targets.slurm.settings import SlurmConfig
 from actx.schemas import config as config_lib
 from actx.schemas import parallelism
 from actx.schemas import runspec as runspec_lib

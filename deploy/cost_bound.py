@@ -10,7 +10,7 @@ forward reaches a fraction of that peak; the fraction is not known before the jo
 
 from __future__ import annotations
 
-from actx.deploy import tpu_types
+from actx.deploy.targets.tpu_vm import accelerators as tpu_types
 
 # Peak dense bf16 (fp16 where the card has no bf16) tensor FLOP/s per chip, from the
 # vendors' published specifications (Cloud TPU system architecture pages, NVIDIA data

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from actx.deploy.runstate import LIVE_STATES
+from actx.deploy.status.runstate import LIVE_STATES
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import layout as layout_lib
 

@@ -5,8 +5,8 @@ target does is behind `deploy.targets.Target`."""
 
 from __future__ import annotations
 
-from actx.deploy import partition_states
 from actx.deploy import targets
+from actx.deploy.status import partition_states
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags
 from actx.schemas import layout
@@ -194,7 +194,7 @@ def _rerun_target(args, store=None, out=None):
 
 
 def cmd_rerun(args, out) -> int:
-    from actx.deploy import runstate
+    from actx.deploy.status import runstate
 
     if getattr(args, "estimate", False):
         raise targets.UsageError("--estimate is for `actx submit --dry-run`")
@@ -248,7 +248,7 @@ def _check_runnable(target: targets.Target, handles: dict) -> None:
 def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out) -> int:
     """`actx rerun` of a run with named extractions: the selected partitions of every
     extraction that is behind, the extractions one after another on the same workers."""
-    from actx.deploy import runstate
+    from actx.deploy.status import runstate
 
     if not handle.manifest.partitions:
         raise targets.UsageError(f"{handle.location}: the run holds no data: its prepare "

@@ -19,11 +19,11 @@ import time
 
 from actx.deploy import commands
 from actx.deploy import config as config_lib
-from actx.deploy import host_logs
-from actx.deploy import job_progress
-from actx.deploy import partition_states
-from actx.deploy import progress_line
-from actx.deploy import runstate
+from actx.deploy.status import host_logs
+from actx.deploy.status import job_progress
+from actx.deploy.status import partition_states
+from actx.deploy.status import progress_line
+from actx.deploy.status import runstate
 from actx.schemas import config as schemas_config
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import heartbeat as heartbeat_lib

@@ -6,7 +6,7 @@ It checks the model's config.json (local or gs://) and architecture, hooks and l
 ranges, the context length, whether the tokenizer is the model's
 (schemas.tokenizer_identity), the input paths, the batch
 against the target's devices, and the target's own settings (`Target.problems`,
-deploy/targets.py) and what of the spec it cannot run (`Target.spec_problems`: a
+deploy/targets/__init__.py) and what of the spec it cannot run (`Target.spec_problems`: a
 generating run through Beam or on a replica of several hosts). In a dry run, inputs it
 cannot reach (no credentials on this machine) or that are not there yet are named as not
 checked instead of refused.

@@ -28,7 +28,8 @@ from actx.schemas import store as store_lib
 LIVE_STATES = ("starting", "working", "idle")  # heartbeat states that claim a live host
 DEFAULT_TTL_S = 120.0  # how long a lease holds without renewal (and a heartbeat, silent)
 # How long a detached lease holds before any host of its job has reported: the hosts
-# install actx and load the model first (the same wait as tpu_follow's start timeout).
+# install actx and load the model first (the same wait as the start timeout of
+# deploy/targets/tpu_vm/follow.py).
 DETACHED_START_GRACE_S = 900.0
 
 

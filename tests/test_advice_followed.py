@@ -20,7 +20,11 @@ import time
 
 import pytest
 
-from actx.deploy import cli, local, local_target, runstate, status_text, ui_data
+from actx.deploy import cli, local
+from actx.deploy.page import data as ui_data
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
+from actx.deploy.targets import local as local_target
 from actx.schemas import commit, config as config_lib, heartbeat, layout, store
 from actx.schemas import run_dir
 from tests import hf_models, token_runs

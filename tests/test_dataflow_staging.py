@@ -1,5 +1,5 @@
 """Dataflow workers get what prepare imports: the staging copy that `actx submit` passes as
---setup_file (deploy/dataflow_stage.py) is built into an sdist exactly as Beam's staging
+--setup_file (deploy/targets/dataflow/stage.py) is built into an sdist exactly as Beam's staging
 builds it, installed into a fresh virtual environment holding only apache-beam[gcp] (the
 SDK container) plus what the sdist declares, and prepare run from there on a local runner
 writes byte-identical output to prepare run here.
@@ -45,7 +45,7 @@ def test_prepare_runs_from_what_dataflow_workers_install(tmp_path, qwen_tokenize
 
     from actx.schemas import runspec
 
-    staged = _run([sys.executable, "-m", "actx.deploy.dataflow_stage", "--out", tmp_path / "stage"],
+    staged = _run([sys.executable, "-m", "actx.deploy.targets.dataflow.stage", "--out", tmp_path / "stage"],
                   cwd=tmp_path).stdout.strip()
     assert staged == str(tmp_path / "stage" / "setup.py")
     sdist = Stager._build_setup_package(staged, str(tmp_path / "sdist"))  # as --setup_file

@@ -16,7 +16,9 @@ import tempfile
 import pytest
 import yaml
 
-from actx.deploy import cli, config, dataflow, tpu_vm
+from actx.deploy import cli, config
+from actx.deploy.targets.dataflow import plan as dataflow
+from actx.deploy.targets.tpu_vm import plan as tpu_vm
 
 METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 CURL = 'curl -sf -H Metadata-Flavor:Google "${ACTX_TPU_METADATA_URL:-' + METADATA + '}'
@@ -110,7 +112,7 @@ def test_tpu_vm_submit_dry_run_prints_exact_commands(tmp_path, monkeypatch):
                     "--format=value(state.state)"]),
         shlex.join(["actx", "prepare", "--spec", f"{job_dir}/r1-{fp}.json", "--out",
                     "gs://b/runs/r1", "--max-reject-fraction=0.01", "--runner=FnApiRunner"]),
-        shlex.join([sys.executable, "-m", "actx.deploy.tpu_package", "--out", job_dir]),
+        shlex.join([sys.executable, "-m", "actx.deploy.targets.tpu_vm.package", "--out", job_dir]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "scp", f"{job_dir}/{wheel}",
                     f"tpu1:{wheel}", *WHERE, "--worker=all"]),
         shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE, "--worker=all",
@@ -151,7 +153,7 @@ def test_tpu_vm_prepare_on_dataflow_existing_slice_custom_install(tmp_path, monk
     lines = _dry_run(["submit", cfg, "--dry-run", "--job", "j2", "--batch-size", "16"])
     fp = _fingerprint()
     job_dir = os.path.join(tempfile.gettempdir(), "actx-j2")
-    assert lines[0] == shlex.join([sys.executable, "-m", "actx.deploy.dataflow_stage", "--out",
+    assert lines[0] == shlex.join([sys.executable, "-m", "actx.deploy.targets.dataflow.stage", "--out",
                                    f"{job_dir}/dataflow-src"])
     assert lines[1] == shlex.join([
         "actx", "prepare", "--spec", os.path.join(job_dir, f"r1-{fp}.json"),
@@ -182,7 +184,7 @@ def test_dataflow_submit_dry_run_and_pipeline_options(tmp_path, monkeypatch):
             "--staging_location=gs://b/tmp/staging", f"--setup_file={setup_py}",
             f"--job_name=actx-prepare-r1-{fp}", "--max_num_workers=16",
             "--machine_type=n2-highmem-8", "--experiments=use_runner_v2"]
-    assert lines == [shlex.join([sys.executable, "-m", "actx.deploy.dataflow_stage", "--out",
+    assert lines == [shlex.join([sys.executable, "-m", "actx.deploy.targets.dataflow.stage", "--out",
                                  f"{job_dir}/dataflow-src"]),
                      shlex.join(["actx", "prepare", *argv])]
     assert not os.path.exists(job_dir)  # the dry run wrote nothing
@@ -235,7 +237,7 @@ def test_rerun_dry_run_on_tpu_vm_names_only_uncommitted(tmp_path):
     assert [(c.argv[3:5] if c.argv[0] == "gcloud" else c.argv[1:3], c.may_fail)
             for c in plan] == [
         (("queued-resources", "delete"), True), (("queued-resources", "create"), False),
-        (("queued-resources", "describe"), False), (("-m", "actx.deploy.tpu_package"), False),
+        (("queued-resources", "describe"), False), (("-m", "actx.deploy.targets.tpu_vm.package"), False),
         (("tpu-vm", "scp"), False), (("tpu-vm", "ssh"), False), (("tpu-vm", "ssh"), False)]
     assert "--only 0,2 --host-name" in plan[-1].argv[-1]
     assert plan[-1].on_fail.endswith("--config t.yaml --recreate`")

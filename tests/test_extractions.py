@@ -450,7 +450,9 @@ def test_aligned_filters_hook_per_model_and_normalisation(both):
 
 
 def test_status_follow_and_tpu_plan_per_extraction(both, capsys):
-    from actx.deploy import cli, config, tpu_follow, tpu_vm
+    from actx.deploy import cli, config
+    from actx.deploy.targets.tpu_vm import follow as tpu_follow
+    from actx.deploy.targets.tpu_vm import plan as tpu_vm
 
     out = io.StringIO()
     assert cli.main(["status", both, "--check"], out=out) == 0

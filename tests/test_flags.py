@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from actx.deploy import config as deploy_config
-from actx.deploy import local, tpu_vm
+from actx.deploy import local
+from actx.deploy.targets.tpu_vm import plan as tpu_vm
 from actx.schemas import flags
 from actx.schemas.worker_options import ExtractSettings, WorkerOptions
 from actx.workers import main as worker_main

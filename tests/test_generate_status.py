@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from actx import reader
-from actx.deploy import cli, ui_data
+from actx.deploy import cli
+from actx.deploy.page import data as ui_data
 from actx.schemas import commit, layout, runspec, store
 from tests import browser, generate_runs, page_checks, status_runs, token_runs
 

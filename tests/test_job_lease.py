@@ -213,7 +213,8 @@ def test_a_preempted_slices_lease_is_taken_over_at_once():
     import io
 
     from actx.deploy import config as deploy_config
-    from actx.deploy import targets, tpu_lease
+    from actx.deploy import targets
+    from actx.deploy.targets.tpu_vm import lease as tpu_lease
 
     s = store.open_store("memory://lease-preempted")
     target = deploy_config.TargetConfig(kind="tpu-vm", tpu=deploy_config.TpuConfig(

@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 
-from actx.deploy import cli, runstate, ui_data
+from actx.deploy import cli
+from actx.deploy.page import data as ui_data
+from actx.deploy.status import runstate
 from actx.schemas import commit, layout, store
 from actx.schemas import run_dir
 from tests import hf_models, token_runs

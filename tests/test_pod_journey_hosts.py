@@ -11,8 +11,8 @@ import sys
 import time
 import zipfile
 
-from actx.deploy import tpu_package
 from actx.deploy.detached import host_run
+from actx.deploy.targets.tpu_vm import package as tpu_package
 from actx.schemas import store as store_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_wheel_from_a_checkout_and_from_a_pip_installed_actx(tmp_path):
     where = _run([py, "-c", "import actx.deploy; print(actx.deploy.__file__)"], cwd=tmp_path,
                  env=env)
     assert where.startswith(str(venv))
-    out = _run([py, "-m", "actx.deploy.tpu_package", "--out", tmp_path / "from-install"],
+    out = _run([py, "-m", "actx.deploy.targets.tpu_vm.package", "--out", tmp_path / "from-install"],
                cwd=tmp_path, env=env).strip()
     assert out == str(tmp_path / "from-install" / os.path.basename(wheel))
     assert _package_files(out) == files
@@ -125,7 +125,7 @@ def test_wait_follows_the_run_until_its_partitions_commit_or_its_hosts_are_gone(
     the wanted partitions committed is 0; a heartbeat from before the job does not count."""
     import io
 
-    from actx.deploy import tpu_follow
+    from actx.deploy.targets.tpu_vm import follow as tpu_follow
     from actx.schemas import heartbeat as heartbeat_lib, layout
     from tests import token_runs
 

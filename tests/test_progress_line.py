@@ -12,7 +12,10 @@ import time
 
 import pytest
 
-from actx.deploy import cli, progress_line, runstate, status_text
+from actx.deploy import cli
+from actx.deploy.status import progress_line
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
 from actx.schemas import config as config_lib, heartbeat, layout, store
 from actx.schemas import run_dir
 from actx.workers import progress

@@ -13,7 +13,8 @@ from actx.schemas import activations_info, errors, layout, run_dir, store
 
 def test_every_input_error_is_a_user_error():
     from actx import reader
-    from actx.deploy import targets, tpu_vm
+    from actx.deploy import targets
+    from actx.deploy.targets.tpu_vm import plan as tpu_vm
     from actx.pipeline import fileio, prepare_refusals, tokenize
     from actx.schemas import config, store_errors
     from actx.workers import admission

@@ -5,7 +5,7 @@ partitions stale, rerun only the missing ones, verify, compare with a local run 
 byte; and `actx down` cancels a running job (scancel) and gives the run back.
 
 The nodes run the real `python -m actx.workers.main` on CPU, as the Slurm target starts
-them: `srun python -m actx.deploy.slurm.step ... -- python -m actx.workers.main ...`.
+them: `srun python -m actx.deploy.targets.slurm.step ... -- python -m actx.workers.main ...`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from actx.deploy import cli
-from actx.deploy.slurm import step
+from actx.deploy.targets.slurm import step
 from actx.schemas import job_lease, layout, store
 from tests import hf_models
 from tests.fake_slurm import FakeSlurm
@@ -119,8 +119,8 @@ def test_first_host_and_placement_from_slurms_environment():
 
 def test_sbatch_flags_and_a_nodes_devices_from_gres():
     from actx.deploy import config
-    from actx.deploy.slurm import plan
-    from actx.deploy.slurm.settings import SlurmConfig
+    from actx.deploy.targets.slurm import plan
+    from actx.deploy.targets.slurm.settings import SlurmConfig
 
     slurm = SlurmConfig(name="x", replicas=3, nodes=2, partition="p", account="a", qos="q",
                         time="1:00:00", gres="gpu:a100:8", constraint="h100", mem="0",

@@ -16,8 +16,12 @@ import urllib.request
 
 import pytest
 
-from actx.deploy import cli, host_logs, runstate, status_text, ui_server
-from actx.deploy.partition_states import STATES, PartitionStates
+from actx.deploy import cli
+from actx.deploy.page import server as ui_server
+from actx.deploy.status import host_logs
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
+from actx.deploy.status.partition_states import STATES, PartitionStates
 from actx.schemas import commit, layout, manifest, store
 from actx.schemas import run_dir
 from tests import status_runs
@@ -66,7 +70,7 @@ def test_status_json_dumps_is_json_dumps_with_indent_byte_for_byte():
     """The indented text of any JSON value (flat containers written by the C encoder,
     nested ones framed by hand) is json.dumps(indent=1, sort_keys=True)'s, strings with
     newlines, quotes, commas and non-ASCII characters included."""
-    from actx.deploy import status_json
+    from actx.deploy.status import json_text as status_json
 
     rng = random.Random(11)
     for _ in range(3000):
@@ -378,7 +382,7 @@ def test_status_says_what_each_host_did_and_why_one_idles(tmp_path):
      "documents continued from an earlier concat row"),
 ])
 def test_the_context_line_names_the_causes_of_the_runs_packing(packing, causes):
-    from actx.deploy import status_text
+    from actx.deploy.status import text as status_text
     from actx.schemas import runspec
 
     spec = runspec.RunSpec.from_dict({

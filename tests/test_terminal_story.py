@@ -14,7 +14,9 @@ import time
 import pytest
 
 from actx.deploy import config as deploy_config
-from actx.deploy import demo, local, runstate, status_text
+from actx.deploy import demo, local
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
 from actx.schemas import run_dir
 from actx.schemas import stop_signals, store
 from tests import token_runs

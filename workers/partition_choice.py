@@ -47,7 +47,7 @@ FILL_SLOTS = True
 
 # What a replica's heartbeats say about it.
 UNSEEN, LOADING, STARTED, DONE, DEAD = "unseen", "loading", "started", "done", "dead"
-LIVE_STATES = ("starting", "working", "idle")  # as deploy.runstate reads them
+LIVE_STATES = ("starting", "working", "idle")  # as deploy.status.runstate reads them
 _STEALABLE = (STARTED, DONE, DEAD)
 
 

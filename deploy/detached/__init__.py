@@ -10,6 +10,6 @@ the command that started them.
                its death recorded
   follow.py    `--wait`: follow the job from the run directory until it ends
 
-The TPU VM target (deploy/tpu_vm_target.py) and the Slurm target (deploy/slurm/) are
+The TPU VM target (deploy/targets/tpu_vm/) and the Slurm target (deploy/targets/slurm/) are
 built on these; each adds only where its hosts come from and what it names them.
 """

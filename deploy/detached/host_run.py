@@ -2,7 +2,7 @@
 worker, with its log copied into the run directory while it runs, and its death recorded.
 
 The tpu-vm target starts this detached (nohup setsid), so the job outlives the submitter's
-ssh session; the Slurm target runs it in each task of the job step (deploy/slurm/step.py). The worker's output goes to a file on the host; every `log_every_s` seconds (at
+ssh session; the Slurm target runs it in each task of the job step (deploy/targets/slurm/step.py). The worker's output goes to a file on the host; every `log_every_s` seconds (at
 least 1: GCS takes about one write per second per object) the file's last `max_log_mb` MB
 replace <run>/logs/<job>/<host>.log, so a log is readable while the worker runs and what
 was written before a preemption stays. A worker that dies with a non-zero code is recorded

@@ -1,13 +1,16 @@
 """Where a job runs: one interface that the pre-flight, `actx submit`, `actx rerun` and
 `actx down` call, one module per target behind it:
 
-  local    deploy/local_target.py     prepare here, then worker processes here, or Beam's
-                                      local runners (`target.extract: beam`)
-  tpu-vm   deploy/tpu_vm_target.py    a TPU VM slice through gcloud; detached workers
-  dataflow deploy/dataflow_target.py  prepare on Dataflow; with `extract: beam`, extraction
-                                      on Dataflow's GPU or TPU workers too
-  slurm    deploy/slurm/target.py     a Slurm cluster: an sbatch array, one job step per
-                                      replica; detached workers
+  local    deploy/targets/local.py            prepare here, then worker processes here, or
+                                              Beam's local runners (`target.extract: beam`)
+  tpu-vm   deploy/targets/tpu_vm/target.py    a TPU VM slice through gcloud; detached workers
+  dataflow deploy/targets/dataflow/target.py  prepare on Dataflow; with `extract: beam`,
+                                              extraction on Dataflow's GPU or TPU workers too
+  slurm    deploy/targets/slurm/target.py     a Slurm cluster: an sbatch array, one job step
+                                              per replica; detached workers
+
+Beside them, deploy/targets/beam.py: extraction through Beam (`target.extract: beam`), on
+the local target's runners or on Dataflow's workers.
 
 `KINDS` below is the one list of them (a new target registers there and nowhere else).
 
@@ -216,10 +219,10 @@ class Kind:
 # The one list of targets: `--target`'s choices (deploy/cli.py), the config's allowed
 # `target.kind` (deploy/config.py) and `for_config` all read it.
 KINDS = {k.name: k for k in (
-    Kind("local", "actx.deploy.local_target", "LocalTarget"),
-    Kind("tpu-vm", "actx.deploy.tpu_vm_target", "TpuVmTarget", "tpu"),
-    Kind("dataflow", "actx.deploy.dataflow_target", "DataflowTarget", "dataflow"),
-    Kind("slurm", "actx.deploy.slurm.target", "SlurmTarget", "slurm"),
+    Kind("local", "actx.deploy.targets.local", "LocalTarget"),
+    Kind("tpu-vm", "actx.deploy.targets.tpu_vm.target", "TpuVmTarget", "tpu"),
+    Kind("dataflow", "actx.deploy.targets.dataflow.target", "DataflowTarget", "dataflow"),
+    Kind("slurm", "actx.deploy.targets.slurm.target", "SlurmTarget", "slurm"),
 )}
 NAMES = tuple(KINDS)
 

@@ -13,10 +13,10 @@ import concurrent.futures
 import dataclasses
 import time
 
-from actx.deploy import host_logs
-from actx.deploy import run_facts
-from actx.deploy import status_json
-from actx.deploy.partition_states import COMMITTED, IN_PROGRESS, STALE, PartitionStates
+from actx.deploy.status import host_logs
+from actx.deploy.status import json_text as status_json
+from actx.deploy.status import run_facts
+from actx.deploy.status.partition_states import COMMITTED, IN_PROGRESS, STALE, PartitionStates
 from actx.schemas import activations_info as info_lib
 from actx.schemas import commit as commit_lib
 from actx.schemas import run_dir
@@ -88,7 +88,7 @@ class RunStatus:
     # What the reader's token masks leave out (stats.json, written by compute_stats); None
     # before it ran.
     token_masks: token_masks_lib.MaskCounts | None = None
-    # The run's settings, the latest `actx verify` and one phase word (deploy.run_facts).
+    # The run's settings, the latest `actx verify` and one phase word (deploy.status.run_facts).
     identity: dict = dataclasses.field(default_factory=dict)
     verification: dict | None = None
     phase: str = ""

@@ -17,7 +17,8 @@ from actx.deploy.commands import Command
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import worker_options
 
-CONTAINERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers")
+CONTAINERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "containers")
 LOCAL_RUNNER_ARGS = ("--runner=FnApiRunner",)
 
 
@@ -49,7 +50,9 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
     Beam's local runners wait forever for a worker process that died (SIGKILL, out of
     memory): the heartbeats of this job tell, and the pipeline is stopped with one line
     naming the dead process (deploy.dead_workers)."""
-    from actx.deploy import dead_workers, job_progress, local, progress_line
+    from actx.deploy import dead_workers, local
+    from actx.deploy.status import job_progress
+    from actx.deploy.status import progress_line
     from actx.schemas import extraction as extraction_lib
 
     names = extraction_lib.parse(extraction)
@@ -152,7 +155,7 @@ def dataflow_command(spec: runspec_lib.RunSpec, run: str, target: config_lib.Tar
     Dataflow's worker_accelerator service option (GPU: "type:nvidia-l4;count:1;
     install-nvidia-driver"; TPU: "type:tpu-v5-lite-podslice;topology:1x1").
     """
-    from actx.deploy import dataflow
+    from actx.deploy.targets.dataflow import plan as dataflow
 
     df = target.dataflow
     beam = dataflow.service_args(

@@ -4,8 +4,8 @@ over from a job whose slice runs no worker (preempted, deleted, created again)."
 from __future__ import annotations
 
 from actx.deploy import config as config_lib
-from actx.deploy import tpu_vm
 from actx.deploy.detached import lease as detached_lease
+from actx.deploy.targets.tpu_vm import plan as tpu_vm
 from actx.schemas import store as store_lib
 
 KIND = "tpu-vm"

@@ -13,7 +13,9 @@ import json
 import threading
 import time
 
-from actx.deploy import runstate, ui_data, ui_page
+from actx.deploy.page import data as ui_data
+from actx.deploy.page import document as ui_page
+from actx.deploy.status import runstate
 from actx.schemas import errors
 from actx.schemas import run_dir
 

@@ -1,6 +1,6 @@
 """The live page's HTML: one self-contained document (inline CSS and JS, no network).
 
-The data (see `deploy.ui_data`) is embedded as JSON, so `--html FILE` is complete on its
+The data (see `deploy.page.data`) is embedded as JSON, so `--html FILE` is complete on its
 own; a served page also polls `data.json`. The partition map is drawn on a canvas (one
 cell per partition; 150k partitions are 150k rectangles, not 150k DOM nodes), then read
 back pixel by pixel into `#map[data-drawn]`, so a test can check what was drawn.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import json
 
-from actx.deploy import ui_script
+from actx.deploy.page import script as ui_script
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:16px 24px;color:#1d2430;background:#f6f7f9}

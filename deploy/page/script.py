@@ -1,8 +1,8 @@
 """The live page's script: it fills the page from the embedded data (and, served, from
 `data.json` every LIVE_S seconds), draws the partition map and the charts on canvases.
 
-Apart from `deploy.ui_page` (the HTML, the CSS and `render_html`) because it is a program
-in another language, about as long as the rest of the page together; `render_html` inlines
+Apart from `deploy.page.document` (the HTML, the CSS and `render_html`) because it is a
+program in another language, about as long as the rest of the page together; `render_html` inlines
 it, so the page stays one self-contained file. It reads `LIVE_S`, which `render_html`
 defines before it.
 """

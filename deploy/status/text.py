@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from actx.deploy import run_facts
-from actx.deploy import status_json
-from actx.deploy.partition_states import COMMITTED, IN_PROGRESS, PENDING, STALE
-from actx.deploy.runstate import HostState, RunStatus, map_chars
+from actx.deploy.status import json_text as status_json
+from actx.deploy.status import run_facts
+from actx.deploy.status.partition_states import COMMITTED, IN_PROGRESS, PENDING, STALE
+from actx.deploy.status.runstate import HostState, RunStatus, map_chars
 from actx.schemas import layout as layout_lib
 from actx.schemas import token_masks as token_masks_lib
 

@@ -2,7 +2,7 @@
 around it, as data (deploy.commands) so that `--dry-run` prints every byte.
 
 The array has one task per replica (`--array=0-<replicas-1>`), each allocated `nodes`
-nodes; the script's one job step (`srun`, one task per node) starts deploy/slurm/step.py on
+nodes; the script's one job step (`srun`, one task per node) starts deploy/targets/slurm/step.py on
 every node, which reads its place from Slurm's environment (SLURM_ARRAY_TASK_ID: the
 replica; SLURM_PROCID / SLURM_NTASKS: the process within it; the step's first node: the
 coordinator) and runs the worker under deploy/detached/host_run.py.
@@ -117,7 +117,7 @@ def script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str
            only: list[int] | None = None, extraction: str | None = None) -> str:
     """The batch script: the job-wide environment, the setup lines, one job step."""
     slurm = target.slurm
-    step = [slurm.python, "-m", "actx.deploy.slurm.step", "--run", run, "--job", job,
+    step = [slurm.python, "-m", "actx.deploy.targets.slurm.step", "--run", run, "--job", job,
             "--name", slurm.name, "--port", str(slurm.coordinator_port),
             "--log-every-s", f"{slurm.log_every_s:g}", "--",
             *worker_argv(run, target, fingerprint, job, only, extraction)]
@@ -130,7 +130,7 @@ def script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str
 
 
 def script_path(job: str) -> str:
-    from actx.deploy import dataflow
+    from actx.deploy.targets.dataflow import plan as dataflow
 
     return os.path.join(dataflow.job_dir(job), "sbatch.sh")
 

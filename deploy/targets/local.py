@@ -1,7 +1,7 @@
 """The local target: prepare on Beam's in-process runner, then extraction on this machine
 while this command waits: worker processes as simulated hosts (deploy/local.py), or the
 Beam extraction transform on Beam's local runners (`target.extract: beam`,
-deploy/beam_target.py). One job at a time holds the run (schemas.job_lease)."""
+deploy/targets/beam.py). One job at a time holds the run (schemas.job_lease)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import time
 
 from actx.deploy import launch_record
 from actx.deploy import local
-from actx.deploy import partition_states
-from actx.deploy import runstate
-from actx.deploy import status_text
 from actx.deploy import targets
+from actx.deploy.status import partition_states
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
 from actx.schemas import activations_info as info_lib
 from actx.schemas import layout
 from actx.schemas import parallelism
@@ -54,7 +54,7 @@ class _BeamPipeline:
         return ["beam workers (named beam-<machine>-<pid>)"]
 
     def run(self, job: targets.Job, out, prefix: str) -> int:
-        from actx.deploy import beam_target
+        from actx.deploy.targets import beam as beam_target
 
         return beam_target.run_local(job.run, self.config, job.fingerprint, job.name,
                                      only=job.only, out=out, handle=job.handle,

@@ -1,15 +1,15 @@
-"""The tpu-vm target: a plan of gcloud commands (deploy/tpu_vm.py) that requests the slice,
-prepares (here, or on Dataflow with `prepare: dataflow`), installs actx and starts one
-worker per host, detached. The run's job lease is held by the slice's heartbeats
-(deploy/tpu_lease.py over deploy/detached/lease.py); `--wait` follows the job from the
-run (deploy/tpu_follow.py over deploy/detached/follow.py);
+"""The tpu-vm target: a plan of gcloud commands (deploy/targets/tpu_vm/plan.py) that
+requests the slice, prepares (here, or on Dataflow with `prepare: dataflow`), installs actx
+and starts one worker per host, detached. The run's job lease is held by the slice's
+heartbeats (deploy/targets/tpu_vm/lease.py over deploy/detached/lease.py); `--wait` follows
+the job from the run (deploy/targets/tpu_vm/follow.py over deploy/detached/follow.py);
 `actx down` deletes the slice."""
 
 from __future__ import annotations
 
 from actx.deploy import commands
 from actx.deploy import targets
-from actx.deploy import tpu_vm
+from actx.deploy.targets.tpu_vm import plan as tpu_vm
 
 
 class TpuVmTarget(targets.Target):
@@ -23,7 +23,7 @@ class TpuVmTarget(targets.Target):
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
-        from actx.deploy import dataflow
+        from actx.deploy.targets.dataflow import plan as dataflow
 
         prep = dataflow.prepare_commands(prepare.spec, job.run, self.config,
                                          prepare.max_reject_fraction,
@@ -51,7 +51,7 @@ class TpuVmTarget(targets.Target):
             return targets.show_plan(plan, out)
         code = commands.execute(plan, out=out)
         if code == 0:  # its hosts are gone: a rerun must not wait for their last heartbeats
-            from actx.deploy import tpu_lease
+            from actx.deploy.targets.tpu_vm import lease as tpu_lease
 
             tpu_lease.release_for_down(run, self.config.tpu, out)
         return code
@@ -59,11 +59,12 @@ class TpuVmTarget(targets.Target):
     # -------------------------------------------------------------------------------------
     def _launch(self, plan, job: targets.Job, opts: targets.LaunchOptions, out,
                 retry_argv: list[str] | None = None, records=None) -> int:
-        """Runs the plan under the run's detached job lease (deploy.tpu_lease: taken over
+        """Runs the plan under the run's detached job lease (deploy.targets.tpu_vm.lease: taken over
         from a job whose slice is preempted or gone), after `records`, the job's own
         records; then says where the workers are, and follows them with --wait."""
-        from actx.deploy import tpu_follow, tpu_lease
         from actx.deploy.detached import launch
+        from actx.deploy.targets.tpu_vm import follow as tpu_follow
+        from actx.deploy.targets.tpu_vm import lease as tpu_lease
 
         tpu = self.config.tpu
 

@@ -1,4 +1,4 @@
-"""`target.slurm`: where and how the Slurm target's job runs (deploy/slurm/)."""
+"""`target.slurm`: where and how the Slurm target's job runs (deploy/targets/slurm/)."""
 
 from __future__ import annotations
 

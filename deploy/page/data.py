@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 
-from actx.deploy import partition_states
-from actx.deploy import run_facts, runstate, status_text
+from actx.deploy.status import partition_states
+from actx.deploy.status import run_facts
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
 

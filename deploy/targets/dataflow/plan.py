@@ -11,7 +11,7 @@ import sys
 
 from actx.deploy import config as config_lib
 from actx.deploy.commands import Command
-from actx.deploy.tpu_vm import TargetError, job_dir
+from actx.deploy.targets.tpu_vm.plan import TargetError, job_dir
 from actx.schemas import runspec as runspec_lib
 
 def spec_file(spec: runspec_lib.RunSpec, job: str) -> str:
@@ -48,7 +48,8 @@ def check(run: str, df: config_lib.DataflowConfig) -> None:
 
 
 def staging_dir(job: str) -> str:
-    """Where the plan writes the staging copy that --setup_file names (deploy.dataflow_stage)."""
+    """Where the plan writes the staging copy that --setup_file names
+    (deploy.targets.dataflow.stage)."""
     return os.path.join(job_dir(job), "dataflow-src")
 
 
@@ -90,7 +91,7 @@ def prepare_commands(spec: runspec_lib.RunSpec, run: str, target: config_lib.Tar
         df = target.dataflow
         check(run, df)
         stage = [] if df.setup_file else [Command(
-            (sys.executable, "-m", "actx.deploy.dataflow_stage", "--out", staging_dir(job)),
+            (sys.executable, "-m", "actx.deploy.targets.dataflow.stage", "--out", staging_dir(job)),
             "stage actx for the Dataflow workers: its packages and a setup.py declaring what "
             "prepare imports")]
         return stage + [Command(base + tuple(pipeline_args(spec, df, job)),

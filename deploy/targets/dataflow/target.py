@@ -1,6 +1,6 @@
-"""The dataflow target: prepare on Dataflow (deploy/dataflow.py); with `extract: beam`,
+"""The dataflow target: prepare on Dataflow (deploy/targets/dataflow/plan.py); with `extract: beam`,
 extraction too, as the ExtractPartitions transform on Dataflow's GPU or TPU workers
-(deploy/beam_target.py). With `extract: workers` the run is extracted afterwards on
+(deploy/targets/beam.py). With `extract: workers` the run is extracted afterwards on
 another target (`actx rerun RUN --config CONFIG --target tpu-vm`)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ class DataflowTarget(targets.Target):
     kind = "dataflow"
 
     def problems(self, run: str) -> tuple[list[str], int | None]:
-        from actx.deploy import dataflow
+        from actx.deploy.targets.dataflow import plan as dataflow
 
         found = []
         try:
@@ -22,7 +22,7 @@ class DataflowTarget(targets.Target):
         except errors.UserError as e:
             found.append(str(e))
         if self.config.extract == "beam":
-            from actx.deploy import beam_target
+            from actx.deploy.targets import beam as beam_target
 
             found += beam_target.problems(run, self.config)
         return found, None
@@ -32,7 +32,7 @@ class DataflowTarget(targets.Target):
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
-        from actx.deploy import dataflow
+        from actx.deploy.targets.dataflow import plan as dataflow
 
         if not job.run.startswith("gs://"):
             raise targets.UsageError(f"run {job.run!r}: Dataflow workers need a gs:// run "
@@ -41,7 +41,7 @@ class DataflowTarget(targets.Target):
                                          prepare.max_reject_fraction, True, job.name)
         beam = self.config.extract == "beam"
         if beam:  # then extraction on Dataflow GPU or TPU workers
-            from actx.deploy import beam_target
+            from actx.deploy.targets import beam as beam_target
 
             plan = plan + [beam_target.dataflow_command(prepare.spec, job.run, self.config,
                                                         job.name, extraction=job.extraction)]

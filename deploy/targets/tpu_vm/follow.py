@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from actx.deploy import runstate
 from actx.deploy.detached import follow as detached_follow
+from actx.deploy.status import runstate
 from actx.schemas import job_lease
 
 

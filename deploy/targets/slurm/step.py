@@ -1,4 +1,4 @@
-"""What each task of a Slurm job step runs (`srun ... python -m actx.deploy.slurm.step`):
+"""What each task of a Slurm job step runs (`srun ... python -m actx.deploy.targets.slurm.step`):
 its place in the job from Slurm's environment, then the worker under
 deploy/detached/host_run.py (its log copied into the run, its death recorded).
 
@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-from actx.deploy.slurm import plan
+from actx.deploy.targets.slurm import plan
 
 
 def first_host(nodelist: str) -> str:
@@ -41,7 +41,8 @@ def placement(env, name: str, port: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actx.deploy.slurm.step", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m actx.deploy.targets.slurm.step",
+                                description=__doc__)
     p.add_argument("--run", required=True)
     p.add_argument("--job", required=True)
     p.add_argument("--name", required=True, help="target.slurm.name: the hosts' prefix")

@@ -1,5 +1,5 @@
 """The slurm target: prepare here (or on Dataflow with `prepare: dataflow`), then one
-`sbatch` of an array (deploy/slurm/plan.py), one replica per array task, whose workers run
+`sbatch` of an array (deploy/targets/slurm/plan.py), one replica per array task, whose workers run
 detached from this command. The run's job lease is held by the hosts' heartbeats
 (deploy/detached/lease.py); `--wait` follows the job from the run
 (deploy/detached/follow.py); `actx down` cancels the job (`scancel`)."""
@@ -10,7 +10,7 @@ import os
 
 from actx.deploy import commands
 from actx.deploy import targets
-from actx.deploy.slurm import plan as slurm_plan
+from actx.deploy.targets.slurm import plan as slurm_plan
 
 
 class SlurmTarget(targets.Target):
@@ -24,7 +24,7 @@ class SlurmTarget(targets.Target):
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
-        from actx.deploy import dataflow
+        from actx.deploy.targets.dataflow import plan as dataflow
 
         prep = dataflow.prepare_commands(prepare.spec, job.run, self.config,
                                          prepare.max_reject_fraction,

@@ -6,7 +6,8 @@ to a temporary directory and built there with pip, so no dist/, build/ or egg-in
 the checkout. From a pip-installed actx (no setup.py) the installed files and metadata are
 packed back into a wheel. Either way the hosts run the code the submitter runs.
 
-`python -m actx.deploy.tpu_package --out DIR` prints the wheel's path (the submit plan runs it).
+`python -m actx.deploy.targets.tpu_vm.package --out DIR` prints the wheel's path (the submit
+plan runs it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ PACKAGE = "actx"  # the one import package the wheel holds
 FOLDERS = ("actx", "schemas", "pipeline", "workers", "deploy", "reader")
 # Where this file's actx comes from: a checkout's root (setup.py beside the folders), or
 # an installed package's directory (site-packages/actx, no setup.py).
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 # This machine's build of actx.reader._row_copy would not fit the hosts' platform: their
 # wheel is pure Python (setup.py's ACTX_PURE_WHEEL), and their reader copies with numpy.
 _NATIVE = ("*.so", "*.pyd", "*.dylib")
@@ -131,7 +133,8 @@ def _from_installed(out_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actx.deploy.tpu_package", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m actx.deploy.targets.tpu_vm.package",
+                                description=__doc__)
     p.add_argument("--out", required=True, help="directory for the wheel (created)")
     args = p.parse_args(argv)
     print(build(args.out))

@@ -19,8 +19,9 @@ import sys
 import tempfile
 
 from actx.deploy import config as config_lib
-from actx.deploy import tpu_package, tpu_types
 from actx.deploy.commands import Command
+from actx.deploy.targets.tpu_vm import accelerators as tpu_types
+from actx.deploy.targets.tpu_vm import package as tpu_package
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import parallelism
@@ -154,7 +155,7 @@ def install_commands(tpu: config_lib.TpuConfig, job: str) -> list[Command]:
     name = tpu_package.wheel_name(tpu_package.package_version())
     where = "this checkout" if tpu_package.is_checkout() else "the installed actx"
     return [
-        Command((sys.executable, "-m", "actx.deploy.tpu_package", "--out", out),
+        Command((sys.executable, "-m", "actx.deploy.targets.tpu_vm.package", "--out", out),
                 f"build a wheel of {where} in {out}"),
         Command(_gcloud("tpu-vm", "scp", os.path.join(out, name), f"{tpu.name}:{name}",
                         *_where(tpu), "--worker=all"), "copy it to every host"),

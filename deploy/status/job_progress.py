@@ -1,7 +1,7 @@
 """The progress line of a job a launcher waits for: each extraction's status, read at every
 poll from the run as that extraction sees it, as a `ProgressLine.show` wants it.
 
-Apart from the launchers (`deploy.local` for worker processes, `deploy.beam_target` for a
+Apart from the launchers (`deploy.local` for worker processes, `deploy.targets.beam` for a
 Beam pipeline) because both poll the same way: the run opened once and only when first
 needed, each extraction's view made once, and progress best effort (a failure to read it
 is shown on the line; the workers or the pipeline decide the outcome).
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from actx.deploy import runstate
-from actx.deploy import status_text
+from actx.deploy.status import runstate
+from actx.deploy.status import text as status_text
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import run_dir
 
