@@ -250,7 +250,7 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
              *local.worker_args(copy, one, small.fingerprint, "estimate", 0, i, coordinator,
                                 ids)], env=local.worker_env(one), cwd=local.config_lib.code_path(),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for coordinator in [f"127.0.0.1:{local._free_port()}"
+            for coordinator in [f"127.0.0.1:{local.free_port()}"
                                 if one.hosts_per_replica > 1 else None]
             for i in range(one.hosts_per_replica)]
         started = time.time()

@@ -151,7 +151,8 @@ def worker_env(target: config_lib.TargetConfig) -> dict:
     return env
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now: a local multi-host group's coordinator."""
     import socket
 
     with socket.socket() as s:
@@ -189,7 +190,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     code = config_lib.code_path()
     procs: list[_Proc] = []
     for r in range(target.replicas):
-        coordinator = (f"127.0.0.1:{_free_port()}" if target.hosts_per_replica > 1 else None)
+        coordinator = (f"127.0.0.1:{free_port()}" if target.hosts_per_replica > 1 else None)
         for i in range(target.hosts_per_replica):
             name = host_name(r, i, prefix)
             args = worker_args(run, target, fingerprint, job, r, i, coordinator, only,
