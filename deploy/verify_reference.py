@@ -164,7 +164,7 @@ def _errors(stored: np.ndarray, reference: np.ndarray) -> np.ndarray:
 def check(handle, n: int = DEFAULT_SAMPLE, device: str = "cpu", seed: int = 0,
           only: set[int] | None = None, at: float | None = None,
           log=None) -> record_lib.ReferenceRecord:
-    """Recomputes `n` sampled units of the run (`handle`: deploy.run_dir.OpenedRun) and
+    """Recomputes `n` sampled units of the run (`handle`: schemas.run_dir.OpenedRun) and
     returns the record of what was found."""
     spec = handle.spec
     if n < 1:
