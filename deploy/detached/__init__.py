@@ -9,6 +9,7 @@ the command that started them.
   host_run.py  what each host runs: the worker, its log copied into the run as it grows,
                its death recorded
   follow.py    `--wait`: follow the job from the run directory until it ends
+  target.py    `DetachedTarget`: the refusals and the prepare step the targets share
 
 The TPU VM target (deploy/targets/tpu_vm/) and the Slurm target (deploy/targets/slurm/) are
 built on these; each adds only where its hosts come from and what it names them.

@@ -10,26 +10,22 @@ import os
 
 from actx.deploy import commands
 from actx.deploy import targets
+from actx.deploy.detached.target import DetachedTarget
 from actx.deploy.targets.slurm import plan as slurm_plan
 
 
-class SlurmTarget(targets.Target):
+class SlurmTarget(DetachedTarget):
     kind = slurm_plan.KIND
+    hosts_are = "a Slurm job"
 
-    def problems(self, run: str) -> tuple[list[str], int | None]:
-        # slurm_plan.problems checks the batch against a replica's devices itself.
-        found = slurm_plan.problems(run, self.config)
-        found += self.beam_extract_problem("a Slurm job")
-        return found, None
+    def plan_problems(self, run: str) -> list[str]:
+        return slurm_plan.problems(run, self.config)
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
         from actx.deploy.targets.dataflow import plan as dataflow
 
-        prep = dataflow.prepare_commands(prepare.spec, job.run, self.config,
-                                         prepare.max_reject_fraction,
-                                         self.config.prepare == "dataflow", job.name)
-        plan, script = self._plan(job, opts, prep)
+        plan, script = self._plan(job, opts, self.prepare_commands(job, prepare))
         if opts.dry_run:
             code = targets.show_plan(plan, out, dataflow.spec_file(prepare.spec, job.name))
             return self._show_script(job, script, out) or code

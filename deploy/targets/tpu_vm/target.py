@@ -9,28 +9,25 @@ from __future__ import annotations
 
 from actx.deploy import commands
 from actx.deploy import targets
+from actx.deploy.detached.target import DetachedTarget
 from actx.deploy.targets.tpu_vm import plan as tpu_vm
 
 
-class TpuVmTarget(targets.Target):
+class TpuVmTarget(DetachedTarget):
     kind = "tpu-vm"
+    hosts_are = "a TPU slice"
 
-    def problems(self, run: str) -> tuple[list[str], int | None]:
-        # tpu_vm.problems checks the batch against the slice's chips itself.
-        found = tpu_vm.problems(run, self.config)
-        found += self.beam_extract_problem("a TPU slice")
-        return found, None
+    def plan_problems(self, run: str) -> list[str]:
+        return tpu_vm.problems(run, self.config)
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
         from actx.deploy.targets.dataflow import plan as dataflow
 
-        prep = dataflow.prepare_commands(prepare.spec, job.run, self.config,
-                                         prepare.max_reject_fraction,
-                                         self.config.prepare == "dataflow", job.name)
         # The plan checks the target first: nothing is created on bad input.
-        plan = tpu_vm.plan(job.run, self.config, job.fingerprint, job.name, prepare=prep,
-                           config=opts.config, extraction=job.extraction)
+        plan = tpu_vm.plan(job.run, self.config, job.fingerprint, job.name,
+                           prepare=self.prepare_commands(job, prepare), config=opts.config,
+                           extraction=job.extraction)
         if opts.dry_run:
             return targets.show_plan(plan, out, dataflow.spec_file(prepare.spec, job.name))
         dataflow.write_spec_file(prepare.spec, job.name)
