@@ -30,7 +30,6 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from actx.schemas import activations_info as info_lib
-from actx.schemas import commit as commit_lib
 from actx.schemas import errors, flags, layout, run_dir, worker_options
 from actx.schemas import extraction as extraction_lib
 
@@ -228,7 +227,7 @@ class ExtractPartitions(beam.PTransform):
 def uncommitted(opened: run_dir.OpenedRun, only=None) -> list[int]:
     """Ids of the uncommitted partitions of an opened run (as one extraction sees it:
     `schemas.extraction.scoped`), restricted to `only`."""
-    done = commit_lib.committed_partitions(opened.store, len(opened.manifest.partitions))
+    done = opened.committed(len(opened.manifest.partitions))
     wanted = None if only is None else set(only)
     return [p.id for p in opened.manifest.partitions
             if p.id not in done and (wanted is None or p.id in wanted)]

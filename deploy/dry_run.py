@@ -17,9 +17,13 @@ import dataclasses
 import math
 import os
 import uuid
+from typing import TYPE_CHECKING
 
 from actx.schemas import layout as layout_lib
 from actx.schemas import runspec as runspec_lib
+
+if TYPE_CHECKING:  # imported where used: not every command opens a run
+    from actx.schemas import run_dir
 
 COUNT_INPUT_BYTES = 256 << 20  # inputs up to this size are counted whole by a dry prepare
 ESTIMATE_DOCS = 2000  # documents per source the local estimate's timed worker may reach
@@ -36,23 +40,19 @@ class Counts:
     source: str
 
 
-def counts(spec: runspec_lib.RunSpec, run: str) -> tuple[Counts | None, str]:
+def counts(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir") -> tuple[Counts | None, str]:
     """(the run's counts, "") or (None, why they are not known here), on every target:
     from the manifest of a run already prepared for this spec; else from a prepare of the
     inputs into memory, local or gs://: all of them up to `COUNT_INPUT_BYTES`, beyond that
     the first files of each source up to its share of that, scaled by bytes (an estimate,
     said so). A source with max_docs is read whole: its prepare stops there anyway."""
     from actx.pipeline import main as pipeline_main
-    from actx.schemas import layout, store as store_lib
+    from actx.schemas import run_dir
 
     try:
-        s = store_lib.open_store(run)
-        existing = s.read_json(runspec_lib.RUN_SPEC_KEY)
-        if existing is not None and existing.get("fingerprint") == spec.fingerprint \
-                and s.exists(layout.MANIFEST_KEY):
-            from actx.schemas import run_dir
-
-            m = run_dir.open_run(s).manifest
+        run = run_dir.RunDir.at(run)
+        if run.is_prepared_for(spec):
+            m = run.opened().manifest
             return Counts(m.total_tokens, m.total_rows, len(m.partitions), m.seq_len,
                           "from the run's manifest"), ""
     except Exception:  # noqa: BLE001 - unreachable here: counted from the inputs
@@ -111,22 +111,23 @@ def _counted(spec: runspec_lib.RunSpec) -> tuple[Counts | None, str]:
     import logging
 
     from actx.pipeline import main as pipeline_main
-    from actx.schemas import store as store_lib
+    from actx.schemas import run_dir
 
-    where = f"memory://actx-dry-run-{uuid.uuid4().hex}"
+    # A run in this process's memory, deleted after: the run itself is not touched.
+    scratch = run_dir.RunDir.at(f"memory://actx-dry-run-{uuid.uuid4().hex}")
     quiet = logging.getLogger("actx.prepare")
     saved = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            m = pipeline_main.run_prepare_stoppable(spec, where, ["--runner=FnApiRunner"],
+            m = pipeline_main.run_prepare_stoppable(spec, scratch, ["--runner=FnApiRunner"],
                                                     max_reject_fraction=1.0)
     except Exception as e:  # noqa: BLE001 - the dry run shows the plan anyway
         return None, f"a prepare into memory failed: {e}"
     finally:
         quiet.setLevel(saved)
         with contextlib.suppress(Exception):
-            store_lib.open_store(where).delete_prefix("")
+            scratch.store.delete_prefix("")
     return Counts(m.total_tokens, m.total_rows, len(m.partitions), m.seq_len,
                   "counted by a prepare of the inputs into memory"), ""
 
@@ -213,11 +214,11 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
         return
     from actx.deploy import local
     from actx.pipeline import main as pipeline_main
-    from actx.schemas import heartbeat as heartbeat_lib, run_dir, store as store_lib
+    from actx.schemas import run_dir
 
     tmp = tempfile.mkdtemp(prefix="actx-estimate-")
     try:
-        copy = os.path.join(tmp, "run")
+        copy = run_dir.RunDir.at(os.path.join(tmp, "run"))  # a temporary copy, not the run
         import contextlib
         import io
         import logging
@@ -237,7 +238,7 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
                                                     max_reject_fraction=1.0)
         finally:
             logger.setLevel(saved)
-        manifest = run_dir.open_run(copy).manifest
+        manifest = copy.opened().manifest
         one = dataclasses.replace(target, hosts=target.hosts_per_replica)  # one replica
         ids, rows = [], 0
         for p in manifest.partitions:  # enough rows for a few steps after the first
@@ -247,7 +248,7 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
                 break
         procs = [subprocess.Popen(
             [sys.executable, "-m", "actx.workers.main",
-             *local.worker_args(copy, one, small.fingerprint, "estimate", 0, i, coordinator,
+             *local.worker_args(copy.uri, one, small.fingerprint, "estimate", 0, i, coordinator,
                                 ids)], env=local.worker_env(one), cwd=local.config_lib.code_path(),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for coordinator in [f"127.0.0.1:{local.free_port()}"
@@ -259,7 +260,7 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
             print(f"# estimate: the timed worker failed: {errors[0].strip()[-300:]}",
                   file=out, flush=True)
             return
-        beat = next(hb for hb in heartbeat_lib.read_heartbeats(store_lib.open_store(copy))
+        beat = next(hb for hb in copy.heartbeats()
                     if hb.host == local.host_name(0, 0))
         rate = beat.tokens_per_s
         first = next((t for t, n in beat.history if n > 0), None)

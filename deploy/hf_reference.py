@@ -82,7 +82,7 @@ def load(model_path: str, device: str = "cpu") -> HFReference:
 
 def _local_copy(model_path: str) -> str:
     """A local directory holding the checkpoint's files (a gs:// one copied)."""
-    store = store_lib.open_store(model_path)
+    store = store_lib.open_store(model_path)  # the model's checkpoint, not the run
     if store.location.is_local:
         if not os.path.isfile(os.path.join(store.location.path, "config.json")):
             raise ReferenceUnavailable(f"{store.location.join('config.json')}: not found; the "

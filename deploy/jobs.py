@@ -11,7 +11,6 @@ from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags
 from actx.schemas import layout
 from actx.schemas import run_dir
-from actx.schemas import store as store_lib
 
 
 
@@ -49,6 +48,9 @@ def cmd_submit(args, out) -> int:
 
         run = os.path.abspath(run)
     cfg = dataclasses.replace(cfg, run=run, target=target_cfg)
+    # The run directory for the rest of the command; its store opens where a step needs it
+    # (never in a dry run, which may run where the bucket cannot be reached).
+    run_directory = run_dir.RunDir.at(run)
     if args.max_reject_fraction is not None:
         cfg = dataclasses.replace(cfg, max_reject_fraction=args.max_reject_fraction)
     target = targets.for_config(target_cfg)
@@ -64,21 +66,18 @@ def cmd_submit(args, out) -> int:
     # Everything that can be checked is checked before anything is prepared or created.
     from actx.deploy import preflight
 
-    preflight.check(spec, run, target, dry_run=args.dry_run, out=out)
-    extraction = _check_extractions(cfg, run, target, args.dry_run, out)
+    preflight.check(spec, run_directory, target, dry_run=args.dry_run, out=out)
+    extraction = _check_extractions(cfg, run_directory, target, args.dry_run, out)
     print(f"submit: run {run} (spec {spec.name!r}, fingerprint {spec.fingerprint}), "
           f"target {target.kind}, job {name}"
           + (f", extractions {extraction}" if extraction else ""), file=out, flush=True)
-    # The run's one store for the rest of the command, opened where a step needs it (never
-    # in a dry run, which may run where the bucket cannot be reached, and writes nothing).
-    store = records = None
+    records = None
     if extraction and not args.dry_run:
-        store = store_lib.open_store(run)
         # Written by the target once it holds the run's job lease (targets.Prepare).
-        records = lambda: _record_extractions(cfg, store, out)  # noqa: E731
+        records = lambda: _record_extractions(cfg, run_directory.store, out)  # noqa: E731
     # Named extractions are checked by the workers against their own specs (run.json of
     # each under extractions/), so the root fingerprint is not theirs to expect.
-    job = targets.Job(run, name, None if extraction else spec.fingerprint, store,
+    job = targets.Job(run_directory, name, None if extraction else spec.fingerprint,
                       extraction=extraction or None)
     # A reject abort prints this command with the fraction that passes.
     prepare = targets.Prepare(spec, cfg.max_reject_fraction,
@@ -92,7 +91,7 @@ def cmd_submit(args, out) -> int:
 
         # As the pre-flight's: a run or model out of reach from here costs seconds.
         with store_errors.deadline(preflight_lib.DRY_RUN_DEADLINE_S):
-            counted = dry_run.counts(spec, run)
+            counted = dry_run.counts(spec, run_directory)
             lines = dry_run.report(spec, counted)
         print("\n".join(lines), file=out, flush=True)
         if args.estimate:
@@ -100,7 +99,7 @@ def cmd_submit(args, out) -> int:
     return code
 
 
-def _check_extractions(cfg, run: str, target, dry_run: bool, out) -> str:
+def _check_extractions(cfg, run: run_dir.RunDir, target, dry_run: bool, out) -> str:
     """The config's named extractions (comma-separated; "" for none), each one's model
     checked by the pre-flight as the spec's is (the tokenizer must be every model's)."""
     from actx.deploy import preflight
@@ -275,9 +274,8 @@ def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out)
 def _rerun(args, target: targets.Target, handle, fingerprint: str | None, only,
            extraction: str | None, out) -> int:
     """Hands the rerun's job to its target."""
-    job = targets.Job(str(handle.location), targets.job_name(f"rerun-{target.kind}", args.job),
-                      fingerprint, handle.store, only=only, extraction=extraction,
-                      handle=handle)
+    job = targets.Job(handle, targets.job_name(f"rerun-{target.kind}", args.job),
+                      fingerprint, only=only, extraction=extraction)
     return target.rerun(job, targets.LaunchOptions.from_args(args), out)
 
 

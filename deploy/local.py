@@ -32,29 +32,28 @@ from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
 from actx.schemas import store_errors
-from actx.schemas import uri as uri_lib
 from actx.schemas import worker_options
 
 LOG_TAIL_LINES = 25
 
 
-def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: float,
-                  out=sys.stdout, retry_argv: list[str] | None = None, store=None) -> bool:
-    """Runs prepare in-process unless the run is already prepared for this spec. `store`:
-    the run's store if the caller opened it (Beam's workers get `run`, a string).
+def prepare_local(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
+                  max_reject_fraction: float, out=sys.stdout,
+                  retry_argv: list[str] | None = None) -> bool:
+    """Runs prepare in-process unless the run is already prepared for this spec.
 
     Returns False when it was already prepared (prepare is deterministic, so the existing
     token store is the one this spec would write).
     """
-    store = store if store is not None else store_lib.open_store(run)
-    if is_prepared(store, spec):
-        print(f"prepare: {run} is already prepared for fingerprint {spec.fingerprint}; "
+    run = run_dir.RunDir.at(run)
+    if run.is_prepared_for(spec):
+        print(f"prepare: {run.uri} is already prepared for fingerprint {spec.fingerprint}; "
               f"skipping", file=out, flush=True)
         return False
     from actx.pipeline import main as pipeline_main  # Beam: only when prepare runs here
     from actx.schemas import stop_signals
 
-    print(f"prepare: {run} (in-process Beam runner)", file=out, flush=True)
+    print(f"prepare: {run.uri} (in-process Beam runner)", file=out, flush=True)
     # Beam wraps the interrupt of a Ctrl-C or SIGTERM into its own errors:
     # run_prepare_stoppable gives it back as stop_signals.Stopped.
     try:
@@ -66,17 +65,9 @@ def prepare_local(spec: runspec_lib.RunSpec, run: str, max_reject_fraction: floa
         again = " ".join(retry_argv or ["actx", "submit"])
         raise stop_signals.Stopped(
             stop_signals.signum_of(e),
-            hint=f"{run} is not prepared (no manifest.json), nothing of it is kept; "
+            hint=f"{run.uri} is not prepared (no manifest.json), nothing of it is kept; "
                  f"`{again}` again clears what this attempt left and prepares it") from None
     return True
-
-
-def is_prepared(store, spec: runspec_lib.RunSpec) -> bool:
-    """Whether the run holds a finished prepare of this spec (run.json with its
-    fingerprint, and manifest.json, which prepare writes last)."""
-    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
-    return (existing is not None and existing.get("fingerprint") == spec.fingerprint
-            and store.exists(layout_lib.MANIFEST_KEY))
 
 
 PREPARE_PROGRESS_S = 5.0  # seconds between prepare's progress lines in submit's output
@@ -168,9 +159,9 @@ def tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
-def log_dir(run: str, job: str) -> tuple[str, bool]:
+def log_dir(run: run_dir.RunDir, job: str) -> tuple[str, bool]:
     """(local directory for worker logs, whether to upload it into <run>/logs/ after)."""
-    loc = uri_lib.parse(run)
+    loc = run.location
     if loc.is_local:
         path = os.path.join(loc.path, layout_lib.LOGS_PREFIX, job)
         os.makedirs(path, exist_ok=True)
@@ -178,12 +169,14 @@ def log_dir(run: str, job: str) -> tuple[str, bool]:
     return tempfile.mkdtemp(prefix=f"actx-logs-{job}-"), True
 
 
-def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,
-                only: list[int] | None = None, progress_s: float = 3.0,
-                out=sys.stdout, extraction: str | None = None, prefix: str = "local",
-                handle=None) -> int:
+def run_workers(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
+                fingerprint: str, job: str, only: list[int] | None = None,
+                progress_s: float = 3.0, out=sys.stdout, extraction: str | None = None,
+                prefix: str = "local") -> int:
     """Launches hosts × worker processes, shows progress, returns 0 or 1 (a worker failed).
-    `handle`: the opened run (schemas.run_dir.OpenedRun), else it is opened here."""
+    `run`: the run directory (a run_dir.OpenedRun where the command opened it); the
+    workers get its location in their argv."""
+    run = run_dir.RunDir.at(run)
     logs, upload = log_dir(run, job)
     names = extraction_lib.parse(extraction)
     env = worker_env(target)
@@ -193,7 +186,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
         coordinator = (f"127.0.0.1:{free_port()}" if target.hosts_per_replica > 1 else None)
         for i in range(target.hosts_per_replica):
             name = host_name(r, i, prefix)
-            args = worker_args(run, target, fingerprint, job, r, i, coordinator, only,
+            args = worker_args(run.uri, target, fingerprint, job, r, i, coordinator, only,
                                extraction, prefix)
             log_path = os.path.join(logs, f"{name}.log")
             log_file = open(log_path, "w")
@@ -205,8 +198,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
           f"x {target.hosts_per_replica} host(s), {target.devices_per_host} CPU device(s) "
           f"each); logs in {logs}", file=out, flush=True)
     failed: list[_Proc] = []
-    where = handle.store if handle is not None else run  # opened once, where it can be
-    progress = job_progress.JobProgress(run, names, handle)
+    progress = job_progress.JobProgress(run, names)
     interrupted = False
     shown = progress_line.ProgressLine(out)
     try:
@@ -219,7 +211,7 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
                         if p.returncode != 0:
                             try:
                                 for name in names:
-                                    mark_dead(where, p.name, p.returncode, p.log_path,
+                                    mark_dead(run, p.name, p.returncode, p.log_path,
                                               extraction=name)
                             except Exception as e:  # status then learns it after stale_after
                                 print(f"extract: could not record that {p.name} died: {e}",
@@ -245,13 +237,13 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
             for p in procs:  # what a worker stopped while starting could not say itself
                 try:
                     for name in names:
-                        mark_dead(where, p.name, p.popen.returncode, stopped_by_user=True,
+                        mark_dead(run, p.name, p.popen.returncode, stopped_by_user=True,
                                   extraction=name)
                 except Exception:  # noqa: BLE001 - status then learns it when it goes stale
                     pass
-            print(_kept_line(run, progress.handle), file=out, flush=True)
+            print(_kept_line(progress.run), file=out, flush=True)
     if upload:
-        upload_logs(where, job, logs, out)
+        upload_logs(run, job, logs, out)
     for p in failed:
         print(f"extract: worker {p.name} (pid {p.popen.pid}) failed "
               f"({commands.describe_exit(p.returncode)}); last lines of "
@@ -259,20 +251,20 @@ def run_workers(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     return 1 if failed else 0
 
 
-def _kept_line(run: str, handle=None) -> str:
+def _kept_line(run: run_dir.RunDir) -> str:
     """What an interrupted extraction kept (committed partitions; nothing partial) and the
     command that finishes the rest."""
     try:
-        status = runstate.compute_status(handle or run_dir.open_run(run))
+        status = runstate.compute_status(run.opened())
         kept = (f"{status.counts[partition_states.COMMITTED]} of {len(status.partitions)} "
                 f"partition(s) are committed and kept")
     except Exception as e:  # noqa: BLE001 - the hint matters more than the count
         kept = f"committed partitions are kept (the count is unavailable: {e})"
-    return (f"extract: stopped; {kept} in {run}, nothing partial was committed. "
-            f"`actx rerun {run}` extracts the rest")
+    return (f"extract: stopped; {kept} in {run.uri}, nothing partial was committed. "
+            f"`actx rerun {run.uri}` extracts the rest")
 
 
-def mark_dead(run: "str | store_lib.ObjectStore", host: str, returncode: int | None,
+def mark_dead(run: "str | run_dir.RunDir", host: str, returncode: int | None,
               log_path: str | None = None,
               stopped_by_user: bool = False, extraction: str = "", how: str = "") -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
@@ -283,9 +275,9 @@ def mark_dead(run: "str | store_lib.ObjectStore", host: str, returncode: int | N
     `stopped_by_user`: the launcher stopped it (Ctrl-C), which status shows as stopped,
     not failed (also over an older worker's "failed ... Stopped: SIGTERM"). Returns
     whether it wrote. A named extraction's heartbeats are its own (schemas.extraction)."""
-    opened = store_lib.open_store(run)
-    run = str(opened.location)  # as the messages below name it, whichever was passed
-    store = extraction_lib.view(opened, extraction)
+    directory = run_dir.RunDir.at(run)
+    run = directory.uri  # as the messages below name it, whichever was passed
+    store = directory.extraction(extraction).store
     key = layout_lib.heartbeat_key(host)
     try:
         data = store.read_json(key)
@@ -355,7 +347,7 @@ def _stop_replica(procs: list[_Proc], replica: int) -> None:
             p.popen.terminate()
 
 
-def upload_logs(run: "str | store_lib.ObjectStore", job: str, log_dir: str,
+def upload_logs(run: run_dir.RunDir, job: str, log_dir: str,
                 out=sys.stdout) -> None:
     """Copies the job's local logs into <run>/logs/<job>/. A store that refuses them (a
     bucket that takes no writes) costs one line, not the workers' outcome: the logs stay
@@ -366,8 +358,7 @@ def upload_logs(run: "str | store_lib.ObjectStore", job: str, log_dir: str,
         print(f"extract: the logs stay in {log_dir}: {e}", file=out, flush=True)
 
 
-def _upload_logs(run: "str | store_lib.ObjectStore", job: str, log_dir: str) -> None:
-    store = store_lib.open_store(run)
+def _upload_logs(run: run_dir.RunDir, job: str, log_dir: str) -> None:
     for name in sorted(os.listdir(log_dir)):
         with open(os.path.join(log_dir, name), "rb") as f:
-            store.write(layout_lib.log_key(job, name.removesuffix(".log")), f.read())
+            run.write_log(job, name.removesuffix(".log"), f.read())

@@ -14,11 +14,16 @@ checked instead of refused.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from actx.deploy import targets
 from actx.schemas import errors
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store_errors
 from actx.schemas import tokenizer_identity
+
+if TYPE_CHECKING:  # imported where used: not every command opens a run
+    from actx.schemas import run_dir
 
 
 class PreflightError(errors.UserError):
@@ -31,27 +36,25 @@ def target_problems(run: str, target) -> tuple[list[str], int | None]:
     return targets.as_target(target).problems(run)
 
 
-def _prepared_for(run: str, spec: runspec_lib.RunSpec) -> bool:
+def _prepared_for(run: "str | run_dir.RunDir", spec: runspec_lib.RunSpec) -> bool:
     """Whether `run` already holds this spec's token store (its inputs are then not
     needed again)."""
-    from actx.schemas import layout, store
+    from actx.schemas import run_dir
 
     try:
-        s = store.open_store(run)
-        existing = s.read_json(runspec_lib.RUN_SPEC_KEY)
-        if existing is None or not s.exists(layout.MANIFEST_KEY):
-            return False
-        return runspec_lib.RunSpec.from_dict(existing).tokens_fingerprint == \
-            spec.tokens_fingerprint
+        return run_dir.RunDir.at(run).is_prepared_for(spec, tokens_only=True)
     except Exception:  # unreadable: prepare will say so
         return False
 
 
-def problems(spec: runspec_lib.RunSpec, run: str, target=None,
+def problems(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir", target=None,
              dry_run: bool = False) -> tuple[list[str], list[str]]:
     """(problems, notes): what is wrong, and what a dry run could not check from here."""
     from actx.pipeline import main as pipeline_main
+    from actx.schemas import run_dir
     from actx.workers import preflight as workers_preflight
+
+    run = run_dir.RunDir.at(run)
 
     found: list[str] = []
     notes: list[str] = []
@@ -59,7 +62,7 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
     model_parallel = 1
     if target is not None:
         target = targets.as_target(target)
-        target_found, data_parallel = target.problems(run)
+        target_found, data_parallel = target.problems(run.uri)
         found += target_found + target.spec_problems(spec)
         batch, model_parallel = target.config.batch_size, target.config.model_parallel
 
@@ -117,8 +120,8 @@ def problems(spec: runspec_lib.RunSpec, run: str, target=None,
 DRY_RUN_DEADLINE_S = 3.0
 
 
-def check(spec: runspec_lib.RunSpec, run: str, target=None, dry_run: bool = False,
-          out=None) -> None:
+def check(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir", target=None,
+          dry_run: bool = False, out=None) -> None:
     """Raises PreflightError listing every problem; prints dry-run notes to `out`."""
     import contextlib
 

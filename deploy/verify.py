@@ -83,15 +83,14 @@ def _stored_shards(store, hook: str) -> set[int]:
 
 
 def _open(handle: run_dir.OpenedRun, key: str):
-    # A named extraction's handle holds its store view (schemas.extraction), whose name
-    # says where its arrays are.
-    key = layout_lib.extraction_key(getattr(handle.store, "name", ""), key)
+    # A named extraction's arrays are under extractions/NAME/.
+    key = layout_lib.extraction_key(handle.extraction_name, key)
     return ts_context.open_array(layout_lib.array_spec(handle.location, key))
 
 
 def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> VerifyReport:
     spec, manifest, store = handle.spec, handle.manifest, handle.store
-    committed = commit_lib.committed_partitions(store)
+    committed = handle.committed()
     wanted = [p.id for p in manifest.partitions if only is None or p.id in only]
     checked = [p for p in wanted if p in committed]
     report = VerifyReport(str(handle.location), checked,

@@ -17,8 +17,8 @@ from actx.pipeline import pack
 from actx.pipeline import pack_group
 from actx.pipeline import partition as partition_lib
 from actx.pipeline import unit_tokens
+from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
-from actx.schemas import store as store_lib
 
 UNITS_KEPT = 3
 
@@ -39,8 +39,8 @@ class PackedUnit:
 class UnitReader:
     """Reads tokenized units from the run directory, keeping the last UNITS_KEPT."""
 
-    def __init__(self, run_uri: str, spec: runspec_lib.RunSpec):
-        self.store, self.spec = store_lib.open_store(run_uri), spec
+    def __init__(self, run: run_dir.RunDir, spec: runspec_lib.RunSpec):
+        self.store, self.spec = run.store, spec
         self.kept: collections.OrderedDict[str, PackedUnit] = collections.OrderedDict()
         self.reads = 0
 

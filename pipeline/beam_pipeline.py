@@ -39,8 +39,8 @@ from actx.pipeline import tokenize
 from actx.pipeline import unit_tokens
 from actx.pipeline import units as units_lib
 from actx.pipeline import write_store
+from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
-from actx.schemas import store as store_lib
 
 NAMESPACE = "actx.prepare"
 REJECTS_TAG = "rejects"
@@ -74,7 +74,7 @@ class TokenizeUnitFn(beam.DoFn):
 
     def setup(self):
         self.loaded = tokenize.load_tokenizer(self.spec.tokenizer.path)
-        self.store = store_lib.open_store(self.run_uri)
+        self.store = run_dir.RunDir.at(self.run_uri).store
         # One unit is stored while the next is tokenized: two units' tokens at most.
         self.deferred = deferred.DeferredOutputs(threads=1, max_pending=1)
 
@@ -143,6 +143,7 @@ class WritePartitionsFn(beam.DoFn):
         self.unit_reads = Metrics.counter(NAMESPACE, "unit_reads")
 
     def setup(self):
+        self.run = run_dir.RunDir.at(self.run_uri)  # a string in the pickle, an object here
         self.deferred = deferred.DeferredOutputs(threads=2, max_pending=2)
         self.arrays, self.arrays_rows = {}, None  # opened once per worker and run layout
 
@@ -150,10 +151,10 @@ class WritePartitionsFn(beam.DoFn):
         _, partition_ids = element
         if self.arrays_rows != plan.run.total_rows:
             self.arrays, self.arrays_rows = {}, plan.run.total_rows
-        reader = assemble.UnitReader(self.run_uri, self.spec)
+        reader = assemble.UnitReader(self.run, self.spec)
         for pid in partition_ids:
             writes: list = []
-            stats = write_store.write_partition(self.run_uri, self.spec, plan, reader, pid,
+            stats = write_store.write_partition(self.run, self.spec, plan, reader, pid,
                                                 self.separator_id, self.arrays, writes,
                                                 self.deferred.submit)
             self.partitions.inc()
@@ -188,7 +189,9 @@ def _with_limits(units, spec: runspec_lib.RunSpec):
 def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
           files: list[tuple[int, str]], separator_id: int | None,
           unit_bytes: int = units_lib.DEFAULT_UNIT_BYTES) -> None:
-    """Adds the prepare transforms to `p`; `files` are (source_index, path), pre-expanded."""
+    """Adds the prepare transforms to `p`; `files` are (source_index, path), pre-expanded.
+    `run_uri`: the run as a string, which Beam pickles into each step (each turns it back
+    into a run_dir.RunDir where it runs)."""
     units = (p
              | "Files" >> beam.Create(files)
              | "SpreadFiles" >> beam.Reshuffle()
@@ -207,7 +210,7 @@ def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
             | "AllGroupSummaries" >> beam.combiners.ToList()
             | "Plan" >> beam.Map(lambda summaries: partition_lib.build_plan(spec, summaries))
             | "CreateArrays" >> beam.Map(lambda pl: write_store.create_token_arrays(
-                run_uri, pl, spec)))
+                run_dir.RunDir.at(run_uri), pl, spec)))
     write_plan = (groups[LAYOUTS_TAG]
                   | "AllUnitLayouts" >> beam.combiners.ToList()
                   | "PlaceUnits" >> beam.Map(lambda layouts, pl: partition_lib.place_units(
@@ -222,12 +225,14 @@ def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
                        | "KeyRejects" >> beam.Map(lambda r: (r.source, r))
                        | "GroupRejects" >> beam.GroupByKey()
                        | "WriteRejects" >> beam.MapTuple(
-                           lambda name, rs: write_store.write_rejects(run_uri, name, list(rs))))
+                           lambda name, rs: write_store.write_rejects(
+                               run_dir.RunDir.at(run_uri), name, list(rs))))
 
     # Side inputs make the summary wait until every partition and reject file is written;
     # it goes to the run directory only (as an element it would grow with the partitions).
     _ = (p
          | "SummarySeed" >> beam.Create([None])
          | "Summary" >> beam.FlatMap(lambda _, plan, w, r: write_store.write_summary(
-             run_uri, plan, w, r) and [], plan=AsSingleton(plan), w=AsList(written),
+             run_dir.RunDir.at(run_uri), plan, w, r) and [], plan=AsSingleton(plan),
+             w=AsList(written),
              r=AsList(rejects_written)))

@@ -1,7 +1,7 @@
 """`actx prepare`: validates inputs, runs the Beam pipeline, then commits run.json and
 manifest.json (last, so a run without a manifest is "not prepared").
 
-Python: `run_prepare(spec, run_uri, pipeline_args)`; command line: `main(argv)` (also
+Python: `run_prepare(spec, run, pipeline_args)`; command line: `main(argv)` (also
 `python -m actx.pipeline.main`). Unknown flags are Beam PipelineOptions (--runner, ...).
 """
 
@@ -91,6 +91,7 @@ def check_inputs(spec: runspec_lib.RunSpec
         for path in source.paths:
             bucket = uri_lib.parse(path).bucket if path.startswith("gs://") else None
             if bucket and bucket not in reachable:  # unreachable: one StoreError, in bounds
+                # An input's bucket, not the run: checked once before any work.
                 store_lib.open_store(f"gs://{bucket}").check_reachable()
                 reachable.add(bucket)
             try:
@@ -118,13 +119,15 @@ def check_inputs(spec: runspec_lib.RunSpec
 
 
 
-def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str] | None = None,
+def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
+                pipeline_args: list[str] | None = None,
                 max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION,
                 retry_argv: list[str] | None = None,
                 unit_bytes: int = units.DEFAULT_UNIT_BYTES,
                 progress_interval_s: float = progress.DEFAULT_INTERVAL_S
                 ) -> manifest_lib.Manifest:
-    """Prepares the token store of `spec` under `run_uri` and returns its manifest.
+    """Prepares the token store of `spec` in the run directory `run` (its location, or the
+    run_dir.RunDir a command opened) and returns its manifest.
 
     retry_argv: the command that started this prepare, as typed (e.g. ["actx", "submit",
     "c.yaml"]); a reject abort then prints it with the --max-reject-fraction that passes.
@@ -147,12 +150,13 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
     for note in spec.tokenizer_identity.notes:
         _log.warning("prepare: %s", note)
     # Only extraction settings changed and nothing is committed: the token store stands.
-    changed = run_dir.switch_extraction_spec(store_lib.open_store(run_uri), spec)
+    run = run_dir.RunDir.at(run)
+    changed = run_dir.switch_extraction_spec(run.store, spec)
     if changed is not None:
         _log.info("prepare: %s already holds this token store; the run now has fingerprint "
-                  "%s (changed: %s); nothing was committed, so nothing is lost", run_uri,
+                  "%s (changed: %s); nothing was committed, so nothing is lost", run.uri,
                   spec.fingerprint, ", ".join(changed))
-        return manifest_lib.read_manifest(store_lib.open_store(run_uri))
+        return manifest_lib.read_manifest(run.store)
     files = expand_sources(spec)
     tokenize.check_tokenizer_path(spec.tokenizer.path)
     loaded = tokenize.load_tokenizer(spec.tokenizer.path)
@@ -163,17 +167,17 @@ def run_prepare(spec: runspec_lib.RunSpec, run_uri: str, pipeline_args: list[str
             raise refusals.PrepareError(
                 f"packing.separator={spec.packing.separator!r}: the tokenizer has no "
                 f"{spec.packing.separator.upper()} token; use another separator or 'none'")
-    store = store_lib.open_store(run_uri)
+    store = run.store
     refusals.check_run_dir(store, spec)
 
     _log.info("prepare: %d file(s) from %d source(s) into %s on %s", len(files),
               len(spec.sources), store.location, options_lib.describe(pipeline_args))
     started = time.monotonic()
     pipeline = options_lib.make_pipeline(pipeline_args)
-    beam_pipeline.build(pipeline, spec, run_uri, files, separator_id, unit_bytes)
-    with progress.Reporter(run_uri, len(files), progress_interval_s):
+    beam_pipeline.build(pipeline, spec, run.uri, files, separator_id, unit_bytes)
+    with progress.Reporter(run, len(files), progress_interval_s):
         pipeline.run().wait_until_finish()
-    write_store.make_durable(run_uri)  # before anything says the run is prepared
+    write_store.make_durable(run)  # before anything says the run is prepared
     # The tokens of the work units served the partition writers; the run keeps none.
     for prefix in (unit_tokens.UNITS_PREFIX, progress.PROGRESS_PREFIX):
         store.delete_prefix(prefix)

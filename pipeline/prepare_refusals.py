@@ -130,6 +130,7 @@ def check_max_context(spec: runspec_lib.RunSpec) -> None:
     if not spec.packing.carries_context:
         return
     try:
+        # The model's checkpoint directory, not the run.
         config = store_lib.open_store(spec.model.path).read_json("config.json")
     except Exception:  # the model may not be reachable from here; workers check again
         return
@@ -164,6 +165,7 @@ def check_tokenizer_is_models(spec: runspec_lib.RunSpec
     if not spec.model.path:  # prepare alone: the model is only recorded
         return files.identity()
     try:
+        # The model's checkpoint directory, not the run.
         config = store_lib.open_store(spec.model.path).read_json("config.json")
         if config is None or "vocab_size" not in config:
             return files.identity()

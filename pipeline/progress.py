@@ -15,6 +15,7 @@ import threading
 import time
 
 from actx.schemas import layout
+from actx.schemas import run_dir
 from actx.schemas import store as store_lib
 
 PROGRESS_PREFIX = "prepare/progress/"
@@ -31,8 +32,8 @@ def report_unit(store: store_lib.ObjectStore, unit, docs: int, tokens: int) -> N
 class Reporter:
     """Logs a progress line every `interval_s` seconds from a background thread."""
 
-    def __init__(self, run_uri: str, n_files: int, interval_s: float = DEFAULT_INTERVAL_S):
-        self.store = store_lib.open_store(run_uri)
+    def __init__(self, run: run_dir.RunDir, n_files: int, interval_s: float = DEFAULT_INTERVAL_S):
+        self.store = run.store
         self.n_files, self.interval_s = n_files, interval_s
         self.seen: dict[str, dict] = {}
         self.started = time.monotonic()

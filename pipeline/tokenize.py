@@ -39,7 +39,7 @@ class TokenizerError(errors.UserError, ValueError):
 
 def check_tokenizer_path(path: str) -> None:
     """Raises a clear error when `path` has no tokenizer.json (before any work starts)."""
-    store = store_lib.open_store(path)
+    store = store_lib.open_store(path)  # the tokenizer's directory, not the run
     if not store.exists(TOKENIZER_FILE):
         raise TokenizerError(
             f"{store.location.join(TOKENIZER_FILE)}: tokenizer not found; point --tokenizer at "
@@ -114,7 +114,7 @@ def load_tokenizer(path: str) -> LoadedTokenizer:
 def _load_tokenizer(path: str) -> LoadedTokenizer:
     from tokenizers import Tokenizer
 
-    store = store_lib.open_store(path)
+    store = store_lib.open_store(path)  # the tokenizer's directory, not the run
     data = store.read(TOKENIZER_FILE)
     if data is None:
         raise TokenizerError(f"{path}: no {TOKENIZER_FILE}")

@@ -15,17 +15,17 @@ from actx.pipeline import assemble
 from actx.pipeline import pack_group
 from actx.pipeline import partition as partition_lib
 from actx.schemas import layout
+from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
-from actx.schemas import store as store_lib
 from actx.schemas import store_errors
 from actx.schemas import ts_context
-from actx.schemas import uri as uri_lib
 
 # Staged by the pipeline, read by the driver before it writes run.json and manifest.json.
 SUMMARY_KEY = layout.PREPARE_SUMMARY_KEY
 
 
-def open_token_array(run_uri: str, name: str, total_rows: int, spec: runspec_lib.RunSpec):
+def open_token_array(run: run_dir.RunDir, name: str, total_rows: int,
+                     spec: runspec_lib.RunSpec):
     """Opens (creating) a token array for writing. Its context keeps no decoded chunks:
     each partition is written once, and cached copies would grow with the run (up to the
     process-wide cache's limit) for nothing; memory:// stores are the shared ones. On local
@@ -36,18 +36,18 @@ def open_token_array(run_uri: str, name: str, total_rows: int, spec: runspec_lib
     array = layout.token_array(name, total_rows, spec.packing.seq_len, spec.layout)
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": False},
                          parent=ts_context.get())
-    with store_errors.tensorstore_errors(f"{run_uri}/{array.key}"):
-        return ts.open(array.spec(uri_lib.parse(run_uri), create=True),
+    with store_errors.tensorstore_errors(run.uri_of(array.key)):
+        return ts.open(array.spec(run.location, create=True),
                        context=context).result()
 
 
-def make_durable(run_uri: str) -> None:
+def make_durable(run: run_dir.RunDir) -> None:
     """Flushes a local run directory's file system (the token shards written without
     fsync) to disk; object stores need nothing (a finished upload is durable)."""
     import ctypes
     import os
 
-    loc = uri_lib.parse(run_uri)
+    loc = run.location
     if not loc.is_local:
         return
     fd = os.open(loc.path, os.O_RDONLY)
@@ -59,16 +59,16 @@ def make_durable(run_uri: str) -> None:
         os.close(fd)
 
 
-def create_token_arrays(run_uri: str, plan: partition_lib.RunPlan, spec: runspec_lib.RunSpec
+def create_token_arrays(run: run_dir.RunDir, plan: partition_lib.RunPlan, spec: runspec_lib.RunSpec
                         ) -> partition_lib.RunPlan:
     """Creates (or reopens, when identical) every token array of the run (the ARC arrays
     only when it has an ARC source); returns the plan unchanged."""
     for name in pack_group.token_array_names(spec):
-        open_token_array(run_uri, name, plan.total_rows, spec)
+        open_token_array(run, name, plan.total_rows, spec)
     return plan
 
 
-def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan,
+def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan,
                     reader: assemble.UnitReader, partition_id: int,
                     separator_id: int | None, arrays: dict | None = None,
                     in_flight: list | None = None, submit: Callable | None = None) -> dict:
@@ -89,14 +89,14 @@ def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib
     writes = []
     for name in block:
         if name not in arrays:
-            arrays[name] = open_token_array(run_uri, name, plan.run.total_rows, spec)
+            arrays[name] = open_token_array(run, name, plan.run.total_rows, spec)
         # The block is never changed once written: tensorstore may keep it, not copy it.
         writes.append(arrays[name][start:start + count].write(
             block[name], can_reference_source_data_indefinitely=True))
     if submit is not None and in_flight is not None:
-        writes.append(submit(_write_doc_table, run_uri, partition_id, doc_rows))
+        writes.append(submit(_write_doc_table, run, partition_id, doc_rows))
     else:
-        _write_doc_table(run_uri, partition_id, doc_rows)
+        _write_doc_table(run, partition_id, doc_rows)
     if in_flight is None:
         finish_writes(writes)
     else:
@@ -112,9 +112,9 @@ def write_partition(run_uri: str, spec: runspec_lib.RunSpec, plan: partition_lib
 _DOC_ROW_ENCODER = json.JSONEncoder(sort_keys=True)
 
 
-def _write_doc_table(run_uri: str, partition_id: int, doc_rows: list[dict]) -> None:
+def _write_doc_table(run: run_dir.RunDir, partition_id: int, doc_rows: list[dict]) -> None:
     encode = _DOC_ROW_ENCODER.encode
-    store_lib.open_store(run_uri).write(layout.docs_key(partition_id), "".join(
+    run.store.write(layout.docs_key(partition_id), "".join(
         encode(r) + "\n" for r in doc_rows).encode())
 
 
@@ -131,11 +131,10 @@ def rejects_key(source_name: str) -> str:
     return f"{layout.REJECTS_PREFIX}{source_name}-00000.jsonl"
 
 
-def write_rejects(run_uri: str, source_name: str, rejects: list) -> dict:
+def write_rejects(run: run_dir.RunDir, source_name: str, rejects: list) -> dict:
     """All rejects of one source, in input order, as one JSONL object."""
     ordered = sorted(rejects, key=lambda r: r.record_key)
-    store = store_lib.open_store(run_uri)
-    store.write(rejects_key(source_name), b"".join(
+    run.store.write(rejects_key(source_name), b"".join(
         json.dumps(r.to_json_obj(), sort_keys=True, ensure_ascii=False).encode() + b"\n"
         for r in ordered))
     reasons: dict[str, int] = {}
@@ -145,7 +144,7 @@ def write_rejects(run_uri: str, source_name: str, rejects: list) -> dict:
     return {"source": source_name, "rejected": len(ordered), "reasons": reasons}
 
 
-def write_summary(run_uri: str, plan: partition_lib.RunPlan, written: list[dict],
+def write_summary(run: run_dir.RunDir, plan: partition_lib.RunPlan, written: list[dict],
                   reject_stats: list[dict]) -> dict:
     """Checks the written partitions against the plan and stages the summary."""
     summary = {
@@ -158,5 +157,5 @@ def write_summary(run_uri: str, plan: partition_lib.RunPlan, written: list[dict]
         "reject_reasons": {s["source"]: s["reasons"] for s in sorted(
             reject_stats, key=lambda s: s["source"])},
     }
-    store_lib.open_store(run_uri).write_json(SUMMARY_KEY, summary)
+    run.store.write_json(SUMMARY_KEY, summary)
     return summary

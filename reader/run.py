@@ -42,7 +42,7 @@ def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") 
     except (schemas_errors.NotARunError, extraction_lib.UnknownExtractionError,
             extraction_lib.ExtractionMismatch) as e:
         raise errors.NotARunError(str(e)) from None
-    return Run(extraction_lib.view(opened.store, extraction), spec, opened.manifest,
+    return Run(opened.extraction(extraction).store, spec, opened.manifest,
                extraction=extraction)
 
 

@@ -1,5 +1,12 @@
-"""Opening a run directory: the one way every stage (workers, status, rerun, verify, the
-reader) finds a prepared run's spec and manifest, with one error when it is not one.
+"""The run directory as one object, and opening it: the one way every stage (prepare,
+workers, status, rerun, verify, the reader) finds a run, its keys, its extraction views, its
+lease, markers, heartbeats and logs, and a prepared run's spec and manifest, with one error
+when it is not one.
+
+A command opens the run once (`RunDir.at`, or `open_run` once prepare has made it) and passes
+the object down. A string stands for the run only where a process or a Beam pickle boundary
+is crossed (a worker's argv, a DoFn's fields); `RunDir.at` turns it back at once on the
+other side.
 
 What a stage then checks about the run (a worker's fingerprint, model and numerics; the
 reader's committed hooks) is its own admission; this module only says whether the
@@ -25,30 +32,162 @@ from actx.schemas import uri as uri_lib
 _ACCESS_ERRORS = ("NotFound", "Forbidden")
 
 
+class RunDir:
+    """A run directory, prepared or not (prepare makes one from nothing): where it is and
+    its object store. Its methods answer what callers would otherwise compute from the
+    run's string: where a key is, an extraction's view, the job lease, the commit markers,
+    the heartbeats, the logs.
+
+    location: the run's root (an extraction's view keeps the root's: messages name the run).
+    store: its store, opened at first use (a bucket's client needs credentials, which a dry
+      run or a launch on another cloud's machines may lack); for an extraction's view, the
+      keys as that extraction sees them (schemas.extraction.ExtractionStore).
+    """
+
+    def __init__(self, location: uri_lib.Location, store: store_lib.ObjectStore | None = None):
+        self.location = location
+        self._store = store
+
+    @classmethod
+    def at(cls, run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore | RunDir"
+           ) -> "RunDir":
+        """The run directory `run` names (the object itself when it is one); reads and
+        opens nothing. A bad location raises ValueError."""
+        if isinstance(run, RunDir):
+            return run
+        if isinstance(run, store_lib.ObjectStore):
+            return RunDir(run.location, run)
+        return RunDir(uri_lib.parse(run))
+
+    @property
+    def store(self) -> store_lib.ObjectStore:
+        if self._store is None:
+            self._store = store_lib.open_store(self.location)
+        return self._store
+
+    @store.setter
+    def store(self, store: store_lib.ObjectStore) -> None:
+        self._store = store
+
+    def __repr__(self) -> str:
+        return f"RunDir({self.uri!r})"
+
+    @property
+    def uri(self) -> str:
+        """The run's location as a string: what crosses into a worker's argv or a Beam
+        pickle, and what messages print."""
+        return str(self.location)
+
+    def uri_of(self, key: str) -> str:
+        """Where one of the run's keys is, as messages show it."""
+        return str(self.location.join(key))
+
+    def log_uri(self, job: str, host: str = "<host>") -> str:
+        """Where `job`'s log of `host` is (the placeholder `<host>`: the pattern of them)."""
+        return self.uri_of(layout.log_key(job, host))
+
+    def write_log(self, job: str, host: str, data: bytes) -> None:
+        """Stores `job`'s log of `host` (a whole copy, replacing the last one)."""
+        self.store.write(layout.log_key(job, host), data)
+
+    def extraction(self, name: str | None) -> "RunDir":
+        """The run as extraction `name` sees it ("" or None: the default, this run): its
+        spec, activations, markers, claims and heartbeats are its own."""
+        from actx.schemas import extraction as extraction_lib
+
+        if not name:
+            return self
+        return RunDir(self.location, extraction_lib.view(self.store, name))
+
+    @property
+    def extraction_name(self) -> str:
+        """The extraction this view is of ("": the default, the run's root)."""
+        from actx.schemas import extraction as extraction_lib
+
+        store = self._store
+        return store.name if isinstance(store, extraction_lib.ExtractionStore) else ""
+
+    def extraction_names(self) -> list[str]:
+        """Every extraction of the run, the default ("") first when in use."""
+        from actx.schemas import extraction as extraction_lib
+
+        return extraction_lib.names(self.store)
+
+    def committed(self, n_partitions: int = 0) -> set[int]:
+        """The ids of partitions with a commit marker (a listing, no reads)."""
+        return commit_lib.committed_partitions(self.store, n_partitions)
+
+    def heartbeats(self, history: bool = True) -> list:
+        """Every host's last heartbeat (schemas.heartbeat.Heartbeat)."""
+        from actx.schemas import heartbeat as heartbeat_lib
+
+        return heartbeat_lib.read_heartbeats(self.store, history=history)
+
+    def lease(self):
+        """The run's job lease as stored (schemas.job_lease.JobLease), None when none is."""
+        from actx.schemas import job_lease
+
+        return job_lease.read(self.store)
+
+    def spec_json(self) -> dict | None:
+        """run.json as stored (None before prepare wrote it), not checked."""
+        return self.store.read_json(runspec_lib.RUN_SPEC_KEY)
+
+    def is_prepared_for(self, spec: runspec_lib.RunSpec, tokens_only: bool = False) -> bool:
+        """Whether the run holds a finished prepare of `spec` (run.json with its
+        fingerprint, and manifest.json, which prepare writes last). `tokens_only`: of the
+        same token store, whatever model and capture run.json names."""
+        existing = self.spec_json()
+        if existing is None:
+            return False
+        if tokens_only:
+            same = runspec_lib.RunSpec.from_dict(existing).tokens_fingerprint \
+                == spec.tokens_fingerprint
+        else:
+            same = existing.get("fingerprint") == spec.fingerprint
+        return same and self.store.exists(layout.MANIFEST_KEY)
+
+    def record_change(self, kind: str, detail: dict) -> str:
+        """Records a change made after prepare (`record_change`); returns its key."""
+        return record_change(self.store, kind, detail)
+
+    def opened(self) -> "OpenedRun":
+        """This run with its spec and manifest read (`open_run`)."""
+        return self if isinstance(self, OpenedRun) else open_run(self)
+
+
 @dataclasses.dataclass
-class OpenedRun:
+class OpenedRun(RunDir):
     """A prepared run: where it is, its store, run.json and manifest.json."""
 
     location: uri_lib.Location
-    store: store_lib.ObjectStore
+    # A field with no default; `field()` keeps RunDir's `store` property from being read
+    # as one (the dataclass then removes it from this class, and the property serves).
+    store: store_lib.ObjectStore = dataclasses.field()
     spec: runspec_lib.RunSpec
     manifest: manifest_lib.Manifest
 
 
-def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore") -> OpenedRun:
+def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore | RunDir"
+             ) -> OpenedRun:
     """Opens a prepared run, or raises errors.NotARunError saying what is missing or wrong.
-    `run` may be its store, opened already (by a command that made the run).
+    `run` may be its RunDir or store, opened already (by a command that made the run).
 
     Object-store failures (no credentials, no network) raise store_errors.StoreError.
     """
+    if isinstance(run, OpenedRun):
+        return run
     try:
-        location = run.location if isinstance(run, store_lib.ObjectStore) else uri_lib.parse(run)
+        location = (run.location if isinstance(run, (store_lib.ObjectStore, RunDir))
+                    else uri_lib.parse(run))
     except ValueError as e:
         raise errors.NotARunError(str(e)) from None
+    # Messages name the run as it was given, or its location.
+    shown = location if isinstance(run, (store_lib.ObjectStore, RunDir)) else run
     if location.is_local and not os.path.isdir(location.path):
-        shown = location if isinstance(run, store_lib.ObjectStore) else run
         raise errors.NotARunError(f"{shown}: no such directory; not an actx run")
-    store = run if isinstance(run, store_lib.ObjectStore) else store_lib.open_store(location)
+    store = (run.store if isinstance(run, RunDir)
+             else run if isinstance(run, store_lib.ObjectStore) else store_lib.open_store(location))
     try:
         # Both reads at once: on GCS each is a round trip, and the manifest is the big one.
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -60,9 +199,9 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore"
         raise errors.NotARunError(str(e)) from None
     except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
         if type(e).__name__ in _ACCESS_ERRORS:
-            raise errors.NotARunError(f"{run}: cannot be read ({e}); not an actx run") from None
+            raise errors.NotARunError(f"{shown}: cannot be read ({e}); not an actx run") from None
         if isinstance(e, ValueError):
-            raise errors.NotARunError(f"{run}: not a valid actx run: {e}") from None
+            raise errors.NotARunError(f"{shown}: not a valid actx run: {e}") from None
         raise
     return OpenedRun(location, store, spec, manifest)
 

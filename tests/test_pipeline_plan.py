@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from actx.pipeline import assemble, pack, pack_group, partition, unit_tokens, units
-from actx.schemas import layout, manifest as manifest_lib, runspec as R, store
+from actx.schemas import layout, manifest as manifest_lib, run_dir, runspec as R, store
 
 
 def _spec(mode="segmented", seq_len=8, partition_rows=2, max_docs=(None, None), **packing):
@@ -164,7 +164,7 @@ def test_partitions_from_stored_units_equal_one_packing_of_each_group(tmp_path, 
             pack.fill_rows(expected, -plan.groups[key].first_row, whole.pieces[d], packed,
                            doc + d, packing=spec.packing)
         doc += len(docs_of[key])
-    reader = assemble.UnitReader(stores, spec)
+    reader = assemble.UnitReader(run_dir.RunDir.at(stores), spec)
     got = [assemble.fill_partition(spec, write_plan, reader, pid, 7)
            for pid in range(plan.n_partitions)]
     for name in layout.TOKEN_ARRAYS:

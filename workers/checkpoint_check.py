@@ -93,7 +93,7 @@ def problems(path: str, cfg: ModelConfig) -> tuple[list[str], list[str]]:
     """(problems, missing): what is wrong with the checkpoint's safetensors files, one line
     each, all at once; missing: no weights at all (a dry run may come before the upload).
     Store failures (no credentials, no network) raise store_errors.StoreError."""
-    store = store_lib.open_store(path)
+    store = store_lib.open_store(path)  # the model's checkpoint, not the run
     where = str(store.location)
     found: list[str] = []
     index = store.read_json(INDEX_FILE)

@@ -27,7 +27,7 @@ class TextDecoder:
     def __init__(self, tokenizer_path: str):
         from tokenizers import Tokenizer
 
-        store = store_lib.open_store(tokenizer_path)
+        store = store_lib.open_store(tokenizer_path)  # the tokenizer's directory, not the run
         data = store.read(TOKENIZER_FILE)
         if data is None:
             raise FileNotFoundError(f"{tokenizer_path}/{TOKENIZER_FILE}: missing; the run's "
@@ -50,7 +50,7 @@ class TextDecoder:
         """The model's eos ids (generation_config.json, as HF `generate` stops, then
         config.json), the tokenizer's EOS, and with a chat template its end-of-turn token."""
         ids: set[int] = set()
-        model = store_lib.open_store(model_path)
+        model = store_lib.open_store(model_path)  # the model's checkpoint, not the run
         for key in ("generation_config.json", "config.json"):
             config = _json(model, key)
             for c in (config, config.get("text_config") or {}):

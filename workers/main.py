@@ -112,10 +112,10 @@ def _generates(opts: worker_options.WorkerOptions, names: list[str]) -> bool:
 def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
     """The extractions `opts.extraction` names, in order ("all": every one of the run)."""
     from actx.schemas import extraction as extraction_lib
-    from actx.schemas import layout, store
+    from actx.schemas import layout, run_dir
 
     if opts.extraction == "all":
-        return extraction_lib.names(store.open_store(opts.run))
+        return run_dir.RunDir.at(opts.run).extraction_names()
     names = extraction_lib.parse(opts.extraction)
     for name in names:
         if name:

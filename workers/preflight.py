@@ -191,6 +191,7 @@ def _model_config(path: str, problems: list[str], missing: list[str]):
     """The checkpoint's ModelConfig, or None with the reason added to `problems`."""
     where = f"{path.rstrip('/')}/config.json"
     try:
+        # The model's checkpoint, not the run.
         data = store_lib.open_store(path).read_json("config.json")
     except store_errors.StoreError:
         raise  # no credentials or no network: one clear line, not a list of guesses

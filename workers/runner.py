@@ -58,7 +58,7 @@ class Worker:
         # store that keeps its activations, numerics record, markers and claims apart.
         self.extraction = opts.extraction or ""
         self.location, self.manifest = opened.location, opened.manifest
-        self.store = extraction_lib.view(opened.store, self.extraction)
+        self.store = opened.extraction(self.extraction).store
         self.spec = extraction_lib.read_spec(opened, self.extraction)
         admission.check_spec(self.location, self.spec, self.manifest, opts.expect_fingerprint,
                              run_spec=opened.spec)

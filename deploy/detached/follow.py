@@ -29,33 +29,34 @@ def job_hosts(status: runstate.RunStatus, prefix: str, since: float, job: str = 
             and not (job and h.job and h.job != job)]
 
 
-def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | None = None,
-           out=sys.stdout, every_s: float = 5.0,
+def follow(run: "str | run_dir.RunDir", host_prefix: str, started_at: float,
+           wanted: list[int] | None = None, out=sys.stdout, every_s: float = 5.0,
            stale_after_s: float = runstate.DEFAULT_STALE_AFTER_S,
            start_timeout_s: float = job_lease.DETACHED_START_GRACE_S,
-           extraction: str | None = None, handle=None, job: str = "", *, rerun: str,
+           extraction: str | None = None, job: str = "", *, rerun: str,
            look: str, where: str) -> int:
     """Prints progress lines until the `wanted` partitions (None: all) are committed (0) or
     the job's hosts are gone (1); of every extraction `extraction` names (comma-separated;
-    None: the default one), each with its own markers and heartbeats. `handle`: the opened
-    run, else it is opened here. The target's words: `rerun`, how the partitions left are
-    redone; `look`, where else a job that never started left its output; `where`, where
-    the job goes on ("the slice")."""
+    None: the default one), each with its own markers and heartbeats. `run`: the run
+    directory (opened here unless it is an OpenedRun already). The target's words:
+    `rerun`, how the partitions left are redone; `look`, where else a job that never
+    started left its output; `where`, where the job goes on ("the slice")."""
+    run = run_dir.RunDir.at(run)
     try:
         return _follow(run, host_prefix, started_at, wanted, out, every_s, stale_after_s,
-                       start_timeout_s, extraction, handle, job, (rerun, look))
+                       start_timeout_s, extraction, job, (rerun, look))
     except KeyboardInterrupt:
         # Not "interrupted": the command's own "actx ...: interrupted" line says that.
         print(f"stopped following; the job goes on on {where} (committed partitions are "
-              f"kept): `actx status {run} --watch` follows it again", file=out, flush=True)
+              f"kept): `actx status {run.uri} --watch` follows it again", file=out, flush=True)
         raise
 
 
 def _follow(run, host_prefix, started_at, wanted, out, every_s, stale_after_s,
-            start_timeout_s, extraction, handle, job, words) -> int:
+            start_timeout_s, extraction, job, words) -> int:
     from actx.schemas import extraction as extraction_lib
 
-    opened = handle or run_dir.open_run(run)
+    opened = run.opened()
     names = extraction_lib.parse(extraction)
     handles = [extraction_lib.scoped(opened, name) for name in names]
     shown = progress_line.ProgressLine(out)
@@ -95,6 +96,6 @@ def _follow_lines(run, host_prefix, started_at, wanted, out, every_s, stale_afte
             return 1
         if not hosts and quiet_s > start_timeout_s:
             print(f"no worker of this job reported in {start_timeout_s:g} s; see "
-                  f"{run.rstrip('/')}/{layout.LOGS_PREFIX} and {look}", file=out)
+                  f"{run.uri_of(layout.LOGS_PREFIX)} and {look}", file=out)
             return 1
         time.sleep(every_s)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from actx.schemas import store as store_lib
+from actx.schemas import run_dir
 from actx.schemas.layout import log_key
 
 
@@ -77,16 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     return supervise(args.run, args.job, args.host, worker, args.log_every_s, args.max_log_mb)
 
 
-def supervise(run: str, job: str, host: str, worker: list[str], log_every_s: float = 10.0,
-              max_log_mb: float = 8.0, env: dict | None = None) -> int:
+def supervise(run: "str | run_dir.RunDir", job: str, host: str, worker: list[str],
+              log_every_s: float = 10.0, max_log_mb: float = 8.0,
+              env: dict | None = None) -> int:
     """Runs `worker` (with `env`, None: this process's) to its end, its output in a file
     under ~/actx-logs copied into the run's log of `host`; records a death (non-zero
-    exit) in the host's heartbeat. Returns the exit status to exit with."""
+    exit) in the host's heartbeat. Returns the exit status to exit with. `run`: the run's
+    location, as the host's command line gives it."""
+    run = run_dir.RunDir.at(run)
     log_dir = os.path.join(os.path.expanduser("~"), "actx-logs")
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"{job}-{host}.log")
-    store = store_lib.open_store(run)
-    shipper = LogShipper(store, log_key(job, host), log_path, log_every_s,
+    shipper = LogShipper(run.store, log_key(job, host), log_path, log_every_s,
                          int(max_log_mb * 2 ** 20))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(worker, stdout=log, stderr=subprocess.STDOUT,

@@ -10,7 +10,6 @@ from typing import Callable
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached import lease
-from actx.schemas import layout
 
 
 def launch(plan, job: targets.Job, opts: targets.LaunchOptions, out, *, config,
@@ -37,10 +36,10 @@ def launch(plan, job: targets.Job, opts: targets.LaunchOptions, out, *, config,
     if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
         from actx.deploy import launch_record
 
-        launch_record.record(job.run_store(), config, job.name)
+        launch_record.record(job.run.store, config, job.name)
     print(f"workers are running {running}, detached from this command.\n"
-          f"  progress: actx status {job.run} --watch\n"
-          f"  logs:     {job.run.rstrip('/')}/{layout.log_key(job.name, '<host>')} "
+          f"  progress: actx status {job.run.uri} --watch\n"
+          f"  logs:     {job.run.log_uri(job.name)} "
           f"(copied as they grow)\n"
           f"  {stop}", file=out, flush=True)
     return follow(started_at) if opts.wait else 0

@@ -17,17 +17,17 @@ from typing import Callable
 
 from actx.deploy import targets
 from actx.schemas import job_lease
-from actx.schemas import store as store_lib
+from actx.schemas import run_dir
 
 
-def take(run: "str | store_lib.ObjectStore", kind: str, hosts: list[str], job: str,
+def take(run: "str | run_dir.RunDir", kind: str, hosts: list[str], job: str,
          stop: str, out=None, gone: Callable[[job_lease.JobLease], str | None] | None = None):
     """Takes the run for `job` on `hosts` (a target of `kind`), or raises a UsageError
     naming the live job that holds it. `stop`: how this job is stopped, as the refusal
     tells another launcher. `gone(held)`: why `held`, a detached lease of this kind on
     these same hosts whose hosts have reported, runs no worker any more (None: it may).
     Returns what `give_back` takes."""
-    store = store_lib.open_store(run)
+    store = run_dir.RunDir.at(run).store
     lease = job_lease.new(job, list(hosts), kind, stop=stop, detached=True)
     try:
         return store, job_lease.acquire(store, lease)
@@ -80,13 +80,14 @@ def holding(taken):
 
 
 def release(run: str | None, kind: str, hosts: list[str], out) -> None:
-    """`actx down`: the run's lease goes with the hosts when their job holds it."""
+    """`actx down`: the run's lease goes with the hosts when their job holds it. `run`:
+    the config's run location (None: it names none)."""
     if not run:
         return
     try:
-        store = store_lib.open_store(run)
-        held = job_lease.read(store)
-        if same_hosts(held, kind, hosts) and job_lease.drop(store, held.job):
+        directory = run_dir.RunDir.at(run)
+        held = directory.lease()
+        if same_hosts(held, kind, hosts) and job_lease.drop(directory.store, held.job):
             print(f"released the run's job lease of job {held.job} ({run})", file=out)
     except Exception as e:  # noqa: BLE001 - the hosts are gone; the lease then ends by itself
         print(f"note: could not release the job lease of {run}: {e}", file=out)

@@ -27,6 +27,6 @@ class DetachedTarget(targets.Target):
         with `prepare: dataflow`."""
         from actx.deploy.targets.dataflow import plan as dataflow
 
-        return dataflow.prepare_commands(prepare.spec, job.run, self.config,
+        return dataflow.prepare_commands(prepare.spec, job.run.uri, self.config,
                                          prepare.max_reject_fraction,
                                          self.config.prepare == "dataflow", job.name)

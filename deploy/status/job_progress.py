@@ -18,17 +18,18 @@ from actx.schemas import run_dir
 
 
 class JobProgress:
-    """`poll()` gives the line's `make(width)`; `handle` is the run once opened."""
+    """`poll()` gives the line's `make(width)`; `run` is the run directory, a
+    run_dir.OpenedRun once opened (at the first poll, unless the launcher had it so)."""
 
-    def __init__(self, run: str, names, handle=None):
-        self.run, self.names, self.handle = run, names, handle
+    def __init__(self, run: run_dir.RunDir, names):
+        self.run, self.names = run, names
         self._scoped: dict | None = None  # {extraction: the run as it sees it}
 
     def views(self) -> dict:
         """{extraction: the run as it sees it}, made at the first call."""
         if self._scoped is None:
-            self.handle = self.handle or run_dir.open_run(self.run)
-            self._scoped = {name: extraction_lib.scoped(self.handle, name)
+            self.run = self.run.opened()
+            self._scoped = {name: extraction_lib.scoped(self.run, name)
                             for name in self.names}
         return self._scoped
 

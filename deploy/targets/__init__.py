@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 from actx.schemas import errors
+from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
 
 
@@ -61,44 +62,26 @@ class LaunchOptions:
 class Job:
     """One launch of extraction on a run.
 
-    run: the run's location; a string where it crosses into the workers' argv or Beam.
-    store: the run's object store, opened once and passed down (None until a step needs
-      it: `run_store()`; a target that never touches the run, like Dataflow's, never
-      opens it, and opening a bucket needs credentials here).
-    handle: the opened run (schemas.run_dir.OpenedRun, over `store`) where the command has
-      one; None before prepare has made the run.
+    run: the run directory (schemas.run_dir.RunDir), made once by the command and passed
+      down; a run_dir.OpenedRun once prepare has made the run (`opened()`). Its store
+      opens at first use: a target that never touches the run, like Dataflow's, never
+      opens it (a bucket needs credentials here). `run.uri` is what crosses into the
+      workers' argv or Beam.
     fingerprint: the RunSpec fingerprint the workers must find (None for named
       extractions: each is checked against its own spec).
     only: the partitions to extract (None: every uncommitted one).
     extraction: the workers' --extraction ("base,chat"; None: the default extraction).
     """
 
-    run: str
+    run: run_dir.RunDir
     name: str
     fingerprint: str | None
-    store: Any
     only: list[int] | None = None
     extraction: str | None = None
-    handle: Any = None
-
-    def run_store(self):
-        """The run's store: the opened run's, the one the command opened, or opened now."""
-        if self.handle is not None:
-            return self.handle.store
-        if self.store is None:
-            from actx.schemas import store as store_lib
-
-            # Frozen, but this field is a cache of what `run` names: set once.
-            object.__setattr__(self, "store", store_lib.open_store(self.run))
-        return self.store
 
     def opened(self) -> "Job":
         """This job with its run opened (after prepare made it), over the same store."""
-        if self.handle is not None:
-            return self
-        from actx.schemas import run_dir
-
-        return dataclasses.replace(self, handle=run_dir.open_run(self.run_store()))
+        return dataclasses.replace(self, run=self.run.opened())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +166,7 @@ class Target:
         raise NotImplementedError
 
     def rerun(self, job: Job, opts: LaunchOptions, out) -> int:
-        """Extracts `job.only` of the prepared run `job.handle`."""
+        """Extracts `job.only` of the prepared run `job.run` (an OpenedRun)."""
         raise NotImplementedError
 
     # -- down -----------------------------------------------------------------------------

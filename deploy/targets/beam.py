@@ -11,11 +11,15 @@ import re
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from actx.deploy import config as config_lib
 from actx.deploy.commands import Command
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import worker_options
+
+if TYPE_CHECKING:  # imported where used: not every command opens a run
+    from actx.schemas import run_dir
 
 CONTAINERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "containers")
@@ -40,12 +44,13 @@ def local_command(run: str, target: config_lib.TargetConfig, fingerprint: str | 
             *(target.beam_args or LOCAL_RUNNER_ARGS)]
 
 
-def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None, job: str,
-              only=None, out=sys.stdout, progress_s: float = 3.0, handle=None,
-              extraction: str | None = None) -> int:
+def run_local(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
+              fingerprint: str | None, job: str, only=None, out=sys.stdout,
+              progress_s: float = 3.0, extraction: str | None = None) -> int:
     """Runs the pipeline in a child process with the local target's devices, showing the
     run's progress (a line per extraction); returns its exit code (0: every selected
-    partition committed).
+    partition committed). `run`: the run directory (its location goes into the pipeline's
+    argv).
 
     Beam's local runners wait forever for a worker process that died (SIGKILL, out of
     memory): the heartbeats of this job tell, and the pipeline is stopped with one line
@@ -54,11 +59,13 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
     from actx.deploy.status import job_progress
     from actx.deploy.status import progress_line
     from actx.schemas import extraction as extraction_lib
+    from actx.schemas import run_dir
 
+    run = run_dir.RunDir.at(run)
     names = extraction_lib.parse(extraction)
     log_dir, upload = local.log_dir(run, job)
     log_path = os.path.join(log_dir, "beam.log")
-    argv = local_command(run, target, fingerprint, job, only, extraction)
+    argv = local_command(run.uri, target, fingerprint, job, only, extraction)
     print(f"extract: job {job} through Beam ({' '.join(target.beam_args or LOCAL_RUNNER_ARGS)}); "
           f"log in {log_path}", file=out, flush=True)
     dead: list = []
@@ -68,7 +75,7 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
                                 stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         shown, gone_since = progress_line.ProgressLine(out), {}
-        progress = job_progress.JobProgress(run, names, handle)
+        progress = job_progress.JobProgress(run, names)
 
         def find_dead(views):  # progress is best effort; the pipeline decides
             dead[:] = [(name, hb) for name, h in views.items()
@@ -88,18 +95,16 @@ def run_local(run: str, target: config_lib.TargetConfig, fingerprint: str | None
             raise
         finally:
             shown.end()
-    handle = progress.handle
-    where = handle.store if handle is not None else run  # the store, opened once
     if upload:
-        local.upload_logs(where, job, log_dir, out)
+        local.upload_logs(run, job, log_dir, out)
     if dead:
         for name, hb in dead:
-            local.mark_dead(where, hb.host, None, extraction=name,
+            local.mark_dead(run, hb.host, None, extraction=name,
                             how="died (killed, or out of memory): its runner never reported it")
         print(f"extract: Beam worker process "
               f"{'; '.join(dead_workers.describe(hb) for _, hb in dead)} "
               f"died, and Beam's local runner would wait for it forever: the pipeline was "
-              f"stopped. Nothing partial was committed; `actx rerun {run}` finishes the run",
+              f"stopped. Nothing partial was committed; `actx rerun {run.uri}` finishes the run",
               file=out, flush=True)
         return 1
     if proc.returncode != 0:

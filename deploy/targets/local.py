@@ -36,7 +36,7 @@ class _WorkerProcesses:
     def run(self, job: targets.Job, out, prefix: str) -> int:
         return local.run_workers(job.run, self.config, job.fingerprint, job.name,
                                  only=job.only, out=out, extraction=job.extraction,
-                                 prefix=prefix, handle=job.handle)
+                                 prefix=prefix)
 
 
 class _BeamPipeline:
@@ -57,8 +57,7 @@ class _BeamPipeline:
         from actx.deploy.targets import beam as beam_target
 
         return beam_target.run_local(job.run, self.config, job.fingerprint, job.name,
-                                     only=job.only, out=out, handle=job.handle,
-                                     extraction=job.extraction)
+                                     only=job.only, out=out, extraction=job.extraction)
 
 
 class LocalTarget(targets.Target):
@@ -83,15 +82,14 @@ class LocalTarget(targets.Target):
                out) -> int:
         if opts.dry_run:
             return self._show_plan(job, prepare, opts, out)
-        store = job.run_store()
         if opts.join:
-            _check_joinable(store, prepare.spec)
+            _check_joinable(job.run, prepare.spec)
         # The lease comes before prepare: a second submit started meanwhile is refused
         # before it writes anything (prepare would clear and rewrite the live token store).
         with self._job_lease(job, _host_prefix(job.name, opts.join), opts.join):
             prepare.write_records()
             local.prepare_local(prepare.spec, job.run, prepare.max_reject_fraction, out=out,
-                                retry_argv=prepare.retry_argv, store=store)
+                                retry_argv=prepare.retry_argv)
             return self.rerun(job, opts, out)
 
     def _show_plan(self, job: targets.Job, prepare: targets.Prepare | None,
@@ -101,9 +99,9 @@ class LocalTarget(targets.Target):
         print("# dry run: nothing is executed, nothing is written.", file=out)
         if prepare is not None:
             prepared = _prepared(job.run, prepare.spec)
-            print(f"prepare: {job.run} is already prepared for fingerprint "
+            print(f"prepare: {job.run.uri} is already prepared for fingerprint "
                   f"{prepare.spec.fingerprint}; skipped" if prepared else
-                  f"prepare: {job.run} (in-process Beam runner; max reject fraction "
+                  f"prepare: {job.run.uri} (in-process Beam runner; max reject fraction "
                   f"{prepare.max_reject_fraction:g})", file=out)
         cfg = self.config
         what = (f"the Beam extraction transform on Beam's local runners"
@@ -113,7 +111,7 @@ class LocalTarget(targets.Target):
         only = "" if job.only is None else f", partitions {_names(job.only)}"
         print(f"extract: job {job.name}: {what}, batch {cfg.batch_size}{only}"
               + ("" if opts.join else "; under the run's job lease")
-              + f"; logs in {job.run.rstrip('/')}/{layout.log_key(job.name, '<host>')}",
+              + f"; logs in {job.run.log_uri(job.name)}",
               file=out, flush=True)
         return 0
 
@@ -127,10 +125,10 @@ class LocalTarget(targets.Target):
 
     # -- the default extraction -----------------------------------------------------------
     def _extract_default(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
-        handle = job.handle
+        handle = job.run
         status = runstate.compute_status(handle)
         if status.complete:
-            print(f"extract: all {len(status.partitions)} partitions of {job.run} are "
+            print(f"extract: all {len(status.partitions)} partitions of {handle.uri} are "
                   f"committed; nothing to do", file=out)
         else:
             code = self._run_engine(job, opts, out)
@@ -156,7 +154,7 @@ class LocalTarget(targets.Target):
         a status line per extraction and how to read them together."""
         from actx.schemas import extraction as extraction_lib
 
-        handles = extraction_lib.scoped_all(job.handle, job.extraction)
+        handles = extraction_lib.scoped_all(job.run, job.extraction)
         behind = [name for name, handle in handles.items()
                   if not runstate.compute_status(handle).complete]
         code = 0
@@ -169,9 +167,9 @@ class LocalTarget(targets.Target):
         statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
         print(file=out)
         print(status_text.render_extractions(statuses), file=out)
-        print(f"\nread them together: reader.aligned.aligned_stream({job.run!r}, "
+        print(f"\nread them together: reader.aligned.aligned_stream({job.run.uri!r}, "
               f"{list(handles)!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one token "
-              f"store\")\ncheck them:  actx verify {job.run}", file=out, flush=True)
+              f"store\")\ncheck them:  actx verify {job.run.uri}", file=out, flush=True)
         missing = {name or "default": [p for p, st in s.partitions.items()
                                        if st != partition_states.COMMITTED
                                        and (job.only is None or p in job.only)]
@@ -180,7 +178,7 @@ class LocalTarget(targets.Target):
         if missing:
             print(f"extract: partitions still without a commit: "
                   f"{'; '.join(f'{n}: {len(ids)}' for n, ids in missing.items())}; "
-                  f"`actx rerun {job.run}` finishes whichever extraction is behind",
+                  f"`actx rerun {job.run.uri}` finishes whichever extraction is behind",
                   file=out)
         return code or (1 if missing else 0)
 
@@ -190,7 +188,7 @@ class LocalTarget(targets.Target):
         prefix = _host_prefix(job.name, opts.join)
         with _workers_stop_hint(), self._job_lease(job, prefix, opts.join):
             if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
-                launch_record.record(job.run_store(), self.config, job.name)
+                launch_record.record(job.run.store, self.config, job.name)
             return self.engine.run(job, out, prefix)
 
     @contextlib.contextmanager
@@ -202,7 +200,7 @@ class LocalTarget(targets.Target):
         if join or self._holding:  # joining: the lease is the joined job's
             yield
             return
-        keeper = job_lease.Keeper(job.run_store(), job_lease.new(
+        keeper = job_lease.Keeper(job.run.store, job_lease.new(
             job.name, self.engine.host_names(prefix), self.kind,
             stop=f"Ctrl-C in its terminal, or `kill -TERM {os.getpid()}` on "
                  f"{socket.gethostname()}"))
@@ -210,7 +208,7 @@ class LocalTarget(targets.Target):
             keeper.__enter__()
         except job_lease.LeaseHeld as e:
             raise targets.UsageError(
-                job_lease.refusal(job.run_store().location, e.lease, time.time())) from None
+                job_lease.refusal(job.run.location, e.lease, time.time())) from None
         self._holding = True
         try:
             yield
@@ -219,12 +217,11 @@ class LocalTarget(targets.Target):
             keeper.__exit__(None, None, None)
 
 
-def _prepared(run: str, spec) -> bool:
-    """Whether the run is prepared for `spec` (False where it cannot be read here)."""
-    from actx.schemas import store as store_lib
-
+def _prepared(run, spec) -> bool:
+    """Whether the run (a run_dir.RunDir) is prepared for `spec` (False where it cannot
+    be read here)."""
     try:
-        return local.is_prepared(store_lib.open_store(run), spec)
+        return run.is_prepared_for(spec)
     except Exception:  # noqa: BLE001 - a dry run says what it would do, whatever the run
         return False
 
@@ -233,17 +230,18 @@ def _names(ids) -> str:
     return ", ".join(map(layout.partition_name, ids[:20])) + (" ..." if len(ids) > 20 else "")
 
 
-def _check_joinable(store, spec) -> None:
+def _check_joinable(run, spec) -> None:
     """`submit --join` runs beside a job, never beside its prepare: refused (exit 2, before
-    anything is written) while a live job holds a run that is not prepared for this spec."""
+    anything is written) while a live job holds a run (a run_dir.RunDir) that is not
+    prepared for this spec."""
     from actx.schemas import job_lease
 
-    if local.is_prepared(store, spec):
+    if run.is_prepared_for(spec):
         return
-    held = job_lease.read(store)
-    if held is not None and held.live(job_lease.run_heartbeats(store), time.time()):
+    held = run.lease()
+    if held is not None and held.live(job_lease.run_heartbeats(run.store), time.time()):
         raise targets.UsageError(
-            f"{store.location}: job {held.job} is preparing this run; --join runs beside "
+            f"{run.location}: job {held.job} is preparing this run; --join runs beside "
             f"its workers once it is prepared (manifest.json written): submit again then")
 
 

@@ -34,16 +34,17 @@ class DataflowTarget(targets.Target):
                out) -> int:
         from actx.deploy.targets.dataflow import plan as dataflow
 
-        if not job.run.startswith("gs://"):
-            raise targets.UsageError(f"run {job.run!r}: Dataflow workers need a gs:// run "
+        run = job.run.uri  # the commands' argument: the store is never opened here
+        if not run.startswith("gs://"):
+            raise targets.UsageError(f"run {run!r}: Dataflow workers need a gs:// run "
                                      f"directory")
-        plan = dataflow.prepare_commands(prepare.spec, job.run, self.config,
+        plan = dataflow.prepare_commands(prepare.spec, run, self.config,
                                          prepare.max_reject_fraction, True, job.name)
         beam = self.config.extract == "beam"
         if beam:  # then extraction on Dataflow GPU or TPU workers
             from actx.deploy.targets import beam as beam_target
 
-            plan = plan + [beam_target.dataflow_command(prepare.spec, job.run, self.config,
+            plan = plan + [beam_target.dataflow_command(prepare.spec, run, self.config,
                                                         job.name, extraction=job.extraction)]
         if opts.dry_run:
             return targets.show_plan(plan, out, dataflow.spec_file(prepare.spec, job.name))
@@ -52,7 +53,7 @@ class DataflowTarget(targets.Target):
         code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
                                 in_process=targets.prepare_in_process(prepare.retry_argv))
         if code == 0 and not beam:
-            print(f"prepared {job.run} on Dataflow; extract it with `actx rerun {job.run} "
+            print(f"prepared {run} on Dataflow; extract it with `actx rerun {run} "
                   f"--config CONFIG --target tpu-vm` (or --target local)", file=out)
         return code
 

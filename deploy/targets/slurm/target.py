@@ -56,8 +56,8 @@ class SlurmTarget(DetachedTarget):
     def _plan(self, job: targets.Job, opts: targets.LaunchOptions, prepare=()):
         """(the commands, the batch script); checks the target first: nothing is
         submitted on bad input."""
-        slurm_plan.check(job.run, self.config)
-        script = slurm_plan.script(job.run, self.config, job.fingerprint, job.name, job.only,
+        slurm_plan.check(job.run.uri, self.config)
+        script = slurm_plan.script(job.run.uri, self.config, job.fingerprint, job.name, job.only,
                                    job.extraction)
         return [*prepare, slurm_plan.submit_command(self.config.slurm, job.name,
                                                     opts.config)], script
@@ -91,16 +91,16 @@ class SlurmTarget(DetachedTarget):
                 job.run, f"{slurm.name}-r", started_at, job.only, out=out,
                 every_s=min(5.0, max(0.5, self.config.heartbeat_s)),
                 stale_after_s=opts.stale_after_s, extraction=job.extraction,
-                handle=job.handle, job=job.name, where="the cluster",
+                job=job.name, where="the cluster",
                 look=f"Slurm's output in {slurm_plan.output_dir(slurm, job.name)}",
-                rerun=f"`actx rerun {job.run} --target slurm --config {opts.config}` "
+                rerun=f"`actx rerun {job.run.uri} --target slurm --config {opts.config}` "
                       f"redoes them")
 
         return launch.launch(
             plan, job, opts, out, config=self.config, retry_argv=retry_argv,
             records=records, before=write_script, follow=follow,
             take=lambda: lease.take(
-                job.run_store(), self.kind, slurm_plan.host_names(slurm), job.name,
+                job.run, self.kind, slurm_plan.host_names(slurm), job.name,
                 stop=f"`actx down --config {opts.config}` (scancel of your jobs named "
                      f"{slurm.name})", out=out, gone=self._gone),
             running=f"as Slurm job {slurm.name}",

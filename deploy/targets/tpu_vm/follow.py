@@ -8,18 +8,21 @@ import sys
 from actx.deploy.detached import follow as detached_follow
 from actx.deploy.status import runstate
 from actx.schemas import job_lease
+from actx.schemas import run_dir
 
 
-def follow(run: str, host_prefix: str, started_at: float, wanted: list[int] | None = None,
+def follow(run: "str | run_dir.RunDir", host_prefix: str, started_at: float,
+           wanted: list[int] | None = None,
            config: str = "CONFIG", out=sys.stdout, every_s: float = 5.0,
            stale_after_s: float = runstate.DEFAULT_STALE_AFTER_S,
            start_timeout_s: float = job_lease.DETACHED_START_GRACE_S,
-           extraction: str | None = None, handle=None, job: str = "") -> int:
+           extraction: str | None = None, job: str = "") -> int:
     """Follows the slice's job (hosts `<host_prefix><i>`) until it ends: 0 when the
     `wanted` partitions are committed, 1 when its hosts are gone."""
+    run = run_dir.RunDir.at(run)
     return detached_follow.follow(
         run, host_prefix, started_at, wanted, out=out, every_s=every_s,
         stale_after_s=stale_after_s, start_timeout_s=start_timeout_s, extraction=extraction,
-        handle=handle, job=job, where="the slice", look="~/actx-*.out on the hosts",
-        rerun=f"`actx rerun {run} --target tpu-vm --config {config}` redoes them (add "
+        job=job, where="the slice", look="~/actx-*.out on the hosts",
+        rerun=f"`actx rerun {run.uri} --target tpu-vm --config {config}` redoes them (add "
               f"--recreate after a preemption)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from actx.deploy import config as config_lib
 from actx.deploy.detached import lease as detached_lease
 from actx.deploy.targets.tpu_vm import plan as tpu_vm
-from actx.schemas import store as store_lib
+from actx.schemas import run_dir
 
 KIND = "tpu-vm"
 
@@ -16,7 +16,7 @@ def host_names(tpu: config_lib.TpuConfig) -> list[str]:
     return [f"{tpu.name}-w{i}" for i in range(tpu_vm.slice_hosts(tpu))]
 
 
-def take(run: "str | store_lib.ObjectStore", target: config_lib.TargetConfig, job: str,
+def take(run: "str | run_dir.RunDir", target: config_lib.TargetConfig, job: str,
          config: str, out=None, slice_state=None):
     """Takes the run for `job` on the slice, or raises a UsageError naming the live job
     that holds it (a launcher joining that job takes none). Returns what `give_back`

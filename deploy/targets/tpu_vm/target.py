@@ -25,7 +25,7 @@ class TpuVmTarget(DetachedTarget):
         from actx.deploy.targets.dataflow import plan as dataflow
 
         # The plan checks the target first: nothing is created on bad input.
-        plan = tpu_vm.plan(job.run, self.config, job.fingerprint, job.name,
+        plan = tpu_vm.plan(job.run.uri, self.config, job.fingerprint, job.name,
                            prepare=self.prepare_commands(job, prepare), config=opts.config,
                            extraction=job.extraction)
         if opts.dry_run:
@@ -34,7 +34,7 @@ class TpuVmTarget(DetachedTarget):
         return self._launch(plan, job, opts, out, prepare.retry_argv, prepare.write_records)
 
     def rerun(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
-        plan = tpu_vm.plan(job.run, self.config, job.fingerprint, job.name, only=job.only,
+        plan = tpu_vm.plan(job.run.uri, self.config, job.fingerprint, job.name, only=job.only,
                            create=False, install=opts.install, recreate=opts.recreate,
                            config=opts.config, extraction=job.extraction)
         if opts.dry_run:
@@ -70,13 +70,12 @@ class TpuVmTarget(DetachedTarget):
                                      config=opts.config, out=out,
                                      every_s=min(5.0, max(0.5, self.config.heartbeat_s)),
                                      stale_after_s=opts.stale_after_s,
-                                     extraction=job.extraction, handle=job.handle,
-                                     job=job.name)
+                                     extraction=job.extraction, job=job.name)
 
         return launch.launch(
             plan, job, opts, out, config=self.config, poll_s=tpu.poll_s,
             retry_argv=retry_argv, records=records, follow=follow,
-            take=lambda: tpu_lease.take(job.run_store(), self.config, job.name, opts.config,
+            take=lambda: tpu_lease.take(job.run, self.config, job.name, opts.config,
                                         out),
             running=f"on {tpu.name}",
             stop=f"delete the slice afterwards: actx down --config {opts.config}")
