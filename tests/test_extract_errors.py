@@ -56,7 +56,7 @@ def test_a_stop_signal_that_surfaces_as_an_import_error_while_loading_is_a_stop(
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)
 
-    def loading_meets_a_signal(opts):
+    def loading_meets_a_signal(opts, opened=None):
         try:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)

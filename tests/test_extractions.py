@@ -94,10 +94,10 @@ def both(models, tmp_path_factory):
 
     real = worker_main._extract
 
-    def counting(opts, sigint):
+    def counting(opts, sigint, *opened):
         gc.collect()
         LIVE_BYTES.append(sum(a.nbytes for a in jax.live_arrays()))
-        return real(opts, sigint)
+        return real(opts, sigint, *opened)
 
     worker_main._extract = counting
     try:
@@ -156,12 +156,12 @@ def test_two_models_at_once_equal_each_alone(models, alone, tmp_path, monkeypatc
     live, spans, waiting = [], {}, []
     real_load, real_run = worker_main._load, worker_main._run
 
-    def load(opts, sigint):
+    def load(opts, sigint, *opened):
         gc.collect()
         live.append(sum(a.nbytes for a in jax.live_arrays()))
         if opts.extraction == "chat":  # base, loaded, beats while chat loads beside it
             waiting.extend(_beats(run, "base"))
-        return real_load(opts, sigint)
+        return real_load(opts, sigint, *opened)
 
     def run_loop(worker, sigint):
         start = time.monotonic()
@@ -220,12 +220,12 @@ def test_a_model_that_does_not_fit_beside_runs_after(models, alone, tmp_path, mo
     real_load = worker_main._load
     calls = []
 
-    def load(opts, sigint):  # the second load of the first group runs out of memory
+    def load(opts, sigint, *opened):  # the second load of the first group runs out of memory
         calls.append(opts.extraction)
         if calls == ["base", "chat"]:
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
                                "1.50GiB")
-        return real_load(opts, sigint)
+        return real_load(opts, sigint, *opened)
 
     monkeypatch.setattr(worker_main, "_load", load)
     run = _two_models_run(models, tmp_path / "oom")

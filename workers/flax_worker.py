@@ -16,13 +16,14 @@ from actx.schemas import worker_options
 from actx.workers import admission, flax_hooks, flax_model, flax_step, loaded_model, runner
 
 
-def worker_for_run(opts: worker_options.WorkerOptions) -> runner.Worker:
-    """The worker that can run `opts.run`'s model."""
+def worker_for_run(opts: worker_options.WorkerOptions, opened=None) -> runner.Worker:
+    """The worker that can run `opts.run`'s model; `opened`: the run as the process opened
+    it (a run_dir.OpenedRun), else opened here."""
     ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
     from actx.schemas import extraction as extraction_lib
     from actx.schemas import run_dir
 
-    opened = run_dir.open_run(opts.run)  # once: the worker takes it as it is
+    opened = opened or run_dir.open_run(opts.run)  # once: the worker takes it as it is
     spec = extraction_lib.read_spec(opened, opts.extraction or "")
     if spec.generate is not None:
         if spec.model.flax:

@@ -61,10 +61,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
+    from actx.schemas import run_dir
+
+    opened = None
     try:
         distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
                                           opts.process_id).initialize()
-        names = extraction_names(opts)
+        # The process's one opening of the run (its argv's string turned back at once):
+        # every extraction's worker takes it.
+        opened = run_dir.open_run(opts.run)
+        names = extraction_names(opts, opened)
     except (errors.UserError, FileNotFoundError, ValueError) as e:
         if not sigint.received.is_set():
             print(f"actx extract: error: {e}", file=sys.stderr)
@@ -72,10 +78,11 @@ def _main(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
         names = []
     except KeyboardInterrupt:
         names = []
-    if opts.models_at_once > 1 and len(names) > 1 and not _generates(opts, names):
-        code = model_groups.extract_at_once(opts, names, sigint, _load, _run)
+    if opts.models_at_once > 1 and len(names) > 1 and not _generates(opened, names):
+        code = model_groups.extract_at_once(
+            opts, names, sigint, lambda o, s: _load(o, s, opened), _run)
     else:
-        code = _one_after_another(opts, names, sigint)
+        code = _one_after_another(opts, names, sigint, opened)
     if sigint.received.is_set():
         sigint.say_interrupted(opts.run)
         return sigint.received.exit_code
@@ -83,13 +90,13 @@ def _main(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
 
 
 def _one_after_another(opts: worker_options.WorkerOptions, names: list[str],
-                       sigint: "_StopSignals") -> int:
+                       sigint: "_StopSignals", opened) -> int:
     """The extractions in order, one model in memory at a time."""
     code = 0
     for name in names:
         if len(names) > 1:
             logging.getLogger("actx.worker").info("extraction %r", name)
-        code = _extract(dataclasses.replace(opts, extraction=name), sigint)
+        code = _extract(dataclasses.replace(opts, extraction=name), sigint, opened)
         # The model goes before the next one loads: nothing may hold its worker (the stop
         # signals' handler does, until it lets go).
         sigint.workers = []
@@ -99,23 +106,23 @@ def _one_after_another(opts: worker_options.WorkerOptions, names: list[str],
     return code
 
 
-def _generates(opts: worker_options.WorkerOptions, names: list[str]) -> bool:
-    """Whether an extraction of `names` generates: generating models run one after
-    another (each writes its own text), whatever models_at_once says."""
+def _generates(opened, names: list[str]) -> bool:
+    """Whether an extraction of `names` (of the run `opened`) generates: generating
+    models run one after another (each writes its own text), whatever models_at_once
+    says."""
     from actx.schemas import extraction as extraction_lib
-    from actx.schemas import run_dir
 
-    opened = run_dir.open_run(opts.run)
     return any(extraction_lib.read_spec(opened, name).generate is not None for name in names)
 
 
-def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
-    """The extractions `opts.extraction` names, in order ("all": every one of the run)."""
+def extraction_names(opts: worker_options.WorkerOptions, run) -> list[str]:
+    """The extractions `opts.extraction` names, in order ("all": every one of `run`, a
+    schemas.run_dir.RunDir)."""
     from actx.schemas import extraction as extraction_lib
-    from actx.schemas import layout, run_dir
+    from actx.schemas import layout
 
     if opts.extraction == "all":
-        return run_dir.RunDir.at(opts.run).extraction_names()
+        return run.extraction_names()
     names = extraction_lib.parse(opts.extraction)
     for name in names:
         if name:
@@ -123,21 +130,24 @@ def extraction_names(opts: worker_options.WorkerOptions) -> list[str]:
     return names
 
 
-def _extract(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
+def _extract(opts: worker_options.WorkerOptions, sigint: "_StopSignals", opened) -> int:
     """Extracts one extraction of the run: 0 when done, else the process's exit code."""
-    worker = _load(opts, sigint)
+    worker = _load(opts, sigint, opened)
     if isinstance(worker, int):
         return worker
     sigint.workers = [worker]  # from now on a stop signal ends the loop at the next step
     return _run(worker, sigint)
 
 
-def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> "Loop | int":
-    """The worker of `opts.extraction`, its model loaded; or the process's exit code."""
+def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals",
+          opened=None) -> "Loop | int":
+    """The worker of `opts.extraction` of the run `opened` (a run_dir.OpenedRun; None:
+    opened here), its model loaded; or the process's exit code."""
     try:
         from actx.workers import flax_worker
 
-        worker = flax_worker.worker_for_run(opts)  # runner.Worker, or one for a Flax model
+        # runner.Worker, or one for a Flax model
+        worker = flax_worker.worker_for_run(opts, opened)
     except (errors.UserError, FileNotFoundError, ValueError) as e:
         if not sigint.received.is_set():
             print(f"actx extract: error: {e}", file=sys.stderr)
