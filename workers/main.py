@@ -67,6 +67,10 @@ def _main(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
     try:
         distributed.ProcessGroup.from_env(opts.coordinator, opts.num_processes,
                                           opts.process_id).initialize()
+        from actx.schemas import ts_context
+
+        # The store's retry bound is the one set (--gcs-request-retries) from the first read.
+        ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
         # The process's one opening of the run (its argv's string turned back at once):
         # every extraction's worker takes it.
         opened = run_dir.open_run(opts.run)
@@ -77,6 +81,13 @@ def _main(opts: worker_options.WorkerOptions, sigint: "_StopSignals") -> int:
             return 2
         names = []
     except KeyboardInterrupt:
+        names = []
+    except Exception:
+        # A stop signal inside a C extension's initialisation (the first `import
+        # tensorstore`) surfaces as that module's ImportError: the record says whether one
+        # came (as in `_load`).
+        if not sigint.received.is_set():
+            raise
         names = []
     if opts.models_at_once > 1 and len(names) > 1 and not _generates(opened, names):
         code = model_groups.extract_at_once(
