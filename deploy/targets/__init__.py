@@ -34,6 +34,19 @@ class UsageError(errors.UserError):
     """Bad input: printed as one line, exit code 2."""
 
 
+class TargetError(errors.UserError, ValueError):
+    """A target's settings lack something it needs, or ask for what cannot be."""
+
+
+def refuse(kind: str, problems: list[str]) -> None:
+    """Raises TargetError naming every problem of the `kind` target's settings at once;
+    returns when there are none."""
+    if problems:
+        raise TargetError(problems[0] if len(problems) == 1 else
+                          f"{len(problems)} problems with the {kind} target:\n  "
+                          + "\n  ".join(problems))
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchOptions:
     """The command's flags that decide how a launch goes (not what it extracts)."""

@@ -11,7 +11,8 @@ import sys
 
 from actx.deploy import config as config_lib
 from actx.deploy.commands import Command
-from actx.deploy.targets.tpu_vm.plan import TargetError, job_dir
+from actx.deploy.targets import TargetError
+from actx.deploy.targets.tpu_vm.plan import job_dir
 from actx.schemas import runspec as runspec_lib
 
 def spec_file(spec: runspec_lib.RunSpec, job: str) -> str:

@@ -16,16 +16,12 @@ import re
 import shlex
 
 from actx.deploy import config as config_lib
+from actx.deploy import targets
 from actx.deploy.commands import Command
-from actx.schemas import errors
 from actx.schemas import parallelism
 from actx.schemas import worker_options
 
 KIND = "slurm"
-
-
-class TargetError(errors.UserError, ValueError):
-    """The slurm target's settings cannot be run."""
 
 
 def devices_per_node(slurm) -> int:
@@ -78,11 +74,8 @@ def problems(run: str, target: config_lib.TargetConfig) -> list[str]:
 
 
 def check(run: str, target: config_lib.TargetConfig) -> None:
-    found = problems(run, target)
-    if found:
-        raise TargetError(found[0] if len(found) == 1 else
-                          f"{len(found)} problems with the slurm target:\n  "
-                          + "\n  ".join(found))
+    """Raises TargetError naming every problem at once."""
+    targets.refuse("slurm", problems(run, target))
 
 
 def output_dir(slurm, job: str) -> str:

@@ -19,10 +19,11 @@ import sys
 import tempfile
 
 from actx.deploy import config as config_lib
+from actx.deploy import targets
 from actx.deploy.commands import Command
+from actx.deploy.targets import TargetError
 from actx.deploy.targets.tpu_vm import accelerators as tpu_types
 from actx.deploy.targets.tpu_vm import package as tpu_package
-from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import parallelism
 from actx.schemas import worker_options
@@ -34,10 +35,6 @@ _CURL = "curl -sf -H Metadata-Flavor:Google "
 PROCESS_ID_EXPR = f'"$({_CURL}{_BASE}/agent-worker-number")"'
 WORKER0_IP_EXPR = f'$({_CURL}{_BASE}/worker-network-endpoints" | cut -d, -f1 | cut -d: -f3)'
 FAILED_QR_STATES = ("FAILED", "SUSPENDED")
-
-
-class TargetError(errors.UserError, ValueError):
-    """The target config lacks something the target needs, or asks for what cannot be."""
 
 
 def slice_shape(tpu: config_lib.TpuConfig) -> tpu_types.SliceShape:
@@ -85,11 +82,7 @@ def problems(run: str, target: config_lib.TargetConfig) -> list[str]:
 
 def check(run: str, target: config_lib.TargetConfig) -> None:
     """Raises TargetError naming every problem at once."""
-    found = problems(run, target)
-    if found:
-        raise TargetError(found[0] if len(found) == 1 else
-                          f"{len(found)} problems with the tpu-vm target:\n  "
-                          + "\n  ".join(found))
+    targets.refuse("tpu-vm", problems(run, target))
 
 
 def _where(tpu: config_lib.TpuConfig) -> list[str]:
