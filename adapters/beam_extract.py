@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 
+from actx.pipeline import quiet_beam  # noqa: F401 (first: Beam's import, quietly)
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 

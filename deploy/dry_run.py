@@ -46,7 +46,7 @@ def counts(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir") -> tuple[Coun
     inputs into memory, local or gs://: all of them up to `COUNT_INPUT_BYTES`, beyond that
     the first files of each source up to its share of that, scaled by bytes (an estimate,
     said so). A source with max_docs is read whole: its prepare stops there anyway."""
-    from actx.pipeline import main as pipeline_main
+    from actx.pipeline import preflight as pipeline_preflight
     from actx.schemas import run_dir
 
     try:
@@ -58,7 +58,7 @@ def counts(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir") -> tuple[Coun
     except Exception:  # noqa: BLE001 - unreachable here: counted from the inputs
         pass
     try:
-        files = pipeline_main.source_file_sizes(spec)
+        files = pipeline_preflight.source_file_sizes(spec)
     except Exception as e:  # noqa: BLE001 - the pre-flight has said what is wrong
         return None, f"the inputs could not be listed ({e}); prepare counts them"
     total = sum(size for source in files for _, size in source)

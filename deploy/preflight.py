@@ -50,7 +50,7 @@ def _prepared_for(run: "str | run_dir.RunDir", spec: runspec_lib.RunSpec) -> boo
 def problems(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir", target=None,
              dry_run: bool = False) -> tuple[list[str], list[str]]:
     """(problems, notes): what is wrong, and what a dry run could not check from here."""
-    from actx.pipeline import main as pipeline_main
+    from actx.pipeline import preflight as pipeline_preflight
     from actx.schemas import run_dir
     from actx.workers import preflight as workers_preflight
 
@@ -91,7 +91,7 @@ def problems(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir", target=None
     tokenizer = None
     try:
         if not _prepared_for(run, spec):
-            input_problems, input_missing, tokenizer = pipeline_main.check_inputs(spec)
+            input_problems, input_missing, tokenizer = pipeline_preflight.check_inputs(spec)
             found += input_problems
             absent(input_missing)
         else:  # the token store stands, but the model may be another one now

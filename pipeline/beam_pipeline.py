@@ -26,6 +26,7 @@ worker count, its running mode or `unit_bytes`.
 
 from __future__ import annotations
 
+from actx.pipeline import quiet_beam  # noqa: F401 (first: Beam's import, quietly)
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsList, AsSingleton

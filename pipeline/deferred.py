@@ -16,6 +16,7 @@ import collections
 import concurrent.futures
 from typing import Callable, Iterable, Iterator
 
+from actx.pipeline import quiet_beam  # noqa: F401 (first: Beam's import, quietly)
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 

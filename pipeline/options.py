@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from actx.pipeline import quiet_beam  # noqa: F401 (first: Beam's import, quietly)
 import apache_beam as beam
 from apache_beam.options.pipeline_options import (DirectOptions, PipelineOptions, SetupOptions,
                                                   StandardOptions)

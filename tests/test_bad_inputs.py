@@ -202,6 +202,23 @@ def test_bad_input_is_refused_before_work(name, tmp_path, good_model, qwen_token
     FIGURES["clear"] += 1
 
 
+def test_a_refused_submit_answers_without_importing_beam_or_jax(tmp_path, good_model,
+                                                               qwen_tokenizer_dir):
+    """The pre-flight reads the config, the checkpoint's headers and the tokenizer, and
+    nothing more: a bad config comes back without Apache Beam (seconds of imports) or
+    JAX being imported."""
+    probe = ("import sys; from actx.deploy import cli; code = cli.main(sys.argv[1:]); "
+             "print('imported:', [m for m in ('apache_beam', 'jax', 'tensorstore') "
+             "if m in sys.modules]); sys.exit(code)")
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, "submit", _config(tmp_path, good_model,
+                                                        qwen_tokenizer_dir, hooks="")],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 2 and "no hooks given" in proc.stderr, proc.stdout + proc.stderr
+    assert "imported: []" in proc.stdout, proc.stdout
+
+
 def test_checkpoint_checks_read_only_headers_on_gcs(gcs_bucket, good_model, tmp_path):
     """On gs:// the same checks run from ranged reads of each file's header (GCS's
     inclusive range end included), and a sound checkpoint passes."""

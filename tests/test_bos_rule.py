@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from actx.pipeline import main as prepare_main, prepare_refusals
+from actx.pipeline import preflight as pipeline_preflight
 from actx.pipeline import tokenize
 from actx.schemas import config as config_lib
 from actx.schemas import layout, runspec, store, ts_context, uri
@@ -99,7 +100,7 @@ def test_prepend_bos_overrides_the_rule_and_is_recorded(family, prepend, tokeniz
 def test_prepend_bos_of_a_tokenizer_without_one_is_refused_before_work(tokenizers, texts,
                                                                        tmp_path):
     spec = _spec(tokenizers["qwen2"], texts, prepend_bos=True)
-    problems, _, _ = prepare_main.check_inputs(spec)  # what `actx submit` checks first
+    problems, _, _ = pipeline_preflight.check_inputs(spec)  # what `actx submit` checks first
     assert len(problems) == 1 and "spec.tokenizer.prepend_bos: true, but the tokenizer at " \
         f"{tokenizers['qwen2']} has no BOS token" in problems[0]
     with pytest.raises(tokenize.TokenizerError, match="has no BOS token"):

@@ -15,6 +15,7 @@ import pytest
 
 from actx.pipeline import arc_render, chat_templates
 from actx.pipeline import main as prepare_main
+from actx.pipeline import preflight as pipeline_preflight
 from actx.schemas import runspec
 from tests import tokenizer_families as families
 from tests.test_bos_rule import stored_documents
@@ -114,7 +115,7 @@ def test_the_processors_chat_template_json(arc_jsonl, tmp_path):
 def test_a_template_the_tokenizer_lacks_is_refused_before_work(arc_jsonl, tmp_path):
     tok = families.save_family(tmp_path / "tok", "llama3", named=True)
     spec = _spec(tok, arc_jsonl, chat_template="tool_use")
-    problems, _, _ = prepare_main.check_inputs(spec)  # what `actx submit` checks first
+    problems, _, _ = pipeline_preflight.check_inputs(spec)  # what `actx submit` checks first
     with pytest.raises(chat_templates.ChatTemplateError) as e:
         prepare_main.run_prepare(spec, str(tmp_path / "run"))
     assert problems == [str(e.value)]

@@ -36,9 +36,10 @@ FORBIDDEN = {
     "adapters": {"actx.deploy", "actx.reader"},
 }
 # deploy's doors into the layers below: the prepare and worker commands, the Beam transform,
-# and the workers' pre-flight (the job and hook-shape checks submit runs before any work).
-ENTRY_POINTS = {"actx.pipeline.main", "actx.workers.main", "actx.workers.preflight",
-                "actx.adapters.beam_extract"}
+# and the two pre-flights submit runs before any work (the inputs and tokenizer; the job
+# and hook shapes).
+ENTRY_POINTS = {"actx.pipeline.main", "actx.pipeline.preflight", "actx.workers.main",
+                "actx.workers.preflight", "actx.adapters.beam_extract"}
 # The front door (`import actx`, its names imported on first use) is for users: inside
 # actx a module imports another by its full name, so the rules above see what it pulls in.
 FRONT_DOOR = {"open_run", "open_runs", "aligned_stream", "TokenOptions", "OrderOptions",
