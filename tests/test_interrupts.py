@@ -95,16 +95,33 @@ def _token_objects(run: str) -> dict:
     return {k: s.read(k) for k in s.list("tokens/")}
 
 
-@SIGNALS
-def test_stop_signal_during_prepare_and_a_rerun_is_byte_identical(sig, tmp_path,
-                                                                  qwen_tokenizer_dir):
-    data = tmp_path / "texts.jsonl"
-    data.write_text("".join(json.dumps({"text": f"words of document {i} " * 20}) + "\n"
-                            for i in range(10000)))
-    run = str(tmp_path / "run")
-    argv = ["prepare", "--out", run, "--tokenizer", qwen_tokenizer_dir, "--text", str(data),
+def _prepare_argv(data, tokenizer: str, run: str) -> list[str]:
+    return ["prepare", "--out", run, "--tokenizer", tokenizer, "--text", str(data),
             "--seq-len", "256", "--partition-rows", "512", "--rows-per-shard", "64",
             "--runner=FnApiRunner"]
+
+
+@pytest.fixture(scope="module")
+def prepare_inputs(tmp_path_factory, qwen_tokenizer_dir) -> tuple[str, dict]:
+    """10k documents (a prepare long enough to stop half way) and the token objects an
+    uninterrupted prepare of them stores: the reference of both signals' cases."""
+    t = tmp_path_factory.mktemp("prepare_inputs")
+    data = t / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": f"words of document {i} " * 20}) + "\n"
+                            for i in range(10000)))
+    fresh = _start(*_prepare_argv(data, qwen_tokenizer_dir, str(t / "fresh")))
+    out, err = fresh.communicate(timeout=300)
+    assert fresh.returncode == 0, out + err
+    return str(data), _token_objects(str(t / "fresh"))
+
+
+@SIGNALS
+def test_stop_signal_during_prepare_and_a_rerun_is_byte_identical(sig, tmp_path,
+                                                                  qwen_tokenizer_dir,
+                                                                  prepare_inputs):
+    data, reference = prepare_inputs
+    run = str(tmp_path / "run")
+    argv = _prepare_argv(data, qwen_tokenizer_dir, run)
     proc = _start(*argv)
     said = _interrupt_when(proc, "prepare: 1 file(s)", sig=sig)
     _one_interrupted_line(proc, said, "prepare", sig)
@@ -115,10 +132,7 @@ def test_stop_signal_during_prepare_and_a_rerun_is_byte_identical(sig, tmp_path,
     again = _start(*argv)
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, out + err
-    fresh = _start(*[str(tmp_path / "fresh") if a == run else a for a in argv])
-    out, err = fresh.communicate(timeout=300)
-    assert fresh.returncode == 0, out + err
-    assert _token_objects(run) == _token_objects(str(tmp_path / "fresh"))
+    assert _token_objects(run) == reference
 
 
 @pytest.fixture(scope="module")
