@@ -142,7 +142,7 @@ def small_run(tmp_path_factory, qwen_tokenizer_dir) -> str:
                                            num_hidden_layers=2)
     data = t / "texts.jsonl"
     data.write_text("".join(json.dumps({"text": f"document {i} " * 30}) + "\n"
-                            for i in range(4000)))
+                            for i in range(1500)))
     run = str(t / "run")
     proc = _start("prepare", "--out", run, "--tokenizer", qwen_tokenizer_dir, "--model",
                   model, "--text", str(data), "--seq-len", "32", "--partition-rows", "4",

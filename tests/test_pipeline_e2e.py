@@ -181,9 +181,9 @@ def test_pad_via_cli_and_concat(prepared, qwen_tokenizer_dir, capsys):
     assert m.total_rows == 40 and (arrays["segment_ids"] <= 1).all()
     assert (arrays["doc_index"][:, 0] == np.arange(40)).all()
     assert m.sources["fineweb0"].truncated_tokens > 0
+    hf_tokenizer = Tokenizer.from_file(os.path.join(qwen_tokenizer_dir, "tokenizer.json"))
     assert m.total_tokens + m.sources["fineweb0"].truncated_tokens == sum(
-        len(Tokenizer.from_file(os.path.join(qwen_tokenizer_dir, "tokenizer.json")).encode(
-            r["text"], add_special_tokens=False).ids)
+        len(hf_tokenizer.encode(r["text"], add_special_tokens=False).ids)
         for s, n in ((2, 30), (3, 10)) for r in sample_data.make_fineweb_rows(n, s))
 
     spec = R.RunSpec(R.ModelSpec(""), R.TokenizerSpec(qwen_tokenizer_dir),
