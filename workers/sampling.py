@@ -31,7 +31,10 @@ def warp(logits_bv: jax.Array, temperature: float, top_k: int, top_p: float) -> 
     temperature (> 0)."""
     logits_bv = logits_bv.astype(jnp.float32) / temperature
     if 0 < top_k < logits_bv.shape[-1]:
-        kth_b1 = jax.lax.top_k(logits_bv, top_k)[0][:, -1:]
+        # The k-th largest as the least of the top k (the same value): XLA's CPU backend
+        # sorts the whole vocabulary when the top-k output is sliced (~100 ms a step for
+        # 150k ids, against under 1 ms).
+        kth_b1 = jnp.min(jax.lax.top_k(logits_bv, top_k)[0], axis=-1, keepdims=True)
         logits_bv = jnp.where(logits_bv < kth_b1, -jnp.inf, logits_bv)
     if top_p < 1.0:
         ascending_bv = jnp.sort(logits_bv, axis=-1)
