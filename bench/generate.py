@@ -6,12 +6,14 @@ Builds a random-init checkpoint (Qwen2 by default; shape flags as bench/forward.
 generate `--new-tokens` greedy tokens for each (no stop token, so both write the same
 number of tokens): actx on `--batch` slots capturing up to 4 resid_post hooks of every prompt
 and generated token, HF in batches of `--batch` left-padded prompts returning every
-layer's hidden states. Prints generated tokens/s (median over --iters runs, after a
-warm-up run that compiles) and the ratio.
+layer's hidden states. With --temperature above 0 both sample, with the same top-k and
+top-p (their texts then differ: each draws from its own random streams). Prints generated
+tokens/s (median over --iters runs, after a warm-up run that compiles) and the ratio.
 
   python bench/generate.py              # modest CPU default, about a minute
   SMALL=1 python bench/generate.py      # tiny shapes, seconds (a smoke run)
   python bench/generate.py --qwen05b --prompts 64 --new-tokens 256   # for a GPU
+  python bench/generate.py --vocab 151936 --temperature 1 --top-k 50  # sampling, Qwen's ids
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ def _parse_args():
     p.add_argument("--prompt-len", type=int, default=64, help="the longest prompt")
     p.add_argument("--new-tokens", type=int, default=32, help="max_new_tokens")
     p.add_argument("--prefill-len", type=int, default=64, help="actx's prefill rows")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="above 0: both sample (with --top-k, --top-p) instead of greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--attention", default="default",
                    help="comma-separated generation attentions to time in turn: default "
@@ -66,7 +72,9 @@ def main() -> None:
     print(f"device={jax.devices()[0].platform} arch={args.arch} dtype={args.dtype} "
           f"hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads} "
           f"vocab={args.vocab} prompts={args.prompts} of {lengths.min()}-{lengths.max()} "
-          f"tokens, {args.new_tokens} new tokens each, batch={args.batch} iters={args.iters}")
+          f"tokens, {args.new_tokens} new tokens each, batch={args.batch} iters={args.iters}"
+          + (f", sampling: temperature={args.temperature:g} top_k={args.top_k} "
+             f"top_p={args.top_p:g}" if args.temperature > 0 else ", greedy"))
     print(f"actx hooks: {four}")
     results = {}
     with tempfile.TemporaryDirectory() as ckpt:
@@ -80,7 +88,9 @@ def main() -> None:
             gen = generate.Generator(
                 model, generate_step.load_lm_head(ckpt, model),
                 capture.CaptureSpec.parse(four, dtype=args.dtype),
-                generate.GenerateConfig(max_new_tokens=args.new_tokens), slots=args.batch,
+                generate.GenerateConfig(max_new_tokens=args.new_tokens,
+                                        temperature=args.temperature, top_k=args.top_k,
+                                        top_p=args.top_p), slots=args.batch,
                 max_length=args.prompt_len + args.new_tokens,
                 prefill_len=min(args.prefill_len, args.prompt_len),
                 attention=None if attention == "default" else attention)
@@ -94,7 +104,7 @@ def main() -> None:
             label = (f"actx generate ({name} attention, {args.batch} slots, "
                      f"{len(four.split(','))} hooks)")
             results[label] = generated / seconds
-        if len(samples) > 1:  # the attentions' greedy ids, against the first's
+        if len(samples) > 1 and args.temperature == 0:  # the greedy ids, against the first's
             first, *others = samples.values()
             for attention, other in zip(list(samples)[1:], others):
                 same = sum(np.array_equal(a.generated_ids, b.generated_ids)
@@ -147,8 +157,11 @@ def _hf_rate(ckpt, args, prompts, generated, ours) -> float:
         texts.clear()
         with torch.no_grad():
             for ids, mask in batches:
-                out = hf.generate(ids, attention_mask=mask, do_sample=False,
-                                  max_new_tokens=args.new_tokens,
+                sampling = (dict(do_sample=True, temperature=args.temperature,
+                                 top_k=args.top_k or None, top_p=args.top_p)
+                            if args.temperature > 0 else dict(do_sample=False))
+                out = hf.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens,
+                                  **sampling,
                                   eos_token_id=None, pad_token_id=0,
                                   output_hidden_states=True, return_dict_in_generate=True)
                 texts.extend(out.sequences[:, ids.shape[1]:].cpu().numpy())
@@ -156,7 +169,7 @@ def _hf_rate(ckpt, args, prompts, generated, ours) -> float:
             torch.cuda.synchronize()
 
     rate = generated / common.median_seconds(run, args.iters)
-    if args.dtype == "float32":
+    if args.dtype == "float32" and args.temperature == 0:
         same = sum(np.array_equal(t, s.generated_ids) for t, s in zip(texts, ours))
         print(f"HF's greedy text equals actx's for {same} of {len(ours)} prompts (left "
               f"padding moves HF's numbers by float rounding)")
