@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 
 from actx.deploy import cli
@@ -18,7 +19,7 @@ def status_json(run: str) -> dict:
 
 
 def _duration(s: float) -> str:
-    s = int(round(s))
+    s = math.floor(s + 0.5)  # halves up, as JavaScript's Math.round and status's text
     h, m, sec = s // 3600, s % 3600 // 60, s % 60
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 

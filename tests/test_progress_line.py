@@ -151,3 +151,12 @@ def test_in_a_pipe_whole_lines_no_more_than_one_every_few_seconds(run):
     clock.t += 100
     shown.show(lambda width: "the last one")
     assert pipe.getvalue().splitlines() == said
+
+
+def test_durations_round_halves_up_as_the_page_does():
+    """Elapsed times are recorded to 0.1 s; the text rounds a half up, as the page's
+    JavaScript Math.round does, so both say the same (Python's round(2.5) is 2)."""
+    js_math_round = {0.4: 0, 0.5: 1, 1.5: 2, 2.5: 3, 59.5: 60, 3599.5: 3600}  # per ECMA-262
+    expected = {0: "0s", 1: "1s", 2: "2s", 3: "3s", 60: "1m00s", 3600: "1h00m00s"}
+    for seconds, rounded in js_math_round.items():
+        assert status_text._duration(seconds) == expected[rounded], seconds

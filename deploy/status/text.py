@@ -3,6 +3,7 @@ the text and JSON of one or several extractions, all from a `runstate.RunStatus`
 
 from __future__ import annotations
 
+import math
 import time
 
 from actx.deploy.status import json_text as status_json
@@ -26,7 +27,9 @@ def _size(n: int | None) -> str:
 def _duration(s: float | None) -> str:
     if s is None:
         return "unknown"
-    s = int(round(s))
+    # Halves up, as the page's Math.round: Python's round(2.5) is 2, and elapsed times
+    # are recorded to 0.1 s, so one in ten would read a second apart on the two.
+    s = math.floor(s + 0.5)
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
