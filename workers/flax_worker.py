@@ -18,12 +18,13 @@ from actx.workers import admission, flax_hooks, flax_model, flax_step, loaded_mo
 
 def worker_for_run(opts: worker_options.WorkerOptions, opened=None) -> runner.Worker:
     """The worker that can run `opts.run`'s model; `opened`: the run as the process opened
-    it (a run_dir.OpenedRun), else opened here."""
-    ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
+    it (a run_dir.OpenedRun, after `ts_context.configure`), else opened here."""
     from actx.schemas import extraction as extraction_lib
     from actx.schemas import run_dir
 
-    opened = opened or run_dir.open_run(opts.run)  # once: the worker takes it as it is
+    if opened is None:  # once: the worker takes it as it is
+        ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
+        opened = run_dir.open_run(opts.run)
     spec = extraction_lib.read_spec(opened, opts.extraction or "")
     if spec.generate is not None:
         if spec.model.flax:

@@ -44,15 +44,16 @@ log = logging.getLogger("actx.worker")
 class Worker:
     def __init__(self, opts: worker_options.WorkerOptions,
                  opened: run_dir.OpenedRun | None = None):
-        """`opened`: the run `opts.run` names, if the caller has opened it."""
+        """`opened`: the run `opts.run` names, if the caller has opened it (after
+        `ts_context.configure` with these options, as `workers.main` does)."""
         import jax
 
         from actx.workers import sharding
 
         self.opts = opts
         self.jax = jax
-        ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
-        if opened is None:
+        if opened is None:  # the store's limits hold from the run's first read
+            ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
             opened = run_dir.open_run(opts.run)
         # One extraction per worker (schemas.extraction): its spec, and a view of the run's
         # store that keeps its activations, numerics record, markers and claims apart.
