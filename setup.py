@@ -21,7 +21,7 @@ SUBPACKAGES = ("schemas", "pipeline", "workers", "deploy", "reader", "adapters")
 _CORE = ["numpy>=1.26", "pyyaml>=6", "tensorstore>=0.1.70", "ml_dtypes>=0.5", "crc32c>=2.4"]
 _GCS = ["google-cloud-storage>=2.16"]
 # Extraction on accelerator hosts: pure JAX (no Flax), checkpoints read with safetensors;
-# tokenizers decodes what a generating run's model writes (workers.generate_text).
+# tokenizers decodes what a generating run's model writes (workers.generate.text).
 # Add the accelerator's jax build beside it: 'jax[tpu]' or 'jax[cuda12]'.
 _WORKERS = ["jax>=0.6", "safetensors>=0.4", "tokenizers>=0.20"]
 # Users' own Flax NNX models (`model.flax`): only where that is used, beside `workers`.

@@ -72,9 +72,9 @@ _FRONT_DOOR = {
     "OutputOptions": ("actx.reader.options", "OutputOptions"),
     "ActivationDataset": ("actx.reader.torch_data", "ActivationDataset"),
     "export_saelens": ("actx.reader.trainers", "export_saelens"),
-    "load_pretrained": ("actx.workers.model", "load_pretrained"),
-    "CaptureSpec": ("actx.workers.capture", "CaptureSpec"),
-    "make_extract_fn": ("actx.workers.step", "make_extract_fn"),
+    "load_pretrained": ("actx.workers.model.decoder", "load_pretrained"),
+    "CaptureSpec": ("actx.workers.model.capture", "CaptureSpec"),
+    "make_extract_fn": ("actx.workers.model.step", "make_extract_fn"),
 }
 
 __all__ = ["__version__", *_FRONT_DOOR]
@@ -85,9 +85,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from actx.reader.run import open_run
     from actx.reader.torch_data import ActivationDataset
     from actx.reader.trainers import export_saelens
-    from actx.workers.capture import CaptureSpec
-    from actx.workers.model import load_pretrained
-    from actx.workers.step import make_extract_fn
+    from actx.workers.model.capture import CaptureSpec
+    from actx.workers.model.decoder import load_pretrained
+    from actx.workers.model.step import make_extract_fn
 
 
 def __getattr__(name: str) -> Any:

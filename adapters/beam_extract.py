@@ -4,11 +4,11 @@ data engine (Beam's local runners, Dataflow GPU or TPU workers, Flink, Spark).
 `ExtractPartitions` takes partition ids and yields a `CommitRecord` per partition. Each
 worker process loads the model once onto its local devices (one replica per process, shared
 by the DoFn instances of the process) and extracts a bundle's partitions as one stream with
-the same step, writer and commit code as `actx extract` (`workers.session.Session`).
+the same step, writer and commit code as `actx extract` (`workers.loop.session.Session`).
 Retries are safe: a failed or duplicated attempt leaves no marker or loses the create-only
 marker race, so each partition is committed exactly once. This is the one module that
-imports both Beam and JAX (through workers.runner). A generating run (spec.generate) goes through the same
-session: its worker (workers/generate_worker.py) generates a bundle's partitions one after
+imports both Beam and JAX (through workers.loop.runner). A generating run (spec.generate) goes through the same
+session: its worker (workers/generate/worker.py) generates a bundle's partitions one after
 another, and a retried or duplicated partition writes the same tokens, since what is
 generated depends on the run's seed, the document and the sample alone.
 
@@ -63,7 +63,7 @@ class _ProcessReplica:
     _by_options: dict = {}
 
     def __init__(self, opts: worker_options.WorkerOptions):
-        from actx.workers import flax_worker  # JAX: only in worker processes
+        from actx.workers.flax import worker as flax_worker  # JAX: only in worker processes
 
         self.worker = flax_worker.worker_for_run(opts)
         self.session = self.worker.open_session()

@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from bench import common  # noqa: E402
 from tests.cache_inputs import make_inputs  # noqa: E402
-from actx.workers import attention as attn  # noqa: E402
+from actx.workers.attention import dispatch as attn  # noqa: E402
 
 
 def reference(x, window):
@@ -102,7 +102,7 @@ def sweep_tiles(a, dtype) -> None:
     """ms per call of the GPU kernel for each tile choice, with none, half and all of the
     cache held and for rows alone; prints `best: BQ,BK,WARPS,STAGES`, the choice with the
     least time summed over the four."""
-    from actx.workers import ranged_flash_gpu as kernel
+    from actx.workers.attention import ranged_flash_gpu as kernel
 
     rng = np.random.default_rng(0)
     shape = (a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, a.blocks)

@@ -85,12 +85,12 @@ def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
 def add_flash_tiles_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flash-tiles", default=None, metavar="BQ,BK,WARPS,STAGES",
                    help="the GPU attention kernel's query/key tiles, warps and stages "
-                        "(default: workers.ranged_flash_gpu's)")
+                        "(default: workers.attention.ranged_flash_gpu's)")
 
 
 def set_flash_tiles(tiles: tuple[int, int, int, int]) -> None:
-    """Sets workers.ranged_flash_gpu's (block_q, block_k, num_warps, num_stages)."""
-    from actx.workers import ranged_flash_gpu as kernel
+    """Sets workers.attention.ranged_flash_gpu's (block_q, block_k, num_warps, num_stages)."""
+    from actx.workers.attention import ranged_flash_gpu as kernel
 
     kernel.BLOCK_Q, kernel.BLOCK_K, kernel.NUM_WARPS, kernel.NUM_STAGES = tiles
 

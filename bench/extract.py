@@ -65,13 +65,13 @@ def _parse_args():
                         "and a rename)")
     p.add_argument("--copy-threads", default="auto",
                    help="comma list, each one measured: threads copying rows into the "
-                        "writer's blocks (workers.block_copy; auto: its default_threads)")
+                        "writer's blocks (workers.write.block_copy; auto: its default_threads)")
     p.add_argument("--minimal-jax", action="store_true",
                    help="also time bench/minimal_jax.py on the same model and batch")
     p.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
     p.add_argument("--output-memory", default="auto",
                    help="comma list, each one measured: where the step's outputs land "
-                        "(workers.transfer.OUTPUT_MEMORY): auto (pinned_copy on GPUs, "
+                        "(workers.loop.transfer.OUTPUT_MEMORY): auto (pinned_copy on GPUs, "
                         "pinned_host on TPUs), device (then an async copy), pinned_host, pinned_copy "
                         "(device, then an async copy into pinned host memory)")
     return common.apply_presets(p.parse_args())
@@ -134,7 +134,8 @@ def _end_to_end(args, run: str, in_flight: int, calls_before: list | None) -> di
     import numpy as np
 
     from actx.schemas import worker_options
-    from actx.workers import runner, step
+    from actx.workers.loop import runner
+    from actx.workers.model import step
 
     worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=args.batch,
                                                 steps_in_flight=in_flight, heartbeat_s=5.0))
@@ -249,7 +250,7 @@ def main() -> None:
     args = _parse_args()
     import jax
 
-    from actx.workers import transfer
+    from actx.workers.loop import transfer
 
     modes = args.output_memory.split(",")
     for mode in modes:
@@ -283,7 +284,7 @@ def main() -> None:
           f"{', '.join(f'{m} ({_memory(jax, transfer, m)})' for m in modes)}; documents: "
           f"{', '.join(f'{len(v)} ({p})' for p, v in lengths.items())}, median "
           f"{args.median_tokens:.0f} tokens; {args.rounds} rounds")
-    from actx.workers import block_copy
+    from actx.workers.write import block_copy
 
     default_threads = block_copy.default_threads
     copies = [default_threads() if c == "auto" else int(c)

@@ -1,7 +1,7 @@
 """Extraction through the Beam transform against the worker target, one run, same machine.
 
 Builds a random-init Qwen2 checkpoint and a prepared token store, then extracts every
-partition of a fresh copy of it (1) with the worker target (`workers.runner.Worker.run`,
+partition of a fresh copy of it (1) with the worker target (`workers.loop.runner.Worker.run`,
 what `actx extract` runs) and (2) through `adapters.beam_extract.ExtractPartitions` on
 Beam's in-process FnApiRunner, both in this process and both whole jobs (model load,
 compile, every partition committed). Rounds alternate; it prints tokens/s of each and the
@@ -47,7 +47,7 @@ def main() -> None:
     from actx.schemas import store as store_lib
     from tests import token_runs, worker_procs
     from actx.schemas import worker_options
-    from actx.workers import runner
+    from actx.workers.loop import runner
 
     work = args.dir or tempfile.mkdtemp(prefix="actx-bench-beam-")
     model_dir = _write_checkpoint(args, os.path.join(work, "model"))

@@ -4,7 +4,7 @@ On one random-init decoder from tests/flax_models.py (segment ids and positions)
 (1) the model's own jitted call (`nnx.jit`, logits: what its author would run),
 (2) the model's own jitted call under `nnx.capture`, returning its sown intermediates
     (every block's output and MLP output, every attention input) with the logits,
-(3) actx's step (`workers.flax_step`) capturing `lm_head:output`: the same work as (1),
+(3) actx's step (`workers.flax.step`) capturing `lm_head:output`: the same work as (1),
     so its ratio is the cost of capturing,
 (4) actx's step capturing the hooks of (2) (XLA drops the LM head nothing needs),
 (5) actx's step capturing `blocks.0:output` only (and the blocks after it),
@@ -42,7 +42,7 @@ def main() -> None:
     from flax import nnx
 
     from tests import flax_models
-    from actx.workers import flax_step
+    from actx.workers.flax import step as flax_step
 
     model = flax_models.make_masked_decoder(d=args.hidden, heads=args.heads, mlp=args.mlp,
                                             layers=args.layers, vocab=args.vocab)

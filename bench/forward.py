@@ -50,8 +50,8 @@ def main() -> None:
     import torch
 
     from tests import hf_models
-    from actx.workers import capture, step
-    from actx.workers import model as model_lib
+    from actx.workers.model import capture, step
+    from actx.workers.model import decoder as model_lib
 
     tokens = args.batch * args.seq
     ids = np.random.RandomState(0).randint(0, args.vocab, (args.batch, args.seq)).astype(

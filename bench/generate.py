@@ -1,4 +1,4 @@
-"""Generation throughput with activations: actx's continuous batching (workers.generate)
+"""Generation throughput with activations: actx's continuous batching (workers.generate.generator)
 vs HF transformers `generate(output_hidden_states=True, return_dict_in_generate=True)`.
 
 Builds a random-init checkpoint (Qwen2 by default; shape flags as bench/forward.py), makes
@@ -60,8 +60,9 @@ def main() -> None:
     import numpy as np
 
     from tests import hf_models
-    from actx.workers import capture, generate, generate_step
-    from actx.workers import model as model_lib
+    from actx.workers.generate import generator as generate, step as generate_step
+    from actx.workers.model import capture
+    from actx.workers.model import decoder as model_lib
 
     rng = np.random.RandomState(0)
     lengths = rng.randint(max(1, args.prompt_len // 2), args.prompt_len + 1, args.prompts)

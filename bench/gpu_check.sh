@@ -15,7 +15,7 @@
 #                         way actx has (bench/cached_attention.py): time, error, slot bytes
 #   gpu_tests             the long-document HF parity tests and the cached-attention tests
 #                         on the GPU (float32 at full matmul precision)
-#   decode_tests          the generating steps' Pallas kernel (workers/decode_flash.py)
+#   decode_tests          the generating steps' Pallas kernel (workers/attention/decode_flash.py)
 #                         against the XLA attention and a Generator on it against HF, on
 #                         the GPU (float32 at full matmul precision)
 #   generate              generation with 4 hooks captured (bench/generate.py), Qwen2.5-0.5B

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from actx.workers import attention, ranged_flash_gpu, ranged_flash_tpu  # noqa: E402
+from actx.workers.attention import (dispatch as attention, ranged_flash_gpu, ranged_flash_tpu)  # noqa: E402
 
 
 def main() -> None:

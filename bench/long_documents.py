@@ -57,7 +57,7 @@ def _parse_args():
                         "which goes first (a busy machine moves single runs); the "
                         "median of each is reported, with every round's ratio")
     p.add_argument("--attention", default=None,
-                   help="attention implementation (workers.attention.IMPLEMENTATIONS); "
+                   help="attention implementation (workers.attention.dispatch.IMPLEMENTATIONS); "
                         "default: the backend's choice")
     p.add_argument("--also", default=None, metavar="IMPL",
                    help="also time exact with this attention implementation")
@@ -86,7 +86,8 @@ def _extract(run: str, batch: int, independent: bool = False,
     from actx.schemas import manifest as manifest_lib
     from actx.schemas import store as store_lib
     from actx.schemas import worker_options
-    from actx.workers import runner, step
+    from actx.workers.loop import runner
+    from actx.workers.model import step
 
     worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=batch, heartbeat_s=30))
     if independent:
@@ -187,7 +188,7 @@ def main() -> None:
           f"{lengths_arr[rows > 1].sum() / lengths_arr.sum():.0%} of tokens span several rows; "
           f"{np.maximum(0, lengths_arr - args.max_context).sum():,} tokens past "
           f"max_context {args.max_context}")
-    from actx.workers import attention
+    from actx.workers.attention import dispatch as attention
 
     chosen = attention.implementation_for(args.dtype, args.seq, args.hidden // args.heads,
                                           requested=args.attention)

@@ -34,14 +34,14 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--block-rows", type=int, default=None,
-                   help="the blocked form's rows per block (workers.moe.BLOCK_ROWS)")
+                   help="the blocked form's rows per block (workers.model.moe.BLOCK_ROWS)")
     p.add_argument("--skip-hf", action="store_true")
     args = p.parse_args(argv)
 
     import jax
     import jax.numpy as jnp
 
-    from actx.workers import moe
+    from actx.workers.model import moe
 
     if args.block_rows:
         moe.BLOCK_ROWS = args.block_rows

@@ -195,7 +195,7 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
     from a short timed run of one worker process here (the target's batch, devices and
     model parallelism) over the first partitions of a small token store prepared in a
     temporary directory (the run itself is not touched): its steady-state rate (from its
-    first tokens on, workers.progress) times the job's replicas, plus its start-up. On
+    first tokens on, workers.loop.progress) times the job's replicas, plus its start-up. On
     another target, the least time its accelerators' peak allows (`_bound`): another
     target's hardware is not this machine's."""
     import dataclasses

@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 from actx.reader import errors
 from actx.schemas import arc_answer
-from actx.schemas import extraction as extraction_lib
+from actx.schemas import extraction_store
 from actx.schemas import layout
 
 # What stopped a sample (the worker's `stop_reason`), in the order counts list them.
@@ -54,7 +54,7 @@ def read_records(store, partitions: Iterable[int]) -> dict[int, "dict | str"]:
 
 def _stored_at(store, key: str) -> str:
     """Where `key` of an extraction's view (schemas.extraction) lies, for messages."""
-    name = store.name if isinstance(store, extraction_lib.ExtractionStore) else ""
+    name = store.name if isinstance(store, extraction_store.ExtractionStore) else ""
     return str(store.location.join(layout.extraction_key(name, key)))
 
 

@@ -13,7 +13,7 @@ from actx.schemas import config as config_lib
 from actx.schemas import layout
 
 # The hook points of a mixture of experts' router, as stored (the `experts` hook stores
-# two arrays, expert_ids and expert_weights; workers.families.base says what each is).
+# two arrays, expert_ids and expert_weights; workers.model.families.base says what each is).
 ROUTER_POINTS = ("router_logits", "expert_ids", "expert_weights")
 
 
@@ -26,7 +26,7 @@ class Numerics:
     rows_per_device: batch rows each data-parallel device computes per step.
     model_parallel: size of the `model` mesh axis.
     attention: the attention implementation the step runs ("xla", "pallas_gpu",
-      "pallas_tpu", "cudnn"; workers.attention); None in records written before this
+      "pallas_tpu", "cudnn"; workers.attention.dispatch); None in records written before this
       field existed.
     """
 
@@ -107,5 +107,5 @@ def create_info(store, info: ActivationsInfo) -> bool:
 
 
 def replace_info(store, info: ActivationsInfo) -> None:
-    """Overwrites the record: only while no partition is committed (workers/admission)."""
+    """Overwrites the record: only while no partition is committed (workers/loop/admission)."""
     store.write_json(layout.ACTIVATIONS_INFO_KEY, _record(info))

@@ -41,7 +41,7 @@ prepared document: that opens with the template text before the answer (ChatML: 
 turn's "<|im_end|>", which would end the answer before it starts).
 
 A generation cut by max_new_tokens: pass `truncated=True` when the generator stopped for
-length (workers.generate's stop reason "length"), not at a stop token; an end-of-turn text
+length (workers.generate.generator's stop reason "length"), not at a stop token; an end-of-turn text
 in the text overrides it (the turn ended). The last line may then be cut short and more
 rows may have followed, so a grid counts only when a complete line that is not a row
 follows it (a blank line, another "Test output" header): a grid that runs to the cut is

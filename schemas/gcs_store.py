@@ -15,7 +15,7 @@ import threading
 from actx.schemas import errors
 from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
-from actx.schemas.store import ObjectStore
+from actx.schemas.object_store import ObjectStore
 
 # The custom metadata key of `write_with_summary` on GCS.
 SUMMARY_METADATA_KEY = "actx-summary"

@@ -21,6 +21,7 @@ import socket
 import time
 
 from actx.schemas import config as config_lib
+from actx.schemas import extraction_store
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import layout
 from actx.schemas import store as store_lib
@@ -152,11 +153,10 @@ def run_heartbeats(store) -> list[heartbeat_lib.Heartbeat]:
     """Every host's heartbeat in the run: the default extraction's and each named one's (a
     worker of a named extraction beats under its prefix, schemas.extraction), so a job
     extracting named models holds its lease by their beats too."""
-    from actx.schemas import extraction as extraction_lib
 
     beats = heartbeat_lib.read_heartbeats(store, history=False)
-    for name in extraction_lib.named(store):
-        beats += heartbeat_lib.read_heartbeats(extraction_lib.view(store, name), history=False)
+    for name in extraction_store.named(store):
+        beats += heartbeat_lib.read_heartbeats(extraction_store.view(store, name), history=False)
     return beats
 
 

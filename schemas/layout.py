@@ -38,7 +38,7 @@ VERIFY_RECORD_KEY = "verify/latest.json"  # schemas.verification: what `actx ver
 # and the commit markers it deleted (kept here, since the markers themselves are gone).
 VERIFY_REPAIRS_PREFIX = "verify/repairs/"
 # Written once (create-only) by the first worker: fingerprint, hooks -> hidden size, dtype,
-# and the numerics key (see workers.runner) that every later attempt must share.
+# and the numerics key (see workers.loop.runner) that every later attempt must share.
 ACTIVATIONS_INFO_KEY = f"{ACTIVATIONS_GROUP}/actx.json"
 PREPARE_SUMMARY_KEY = "prepare/summary.json"  # staged by the pipeline for its driver
 # Everything a prepare attempt writes besides run.json and manifest.json: a new attempt

@@ -1,8 +1,8 @@
 """How a replica's batch and model spread over its hosts and devices: the rules, once.
 
 The submit config (deploy.config), the targets' checks (deploy.targets.tpu_vm.plan,
-deploy.preflight), the workers' pre-flight (workers.preflight, workers.flax_preflight) and
-the worker itself (workers.runner) all ask these functions, so a job is refused for the
+deploy.preflight), the workers' pre-flight (workers.preflight, workers.flax.preflight) and
+the worker itself (workers.loop.runner) all ask these functions, so a job is refused for the
 same reason, in the same words, wherever it is first seen.
 
 - The model axis (model_parallel, tensor parallelism) stays within one host and divides

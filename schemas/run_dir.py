@@ -21,6 +21,9 @@ import os
 
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
+from actx.schemas import extraction_store
+from actx.schemas import heartbeat as heartbeat_lib
+from actx.schemas import job_lease
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import runspec as runspec_lib
@@ -41,7 +44,7 @@ class RunDir:
     location: the run's root (an extraction's view keeps the root's: messages name the run).
     store: its store, opened at first use (a bucket's client needs credentials, which a dry
       run or a launch on another cloud's machines may lack); for an extraction's view, the
-      keys as that extraction sees them (schemas.extraction.ExtractionStore).
+      keys as that extraction sees them (schemas.extraction_store.ExtractionStore).
     """
 
     def __init__(self, location: uri_lib.Location, store: store_lib.ObjectStore | None = None):
@@ -93,25 +96,19 @@ class RunDir:
     def extraction(self, name: str | None) -> "RunDir":
         """The run as extraction `name` sees it ("" or None: the default, this run): its
         spec, activations, markers, claims and heartbeats are its own."""
-        from actx.schemas import extraction as extraction_lib
-
         if not name:
             return self
-        return RunDir(self.location, extraction_lib.view(self.store, name))
+        return RunDir(self.location, extraction_store.view(self.store, name))
 
     @property
     def extraction_name(self) -> str:
         """The extraction this view is of ("": the default, the run's root)."""
-        from actx.schemas import extraction as extraction_lib
-
         store = self._store
-        return store.name if isinstance(store, extraction_lib.ExtractionStore) else ""
+        return store.name if isinstance(store, extraction_store.ExtractionStore) else ""
 
     def extraction_names(self) -> list[str]:
         """Every extraction of the run, the default ("") first when in use."""
-        from actx.schemas import extraction as extraction_lib
-
-        return extraction_lib.names(self.store)
+        return extraction_store.names(self.store)
 
     def committed(self, n_partitions: int = 0) -> set[int]:
         """The ids of partitions with a commit marker (a listing, no reads)."""
@@ -119,14 +116,10 @@ class RunDir:
 
     def heartbeats(self, history: bool = True) -> list:
         """Every host's last heartbeat (schemas.heartbeat.Heartbeat)."""
-        from actx.schemas import heartbeat as heartbeat_lib
-
         return heartbeat_lib.read_heartbeats(self.store, history=history)
 
     def lease(self):
         """The run's job lease as stored (schemas.job_lease.JobLease), None when none is."""
-        from actx.schemas import job_lease
-
         return job_lease.read(self.store)
 
     def spec_json(self) -> dict | None:

@@ -1,137 +1,24 @@
 """Small objects of a run (JSON specs, manifests, markers, heartbeats, rejects).
 
-One interface over local disk, GCS and process memory, with the one operation the commit
-rule needs: a create-only write that the store itself refuses when the object exists.
+The stores of local disk and process memory, and `open_store`, which opens the one a
+location names (gs://: `schemas.gcs_store`). Each implements `schemas.object_store`'s
+interface, with the one operation the commit rule needs: a create-only write that the store
+itself refuses when the object exists.
 Object stores have no atomic rename, so create-only is how a marker is made exactly once.
 Bulk arrays go through tensorstore (see `schemas.layout`), not through this module.
 """
 
 from __future__ import annotations
 
-import abc
-import hashlib
-import json
 import os
 import uuid
-from typing import Any
 
+from actx.schemas import gcs_store
 from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
-
-
-class ObjectStore(abc.ABC):
-    """Keys are '/'-separated paths relative to the store's root location."""
-
-    # Whether `list_split` lists key ranges in parallel (worth computing boundaries for).
-    PARALLEL_LISTING = False
-
-    def __init__(self, location: uri_lib.Location):
-        self.location = location
-
-    @abc.abstractmethod
-    def read(self, key: str) -> bytes | None:
-        """The object's bytes, or None when it does not exist."""
-
-    @abc.abstractmethod
-    def write(self, key: str, data: bytes) -> None:
-        """Writes (or overwrites) an object; durable when this returns."""
-
-    @abc.abstractmethod
-    def create(self, key: str, data: bytes) -> bool:
-        """Writes only if `key` does not exist. Returns False when it already existed (a
-        retried request that meets exactly `data`, its own lost write, counts as written)."""
-
-    @abc.abstractmethod
-    def list(self, prefix: str = "") -> list[str]:
-        """Keys under `prefix` (recursively), sorted. Names only: no object metadata."""
-
-    def list_names(self, folder: str) -> list[str]:
-        """The names (not keys) of the objects directly in `folder` (a prefix ending in
-        "/"), in no particular order: what a caller that parses names needs, without the
-        keys and the sorting of `list`."""
-        return [key[len(folder):] for key in self.list(folder) if "/" not in key[len(folder):]]
-
-    def list_split(self, prefix: str, boundaries: list[str]) -> list[str]:
-        """`list(prefix)`, which a store may cut at the sorted key `boundaries` into ranges
-        listed in parallel (GCS pages 1,000 names per request, one page after another)."""
-        return self.list(prefix)
-
-    @abc.abstractmethod
-    def delete(self, key: str) -> None:
-        """Deletes an object; a missing object is not an error."""
-
-    def exists(self, key: str) -> bool:
-        return self.read(key) is not None
-
-    def size(self, key: str) -> int | None:
-        """The object's size in bytes, or None when it does not exist."""
-        data = self.read(key)
-        return None if data is None else len(data)
-
-    def read_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of an object (fewer at its end), without reading the rest
-        where the store can (a checkpoint's safetensors headers, before any work)."""
-        return (self.read(key) or b"")[start:end]
-
-    def check_reachable(self) -> None:
-        """Raises StoreError when the store itself (a bucket, not one object) is missing or
-        refuses this account; called when an expected object is missing, to say which."""
-
-    def read_many(self, keys: list[str], max_parallel: int = 32) -> list[bytes | None]:
-        """`read` of each key, in order; stores with a round trip per read run them in
-        parallel."""
-        return [self.read(key) for key in keys]
-
-    def write_with_summary(self, key: str, data: bytes, summary: str) -> None:
-        """`write`, with `summary` (a short string, under 4 KB) attached where the store can
-        return it in a listing (GCS custom metadata); elsewhere a plain `write`."""
-        self.write(key, data)
-
-    def list_summaries(self, prefix: str) -> dict[str, str | None] | None:
-        """Keys under `prefix` with the summary each was written with (None: written
-        without one), in one listing; None where the store has no summaries (read the
-        objects instead, which is as cheap on local disk)."""
-        return None
-
-    def list_stamps(self, prefix: str) -> dict[str, tuple[int, str]]:
-        """Keys under `prefix` with (size, version), the version changing whenever the
-        object is rewritten (a GCS generation, a local file's modification time): what a
-        cache of something read from the objects is checked against, in one listing on GCS."""
-        stamps = {}
-        for key in self.list(prefix):
-            data = self.read(key)
-            if data is not None:
-                stamps[key] = (len(data), hashlib.sha256(data).hexdigest()[:16])
-        return stamps
-
-    def read_json(self, key: str) -> Any:
-        data = self.read(key)
-        return None if data is None else self.parse_json(key, data)
-
-    def parse_json(self, key: str, data: bytes) -> Any:
-        """`data` (the bytes of `key`) parsed as JSON; the error names the object."""
-        try:
-            return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{self.location.join(key)}: not valid JSON ({e}); the object "
-                             f"is damaged: rewrite it or delete it") from e
-
-    def write_json(self, key: str, obj: Any) -> None:
-        self.write(key, dumps(obj))
-
-    def create_json(self, key: str, obj: Any) -> bool:
-        return self.create(key, dumps(obj))
-
-    def delete_prefix(self, prefix: str) -> int:
-        keys = self.list(prefix)
-        for key in keys:
-            self.delete(key)
-        return len(keys)
-
-
-def dumps(obj: Any) -> bytes:
-    """Canonical JSON bytes: sorted keys and a trailing newline, so reruns compare equal."""
-    return (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()
+# The interface every store implements, and the JSON they hold, as callers name them
+# (`store.ObjectStore`, `store.dumps`); defined apart so that gcs_store need not import this.
+from actx.schemas.object_store import ObjectStore, dumps  # noqa: F401
 
 
 class LocalStore(ObjectStore):
@@ -283,8 +170,6 @@ def open_store(location: "str | os.PathLike | uri_lib.Location | ObjectStore") -
         return location
     loc = uri_lib.parse(location)
     if loc.scheme == "gs":
-        from actx.schemas import gcs_store  # imports store: opened here, not at the top
-
         return gcs_store.GcsStore(loc)
     if loc.scheme == "memory":
         return MemoryStore(loc)

@@ -6,7 +6,7 @@ A tokenizer of another model is the one mistake that runs to the end and looks r
 token ids are valid integers, the forward pass runs, verify passes, and every activation
 belongs to ids the model was never trained on. So `actx submit` / `actx prepare` check it
 before anything starts (deploy.preflight, pipeline.main.run_prepare) and every worker
-checks it again against the checkpoint it loads (workers.admission). Shared by pipeline,
+checks it again against the checkpoint it loads (workers.loop.admission). Shared by pipeline,
 workers and deploy, so it lives here and imports neither JAX nor Beam nor `tokenizers`.
 """
 

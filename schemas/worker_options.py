@@ -40,7 +40,7 @@ class ExtractSettings:
       process extracts at the same time, each model in device memory beside the others;
       1 extracts them one after another, one model in memory at a time. More than one run
       together only where they fit in device memory together (measured as each loads;
-      the rest wait their turn) and within one-host replicas (workers/model_groups.py).
+      the rest wait their turn) and within one-host replicas (workers/loop/model_groups.py).
     """
 
     batch_size: int = 8

@@ -1,4 +1,4 @@
-"""Inputs for the attention over a row and its slots' cached rows (workers.attention):
+"""Inputs for the attention over a row and its slots' cached rows (workers.attention.dispatch):
 slots holding given depths of one document's earlier rows in the ring-buffer cache, and a
 row that continues it. Shared by tests/test_cached_attention.py and
 bench/cached_attention.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from actx.workers import attention, key_ranges
+from actx.workers.attention import dispatch as attention, key_ranges
 
 
 def make_inputs(rng, b, t, n, k, h, blocks, depths, dtype, ptr, window):

@@ -23,8 +23,8 @@ def main(argv: list[str]) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                                num_processes=num_processes, process_id=process_id)
-    from actx.workers import capture, sharding, step
-    from actx.workers import model as model_lib
+    from actx.workers.model import capture, sharding, step
+    from actx.workers.model import decoder as model_lib
 
     inputs = np.load(inputs_path)
     hooks = str(inputs["hooks"])

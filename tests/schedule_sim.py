@@ -1,14 +1,14 @@
 """A scheduling simulator: many replicas, fake clocks, the real partition choice.
 
 Each simulated replica is one host with `slots` batch slots. Its steps come from the real
-`workers.schedule.stream`, over chains the real `schedule.chains` makes from documents
+`workers.loop.schedule.stream`, over chains the real `schedule.chains` makes from documents
 packed by the real packer (`pipeline.pack.plan_pack`, FineWeb-like lengths); its partitions
-come from the real `workers.partition_chooser.Chooser`, claiming in a store, reading the
+come from the real `workers.replicas.chooser.Chooser`, claiming in a store, reading the
 commit markers and the heartbeats that the simulated replicas write there with the
 simulated clock. Only the mechanics are simulated: a step takes the replica's `step_s`
 seconds whatever its slots hold (a fixed-shape step on a device); a partition is
 committed when its last row is written; a replica with nothing in hand and nothing to take
-waits a poll interval, as `workers.stream_loop` does; a dead replica stops stepping and
+waits a poll interval, as `workers.loop.partition_stream` does; a dead replica stops stepping and
 beating (its heartbeat goes stale), a replica that never starts never beats.
 
 The yardstick is the fluid ideal: every replica's slots busy from its first step until
@@ -37,7 +37,8 @@ from actx.schemas import manifest as manifest_lib
 from actx.schemas import runspec
 from actx.schemas import store as store_lib
 from actx.schemas import uri
-from actx.workers import partition_choice, partition_chooser, schedule
+from actx.workers.loop import schedule
+from actx.workers.replicas import choice_policy, chooser
 
 JOB = "sim"
 
@@ -236,7 +237,7 @@ class _Sim:
 
     # -- events ----------------------------------------------------------------------
     def _start(self, r, st, spec):
-        st["choice"] = partition_chooser.Chooser(
+        st["choice"] = chooser.Chooser(
             self.store, self.w.manifest, schedule.Topology(replicas=len(self.specs), replica=r),
             JOB, self._attempt(r), clock=lambda: self.now, stale_after_s=self.stale_after_s,
             start_grace_s=self.start_grace_s, refresh_s=self.refresh_s,
@@ -363,10 +364,10 @@ class _Sim:
 def simulate(workload: Workload, replicas: list[Replica], slots: int = 8,
              stale_after_s: float = 60.0, start_grace_s: float = 60.0, poll_s: float = 2.0,
              heartbeat_s: float = 2.0, fill_slots: bool | None = None,
-             refresh_s: float = partition_choice.REFRESH_S,
+             refresh_s: float = choice_policy.REFRESH_S,
              limit_s: float = 1e7) -> Outcome:
     """Runs the replicas to the end (every partition committed, or none left to take)."""
-    fill = partition_choice.FILL_SLOTS if fill_slots is None else fill_slots
+    fill = choice_policy.FILL_SLOTS if fill_slots is None else fill_slots
     sim = _Sim(workload, replicas, slots, stale_after_s, start_grace_s, poll_s, heartbeat_s,
                fill, refresh_s)
     sim.run(limit_s)

@@ -6,7 +6,7 @@ Each line of FILE: "dispatch ROW" when the dispatching thread takes a step that 
 ROW, "commit PID" when the worker submits partition PID's commit, "not-yet" when the
 leader's next partition was not yet chosen when this host asked.
 Settings for the test, in the environment: ACTX_AGREEMENT_WINDOW (a narrower
-`stream_loop.AGREEMENT_WINDOW`, so partitions cross it), ACTX_LEADER_LOOKAHEAD
+`partition_stream.AGREEMENT_WINDOW`, so partitions cross it), ACTX_LEADER_LOOKAHEAD
 (`distributed.LeaderSequence.LOOKAHEAD`), ACTX_CHOICE_FAILS_AFTER=N (the leader's N+1-th
 partition choice raises).
 """
@@ -16,7 +16,10 @@ from __future__ import annotations
 import os
 import sys
 
-from actx.workers import commit, distributed, main, prefetch, runner, stream_loop
+from actx.workers import main
+from actx.workers.loop import prefetch, runner, partition_stream
+from actx.workers.replicas import distributed
+from actx.workers.write import commit
 
 
 def _probe(path: str) -> None:
@@ -51,11 +54,11 @@ def _probe(path: str) -> None:
 
 def _settings(env) -> None:
     if env.get("ACTX_START_GRACE_S"):  # a replica that never starts: no wait for it
-        from actx.workers import partition_choice
+        from actx.workers.replicas import choice_policy
 
-        partition_choice.START_GRACE_S = float(env["ACTX_START_GRACE_S"])
+        choice_policy.START_GRACE_S = float(env["ACTX_START_GRACE_S"])
     if env.get("ACTX_AGREEMENT_WINDOW"):
-        stream_loop.AGREEMENT_WINDOW = int(env["ACTX_AGREEMENT_WINDOW"])
+        partition_stream.AGREEMENT_WINDOW = int(env["ACTX_AGREEMENT_WINDOW"])
     if env.get("ACTX_LEADER_LOOKAHEAD"):
         distributed.LeaderSequence.LOOKAHEAD = int(env["ACTX_LEADER_LOOKAHEAD"])
     if env.get("ACTX_CHOICE_FAILS_AFTER"):

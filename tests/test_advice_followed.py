@@ -170,7 +170,7 @@ def test_a_stop_signal_reads_as_stopped_not_failed(run):
     import signal
 
     from actx.schemas import stop_signals
-    from actx.workers import runner
+    from actx.workers.loop import runner
 
     assert runner.ended_by(stop_signals.Stopped(signal.SIGTERM)) == {
         "state": "preempted", "message": "stopped by SIGTERM; nothing partial was committed"}

@@ -223,9 +223,9 @@ def test_checkpoint_checks_read_only_headers_on_gcs(gcs_bucket, good_model, tmp_
     """On gs:// the same checks run from ranged reads of each file's header (GCS's
     inclusive range end included), and a sound checkpoint passes."""
     from actx.schemas import store
-    from actx.workers import checkpoint_check, model_config
+    from actx.workers.model import checkpoint_check, families
 
-    cfg = model_config.ModelConfig.from_hf(json.load(open(os.path.join(good_model,
+    cfg = families.config_from_hf(json.load(open(os.path.join(good_model,
                                                                        "config.json"))))
     for name, local in (("good", good_model), ("truncated", _truncated(good_model, tmp_path))):
         remote = store.open_store(f"{gcs_bucket}/{name}")

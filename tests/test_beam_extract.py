@@ -258,7 +258,7 @@ def test_named_extractions_through_beam_one_pipeline_each(reference_run, tmp_pat
     import yaml
 
     from actx.deploy import cli
-    from actx.schemas import extraction, layout, runspec
+    from actx.schemas import extraction, extraction_store, layout, runspec
 
     ref_spec = runspec.read_run_spec(store.open_store(reference_run))
     other_model = hf_models.make_tiny_checkpoint(tmp_path / "other", "qwen2", seed=1)
@@ -298,7 +298,7 @@ def test_named_extractions_through_beam_one_pipeline_each(reference_run, tmp_pat
     assert code == 0, text
     assert objects(run, "other") == objects(alone, "other") != objects(run, "base")
     for name in ("base", "other"):
-        view = extraction.view(store.open_store(run), name)
+        view = extraction_store.view(store.open_store(run), name)
         assert sorted(commit.committed_partitions(view)) == list(range(N_ROWS // PARTITION_ROWS))
         beats = [k for k in view.list("workers/") if k.endswith(".json")]
         assert beats and all(k.startswith("workers/beam-") for k in beats), beats

@@ -136,7 +136,7 @@ def test_a_shard_write_refused_names_the_object(kind, gcs_bucket, proxy, monkeyp
     import numpy as np
 
     from actx.schemas import runspec, store_errors, ts_context, uri
-    from actx.workers import writer
+    from actx.workers.write import writer
 
     monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)  # read at every open
     ts_context.configure(4, 1)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tests import cache_inputs
-from actx.workers import attention, attention_xla, ranged_flash_gpu, ranged_flash_tpu
+from actx.workers.attention import (dispatch as attention, xla as attention_xla, ranged_flash_gpu,
+                                    ranged_flash_tpu)
 
 B, T, N, K, H, BLOCKS = 4, 8, 4, 2, 16, 3
 WAYS = ["slot by slot", "all slots", "pallas gpu", "pallas tpu", "fused"]
@@ -123,7 +124,7 @@ def test_slots_per_visit_must_fit_the_batch_and_the_data_shards():
 
 
 def test_the_working_set_counts_the_larger_of_the_two_ways():
-    from actx.workers import kv_cache
+    from actx.workers.attention import kv_cache
 
     # 16 slots, 14 heads, rows of 1024 (query chunks of 128): XLA's float32 logits,
     # exponentials and masked copy of one chunk against one block, 3 x 16 x 14 x 128 x
@@ -144,7 +145,7 @@ def test_the_recorded_implementation_is_the_one_that_runs_for_soft_capped_models
     """cuDNN has no logit soft-capping, so a Gemma 2 step asked for it runs XLA, and the
     step reports XLA (what the run's numerics record), not what was asked."""
     from tests import hf_models
-    from actx.workers import capture, model as model_lib, step
+    from actx.workers.model import capture, decoder as model_lib, step
 
     assert attention.implementation_for("bfloat16", 8, 16, 5.0, "cudnn") == "xla"
     assert attention.implementation_for("bfloat16", 8, 16, None, "cudnn") == "cudnn"

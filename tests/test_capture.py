@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from actx.workers.capture import CaptureSpec
+from actx.workers.model.capture import CaptureSpec
 
 
 @dataclasses.dataclass(frozen=True)

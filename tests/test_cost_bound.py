@@ -10,7 +10,7 @@ import pytest
 from actx.deploy import config as config_lib, cost_bound
 from actx.schemas import runspec
 from actx.workers import preflight as workers_preflight
-from actx.workers.model_config import ModelConfig
+from actx.workers.model import families
 from tests import hf_models
 
 
@@ -44,7 +44,7 @@ def test_flops_per_token_are_twice_the_parameters_a_token_meets(tmp_path, arch):
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch)
     model = hf_models.load_hf_model(path)
     # As the dry run has it: the workers' reading of config.json (text_config unwrapped).
-    config = ModelConfig.from_hf(json.load(open(f"{path}/config.json")))
+    config = families.config_from_hf(json.load(open(f"{path}/config.json")))
     layers = config.num_layers
     heads, head_dim = model.config.num_attention_heads, (
         getattr(model.config, "head_dim", None) or model.config.hidden_size
@@ -68,7 +68,7 @@ def test_the_dry_runs_blocks_are_those_the_workers_scan_runs(tmp_path, hooks):
     import jax
     import numpy as np
 
-    from actx.workers import capture, model as model_lib, step
+    from actx.workers.model import capture, decoder as model_lib, step
 
     path = hf_models.make_tiny_checkpoint(tmp_path / "qwen2", "qwen2")  # 3 layers
     spec = runspec.RunSpec(model=runspec.ModelSpec(path=str(path)),
@@ -114,3 +114,25 @@ def test_the_peak_of_what_a_target_names():
     prepare_only = config_lib.TargetConfig(kind="dataflow", dataflow=config_lib.DataflowConfig(
         max_num_workers=4, extract_accelerator="type:nvidia-l4;count:1"))
     assert "only prepares" in cost_bound.target_peak(prepare_only)[1]
+
+
+def test_each_target_knows_its_own_hardware():
+    """The bound asks the target (`Target.peak_flops`) and branches on no target's kind;
+    every registered kind answers, with a reason where it names no accelerator."""
+    import ast
+    import pathlib
+
+    source = pathlib.Path(cost_bound.__file__).read_text()
+    kinds = [n for n in ast.walk(ast.parse(source))
+             if isinstance(n, ast.Attribute) and n.attr == "kind"]
+    assert not kinds, "deploy/cost_bound.py branches on a target's kind"
+    from actx.deploy import targets
+
+    for kind in targets.KINDS:
+        peak, why = cost_bound.target_peak(config_lib.TargetConfig(kind=kind, **(
+            {"tpu": config_lib.TpuConfig(name="t", accelerator_type="v6e-8")}
+            if kind == "tpu-vm" else {})))
+        if kind == "tpu-vm":
+            assert peak == 8 * 918e12, why
+        else:
+            assert peak is None and why, (kind, why)

@@ -1,4 +1,4 @@
-"""The Pallas kernel of generating steps (workers.decode_flash), in interpret mode on the
+"""The Pallas kernel of generating steps (workers.attention.decode_flash), in interpret mode on the
 CPU: equal to the XLA attention it replaces (`generate_step._attention`) over windows,
 soft-caps, query groups, padded rows and many key tiles, and a Generator running it gives
 HF `generate`'s greedy ids and HF's forward for every stored activation."""
@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actx.workers import decode_flash, generate_config, generate_step
+from actx.workers.attention import decode_flash
+from actx.workers.generate import config as generate_config, step as generate_step
 from tests import hf_models
 from tests.test_generate import (HOOKS, MAX_NEW, _compare_activations, _generator,
                                  _hf_greedy, _prompts)

@@ -15,8 +15,8 @@ import pytest
 
 from actx.deploy import demo
 from tests import hf_models
-from actx.workers import capture, step
-from actx.workers import model as model_lib
+from actx.workers.model import capture, step
+from actx.workers.model import decoder as model_lib
 
 ALL_HOOKS = ("layers.*.resid_pre,layers.*.resid_mid,layers.*.resid_post,"
              "layers.*.attn_out,layers.*.mlp_out,embed,final_norm")

@@ -114,7 +114,7 @@ def test_a_tpu_target_counts_the_inputs_and_bounds_the_time_by_its_peak(config, 
     """Off the local target the dry run counts the same tokens; `--estimate` cannot time
     a TPU from here, so it gives the least time the slice's peak allows."""
     from actx.deploy import cost_bound
-    from actx.workers.model_config import ModelConfig
+    from actx.workers.model import families
 
     path, run = config
     _, local = _cost(["submit", path, "--dry-run"])
@@ -128,7 +128,7 @@ def test_a_tpu_target_counts_the_inputs_and_bounds_the_time_by_its_peak(config, 
     said, counted = _cost(["submit", str(tpu), "--dry-run", "--estimate"])
     assert counted == local, said
     line = next(x for x in said.splitlines() if x.startswith("# estimate:"))
-    model = ModelConfig.from_hf(json.load(open(os.path.join(data["spec"]["model"]["path"],
+    model = families.config_from_hf(json.load(open(os.path.join(data["spec"]["model"]["path"],
                                                            "config.json"))))
     per_token = cost_bound.forward_flops_per_token(model, 2, 32)  # both layers hooked
     assert line == (f"# estimate: at least 0s for {local['tokens']:,} tokens on a v4-8 (4 chips "

@@ -11,7 +11,7 @@ import pytest
 from actx.schemas import layout, stop_signals, store, worker_options
 from tests import hf_models, token_runs
 from actx.workers import main as worker_main
-from actx.workers import admission, runner
+from actx.workers.loop import admission, runner
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_a_stop_signal_that_surfaces_as_an_import_error_while_loading_is_a_stop(
     """SIGTERM while the worker loads, raised inside a C extension's initialisation, comes
     out as that module's ImportError (what pybind11 makes of it: seen with tensorstore):
     the worker still exits 143 with the one interrupted line, not a traceback."""
-    from actx.workers import flax_worker
+    from actx.workers.flax import worker as flax_worker
 
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, model_dir, n_rows=8, partition_rows=8)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from actx.schemas import commit, extraction, layout, runspec, store
+from actx.schemas import commit, extraction, extraction_store, layout, runspec, store
 from tests import hf_models, token_runs, worker_procs
 
 N_ROWS = 16
@@ -52,7 +52,7 @@ def _objects(run: str, name: str = "") -> dict[str, bytes]:
 
 
 def _checksums(run: str, name: str = "") -> dict[int, dict]:
-    s = extraction.view(store.open_store(run), name)
+    s = extraction_store.view(store.open_store(run), name)
     return {p: commit.read_marker(s, p).checksums for p in commit.committed_partitions(s)}
 
 
@@ -112,7 +112,7 @@ def test_each_extraction_equals_its_model_alone(both, alone, models):
     weights = os.path.getsize(os.path.join(models["base"], "model.safetensors"))
     assert len(LIVE_BYTES) == 2 and LIVE_BYTES[1] < LIVE_BYTES[0] + weights / 2, \
         LIVE_BYTES
-    assert extraction.names(store.open_store(both)) == ["base", "chat"]  # no default
+    assert extraction_store.names(store.open_store(both)) == ["base", "chat"]  # no default
     for name in ("base", "chat"):
         assert _objects(both, name) == _objects(alone[name]), name
         assert _checksums(both, name) == _checksums(alone[name])
@@ -122,13 +122,13 @@ def test_each_extraction_equals_its_model_alone(both, alone, models):
     assert not os.path.exists(os.path.join(both, "commits"))
     info = json.load(open(os.path.join(both, "extractions", "chat", "activations",
                                        "actx.json")))
-    chat_spec = runspec.read_run_spec(extraction.view(store.open_store(both), "chat"))
+    chat_spec = runspec.read_run_spec(extraction_store.view(store.open_store(both), "chat"))
     assert info["fingerprint"] == chat_spec.fingerprint
 
 
 def _beats(run: str, name: str) -> list[dict]:
     """The heartbeats of extraction `name` as they stand."""
-    view = extraction.view(store.open_store(run), name)
+    view = extraction_store.view(store.open_store(run), name)
     return [view.read_json(k) for k in view.list("workers/") if k.endswith(".json")]
 
 
@@ -193,7 +193,7 @@ def test_a_model_that_does_not_fit_beside_runs_after(models, alone, tmp_path, mo
     import logging
 
     from actx.workers import main as worker_main
-    from actx.workers import model_groups
+    from actx.workers.loop import model_groups
 
     monkeypatch.setattr(model_groups, "fit",
                         lambda jax, workers: model_groups.Fit(False, "9.00 GiB of 8.00 GiB"))
@@ -256,7 +256,7 @@ def test_a_stop_signal_ends_both_loops_with_one_line(models, tmp_path):
     proc = worker_procs.start_worker(["--run", run, "--batch-size", "8", "--extraction",
                                       "base,chat", "--models-at-once", "2",
                                       "--heartbeat-s", "0.2"], devices=8)
-    views = {name: extraction.view(store.open_store(run), name) for name in models}
+    views = {name: extraction_store.view(store.open_store(run), name) for name in models}
     deadline = time.monotonic() + 180
     working: set[str] = set()  # the loops seen extracting, each at some poll
     while working != set(views):
@@ -288,11 +288,11 @@ def test_working_bytes_counts_the_outputs_in_flight_and_the_cache(both):
     import jax
 
     from actx.schemas import worker_options
-    from actx.workers import model_groups, runner
+    from actx.workers.loop import model_groups, runner
 
     worker = runner.Worker(worker_options.WorkerOptions(run=both, batch_size=8, extraction="chat",
                                                 steps_in_flight=3))
-    spec = runspec.read_run_spec(extraction.view(store.open_store(both), "chat"))
+    spec = runspec.read_run_spec(extraction_store.view(store.open_store(both), "chat"))
     seq_len, itemsize = spec.packing.seq_len, np.dtype(spec.capture.dtype).itemsize
     slots = 8 // jax.local_device_count()  # the batch split over the 8 CPU devices
     # The tiny Qwen2 (tests/hf_models.py): 3 layers hooked, width 64, 2 kv heads of 16.
@@ -337,7 +337,7 @@ def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):
     assert sorted(os.listdir(os.path.join(run, "commits"))) == markers_before
     assert _objects(run, "chat") == _objects(alone["chat"])
     assert _checksums(run, "chat") == _checksums(alone["chat"])
-    assert extraction.names(store.open_store(run)) == ["", "chat"]
+    assert extraction_store.names(store.open_store(run)) == ["", "chat"]
 
 
 def test_other_token_settings_are_refused(both, models):
@@ -488,7 +488,7 @@ def test_the_page_lists_every_extraction_as_status_counts_it(both, tmp_path):
     browser.require_chromium()
     run = str(tmp_path / "run")
     shutil.copytree(both, run)
-    chat = extraction.view(store.open_store(run), "chat")
+    chat = extraction_store.view(store.open_store(run), "chat")
     chat.delete(layout.commit_key(1))
     out = io.StringIO()
     assert cli.main(["status", run, "--json"], out=out) == 0
@@ -515,7 +515,7 @@ def test_a_model_of_another_vocabulary_is_refused_by_the_worker(both, tmp_path):
     """The worker's tokenizer check applies per extraction: a model whose embedding is
     smaller than the token store's vocabulary (512 ids) is refused for it."""
     from actx.schemas import worker_options
-    from actx.workers import admission, runner
+    from actx.workers.loop import admission, runner
 
     small = hf_models.make_tiny_checkpoint(tmp_path / "small", "qwen2", vocab_size=256)
     run = worker_procs.copy_token_store(both, str(tmp_path / "run"))

@@ -1,4 +1,4 @@
-"""Work sharing between replicas (workers.partition_choice): what a replica may take, when,
+"""Work sharing between replicas (workers.replicas.choice_policy): what a replica may take, when,
 and what its heartbeat says about it; then the real thing, a job of 2 local hosts over
 partitions of a few long documents (issue 50's held-out case), a dead replica's claimed
 partition taken over, and a host that waits saying why."""
@@ -15,8 +15,9 @@ import pytest
 
 from actx.schemas import commit, heartbeat, layout, manifest, store
 from actx.schemas import config as config_lib
-from actx.workers import partition_choice as pc
-from actx.workers import partition_chooser, prefetch, progress, schedule
+from actx.workers.replicas import choice_policy as pc
+from actx.workers.loop import prefetch, progress, schedule
+from actx.workers.replicas import chooser
 from tests import hf_models, token_runs, worker_procs
 
 JOB = "j"
@@ -174,7 +175,7 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     _beat(s, "h1", 1, "a1", now=clock.now)
     assert schedule.try_claim(s, JOB, 1, "a1") and schedule.try_claim(s, JOB, 3, "a1")
     assert schedule.try_claim(s, JOB, 9, "someone-else")
-    r0 = partition_chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=0), JOB, "a0",
+    r0 = chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=0), JOB, "a0",
                                    clock=clock, refresh_s=0.0)
     _beat(s, "h0", 0, "a0", now=clock.now)
     tried: set[int] = set()
@@ -191,7 +192,7 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     assert r0.choose(tried, is_committed) == -1  # 9 is someone else's: not waited for
     assert dict(r0.stolen_from) == {"r1": 4}
     # Replica 1 again, while r0 extracts what it took: those are held by a live attempt.
-    r1 = partition_chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=1), JOB, "a1b",
+    r1 = chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=1), JOB, "a1b",
                                    clock=clock)
     assert r1.choose(set(), is_committed) is None
     assert dict(r1.given_up) == {"r0": 4, "?": 1}
@@ -205,7 +206,7 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
 def test_without_steal_the_choice_is_the_replicas_own_list_unclaimed(tmp_path):
     s = store.open_store(str(tmp_path))
     m = _manifest(6)
-    c = partition_chooser.Chooser(s, m, schedule.Topology(replicas=3, replica=1), JOB, "a",
+    c = chooser.Chooser(s, m, schedule.Topology(replicas=3, replica=1), JOB, "a",
                                   steal=False)
     tried: set[int] = set()
     assert [c.choose(tried, lambda p: p == 4) for _ in range(2)] == [1, -1]

@@ -1,4 +1,4 @@
-"""Model families as data (workers.families), and the families added with it: Phi-3 (fused
+"""Model families as data (workers.model.families), and the families added with it: Phi-3 (fused
 qkv/gate_up, partial rotary, longrope) and OLMo 2 (norms after attention and the MLP,
 q/k norms over the whole projection), against HF transformers run on each document."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from actx.schemas import runspec
-from actx.workers import capture, checkpoint, checkpoint_check, families, step
-from actx.workers import model as model_lib
-from actx.workers.model_config import ModelConfig
+from actx.workers.model import capture, checkpoint, checkpoint_check, families, step
+from actx.workers.model import decoder as model_lib
+from actx.workers.model.config import ModelConfig
 from tests import hf_models
 from tests import test_long_documents as long_docs
 
@@ -31,7 +31,7 @@ def ckpt_dir(tmp_path_factory):
 
 def _config(path) -> ModelConfig:
     with open(os.path.join(path, "config.json")) as f:
-        return ModelConfig.from_hf(json.load(f))
+        return families.config_from_hf(json.load(f))
 
 
 def _max_rel(ours, ref) -> float:
@@ -152,7 +152,7 @@ def test_longrope_refuses_the_cache(ckpt_dir):
     # A worker refuses it at admission, before its first step.
     import jax
 
-    from actx.workers import admission
+    from actx.workers.loop import admission
 
     with pytest.raises(ValueError, match=r"max_context=16: Phi3ForCausalLM's longrope"):
         admission.check_context_fits(jax, None, model, fn, None, 1, 1, 8, 16)
@@ -208,7 +208,7 @@ def test_phi3_rope_settings_from_older_configs():
           "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
           "partial_rotary_factor": 0.75, "rope_theta": 10000.0,
           "rope_scaling": {"type": "su", "short_factor": [1.0] * 6, "long_factor": [2.0] * 6}}
-    rope = ModelConfig.from_hf(hf).rope
+    rope = families.config_from_hf(hf).rope
     assert rope.rope_type == "longrope" and rope.rotary_dim(16) == 12
     assert rope.factor == 32.0
     assert rope.attention_factor == pytest.approx(np.sqrt(1 + np.log(32) / np.log(4096)))

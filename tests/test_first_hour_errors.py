@@ -136,7 +136,7 @@ def test_the_worker_gives_the_same_advice(model_32_positions, tmp_path):
     """A run prepared before the check (written here by the real packer) is refused by the
     worker itself with seq_len named."""
     from actx.schemas import worker_options
-    from actx.workers import runner
+    from actx.workers.loop import runner
     from tests import token_runs
 
     run = str(tmp_path / "run")

@@ -1,4 +1,4 @@
-"""A user's Flax NNX model (workers/flax_*.py), in process: every hook equals the model's own
+"""A user's Flax NNX model (workers/flax/), in process: every hook equals the model's own
 sown intermediate bit for bit in fp32 (same rows per device), weights follow the model's
 own sharding annotations, packing the model cannot serve and unknown paths are refused
 with what to do. The models are tests/flax_models.py."""
@@ -13,7 +13,8 @@ from jax.sharding import PartitionSpec
 from actx.schemas import generate_spec
 from actx.schemas import runspec
 from tests import flax_models
-from actx.workers import flax_model, flax_preflight, flax_step, sharding
+from actx.workers.flax import model as flax_model, preflight as flax_preflight, step as flax_step
+from actx.workers.model import sharding
 
 HOOKS = "blocks.*:output,blocks.*.mlp:output,blocks.*.attn:input"
 B, T = 8, 12
@@ -143,7 +144,7 @@ def test_annotations_name_mesh_axes_or_actx_logical_axes():
 
 
 def flax_model_hooks(loaded, text):
-    from actx.workers import flax_hooks
+    from actx.workers.flax import hooks as flax_hooks
 
     return flax_hooks.parse_hooks(text, loaded.paths)
 

@@ -1,4 +1,4 @@
-"""Batched, continuous generation (workers.generate) against HF transformers: greedy token
+"""Batched, continuous generation (workers.generate.generator) against HF transformers: greedy token
 ids equal to HF `generate`, every stored activation (prompt and generated tokens) equal to
 HF's forward over prompt + generated, sampling streams that depend on (seed, document,
 sample) only, and bad settings refused by name."""
@@ -11,8 +11,10 @@ import os
 import numpy as np
 import pytest
 
-from actx.workers import capture, generate, generate_config, generate_step, sampling
-from actx.workers import model as model_lib
+from actx.workers.generate import (generator as generate, config as generate_config, step as
+                                   generate_step, sampling)
+from actx.workers.model import capture
+from actx.workers.model import decoder as model_lib
 from tests import hf_models, worker_procs
 
 HOOKS = "embed,layers.*.resid_post,layers.*.attn_out,layers.*.mlp_out,final_norm"
@@ -145,7 +147,7 @@ def test_on_a_mesh_slots_over_data_and_heads_over_model(ckpt_dir):
     heads over model), still HF's greedy text and HF's activations."""
     import jax
 
-    from actx.workers import sharding
+    from actx.workers.model import sharding
 
     path = ckpt_dir("llama3")
     mesh = sharding.make_mesh(data=2, model=2, devices=jax.devices()[:4])

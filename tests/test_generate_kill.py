@@ -1,4 +1,4 @@
-"""A generating worker SIGKILLed mid-generation (`ACTX_CRASH_AT=step:N`, workers.faults:
+"""A generating worker SIGKILLed mid-generation (`ACTX_CRASH_AT=step:N`, workers.loop.faults:
 the N-th generation step, no last heartbeat, nothing of the partition in hand committed),
 then the command the launcher advises, typed as printed, finishes the run: byte for byte
 what an uninterrupted run of the same spec stores (activations, generated.token_ids,

@@ -4,7 +4,7 @@ jax.distributed on the CPU, the model on a mesh spanning them, run in lockstep t
 store (every activation array's bytes, generated.token_ids, the sample records) is byte
 for byte what one host with the same mesh (two devices) stores for the same spec, sampled
 with two samples a prompt, also with the partitions chosen one at a time (as when
-replicas share work), and every token is HF transformers' (workers/generate_worker.py,
+replicas share work), and every token is HF transformers' (workers/generate/worker.py,
 docs/generate.md)."""
 
 from __future__ import annotations

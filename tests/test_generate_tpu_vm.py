@@ -2,7 +2,7 @@
 simulated cloud of tests/fake_gcloud.py, fake-gcs-server): `actx submit --wait` to the
 tpu-vm target runs the real workers on both hosts, joined by jax.distributed and
 generating in lockstep, and what they store is byte for byte what one local process with
-the slice's 8 devices stores for the same spec (workers/generate_worker.py)."""
+the slice's 8 devices stores for the same spec (workers/generate/worker.py)."""
 
 from __future__ import annotations
 

@@ -218,3 +218,135 @@ def test_the_front_door_is_light_and_documented():
     out = subprocess.run([sys.executable, "-c", reader_only], check=True, capture_output=True,
                          text=True, cwd=REPO).stdout
     assert out.strip() == "[]"
+
+
+# ---- no import circle between modules ------------------------------------------------------
+# Counted as Python would resolve every import statement anywhere in a module: at the top,
+# inside a function (imported when called) and under TYPE_CHECKING (imported by the type
+# checker). A circle means its modules cannot be understood or tested apart, and an import
+# inside a function is how such a circle stays out of sight; so none is allowed.
+
+def _module_sources(root: pathlib.Path = REPO) -> dict[str, str]:
+    """actx's modules by installed name (the front door and the six subpackages) -> source."""
+    found = {}
+    for folder in ("actx", *SUBPACKAGES):
+        for path in sorted((root / folder).rglob("*.py")):
+            name = "actx" if folder == "actx" and path.name == "__init__.py" else (
+                _module_name(path) if folder != "actx" else
+                "actx." + ".".join(path.relative_to(root / "actx").with_suffix("").parts))
+            found[name] = path.read_text()
+    return found
+
+
+def _import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the actx modules it imports: `from a.b import c` names the module a.b.c
+    where that is one (a submodule, not a name the package holds), else a.b."""
+    modules = set(sources)
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in sources}
+    for module, text in sources.items():
+        is_package = module == "actx" or (REPO / module.removeprefix("actx.").replace(
+            ".", "/") / "__init__.py").is_file()
+        for node in ast.walk(ast.parse(text, module)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = module if is_package else module.rpartition(".")[0]
+                    base = importlib.util.resolve_name("." * node.level + base, package)
+                subs = [f"{base}.{a.name}" for a in node.names]
+                targets = [s for s in subs if s in modules]
+                if len(targets) < len(subs):
+                    targets.append(base)
+            else:
+                continue
+            for target in targets:
+                found = known(target) if target.split(".")[0] == "actx" else None
+                if found and found != module:
+                    graph[module].add(found)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        circles.append(sorted(component))
+    return circles
+
+
+def test_no_import_circle_between_modules():
+    circles = _circles(_import_graph(_module_sources()))
+    assert not circles, "import circles (counting imports inside functions and under " \
+        "TYPE_CHECKING):\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+@pytest.mark.parametrize("closing", [
+    # An import inside a function, as `ModelConfig.from_hf` closed a circle once.
+    "def _later():\n    from actx.workers.model import families\n    return families\n",
+    # Under TYPE_CHECKING, as `runner` and `session` once named each other.
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+    "    from actx.workers.model.families import qwen\n",
+    # A relative import, resolved as Python would.
+    "def _later():\n    from . import families\n    return families\n",
+])
+def test_the_circle_rule_sees_a_circle_closed_out_of_sight(closing):
+    """Mutation: the real sources, with the config importing a family back (the families
+    import the config), out of sight of an import-time check. The rule finds the circle
+    and names both ends."""
+    sources = _module_sources()
+    assert not _circles(_import_graph(sources))
+    sources["actx.workers.model.config"] += "\n\n" + closing
+    circles = _circles(_import_graph(sources))
+    assert circles and any("actx.workers.model.config" in c
+                           and any(m.startswith("actx.workers.model.families") for m in c)
+                           for c in circles), circles
+
+
+def test_the_circle_rule_tells_a_submodule_from_a_name_its_package_holds():
+    """`from actx.schemas import layout` depends on the module layout, not on every module
+    the package holds; a name that is no module is a dependency on the package itself."""
+    graph = _import_graph({"actx.a": "from actx.b import c\nfrom actx.b import thing\n",
+                           "actx.b": "", "actx.b.c": "from actx import a\n"})
+    assert graph["actx.a"] == {"actx.b.c", "actx.b"} and graph["actx.b.c"] == {"actx.a"}
+    assert _circles(graph) == [["actx.a", "actx.b.c"]]

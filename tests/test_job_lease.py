@@ -124,14 +124,14 @@ def test_detached_leases_on_the_store_read_old_files_and_are_dropped_by_job(run_
 def test_a_jobs_hosts_of_a_named_extraction_hold_its_lease(run_store):
     """Workers of a named extraction beat under extractions/<name>/workers/: those beats
     keep a detached lease past its start grace, and once they stop the run is taken over."""
-    from actx.schemas import extraction
+    from actx.schemas import extraction_store
 
     now = time.time()
     run_store.write(layout.extraction_name_key("chat"), b"{}")
     job_lease.acquire(run_store, job_lease.new("t", ["pod1-w0"], "tpu-vm", "actx down",
                                                now=now, detached=True), now=now)
     late = now + job_lease.DETACHED_START_GRACE_S + 60
-    beats = extraction.view(run_store, "chat")
+    beats = extraction_store.view(run_store, "chat")
     beats.write(layout.heartbeat_key("pod1-w0"),
                 store.dumps(_as_dict(_beat("t", now=late))))
     with pytest.raises(job_lease.LeaseHeld):

@@ -1,4 +1,4 @@
-"""The per-query key intervals (workers.key_ranges) against the masks they replace.
+"""The per-query key intervals (workers.attention.key_ranges) against the masks they replace.
 
 Random documents are packed by the real packer (`pad` and `segmented`, overflow
 "continue"), run through the worker's chain schedule, and the slots' caches are kept step
@@ -18,7 +18,8 @@ import pytest
 
 from actx.pipeline import pack
 from actx.schemas import runspec
-from actx.workers import attention, key_ranges, kv_cache, schedule
+from actx.workers.attention import dispatch as attention, key_ranges, kv_cache
+from actx.workers.loop import schedule
 
 
 def _block(lengths, packing, rng):

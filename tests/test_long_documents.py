@@ -16,8 +16,10 @@ import pytest
 from actx.pipeline import pack
 from actx.schemas import runspec
 from tests import hf_models
-from actx.workers import attention, attention_xla, capture, model as model_lib, schedule, step
-from actx.workers import ranged_flash_gpu, ranged_flash_tpu
+from actx.workers.attention import dispatch as attention, xla as attention_xla
+from actx.workers.loop import schedule
+from actx.workers.model import capture, decoder as model_lib, step
+from actx.workers.attention import ranged_flash_gpu, ranged_flash_tpu
 
 SEQ_LEN = 8
 HOOKS = "embed,layers.*.resid_pre,layers.*.attn_out,layers.*.resid_mid,layers.*.mlp_out," \

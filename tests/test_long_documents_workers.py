@@ -115,7 +115,7 @@ def test_a_run_prepared_before_context_was_recorded_is_refused(reference, tmp_pa
 
     from actx import reader
     from actx.schemas import worker_options
-    from actx.workers import admission, runner
+    from actx.workers.loop import admission, runner
 
     ref, _ = reference
     old_spec = _copy_tokens(ref, str(tmp_path / "old_spec"))
@@ -137,7 +137,7 @@ def test_a_run_prepared_before_context_was_recorded_is_refused(reference, tmp_pa
 
 def test_max_context_beyond_the_model_is_refused(model_dir, tmp_path):
     from actx.schemas import worker_options
-    from actx.workers import runner
+    from actx.workers.loop import runner
 
     run = str(tmp_path / "run")
     token_runs.write_long_document_run(run, str(model_dir), max_context=8192)
@@ -147,7 +147,7 @@ def test_max_context_beyond_the_model_is_refused(model_dir, tmp_path):
 
 
 def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
-    from actx.workers import kv_cache
+    from actx.workers.attention import kv_cache
 
     kv_cache.check_fits(4 << 30, 8 << 30, 1 << 30, 16 << 30, max_context=4096,
                         slots_per_device=8, layers_run=32, device_kind="TPU v5 lite")
@@ -158,7 +158,7 @@ def test_a_cache_that_does_not_fit_the_chip_is_refused_with_figures():
         kv_cache.check_fits(9 << 30, 4 << 30, 3 << 29, 16 << 30, max_context=8192,
                             slots_per_device=8, layers_run=32, device_kind="TPU v5 lite")
     # Llama-3.1-8B-like at 8 slots x 4096 tokens of bfloat16: 0.5 GiB a slot, 4 GiB in all.
-    from actx.workers.model_config import ModelConfig
+    from actx.workers.model.config import ModelConfig
     llama8b = ModelConfig("LlamaForCausalLM", 32, 4096, 128256, 32, 8, 128, 14336)
     assert kv_cache.cache_bytes(llama8b, 32, 8, 4096, 2) == 4 << 30
     assert kv_cache.capacity_tokens(4096, 1024) == 4096
@@ -208,7 +208,7 @@ def test_a_short_warm_up_is_exact_when_the_windows_allow_it(model_dir, tmp_path)
     before them, so a partition that starts inside a document re-runs only its last 3 rows
     (not all of them) and every token still equals HF with the window, one process and a
     2-host replica alike."""
-    from actx.workers import schedule
+    from actx.workers.loop import schedule
 
     run = str(tmp_path / "run")
     _, docs = token_runs.write_long_document_run(run, str(model_dir), hooks=HOOKS,

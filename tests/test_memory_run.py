@@ -11,7 +11,7 @@ from actx.pipeline import main as prepare_main
 from actx.pipeline import sample_data
 from actx.schemas import commit, run_dir, runspec, store, worker_options
 from tests import hf_models
-from actx.workers import runner
+from actx.workers.loop import runner
 
 
 def test_prepare_extract_read_verify_in_memory(tmp_path, qwen_tokenizer_dir):

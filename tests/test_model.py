@@ -1,4 +1,4 @@
-"""Parity of workers.model against HF transformers PyTorch, and checkpoint loading errors."""
+"""Parity of workers.model.decoder against HF transformers PyTorch, and checkpoint loading errors."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from tests import hf_models
-from actx.workers import attention, attention_xla, capture, model_config, step
-from actx.workers import model as model_lib
+from actx.workers.attention import dispatch as attention, xla as attention_xla
+from actx.workers.model import capture, config as model_config, families, step
+from actx.workers.model import decoder as model_lib
 
 ALL_HOOKS = ("layers.*.resid_pre,layers.*.resid_mid,layers.*.resid_post,"
              "layers.*.attn_out,layers.*.mlp_out,embed,final_norm")
@@ -145,7 +146,7 @@ def test_llama3_rope_frequencies_match_hf():
 
     hf_config = hf_models.tiny_config("llama3")
     hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")
-    ours = model_config.ModelConfig.from_hf(hf_config.to_dict() | {
+    ours = families.config_from_hf(hf_config.to_dict() | {
         "architectures": ["LlamaForCausalLM"]}).rope
     assert ours.rope_type == "llama3" and ours.theta == 500000.0
     np.testing.assert_allclose(ours.inv_freq(16), hf_inv_freq.numpy(), rtol=1e-6)
@@ -163,7 +164,7 @@ def test_legacy_rope_scaling_config_form():
           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                            "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 64}}
-    cfg = model_config.ModelConfig.from_hf(hf)
+    cfg = families.config_from_hf(hf)
     assert cfg.rope.theta == 1234.0 and cfg.rope.rope_type == "llama3"
     assert cfg.num_kv_heads == 4 and cfg.head_dim == 16
 
@@ -296,10 +297,10 @@ def test_gemma_layer_pattern_from_older_configs():
     with rope_theta and rope_scaling."""
     common = dict(num_attention_heads=4, num_key_value_heads=2, hidden_size=64, head_dim=32,
                   intermediate_size=128, vocab_size=512, sliding_window=8)
-    g2 = model_config.ModelConfig.from_hf(
+    g2 = families.config_from_hf(
         {**common, "architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 4})
     assert g2.sliding_windows == (8, None, 8, None) and g2.local_rope is None
-    g3 = model_config.ModelConfig.from_hf(
+    g3 = families.config_from_hf(
         {**common, "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 7,
          "sliding_window_pattern": 3, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
          "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
@@ -307,7 +308,7 @@ def test_gemma_layer_pattern_from_older_configs():
     assert g3.local_rope_per_layer == (True, True, False, True, True, False, True)
     assert (g3.rope.theta, g3.rope.rope_type, g3.rope.factor) == (1e6, "linear", 8.0)
     assert (g3.local_rope.theta, g3.local_rope.rope_type) == (1e4, "default")
-    mm = model_config.ModelConfig.from_hf(
+    mm = families.config_from_hf(
         {"architectures": ["Gemma3ForConditionalGeneration"],
          "text_config": {**common, "num_hidden_layers": 2}, "vision_config": {}})
     assert mm.architecture == "Gemma3ForCausalLM" and mm.qk_norm and mm.gemma_norms

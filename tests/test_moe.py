@@ -12,8 +12,8 @@ from jax.sharding import PartitionSpec
 
 from actx.deploy import cli
 from actx.schemas import runspec
-from actx.workers import capture, moe, sharding, step
-from actx.workers import model as model_lib
+from actx.workers.model import capture, moe, sharding, step
+from actx.workers.model import decoder as model_lib
 from tests import hf_models
 from tests import test_long_documents as long_docs
 from tests import test_preflight as preflight_tests
@@ -266,8 +266,8 @@ def test_step_cost_counts_the_active_experts():
     f / k costs what a dense MLP of width f does, plus its router."""
     import dataclasses
 
-    from actx.workers import admission
-    from actx.workers.model_config import ModelConfig
+    from actx.workers.loop import admission
+    from actx.workers.model.config import ModelConfig
 
     dense = ModelConfig("Qwen3ForCausalLM", 2, 64, 512, 4, 2, 16, 128)
     moe_cfg = dataclasses.replace(dense, architecture="Qwen3MoeForCausalLM", num_experts=8,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests import hf_models
-from actx.workers import capture, step
-from actx.workers import model as model_lib
+from actx.workers.model import capture, step
+from actx.workers.model import decoder as model_lib
 
 HOOKS = "layers.0.resid_mid,layers.1.resid_post,final_norm"
 NUM_PROCESSES = 2

@@ -217,7 +217,7 @@ def test_a_gone_process_on_this_machine_is_dead_at_once(tmp_path):
 
 def test_heartbeats_name_their_process(tmp_path):
     from actx.schemas import heartbeat
-    from actx.workers import progress
+    from actx.workers.loop import progress
 
     s = store.open_store(str(tmp_path))
     beats = progress.HeartbeatThread(s, "h", 0, 0, "h-1-x", progress.Progress(), 60.0)

@@ -18,7 +18,7 @@ from actx.deploy.status import runstate
 from actx.deploy.status import text as status_text
 from actx.schemas import config as config_lib, heartbeat, layout, store
 from actx.schemas import run_dir
-from actx.workers import progress
+from actx.workers.loop import progress
 from tests import token_runs
 
 

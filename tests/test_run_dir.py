@@ -17,7 +17,7 @@ def test_every_input_error_is_a_user_error():
     from actx.deploy.targets.tpu_vm import plan as tpu_vm
     from actx.pipeline import fileio, prepare_refusals, tokenize
     from actx.schemas import config, store_errors
-    from actx.workers import admission
+    from actx.workers.loop import admission
 
     for cls in (config.ConfigError, fileio.InputError, tokenize.TokenizerError,
                 prepare_refusals.PrepareError, admission.RunMismatch, tpu_vm.TargetError,
@@ -34,7 +34,7 @@ def test_not_a_run_is_said_the_same_way_by_every_stage(tmp_path, capsys):
     from actx import reader
     from actx.deploy import cli
     from actx.schemas import worker_options
-    from actx.workers import runner
+    from actx.workers.loop import runner
 
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from actx.schemas import commit, extraction, heartbeat, job_lease, layout, run_dir, store
+from actx.schemas import commit, extraction_store, heartbeat, job_lease, layout, run_dir, store
 from tests import status_runs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def test_an_extraction_view_keeps_its_keys_apart(run):
     assert os.path.exists(os.path.join(run, layout.extraction_key("chat", layout.commit_key(7))))
     assert chat.committed() == {7} and 7 not in r.committed()
     assert chat.extraction("base").extraction_name == "base"  # a view of the root's, not nested
-    assert isinstance(chat.store, extraction.ExtractionStore)
+    assert isinstance(chat.store, extraction_store.ExtractionStore)
 
 
 def test_outside_schemas_a_store_is_opened_only_for_what_is_not_the_run():

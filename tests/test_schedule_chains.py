@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from actx.workers import schedule
+from actx.workers.loop import schedule
 
 
 def _partitions(seed: int, n_parts: int = 5, rows: int = 12):

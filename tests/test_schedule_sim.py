@@ -102,7 +102,7 @@ def test_a_replica_that_never_beats_keeps_its_partitions_for_the_start_up_grace(
 def _few_long_documents(n_partitions: int, docs: int, rows: int) -> sim.Workload:
     """Partitions of `docs` documents of `rows` rows each: fewer chains than a host's slots."""
     from actx.schemas import manifest as manifest_lib
-    from actx.workers import schedule
+    from actx.workers.loop import schedule
 
     per = docs * rows
     parts, chains = [], {}

@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from tests import hf_models
-from actx.workers import capture, sharding, step
-from actx.workers import model as model_lib
+from actx.workers.model import capture, sharding, step
+from actx.workers.model import decoder as model_lib
 
 HOOKS = "layers.0.attn_out,layers.1.mlp_out,layers.*.resid_post,embed,final_norm"
 BATCH, SEQ = 8, 16
@@ -61,7 +61,7 @@ def test_meshes_match_single_device(ckpt, inputs, single_device, data, model_siz
 
 def test_indivisible_kv_heads_are_replicated_and_logged(ckpt, caplog):
     mesh = sharding.make_mesh(data=1, model=8)
-    with caplog.at_level(logging.INFO, logger="actx.workers.sharding"):
+    with caplog.at_level(logging.INFO, logger="actx.workers.model.sharding"):
         model = model_lib.load_pretrained(ckpt, mesh=mesh)
     assert model.params["layers"]["k_weight_ldkh"].sharding.spec == PartitionSpec(
         None, None, None, None)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests import hf_models
-from actx.workers import capture, step
-from actx.workers import model as model_lib
+from actx.workers.model import capture, step
+from actx.workers.model import decoder as model_lib
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,8 @@ def test_outputs_written_to_pinned_host_memory_by_the_step(model, max_context):
     """The worker asks for pinned host outputs where the backend has them (GPU, TPU); the
     mechanism is the same on the CPU's pinned_host memory kind: the executable places the
     outputs there, with the bytes of outputs left in device memory."""
-    from actx.workers import sharding, transfer
+    from actx.workers.loop import transfer
+    from actx.workers.model import sharding
 
     mesh = sharding.make_mesh(data=-1, model=1)
     spec = capture.CaptureSpec.parse("layers.0.resid_post,final_norm")
@@ -138,7 +139,7 @@ def test_auto_output_memory_per_backend(monkeypatch, platform, kinds, output, co
     writes to (output_memory_kind) and where the loop copies them after it (copy)."""
     import types
 
-    from actx.workers import transfer
+    from actx.workers.loop import transfer
 
     device = types.SimpleNamespace(platform=platform, addressable_memories=lambda: [
         types.SimpleNamespace(kind=k) for k in sorted(kinds)])

@@ -142,8 +142,8 @@ def test_lost_response_of_a_create_only_write(gcs_bucket, proxy, caplog):
     writer's object still wins, and a worker counts a standing marker as its own commit
     only when its attempt id is its own."""
     from actx.schemas import commit as commit_lib
-    from actx.workers import commit as commit_step
-    from actx.workers import schedule
+    from actx.workers.write import commit as commit_step
+    from actx.workers.loop import schedule
 
     s = store.open_store(gcs_bucket + "/runs/r")
     proxy.add_rule("lost", lambda r: r.is_create_only, 1)
@@ -174,7 +174,7 @@ def test_shard_write_whose_retries_run_out_names_the_block(gcs_bucket, proxy):
     import numpy as np
 
     from actx.schemas import runspec, store_errors, ts_context, uri
-    from actx.workers import writer
+    from actx.workers.write import writer
 
     ts_context.configure(4, 1)
     try:

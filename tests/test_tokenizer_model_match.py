@@ -65,7 +65,7 @@ def _model(path, with_tokenizer: str | None = None, generation: dict | None = No
     import numpy as np
     from safetensors.numpy import save_file
 
-    from actx.workers import checkpoint_check
+    from actx.workers.model import checkpoint_check
 
     cfg = hf_models.tiny_config("qwen2", architectures=["Qwen2ForCausalLM"],
                                 vocab_size=QWEN_ROWS, num_hidden_layers=2, hidden_size=8,
@@ -207,9 +207,9 @@ def _prepared_run(tmp_path, qwen_tokenizer_dir, model: str) -> str:
 
 
 def _model_config(model: str):
-    from actx.workers import model_config
+    from actx.workers.model import families
 
-    return model_config.ModelConfig.from_hf(json.load(open(os.path.join(model,
+    return families.config_from_hf(json.load(open(os.path.join(model,
                                                                         "config.json"))))
 
 
@@ -217,7 +217,7 @@ def test_workers_check_the_recorded_tokenizer_against_the_checkpoint(tmp_path,
                                                                      qwen_tokenizer_dir):
     """The checkpoint at the run's model path changed after the prepare: its own tokenizer
     is not the one the tokens were made with, or its config names other special ids."""
-    from actx.workers import admission
+    from actx.workers.loop import admission
 
     model = _model(tmp_path / "m", with_tokenizer=qwen_tokenizer_dir)
     run = _prepared_run(tmp_path, qwen_tokenizer_dir, model)
@@ -249,7 +249,7 @@ def test_a_run_of_spec_version_2_stays_readable(tmp_path, qwen_tokenizer_dir):
     """run.json as actx wrote it before the tokenizer was recorded: it opens with the same
     fingerprint (the manifest and commit markers name it), and workers check it by the
     manifest's vocabulary and special ids."""
-    from actx.workers import admission
+    from actx.workers.loop import admission
 
     model = _model(tmp_path / "m")
     run = _prepared_run(tmp_path, qwen_tokenizer_dir, model)

@@ -6,7 +6,7 @@ import pytest
 
 from actx.schemas import commit, heartbeat, manifest, store, worker_options
 from tests import hf_models, token_runs
-from actx.workers import runner, schedule
+from actx.workers.loop import runner, schedule
 
 
 @pytest.fixture(scope="module")

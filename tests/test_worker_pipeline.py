@@ -17,7 +17,8 @@ import pytest
 from actx.schemas import commit as commit_lib
 from actx.schemas import layout, manifest, store, worker_options
 from tests import hf_models, token_runs, worker_procs
-from actx.workers import prefetch, runner, schedule, writer
+from actx.workers.loop import prefetch, runner, schedule
+from actx.workers.write import writer
 
 RUNS = {
     "continue": dict(),
@@ -129,7 +130,7 @@ def test_output_memory_modes_store_the_same_bytes(model_dir, tmp_path, monkeypat
     arrays in pinned host memory."""
     import jax
 
-    from actx.workers import outputs, transfer
+    from actx.workers.loop import outputs, transfer
 
     reference = _run(model_dir, tmp_path / "ref", "continue", partition_rows=12)
     assert runner.Worker(worker_options.WorkerOptions(run=reference, batch_size=8)).run() == 0
@@ -185,7 +186,7 @@ def test_an_error_on_the_output_thread_stops_the_loop_and_commits_nothing_after(
 
 
 def test_output_thread_bounds_the_steps_in_flight():
-    from actx.workers import outputs
+    from actx.workers.loop import outputs
 
     handled, release = [], threading.Event()
 

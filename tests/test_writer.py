@@ -10,7 +10,7 @@ import pytest
 import tensorstore as ts
 
 from actx.schemas import commit, runspec, uri
-from actx.workers import block_copy, writer
+from actx.workers.write import block_copy, writer
 
 LAYOUT = runspec.LayoutSpec(rows_per_shard=4, partition_rows=8, chunk_rows=2, codec="zstd")
 
@@ -107,7 +107,7 @@ def test_scattered_slots_and_whole_block_pieces_store_each_row_in_its_place(
         tmp_path, monkeypatch, copy_threads):
     """Steps whose slots hold rows out of order, some not written, in per-device pieces of
     2 slots, and one piece that is a whole block: every row lands where its row number says,
-    copied on one thread or cut into pieces over three (workers.block_copy)."""
+    copied on one thread or cut into pieces over three (workers.write.block_copy)."""
     monkeypatch.setattr(block_copy, "MIN_PARALLEL_BYTES", 0)
     monkeypatch.setattr(block_copy, "MIN_PIECE_BYTES", 16)
     arrays = _arrays(tmp_path, "float32")

@@ -1,5 +1,5 @@
 """What pre-flight found about a job (workers.preflight for a checkpoint,
-workers.flax_preflight for a user's Flax model; both return it)."""
+workers.flax.preflight for a user's Flax model; both return it)."""
 
 from __future__ import annotations
 

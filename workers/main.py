@@ -1,6 +1,6 @@
 """`actx extract` / `python -m actx.workers.main`: one extraction worker process per host.
 
-Only wires flags to `workers.runner`; the process joins its replica's `jax.distributed`
+Only wires flags to `workers.loop.runner`; the process joins its replica's `jax.distributed`
 group first (flags, or ACTX_* variables set by the launcher; none on a one-host replica).
 """
 
@@ -15,11 +15,11 @@ import threading
 from typing import TYPE_CHECKING, Protocol
 
 from actx.schemas import errors, flags, stop_signals, worker_options
-from actx.workers import distributed
-from actx.workers import model_groups
+from actx.workers.replicas import distributed
+from actx.workers.loop import model_groups
 
 if TYPE_CHECKING:
-    from actx.workers import schedule
+    from actx.workers.loop import schedule
 
 
 class Loop(Protocol):
@@ -155,7 +155,7 @@ def _load(opts: worker_options.WorkerOptions, sigint: "_StopSignals",
     """The worker of `opts.extraction` of the run `opened` (a run_dir.OpenedRun; None:
     opened here), its model loaded; or the process's exit code."""
     try:
-        from actx.workers import flax_worker
+        from actx.workers.flax import worker as flax_worker
 
         # runner.Worker, or one for a Flax model
         worker = flax_worker.worker_for_run(opts, opened)

@@ -16,9 +16,10 @@ from actx.schemas import parallelism
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
 from actx.schemas import store_errors
-from actx.workers import capture as capture_lib
-from actx.workers import checkpoint_check
-from actx.workers import model_config as model_config_lib
+from actx.workers.model import capture as capture_lib
+from actx.workers.model import checkpoint_check
+from actx.workers.model import config as model_config_lib
+from actx.workers.model import families
 from actx.workers.job_check import JobCheck
 
 
@@ -28,11 +29,11 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
 
     data_parallel: devices the replica's batch is split over (None: not known here).
     """
-    if spec.model.flax:  # a user's Flax model: its own checks (workers.flax_preflight)
-        from actx.workers import flax_preflight
+    if spec.model.flax:  # a user's Flax model: its own checks (workers.flax.preflight)
+        from actx.workers.flax import preflight as flax_preflight
 
         found = flax_preflight.check_job(spec, batch_size, data_parallel)
-        if spec.generate is not None:  # as workers.flax_worker.worker_for_run refuses it
+        if spec.generate is not None:  # as workers.flax.worker.worker_for_run refuses it
             found = dataclasses.replace(found, problems=found.problems + (
                 f"spec.generate: {FLAX_GENERATES}",))
         return found
@@ -203,7 +204,7 @@ def _model_config(path: str, problems: list[str], missing: list[str]):
                        f"Hugging Face checkpoint directory (config.json + *.safetensors)")
         return None
     try:
-        return model_config_lib.ModelConfig.from_hf(data, source=where)
+        return families.config_from_hf(data, source=where)
     except ValueError as e:
         problems.append(f"spec.model.path: {e}")
     except (KeyError, TypeError) as e:

@@ -260,7 +260,7 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
     tokens_done = total("tokens")
     per_row = info.bytes_per_row(handle.manifest.seq_len) if info else None
     rows_done = total("row_count")
-    # Each host's rate is its steady state (workers.progress: from its first tokens on),
+    # Each host's rate is its steady state (workers.loop.progress: from its first tokens on),
     # 0 until it has one: start-up never counts as throughput.
     throughput = sum(h.tokens_per_s for h in hosts if h.live)
     remaining = handle.manifest.total_tokens - tokens_done

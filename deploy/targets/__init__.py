@@ -194,6 +194,13 @@ class Target:
         """How this target's work stops, for `actx down`'s refusal."""
         return ""
 
+    # -- hardware -------------------------------------------------------------------------
+    def peak_flops(self) -> tuple[float, str] | tuple[None, str]:
+        """(peak FLOP/s of all the accelerators this target's settings name, what they are)
+        or (None, why not): the dry run's bound on a target it cannot time from here
+        (deploy.cost_bound). By default the target names none."""
+        return None, f"the {self.kind} target has no accelerator table here"
+
 
 @dataclasses.dataclass(frozen=True)
 class Kind:

@@ -30,6 +30,15 @@ class DataflowTarget(targets.Target):
     def stop_hint(self) -> str:
         return "A Dataflow job stops with `gcloud dataflow jobs cancel JOB_ID --region REGION`"
 
+    def peak_flops(self) -> tuple[float, str] | tuple[None, str]:
+        if self.config.extract != "beam":
+            return None, ("the dataflow target only prepares here; the extraction's time is "
+                          "the target's that runs it (`actx rerun RUN --config` there)")
+        from actx.deploy.targets.dataflow import accelerators
+
+        return accelerators.worker_peak(self.config.dataflow.extract_accelerator,
+                                        self.config.dataflow.max_num_workers)
+
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
         from actx.deploy.targets.dataflow import plan as dataflow

@@ -1,8 +1,8 @@
 """Cloud TPU accelerator types: what a name like "v4-32" or "v5litepod-16" means.
 
 One table per generation says how the number in the name counts (TensorCores or chips),
-how many chips one host holds, and which sizes exist; hosts, chips and JAX devices of a
-slice derive from it. Checked before anything is created, so a typo costs no slice.
+how many chips one host holds, which sizes exist and what one chip computes at peak; hosts,
+chips, JAX devices and the peak FLOP/s of a slice derive from it. Checked before anything is created, so a typo costs no slice.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ class Generation:
     single_host_chips: the largest slice that is one host (v5e/v6e: 8 chips).
     devices_per_chip: JAX devices per chip (v2/v3 show each TensorCore; v4/v5p megacore).
     sizes: the numbers the name may carry.
+    peak_tflops: one chip's peak dense bf16 TFLOP/s, from the Cloud TPU system architecture
+      pages (the bound `actx submit --dry-run --estimate` gives; deploy.cost_bound).
     """
 
     cores_per_chip: int
@@ -25,6 +27,7 @@ class Generation:
     single_host_chips: int
     devices_per_chip: int
     sizes: tuple[int, ...]
+    peak_tflops: float
 
 
 def _powers(lo: int, hi: int) -> tuple[int, ...]:
@@ -34,12 +37,12 @@ def _powers(lo: int, hi: int) -> tuple[int, ...]:
 # Sizes from Cloud TPU's documented slice shapes (v4 and v5p also take non-power-of-two
 # 3D shapes: any multiple of 8 TensorCores, which the table accepts).
 GENERATIONS = {
-    "v2": Generation(2, 4, 4, 2, _powers(8, 512)),
-    "v3": Generation(2, 4, 4, 2, _powers(8, 2048)),
-    "v4": Generation(2, 4, 4, 1, tuple(range(8, 8193, 8))),
-    "v5p": Generation(2, 4, 4, 1, tuple(range(8, 12289, 8))),
-    "v5litepod": Generation(1, 4, 8, 1, (1, 4, 8, 16, 32, 64, 128, 256)),
-    "v6e": Generation(1, 4, 8, 1, (1, 4, 8, 16, 32, 64, 128, 256)),
+    "v2": Generation(2, 4, 4, 2, _powers(8, 512), 45.0),
+    "v3": Generation(2, 4, 4, 2, _powers(8, 2048), 123.0),
+    "v4": Generation(2, 4, 4, 1, tuple(range(8, 8193, 8)), 275.0),
+    "v5p": Generation(2, 4, 4, 1, tuple(range(8, 12289, 8)), 459.0),
+    "v5litepod": Generation(1, 4, 8, 1, (1, 4, 8, 16, 32, 64, 128, 256), 197.0),
+    "v6e": Generation(1, 4, 8, 1, (1, 4, 8, 16, 32, 64, 128, 256), 918.0),
 }
 ALIASES = {"v5e": "v5litepod"}
 
@@ -50,6 +53,7 @@ class SliceShape:
     hosts: int
     chips: int
     devices_per_host: int
+    chip_tflops: float  # one chip's peak dense bf16 TFLOP/s
 
     @property
     def devices(self) -> int:
@@ -73,4 +77,5 @@ def parse(accelerator_type: str) -> SliceShape:
                          f"sizes {shown}")
     chips = max(1, size // gen.cores_per_chip)
     hosts = 1 if chips <= gen.single_host_chips else chips // gen.chips_per_host
-    return SliceShape(accelerator_type, hosts, chips, chips // hosts * gen.devices_per_chip)
+    return SliceShape(accelerator_type, hosts, chips, chips // hosts * gen.devices_per_chip,
+                      gen.peak_tflops)

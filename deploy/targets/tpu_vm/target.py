@@ -41,6 +41,14 @@ class TpuVmTarget(DetachedTarget):
             return targets.show_plan(plan, out)
         return self._launch(plan, job, opts, out)
 
+    def peak_flops(self) -> tuple[float, str]:
+        from actx.deploy.targets.tpu_vm import accelerators
+
+        shape = accelerators.parse(self.config.tpu.accelerator_type)
+        return (shape.chips * shape.chip_tflops * 1e12,
+                f"a {shape.accelerator_type} ({shape.chips} chips x {shape.chip_tflops:g} "
+                f"TFLOP/s bf16)")
+
     def down(self, run: str | None, opts: targets.LaunchOptions, out) -> int:
         """Deletes the slice (refused for one that submit did not create)."""
         plan = tpu_vm.down_plan(self.config.tpu)

@@ -1,0 +1,68 @@
+"""What a `workers.generate.generator.Generator` generates: the settings a run's `generate` section
+carries (`GenerateConfig`), and the error that refuses a setting or prompt by its key
+(`GenerateError`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from actx.schemas.errors import UserError
+
+
+class GenerateError(UserError, ValueError):
+    """A generate setting or prompt that cannot run; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """What to generate: the settings a run's `generate` section will carry.
+
+    max_new_tokens: most tokens generated per sample (the stop token included).
+    temperature: 0 for greedy (argmax); else sampling at this temperature.
+    top_k: sample among the k likeliest tokens (0: all). top_p: nucleus sampling (1: off).
+    stop_token_ids: a sample ends after generating any of these (kept in its tokens).
+    samples_per_prompt: independent samples of each prompt.
+    seed: the random streams' root (`workers.generate.sampling.token_key`).
+    """
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    samples_per_prompt: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validate(self, vocab_size: int, max_positions: int = 0) -> None:
+        """Refuses bad values, naming the key (`generate.<key>`)."""
+        def bad(key, value, why):
+            return GenerateError(f"generate.{key}={value!r}: {why}")
+
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise bad("max_new_tokens", self.max_new_tokens, "must be an integer >= 1")
+        if max_positions and self.max_new_tokens >= max_positions:
+            raise bad("max_new_tokens", self.max_new_tokens,
+                      f"leaves no room for a prompt within the model's "
+                      f"max_position_embeddings={max_positions}; lower it")
+        if not self.temperature >= 0:
+            raise bad("temperature", self.temperature, "must be >= 0 (0: greedy)")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", self.top_k, "must be an integer >= 0 (0: no limit)")
+        if not 0 < self.top_p <= 1:
+            raise bad("top_p", self.top_p, "must be in (0, 1] (1: off)")
+        if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 1:
+            raise bad("samples_per_prompt", self.samples_per_prompt,
+                      "must be an integer >= 1")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise bad("seed", self.seed, "must be an integer in [0, 2**32)")
+        outside = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+        if outside:
+            raise bad("stop_token_ids", list(self.stop_token_ids),
+                      f"{outside} outside the model's vocabulary of {vocab_size} ids")

@@ -1,0 +1,127 @@
+"""Reads a host's token rows ahead of the forward pass, on a background thread.
+
+The chips should never wait on storage: while step i runs, the rows of steps i+1..i+depth
+are being read. The queue's bound keeps host memory bounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from actx.schemas import layout as layout_lib
+from actx.schemas import ts_context
+from actx.schemas import uri as uri_lib
+from actx.workers.loop import schedule
+
+STEP_INPUTS = ("input_ids", "positions", "segment_ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One host-local batch: int32 arrays [local_batch, seq_len] and its step."""
+
+    step: schedule.Step
+    index: int
+    input_ids: np.ndarray
+    positions: np.ndarray
+    segment_ids: np.ndarray
+
+
+class TokenStore:
+    """The three token arrays a step needs, opened once per process."""
+
+    def __init__(self, run: uri_lib.Location):
+        # Token arrays never change after prepare: chunks decoded once stay valid in the
+        # cache pool, so the slots of one shard, read in different steps, cost one fetch.
+        self.arrays = {
+            name: ts_context.open_array(layout_lib.array_spec(
+                run, layout_lib.token_array_key(name), recheck_cached_data="open"))
+            for name in STEP_INPUTS
+        }
+
+    def continuation_flags(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(continues [hi - lo] bool, first_positions [hi - lo] int32) of rows [lo, hi).
+
+        Row r continues the document of row r - 1 when its column 0 holds a document token
+        whose position is > 0 (prepare starts every document elsewhere at position 0).
+        """
+        seg = self.arrays["segment_ids"][lo:hi, 0].read()
+        pos = self.arrays["positions"][lo:hi, 0].read()
+        seg, pos = np.asarray(seg.result()), np.asarray(pos.result())
+        return (seg > 0) & (pos > 0), pos
+
+    def read_rows(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
+        """Rows as given, in that order (any rows: a step's slots run different documents).
+
+        Each run of consecutive row numbers is one read; all reads are in flight at once.
+        """
+        wanted = sorted(set(rows))
+        runs, start = [], wanted[0]
+        for prev, row in zip(wanted, wanted[1:] + [None]):
+            if row != prev + 1:
+                runs.append((start, prev + 1))
+                start = row
+        futures = {name: [arr[lo:hi].read() for lo, hi in runs]
+                   for name, arr in self.arrays.items()}
+        where = {}
+        offset = 0
+        for lo, hi in runs:
+            for r in range(lo, hi):
+                where[r] = offset + r - lo
+            offset += hi - lo
+        index = np.asarray([where[r] for r in rows])
+        return {name: np.concatenate([np.asarray(f.result()) for f in fs])[index]
+                for name, fs in futures.items()}
+
+
+class Prefetcher:
+    """Iterates over `steps`, yielding Batches read `depth` steps ahead. An exception
+    raised while planning or reading a step reaches the consumer at that step."""
+
+    _DONE = object()
+
+    def __init__(self, tokens: TokenStore, steps: Iterable[schedule.Step], depth: int = 4):
+        self._tokens = tokens
+        self._steps = steps  # may be a generator (schedule.stream): planned on this thread
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="actx-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for i, step in enumerate(self._steps):
+                if self._stop.is_set():
+                    return
+                arrays = self._tokens.read_rows(step.rows)
+                self._put(Batch(step, i, arrays["input_ids"], arrays["positions"],
+                                arrays["segment_ids"]))
+            self._put(self._DONE)
+        except BaseException as e:  # surfaced to the consumer, which re-raises it
+            self._put(e)
+
+    def _put(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

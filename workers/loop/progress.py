@@ -1,0 +1,153 @@
+"""A worker's progress and its heartbeat thread (`workers/<host>.json`).
+
+The loop updates a `Progress` under its lock; a daemon thread turns it into a heartbeat
+every few seconds (never more often than GCS allows one object to be rewritten).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+
+from actx.schemas import errors
+from actx.schemas import heartbeat as heartbeat_lib
+
+log = logging.getLogger("actx.worker")
+
+
+class Progress:
+    """What the heartbeat reports; written by the loop, read by the heartbeat thread."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.state = "starting"
+        self.partition: int | None = None
+        self.held: tuple[int, ...] = ()  # given to this process, not yet done
+        self.step = 0
+        self.steps = 0
+        self.tokens_done = 0
+        self.partitions_done = 0
+        self.tokens_left = 0
+        self.started = self.created = time.monotonic()
+        # The steady-state rate counts from the first tokens on: what came before (loading
+        # weights, compiling the step, the first step itself) is start-up, not throughput.
+        self.first_tokens_at: float | None = None
+        self.first_tokens = 0
+        self.message = ""
+        # What the worker does before its first tokens (loading weights, compiling, the
+        # first step): shown as the heartbeat's message until tokens flow.
+        self.phase = ""
+        # Work sharing between replicas (workers.replicas.choice_policy): replica -> partitions
+        # taken from its list; taker -> own partitions it took first; why this host idles.
+        self.stolen_from: dict[str, int] = {}
+        self.given_up: dict[str, int] = {}
+        self.idle_reason = ""
+
+    def update(self, **fields) -> None:
+        with self.lock:
+            for name, value in fields.items():
+                setattr(self, name, value)
+
+    def steady_rate(self, now: float) -> float:
+        """Tokens per second since the first tokens (0.0 until tokens came after them:
+        no steady rate yet, which status shows as an ETA still estimating). Caller holds
+        the lock."""
+        if self.first_tokens_at is None or self.tokens_done <= self.first_tokens:
+            return 0.0
+        return (self.tokens_done - self.first_tokens) / max(1e-6, now - self.first_tokens_at)
+
+    def say_phase(self, phase: str) -> None:
+        """A start-up phase: in the heartbeat until the first tokens, and in the log."""
+        with self.lock:
+            if self.tokens_done == 0:
+                self.phase = phase
+        log.info("%s", phase)
+
+    def add_tokens(self, tokens: int) -> None:
+        with self.lock:
+            if tokens and self.first_tokens_at is None:
+                self.first_tokens_at, self.first_tokens = time.monotonic(), tokens
+            self.tokens_done += tokens
+            self.tokens_left = max(0, self.tokens_left - tokens)
+            if tokens and self.phase:
+                self.phase = ""
+                log.info("first tokens done after %.1fs: extracting",
+                         time.monotonic() - self.created)
+
+
+# Replicas named per counter in a heartbeat: its summary must stay within GCS's 8 KB of
+# metadata however many replicas a stealing host took from; the rest add up under "more".
+MAX_NAMED_REPLICAS = 16
+
+
+def _largest(counts: dict[str, int]) -> dict[str, int]:
+    if len(counts) <= MAX_NAMED_REPLICAS:
+        return dict(counts)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = dict(ranked[:MAX_NAMED_REPLICAS - 1])
+    kept["more"] = sum(n for _, n in ranked[MAX_NAMED_REPLICAS - 1:])
+    return kept
+
+
+class HeartbeatThread:
+    """Writes `progress` as this host's heartbeat every `interval_s` until stopped."""
+
+    def __init__(self, store, host: str, replica: int, process_index: int, attempt: str,
+                 progress: Progress, interval_s: float,
+                 writer: heartbeat_lib.HeartbeatWriter | None = None, job: str = ""):
+        # A writer passed on from an earlier thread (the start-up's) keeps its history and
+        # its one-write-per-interval pace.
+        self.writer = writer or heartbeat_lib.HeartbeatWriter(store, host,
+                                                              min_interval_s=interval_s)
+        self._identity = dict(host=host, replica=replica, process_index=process_index,
+                              attempt=attempt, machine=heartbeat_lib.this_machine(),
+                              pid=os.getpid(), job=job)
+        self._progress = progress
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="actx-heartbeat")
+        self._write_lock = threading.Lock()  # the final beat never races the thread's
+
+    def start(self) -> None:
+        """Writes the first beat here: a run this host cannot write at all (a bucket that
+        refuses, a full or read-only disk) ends the worker at once with the store's one-line
+        error. Later beats go on the thread, where a missed one must not stop extraction."""
+        self.beat(force=True, raise_user_errors=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.beat(force=False)
+
+    def beat(self, force: bool, raise_user_errors: bool = False) -> None:
+        p = self._progress
+        with p.lock:
+            rate = p.steady_rate(time.monotonic())
+            hb = heartbeat_lib.Heartbeat(
+                **self._identity, state=p.state, updated_at=time.time(),
+                partition=p.partition, step=p.step, steps=p.steps, tokens_done=p.tokens_done,
+                tokens_per_s=round(rate, 1),
+                eta_s=round(p.tokens_left / rate, 1) if rate > 0 else None,
+                partitions_done=p.partitions_done, message=p.message or p.phase,
+                held=p.held, stolen_from=_largest(p.stolen_from),
+                given_up=_largest(p.given_up), idle_reason=p.idle_reason)
+        with self._write_lock:
+            try:
+                self.writer.beat(hb, force=force)
+            except errors.UserError:
+                if raise_user_errors:
+                    raise
+                log.warning("heartbeat write failed: %s", sys.exc_info()[1])
+            except Exception as e:  # a missed heartbeat must not stop extraction
+                log.warning("heartbeat write failed: %s", e)
+
+    def stop(self, final_beat: bool = True) -> None:
+        """Stops the thread and writes the final state (unless another thread of the same
+        writer takes over)."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        if final_beat:
+            self.beat(force=True)

@@ -1,0 +1,140 @@
+"""Checkpoint integrity before any work, from the safetensors headers alone (a few KB per
+file, local or gs://): every header parses, every file is as long as its header says, and
+every tensor the architecture needs is there with the config's shape and a float dtype.
+
+Without it a truncated download or a checkpoint of another size is found by the workers,
+after a full prepare. It also holds the table of the tensors a decoder needs (HF name and
+shape from config.json, from the family description in `workers.model.families`), which
+`workers.model.checkpoint` reads by. No JAX here.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from actx.schemas import store as store_lib
+from actx.workers.model import families
+from actx.workers.model.config import ModelConfig
+
+INDEX_FILE = "model.safetensors.index.json"
+# The dtypes `workers.model.checkpoint` reads and casts (safetensors' names).
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+# A header larger than this is not a safetensors header (the format caps it at 100 MB).
+MAX_HEADER_BYTES = 100 << 20
+
+
+def hf_layer_tensors(cfg: ModelConfig) -> dict:
+    """Our layer param -> its `families.LayerTensor` (HF name(s) under model.layers.{i}.,
+    HF shape, layout change), from the model's family description."""
+    return families.of(cfg).layer_tensors(cfg)
+
+
+# Where the decoder's tensors live: causal LMs under `model.`; Gemma 3's multimodal
+# checkpoints under `model.language_model.` (transformers 5) or `language_model.model.`
+# (the checkpoints as first published).
+DECODER_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+
+
+def decoder_prefix(tensor_names, source: str = "") -> str:
+    """The prefix of the decoder's tensors among `tensor_names` (`DECODER_PREFIXES`)."""
+    for prefix in DECODER_PREFIXES:
+        if f"{prefix}embed_tokens.weight" in tensor_names:
+            return prefix
+    raise ValueError(f"{source}: checkpoint has no embedding tensor "
+                     f"({' or '.join(p + 'embed_tokens.weight' for p in DECODER_PREFIXES)})")
+
+
+def needed_tensors(cfg: ModelConfig, prefix: str = "model.") -> dict[str, tuple[int, ...]]:
+    """Every HF tensor the decoder reads (no LM head: activations need none), with its
+    shape from config.json; `prefix`: where the checkpoint keeps the decoder."""
+    needed = {f"{prefix}embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
+              f"{prefix}norm.weight": (cfg.hidden_size,)}
+    for tensor in hf_layer_tensors(cfg).values():
+        for i in range(cfg.num_layers):
+            for suffix in tensor.hf_names():
+                needed[f"{prefix}layers.{i}.{suffix}"] = tensor.hf_shape
+    return needed
+
+
+def _header(store, where: str, name: str, problems: list[str]) -> dict | None:
+    """The safetensors header of `name`, or None with the reason added to `problems`."""
+    size = store.size(name)
+    if size is None:
+        problems.append(f"spec.model.path: {where}/{INDEX_FILE} lists {name}, which is "
+                        f"missing")
+        return None
+    damaged = "; the file is damaged or incomplete: download it again"
+    where = f"spec.model.path: {where}"
+    if size < 8:
+        problems.append(f"{where}/{name}: {size} bytes, too short for a safetensors file"
+                        + damaged)
+        return None
+    (header_len,) = struct.unpack("<Q", store.read_range(name, 0, 8))
+    if header_len > min(MAX_HEADER_BYTES, size - 8):
+        problems.append(f"{where}/{name}: its header claims {header_len} bytes, the file has "
+                        f"{size}" + damaged)
+        return None
+    try:
+        header = json.loads(store.read_range(name, 8, 8 + header_len))
+        ends = [entry["data_offsets"][1] for key, entry in header.items()
+                if key != "__metadata__"]
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        problems.append(f"{where}/{name}: the safetensors header does not parse ({e})"
+                        + damaged)
+        return None
+    expected = 8 + header_len + max(ends, default=0)
+    if size != expected:
+        problems.append(f"{where}/{name}: {size:,} bytes, but its header describes "
+                        f"{expected:,}" + damaged)
+    return header
+
+
+def problems(path: str, cfg: ModelConfig) -> tuple[list[str], list[str]]:
+    """(problems, missing): what is wrong with the checkpoint's safetensors files, one line
+    each, all at once; missing: no weights at all (a dry run may come before the upload).
+    Store failures (no credentials, no network) raise store_errors.StoreError."""
+    store = store_lib.open_store(path)  # the model's checkpoint, not the run
+    where = str(store.location)
+    found: list[str] = []
+    index = store.read_json(INDEX_FILE)
+    if index is not None:
+        files = sorted(set((index.get("weight_map") or {}).values()))
+    else:
+        files = sorted(k for k in store.list() if k.endswith(".safetensors") and "/" not in k)
+    if not files:
+        return [], [f"spec.model.path: {where}: no *.safetensors files (and no {INDEX_FILE}); "
+                    f"point it at a Hugging Face checkpoint directory"]
+    tensors: dict[str, tuple[str, dict]] = {}
+    damaged = 0
+    for name in files:
+        header = _header(store, where, name, found)
+        damaged += header is None
+        for key, entry in (header or {}).items():
+            if key != "__metadata__":
+                tensors[key] = (name, entry)
+    missing, wrong = [], []
+    prefix = next((p for p in DECODER_PREFIXES if f"{p}embed_tokens.weight" in tensors),
+                  DECODER_PREFIXES[0])
+    for tensor, shape in needed_tensors(cfg, prefix).items():
+        if tensor not in tensors:
+            missing.append(tensor)
+            continue
+        name, entry = tensors[tensor]
+        if tuple(entry.get("shape", ())) != shape:
+            wrong.append(f"{where}/{name}: tensor {tensor} has shape "
+                         f"{tuple(entry.get('shape', ()))}, config.json says {shape}")
+        elif entry.get("dtype") not in FLOAT_DTYPES:
+            wrong.append(f"{where}/{name}: tensor {tensor} has dtype {entry.get('dtype')}; "
+                         f"actx reads float weights ({', '.join(FLOAT_DTYPES)})")
+    if missing and not damaged:  # a damaged file explains its own tensors
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
+                                          else "")
+        found.append(f"spec.model.path: {where}: {len(missing)} tensor(s) the model needs are "
+                     f"in none of its safetensors files: {shown}; the checkpoint is "
+                     f"incomplete or of another architecture")
+    found += [f"spec.model.path: {line}" for line in wrong[:3]]
+    if len(wrong) > 3:
+        found.append(f"spec.model.path: and {len(wrong) - 3} more tensor(s) whose shape or "
+                     f"dtype does not match config.json")
+    return found, []

@@ -1,0 +1,208 @@
+"""Chooser: one process's partition choice against the run's store (the leader's, in a
+multi-host replica): it reads the heartbeats and claims, asks `choice_policy.decide`
+what to take, and claims it.
+
+Apart from `workers.replicas.choice_policy`, which holds the policy as pure functions of one
+look at the store and the clock (what `tests/test_fair_sharing.py` checks case by case),
+because this is the part with a store, a cache of what it last read and the claims'
+races. The settings it does not get are `partition_choice`'s constants, read when a
+Chooser is made (a test may set them first).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+from actx.schemas import commit as commit_lib
+from actx.schemas import heartbeat as heartbeat_lib
+from actx.schemas import manifest as manifest_lib
+from actx.workers.replicas import choice_policy
+from actx.workers.loop import schedule
+
+
+class Chooser:
+    """One process's partition choice (the leader's, in a multi-host replica).
+
+    `choose(tried, is_committed, idle)` returns a partition id (claimed when stealing),
+    None (nothing to take now: ask again later) or -1 (no more). `clock` gives wall-clock
+    seconds (heartbeats' `updated_at`); a simulator passes its own.
+    """
+
+    def __init__(self, store, manifest: manifest_lib.Manifest, topo: schedule.Topology,
+                 job: str, attempt: str, only: Sequence[int] | None = None,
+                 steal: bool = True, clock: Callable[[], float] = time.time,
+                 stale_after_s: float | None = None, start_grace_s: float | None = None,
+                 refresh_s: float | None = None, fill_slots: bool | None = None):
+        """The settings left None are this module's constants, read now."""
+        self.store, self.topo, self.job, self.attempt = store, topo, job, attempt
+        self.steal, self.clock = steal, clock
+        self.stale_after_s = choice_policy.STALE_AFTER_S if stale_after_s is None else stale_after_s
+        self.refresh_s = choice_policy.REFRESH_S if refresh_s is None else refresh_s
+        self.fill_slots = choice_policy.FILL_SLOTS if fill_slots is None else fill_slots
+        start_grace_s = choice_policy.START_GRACE_S if start_grace_s is None else start_grace_s
+        wanted = None if only is None else set(only)
+        self.universe = [p.id for p in manifest.partitions if wanted is None or p.id in wanted]
+        self.own = choice_policy.own_order(manifest, [p for p in schedule.own_partitions(manifest, topo)
+                                        if wanted is None or p in wanted])
+        self.n_partitions = len(manifest.partitions)
+        # Tokens of a partition, on average: with a replica's tokens/s, its pace.
+        self.partition_tokens = manifest.total_tokens / max(1, self.n_partitions)
+        self.grace_until = clock() + start_grace_s
+        self._own_next = 0  # own partitions before this index were tried once
+        self._holders: dict[tuple[int, int], str] = {}  # (pid, generation) -> attempt
+        # The last look at the store: (when, choice_policy.Shares, claim generations, what the
+        # heartbeats said: replica states, dead attempts, whether the grace is over).
+        self._view: tuple[float, choice_policy.Shares, dict[int, int], tuple] | None = None
+        self._beats: tuple[float, choice_policy.Beats] | None = None  # the last heartbeats read
+        # What the heartbeat reports: owner replica -> partitions taken from its list;
+        # taker replica (or "?") -> own partitions another replica took first.
+        self.stolen_from: collections.Counter = collections.Counter()
+        self.given_up: collections.Counter = collections.Counter()
+        self.why_waiting = ""
+
+    def choose(self, tried: set[int], is_committed: Callable[[int], bool],
+               idle: bool = True) -> int | None:
+        if not self.steal:  # own partitions only, unclaimed (a job's one-replica worker)
+            for pid in self.own:
+                if pid not in tried and not is_committed(pid):
+                    tried.add(pid)
+                    return pid
+            return -1
+        pid = self._next_own(tried, is_committed)
+        if pid is not None:
+            return pid
+        for _ in range(3):  # a lost race for every candidate: the view was old, read again
+            now = self.clock()
+            shares, generations = self._shares(tried, now, is_committed)
+            decision = choice_policy.decide(shares, now, self.grace_until, idle, self.fill_slots)
+            for pid in decision.take:
+                if pid in tried or is_committed(pid):
+                    continue
+                generation = generations.get(pid, -1) + 1
+                if schedule.try_claim(self.store, self.job, pid, self.attempt, generation):
+                    tried.add(pid)
+                    owner = pid % self.topo.replicas
+                    if owner != self.topo.replica:
+                        self.stolen_from[choice_policy.replica_name(owner)] += 1
+                    self.why_waiting = ""
+                    return pid
+            if not decision.take:
+                self.why_waiting = decision.why if decision.wait else ""
+                return None if decision.wait else -1
+            self._view = None
+        self.why_waiting = "every partition it tried was claimed first by another replica"
+        return None
+
+    def why_nothing_done(self, committed_before: set[int]) -> str:
+        """Why a host that extracted nothing did not (for its last heartbeat)."""
+        if not self.own:
+            return (f"{choice_policy.replica_name(self.topo.replica)} owns no partition here (more "
+                    f"replicas than partitions, or none of --only)")
+        reasons = []
+        if committed_before:
+            reasons.append(f"{len(committed_before)} of its {len(self.own)} partitions were "
+                           f"committed before it started")
+        if self.given_up:
+            takers = ", ".join(f"{r} ({n})" for r, n in sorted(self.given_up.items()))
+            reasons.append(f"{sum(self.given_up.values())} were claimed first by other "
+                           f"replicas: {takers}")
+        return "; ".join(reasons) or "nothing was left to take when it came to choose"
+
+    def _next_own(self, tried: set[int], is_committed: Callable[[int], bool]) -> int | None:
+        """The next own partition in order that this attempt claims (generation 0); those
+        another attempt claimed first are left to the view (a dead one's are taken over)."""
+        while self._own_next < len(self.own):
+            pid = self.own[self._own_next]
+            self._own_next += 1
+            if pid in tried or is_committed(pid):
+                continue
+            if schedule.try_claim(self.store, self.job, pid, self.attempt):
+                tried.add(pid)
+                return pid
+            self._count_given_up(pid)
+        return None
+
+    def _count_given_up(self, pid: int) -> None:
+        """Counts an own partition another attempt claimed first, by the replica of the
+        attempt that holds it now (the claim's last generation)."""
+        holder, generation = "", 0
+        while (data := self.store.read_json(
+                schedule.claim_key(self.job, pid, generation))) is not None:
+            holder = self._holders[(pid, generation)] = data.get("attempt", "")
+            generation += 1
+        now = self.clock()
+        if self._beats is None or now - self._beats[0] >= self.refresh_s:
+            self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
+                self.store, history=False), self.job, now, self.stale_after_s))
+        taker = self._beats[1].attempts.get(holder, ("?",))[0]
+        self.given_up[taker if taker == "?" else choice_policy.replica_name(taker)] += 1
+
+    def _shares(self, tried: set[int], now: float,
+                is_committed: Callable[[int], bool]) -> tuple[choice_policy.Shares, dict[int, int]]:
+        """The store's view, re-read at most every `refresh_s`: choice_policy.Shares, and the claim
+        generation each claimed partition is at. After a look that found nothing to take,
+        a look whose heartbeats say what they said then (no replica started, ended or died,
+        the grace not over) reads only the commit markers of the partitions others hold: a
+        waiting host lists no claims and markers (tens of thousands on a pod) every poll."""
+        view = self._view
+        if view is not None and now - view[0] < self.refresh_s:
+            return _without(view[1], tried), view[2]
+        beats = choice_policy.Beats.read(heartbeat_lib.read_heartbeats(self.store, history=False),
+                           self.job, now, self.stale_after_s)
+        self._beats = (now, beats)
+        signature = (tuple(sorted(beats.replicas.items())),
+                     frozenset(a for a in beats.attempts if beats.holder_dead(a)),
+                     now >= self.grace_until)
+        if (view is not None and view[3] == signature
+                and not choice_policy.decide(view[1], now, self.grace_until).take):
+            shares = dataclasses.replace(
+                _without(view[1], tried),
+                held={p: r for p, r in view[1].held.items() if not is_committed(p)})
+            self._view = (now, shares, view[2], signature)
+            return shares, view[2]
+        committed = commit_lib.committed_partitions(self.store, self.n_partitions)
+        generations = schedule.claim_generations(
+            self.store.list_names(schedule.claims_folder(self.job)))
+        open_pids = [p for p in self.universe if p not in committed and p not in tried]
+        holders = self._read_holders([(p, generations[p]) for p in open_pids
+                                      if p in generations])
+        own, others, held = [], collections.defaultdict(list), {}
+        for pid in open_pids:
+            owner = pid % self.topo.replicas
+            if pid in generations:
+                holder = holders[(pid, generations[pid])]
+                dead = beats.holder_dead(holder)
+                if holder == self.attempt or dead is None:
+                    continue  # this attempt's own, or an attempt this job does not know
+                if not dead:
+                    held[pid] = beats.attempts[holder][0]
+                    continue
+            (own if owner == self.topo.replica else others[owner]).append(pid)
+        states = {r: s for r, s in beats.replicas.items() if r != self.topo.replica}
+        pace = {r: self.partition_tokens / rate for r, rate in beats.rates.items()}
+        shares = choice_policy.Shares(tuple(own), {r: tuple(v) for r, v in others.items()}, held, states,
+                        {r: v for r, v in pace.items() if r != self.topo.replica},
+                        pace.get(self.topo.replica, 0.0))
+        self._view = (now, shares, generations, signature)
+        return shares, generations
+
+    def _read_holders(self, claims: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
+        """The attempt of each claim (pid, generation); a claim never changes, so each is
+        read once."""
+        unread = [c for c in claims if c not in self._holders]
+        keys = [schedule.claim_key(self.job, pid, generation) for pid, generation in unread]
+        for claim, key, data in zip(unread, keys, self.store.read_many(keys)):
+            self._holders[claim] = ("" if data is None else
+                                    (self.store.parse_json(key, data) or {}).get("attempt", ""))
+        return {c: self._holders[c] for c in claims}
+
+
+def _without(shares: choice_policy.Shares, taken: set[int]) -> choice_policy.Shares:
+    """`shares` less the partitions this process has taken since."""
+    return dataclasses.replace(
+        shares, own=tuple(p for p in shares.own if p not in taken),
+        others={r: tuple(p for p in items if p not in taken)
+                for r, items in shares.others.items()})

@@ -1,0 +1,125 @@
+"""Committing a partition: wait until every host's shards are durable, then the marker.
+
+One-host replicas commit on a background thread, so the chips start the next partition
+while the last shards of the previous one drain to storage. Multi-host replicas commit in
+the loop, because gathering every host's checksums is a collective that must run in the
+same order on all hosts. The rule itself (create-only marker, written last) lives in
+`schemas.commit`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from typing import Callable
+
+import numpy as np
+
+from actx.schemas import commit as commit_lib
+from actx.schemas import manifest as manifest_lib
+from actx.schemas import runspec as runspec_lib
+from actx.workers.loop import faults, schedule
+from actx.workers.replicas import distributed
+from actx.workers.write import writer
+
+log = logging.getLogger("actx.worker")
+
+
+class Committer:
+    def __init__(self, store, spec: runspec_lib.RunSpec, topo: schedule.Topology, attempt: str,
+                 code_version: str, on_commit: Callable[[int], None] = lambda pid: None):
+        self._store = store
+        self._spec = spec
+        self._topo = topo
+        self._attempt = attempt
+        self._code_version = code_version
+        self._executor = (concurrent.futures.ThreadPoolExecutor(1, "actx-commit")
+                          if topo.hosts_per_replica == 1 else None)
+        self._pending: list[concurrent.futures.Future] = []
+        self._on_commit = on_commit
+
+    def submit(self, part: manifest_lib.Partition, part_writer: writer.PartitionWriter,
+               started: float) -> None:
+        """Commits `part` once its writes are durable (in the background where allowed)."""
+        self._raise_failures()
+        if self._executor is None:
+            self._finish(part, part_writer, started)
+        else:
+            self._pending.append(self._executor.submit(self._finish, part, part_writer, started))
+
+    def drain(self) -> None:
+        """Waits for every submitted partition; re-raises the first failure."""
+        for future in self._pending:
+            future.result()
+        self._pending.clear()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    def _raise_failures(self) -> None:
+        for future in [f for f in self._pending if f.done()]:
+            future.result()
+            self._pending.remove(future)
+
+    def _finish(self, part: manifest_lib.Partition, part_writer: writer.PartitionWriter,
+                started: float) -> None:
+        checksums = part_writer.finish()
+        faults.maybe_crash("before_commit")
+        merged = self._gather(part, checksums)
+        if merged is None:  # not the replica's leader
+            return
+        marker = commit_lib.CommitMarker(
+            partition=part.id, fingerprint=self._spec.fingerprint, row_start=part.row_start,
+            row_count=part.row_count, tokens=part.tokens,
+            block_rows=self._spec.layout.rows_per_shard, checksums=merged,
+            dtypes={h: part_writer.dtypes[h] for h in merged}, attempt=self._attempt,
+            hosts=tuple(f"r{self._topo.replica}h{h}" for h in range(self._topo.hosts_per_replica)),
+            timings_s={"total": round(time.perf_counter() - started, 3)},
+            code_version=self._code_version, created_at=time.time())
+        if commit_lib.commit(self._store, marker) or self._is_own(marker):
+            self._on_commit(part.id)
+
+    def _is_own(self, marker: commit_lib.CommitMarker) -> bool:
+        """After a refused create: whether the standing marker is this attempt's own (a
+        retried write meeting what its lost first try wrote). Otherwise another attempt
+        won the race, its marker stands, and this one counts nothing."""
+        standing = commit_lib.read_marker(self._store, marker.partition)
+        if standing is not None and standing.attempt == marker.attempt:
+            if standing.checksums != marker.checksums:  # one attempt, one set of bytes
+                log.error("partition %d: the marker of this attempt (%s) holds other "
+                          "checksums than its data now has; `actx verify` will say which "
+                          "blocks", marker.partition, marker.attempt)
+            log.warning("partition %d: the marker this attempt wrote was already there (a "
+                        "lost response, retried); counted once", marker.partition)
+            return True
+        other = standing.attempt if standing is not None else "?"
+        same = standing is not None and standing.checksums == marker.checksums
+        log.warning("partition %d was already committed by attempt %s; its marker stands "
+                    "(%s)", marker.partition, other,
+                    "same checksums" if same else "OTHER checksums: is the run deterministic?")
+        return False
+
+    def _gather(self, part: manifest_lib.Partition,
+                checksums: dict[str, list[str]]) -> dict[str, list[str]] | None:
+        """Every host's block checksums in row order, on the leader (None elsewhere).
+
+        The gather is also the barrier: it returns once every host's writes are durable.
+        """
+        hosts = self._topo.hosts_per_replica
+        if hosts == 1:
+            return checksums
+        hooks = sorted(checksums)
+        shards = -(-part.row_count // self._spec.layout.rows_per_shard)
+        max_blocks = -(-shards // hosts)
+        local = np.zeros((len(hooks), max_blocks + 1), np.uint32)
+        for i, hook in enumerate(hooks):
+            local[i, 0] = len(checksums[hook])
+            local[i, 1:1 + len(checksums[hook])] = [int(c, 16) for c in checksums[hook]]
+        gathered = distributed.allgather_uint32(local)
+        if self._topo.host_index != 0:
+            return None
+        return {hook: [f"{int(c):08x}" for h in range(hosts)
+                       for c in gathered[h, i, 1:1 + gathered[h, i, 0]]]
+                for i, hook in enumerate(hooks)}
