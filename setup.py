@@ -66,7 +66,7 @@ def _native_extensions() -> list[Extension]:
     """The stream's row copy (reader/native/row_copy.c) as the module actx.reader._row_copy.
 
     Optional: where it cannot be built (no C compiler, no Python headers) the install goes
-    on without it and the reader copies with numpy (reader.row_copy says so once).
+    on without it and the reader copies with numpy (reader.storage.row_copy says so once).
     ACTX_PURE_WHEEL=1 leaves it out, for the py3-none-any wheel TPU hosts install
     (actx.deploy.targets.tpu_vm.package): the submitter's binary would not fit their
     platform."""

@@ -13,12 +13,12 @@ to numpy, padding included; local files read the way the stream reads them,
 one reused buffer as the stream decodes; (2) the streaming shuffle (`run.stream`) over
 whole epochs: the same blocks read and decoded (or, for a local store without a codec,
 mapped and copied straight into batches; --no-map-shards decodes them), plus the
-permutation and the batch copies (reader.row_copy's C kernel where it builds here;
+permutation and the batch copies (reader.storage.row_copy's C kernel where it builds here;
 --no-native-copy: numpy's gather); its ratios are (1)'s times over (2)'s for the same
 bytes, overall and per round;
 (3) the exact global shuffle (`run.batches`, straight from the arrays) over a few steps;
 the CPU seconds and peak RSS of each (each runs in its own process, so the figure is its
-own); the load average; and how mixed the batches are (reader.mixing: distinct documents,
+own); the load average; and how mixed the batches are (reader.streaming.mixing: distinct documents,
 partitions and blocks per batch) for (2) and (3). Each child times --passes passes after
 an untimed one (thread pools, allocator), children alternate over --rounds, and medians
 are printed, because other processes share the cores. The files were just written or
@@ -45,8 +45,8 @@ import numpy as np  # noqa: E402
 import tensorstore as ts  # noqa: E402
 
 from actx import reader  # noqa: E402
-from actx.reader import mixing  # noqa: E402
-from actx.reader import read_contexts as contexts_lib  # noqa: E402
+from actx.reader.streaming import mixing  # noqa: E402
+from actx.reader.storage import read_contexts as contexts_lib  # noqa: E402
 from actx.schemas import layout  # noqa: E402
 
 
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
                          "with numpy's gather (--no-native-copy), for a comparison in the "
                          "same window")
     ap.add_argument("--no-native-copy", action="store_true",
-                    help="stream: copy into batches with numpy's gather, not reader.row_copy's "
+                    help="stream: copy into batches with numpy's gather, not reader.storage.row_copy's "
                          "C kernel")
     ap.add_argument("--no-map-shards", action="store_true",
                     help="stream: decode every hook with tensorstore, even where its shard "

@@ -17,11 +17,11 @@ Public names (all re-exported here; `__all__`):
                                   stream, batches, compute_stats / stats
     HookInfo                      reader.snapshot: one hook's shape, dtype, partitions
     (reader.options)              the keywords stream and batches share, in groups
-    ShuffledStream                reader.stream: `run.stream`, the streaming two-level
+    ShuffledStream                reader.streaming.stream: `run.stream`, the streaming two-level
                                   shuffle training reads (near sequential speed);
-                                  `state(batch)` / resume= (reader.stream_state)
-    StreamPlan, BlockTable        reader.blocks: its row blocks, process split, buffers
-    Mixing, measure_mixing        reader.mixing: documents / partitions / blocks per batch
+                                  `state(batch)` / resume= (reader.streaming.state)
+    StreamPlan, BlockTable        reader.streaming.blocks: its row blocks, process split, buffers
+    Mixing, measure_mixing        reader.streaming.mixing: documents / partitions / blocks per batch
     Batch, TokenBatches           reader.batches: `run.batches`, the exact global shuffle
     TokenIndex, build_index       reader.shuffle: the valid tokens, in row-major order
     ShufflePlan                   reader.shuffle: the seeded, process-split order
@@ -48,17 +48,17 @@ memory:// runs written in the same process are readable and its cache pool is sh
 """
 
 from actx.reader.batches import Batch, TokenBatches
-from actx.reader.blocks import BlockTable, StreamPlan
+from actx.reader.streaming.blocks import BlockTable, StreamPlan
 from actx.reader.errors import (NotARunError, NothingCommittedError, ReaderError,
                                 UncommittedPartitionError, UnknownHookError)
-from actx.reader.mixing import Mixing
-from actx.reader.mixing import measure as measure_mixing
+from actx.reader.streaming.mixing import Mixing
+from actx.reader.streaming.mixing import measure as measure_mixing
 from actx.reader.provenance import Selection
 from actx.reader.run import HookInfo, Run, open_run
 from actx.reader.shuffle import ShufflePlan, TokenIndex, build_index
 from actx.reader.stats import compute_stats
 from actx.reader.stored_stats import HookStats, load_stats
-from actx.reader.stream import ShuffledStream
+from actx.reader.streaming.stream import ShuffledStream
 
 __all__ = [
     "Batch", "BlockTable", "HookInfo", "HookStats", "Mixing", "NotARunError", "NothingCommittedError",

@@ -6,7 +6,7 @@ What crosscoders and model diffing read: a run with extractions `base` and `chat
 model, `[batch, n_models, d]` when the hooks read share one width, else one array per
 extraction.
 
-It is one `reader.stream.ShuffledStream` per extraction, opened with the same settings
+It is one `reader.streaming.stream.ShuffledStream` per extraction, opened with the same settings
 over the same partitions (those committed in every extraction) and the same token filter.
 A stream's order depends only on its seed, the sizes, the process split and which tokens
 are valid, never on the activations, so the streams walk the tokens in one order; each
@@ -66,7 +66,7 @@ class AlignedStream:
 
     runs: {extraction: Run} (`open_runs`) or a run location with `extractions` given.
     hooks: the hook read from every extraction (one name), or {extraction: hook}.
-    batch_size and every other keyword: as for `run.stream` (reader.stream.ShuffledStream):
+    batch_size and every other keyword: as for `run.stream` (reader.streaming.stream.ShuffledStream):
       seed, epochs, process_index / process_count, drop_last, whole_document, exclude (but
       not "outlier"), partitions, buffer_tokens, normalize (per model), framework, ...
     resume: a dict from `state(batch)`.

@@ -10,7 +10,7 @@ on the chunk shape: tensorstore maps coordinates to chunks). This buys an exact,
 reproducible, host-splittable order (what the tests and multi-host trainers need) at the
 price of read amplification, measured by bench/read.py against sequential bandwidth
 (`--chunk-tokens` shows what smaller inner chunks save). The two-level shuffle of
-reader.stream (`run.stream`: shuffled row blocks + a permuted buffer) reads at about
+reader.streaming.stream (`run.stream`: shuffled row blocks + a permuted buffer) reads at about
 sequential speed but is not a global permutation; training should use it. When the
 selected tokens fit in memory, `in_memory=True` here loads their activations once with
 sequential reads (padding dropped) and gathers each batch from RAM: the same exact order,

@@ -1,6 +1,6 @@
 """The options both batch readers share, as frozen groups, documented once.
 
-`run.stream(...)` (reader.stream.ShuffledStream) and `run.batches(...)`
+`run.stream(...)` (reader.streaming.stream.ShuffledStream) and `run.batches(...)`
 (reader.batches.TokenBatches) take the same keywords for the same things; the front door
 (reader.run) sorts the keywords a caller passes into these groups (`from_keywords`), so
 each reader's constructor takes a few groups instead of thirty loose parameters, and a

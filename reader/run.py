@@ -2,7 +2,7 @@
 
 A `Run` is a `reader.snapshot.RunSnapshot` (hooks, committed partitions, checks, random
 access) with the methods that hand the run to the modules above it: `document` and
-`select` (reader.provenance), `batches` (reader.batches), `stream` (reader.stream),
+`select` (reader.provenance), `batches` (reader.batches), `stream` (reader.streaming.stream),
 `compute_stats` and `stats` (reader.stats), `generations` (a generating run's samples:
 reader.generation_records). This module sits above all of them and none
 imports it, so the reader has no import circle. The keywords of `stream` and `batches`
@@ -21,7 +21,7 @@ from actx.reader import options as options_lib
 from actx.reader import provenance
 from actx.reader import stats as stats_lib
 from actx.reader import stored_stats
-from actx.reader import stream as stream_lib
+from actx.reader.streaming import stream as stream_lib
 from actx.reader.snapshot import HookInfo, RunSnapshot
 from actx.schemas import errors as schemas_errors
 from actx.schemas import run_dir
@@ -112,7 +112,7 @@ class Run(RunSnapshot):
     def stream(self, hooks: "str | Sequence[str]", batch_size: int, *,
                resume: "stream_lib.StreamState | dict | None" = None, **keywords):
         """Shuffled batches at the speed of sequential reads, with a bounded buffer (see
-        `reader.stream.ShuffledStream`): what training reads. Keywords: reader.options'
+        `reader.streaming.stream.ShuffledStream`): what training reads. Keywords: reader.options'
         groups and stream.ReadOptions; resume: a saved `state(batch)`."""
         self.require_commits()
         tokens, order, output, reads = options_lib.from_keywords(

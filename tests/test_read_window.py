@@ -1,4 +1,4 @@
-"""reader.read_window: real tensorstore reads (an in-memory array into numpy), queued from one
+"""reader.storage.read_window: real tensorstore reads (an in-memory array into numpy), queued from one
 thread and topped up from another, as the stream does."""
 
 import threading
@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import tensorstore as ts
 
-from actx.reader import read_window
+from actx.reader.storage import read_window
 
 ROWS, WIDTH = 64, 1024
 

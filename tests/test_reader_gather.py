@@ -1,4 +1,4 @@
-"""reader.gather: the threaded copy into batches equals numpy's fancy indexing."""
+"""reader.streaming.gather: the threaded copy into batches equals numpy's fancy indexing."""
 
 import threading
 
@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from actx.reader import gather as gather_lib
+from actx.reader.streaming import gather as gather_lib
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])

@@ -1,4 +1,4 @@
-"""The stream's mapped reads (reader.mapped_hook, shard_files, mapped_region): a local hook
+"""The stream's mapped reads (reader.storage.mapped_hook, shard_files, mapped_region): a local hook
 stored without a codec is copied straight from its shard files, with values equal to
 zarr-python's read of the same arrays whoever wrote the shards (tensorstore or zarr-python,
 inner chunks in any order, some not stored); every other layout, and every shard file
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from actx import reader
-from actx.reader import gather as gather_lib
-from actx.reader import shard_files
+from actx.reader.streaming import gather as gather_lib
+from actx.reader.storage import shard_files
 from tests import reader_fixtures as rf
 
 T = 16  # the fixtures' seq_len
@@ -262,7 +262,7 @@ def test_batches_outlive_the_mappings_and_every_mapping_is_released(tmp_path):
 def test_a_file_system_that_cannot_map_files_is_decoded_from_then_on(tmp_path, monkeypatch):
     import errno
 
-    from actx.reader import mapped_region
+    from actx.reader.storage import mapped_region
 
     def cannot_map(self, i, fd):  # as mmap fails on a file system without it
         raise OSError(errno.ENODEV, "No such device")

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from actx import reader
-from actx.reader import gather as gather_lib
-from actx.reader import mixing
-from actx.reader.stream_state import StreamState
+from actx.reader.streaming import gather as gather_lib
+from actx.reader.streaming import mixing
+from actx.reader.streaming.state import StreamState
 from tests import reader_fixtures as rf
 
 T = 16  # the fixtures' seq_len
@@ -356,7 +356,7 @@ def test_a_damaged_block_fails_the_stream_with_the_read_error(tmp_path):
 
 
 def test_local_runs_read_mapped_files_where_tensorstore_can(reader_run, monkeypatch):
-    from actx.reader import read_contexts
+    from actx.reader.storage import read_contexts
 
     run = reader.open_run(reader_run.uri)
     assert read_contexts.default_file_io_mode(run) == "memmap"

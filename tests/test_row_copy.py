@@ -1,4 +1,4 @@
-"""reader.row_copy: the C kernel built at install (reader._row_copy), against numpy;
+"""reader.storage.row_copy: the C kernel built at install (reader._row_copy), against numpy;
 what happens where it was not built or is wrong; the stream gives the same batches
 either way."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from actx import reader
-from actx.reader import gather as gather_lib
-from actx.reader import row_copy
+from actx.reader.streaming import gather as gather_lib
+from actx.reader.storage import row_copy
 from tests import reader_fixtures as rf
 
 T = 16  # the fixtures' seq_len

@@ -1,4 +1,4 @@
-/* The stream's copy of tokens into batches (reader._row_copy, reader.stream).
+/* The stream's copy of tokens into batches (reader._row_copy, reader.streaming.stream).
 
    actx_copy_rows: for i in [0, n), copy row_bytes bytes from src + src_rows[i] * row_bytes
    to the address dst[i]. The stream calls it with src_rows ascending (a buffer read in

@@ -1,5 +1,5 @@
 /* actx.reader._row_copy: the Python module around row_copy.c's kernel, built at install time
-   (setup.py's optional Extension; reader/row_copy.py falls back to numpy without it).
+   (setup.py's optional Extension; reader/storage/row_copy.py falls back to numpy without it).
 
    copy_rows(src, src_rows, dst, n, row_bytes) takes addresses (numpy's ctypes.data) and
    releases the GIL while it copies, so the stream's gather threads copy in parallel. */

@@ -1,5 +1,5 @@
 """Where each token's activations lie in a local shard file, for hook arrays stored without
-a codec, so the stream can copy them straight from the page cache (reader.mapped_hook).
+a codec, so the stream can copy them straight from the page cache (reader.storage.mapped_hook).
 
 Follows the zarr v3 `sharding_indexed` codec (zarr-specs, codecs/sharding-indexed): a shard
 object holds its inner chunks at any offsets, followed (index_location "end") by an index

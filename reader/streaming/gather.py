@@ -1,6 +1,6 @@
 """The stream's one copy of each returned token into its batch, on a pool of threads.
 
-Two ways (reader.stream picks): `submit_rows` runs reader.row_copy's C kernel, which reads
+Two ways (reader.streaming.stream picks): `submit_rows` runs reader.storage.row_copy's C kernel, which reads
 a buffer in order and scatters its rows into the batches (row i to address i); `submit`
 gathers with numpy, out[i] = src[idx[i]], reading the buffer at random. Either way one
 core moves fewer bytes per second than the parallel decode feeds it on a host with many
@@ -59,7 +59,7 @@ class Gather:
 
     def submit_rows(self, copy_rows, src: np.ndarray, rows: np.ndarray,
                     addresses: np.ndarray) -> list[concurrent.futures.Future]:
-        """Starts reader.row_copy's kernel: row rows[i] of `src` to addresses[i] (the
+        """Starts reader.storage.row_copy's kernel: row rows[i] of `src` to addresses[i] (the
         memory behind them must stay alive until the returned futures are done)."""
         return self._in_tasks(copy_rows, src, rows, addresses, NATIVE_ROWS_PER_TASK)
 

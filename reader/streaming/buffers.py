@@ -1,10 +1,10 @@
-"""One buffer of a stream (reader.stream): its reads, its permuted order, and the copies
+"""One buffer of a stream (reader.streaming.stream): its reads, its permuted order, and the copies
 of its tokens into the batches cut from it.
 
 A buffer's reads are queued (each block decoded into its rows of a reused slot, or a
-mapped hook's shard files mapped: reader.mapped_hook), its token rows read, and its
+mapped hook's shard files mapped: reader.storage.mapped_hook), its token rows read, and its
 permuted order worked out once they arrive; then its tokens are copied into their
-batches on the gather threads: by reader.row_copy's C kernel in source order (each token
+batches on the gather threads: by reader.storage.row_copy's C kernel in source order (each token
 to its batch row's address), or by numpy's gather in stream order.
 """
 
@@ -17,10 +17,10 @@ from typing import Any, Callable
 import numpy as np
 import tensorstore as ts
 
-from actx.reader import blocks as blocks_lib
-from actx.reader import gather as gather_lib
+from actx.reader.streaming import blocks as blocks_lib
+from actx.reader.streaming import gather as gather_lib
 from actx.reader import masks as masks_lib
-from actx.reader import read_window
+from actx.reader.storage import read_window
 from actx.reader import snapshot
 from actx.reader.errors import ReaderError
 
@@ -61,9 +61,9 @@ class BufferReader:
     """Loads a stream's buffers and copies their tokens into batches.
 
     acts: hook -> its activation array (opened in the stream's read context); mapped:
-    hook -> reader.mapped_hook.MappedHook for the hooks read from mapped shard files;
+    hook -> reader.storage.mapped_hook.MappedHook for the hooks read from mapped shard files;
     tokens: the token arrays the filter needs (segment_ids, input_ids, ...);
-    copy_rows: reader.row_copy's kernel, or None for numpy's gather.
+    copy_rows: reader.storage.row_copy's kernel, or None for numpy's gather.
     """
 
     def __init__(self, run: snapshot.RunSnapshot, plan: blocks_lib.StreamPlan,
@@ -125,7 +125,7 @@ class BufferReader:
         (with each token's stream index) for the native copy."""
         valid, perm, input_ids = self._permuted(loaded)
         order = valid[perm]
-        # take(mode="clip"): no temporary (see reader.gather); in range by construction.
+        # take(mode="clip"): no temporary (see reader.streaming.gather); in range by construction.
         result = Order(loaded.run_rows.take(order // self.run.seq_len, mode="clip"),
                         np.remainder(order, self.run.seq_len),
                         input_ids.take(order, mode="clip"), {})

@@ -1,10 +1,10 @@
-"""One pass of a stream (reader.stream): buffers loaded ahead, cut into batches, copied
+"""One pass of a stream (reader.streaming.stream): buffers loaded ahead, cut into batches, copied
 into them, and the batches handed over in step order.
 
 Each buffer is cut into batches (their token rows and ids filled at once) and its
 activations copied into them on the gather threads; a buffer's batches are handed over
 once its copies are done, while the next buffer's copies run and the one after it is read
-(`prefetch_buffers` ahead). Buffers load on a thread of their own (reader.stream_buffers).
+(`prefetch_buffers` ahead). Buffers load on a thread of their own (reader.streaming.buffers).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Iterator
 
 import numpy as np
 
-from actx.reader import array_pool
-from actx.reader import blocks as blocks_lib
-from actx.reader import gather as gather_lib
-from actx.reader import read_window
-from actx.reader import stream_buffers
+from actx.reader.streaming import array_pool
+from actx.reader.streaming import blocks as blocks_lib
+from actx.reader.streaming import gather as gather_lib
+from actx.reader.storage import read_window
+from actx.reader.streaming import buffers as stream_buffers
 from actx.reader.batches import Batch
 
 

@@ -1,13 +1,13 @@
 """Shuffled training batches at the speed of sequential reads: a two-level shuffle.
 
-Level one (reader.blocks): each epoch visits this process's row blocks in a new seeded
+Level one (reader.streaming.blocks): each epoch visits this process's row blocks in a new seeded
 order, `buffer_tokens` positions (a few blocks) at a time. Level two: the valid tokens of
 each buffer are permuted and cut into batches; a batch may take the tail of one buffer and
 the head of the next. Tensorstore reads and decodes the next `prefetch_buffers` buffers on
 its own threads (decoding is parallel across inner chunks; `reads_in_flight` blocks at a
-time, reader.read_window), each block with one request per hook, decoded straight into a
+time, reader.storage.read_window), each block with one request per hook, decoded straight into a
 reused buffer (ts.array over numpy memory). Each returned token is then copied once into
-its batch (reader.gather, on `gather_threads` threads): by reader.row_copy's C kernel,
+its batch (reader.streaming.gather, on `gather_threads` threads): by reader.storage.row_copy's C kernel,
 which reads the buffer in order and scatters the rows into the buffer's batches (2-3 x
 numpy's gather, which reads at random and is the fallback where it was not built at install;
 `copy_path` says which). So the stored bytes are decoded once and copied once, whatever
@@ -17,11 +17,11 @@ of its own (its reads queued, a mapped hook's shard files mapped, its permuted o
 worked out once its token rows arrive), and JAX batches are copied to the device on
 another, so the thread that cuts batches does little else (`producer_seconds` says where
 its time goes). A local hook stored without a codec is not decoded at all
-(reader.mapped_hook, `map_shards`): the buffer's shard files are mapped, a background
-thread pages the next buffer in (reader.mapped_region), and each token is copied once,
+(reader.storage.mapped_hook, `map_shards`): the buffer's shard files are mapped, a background
+thread pages the next buffer in (reader.storage.mapped_region), and each token is copied once,
 from the page cache straight into its batch.
 
-The trade (stated, and measured by bench/read.py with reader.mixing): a batch holds
+The trade (stated, and measured by bench/read.py with reader.streaming.mixing): a batch holds
 tokens of at most two consecutive buffers, i.e. of at most 2 * buffer_tokens /
 (block_rows * seq_len) blocks, so of fewer documents and partitions than an exact global
 shuffle (run.batches) would give it. A larger buffer or smaller blocks mix better; memory
@@ -41,21 +41,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator, Sequence
 
-from actx.reader import blocks as blocks_lib
+from actx.reader.streaming import blocks as blocks_lib
 from actx.reader import formats
-from actx.reader import gather as gather_lib
-from actx.reader import mapped_hook
+from actx.reader.streaming import gather as gather_lib
+from actx.reader.storage import mapped_hook
 from actx.reader import masks as masks_lib
 from actx.reader import options as options_lib
 from actx.reader import prefetch as prefetch_lib
-from actx.reader import read_window
-from actx.reader import row_copy
+from actx.reader.storage import read_window
+from actx.reader.storage import row_copy
 from actx.reader import snapshot
-from actx.reader import stream_buffers
-from actx.reader import stream_pipeline
+from actx.reader.streaming import buffers as stream_buffers
+from actx.reader.streaming import pipeline as stream_pipeline
 from actx.reader.batches import Batch
-from actx.reader.read_contexts import default_file_io_mode, read_contexts
-from actx.reader.stream_state import STATE_VERSION, StreamSettings, StreamState
+from actx.reader.storage.read_contexts import default_file_io_mode, read_contexts
+from actx.reader.streaming.state import STATE_VERSION, StreamSettings, StreamState
 from actx.schemas import layout
 
 # Positions per buffer: 0.47 GB per hook and buffer at hidden 896 in bfloat16, 2.1 GB at
@@ -84,12 +84,12 @@ class ReadOptions:
       hidden * itemsize.
     file_io_mode: how tensorstore reads local files it decodes (see read_contexts; None:
       default_file_io_mode, memmap for local runs; no effect on gs://).
-    gather_threads: threads copying tokens into batches (None: reader.gather's default, a
+    gather_threads: threads copying tokens into batches (None: reader.streaming.gather's default, a
       quarter of the cores while tensorstore decodes, one per core when all is mapped).
     map_shards: copy the tokens of a local hook stored without a codec straight from its
-      mapped shard files (reader.mapped_hook) instead of decoding them first; anything
+      mapped shard files (reader.storage.mapped_hook) instead of decoding them first; anything
       else is decoded by tensorstore. `read_paths` says which each hook got, and why.
-    native_copy: copy tokens into batches with reader.row_copy's C kernel (each buffer read
+    native_copy: copy tokens into batches with reader.storage.row_copy's C kernel (each buffer read
       in order, its rows scattered into the batches) where it was built at install, else
       with numpy's gather; `copy_path` says which, and why. The bytes are the same.
     """
@@ -248,7 +248,7 @@ class ShuffledStream:
             step = last
 
     def _produce(self) -> Iterator[Batch]:
-        """Batches in step order (reader.stream_pipeline: `prefetch_buffers` buffers read
+        """Batches in step order (reader.streaming.pipeline: `prefetch_buffers` buffers read
         ahead, each cut into batches and copied into them on the gather threads)."""
         # The batches the consumer may hold beyond the pipeline's two buffers' worth:
         # the prefetch queue (with the conversion thread, its queue too).

@@ -1,12 +1,12 @@
 """The stream's reads of a hook stored without a codec on local disk: the buffer's shard
-files are mapped side by side (reader.mapped_region) and each token is copied once, from
+files are mapped side by side (reader.storage.mapped_region) and each token is copied once, from
 the page cache straight into its batch, instead of decoded into a buffer and copied again.
 
-A block whose shard file is refused by reader.shard_files (or missing, or unreadable) is
+A block whose shard file is refused by reader.storage.shard_files (or missing, or unreadable) is
 decoded by tensorstore into anonymous memory of the same region, so one buffer may mix
 both and the result is always what tensorstore (and zarr-python) would read.
 
-As with tensorstore's own "memmap" file mode (reader.read_contexts), a file cut short in
+As with tensorstore's own "memmap" file mode (reader.storage.read_contexts), a file cut short in
 place while mapped would end the process (SIGBUS); committed objects are only ever
 replaced whole (a new file renamed over the old one), which a mapping never sees.
 """
@@ -21,9 +21,9 @@ from typing import Sequence
 import numpy as np
 import tensorstore as ts
 
-from actx.reader import mapped_region
-from actx.reader import read_window
-from actx.reader import shard_files
+from actx.reader.storage import mapped_region
+from actx.reader.storage import read_window
+from actx.reader.storage import shard_files
 from actx.schemas import layout as layout_lib
 
 # How many reasons a hook keeps for shard files it decoded instead (for diagnosis).
