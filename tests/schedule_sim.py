@@ -264,7 +264,7 @@ class _Sim:
             self._write_heartbeat(r, st, "done")
             return
         if st["sleeping"] and not any(p >= 0 for p in step.partitions):
-            # Nothing in hand, nothing to take yet: the worker waits (stream_loop), no step.
+            # Nothing in hand, nothing to take yet: the worker waits (partition_stream), no step.
             self.push(self.now + self.poll_s, "step", r)
             return
         if st["first"] is None:
@@ -297,7 +297,7 @@ class _Sim:
 
     # -- what the worker does --------------------------------------------------------
     def _next_partition(self, r, st):
-        """`stream_loop.PartitionStream._choose` on a one-host replica, one answer a call:
+        """`partition_stream.PartitionStream._choose` on a one-host replica, one answer a call:
         a partition, NOT_YET (the free slots pad; or, with nothing in hand, it waits a
         poll interval) or None (no more)."""
         choice = st["choice"]

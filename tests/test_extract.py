@@ -175,7 +175,7 @@ def test_sigterm_stops_without_committing_partial_partition(reference_run, tmp_p
 def test_steal_finishes_other_replicas_partitions(reference_run, tmp_path):
     run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
     # Replica 1 of 2 never starts; replica 0 steals its partitions once the start-up grace
-    # is over (2 s here through the probe wrapper, not partition_choice's 60 s: the policy
+    # is over (2 s here through the probe wrapper, not choice_policy's 60 s: the policy
     # around the grace is tests/test_schedule_sim.py's).
     code, out = worker_procs.finish(worker_procs.start_worker(
         ["--run", run, "--batch-size", "8", "--replicas", "2", "--replica", "0", "--steal",

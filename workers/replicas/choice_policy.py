@@ -16,7 +16,7 @@ with nothing to take waits rather than ends, so that work is finished if that ho
 Claims only steer the sharing: a commit marker is create-only and a partition's bytes are
 a function of the run, so two attempts that extract one partition commit it once, with one
 set of bytes. `decide` is a pure function of what the store said at one moment (`Shares`)
-and the clock; `partition_chooser.Chooser` reads the store and claims. tests/schedule_sim.py
+and the clock; `chooser.Chooser` reads the store and claims. tests/schedule_sim.py
 drives the `Chooser` of many simulated replicas with fake clocks and heartbeats.
 """
 

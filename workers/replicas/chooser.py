@@ -5,7 +5,7 @@ what to take, and claims it.
 Apart from `workers.replicas.choice_policy`, which holds the policy as pure functions of one
 look at the store and the clock (what `tests/test_fair_sharing.py` checks case by case),
 because this is the part with a store, a cache of what it last read and the claims'
-races. The settings it does not get are `partition_choice`'s constants, read when a
+races. The settings it does not get are `choice_policy`'s constants, read when a
 Chooser is made (a test may set them first).
 """
 
