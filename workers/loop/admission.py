@@ -83,10 +83,17 @@ def check_token_layout(store, location) -> None:
 
 def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parallel: int,
                        seq_len: int, max_context: int | None) -> None:
-    """max_context within the model's declared context, and its cache on the chips."""
+    """max_context within the model's declared context, and its cache on the chips; every
+    position within a model's learned position embeddings (GPT-2)."""
+    cfg = model.config
+    if cfg.learned_positions and spec is not None:
+        from actx.workers import preflight
+
+        learned = preflight.learned_position_problems(spec.packing, cfg, spec.model.path)
+        if learned:
+            raise ValueError(f"{learned[0]}, and prepare the run again")
     if max_context is None:
         return
-    cfg = model.config
     if cfg.rope.has_long_factors:
         raise ValueError(
             f"packing.max_context={max_context}: {cfg.architecture}'s longrope takes its "

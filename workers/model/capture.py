@@ -149,6 +149,14 @@ class CaptureSpec:
         a point is one the model does not have (a router point of a dense model)."""
         has = families.layer_points(config)
         missing = [p for p in self.point_layers(config.num_layers) if p not in has]
+        why = families.missing_points(config)
+        explained = [p for p in missing if p in why]
+        if explained:
+            raise ValueError(
+                "; ".join(f"hook point {p}: {config.architecture} has no such point: "
+                          f"{why[p]}" for p in explained)
+                + f"; its per-layer points: {', '.join(has)}; global: "
+                  f"{', '.join(GLOBAL_POINTS)}")
         if missing:
             dense = not set(has) & set(ROUTER_POINTS)
             raise ValueError(

@@ -25,7 +25,7 @@ _BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BY_ARCH)
 
 __all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "Family", "LayerTensor", "config_from_hf",
-           "for_architecture", "layer_points", "of"]
+           "for_architecture", "layer_points", "missing_points", "of"]
 
 
 def for_architecture(arch: str) -> Family:
@@ -43,6 +43,12 @@ def layer_points(cfg) -> tuple[str, ...]:
     family here, such as a test's stand-in)."""
     family = _BY_ARCH.get(getattr(cfg, "architecture", None))
     return family.hook_points(cfg) if family is not None else DENSE_POINTS
+
+
+def missing_points(cfg) -> dict[str, str]:
+    """{dense point: why `cfg`'s model has no such point} (a parallel block's resid_mid)."""
+    family = _BY_ARCH.get(getattr(cfg, "architecture", None))
+    return family.missing_points(cfg) if family is not None else {}
 
 
 def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
