@@ -298,3 +298,22 @@ def test_positions_past_n_positions_are_refused(ckpt_dir):
     assert not any("max_context" in p for p in problems), problems
     fine = preflight.check_job(spec(seq_len=64, overflow="truncate"), batch_size=1).problems
     assert not any("position" in p for p in fine), fine
+
+
+@pytest.mark.parametrize("arch", hf_models.GPT_ARCHS)
+def test_generation_equals_hf_greedy(ckpt_dir, arch):
+    """Generation (workers.generate) embeds each token at its position (GPT-2's learned
+    positions), norms with the family's LayerNorm and reads GPT-NeoX's untied embed_out:
+    greedy ids equal HF generate's, and every activation HF's forward over the text."""
+    from actx.workers.generate import config as generate_config
+    from tests import test_generate as gen
+
+    path = ckpt_dir(arch)
+    hf = hf_models.load_hf_model(path)
+    prompts = gen._prompts()
+    config = generate_config.GenerateConfig(max_new_tokens=gen.MAX_NEW)
+    samples = gen._generator(path, config, gen.HOOKS).run(prompts)
+    for s, prompt in zip(samples, prompts):
+        np.testing.assert_array_equal(s.generated_ids,
+                                      gen._hf_greedy(hf, prompt, gen.MAX_NEW, ()))
+        gen._compare_activations(s, hf)
