@@ -193,6 +193,8 @@ SETTINGS = [
     ("gpt_neox", {"rotary_pct": 1.0}, {"rotary_pct": 0.25}),
     ("gpt_neox", {"rotary_pct": 0.5}, {"rotary_pct": 0.25}),
     ("gpt_neox", {"rotary_emb_base": 100}, {"rotary_emb_base": 10000}),
+    ("gpt_neox", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+     {"rope_type": "default"}),
     ("gpt_neox", {"layer_norm_eps": 0.5}, {"layer_norm_eps": 1e-5}),
     ("gpt_neox", {"hidden_act": "gelu_new", "initializer_range": 0.3},
      {"hidden_act": "gelu"}),
@@ -215,14 +217,15 @@ def test_every_setting_read_moves_the_result(tmp_path, arch, setting, base):
         return
     hf_config = hf_models.load_hf_model(path).config.to_dict()
     without = _copy_with(path, tmp_path / "without", **base)
-    if arch == "gpt_neox" and {"rotary_pct", "rotary_emb_base"} & set(base):
+    rope_keys = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta",
+                 "rope_type": "rope_type"}
+    if arch == "gpt_neox" and set(rope_keys) & set(base):
         # transformers 5 writes these into rope_parameters: change them there.
         rope = dict(hf_config["rope_parameters"])
-        rope.update({"partial_rotary_factor": base.get("rotary_pct",
-                                                       rope["partial_rotary_factor"]),
-                     "rope_theta": float(base.get("rotary_emb_base", rope["rope_theta"]))})
-        _copy_with(path, tmp_path / "without2", rope_parameters=rope)
-        without = str(tmp_path / "without2")
+        rope.update({rope_keys[k]: v for k, v in base.items()})
+        if rope["rope_type"] == "default":
+            rope.pop("factor", None)
+        without = _copy_with(path, tmp_path / "without2", rope_parameters=rope)
     other = hf_models.hf_hooks(hf_models.load_hf_model(without), ids)
     moved = max(_max_rel(other[name], ref[name]) for name in ref
                 if name != "embed" and name in other)
