@@ -164,3 +164,16 @@ def test_the_reader_refuses_them_where_unequal_or_unknown(tmp_path):
     with pytest.raises(ValueError, match=r"center_writing_weights"):
         run.batches("blocks.0.hook_resid_post", 32)
     assert run.describe()["hooks"]["embed"]["transformer_lens"] is None
+
+
+def test_the_torch_dataset_reads_them_too(tmp_path):
+    from actx.reader import torch_data
+
+    truth = build_run(str(tmp_path / "run"))
+    _record_architecture(truth.uri, "LlamaForCausalLM")
+    run = reader.open_run(truth.uri)
+    by_tl = torch_data.ActivationDataset(run, "blocks.0.hook_resid_post", 16, epochs=1,
+                                         seed=0)
+    by_ours = torch_data.ActivationDataset(run, "layers.0.resid_post", 16, epochs=1, seed=0)
+    for a, b in zip(by_tl, by_ours):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
