@@ -239,9 +239,9 @@ class RunSnapshot:
         return layout.extraction_key(self.extraction, key)
 
     def activation_array(self, hook: str):
-        """The tensorstore array of a hook (no commit checks: callers check rows)."""
-        self.hook(hook)
-        return self.open_array(layout.activation_array_key(hook))
+        """The tensorstore array of a hook (no commit checks: callers check rows); a
+        TransformerLens name reads the hook it equals (`resolve_hook`)."""
+        return self.open_array(layout.activation_array_key(self.hook(hook).name))
 
     def token_array(self, name: str):
         if name not in layout.ALL_TOKEN_ARRAYS:
@@ -274,9 +274,11 @@ class RunSnapshot:
         """Activations [n, hidden] per hook at the tokens (rows[i], cols[i]).
 
         All reads are issued before any is awaited, so tensorstore fetches and decodes
-        the chunks of every hook concurrently, each needed chunk once per read.
+        the chunks of every hook concurrently, each needed chunk once per read. Keyed by
+        the stored names (a TransformerLens name resolved).
         """
         self.require_commits()
+        hooks = self.resolve_hooks(hooks)
         rows = np.asarray(rows, np.int64)
         cols = np.asarray(cols, np.int64)
         for pid in self._partitions_of_rows(rows):
