@@ -56,7 +56,7 @@ class HFReference:
 
     @property
     def num_layers(self) -> int:
-        return len(_decoder(self.model).layers)
+        return len(_layers(self.model))
 
 
 def load(model_path: str, device: str = "cpu") -> HFReference:
@@ -102,8 +102,16 @@ def _local_copy(model_path: str) -> str:
 
 
 def _decoder(model):
-    inner = model.model
+    """The decoder stack: `model` (Llama-shaped), `transformer` (GPT-2), `gpt_neox`."""
+    inner = (getattr(model, "model", None) or getattr(model, "transformer", None)
+             or model.gpt_neox)
     return getattr(inner, "language_model", inner)
+
+
+def _layers(model):
+    """The decoder's blocks (GPT-2 calls them `h`)."""
+    inner = _decoder(model)
+    return inner.h if hasattr(inner, "h") else inner.layers
 
 
 def masks(ref: HFReference, context_start: np.ndarray):
@@ -144,11 +152,14 @@ def hooks(ref: HFReference, input_ids: np.ndarray, context_start: np.ndarray,
 
     captured: dict = {}
     handles = []
-    layers = _decoder(ref.model).layers
+    layers = _layers(ref.model)
     for i, layer in enumerate(layers):
         post_mlp = getattr(layer, "post_feedforward_layernorm", None)
         post_attn = post_mlp is not None and layer.post_attention_layernorm
-        handles.append((post_attn or layer.self_attn).register_forward_hook(
+        # GPT-2 names its attention `attn`, GPT-NeoX `attention`.
+        attention = (getattr(layer, "self_attn", None) or getattr(layer, "attn", None)
+                     or layer.attention)
+        handles.append((post_attn or attention).register_forward_hook(
             lambda mod, args, out, i=i: captured.__setitem__(
                 ("attn_out", i), out[0] if isinstance(out, tuple) else out)))
         handles.append((post_mlp or layer.mlp).register_forward_hook(

@@ -100,6 +100,9 @@ class AlignedStream:
                 raise ValueError(f"extraction {name!r}: not over the same token store as "
                                  f"{self.extractions[0]!r}; aligned batches read one run")
             run.require_commits()
+        # As stored: a TransformerLens name resolved on each run's model.
+        self.hooks = {name: run.resolve_hook(self.hooks[name])
+                      for name, run in self.runs.items()}
         self.partitions = self._common_partitions(partitions)
         if resume is not None:
             self._check_resume(resume)

@@ -83,7 +83,7 @@ class TokenBatches:
                  output: options_lib.OutputOptions = options_lib.OutputOptions(),
                  exact: ExactOptions = ExactOptions()):
         self.run = run
-        self.hooks = options_lib.hook_names(hooks)
+        self.hooks = options_lib.hook_names(hooks, run)
         for hook in self.hooks:
             run.hook(hook)
         self.index = shuffle_lib.build_index(run, tokens.partitions, tokens.exclude_bos,

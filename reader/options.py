@@ -82,12 +82,13 @@ class OutputOptions:
         return formats.check_framework("jax" if self.as_jax else self.framework)
 
 
-def hook_names(hooks: "str | Sequence[str]") -> tuple[str, ...]:
-    """One hook or several, as a tuple; at least one."""
+def hook_names(hooks: "str | Sequence[str]", run=None) -> tuple[str, ...]:
+    """One hook or several, as a tuple; at least one; with `run`, as stored
+    (TransformerLens names resolved: snapshot.RunSnapshot.resolve_hook)."""
     names = (hooks,) if isinstance(hooks, str) else tuple(hooks)
     if not names:
         raise ValueError("hooks: name at least one hook")
-    return names
+    return names if run is None else run.resolve_hooks(names)
 
 
 def from_keywords(what: str, keywords: dict[str, Any], *groups: type) -> tuple:

@@ -89,7 +89,7 @@ def doc_table(run: snapshot.RunSnapshot) -> DocTable:
 def _hooks(run: snapshot.RunSnapshot, hooks: "str | Sequence[str] | None") -> tuple[str, ...]:
     if hooks is None:
         return tuple(run.hooks)
-    hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
+    hooks = run.resolve_hooks((hooks,) if isinstance(hooks, str) else tuple(hooks))
     for h in hooks:
         run.hook(h)
     return hooks

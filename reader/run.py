@@ -24,6 +24,7 @@ from actx.reader import stored_stats
 from actx.reader.streaming import stream as stream_lib
 from actx.reader.snapshot import HookInfo, RunSnapshot
 from actx.schemas import errors as schemas_errors
+from actx.schemas import hook_aliases
 from actx.schemas import run_dir
 from actx.schemas import uri as uri_lib
 
@@ -50,7 +51,9 @@ class Run(RunSnapshot):
     """A run directory opened for reading. Build with `open_run`."""
 
     def describe(self) -> dict:
-        """A plain summary: hooks (shape, dtype), partitions committed and not, the
+        """A plain summary: hooks (shape, dtype, and `transformer_lens`: the
+        TransformerLens name of equal value the reader also accepts, None where there is
+        none: schemas.hook_aliases), the model's architecture, partitions committed and not, the
         tokens each mask removes (reader.masks; None until `compute_stats` counted them)
         and, for a generating run (run.json's `generate`), what its committed partitions
         generated (None for any other run): prompts (distinct prompt documents), samples,
@@ -62,8 +65,11 @@ class Run(RunSnapshot):
             "location": str(self.location), "extraction": self.extraction,
             "fingerprint": self.spec.fingerprint,
             "seq_len": self.seq_len, "total_rows": self.total_rows,
-            "hooks": {h: {"shape": list(i.shape), "dtype": i.dtype}
+            "hooks": {h: {"shape": list(i.shape), "dtype": i.dtype,
+                          "transformer_lens": hook_aliases.transformer_lens_name(
+                              h, self.architecture)}
                       for h, i in self.hooks.items()},
+            "architecture": self.architecture,
             "committed": list(self.committed),
             "uncommitted": [p.id for p in self.uncommitted_partitions],
             "masks": stored_stats.load_masks(self),
@@ -129,4 +135,4 @@ class Run(RunSnapshot):
     def stats(self, hook: str):
         """Stored statistics of a hook (computed by `compute_stats`)."""
         self.require_commits()
-        return stored_stats.load_stats(self, hook)
+        return stored_stats.load_stats(self, self.resolve_hook(hook))

@@ -22,6 +22,7 @@ from actx.reader import errors
 from actx.schemas import activations_info as info_lib
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
+from actx.schemas import hook_aliases
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import runspec as runspec_lib
@@ -73,6 +74,7 @@ class RunSnapshot:
         self.committed = tuple(sorted(commit_lib.committed_partitions(self.store)))
         self._committed_set = frozenset(self.committed)
         self._hooks_cache = None
+        self._info = None
 
     @property
     def seq_len(self) -> int:
@@ -111,7 +113,7 @@ class RunSnapshot:
         if not self.committed:
             return []
         try:
-            info = info_lib.read_info(self.store)
+            info = self._info = info_lib.read_info(self.store)
         except config_lib.ConfigError as e:
             raise errors.NotARunError(f"{self.location}: {e}; run `actx verify`") from None
         if info is None:
@@ -138,9 +140,38 @@ class RunSnapshot:
             f"the extraction's progress, `actx rerun {self.location}` extracts them; then "
             f"reopen the run (or call run.refresh())")
 
+    @property
+    def architecture(self) -> str | None:
+        """The model's HF architecture as the workers recorded it (activations/actx.json;
+        None in runs written before it was, and for Flax models)."""
+        self.hooks  # reads the record
+        return None if self._info is None else self._info.architecture
+
+    def resolve_hook(self, name: str) -> str:
+        """The stored name of hook `name`: itself, or the actx hook a TransformerLens name
+        ("blocks.8.hook_resid_pre") equals on this run's model (schemas.hook_aliases).
+        Raises hook_aliases.HookAliasError (a ValueError) naming it where none is equal."""
+        if not hook_aliases.is_transformer_lens(name) or name in self.hooks:
+            return name
+        architecture = self.architecture
+        actx = hook_aliases.to_actx(name)  # refuses what no model has
+        if architecture is None:
+            raise hook_aliases.HookAliasError(
+                f"{self.location}: TransformerLens hook {name!r}: this run does not record "
+                f"its model's architecture (activations/actx.json, written before actx "
+                f"recorded it, or a Flax model), which decides whether the values are "
+                f"equal; name the actx hook, {actx!r}")
+        return hook_aliases.to_actx(name, architecture)
+
+    def resolve_hooks(self, hooks: Sequence[str]) -> tuple[str, ...]:
+        """`resolve_hook` of each."""
+        return tuple(self.resolve_hook(h) for h in hooks)
+
     def hook(self, name: str) -> HookInfo:
-        """The HookInfo of `name`; UnknownHookError (listing the hooks) when absent."""
+        """The HookInfo of `name` (a TransformerLens name: of the actx hook it equals,
+        `resolve_hook`); UnknownHookError (listing the hooks) when absent."""
         self.require_commits()
+        name = self.resolve_hook(name)
         infos = self.hooks
         if name not in infos:
             raise errors.UnknownHookError(
@@ -208,9 +239,9 @@ class RunSnapshot:
         return layout.extraction_key(self.extraction, key)
 
     def activation_array(self, hook: str):
-        """The tensorstore array of a hook (no commit checks: callers check rows)."""
-        self.hook(hook)
-        return self.open_array(layout.activation_array_key(hook))
+        """The tensorstore array of a hook (no commit checks: callers check rows); a
+        TransformerLens name reads the hook it equals (`resolve_hook`)."""
+        return self.open_array(layout.activation_array_key(self.hook(hook).name))
 
     def token_array(self, name: str):
         if name not in layout.ALL_TOKEN_ARRAYS:
@@ -243,9 +274,11 @@ class RunSnapshot:
         """Activations [n, hidden] per hook at the tokens (rows[i], cols[i]).
 
         All reads are issued before any is awaited, so tensorstore fetches and decodes
-        the chunks of every hook concurrently, each needed chunk once per read.
+        the chunks of every hook concurrently, each needed chunk once per read. Keyed by
+        the stored names (a TransformerLens name resolved).
         """
         self.require_commits()
+        hooks = self.resolve_hooks(hooks)
         rows = np.asarray(rows, np.int64)
         cols = np.asarray(cols, np.int64)
         for pid in self._partitions_of_rows(rows):

@@ -76,7 +76,7 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
     the result in the run's stats.json (other hooks' entries are kept), each token's norm
     per hook (the "outlier" mask) and the tokens each mask removes (counted with
     `outlier_factor`; see reader.masks)."""
-    hooks = tuple(run.hooks) if hooks is None else tuple(hooks)
+    hooks = tuple(run.hooks) if hooks is None else run.resolve_hooks(tuple(hooks))
     ids = run.committed_ids(partitions, hooks)
     running = {h: _Running(run.hook(h).hidden) for h in hooks}
     block = run.spec.layout.rows_per_shard  # one stored object per read

@@ -164,7 +164,9 @@ class ActivationDataset(torch_data.IterableDataset):
         with self.open_stream() as stream:
             for batch in stream:
                 acts = {h: _tensor(a, self.dtype, device) for h, a in batch.acts.items()}
-                out = acts[self.hooks[0]] if self.single else acts
+                # One hook: its array (keyed by its stored name, a TransformerLens
+                # name resolved).
+                out = next(iter(acts.values())) if self.single else acts
                 if self.with_tokens:
                     tokens = {"rows": torch.from_numpy(np.asarray(batch.rows, np.int64)),
                               "cols": torch.from_numpy(np.asarray(batch.cols, np.int64)),

@@ -59,6 +59,9 @@ class ActivationsInfo:
     numerics: the first attempt's numerics (None in old runs).
     hook_dtypes: hook name -> its stored dtype where it is not `dtype` (expert_ids:
       "int32"); None where every hook is `dtype` (every run before mixtures of experts).
+    architecture: the model's HF architecture (`architectures[0]`), which decides the
+      TransformerLens names the reader accepts for its hooks (schemas.hook_aliases);
+      None in runs written before it was recorded, and for Flax models.
     """
 
     fingerprint: str
@@ -67,6 +70,7 @@ class ActivationsInfo:
     model_digest: str | None = None
     numerics: Numerics | None = None
     hook_dtypes: dict[str, str] | None = None
+    architecture: str | None = None
 
     def identity(self) -> tuple:
         """What every attempt must share exactly (numerics may differ when allowed)."""
@@ -93,11 +97,13 @@ def read_info(store) -> ActivationsInfo | None:
 
 
 def _record(info: ActivationsInfo) -> dict:
-    """The record's JSON: `hook_dtypes` only where a hook has a dtype of its own, so a run
-    without one writes the record of earlier versions, byte for byte."""
+    """The record's JSON: `hook_dtypes` only where a hook has a dtype of its own, and
+    `architecture` only where known, so such a run writes the record of earlier
+    versions, byte for byte."""
     data = config_lib.to_dict(info)
-    if not data.get("hook_dtypes"):
-        data.pop("hook_dtypes", None)
+    for optional in ("hook_dtypes", "architecture"):
+        if not data.get(optional):
+            data.pop(optional, None)
     return data
 
 

@@ -205,7 +205,9 @@ class CaptureConfig:
     """Which activations are stored, and in what dtype.
 
     hooks: hook names (docs/models.md, "Extraction API"), comma separated, with layer
-      ranges allowed: "layers.0-3.resid_post,final_norm" or "layers.*.resid_post".
+      ranges allowed: "layers.0-3.resid_post,final_norm" or "layers.*.resid_post";
+      TransformerLens names ("blocks.8.hook_resid_pre") where their values are actx's
+      (docs/models.md, "TransformerLens names"); the run stores actx's names.
     dtype: storage dtype of the activation arrays.
     """
 

@@ -27,6 +27,10 @@ import os
 ARCHS = ("qwen2", "qwen2_untied", "llama3", "mistral", "qwen3", "gemma2", "gemma3",
          "gemma3_mm", "phi3", "phi3_longrope", "olmo2", "qwen3_moe", "olmoe", "mixtral")
 MOE_ARCHS = ("qwen3_moe", "olmoe", "mixtral")
+# Families with their own tensor names and norms (tests/test_families_gpt.py): "gpt2"
+# (learned positions, Conv1D, 64 positions), "gpt_neox" (Pythia: parallel residual,
+# rotary_pct 0.25, fused interleaved query_key_value, untied embed_out).
+GPT_ARCHS = ("gpt2", "gpt_neox")
 # Architectures whose layers differ in their windows: HF takes one mask per layer type.
 PER_LAYER_TYPE_MASKS = ("gemma2", "gemma3", "gemma3_mm")
 
@@ -40,8 +44,20 @@ def tiny_config(arch: str = "qwen2", **overrides):
     """The transformers config object for `arch`, with `overrides` applied."""
     import transformers
 
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; one of {ARCHS}")
+    if arch not in ARCHS + GPT_ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; one of {ARCHS + GPT_ARCHS}")
+    if arch == "gpt2":
+        kwargs = dict(n_embd=64, n_layer=3, n_head=4, n_positions=64, vocab_size=512,
+                      layer_norm_epsilon=1e-5, bos_token_id=1, eos_token_id=2)
+        kwargs.update(overrides)
+        return transformers.GPT2Config(**kwargs)
+    if arch == "gpt_neox":
+        kwargs = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, vocab_size=512, max_position_embeddings=4096,
+                      layer_norm_eps=1e-5, rotary_pct=0.25, rotary_emb_base=10000,
+                      use_parallel_residual=True, tie_word_embeddings=False)
+        kwargs.update(overrides)
+        return transformers.GPTNeoXConfig(**kwargs)
     kwargs = dict(_COMMON)
     if arch in ("qwen2", "qwen2_untied"):
         kwargs.update(tie_word_embeddings=arch == "qwen2", rope_theta=10000.0)
@@ -142,8 +158,16 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
         # Random (not init-default) norm weights around the init, so a missed norm scale
         # (or a missed Gemma "+1") shows up.
         for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(norm_center + 0.1 * torch.randn_like(param))
+            if "norm" in name or name.split(".")[-2].startswith(("ln_", "ln")):
+                # LayerNorm biases too: around 0, so a missed bias shows up.
+                center = 0.0 if name.endswith(".bias") else norm_center
+                param.copy_(center + 0.1 * torch.randn_like(param))
+            elif arch in GPT_ARCHS and name.endswith(".bias"):
+                param.copy_(0.1 * torch.randn_like(param))  # HF inits biases at 0
+            elif arch == "gpt2" and name.endswith("wpe.weight"):
+                # Position embeddings as large as the token ones, so a wrong position
+                # (or none) shows up.
+                param.copy_(0.5 * torch.randn_like(param))
             elif arch in MOE_ARCHS and name.endswith("gate.weight"):
                 param.copy_(0.5 * torch.randn_like(param))
     if dtype == "bfloat16":
@@ -201,8 +225,14 @@ def load_hf_model(path: str | os.PathLike):
 def decoder(model):
     """The decoder stack (embeddings, layers, final norm) of an HF causal or multimodal
     model."""
-    inner = model.model
+    inner = getattr(model, "model", None) or getattr(model, "transformer", None) \
+        or model.gpt_neox
     return getattr(inner, "language_model", inner)
+
+
+def _layers(model):
+    inner = decoder(model)
+    return inner.h if hasattr(inner, "h") else inner.layers
 
 
 def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
@@ -233,13 +263,16 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
         mask_tensor = None
     captured: dict[str, torch.Tensor] = {}
     handles = []
-    layers = decoder(model).layers
+    layers = _layers(model)
+    parallel = getattr(model.config, "use_parallel_residual", False)
     for i, layer in enumerate(layers):
         # What is added to the residual stream: after Gemma's post-norms.
         post_attn = getattr(layer, "post_feedforward_layernorm", None) and \
             layer.post_attention_layernorm
         post_mlp = getattr(layer, "post_feedforward_layernorm", None)
-        handles.append((post_attn or layer.self_attn).register_forward_hook(
+        attention = getattr(layer, "self_attn", None) or getattr(layer, "attn", None) \
+            or layer.attention
+        handles.append((post_attn or attention).register_forward_hook(
             lambda mod, args, out, i=i: captured.__setitem__(
                 f"layers.{i}.attn_out", out[0] if isinstance(out, tuple) else out)))
         handles.append((post_mlp or layer.mlp).register_forward_hook(
@@ -271,8 +304,9 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
             f"layers.{i - 1}.resid_post"]
         for point in ("attn_out", "mlp_out", "resid_post"):
             result[f"layers.{i}.{point}"] = captured[f"layers.{i}.{point}"]
-        result[f"layers.{i}.resid_mid"] = (result[f"layers.{i}.resid_pre"]
-                                           + captured[f"layers.{i}.attn_out"])
+        if not parallel:  # a parallel block (GPT-NeoX) has no resid_mid
+            result[f"layers.{i}.resid_mid"] = (result[f"layers.{i}.resid_pre"]
+                                               + captured[f"layers.{i}.attn_out"])
         for point in ("router_logits", "expert_ids", "expert_weights"):
             if f"layers.{i}.{point}" in captured:  # [b * t, ...] -> [b, t, ...]
                 flat = captured[f"layers.{i}.{point}"]

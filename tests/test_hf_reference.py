@@ -16,7 +16,9 @@ MAX_CONTEXT = 24
 
 
 @pytest.mark.parametrize("arch,overrides", [(a, {}) for a in hf_models.ARCHS]
-                         + [("mistral", {"sliding_window": 12})])
+                         + [("mistral", {"sliding_window": 12}), ("gpt2", {}),
+                            # the sequential block, whose resid_mid the list asks for
+                            ("gpt_neox", {"use_parallel_residual": False})])
 def test_hooks_and_masks_equal_the_suites_reference(arch, overrides, tmp_path):
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch, **overrides)
     ref = hf_reference.load(path)

@@ -247,8 +247,8 @@ def test_wrong_shape_names_tensor_and_shapes(ckpt_dir, tmp_path):
 
 def test_unsupported_architecture(ckpt_dir, tmp_path):
     path = _copy(ckpt_dir("qwen2"), tmp_path / "ckpt")
-    _edit_config(path, architectures=["GPT2LMHeadModel"])
-    with pytest.raises(ValueError, match=r"architectures=\['GPT2LMHeadModel'\].*"
+    _edit_config(path, architectures=["BloomForCausalLM"])
+    with pytest.raises(ValueError, match=r"architectures=\['BloomForCausalLM'\].*"
                                          r"Qwen2ForCausalLM, LlamaForCausalLM"):
         model_lib.load_pretrained(path)
 

@@ -16,7 +16,8 @@ def test_describe_lists_hooks_shapes_dtypes_and_commits(reader_run):
     run = reader.open_run(reader_run.uri)
     info = run.describe()
     assert set(info["hooks"]) == set(rf.DEFAULT_HOOKS)
-    assert info["hooks"]["embed"] == {"shape": [24, 16, 8], "dtype": "float32"}
+    assert info["hooks"]["embed"] == {"shape": [24, 16, 8], "dtype": "float32",
+                                     "transformer_lens": None}
     assert info["committed"] == [0, 1] and info["uncommitted"] == [2]
     assert run.hook("embed").partitions == (0, 1)
 

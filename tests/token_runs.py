@@ -37,13 +37,13 @@ def write_token_run(run_uri: str, model_path: str, n_rows: int = 24, seq_len: in
                     vocab: int = 512, hooks: str = "layers.*.resid_post",
                     dtype: str = "float32", model_dtype: str = "float32",
                     rows_per_shard: int = 4, partition_rows: int = 8, codec: str = "zstd",
-                    seed: int = 0) -> runspec.RunSpec:
+                    seed: int = 0, overflow: str = "continue") -> runspec.RunSpec:
     spec = runspec.RunSpec.from_dict({
         "name": "test",
         "model": {"path": model_path, "dtype": model_dtype},
         "tokenizer": {"path": "synthetic"},
         "sources": [{"kind": "text", "paths": ["synthetic.jsonl"]}],
-        "packing": {"mode": "segmented", "seq_len": seq_len},
+        "packing": {"mode": "segmented", "seq_len": seq_len, "overflow": overflow},
         "capture": {"hooks": hooks, "dtype": dtype},
         "layout": {"rows_per_shard": rows_per_shard, "partition_rows": partition_rows,
                    "chunk_rows": 1, "codec": codec},

@@ -64,7 +64,7 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 problems.append(f"spec.capture.hooks: {e}")
         context = context_problem(spec.packing, config.max_position_embeddings,
                                   spec.model.path)
-        if context:
+        if context and not config.learned_positions:  # those say what to do instead
             problems.append(f"spec.{context}")
         if spec.packing.carries_context and config.rope.has_long_factors:
             problems.append(
@@ -74,6 +74,8 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 f"{config.rope.original_max_position_embeddings}, which rows of a long "
                 f"document seen through the KV cache cannot know; set packing.overflow: "
                 f"truncate (or packing.mode: pad), so each document is computed alone")
+        problems += [f"spec.{p}" for p in learned_position_problems(
+            spec.packing, config, spec.model.path)]
         heads = parallelism.heads_problem(config.num_heads, model_parallel)
         if heads:
             problems.append(f"model_parallel={heads}")
@@ -177,6 +179,29 @@ def context_problem(packing: runspec_lib.PackingSpec, limit: int, model_path: st
     return (f"packing.max_context={packing.max_context} is larger than {where}: set "
             f"packing.max_context to at most {limit} (and at least "
             f"seq_len={packing.seq_len})")
+
+
+def learned_position_problems(packing: runspec_lib.PackingSpec, config, model_path: str
+                              ) -> list[str]:
+    """What to change where a token's position in its document could pass a model's
+    learned position embeddings (GPT-2's n_positions): a row longer than the table, or a
+    document continued across rows (its positions grow with its length, which no setting
+    bounds). Positions are never clamped or wrapped: HF has no value for them."""
+    if not config.learned_positions:
+        return []
+    limit = config.max_position_embeddings
+    where = (f"{config.architecture}'s learned position embeddings end at "
+             f"n_positions={limit} ({model_path.rstrip('/')}/config.json)")
+    found = []
+    if packing.seq_len > limit:
+        found.append(f"packing.seq_len={packing.seq_len}: {where}; set packing.seq_len to "
+                     f"at most {limit}")
+    if packing.carries_context:
+        found.append(f"packing.overflow={packing.overflow!r}: {where}, and a document "
+                     f"continued across rows would pass them; set packing.overflow: "
+                     f"truncate (each document's first packing.seq_len tokens, the rest "
+                     f"counted in the manifest)")
+    return found
 
 
 def _and_max_context(packing: runspec_lib.PackingSpec, limit: int) -> str:

@@ -125,7 +125,7 @@ class ShuffledStream:
                  reads: ReadOptions = ReadOptions(),
                  resume: "StreamState | dict | None" = None):
         self.run = run
-        self.hooks = options_lib.hook_names(hooks)
+        self.hooks = options_lib.hook_names(hooks, run)
         buffer_rows, block_rows = _buffer_rows(run, reads.buffer_tokens, reads.block_rows)
         ids = run.committed_ids(tokens.partitions, self.hooks)
         self._filter = masks_lib.token_filter(

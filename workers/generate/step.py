@@ -30,7 +30,7 @@ import numpy as np
 
 from actx.workers.attention import dispatch as attn_lib
 from actx.workers.attention import xla as attention_xla, decode_flash
-from actx.workers.model import checkpoint, moe
+from actx.workers.model import checkpoint, families, moe
 from actx.workers.model import decoder as model_lib
 from actx.workers.model import rope
 from actx.workers.model.config import ModelConfig
@@ -69,7 +69,8 @@ class LMHead:
 
 def load_lm_head(path: str | os.PathLike, model: model_lib.Model) -> LMHead:
     """The LM head of the checkpoint at `path` (as `model_lib.load_pretrained` read it),
-    in the model's dtype: `lm_head.weight`, or the embedding where the config ties them."""
+    in the model's dtype: the family's LM head (`lm_head.weight`; GPT-NeoX's
+    `embed_out.weight`), or the embedding where the config ties them."""
     cfg = model.config
     with checkpoint.local_checkpoint_dir(path) as directory:
         with open(os.path.join(directory, "config.json")) as f:
@@ -80,7 +81,7 @@ def load_lm_head(path: str | os.PathLike, model: model_lib.Model) -> LMHead:
             weight = model.params["embed_vd"]
         else:
             reader = checkpoint.TensorReader(directory)
-            name = "lm_head.weight"
+            name = families.of(cfg).lm_head
             if name not in reader:
                 raise ValueError(f"{path}: the checkpoint has no {name!r} and its config "
                                  f"does not tie it to the embedding (tie_word_embeddings)")
@@ -173,9 +174,7 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
     """
     b, t = tokens_bt.shape
     positions_bt = start_b[:, None] + jnp.arange(t, dtype=jnp.int32)
-    x_btd = jnp.take(params["embed_vd"], tokens_bt, axis=0)
-    if cfg.gemma_norms:
-        x_btd = x_btd * jnp.asarray(cfg.hidden_size ** 0.5, x_btd.dtype)
+    x_btd = model_lib.embed(params, cfg, tokens_bt, positions_bt)
     out: dict[str, jax.Array] = {}
     if "embed" in global_points:
         out["embed"] = x_btd.astype(out_dtype)
@@ -208,7 +207,7 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
                               scale, cfg.attn_logit_softcap)
 
         hooks, _ = model_lib.block(layer_params, x_btd, cos, sin, None, None, cfg,
-                                   moe_impl=expert_matmuls, attend=attend)
+                                   moe_impl=expert_matmuls, attend=attend, layer=layer)
         buffers = {p: jax.lax.dynamic_update_index_in_dim(
             buffers[p], hooks[p].astype(buffers[p].dtype), slot[p], 0) for p in points}
         return (hooks["resid_post"], buffers), (written["k"], written["v"])
@@ -220,8 +219,7 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
     for point in points:
         for j, layer in enumerate(point_layers[point]):
             out[f"layers.{layer}.{point}"] = buffers[point][j]
-    normed_btd = model_lib.rms_norm(x_btd, params["final_norm_d"], cfg.rms_norm_eps,
-                                    cfg.gemma_norms, cfg.norm_scale_fp32)
+    normed_btd = model_lib.final_norm(params, cfg, x_btd)
     if "final_norm" in global_points:
         out["final_norm"] = normed_btd.astype(out_dtype)
     last_bd = jnp.take_along_axis(normed_btd, last_b[:, None, None], axis=1)[:, 0]

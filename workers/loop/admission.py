@@ -83,10 +83,17 @@ def check_token_layout(store, location) -> None:
 
 def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parallel: int,
                        seq_len: int, max_context: int | None) -> None:
-    """max_context within the model's declared context, and its cache on the chips."""
+    """max_context within the model's declared context, and its cache on the chips; every
+    position within a model's learned position embeddings (GPT-2)."""
+    cfg = model.config
+    if cfg.learned_positions and spec is not None:
+        from actx.workers import preflight
+
+        learned = preflight.learned_position_problems(spec.packing, cfg, spec.model.path)
+        if learned:
+            raise ValueError(f"{learned[0]}, and prepare the run again")
     if max_context is None:
         return
-    cfg = model.config
     if cfg.rope.has_long_factors:
         raise ValueError(
             f"packing.max_context={max_context}: {cfg.architecture}'s longrope takes its "
@@ -187,10 +194,12 @@ def numerics_key(jax, mesh, batch_size: int, model_parallel: int,
 def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
                           numerics: info_lib.Numerics, allow_numerics_change: bool,
                           nothing_committed: bool = False,
-                          hook_dtypes: dict[str, str] | None = None) -> None:
+                          hook_dtypes: dict[str, str] | None = None,
+                          architecture: str | None = None) -> None:
     """Records what this run's activations are (create-only), or checks this worker
     against the record of the first attempt. hook_dtypes: the hooks stored in another
-    dtype than the capture's (`capture.hook_dtypes`: a mixture of experts' int32 ids).
+    dtype than the capture's (`capture.hook_dtypes`: a mixture of experts' int32 ids);
+    architecture: the model's HF architecture (for the reader's TransformerLens names).
 
     While nothing is committed, a worker whose numerics or checkpoint digest differ from an
     earlier attempt's (a new batch size, another device kind, re-downloaded weights) takes
@@ -198,7 +207,8 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
     """
     mine = info_lib.ActivationsInfo(fingerprint=spec.fingerprint, dtype=spec.capture.dtype,
                                     hooks=dict(hooks), model_digest=model_digest,
-                                    numerics=numerics, hook_dtypes=hook_dtypes)
+                                    numerics=numerics, hook_dtypes=hook_dtypes,
+                                    architecture=architecture)
     if info_lib.create_info(store, mine):
         return
     key = location.join(layout.extraction_key(getattr(store, "name", ""),

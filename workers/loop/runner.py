@@ -113,6 +113,11 @@ class Worker:
             raise
         startup.stop(final_beat=False)
 
+    def _architecture(self) -> str | None:
+        """The HF architecture of a checkpoint's model (None for a Flax model)."""
+        arch = getattr(getattr(self.loaded.model, "config", None), "architecture", None)
+        return arch if isinstance(arch, str) else None
+
     def _admit(self, jax, opts: worker_options.WorkerOptions) -> None:
         """Loads the model and checks the run against it (the rest of `__init__`)."""
         self.loaded = self.load_model()
@@ -128,7 +133,8 @@ class Worker:
                                         self.numerics,
                                         opts.allow_numerics_change,
                                         nothing_committed=not self._committed,
-                                        hook_dtypes=hook_dtypes)
+                                        hook_dtypes=hook_dtypes,
+                                        architecture=self._architecture())
         self.arrays = writer.ActivationArrays(
             self.location.join(layout.extraction_prefix(self.extraction)), self.loaded.hooks,
             self.manifest.total_rows, self.manifest.seq_len, self.spec.capture.dtype,

@@ -16,6 +16,7 @@ import re
 from typing import Mapping, Sequence, Union
 
 from actx.schemas import activations_info as info_lib
+from actx.schemas import hook_aliases
 from actx.workers.model import families
 
 DENSE_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
@@ -43,12 +44,15 @@ class CaptureSpec:
     dtype: dtype of the captured arrays ("float32", "bfloat16" or "float16").
     extra: explicit (point, layers) pairs for points whose layer set differs from
       `layers` (what `parse` produces for "layers.0-3.resid_post,layers.5.attn_out").
+    transformer_lens: the TransformerLens names `parse` read (schemas.hook_aliases), as
+      given: `validate` refuses those whose values differ on the model.
     """
 
     hooks: tuple[str, ...] = ("resid_post",)
     layers: LayerSel = "all"
     dtype: str = "float32"
     extra: tuple[tuple[str, LayerSel], ...] = ()
+    transformer_lens: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "hooks", _expand(self.hooks))
@@ -71,14 +75,20 @@ class CaptureSpec:
         """Parses "layers.0-3.resid_post,layers.5.attn_out,layers.*.mlp_out,final_norm".
 
         Layer forms: an index (5), an inclusive range (0-3) or every layer (*).
+        TransformerLens names are read as the actx hooks of equal value
+        ("blocks.8.hook_resid_pre" is "layers.8.resid_pre"; schemas.hook_aliases).
         """
         items = text.split(",") if isinstance(text, str) else list(text)
         globals_: list[str] = []
         per_point: dict[str, list] = {}
+        transformer_lens: list[str] = []
         for raw in items:
             item = raw.strip()
             if not item:
                 continue
+            if hook_aliases.is_transformer_lens(item):
+                transformer_lens.append(item)
+                item = hook_aliases.to_actx(item)
             if item in GLOBAL_POINTS:
                 globals_.append(item)
                 continue
@@ -114,7 +124,7 @@ class CaptureSpec:
                              f"layers.*.resid_post or layers.0-3.resid_post,final_norm")
         # Global points go in `hooks`; per-layer points keep their own layer sets.
         return cls(hooks=tuple(dict.fromkeys(globals_)), layers=(), dtype=dtype,
-                   extra=tuple(extra))
+                   extra=tuple(extra), transformer_lens=tuple(transformer_lens))
 
     def point_layers(self, num_layers: int) -> dict[str, tuple[int, ...]]:
         """Per-layer point -> sorted layer indices, validated against `num_layers`."""
@@ -146,9 +156,20 @@ class CaptureSpec:
 
     def validate(self, config) -> None:
         """Raises ValueError if a layer index is out of range for `config.num_layers`, or
-        a point is one the model does not have (a router point of a dense model)."""
+        a point is one the model does not have (a router point of a dense model), or a
+        TransformerLens name whose value differs from actx's on this model."""
+        for name in self.transformer_lens:
+            hook_aliases.to_actx(name, getattr(config, "architecture", None))
         has = families.layer_points(config)
         missing = [p for p in self.point_layers(config.num_layers) if p not in has]
+        why = families.missing_points(config)
+        explained = [p for p in missing if p in why]
+        if explained:
+            raise ValueError(
+                "; ".join(f"hook point {p}: {config.architecture} has no such point: "
+                          f"{why[p]}" for p in explained)
+                + f"; its per-layer points: {', '.join(has)}; global: "
+                  f"{', '.join(GLOBAL_POINTS)}")
         if missing:
             dense = not set(has) & set(ROUTER_POINTS)
             raise ValueError(

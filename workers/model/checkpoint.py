@@ -47,10 +47,11 @@ def layer_param_names(cfg: ModelConfig) -> tuple[str, ...]:
     return tuple(checkpoint_check.hf_layer_tensors(cfg))
 
 
-def decoder_prefix(reader: "TensorReader", source: str = "") -> str:
-    """The prefix of the decoder's tensors in this checkpoint
-    (`checkpoint_check.DECODER_PREFIXES`)."""
-    return checkpoint_check.decoder_prefix(reader, source)
+def decoder_prefix(reader: "TensorReader", source: str = "",
+                   cfg: ModelConfig | None = None) -> str:
+    """The prefix of the decoder's tensors in this checkpoint (the family's of `cfg`;
+    `checkpoint_check.decoder_prefix`)."""
+    return checkpoint_check.decoder_prefix(reader, source, cfg)
 
 
 class TensorReader:
@@ -161,18 +162,16 @@ def load_params(reader: TensorReader, cfg: ModelConfig, dtype: np.dtype,
         return reader.read(hf_name)
 
     params: dict = {}
-    prefix = decoder_prefix(reader, source)
-    embed = fetch(f"{prefix}embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
-    params["embed_vd"] = _place(np.asarray(embed, dtype=dtype), TOP_PARAM_AXES["embed_vd"],
-                                mesh, "embed_vd")
-    final_norm = fetch(f"{prefix}norm.weight", (cfg.hidden_size,))
-    params["final_norm_d"] = _place(np.asarray(final_norm, dtype=dtype),
-                                    TOP_PARAM_AXES["final_norm_d"], mesh, "final_norm_d")
+    prefix = decoder_prefix(reader, source, cfg)
+    for ours, tensor in checkpoint_check.hf_top_tensors(cfg).items():
+        params[ours] = _place(_part(fetch(f"{prefix}{tensor.hf}", tensor.hf_shape), tensor,
+                                    dtype), tensor.axes, mesh, ours)
+    at = checkpoint_check.layers_at(cfg)
     layers = {}
     for ours, tensor in checkpoint_check.hf_layer_tensors(cfg).items():
         per_layer = []
         for i in range(cfg.num_layers):
-            parts = [_part(fetch(f"{prefix}layers.{i}.{name}", tensor.hf_shape), tensor, dtype)
+            parts = [_part(fetch(f"{prefix}{at}.{i}.{name}", tensor.hf_shape), tensor, dtype)
                      for name in tensor.hf_names()]
             per_layer.append(np.stack(parts) if tensor.experts else parts[0])
         layers[ours] = _place(np.stack(per_layer), ("layers",) + tensor.axes, mesh, ours)
@@ -190,7 +189,9 @@ def _part(hf_array: np.ndarray, tensor, dtype: np.dtype) -> np.ndarray:
 
 def param_logical_axes(cfg: ModelConfig) -> dict:
     """The logical-axes tree matching `load_params`' output."""
-    return {**TOP_PARAM_AXES, "layers": layer_param_axes(cfg)}
+    return {**{name: tensor.axes
+               for name, tensor in checkpoint_check.hf_top_tensors(cfg).items()},
+            "layers": layer_param_axes(cfg)}
 
 
 def digest(directory: str) -> str:

@@ -30,30 +30,52 @@ def hf_layer_tensors(cfg: ModelConfig) -> dict:
     return families.of(cfg).layer_tensors(cfg)
 
 
-# Where the decoder's tensors live: causal LMs under `model.`; Gemma 3's multimodal
-# checkpoints under `model.language_model.` (transformers 5) or `language_model.model.`
-# (the checkpoints as first published).
-DECODER_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+def hf_top_tensors(cfg: ModelConfig) -> dict:
+    """Our top-level param (embed_vd, final_norm_d, a family's others) -> its
+    `families.LayerTensor` (HF name under the decoder prefix)."""
+    return families.of(cfg).top_tensors(cfg)
 
 
-def decoder_prefix(tensor_names, source: str = "") -> str:
-    """The prefix of the decoder's tensors among `tensor_names` (`DECODER_PREFIXES`)."""
-    for prefix in DECODER_PREFIXES:
-        if f"{prefix}embed_tokens.weight" in tensor_names:
+def layers_at(cfg: ModelConfig | None) -> str:
+    """The layers' list under the decoder prefix ("layers"; GPT-2's "h")."""
+    return "layers" if cfg is None else families.of(cfg).layers_at
+
+
+# Where Llama-shaped checkpoints keep the decoder (`families.base.DECODER_PREFIXES`); a
+# family may name its own (GPT-2's `transformer.`, GPT-NeoX's `gpt_neox.`).
+DECODER_PREFIXES = families.base.DECODER_PREFIXES
+
+
+def _prefixes_and_embed(cfg: ModelConfig | None) -> tuple[tuple[str, ...], str]:
+    if cfg is None:
+        return DECODER_PREFIXES, "embed_tokens.weight"
+    return families.of(cfg).prefixes, hf_top_tensors(cfg)["embed_vd"].hf
+
+
+def decoder_prefix(tensor_names, source: str = "", cfg: ModelConfig | None = None) -> str:
+    """The prefix of the decoder's tensors among `tensor_names`: the first of the family's
+    prefixes (`cfg`'s; Llama-shaped ones without it) under which its embedding is."""
+    prefixes, embed = _prefixes_and_embed(cfg)
+    for prefix in prefixes:
+        if f"{prefix}{embed}" in tensor_names:
             return prefix
     raise ValueError(f"{source}: checkpoint has no embedding tensor "
-                     f"({' or '.join(p + 'embed_tokens.weight' for p in DECODER_PREFIXES)})")
+                     f"({' or '.join(p + embed for p in prefixes)})")
 
 
-def needed_tensors(cfg: ModelConfig, prefix: str = "model.") -> dict[str, tuple[int, ...]]:
+def needed_tensors(cfg: ModelConfig, prefix: str | None = None) -> dict[str, tuple[int, ...]]:
     """Every HF tensor the decoder reads (no LM head: activations need none), with its
-    shape from config.json; `prefix`: where the checkpoint keeps the decoder."""
-    needed = {f"{prefix}embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
-              f"{prefix}norm.weight": (cfg.hidden_size,)}
+    shape from config.json; `prefix`: where the checkpoint keeps the decoder (the
+    family's first by default)."""
+    if prefix is None:
+        prefix = families.of(cfg).prefixes[0]
+    needed = {f"{prefix}{tensor.hf}": tensor.hf_shape
+              for tensor in hf_top_tensors(cfg).values()}
+    at = layers_at(cfg)
     for tensor in hf_layer_tensors(cfg).values():
         for i in range(cfg.num_layers):
             for suffix in tensor.hf_names():
-                needed[f"{prefix}layers.{i}.{suffix}"] = tensor.hf_shape
+                needed[f"{prefix}{at}.{i}.{suffix}"] = tensor.hf_shape
     return needed
 
 
@@ -114,8 +136,8 @@ def problems(path: str, cfg: ModelConfig) -> tuple[list[str], list[str]]:
             if key != "__metadata__":
                 tensors[key] = (name, entry)
     missing, wrong = [], []
-    prefix = next((p for p in DECODER_PREFIXES if f"{p}embed_tokens.weight" in tensors),
-                  DECODER_PREFIXES[0])
+    prefixes, embed = _prefixes_and_embed(cfg)
+    prefix = next((p for p in prefixes if f"{p}{embed}" in tensors), prefixes[0])
     for tensor, shape in needed_tensors(cfg, prefix).items():
         if tensor not in tensors:
             missing.append(tensor)

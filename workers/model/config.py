@@ -89,7 +89,7 @@ class ModelConfig:
     num_heads, num_kv_heads, head_dim: attention heads n, key/value heads k (GQA when
       k < n) and per-head width h.
     intermediate_size: MLP width f.
-    rms_norm_eps: RMSNorm epsilon.
+    rms_norm_eps: the norms' epsilon (RMSNorm, or LayerNorm where `layer_norm`).
     rope: rotary embedding frequencies.
     qkv_bias: q/k/v projections have biases (Qwen2).
     tie_word_embeddings: the LM head reuses the embedding (only matters when loading:
@@ -99,7 +99,8 @@ class ModelConfig:
     gemma_norms: Gemma's RMSNorm, (1 + w) applied in float32, and its post-attention,
       pre- and post-MLP norms; embeddings scaled by sqrt(hidden_size).
     qk_norm: RMSNorm over each head's queries and keys before RoPE (Qwen3, Gemma 3).
-    mlp_activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma).
+    mlp_activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU, Gemma; GPT-2's gelu_new) or
+      "gelu" (exact, erf: GPT-NeoX's default).
     query_scale: the attention logits' scale (Gemma: query_pre_attn_scalar ** -0.5);
       None: head_dim ** -0.5.
     attn_logit_softcap: logits -> cap * tanh(logits / cap) (Gemma 2); None: none.
@@ -120,6 +121,18 @@ class ModelConfig:
     norm_topk_prob: the k chosen softmax weights are renormalised to sum to 1.
     router_weights_fp32: the chosen weights stay float32 (Mixtral); else they are cast
       to the compute dtype before they scale the experts (Qwen3-MoE, OLMoE).
+    layer_norm: every norm is a LayerNorm with a bias (GPT-2, GPT-NeoX), not an RMSNorm.
+    learned_positions: a learned absolute position embedding ([max_position_embeddings,
+      d], indexed by each token's position in its document) is added to the token
+      embedding, and no RoPE is applied (GPT-2).
+    parallel_residual: x + attn(norm1(x)) + mlp(norm2(x)): both branches read the
+      block's input, so there is no resid_mid (GPT-NeoX's use_parallel_residual).
+    gated_mlp: the MLP is gate/up/down (SwiGLU, GeGLU); False: up, activation, down
+      (GPT-2, GPT-NeoX).
+    o_bias: the attention output projection has a bias.
+    mlp_bias: the MLP projections have biases.
+    inverse_layer_scale: attention logits of layer i are further divided by i + 1
+      (GPT-2's scale_attn_by_inverse_layer_idx).
     """
 
     architecture: str
@@ -152,6 +165,13 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     router_weights_fp32: bool = False
+    layer_norm: bool = False
+    learned_positions: bool = False
+    parallel_residual: bool = False
+    gated_mlp: bool = True
+    o_bias: bool = False
+    mlp_bias: bool = False
+    inverse_layer_scale: bool = False
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -161,6 +181,8 @@ class ModelConfig:
         if self.sliding_windows and len(self.sliding_windows) != self.num_layers:
             raise ValueError(f"{len(self.sliding_windows)} sliding windows for "
                              f"{self.num_layers} layers")
+        if self.learned_positions and self.max_position_embeddings < 1:
+            raise ValueError("learned position embeddings need max_position_embeddings")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.experts_per_token} must be between 1 "
                              f"and the {self.num_experts} experts")

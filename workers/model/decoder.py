@@ -1,4 +1,5 @@
-"""The decoder (Qwen2/3, Llama, Mistral, Gemma 2/3) as pure functions over a parameter
+"""The decoder (Qwen2/3, Llama, Mistral, Gemma 2/3, Phi-3, OLMo 2, the mixtures of
+experts, GPT-2, GPT-NeoX) as pure functions over a parameter
 pytree; the families' differences are flags of `ModelConfig`.
 
 Layers are stacked on a leading axis and run with `jax.lax.scan`, so compile time does
@@ -97,9 +98,54 @@ def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float,
     return weight_d * normed.astype(x_btd.dtype)
 
 
+def layer_norm(x_btd: jax.Array, weight_d: jax.Array, bias_d: jax.Array,
+               eps: float) -> jax.Array:
+    """LayerNorm with a bias (GPT-2, GPT-NeoX), in float32 and cast last, as torch's
+    layer_norm computes a bfloat16 input."""
+    x32 = x_btd.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    centred = x32 - mean
+    var = jnp.mean(centred * centred, axis=-1, keepdims=True)
+    normed = centred * jax.lax.rsqrt(var + eps)
+    return (normed * weight_d.astype(jnp.float32)
+            + bias_d.astype(jnp.float32)).astype(x_btd.dtype)
+
+
+def norm(x_btd: jax.Array, p: Mapping[str, jax.Array], name: str, cfg: ModelConfig,
+         scale_fp32: bool = False) -> jax.Array:
+    """The family's norm with weight p[name] (and bias p[name with _bias] for LayerNorm):
+    name is e.g. "attn_norm_ld", its bias "attn_norm_bias_ld"."""
+    if cfg.layer_norm:
+        stem, _, axes = name.rpartition("_")
+        return layer_norm(x_btd, p[name], p[f"{stem}_bias_{axes}"], cfg.rms_norm_eps)
+    return rms_norm(x_btd, p[name], cfg.rms_norm_eps, cfg.gemma_norms, scale_fp32)
+
+
+def embed(params: dict, cfg: ModelConfig, ids_bt: jax.Array,
+          positions_bt: jax.Array) -> jax.Array:
+    """What the first block reads: the token embeddings; Gemma's times sqrt(hidden);
+    with learned positions, plus the embedding of each token's position in its document
+    (GPT-2), so packed rows and rows through the KV cache see HF's positions."""
+    x_btd = jnp.take(params["embed_vd"], ids_bt, axis=0)
+    if cfg.gemma_norms:
+        # sqrt(hidden) rounded to the compute dtype first, as HF's Gemma does.
+        x_btd = x_btd * jnp.asarray(cfg.hidden_size ** 0.5, x_btd.dtype)
+    if cfg.learned_positions:
+        # Positions past the table are refused before any step (step.check_positions).
+        x_btd = x_btd + jnp.take(params["pos_embed_pd"], positions_bt, axis=0)
+    return x_btd
+
+
+def final_norm(params: dict, cfg: ModelConfig, x_btd: jax.Array) -> jax.Array:
+    """The final norm of the last block's output (what an LM head reads)."""
+    return norm(x_btd, params, "final_norm_d", cfg, cfg.norm_scale_fp32)
+
+
 def _mlp_activation(gate_btf: jax.Array, cfg: ModelConfig) -> jax.Array:
     if cfg.mlp_activation == "gelu_tanh":
-        return jax.nn.gelu(gate_btf, approximate=True)  # HF's gelu_pytorch_tanh
+        return jax.nn.gelu(gate_btf, approximate=True)  # HF's gelu_pytorch_tanh, gelu_new
+    if cfg.mlp_activation == "gelu":
+        return jax.nn.gelu(gate_btf, approximate=False)  # HF's gelu (erf)
     return jax.nn.silu(gate_btf)
 
 
@@ -128,17 +174,26 @@ def _mlp(p, h_btd, cfg, moe_impl) -> tuple[jax.Array, dict[str, jax.Array]]:
         out_btd = moe.experts(h_btd, ids_btk, weights_btk, p, activation, moe_impl)
         return out_btd, {"router_logits": logits_bte, "expert_ids": ids_btk,
                          "expert_weights": weights_btk}
-    gate_btf = jnp.einsum("btd,df->btf", h_btd, p["gate_weight_ldf"])
     up_btf = jnp.einsum("btd,df->btf", h_btd, p["up_weight_ldf"])
-    return jnp.einsum("btf,fd->btd", activation(gate_btf) * up_btf,
-                      p["down_weight_lfd"]), {}
+    if cfg.mlp_bias:
+        up_btf = up_btf + p["up_bias_lf"]
+    if cfg.gated_mlp:
+        gate_btf = jnp.einsum("btd,df->btf", h_btd, p["gate_weight_ldf"])
+        inner_btf = activation(gate_btf) * up_btf
+    else:
+        inner_btf = activation(up_btf)
+    out_btd = jnp.einsum("btf,fd->btd", inner_btf, p["down_weight_lfd"])
+    if cfg.mlp_bias:
+        out_btd = out_btd + p["down_bias_ld"]
+    return out_btd, {}
 
 
 def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
           sin_bth: jax.Array, lo_bt: jax.Array, hi_bt: jax.Array, cfg: ModelConfig,
           attention_impl: str | None = None,
           cached: Mapping[str, jax.Array] | None = None, moe_impl: str = "blocked",
-          attend: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
+          attend: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None,
+          layer: jax.Array | int = 0
           ) -> tuple[dict[str, jax.Array], tuple[jax.Array, jax.Array]]:
     """One decoder block; returns every hook point of the block, and the row's keys and
     values (RoPE applied) for the cache.
@@ -150,10 +205,12 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     attend: (q, k, v) of the row (RoPE applied) -> heads [b, t, n, h], in place of the
       attention above (lo/hi and cached unused): generation's per-slot cache
       (workers.generate.step).
+    layer: the block's index (GPT-2's scale_attn_by_inverse_layer_idx divides its
+      logits by layer + 1).
     """
     gemma, eps = cfg.gemma_norms, cfg.rms_norm_eps
     post_norms = gemma or cfg.post_norms
-    h_btd = rms_norm(x_btd, p["attn_norm_ld"], eps, gemma) if cfg.input_norms else x_btd
+    h_btd = norm(x_btd, p, "attn_norm_ld", cfg) if cfg.input_norms else x_btd
     q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q_weight_ldnh"])
     k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k_weight_ldkh"])
     v_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["v_weight_ldkh"])
@@ -162,8 +219,13 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
         k_btkh = k_btkh + p["k_bias_lkh"]
         v_btkh = v_btkh + p["v_bias_lkh"]
     q_btnh, k_btkh = _qk_norm(q_btnh, k_btkh, p, cfg)
-    q_btnh = attn_lib.apply_rope(q_btnh, cos_bth, sin_bth)
-    k_btkh = attn_lib.apply_rope(k_btkh, cos_bth, sin_bth)
+    if not cfg.learned_positions:
+        q_btnh = attn_lib.apply_rope(q_btnh, cos_bth, sin_bth)
+        k_btkh = attn_lib.apply_rope(k_btkh, cos_bth, sin_bth)
+    if cfg.inverse_layer_scale:
+        # HF scales the logits by 1 / (layer + 1); on the queries, in float32, the same.
+        q_btnh = (q_btnh.astype(jnp.float32)
+                  / (jnp.asarray(layer, jnp.float32) + 1.0)).astype(q_btnh.dtype)
     scoring = {"scale": cfg.query_scale, "softcap": cfg.attn_logit_softcap}
     if attend is not None:
         heads_btnh = attend(q_btnh, k_btkh, v_btkh)
@@ -179,18 +241,29 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
             cached["ptr"], cached["data_shards"], attention_impl, **scoring)
     # attn_out / mlp_out are what is added to the residual stream: after the post-norms.
     attn_out_btd = jnp.einsum("btnh,nhd->btd", heads_btnh, p["o_weight_lnhd"])
+    if cfg.o_bias:
+        attn_out_btd = attn_out_btd + p["o_bias_ld"]
     if post_norms:
         attn_out_btd = rms_norm(attn_out_btd, p["attn_post_norm_ld"], eps, gemma,
                                 cfg.norm_scale_fp32)
     mid_btd = x_btd + attn_out_btd
 
-    h_btd = rms_norm(mid_btd, p["mlp_norm_ld"], eps, gemma) if cfg.input_norms else mid_btd
+    # A parallel block's MLP reads the block's input, not resid_mid (GPT-NeoX).
+    mlp_in_btd = x_btd if cfg.parallel_residual else mid_btd
+    h_btd = norm(mlp_in_btd, p, "mlp_norm_ld", cfg) if cfg.input_norms else mlp_in_btd
     mlp_out_btd, router_hooks = _mlp(p, h_btd, cfg, moe_impl)
     if post_norms:
         mlp_out_btd = rms_norm(mlp_out_btd, p["mlp_post_norm_ld"], eps, gemma,
                                cfg.norm_scale_fp32)
-    hooks = {"resid_pre": x_btd, "attn_out": attn_out_btd, "resid_mid": mid_btd,
-             "mlp_out": mlp_out_btd, "resid_post": mid_btd + mlp_out_btd, **router_hooks}
+    if cfg.parallel_residual:
+        # HF's order of the sums: mlp_out + attn_out + x.
+        post_btd = (mlp_out_btd + attn_out_btd) + x_btd
+    else:
+        post_btd = mid_btd + mlp_out_btd
+    hooks = {"resid_pre": x_btd, "attn_out": attn_out_btd, "mlp_out": mlp_out_btd,
+             "resid_post": post_btd, **router_hooks}
+    if not cfg.parallel_residual:  # no such point in a parallel block
+        hooks["resid_mid"] = mid_btd
     return hooks, (k_btkh, v_btkh)
 
 
@@ -288,11 +361,7 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
          max_context=None, data_shards=1):
     b, t = input_ids_bt.shape
     act_axes = ("batch", "seq", "embed")
-    x_btd = jnp.take(params["embed_vd"], input_ids_bt, axis=0)
-    if cfg.gemma_norms:
-        # sqrt(hidden) rounded to the compute dtype first, as HF's Gemma does.
-        x_btd = x_btd * jnp.asarray(cfg.hidden_size ** 0.5, x_btd.dtype)
-    x_btd = constrain(x_btd, act_axes)
+    x_btd = constrain(embed(params, cfg, input_ids_bt, positions_bt), act_axes)
     out: dict[str, jax.Array] = {}
     if "embed" in global_points:
         out["embed"] = x_btd.astype(out_dtype)
@@ -342,7 +411,8 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
             **shared_view, "k_bckh": cache_k, "v_bckh": cache_v}
         hooks, (k_btkh, v_btkh) = block(layer_params, x_btd, cos, sin,
                                         key_ranges.windowed(lo_bt, hi_bt, window), hi_bt,
-                                        cfg, attention_impl, cached, expert_matmuls)
+                                        cfg, attention_impl, cached, expert_matmuls,
+                                        layer=layer)
         buffers = {p: constrain(jax.lax.dynamic_update_index_in_dim(
             buffers[p], hooks[p].astype(buffers[p].dtype), slot[p], 0), buf_axes)
             for p in points}
@@ -360,8 +430,7 @@ def _run(params, cfg, input_ids_bt, positions_bt, segment_ids_bt, *, point_layer
         for j, layer in enumerate(point_layers[point]):
             out[f"layers.{layer}.{point}"] = buffers[point][j]
     if "final_norm" in global_points:
-        out["final_norm"] = rms_norm(x_btd, params["final_norm_d"], cfg.rms_norm_eps,
-                                     cfg.gemma_norms, cfg.norm_scale_fp32).astype(out_dtype)
+        out["final_norm"] = final_norm(params, cfg, x_btd).astype(out_dtype)
     if cache is None:
         return out, None
     row_k_ltbkh, row_v_ltbkh = new_kv

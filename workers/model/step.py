@@ -193,6 +193,7 @@ class ExtractFn:
             if arr is not None and tuple(arr.shape) != (batch, seq):
                 raise ValueError(f"{name} shape {tuple(arr.shape)} differs from "
                                  f"input_ids shape {(batch, seq)}")
+        check_positions(self.config, positions, seq)
         if positions is None:
             positions = self._default_tokens(batch, seq, "positions")
         if segment_ids is None:
@@ -232,6 +233,26 @@ class ExtractFn:
         # The same global value on every process, so each can fill its own shards.
         return jax.make_array_from_callback((batch, seq), self._token_sharding,
                                             lambda index: host_bt[index])
+
+
+def check_positions(cfg, positions, seq: int) -> None:
+    """Refuses positions past a model's learned position embeddings (GPT-2's n_positions),
+    which have no value there (a lookup would silently clamp). Checked on host arrays;
+    a run's rows are bounded before any work (`preflight.learned_position_problems`)."""
+    if not cfg.learned_positions:
+        return
+    limit = cfg.max_position_embeddings
+    if positions is None:
+        highest = seq - 1
+    elif isinstance(positions, jax.Array):
+        return  # a device array: the run's packing was checked before any step
+    else:
+        highest = int(np.max(positions)) if np.size(positions) else -1
+    if highest >= limit:
+        raise ValueError(f"position {highest}: {cfg.architecture}'s learned position "
+                         f"embeddings end at n_positions={limit}; pass documents of at "
+                         f"most {limit} tokens (packing.overflow: truncate, packing.seq_len "
+                         f"<= {limit})")
 
 
 def _as_int32(x):

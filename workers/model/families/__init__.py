@@ -12,18 +12,20 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from actx.workers.model.config import ModelConfig
-from actx.workers.model.families import gemma, hf_fields, llama, mixtral, olmo, phi3, qwen
+from actx.workers.model.families import (gemma, gpt2, gpt_neox, hf_fields, llama, mixtral,
+                                        olmo, phi3, qwen)
 from actx.workers.model.families.base import DENSE_POINTS, Family, LayerTensor
 
 # In the order errors list them (the first six as actx has always listed them).
 FAMILIES: tuple[Family, ...] = (qwen.QWEN2, llama.LLAMA, llama.MISTRAL, qwen.QWEN3,
                                 gemma.GEMMA2, gemma.GEMMA3, phi3.PHI3, olmo.OLMO2,
-                                qwen.QWEN3_MOE, olmo.OLMOE, mixtral.MIXTRAL)
+                                qwen.QWEN3_MOE, olmo.OLMOE, mixtral.MIXTRAL, gpt2.GPT2,
+                                gpt_neox.GPT_NEOX)
 _BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BY_ARCH)
 
 __all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "Family", "LayerTensor", "config_from_hf",
-           "for_architecture", "layer_points", "of"]
+           "for_architecture", "layer_points", "missing_points", "of"]
 
 
 def for_architecture(arch: str) -> Family:
@@ -41,6 +43,12 @@ def layer_points(cfg) -> tuple[str, ...]:
     family here, such as a test's stand-in)."""
     family = _BY_ARCH.get(getattr(cfg, "architecture", None))
     return family.hook_points(cfg) if family is not None else DENSE_POINTS
+
+
+def missing_points(cfg) -> dict[str, str]:
+    """{dense point: why `cfg`'s model has no such point} (a parallel block's resid_mid)."""
+    family = _BY_ARCH.get(getattr(cfg, "architecture", None))
+    return family.missing_points(cfg) if family is not None else {}
 
 
 def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
@@ -65,6 +73,10 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelC
         return ValueError(f"{source}: unsupported option {field}={value!r} for {arch}"
                           + (f" ({why})" if why else ""))
 
+    if family.hf_names:
+        # The family's own names for the common fields (GPT-2's n_embd, n_layer, ...).
+        hf = {**hf, **{common: hf[own] for common, own in family.hf_names.items()
+                       if own in hf}}
     num_heads = int(hf["num_attention_heads"])
     hidden = int(hf["hidden_size"])
     num_layers = int(hf["num_hidden_layers"])
@@ -72,7 +84,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelC
     options = dict(family.options(hf, arch, refuse, num_layers, head_dim))
     rope = options.pop("rope", None) or hf_fields.rope_from_hf(hf, refuse)
     tie_default = options.pop("tie_default", False)
-    return ModelConfig(
+    common = dict(
         architecture=arch,
         num_layers=num_layers,
         hidden_size=hidden,
@@ -80,10 +92,12 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelC
         num_heads=num_heads,
         num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
         head_dim=head_dim,
-        intermediate_size=int(hf["intermediate_size"]),
+        intermediate_size=int(hf.get("intermediate_size") or 0),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope=rope,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", tie_default)),
         max_position_embeddings=int(hf.get("max_position_embeddings") or 0),
-        **options,
     )
+    # A family's options may set a common field its own way (GPT-2's n_inner default,
+    # LayerNorm's epsilon).
+    return ModelConfig(**{**common, **options})

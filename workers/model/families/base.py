@@ -21,6 +21,11 @@ TOP_PARAM_AXES: dict[str, tuple[str, ...]] = {
     "final_norm_d": ("embed",),
 }
 
+# Where the decoder's tensors live: causal LMs under `model.`; Gemma 3's multimodal
+# checkpoints under `model.language_model.` (transformers 5) or `language_model.model.`
+# (the checkpoints as first published). A family may name its own (`Family.prefixes`).
+DECODER_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+
 # What each hook point is, for every family (`Family.hook_notes` adds a family's own).
 HOOK_POINTS: dict[str, str] = {
     "embed": "the token embeddings as the first block reads them (Gemma: times "
@@ -28,7 +33,8 @@ HOOK_POINTS: dict[str, str] = {
     "resid_pre": "the residual stream entering block i",
     "attn_out": "what attention adds to the residual stream (after a post-attention norm "
                 "where the family has one)",
-    "resid_mid": "resid_pre + attn_out",
+    "resid_mid": "resid_pre + attn_out (not in a parallel block, GPT-NeoX's "
+                 "use_parallel_residual, where the MLP reads resid_pre: refused there)",
     "mlp_out": "what the MLP adds to the residual stream (after a post-MLP norm where the "
                "family has one; for a mixture of experts, the weighted sum of the chosen "
                "experts)",
@@ -94,6 +100,13 @@ class Family:
     hook_notes: a family's own remarks on hook points, for docs.
     text_tower: {architecture: the architecture of its text tower} for multimodal
       checkpoints whose config nests the decoder in `text_config`.
+    top_tensors: ModelConfig -> {our top-level parameter: LayerTensor} (names under the
+      decoder prefix): embed_vd and final_norm_d always, and what else the family has
+      (a final norm's bias, learned position embeddings).
+    prefixes: where the checkpoint keeps the decoder, in the order they are tried.
+    layers_at: the layers' list under the prefix ("layers", GPT-2's "h").
+    hf_names: {common config field: this family's name for it} (GPT-2's n_embd, ...).
+    lm_head: the untied LM head's tensor name (generation reads it).
     """
 
     name: str
@@ -104,11 +117,40 @@ class Family:
     block: str
     hook_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     text_tower: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    top_tensors: Callable[[Any], dict[str, LayerTensor]] = None  # type: ignore[assignment]
+    prefixes: tuple[str, ...] = DECODER_PREFIXES
+    layers_at: str = "layers"
+    hf_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    lm_head: str = "lm_head.weight"
+
+    def __post_init__(self):
+        if self.top_tensors is None:
+            object.__setattr__(self, "top_tensors", llama_top_tensors)
 
     def hook_points(self, cfg=None) -> tuple[str, ...]:
-        """The per-layer hook points of this family's models (`cfg`: of that model)."""
+        """The per-layer hook points of this family's models (`cfg`: of that model): no
+        resid_mid in a parallel block (`missing_points` says why)."""
         moe = cfg is not None and getattr(cfg, "num_experts", 0) > 0
-        return DENSE_POINTS + (MOE_POINTS if moe else ())
+        dense = DENSE_POINTS
+        if cfg is not None and getattr(cfg, "parallel_residual", False):
+            dense = tuple(p for p in DENSE_POINTS if p != "resid_mid")
+        return dense + (MOE_POINTS if moe else ())
+
+    def missing_points(self, cfg) -> dict[str, str]:
+        """{point: why this model has no such point} for the dense points it lacks."""
+        if getattr(cfg, "parallel_residual", False):
+            return {"resid_mid": "a parallel block (use_parallel_residual) adds attention "
+                                 "and the MLP to its input together: the MLP reads "
+                                 "resid_pre, and no residual stream lies between them"}
+        return {}
+
+
+def llama_top_tensors(cfg) -> dict[str, LayerTensor]:
+    """The embedding and final norm as Llama-shaped checkpoints name them."""
+    return {"embed_vd": LayerTensor("embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size),
+                                    TOP_PARAM_AXES["embed_vd"]),
+            "final_norm_d": LayerTensor("norm.weight", (cfg.hidden_size,),
+                                        TOP_PARAM_AXES["final_norm_d"])}
 
 
 # ---- building blocks of the Llama-shaped families ----------------------------------------

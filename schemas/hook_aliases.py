@@ -1,0 +1,110 @@
+"""TransformerLens hook names, accepted where actx hooks are named (a run's
+`capture.hooks`, `CaptureSpec.parse`, the reader's hook arguments), as aliases of the actx
+hooks whose values they equal; the run stores actx's names.
+
+A TransformerLens name maps to an actx hook only where TransformerLens's value is exactly
+actx's (HF's). TransformerLens's `from_pretrained` processes the weights by default, and
+that changes some values:
+- `fold_ln` folds each norm's weight (and bias) into the layer after it, so a
+  `*.hook_normalized` is the normalised stream without the norm's weight: never actx's
+  `final_norm`, which applies it.
+- `center_writing_weights` (LayerNorm models only: GPT-2, GPT-NeoX/Pythia) centres every
+  weight that writes to the residual stream, so there `hook_resid_*`, `hook_attn_out`,
+  `hook_mlp_out` and `hook_embed` are actx's values minus their mean over the hidden
+  dimension. RMSNorm models are not centred, and their values are HF's.
+- GPT-2's `hook_embed` is the token embedding alone (`hook_pos_embed` the positions'),
+  where actx's `embed` is what block 0 reads, their sum.
+Such names are refused by name, with the reason, never approximated. No JAX here.
+"""
+
+from __future__ import annotations
+
+import re
+
+# TransformerLens per-block hook -> the actx point of equal value.
+LAYER_POINTS = {"hook_resid_pre": "resid_pre", "hook_resid_mid": "resid_mid",
+                "hook_resid_post": "resid_post", "hook_attn_out": "attn_out",
+                "hook_mlp_out": "mlp_out"}
+GLOBAL_POINTS = {"hook_embed": "embed"}
+# The architectures whose norms are LayerNorms (TransformerLens centres their residual
+# stream) and whose positions are learned (tests/test_hook_aliases.py checks both
+# against the families' configs).
+LAYER_NORM_ARCHITECTURES = frozenset({"GPT2LMHeadModel", "GPTNeoXForCausalLM"})
+LEARNED_POSITION_ARCHITECTURES = frozenset({"GPT2LMHeadModel"})
+
+_BLOCK = re.compile(r"^blocks\.(\*|\d+(?:-\d+)?)\.(.+)$")
+_NEVER = {
+    "ln_final.hook_normalized": "TransformerLens folds the final LayerNorm's weight and "
+                                "bias into the unembedding (fold_ln), so its "
+                                "hook_normalized lacks them; actx's final_norm applies them",
+    "ln_final.hook_scale": "the norm's scale alone has no actx hook",
+    "hook_pos_embed": "actx stores the position embedding only added to the token "
+                      "embedding (embed = hook_embed + hook_pos_embed)",
+}
+_CENTRED = ("TransformerLens's from_pretrained centres the weights that write to the "
+            "residual stream of a LayerNorm model (center_writing_weights=True), so there "
+            "its {tl} is actx's {actx} minus its mean over the hidden dimension; ask for "
+            "{actx} (TransformerLens's from_pretrained_no_processing values) and subtract "
+            "the mean where your SAE was trained on the centred stream")
+
+
+class HookAliasError(ValueError):
+    """A TransformerLens hook name with no exactly equal actx hook."""
+
+
+def is_transformer_lens(name: str) -> bool:
+    """Whether `name` is written the TransformerLens way (blocks.L.hook_*, hook_*,
+    ln_final.*)."""
+    return name.startswith(("blocks.", "hook_", "ln_final."))
+
+
+def to_actx(name: str, architecture: str | None = None) -> str:
+    """The actx name of TransformerLens hook `name` (a layer selector kept:
+    blocks.0-3.hook_resid_pre -> layers.0-3.resid_pre). With `architecture` (HF's
+    `architectures[0]`), also refuses what that model's values make unequal. Raises
+    HookAliasError naming the hook and why."""
+    if name in _NEVER:
+        raise HookAliasError(f"TransformerLens hook {name!r} has no equal actx hook: "
+                             f"{_NEVER[name]}")
+    match = _BLOCK.match(name)
+    if match and match.group(2) in LAYER_POINTS:
+        actx = f"layers.{match.group(1)}.{LAYER_POINTS[match.group(2)]}"
+    elif name in GLOBAL_POINTS:
+        actx = GLOBAL_POINTS[name]
+    else:
+        accepted = [f"blocks.<i>.{p}" for p in LAYER_POINTS] + list(GLOBAL_POINTS)
+        raise HookAliasError(f"TransformerLens hook {name!r} has no equal actx hook; "
+                             f"accepted TransformerLens names: {', '.join(accepted)}")
+    if architecture is not None:
+        check(name, actx, architecture)
+    return actx
+
+
+def check(name: str, actx: str, architecture: str) -> None:
+    """Refuses TransformerLens hook `name` (alias of `actx`) where the model's values
+    differ from TransformerLens's default ones."""
+    if name == "hook_embed" and architecture in LEARNED_POSITION_ARCHITECTURES:
+        raise HookAliasError(
+            f"TransformerLens hook 'hook_embed' is not actx's embed for {architecture}: "
+            f"it is the token embedding alone, where actx's embed adds the position "
+            f"embedding (what block 0 reads)")
+    if architecture in LAYER_NORM_ARCHITECTURES:
+        raise HookAliasError(f"TransformerLens hook {name!r} is not actx's {actx} for "
+                             f"{architecture}: " + _CENTRED.format(tl=name, actx=actx))
+
+
+def transformer_lens_name(actx: str, architecture: str | None) -> str | None:
+    """The TransformerLens name of equal value for stored hook `actx`
+    ("layers.8.resid_pre" -> "blocks.8.hook_resid_pre"), None where there is none (or
+    the architecture is not recorded)."""
+    if architecture is None or architecture in LAYER_NORM_ARCHITECTURES:
+        return None
+    for tl, point in GLOBAL_POINTS.items():
+        if actx == point:
+            return tl
+    layer, _, point = actx.removeprefix("layers.").partition(".")
+    if actx.startswith("layers.") and layer.isdigit():
+        for tl, ours in LAYER_POINTS.items():
+            if point == ours:
+                return f"blocks.{layer}.{tl}"
+    return None
