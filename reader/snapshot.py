@@ -153,15 +153,10 @@ class RunSnapshot:
         Raises hook_aliases.HookAliasError (a ValueError) naming it where none is equal."""
         if not hook_aliases.is_transformer_lens(name) or name in self.hooks:
             return name
-        architecture = self.architecture
-        actx = hook_aliases.to_actx(name)  # refuses what no model has
-        if architecture is None:
-            raise hook_aliases.HookAliasError(
-                f"{self.location}: TransformerLens hook {name!r}: this run does not record "
-                f"its model's architecture (activations/actx.json, written before actx "
-                f"recorded it, or a Flax model), which decides whether the values are "
-                f"equal; name the actx hook, {actx!r}")
-        return hook_aliases.to_actx(name, architecture)
+        # A record without the architecture was written before actx read any LayerNorm
+        # family (every family it read then is RMSNorm, whose values are TransformerLens's),
+        # or by a Flax model, whose hooks are its own module paths.
+        return hook_aliases.to_actx(name, self.architecture)
 
     def resolve_hooks(self, hooks: Sequence[str]) -> tuple[str, ...]:
         """`resolve_hook` of each."""

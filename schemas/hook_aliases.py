@@ -96,8 +96,9 @@ def check(name: str, actx: str, architecture: str) -> None:
 def transformer_lens_name(actx: str, architecture: str | None) -> str | None:
     """The TransformerLens name of equal value for stored hook `actx`
     ("layers.8.resid_pre" -> "blocks.8.hook_resid_pre"), None where there is none (or
-    the architecture is not recorded)."""
-    if architecture is None or architecture in LAYER_NORM_ARCHITECTURES:
+    the model's values differ). A run that does not record its architecture is of a family
+    with RMSNorm (the only ones actx read before it recorded the architecture)."""
+    if architecture in LAYER_NORM_ARCHITECTURES:
         return None
     for tl, point in GLOBAL_POINTS.items():
         if actx == point:
