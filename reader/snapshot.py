@@ -74,6 +74,16 @@ class RunSnapshot:
         self._committed_set = frozenset(self.committed)
         self._hooks_cache = None
 
+    def observe_committed(self, committed) -> None:
+        """Takes `committed` (ids a caller listed itself: a follower's one listing per
+        poll, reader.streaming.follow) as the snapshot, without listing again. The hooks
+        are read once, on the first commit: every partition holds the same ones."""
+        self.committed = tuple(sorted(set(committed)))
+        self._committed_set = frozenset(self.committed)
+        if self._hooks_cache is not None:
+            self._hooks_cache = {h: dataclasses.replace(i, partitions=self.committed)
+                                 for h, i in self._hooks_cache.items()}
+
     @property
     def seq_len(self) -> int:
         return self.manifest.seq_len
