@@ -6,7 +6,7 @@ OPTIONS: stream keywords (follow=True is added), and "stop_after": N to stop aft
 batches and save the state to resume from; "resume": a state to resume from.
 OUT holds: steps, epochs, tokens (row * seq_len + col, in batch order), sums (each batch's
 activations summed in float64: what the trainer saw), listings, commit_order,
-waiting (the last wait's words), state (after the last batch), error (its text) and
+waiting (the last wait's words), waits (all of them), state (after the last batch), error (its text) and
 first_epoch_steps.
 """
 
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     finally:
         stream.close()
     result.update(listings=stream.listings, commit_order=list(stream.commit_order),
-                  waiting=stream.waiting, first_epoch_steps=stream.first_epoch_steps)
+                  waiting=stream.waiting, waits=stream.waits, first_epoch_steps=stream.first_epoch_steps)
     with open(out_path, "w") as f:
         json.dump(result, f)
     return 0

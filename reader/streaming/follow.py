@@ -30,6 +30,7 @@ create-only, so what committed keeps its place in the order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -114,6 +115,7 @@ class CommitFollower:
             raise ValueError(f"commit_order names a partition twice: {list(recorded)}")
         self.listings = 0  # listings of commits/ so far (the cost: one per poll_s at most)
         self.waiting = ""  # why the last wait took long (phase, dead hosts, advice)
+        self.waits: collections.deque[str] = collections.deque(maxlen=100)  # the last ones
         self._last_poll = -math.inf
         self._lock = threading.Lock()
 
@@ -162,6 +164,7 @@ class CommitFollower:
                 if timed_out or (waited >= opts.stall_s and now - last_word >= opts.stall_s):
                     last_word = now
                     self.waiting = self._why(waited)
+                    self.waits.append(self.waiting)
                     if timed_out:
                         raise errors.RunStalledError(
                             f"{self.waiting}; gave up after wait_timeout_s="
@@ -322,6 +325,11 @@ class FollowStream:
     def waiting(self) -> str:
         """Why the stream last waited long for a commit ("" when it never did)."""
         return self.follower.waiting
+
+    @property
+    def waits(self) -> list[str]:
+        """What the stream said each time it waited long, oldest first (the last 100)."""
+        return list(self.follower.waits)
 
     @property
     def listings(self) -> int:
