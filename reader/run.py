@@ -112,7 +112,8 @@ class Run(RunSnapshot):
                                         output=output, exact=exact)
 
     def stream(self, hooks: "str | Sequence[str]", batch_size: int, *,
-               resume: "stream_lib.StreamState | dict | None" = None, **keywords):
+               resume: "stream_lib.StreamState | dict | None" = None,
+               _follower: "follow_lib.CommitFollower | None" = None, **keywords):
         """Shuffled batches at the speed of sequential reads, with a bounded buffer (see
         `reader.streaming.stream.ShuffledStream`): what training reads. Keywords: reader.options'
         groups, stream.ReadOptions and follow.FollowOptions; resume: a saved
@@ -125,7 +126,7 @@ class Run(RunSnapshot):
         if follow.follow:
             return follow_lib.FollowStream(self, hooks, batch_size, tokens=tokens, order=order,
                                            output=output, reads=reads, follow=follow,
-                                           resume=resume)
+                                           resume=resume, follower=_follower)
         _no_follow_options(follow)
         self.require_commits()
         return stream_lib.ShuffledStream(self, hooks, batch_size, tokens=tokens, order=order,

@@ -98,22 +98,25 @@ def committed_partitions(store, n_partitions: int = 0) -> set[int]:
     return set(map(int, _MARKER_NAME.findall("\n".join(names))))
 
 
-def committed_in_order(store) -> list[int]:
-    """Ids of partitions with a marker, in the order they committed, from one listing.
-
-    The order is each marker's version as the listing gives it (a GCS generation, which
-    GCS sets from its own clock when the object is created; a local file's modification
-    time), partition id breaking ties: the same for every reader of the run, whatever
-    its own clock or when it listed. A store whose versions are no times (memory://)
-    gives id order. Used by a reader that follows a live run (reader.streaming.follow),
-    which records the order it saw so the stream can be replayed.
-    """
-    order = []
+def committed_stamps(store) -> dict[int, int]:
+    """Partition id -> its marker's version, from one listing: a GCS generation, which GCS
+    sets from its own clock when the object is created, or a local file's modification
+    time (ns); 0 where the store's versions are no times (memory://). What orders the
+    partitions by when they committed, the same for every reader of the run whatever
+    its own clock or when it listed (reader.streaming.follow)."""
+    stamps = {}
     for key, (_, version) in store.list_stamps(layout.COMMITS_PREFIX).items():
         found = _MARKER_NAME.match(key[len(layout.COMMITS_PREFIX):])
         if found:
-            order.append((int(version) if version.isdigit() else 0, int(found.group(1))))
-    return [pid for _, pid in sorted(order)]
+            stamps[int(found.group(1))] = int(version) if version.isdigit() else 0
+    return stamps
+
+
+def committed_in_order(store) -> list[int]:
+    """Ids of partitions with a marker, in the order they committed (`committed_stamps`,
+    partition id breaking ties), from one listing."""
+    stamps = committed_stamps(store)
+    return sorted(stamps, key=lambda p: (stamps[p], p))
 
 
 def range_boundaries(n_partitions: int, ranges: int) -> list[str]:

@@ -98,9 +98,14 @@ class CommitFollower:
     """The order in which a run's partitions committed, as one reader sees it, and the
     wait for more. At most one listing of commits/ per `poll_s`."""
 
-    def __init__(self, run: snapshot.RunSnapshot, wanted: "Sequence[int] | None",
-                 options: FollowOptions, stop: threading.Event, recorded: Sequence[int] = ()):
-        self.run, self.options, self._stop = run, options, stop
+    def __init__(self, runs: "snapshot.RunSnapshot | Sequence[snapshot.RunSnapshot]",
+                 wanted: "Sequence[int] | None", options: FollowOptions,
+                 stop: threading.Event, recorded: Sequence[int] = ()):
+        # Several runs: extractions of one run read together (reader.aligned); a partition
+        # joins the order once committed in every one, when the last of them committed.
+        self.runs = (runs,) if isinstance(runs, snapshot.RunSnapshot) else tuple(runs)
+        run = self.runs[0]
+        self.run, self.options, self.stopped = run, options, stop
         n = len(run.partitions)
         if wanted is not None:
             outside = sorted(p for p in set(wanted) if not 0 <= p < n)
@@ -126,7 +131,9 @@ class CommitFollower:
     def poll(self) -> int:
         """Lists commits/ once; appends the partitions new to the order (in the order they
         committed) and returns how many."""
-        listed = commit_lib.committed_in_order(self.run.store)
+        stamps = [commit_lib.committed_stamps(r.store) for r in self.runs]
+        common = set(stamps[0]).intersection(*stamps[1:])
+        listed = sorted(common, key=lambda p: (max(s[p] for s in stamps), p))
         self.listings += 1
         self._last_poll = time.monotonic()
         committed = set(listed)
@@ -140,11 +147,12 @@ class CommitFollower:
         seen = set(self.order)
         new = [p for p in listed if p not in seen and (self.wanted is None or p in self.wanted)]
         self.order += new
-        self.run.observe_committed(listed)
+        for run, listing in zip(self.runs, stamps):
+            run.observe_committed(listing)
         return len(new)
 
     def _sleep(self, seconds: float) -> None:
-        if self._stop.wait(max(0.0, seconds)):
+        if self.stopped.wait(max(0.0, seconds)):
             raise _Stopped()
 
     def wait_for(self, n: int) -> None:
@@ -266,7 +274,10 @@ class FollowStream:
                  output: options_lib.OutputOptions = options_lib.OutputOptions(),
                  reads: stream_lib.ReadOptions = stream_lib.ReadOptions(),
                  follow: FollowOptions = FollowOptions(follow=True),
-                 resume: "StreamState | dict | None" = None):
+                 resume: "StreamState | dict | None" = None,
+                 follower: "CommitFollower | None" = None):
+        # follower: one shared by the streams of several extractions (reader.aligned), so
+        # they take the same windows; by default the stream's own.
         follow.check()
         self.run = run
         self.hooks = options_lib.hook_names(hooks)
@@ -295,9 +306,11 @@ class FollowStream:
         state = None if resume is None else StreamState.parse(resume)
         recorded = (state.commit_order if state is not None and state.commit_order is not None
                     else follow.commit_order or ())
-        self._stop = threading.Event()
-        self.follower = CommitFollower(run, tokens.partitions, follow, self._stop, recorded)
-        self.follower.poll()
+        if follower is None:
+            follower = CommitFollower(run, tokens.partitions, follow, threading.Event(),
+                                      recorded)
+            follower.poll()
+        self.follower = follower
         self.start_step = order.start_step if state is None else state.check(self.settings)
         self.framework = output.checked_framework
         self.sharding, self.dtype = output.sharding, output.dtype
@@ -439,7 +452,7 @@ class FollowStream:
 
     def close(self, timeout: float = 30.0) -> None:
         """Stops the background thread, also while it waits for commits (idempotent)."""
-        self._stop.set()
+        self.follower.stopped.set()
         self._prefetcher.close(timeout)
 
     def __enter__(self) -> "FollowStream":
