@@ -103,11 +103,17 @@ class Run(RunSnapshot):
     def batches(self, hooks: "str | Sequence[str]", batch_size: int, **keywords):
         """Batches in one exact global permutation of the valid tokens (see
         `reader.batches.TokenBatches`): reproducible token for token, slow from storage.
-        Keywords: reader.options' groups and batches.ExactOptions."""
-        self.require_commits()
-        tokens, order, output, exact = options_lib.from_keywords(
+        Keywords: reader.options' groups, batches.ExactOptions and follow.FollowOptions:
+        follow=True reads a live run as its partitions commit, each window of the commit
+        order in one exact permutation (`reader.streaming.follow`)."""
+        tokens, order, output, exact, follow = options_lib.from_keywords(
             "batches", keywords, options_lib.TokenOptions, options_lib.OrderOptions,
-            options_lib.OutputOptions, batches_lib.ExactOptions)
+            options_lib.OutputOptions, batches_lib.ExactOptions, follow_lib.FollowOptions)
+        if follow.follow:
+            return follow_lib.FollowStream(self, hooks, batch_size, tokens=tokens, order=order,
+                                           output=output, follow=follow, exact=exact)
+        _no_follow_options(follow)
+        self.require_commits()
         return batches_lib.TokenBatches(self, hooks, batch_size, tokens=tokens, order=order,
                                         output=output, exact=exact)
 

@@ -312,3 +312,29 @@ def test_gcs_follower_lists_once_per_poll_and_reads_no_marker(tmp_path, gcs_emul
     assert all(n <= 2 for n in once.values()), once
     assert all(k.startswith(("run/activations/", "run/tokens/")) for k in reads
                if k not in once), reads
+
+
+def test_exact_batches_follow_window_by_window(tmp_path):
+    """run.batches(follow=True): each window of the commit order in one exact permutation
+    of its tokens (what run.batches gives over those partitions), every token once."""
+    truth = build_run(str(tmp_path / "run"), num_partitions=4, committed=(1,))
+    writer = _later(truth, [3, 0, 2])
+    run = actx.open_run(truth.uri)
+    with run.batches(HOOK, 32, follow=True, window_partitions=2, poll_s=0.02,
+                     wait_timeout_s=30, epochs=2, drop_last=False) as batches:
+        got = list(batches)
+    writer.join()
+    first = [b for b in got if b.epoch == 0]
+    np.testing.assert_array_equal(np.sort(_tokens(first)), _expected(truth))
+    np.testing.assert_array_equal(np.sort(_tokens([b for b in got if b.epoch == 1])),
+                                  _expected(truth))
+    _check_values(truth, got)
+    assert batches.commit_order == (1, 3, 0, 2)
+    # The first window's tokens are run.batches' permutation of partitions 1 and 3, with
+    # the window's seed, cut into the same batches.
+    from actx.reader.streaming import follow
+
+    with run.batches(HOOK, 32, partitions=[1, 3], seed=follow.window_seed(0, 0),
+                     drop_last=False) as own:
+        window = _tokens(list(own))
+    np.testing.assert_array_equal(_tokens(first)[:len(window)], window)

@@ -40,6 +40,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from actx.reader import batches as batches_lib
 from actx.reader import errors
 from actx.reader import formats
 from actx.reader import masks as masks_lib
@@ -275,9 +276,12 @@ class FollowStream:
                  reads: stream_lib.ReadOptions = stream_lib.ReadOptions(),
                  follow: FollowOptions = FollowOptions(follow=True),
                  resume: "StreamState | dict | None" = None,
-                 follower: "CommitFollower | None" = None):
+                 follower: "CommitFollower | None" = None,
+                 exact: "batches_lib.ExactOptions | None" = None):
         # follower: one shared by the streams of several extractions (reader.aligned), so
-        # they take the same windows; by default the stream's own.
+        # they take the same windows; by default the stream's own. exact: each window read
+        # as run.batches reads (an exact permutation of the window's tokens,
+        # batches.ExactOptions) instead of the two-level shuffle.
         follow.check()
         self.run = run
         self.hooks = options_lib.hook_names(hooks)
@@ -294,8 +298,9 @@ class FollowStream:
                 "it, or once the run is complete run compute_stats and stream it")
         self.batch_size, self.tokens, self.order, self.reads = batch_size, tokens, order, reads
         self.follow_options = follow
-        buffer_rows, block_rows = stream_lib._buffer_rows(run, reads.buffer_tokens,
-                                                          reads.block_rows)
+        self.exact = exact
+        buffer_rows, block_rows = (None, None) if exact is not None else \
+            stream_lib._buffer_rows(run, reads.buffer_tokens, reads.block_rows)
         self.settings = StreamSettings(
             run.spec.fingerprint, self.hooks,
             None if tokens.partitions is None else tuple(sorted(set(tokens.partitions))),
@@ -360,15 +365,21 @@ class FollowStream:
     # -- reading ------------------------------------------------------------------
 
     def _window_stream(self, ids: Sequence[int], seed: int, start_step: int,
-                       epochs: int | None = 1, drop_last: bool = False
-                       ) -> stream_lib.ShuffledStream:
+                       epochs: int | None = 1, drop_last: bool = False):
+        """A reader of partitions `ids` alone (a ShuffledStream, or a TokenBatches with
+        `exact`), numpy out, in this thread."""
         o = self.order
-        return stream_lib.ShuffledStream(
-            self._view, self.hooks, self.batch_size,
-            tokens=dataclasses.replace(self.tokens, partitions=tuple(ids)),
-            order=options_lib.OrderOptions(seed, epochs, start_step, o.process_index,
-                                           o.process_count, drop_last),
-            output=options_lib.OutputOptions(prefetch=0), reads=self.reads, _window=True)
+        tokens = dataclasses.replace(self.tokens, partitions=tuple(ids))
+        order = options_lib.OrderOptions(seed, epochs, start_step, o.process_index,
+                                         o.process_count, drop_last)
+        output = options_lib.OutputOptions(prefetch=0)
+        if self.exact is not None:
+            return batches_lib.TokenBatches(self._view, self.hooks, self.batch_size,
+                                            tokens=tokens, order=order, output=output,
+                                            exact=self.exact, _window=True)
+        return stream_lib.ShuffledStream(self._view, self.hooks, self.batch_size,
+                                         tokens=tokens, order=order, output=output,
+                                         reads=self.reads, _window=True)
 
     def _first_epoch(self) -> Iterator[Batch]:
         """The first epoch's batches from the start step on; sets first_epoch_steps."""
