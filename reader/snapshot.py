@@ -4,7 +4,9 @@ The bottom of the reader: every other reader module reads through a `RunSnapshot
 `reader.run.Run` (the front door, `open_run`) adds the hand-over methods on top of it.
 A snapshot is taken at open time: the set of committed partitions (commit
 markers) is listed once, so a training job sees one fixed data set (and one shuffle
-order) however many partitions commit while it runs; `refresh()` takes a new snapshot.
+order) however many partitions commit while it runs; `refresh()` takes a new snapshot, and
+a reader that follows a live run (reader.streaming.follow) hands it its own listings
+(`observe_committed`).
 Rows of uncommitted partitions are never read, whatever data exists for them.
 """
 

@@ -86,6 +86,15 @@ def test_first_epoch_holds_every_token_once_as_partitions_commit(tmp_path):
     assert len(np.unique(got)) == len(got) == len(want) // 40 * 40
     assert np.isin(got, want).all()
 
+    # Resumed inside the second epoch (the full shuffle): the same rest.
+    k = len(first) + 2
+    with actx.open_run(truth.uri).stream(HOOK, 40, window_partitions=2, epochs=2,
+                                         resume=stream.state(batches[k]), **FAST) as resumed:
+        rest = list(resumed)
+    assert [(b.step, b.epoch) for b in rest] == [(b.step, b.epoch) for b in batches[k + 1:]]
+    for a, b in zip(rest, batches[k + 1:]):
+        np.testing.assert_array_equal(a.rows, b.rows)
+
     # The same stream again, on the complete run: the recorded order replays it batch for
     # batch; the markers' own times give the same order without it.
     for keywords in ({"commit_order": stream.commit_order}, {}):

@@ -10,7 +10,8 @@ stream's commit order in that order. The order is cut into windows of
 `window_partitions` partitions (the last window holds what is left when the run is
 complete); each window is read as a stream of its own (reader.streaming.stream: the
 two-level shuffle over its partitions, seeded by the seed and the window's index) and
-the windows' tokens are cut into batches of `batch_size` one after another. So the
+the windows' tokens are cut into batches of `batch_size` one after another (each token
+copied once more, from its window's batch into the stream's). So the
 first epoch holds every token of the run exactly once (its last batch may be short),
 and its order depends only on the seed, the settings and the commit order. The stream
 records that order (`commit_order`, and in every `state(batch)`), so a resumed stream
@@ -266,7 +267,8 @@ class _Cutter:
 class FollowStream:
     """An iterable of `Batch`es over a live run: its first epoch from partitions as they
     commit, every token once, its later epochs full shuffles of the complete run (see the
-    module docstring). Built by `run.stream(hooks, batch_size, follow=True, ...)`."""
+    module docstring). Built by `run.stream(hooks, batch_size, follow=True, ...)`, or by
+    `run.batches(..., follow=True)` (`exact`: each window an exact permutation)."""
 
     def __init__(self, run: snapshot.RunSnapshot, hooks: "str | Sequence[str]",
                  batch_size: int, *,
