@@ -7,12 +7,13 @@ batches and save the state to resume from; "resume": a state to resume from.
 OUT holds: steps, epochs, tokens (row * seq_len + col, in batch order), sums (each batch's
 activations summed in float64: what the trainer saw), listings, commit_order,
 waiting (the last wait's words), waits (all of them), state (after the last batch), error (its text) and
-first_epoch_steps.
+first_epoch_steps. OUT.log: each line the stream logs while it waits, as it logs it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import numpy as np
@@ -25,6 +26,10 @@ def main(argv: list[str]) -> int:
     out_path, run_uri, hook, batch_size = argv[0], argv[1], argv[2], int(argv[3])
     options = json.loads(argv[4]) if len(argv) > 4 else {}
     stop_after = options.pop("stop_after", None)
+    # What the stream says while it waits, as it says it: OUT.log.
+    handler = logging.FileHandler(out_path + ".log")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("actx.reader.follow").addHandler(handler)
     run = actx.open_run(run_uri)
     result = {"steps": [], "epochs": [], "tokens": [], "sums": [], "error": None,
               "state": None}

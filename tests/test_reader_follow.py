@@ -207,7 +207,9 @@ def test_a_stopped_run_rerun_later_continues_the_same_stream(tmp_path):
                                          **dict(FAST, stall_s=0.1)) as stream:
         it = iter(stream)
         first = [next(it) for _ in range(truth.committed_mask().sum() // 16)]
-        time.sleep(0.5)  # stopped: the stream waits, and says so
+        deadline = time.monotonic() + 60  # stopped: the stream waits, and says so
+        while not stream.waiting and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "phase stopped" in stream.waiting and "dead hosts: local-r0h0 stopped" \
             in stream.waiting and f"`actx rerun {truth.uri}` finishes them" in stream.waiting
         writer = _later(truth, [2, 1, 3])  # the rerun

@@ -65,8 +65,12 @@ def test_follower_across_a_killed_worker_and_a_rerun_reads_every_token_once(tmp_
     text, _ = job.communicate(timeout=300)
     assert job.returncode != 0 and "killed by SIGKILL" in text, text
     assert len(commit.committed_partitions(s)) == 4
-    time.sleep(3 * options["stall_s"])  # the follower waits, and says why
-    assert second.poll() is None, second.communicate()
+    # The follower waits, and says why (as it says it: the probe's log) before the rerun.
+    log = tmp_path / "b.json.log"
+    deadline = time.monotonic() + 120
+    while "phase failed" not in (log.read_text() if log.exists() else ""):
+        assert second.poll() is None and time.monotonic() < deadline, second.communicate()
+        time.sleep(0.1)
     rerun = subprocess.run([sys.executable, "-m", "actx.deploy.cli", "rerun", run, "--config",
                             str(cfg), "--hosts", "2", "--batch-size", "8", "--job", "second"],
                            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
