@@ -185,10 +185,14 @@ class CommitFollower:
 
     def _why(self, waited: float) -> str:
         """What the run's heartbeats say while the stream waits."""
-        try:
-            words = run_phase.read_phase(self.run.store, self.complete).words()
-        except Exception as e:  # noqa: BLE001 -- the wait goes on; say what was unreadable
-            words = f"the heartbeats could not be read ({type(e).__name__}: {e})"
+        said = []
+        for run in self.runs:  # each extraction's workers beat in its own workers/
+            named = f"extraction {run.extraction or '(default)'}: " if len(self.runs) > 1 else ""
+            try:
+                said.append(named + run_phase.read_phase(run.store, self.complete).words())
+            except Exception as e:  # noqa: BLE001 -- the wait goes on; say what was unreadable
+                said.append(f"{named}the heartbeats could not be read ({type(e).__name__}: {e})")
+        words = "; ".join(said)
         return (f"{self.run.location}: following the run, no new commit in the {waited:.1f} s "
                 f"this stream has waited "
                 f"({len(self.order)} of {self.total} partitions committed, waiting for "
