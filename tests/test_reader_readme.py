@@ -112,8 +112,8 @@ def test_torch_dataset_example_runs(tmp_path, monkeypatch):
 
 
 def test_train_while_it_extracts_recipe_runs(tmp_path):
-    """docs/training.md's recipe as written: the bash block starts a 2-host local
-    extraction in the background, the python block trains an SAE following it; the
+    """docs/training.md's recipe as written: the bash block's 2-host local extraction runs
+    in a process of its own while the python block trains an SAE following it; the
     trainer's tokens are counted against the run's."""
     import os
     import shlex
@@ -126,13 +126,13 @@ def test_train_while_it_extracts_recipe_runs(tmp_path):
     section = text[text.index("## Train while it extracts"):]
     command = re.search(r"```bash\n(.*?)```", section, re.S).group(1).split("#")[0].strip()
     code = _block(text, "## Train while it extracts")
-    assert command == "actx rerun runs/mine --hosts 2 &"
+    assert command == "actx rerun runs/mine --hosts 2"
     model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1)
     run = str(tmp_path / "run")
     token_runs.write_token_run(run, str(model), n_rows=128, seq_len=32, partition_rows=8,
                                rows_per_shard=4)
     repo = str(pathlib.Path(__file__).resolve().parents[1])
-    argv = shlex.split(command.rstrip("&").replace("runs/mine", run))
+    argv = shlex.split(command.replace("runs/mine", run))
     assert argv[0] == "actx"
     job = subprocess.Popen([sys.executable, "-m", "actx.deploy.cli", *argv[1:]], cwd=repo,
                            env={**os.environ, "PYTHONPATH": repo}, text=True,
