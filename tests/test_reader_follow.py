@@ -246,6 +246,8 @@ def test_masks_and_normalisation_work_on_a_live_run(tmp_path):
     want = (truth.value(HOOK, b.rows, b.cols).astype(np.float64) - stats.mean) / np.sqrt(
         stats.var)
     np.testing.assert_allclose(b.acts[HOOK], want, rtol=1e-5, atol=1e-5)
+    # Once the run is complete, statistics computed again cover it, and say so.
+    assert actx.open_run(truth.uri).compute_stats([HOOK])[HOOK].complete
 
 
 def follow_in_process(out, uri, batch_size, options, env=None, timeout=300):
