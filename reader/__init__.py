@@ -20,6 +20,8 @@ Public names (all re-exported here; `__all__`):
     ShuffledStream                reader.streaming.stream: `run.stream`, the streaming two-level
                                   shuffle training reads (near sequential speed);
                                   `state(batch)` / resume= (reader.streaming.state)
+    FollowStream                  reader.streaming.follow: `run.stream(..., follow=True)`, a
+                                  live run read as its partitions commit
     StreamPlan, BlockTable        reader.streaming.blocks: its row blocks, process split, buffers
     Mixing, measure_mixing        reader.streaming.mixing: documents / partitions / blocks per batch
     Batch, TokenBatches           reader.batches: `run.batches`, the exact global shuffle
@@ -41,6 +43,7 @@ Public names (all re-exported here; `__all__`):
     UnknownHookError              a hook no committed partition holds
     UncommittedPartitionError     rows of a partition without a commit marker
     NothingCommittedError         any read of a run with no committed partition yet
+    RunStalledError               a followed run gave no commit for wait_timeout_s
 
 All tensorstore arrays are opened in the process-wide context (schemas.ts_context), so
 memory:// runs written in the same process are readable and its cache pool is shared
@@ -50,7 +53,7 @@ memory:// runs written in the same process are readable and its cache pool is sh
 from actx.reader.batches import Batch, TokenBatches
 from actx.reader.streaming.blocks import BlockTable, StreamPlan
 from actx.reader.errors import (NotARunError, NothingCommittedError, ReaderError,
-                                UncommittedPartitionError, UnknownHookError)
+                                RunStalledError, UncommittedPartitionError, UnknownHookError)
 from actx.reader.streaming.mixing import Mixing
 from actx.reader.streaming.mixing import measure as measure_mixing
 from actx.reader.provenance import Selection
@@ -58,11 +61,12 @@ from actx.reader.run import HookInfo, Run, open_run
 from actx.reader.shuffle import ShufflePlan, TokenIndex, build_index
 from actx.reader.stats import compute_stats
 from actx.reader.stored_stats import HookStats, load_stats
+from actx.reader.streaming.follow import FollowStream
 from actx.reader.streaming.stream import ShuffledStream
 
 __all__ = [
-    "Batch", "BlockTable", "HookInfo", "HookStats", "Mixing", "NotARunError", "NothingCommittedError",
-    "ReaderError",
+    "Batch", "BlockTable", "FollowStream", "HookInfo", "HookStats", "Mixing", "NotARunError", "NothingCommittedError",
+    "ReaderError", "RunStalledError",
     "Run", "Selection", "ShufflePlan", "ShuffledStream", "StreamPlan", "TokenBatches",
     "TokenIndex", "UncommittedPartitionError", "UnknownHookError", "build_index",
     "compute_stats", "load_stats", "measure_mixing", "open_run",

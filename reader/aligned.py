@@ -14,17 +14,23 @@ batch is checked to pair the same tokens (a mismatch raises, it is never returne
 Normalisation is per model (`normalize=`: each extraction's own statistics, from its own
 `compute_stats`). A mask that depends on one model's activations ("outlier") would keep
 other tokens in each stream, so it is refused here.
+
+With follow=True (a live run, reader.streaming.follow) the streams share one follower:
+a partition joins their commit order once it is committed in every extraction, so they
+take the same windows, and each batch pairs the same tokens as on a finished run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from actx.reader import errors
 from actx.reader import run as run_lib
+from actx.reader.streaming import follow as follow_lib
 
 STATE_VERSION = 1
 
@@ -99,20 +105,49 @@ class AlignedStream:
                     or run.location != first.location:
                 raise ValueError(f"extraction {name!r}: not over the same token store as "
                                  f"{self.extractions[0]!r}; aligned batches read one run")
-            run.require_commits()
+            if not stream_options.get("follow"):
+                run.require_commits()
         # As stored: a TransformerLens name resolved on each run's model.
         self.hooks = {name: run.resolve_hook(self.hooks[name])
                       for name, run in self.runs.items()}
-        self.partitions = self._common_partitions(partitions)
         if resume is not None:
             self._check_resume(resume)
+        follower = None
+        if stream_options.get("follow"):
+            # Following a live run: one follower for every extraction, so their streams
+            # take the same windows, of the partitions committed in all of them.
+            self.partitions = None if partitions is None else tuple(sorted(set(partitions)))
+            follower = self._follower(resume, stream_options)
+        else:
+            self.partitions = self._common_partitions(partitions)
         self.streams = {
             name: run.stream(self.hooks[name], batch_size, partitions=self.partitions,
                              resume=None if resume is None else resume["streams"][name],
-                             **stream_options)
+                             _follower=follower, **stream_options)
             for name, run in self.runs.items()}
-        widths = {run.hook(self.hooks[name]).hidden for name, run in self.runs.items()}
-        self.stacked = len(widths) == 1
+        # Known once a partition is committed (a followed run's first batch, at the latest).
+        self._stacked: bool | None = None
+
+    def _follower(self, resume: dict | None, stream_options: dict):
+        names = {f.name for f in dataclasses.fields(follow_lib.FollowOptions)}
+        options = follow_lib.FollowOptions(**{k: v for k, v in stream_options.items()
+                                              if k in names})
+        options.check()
+        recorded = options.commit_order or ()
+        if resume is not None:
+            recorded = resume["streams"][self.extractions[0]].get("commit_order") or ()
+        follower = follow_lib.CommitFollower(list(self.runs.values()), self.partitions,
+                                             options, threading.Event(), recorded)
+        follower.poll()
+        return follower
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the models' activations are stacked ([n, models, d]: one width)."""
+        if self._stacked is None:
+            widths = {run.hook(self.hooks[name]).hidden for name, run in self.runs.items()}
+            self._stacked = len(widths) == 1
+        return self._stacked
 
     def _common_partitions(self, partitions: Sequence[int] | None) -> tuple[int, ...]:
         """The partitions committed in every extraction (of `partitions`, when given)."""

@@ -81,7 +81,9 @@ class TokenBatches:
                  tokens: options_lib.TokenOptions = options_lib.TokenOptions(),
                  order: options_lib.OrderOptions = options_lib.OrderOptions(),
                  output: options_lib.OutputOptions = options_lib.OutputOptions(),
-                 exact: ExactOptions = ExactOptions()):
+                 exact: ExactOptions = ExactOptions(), _window: bool = False):
+        # _window: one window of a following reader (reader.streaming.follow), which may
+        # hold no token of this process.
         self.run = run
         self.hooks = options_lib.hook_names(hooks, run)
         for hook in self.hooks:
@@ -92,7 +94,8 @@ class TokenBatches:
                                              tokens.outlier_factor)
         self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, order.seed,
                                             order.process_index, order.process_count,
-                                            order.drop_last, exact.shuffle)
+                                            order.drop_last, exact.shuffle,
+                                            allow_empty=_window)
         self.framework = output.checked_framework
         self.dtype = output.dtype
         self.sharding = output.sharding

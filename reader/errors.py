@@ -28,3 +28,8 @@ class NothingCommittedError(UncommittedPartitionError, UnknownHookError):
     """The run has no committed partition yet: nothing is readable. Every reading entry
     point raises this same error (it is also an UnknownHookError and an
     UncommittedPartitionError, so existing handlers of either still hold)."""
+
+
+class RunStalledError(ReaderError, TimeoutError):
+    """A reader following a live run waited its timeout for a commit that did not come;
+    the message says the run's phase, its dead hosts and what `actx status` advises."""

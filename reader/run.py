@@ -11,6 +11,7 @@ are sorted here into their option groups (reader.options).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Sequence
 
@@ -21,6 +22,7 @@ from actx.reader import options as options_lib
 from actx.reader import provenance
 from actx.reader import stats as stats_lib
 from actx.reader import stored_stats
+from actx.reader.streaming import follow as follow_lib
 from actx.reader.streaming import stream as stream_lib
 from actx.reader.snapshot import HookInfo, RunSnapshot
 from actx.schemas import errors as schemas_errors
@@ -107,23 +109,38 @@ class Run(RunSnapshot):
     def batches(self, hooks: "str | Sequence[str]", batch_size: int, **keywords):
         """Batches in one exact global permutation of the valid tokens (see
         `reader.batches.TokenBatches`): reproducible token for token, slow from storage.
-        Keywords: reader.options' groups and batches.ExactOptions."""
-        self.require_commits()
-        tokens, order, output, exact = options_lib.from_keywords(
+        Keywords: reader.options' groups, batches.ExactOptions and follow.FollowOptions:
+        follow=True reads a live run as its partitions commit, each window of the commit
+        order in one exact permutation (`reader.streaming.follow`)."""
+        tokens, order, output, exact, follow = options_lib.from_keywords(
             "batches", keywords, options_lib.TokenOptions, options_lib.OrderOptions,
-            options_lib.OutputOptions, batches_lib.ExactOptions)
+            options_lib.OutputOptions, batches_lib.ExactOptions, follow_lib.FollowOptions)
+        if follow.follow:
+            return follow_lib.FollowStream(self, hooks, batch_size, tokens=tokens, order=order,
+                                           output=output, follow=follow, exact=exact)
+        _no_follow_options(follow)
+        self.require_commits()
         return batches_lib.TokenBatches(self, hooks, batch_size, tokens=tokens, order=order,
                                         output=output, exact=exact)
 
     def stream(self, hooks: "str | Sequence[str]", batch_size: int, *,
-               resume: "stream_lib.StreamState | dict | None" = None, **keywords):
+               resume: "stream_lib.StreamState | dict | None" = None,
+               _follower: "follow_lib.CommitFollower | None" = None, **keywords):
         """Shuffled batches at the speed of sequential reads, with a bounded buffer (see
         `reader.streaming.stream.ShuffledStream`): what training reads. Keywords: reader.options'
-        groups and stream.ReadOptions; resume: a saved `state(batch)`."""
-        self.require_commits()
-        tokens, order, output, reads = options_lib.from_keywords(
+        groups, stream.ReadOptions and follow.FollowOptions; resume: a saved
+        `state(batch)`. follow=True reads a live run as its partitions commit, every
+        token once in its first epoch, and ends when the run is complete
+        (`reader.streaming.follow.FollowStream`)."""
+        tokens, order, output, reads, follow = options_lib.from_keywords(
             "stream", keywords, options_lib.TokenOptions, options_lib.OrderOptions,
-            options_lib.OutputOptions, stream_lib.ReadOptions)
+            options_lib.OutputOptions, stream_lib.ReadOptions, follow_lib.FollowOptions)
+        if follow.follow:
+            return follow_lib.FollowStream(self, hooks, batch_size, tokens=tokens, order=order,
+                                           output=output, reads=reads, follow=follow,
+                                           resume=resume, follower=_follower)
+        _no_follow_options(follow)
+        self.require_commits()
         return stream_lib.ShuffledStream(self, hooks, batch_size, tokens=tokens, order=order,
                                          output=output, reads=reads, resume=resume)
 
@@ -136,3 +153,12 @@ class Run(RunSnapshot):
         """Stored statistics of a hook (computed by `compute_stats`)."""
         self.require_commits()
         return stored_stats.load_stats(self, self.resolve_hook(hook))
+
+
+def _no_follow_options(follow: follow_lib.FollowOptions) -> None:
+    """A follow keyword without follow=True would be ignored: say so instead."""
+    given = [f.name for f in dataclasses.fields(follow)
+             if getattr(follow, f.name) != f.default]
+    if given:
+        raise TypeError(f"{', '.join(given)}: only with follow=True (a stream that follows a "
+                        f"live run's commits)")

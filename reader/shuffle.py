@@ -90,6 +90,8 @@ class ShufflePlan:
     process_count: int = 1
     drop_last: bool = True
     shuffle: bool = True
+    # A following reader's window may hold no token (reader.streaming.follow): no error.
+    allow_empty: bool = False
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -97,7 +99,7 @@ class ShufflePlan:
         if not 0 <= self.process_index < self.process_count:
             raise ValueError(f"process_index {self.process_index} must be in "
                              f"[0, process_count={self.process_count})")
-        if self.steps_per_epoch == 0:
+        if self.steps_per_epoch == 0 and not self.allow_empty:
             raise ValueError(
                 f"{self.num_tokens} tokens do not fill one global batch of "
                 f"{self.global_batch} (batch_size {self.batch_size} x {self.process_count} "
@@ -111,6 +113,15 @@ class ShufflePlan:
     def steps_per_epoch(self) -> int:
         full, rest = divmod(self.num_tokens, self.global_batch)
         return full + (1 if rest and not self.drop_last else 0)
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        """Tokens this process reads in an epoch (all but the last step hold batch_size)."""
+        steps = self.steps_per_epoch
+        if not steps:
+            return 0
+        _, lo, hi = self.step_slice(steps - 1)
+        return (steps - 1) * self.batch_size + hi - lo
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The permutation of index positions for one epoch (uint32 when it fits)."""

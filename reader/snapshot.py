@@ -4,7 +4,9 @@ The bottom of the reader: every other reader module reads through a `RunSnapshot
 `reader.run.Run` (the front door, `open_run`) adds the hand-over methods on top of it.
 A snapshot is taken at open time: the set of committed partitions (commit
 markers) is listed once, so a training job sees one fixed data set (and one shuffle
-order) however many partitions commit while it runs; `refresh()` takes a new snapshot.
+order) however many partitions commit while it runs; `refresh()` takes a new snapshot, and
+a reader that follows a live run (reader.streaming.follow) hands it its own listings
+(`observe_committed`).
 Rows of uncommitted partitions are never read, whatever data exists for them.
 """
 
@@ -75,6 +77,16 @@ class RunSnapshot:
         self._committed_set = frozenset(self.committed)
         self._hooks_cache = None
         self._info = None
+
+    def observe_committed(self, committed) -> None:
+        """Takes `committed` (ids a caller listed itself: a follower's one listing per
+        poll, reader.streaming.follow) as the snapshot, without listing again. The hooks
+        are read once, on the first commit: every partition holds the same ones."""
+        self.committed = tuple(sorted(set(committed)))
+        self._committed_set = frozenset(self.committed)
+        if self._hooks_cache is not None:
+            self._hooks_cache = {h: dataclasses.replace(i, partitions=self.committed)
+                                 for h, i in self._hooks_cache.items()}
 
     @property
     def seq_len(self) -> int:

@@ -75,7 +75,8 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
     """Streams every selected token once (all hooks per block) and, when `write`, stores
     the result in the run's stats.json (other hooks' entries are kept), each token's norm
     per hook (the "outlier" mask) and the tokens each mask removes (counted with
-    `outlier_factor`; see reader.masks)."""
+    `outlier_factor`; see reader.masks). On a live run they cover what has committed
+    (`partitions`), and the record says so (run_partitions, complete: False)."""
     hooks = tuple(run.hooks) if hooks is None else run.resolve_hooks(tuple(hooks))
     ids = run.committed_ids(partitions, hooks)
     running = {h: _Running(run.hook(h).hidden) for h in hooks}
@@ -125,7 +126,8 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
         var = r.m2 / r.count if r.count else np.full_like(r.mean, np.nan)
         mean_norm = r.norm_sum / r.count if r.count else float("nan")
         result[h] = HookStats(h, r.count, r.mean, var, mean_norm, ids, exclude_bos,
-                              exclude_special, r.median_norm(), ids if write else ())
+                              exclude_special, r.median_norm(), ids if write else (),
+                              len(run.partitions))
     if write:
         outliers = {h: _count_outliers(norm_arrays[h], run, ids, outlier_factor * s.norm_median)
                     for h, s in result.items()}

@@ -28,6 +28,9 @@ class HookStats:
     mean_norm: mean L2 norm of a token's activation vector.
     partitions: the committed partitions covered; exclude_bos / exclude_special: which
     tokens were left out besides padding.
+    run_partitions: the run's partitions when they were computed (0: not recorded, in
+    statistics stored before it was); fewer covered (a live run's compute_stats covers
+    what had committed): `complete` is False, and the record says so.
     """
 
     hook: str
@@ -40,6 +43,12 @@ class HookStats:
     exclude_special: bool = False
     norm_median: float = float("nan")  # median L2 norm of the tokens counted
     norm_partitions: tuple[int, ...] = ()  # partitions whose per-token norms are stored
+    run_partitions: int = 0
+
+    @property
+    def complete(self) -> bool | None:
+        """Whether they cover every partition of the run (None: not recorded)."""
+        return None if not self.run_partitions else len(self.partitions) >= self.run_partitions
 
     @property
     def std(self) -> np.ndarray:
@@ -50,7 +59,9 @@ class HookStats:
                 "mean_norm": self.mean_norm, "partitions": list(self.partitions),
                 "exclude_bos": self.exclude_bos, "exclude_special": self.exclude_special,
                 "norm_median": self.norm_median,
-                "norm_partitions": list(self.norm_partitions), "version": STATS_VERSION}
+                "norm_partitions": list(self.norm_partitions), "version": STATS_VERSION,
+                **({"run_partitions": self.run_partitions, "complete": self.complete}
+                   if self.run_partitions else {})}
 
     @classmethod
     def from_json_obj(cls, hook: str, data: dict) -> "HookStats":
@@ -59,7 +70,7 @@ class HookStats:
                    tuple(data["partitions"]), bool(data.get("exclude_bos", False)),
                    bool(data.get("exclude_special", False)),
                    float(data.get("norm_median", float("nan"))),
-                   tuple(data.get("norm_partitions", ())))
+                   tuple(data.get("norm_partitions", ())), int(data.get("run_partitions", 0)))
 
 
 def load_masks(run: snapshot.RunSnapshot) -> dict | None:

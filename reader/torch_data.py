@@ -62,7 +62,10 @@ class ActivationDataset(torch_data.IterableDataset):
     hooks: one hook (items are tensors) or several (items are dicts hook -> tensor).
     batch_size: tokens per item. rank / world_size: this training process and how many
       (default: torch.distributed's when initialised, else 0 / 1).
-    seed / epochs / drop_last / exclude and any other keyword: as `run.stream`.
+    seed / epochs / drop_last / exclude and any other keyword: as `run.stream`; with
+      follow=True each worker follows a live run's commits for its share
+      (reader.streaming.follow), and resume= continues in the commit order the markers'
+      times give.
     dtype: the tensors' dtype (float32). device: where the tensors go, when iterated in
       this process (with DataLoader workers, move them in the loop, or pin_memory=True).
     with_tokens: items are (acts, tokens), tokens a dict of int64 tensors rows / cols /

@@ -98,6 +98,27 @@ def committed_partitions(store, n_partitions: int = 0) -> set[int]:
     return set(map(int, _MARKER_NAME.findall("\n".join(names))))
 
 
+def committed_stamps(store) -> dict[int, int]:
+    """Partition id -> its marker's version, from one listing: a GCS generation, which GCS
+    sets from its own clock when the object is created, or a local file's modification
+    time (ns); 0 where the store's versions are no times (memory://). What orders the
+    partitions by when they committed, the same for every reader of the run whatever
+    its own clock or when it listed (reader.streaming.follow)."""
+    stamps = {}
+    for key, (_, version) in store.list_stamps(layout.COMMITS_PREFIX).items():
+        found = _MARKER_NAME.match(key[len(layout.COMMITS_PREFIX):])
+        if found:
+            stamps[int(found.group(1))] = int(version) if version.isdigit() else 0
+    return stamps
+
+
+def committed_in_order(store) -> list[int]:
+    """Ids of partitions with a marker, in the order they committed (`committed_stamps`,
+    partition id breaking ties), from one listing."""
+    stamps = committed_stamps(store)
+    return sorted(stamps, key=lambda p: (stamps[p], p))
+
+
 def range_boundaries(n_partitions: int, ranges: int) -> list[str]:
     """`ranges - 1` marker keys that cut the sorted keys of partitions 0..n-1 into
     `ranges` parts of about equal size. Keys sort as strings ("p-100000.json" between

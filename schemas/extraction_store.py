@@ -71,6 +71,10 @@ class ExtractionStore(store_lib.ObjectStore):
         found = self.base.list_summaries(self._key(prefix))
         return None if found is None else {self._unkey(k): v for k, v in found.items()}
 
+    def list_stamps(self, prefix):
+        # The base's: one listing on GCS (the default would read every object).
+        return {self._unkey(k): v for k, v in self.base.list_stamps(self._key(prefix)).items()}
+
     def parse_json(self, key, data):
         return self.base.parse_json(self._key(key), data)
 

@@ -45,6 +45,10 @@ class RunTruth:
     committed: tuple[int, ...]
     partition_rows: int
     num_partitions: int
+    # What build_run stored, so a test can commit a partition later (commit_partition).
+    stored: dict | None = None
+    fingerprint: str = ""
+    rows_per_shard: int = 0
 
     def committed_mask(self) -> np.ndarray:
         """[rows, T] True at valid tokens of committed partitions."""
@@ -232,18 +236,32 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
         arr.write(values).result()
     store.write_json(layout.ACTIVATIONS_INFO_KEY, {
         "fingerprint": spec.fingerprint, "dtype": dtype, "hooks": {h: hidden for h in hooks}})
+    truth = RunTruth(uri=uri, seq_len=seq_len, hidden=hidden, hooks=tuple(hooks), dtype=dtype,
+                     tokens=arrays, docs=docs, committed=(),
+                     partition_rows=partition_rows, num_partitions=num_partitions,
+                     stored=stored, fingerprint=spec.fingerprint,
+                     rows_per_shard=rows_per_shard)
     for p in committed:
-        lo, hi = p * partition_rows, min((p + 1) * partition_rows, total_rows)
-        checksums = {h: [commit_lib.checksum(stored[h][r:r + rows_per_shard].tobytes())
-                         for r in range(lo, hi, rows_per_shard)] for h in hooks}
-        commit_lib.commit(store, commit_lib.CommitMarker(
-            partition=p, fingerprint=spec.fingerprint, row_start=lo, row_count=hi - lo,
-            tokens=partitions[p].tokens, block_rows=rows_per_shard, checksums=checksums,
-            dtypes={h: dtype for h in hooks}, attempt="test", hosts=("localhost",),
-            timings_s={}, code_version="test", created_at=time.time()))
-    return RunTruth(uri=uri, seq_len=seq_len, hidden=hidden, hooks=tuple(hooks), dtype=dtype,
-                    tokens=arrays, docs=docs, committed=tuple(committed),
-                    partition_rows=partition_rows, num_partitions=num_partitions)
+        commit_partition(truth, p)
+    return truth
+
+
+def commit_partition(truth: RunTruth, p: int) -> bool:
+    """Writes partition p's commit marker (its data was written by build_run), as a worker
+    commits it: what a test does to make a partition of a live run commit."""
+    total_rows = truth.tokens["segment_ids"].shape[0]
+    lo, hi = p * truth.partition_rows, min((p + 1) * truth.partition_rows, total_rows)
+    checksums = {h: [commit_lib.checksum(truth.stored[h][r:r + truth.rows_per_shard].tobytes())
+                     for r in range(lo, hi, truth.rows_per_shard)] for h in truth.hooks}
+    done = commit_lib.commit(store_lib.open_store(truth.uri), commit_lib.CommitMarker(
+        partition=p, fingerprint=truth.fingerprint, row_start=lo, row_count=hi - lo,
+        tokens=int((truth.tokens["segment_ids"][lo:hi] > 0).sum()),
+        block_rows=truth.rows_per_shard, checksums=checksums,
+        dtypes={h: truth.dtype for h in truth.hooks}, attempt="test", hosts=("localhost",),
+        timings_s={}, code_version="test", created_at=time.time()))
+    if done:
+        truth.committed = tuple(sorted(set(truth.committed) | {p}))
+    return done
 
 
 @pytest.fixture

@@ -549,3 +549,55 @@ def test_aligned_batches_of_two_widths_are_a_mapping(both, tmp_path):
             assert b.acts[name].shape == (len(b), width)
             np.testing.assert_array_equal(b.acts[name],
                                           alone.gather([HOOK], b.rows, b.cols)[HOOK])
+
+
+def test_aligned_batches_follow_a_live_run(both, tmp_path):
+    """follow=True: a partition joins once committed in every extraction; the batches
+    pair the same tokens, every token once, as on the finished run."""
+    import shutil
+    import threading
+    import time
+
+    from actx.reader import aligned, open_run
+
+    run = str(tmp_path / "run")
+    shutil.copytree(both, run)
+    marker = {name: os.path.join(run, layout.extraction_prefix(name) + layout.commit_key(1))
+              for name in ("base", "chat")}
+    saved = {}
+    for name, path in marker.items():  # partition 1 not yet committed in either
+        with open(path, "rb") as f:
+            saved[name] = f.read()
+        os.remove(path)
+
+    def commit_later():
+        for name in ("chat", "base"):  # chat first: not readable until base commits too
+            time.sleep(0.3)
+            store.open_store(run).create(layout.extraction_prefix(name)
+                                         + layout.commit_key(1), saved[name])
+
+    writer = threading.Thread(target=commit_later, daemon=True)
+    writer.start()
+    options = dict(seed=3, buffer_tokens=64, follow=True, window_partitions=1, poll_s=0.05,
+                   wait_timeout_s=60)
+    with aligned.aligned_stream(run, ["base", "chat"], HOOK, 16, **options) as stream:
+        batches = list(stream)
+        order = {n: s.commit_order for n, s in stream.streams.items()}
+    writer.join()
+    assert order == {"base": (0, 1), "chat": (0, 1)}
+    alone = {name: open_run(run, extraction=name) for name in ("base", "chat")}
+    seen = [(int(r), int(c)) for b in batches for r, c in zip(b.rows, b.cols)]
+    assert sorted(seen) == sorted(_valid_tokens(alone["base"]))  # every token once
+    for b in batches:
+        for k, name in enumerate(b.extractions):
+            np.testing.assert_array_equal(
+                b.acts[:, k], alone[name].gather([HOOK], b.rows, b.cols)[HOOK])
+    # Resumed after the first batch: the same rest, replayed in the recorded order.
+    with aligned.aligned_stream(run, ["base", "chat"], HOOK, 16, **options) as stream:
+        state = stream.state(batches[0])
+    with aligned.aligned_stream(run, ["base", "chat"], HOOK, 16, resume=state,
+                                **options) as stream:
+        rest = list(stream)
+    assert [b.step for b in rest] == [b.step for b in batches[1:]]
+    for a, b in zip(rest, batches[1:]):
+        np.testing.assert_array_equal(a.acts, b.acts)

@@ -109,3 +109,44 @@ def test_torch_dataset_example_runs(tmp_path, monkeypatch):
     assert whole - 1 <= step + 1 <= whole
     assert x.shape == (256, truth.hidden) and x.dtype == torch.float32
     assert torch.isfinite(x).all()
+
+
+def test_train_while_it_extracts_recipe_runs(tmp_path):
+    """docs/training.md's recipe as written: the bash block's 2-host local extraction runs
+    in a process of its own while the python block trains an SAE following it; the
+    trainer's tokens are counted against the run's."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from tests import hf_models, token_runs
+
+    text = TRAINING.read_text()
+    section = text[text.index("## Train while it extracts"):]
+    command = re.search(r"```bash\n(.*?)```", section, re.S).group(1).split("#")[0].strip()
+    code = _block(text, "## Train while it extracts")
+    assert command == "actx rerun runs/mine --hosts 2"
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1)
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, str(model), n_rows=128, seq_len=32, partition_rows=8,
+                               rows_per_shard=4)
+    repo = str(pathlib.Path(__file__).resolve().parents[1])
+    argv = shlex.split(command.replace("runs/mine", run))
+    assert argv[0] == "actx"
+    job = subprocess.Popen([sys.executable, "-m", "actx.deploy.cli", *argv[1:]], cwd=repo,
+                           env={**os.environ, "PYTHONPATH": repo}, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        scope = {}
+        exec(compile(code, "docs/training.md (train while it extracts)", "exec"), scope)
+        tokens, losses, state = scope["train"](run)
+    finally:
+        out, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, out
+    finished = reader.open_run(run)
+    assert tokens == finished.manifest.total_tokens  # every token of the run, once
+    assert state["next_step"] == len(losses) == -(-tokens // 128)
+    assert sorted(state["commit_order"]) == list(range(len(finished.partitions)))
+    quarter = len(losses) // 4
+    assert np.mean(losses[-quarter:]) < np.mean(losses[:quarter])  # it learns

@@ -95,3 +95,36 @@ def test_the_reader_does_not_import_torch(tmp_path):
             "[b for b in r.stream('embed', 8)]; r.select('embed', exclude=['bos']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code, truth.uri], check=True)
+
+
+def test_the_dataset_follows_a_live_run_in_its_workers(tmp_path):
+    """follow=True in two spawned DataLoader workers: each follows the run's commits for
+    its own share, and together they read every token once."""
+    import threading
+    import time
+
+    truth = rf.build_run(str(tmp_path / "run"), num_partitions=4, partition_rows=8,
+                         rows_per_shard=4, committed=(0,), dtype="bfloat16")
+
+    def commit_later():
+        for p in (2, 1, 3):
+            time.sleep(0.5)
+            rf.commit_partition(truth, p)
+
+    writer = threading.Thread(target=commit_later, daemon=True)
+    ds = torch_data.ActivationDataset(truth.uri, HOOK, 7, rank=0, world_size=1,
+                                      drop_last=False, with_tokens=True, follow=True,
+                                      window_partitions=1, poll_s=0.05, wait_timeout_s=120,
+                                      buffer_tokens=4 * T, block_rows=4)
+    seen = []
+    for acts, tokens in _loader(ds):
+        rows, cols = tokens["rows"].numpy(), tokens["cols"].numpy()
+        np.testing.assert_array_equal(acts.numpy(),
+                                      truth.value(HOOK, rows, cols).astype(np.float32))
+        seen.append(rows * T + cols)
+        if not writer.is_alive() and len(truth.committed) == 1:
+            writer.start()  # the workers read partition 0 and wait: the rest commits now
+    writer.join()
+    seen = np.concatenate(seen)
+    assert len(truth.committed) == 4
+    assert np.array_equal(np.sort(seen), np.flatnonzero(truth.committed_mask()))

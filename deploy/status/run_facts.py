@@ -11,25 +11,9 @@ from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
 
-NOT_STARTED, STARTING, RUNNING, FINISHED, STOPPED, FAILED = (
-    "not started", "starting", "running", "finished", "stopped", "failed")
-# What each phase means, for the page and the text status.
-PHASE_NOTES = {
-    NOT_STARTED: "prepared; no worker has reported yet",
-    STARTING: "workers are loading the model or compiling; throughput follows",
-    RUNNING: "workers are extracting",
-    FINISHED: "every partition is committed",
-    STOPPED: "no live worker and partitions left: `actx rerun {run}` finishes them",
-    FAILED: "a worker failed (its reason is in the hosts table): `actx rerun {run}` after "
-            "a fix",
-}
-
-
-def phase_note(phase: str, run: str) -> str:
-    """What the phase means, with the command that finishes the run as typed (`actx rerun`
-    alone would not run: it needs the run)."""
-    return PHASE_NOTES[phase].format(run=run)
-
+# The phase words and their advice are shared with the reader that follows a live run.
+from actx.schemas.run_phase import (FAILED, FINISHED, NOT_STARTED, PHASE_NOTES,  # noqa: F401,E402
+                                    RUNNING, STARTING, STOPPED, phase, phase_note)
 
 VERIFY_PROBLEMS_SHOWN = 3
 
@@ -95,17 +79,3 @@ def without_advice(message: str) -> str:
     run"): once every partition is committed there is nothing left to rerun."""
     kept = [part for part in message.split("; ") if "`actx rerun" not in part]
     return "; ".join(kept)
-
-
-def phase(complete: bool, hosts) -> str:
-    """One word for the run: finished beats everything; a live worker makes it running
-    (starting while no live worker has processed a token yet); without one, a failed
-    worker makes it failed, any other heartbeat stopped, none at all not started."""
-    if complete:
-        return FINISHED
-    live = [h for h in hosts if h.live]
-    if live:
-        return RUNNING if any(h.tokens_done > 0 for h in live) else STARTING
-    if any(h.state.startswith("failed") or "process gone" in h.state for h in hosts):
-        return FAILED
-    return STOPPED if hosts else NOT_STARTED

@@ -28,8 +28,8 @@ from actx.schemas import reference_verification as reference_lib
 from actx.schemas import token_masks as token_masks_lib
 from actx.schemas import verification as verification_lib
 
-DEFAULT_STALE_AFTER_S = 60.0
-LIVE_STATES = ("starting", "working", "idle")  # a heartbeat in these states claims a live worker
+# Shared with the reader that follows a live run (schemas.run_phase).
+from actx.schemas.run_phase import DEFAULT_STALE_AFTER_S, LIVE_STATES  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

@@ -121,10 +121,12 @@ class StreamPlan:
       dropped (different tokens each epoch, since the block order changes). Without it the
       epoch ends with one short batch and every token is read exactly once; processes may
       then run different step counts.
+    allow_empty: a process with no token is no error (steps_per_epoch 0: nothing to read).
     """
 
     def __init__(self, table: BlockTable, batch_size: int, buffer_rows: int, seed: int = 0,
-                 process_index: int = 0, process_count: int = 1, drop_last: bool = True):
+                 process_index: int = 0, process_count: int = 1, drop_last: bool = True,
+                 allow_empty: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if not 0 <= process_index < process_count:
@@ -150,7 +152,9 @@ class StreamPlan:
             self.steps_per_epoch = int(self.loads.min()) // batch_size
         else:
             self.steps_per_epoch = -(-self.tokens_per_epoch // batch_size)
-        if self.steps_per_epoch == 0:
+        # A following stream's window may hold no token of this process (allow_empty):
+        # it reads nothing from it, where a stream of its own would be useless.
+        if self.steps_per_epoch == 0 and not allow_empty:
             raise ValueError(
                 f"process {process_index} of {process_count} has {int(self.loads.min())} "
                 f"tokens, less than one batch of {batch_size}; use a smaller batch_size, "

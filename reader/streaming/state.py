@@ -35,6 +35,9 @@ class StreamSettings:
     whole_document: bool | None = None
     exclude: tuple[str, ...] | None = None
     outlier_factor: float | None = None
+    # A stream that follows a live run (reader.streaming.follow): partitions per window of
+    # its first epoch. None for a stream over a fixed set of partitions.
+    follow_window: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: tuples as lists, the fields that are None left out."""
@@ -66,11 +69,19 @@ class StreamState:
     next_step: int
     settings: StreamSettings
     version: int = STATE_VERSION
+    # A following stream's record of the order partitions committed in, as it saw them
+    # (reader.streaming.follow): the stream resumes, or replays, in this order, and
+    # appends what committed since. None for any other stream.
+    commit_order: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form saved by training jobs (version 1: the settings at top level)."""
-        return {"version": self.version, "next_step": self.next_step,
-                **self.settings.to_dict()}
+        """The JSON form saved by training jobs (version 1: the settings at top level;
+        a following stream's adds commit_order)."""
+        out = {"version": self.version, "next_step": self.next_step,
+               **self.settings.to_dict()}
+        if self.commit_order is not None:
+            out["commit_order"] = list(self.commit_order)
+        return out
 
     @classmethod
     def parse(cls, state: "StreamState | dict[str, Any]") -> "StreamState":
@@ -85,7 +96,9 @@ class StreamState:
         if data.get("version") != STATE_VERSION or "next_step" not in data:
             raise ValueError(f"resume: not a stream state of version {STATE_VERSION} "
                              f"(got keys {sorted(data)}); save it with stream.state(batch)")
-        return cls(int(data["next_step"]), StreamSettings.from_dict(data))
+        order = data.get("commit_order")
+        return cls(int(data["next_step"]), StreamSettings.from_dict(data),
+                   commit_order=None if order is None else tuple(int(p) for p in order))
 
     def check(self, settings: StreamSettings) -> int:
         """The step to start at; ValueError naming every setting that differs."""

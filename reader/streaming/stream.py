@@ -123,7 +123,9 @@ class ShuffledStream:
                  order: options_lib.OrderOptions = options_lib.OrderOptions(),
                  output: options_lib.OutputOptions = options_lib.OutputOptions(),
                  reads: ReadOptions = ReadOptions(),
-                 resume: "StreamState | dict | None" = None):
+                 resume: "StreamState | dict | None" = None, _window: bool = False):
+        # _window: one window of a following stream (reader.streaming.follow), which may
+        # hold no token of this process, and whose arrays the follower opened once.
         self.run = run
         self.hooks = options_lib.hook_names(hooks, run)
         buffer_rows, block_rows = _buffer_rows(run, reads.buffer_tokens, reads.block_rows)
@@ -136,7 +138,7 @@ class ShuffledStream:
                                         token_filter=self._filter)
         self.plan = blocks_lib.StreamPlan(table, batch_size, buffer_rows, order.seed,
                                           order.process_index, order.process_count,
-                                          order.drop_last)
+                                          order.drop_last, allow_empty=_window)
         excluded = tuple(self._filter.exclude)
         self.settings = StreamSettings(
             run.spec.fingerprint, self.hooks, tuple(table.partitions), batch_size,
