@@ -16,8 +16,9 @@ def test_describe_lists_hooks_shapes_dtypes_and_commits(reader_run):
     run = reader.open_run(reader_run.uri)
     info = run.describe()
     assert set(info["hooks"]) == set(rf.DEFAULT_HOOKS)
+    # A run that records no architecture is of an RMSNorm family (schemas.hook_aliases).
     assert info["hooks"]["embed"] == {"shape": [24, 16, 8], "dtype": "float32",
-                                     "transformer_lens": None}
+                                     "transformer_lens": "hook_embed"}
     assert info["committed"] == [0, 1] and info["uncommitted"] == [2]
     assert run.hook("embed").partitions == (0, 1)
 
