@@ -100,12 +100,13 @@ def without_advice(message: str) -> str:
 def phase(complete: bool, hosts) -> str:
     """One word for the run: finished beats everything; a live worker makes it running
     (starting while no live worker has processed a token yet); without one, a failed
-    worker makes it failed, any other heartbeat stopped, none at all not started."""
+    or refused worker makes it failed, any other heartbeat stopped, none at all not started."""
     if complete:
         return FINISHED
     live = [h for h in hosts if h.live]
     if live:
         return RUNNING if any(h.tokens_done > 0 for h in live) else STARTING
-    if any(h.state.startswith("failed") or "process gone" in h.state for h in hosts):
+    if any(h.state.startswith(("failed", "refused")) or "process gone" in h.state
+           for h in hosts):
         return FAILED
     return STOPPED if hosts else NOT_STARTED

@@ -30,6 +30,9 @@ from actx.schemas import verification as verification_lib
 
 DEFAULT_STALE_AFTER_S = 60.0
 LIVE_STATES = ("starting", "working", "idle")  # a heartbeat in these states claims a live worker
+# A worker the run refused as it started (workers.loop.admission.RunMismatch): shown while
+# the run is behind, gone once it is finished.
+REFUSED = "refused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +237,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
     finished = bool(handle.manifest.partitions) and len(committed) == len(
         handle.manifest.partitions)
     for hb in sorted(beats, key=lambda b: b.host):
+        if finished and hb.state == REFUSED:
+            continue  # an attempt the run refused did nothing; the run is done without it
         age = max(0.0, now - hb.updated_at)
         gone = hb.state in LIVE_STATES and heartbeat_lib.process_gone(hb)
         live = hb.state in LIVE_STATES and age <= stale_after_s and not gone

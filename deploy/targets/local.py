@@ -188,7 +188,8 @@ class LocalTarget(targets.Target):
         prefix = _host_prefix(job.name, opts.join)
         with _workers_stop_hint(), self._job_lease(job, prefix, opts.join):
             if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
-                launch_record.record(job.run.store, self.config, job.name)
+                launch_record.record(job.run.store, self.config, job.name, opts.config_file,
+                                     opts.sets)
             return self.engine.run(job, out, prefix)
 
     @contextlib.contextmanager
