@@ -57,6 +57,9 @@ class HostState:
     given_up: dict = dataclasses.field(default_factory=dict)
     idle_reason: str = ""
     job: str = ""  # the launcher's job id ("" in heartbeats written before it was recorded)
+    # Its process's rank in its replica (jax.distributed's process index): rank 0 commits
+    # the replica's partitions; any rank stores only the rows of its own shards.
+    rank: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +253,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
                                hb.tokens_done,
                                run_facts.without_advice(message) if finished else message,
                                hb.partitions_done, hb.history, dict(hb.stolen_from),
-                               dict(hb.given_up), hb.idle_reason, hb.job))
+                               dict(hb.given_up), hb.idle_reason, hb.job,
+                               hb.process_index))
         if hb.state not in ("done",):
             held = set(hb.held) | ({hb.partition} if hb.partition is not None else set())
             (held_live if live else held_dead).update(held)
