@@ -8,6 +8,7 @@
 #   tests/slurm_cluster.sh install   apt-get the packages (root; a no-op when present)
 #   tests/slurm_cluster.sh start     start munged, slurmctld, the nodes; wait until idle
 #   tests/slurm_cluster.sh stop      stop them, remove the hosts entries and the state
+#   tests/slurm_cluster.sh status    exit 0 when the cluster is up (both nodes answer)
 #
 # Everything it writes is under $ACTX_SLURM_DIR (default /tmp/actx-slurm); the cluster's
 # config is $ACTX_SLURM_DIR/slurm.conf, and $ACTX_SLURM_DIR/ready exists while it runs.
@@ -146,7 +147,16 @@ stop() {
     return 0
 }
 
+up() {
+    [ -f "$DIR/ready" ] || return 1
+    local state
+    state=$(SLURM_CONF=$DIR/slurm.conf timeout 10 sinfo -h -N -o "%N" 2>/dev/null | sort -u \
+        | tr '\n' ' ')
+    [ "$state" = "${NODES[0]} ${NODES[1]} " ]
+}
+
 case "${1:-}" in
+    status) up ;;
     install) mkdir -p "$DIR"; install ;;
     start) mkdir -p "$DIR"; start ;;
     stop) stop ;;

@@ -46,17 +46,22 @@ def cluster(tmp_path, monkeypatch):
     jobs inherit it: sbatch exports this environment, ACTX_CHECKOUT included)."""
     monkeypatch.setenv("SLURM_CONF", real_slurm.cluster())
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the nodes' ~/actx-logs
-    yield
-    # Whatever a failed test left running is cancelled: the next test gets both nodes.
-    subprocess.run(["scancel", "--user", "root"], capture_output=True, timeout=60)
+    names = []  # the test's job names: what a failed test left running is cancelled
+    yield names
+    for name in names:
+        subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=60)
+
+
+def _name(cluster: list) -> str:
+    cluster.append(f"actx-{uuid.uuid4().hex[:6]}")
+    return cluster[-1]
 
 
 @pytest.fixture
-def config(tmp_path, qwen_tokenizer_dir, cluster):
-    """A run long enough to be interrupted: 3000 documents, about 200 partitions (the
-    2-node job extracts 10 in half a second once its step is compiled)."""
-    return slurm_configs.write(tmp_path, qwen_tokenizer_dir, f"actx-{uuid.uuid4().hex[:6]}",
-                               NODES, docs=3000)
+def config(cluster, tmp_path, qwen_tokenizer_dir):
+    """A run long enough to be interrupted: 3000 documents, 160 partitions (the 2-node
+    job extracts 10 in half a second once its step is compiled)."""
+    return slurm_configs.write(tmp_path, qwen_tokenizer_dir, _name(cluster), NODES, docs=3000)
 
 
 def _main(argv) -> tuple[int, str]:
@@ -121,11 +126,11 @@ def _worker_pid(run: str, host: str) -> int:
     return beat["pid"]
 
 
-def test_submit_wait_on_two_nodes_is_byte_identical_to_local(tmp_path, qwen_tokenizer_dir,
-                                                              cluster):
+def test_submit_wait_on_two_nodes_is_byte_identical_to_local(cluster, tmp_path,
+                                                              qwen_tokenizer_dir):
     # One shard per partition: rank 1 stores no row, and still reports what it did.
-    path, cfg = slurm_configs.write(tmp_path, qwen_tokenizer_dir,
-                                    f"actx-{uuid.uuid4().hex[:6]}", NODES, rows_per_shard=8)
+    path, cfg = slurm_configs.write(tmp_path, qwen_tokenizer_dir, _name(cluster), NODES,
+                                    rows_per_shard=8)
     run, name = cfg["run"], cfg["target"]["slurm"]["name"]
     code, out = _main(["submit", path, "--wait"])
     assert code == 0, out
