@@ -45,6 +45,30 @@ def record(store, config, job: str, config_file: str | None = None,
         logging.getLogger("actx.launch").warning("could not record %s: %s", KEY, e)
 
 
+def keep_unless_refused(run, previous: dict | None, job: str,
+                        extractions: "list[str]") -> None:
+    """After `job`'s workers ended: a job the run refused (a worker's heartbeat says
+    "refused": its settings are not the run's) did not launch the run's way, so the
+    record before it (`previous`; None: none) is put back, and `actx rerun RUN` launches
+    as before it. `run`: the run directory (schemas.run_dir.RunDir); `extractions`:
+    the job's extractions ("" the default one), whose heartbeats are their own."""
+    from actx.schemas import heartbeat as heartbeat_lib
+
+    try:
+        beats = [hb for name in extractions
+                 for hb in heartbeat_lib.read_heartbeats(run.extraction(name).store)]
+        if not any(hb.job == job and hb.state == "refused" for hb in beats):
+            return
+        if previous is None:
+            run.store.delete(KEY)
+        else:
+            run.store.write_json(KEY, previous)
+    except Exception as e:  # noqa: BLE001 - a record, not the extraction
+        import logging
+
+        logging.getLogger("actx.launch").warning("could not restore %s: %s", KEY, e)
+
+
 def read(store) -> dict | None:
     """The recorded settings, or None (absent or unreadable: the defaults apply)."""
     try:
