@@ -223,11 +223,16 @@ def test_killed_task_then_the_advice_as_printed_completes_without_duplicates(con
 def test_down_cancels_a_running_job(config):
     path, cfg = config
     run, name = cfg["run"], cfg["target"]["slurm"]["name"]
-    code, out = _main(["submit", path, "--job", "d1"])
+    # The coordinator by its NodeAddr (127.0.0.1 in this cluster), not its node name.
+    code, out = _main(["submit", path, "--job", "d1", "--set",
+                       "target.slurm.coordinator=node_addr"])
     assert code == 0, out
     s = store.open_store(run)
     _wait_for("both ranks beating", lambda: sum(
         h["live"] for h in _status(run)["hosts"]) == NODES)
+    port = cfg["target"]["slurm"]["coordinator_port"]
+    _wait_for("rank 1's log naming the coordinator", lambda: f"JAX distributed service on "
+              f"127.0.0.1:{port}" in s.read(f"logs/d1/{name}-r0h1.log").decode(), timeout=30)
     assert "RUNNING" in _squeue(name)
     code, out = _main(["down", "--config", path])
     assert code == 0, out

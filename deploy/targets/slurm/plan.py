@@ -116,7 +116,9 @@ def script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str
     slurm = target.slurm
     step = [slurm.python, "-m", "actx.deploy.targets.slurm.step", "--run", run, "--job", job,
             "--name", slurm.name, "--port", str(slurm.coordinator_port),
-            "--log-every-s", f"{slurm.log_every_s:g}", "--",
+            "--log-every-s", f"{slurm.log_every_s:g}",
+            *(["--coordinator", slurm.coordinator] if slurm.coordinator != "node_name" else []),
+            "--",
             *worker_argv(run, target, fingerprint, job, only, extraction)]
     lines = ["#!/bin/bash", f"# actx job {job}: one replica per array task, one task per node",
              "set -e"]
