@@ -105,7 +105,8 @@ start() {
     if [ ! -S /run/munge/munge.socket.2 ] || [ -L /run/munge/munge.socket.2 ]; then
         ln -sf "$sock" /run/munge/munge.socket.2
     fi
-    slurmctld -f "$SLURM_CONF" >/dev/null 2>&1 || fail "slurmctld did not start (see $DIR/slurmctld.log)"
+    slurmctld -f "$SLURM_CONF" >/dev/null 2>&1 \
+        || fail "slurmctld did not start (see $DIR/slurmctld.log)"
     for n in "${NODES[@]}"; do
         slurmd -f "$SLURM_CONF" -N "$n" >/dev/null 2>&1 \
             || fail "slurmd -N $n did not start (see $DIR/slurmd-$n.log)"
