@@ -199,6 +199,13 @@ def test_killed_task_then_the_advice_as_printed_completes_without_duplicates(con
 
     argv = _advised_rerun(run)
     assert argv[:3] == ["actx", "rerun", run], argv
+    # The live page advises the same command.
+    from actx.deploy.page import data as page_data
+    from actx.deploy.status import runstate
+    from actx.schemas import run_dir
+
+    page = page_data.page_commands(runstate.compute_status(run_dir.open_run(run)))
+    assert shlex.split(page["rerun_all"]) == argv, page
     code, out = _main(argv[1:] + ["--job", "k2"])
     assert code == 0, out
     assert "another job is extracting" not in out
@@ -279,3 +286,30 @@ def test_a_node_set_down_mid_run_then_the_advice_finishes_the_run(config, tmp_pa
         markers_before
     code, out = _main(["verify", run])
     assert code == 0, out
+
+    # `verify --repair`'s advice reruns on Slurm too: a damaged chunk (p-00002's rows, as
+    # a bad disk would leave them) made pending, then extracted again by the command it
+    # prints, as printed.
+    _damage_chunk(run, row_start=16)
+    code, out = _main(["verify", run, "--repair"])
+    assert code == 1 and "REPAIRED: 1 partition(s)" in out, out
+    [advice] = re.findall(r"`(actx rerun [^`]*)`", out)
+    code, out = _main(shlex.split(advice)[1:] + ["--wait", "--job", "n3"])
+    assert code == 0 and "on slurm" in out, out
+    code, out = _main(["verify", run])
+    assert code == 0, out
+
+
+def _damage_chunk(run: str, row_start: int) -> None:
+    """Flips a byte of the first hook's stored chunk that starts at `row_start`."""
+    from actx.schemas import layout
+
+    root = os.path.join(run, layout.ACTIVATIONS_GROUP)
+    hook = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))[0]
+    info = store.open_store(run).read_json(f"{layout.ACTIVATIONS_GROUP}/{hook}/zarr.json")
+    rows = info["chunk_grid"]["configuration"]["chunk_shape"][0]
+    with open(os.path.join(root, hook, "c", str(row_start // rows), "0", "0"), "r+b") as f:
+        data = bytearray(f.read())
+        data[len(data) // 2] ^= 0xFF
+        f.seek(0)
+        f.write(data)
