@@ -254,3 +254,22 @@ def test_down_cancels_the_job_and_gives_the_run_back(slurm_config, fake_slurm, c
               == [[f"{job}_0", "CANCELLED"]], timeout=30)
     assert fake_slurm.live_pids() == [] and _squeue() == ""
     assert job_lease.read(s) is None and "job lease of job c1" in out
+
+
+def test_waits_help_names_every_target_it_follows(capsys):
+    """`--wait` follows a detached target's workers: its help names each target whose
+    class is a DetachedTarget (slurm among them), found here from the classes."""
+    import importlib
+
+    from actx.deploy import targets
+    from actx.deploy.detached.target import DetachedTarget
+
+    detached = [k.name for k in targets.KINDS.values() if issubclass(
+        getattr(importlib.import_module(k.module), k.cls), DetachedTarget)]
+    assert "slurm" in detached and "tpu-vm" in detached
+    for command in ("submit", "rerun"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        said = text.split("--wait ", 1)[1].split(": follow", 1)[0]
+        assert said == " and ".join(detached), said
