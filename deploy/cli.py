@@ -67,9 +67,12 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_wait_flags(p: argparse.ArgumentParser, stale_after: bool = True) -> None:
+    detached = " and ".join(targets.DETACHED)
     p.add_argument("--wait", action="store_true",
-                   help="tpu-vm: follow the detached workers (as `status --watch`) until the "
-                        "job ends; exit 0 when its partitions are committed, else 1")
+                   help=f"{detached}: follow the detached workers (as `status --watch`) "
+                        f"until the job ends; exit 0 when its partitions are committed, "
+                        f"else 1 (on local the command always waits: its workers run "
+                        f"under it)")
     if stale_after:
         p.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
                        help="--wait: a heartbeat older than this is a lost host (default 60)")

@@ -159,23 +159,32 @@ def select_partitions(status, only) -> list[int]:
 
 
 def _rerun_target(args, store=None, out=None):
-    """The rerun's target: the --config's target table, else the settings the run's last
-    launch recorded (deploy.launch_record: hosts, batch size, ... on the same kind of
-    target), else the defaults; flags over all of them."""
+    """The rerun's target: the --config's target table; else the run's own target as its
+    last launch recorded it (deploy.launch_record: on slurm or tpu-vm its config file read
+    again, with the hosts, batch size, ... it launched with; on local those settings),
+    unless --target names another kind; else the defaults; flags over all of them.
+    `args.config` and `args.set` become the recorded ones where the record gave the
+    table, so the launch's printed hints (`actx down --config ...`) name that file."""
+    import dataclasses
+
     from actx.deploy import config as config_lib
     from actx.deploy import launch_record
-    from actx.schemas import config as schemas_config
 
     base = config_lib.TargetConfig()
     if args.config:
-        data = schemas_config.apply_overrides(schemas_config.load_file(args.config), args.set)
-        base = schemas_config.from_dict(config_lib.TargetConfig, data.get("target") or {},
-                                        f"{args.config}: target")
+        base = _config_target(args.config, args.set)
     elif args.set:
         raise targets.UsageError("--set needs --config")
     elif store is not None:
-        recorded = launch_record.settings_for(launch_record.read(store),
-                                              args.target or base.kind)
+        record = launch_record.read(store)
+        kind = args.target or launch_record.kind_of(record) or base.kind
+        said = []
+        if kind != base.kind and kind in launch_record.CONFIGURED:
+            table, args.config, args.set = _recorded_config(record, kind, args.run)
+            base = dataclasses.replace(table, kind=kind)
+            said.append(f"on {kind} with {args.config}"
+                        + "".join(f" --set {s}" for s in args.set))
+        recorded = launch_record.settings_for(record, kind)
         given = flags.overrides(args, TARGET_FLAGS)
         kept = {k: v for k, v in recorded.items() if given.get(k) is None}
         if kept:
@@ -183,13 +192,44 @@ def _rerun_target(args, store=None, out=None):
                 base = config_lib.target_from_flags(base, **kept)
             except ValueError:  # a record that does not fit today's rules: the defaults
                 kept = {}
-            said = {k: v for k, v in kept.items()
-                    if v != getattr(config_lib.TargetConfig(), k)}
-            if said and out is not None:
-                print("rerun: as the run's last launch: " + ", ".join(
-                    f"{k} {v}" for k, v in said.items()) + " (flags or --config override)",
-                    file=out)
+            said += [f"{k} {v}" for k, v in kept.items()
+                     if v != getattr(config_lib.TargetConfig(), k)]
+        if said and out is not None:
+            print("rerun: as the run's last launch: " + ", ".join(said)
+                  + " (flags, --target or --config override)", file=out)
     return _target(base, args)
+
+
+def _config_target(path: str, sets):
+    """The target table of the config file `path` with the --set overrides `sets`."""
+    from actx.deploy import config as config_lib
+    from actx.schemas import config as schemas_config
+
+    data = schemas_config.apply_overrides(schemas_config.load_file(path), list(sets))
+    return schemas_config.from_dict(config_lib.TargetConfig, data.get("target") or {},
+                                    f"{path}: target")
+
+
+def _recorded_config(record: dict | None, kind: str, run: str):
+    """(the target table, the config file, its --set overrides) of the config the run's
+    last launch (on `kind`, a target whose table names its hosts) recorded, read again; a
+    UsageError saying to give --config where none was recorded or it is gone."""
+    import os
+
+    from actx.deploy import launch_record
+
+    path, sets = launch_record.config_of(record)
+    if path is None or launch_record.kind_of(record) != kind:
+        raise targets.UsageError(
+            f"rerun on {kind}: the run's last launch recorded no {kind} config (it was "
+            f"launched before actx recorded one, or elsewhere); give the submit config: "
+            f"`actx rerun {run} --target {kind} --config CONFIG`")
+    if not os.path.isfile(path):
+        raise targets.UsageError(
+            f"rerun on {kind}: the run's last launch used the config {path}, which is gone; "
+            f"give one with its target table: `actx rerun {run} --target {kind} --config "
+            f"CONFIG`")
+    return _config_target(path, sets), path, sets
 
 
 def cmd_rerun(args, out) -> int:

@@ -20,7 +20,9 @@ from actx.schemas import store as store_lib
 
 @dataclasses.dataclass(frozen=True)
 class Heartbeat:
-    """state: "starting", "working", "idle", "done", "failed" or "preempted".
+    """state: "starting", "working", "idle", "done", "failed", "preempted" or "refused"
+      (the run refused this worker as it started: other settings than its numerics
+      record, another model; it did nothing to the run).
 
     partition: partition in hand (None when idle); step / steps: progress in it.
     tokens_per_s: this host's steady-state throughput (non-padding tokens per second from

@@ -39,14 +39,16 @@ def phase_note(phase: str, run: str) -> str:
 def phase(complete: bool, hosts) -> str:
     """One word for the run: finished beats everything; a live worker makes it running
     (starting while no live worker has processed a token yet); without one, a failed
-    worker makes it failed, any other heartbeat stopped, none at all not started.
+    or refused worker makes it failed, any other heartbeat stopped, none at all not
+    started.
     `hosts`: objects with .live, .state and .tokens_done (status's HostState, `Host`)."""
     if complete:
         return FINISHED
     live = [h for h in hosts if h.live]
     if live:
         return RUNNING if any(h.tokens_done > 0 for h in live) else STARTING
-    if any(h.state.startswith("failed") or "process gone" in h.state for h in hosts):
+    if any(h.state.startswith(("failed", "refused")) or "process gone" in h.state
+           for h in hosts):
         return FAILED
     return STOPPED if hosts else NOT_STARTED
 

@@ -28,3 +28,9 @@ pytest_plugins = ["tests.fixtures", "tests.reader_fixtures", "tests.pipeline_fix
 from tests import gcs_emulator  # noqa: E402
 
 gcs_emulator.reserve_endpoint()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "real_slurm: runs against the real two-node Slurm cluster that "
+        "tests/slurm_cluster.sh starts (.ci/run does); skips, saying why, without one")

@@ -111,16 +111,88 @@ def test_rerun_launches_as_the_last_launch_unless_told_otherwise(tmp_path):
     cfg.write_text("target:\n  hosts: 1\n")
     target = jobs._rerun_target(_rerun_args("--config", str(cfg)), s, io.StringIO())
     assert (target.hosts, target.batch_size) == (1, deploy_config.TargetConfig().batch_size)
-    # Another target's record does not apply either.
+    # Another target's record does not apply to a rerun on local.
     s.write_json(launch_record.KEY, {**recorded, "target": "tpu-vm"})
-    target = jobs._rerun_target(_rerun_args(), s, io.StringIO())
-    assert target.hosts == deploy_config.TargetConfig().hosts
+    target = jobs._rerun_target(_rerun_args("--target", "local"), s, io.StringIO())
+    assert (target.kind, target.hosts) == ("local", deploy_config.TargetConfig().hosts)
     s.write_json(launch_record.KEY, recorded)
 
-    # The plain rerun, with no flag, runs on the recorded 2 hosts and finishes the run.
+    # A rerun the run refuses (another batch size: other rows per device than its
+    # numerics record) extracts nothing, shows as a refused attempt, not a failed host,
+    # and leaves the record as it was: the plain rerun still launches the run's way.
+    for extra in ([], ["--join"]):
+        out = io.StringIO()
+        assert cli.main(["rerun", run, "--hosts", "1", "--batch-size", "8", "--only", "2",
+                         "--job", f"bad{len(extra)}", *extra], out=out) == 1, out.getvalue()
+        assert launch_record.read(s) == recorded
+    assert len(s.list("commits/")) == 2
+    st = _status_json(run)
+    refused = {h["host"]: h for h in st["hosts"] if h["state"] == "refused"}
+    assert sorted(refused) == ["local-bad1-r0h0", "local-r0h0"], st["hosts"]
+    assert all("refused: " in h["message"] and "rows_per_device" in h["message"]
+               for h in refused.values()), refused
+    assert not [h for h in st["hosts"] if h["state"].startswith("failed")], st["hosts"]
+
+    # The plain rerun, with no flag, runs on the recorded 2 hosts and finishes the run;
+    # the refused attempts are gone from status.
     out = io.StringIO()
     assert cli.main(["rerun", run, "--job", "second"], out=out) == 0, out.getvalue()
     beats = {k: s.read_json(k) for k in s.list("workers/")}
     assert {b["host"] for b in beats.values() if b["job"] == "second"} == {
         "local-r0h0", "local-r1h0"}
     assert len(s.list("commits/")) == 4
+    st = _status_json(run)
+    assert st["phase"] == "finished"
+    assert sorted(h["host"] for h in st["hosts"]) == ["local-r0h0", "local-r1h0"]
+
+
+def _status_json(run: str) -> dict:
+    out = io.StringIO()
+    assert cli.main(["status", run, "--json"], out=out) == 0, out.getvalue()
+    return json.loads(out.getvalue())
+
+
+def test_rerun_stays_on_the_runs_own_slurm_target(tmp_path):
+    """A run last launched on slurm reruns there, from the config file its launch recorded
+    (its target table, with the --set overrides given then): `actx rerun RUN` as status
+    advises it. --target or --config override; a config that is gone is a clear error."""
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    s = store.open_store(run)
+    cfg = tmp_path / "slurm.yaml"
+    cfg.write_text(yaml.safe_dump({"run": run, "target": {
+        "kind": "slurm", "batch_size": 8, "slurm": {"name": "lab", "nodes": 2,
+                                                    "partition": "gpu"}}}))
+    target = deploy_config.TargetConfig(kind="slurm", batch_size=16)
+    launch_record.record(s, target, "first", str(cfg), ["target.slurm.nodes=4"])
+    assert launch_record.read(s)["config"] == str(cfg)
+
+    args, said = _rerun_args(), io.StringIO()
+    args.run = run
+    target = jobs._rerun_target(args, s, said)
+    # The config's table and its recorded override; the launch's batch size over both.
+    assert (target.kind, target.slurm.name, target.slurm.nodes, target.slurm.partition,
+            target.batch_size) == ("slurm", "lab", 4, "gpu", 16)
+    assert (args.config, args.set) == (str(cfg), ["target.slurm.nodes=4"])
+    assert (f"rerun: as the run's last launch: on slurm with {cfg} --set "
+            f"target.slurm.nodes=4, batch_size 16") in said.getvalue()
+    # --target local: the local defaults; --config: that file's table alone.
+    target = jobs._rerun_target(_rerun_args("--target", "local"), s, io.StringIO())
+    assert (target.kind, target.batch_size) == ("local", deploy_config.TargetConfig().batch_size)
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"target": {"kind": "slurm", "slurm": {"name": "x"}}}))
+    target = jobs._rerun_target(_rerun_args("--config", str(other)), s, io.StringIO())
+    assert (target.slurm.name, target.slurm.nodes) == ("x", 1)
+    # The recorded config gone: one line saying what to give.
+    os.remove(cfg)
+    args = _rerun_args()
+    args.run = run
+    with pytest.raises(Exception) as e:
+        jobs._rerun_target(args, s, io.StringIO())
+    assert str(e.value) == (f"rerun on slurm: the run's last launch used the config {cfg}, "
+                            f"which is gone; give one with its target table: `actx rerun "
+                            f"{run} --target slurm --config CONFIG`")
+    # A record from before configs were recorded: the same, with --config named.
+    s.write_json(launch_record.KEY, {"job": "old", "target": "slurm", "batch_size": 16})
+    with pytest.raises(Exception, match="recorded no slurm config"):
+        jobs._rerun_target(args, s, io.StringIO())

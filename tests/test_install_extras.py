@@ -120,8 +120,8 @@ def test_default_install_runs_ops_and_reader(tmp_path, wheelhouse, demo_run):
             "np.save(sys.argv[3], r.rows(sys.argv[2], 0, 16).astype(np.float32))")
     venv.run(["python", "-c", read, demo_run, DEMO_HOOK, tmp_path / "rows.npy"], cwd=tmp_path)
     # The row copy is built at install (setup.py's optional Extension) where a compiler is.
-    copy = venv.run(["python", "-c", "from actx.reader import row_copy; print(row_copy.kernel()[1])"],
-                    cwd=tmp_path).stdout
+    copy = venv.run(["python", "-c", "from actx.reader.storage import row_copy; "
+                     "print(row_copy.kernel()[1])"], cwd=tmp_path).stdout
     if shutil.which(os.environ.get("CC", "cc")):
         assert copy.startswith("native: ") and "_row_copy" in copy, copy
 

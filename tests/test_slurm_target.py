@@ -16,17 +16,15 @@ import io
 import json
 import os
 import shlex
-import sys
 import time
 import uuid
 
 import pytest
-import yaml
 
 from actx.deploy import cli
 from actx.deploy.targets.slurm import step
 from actx.schemas import job_lease, layout, store
-from tests import hf_models
+from tests import slurm_configs
 from tests.fake_slurm import FakeSlurm
 
 NODES = 2
@@ -69,40 +67,10 @@ def fake_slurm(tmp_path, monkeypatch):
         sim.kill_all()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def slurm_config(tmp_path, qwen_tokenizer_dir):
-    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=2,
-                                           vocab_size=151936)
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(f'{{"text": "document {i} says {" and ".join(["more"] * (i % 7))}"}}\n'
-                            for i in range(200)))
-    cfg = {
-        "run": str(tmp_path / "run"),
-        "spec": {"name": "slurm", "model": {"path": str(model), "dtype": "float32"},
-                 "tokenizer": {"path": qwen_tokenizer_dir},
-                 "sources": [{"kind": "text", "name": "docs", "paths": [str(docs)]}],
-                 "packing": {"mode": "segmented", "seq_len": 32},
-                 "capture": {"hooks": "layers.*.resid_post", "dtype": "bfloat16"},
-                 "layout": {"rows_per_shard": 4, "partition_rows": 8}},
-        "target": {"kind": "slurm", "batch_size": 4, "heartbeat_s": 1, "stop_check_steps": 1,
-                   "slurm": {"name": "actx-t", "nodes": NODES, "partition": "gpu",
-                             "account": "lab", "time": "00:30:00", "python": sys.executable,
-                             "coordinator_port": _free_port(), "log_every_s": 1,
-                             "output_dir": str(tmp_path / "slurm-out"),
-                             "env": {"JAX_PLATFORMS": "cpu", "XLA_FLAGS":
-                                     "--xla_force_host_platform_device_count=1"}}},
-    }
-    path = tmp_path / "slurm.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path), cfg
+    return slurm_configs.write(tmp_path, qwen_tokenizer_dir, "actx-t", NODES, partition="gpu",
+                               account="lab", time="00:30:00")
 
 
 def test_first_host_and_placement_from_slurms_environment():
@@ -126,7 +94,7 @@ def test_sbatch_flags_and_a_nodes_devices_from_gres():
                         time="1:00:00", gres="gpu:a100:8", constraint="h100", mem="0",
                         cpus_per_task=16, sbatch_args=("--exclusive",), output_dir="/o")
     assert plan.sbatch_flags(slurm, "j") == [
-        "--job-name=x", "--array=0-2", "--nodes=2", "--ntasks-per-node=1",
+        "--job-name=x", "--array=0-2", "--nodes=2", "--ntasks-per-node=1", "--no-requeue",
         "--output=/o/%x-%A_%a.out", "--partition=p", "--account=a", "--qos=q",
         "--time=1:00:00", "--gres=gpu:a100:8", "--constraint=h100", "--mem=0",
         "--cpus-per-task=16", "--exclusive"]
@@ -237,12 +205,8 @@ def test_node_dies_status_shows_it_rerun_finishes_byte_identical(slurm_config, f
 
     # Byte-identical to a local run of the same spec (one process with both nodes'
     # devices: the same rows per device).
-    local_cfg = dict(cfg, run=str(tmp_path / "local-run"),
-                     target={"kind": "local", "hosts": 1, "devices_per_host": NODES,
-                             "batch_size": 4})
-    local_path = tmp_path / "local.yaml"
-    local_path.write_text(yaml.safe_dump(local_cfg))
-    code, out = _main(["submit", str(local_path)])
+    local_path, local_cfg = slurm_configs.write_local(tmp_path, cfg, NODES)
+    code, out = _main(["submit", local_path])
     assert code == 0, out
     local = store.open_store(local_cfg["run"])
     ours, ref = _objects(s, "activations/"), _objects(local, "activations/")
@@ -290,3 +254,22 @@ def test_down_cancels_the_job_and_gives_the_run_back(slurm_config, fake_slurm, c
               == [[f"{job}_0", "CANCELLED"]], timeout=30)
     assert fake_slurm.live_pids() == [] and _squeue() == ""
     assert job_lease.read(s) is None and "job lease of job c1" in out
+
+
+def test_waits_help_names_every_target_it_follows(capsys):
+    """`--wait` follows a detached target's workers: its help names each target whose
+    class is a DetachedTarget (slurm among them), found here from the classes."""
+    import importlib
+
+    from actx.deploy import targets
+    from actx.deploy.detached.target import DetachedTarget
+
+    detached = [k.name for k in targets.KINDS.values() if issubclass(
+        getattr(importlib.import_module(k.module), k.cls), DetachedTarget)]
+    assert "slurm" in detached and "tpu-vm" in detached
+    for command in ("submit", "rerun"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        said = text.split("--wait ", 1)[1].split(": follow", 1)[0]
+        assert said == " and ".join(detached), said

@@ -36,7 +36,7 @@ def launch(plan, job: targets.Job, opts: targets.LaunchOptions, out, *, config,
     if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
         from actx.deploy import launch_record
 
-        launch_record.record(job.run.store, config, job.name)
+        launch_record.record(job.run.store, config, job.name, opts.config_file, opts.sets)
     print(f"workers are running {running}, detached from this command.\n"
           f"  progress: actx status {job.run.uri} --watch\n"
           f"  logs:     {job.run.log_uri(job.name)} "

@@ -139,8 +139,9 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         # What it did: tokens, partitions, work taken from or given to other replicas,
         # and why it idles (status's "did:" line).
         "did": status_text.host_did(h),
-        # Live but no token yet: loading weights, compiling (its message says which).
-        "starting": h.live and h.tokens_done == 0,
+        # Live but no token yet: loading weights, compiling (its message says which). A
+        # rank past 0 may store no row at all: it is starting while its message says so.
+        "starting": h.live and h.tokens_done == 0 and (h.rank == 0 or bool(h.message)),
         "slow": (h.live and h.tokens_done > 0 and median_rate > 0
                  and h.tokens_per_s < 0.5 * median_rate),
     } for h in status.hosts]

@@ -30,6 +30,9 @@ from actx.schemas import verification as verification_lib
 
 # Shared with the reader that follows a live run (schemas.run_phase).
 from actx.schemas.run_phase import DEFAULT_STALE_AFTER_S, LIVE_STATES  # noqa: E402
+# A worker the run refused as it started (workers.loop.admission.RunMismatch): shown while
+# the run is behind, gone once it is finished.
+REFUSED = "refused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,9 @@ class HostState:
     given_up: dict = dataclasses.field(default_factory=dict)
     idle_reason: str = ""
     job: str = ""  # the launcher's job id ("" in heartbeats written before it was recorded)
+    # Its process's rank in its replica (jax.distributed's process index): rank 0 commits
+    # the replica's partitions; any rank stores only the rows of its own shards.
+    rank: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +240,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
     finished = bool(handle.manifest.partitions) and len(committed) == len(
         handle.manifest.partitions)
     for hb in sorted(beats, key=lambda b: b.host):
+        if finished and hb.state == REFUSED:
+            continue  # an attempt the run refused did nothing; the run is done without it
         age = max(0.0, now - hb.updated_at)
         gone = hb.state in LIVE_STATES and heartbeat_lib.process_gone(hb)
         live = hb.state in LIVE_STATES and age <= stale_after_s and not gone
@@ -245,7 +253,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
                                hb.tokens_done,
                                run_facts.without_advice(message) if finished else message,
                                hb.partitions_done, hb.history, dict(hb.stolen_from),
-                               dict(hb.given_up), hb.idle_reason, hb.job))
+                               dict(hb.given_up), hb.idle_reason, hb.job,
+                               hb.process_index))
         if hb.state not in ("done",):
             held = set(hb.held) | ({hb.partition} if hb.partition is not None else set())
             (held_live if live else held_dead).update(held)

@@ -127,8 +127,14 @@ def _context_causes(ident: dict) -> str:
 
 def host_did(h: HostState) -> str:
     """What a host did: tokens, partitions committed, partitions taken from other
-    replicas' lists or given up to them, and why it idles when it says."""
-    parts = [f"{h.tokens_done:,} tokens", f"{h.partitions_done} partition(s) committed"]
+    replicas' lists or given up to them, and why it idles when it says. A replica's rank
+    other than 0 stores the rows of its own shards and commits nothing (its rank 0
+    commits the replica's partitions), which its line says rather than "0 committed"."""
+    if h.rank:
+        parts = [f"{h.tokens_done:,} tokens in its shards (rank {h.rank} of its replica; "
+                 f"rank 0 commits the replica's partitions)"]
+    else:
+        parts = [f"{h.tokens_done:,} tokens", f"{h.partitions_done} partition(s) committed"]
     if h.stolen_from:
         parts.append(f"took {sum(h.stolen_from.values())} from other replicas' lists "
                      f"({_per_replica(h.stolen_from)})")

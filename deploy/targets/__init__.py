@@ -58,6 +58,12 @@ class LaunchOptions:
     recreate: bool = False  # tpu-vm: delete the slice and request it again first
     stale_after_s: float = 60.0
     config: str = "CONFIG"  # the submit config's path, as printed hints name it
+    sets: tuple[str, ...] = ()  # the --set overrides given with it
+
+    @property
+    def config_file(self) -> str | None:
+        """The config file this launch came from (None: none, as in the demo)."""
+        return None if self.config == "CONFIG" else self.config
 
     @classmethod
     def from_args(cls, args) -> "LaunchOptions":
@@ -68,7 +74,8 @@ class LaunchOptions:
                    recreate=getattr(args, "recreate", False),
                    stale_after_s=(60.0 if getattr(args, "stale_after", None) is None
                                   else args.stale_after),
-                   config=getattr(args, "config", None) or "CONFIG")
+                   config=getattr(args, "config", None) or "CONFIG",
+                   sets=tuple(getattr(args, "set", None) or ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,23 +218,27 @@ class Kind:
       command for one target never imports another's (the local launcher, gcloud plans).
     table: its own settings table under `target` (a field of deploy.config.TargetConfig;
       None: it has none).
+    detached: its workers outlive the command that starts them (a DetachedTarget), which
+      `--wait` follows; the others run their workers under the command.
     """
 
     name: str
     module: str
     cls: str
     table: str | None = None
+    detached: bool = False
 
 
 # The one list of targets: `--target`'s choices (deploy/cli.py), the config's allowed
 # `target.kind` (deploy/config.py) and `for_config` all read it.
 KINDS = {k.name: k for k in (
     Kind("local", "actx.deploy.targets.local", "LocalTarget"),
-    Kind("tpu-vm", "actx.deploy.targets.tpu_vm.target", "TpuVmTarget", "tpu"),
+    Kind("tpu-vm", "actx.deploy.targets.tpu_vm.target", "TpuVmTarget", "tpu", detached=True),
     Kind("dataflow", "actx.deploy.targets.dataflow.target", "DataflowTarget", "dataflow"),
-    Kind("slurm", "actx.deploy.targets.slurm.target", "SlurmTarget", "slurm"),
+    Kind("slurm", "actx.deploy.targets.slurm.target", "SlurmTarget", "slurm", detached=True),
 )}
 NAMES = tuple(KINDS)
+DETACHED = tuple(k.name for k in KINDS.values() if k.detached)
 
 
 def for_config(config) -> Target:

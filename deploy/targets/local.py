@@ -186,10 +186,21 @@ class LocalTarget(targets.Target):
         """Runs the engine's workers under the run's job lease, saying what stays if a stop
         signal ends them."""
         prefix = _host_prefix(job.name, opts.join)
+        from actx.schemas import extraction as extraction_lib
+
         with _workers_stop_hint(), self._job_lease(job, prefix, opts.join):
-            if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
-                launch_record.record(job.run.store, self.config, job.name)
-            return self.engine.run(job, out, prefix)
+            if opts.join:
+                return self.engine.run(job, out, prefix)
+            # How `actx rerun RUN` launches next (deploy.launch_record), unless the run
+            # refuses this job's settings.
+            previous = launch_record.read(job.run.store)
+            launch_record.record(job.run.store, self.config, job.name, opts.config_file,
+                                 opts.sets)
+            code = self.engine.run(job, out, prefix)
+            if code != 0:
+                launch_record.keep_unless_refused(job.run, previous, job.name,
+                                                  extraction_lib.parse(job.extraction))
+            return code
 
     @contextlib.contextmanager
     def _job_lease(self, job: targets.Job, prefix: str, join: bool):

@@ -67,14 +67,17 @@ class Progress:
         log.info("%s", phase)
 
     def add_tokens(self, tokens: int) -> None:
+        """Counts a step's output handled, with `tokens` of this host's rows in it. A host
+        of a multi-host replica may store no row of a step (its shards of the partition
+        are empty) and still ran it: start-up is over either way."""
         with self.lock:
             if tokens and self.first_tokens_at is None:
                 self.first_tokens_at, self.first_tokens = time.monotonic(), tokens
             self.tokens_done += tokens
             self.tokens_left = max(0, self.tokens_left - tokens)
-            if tokens and self.phase:
+            if self.phase:
                 self.phase = ""
-                log.info("first tokens done after %.1fs: extracting",
+                log.info("first step done after %.1fs: extracting",
                          time.monotonic() - self.created)
 
 

@@ -105,9 +105,14 @@ class Worker:
             self._admit(jax, opts)
         except BaseException as e:
             interrupted = isinstance(e, KeyboardInterrupt)
+            # A worker the run refuses (launched with other settings than the run's
+            # numerics record, another model) did nothing to the run: status shows a
+            # refused attempt, which goes once the run completes, not a failed host.
+            refused = isinstance(e, admission.RunMismatch)
             self.progress.update(
-                state="preempted" if interrupted else "failed",
+                state="preempted" if interrupted else "refused" if refused else "failed",
                 message="interrupted while starting; nothing was committed" if interrupted
+                else f"refused: {e}; nothing was committed" if refused
                 else f"failed while starting: {type(e).__name__}: {e}")
             startup.stop()
             raise

@@ -44,6 +44,11 @@ class ProcessGroup:
         # Only the CPU client reads this (TPU/GPU use their own collectives); asking for the
         # backend here would initialise it too early, so it is set unconditionally.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # JAX's preemption service installs its own SIGTERM handler over this process's
+        # (workers.main's stop signals): a multi-host worker then ignored Slurm's scancel,
+        # time limit or failed node and a TPU pod's stop, extracting on until SIGKILL.
+        # The hosts agree on a stop themselves (workers.replicas.stop).
+        jax.config.update("jax_enable_preemption_service", False)
         jax.distributed.initialize(
             coordinator_address=self.coordinator, num_processes=self.num_processes,
             process_id=self.process_id)

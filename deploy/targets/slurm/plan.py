@@ -83,9 +83,13 @@ def output_dir(slurm, job: str) -> str:
 
 
 def sbatch_flags(slurm, job: str) -> list[str]:
-    """The array, its allocation and its output files, as sbatch's own flags."""
+    """The array, its allocation and its output files, as sbatch's own flags.
+    --no-requeue: a task whose node fails ends (NODE_FAIL) rather than wait in the queue
+    to start over (Slurm requeues by default, after a delay): its job would go on holding
+    the run's lease while pending, refusing the `actx rerun` that status advises.
+    `sbatch_args: ["--requeue"]` gives Slurm's way back."""
     flags = [f"--job-name={slurm.name}", f"--array=0-{slurm.replicas - 1}",
-             f"--nodes={slurm.nodes}", "--ntasks-per-node=1",
+             f"--nodes={slurm.nodes}", "--ntasks-per-node=1", "--no-requeue",
              f"--output={os.path.join(output_dir(slurm, job), '%x-%A_%a.out')}"]
     for key in ("partition", "account", "qos", "time", "gres", "constraint", "mem"):
         if getattr(slurm, key):
@@ -112,7 +116,9 @@ def script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str
     slurm = target.slurm
     step = [slurm.python, "-m", "actx.deploy.targets.slurm.step", "--run", run, "--job", job,
             "--name", slurm.name, "--port", str(slurm.coordinator_port),
-            "--log-every-s", f"{slurm.log_every_s:g}", "--",
+            "--log-every-s", f"{slurm.log_every_s:g}",
+            *(["--coordinator", slurm.coordinator] if slurm.coordinator != "node_name" else []),
+            "--",
             *worker_argv(run, target, fingerprint, job, only, extraction)]
     lines = ["#!/bin/bash", f"# actx job {job}: one replica per array task, one task per node",
              "set -e"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,9 @@ class SlurmConfig:
     env: extra environment variables for the worker processes.
     coordinator_port: port of jax.distributed's coordinator on a replica's first node
       (array task i uses coordinator_port + i).
+    coordinator: how the tasks reach that node: "node_name", its Slurm name (it must
+      resolve on every node, as host names do); "node_addr", its NodeAddr as `scontrol
+      show node` gives it (a cluster whose node names are not host names).
     output_dir: where Slurm writes each array task's output (sbatch --output), on a
       filesystem this machine and the nodes share ("": ~/actx-slurm/<job>).
     log_every_s: seconds between copies of a host's log into <run>/logs/<job>/ (>= 1).
@@ -48,5 +52,6 @@ class SlurmConfig:
     python: str = "python3"
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     coordinator_port: int = 8476
+    coordinator: Literal["node_name", "node_addr"] = "node_name"
     output_dir: str = ""
     log_every_s: float = 10.0

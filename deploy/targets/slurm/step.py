@@ -25,8 +25,27 @@ def first_host(nodelist: str) -> str:
     return re.sub(r"\[([^\],-]+)[^\]]*\]", r"\1", head)
 
 
-def placement(env, name: str, port: int) -> dict:
-    """This task's worker flags from Slurm's environment `env`."""
+def node_addr(node: str) -> str:
+    """A node's NodeAddr, from `scontrol -o show node NODE` (Slurm gives its name where
+    slurm.conf sets no NodeAddr)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", "-o", "show", "node", node], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SystemExit(f"slurm step: cannot ask scontrol for {node}'s NodeAddr "
+                         f"(target.slurm.coordinator node_addr): {e}") from None
+    found = re.search(r"(?:^|\s)NodeAddr=(\S+)", done.stdout)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"slurm step: `scontrol -o show node {node}` gave no NodeAddr "
+                         f"(target.slurm.coordinator node_addr): {done.stderr.strip()}")
+    return found.group(1)
+
+
+def placement(env, name: str, port: int, coordinator: str = "node_name") -> dict:
+    """This task's worker flags from Slurm's environment `env`; `coordinator`: how the
+    first node is reached (target.slurm.coordinator: its name, or its NodeAddr)."""
     replica = int(env.get("SLURM_ARRAY_TASK_ID") or 0)
     rank, tasks = int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_NTASKS", 1))
     flags = {"replica": replica, "host_name": plan.host_name(name, replica, rank)}
@@ -35,8 +54,11 @@ def placement(env, name: str, port: int) -> dict:
         if not nodes:
             raise SystemExit("slurm step: no SLURM_STEP_NODELIST or SLURM_JOB_NODELIST; "
                              "run under srun")
-        flags.update(coordinator=f"{first_host(nodes)}:{port + replica}",
-                     num_processes=tasks, process_id=rank)
+        host = first_host(nodes)
+        if coordinator == "node_addr":
+            host = node_addr(host)
+        flags.update(coordinator=f"{host}:{port + replica}", num_processes=tasks,
+                     process_id=rank)
     return flags
 
 
@@ -48,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", required=True, help="target.slurm.name: the hosts' prefix")
     p.add_argument("--port", type=int, required=True, help="the coordinators' first port")
     p.add_argument("--log-every-s", type=float, default=10.0)
+    p.add_argument("--coordinator", choices=("node_name", "node_addr"), default="node_name",
+                   help="target.slurm.coordinator: the first node's name or its NodeAddr")
     p.add_argument("worker", nargs=argparse.REMAINDER, help="-- the worker command")
     args = p.parse_args(argv)
     worker = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
     if not worker:
         p.error("give the worker command after --")
-    place = placement(os.environ, args.name, args.port)
+    place = placement(os.environ, args.name, args.port, args.coordinator)
     # The worker's flags name its place (later flags win over the job-wide ones); ACTX_*
     # variables left in the environment must not join another group.
     extra = [f"--{k.replace('_', '-')}={v}" for k, v in place.items()]
