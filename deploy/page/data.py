@@ -159,6 +159,7 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "rejects": (rejects or {}).get("sources", {}),
         "reject_groups": (rejects or {}).get("groups", []),
         "reject_groups_complete": (rejects or {}).get("groups_complete", True),
+        "history": list(status.history),
         "phase": status.phase, "phase_note": run_facts.phase_note(status.phase, status.run),
         "identity": status.identity, "verification": status.verification,
         "generation_facts": generation_facts(status.identity),

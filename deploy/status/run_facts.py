@@ -109,3 +109,20 @@ def phase(complete: bool, hosts) -> str:
     if any(h.state.startswith("failed") or "process gone" in h.state for h in hosts):
         return FAILED
     return STOPPED if hosts else NOT_STARTED
+
+
+def history(hosts) -> tuple[str, ...]:
+    """A complete run's hosts that ended otherwise than done (failed, gone, stale,
+    stopped), each in one line with what it said, and the partitions others took over:
+    what happened on the way, not something to act on (every partition is committed)."""
+    lines = []
+    for h in hosts:
+        if h.live or h.state == "done":
+            continue
+        said = f" ({h.message})" if h.message else ""
+        lines.append(f"{h.host} ended {h.state}{said} after {h.partitions_done} "
+                     f"partition(s); the other hosts committed the rest")
+    taken = sum(sum(h.stolen_from.values()) for h in hosts)
+    if lines and taken:
+        lines.append(f"{taken} partition(s) were taken over from other hosts' lists")
+    return tuple(lines)

@@ -95,6 +95,10 @@ class RunStatus:
     # The latest `actx verify --reference` (verify/reference.json): at, ok, summary; None
     # when it never ran.
     reference: dict | None = None
+    # What went wrong on the way to a complete run (a host that failed or stopped while
+    # the others committed every partition), in words: history, not a failure to act on.
+    # Empty while partitions are missing: then the hosts table shows the failure.
+    history: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -285,7 +289,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
         stale_after_s=stale_after_s, at=now, token_masks=masks,
         identity=run_facts.identity(handle, info, committed),
         verification=run_facts.verification(verified, set(committed)), reference=reference,
-        phase=run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts))
+        phase=run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts),
+        history=run_facts.history(hosts) if finished else ())
 
 
 def _timing(beats, hosts: list[HostState], now: float

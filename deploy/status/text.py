@@ -209,6 +209,7 @@ def render(status: RunStatus) -> str:
     lines = [
         f"run {status.run}  (name {status.name}, fingerprint {status.fingerprint})",
         f"phase:      {status.phase}: {run_facts.phase_note(status.phase, status.run)}",
+        *(f"history:    {line}" for line in status.history),
         f"settings:   {_settings(status.identity)}",
         f"partitions: {n} total | {c[COMMITTED]} committed | {c[IN_PROGRESS]} in progress | "
         f"{c[STALE]} stale | {c[PENDING]} pending",

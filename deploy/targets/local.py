@@ -133,7 +133,9 @@ class LocalTarget(targets.Target):
         else:
             code = self._run_engine(job, opts, out)
             status = runstate.compute_status(handle)
-            if code != 0:
+            # The exit code says whether the data is complete: a worker that failed on the
+            # way while the others committed every partition is history, not a failure.
+            if code != 0 and _rerun_hint(handle, status, job.only, None):
                 print(status_text.render(status), file=out)
                 _rerun_hint(handle, status, job.only, out)
                 return code
@@ -180,7 +182,8 @@ class LocalTarget(targets.Target):
                   f"{'; '.join(f'{n}: {len(ids)}' for n, ids in missing.items())}; "
                   f"`actx rerun {job.run.uri}` finishes whichever extraction is behind",
                   file=out)
-        return code or (1 if missing else 0)
+        # Complete whatever failed on the way (the status above shows that as history).
+        return 1 if missing else 0
 
     def _run_engine(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
         """Runs the engine's workers under the run's job lease, saying what stays if a stop
@@ -267,11 +270,11 @@ def _workers_stop_hint():
 
 def _rerun_hint(handle, status, only, out) -> list[int]:
     """Names the wanted partitions still without a commit and the command that redoes
-    them; returns them."""
+    them (on `out`; None: says nothing); returns them."""
     wanted = status.partitions if only is None else only
     missing = [p for p in wanted if status.partitions[p] != partition_states.COMMITTED]
     stale = [p for p in missing if status.partitions[p] == partition_states.STALE]
-    if missing:
+    if missing and out is not None:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
               f"{', '.join(layout.partition_name(p) for p in missing[:20])}"
               + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
