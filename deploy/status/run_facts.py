@@ -10,6 +10,7 @@ from __future__ import annotations
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
+from actx.schemas import manifest as manifest_lib
 
 NOT_STARTED, STARTING, RUNNING, FINISHED, STOPPED, FAILED = (
     "not started", "starting", "running", "finished", "stopped", "failed")
@@ -126,3 +127,17 @@ def history(hosts) -> tuple[str, ...]:
     if lines and taken:
         lines.append(f"{taken} partition(s) were taken over from other hosts' lists")
     return tuple(lines)
+
+
+def rejects(handle) -> dict | None:
+    """What prepare rejected, from the manifest (no other read): the count, the reasons
+    per source with their counts, where each reject is with its reason, and the phrase
+    status prints; None when it rejected nothing."""
+    manifest = handle.manifest
+    if not manifest.docs_rejected:
+        return None
+    return {"count": manifest.docs_rejected,
+            "reasons": {name: dict(c.reasons) for name, c in sorted(manifest.sources.items())
+                        if c.rejected},
+            "path": str(handle.location.join(layout_lib.REJECTS_PREFIX)),
+            "summary": manifest_lib.rejects_words(manifest)}

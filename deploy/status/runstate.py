@@ -99,6 +99,9 @@ class RunStatus:
     # the others committed every partition), in words: history, not a failure to act on.
     # Empty while partitions are missing: then the hosts table shows the failure.
     history: tuple[str, ...] = ()
+    # What prepare rejected (manifest.json): count, reasons per source, where each reject
+    # is (run_facts.rejects); None when it rejected nothing.
+    rejects: dict | None = None
 
     @property
     def complete(self) -> bool:
@@ -290,7 +293,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
         identity=run_facts.identity(handle, info, committed),
         verification=run_facts.verification(verified, set(committed)), reference=reference,
         phase=run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts),
-        history=run_facts.history(hosts) if finished else ())
+        history=run_facts.history(hosts) if finished else (),
+        rejects=run_facts.rejects(handle))
 
 
 def _timing(beats, hosts: list[HostState], now: float

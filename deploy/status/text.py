@@ -220,6 +220,8 @@ def render(status: RunStatus) -> str:
         *([f"generated:  {generated_words(status.identity['generation'])}"]
           if status.identity.get("generation") else []),
         f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
+        *([f"rejects:    {status.rejects['summary']}; each with its reason in "
+           f"{status.rejects['path']}"] if status.rejects else []),
         (("throughput: finished; no heartbeat to time it" if status.elapsed_s is None else
           f"throughput: finished; average {_average(status)} tokens/s over "
           f"{_duration(status.elapsed_s)}") if status.complete else
