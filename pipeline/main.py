@@ -88,6 +88,10 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
                   spec.fingerprint, ", ".join(changed))
         return manifest_lib.read_manifest(run.store)
     files = preflight.expand_sources(spec)
+    for index, source in enumerate(spec.sources):  # a format it cannot read: before work
+        problem = preflight.format_problem(source, [f for s, f in files if s == index])
+        if problem:
+            raise refusals.PrepareError(f"source {spec.source_name(index)!r}: {problem}")
     tokenize.check_tokenizer_path(spec.tokenizer.path)
     loaded = tokenize.load_tokenizer(spec.tokenizer.path)
     separator_id = None
