@@ -250,6 +250,16 @@ def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[i
     return failed
 
 
+def leftover_temporaries(handle: run_dir.OpenedRun, remove: bool) -> list[str]:
+    """The temporary files of marker writes a killed worker left under commits/ (local
+    disk only; never read: a partition is committed by its marker alone); deleted when
+    `remove` (`--repair`)."""
+    found = handle.store.temporaries(layout_lib.COMMITS_PREFIX)
+    if remove and found:
+        handle.store.clear_temporaries(layout_lib.COMMITS_PREFIX)
+    return found
+
+
 def render(report: VerifyReport) -> str:
     lines = [f"verify {report.run}: {len(report.checked)} committed partition(s) checked"
              + (f", {len(report.not_committed)} not committed (skipped)"
