@@ -145,7 +145,8 @@ class RunSnapshot:
         if name not in infos:
             raise errors.UnknownHookError(
                 f"{self.location}: no committed activations for hook {name!r}; available: "
-                f"{', '.join(infos) or '(none: no partition is committed yet)'}")
+                f"{', '.join(infos) or '(none: no partition is committed yet)'} (the run's "
+                f"`hooks` names them)")
         return infos[name]
 
     # -- checks -------------------------------------------------------------------
