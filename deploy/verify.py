@@ -108,10 +108,12 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
         info = info_lib.read_info(store)
     except config_lib.ConfigError as e:
         problems.append(f"{e}; {len(checked)} partition(s) are committed")
+        report.failed.extend(checked)  # none of them can be checked: --repair redoes them
         return report
     if info is None:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: missing, but {len(checked)} "
-                        f"partition(s) are committed")
+                        f"partition(s) are committed (their activations were removed?)")
+        report.failed.extend(checked)
         return report
     if info.fingerprint != spec.fingerprint:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: fingerprint "

@@ -127,12 +127,16 @@ class LocalTarget(targets.Target):
     def _extract_default(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
         handle = job.run
         status = runstate.compute_status(handle)
+        if _removed_under(handle, status, out):
+            return 1
         if status.complete:
             print(f"extract: all {len(status.partitions)} partitions of {handle.uri} are "
                   f"committed; nothing to do", file=out)
         else:
             code = self._run_engine(job, opts, out)
             status = runstate.compute_status(handle)
+            if _removed_under(handle, status, out):
+                return 1
             # The exit code says whether the data is complete: a worker that failed on the
             # way while the others committed every partition is history, not a failure.
             if code != 0 and _rerun_hint(handle, status, job.only, None):
@@ -266,6 +270,35 @@ def _workers_stop_hint():
             stop_signals.signum_of(e),
             hint="the workers stopped; partitions without a commit marker stay "
                  "uncommitted") from None
+
+
+def _removed_under(handle, status, out) -> bool:
+    """Says so, and True, when the run lost files that a finished run has (run.json and
+    manifest.json; activations/actx.json once a partition is committed): removed while
+    the workers ran, or since. Its markers then say nothing about data, and the line names
+    what finishes it: submitting again (the run directory gone), or verify --repair and
+    a rerun (its activations gone)."""
+    from actx.schemas import runspec as runspec_lib
+
+    store = handle.store
+    keys = [runspec_lib.RUN_SPEC_KEY, layout.MANIFEST_KEY]
+    if status.counts[partition_states.COMMITTED]:
+        keys.append(layout.ACTIVATIONS_INFO_KEY)
+    gone = [key for key in keys if not store.exists(key)]
+    if not gone:
+        return False
+    where = handle.location
+    if layout.ACTIVATIONS_INFO_KEY in gone and len(gone) == 1:
+        committed = status.counts[partition_states.COMMITTED]
+        advice = (f"`actx verify {where} --repair` turns its {committed} committed "
+                  f"partition(s) back into pending; then `actx rerun {where}` extracts them "
+                  f"again")
+    else:
+        advice = ("submit the same config again: it prepares the run afresh (the markers "
+                  "left there are cleared)")
+    print(f"extract: {where} lost {', '.join(gone)} (removed while the workers ran, or "
+          f"since): it is not finished, whatever its commit markers say; {advice}", file=out)
+    return True
 
 
 def _rerun_hint(handle, status, only, out) -> list[int]:
