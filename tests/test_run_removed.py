@@ -75,7 +75,17 @@ def test_activations_removed_under_a_live_job(tmp_path):
     with pytest.raises(errors.NotARunError, match=re.escape(f"actx verify {run} --repair")):
         reader.open_run(run).hooks
     code, out = _cli("status", run)
-    assert code == 0 and "phase:      finished" not in out
+    assert code == 0 and (f"phase:      failed: activations/actx.json is missing, but "
+                          f"{len(committed)} partition(s) are committed") in out, out
+    assert COMMAND.findall(out.splitlines()[1]) == advice
+    code, out = _cli("status", run, "--json")
+    assert json.loads(out)["phase"] == "failed" and "--repair" in json.loads(out)["problem"]
+    from actx.deploy.page import data as ui_data
+    from actx.deploy.status import runstate
+    from actx.schemas import run_dir
+    page = ui_data.page_data(runstate.compute_status(run_dir.open_run(run)))
+    assert page["phase"] == "failed" and page["commands"]["repair"] == advice[0]
+    assert page["commands"]["rerun_all"] == advice[1] and "read" not in page["commands"]
     # The advice, followed as printed, finishes the run.
     code, out = _cli(*shlex.split(advice[0])[1:])
     assert code == 1 and f"REPAIRED: {len(committed)} partition(s)" in out, out

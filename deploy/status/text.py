@@ -208,7 +208,8 @@ def render(status: RunStatus) -> str:
     bytes_note = "" if status.bytes_total is not None else " (sizes known once a worker starts)"
     lines = [
         f"run {status.run}  (name {status.name}, fingerprint {status.fingerprint})",
-        f"phase:      {status.phase}: {run_facts.phase_note(status.phase, status.run)}",
+        f"phase:      {status.phase}: "
+        f"{status.problem or run_facts.phase_note(status.phase, status.run)}",
         *(f"history:    {line}" for line in status.history),
         f"settings:   {_settings(status.identity)}",
         f"partitions: {n} total | {c[COMMITTED]} committed | {c[IN_PROGRESS]} in progress | "

@@ -71,7 +71,13 @@ class Committer:
 
     def _finish(self, part: manifest_lib.Partition, part_writer: writer.PartitionWriter,
                 started: float) -> None:
-        checksums = part_writer.finish()
+        try:
+            checksums = part_writer.finish()
+        except Exception:
+            # A write into a directory removed under it fails in the store's own words
+            # (a rename to a path that is gone): said as what happened, where it did.
+            self._check_run_stands(part)
+            raise
         faults.maybe_crash("before_commit")
         merged = self._gather(part, checksums)
         if merged is None:  # not the replica's leader
