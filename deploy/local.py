@@ -221,7 +221,10 @@ def run_workers(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
                             _stop_replica(procs, p.replica)
                 time.sleep(0.2)
             # The last line (the workers all ended) always shows, in a pipe too.
-            shown.show(progress.poll(), force=all(p.returncode is not None for p in procs))
+            line = progress.poll()
+            for phase in progress.new_phases():  # loading, compiling: lines of their own
+                shown.note(f"extract: {phase}")
+            shown.show(line, force=all(p.returncode is not None for p in procs))
     except KeyboardInterrupt:
         for p in procs:
             if p.popen.poll() is None:
