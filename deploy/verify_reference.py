@@ -16,10 +16,11 @@ reach must hold zeros.
 The sample: `--sample` distinct documents (default 4; all, if fewer), drawn by `--seed`
 over the documents of the committed partitions (not partition by partition), the longest
 of them first, one of them past max_context when the draw finds one (documents longer
-than MAX_TOKENS are left out: HF would need a [tokens, tokens] mask). The error of a token is |stored - reference| / |reference|
-(L2 over the hidden dimension; where |reference| is below the document's median token
-norm, over that median: a hook near zero at a token is not a relative mismatch); a hook's
-error is the worst over the sample, checked against `tolerance(spec)`.
+than MAX_TOKENS are left out: HF would need a [tokens, tokens] mask). The error of a
+token is |stored - reference| / |reference| (L2 over the hidden dimension; where
+|reference| is below the document's median token norm, over that median: a hook near zero
+at a token is not a relative mismatch); a hook's error is the worst over the sample,
+checked against `tolerance(spec)`.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ _BODY = """
 <h1>actx run <span id="name"></span></h1>
 <div class="sub"><span id="run"></span> &middot; fingerprint <span id="fingerprint"></span>
  &middot; as of <span id="at"></span> &middot; <span id="live"></span></div>
-<div id="phase" class="phase"></div><div id="failures"></div><div id="history"></div><div id="extractions"></div>
+<div id="phase" class="phase"></div><div id="failures"></div><div id="history"></div>
+<div id="extractions"></div>
 <div class="cards">
  <div class="card"><div class="k">committed</div><div class="v"><span id="n-committed"></span>
   / <span id="n-total"></span></div></div>

@@ -163,11 +163,10 @@ class LocalTarget(targets.Target):
         handles = extraction_lib.scoped_all(job.run, job.extraction)
         behind = [name for name, handle in handles.items()
                   if not runstate.compute_status(handle).complete]
-        code = 0
-        if behind:
+        if behind:  # its exit code aside: the commits below say whether the data is whole
             import dataclasses
 
-            code = self._run_engine(dataclasses.replace(
+            self._run_engine(dataclasses.replace(
                 job, fingerprint=None,
                 extraction=extraction_lib.joined(behind)), opts, out)
         statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
