@@ -122,6 +122,15 @@ def test_submitting_again_over_a_removed_run_directory_starts_afresh(tmp_path, m
     # The job's last writes after the removal: a marker (and its activations) again.
     os.makedirs(os.path.join(run, "commits"))
     open(os.path.join(run, layout.commit_key(0)), "wb").write(marker)
+    # What status, verify and the reader say: the run's files are gone, and what to type.
+    for argv in (["status", run], ["verify", run]):
+        proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", *argv], cwd=REPO,
+                              text=True, capture_output=True, timeout=120)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "was removed while a job ran" in proc.stderr and "`actx submit`" in proc.stderr
+    from actx import reader
+    with pytest.raises(errors.NotARunError, match="removed while a job ran"):
+        reader.open_run(run)
     code, out = _cli("submit", config)
     assert code == 0, out
     assert "nothing to do" not in out and "the run starts afresh" in out, out
