@@ -243,13 +243,21 @@ def _verify_one(args, handle, out) -> int:
     from actx.schemas import verification
 
     repaired = verify.repair(handle, report, time.time()) if args.repair else []
+    leftovers = verify.leftover_temporaries(handle, remove=args.repair)
     if args.json:
         obj = report.to_json_obj()
+        obj["leftover_temporaries"] = leftovers
         if args.repair:
             obj["repaired"] = [layout_lib.partition_name(p) for p in repaired]
         print(json.dumps(obj, indent=1, sort_keys=True), file=out)
     else:
         print(verify.render(report), file=out)
+        if leftovers:
+            print(f"{'REMOVED' if args.repair else 'note'}: {len(leftovers)} temporary "
+                  f"file(s) of marker writes a stopped worker left under "
+                  f"{handle.location.join(layout_lib.COMMITS_PREFIX)} (never read)"
+                  + ("" if args.repair else f"; `actx verify {handle.location} --repair` "
+                                            f"removes them"), file=out)
         if repaired:
             print(f"REPAIRED: {len(repaired)} partition(s) are pending again (markers deleted, "
                   f"recorded under {handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)}): "

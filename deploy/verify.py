@@ -2,9 +2,10 @@
 
 For every committed partition and hook: the block checksums (crc32c over the stored
 bytes, as the writer computed them), the array's shape and dtype, blocks whose stored
-object is missing (they would read as the fill value; in a generating run, a block of
-padding and unreached room alone is zeros, which the store keeps as no object, and is
-checked as read), NaN and Inf over valid tokens
+object is missing (they would read as the fill value) while their marker's checksum is
+not that of zeros (a block the worker wrote as zeros, which the store keeps as no object,
+is read and checked as any other; so is, in a generating run, a block of padding and
+unreached room alone), NaN and Inf over valid tokens
 (padding positions may hold anything). Reports per-hook mean and mean L2 norm per token.
 Uses tensorstore, numpy and crc32c only (no jax, no Beam).
 """
@@ -107,10 +108,12 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
         info = info_lib.read_info(store)
     except config_lib.ConfigError as e:
         problems.append(f"{e}; {len(checked)} partition(s) are committed")
+        report.failed.extend(checked)  # none of them can be checked: --repair redoes them
         return report
     if info is None:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: missing, but {len(checked)} "
-                        f"partition(s) are committed")
+                        f"partition(s) are committed (their activations were removed?)")
+        report.failed.extend(checked)
         return report
     if info.fingerprint != spec.fingerprint:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: fingerprint "
@@ -180,10 +183,15 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                 lo = part.row_start + k * block_rows
                 hi = min(part.row_stop, lo + block_rows)
                 missing = sorted({r // rows_per_shard for r in range(lo, hi)} - shards[hook])
-                if missing and not (hook != layout_lib.GENERATED_IDS and unreached is not None
-                                    and unreached[lo - part.row_start:hi - part.row_start].all()):
+                # The store keeps a block of zeros (the fill value) as no object: the
+                # marker's checksum says whether the worker wrote zeros there (a hook that
+                # outputs zeros for those tokens), or whether the data is gone.
+                if (missing and not (hook != layout_lib.GENERATED_IDS and unreached is not None
+                                     and unreached[lo - part.row_start:hi - part.row_start].all())
+                        and sums[k] != _zeros_checksum(arr, hi - lo)):
                     problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) was never written "
-                                    f"(stored object(s) {missing} missing; it reads as fill value)")
+                                    f"(stored object(s) {missing} missing, and its marker's "
+                                    f"checksum is not that of zeros; it reads as fill value)")
                     continue
                 try:
                     block = arr[lo:hi].read().result()
@@ -201,6 +209,13 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
     if last is not None and len(problems) > before:
         report.failed.append(last)
     return report
+
+
+def _zeros_checksum(arr, rows: int) -> str:
+    """The checksum the writer computes for `rows` rows of zeros of the array (a block
+    the store then keeps as no object)."""
+    itemsize = arr.dtype.numpy_dtype.itemsize
+    return commit_lib.checksum(bytes(rows * int(np.prod(arr.shape[1:])) * itemsize))
 
 
 def _unreached(generated, part, valid: np.ndarray) -> np.ndarray | None:
@@ -248,6 +263,16 @@ def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[i
     for p in failed:
         store.delete(layout_lib.commit_key(p))
     return failed
+
+
+def leftover_temporaries(handle: run_dir.OpenedRun, remove: bool) -> list[str]:
+    """The temporary files of marker writes a killed worker left under commits/ (local
+    disk only; never read: a partition is committed by its marker alone); deleted when
+    `remove` (`--repair`)."""
+    found = handle.store.temporaries(layout_lib.COMMITS_PREFIX)
+    if remove and found:
+        handle.store.clear_temporaries(layout_lib.COMMITS_PREFIX)
+    return found
 
 
 def render(report: VerifyReport) -> str:

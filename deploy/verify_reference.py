@@ -13,13 +13,14 @@ generating run a sample's text is its prompt and the ids the model wrote
 (deploy.verify_generated): the reference runs on that, the positions the sample did not
 reach must hold zeros.
 
-The sample: `--sample` documents (default 4) from committed partitions chosen by
-`--seed`, the longest of them first, and one from a partition whose documents ran past
-max_context when there is one (documents longer than MAX_TOKENS are left out: HF would
-need a [tokens, tokens] mask). The error of a token is |stored - reference| / |reference|
-(L2 over the hidden dimension; where |reference| is below the document's median token
-norm, over that median: a hook near zero at a token is not a relative mismatch); a hook's
-error is the worst over the sample, checked against `tolerance(spec)`.
+The sample: `--sample` distinct documents (default 4; all, if fewer), drawn by `--seed`
+over the documents of the committed partitions (not partition by partition), the longest
+of them first, one of them past max_context when the draw finds one (documents longer
+than MAX_TOKENS are left out: HF would need a [tokens, tokens] mask). The error of a
+token is |stored - reference| / |reference| (L2 over the hidden dimension; where
+|reference| is below the document's median token norm, over that median: a hook near zero
+at a token is not a relative mismatch); a hook's error is the worst over the sample,
+checked against `tolerance(spec)`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import dataclasses
 import json
 import sys
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -122,35 +124,94 @@ def _document(run, doc: dict, pid: int) -> Unit:
                 prompt_tokens=None if prompt is None else int(prompt))
 
 
+def _ordinals(total: int, rng) -> Iterator[int]:
+    """0..total-1 in a seeded random order, each once: a permutation where it is small,
+    else fresh draws that skip the ones seen (a run may hold 10^8 documents)."""
+    if total <= PERMUTED_AT_MOST:
+        yield from (int(i) for i in rng.permutation(total))
+        return
+    seen: set[int] = set()
+    while len(seen) < total:
+        i = int(rng.integers(total))
+        if i not in seen:
+            seen.add(i)
+            yield i
+
+
+PERMUTED_AT_MOST = 1 << 20
+
+
 def sample(run, n: int, seed: int, only: set[int] | None) -> list[Unit]:
-    """The units to recompute (see the module's doc)."""
-    committed = [p for p in run.committed if only is None or p in only]
+    """The units to recompute: `n` distinct documents (all, if fewer) drawn uniformly by
+    `seed` over the documents that start in committed partitions (`only`: these), each
+    partition weighted by its documents (manifest `docs`), not partition by partition; the
+    longest first. Where the packing carries context and none of them ran past
+    max_context, the last is swapped for one that did, when the sample's order finds one.
+    In a `concat` run a unit is a row (one causal stream), drawn over the committed rows.
+    """
+    committed = sorted(p for p in run.committed if only is None or p in only)
     if not committed:
         return []
     rng = np.random.default_rng(seed)
     if run.spec.packing.mode == "concat":
-        units = []
-        for pid in rng.permutation(committed)[:n]:
-            part = run.partitions[int(pid)]
-            row = part.row_start + int(rng.integers(part.row_count))
-            seg = run.token_array("segment_ids")[row].read().result()
-            cols = np.flatnonzero(seg > 0).astype(np.int64)
-            if len(cols):
-                units.append(Unit(f"row {row}", int(pid), np.full(len(cols), row, np.int64),
-                                  cols, whole_stream=True))
-        return units
-    chosen = [int(p) for p in rng.permutation(committed)[:n]]
-    past = [p for p in committed if run.partitions[p].full_context_tokens
-            < run.partitions[p].tokens and p not in chosen]
-    if past:
-        chosen.append(int(past[int(rng.integers(len(past)))]))
-    docs = [(d, pid) for pid in chosen for d in _doc_table(run, pid)
-            if int(d["n_tokens"]) <= MAX_TOKENS]
-    if not docs:
+        return _rows(run, committed, n, rng)
+    counts = np.asarray([run.partitions[p].docs for p in committed], np.int64)
+    ends = np.cumsum(counts)
+    tables: dict[int, list[dict]] = {}
+
+    def doc_at(ordinal: int) -> tuple[dict, int] | None:
+        k = int(np.searchsorted(ends, ordinal, side="right"))
+        pid = committed[k]
+        if pid not in tables:
+            tables[pid] = _doc_table(run, pid)
+        index = ordinal - (int(ends[k - 1]) if k else 0)
+        table = tables[pid]
+        return (table[index], pid) if index < len(table) else None
+
+    packing = run.spec.packing
+    past_at = packing.max_context if packing.carries_context else None
+    chosen, order = [], _ordinals(int(ends[-1]) if len(ends) else 0, rng)
+    for ordinal in order:
+        found = doc_at(ordinal)
+        if found is not None and int(found[0]["n_tokens"]) <= MAX_TOKENS:
+            chosen.append(found)
+            if len(chosen) == n:
+                break
+    if past_at and chosen and not any(int(d["n_tokens"]) > past_at for d, _ in chosen):
+        # Past max_context is where a sliding window matters: one such document, looked
+        # for among at most PAST_LOOKS more of the same order.
+        for _, ordinal in zip(range(PAST_LOOKS), order):
+            found = doc_at(ordinal)
+            if found is not None and past_at < int(found[0]["n_tokens"]) <= MAX_TOKENS:
+                chosen[-1] = found
+                break
+    if not chosen:
         return []
-    longest = max(range(len(docs)), key=lambda i: (int(docs[i][0]["n_tokens"]), -i))
-    rest = [i for i in rng.permutation(len(docs)) if i != longest][:n - 1]
-    return [_document(run, *docs[i]) for i in [longest, *rest]]
+    longest = max(range(len(chosen)), key=lambda i: (int(chosen[i][0]["n_tokens"]), -i))
+    ordered = [chosen[longest]] + [c for i, c in enumerate(chosen) if i != longest]
+    return [_document(run, doc, pid) for doc, pid in ordered]
+
+
+PAST_LOOKS = 4096
+
+
+def _rows(run, committed: list[int], n: int, rng) -> list[Unit]:
+    """`n` distinct rows holding tokens (all, if fewer), drawn uniformly over the rows of
+    the committed partitions."""
+    starts = [run.partitions[p].row_start for p in committed]
+    ends = np.cumsum([run.partitions[p].row_count for p in committed])
+    units = []
+    for ordinal in _ordinals(int(ends[-1]), rng):
+        k = int(np.searchsorted(ends, ordinal, side="right"))
+        row = starts[k] + ordinal - (int(ends[k - 1]) if k else 0)
+        seg = run.token_array("segment_ids")[row].read().result()
+        cols = np.flatnonzero(seg > 0).astype(np.int64)
+        if len(cols):
+            units.append(Unit(f"row {row}", committed[k], np.full(len(cols), row, np.int64),
+                              cols, whole_stream=True))
+            if len(units) == n:
+                break
+    return units
 
 
 def _errors(stored: np.ndarray, reference: np.ndarray) -> np.ndarray:

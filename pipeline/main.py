@@ -88,6 +88,10 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
                   spec.fingerprint, ", ".join(changed))
         return manifest_lib.read_manifest(run.store)
     files = preflight.expand_sources(spec)
+    for index, source in enumerate(spec.sources):  # a format it cannot read: before work
+        problem = preflight.format_problem(source, [f for s, f in files if s == index])
+        if problem:
+            raise refusals.PrepareError(f"source {spec.source_name(index)!r}: {problem}")
     tokenize.check_tokenizer_path(spec.tokenizer.path)
     loaded = tokenize.load_tokenizer(spec.tokenizer.path)
     separator_id = None
@@ -146,6 +150,9 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
               "%.1fs (%s tokens/s)", f"{summary['docs']:,}", f"{manifest.total_tokens:,}",
               f"{manifest.total_rows:,}", len(manifest.partitions), rejected, elapsed,
               f"{manifest.total_tokens / max(elapsed, 1e-9):,.0f}")
+    if rejected:  # never only a count: the reasons, and where each reject is
+        _log.info("prepare: %s; each with its reason in %s", manifest_lib.rejects_words(
+            manifest), store.location.join(layout.REJECTS_PREFIX))
     return manifest
 
 
@@ -271,6 +278,9 @@ def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,
     print(f"prepared {args.out}: {manifest.total_rows} rows, {manifest.total_tokens} tokens, "
           f"{len(manifest.partitions)} partition(s), {manifest.docs_rejected} rejected "
           f"(fingerprint {manifest.fingerprint})")
+    if manifest.docs_rejected:
+        print(f"rejects: {manifest_lib.rejects_words(manifest)}; each with its reason in "
+              f"{run_dir.RunDir.at(args.out).location.join(layout.REJECTS_PREFIX)}")
     return 0
 
 

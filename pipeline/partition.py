@@ -176,10 +176,13 @@ def place_units(plan: RunPlan, layouts: Iterable[pack_group.UnitLayout]) -> Writ
 def source_counts(plan: RunPlan, reject_stats: Iterable[dict]
                   ) -> dict[str, manifest_lib.SourceCounts]:
     """Input accounting per source: read = accepted + rejected (rejects within max_docs)."""
+    reject_stats = list(reject_stats)
     rejected = {s["source"]: s["rejected"] for s in reject_stats}
+    reasons = {s["source"]: dict(s["reasons"]) for s in reject_stats}
     return {name: manifest_lib.SourceCounts(
         read=plan.accepted[s] + rejected.get(name, 0), accepted=plan.accepted[s],
-        rejected=rejected.get(name, 0), truncated_tokens=plan.truncated_tokens[s])
+        rejected=rejected.get(name, 0), truncated_tokens=plan.truncated_tokens[s],
+        reasons=reasons.get(name, {}))
         for s, name in enumerate(plan.source_names)}
 
 

@@ -60,9 +60,13 @@ def check_inputs(spec: runspec_lib.RunSpec
                 store_lib.open_store(f"gs://{bucket}").check_reachable()
                 reachable.add(bucket)
             try:
-                fileio.expand_path(path)
+                found = fileio.expand_path(path)
             except fileio.InputError as e:
                 missing.append(f"source {spec.source_name(s)!r}: {e}")
+                continue
+            problem = format_problem(source, found)
+            if problem:
+                problems.append(f"source {spec.source_name(s)!r}: {problem}")
     try:
         tokenize.check_tokenizer_path(spec.tokenizer.path)
     except tokenize.TokenizerError as e:
@@ -81,3 +85,38 @@ def check_inputs(spec: runspec_lib.RunSpec
     except errors.UserError as e:
         problems.append(str(e))
     return problems, missing, files
+
+
+def format_problem(source: runspec_lib.SourceSpec, files: list[str]) -> str:
+    """Why a source's files cannot be read in its format ("" when they can), in one line
+    naming the format expected: from each file's extension, and from the first bytes of
+    the first file (one small read)."""
+    from actx.pipeline import sources
+
+    arc = source.kind == "arc"
+    for path in files:
+        fmt = sources.file_format(source, path)
+        if arc and fmt in ("parquet", "txt"):
+            return (f"{path}: format {fmt} cannot hold ARC tasks; expected format json (an "
+                    f"ARC-AGI task file) or jsonl (one task object per line)")
+        if (not arc and source.format == "auto"
+                and path.lower().endswith(sources.UNREADABLE_EXTENSIONS)):
+            return (f"{path}: a {path.rsplit('.', 1)[-1]} file is not a format actx reads; "
+                    f"expected {sources.FORMATS_READ}: convert it, or set the source's "
+                    f"format if the name misleads")
+    if not files:
+        return ""
+    path = files[0]
+    fmt = sources.file_format(source, path)
+    try:
+        with fileio.open_input(path) as f:
+            head = fileio.read_range(f, 0, 4096)
+    except Exception:  # noqa: BLE001 - an unreadable file is prepare's reject, with its reason
+        return ""
+    if fmt == "parquet" and head[:4] != b"PAR1":
+        return (f"{path}: not a parquet file (it does not start with PAR1); expected format "
+                f"parquet here, or set the source's format to what it is: jsonl, json or txt")
+    if fmt == "jsonl" and sources.is_json_array(head):
+        return (f"{path}: holds a JSON array, not JSON lines (one object per line); set the "
+                f"source's format to json (or auto with a .json name), which reads arrays")
+    return ""

@@ -16,6 +16,7 @@ import shlex
 
 from actx.pipeline import tokenize
 from actx.pipeline import write_store
+from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import runspec as runspec_lib
@@ -56,6 +57,17 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
                 f"{store.location}: holds {', '.join(foreign)} that no actx prepare wrote (no "
                 f"run.json, no {layout.PREPARE_ATTEMPT_KEY}); choose a new run directory, or "
                 f"delete them if they are a failed prepare's")
+    if existing is None and commit_lib.committed_partitions(store):
+        # No run.json, yet commit markers: a run whose directory was removed (under a live
+        # job, whose workers went on writing a few). Its markers, activations and claims
+        # say nothing about the token store this prepare writes: the run starts afresh
+        # rather than count as extracted.
+        stale = sum(store.delete_prefix(p) for p in (
+            layout.COMMITS_PREFIX, f"{layout.ACTIVATIONS_GROUP}/", layout.CLAIMS_PREFIX))
+        if stale:
+            _log.info("prepare: %s has no run.json but %d object(s) of an earlier run "
+                      "(commits/, activations/, claims/): removed; the run starts afresh",
+                      store.location, stale)
     committed = existing is not None and bool(store.list(layout.COMMITS_PREFIX))
     prefixes = ((layout.REJECTS_PREFIX, "prepare/") if committed
                 else layout.PREPARE_OUTPUT_PREFIXES)  # prepare/ last: its marker goes last

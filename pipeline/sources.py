@@ -89,10 +89,43 @@ def file_format(source: runspec_lib.SourceSpec, path: str) -> str:
     if lower.endswith((".jsonl", ".ndjson")):
         return "jsonl"
     if lower.endswith(".json"):
-        return "json" if source.kind == "arc" else "jsonl"
+        return "json"
     if lower.endswith(".txt"):
         return "txt"
     return "parquet" if source.kind == "fineweb" else "jsonl"
+
+
+# What a file's extension says it holds, for the sources that read text: `format: auto`
+# reads .json as a JSON array of objects (or JSONL, when it does not start with "["), an
+# unknown extension as JSONL. These it cannot read at all (refused before any work).
+UNREADABLE_EXTENSIONS = (".csv", ".tsv", ".xlsx", ".xls", ".xml", ".html", ".htm", ".pdf",
+                         ".docx", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".arrow",
+                         ".feather", ".avro", ".orc", ".pkl", ".npy", ".npz")
+FORMATS_READ = ("jsonl (one JSON object per line), json (an array of JSON objects), parquet "
+                "or txt (one document per line)")
+
+
+def not_utf8(raw: bytes, e: UnicodeDecodeError, what: str = "") -> str:
+    """The reason of bytes that are not UTF-8, naming the encoding that reads them where
+    one of the usual suspects does (UTF-16 by its byte-order mark; cp1252, else latin-1,
+    when the bytes decode to text without control characters), and how to convert."""
+    enc = None
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        enc = "utf-16"
+    else:
+        for candidate in ("cp1252", "latin-1"):
+            try:
+                text = raw.decode(candidate)
+            except UnicodeDecodeError:
+                continue
+            if not any(ord(c) < 32 and c not in "\t\r\n" for c in text):
+                enc = candidate
+                break
+    where = f"{what} at byte {e.start} (0x{raw[e.start]:02x})"
+    if enc is None:
+        return f"invalid UTF-8, not text in cp1252 or latin-1 either: {where}"
+    return (f"invalid UTF-8, the file is {enc}: {where}; convert it to UTF-8, e.g. "
+            f"iconv -f {enc} -t utf-8 FILE > FILE.utf8")
 
 
 def _names(names, most: int = 12) -> str:
@@ -134,7 +167,7 @@ class Emitter:
             try:
                 text = text.decode("utf-8")
             except UnicodeDecodeError as e:
-                return self.reject(line, f"invalid UTF-8 in field {field!r} at byte {e.start}", raw)
+                return self.reject(line, not_utf8(text, e, f"in field {field!r}"), raw)
         if not isinstance(text, str):
             return self.reject(line, f"text field {field!r} is not a string "
                                      f"({type(text).__name__})", raw)
@@ -188,7 +221,7 @@ def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            yield number, em.reject(number, f"invalid UTF-8 at byte {e.start}", raw), raw
+            yield number, em.reject(number, not_utf8(raw, e), raw), raw
             continue
         try:
             obj = json.loads(line)
@@ -224,7 +257,7 @@ def read_txt(em: Emitter, data: bytes, limit: int | None, first_line: int = 1):
         try:
             text = raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as e:
-            yield em.reject(number, f"invalid UTF-8 at byte {e.start}", raw)
+            yield em.reject(number, not_utf8(raw, e), raw)
             continue
         yield em.text(number, {em.source.text_field: text}, raw)
 
@@ -275,6 +308,46 @@ def _read_parquet(em: Emitter, data: bytes, limit: int | None):
     yield from parquet_records(em, pf.iter_batches(batch_size=1024, columns=wanted), 0, limit)
 
 
+def is_json_array(head: bytes) -> bool:
+    """Whether a file that begins with `head` holds one JSON array (its first character
+    other than blanks or a UTF-8 byte-order mark is "["), not JSON lines."""
+    return head.lstrip(b"\xef\xbb\xbf" + _BLANKS)[:1] == b"["
+
+
+_BLANKS = b" \t\n\r"
+
+
+def read_json(em: Emitter, data: bytes, limit: int | None, first: int = 0,
+              stop: int | None = None):
+    """A `.json` file (or `format: json`) of a text source: a JSON array of objects, each a
+    document with the same text_field and id_field rules as a JSONL line (numbered as
+    rows from 0, elements [first, stop)); a file that does not start with "[" is read as
+    JSON lines (one object per line, which many `.json` files hold)."""
+    if not is_json_array(data[:4096]):
+        yield from read_jsonl(em, data, limit)
+        return
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        yield em.reject(-1, not_utf8(data, e), data[:SNIPPET_CHARS])
+        return
+    try:
+        array = json.loads(text)
+    except json.JSONDecodeError as e:
+        yield em.reject(-1, f"malformed JSON array: {e.msg} at line {e.lineno} column "
+                            f"{e.colno}", data[:SNIPPET_CHARS])
+        return
+    for index, obj in enumerate(array[first:stop], start=first):
+        if limit is not None and index - first >= limit:
+            return
+        raw = json.dumps(obj, ensure_ascii=False)[:SNIPPET_CHARS]
+        if not isinstance(obj, dict):
+            yield em.reject(index, f"JSON array element is a {type(obj).__name__}, not an "
+                                   f"object", raw)
+        else:
+            yield em.text(index, obj, raw)
+
+
 def read_arc_json(em: Emitter, data: bytes, limit: int | None, first: int = 0,
                    stop: int | None = None):
     """ARC-AGI JSON: one task per file, {task_id: task}, or {split: {task_id: task}}
@@ -313,8 +386,10 @@ def read_file(source_index: int, source: runspec_lib.SourceSpec, name: str, path
     except Exception as e:  # noqa: BLE001 - any I/O failure is a reject of the whole file
         yield em.reject(-1, f"unreadable file: {type(e).__name__}: {e}")
         return
+    if fmt == "json" and source.kind != "arc" and not is_json_array(data[:4096]):
+        em.line_kind = "line"  # JSON lines in a .json file: numbered as lines
     readers = {"jsonl": read_jsonl, "txt": read_txt, "parquet": _read_parquet,
-               "json": read_arc_json if source.kind == "arc" else read_jsonl}
+               "json": read_arc_json if source.kind == "arc" else read_json}
     records = readers[fmt](em, data, limit)
     emitted = 0
     try:

@@ -42,8 +42,10 @@ def check_tokenizer_path(path: str) -> None:
     store = store_lib.open_store(path)  # the tokenizer's directory, not the run
     if not store.exists(TOKENIZER_FILE):
         raise TokenizerError(
-            f"{store.location.join(TOKENIZER_FILE)}: tokenizer not found; point --tokenizer at "
-            f"an HF tokenizer directory (for Qwen: python -m actx.pipeline.qwen_tokenizer --out DIR)")
+            f"{store.location.join(TOKENIZER_FILE)}: tokenizer not found; point the tokenizer's "
+            f"path (spec.tokenizer.path in a config; `actx prepare --tokenizer DIR`) at an HF "
+            f"tokenizer directory, one holding tokenizer.json (for Qwen: python -m "
+            f"actx.pipeline.qwen_tokenizer --out DIR)")
 
 
 @dataclasses.dataclass

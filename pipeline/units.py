@@ -171,6 +171,21 @@ def _arc_json_units(source_index: int, source: runspec_lib.SourceSpec, name: str
             for start in range(0, len(records), g)]
 
 
+def _json_array_units(source_index: int, source: runspec_lib.SourceSpec, name: str,
+                      path: str, f) -> list[WorkUnit]:
+    """A JSON array of documents is one JSON document: every unit parses the file and
+    reads its block of GROUP_LINES elements (as ARC JSON)."""
+    em = sources.Emitter(source_index, source, name, path, "row")
+    f.seek(0)  # past the head that said it is an array
+    records = list(sources.read_json(em, f.read(), None))
+    if records and records[0].line < 0:  # the whole-file reject
+        return [WorkUnit(source_index, path, "json", -1, 0, records=1)]
+    g = pack_group.GROUP_LINES
+    return [WorkUnit(source_index, path, "json", start, min(start + g, len(records)),
+                     records=min(g, len(records) - start))
+            for start in range(0, len(records), g)]
+
+
 def plan_units(spec: runspec_lib.RunSpec, source_index: int, path: str,
                max_bytes: int = DEFAULT_UNIT_BYTES) -> list[WorkUnit]:
     """The units of one file, in file order; records counted when the source has max_docs."""
@@ -184,6 +199,9 @@ def plan_units(spec: runspec_lib.RunSpec, source_index: int, path: str,
             elif fmt == "json" and source.kind == "arc":
                 units = _arc_json_units(source_index, source, spec.source_name(source_index),
                                         path, f)
+            elif fmt == "json" and sources.is_json_array(fileio.read_range(f, 0, 4096)):
+                units = _json_array_units(source_index, source,
+                                          spec.source_name(source_index), path, f)
             else:
                 units = _line_units(source_index, path, "txt" if fmt == "txt" else "jsonl", f,
                                     max_bytes, count)
@@ -200,8 +218,7 @@ def read_unit(spec: runspec_lib.RunSpec, unit: WorkUnit, limit: int | None = Non
     """The unit's records in file order; limit: at most this many (max_docs)."""
     source = spec.sources[unit.source_index]
     name = spec.source_name(unit.source_index)
-    line_kind = ("row" if sources.file_format(source, unit.path) in ("parquet", "json")
-                 else "line")
+    line_kind = "row" if unit.fmt in ("parquet", "json") else "line"
     em = sources.Emitter(unit.source_index, source, name, unit.path, line_kind)
     if unit.fmt == "unreadable":
         yield em.reject(-1, unit.error)
@@ -211,7 +228,8 @@ def read_unit(spec: runspec_lib.RunSpec, unit: WorkUnit, limit: int | None = Non
             if unit.fmt == "parquet":
                 yield from _parquet_unit(em, f, unit, limit)
             elif unit.fmt == "json":
-                yield from sources.read_arc_json(em, f.read(), limit, unit.first, unit.stop)
+                read = sources.read_arc_json if source.kind == "arc" else sources.read_json
+                yield from read(em, f.read(), limit, unit.first, unit.stop)
             else:
                 data = fileio.read_range(f, unit.byte_start, unit.byte_stop)
                 reader = sources.read_txt if unit.fmt == "txt" else sources.read_jsonl

@@ -132,7 +132,9 @@ class RunSnapshot:
             # Workers create it before writing any data, so a commit without it is damage.
             raise errors.NotARunError(
                 f"{self.location.join(layout.ACTIVATIONS_INFO_KEY)}: missing, but "
-                f"{len(self.committed)} partition(s) are committed; run `actx verify`")
+                f"{len(self.committed)} partition(s) are committed (their activations were "
+                f"removed?); `actx verify {self.location} --repair` turns them back into "
+                f"pending, then `actx rerun {self.location}` extracts them again")
         # A generating run's ids are stored beside the hooks, not one of them (reader.masks)
         return sorted(h for h in info.hooks if h != layout.GENERATED_IDS)
 
@@ -183,7 +185,8 @@ class RunSnapshot:
         if name not in infos:
             raise errors.UnknownHookError(
                 f"{self.location}: no committed activations for hook {name!r}; available: "
-                f"{', '.join(infos) or '(none: no partition is committed yet)'}")
+                f"{', '.join(infos) or '(none: no partition is committed yet)'} (the run's "
+                f"`hooks` names them)")
         return infos[name]
 
     # -- checks -------------------------------------------------------------------

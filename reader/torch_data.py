@@ -90,6 +90,12 @@ class ActivationDataset(torch_data.IterableDataset):
         self.extraction = extraction or ""
         self.hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
         self.single = isinstance(hooks, str)
+        # Here, in the training process: a hook the run lacks is one line naming it and
+        # the run's hooks, not a traceback from a DataLoader worker.
+        opened = (run if isinstance(run, run_lib.Run)
+                  else run_lib.open_run(self.uri, self.extraction))
+        for hook in self.hooks:
+            opened.hook(hook)
         default_rank, default_world = _default_rank_world()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size

@@ -70,8 +70,13 @@ _MAX_RANGES = 16
 
 
 def commit(store, marker: CommitMarker) -> bool:
-    """Creates the partition's marker. False when a marker already exists (already done)."""
-    return store.create_json(layout.commit_key(marker.partition), config_lib.to_dict(marker))
+    """Creates the partition's marker. False when a marker already exists (already done).
+    Then, the marker standing either way, the temporary files an earlier attempt killed
+    while writing it left beside it go (on local disk; never read, see store.list)."""
+    key = layout.commit_key(marker.partition)
+    created = store.create_json(key, config_lib.to_dict(marker))
+    store.clear_temporaries(key)
+    return created
 
 
 def read_marker(store, partition_id: int) -> CommitMarker | None:

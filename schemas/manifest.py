@@ -110,6 +110,9 @@ class SourceCounts:
     accepted: int = 0
     rejected: int = 0
     truncated_tokens: int = 0
+    # Rejects by kind of reason (layout.reject_kind: "not valid JSON": 3); {} in runs
+    # prepared before it was recorded.
+    reasons: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +184,21 @@ class Manifest:
                                                           f"{where}: partitions"))
         manifest = config_lib.from_dict(cls, dict(data, partitions=()), where + ": ")
         return dataclasses.replace(manifest, partitions=table)
+
+
+def rejects_words(manifest: Manifest) -> str:
+    """The rejects in one phrase, "" when none: the count and, per source, the reasons
+    with their counts ("3 input(s) rejected (docs: not valid JSON 2, no text field 1)")."""
+    if not manifest.docs_rejected:
+        return ""
+    per_source = []
+    for name, counts in sorted(manifest.sources.items()):
+        if not counts.rejected:
+            continue
+        reasons = ", ".join(f"{kind} {n:,}" for kind, n in sorted(
+            counts.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+        per_source.append(f"{name}: {reasons or f'{counts.rejected:,}'}")
+    return (f"{manifest.docs_rejected:,} input(s) rejected ({'; '.join(per_source)})")
 
 
 def read_manifest(store) -> Manifest:

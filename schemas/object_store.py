@@ -56,6 +56,18 @@ class ObjectStore(abc.ABC):
     def delete(self, key: str) -> None:
         """Deletes an object; a missing object is not an error."""
 
+    def temporaries(self, prefix: str) -> list[str]:
+        """The temporary files of writes that never finished (a process killed between
+        writing `<key>.tmp-<id>` and moving it in place) whose key starts with `prefix`,
+        as paths; never listed as keys, never read. Only local disk has them."""
+        return []
+
+    def clear_temporaries(self, prefix: str) -> int:
+        """Deletes `temporaries(prefix)`; how many. A write of the same key in flight in
+        another process then finds its temporary gone: `create` answers False (the key
+        exists by then, see commit_lib.commit), so call it only once the key exists."""
+        return 0
+
     def exists(self, key: str) -> bool:
         return self.read(key) is not None
 

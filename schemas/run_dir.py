@@ -189,6 +189,14 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
             manifest = manifest_f.result()
     except FileNotFoundError as e:
         store.check_reachable()  # a missing bucket says so, not "no run.json"
+        if store.list_names(layout.COMMITS_PREFIX):
+            # Markers without the files prepare writes: the directory was removed under a
+            # job whose workers went on committing (or its files were, since).
+            raise errors.NotARunError(
+                f"{e}; yet {shown} holds commit markers: the run directory (or its "
+                f"run.json and manifest.json) was removed while a job ran. Its data is "
+                f"gone: `actx submit` with the run's config prepares it afresh (the "
+                f"markers are cleared)") from None
         raise errors.NotARunError(str(e)) from None
     except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
         if type(e).__name__ in _ACCESS_ERRORS:

@@ -40,9 +40,16 @@ class SourceSpec:
       plain text), or "arc" (ARC tasks as JSONL, one task per line, or ARC-AGI JSON).
     paths: files, directories or globs, local or gs://.
     name: label recorded as provenance; defaults to the kind and position in the list.
-    format: "auto" (from the file extension), "parquet", "jsonl", "txt" or "json".
-    text_field / id_field: columns or keys holding the text and the document id (text,
-      fineweb); a missing id field falls back to "<file>:<line>".
+    format: "auto" (from the file extension: .parquet, .jsonl/.ndjson, .json, .txt;
+      another one reads as JSONL), "parquet", "jsonl" (one JSON object per line), "txt"
+      (one document per line) or "json" (a JSON array of objects, one document each; for
+      kind arc an ARC-AGI task file). A file that does not fit its format is refused
+      before any work.
+    text_field: the column (parquet) or key (JSONL, JSON array) that holds each
+      document's text (text, fineweb); a record without it is rejected with its keys named.
+    id_field: the column or key that holds each document's id (text, fineweb), kept with
+      the document; a record without it is named "<file>:<line>" (a parquet row or an
+      array element: its 0-based position).
     max_docs: read at most this many documents from this source (None: all).
     arc_encoder: how ARC grids become text: "digits" (rows of digits), "rows" (with row
       numbers) or "shape" (a "HxW" header before the digit rows).

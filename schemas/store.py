@@ -68,9 +68,35 @@ class LocalStore(ObjectStore):
             return True
         except FileExistsError:
             return False
+        except FileNotFoundError:
+            # Our temporary was cleared by the process whose create of this key won
+            # (clear_temporaries runs once the key exists): refused, as above.
+            if os.path.exists(self._path(key)):
+                return False
+            raise
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def temporaries(self, prefix: str) -> list[str]:
+        parts = prefix.split("/")
+        directory = os.path.join(self.location.path, *parts[:-1])
+        try:
+            with os.scandir(directory) as entries:
+                return sorted(e.path for e in entries if ".tmp-" in e.name
+                              and e.name.split(".tmp-")[0].startswith(parts[-1]))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def clear_temporaries(self, prefix: str) -> int:
+        removed = 0
+        for path in self.temporaries(prefix):
+            try:
+                os.unlink(path)
+                removed += 1
+            except FileNotFoundError:  # its writer finished or cleared it meanwhile
+                pass
+        return removed
 
     def list(self, prefix: str = "") -> list[str]:
         root = self.location.path

@@ -200,6 +200,12 @@ def test_status_line_of_a_finished_run_keeps_no_advice(run):
     hosts' messages, the phase note and the page's commands."""
     _kill_a_stealing_worker(run)
     s = store.open_store(run)
+    # What the workers write before any data; without it the markers would vouch for
+    # activations that are gone (status then says failed, tests/test_run_removed.py).
+    from actx.schemas import activations_info
+    spec = run_dir.open_run(run).spec
+    activations_info.create_info(s, activations_info.ActivationsInfo(
+        spec.fingerprint, spec.capture.dtype, {"layers.0.resid_post": 8}))
     for p in range(4):
         s.create_json(layout.commit_key(p), {"partition": p})
     status = runstate.compute_status(run_dir.open_run(run))

@@ -150,3 +150,25 @@ def test_train_while_it_extracts_recipe_runs(tmp_path):
     assert sorted(state["commit_order"]) == list(range(len(finished.partitions)))
     quarter = len(losses) // 4
     assert np.mean(losses[-quarter:]) < np.mean(losses[:quarter])  # it learns
+
+
+def test_the_torch_loader_takes_its_hook_from_the_run_and_refuses_one_it_lacks(
+        tmp_path, monkeypatch):
+    """docs/training.md's loader reads a hook the run has (`run.hooks`) whatever the run
+    stored; a hook the run lacks is one line naming it, raised where the dataset is made
+    (in the training process), not from a DataLoader worker."""
+    import actx
+
+    truth = _arc_run(tmp_path, monkeypatch)
+    run = reader.open_run(truth.uri)
+    code = _block(TRAINING.read_text(), "## PyTorch: your own loop")
+    assert "actx.open_run(run_dir).hooks" in code and '"layers.0.resid_post"' not in code
+    try:
+        actx.ActivationDataset(truth.uri, "layers.99.resid_post", 256)
+    except Exception as e:  # noqa: BLE001 - which error it is, is what is checked
+        said = str(e)
+    else:
+        raise AssertionError("an unknown hook was accepted")
+    assert "\n" not in said and "'layers.99.resid_post'" in said, said
+    for hook in run.hooks:
+        assert hook in said

@@ -110,9 +110,12 @@ def page_commands(status: runstate.RunStatus) -> dict:
     would leave the partitions a dead worker had claimed ahead, which read as pending)."""
     run = status.run
     cmds = {"status": f"actx status {run} --json"}
-    if status.complete:
+    if status.complete and not status.problem:
         cmds["read"] = (f"python -c \"import actx; print(actx.open_run('{run}')"
                         f".describe())\"")
+    elif status.problem:  # its markers vouch for nothing: repaired first, then rerun
+        cmds["repair"] = f"actx verify {run} --repair"
+        cmds["rerun_all"] = f"actx rerun {run}"
     else:
         cmds["rerun_all"] = f"actx rerun {run}"
     cmds["verify"] = f"actx verify {run}"
@@ -160,7 +163,10 @@ def page_data(status: runstate.RunStatus, rejects: dict | None = None) -> dict:
         "rejects": (rejects or {}).get("sources", {}),
         "reject_groups": (rejects or {}).get("groups", []),
         "reject_groups_complete": (rejects or {}).get("groups_complete", True),
-        "phase": status.phase, "phase_note": run_facts.phase_note(status.phase, status.run),
+        "history": list(status.history), "problem": status.problem,
+        "phase": status.phase, "phase_note": (status.problem
+                                                     or run_facts.phase_note(status.phase,
+                                                                             status.run)),
         "identity": status.identity, "verification": status.verification,
         "generation_facts": generation_facts(status.identity),
         "reference": status.reference,

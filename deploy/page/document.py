@@ -37,7 +37,7 @@ code{background:#eef1f5;padding:2px 6px;border-radius:4px}
 dl.facts{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:6px 0;
  background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:8px 12px;font-size:13px}
 dl.facts dt{color:#5a6473} dl.facts dd{margin:0;word-break:break-all}
-#failures div{color:#b42318;margin:2px 0}
+#failures div{color:#b42318;margin:2px 0} #history div{color:#5a6473;margin:2px 0}
 td.msg{white-space:normal;max-width:560px;word-break:break-word} tr.shown td{font-weight:600}
 """
 
@@ -45,7 +45,8 @@ _BODY = """
 <h1>actx run <span id="name"></span></h1>
 <div class="sub"><span id="run"></span> &middot; fingerprint <span id="fingerprint"></span>
  &middot; as of <span id="at"></span> &middot; <span id="live"></span></div>
-<div id="phase" class="phase"></div><div id="failures"></div><div id="extractions"></div>
+<div id="phase" class="phase"></div><div id="failures"></div><div id="history"></div>
+<div id="extractions"></div>
 <div class="cards">
  <div class="card"><div class="k">committed</div><div class="v"><span id="n-committed"></span>
   / <span id="n-total"></span></div></div>

@@ -201,8 +201,12 @@ function render(d) {
   const phase = $("phase"); phase.className = "phase phase-" + d.phase.replace(" ", "-");
   phase.dataset.phase = d.phase; phase.textContent = `${d.phase}: ${d.phase_note}`;
   const failures = d.hosts.filter((h) => h.dead && h.message);
-  $("failures").innerHTML = failures.map((h) =>
+  $("failures").innerHTML = (d.problem ? `<div data-problem>${esc(d.problem)}</div>` : "") +
+    failures.map((h) =>
     `<div data-failed-host="${esc(h.host)}">${esc(h.host)}: ${esc(h.message)}</div>`).join("");
+  // What went wrong on the way to a complete run: history, in the page's plain colour.
+  $("history").innerHTML = (d.history || []).map((line) =>
+    `<div data-history>history: ${esc(line)}</div>`).join("");
   renderIdentity(d);
   const ex = d.extractions || [];  // a run with several models: a line per extraction
   $("extractions").innerHTML = ex.length ? "<h2>Extractions over this token store</h2>" +

@@ -24,6 +24,8 @@ class JobProgress:
     def __init__(self, run: run_dir.RunDir, names):
         self.run, self.names = run, names
         self._scoped: dict | None = None  # {extraction: the run as it sees it}
+        self._phases_said: set[tuple[str, str]] = set()
+        self._phases_new: list[str] = []
 
     def views(self) -> dict:
         """{extraction: the run as it sees it}, made at the first call."""
@@ -40,8 +42,27 @@ class JobProgress:
         try:
             views = self.views()
             statuses = {name: runstate.compute_status(h) for name, h in views.items()}
+            self._note_phases(statuses)
             if also is not None:
                 also(views)
             return lambda width: status_text.lines_per_extraction(statuses, width)
         except Exception as e:  # progress is best effort; the workers decide the outcome
             return lambda width, e=e: status_text.fit(f"(progress unavailable: {e})", width)
+
+    def _note_phases(self, statuses: dict) -> None:
+        """Each start-up phase a live host reports before its first token (loading the
+        model, its weights, compiling the step), once: the longest wait of a small run,
+        which the progress line alone (rewritten in place, or in a pipe every few
+        seconds) would leave out of a log."""
+        for name, status in statuses.items():
+            for h in status.hosts:
+                if h.live and h.tokens_done == 0 and h.message:
+                    key = (f"{name + ': ' if name else ''}{h.host}", h.message)
+                    if key not in self._phases_said:
+                        self._phases_said.add(key)
+                        self._phases_new.append(f"{key[0]} {h.message}")
+
+    def new_phases(self) -> list[str]:
+        """The start-up phases seen since the last call, one line each."""
+        new, self._phases_new = self._phases_new, []
+        return new

@@ -47,6 +47,15 @@ class ProgressLine:
             print(line, file=self.out, flush=True)
             self._last, self._last_at = line, now
 
+    def note(self, line: str) -> None:
+        """A line of its own (a start-up phase), tty or not: on a terminal it replaces the
+        line rewritten in place, which the next `show` draws again below it."""
+        if self.tty:
+            print("\r\x1b[2K" + line, file=self.out, flush=True)
+            self._open = False
+        else:
+            print(line, file=self.out, flush=True)
+
     def end(self) -> None:
         """Ends the line rewritten in place, so what follows starts on its own line."""
         if self._open:

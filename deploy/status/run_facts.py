@@ -10,6 +10,7 @@ from __future__ import annotations
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
+from actx.schemas import manifest as manifest_lib
 
 # The phase words and their advice are shared with the reader that follows a live run.
 from actx.schemas.run_phase import (FAILED, FINISHED, NOT_STARTED, PHASE_NOTES,  # noqa: F401,E402
@@ -79,3 +80,34 @@ def without_advice(message: str) -> str:
     run"): once every partition is committed there is nothing left to rerun."""
     kept = [part for part in message.split("; ") if "`actx rerun" not in part]
     return "; ".join(kept)
+
+
+def history(hosts) -> tuple[str, ...]:
+    """A complete run's hosts that ended otherwise than done (failed, gone, stale,
+    stopped), each in one line with what it said, and the partitions others took over:
+    what happened on the way, not something to act on (every partition is committed)."""
+    lines = []
+    for h in hosts:
+        if h.live or h.state == "done":
+            continue
+        said = f" ({h.message})" if h.message else ""
+        lines.append(f"{h.host} ended {h.state}{said} after {h.partitions_done} "
+                     f"partition(s); the other hosts committed the rest")
+    taken = sum(sum(h.stolen_from.values()) for h in hosts)
+    if lines and taken:
+        lines.append(f"{taken} partition(s) were taken over from other hosts' lists")
+    return tuple(lines)
+
+
+def rejects(handle) -> dict | None:
+    """What prepare rejected, from the manifest (no other read): the count, the reasons
+    per source with their counts, where each reject is with its reason, and the phrase
+    status prints; None when it rejected nothing."""
+    manifest = handle.manifest
+    if not manifest.docs_rejected:
+        return None
+    return {"count": manifest.docs_rejected,
+            "reasons": {name: dict(c.reasons) for name, c in sorted(manifest.sources.items())
+                        if c.rejected},
+            "path": str(handle.location.join(layout_lib.REJECTS_PREFIX)),
+            "summary": manifest_lib.rejects_words(manifest)}

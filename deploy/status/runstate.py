@@ -101,6 +101,17 @@ class RunStatus:
     # The latest `actx verify --reference` (verify/reference.json): at, ok, summary; None
     # when it never ran.
     reference: dict | None = None
+    # What went wrong on the way to a complete run (a host that failed or stopped while
+    # the others committed every partition), in words: history, not a failure to act on.
+    # Empty while partitions are missing: then the hosts table shows the failure.
+    history: tuple[str, ...] = ()
+    # What prepare rejected (manifest.json): count, reasons per source, where each reject
+    # is (run_facts.rejects); None when it rejected nothing.
+    rejects: dict | None = None
+    # What the run lost that its commits need ("" when nothing): activations/actx.json
+    # gone while partitions are committed (their data was removed), with what finishes
+    # it. The phase is then "failed", never "finished".
+    problem: str = ""
 
     @property
     def complete(self) -> bool:
@@ -280,6 +291,12 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
     else:
         eta = None  # no live worker, or none past start-up: any number would be a guess
     elapsed, average, current = _timing(beats, hosts, now)
+    problem = ""
+    if committed and info is None and not handle.store.exists(layout_lib.ACTIVATIONS_INFO_KEY):
+        problem = (f"{layout_lib.ACTIVATIONS_INFO_KEY} is missing, but {len(committed)} "
+                   f"partition(s) are committed (their activations were removed?); `actx "
+                   f"verify {handle.location} --repair` turns them back into pending, then "
+                   f"`actx rerun {handle.location}` extracts them again")
     return RunStatus(
         elapsed_s=elapsed, average_tokens_per_s=average, current_tokens_per_s=current,
         run=str(handle.location), name=handle.spec.name, fingerprint=handle.spec.fingerprint,
@@ -294,7 +311,10 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
         stale_after_s=stale_after_s, at=now, token_masks=masks,
         identity=run_facts.identity(handle, info, committed),
         verification=run_facts.verification(verified, set(committed)), reference=reference,
-        phase=run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts))
+        phase=(run_facts.FAILED if problem else
+               run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts)),
+        history=run_facts.history(hosts) if finished and not problem else (),
+        rejects=run_facts.rejects(handle), problem=problem)
 
 
 def _timing(beats, hosts: list[HostState], now: float

@@ -214,7 +214,9 @@ def render(status: RunStatus) -> str:
     bytes_note = "" if status.bytes_total is not None else " (sizes known once a worker starts)"
     lines = [
         f"run {status.run}  (name {status.name}, fingerprint {status.fingerprint})",
-        f"phase:      {status.phase}: {run_facts.phase_note(status.phase, status.run)}",
+        f"phase:      {status.phase}: "
+        f"{status.problem or run_facts.phase_note(status.phase, status.run)}",
+        *(f"history:    {line}" for line in status.history),
         f"settings:   {_settings(status.identity)}",
         f"partitions: {n} total | {c[COMMITTED]} committed | {c[IN_PROGRESS]} in progress | "
         f"{c[STALE]} stale | {c[PENDING]} pending",
@@ -225,6 +227,8 @@ def render(status: RunStatus) -> str:
         *([f"generated:  {generated_words(status.identity['generation'])}"]
           if status.identity.get("generation") else []),
         f"bytes:      {_size(status.bytes_done)} / {_size(status.bytes_total)}{bytes_note}",
+        *([f"rejects:    {status.rejects['summary']}; each with its reason in "
+           f"{status.rejects['path']}"] if status.rejects else []),
         (("throughput: finished; no heartbeat to time it" if status.elapsed_s is None else
           f"throughput: finished; average {_average(status)} tokens/s over "
           f"{_duration(status.elapsed_s)}") if status.complete else

@@ -127,13 +127,19 @@ class LocalTarget(targets.Target):
     def _extract_default(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
         handle = job.run
         status = runstate.compute_status(handle)
+        if _removed_under(handle, status, out):
+            return 1
         if status.complete:
             print(f"extract: all {len(status.partitions)} partitions of {handle.uri} are "
                   f"committed; nothing to do", file=out)
         else:
             code = self._run_engine(job, opts, out)
             status = runstate.compute_status(handle)
-            if code != 0:
+            if _removed_under(handle, status, out):
+                return 1
+            # The exit code says whether the data is complete: a worker that failed on the
+            # way while the others committed every partition is history, not a failure.
+            if code != 0 and _rerun_hint(handle, status, job.only, None):
                 print(status_text.render(status), file=out)
                 _rerun_hint(handle, status, job.only, out)
                 return code
@@ -157,11 +163,10 @@ class LocalTarget(targets.Target):
         handles = extraction_lib.scoped_all(job.run, job.extraction)
         behind = [name for name, handle in handles.items()
                   if not runstate.compute_status(handle).complete]
-        code = 0
-        if behind:
+        if behind:  # its exit code aside: the commits below say whether the data is whole
             import dataclasses
 
-            code = self._run_engine(dataclasses.replace(
+            self._run_engine(dataclasses.replace(
                 job, fingerprint=None,
                 extraction=extraction_lib.joined(behind)), opts, out)
         statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
@@ -180,7 +185,8 @@ class LocalTarget(targets.Target):
                   f"{'; '.join(f'{n}: {len(ids)}' for n, ids in missing.items())}; "
                   f"`actx rerun {job.run.uri}` finishes whichever extraction is behind",
                   file=out)
-        return code or (1 if missing else 0)
+        # Complete whatever failed on the way (the status above shows that as history).
+        return 1 if missing else 0
 
     def _run_engine(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:
         """Runs the engine's workers under the run's job lease, saying what stays if a stop
@@ -276,13 +282,42 @@ def _workers_stop_hint():
                  "uncommitted") from None
 
 
+def _removed_under(handle, status, out) -> bool:
+    """Says so, and True, when the run lost files that a finished run has (run.json and
+    manifest.json; activations/actx.json once a partition is committed): removed while
+    the workers ran, or since. Its markers then say nothing about data, and the line names
+    what finishes it: submitting again (the run directory gone), or verify --repair and
+    a rerun (its activations gone)."""
+    from actx.schemas import runspec as runspec_lib
+
+    store = handle.store
+    keys = [runspec_lib.RUN_SPEC_KEY, layout.MANIFEST_KEY]
+    if status.counts[partition_states.COMMITTED]:
+        keys.append(layout.ACTIVATIONS_INFO_KEY)
+    gone = [key for key in keys if not store.exists(key)]
+    if not gone:
+        return False
+    where = handle.location
+    if layout.ACTIVATIONS_INFO_KEY in gone and len(gone) == 1:
+        committed = status.counts[partition_states.COMMITTED]
+        advice = (f"`actx verify {where} --repair` turns its {committed} committed "
+                  f"partition(s) back into pending; then `actx rerun {where}` extracts them "
+                  f"again")
+    else:
+        advice = ("submit the same config again: it prepares the run afresh (the markers "
+                  "left there are cleared)")
+    print(f"extract: {where} lost {', '.join(gone)} (removed while the workers ran, or "
+          f"since): it is not finished, whatever its commit markers say; {advice}", file=out)
+    return True
+
+
 def _rerun_hint(handle, status, only, out) -> list[int]:
     """Names the wanted partitions still without a commit and the command that redoes
-    them; returns them."""
+    them (on `out`; None: says nothing); returns them."""
     wanted = status.partitions if only is None else only
     missing = [p for p in wanted if status.partitions[p] != partition_states.COMMITTED]
     stale = [p for p in missing if status.partitions[p] == partition_states.STALE]
-    if missing:
+    if missing and out is not None:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
               f"{', '.join(layout.partition_name(p) for p in missing[:20])}"
               + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")

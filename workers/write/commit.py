@@ -17,6 +17,8 @@ from typing import Callable
 import numpy as np
 
 from actx.schemas import commit as commit_lib
+from actx.schemas import errors
+from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import runspec as runspec_lib
 from actx.workers.loop import faults, schedule
@@ -24,6 +26,10 @@ from actx.workers.replicas import distributed
 from actx.workers.write import writer
 
 log = logging.getLogger("actx.worker")
+
+
+class RunRemovedError(errors.UserError, RuntimeError):
+    """The run's files were removed while a worker extracted it."""
 
 
 class Committer:
@@ -65,7 +71,13 @@ class Committer:
 
     def _finish(self, part: manifest_lib.Partition, part_writer: writer.PartitionWriter,
                 started: float) -> None:
-        checksums = part_writer.finish()
+        try:
+            checksums = part_writer.finish()
+        except Exception:
+            # A write into a directory removed under it fails in the store's own words
+            # (a rename to a path that is gone): said as what happened, where it did.
+            self._check_run_stands(part)
+            raise
         faults.maybe_crash("before_commit")
         merged = self._gather(part, checksums)
         if merged is None:  # not the replica's leader
@@ -78,8 +90,26 @@ class Committer:
             hosts=tuple(f"r{self._topo.replica}h{h}" for h in range(self._topo.hosts_per_replica)),
             timings_s={"total": round(time.perf_counter() - started, 3)},
             code_version=self._code_version, created_at=time.time())
+        self._check_run_stands(part)
         if commit_lib.commit(self._store, marker) or self._is_own(marker):
             self._on_commit(part.id)
+
+    def _check_run_stands(self, part: manifest_lib.Partition) -> None:
+        """Refuses to commit into a run whose files were removed under this worker (its
+        run.json, or activations/actx.json, which the workers write before any data): a
+        marker there would say finished about data that is gone."""
+        gone = [key for key in (runspec_lib.RUN_SPEC_KEY, layout.ACTIVATIONS_INFO_KEY)
+                if not self._store.exists(key)]
+        if gone:
+            run = self._store.location
+            advice = ("submit the same config again: it prepares the run afresh"
+                      if runspec_lib.RUN_SPEC_KEY in gone else
+                      f"`actx verify {run} --repair` turns the committed partitions back "
+                      f"into pending, then `actx rerun {run}` extracts them again")
+            raise RunRemovedError(
+                f"{run}: {' and '.join(gone)} removed while this worker extracted (the run "
+                f"directory, or its activations/, was deleted); partition {part.name} is "
+                f"not committed, nor is any other from now on; {advice}")
 
     def _is_own(self, marker: commit_lib.CommitMarker) -> bool:
         """After a refused create: whether the standing marker is this attempt's own (a

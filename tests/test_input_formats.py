@@ -1,0 +1,164 @@
+"""Inputs as people have them (issue 66, item 4): a JSON array file (`.json`, or
+`format: json`) is read as documents with the JSONL rules for text_field and id_field; a
+format that cannot be read is refused before any work in one line naming the format
+expected; a file that is not UTF-8 is named so, with the encoding that reads it. The
+references are the documents as written here; prepare runs for real (Beam's in-process
+runner, the real Qwen2.5 tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from actx.pipeline import preflight, sources, units
+from actx.schemas import manifest, runspec, store
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = [{"body": f"document {i} in an array", "key": f"k{i}"} for i in range(7)]
+
+
+def _spec(path: str, **source) -> runspec.RunSpec:
+    return runspec.RunSpec.from_dict({
+        "model": {"path": "unused"}, "tokenizer": {"path": "unused"},
+        "sources": [{"kind": "text", "paths": [path], **source}],
+        "packing": {"mode": "segmented", "seq_len": 32}})
+
+
+def _through_units(spec: runspec.RunSpec, path: str):
+    """The records as prepare's pipeline reads them: planned into work units, each read."""
+    return [r for unit in units.plan_units(spec, 0, path, max_bytes=64)
+            for r in units.read_unit(spec, unit)]
+
+
+@pytest.mark.parametrize("name,fmt", [("docs.json", "auto"), ("docs.data", "json")])
+def test_a_json_array_is_read_as_documents_with_the_fields_rules(tmp_path, name, fmt):
+    path = str(tmp_path / name)
+    with open(path, "w") as f:
+        json.dump(DOCS[:3] + [{"other": 1}, "not an object"] + DOCS[3:], f, indent=2)
+    spec = _spec(path, text_field="body", id_field="key", format=fmt)
+    for records in (list(sources.read_file(0, spec.sources[0], "s", path)),
+                    _through_units(spec, path)):
+        docs = [r for r in records if isinstance(r, sources.TextRecord)]
+        assert [(d.text, d.doc_id) for d in docs] == [(d["body"], d["key"]) for d in DOCS]
+        assert [d.line for d in docs] == [0, 1, 2, 5, 6, 7, 8]  # array positions
+        rejects = [r for r in records if isinstance(r, sources.Reject)]
+        assert [(r.line, r.reason.split(",")[0]) for r in rejects] == [
+            (3, "missing text field 'body'"),
+            (4, "JSON array element is a str")]
+        assert all(r.to_json_obj()["row"] == r.line for r in rejects)
+    # Without an id_field value a document is named by its file and position, as JSONL's.
+    spec = _spec(path, text_field="body", id_field="none", format=fmt)
+    [first, *_] = sources.read_file(0, spec.sources[0], "s", path)
+    assert first.doc_id == f"{name}:0"
+
+
+def test_a_json_file_of_json_lines_still_reads_as_lines(tmp_path):
+    path = tmp_path / "lines.json"
+    path.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    records = list(sources.read_file(0, _spec(str(path), text_field="body").sources[0], "s",
+                                     str(path)))
+    assert [(r.text, r.line, r.line_kind) for r in records] == [
+        (d["body"], i + 1, "line") for i, d in enumerate(DOCS)]
+
+
+def _prepare(tmp_path, qwen_tokenizer_dir, path, *flags):
+    return subprocess.run(
+        [sys.executable, "-m", "actx.pipeline.main", "--out", str(tmp_path / "run"),
+         "--tokenizer", qwen_tokenizer_dir, "--text", str(path), "--seq-len", "32",
+         "--runner=FnApiRunner", *flags], cwd=REPO, text=True, capture_output=True,
+        timeout=300)
+
+
+def test_prepare_reads_a_json_array(tmp_path, qwen_tokenizer_dir):
+    path = tmp_path / "docs.json"
+    path.write_text(json.dumps(DOCS))
+    proc = _prepare(tmp_path, qwen_tokenizer_dir, path, "--text-field", "body",
+                    "--id-field", "key")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    m = manifest.read_manifest(store.open_store(str(tmp_path / "run")))
+    assert (m.docs_read, m.docs_accepted, m.docs_rejected) == (len(DOCS), len(DOCS), 0)
+
+
+REFUSED = {
+    # name: (file name, its bytes, source settings, what the one line must say)
+    "a JSON array under format jsonl": (
+        "docs.jsonl", json.dumps(DOCS).encode(), {"format": "jsonl"},
+        "holds a JSON array, not JSON lines (one object per line); set the source's format "
+        "to json"),
+    "a csv file": ("docs.csv", b"body,key\nhello,k0\n", {},
+                   "a csv file is not a format actx reads; expected jsonl (one JSON object "
+                   "per line), json (an array of JSON objects), parquet or txt"),
+    "JSON lines under format parquet": (
+        "docs.jsonl", b'{"text": "x"}\n', {"format": "parquet"},
+        "not a parquet file (it does not start with PAR1); expected format parquet"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_format_that_cannot_be_read_is_refused_before_work(tmp_path, qwen_tokenizer_dir,
+                                                             name):
+    file_name, data, source, expected = REFUSED[name]
+    path = tmp_path / file_name
+    path.write_bytes(data)
+    spec = _spec(str(path), **source)
+    problem = preflight.format_problem(spec.sources[0], [str(path)])
+    assert expected in problem and "\n" not in problem, problem
+    flags = [x for k, v in source.items() for x in (f"--{k}", v)]
+    proc = _prepare(tmp_path, qwen_tokenizer_dir, path, *flags)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    [line] = [x for x in said.splitlines() if "error:" in x]
+    assert expected in line and str(path) in line, line
+    assert not (tmp_path / "run").exists()  # before any work: nothing written
+
+
+def test_arc_tasks_in_parquet_are_refused(tmp_path):
+    spec = runspec.SourceSpec("arc", (str(tmp_path / "t.parquet"),))
+    problem = preflight.format_problem(spec, [str(tmp_path / "t.parquet")])
+    assert "format parquet cannot hold ARC tasks; expected format json" in problem
+
+
+def test_a_latin1_file_is_named_with_its_encoding(tmp_path, qwen_tokenizer_dir):
+    texts = ["café au lait", "naïve résumé", "Zürich über alles"]
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n"
+                             for t in texts).encode("latin-1"))
+    records = list(sources.read_file(0, _spec(str(path)).sources[0], "s", str(path)))
+    for record, text in zip(records, texts):
+        # The encoding named is one that gives back exactly the text written.
+        enc = record.reason.split("the file is ")[1].split(":")[0]
+        raw = json.dumps({"text": text}, ensure_ascii=False).encode("latin-1")
+        assert json.loads(raw.decode(enc))["text"] == text, record.reason
+        assert record.reason.startswith("invalid UTF-8, the file is ")
+        assert f"iconv -f {enc} -t utf-8" in record.reason
+    # The whole file rejected: prepare's refusal names the encoding in its reasons.
+    proc = _prepare(tmp_path, qwen_tokenizer_dir, path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "no input was accepted (3 of 3 rejected)" in said, said
+    assert "invalid UTF-8, the file is cp1252: 3" in said, said
+
+
+def test_utf16_and_binary_are_told_apart():
+    raw = '{"text": "hi"}'.encode("utf-16")
+    with pytest.raises(UnicodeDecodeError) as e:
+        raw.decode("utf-8")
+    assert "the file is utf-16" in sources.not_utf8(raw, e.value)
+    raw = b"\x00\x01\xff\x02"
+    with pytest.raises(UnicodeDecodeError) as e:
+        raw.decode("utf-8")
+    assert sources.not_utf8(raw, e.value).startswith(
+        "invalid UTF-8, not text in cp1252 or latin-1 either")
+
+
+def test_text_field_and_id_field_are_described_apart():
+    """docs/configuration.md (generated from SourceSpec's docstring) says what each does."""
+    page = open(os.path.join(REPO, "docs", "configuration.md")).read()
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[5].strip()
+            for line in page.splitlines() if line.startswith("| `spec.sources[].")}
+    text, ident = rows["spec.sources[].text_field"], rows["spec.sources[].id_field"]
+    assert text != ident
+    assert "text" in text and " id" not in text and "document's id" in ident
