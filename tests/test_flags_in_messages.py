@@ -27,7 +27,7 @@ OTHER_TOOLS = {
     BEAM: {
         "runner", "setup_file", "direct_num_workers", "direct_running_mode", "region"},
     "Slurm (sbatch, srun)": {"array", "job-name", "kill-on-bad-exit", "nodes",
-                             "ntasks-per-node", "output"},
+                             "ntasks-per-node", "output", "requeue", "no-requeue"},
     "gcloud": {"zone", "project"},
 }
 
