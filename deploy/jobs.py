@@ -239,6 +239,8 @@ def cmd_rerun(args, out) -> int:
         raise targets.UsageError("--estimate is for `actx submit --dry-run`")
 
     handle = run_dir.open_run(args.run)
+    # --only names the run's partitions: refused first, whatever the target needs.
+    check_only(args.only, [p.id for p in handle.manifest.partitions])
     target = targets.for_config(_rerun_target(args, handle.store, out))
     handles = extraction_lib.scoped_all(handle, args.extraction)
     _check_runnable(target, handles)

@@ -178,7 +178,7 @@ def source_counts(plan: RunPlan, reject_stats: Iterable[dict]
     """Input accounting per source: read = accepted + rejected (rejects within max_docs)."""
     reject_stats = list(reject_stats)
     rejected = {s["source"]: s["rejected"] for s in reject_stats}
-    reasons = {s["source"]: dict(s["reasons"]) for s in reject_stats}
+    reasons = {s["source"]: dict(s.get("reasons") or {}) for s in reject_stats}
     return {name: manifest_lib.SourceCounts(
         read=plan.accepted[s] + rejected.get(name, 0), accepted=plan.accepted[s],
         rejected=rejected.get(name, 0), truncated_tokens=plan.truncated_tokens[s],

@@ -166,6 +166,13 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     assert job_lease.read(s) is None  # its hosts died: taken over, given back on failure
     advice = (f"`actx rerun {run} --target tpu-vm --config {cfg} --recreate`")
     assert f"if the slice was preempted or deleted: {advice}" in out
+    # With neither --target nor --config, a rerun stays on the run's own target (what
+    # launch.json recorded: tpu-vm, this config): the same answer, no local worker.
+    _seen_from_elsewhere_just_now(s)
+    code, out = _main(["rerun", run, "--job", "r0b"])
+    assert code == 1 and "FAILED_PRECONDITION: TPU pod1 is PREEMPTED" in out, out
+    assert "rerun: as the run's last launch: on tpu-vm" in out, out
+    assert "local-r0h0" not in out and job_lease.read(s) is None
     _seen_from_elsewhere_just_now(s)
     job2 = f"j2-{uuid.uuid4().hex[:6]}"
     # The advice, followed exactly (with --wait and a job name to follow it here).
