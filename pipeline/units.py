@@ -162,13 +162,8 @@ def _arc_json_units(source_index: int, source: runspec_lib.SourceSpec, name: str
     """ARC JSON is one JSON document: every unit parses the file (ARC files are small)
     and reads its block of GROUP_LINES tasks."""
     em = sources.Emitter(source_index, source, name, path, "row")
-    records = list(sources.read_arc_json(em, f.read(), None))
-    if records and records[0].line < 0:  # the whole-file reject
-        return [WorkUnit(source_index, path, "json", -1, 0, records=1)]
-    g = pack_group.GROUP_LINES
-    return [WorkUnit(source_index, path, "json", start, min(start + g, len(records)),
-                     records=min(g, len(records) - start))
-            for start in range(0, len(records), g)]
+    return _blocks_of_records(source_index, path, list(sources.read_arc_json(em, f.read(),
+                                                                             None)))
 
 
 def _json_array_units(source_index: int, source: runspec_lib.SourceSpec, name: str,
@@ -177,8 +172,13 @@ def _json_array_units(source_index: int, source: runspec_lib.SourceSpec, name: s
     reads its block of GROUP_LINES elements (as ARC JSON)."""
     em = sources.Emitter(source_index, source, name, path, "row")
     f.seek(0)  # past the head that said it is an array
-    records = list(sources.read_json(em, f.read(), None))
-    if records and records[0].line < 0:  # the whole-file reject
+    return _blocks_of_records(source_index, path, list(sources.read_json(em, f.read(), None)))
+
+
+def _blocks_of_records(source_index: int, path: str, records: list) -> list[WorkUnit]:
+    """The units of a file parsed whole: blocks of GROUP_LINES records, or the one unit of
+    its whole-file reject."""
+    if records and records[0].line < 0:
         return [WorkUnit(source_index, path, "json", -1, 0, records=1)]
     g = pack_group.GROUP_LINES
     return [WorkUnit(source_index, path, "json", start, min(start + g, len(records)),

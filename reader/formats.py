@@ -105,3 +105,13 @@ def normalizers(run, hooks: tuple[str, ...], mode: str | None) -> dict[str, Norm
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)} or None, "
                          f"got {mode!r}")
     return {h: Normalizer.from_stats(stored_stats.load_stats(run, h), mode) for h in hooks}
+
+
+def hand_over(batch, normalizers: dict, framework: str, dtype: str | None, sharding=None):
+    """A stream's batch as the user asked for it: each hook normalised (where
+    `normalizers` has it) and converted (`convert`); the batch itself, its acts replaced."""
+    acts = batch.acts
+    if normalizers:
+        acts = {h: normalizers[h](a) for h, a in acts.items()}
+    batch.acts = {h: convert(a, framework, dtype, sharding) for h, a in acts.items()}
+    return batch

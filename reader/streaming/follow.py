@@ -450,12 +450,8 @@ class FollowStream:
             return
 
     def _convert(self, batch: Batch) -> Batch:
-        acts = batch.acts
-        if self.normalizers:
-            acts = {h: self.normalizers[h](a) for h, a in acts.items()}
-        batch.acts = {h: formats.convert(a, self.framework, self.dtype, self.sharding)
-                      for h, a in acts.items()}
-        return batch
+        return formats.hand_over(batch, self.normalizers, self.framework, self.dtype,
+                                 self.sharding)
 
     def _produce_converted(self) -> Iterator[Batch]:
         for batch in self._produce():
