@@ -1,11 +1,13 @@
-"""bench/requests.py's count of storage requests, checked against the bucket itself.
+"""bench/requests.py's count of storage requests, checked against the bucket itself, and
+the dry run's storage estimate (deploy.storage_plan) checked against that count.
 
 A small real `actx submit` (2 local hosts, the GCS emulator behind the counting proxy) is
 counted by the bench's classification; the objects the emulator holds afterwards, listed
 straight from it (not through the proxy) and sorted by the run-directory prefixes that
 docs/run-directory.md names, are the independent count: every shard, commit marker,
 claim and heartbeat object in the bucket was written, and counted in its class, exactly
-as often as a fault-free run writes it.
+as often as a fault-free run writes it. The estimate of the same job (its counts from the
+run's manifest, its duration the hosts' measured one) predicts those counts.
 """
 
 from __future__ import annotations
@@ -23,16 +25,28 @@ from bench import requests as bench_requests
 from tests import counting_proxy
 
 
-@pytest.fixture
-def proxy(gcs_emulator_server, monkeypatch):
+@pytest.fixture(scope="module")
+def proxy(gcs_emulator_server):
     proxy = counting_proxy.CountingProxy(gcs_emulator_server.url).start()
-    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)
+        patch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        gcs_store.reset_gcs_client()
+        yield proxy
+        proxy.stop()
     gcs_store.reset_gcs_client()
-    yield proxy
-    proxy.stop()
-    monkeypatch.undo()
-    gcs_store.reset_gcs_client()
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory, gcs_emulator_server, proxy, qwen_tokenizer_dir):
+    """(the bench's count of a small 2-host job, the bench's arguments, what the proxy saw,
+    the job's submit config)."""
+    tmp = tmp_path_factory.mktemp("requests")
+    args = bench_requests.parse_args(["--step-time", "0.5", "--arc-tasks", "4",
+                                      "--fineweb-docs", "8", "--hosts", "2"])
+    job = bench_requests.inputs(str(tmp), args, tokenizer=qwen_tokenizer_dir)
+    m = bench_requests.measure(proxy, gcs_emulator_server, job, str(tmp), 2, args)
+    return m, args, list(proxy.seen), str(tmp / "h2.yaml")
 
 
 def bucket_objects(emulator_url: str, run: str) -> list[str]:
@@ -50,17 +64,8 @@ def bucket_objects(emulator_url: str, run: str) -> list[str]:
             return names
 
 
-def small_job(tmp_path, gcs_emulator_server, proxy, qwen_tokenizer_dir, hosts=2):
-    args = bench_requests.parse_args(["--step-time", "0.5", "--arc-tasks", "2",
-                                      "--fineweb-docs", "6", "--hosts", str(hosts)])
-    job = bench_requests.inputs(str(tmp_path), args, tokenizer=qwen_tokenizer_dir)
-    return bench_requests.measure(proxy, gcs_emulator_server, job, str(tmp_path), hosts,
-                                  args), args
-
-
-def test_the_bench_counts_what_the_bucket_holds(tmp_path, gcs_emulator_server, proxy,
-                                                 qwen_tokenizer_dir):
-    m, args = small_job(tmp_path, gcs_emulator_server, proxy, qwen_tokenizer_dir)
+def test_the_bench_counts_what_the_bucket_holds(measured, gcs_emulator_server):
+    m, args, seen, _ = measured
     objects = bucket_objects(gcs_emulator_server.url, m.run)
     shards = [k for k in objects if re.fullmatch(r"activations/[^/]+/c/\d+/0/0", k)]
     markers = [k for k in objects if re.fullmatch(r"commits/p-\d{5}\.json", k)]
@@ -84,7 +89,7 @@ def test_the_bench_counts_what_the_bucket_holds(tmp_path, gcs_emulator_server, p
     # named one (nothing left as "other").
     assert not [k for k in m.counts if k[0] == "workers" and k[1] == "other"]
     counted = sum(m.counts.values())
-    of_the_run = sum(1 for s in proxy.seen
+    of_the_run = sum(1 for s in seen
                      if sr.run_key(s.prefix if s.is_listing else s.name, "runs/h2")
                      is not None)
     assert counted == of_the_run > 0
@@ -92,6 +97,53 @@ def test_the_bench_counts_what_the_bucket_holds(tmp_path, gcs_emulator_server, p
     rates = bench_requests.extrapolate(m, 0.5, args.batch, args.partition_rows)
     assert set(rates) == {64, 256, 1024}
     assert rates[1024]["data_writes"] == pytest.approx(16 * rates[64]["data_writes"])
+
+
+def test_the_estimate_predicts_what_was_counted(measured):
+    """The dry run's storage estimate of the measured job, given its manifest's counts and
+    the hosts' measured time, against the bench's count of the same job.
+
+    Bounds, and why: the data writes follow the write layout and are exact (one write per
+    shard object, one marker and one claim per partition). Heartbeats are written every
+    heartbeat_s and besides at start, end and on state changes: within 40%. Reads of the
+    token store: tensorstore reads a shard's index and the inner chunks each step spans,
+    and a step that straddles chunks reads one twice: within a factor 2. Listings follow the
+    chooser's refresh, at most once a partition taken: at most the estimate, at least one
+    of each. Class A (writes and listings) within 25%, Class B within a factor 2."""
+    from actx.deploy import config as config_lib
+    from actx.deploy import dry_run, storage_plan
+
+    m, args, _, config_path = measured
+    cfg = config_lib.load_submit_config(config_path)
+    counted = dry_run.counts(cfg.spec, m.run)
+    assert counted[0] is not None and counted[0].source == "from the run's manifest"
+    job = dry_run.storage_job(cfg.spec, counted[0], cfg.target, m.host_seconds / m.hosts,
+                              counted[0].tokens / (m.host_seconds / m.hosts))
+    plan = storage_plan.plan(job)
+
+    def got(cls, op):
+        return m.worker(cls, op) + m.counts[("launcher", cls, op)]
+
+    for cls in ("shards", "markers", "claims"):
+        assert plan.requests[(cls, "write")] == got(cls, "write"), cls
+    assert plan.requests[("markers", "read")] == got("markers", "read")
+    assert got("heartbeats", "write") == pytest.approx(plan.requests[("heartbeats", "write")],
+                                                       rel=0.4)
+    inputs = plan.requests[("inputs", "read")]
+    assert inputs / 2 <= m.worker("inputs", "read") <= 2 * inputs
+    for cls in ("markers", "claims", "heartbeats"):
+        assert 1 <= m.worker(cls, "list") <= plan.requests[(cls, "list")], cls
+    workers_a = sum(n for (who, _, op), n in m.counts.items()
+                    if who == "workers" and sr.GCS_CLASS[op] == "A")
+    workers_b = sum(n for (who, _, op), n in m.counts.items()
+                    if who == "workers" and sr.GCS_CLASS[op] == "B")
+    logs = plan.requests[("logs", "write")]  # the launcher's copies, at the end
+    print(f"\nestimate against count: Class A {plan.gcs('A') - logs:.0f} / {workers_a}, "
+          f"Class B {plan.gcs('B'):.0f} / {workers_b}, heartbeats "
+          f"{plan.requests[('heartbeats', 'write')]:.0f} / {got('heartbeats', 'write')}, "
+          f"token store reads {inputs:.0f} / {m.worker('inputs', 'read')}")
+    assert workers_a == pytest.approx(plan.gcs("A") - logs, rel=0.25)
+    assert plan.gcs("B") / 2 <= workers_b <= 2 * plan.gcs("B")
 
 
 @pytest.mark.parametrize("key, cls", [
