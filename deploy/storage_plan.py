@@ -155,8 +155,14 @@ def lines(job: Job, prices) -> list[str]:
     # where data writes equal the bucket's initial capacity.
     balance_rows = job.rows_per_shard * per_s / INITIAL_WRITES_PER_S
     balance_hosts = job.hosts * INITIAL_WRITES_PER_S / per_s
-    bound = "storage" if per_s > INITIAL_WRITES_PER_S else "compute"
-    out.append(f"#   bound by {bound}: objects of {job.rows_per_shard} rows "
+    if per_s <= INITIAL_WRITES_PER_S:
+        bound = "bound by compute"
+    elif ramp >= job.seconds:
+        bound = "bound by storage (the job ends before GCS's ramp reaches its rate)"
+    else:
+        bound = (f"bound by storage for its first ~{ramp / 60:,.0f} min (GCS's ramp), by "
+                 f"compute after")
+    out.append(f"#   {bound}: objects of {job.rows_per_shard} rows "
                f"({_bytes(shard_bytes)} each, {hooks} hook(s)) balance the bucket's "
                f"initial writes at {balance_rows:,.1f} rows an object "
                f"({_bytes(shard_bytes * balance_rows / job.rows_per_shard)}), or at "
