@@ -39,6 +39,8 @@ if __name__ == "__main__":
 EXTRAPOLATE_HOSTS = (64, 256, 1024)
 # Counted against data: each of these is a consequence of a partition being extracted.
 DATA_CLASSES = ("shards", "markers", "inputs", "metadata")
+# 20% of a new bucket's 1,000 writes/s and 5,000 reads/s: what control traffic may take.
+CONTROL_WRITES_PER_S, CONTROL_READS_PER_S = 200, 1000
 
 
 def parse_args(argv=None):
@@ -224,6 +226,11 @@ def extrapolate(m: Measured, step_time_s: float, rows_per_step: int, partition_r
         print(f"| {hosts:,} | {r.get('control_writes', 0):,.0f} | "
               f"{r.get('control_reads+lists', 0):,.0f} | {r.get('data_writes', 0):,.0f} | "
               f"{r.get('data_reads+lists', 0):,.0f} |", file=out)
+    top = rates[EXTRAPOLATE_HOSTS[-1]]
+    print(f"control at {EXTRAPOLATE_HOSTS[-1]:,} hosts against 20% of a new bucket "
+          f"(issue 63: <= {CONTROL_WRITES_PER_S:,} writes/s, <= {CONTROL_READS_PER_S:,} "
+          f"reads+lists/s): {top.get('control_writes', 0):,.0f} writes/s, "
+          f"{top.get('control_reads+lists', 0):,.0f} reads+lists/s", file=out)
     return rates
 
 

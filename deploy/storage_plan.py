@@ -117,6 +117,20 @@ def ramp_s(rate: float, initial: float) -> float:
     return 0.0 if rate <= initial else DOUBLING_S * math.log2(rate / initial)
 
 
+def writing_s(writes: float, compute_per_s: float, initial: float = INITIAL_WRITES_PER_S
+              ) -> float:
+    """Seconds to make `writes` requests at `compute_per_s` a second where the bucket takes
+    `initial` a second at first, doubling every DOUBLING_S under load: capacity(t) =
+    initial x 2^(t / DOUBLING_S), so the writes it takes by t are its integral,
+    initial x DOUBLING_S / ln 2 x (2^(t / DOUBLING_S) - 1), until it reaches compute_per_s
+    (after `ramp_s`); from then on compute sets the pace."""
+    ramp = ramp_s(compute_per_s, initial)
+    by_ramp = initial * DOUBLING_S / math.log(2) * (2 ** (ramp / DOUBLING_S) - 1)
+    if writes <= by_ramp:
+        return DOUBLING_S * math.log2(1 + writes * math.log(2) / (initial * DOUBLING_S))
+    return ramp + (writes - by_ramp) / compute_per_s
+
+
 def lines(job: Job, prices) -> list[str]:
     """The estimate's storage lines (each starts with "# "). prices: the config's
     StoragePrices."""
@@ -157,17 +171,22 @@ def lines(job: Job, prices) -> list[str]:
     balance_hosts = job.hosts * INITIAL_WRITES_PER_S / per_s
     if per_s <= INITIAL_WRITES_PER_S:
         bound = "bound by compute"
-    elif ramp >= job.seconds:
-        bound = "bound by storage (the job ends before GCS's ramp reaches its rate)"
     else:
-        bound = (f"bound by storage for its first ~{ramp / 60:,.0f} min (GCS's ramp), by "
-                 f"compute after")
+        slowed = writing_s(data_writes, per_s)
+        bound = (f"bound by storage: about {_minutes(slowed)} instead of "
+                 f"{_minutes(job.seconds)} at compute's pace, "
+                 + ("GCS's ramp reaching its rate before the end"
+                    if ramp < slowed else "the job ending before GCS's ramp reaches its rate"))
     out.append(f"#   {bound}: objects of {job.rows_per_shard} rows "
                f"({_bytes(shard_bytes)} each, {hooks} hook(s)) balance the bucket's "
                f"initial writes at {balance_rows:,.1f} rows an object "
                f"({_bytes(shard_bytes * balance_rows / job.rows_per_shard)}), or at "
                f"{balance_hosts:,.0f} host(s) with these objects")
     return out
+
+
+def _minutes(s: float) -> str:
+    return f"{s / 60:,.1f} min" if s < 3600 else f"{s / 3600:,.1f} h"
 
 
 def _bytes(n: float) -> str:

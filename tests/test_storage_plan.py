@@ -88,6 +88,11 @@ def test_the_ramp_doubles_every_twenty_minutes():
     assert storage_plan.ramp_s(900, 1000) == 0
     assert storage_plan.ramp_s(4000, 1000) == pytest.approx(40 * 60)
     assert storage_plan.ramp_s(1000 * 2 ** 5, 1000) == pytest.approx(100 * 60)
+    # At 2,000 writes/s the bucket gets there in 20 min, having taken 1,000 x 1,200 / ln 2
+    # = 1.73M writes; 10M writes more take 5,000 s at compute's 2,000 a second.
+    taken = 1000 * 1200 / math.log(2)
+    assert storage_plan.writing_s(taken + 10e6, 2000) == pytest.approx(1200 + 5000)
+    assert storage_plan.writing_s(1000, 500) == pytest.approx(2.0)  # within capacity
 
 
 def test_writes_over_the_buckets_capacity_are_a_storage_bound_with_the_balance():
@@ -105,6 +110,9 @@ def test_writes_over_the_buckets_capacity_are_a_storage_bound_with_the_balance()
     assert "1,450 data writes/s" in said and "bound by storage" in said, said
     assert "about 11 min of sustained load" in said, said
     assert "at 11.6 rows an object" in said and "or at 44 host(s)" in said, said
+    # The bucket takes 1,000 x 1,200 / ln 2 x (2^(t / 1,200) - 1) writes by t: 145,000 by
+    # t = 1,200 x log2(1 + 145,000 ln 2 / 1.2e6) = 139 s, not the 100 s compute needs.
+    assert "about 2.3 min instead of 1.7 min at compute's pace, the job ending before" in said
 
 
 def test_dollars_are_the_prices_times_the_operations():
