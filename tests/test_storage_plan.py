@@ -127,3 +127,23 @@ def _prices():
     from actx.deploy import config as config_lib
 
     return config_lib.StoragePrices()
+
+
+def test_the_worked_plan_in_performance_md_is_what_the_plan_prints(capsys):
+    """docs/performance.md's worked plan: its python block runs as written, and every
+    number in a cell marked derived is in what it prints."""
+    import pathlib
+
+    from tests.test_readme import blocks, section
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+    text = section(page, "### A worked plan")
+    [code] = blocks(text, "python")
+    exec(compile(code, f"{page}:worked plan", "exec"), {"__name__": "docs"})
+    printed = capsys.readouterr().out
+    derived = [cell for line in text.splitlines() if line.startswith("| ")
+               for cell in line.split("|") if "(derived)" in cell]
+    assert len(derived) >= 16
+    for cell in derived:
+        for number in re.findall(r"\d[\d,]*(?:\.\d+)?", cell.split("(derived)")[0]):
+            assert number in printed, (cell, number)
