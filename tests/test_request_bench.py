@@ -104,7 +104,10 @@ def test_the_estimate_predicts_what_was_counted(measured):
     the hosts' measured time, against the bench's count of the same job.
 
     Bounds, and why: the data writes follow the write layout and are exact (one write per
-    shard object, one marker and one claim per partition). Heartbeats are written every
+    shard object, one marker and one claim per partition, counted as the writes that
+    succeeded: a replica that loses a race for a partition tries a claim that is refused).
+    A marker is read before each claim tried: once a partition, again for each race lost,
+    within 50%. Heartbeats are written every
     heartbeat_s and besides at start, end and on state changes: within 40%. Reads of the
     token store: tensorstore reads a shard's index and the inner chunks each step spans,
     and a step that straddles chunks reads one twice: within a factor 2. Listings follow the
@@ -124,9 +127,14 @@ def test_the_estimate_predicts_what_was_counted(measured):
     def got(cls, op):
         return m.worker(cls, op) + m.counts[("launcher", cls, op)]
 
+    def ok(cls, op):
+        return sum(n for (c, o, status), n in m.statuses.items()
+                   if (c, o) == (cls, op) and 200 <= status < 300)
+
     for cls in ("shards", "markers", "claims"):
-        assert plan.requests[(cls, "write")] == got(cls, "write"), cls
-    assert plan.requests[("markers", "read")] == got("markers", "read")
+        assert plan.requests[(cls, "write")] == ok(cls, "write"), cls
+    markers = plan.requests[("markers", "read")]
+    assert markers <= got("markers", "read") <= 1.5 * markers
     assert got("heartbeats", "write") == pytest.approx(plan.requests[("heartbeats", "write")],
                                                        rel=0.4)
     inputs = plan.requests[("inputs", "read")]

@@ -63,7 +63,7 @@ def test_a_slice_gets_its_hosts_requests_and_price(tpu_config):
     assert "at list prices (GCS list prices, Standard storage in a region, " \
            "cloud.google.com/storage/pricing" in said
     assert re.search(r"write rate at [\d,]+ tokens/s: ", said), said
-    assert re.search(r"bound by (storage|compute): objects of 4 rows", said), said
+    assert re.search(r"bound by (storage|compute)\b.*: objects of 4 rows", said), said
 
     # Prices are the config's: 10,000 Class A operations at $1,000 make each one $0.10.
     said = _said(["submit", path, "--dry-run", "--estimate", "--set",
