@@ -240,6 +240,8 @@ def main(argv=None) -> None:
     from tests import counting_proxy, gcs_emulator
 
     work = args.work or tempfile.mkdtemp(prefix="actx-bench-requests-")
+    # An emulator of its own, also when started from a test session that has one.
+    os.environ.pop("ACTX_TEST_GCS_URL", None)
     emulator = gcs_emulator.Emulator(gcs_emulator.reserve_endpoint()).start()
     proxy = counting_proxy.CountingProxy(emulator.url).start()
     os.environ["TENSORSTORE_GCS_HTTP_URL"] = proxy.url

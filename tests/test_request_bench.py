@@ -170,3 +170,24 @@ def test_object_classes_by_name(key, cls):
     assert sr.object_class(key) == cls
     assert sr.object_class(sr.run_key(f"runs/x/extractions/chat/{key}", "runs/x")) == cls \
         or key.startswith(("tokens/", "manifest", "job_lease", "logs/"))
+
+
+def test_the_bench_runs_small_as_its_docstring_says():
+    """`SMALL=1 python bench/requests.py --step-time 0.5`, with fewer inputs still: its own
+    emulator and proxy, the tables and the formula."""
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "SMALL": "1"}
+    done = subprocess.run(
+        [sys.executable, "bench/requests.py", "--step-time", "0.5", "--arc-tasks", "2",
+         "--fineweb-docs", "4"], cwd=repo, env=env, capture_output=True, text=True,
+        timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "## 2 hosts:" in out and "## 4 hosts:" not in out, out
+    assert re.search(r"\| shards \| write \| A \| \d+ \|", out), out
+    assert "rate(H) = H x (sum over control classes" in out
+    assert re.search(r"\| 1,024 \| [\d,]+ \| [\d,]+ \| [\d,]+ \| [\d,]+ \|", out), out
