@@ -79,6 +79,8 @@ def _pages(objects: float) -> int:
 
 
 def plan(job: Job) -> Plan:
+    """The job's objects, bytes and requests by (class, operation), by the rules in this
+    module's docstring."""
     hooks = len(job.hook_bytes_per_row)
     shards = hooks * math.ceil(job.rows / job.rows_per_shard)
     chunks = math.ceil(job.partition_rows / job.rows_per_shard)
@@ -99,8 +101,13 @@ def plan(job: Job) -> Plan:
     r[("metadata", "write")] = job.hosts * (1 + hooks)
     r[("heartbeats", "write")] = job.hosts * (job.seconds / job.heartbeat_s + 2)
     if sharing:
-        refreshes = job.replicas * min(job.seconds / job.refresh_s,
-                                       job.partitions / job.replicas + 1)
+        # A replica lists at most once per partition it takes and once per refresh_s,
+        # and, once nothing is left to take, every refresh_s until the last partition
+        # is committed: about one partition's time (the tail).
+        partition_s = job.seconds * job.replicas / job.partitions
+        refreshes = job.replicas * (min(job.seconds / job.refresh_s,
+                                        job.partitions / job.replicas + 1)
+                                    + partition_s / job.refresh_s)
         # + each host's listing of the commits at start (what is left to do)
         r[("markers", "list")] = (refreshes + job.hosts) * _pages(job.partitions / 2)
         r[("claims", "list")] = refreshes * _pages(job.partitions / 2)

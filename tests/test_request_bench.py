@@ -111,8 +111,10 @@ def test_the_estimate_predicts_what_was_counted(measured):
     heartbeat_s and besides at start, end and on state changes: within 40%. Reads of the
     token store: tensorstore reads a shard's index and the inner chunks each step spans,
     and a step that straddles chunks reads one twice: within a factor 2. Listings follow the
-    chooser's refresh, at most once a partition taken: at most the estimate, at least one
-    of each. Class A (writes and listings) within 25%, Class B within a factor 2."""
+    chooser's refresh, at most once a partition taken and in the tail every refresh until
+    the last partition is committed, about one partition's time: at least one of each, at
+    most 1.5 x the estimate (a loaded machine's last partition takes longer than the
+    average the estimate uses). Class A (writes and listings) within 25%, Class B within a factor 2."""
     from actx.deploy import config as config_lib
     from actx.deploy import dry_run, storage_plan
 
@@ -140,7 +142,7 @@ def test_the_estimate_predicts_what_was_counted(measured):
     inputs = plan.requests[("inputs", "read")]
     assert inputs / 2 <= m.worker("inputs", "read") <= 2 * inputs
     for cls in ("markers", "claims", "heartbeats"):
-        assert 1 <= m.worker(cls, "list") <= plan.requests[(cls, "list")], cls
+        assert 1 <= m.worker(cls, "list") <= 1.5 * plan.requests[(cls, "list")], cls
     workers_a = sum(n for (who, _, op), n in m.counts.items()
                     if who == "workers" and sr.GCS_CLASS[op] == "A")
     workers_b = sum(n for (who, _, op), n in m.counts.items()
