@@ -170,6 +170,12 @@ def lines(job: Job, prices) -> list[str]:
                f"{INITIAL_WRITES_PER_S:,.0f} writes/s" + (
                    f": GCS needs about {ramp / 60:,.0f} min of sustained load (doubling "
                    f"every {DOUBLING_S / 60:.0f} min) to take it" if ramp else ": within it"))
+    reads_per_s = sum(n for (_, op), n in p.requests.items()
+                      if op in ("read", "list")) / job.seconds
+    out.append(f"#   read rate: {reads_per_s:,.0f} reads and listings/s against a new "
+               f"bucket's {INITIAL_READS_PER_S:,.0f}" + (
+                   f": GCS needs about {ramp_s(reads_per_s, INITIAL_READS_PER_S) / 60:,.0f} "
+                   f"min to take it" if reads_per_s > INITIAL_READS_PER_S else ": within it"))
     shard_bytes = p.data_bytes / max(1, p.requests[("shards", "write")])
     hooks = len(job.hook_bytes_per_row)
     # Writes a second scale with hosts and inversely with rows an object: these are

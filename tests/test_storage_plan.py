@@ -113,6 +113,18 @@ def test_writes_over_the_buckets_capacity_are_a_storage_bound_with_the_balance()
     # The bucket takes 1,000 x 1,200 / ln 2 x (2^(t / 1,200) - 1) writes by t: 145,000 by
     # t = 1,200 x log2(1 + 145,000 ln 2 / 1.2e6) = 139 s, not the 100 s compute needs.
     assert "about 2.3 min instead of 1.7 min at compute's pace, the job ending before" in said
+    # Reads: a marker a partition, the holder of a claim, 3 token arrays x (an index + 13
+    # chunks of 8 rows) + run.json and actx.json a partition, and at start each host's
+    # run.json, manifest, actx.json and zarr.json: 10,000 x 46 + 64 x 4 = 460,256, plus
+    # listings of commits, claims (5 pages each) and heartbeats (1 page).
+    p = storage_plan.plan(fast)
+    reads = 10_000 * 46 + 64 * 4
+    assert sum(n for (_, op), n in p.requests.items() if op == "read") == reads
+    listings = sum(n for (_, op), n in p.requests.items() if op == "list")
+    refreshes = 64 * (min(100 / 2, 10_000 / 64 + 1) + (100 * 64 / 10_000) / 2)
+    assert listings == pytest.approx(refreshes * 11 + 64 * 5)
+    rate = (reads + listings) / 100
+    assert f"read rate: {rate:,.0f} reads and listings/s against a new bucket's 5,000" in said
 
 
 def test_dollars_are_the_prices_times_the_operations():
