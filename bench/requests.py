@@ -234,6 +234,27 @@ def extrapolate(m: Measured, step_time_s: float, rows_per_step: int, partition_r
     return rates
 
 
+def growth(measured: list[Measured], out=sys.stdout) -> None:
+    """What a host does per host-second and per partition, pod by pod: a figure that grows
+    with the hosts is one the linear extrapolation understates."""
+    from actx.schemas import storage_requests as sr
+
+    pods = " | ".join(f"{m.hosts} hosts" for m in measured)
+    print(f"\nper host-second (control) or per partition (data), by pod size:", file=out)
+    print(f"| class | op | basis | {pods} | last / first |", file=out)
+    print("| --- | --- | --- | " + " | ".join("---" for _ in measured) + " | --- |", file=out)
+    for cls in sr.CLASSES:
+        for op in ("write", "read", "list"):
+            if not any(m.worker(cls, op) for m in measured):
+                continue
+            per = basis(cls, op)
+            values = [m.worker(cls, op) / (m.partitions if per == "partition"
+                                            else m.host_seconds) for m in measured]
+            ratio = values[-1] / values[0] if values[0] else float("inf")
+            print(f"| {cls} | {op} | {per} | " + " | ".join(f"{v:.3f}" for v in values)
+                  + f" | {ratio:.2f} |", file=out)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     from actx.schemas import gcs_store
@@ -253,10 +274,14 @@ def main(argv=None) -> None:
               f"host, {args.rows_per_shard} rows an object, {args.partition_rows} rows a "
               f"partition, heartbeat every {args.heartbeat_s:g} s; cpu count "
               f"{os.cpu_count()}")
+        measured = []
         for hosts in [int(h) for h in args.hosts.split(",")]:
             m = measure(proxy, emulator, job_inputs, work, hosts, args)
             report(m)
             extrapolate(m, args.step_time, args.batch, args.partition_rows)
+            measured.append(m)
+        if len(measured) > 1:
+            growth(measured)
     finally:
         proxy.stop()
         emulator.stop()

@@ -94,6 +94,13 @@ def test_the_bench_counts_what_the_bucket_holds(measured, gcs_emulator_server):
                      is not None)
     assert counted == of_the_run > 0
     # The report and the extrapolation print; the formula is in the output.
+    import io
+
+    table = io.StringIO()
+    bench_requests.growth([m, m], table)  # one pod against itself: nothing grows
+    rows = [line for line in table.getvalue().splitlines()
+            if line.startswith(("| shards | write", "| heartbeats | write"))]
+    assert len(rows) == 2 and all(line.endswith("| 1.00 |") for line in rows), table.getvalue()
     rates = bench_requests.extrapolate(m, 0.5, args.batch, args.partition_rows)
     assert set(rates) == {64, 256, 1024}
     assert rates[1024]["data_writes"] == pytest.approx(16 * rates[64]["data_writes"])
