@@ -240,7 +240,7 @@ def growth(measured: list[Measured], out=sys.stdout) -> None:
     from actx.schemas import storage_requests as sr
 
     pods = " | ".join(f"{m.hosts} hosts" for m in measured)
-    print(f"\nper host-second (control) or per partition (data), by pod size:", file=out)
+    print("\nper host-second (control) or per partition (data), by pod size:", file=out)
     print(f"| class | op | basis | {pods} | last / first |", file=out)
     print("| --- | --- | --- | " + " | ".join("---" for _ in measured) + " | --- |", file=out)
     for cls in sr.CLASSES:

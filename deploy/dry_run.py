@@ -290,7 +290,9 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
         print(f"# estimate: not made ({e})", file=out, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    storage(spec, found, target, *(timed or (0.0, 0.0)), prices, out)
+        # What the bucket sees does not depend on this machine's timing: said also when
+        # the timed worker could not give a rate (then without the rates).
+        storage(spec, found, target, *(timed or (0.0, 0.0)), prices, out)
 
 
 def _bound(spec: runspec_lib.RunSpec, target, found: Counts | None, why: str,

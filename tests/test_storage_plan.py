@@ -60,6 +60,7 @@ def test_a_slice_gets_its_hosts_requests_and_price(tpu_config):
                     r"\(reads\) = \$([\d.]+);", said)
     a, b = _int(got.group(1)), _int(got.group(2))
     assert a >= shards + partitions + 4 * 3  # + each host's metadata writes
+    assert float(got.group(3)) == pytest.approx(a / 1e4 * 0.05 + b / 1e4 * 0.004, abs=0.006)
     assert "at list prices (GCS list prices, Standard storage in a region, " \
            "cloud.google.com/storage/pricing" in said
     assert re.search(r"write rate at [\d,]+ tokens/s: ", said), said
