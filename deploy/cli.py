@@ -58,8 +58,13 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
                         "what the job costs (tokens; each hook's bytes and objects), run "
                         "nothing, write nothing; every target")
     g.add_argument("--estimate", action="store_true",
-                   help="with --dry-run (local target): also a time for the job, from one "
-                        "worker timed over the first partitions of a temporary copy")
+                   help="with --dry-run: also a time for the job (local: one worker timed "
+                        "over the first partitions of a temporary copy; other targets: "
+                        "their accelerators' peak), and what the bucket sees for the "
+                        "target's hosts: objects, bytes, requests by GCS class, dollars at "
+                        "list prices (config `prices`), the data's write rate against a "
+                        "new bucket's and GCS's ramp to it, and whether storage or compute "
+                        "bounds the job")
     g.add_argument("--join", action="store_true",
                    help="local: run beside the job already extracting this run instead of "
                         "being refused (this job's hosts get their own names and logs; "

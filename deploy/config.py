@@ -176,6 +176,25 @@ class ExtractionConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class StoragePrices:
+    """Prices `actx submit --dry-run --estimate` charges for the bucket, in US dollars. The
+    defaults are GCS list prices (Standard storage in one region, e.g. us-central1); set
+    yours (a discount, another storage class or location) and name them in `source`.
+
+    class_a_per_10k: dollars per 10,000 Class A operations (object writes, listings).
+    class_b_per_10k: dollars per 10,000 Class B operations (object reads).
+    storage_per_gib_month: dollars per GiB stored for a month.
+    source: where these prices come from, printed beside every dollar figure.
+    """
+
+    class_a_per_10k: float = 0.05
+    class_b_per_10k: float = 0.004
+    storage_per_gib_month: float = 0.020
+    source: str = ("GCS list prices, Standard storage in a region, "
+                   "cloud.google.com/storage/pricing as of 2025")
+
+
+@dataclasses.dataclass(frozen=True)
 class SubmitConfig:
     """run: the run directory (local path or gs://bucket/path).
     spec: the run spec (model, tokenizer, sources, packing, capture, layout, name).
@@ -186,6 +205,7 @@ class SubmitConfig:
       crosscoder (README, "Several models on one token store"): when given, the workers
       extract these, one after another, instead of the spec's own model (which then only
       serves prepare's tokenizer check).
+    prices: what `--dry-run --estimate` charges for the bucket's requests and storage.
     """
 
     run: str
@@ -194,6 +214,7 @@ class SubmitConfig:
     demo_assets: bool = False
     max_reject_fraction: float = 0.01
     extractions: dict[str, ExtractionConfig] = dataclasses.field(default_factory=dict)
+    prices: StoragePrices = StoragePrices()
 
     def __post_init__(self):
         from actx.schemas import layout

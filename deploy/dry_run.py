@@ -141,6 +141,13 @@ def hook_shapes(spec: runspec_lib.RunSpec):
     return workers_preflight.hook_shapes(spec)
 
 
+def hook_bytes_per_row(spec: runspec_lib.RunSpec,
+                       widths: dict[str, tuple[int, str]]) -> dict[str, int]:
+    """Each hook's uncompressed bytes a row: seq_len x its width x its dtype's size."""
+    return {name: spec.packing.seq_len * width * layout_lib.ITEMSIZE[dtype]
+            for name, (width, dtype) in widths.items()}
+
+
 def _size_text(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -171,8 +178,9 @@ def report(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str]) -> lis
     shards_per_hook = (None if found is None
                        else math.ceil(found.rows / spec.layout.rows_per_shard))
     total = 0
+    row_bytes = hook_bytes_per_row(spec, widths)
     for name, (width, dtype) in widths.items():
-        per_row = spec.packing.seq_len * width * layout_lib.ITEMSIZE[dtype]
+        per_row = row_bytes[name]
         if found is None:
             lines.append(f"#   {name}: {width} {dtype} values per token, "
                          f"{_size_text(per_row)} per row")
@@ -190,7 +198,7 @@ def report(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str]) -> lis
 
 
 def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], target,
-             out) -> None:
+             out, prices=None) -> None:
     """`--estimate`, given `counts`'s answer: on the local target, a time for the whole job
     from a short timed run of one worker process here (the target's batch, devices and
     model parallelism) over the first partitions of a small token store prepared in a
@@ -207,7 +215,8 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
 
     found, why = counted
     if target.kind != "local":
-        _bound(spec, target, found, why, out)
+        timed = _bound(spec, target, found, why, out)
+        storage(spec, found, target, *(timed or (0.0, 0.0)), prices, out)
         return
     if found is None:
         print(f"# estimate: not made ({why})", file=out, flush=True)
@@ -217,6 +226,7 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
     from actx.schemas import run_dir
 
     tmp = tempfile.mkdtemp(prefix="actx-estimate-")
+    timed = None  # (seconds, tokens/s of the job) once measured
     try:
         copy = run_dir.RunDir.at(os.path.join(tmp, "run"))  # a temporary copy, not the run
         import contextlib
@@ -270,6 +280,7 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
             return
         startup = max(0.0, first - started)
         seconds = startup + found.tokens / (rate * target.replicas)
+        timed = (seconds, rate * target.replicas)
         print(f"# estimate: about {_duration(seconds)} for {found.tokens:,} tokens: one "
               f"replica ran {rate:,.0f} tokens/s here in steady state (timed over "
               f"{len(ids)} partition(s) after a start-up of {_duration(startup)}), x "
@@ -279,25 +290,30 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
         print(f"# estimate: not made ({e})", file=out, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        # What the bucket sees does not depend on this machine's timing: said also when
+        # the timed worker could not give a rate (then without the rates).
+        storage(spec, found, target, *(timed or (0.0, 0.0)), prices, out)
 
 
-def _bound(spec: runspec_lib.RunSpec, target, found: Counts | None, why: str, out) -> None:
+def _bound(spec: runspec_lib.RunSpec, target, found: Counts | None, why: str,
+           out) -> tuple[float, float] | None:
     """Another target's estimate: the least time its accelerators' peak allows (this
-    machine's speed says nothing about the target's hardware; deploy.cost_bound)."""
+    machine's speed says nothing about the target's hardware; deploy.cost_bound), as
+    (seconds, tokens/s) when known."""
     from actx.deploy import cost_bound
 
     if found is None:
         print(f"# estimate: not made ({why})", file=out, flush=True)
-        return
+        return None
     peak, what = cost_bound.target_peak(target)
     if peak is None:
         print(f"# estimate: not made ({what})", file=out, flush=True)
-        return
+        return None
     shapes = hook_shapes(spec)  # the blocks and sizes by the workers' rules, one read
     if shapes.config is None:
         print(f"# estimate: not made (the model's config.json: {shapes.why})", file=out,
               flush=True)
-        return
+        return None
     blocks = shapes.blocks
     per_token = cost_bound.forward_flops_per_token(shapes.config, blocks, found.seq_len)
     seconds = found.tokens * per_token / peak
@@ -305,6 +321,45 @@ def _bound(spec: runspec_lib.RunSpec, target, found: Counts | None, why: str, ou
           f"{per_token / 1e9:,.2f} GFLOP per token over {blocks} block(s) at full peak; a "
           f"forward pass reaches a fraction of peak, which only a run on that hardware "
           f"measures", file=out, flush=True)
+    return seconds, peak / per_token
+
+
+def storage_job(spec: runspec_lib.RunSpec, found: Counts, target, seconds: float,
+                tokens_per_s: float):
+    """The job as deploy.storage_plan models it, for the target's hosts (None when the
+    hooks' widths are not known here)."""
+    from actx.deploy import storage_plan
+    from actx.deploy import targets
+    from actx.workers import preflight as workers_preflight
+
+    widths = hook_shapes(spec).hooks
+    if not widths:
+        return None
+    chosen = targets.as_target(target)
+    hosts, replicas = chosen.hosts_and_replicas()
+    cadences = workers_preflight.storage_cadences()
+    return storage_plan.Job(
+        rows=found.rows, partitions=found.partitions, seq_len=found.seq_len,
+        hook_bytes_per_row=hook_bytes_per_row(spec, widths),
+        rows_per_shard=spec.layout.rows_per_shard, partition_rows=spec.layout.partition_rows,
+        hosts=hosts, replicas=replicas, steal=target.steal, heartbeat_s=target.heartbeat_s,
+        log_every_s=chosen.log_every_s(), step_inputs=cadences.step_inputs,
+        refresh_s=cadences.refresh_s, seconds=seconds, tokens_per_s=tokens_per_s)
+
+
+def storage(spec: runspec_lib.RunSpec, found: Counts | None, target, seconds: float,
+            tokens_per_s: float, prices, out) -> None:
+    """The estimate's storage lines (deploy.storage_plan) for the target's hosts: objects,
+    bytes, requests by class and their price; with a time, the data's write rate against
+    the bucket's and whether storage or compute bounds the job."""
+    from actx.deploy import config as config_lib
+    from actx.deploy import storage_plan
+
+    job = None if found is None else storage_job(spec, found, target, seconds, tokens_per_s)
+    if job is None:
+        return
+    lines = storage_plan.lines(job, prices or config_lib.StoragePrices())
+    print("\n".join(lines), file=out, flush=True)
 
 
 def _duration(s: float) -> str:

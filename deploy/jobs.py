@@ -95,7 +95,7 @@ def cmd_submit(args, out) -> int:
             lines = dry_run.report(spec, counted)
         print("\n".join(lines), file=out, flush=True)
         if args.estimate:
-            dry_run.estimate(spec, counted, target_cfg, out)
+            dry_run.estimate(spec, counted, target_cfg, out, cfg.prices)
     return code
 
 

@@ -235,3 +235,25 @@ def _model_config(path: str, problems: list[str], missing: list[str]):
     except (KeyError, TypeError) as e:
         problems.append(f"spec.model.path: {where}: missing or malformed field {e}")
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageCadences:
+    """What a worker reads of the token store each step and how often it lists the run,
+    as the modules that do it define them (the dry run's request estimate,
+    deploy.storage_plan).
+
+    step_inputs: the token arrays each step reads (workers.loop.prefetch).
+    refresh_s: seconds a chooser reuses its listing of commits, claims and heartbeats
+      (workers.replicas.choice_policy).
+    """
+
+    step_inputs: tuple[str, ...]
+    refresh_s: float
+
+
+def storage_cadences() -> StorageCadences:
+    from actx.workers.loop import prefetch
+    from actx.workers.replicas import choice_policy
+
+    return StorageCadences(tuple(prefetch.STEP_INPUTS), choice_policy.REFRESH_S)

@@ -208,6 +208,16 @@ class Target:
         (deploy.cost_bound). By default the target names none."""
         return None, f"the {self.kind} target has no accelerator table here"
 
+    def hosts_and_replicas(self) -> tuple[int, int]:
+        """(worker hosts, replicas) this target's settings start: what the dry run's storage
+        estimate counts requests for. By default the `target` table's hosts and replicas."""
+        return self.config.hosts, self.config.replicas
+
+    def log_every_s(self) -> float | None:
+        """Seconds between copies of each host's log into the run (None: a launcher copies
+        them once, at the end)."""
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Kind:

@@ -40,6 +40,13 @@ class SlurmTarget(DetachedTarget):
             return self._show_script(job, script, out) or code
         return self._launch(plan, script, job, opts, out)
 
+    def hosts_and_replicas(self) -> tuple[int, int]:
+        slurm = self.config.slurm
+        return slurm.replicas * slurm.nodes, slurm.replicas
+
+    def log_every_s(self) -> float:
+        return self.config.slurm.log_every_s
+
     def down(self, run: str | None, opts: targets.LaunchOptions, out) -> int:
         """Cancels this config's jobs (scancel, yours of target.slurm.name)."""
         plan = [slurm_plan.cancel_command(self.config.slurm)]

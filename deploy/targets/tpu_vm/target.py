@@ -49,6 +49,12 @@ class TpuVmTarget(DetachedTarget):
                 f"a {shape.accelerator_type} ({shape.chips} chips x {shape.chip_tflops:g} "
                 f"TFLOP/s bf16)")
 
+    def hosts_and_replicas(self) -> tuple[int, int]:
+        return tpu_vm.slice_hosts(self.config.tpu), 1  # the whole slice is one replica
+
+    def log_every_s(self) -> float:
+        return self.config.tpu.log_every_s
+
     def down(self, run: str | None, opts: targets.LaunchOptions, out) -> int:
         """Deletes the slice (refused for one that submit did not create)."""
         plan = tpu_vm.down_plan(self.config.tpu)

@@ -1,0 +1,162 @@
+"""`actx submit --dry-run --estimate`'s storage lines (deploy.storage_plan) on a multi-host
+TPU slice, and the plan's rules against figures worked by hand: GCS's ramp, the point where
+data writes meet a new bucket's capacity, the price. What it predicts against a counted
+real run is tests/test_request_bench.py."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+
+import pytest
+import yaml
+
+from actx.deploy import cli
+from actx.deploy import storage_plan
+from bench import requests as bench_requests
+
+
+@pytest.fixture(scope="module")
+def tpu_config(tmp_path_factory, qwen_tokenizer_dir):
+    tmp = tmp_path_factory.mktemp("storage-plan")
+    args = bench_requests.parse_args(["--step-time", "1", "--arc-tasks", "4",
+                                      "--fineweb-docs", "8"])
+    job = bench_requests.inputs(str(tmp), args, tokenizer=qwen_tokenizer_dir)
+    path = bench_requests.config(job, "gs://b/runs/plan", str(tmp / "c.yaml"), 1, args)
+    data = yaml.safe_load(open(path))
+    data["target"] = {"kind": "tpu-vm", "batch_size": 16,
+                      "tpu": {"name": "t", "zone": "z", "project": "p",
+                              "accelerator_type": "v5litepod-16"}}
+    with open(path, "w") as f:
+        yaml.safe_dump(data, f)
+    return path, args
+
+
+def _said(argv) -> str:
+    out = io.StringIO()
+    assert cli.main(argv, out=out) == 0, out.getvalue()
+    return out.getvalue()
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def test_a_slice_gets_its_hosts_requests_and_price(tpu_config):
+    path, args = tpu_config
+    said = _said(["submit", path, "--dry-run", "--estimate"])
+    rows = _int(re.search(r"tokens: [\d,]+ in ([\d,]+) rows", said).group(1))
+    partitions = _int(re.search(r"\(([\d,]+) partitions;", said).group(1))
+    # A v5litepod-16 is 4 hosts of 4 chips (Cloud TPU's v5e slice shapes), one replica.
+    assert "for 4 host(s) in 1 replica(s)" in said, said
+    # Two hooks (2 layers), one object per rows_per_shard rows each, written once; one
+    # marker per partition; a replica alone takes no claims.
+    shards = 2 * math.ceil(rows / args.rows_per_shard)
+    assert f"#   shards: {shards:,} writes" in said, said
+    assert re.search(rf"#   markers: [\d,]+ reads, {partitions:,} writes", said), said
+    assert "claims:" not in said
+    got = re.search(r"requests: ([\d,]+) Class A \(writes, listings\) \+ ([\d,]+) Class B "
+                    r"\(reads\) = \$([\d.]+);", said)
+    a, b = _int(got.group(1)), _int(got.group(2))
+    assert a >= shards + partitions + 4 * 3  # + each host's metadata writes
+    assert float(got.group(3)) == pytest.approx(a / 1e4 * 0.05 + b / 1e4 * 0.004, abs=0.006)
+    assert "at list prices (GCS list prices, Standard storage in a region, " \
+           "cloud.google.com/storage/pricing" in said
+    assert re.search(r"write rate at [\d,]+ tokens/s: ", said), said
+    assert re.search(r"bound by (storage|compute)\b.*: objects of 4 rows", said), said
+
+    # Prices are the config's: 10,000 Class A operations at $1,000 make each one $0.10.
+    said = _said(["submit", path, "--dry-run", "--estimate", "--set",
+                  "prices.class_a_per_10k=1000", "--set", "prices.class_b_per_10k=0",
+                  "--set", "prices.source=our contract"])
+    got = re.search(r"Class A \(writes, listings\) \+ [\d,]+ Class B \(reads\) = \$([\d,.]+);",
+                    said)
+    assert float(got.group(1).replace(",", "")) == pytest.approx(a * 0.1, abs=0.01)
+    assert "at list prices (our contract;" in said
+
+
+def _job(**changes) -> storage_plan.Job:
+    base = dict(rows=1_000_000, partitions=10_000, seq_len=1024,
+                hook_bytes_per_row={"h0": 1024 * 896 * 2}, rows_per_shard=8,
+                partition_rows=100, hosts=64, replicas=64, steal=True, heartbeat_s=2.0,
+                log_every_s=10.0, step_inputs=("input_ids", "positions", "segment_ids"),
+                refresh_s=2.0, seconds=1000.0, tokens_per_s=1e9 / 1000)
+    return storage_plan.Job(**{**base, **changes})
+
+
+def test_the_ramp_doubles_every_twenty_minutes():
+    assert storage_plan.ramp_s(900, 1000) == 0
+    assert storage_plan.ramp_s(4000, 1000) == pytest.approx(40 * 60)
+    assert storage_plan.ramp_s(1000 * 2 ** 5, 1000) == pytest.approx(100 * 60)
+    # At 2,000 writes/s the bucket gets there in 20 min, having taken 1,000 x 1,200 / ln 2
+    # = 1.73M writes; 10M writes more take 5,000 s at compute's 2,000 a second.
+    taken = 1000 * 1200 / math.log(2)
+    assert storage_plan.writing_s(taken + 10e6, 2000) == pytest.approx(1200 + 5000)
+    assert storage_plan.writing_s(1000, 500) == pytest.approx(2.0)  # within capacity
+
+
+def test_writes_over_the_buckets_capacity_are_a_storage_bound_with_the_balance():
+    # 125,000 shard objects + 10,000 markers + 10,000 claims in 1,000 s: 145 writes/s.
+    job = _job()
+    p = storage_plan.plan(job)
+    assert p.requests[("shards", "write")] == 125_000
+    said = "\n".join(storage_plan.lines(job, _prices()))
+    assert "145 data writes/s" in said and "bound by compute" in said, said
+    # Ten times as fast: 1,450 writes/s, over the bucket's 1,000: GCS ramps for
+    # 20 min x log2(1.45) = 10.7 min, and 1.45 x 8 = 11.6 rows an object, or 64 / 1.45 =
+    # 44 hosts, balance it.
+    fast = _job(seconds=100.0, tokens_per_s=1e9 / 100)
+    said = "\n".join(storage_plan.lines(fast, _prices()))
+    assert "1,450 data writes/s" in said and "bound by storage" in said, said
+    assert "about 11 min of sustained load" in said, said
+    assert "at 11.6 rows an object" in said and "or at 44 host(s)" in said, said
+    # The bucket takes 1,000 x 1,200 / ln 2 x (2^(t / 1,200) - 1) writes by t: 145,000 by
+    # t = 1,200 x log2(1 + 145,000 ln 2 / 1.2e6) = 139 s, not the 100 s compute needs.
+    assert "about 2.3 min instead of 1.7 min at compute's pace, the job ending before" in said
+    # Reads: a marker a partition, the holder of a claim, 3 token arrays x (an index + 13
+    # chunks of 8 rows) + run.json and actx.json a partition, and at start each host's
+    # run.json, manifest, actx.json and zarr.json: 10,000 x 46 + 64 x 4 = 460,256, plus
+    # listings of commits, claims (5 pages each) and heartbeats (1 page).
+    p = storage_plan.plan(fast)
+    reads = 10_000 * 46 + 64 * 4
+    assert sum(n for (_, op), n in p.requests.items() if op == "read") == reads
+    listings = sum(n for (_, op), n in p.requests.items() if op == "list")
+    refreshes = 64 * (min(100 / 2, 10_000 / 64 + 1) + (100 * 64 / 10_000) / 2)
+    assert listings == pytest.approx(refreshes * 11 + 64 * 5)
+    rate = (reads + listings) / 100
+    assert f"read rate: {rate:,.0f} reads and listings/s against a new bucket's 5,000" in said
+
+
+def test_dollars_are_the_prices_times_the_operations():
+    job = _job()
+    p = storage_plan.plan(job)
+    said = "\n".join(storage_plan.lines(job, _prices()))
+    want = p.gcs("A") / 1e4 * 0.05 + p.gcs("B") / 1e4 * 0.004
+    assert f"= ${want:,.2f};" in said, said
+
+
+def _prices():
+    from actx.deploy import config as config_lib
+
+    return config_lib.StoragePrices()
+
+
+def test_the_worked_plan_in_performance_md_is_what_the_plan_prints(capsys):
+    """docs/performance.md's worked plan: its python block runs as written, and every
+    number in a cell marked derived is in what it prints."""
+    import pathlib
+
+    from tests.test_readme import blocks, section
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+    text = section(page, "### A worked plan")
+    [code] = blocks(text, "python")
+    exec(compile(code, f"{page}:worked plan", "exec"), {"__name__": "docs"})
+    printed = capsys.readouterr().out
+    derived = [cell for line in text.splitlines() if line.startswith("| ")
+               for cell in line.split("|") if "(derived)" in cell]
+    assert len(derived) >= 16
+    for cell in derived:
+        for number in re.findall(r"\d[\d,]*(?:\.\d+)?", cell.split("(derived)")[0]):
+            assert number in printed, (cell, number)
