@@ -199,14 +199,9 @@ class LocalTarget(targets.Target):
                 return self.engine.run(job, out, prefix)
             # How `actx rerun RUN` launches next (deploy.launch_record), unless the run
             # refuses this job's settings.
-            previous = launch_record.read(job.run.store)
             launch_record.record(job.run.store, self.config, job.name, opts.config_file,
-                                 opts.sets)
-            code = self.engine.run(job, out, prefix)
-            if code != 0:
-                launch_record.keep_unless_refused(job.run, previous, job.name,
-                                                  extraction_lib.parse(job.extraction))
-            return code
+                                 opts.sets, extraction_lib.parse(job.extraction))
+            return self.engine.run(job, out, prefix)
 
     @contextlib.contextmanager
     def _job_lease(self, job: targets.Job, prefix: str, join: bool):
