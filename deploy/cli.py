@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from actx.deploy import columns
 from actx.deploy import config as config_lib
 from actx.deploy import jobs
 from actx.deploy import targets
@@ -24,6 +25,9 @@ from actx.schemas import flags
 from actx.schemas import layout as layout_lib
 from actx.schemas import run_dir
 from actx.schemas import stop_signals
+
+# The commands whose lines fit the terminal's columns (deploy.columns; not --json).
+FITTED = ("submit", "demo", "rerun", "status")
 
 EXAMPLES = """\
 examples:
@@ -376,6 +380,9 @@ def _main(argv: list[str] | None, out) -> int:
     interactive = args.command in ("status", "verify", "rerun")
     if interactive:
         store_errors.set_deadline(store_errors.INTERACTIVE_DEADLINE_S)
+    width = columns.columns(out)
+    if width is not None and args.command in FITTED and not getattr(args, "json", False):
+        out = columns.FittedOut(out, width)
     try:
         return handlers[args.command](args, out)
     except errors.UserError as e:

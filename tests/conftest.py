@@ -8,6 +8,9 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Deterministic CPU numerics for parity tests; tests that need float64 ask for it locally.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Lines printed whole, as into a pipe: a terminal's exported COLUMNS would wrap them
+# (deploy.columns); tests/test_eighty_columns.py sets it where it is the point.
+os.environ.pop("COLUMNS", None)
 # One persistent XLA compilation cache for the test processes and every worker process
 # they start (inherited through the environment): the tiny models' steps, compiled by
 # dozens of worker processes, compile once. An entry is keyed by the program, the XLA

@@ -149,8 +149,8 @@ class LocalTarget(targets.Target):
         print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
               f"{info.dtype if info else handle.spec.capture.dtype}, [rows, seq_len, hidden]); "
               f"hooks: {', '.join(sorted(info.hooks)) if info else '-'}", file=out)
-        print(f"read them:   python -c \"import actx; r = actx.open_run('{handle.location}'); "
-              f"print(r.describe())\"", file=out)
+        print(f"read them:   python -c \"import actx; print(actx.open_run('{handle.location}')"
+              f".describe())\"", file=out)
         print(f"check them:  actx verify {handle.location}", file=out, flush=True)
         return 1 if _rerun_hint(handle, status, job.only, out) else 0
 
