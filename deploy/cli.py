@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from actx.deploy import advice
 from actx.deploy import columns
 from actx.deploy import config as config_lib
 from actx.deploy import jobs
@@ -260,17 +261,17 @@ def _verify_one(args, handle, out) -> int:
             print(f"{'REMOVED' if args.repair else 'note'}: {len(leftovers)} temporary "
                   f"file(s) of marker writes a stopped worker left under "
                   f"{handle.location.join(layout_lib.COMMITS_PREFIX)} (never read)"
-                  + ("" if args.repair else f"; `actx verify {handle.location} --repair` "
+                  + ("" if args.repair else f"; `{advice.repair(handle.location)}` "
                                             f"removes them"), file=out)
         if repaired:
             print(f"REPAIRED: {len(repaired)} partition(s) are pending again (markers deleted, "
                   f"recorded under {handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)}): "
                   f"{', '.join(layout_lib.partition_name(p) for p in repaired[:20])}"
-                  f"{' ...' if len(repaired) > 20 else ''}; `actx rerun {handle.location}` "
+                  f"{' ...' if len(repaired) > 20 else ''}; `{advice.rerun(handle.location)}` "
                   f"extracts them", file=out)
         elif not report.ok:
-            print(f"`actx verify {handle.location} --repair` turns the failed partitions back "
-                  f"into pending; then `actx rerun {handle.location}` extracts them again",
+            print(f"`{advice.repair(handle.location)}` turns the failed partitions back "
+                  f"into pending; then `{advice.rerun(handle.location)}` extracts them again",
                   file=out)
     # Recorded for status and the live page (failed partitions shown on the map); a
     # repaired partition is pending now, not failed. The report above stands without it.
@@ -324,10 +325,10 @@ def main(argv: list[str] | None = None, out=None) -> int:
 
 # What an interrupted command leaves, and what to type next, when no launcher said more.
 _RESUME = {
-    "status": "nothing was written",
-    "verify": "nothing was recorded; `actx verify {run}` checks it again",
-    "extract": "partitions without a commit marker stay uncommitted: `actx rerun {run}` "
-               "finishes them",
+    "status": lambda run: "nothing was written",
+    "verify": lambda run: f"nothing was recorded; `{advice.verify(run)}` checks it again",
+    "extract": lambda run: (f"partitions without a commit marker stay uncommitted: "
+                            f"`{advice.rerun(run)}` finishes them"),
 }
 
 
@@ -338,7 +339,7 @@ def _interrupted(argv: list[str], e: KeyboardInterrupt) -> int:
     command = argv[0] if argv else ""
     run = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--run", "--out")),
                next((a for a in argv[1:] if not a.startswith("-")), "RUN"))
-    hint = getattr(e, "hint", "") or _RESUME.get(command, "").format(run=run)
+    hint = getattr(e, "hint", "") or _RESUME.get(command, lambda run: "")(run)
     if command in ("submit", "demo", "rerun") and "`" not in hint:
         # The same command (its config, its target) resumes: committed partitions are
         # kept, a prepared run is not prepared again.

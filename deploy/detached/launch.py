@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from actx.deploy import advice
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached import lease
@@ -40,7 +41,7 @@ def launch(plan, job: targets.Job, opts: targets.LaunchOptions, out, *, config,
         launch_record.record(job.run.store, config, job.name, opts.config_file, opts.sets,
                              extraction_lib.parse(job.extraction))
     print(f"workers are running {running}, detached from this command.\n"
-          f"  progress: actx status {job.run.uri} --watch\n"
+          f"  progress: {advice.watch(job.run.uri)}\n"
           f"  logs:     {job.run.log_uri(job.name)} "
           f"(copied as they grow)\n"
           f"  {stop}", file=out, flush=True)

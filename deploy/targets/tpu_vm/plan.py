@@ -18,6 +18,7 @@ import shlex
 import sys
 import tempfile
 
+from actx.deploy import advice
 from actx.deploy import config as config_lib
 from actx.deploy import targets
 from actx.deploy.commands import Command
@@ -95,7 +96,7 @@ def _gcloud(*words: str) -> tuple[str, ...]:
 
 def create_commands(tpu: config_lib.TpuConfig, config: str = "CONFIG") -> list[Command]:
     spot = ["--spot"] if tpu.spot else []
-    exists = (f"if {tpu.name} exists from an earlier submit: `actx down --config {config}` "
+    exists = (f"if {tpu.name} exists from an earlier submit: `{advice.down(config)}` "
               f"deletes it, or set target.tpu.create: false to use it")
     if tpu.queued_resource:
         return [
@@ -206,8 +207,7 @@ def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, j
               f"start one worker per host, detached ({slice_hosts(target.tpu)} host(s), "
               f"one replica); logs go to {run.rstrip('/')}/{layout.LOGS_PREFIX}{job}/")
     return dataclasses.replace(cmd, on_fail=(
-        f"if the slice was preempted or deleted: `actx rerun {run} --target tpu-vm --config "
-        f"{config} --recreate`"))
+        f"if the slice was preempted or deleted: `{advice.rerun_recreate(run, config)}`"))
 
 
 def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,

@@ -7,6 +7,7 @@ the job from the run (deploy/targets/tpu_vm/follow.py over deploy/detached/follo
 
 from __future__ import annotations
 
+from actx.deploy import advice
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached.target import DetachedTarget
@@ -86,4 +87,4 @@ class TpuVmTarget(DetachedTarget):
             take=lambda: tpu_lease.take(job.run, self.config, job.name, opts.config,
                                         out),
             running=f"on {tpu.name}",
-            stop=f"delete the slice afterwards: actx down --config {opts.config}")
+            stop=f"delete the slice afterwards: {advice.down(opts.config)}")
