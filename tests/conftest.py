@@ -2,15 +2,14 @@
 
 import os
 
+import pytest
+
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Deterministic CPU numerics for parity tests; tests that need float64 ask for it locally.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Lines printed whole, as into a pipe: a terminal's exported COLUMNS would wrap them
-# (deploy.columns); tests/test_eighty_columns.py sets it where it is the point.
-os.environ.pop("COLUMNS", None)
 # One persistent XLA compilation cache for the test processes and every worker process
 # they start (inherited through the environment): the tiny models' steps, compiled by
 # dozens of worker processes, compile once. An entry is keyed by the program, the XLA
@@ -37,3 +36,13 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "real_slurm: runs against the real two-node Slurm cluster that "
         "tests/slurm_cluster.sh starts (.ci/run does); skips, saying why, without one")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _lines_printed_whole():
+    """No COLUMNS in the tests' environment, or their actx processes' (deploy.columns
+    would wrap what they print): neither a terminal's exported one nor the one GNU
+    readline puts into the process environment when pytest imports it (os.environ does
+    not see that one, the children inherit it). tests/test_eighty_columns.py sets it."""
+    os.environ.pop("COLUMNS", None)
+    os.unsetenv("COLUMNS")
