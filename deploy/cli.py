@@ -14,12 +14,12 @@ import os
 import sys
 import time
 
-from actx.deploy import advice
 from actx.deploy import columns
 from actx.deploy import config as config_lib
 from actx.deploy import jobs
 from actx.deploy import targets
 from actx.deploy.targets import UsageError
+from actx.schemas import advice
 from actx.schemas import errors
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags

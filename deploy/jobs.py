@@ -5,9 +5,9 @@ target does is behind `deploy.targets.Target`."""
 
 from __future__ import annotations
 
-from actx.deploy import advice
 from actx.deploy import targets
 from actx.deploy.status import partition_states
+from actx.schemas import advice
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags
 from actx.schemas import layout

@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 
-from actx.deploy import advice
 from actx.deploy import commands
 from actx.deploy import config as config_lib
 from actx.deploy.status import host_logs
@@ -25,6 +24,7 @@ from actx.deploy.status import job_progress
 from actx.deploy.status import partition_states
 from actx.deploy.status import progress_line
 from actx.deploy.status import runstate
+from actx.schemas import advice
 from actx.schemas import config as schemas_config
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import heartbeat as heartbeat_lib

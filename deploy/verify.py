@@ -16,8 +16,8 @@ import dataclasses
 
 import numpy as np
 
-from actx.deploy import advice
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib

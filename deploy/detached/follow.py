@@ -11,11 +11,11 @@ from __future__ import annotations
 import sys
 import time
 
-from actx.deploy import advice
 from actx.deploy.status import partition_states
 from actx.deploy.status import progress_line
 from actx.deploy.status import runstate
 from actx.deploy.status import text as status_text
+from actx.schemas import advice
 from actx.schemas import job_lease
 from actx.schemas import layout
 from actx.schemas import run_dir

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from actx.deploy import advice
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached import lease
+from actx.schemas import advice
 
 
 def launch(plan, job: targets.Job, opts: targets.LaunchOptions, out, *, config,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 
-from actx.deploy import advice
 from actx.deploy.status import partition_states
 from actx.deploy.status import run_facts
 from actx.deploy.status import runstate
 from actx.deploy.status import text as status_text
+from actx.schemas import advice
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
 

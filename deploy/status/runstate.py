@@ -13,12 +13,12 @@ import concurrent.futures
 import dataclasses
 import time
 
-from actx.deploy import advice
 from actx.deploy.status import host_logs
 from actx.deploy.status import json_text as status_json
 from actx.deploy.status import run_facts
 from actx.deploy.status.partition_states import COMMITTED, IN_PROGRESS, STALE, PartitionStates
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import run_dir
 from actx.schemas import config as schemas_config

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 import time
 
-from actx.deploy import advice
 from actx.deploy.status import json_text as status_json
 from actx.deploy.status import run_facts
 from actx.deploy.status.partition_states import COMMITTED, IN_PROGRESS, PENDING, STALE
 from actx.deploy.status.runstate import HostState, RunStatus, map_chars
+from actx.schemas import advice
 from actx.schemas import layout as layout_lib
 from actx.schemas import token_masks as token_masks_lib
 

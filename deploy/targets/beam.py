@@ -13,9 +13,9 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from actx.deploy import advice
 from actx.deploy import config as config_lib
 from actx.deploy.commands import Command
+from actx.schemas import advice
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import worker_options
 

@@ -10,7 +10,6 @@ import os
 import socket
 import time
 
-from actx.deploy import advice
 from actx.deploy import launch_record
 from actx.deploy import local
 from actx.deploy import targets
@@ -18,6 +17,7 @@ from actx.deploy.status import partition_states
 from actx.deploy.status import runstate
 from actx.deploy.status import text as status_text
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import layout
 from actx.schemas import parallelism
 

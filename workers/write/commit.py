@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import layout
@@ -104,8 +105,8 @@ class Committer:
             run = self._store.location
             advice = ("submit the same config again: it prepares the run afresh"
                       if runspec_lib.RUN_SPEC_KEY in gone else
-                      f"`actx verify {run} --repair` turns the committed partitions back "
-                      f"into pending, then `actx rerun {run}` extracts them again")
+                      f"`{advice.repair(run)}` turns the committed partitions back "
+                      f"into pending, then `{advice.rerun(run)}` extracts them again")
             raise RunRemovedError(
                 f"{run}: {' and '.join(gone)} removed while this worker extracted (the run "
                 f"directory, or its activations/, was deleted); partition {part.name} is "

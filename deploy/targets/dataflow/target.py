@@ -5,9 +5,9 @@ another target (`actx rerun RUN --config CONFIG --target tpu-vm`)."""
 
 from __future__ import annotations
 
-from actx.deploy import advice
 from actx.deploy import commands
 from actx.deploy import targets
+from actx.schemas import advice
 from actx.schemas import errors
 
 

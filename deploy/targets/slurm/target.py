@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 
-from actx.deploy import advice
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached.target import DetachedTarget
 from actx.deploy.targets.slurm import plan as slurm_plan
+from actx.schemas import advice
 
 
 class SlurmTarget(DetachedTarget):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from actx.deploy import advice
 from actx.deploy.detached import follow as detached_follow
 from actx.deploy.status import runstate
+from actx.schemas import advice
 from actx.schemas import job_lease
 from actx.schemas import run_dir
 

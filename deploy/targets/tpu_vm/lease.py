@@ -3,10 +3,10 @@ over from a job whose slice runs no worker (preempted, deleted, created again)."
 
 from __future__ import annotations
 
-from actx.deploy import advice
 from actx.deploy import config as config_lib
 from actx.deploy.detached import lease as detached_lease
 from actx.deploy.targets.tpu_vm import plan as tpu_vm
+from actx.schemas import advice
 from actx.schemas import run_dir
 
 KIND = "tpu-vm"

@@ -18,13 +18,13 @@ import shlex
 import sys
 import tempfile
 
-from actx.deploy import advice
 from actx.deploy import config as config_lib
 from actx.deploy import targets
 from actx.deploy.commands import Command
 from actx.deploy.targets import TargetError
 from actx.deploy.targets.tpu_vm import accelerators as tpu_types
 from actx.deploy.targets.tpu_vm import package as tpu_package
+from actx.schemas import advice
 from actx.schemas import layout
 from actx.schemas import parallelism
 from actx.schemas import worker_options
@@ -109,8 +109,8 @@ def create_commands(tpu: config_lib.TpuConfig, config: str = "CONFIG") -> list[C
                     "wait until the queued resource is provisioned", poll_until="ACTIVE",
                     poll_fail=FAILED_QR_STATES, poll_timeout_s=tpu.wait_timeout_s,
                     on_fail=f"the queued resource {tpu.name} did not become ACTIVE; nothing "
-                            f"was prepared or started. It stays until deleted: `actx down "
-                            f"--config {config}`, then submit again (another zone, or "
+                            f"was prepared or started. It stays until deleted: "
+                            f"`{advice.down(config)}`, then submit again (another zone, or "
                             f"target.tpu.spot false, may have capacity)"),
         ]
     return [Command(_gcloud("tpu-vm", "create", tpu.name, *_where(tpu), "--accelerator-type",

@@ -7,11 +7,11 @@ the job from the run (deploy/targets/tpu_vm/follow.py over deploy/detached/follo
 
 from __future__ import annotations
 
-from actx.deploy import advice
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached.target import DetachedTarget
 from actx.deploy.targets.tpu_vm import plan as tpu_vm
+from actx.schemas import advice
 
 
 class TpuVmTarget(DetachedTarget):

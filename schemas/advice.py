@@ -31,6 +31,7 @@ KINDS = {kind.name: kind for kind in (
          "re-reads every committed block against its commit marker's checksum"),
     Kind("repair", "actx verify {run} --repair",
          "turns the partitions whose data failed (or is gone) back into pending"),
+    Kind("status", "actx status {run}", "where the run stands, in words"),
     Kind("watch", "actx status {run} --watch", "follows the run's progress until it ends"),
     Kind("status_json", "actx status {run} --json", "the run's status, for a script"),
     Kind("down", "actx down --config {config}",
@@ -63,6 +64,10 @@ def verify(run: object) -> str:
 
 def repair(run: object) -> str:
     return command("repair", run=run)
+
+
+def status(run: object) -> str:
+    return command("status", run=run)
 
 
 def watch(run: object) -> str:
