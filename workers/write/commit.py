@@ -103,14 +103,14 @@ class Committer:
                 if not self._store.exists(key)]
         if gone:
             run = self._store.location
-            advice = ("submit the same config again: it prepares the run afresh"
-                      if runspec_lib.RUN_SPEC_KEY in gone else
-                      f"`{advice.repair(run)}` turns the committed partitions back "
-                      f"into pending, then `{advice.rerun(run)}` extracts them again")
+            next_step = ("submit the same config again: it prepares the run afresh"
+                         if runspec_lib.RUN_SPEC_KEY in gone else
+                         f"`{advice.repair(run)}` turns the committed partitions back "
+                         f"into pending, then `{advice.rerun(run)}` extracts them again")
             raise RunRemovedError(
                 f"{run}: {' and '.join(gone)} removed while this worker extracted (the run "
                 f"directory, or its activations/, was deleted); partition {part.name} is "
-                f"not committed, nor is any other from now on; {advice}")
+                f"not committed, nor is any other from now on; {next_step}")
 
     def _is_own(self, marker: commit_lib.CommitMarker) -> bool:
         """After a refused create: whether the standing marker is this attempt's own (a
