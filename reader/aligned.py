@@ -165,7 +165,8 @@ class AlignedStream:
         if not common:
             raise errors.NothingCommittedError(
                 f"{next(iter(self.runs.values())).location}: no partition is committed in "
-                f"every one of {list(self.extractions)}; `actx status` shows each one's "
+                f"every one of {list(self.extractions)}; "
+                f"`{advice.status(next(iter(self.runs.values())).location)}` shows each one's "
                 f"progress")
         return tuple(sorted(common))
 

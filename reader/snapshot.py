@@ -128,7 +128,8 @@ class RunSnapshot:
         try:
             info = self._info = info_lib.read_info(self.store)
         except config_lib.ConfigError as e:
-            raise errors.NotARunError(f"{self.location}: {e}; run `actx verify`") from None
+            raise errors.NotARunError(
+                f"{self.location}: {e}; run `{advice.verify(self.location)}`") from None
         if info is None:
             # Workers create it before writing any data, so a commit without it is damage.
             raise errors.NotARunError(

@@ -221,8 +221,8 @@ class _StopSignals:
         """The one line that says what a stop signal left and what finishes it: once per
         process, whichever loop or phase noticed the signal first."""
         if self._said.acquire(blocking=False):
-            print(INTERRUPTED.format(rerun=advice.rerun(run), signal=self.received.name), file=sys.stderr,
-                  flush=True)
+            print(INTERRUPTED.format(rerun=advice.rerun(run), signal=self.received.name),
+                  file=sys.stderr, flush=True)
 
     def on_signal(self, signum, frame):
         again = self.received.is_set()

@@ -120,8 +120,9 @@ class Committer:
         if standing is not None and standing.attempt == marker.attempt:
             if standing.checksums != marker.checksums:  # one attempt, one set of bytes
                 log.error("partition %d: the marker of this attempt (%s) holds other "
-                          "checksums than its data now has; `actx verify` will say which "
-                          "blocks", marker.partition, marker.attempt)
+                          "checksums than its data now has; `%s` will say which blocks",
+                          marker.partition, marker.attempt,
+                          advice.verify(self._store.location))
             log.warning("partition %d: the marker this attempt wrote was already there (a "
                         "lost response, retried); counted once", marker.partition)
             return True
