@@ -27,7 +27,8 @@ from actx.schemas import layout as layout_lib
 from actx.schemas import run_dir
 from actx.schemas import stop_signals
 
-# The commands whose lines fit the terminal's columns (deploy.columns; not --json).
+# The commands whose lines fit the terminal's columns (deploy.columns; not --json, --serve
+# or --html).
 FITTED = ("submit", "demo", "rerun", "status")
 
 EXAMPLES = """\
@@ -382,8 +383,9 @@ def _main(argv: list[str] | None, out) -> int:
     if interactive:
         store_errors.set_deadline(store_errors.INTERACTIVE_DEADLINE_S)
     width = columns.columns(out)
-    if width is not None and args.command in FITTED and not getattr(args, "json", False):
-        out = columns.FittedOut(out, width)
+    if width is not None and args.command in FITTED and not any(
+            getattr(args, name, None) not in (None, False) for name in ("json", "serve", "html")):
+        out = columns.FittedOut(out, width)  # not for a script: --json, the page's address
     try:
         return handlers[args.command](args, out)
     except errors.UserError as e:
