@@ -11,7 +11,8 @@ node set DOWN, no accounting (no sacct).
   - `actx down` cancels a running job;
   - the advice a detached job prints, each followed as printed: `actx down` stops it, the
     rerun on Slurm the follower names resumes it, `actx status --watch` follows that to
-    the end, and `actx verify` passes;
+    the end, and `actx verify` passes; a rerun the run refuses after its command ended
+    leaves the launch record the plain rerun follows as it was;
   - a node set DOWN mid-run: the job ends, and the advice finishes the run once the node
     is back.
 
@@ -34,7 +35,7 @@ import uuid
 
 import pytest
 
-from actx.deploy import cli
+from actx.deploy import cli, launch_record
 from actx.deploy.targets.slurm import plan
 from actx.schemas import job_lease, store
 from tests import real_slurm, slurm_configs
@@ -284,6 +285,16 @@ def test_detached_advice_as_printed_stops_resumes_and_finishes_the_run(config):
     _wait_for("the job gone from squeue", lambda: _squeue(name) == "", timeout=60)
     stopped = out.getvalue()
     assert f"--target slurm --config {path}` redoes them" in stopped, stopped
+    # A rerun the run refuses (another batch size: other rows per device than its
+    # numerics record), which its workers find out after the command ended: the launch
+    # record the plain rerun follows is still the job's before it (deploy.launch_record).
+    code, said = _main(["rerun", run, "--batch-size", "8", "--job", "bad"])
+    assert code == 0 and "workers are running as Slurm job" in said, said
+    _wait_for("the workers' refusal", lambda: any(
+        h["state"] == "refused" for h in _status(run)["hosts"]), timeout=180)
+    _wait_for("the refused job gone from squeue", lambda: _squeue(name) == "", timeout=120)
+    recorded = launch_record.read(s)
+    assert (recorded["job"], recorded["batch_size"]) == ("a1", 4), recorded
 
     code, said = follow(stopped, "rerun_on", "--job", "a2")
     assert code == 0 and "workers are running as Slurm job" in said, said
