@@ -389,7 +389,11 @@ def _main(argv: list[str] | None, out) -> int:
     try:
         return handlers[args.command](args, out)
     except errors.UserError as e:
-        print(f"actx {args.command}: error: {e}", file=sys.stderr)
+        said = f"actx {args.command}: error: {e}"
+        if args.command in FITTED:
+            said = "\n".join(line for part in said.split("\n")
+                              for line in columns.fit(part, columns.columns(sys.stderr)))
+        print(said, file=sys.stderr)
         return 2
     finally:
         if interactive:

@@ -58,7 +58,7 @@ def project(tmp_path, monkeypatch, request, qwen_tokenizer_dir):
 
 
 @pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "tty"])
-def test_submit_and_status_fit_80_columns_wrapped_between_fields(project, monkeypatch,
+def test_submit_and_status_fit_80_columns_wrapped_between_fields(project, monkeypatch, capsys,
                                                                   terminal):
     new = _Tty if terminal else io.StringIO
     said = {"submit": _main(["submit", "--job", "narrow"], new()),
@@ -81,6 +81,13 @@ def test_submit_and_status_fit_80_columns_wrapped_between_fields(project, monkey
     whole = _main(["status", RUN], io.StringIO())
     assert max(len(line) for line in whole.splitlines()) > WIDTH  # it had to wrap
     assert _words(said["status"]) == _words(whole.replace(f"{project}/", ""))
+    # An error of either command fits too (stderr).
+    missing = str(project / "runs" / "not-there-yet")
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    assert cli.main(["status", missing], out=io.StringIO()) == 2
+    said = capsys.readouterr().err
+    assert "runs/not-there-yet: no such directory" in said
+    assert max(len(line) for line in said.splitlines()) <= WIDTH, said
     # The commands, as printed with the relative path, work from here.
     verify = next(line for line in submit if line.startswith("check them:"))
     argv = shlex.split(verify.removeprefix("check them:"))
