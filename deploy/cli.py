@@ -14,16 +14,22 @@ import os
 import sys
 import time
 
+from actx.deploy import columns
 from actx.deploy import config as config_lib
 from actx.deploy import jobs
 from actx.deploy import targets
 from actx.deploy.targets import UsageError
+from actx.schemas import advice
 from actx.schemas import errors
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags
 from actx.schemas import layout as layout_lib
 from actx.schemas import run_dir
 from actx.schemas import stop_signals
+
+# The commands whose lines fit the terminal's columns (deploy.columns; not --json, --serve
+# or --html).
+FITTED = ("submit", "demo", "rerun", "status")
 
 EXAMPLES = """\
 examples:
@@ -261,17 +267,17 @@ def _verify_one(args, handle, out) -> int:
             print(f"{'REMOVED' if args.repair else 'note'}: {len(leftovers)} temporary "
                   f"file(s) of marker writes a stopped worker left under "
                   f"{handle.location.join(layout_lib.COMMITS_PREFIX)} (never read)"
-                  + ("" if args.repair else f"; `actx verify {handle.location} --repair` "
+                  + ("" if args.repair else f"; `{advice.repair(handle.location)}` "
                                             f"removes them"), file=out)
         if repaired:
             print(f"REPAIRED: {len(repaired)} partition(s) are pending again (markers deleted, "
                   f"recorded under {handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)}): "
                   f"{', '.join(layout_lib.partition_name(p) for p in repaired[:20])}"
-                  f"{' ...' if len(repaired) > 20 else ''}; `actx rerun {handle.location}` "
+                  f"{' ...' if len(repaired) > 20 else ''}; `{advice.rerun(handle.location)}` "
                   f"extracts them", file=out)
         elif not report.ok:
-            print(f"`actx verify {handle.location} --repair` turns the failed partitions back "
-                  f"into pending; then `actx rerun {handle.location}` extracts them again",
+            print(f"`{advice.repair(handle.location)}` turns the failed partitions back "
+                  f"into pending; then `{advice.rerun(handle.location)}` extracts them again",
                   file=out)
     # Recorded for status and the live page (failed partitions shown on the map); a
     # repaired partition is pending now, not failed. The report above stands without it.
@@ -325,10 +331,10 @@ def main(argv: list[str] | None = None, out=None) -> int:
 
 # What an interrupted command leaves, and what to type next, when no launcher said more.
 _RESUME = {
-    "status": "nothing was written",
-    "verify": "nothing was recorded; `actx verify {run}` checks it again",
-    "extract": "partitions without a commit marker stay uncommitted: `actx rerun {run}` "
-               "finishes them",
+    "status": lambda run: "nothing was written",
+    "verify": lambda run: f"nothing was recorded; `{advice.verify(run)}` checks it again",
+    "extract": lambda run: (f"partitions without a commit marker stay uncommitted: "
+                            f"`{advice.rerun(run)}` finishes them"),
 }
 
 
@@ -339,7 +345,7 @@ def _interrupted(argv: list[str], e: KeyboardInterrupt) -> int:
     command = argv[0] if argv else ""
     run = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--run", "--out")),
                next((a for a in argv[1:] if not a.startswith("-")), "RUN"))
-    hint = getattr(e, "hint", "") or _RESUME.get(command, "").format(run=run)
+    hint = getattr(e, "hint", "") or _RESUME.get(command, lambda run: "")(run)
     if command in ("submit", "demo", "rerun") and "`" not in hint:
         # The same command (its config, its target) resumes: committed partitions are
         # kept, a prepared run is not prepared again.
@@ -381,10 +387,18 @@ def _main(argv: list[str] | None, out) -> int:
     interactive = args.command in ("status", "verify", "rerun")
     if interactive:
         store_errors.set_deadline(store_errors.INTERACTIVE_DEADLINE_S)
+    width = columns.columns(out)
+    if width is not None and args.command in FITTED and not any(
+            getattr(args, name, None) not in (None, False) for name in ("json", "serve", "html")):
+        out = columns.FittedOut(out, width)  # not for a script: --json, the page's address
     try:
         return handlers[args.command](args, out)
     except errors.UserError as e:
-        print(f"actx {args.command}: error: {e}", file=sys.stderr)
+        said = f"actx {args.command}: error: {e}"
+        if args.command in FITTED:
+            said = "\n".join(line for part in said.split("\n")
+                              for line in columns.fit(part, columns.columns(sys.stderr)))
+        print(said, file=sys.stderr)
         return 2
     finally:
         if interactive:

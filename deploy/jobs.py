@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from actx.deploy import targets
 from actx.deploy.status import partition_states
+from actx.schemas import advice
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import flags
 from actx.schemas import layout
@@ -223,12 +224,12 @@ def _recorded_config(record: dict | None, kind: str, run: str):
         raise targets.UsageError(
             f"rerun on {kind}: the run's last launch recorded no {kind} config (it was "
             f"launched before actx recorded one, or elsewhere); give the submit config: "
-            f"`actx rerun {run} --target {kind} --config CONFIG`")
+            f"`{advice.rerun_on(run, kind, 'CONFIG')}`")
     if not os.path.isfile(path):
         raise targets.UsageError(
             f"rerun on {kind}: the run's last launch used the config {path}, which is gone; "
-            f"give one with its target table: `actx rerun {run} --target {kind} --config "
-            f"CONFIG`")
+            f"give one with its target table: "
+            f"`{advice.rerun_on(run, kind, 'CONFIG')}`")
     return _config_target(path, sets), path, sets
 
 

@@ -28,56 +28,63 @@ CONFIGURED = ("slurm", "tpu-vm")
 
 
 def record(store, config, job: str, config_file: str | None = None,
-           sets: "tuple[str, ...] | list[str]" = ()) -> None:
+           sets: "tuple[str, ...] | list[str]" = (),
+           extractions: "list[str] | None" = None) -> None:
     """Writes the launch settings of `job` (a deploy.config.TargetConfig), with the config
     file it came from (made absolute: a rerun may run from another directory) and the
-    --set overrides given with it. Best effort: a run that cannot take it still extracts
-    (the next rerun then uses the defaults)."""
+    --set overrides given with it, the job's extractions ("" the default one; None: the
+    default alone) and the record it replaces (`previous`, what `read` answered): a job
+    the run refuses did not launch the run's way, and its workers may say so long after
+    this command ended (a detached job), so `read` looks for that. Best effort: a run that
+    cannot take it still extracts (the next rerun then uses the defaults)."""
     import logging
     import os
 
     where = ({"config": os.path.abspath(config_file), "set": list(sets)}
              if config_file else {})
     try:
+        previous = read(store)
         store.write_json(KEY, {"job": job, "at": round(time.time(), 3), "target": config.kind,
-                               **{name: getattr(config, name) for name in FIELDS}, **where})
+                               **{name: getattr(config, name) for name in FIELDS}, **where,
+                               "extractions": list(extractions or [""]),
+                               "previous": previous})
     except Exception as e:  # noqa: BLE001 - a record, not the extraction
         logging.getLogger("actx.launch").warning("could not record %s: %s", KEY, e)
 
 
-def keep_unless_refused(run, previous: dict | None, job: str,
-                        extractions: "list[str]") -> None:
-    """After `job`'s workers ended: a job the run refused (a worker's heartbeat says
-    "refused": its settings are not the run's) did not launch the run's way, so the
-    record before it (`previous`; None: none) is put back, and `actx rerun RUN` launches
-    as before it. `run`: the run directory (schemas.run_dir.RunDir); `extractions`:
-    the job's extractions ("" the default one), whose heartbeats are their own."""
-    from actx.schemas import heartbeat as heartbeat_lib
-
-    try:
-        beats = [hb for name in extractions
-                 for hb in heartbeat_lib.read_heartbeats(run.extraction(name).store)]
-        if not any(hb.job == job and hb.state == "refused" for hb in beats):
-            return
-        if previous is None:
-            run.store.delete(KEY)
-        else:
-            run.store.write_json(KEY, previous)
-    except Exception as e:  # noqa: BLE001 - a record, not the extraction
-        import logging
-
-        logging.getLogger("actx.launch").warning("could not restore %s: %s", KEY, e)
-
-
 def read(store) -> dict | None:
-    """The recorded settings, or None (absent or unreadable: the defaults apply)."""
+    """The settings of the run's latest launch the run did not refuse, or None (none, or
+    unreadable: the defaults apply). The record of a job that a worker refused (its
+    heartbeat says "refused": its settings are not the run's) gives way to the record
+    before it (`previous`; a record written before actx kept one stands as it is)."""
     try:
         data = store.read_json(KEY)
     except Exception:  # noqa: BLE001 - damaged: the defaults, as without one
         return None
     if not isinstance(data, dict):
         return None
+    if "previous" not in data:
+        return data
+    previous = data.pop("previous")
+    if _refused(store, data.get("job"), data.get("extractions")):
+        return previous if isinstance(previous, dict) else None
     return data
+
+
+def _refused(store, job, extractions) -> bool:
+    """Whether a worker of `job` (of any of its `extractions`, whose heartbeats are their
+    own) says the run refused it."""
+    from actx.schemas import extraction_store
+    from actx.schemas import heartbeat as heartbeat_lib
+
+    names = [n for n in extractions if isinstance(n, str)] if isinstance(
+        extractions, list) else [""]
+    try:
+        return any(hb.job == job and hb.state == "refused" for name in names
+                   for hb in heartbeat_lib.read_heartbeats(
+                       extraction_store.view(store, name), history=False))
+    except Exception:  # noqa: BLE001 - unreadable heartbeats: the record stands
+        return False
 
 
 def kind_of(recorded: dict | None) -> str | None:

@@ -24,6 +24,7 @@ from actx.deploy.status import job_progress
 from actx.deploy.status import partition_states
 from actx.deploy.status import progress_line
 from actx.deploy.status import runstate
+from actx.schemas import advice
 from actx.schemas import config as schemas_config
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import heartbeat as heartbeat_lib
@@ -288,7 +289,7 @@ def _kept_line(run: run_dir.RunDir) -> str:
     except Exception as e:  # noqa: BLE001 - the hint matters more than the count
         kept = f"committed partitions are kept (the count is unavailable: {e})"
     return (f"extract: stopped; {kept} in {run.uri}, nothing partial was committed. "
-            f"`actx rerun {run.uri}` extracts the rest")
+            f"`{advice.rerun(run.uri)}` extracts the rest")
 
 
 def mark_dead(run: "str | run_dir.RunDir", host: str, returncode: int | None,
@@ -330,7 +331,8 @@ def mark_dead(run: "str | run_dir.RunDir", host: str, returncode: int | None,
     if stopped_by_user:
         beat = dataclasses.replace(
             beat, state="preempted", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
-            message=f"stopped by Ctrl-C in the launcher; `actx rerun {run}` finishes the run")
+            message=f"stopped by Ctrl-C in the launcher; `{advice.rerun(run)}` finishes the "
+                    f"run")
     else:
         beat = dataclasses.replace(
             beat, state="failed", updated_at=time.time(), tokens_per_s=0.0, eta_s=None,
@@ -338,8 +340,8 @@ def mark_dead(run: "str | run_dir.RunDir", host: str, returncode: int | None,
                     + (f"; its log ends: {last}" if last else "")
                     # Every uncommitted partition, not only the stale ones: what a dead
                     # worker had claimed ahead reads as pending, and must be redone too.
-                    + (f"; fix that, then `actx rerun {run}`" if data is None else
-                       f"; `actx rerun {run}` finishes the run"))
+                    + (f"; fix that, then `{advice.rerun(run)}`" if data is None else
+                       f"; `{advice.rerun(run)}` finishes the run"))
     store.write_with_summary(key, store_lib.dumps(schemas_config.to_dict(beat)),
                              heartbeat_lib.summary(beat))
     return True

@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
@@ -297,6 +298,6 @@ def render(report: VerifyReport) -> str:
         names = ", ".join(layout_lib.partition_name(p) for p in report.not_committed[:20])
         more = " ..." if len(report.not_committed) > 20 else ""
         lines.append(f"INCOMPLETE: {len(report.not_committed)} partition(s) not committed: "
-                     f"{names}{more}; `actx rerun {report.run}` extracts them "
+                     f"{names}{more}; `{advice.rerun(report.run)}` extracts them "
                      f"(`--committed-only` checks only what is committed)")
     return "\n".join(lines)

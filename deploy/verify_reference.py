@@ -37,6 +37,7 @@ from actx.deploy import hf_reference
 from actx.deploy import verify_generated
 from actx.reader import run as reader_run
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import reference_verification as record_lib
@@ -238,7 +239,7 @@ def check(handle, n: int = DEFAULT_SAMPLE, device: str = "cpu", seed: int = 0,
     if not units:
         raise ReferenceCheckError(f"{handle.location}: no committed document to recompute"
                                   + (" in the partitions --only names" if only else "")
-                                  + "; extract first (`actx rerun`)")
+                                  + f"; extract first (`{advice.rerun(handle.location)}`)")
     # A router's hooks (mixtures of experts) have no counterpart in the references' hook
     # points; the layer's mlp_out, which the chosen experts make, is compared.
     not_recomputed = tuple(h for h in sorted(run.hooks) if h.rsplit(".", 1)[-1] in info_lib.ROUTER_POINTS)

@@ -16,6 +16,7 @@ import shlex
 
 from actx.pipeline import tokenize
 from actx.pipeline import write_store
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import layout
@@ -91,7 +92,7 @@ def _add_bos_hint(existing: dict, spec: runspec_lib.RunSpec, location) -> str:
         return ""
     return (f"; or go on with it: it was prepared before spec.tokenizer.prepend_bos, with "
             f"add_bos: {str(old).lower()} (docs/checkpoints.md): add that to spec.tokenizer, "
-            f"or `actx rerun {location}`")
+            f"or `{advice.rerun(location)}`")
 
 
 def reject_summary(summary: dict) -> str:

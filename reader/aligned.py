@@ -31,6 +31,7 @@ import numpy as np
 from actx.reader import errors
 from actx.reader import run as run_lib
 from actx.reader.streaming import follow as follow_lib
+from actx.schemas import advice
 
 STATE_VERSION = 1
 
@@ -158,13 +159,14 @@ class AlignedStream:
                       for name, run in self.runs.items() if wanted - set(run.committed)}
             if behind:
                 raise errors.UncommittedPartitionError(
-                    f"partitions not committed in every extraction: {behind}; `actx rerun "
-                    f"{next(iter(self.runs.values())).location}` finishes them")
+                    f"partitions not committed in every extraction: {behind}; "
+                    f"`{advice.rerun(next(iter(self.runs.values())).location)}` finishes them")
             common &= wanted
         if not common:
             raise errors.NothingCommittedError(
                 f"{next(iter(self.runs.values())).location}: no partition is committed in "
-                f"every one of {list(self.extractions)}; `actx status` shows each one's "
+                f"every one of {list(self.extractions)}; "
+                f"`{advice.status(next(iter(self.runs.values())).location)}` shows each one's "
                 f"progress")
         return tuple(sorted(common))
 

@@ -22,6 +22,7 @@ import tensorstore as ts
 
 from actx.reader import errors
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import hook_aliases
@@ -127,14 +128,15 @@ class RunSnapshot:
         try:
             info = self._info = info_lib.read_info(self.store)
         except config_lib.ConfigError as e:
-            raise errors.NotARunError(f"{self.location}: {e}; run `actx verify`") from None
+            raise errors.NotARunError(
+                f"{self.location}: {e}; run `{advice.verify(self.location)}`") from None
         if info is None:
             # Workers create it before writing any data, so a commit without it is damage.
             raise errors.NotARunError(
                 f"{self.location.join(layout.ACTIVATIONS_INFO_KEY)}: missing, but "
                 f"{len(self.committed)} partition(s) are committed (their activations were "
-                f"removed?); `actx verify {self.location} --repair` turns them back into "
-                f"pending, then `actx rerun {self.location}` extracts them again")
+                f"removed?); `{advice.repair(self.location)}` turns them back into "
+                f"pending, then `{advice.rerun(self.location)}` extracts them again")
         # A generating run's ids are stored beside the hooks, not one of them (reader.masks)
         return sorted(h for h in info.hooks if h != layout.GENERATED_IDS)
 
@@ -150,8 +152,9 @@ class RunSnapshot:
                 f"inputs that pass")
         raise errors.NothingCommittedError(
             f"{self.location}: nothing is committed yet (0 of {len(self.partitions)} "
-            f"partitions), so no activation is readable; `actx status {self.location}` shows "
-            f"the extraction's progress, `actx rerun {self.location}` extracts them; then "
+            f"partitions), so no activation is readable; `{advice.status(self.location)}` "
+            f"shows the extraction's progress, `{advice.rerun(self.location)}` extracts them; "
+            f"then "
             f"reopen the run (or call run.refresh())")
 
     @property
@@ -210,7 +213,7 @@ class RunSnapshot:
                 raise errors.UncommittedPartitionError(
                     f"{self.location}: partition {pid} ({layout.partition_name(pid)}, rows "
                     f"{self.partitions[pid].row_start}..{self.partitions[pid].row_stop - 1}) "
-                    f"is not committed; finish it with `actx rerun {self.location}` and "
+                    f"is not committed; finish it with `{advice.rerun(self.location)}` and "
                     f"reopen the run")
         for hook in hooks:
             self.hook(hook)

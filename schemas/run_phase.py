@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from actx.schemas import advice
 from actx.schemas import heartbeat as heartbeat_lib
 
 NOT_STARTED, STARTING, RUNNING, FINISHED, STOPPED, FAILED = (
@@ -21,9 +22,8 @@ PHASE_NOTES = {
     STARTING: "workers are loading the model or compiling; throughput follows",
     RUNNING: "workers are extracting",
     FINISHED: "every partition is committed",
-    STOPPED: "no live worker and partitions left: `actx rerun {run}` finishes them",
-    FAILED: "a worker failed (its reason is in the hosts table): `actx rerun {run}` after "
-            "a fix",
+    STOPPED: "no live worker and partitions left: `{rerun}` finishes them",
+    FAILED: "a worker failed (its reason is in the hosts table): `{rerun}` after a fix",
 }
 # A heartbeat older than this, in a live state, is a dead worker's (status's default).
 DEFAULT_STALE_AFTER_S = 60.0
@@ -33,7 +33,7 @@ LIVE_STATES = ("starting", "working", "idle")  # a heartbeat in these states cla
 def phase_note(phase: str, run: str) -> str:
     """What the phase means, with the command that finishes the run as typed (`actx rerun`
     alone would not run: it needs the run)."""
-    return PHASE_NOTES[phase].format(run=run)
+    return PHASE_NOTES[phase].format(rerun=advice.rerun(run))
 
 
 def phase(complete: bool, hosts) -> str:

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
@@ -34,3 +36,13 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "real_slurm: runs against the real two-node Slurm cluster that "
         "tests/slurm_cluster.sh starts (.ci/run does); skips, saying why, without one")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _lines_printed_whole():
+    """No COLUMNS in the tests' environment, or their actx processes' (deploy.columns
+    would wrap what they print): neither a terminal's exported one nor the one GNU
+    readline puts into the process environment when pytest imports it (os.environ does
+    not see that one, the children inherit it). tests/test_eighty_columns.py sets it."""
+    os.environ.pop("COLUMNS", None)
+    os.unsetenv("COLUMNS")

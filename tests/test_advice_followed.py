@@ -5,15 +5,20 @@ failure banner or rerun advice remains. Cases: a dead worker of a job whose repl
 share work (it had claimed partitions ahead, which read as pending), and a verify that
 fails. (A Ctrl-C is followed in tests/test_terminal_story.py; a SIGKILLed worker under a
 real launcher in tests/test_ops_dead_worker.py.) Real worker processes on a tiny random
-Qwen2; the dead worker's traces are written as a killed worker leaves them."""
+Qwen2; the dead worker's traces are written as a killed worker leaves them.
+
+Every command actx advises is made by schemas.advice from its table of kinds; the tests here
+hold that table against the code (no advice made elsewhere) and against where each kind is
+followed as printed, per target (tests/advice_follow.py's FOLLOWED_IN)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import io
+import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -25,25 +30,18 @@ from actx.deploy.page import data as ui_data
 from actx.deploy.status import runstate
 from actx.deploy.status import text as status_text
 from actx.deploy.targets import local as local_target
-from actx.schemas import commit, config as config_lib, heartbeat, layout, store
+from actx.schemas import advice, commit, config as config_lib, heartbeat, layout, store
 from actx.schemas import run_dir
-from tests import hf_models, token_runs
+from tests import advice_follow, hf_models, token_runs
+from tests.advice_follow import follow
 
-COMMAND = re.compile(r"`(actx [^`]*)`")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEAD_JOB, DEAD_HOST = "local-20260101-000000", "local-r1h0"
 
 
 def _advice(text: str) -> set[str]:
     """The commands a text tells its reader to type, as they are written."""
-    return set(COMMAND.findall(text))
-
-
-def _follow(command: str) -> tuple[int, str]:
-    """Runs a printed command exactly (its argv after `actx`) through the CLI."""
-    out = io.StringIO()
-    argv = shlex.split(command)
-    assert argv[0] == "actx", command
-    return cli.main(argv[1:], out=out), out.getvalue()
+    return {command for _, command in advice.find(text)}
 
 
 def _everything_said(run: str) -> tuple[str, dict]:
@@ -97,14 +95,15 @@ def test_a_dead_worker_with_claims_ahead_is_finished_by_what_every_view_advises(
     text, page = _everything_said(run)
     [host] = page["hosts"]
     assert host["dead"] and "killed by SIGKILL" in host["message"]
-    advised = (_advice(launcher.getvalue()) | _advice(text) | _advice(host["message"])
-               | {c for c in page["commands"].values() if c.startswith("actx rerun")})
+    views = "\n".join([launcher.getvalue(), text, host["message"],
+                        *page["commands"].values()])
+    advised = _advice(views)
     # One command everywhere, and not `--only stale`: that would leave p-00000 and p-00003
     # pending and answer "nothing to do" on the next try.
-    advised.discard(f"actx verify {run}")  # status's "verify: not run yet" line
-    assert advised == {f"actx rerun {run}"}, advised
+    assert advised == {f"actx rerun {run}", f"actx verify {run}",
+                       f"actx status {run} --json"}, advised
 
-    code, said = _follow(f"actx rerun {run}")
+    code, said = follow(views, "rerun")
     assert code == 0, said
     s = store.open_store(run)
     assert sorted(commit.committed_partitions(s, 4)) == [0, 1, 2, 3]
@@ -117,13 +116,23 @@ def test_a_dead_worker_with_claims_ahead_is_finished_by_what_every_view_advises(
     assert not any(h["dead"] for h in page["hosts"])
     dead = next(h for h in page["hosts"] if h["host"] == DEAD_HOST)
     assert "killed by SIGKILL" in dead["message"] and "actx rerun" not in dead["message"]
-    out = io.StringIO()
-    assert cli.main(["status", run, "--json"], out=out) == 0
-    assert "actx rerun" not in out.getvalue()
+    # The page's command for a script: the run's status as JSON, finished.
+    code, said = follow("\n".join(page["commands"].values()), "status_json")
+    assert code == 0 and json.loads(said)["phase"] == "finished"
+    assert "actx rerun" not in said
+    # What status says of a verify that has not run yet, followed: the run verifies, and
+    # status says so.
+    code, said = follow(text, "verify")
+    assert code == 0 and "OK: every committed block matches its checksum" in said, said
+    text, page = _everything_said(run)
+    assert "not run yet" not in text and page["verification"]["ok"]
+    # The page's reader command, in a fresh interpreter: the run's description.
+    code, said = follow(page["commands"]["read"], "read")
+    assert code == 0 and "layers.0.resid_post" in said, said
 
 
 def test_a_failed_verify_is_finished_by_the_commands_it_prints(run):
-    assert _follow(f"actx rerun {run}")[0] == 0
+    assert cli.main(["rerun", run], out=io.StringIO()) == 0
     # One stored chunk of p-00002's rows damaged on disk, as a bad disk would.
     chunk = _a_chunk_of(run, row_start=16)
     with open(chunk, "r+b") as f:
@@ -131,21 +140,20 @@ def test_a_failed_verify_is_finished_by_the_commands_it_prints(run):
         data[len(data) // 2] ^= 0xFF
         f.seek(0)
         f.write(data)
-    code, said = _follow(f"actx verify {run}")
+    code, said = cli.main(["verify", run], out=(out := io.StringIO())), out.getvalue()
     assert code == 1 and "FAILED" in said
     text, page = _everything_said(run)
     assert "failed the latest `actx verify`" in text
     # verify -> verify --repair -> rerun -> verify: each printed by the one before.
     assert _advice(said) == {f"actx verify {run} --repair", f"actx rerun {run}"}, said
-    repair = f"actx verify {run} --repair"
-    code, said = _follow(repair)
+    code, said = follow(said, "repair")
     assert code == 1 and "REPAIRED: 1 partition(s)" in said, said
-    [rerun] = [c for c in _advice(said) if c.startswith("actx rerun")]
-    assert rerun == f"actx rerun {run}"
+    rerun = advice_follow.advised(said, "rerun")
     text, _ = _everything_said(run)
-    assert rerun in text  # status says the same now that p-00002 is pending
-    assert _follow(rerun)[0] == 0
-    code, said = _follow(f"actx verify {run}")
+    assert advice_follow.advised(text, "rerun") == rerun  # status says the same now
+    code, said = follow(said, "rerun")
+    assert code == 0, said
+    code, said = follow(said, "verify")  # the rerun's "check them:"
     assert code == 0 and "OK: every committed block matches its checksum" in said, said
     text, page = _everything_said(run)
     assert "phase:      finished" in text and "actx rerun" not in text
@@ -213,3 +221,89 @@ def test_status_line_of_a_finished_run_keeps_no_advice(run):
     [h] = status.hosts
     assert "killed by SIGKILL" in h.message and "actx rerun" not in h.message
     assert "actx rerun" not in status_text.render(status)
+
+
+def test_every_kind_of_advice_is_followed_where_it_is_printed():
+    """The registry's kinds, each with a situation per target that prints it: a test that
+    follows that kind as printed (`follow(text, kind)`); no kind without one."""
+    assert set(advice_follow.FOLLOWED_IN) == set(advice.KINDS), (
+        "kinds of advice no test follows: "
+        f"{sorted(set(advice.KINDS) - set(advice_follow.FOLLOWED_IN))}")
+    for kind, where in advice_follow.FOLLOWED_IN.items():
+        assert where and set(where) <= {"local", "slurm", "tpu-vm"}, (kind, where)
+        for target, node in where.items():
+            path, name = node.split("::")
+            tree = ast.parse(open(os.path.join(REPO, path)).read())
+            [test] = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == name]
+            calls = [c for c in ast.walk(test) if isinstance(c, ast.Call)
+                     and getattr(c.func, "id", getattr(c.func, "attr", None)) == "follow"
+                     and len(c.args) >= 2 and isinstance(c.args[1], ast.Constant)]
+            assert kind in {c.args[1].value for c in calls}, (
+                f"{node} ({target}) does not follow advice of kind {kind!r} as printed")
+
+
+def test_find_tells_every_kind_apart():
+    """Each kind's command, printed among others, is found as that kind, whole."""
+    fields = {"run": "/r/x", "target": "slurm", "config": "/c/s.yaml"}
+    for name, kind in advice.KINDS.items():
+        command = advice.command(name, **{k: v for k, v in fields.items()
+                                          if "{" + k + "}" in kind.template})
+        text = f"phase: failed; `{command}` does it; then `actx status /r/x --watch`"
+        assert advice.find(text)[0] == (name, command), (name, advice.find(text))
+
+
+# Advice made outside the registry: an f-string (or a template) that writes an actx command
+# with a field in it (a run, a config).
+_MADE_HERE = re.compile(r"actx (rerun|verify|status|down) [^`\"'\n]*\{")
+
+
+def _advice_made_elsewhere(root: str) -> list[str]:
+    found = []
+    for top in ("deploy", "pipeline", "workers", "reader", "schemas", "adapters"):
+        for directory, _, files in os.walk(os.path.join(root, top)):
+            for name in sorted(files):
+                path = os.path.join(directory, name)
+                if not name.endswith(".py") or path.endswith(os.path.join("schemas", "advice.py")):
+                    continue
+                tree = ast.parse(open(path).read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.JoinedStr):
+                        text = "".join(v.value if isinstance(v, ast.Constant) else "{}"
+                                       for v in node.values)
+                    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                        text = node.value
+                    else:
+                        continue
+                    if _MADE_HERE.search(text):
+                        found.append(f"{os.path.relpath(path, root)}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_every_piece_of_advice_is_made_by_the_registry():
+    assert _advice_made_elsewhere(REPO) == []
+
+
+def test_the_scan_sees_advice_made_elsewhere(tmp_path):
+    bad = tmp_path / "deploy" / "bad.py"
+    bad.parent.mkdir()
+    bad.write_text('A = f"`actx rerun {run}` finishes it"\n'
+                   'B = "nothing was recorded; `actx verify {run}` checks it again"\n'
+                   'C = f"`{advice.rerun(run)}` finishes it"\n')
+    assert _advice_made_elsewhere(str(tmp_path)) == ["deploy/bad.py:1", "deploy/bad.py:2"]
+
+
+def test_the_readers_advice_on_a_run_not_extracted_yet_finishes_it(run):
+    """A prepared run opened by the reader before any partition is committed: the error
+    names the command that shows the run's progress and the one that extracts it, each
+    followed as printed; then the run reads."""
+    from actx import reader
+    from actx.reader import errors
+
+    with pytest.raises(errors.NothingCommittedError) as e:
+        reader.open_run(run).rows("layers.0.resid_post", 0, 1)
+    said = str(e.value)
+    code, status_said = follow(said, "status")
+    assert code == 0 and "0 committed" in status_said, status_said
+    code, rerun_said = follow(said, "rerun")
+    assert code == 0, rerun_said
+    assert reader.open_run(run).rows("layers.0.resid_post", 0, 1).shape[0] == 1

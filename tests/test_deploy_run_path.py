@@ -7,6 +7,7 @@ told otherwise."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -196,3 +197,52 @@ def test_rerun_stays_on_the_runs_own_slurm_target(tmp_path):
     s.write_json(launch_record.KEY, {"job": "old", "target": "slurm", "batch_size": 16})
     with pytest.raises(Exception, match="recorded no slurm config"):
         jobs._rerun_target(args, s, io.StringIO())
+
+
+def test_a_detached_job_the_run_refuses_later_leaves_the_earlier_launch_to_rerun(tmp_path):
+    """A Slurm (or tpu-vm) job's workers start after `actx submit` ended, and may then be
+    refused (another batch size); the plain rerun still launches as the job before it did,
+    whenever the refusal came; a job that was not refused is the one a rerun follows.
+    Named extractions' workers say so in their own heartbeats."""
+    import time
+
+    from actx.schemas import extraction_store, heartbeat, layout
+
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    s = store.open_store(run)
+    cfg = tmp_path / "slurm.yaml"
+    cfg.write_text(yaml.safe_dump({"run": run, "target": {
+        "kind": "slurm", "slurm": {"name": "lab", "nodes": 2}}}))
+    first = deploy_config.TargetConfig(kind="slurm", batch_size=16)
+    launch_record.record(s, first, "first", str(cfg))
+    recorded = launch_record.read(s)
+    assert (recorded["job"], recorded["batch_size"]) == ("first", 16)
+
+    def worker_says(job: str, state: str, extraction: str = "") -> None:
+        beat = heartbeat.Heartbeat(host="lab-r0h0", replica=0, process_index=0, state=state,
+                                   attempt="a", updated_at=time.time(), job=job)
+        extraction_store.view(s, extraction).write_json(
+            layout.heartbeat_key("lab-r0h0"), config_lib.to_dict(beat))
+
+    for extractions, where in ((None, ""), (["", "second"], "second")):
+        launch_record.record(s, dataclasses.replace(first, batch_size=8), "bad", str(cfg),
+                             extractions=extractions)
+        assert launch_record.read(s)["job"] == "bad"  # its workers have not said yet
+        worker_says("bad", "refused", where)  # ... after `actx submit` ended
+        assert launch_record.read(s) == recorded
+        args = _rerun_args()
+        args.run = run
+        assert jobs._rerun_target(args, s, io.StringIO()).batch_size == 16
+        worker_says("first", "working", where)
+        launch_record.record(s, first, "first", str(cfg))  # put back as it was
+        recorded = launch_record.read(s)
+    # A job its workers accept is what the next rerun follows.
+    launch_record.record(s, dataclasses.replace(first, batch_size=32), "good", str(cfg))
+    worker_says("good", "working")
+    assert launch_record.read(s)["batch_size"] == 32
+    # No job before the refused one: no record, the defaults apply.
+    s.delete(launch_record.KEY)
+    launch_record.record(s, first, "lone", str(cfg))
+    worker_says("lone", "refused")
+    assert launch_record.read(s) is None

@@ -24,6 +24,7 @@ from actx.deploy import cli
 from actx.pipeline import sample_data
 from actx.schemas import job_lease, layout, store
 from tests import hf_models
+from tests.advice_follow import follow
 from tests.fake_gcloud_fixtures import fake_cloud, pod_config  # noqa: F401 (fixture)
 
 HOSTS = 4
@@ -99,6 +100,7 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     code, out = _main(["submit", cfg, "--job", job])
     phase("submit")
     assert code == 0, out
+    submitted = out  # it says how the slice goes: followed at the end
     assert "workers are running on pod1, detached" in out
     # What ran is what the dry run printed, and gcloud saw exactly those argvs (the
     # queued-resource query repeated until ACTIVE).
@@ -139,6 +141,7 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     time.sleep(3.5)
     code, out = _main(["status", run, "--json", "--stale-after", "3"])
     st = json.loads(out)
+    code, stale_status = _main(["status", run, "--stale-after", "3"])  # its advice: below
     assert not any(h["live"] for h in st["hosts"]), st["hosts"]
     # "(process gone)" where status runs on the host's machine, as here, where every
     # simulated host is this machine; "(stale)" from anywhere else.
@@ -166,17 +169,19 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     assert job_lease.read(s) is None  # its hosts died: taken over, given back on failure
     advice = (f"`actx rerun {run} --target tpu-vm --config {cfg} --recreate`")
     assert f"if the slice was preempted or deleted: {advice}" in out
+    recreate = out
     # With neither --target nor --config, a rerun stays on the run's own target (what
-    # launch.json recorded: tpu-vm, this config): the same answer, no local worker.
+    # launch.json recorded: tpu-vm, this config): the same answer, no local worker. The
+    # plain rerun as status advised it once the hosts were stale.
     _seen_from_elsewhere_just_now(s)
-    code, out = _main(["rerun", run, "--job", "r0b"])
+    code, out = follow(stale_status, "rerun", "--job", "r0b")
     assert code == 1 and "FAILED_PRECONDITION: TPU pod1 is PREEMPTED" in out, out
     assert "rerun: as the run's last launch: on tpu-vm" in out, out
     assert "local-r0h0" not in out and job_lease.read(s) is None
     _seen_from_elsewhere_just_now(s)
     job2 = f"j2-{uuid.uuid4().hex[:6]}"
     # The advice, followed exactly (with --wait and a job name to follow it here).
-    code, out = _main(shlex.split(advice.strip("`"))[1:] + ["--wait", "--job", job2])
+    code, out = follow(recreate, "rerun_recreate", "--wait", "--job", job2)
     assert code == 0, out
     assert "another job is extracting" not in out
     phase("status, rerun --recreate --wait")
@@ -207,7 +212,7 @@ def test_pod_journey_submit_preempt_rerun_verify_down(pod_inputs, fake_cloud, tm
     assert ours.keys() == ref.keys() and len(ours) > n
     assert [k for k in ours if ours[k] != ref[k]] == []
 
-    code, out = _main(["down", "--config", cfg])
+    code, out = follow(submitted, "down")  # "delete the slice afterwards: ..."
     assert code == 0, out
     state = fake_cloud.read()
     assert state["queued"] == {} and state["tpus"] == {} and fake_cloud.host_pids() == []

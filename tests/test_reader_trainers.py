@@ -1,5 +1,6 @@
 """reader.trainers: the hand-offs to dictionary_learning (an ActivationBuffer drop-in) and
-SAELens (its cached-activations dataset, read back with HF datasets as SAELens reads it)."""
+SAELens (its cached-activations dataset, read back with HF datasets as SAELens reads it);
+docs/training.md's SAELens, dictionary_learning and sparsify blocks, run where each is installed."""
 
 import numpy as np
 import pytest
@@ -200,3 +201,98 @@ def test_saelens_recipes_of_the_docs_train_an_sae_from_the_run(tmp_path):
     cached = explained(np.load(work / "cached.npz"))
     assert direct[0] > 0.4 and direct[1] < 16, direct  # of 512 latents; the data has 3
     assert cached[0] > 0.3, cached
+
+
+def _python_with(module: str, variable: str) -> str | None:
+    """An interpreter that has `module`: this one, or the one the environment variable
+    `variable` names (the trainers bring packages of their own: wandb, nnsight,
+    accelerate; a venv beside actx's pins)."""
+    import importlib.util
+    import os
+    import sys
+
+    if importlib.util.find_spec(module) is not None:
+        return sys.executable
+    return os.environ.get(variable)
+
+
+# docs/training.md's dictionary_learning and sparsify blocks, each imported as a module
+# (so that its `if __name__ == "__main__":` part stays out) and called with a short
+# schedule; the SAE's weights come back as arrays for numpy to apply.
+_TRAINER_DRIVE = {
+    "dictionary_learning": """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import training_recipe as recipe
+sae = recipe.train(sys.argv[2], sys.argv[3], batch=128, steps=1500, lr=3e-3, l1_penalty=0.3)
+np.savez(f"{sys.argv[1]}/sae.npz", **{k: v.detach().cpu().numpy() for k, v in {
+    "W_enc": sae.encoder.weight.T, "b_enc": sae.encoder.bias, "W_dec": sae.decoder.weight.T,
+    "b_dec": sae.bias}.items()})
+""",
+    "sparsify": """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import training_recipe as recipe
+sae = recipe.train(sys.argv[2], batch=128, steps=1500, k=4, lr=3e-3, warmup_steps=50,
+                   normalize=None)
+np.savez(f"{sys.argv[1]}/sae.npz", k=sae.cfg.k, **{k: v.detach().cpu().numpy() for k, v in {
+    "W_enc": sae.encoder.weight.T, "b_enc": sae.encoder.bias, "W_dec": sae.W_dec,
+    "b_dec": sae.b_dec}.items()})
+""",
+}
+
+
+def _apply_sae(p, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reconstruction, latents) of an SAE's weights on `x`, in numpy: ReLU of the
+    centred encoder, the k largest kept where the SAE is a TopK one."""
+    f = np.maximum((x - p["b_dec"]) @ p["W_enc"] + p["b_enc"], 0)
+    if "k" in p:
+        k = int(p["k"])
+        f = np.where(f >= np.sort(f, axis=1)[:, -k:][:, :1], f, 0)
+    return f @ p["W_dec"] + p["b_dec"], f
+
+
+@pytest.mark.parametrize("package,variable,heading", [
+    ("dictionary_learning", "ACTX_DICTIONARY_LEARNING_PYTHON", "## dictionary_learning"),
+    ("sparsify", "ACTX_SPARSIFY_PYTHON", "## sparsify"),
+])
+def test_trainer_recipe_of_the_docs_trains_an_sae_from_the_run(tmp_path, package, variable,
+                                                               heading):
+    """The page's block runs as written (a short schedule given to its function) and returns
+    an SAE that, applied with numpy to the run's raw activations, explains them with few
+    latents: the run holds sparse sums of a dictionary (tests/test_sae_example.py), which
+    an untrained SAE does not."""
+    import os
+    import pathlib
+    import re
+    import subprocess
+
+    python = _python_with(package, variable)
+    if python is None:
+        pytest.skip(f"{package} not installed here and {variable} not set")
+    from actx.deploy import config as deploy_config
+    from tests.test_sae_example import _sparse_run
+
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    section = page[page.index(heading):]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    assert f"from {package}" in code and 'if __name__ == "__main__":' in code
+    work = tmp_path / "drive"
+    work.mkdir()
+    (work / "training_recipe.py").write_text(code)
+    uri = _sparse_run(tmp_path)
+    env = {**os.environ, "PYTHONPATH": deploy_config.code_path(), "OMP_NUM_THREADS": "1",
+           "WANDB_MODE": "disabled"}
+    done = subprocess.run([python, "-c", _TRAINER_DRIVE[package], str(work), uri,
+                           str(tmp_path / "saved")], capture_output=True, text=True,
+                          env=env, cwd=str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = reader.open_run(uri)
+    x = run.rows(HOOK, 0, run.total_rows).reshape(-1, run.hook(HOOK).hidden)
+    x = x[np.linalg.norm(x, axis=1) > 0].astype(np.float64)  # the valid tokens
+    p = dict(np.load(work / "sae.npz"))
+    x_hat, f = _apply_sae(p, x)
+    explained = 1 - ((x_hat - x) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()
+    active = (f > 0).sum(1).mean()
+    print(f"{package}: explained variance {explained:.3f}, mean active latents {active:.1f}")
+    assert explained > 0.5 and active < 16, (explained, active)  # of 512 latents; data: 3

@@ -9,6 +9,10 @@ node set DOWN, no accounting (no sacct).
   - a task killed mid-run, then the advice status prints followed as printed: the rerun
     stays on Slurm and completes with no partition extracted twice;
   - `actx down` cancels a running job;
+  - the advice a detached job prints, each followed as printed: `actx down` stops it, the
+    rerun on Slurm the follower names resumes it, `actx status --watch` follows that to
+    the end, and `actx verify` passes; a rerun the run refuses after its command ended
+    leaves the launch record the plain rerun follows as it was;
   - a node set DOWN mid-run: the job ends, and the advice finishes the run once the node
     is back.
 
@@ -25,15 +29,17 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
 import pytest
 
-from actx.deploy import cli
+from actx.deploy import cli, launch_record
 from actx.deploy.targets.slurm import plan
 from actx.schemas import job_lease, store
 from tests import real_slurm, slurm_configs
+from tests.advice_follow import follow
 
 pytestmark = pytest.mark.real_slurm
 
@@ -206,7 +212,7 @@ def test_killed_task_then_the_advice_as_printed_completes_without_duplicates(con
 
     page = page_data.page_commands(runstate.compute_status(run_dir.open_run(run)))
     assert shlex.split(page["rerun_all"]) == argv, page
-    code, out = _main(argv[1:] + ["--job", "k2"])
+    code, out = follow(_main(["status", run])[1], "rerun", "--job", "k2")
     assert code == 0, out
     assert "another job is extracting" not in out
     assert "on slurm" in out, out
@@ -253,6 +259,51 @@ def test_down_cancels_a_running_job(config):
         h for h in _status(run)["hosts"] if h["state"] == "stopped"] if all(
         h["state"] == "stopped" for h in _status(run)["hosts"]) else None, timeout=60)
     assert len(hosts) == NODES
+
+
+def test_detached_advice_as_printed_stops_resumes_and_finishes_the_run(config):
+    """Each command a detached Slurm job's output advises, followed as printed: submit
+    --wait says how to stop the job; stopped once it extracts, its follower names the
+    partitions left and the rerun on Slurm that redoes them; that rerun, detached, says
+    how to follow it, which follows it to the end; then status's verify passes."""
+    path, cfg = config
+    run, name = cfg["run"], cfg["target"]["slurm"]["name"]
+    s = store.open_store(run)
+    out, ended = io.StringIO(), {}
+    waiting = threading.Thread(target=lambda: ended.setdefault("code", cli.main(
+        ["submit", path, "--job", "a1", "--wait"], out=out)))
+    waiting.start()
+    try:
+        _wait_for("a first commit", lambda: _committed(s), every=0.05)
+        _wait_for("how the job stops", lambda: "cancel it: actx down" in out.getvalue())
+        code, said = follow(out.getvalue(), "down")
+        assert code == 0 and "job lease of job a1" in said, said
+    finally:
+        waiting.join(timeout=300)
+    n = len(s.read_json("manifest.json")["partitions"]["id"])
+    assert ended["code"] == 1 and len(_committed(s)) < n, out.getvalue()
+    _wait_for("the job gone from squeue", lambda: _squeue(name) == "", timeout=60)
+    stopped = out.getvalue()
+    assert f"--target slurm --config {path}` redoes them" in stopped, stopped
+    # A rerun the run refuses (another batch size: other rows per device than its
+    # numerics record), which its workers find out after the command ended: the launch
+    # record the plain rerun follows is still the job's before it (deploy.launch_record).
+    code, said = _main(["rerun", run, "--batch-size", "8", "--job", "bad"])
+    assert code == 0 and "workers are running as Slurm job" in said, said
+    _wait_for("the workers' refusal", lambda: any(
+        h["state"] == "refused" for h in _status(run)["hosts"]), timeout=180)
+    _wait_for("the refused job gone from squeue", lambda: _squeue(name) == "", timeout=120)
+    recorded = launch_record.read(s)
+    assert (recorded["job"], recorded["batch_size"]) == ("a1", 4), recorded
+
+    code, said = follow(stopped, "rerun_on", "--job", "a2")
+    assert code == 0 and "workers are running as Slurm job" in said, said
+    code, watched = follow(said, "watch")  # returns once every partition is committed
+    assert code == 0 and watched.rstrip().splitlines()[0].startswith("run "), watched
+    assert _committed(s) == set(range(n)) and "phase:      finished" in watched, watched
+    _wait_for("the rerun's job to end", lambda: _squeue(name) == "", timeout=120)
+    code, said = follow(_main(["status", run])[1], "verify")
+    assert code == 0 and "OK: every committed block matches its checksum" in said, said
 
 
 def test_a_node_set_down_mid_run_then_the_advice_finishes_the_run(config, tmp_path):

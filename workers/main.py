@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Protocol
 
+from actx.schemas import advice
 from actx.schemas import errors, flags, stop_signals, worker_options
 from actx.workers.replicas import distributed
 from actx.workers.loop import model_groups
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # SIGINT or SIGTERM: nothing partial is committed (a partition counts only with its marker).
 INTERRUPTED = ("actx extract: interrupted by {signal}; partitions without a commit marker "
-               "stay uncommitted: `actx rerun {run}` finishes them")
+               "stay uncommitted: `{rerun}` finishes them")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,8 +221,8 @@ class _StopSignals:
         """The one line that says what a stop signal left and what finishes it: once per
         process, whichever loop or phase noticed the signal first."""
         if self._said.acquire(blocking=False):
-            print(INTERRUPTED.format(run=run, signal=self.received.name), file=sys.stderr,
-                  flush=True)
+            print(INTERRUPTED.format(rerun=advice.rerun(run), signal=self.received.name),
+                  file=sys.stderr, flush=True)
 
     def on_signal(self, signum, frame):
         again = self.received.is_set()

@@ -15,6 +15,7 @@ from actx.deploy.status import partition_states
 from actx.deploy.status import progress_line
 from actx.deploy.status import runstate
 from actx.deploy.status import text as status_text
+from actx.schemas import advice
 from actx.schemas import job_lease
 from actx.schemas import layout
 from actx.schemas import run_dir
@@ -48,7 +49,7 @@ def follow(run: "str | run_dir.RunDir", host_prefix: str, started_at: float,
     except KeyboardInterrupt:
         # Not "interrupted": the command's own "actx ...: interrupted" line says that.
         print(f"stopped following; the job goes on on {where} (committed partitions are "
-              f"kept): `actx status {run.uri} --watch` follows it again", file=out, flush=True)
+              f"kept): `{advice.watch(run.uri)}` follows it again", file=out, flush=True)
         raise
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached import lease
+from actx.schemas import advice
 
 
 def launch(plan, job: targets.Job, opts: targets.LaunchOptions, out, *, config,
@@ -35,10 +36,12 @@ def launch(plan, job: targets.Job, opts: targets.LaunchOptions, out, *, config,
         return code
     if not opts.join:  # how `actx rerun RUN` launches next (deploy.launch_record)
         from actx.deploy import launch_record
+        from actx.schemas import extraction as extraction_lib
 
-        launch_record.record(job.run.store, config, job.name, opts.config_file, opts.sets)
+        launch_record.record(job.run.store, config, job.name, opts.config_file, opts.sets,
+                             extraction_lib.parse(job.extraction))
     print(f"workers are running {running}, detached from this command.\n"
-          f"  progress: actx status {job.run.uri} --watch\n"
+          f"  progress: {advice.watch(job.run.uri)}\n"
           f"  logs:     {job.run.log_uri(job.name)} "
           f"(copied as they grow)\n"
           f"  {stop}", file=out, flush=True)

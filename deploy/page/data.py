@@ -13,6 +13,7 @@ from actx.deploy.status import partition_states
 from actx.deploy.status import run_facts
 from actx.deploy.status import runstate
 from actx.deploy.status import text as status_text
+from actx.schemas import advice
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
 
@@ -109,16 +110,15 @@ def page_commands(status: runstate.RunStatus) -> dict:
     rerun; an unfinished one is rerun whole (every uncommitted partition: `--only stale`
     would leave the partitions a dead worker had claimed ahead, which read as pending)."""
     run = status.run
-    cmds = {"status": f"actx status {run} --json"}
+    cmds = {"status": advice.status_json(run)}
     if status.complete and not status.problem:
-        cmds["read"] = (f"python -c \"import actx; print(actx.open_run('{run}')"
-                        f".describe())\"")
+        cmds["read"] = advice.read(run)
     elif status.problem:  # its markers vouch for nothing: repaired first, then rerun
-        cmds["repair"] = f"actx verify {run} --repair"
-        cmds["rerun_all"] = f"actx rerun {run}"
+        cmds["repair"] = advice.repair(run)
+        cmds["rerun_all"] = advice.rerun(run)
     else:
-        cmds["rerun_all"] = f"actx rerun {run}"
-    cmds["verify"] = f"actx verify {run}"
+        cmds["rerun_all"] = advice.rerun(run)
+    cmds["verify"] = advice.verify(run)
     return cmds
 
 

@@ -176,7 +176,7 @@ function renderIdentity(d) {
   const v = d.verification, el = $("verify");
   if (!v) {
     el.className = ""; el.dataset.state = "none";
-    el.innerHTML = `not run yet: <code>actx verify ${esc(d.run)}</code> re-reads the data ` +
+    el.innerHTML = `not run yet: <code>${esc(d.commands.verify)}</code> re-reads the data ` +
                    `against its commit markers`;
   } else if (v.ok) {
     el.className = "ok"; el.dataset.state = "passed";

@@ -10,6 +10,8 @@ import shutil
 import time
 from typing import Callable
 
+from actx.deploy import columns
+
 PIPE_EVERY_S = 10.0  # at most one progress line this often in a pipe or a file
 
 
@@ -50,8 +52,9 @@ class ProgressLine:
     def note(self, line: str) -> None:
         """A line of its own (a start-up phase), tty or not: on a terminal it replaces the
         line rewritten in place, which the next `show` draws again below it."""
-        if self.tty:
-            print("\r\x1b[2K" + line, file=self.out, flush=True)
+        if self.tty:  # wrapped here: the stream passes what follows a "\r" as it is
+            print("\r\x1b[2K" + "\n".join(columns.fit(line, self.width())), file=self.out,
+                  flush=True)
             self._open = False
         else:
             print(line, file=self.out, flush=True)

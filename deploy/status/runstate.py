@@ -18,6 +18,7 @@ from actx.deploy.status import json_text as status_json
 from actx.deploy.status import run_facts
 from actx.deploy.status.partition_states import COMMITTED, IN_PROGRESS, STALE, PartitionStates
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import run_dir
 from actx.schemas import config as schemas_config
@@ -294,9 +295,9 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
     problem = ""
     if committed and info is None and not handle.store.exists(layout_lib.ACTIVATIONS_INFO_KEY):
         problem = (f"{layout_lib.ACTIVATIONS_INFO_KEY} is missing, but {len(committed)} "
-                   f"partition(s) are committed (their activations were removed?); `actx "
-                   f"verify {handle.location} --repair` turns them back into pending, then "
-                   f"`actx rerun {handle.location}` extracts them again")
+                   f"partition(s) are committed (their activations were removed?); "
+                   f"`{advice.repair(handle.location)}` turns them back into pending, then "
+                   f"`{advice.rerun(handle.location)}` extracts them again")
     return RunStatus(
         elapsed_s=elapsed, average_tokens_per_s=average, current_tokens_per_s=current,
         run=str(handle.location), name=handle.spec.name, fingerprint=handle.spec.fingerprint,

@@ -10,6 +10,7 @@ from actx.deploy.status import json_text as status_json
 from actx.deploy.status import run_facts
 from actx.deploy.status.partition_states import COMMITTED, IN_PROGRESS, PENDING, STALE
 from actx.deploy.status.runstate import HostState, RunStatus, map_chars
+from actx.schemas import advice
 from actx.schemas import layout as layout_lib
 from actx.schemas import token_masks as token_masks_lib
 
@@ -192,7 +193,7 @@ def generated_words(g: dict) -> str:
 def _verify_line(status: RunStatus) -> str:
     v = status.verification
     if v is None:
-        return f"not run yet: `actx verify {status.run}` re-reads the data against its markers"
+        return f"not run yet: `{advice.verify(status.run)}` re-reads the data against its markers"
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v["at"]))
     if v["ok"]:
         return f"passed at {when} ({v['checked']} partition(s) checked)"
@@ -259,7 +260,7 @@ def render(status: RunStatus) -> str:
     if status.failed_verification:
         names = ", ".join(layout_lib.partition_name(p) for p in status.failed_verification[:20])
         lines.append(f"verify:     {len(status.failed_verification)} committed partition(s) "
-                     f"failed the latest `actx verify`: {names}; `actx verify {status.run}` "
+                     f"failed the latest `actx verify`: {names}; `{advice.verify(status.run)}` "
                      f"says why")
     chars = map_chars(status)
     per_char = max(1, -(-len(chars) // TEXT_MAP_CHARS))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from actx.deploy import config as config_lib
 from actx.deploy.commands import Command
+from actx.schemas import advice
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import worker_options
 
@@ -104,7 +105,8 @@ def run_local(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
         print(f"extract: Beam worker process "
               f"{'; '.join(dead_workers.describe(hb) for _, hb in dead)} "
               f"died, and Beam's local runner would wait for it forever: the pipeline was "
-              f"stopped. Nothing partial was committed; `actx rerun {run.uri}` finishes the run",
+              f"stopped. Nothing partial was committed; `{advice.rerun(run.uri)}` finishes the "
+              f"run",
               file=out, flush=True)
         return 1
     if proc.returncode != 0:

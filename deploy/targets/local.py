@@ -17,6 +17,7 @@ from actx.deploy.status import partition_states
 from actx.deploy.status import runstate
 from actx.deploy.status import text as status_text
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import layout
 from actx.schemas import parallelism
 
@@ -149,9 +150,8 @@ class LocalTarget(targets.Target):
         print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
               f"{info.dtype if info else handle.spec.capture.dtype}, [rows, seq_len, hidden]); "
               f"hooks: {', '.join(sorted(info.hooks)) if info else '-'}", file=out)
-        print(f"read them:   python -c \"import actx; r = actx.open_run('{handle.location}'); "
-              f"print(r.describe())\"", file=out)
-        print(f"check them:  actx verify {handle.location}", file=out, flush=True)
+        print(f"read them:   {advice.read(handle.location)}", file=out)
+        print(f"check them:  {advice.verify(handle.location)}", file=out, flush=True)
         return 1 if _rerun_hint(handle, status, job.only, out) else 0
 
     # -- named extractions ----------------------------------------------------------------
@@ -174,7 +174,7 @@ class LocalTarget(targets.Target):
         print(status_text.render_extractions(statuses), file=out)
         print(f"\nread them together: reader.aligned.aligned_stream({job.run.uri!r}, "
               f"{list(handles)!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one token "
-              f"store\")\ncheck them:  actx verify {job.run.uri}", file=out, flush=True)
+              f"store\")\ncheck them:  {advice.verify(job.run.uri)}", file=out, flush=True)
         missing = {name or "default": [p for p, st in s.partitions.items()
                                        if st != partition_states.COMMITTED
                                        and (job.only is None or p in job.only)]
@@ -183,7 +183,7 @@ class LocalTarget(targets.Target):
         if missing:
             print(f"extract: partitions still without a commit: "
                   f"{'; '.join(f'{n}: {len(ids)}' for n, ids in missing.items())}; "
-                  f"`actx rerun {job.run.uri}` finishes whichever extraction is behind",
+                  f"`{advice.rerun(job.run.uri)}` finishes whichever extraction is behind",
                   file=out)
         # Complete whatever failed on the way (the status above shows that as history).
         return 1 if missing else 0
@@ -199,14 +199,9 @@ class LocalTarget(targets.Target):
                 return self.engine.run(job, out, prefix)
             # How `actx rerun RUN` launches next (deploy.launch_record), unless the run
             # refuses this job's settings.
-            previous = launch_record.read(job.run.store)
             launch_record.record(job.run.store, self.config, job.name, opts.config_file,
-                                 opts.sets)
-            code = self.engine.run(job, out, prefix)
-            if code != 0:
-                launch_record.keep_unless_refused(job.run, previous, job.name,
-                                                  extraction_lib.parse(job.extraction))
-            return code
+                                 opts.sets, extraction_lib.parse(job.extraction))
+            return self.engine.run(job, out, prefix)
 
     @contextlib.contextmanager
     def _job_lease(self, job: targets.Job, prefix: str, join: bool):
@@ -300,14 +295,15 @@ def _removed_under(handle, status, out) -> bool:
     where = handle.location
     if layout.ACTIVATIONS_INFO_KEY in gone and len(gone) == 1:
         committed = status.counts[partition_states.COMMITTED]
-        advice = (f"`actx verify {where} --repair` turns its {committed} committed "
-                  f"partition(s) back into pending; then `actx rerun {where}` extracts them "
-                  f"again")
+        next_step = (f"`{advice.repair(where)}` turns its {committed} committed "
+                     f"partition(s) back into pending; then `{advice.rerun(where)}` extracts "
+                     f"them again")
     else:
-        advice = ("submit the same config again: it prepares the run afresh (the markers "
-                  "left there are cleared)")
+        next_step = ("submit the same config again: it prepares the run afresh (the markers "
+                     "left there are cleared)")
     print(f"extract: {where} lost {', '.join(gone)} (removed while the workers ran, or "
-          f"since): it is not finished, whatever its commit markers say; {advice}", file=out)
+          f"since): it is not finished, whatever its commit markers say; {next_step}",
+          file=out)
     return True
 
 
@@ -321,5 +317,5 @@ def _rerun_hint(handle, status, only, out) -> list[int]:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
               f"{', '.join(layout.partition_name(p) for p in missing[:20])}"
               + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
-              + f"; `actx rerun {handle.location}` redoes them", file=out)
+              + f"; `{advice.rerun(handle.location)}` redoes them", file=out)
     return missing

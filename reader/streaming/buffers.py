@@ -23,6 +23,7 @@ from actx.reader import masks as masks_lib
 from actx.reader.storage import read_window
 from actx.reader import snapshot
 from actx.reader.errors import ReaderError
+from actx.schemas import advice
 
 
 @dataclasses.dataclass
@@ -107,8 +108,8 @@ class BufferReader:
         loc = self.run.location
         return ReaderError(
             f"{self.run.location}: reading activations of partitions {parts} failed: "
-            f"{error}. The stored data is damaged or unreadable: `actx verify {loc}` "
-            f"names the partitions; `actx verify {loc} --repair`, then `actx rerun {loc}`, "
+            f"{error}. The stored data is damaged or unreadable: `{advice.verify(loc)}` "
+            f"names the partitions; `{advice.repair(loc)}`, then `{advice.rerun(loc)}`, "
             f"writes them again.")
 
     def load(self, epoch: int, buf: blocks_lib.Buffer, skip: int,

@@ -51,6 +51,7 @@ from actx.reader import snapshot
 from actx.reader.batches import Batch
 from actx.reader.streaming import stream as stream_lib
 from actx.reader.streaming.state import StreamSettings, StreamState
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import run_phase
 
@@ -144,8 +145,8 @@ class CommitFollower:
             raise errors.UncommittedPartitionError(
                 f"{self.run.location}: the recorded commit order names partitions "
                 f"{missing[:5]} that have no commit marker (markers are never removed: is "
-                f"this the run the order was recorded on?); `actx status {self.run.location}` "
-                f"shows what is committed")
+                f"this the run the order was recorded on?); "
+                f"`{advice.status(self.run.location)}` shows what is committed")
         seen = set(self.order)
         new = [p for p in listed if p not in seen and (self.wanted is None or p in self.wanted)]
         self.order += new

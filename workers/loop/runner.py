@@ -22,6 +22,7 @@ import uuid
 
 import numpy as np
 
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import run_dir
 from actx.schemas import config as config_lib
@@ -387,7 +388,7 @@ class Worker:
         except Preempted as e:
             self.progress.update(state="preempted", message=str(e))
             log.error("preempted (SIGTERM): %s; nothing of that partition was committed, "
-                      "`actx rerun` will redo it", e)
+                      "`%s` will redo it", e, advice.rerun(self.location))
             code = 143
         except BaseException as e:
             self.progress.update(**ended_by(e))

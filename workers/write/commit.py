@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import layout
@@ -102,14 +103,14 @@ class Committer:
                 if not self._store.exists(key)]
         if gone:
             run = self._store.location
-            advice = ("submit the same config again: it prepares the run afresh"
-                      if runspec_lib.RUN_SPEC_KEY in gone else
-                      f"`actx verify {run} --repair` turns the committed partitions back "
-                      f"into pending, then `actx rerun {run}` extracts them again")
+            next_step = ("submit the same config again: it prepares the run afresh"
+                         if runspec_lib.RUN_SPEC_KEY in gone else
+                         f"`{advice.repair(run)}` turns the committed partitions back "
+                         f"into pending, then `{advice.rerun(run)}` extracts them again")
             raise RunRemovedError(
                 f"{run}: {' and '.join(gone)} removed while this worker extracted (the run "
                 f"directory, or its activations/, was deleted); partition {part.name} is "
-                f"not committed, nor is any other from now on; {advice}")
+                f"not committed, nor is any other from now on; {next_step}")
 
     def _is_own(self, marker: commit_lib.CommitMarker) -> bool:
         """After a refused create: whether the standing marker is this attempt's own (a
@@ -119,8 +120,9 @@ class Committer:
         if standing is not None and standing.attempt == marker.attempt:
             if standing.checksums != marker.checksums:  # one attempt, one set of bytes
                 log.error("partition %d: the marker of this attempt (%s) holds other "
-                          "checksums than its data now has; `actx verify` will say which "
-                          "blocks", marker.partition, marker.attempt)
+                          "checksums than its data now has; `%s` will say which blocks",
+                          marker.partition, marker.attempt,
+                          advice.verify(self._store.location))
             log.warning("partition %d: the marker this attempt wrote was already there (a "
                         "lost response, retried); counted once", marker.partition)
             return True

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import layout as layout_lib
 from actx.schemas import runspec as runspec_lib
@@ -297,7 +298,7 @@ def _store_error(run: uri_lib.Location, hook: str, block: _Block, e: ValueError)
     return store_errors.StoreError(
         f"{run.join(layout_lib.activation_array_key(hook))}: writing rows {block.start_row}-"
         f"{block.start_row + block.rows - 1} failed after tensorstore's retries ({reason}); "
-        f"nothing of the partition was committed, `actx rerun {run}` redoes it")
+        f"nothing of the partition was committed, `{advice.rerun(run)}` redoes it")
 
 
 def _log_object_write(hook: str, shard_index: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from actx.deploy import commands
 from actx.deploy import targets
+from actx.schemas import advice
 from actx.schemas import errors
 
 
@@ -62,8 +63,9 @@ class DataflowTarget(targets.Target):
         code = commands.execute(plan, out=out, poll_s=self.config.tpu.poll_s,
                                 in_process=targets.prepare_in_process(prepare.retry_argv))
         if code == 0 and not beam:
-            print(f"prepared {run} on Dataflow; extract it with `actx rerun {run} "
-                  f"--config CONFIG --target tpu-vm` (or --target local)", file=out)
+            print(f"prepared {run} on Dataflow; extract it with "
+                  f"`{advice.rerun_on(run, 'tpu-vm', 'CONFIG')}` (or --target local)",
+                  file=out)
         return code
 
     def rerun(self, job: targets.Job, opts: targets.LaunchOptions, out) -> int:

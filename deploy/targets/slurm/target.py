@@ -12,6 +12,7 @@ from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached.target import DetachedTarget
 from actx.deploy.targets.slurm import plan as slurm_plan
+from actx.schemas import advice
 
 
 class SlurmTarget(DetachedTarget):
@@ -100,18 +101,17 @@ class SlurmTarget(DetachedTarget):
                 stale_after_s=opts.stale_after_s, extraction=job.extraction,
                 job=job.name, where="the cluster",
                 look=f"Slurm's output in {slurm_plan.output_dir(slurm, job.name)}",
-                rerun=f"`actx rerun {job.run.uri} --target slurm --config {opts.config}` "
-                      f"redoes them")
+                rerun=f"`{advice.rerun_on(job.run.uri, 'slurm', opts.config)}` redoes them")
 
         return launch.launch(
             plan, job, opts, out, config=self.config, retry_argv=retry_argv,
             records=records, before=write_script, follow=follow,
             take=lambda: lease.take(
                 job.run, self.kind, slurm_plan.host_names(slurm), job.name,
-                stop=f"`actx down --config {opts.config}` (scancel of your jobs named "
+                stop=f"`{advice.down(opts.config)}` (scancel of your jobs named "
                      f"{slurm.name})", out=out, gone=self._gone),
             running=f"as Slurm job {slurm.name}",
-            stop=f"cancel it: actx down --config {opts.config}")
+            stop=f"cancel it: {advice.down(opts.config)}")
 
     def _gone(self, held) -> str | None:
         """Why the job that holds the run (of this config's name) runs no worker: Slurm

@@ -7,6 +7,7 @@ import sys
 
 from actx.deploy.detached import follow as detached_follow
 from actx.deploy.status import runstate
+from actx.schemas import advice
 from actx.schemas import job_lease
 from actx.schemas import run_dir
 
@@ -24,5 +25,5 @@ def follow(run: "str | run_dir.RunDir", host_prefix: str, started_at: float,
         run, host_prefix, started_at, wanted, out=out, every_s=every_s,
         stale_after_s=stale_after_s, start_timeout_s=start_timeout_s, extraction=extraction,
         job=job, where="the slice", look="~/actx-*.out on the hosts",
-        rerun=f"`actx rerun {run.uri} --target tpu-vm --config {config}` redoes them (add "
-              f"--recreate after a preemption)")
+        rerun=f"`{advice.rerun_on(run.uri, 'tpu-vm', config)}` redoes them "
+              f"(`{advice.rerun_recreate(run.uri, config)}` after a preemption)")

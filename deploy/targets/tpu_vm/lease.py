@@ -6,6 +6,7 @@ from __future__ import annotations
 from actx.deploy import config as config_lib
 from actx.deploy.detached import lease as detached_lease
 from actx.deploy.targets.tpu_vm import plan as tpu_vm
+from actx.schemas import advice
 from actx.schemas import run_dir
 
 KIND = "tpu-vm"
@@ -34,7 +35,7 @@ def take(run: "str | run_dir.RunDir", target: config_lib.TargetConfig, job: str,
         return f"its slice {tpu.name} is {state}" if state in NOT_RUNNING else None
 
     return detached_lease.take(run, KIND, host_names(tpu), job,
-                               stop=f"`actx down --config {config}` (deletes slice "
+                               stop=f"`{advice.down(config)}` (deletes slice "
                                     f"{tpu.name})", out=out, gone=gone)
 
 

@@ -24,6 +24,7 @@ from actx.deploy.commands import Command
 from actx.deploy.targets import TargetError
 from actx.deploy.targets.tpu_vm import accelerators as tpu_types
 from actx.deploy.targets.tpu_vm import package as tpu_package
+from actx.schemas import advice
 from actx.schemas import layout
 from actx.schemas import parallelism
 from actx.schemas import worker_options
@@ -95,7 +96,7 @@ def _gcloud(*words: str) -> tuple[str, ...]:
 
 def create_commands(tpu: config_lib.TpuConfig, config: str = "CONFIG") -> list[Command]:
     spot = ["--spot"] if tpu.spot else []
-    exists = (f"if {tpu.name} exists from an earlier submit: `actx down --config {config}` "
+    exists = (f"if {tpu.name} exists from an earlier submit: `{advice.down(config)}` "
               f"deletes it, or set target.tpu.create: false to use it")
     if tpu.queued_resource:
         return [
@@ -108,8 +109,8 @@ def create_commands(tpu: config_lib.TpuConfig, config: str = "CONFIG") -> list[C
                     "wait until the queued resource is provisioned", poll_until="ACTIVE",
                     poll_fail=FAILED_QR_STATES, poll_timeout_s=tpu.wait_timeout_s,
                     on_fail=f"the queued resource {tpu.name} did not become ACTIVE; nothing "
-                            f"was prepared or started. It stays until deleted: `actx down "
-                            f"--config {config}`, then submit again (another zone, or "
+                            f"was prepared or started. It stays until deleted: "
+                            f"`{advice.down(config)}`, then submit again (another zone, or "
                             f"target.tpu.spot false, may have capacity)"),
         ]
     return [Command(_gcloud("tpu-vm", "create", tpu.name, *_where(tpu), "--accelerator-type",
@@ -206,8 +207,7 @@ def start_command(run: str, target: config_lib.TargetConfig, fingerprint: str, j
               f"start one worker per host, detached ({slice_hosts(target.tpu)} host(s), "
               f"one replica); logs go to {run.rstrip('/')}/{layout.LOGS_PREFIX}{job}/")
     return dataclasses.replace(cmd, on_fail=(
-        f"if the slice was preempted or deleted: `actx rerun {run} --target tpu-vm --config "
-        f"{config} --recreate`"))
+        f"if the slice was preempted or deleted: `{advice.rerun_recreate(run, config)}`"))
 
 
 def plan(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str,

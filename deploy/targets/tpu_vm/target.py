@@ -11,6 +11,7 @@ from actx.deploy import commands
 from actx.deploy import targets
 from actx.deploy.detached.target import DetachedTarget
 from actx.deploy.targets.tpu_vm import plan as tpu_vm
+from actx.schemas import advice
 
 
 class TpuVmTarget(DetachedTarget):
@@ -92,4 +93,4 @@ class TpuVmTarget(DetachedTarget):
             take=lambda: tpu_lease.take(job.run, self.config, job.name, opts.config,
                                         out),
             running=f"on {tpu.name}",
-            stop=f"delete the slice afterwards: actx down --config {opts.config}")
+            stop=f"delete the slice afterwards: {advice.down(opts.config)}")
