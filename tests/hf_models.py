@@ -31,6 +31,11 @@ MOE_ARCHS = ("qwen3_moe", "olmoe", "mixtral")
 # (learned positions, Conv1D, 64 positions), "gpt_neox" (Pythia: parallel residual,
 # rotary_pct 0.25, fused interleaved query_key_value, untied embed_out).
 GPT_ARCHS = ("gpt2", "gpt_neox")
+# Mixture layouts (tests/test_moe_layouts.py): "qwen2_moe" (Qwen2-MoE: 8 experts, top 2,
+# a shared expert of 48 behind its sigmoid gate, layer 1 a dense MLP of 96 by
+# mlp_only_layers), "qwen3_moe_mixed" (Qwen3-MoE, 4 layers, decoder_sparse_step 2 and
+# mlp_only_layers [3]: only layer 1 sparse, dense MLPs of 96 elsewhere).
+MOE_LAYOUT_ARCHS = ("qwen2_moe", "qwen3_moe_mixed")
 # Architectures whose layers differ in their windows: HF takes one mask per layer type.
 PER_LAYER_TYPE_MASKS = ("gemma2", "gemma3", "gemma3_mm")
 
@@ -44,8 +49,9 @@ def tiny_config(arch: str = "qwen2", **overrides):
     """The transformers config object for `arch`, with `overrides` applied."""
     import transformers
 
-    if arch not in ARCHS + GPT_ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; one of {ARCHS + GPT_ARCHS}")
+    if arch not in ARCHS + GPT_ARCHS + MOE_LAYOUT_ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; one of "
+                         f"{ARCHS + GPT_ARCHS + MOE_LAYOUT_ARCHS}")
     if arch == "gpt2":
         kwargs = dict(n_embd=64, n_layer=3, n_head=4, n_positions=64, vocab_size=512,
                       layer_norm_epsilon=1e-5, bos_token_id=1, eos_token_id=2)
@@ -98,6 +104,18 @@ def tiny_config(arch: str = "qwen2", **overrides):
                       norm_topk_prob=True,
                       num_hidden_layers=2)
         cls = transformers.Qwen3MoeConfig
+    elif arch == "qwen3_moe_mixed":
+        kwargs.update(tie_word_embeddings=False, rope_theta=10000.0, head_dim=32,
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      intermediate_size=96, norm_topk_prob=True, num_hidden_layers=4,
+                      decoder_sparse_step=2, mlp_only_layers=[3])
+        cls = transformers.Qwen3MoeConfig
+    elif arch == "qwen2_moe":
+        kwargs.update(tie_word_embeddings=False, rope_theta=10000.0, num_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, intermediate_size=96,
+                      norm_topk_prob=False, num_hidden_layers=3, mlp_only_layers=[1])
+        cls = transformers.Qwen2MoeConfig
     elif arch == "olmoe":
         kwargs.update(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2, rope_theta=10000.0, num_experts=8,
@@ -168,8 +186,12 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
                 # Position embeddings as large as the token ones, so a wrong position
                 # (or none) shows up.
                 param.copy_(0.5 * torch.randn_like(param))
-            elif arch in MOE_ARCHS and name.endswith("gate.weight"):
+            elif arch in MOE_ARCHS + MOE_LAYOUT_ARCHS and name.endswith("gate.weight"):
+                # Routers, and Qwen2-MoE's shared expert gate (so its sigmoid is far
+                # from one constant).
                 param.copy_(0.5 * torch.randn_like(param))
+            elif arch == "qwen2_moe" and name.endswith(".bias"):
+                param.copy_(0.1 * torch.randn_like(param))  # HF inits biases at 0
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     os.makedirs(path, exist_ok=True)

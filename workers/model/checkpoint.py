@@ -170,7 +170,15 @@ def load_params(reader: TensorReader, cfg: ModelConfig, dtype: np.dtype,
     layers = {}
     for ours, tensor in checkpoint_check.hf_layer_tensors(cfg).items():
         per_layer = []
+        absent = None  # the zeros a layer without this tensor holds (never read)
         for i in range(cfg.num_layers):
+            if not tensor.held_by(i):
+                if absent is None:
+                    one = _part(np.zeros(tensor.hf_shape, dtype), tensor, dtype)
+                    absent = np.zeros(((tensor.experts,) if tensor.experts else ())
+                                      + one.shape, dtype)
+                per_layer.append(absent)
+                continue
             parts = [_part(fetch(f"{prefix}{at}.{i}.{name}", tensor.hf_shape), tensor, dtype)
                      for name in tensor.hf_names()]
             per_layer.append(np.stack(parts) if tensor.experts else parts[0])

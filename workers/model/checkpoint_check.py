@@ -74,6 +74,8 @@ def needed_tensors(cfg: ModelConfig, prefix: str | None = None) -> dict[str, tup
     at = layers_at(cfg)
     for tensor in hf_layer_tensors(cfg).values():
         for i in range(cfg.num_layers):
+            if not tensor.held_by(i):
+                continue
             for suffix in tensor.hf_names():
                 needed[f"{prefix}{at}.{i}.{suffix}"] = tensor.hf_shape
     return needed

@@ -121,6 +121,12 @@ class ModelConfig:
     norm_topk_prob: the k chosen softmax weights are renormalised to sum to 1.
     router_weights_fp32: the chosen weights stay float32 (Mixtral); else they are cast
       to the compute dtype before they scale the experts (Qwen3-MoE, OLMoE).
+    moe_layers: per layer, whether its MLP is the mixture of experts (the others a dense
+      MLP of intermediate_size: Qwen's mlp_only_layers and decoder_sparse_step); ():
+      every layer is, where num_experts > 0.
+    shared_expert_size: the width of a shared expert every token also runs, scaled by
+      sigmoid(x @ shared_expert_gate) and added to the routed experts' sum (Qwen2-MoE);
+      0: none.
     layer_norm: every norm is a LayerNorm with a bias (GPT-2, GPT-NeoX), not an RMSNorm.
     learned_positions: a learned absolute position embedding ([max_position_embeddings,
       d], indexed by each token's position in its document) is added to the token
@@ -172,6 +178,8 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     inverse_layer_scale: bool = False
+    moe_layers: tuple[bool, ...] = ()
+    shared_expert_size: int = 0
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -183,6 +191,9 @@ class ModelConfig:
                              f"{self.num_layers} layers")
         if self.learned_positions and self.max_position_embeddings < 1:
             raise ValueError("learned position embeddings need max_position_embeddings")
+        if self.moe_layers and len(self.moe_layers) != self.num_layers:
+            raise ValueError(f"{len(self.moe_layers)} mixture flags for "
+                             f"{self.num_layers} layers")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.experts_per_token} must be between 1 "
                              f"and the {self.num_experts} experts")
@@ -190,6 +201,22 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def moe_per_layer(self) -> tuple[bool, ...]:
+        """Per layer, whether its MLP is the mixture of experts."""
+        return self.moe_layers or (self.num_experts > 0,) * self.num_layers
+
+    @property
+    def router_layers(self) -> tuple[int, ...]:
+        """The layers that have a router (and so router_logits, expert_ids and
+        expert_weights)."""
+        return tuple(i for i, moe in enumerate(self.moe_per_layer) if moe)
+
+    @property
+    def mixed_mlps(self) -> bool:
+        """Some layers are a mixture of experts and some a dense MLP."""
+        return len(set(self.moe_per_layer)) > 1
 
     @property
     def window_per_layer(self) -> tuple[int | None, ...]:

@@ -20,7 +20,7 @@ from actx.workers.model.families.base import DENSE_POINTS, Family, LayerTensor
 FAMILIES: tuple[Family, ...] = (qwen.QWEN2, llama.LLAMA, llama.MISTRAL, qwen.QWEN3,
                                 gemma.GEMMA2, gemma.GEMMA3, phi3.PHI3, olmo.OLMO2,
                                 qwen.QWEN3_MOE, olmo.OLMOE, mixtral.MIXTRAL, gpt2.GPT2,
-                                gpt_neox.GPT_NEOX)
+                                gpt_neox.GPT_NEOX, qwen.QWEN2_MOE)
 _BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BY_ARCH)
 
