@@ -36,6 +36,10 @@ GPT_ARCHS = ("gpt2", "gpt_neox")
 # mlp_only_layers), "qwen3_moe_mixed" (Qwen3-MoE, 4 layers, decoder_sparse_step 2 and
 # mlp_only_layers [3]: only layer 1 sparse, dense MLPs of 96 elsewhere).
 MOE_LAYOUT_ARCHS = ("qwen2_moe", "qwen3_moe_mixed")
+# "gpt_oss" (tests/test_families_gpt_oss.py): 3 layers (0 and 2 slide, window 6), sinks
+# of std 1, YaRN factor 4 over an original context of 16, 8 experts of 32, top 2, random
+# biases, experts' weights of std 0.2 and swiglu_limit 1.0 so the clamps bite.
+OSS_ARCHS = ("gpt_oss",)
 # Architectures whose layers differ in their windows: HF takes one mask per layer type.
 PER_LAYER_TYPE_MASKS = ("gemma2", "gemma3", "gemma3_mm")
 
@@ -49,9 +53,9 @@ def tiny_config(arch: str = "qwen2", **overrides):
     """The transformers config object for `arch`, with `overrides` applied."""
     import transformers
 
-    if arch not in ARCHS + GPT_ARCHS + MOE_LAYOUT_ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; one of "
-                         f"{ARCHS + GPT_ARCHS + MOE_LAYOUT_ARCHS}")
+    known = ARCHS + GPT_ARCHS + MOE_LAYOUT_ARCHS + OSS_ARCHS
+    if arch not in known:
+        raise ValueError(f"unknown arch {arch!r}; one of {known}")
     if arch == "gpt2":
         kwargs = dict(n_embd=64, n_layer=3, n_head=4, n_positions=64, vocab_size=512,
                       layer_norm_epsilon=1e-5, bos_token_id=1, eos_token_id=2)
@@ -116,6 +120,15 @@ def tiny_config(arch: str = "qwen2", **overrides):
                       shared_expert_intermediate_size=48, intermediate_size=96,
                       norm_topk_prob=False, num_hidden_layers=3, mlp_only_layers=[1])
         cls = transformers.Qwen2MoeConfig
+    elif arch == "gpt_oss":
+        kwargs.update(tie_word_embeddings=False, head_dim=16, sliding_window=6,
+                      num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
+                      swiglu_limit=1.0, rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                       "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "truncate": False,
+                                       "original_max_position_embeddings": 16})
+        cls = transformers.GptOssConfig
     elif arch == "olmoe":
         kwargs.update(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2, rope_theta=10000.0, num_experts=8,
@@ -190,7 +203,12 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
                 # Routers, and Qwen2-MoE's shared expert gate (so its sigmoid is far
                 # from one constant).
                 param.copy_(0.5 * torch.randn_like(param))
-            elif arch == "qwen2_moe" and name.endswith(".bias"):
+            elif arch == "gpt_oss" and name.endswith(("sinks", "router.weight")):
+                param.copy_(torch.randn_like(param) * (1.0 if name.endswith("sinks")
+                                                       else 0.5))
+            elif arch == "gpt_oss" and name.endswith(("gate_up_proj", "down_proj")):
+                param.copy_(0.2 * torch.randn_like(param))
+            elif arch in ("qwen2_moe", "gpt_oss") and name.endswith(("bias", "_bias")):
                 param.copy_(0.1 * torch.randn_like(param))  # HF inits biases at 0
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
@@ -298,11 +316,12 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
             lambda mod, args, out, i=i: captured.__setitem__(
                 f"layers.{i}.attn_out", out[0] if isinstance(out, tuple) else out)))
         handles.append((post_mlp or layer.mlp).register_forward_hook(
-            lambda mod, args, out, i=i: captured.__setitem__(f"layers.{i}.mlp_out", out)))
+            lambda mod, args, out, i=i: captured.__setitem__(
+                f"layers.{i}.mlp_out", out[0] if isinstance(out, tuple) else out)))
         handles.append(layer.register_forward_hook(
             lambda mod, args, out, i=i: captured.__setitem__(
                 f"layers.{i}.resid_post", out[0] if isinstance(out, tuple) else out)))
-        router = getattr(layer.mlp, "gate", None)
+        router = getattr(layer.mlp, "gate", None) or getattr(layer.mlp, "router", None)
         if router is not None and hasattr(router, "top_k"):
             handles.append(router.register_forward_hook(
                 lambda mod, args, out, i=i: captured.update({

@@ -190,8 +190,11 @@ def _mlp(p, h_btd, cfg, moe_impl, layer=0) -> tuple[jax.Array, dict[str, jax.Arr
 
 def _moe_mlp(p, h_btd, cfg, moe_impl) -> tuple[jax.Array, dict[str, jax.Array]]:
     activation = lambda x: _mlp_activation(x, cfg)  # noqa: E731
-    logits_bte, ids_btk, weights_btk = moe.route(h_btd, p["router_weight_led"], cfg)
-    out_btd = moe.experts(h_btd, ids_btk, weights_btk, p, activation, moe_impl)
+    logits_bte, ids_btk, weights_btk = moe.route(h_btd, p["router_weight_led"], cfg,
+                                                 p.get("router_bias_le"))
+    glu = (moe.swiglu(activation) if cfg.swiglu_limit is None
+           else moe.clamped_swiglu(cfg.swiglu_alpha, cfg.swiglu_limit))
+    out_btd = moe.experts(h_btd, ids_btk, weights_btk, p, glu, moe_impl)
     if cfg.shared_expert_size:
         # HF's Qwen2-MoE: sigmoid(x @ gate) * shared_expert(x), added after the routed sum.
         shared_btd = _swiglu(h_btd, p["shared_gate_ldf"], p["shared_up_ldf"],
@@ -264,6 +267,8 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
         q_btnh = (q_btnh.astype(jnp.float32)
                   / (jnp.asarray(layer, jnp.float32) + 1.0)).astype(q_btnh.dtype)
     scoring = {"scale": cfg.query_scale, "softcap": cfg.attn_logit_softcap}
+    if cfg.attention_sinks:
+        scoring["sinks"] = p["sinks_ln"]
     if attend is not None:
         heads_btnh = attend(q_btnh, k_btkh, v_btkh)
     elif cached is None:

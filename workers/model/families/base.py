@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+from actx.workers.model import mxfp4
+
 # Our parameter names carry the shape letters: v vocab, d hidden, l layers, n heads,
 # k kv heads, h head dim, f MLP width, e experts.
 TOP_PARAM_AXES: dict[str, tuple[str, ...]] = {
@@ -69,6 +71,8 @@ class LayerTensor:
     layers: the layers whose checkpoint holds the tensor (a dense MLP's between sparse
       ones, Qwen's mlp_only_layers); the other layers hold zeros there, which they never
       read (the decoder runs each layer's own MLP form). None: every layer.
+    mxfp4: the checkpoint stores the tensor as MXFP4 `{hf}_blocks` and `{hf}_scales`
+      (gpt-oss's experts, `workers.model.mxfp4`), dequantised at load to `hf_shape`.
     """
 
     hf: str
@@ -78,6 +82,14 @@ class LayerTensor:
     rows: tuple[int, int] | None = None
     experts: int = 0
     layers: tuple[int, ...] | None = None
+    mxfp4: bool = False
+
+    def stored(self) -> dict[str, tuple[int, ...]]:
+        """{the HF tensor(s) under `layers.{i}.` the checkpoint holds: their shapes}."""
+        if self.mxfp4:
+            blocks, scales = mxfp4.packed_shapes(self.hf_shape)
+            return {self.hf + mxfp4.BLOCKS_SUFFIX: blocks, self.hf + mxfp4.SCALES_SUFFIX: scales}
+        return {name: self.hf_shape for name in self.hf_names()}
 
     def held_by(self, layer: int) -> bool:
         """Whether layer `layer`'s checkpoint holds this tensor."""

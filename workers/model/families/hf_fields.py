@@ -52,8 +52,8 @@ def gemma_ropes_from_hf(hf: Mapping[str, Any], arch: str, refuse
 
 
 def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False,
-                 longrope: bool = False, aliases: Mapping[str, str] | None = None
-                 ) -> RopeConfig:
+                 longrope: bool = False, aliases: Mapping[str, str] | None = None,
+                 yarn: bool = False) -> RopeConfig:
     """The RoPE of a config. transformers 5 writes `rope_parameters` (with rope_theta
     inside); 4.x wrote top-level `rope_theta` and an optional `rope_scaling`.
     partial_allowed: the family rotates part of each head where asked (Phi-3); longrope:
@@ -65,7 +65,8 @@ def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     rope_type = (aliases or {}).get(rope_type, rope_type)
-    supported = _SUPPORTED_ROPE_TYPES + (("longrope",) if longrope else ())
+    supported = (_SUPPORTED_ROPE_TYPES + (("longrope",) if longrope else ())
+                 + (("yarn",) if yarn else ()))
     if rope_type not in supported:
         raise refuse(f"{field}.rope_type", rope_type, f"supported: {', '.join(supported)}")
     partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
@@ -79,6 +80,8 @@ def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False
                           partial_rotary_factor=partial)
     if rope_type == "longrope":
         return _longrope(hf, params, theta, partial, field, refuse)
+    if rope_type == "yarn":
+        return _yarn(hf, params, theta, partial, field, refuse)
     return RopeConfig(
         theta=theta, rope_type="llama3", factor=float(params["factor"]),
         low_freq_factor=float(params["low_freq_factor"]),
@@ -117,6 +120,38 @@ def _longrope(hf, params, theta: float, partial: float, field: str, refuse) -> R
                       original_max_position_embeddings=original,
                       partial_rotary_factor=partial, attention_factor=float(attention_factor),
                       **factors)
+
+
+def _yarn(hf, params, theta: float, partial: float, field: str, refuse) -> RopeConfig:
+    """HF's `_compute_yarn_parameters`: the factor defaults to max / original positions;
+    the attention factor to mscale's ratio where mscale and mscale_all_dim are given,
+    else 0.1 ln(factor) + 1 (1 at factor <= 1); beta_fast 32, beta_slow 1; truncate
+    true unless the config says otherwise."""
+    original = params.get("original_max_position_embeddings")
+    if original is None:
+        raise refuse(f"{field}.original_max_position_embeddings", None,
+                     "yarn needs the pretraining context")
+    original = int(original)
+    factor = params.get("factor")
+    if factor is None:
+        factor = int(hf.get("max_position_embeddings") or original) / original
+    factor = float(factor)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention_factor = (mscale(factor, m) / mscale(factor, m_all) if m and m_all
+                            else mscale(factor))
+    return RopeConfig(theta=theta, rope_type="yarn", factor=factor,
+                      original_max_position_embeddings=original,
+                      partial_rotary_factor=partial,
+                      attention_factor=float(attention_factor),
+                      beta_fast=float(params.get("beta_fast") or 32),
+                      beta_slow=float(params.get("beta_slow") or 1),
+                      truncate=bool(params.get("truncate", True)))
 
 
 def gemma_layer_types(hf: Mapping[str, Any], arch: str, num_layers: int) -> list[str]:
