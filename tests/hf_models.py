@@ -37,7 +37,8 @@ GPT_ARCHS = ("gpt2", "gpt_neox")
 # mlp_only_layers [3]: only layer 1 sparse, dense MLPs of 96 elsewhere).
 MOE_LAYOUT_ARCHS = ("qwen2_moe", "qwen3_moe_mixed")
 # "gpt_oss" (tests/test_families_gpt_oss.py): 3 layers (0 and 2 slide, window 6), sinks
-# of std 1, YaRN factor 4 over an original context of 16, 8 experts of 32, top 2, random
+# of std 1, YaRN factor 4 over an original context of 256 (its ramp over the first 3 of
+# 8 frequencies), 8 experts of 32, top 2, random
 # biases, experts' weights of std 0.2 and swiglu_limit 1.0 so the clamps bite.
 OSS_ARCHS = ("gpt_oss",)
 # Architectures whose layers differ in their windows: HF takes one mask per layer type.
@@ -123,11 +124,11 @@ def tiny_config(arch: str = "qwen2", **overrides):
     elif arch == "gpt_oss":
         kwargs.update(tie_word_embeddings=False, head_dim=16, sliding_window=6,
                       num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
-                      swiglu_limit=1.0, rms_norm_eps=1e-5,
+                      swiglu_limit=1.0, rms_norm_eps=1e-5, max_position_embeddings=1024,
                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
                                        "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                        "truncate": False,
-                                       "original_max_position_embeddings": 16})
+                                       "original_max_position_embeddings": 256})
         cls = transformers.GptOssConfig
     elif arch == "olmoe":
         kwargs.update(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
