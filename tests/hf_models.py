@@ -124,7 +124,7 @@ def tiny_config(arch: str = "qwen2", **overrides):
     elif arch == "gpt_oss":
         kwargs.update(tie_word_embeddings=False, head_dim=16, sliding_window=6,
                       num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
-                      swiglu_limit=1.0, rms_norm_eps=1e-5, max_position_embeddings=1024,
+                      swiglu_limit=1.0, rms_norm_eps=1e-5,
                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
                                        "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                        "truncate": False,

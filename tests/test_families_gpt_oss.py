@@ -243,3 +243,37 @@ def test_other_quantisations_are_refused_by_name(ckpt_dir, tmp_path):
                                 quantization_config={"quant_method": "fp8"})
     with pytest.raises(ValueError, match=r"quantization_config\.quant_method='fp8'"):
         model_lib.load_pretrained(path)
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen2_moe", "qwen3_moe_mixed"])
+def test_generation_equals_hf_greedy(ckpt_dir, arch):
+    """Generation's own attention over each slot's cache honours the sinks and the
+    windows: greedy ids equal HF generate's, every activation HF's forward over prompt
+    and continuation (tests/test_generate.py's check; the mixtures with dense layers and
+    the shared expert through the same step)."""
+    from tests import test_generate as generate_tests
+
+    generate_tests.test_greedy_tokens_and_activations_equal_hf(ckpt_dir, arch)
+
+
+def test_generation_asked_for_the_decode_kernel_uses_xla_with_the_sinks(ckpt_dir, caplog):
+    from actx.workers.generate import step as generate_step
+
+    cfg = _config(ckpt_dir("gpt_oss"))
+    with caplog.at_level(logging.WARNING):
+        assert generate_step.attention_for("bfloat16", cfg, 64, requested="pallas") == "xla"
+    assert "the Pallas kernel has no attention sinks" in caplog.text
+
+
+def test_experts_and_sinks_shard_over_the_mesh(ckpt_dir):
+    """Heads (and their sinks) and experts over model=2, rows over data=4: the same
+    hooks as one device."""
+    from actx.workers.model import sharding
+
+    path = ckpt_dir("gpt_oss")
+    ids = np.random.RandomState(5).randint(1, 512, (8, 16)).astype(np.int32)
+    single = layout_tests._extract(path, ids)
+    model = model_lib.load_pretrained(path, mesh=sharding.make_mesh(data=4, model=2))
+    assert "model" in str(model.params["layers"]["sinks_ln"].sharding.spec)
+    out = step.make_extract_fn(model, capture.CaptureSpec.parse(ALL_HOOKS))(ids)
+    layout_tests._assert_hooks_equal({k: np.asarray(v) for k, v in out.items()}, single)

@@ -253,3 +253,17 @@ def test_bad_layouts_are_refused_by_name(ckpt_dir, field, value):
         hf = json.load(f)
     with pytest.raises(ValueError, match=re.escape(f"{field}={value!r}")):
         families.config_from_hf({**hf, field: value})
+
+
+@pytest.mark.parametrize("arch", hf_models.MOE_LAYOUT_ARCHS)
+def test_dense_sparse_and_shared_layers_shard_over_the_mesh(ckpt_dir, arch):
+    """Experts over model=4 (expert parallelism), the dense MLPs and the shared expert
+    over their width, rows over data=2: the same hooks as one device."""
+    from actx.workers.model import sharding
+
+    path = ckpt_dir(arch)
+    ids = np.random.RandomState(5).randint(1, 512, (8, 16)).astype(np.int32)
+    single = _extract(path, ids)
+    model = model_lib.load_pretrained(path, mesh=sharding.make_mesh(data=2, model=4))
+    out = step.make_extract_fn(model, capture.CaptureSpec.parse(ALL_HOOKS))(ids)
+    _assert_hooks_equal({k: np.asarray(v) for k, v in out.items()}, single)
