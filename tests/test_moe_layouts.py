@@ -267,3 +267,23 @@ def test_dense_sparse_and_shared_layers_shard_over_the_mesh(ckpt_dir, arch):
     model = model_lib.load_pretrained(path, mesh=sharding.make_mesh(data=2, model=4))
     out = step.make_extract_fn(model, capture.CaptureSpec.parse(ALL_HOOKS))(ids)
     _assert_hooks_equal({k: np.asarray(v) for k, v in out.items()}, single)
+
+
+@pytest.mark.parametrize("arch", hf_models.MOE_LAYOUT_ARCHS)
+def test_the_step_cost_counts_each_layers_own_mlp(ckpt_dir, arch):
+    """The workers' step cost (admission) counts a dense layer's MLP on the dense layers
+    and the experts (and a shared expert) on the sparse ones: its FLOPs are the dry run's
+    bound per token (which tests/test_cost_bound.py holds to HF's parameters) times the
+    tokens; the weights a step reads grow with the experts reached on the sparse layers
+    only."""
+    from actx.deploy import cost_bound
+    from actx.workers.loop import admission
+
+    cfg = _config(ckpt_dir(arch))
+    for layers in range(1, cfg.num_layers + 1):
+        assert admission.step_cost(cfg, 100, layers).flops == pytest.approx(
+            100 * cost_bound.forward_flops_per_token(cfg, layers, 0), rel=1e-12)
+    expert_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2
+    grew = admission.step_cost(cfg, 2).weight_bytes - admission.step_cost(cfg, 1).weight_bytes
+    sparse = len(cfg.router_layers)
+    assert grew == sparse * cfg.experts_per_token * expert_bytes + cfg.hidden_size * 2
