@@ -277,3 +277,23 @@ def test_experts_and_sinks_shard_over_the_mesh(ckpt_dir):
     assert "model" in str(model.params["layers"]["sinks_ln"].sharding.spec)
     out = step.make_extract_fn(model, capture.CaptureSpec.parse(ALL_HOOKS))(ids)
     layout_tests._assert_hooks_equal({k: np.asarray(v) for k, v in out.items()}, single)
+
+
+def test_every_mxfp4_byte_and_scale_dequantises_as_transformers_does():
+    """All 256 bytes (both nibbles) under all 256 scales, the extremes included, in float32
+    and bfloat16: transformers' `convert_moe_packed_tensors` bit for bit."""
+    import ml_dtypes
+    import torch
+    from transformers.integrations import mxfp4 as hf_mxfp4
+
+    blocks = np.broadcast_to(np.arange(256, dtype=np.uint8).reshape(16, 16),
+                             (2, 256, 16, 16)).copy()  # [experts, rows, groups, 16]
+    scales = np.broadcast_to(np.arange(256, dtype=np.uint8)[:, None], (2, 256, 16)).copy()
+    scales[1] = scales[1, ::-1]
+    for ours_dtype, torch_dtype in ((np.float32, torch.float32),
+                                    (ml_dtypes.bfloat16, torch.bfloat16)):
+        want = hf_mxfp4.convert_moe_packed_tensors(
+            torch.as_tensor(blocks), torch.as_tensor(scales), dtype=torch_dtype)
+        got = mxfp4.dequantize(blocks, scales, ours_dtype)
+        assert got.shape == tuple(want.shape) == (2, 16 * 32, 256)
+        np.testing.assert_array_equal(got.astype(np.float32), want.float().numpy())

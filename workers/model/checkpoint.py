@@ -183,6 +183,8 @@ def load_params(reader: TensorReader, cfg: ModelConfig, dtype: np.dtype,
             if tensor.mxfp4:
                 packed = [fetch(f"{prefix}{at}.{i}.{name}", shape)
                           for name, shape in tensor.stored().items()]
+                if tensor.packed_part is not None:
+                    packed = [tensor.packed_part(p) for p in packed]
                 parts = [_part(mxfp4.dequantize(*packed), tensor, dtype)]
             else:
                 parts = [_part(fetch(f"{prefix}{at}.{i}.{name}", tensor.hf_shape), tensor,

@@ -27,14 +27,24 @@ def packed_shapes(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, .
 
 def dequantize(blocks: np.ndarray, scales: np.ndarray, dtype=np.float32) -> np.ndarray:
     """The float tensor [..., groups * 32, rows] of MXFP4 `blocks` and `scales`, computed
-    in float32 (every MXFP4 value times its power of two is exact there) and cast."""
+    in float32 (every MXFP4 value times its power of two is exact there) and cast; one
+    leading index (an expert) at a time, so the float32 temporaries stay one expert's."""
     blocks = np.asarray(blocks, np.uint8)
     scales = np.asarray(scales, np.uint8)
     if blocks.shape[:-1] != scales.shape:
         raise ValueError(f"MXFP4 blocks {blocks.shape} do not match scales {scales.shape}")
-    values = np.empty(blocks.shape[:-1] + (blocks.shape[-1] * 2,), np.float32)
-    values[..., 0::2] = FP4_VALUES[blocks & 0x0F]
-    values[..., 1::2] = FP4_VALUES[blocks >> 4]
-    values = np.ldexp(values, (scales.astype(np.int32) - 127)[..., None])
-    *lead, rows, groups, width = values.shape
-    return np.swapaxes(values.reshape(*lead, rows, groups * width), -1, -2).astype(dtype)
+    *lead, rows, groups, width = blocks.shape
+    exponents = scales.astype(np.int32) - 127
+    out = np.empty((*lead, groups * width * 2, rows), dtype)
+    for index in np.ndindex(*lead):
+        values = _PAIRS[blocks[index]].reshape(rows, groups, width * 2)  # a byte: 2 values
+        # ldexp, not a product with 2 ** e: 2 ** 128 overflows where 0.5 * 2 ** 128 does not.
+        with np.errstate(over="ignore"):  # as transformers: a huge scale gives inf
+            np.ldexp(values, exponents[index][..., None], out=values)
+        out[index] = values.reshape(rows, groups * width * 2).T.astype(dtype)
+    return out
+
+
+# Each byte's two values, low nibble first: one gather per byte instead of two.
+_PAIRS = np.stack([FP4_VALUES[np.arange(256) & 0x0F], FP4_VALUES[np.arange(256) >> 4]],
+                  axis=-1)

@@ -73,6 +73,10 @@ class LayerTensor:
       read (the decoder runs each layer's own MLP form). None: every layer.
     mxfp4: the checkpoint stores the tensor as MXFP4 `{hf}_blocks` and `{hf}_scales`
       (gpt-oss's experts, `workers.model.mxfp4`), dequantised at load to `hf_shape`.
+    packed_part: with mxfp4, selects this parameter's part of both blocks and scales
+      (their rows are the unquantised tensor's last axis) before they are dequantised, so
+      a fused tensor's part costs its own share only (gpt-oss's interleaved gate and up);
+      `to_ours` then sees that part.
     """
 
     hf: str
@@ -83,6 +87,7 @@ class LayerTensor:
     experts: int = 0
     layers: tuple[int, ...] | None = None
     mxfp4: bool = False
+    packed_part: Callable | None = None
 
     def stored(self) -> dict[str, tuple[int, ...]]:
         """{the HF tensor(s) under `layers.{i}.` the checkpoint holds: their shapes}."""

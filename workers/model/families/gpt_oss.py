@@ -39,6 +39,17 @@ def _options(hf, arch, refuse, num_layers, head_dim) -> dict:
                                    width_field="intermediate_size", norm_topk_prob=False)}
 
 
+def _interleaved(hf: str, shape, part: int, packed: bool) -> base.LayerTensor:
+    """Gate (part 0: even columns) or up (1: odd) of the fused [e, d, 2f] gate_up_proj;
+    in an MXFP4 checkpoint, the same rows of its blocks and scales ([e, 2f, ...]), taken
+    before they are dequantised."""
+    axes = ("moe_experts", "embed", "moe_mlp")
+    if packed:
+        return base.LayerTensor(hf, shape, axes, mxfp4=True,
+                                packed_part=lambda x: x[:, part::2])
+    return base.LayerTensor(hf, shape, axes, lambda w: w[:, :, part::2])
+
+
 def _tensors(cfg) -> dict[str, base.LayerTensor]:
     d, e, f, n = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.num_heads
     experts = "mlp.experts"
@@ -48,12 +59,10 @@ def _tensors(cfg) -> dict[str, base.LayerTensor]:
              "router_weight_led": base.LayerTensor("mlp.router.weight", (e, d),
                                                    (None, "embed")),
              "router_bias_le": base.LayerTensor("mlp.router.bias", (e,), (None,)),
-             "expert_gate_ledf": base.LayerTensor(
-                 f"{experts}.gate_up_proj", (e, d, 2 * f), ("moe_experts", "embed", "moe_mlp"),
-                 lambda w: w[:, :, 0::2], mxfp4=packed),
-             "expert_up_ledf": base.LayerTensor(
-                 f"{experts}.gate_up_proj", (e, d, 2 * f), ("moe_experts", "embed", "moe_mlp"),
-                 lambda w: w[:, :, 1::2], mxfp4=packed),
+             "expert_gate_ledf": _interleaved(f"{experts}.gate_up_proj", (e, d, 2 * f), 0,
+                                              packed),
+             "expert_up_ledf": _interleaved(f"{experts}.gate_up_proj", (e, d, 2 * f), 1,
+                                            packed),
              "expert_down_lefd": base.LayerTensor(
                  f"{experts}.down_proj", (e, f, d), ("moe_experts", "moe_mlp", "embed"),
                  mxfp4=packed),
