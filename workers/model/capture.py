@@ -172,15 +172,15 @@ class CaptureSpec:
         routed = router_layers_of(config)
         point_layers = self.point_layers(config.num_layers, routed)
         if routed is not None:
-            dense = sorted({i for p, layers in point_layers.items() if p in ROUTER_POINTS
-                            for i in layers} - set(routed))
-            if dense:
+            asked = [(i, p) for p in ROUTER_POINTS for i in point_layers.get(p, ())
+                     if i not in routed]
+            if asked:
+                dense = sorted({i for i, _ in asked})
                 raise ValueError(
-                    f"hook layers.{dense[0]}.{next(p for p in ROUTER_POINTS if p in point_layers)}"
-                    f": layer(s) {', '.join(map(str, dense))} of {config.architecture} have a "
-                    f"dense MLP (mlp_only_layers, decoder_sparse_step), no router; its "
-                    f"sparse layers: {', '.join(map(str, routed))} (layers.*.experts takes "
-                    f"just those)")
+                    f"hook layers.{asked[0][0]}.{asked[0][1]}: layer(s) "
+                    f"{', '.join(map(str, dense))} of {config.architecture} have a dense MLP "
+                    f"(mlp_only_layers, decoder_sparse_step), no router; its sparse layers: "
+                    f"{', '.join(map(str, routed))} (layers.*.experts takes just those)")
         missing = [p for p in point_layers if p not in has]
         why = families.missing_points(config)
         explained = [p for p in missing if p in why]

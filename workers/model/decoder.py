@@ -1,5 +1,5 @@
 """The decoder (Qwen2/3, Llama, Mistral, Gemma 2/3, Phi-3, OLMo 2, the mixtures of
-experts, GPT-2, GPT-NeoX) as pure functions over a parameter
+experts, gpt-oss among them, GPT-2, GPT-NeoX) as pure functions over a parameter
 pytree; the families' differences are flags of `ModelConfig`.
 
 Layers are stacked on a leading axis and run with `jax.lax.scan`, so compile time does

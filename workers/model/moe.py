@@ -1,7 +1,9 @@
-"""A mixture-of-experts MLP (Qwen3-MoE, OLMoE, Mixtral) as pure functions.
+"""A mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, gpt-oss) as pure
+functions.
 
-`route` picks each token's k experts as HF does: router logits in the compute dtype,
-softmax in float32, `top_k`, the family's renormalisation, and the weights cast to the
+`route` picks each token's k experts as HF does: router logits in the compute dtype (plus
+the router's bias: gpt-oss), softmax in float32, `top_k`, the family's renormalisation
+(gpt-oss: the top k of the logits, then their softmax), and the weights cast to the
 compute dtype unless the family keeps them in float32 (Mixtral). Exactly equal
 probabilities go to the lower expert id first; torch.topk orders such ties by its sort
 algorithm instead (tests/test_moe.py shows both). A tie on the k-th place may keep another
@@ -11,7 +13,9 @@ expert than HF does; the output is the same only when the tied experts are ident
 expert, and either each projection is one `jax.lax.ragged_dot` over the groups
 ("ragged"), or each expert's rows are padded to whole blocks and a scan runs one
 expert's matmuls per block ("blocked"); neither loops over experts in Python. "dense"
-runs every expert on every token as one einsum and keeps the chosen outputs.
+runs every expert on every token as one einsum and keeps the chosen outputs. The experts'
+gated unit is the family's (`swiglu`, gpt-oss's `clamped_swiglu`), with biases where the
+experts have them (gpt-oss).
 bench/moe_experts.py times the three against HF. All add a token's k outputs in ascending
 expert id, as HF's per-expert `index_add_` does, so the sum rounds as HF's does.
 """
