@@ -7,6 +7,7 @@ layer's index is refused by name); every setting read is shown to move HF's resu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import os
@@ -187,6 +188,8 @@ SETTINGS = [
      {"layer_types": ["full_attention"] * 3}),
     ("qwen3_moe_mixed", {"mlp_only_layers": []}, None),
     ("qwen3_moe_mixed", {"decoder_sparse_step": 1, "mlp_only_layers": [0, 2]}, None),
+    # No sparse layer left: every MLP dense (and no router points).
+    ("qwen3_moe_mixed", {"decoder_sparse_step": 5}, None),
     ("qwen3_moe_mixed", {"use_sliding_window": True, "sliding_window": 5},
      {"use_sliding_window": False}),
     ("qwen3_moe_mixed", {"norm_topk_prob": False}, {"norm_topk_prob": True}),
@@ -202,7 +205,9 @@ def test_every_setting_read_moves_the_result(tmp_path, arch, setting, base):
     ids = np.random.RandomState(2).randint(1, 512, (1, 20)).astype(np.int32)
     hf = hf_models.load_hf_model(path)
     ref = hf_models.hf_hooks(hf, ids)
-    ours = _extract(path, ids)
+    routed = _config(path).router_layers  # none: no router points to ask for
+    ours = _extract(path, ids, hooks=ALL_HOOKS if routed else ALL_HOOKS.replace(
+        "," + ROUTER, ""))
     _assert_hooks_equal(ours, ref, str(setting))
     if base is None:
         return
@@ -243,6 +248,10 @@ def test_router_points_name_the_sparse_layers(ckpt_dir):
     for hook in ("layers.2.router_logits", "layers.0-1.experts"):
         with pytest.raises(ValueError, match=r"have a dense MLP .*sparse layers: 1"):
             capture.CaptureSpec.parse(hook).validate(cfg)
+    all_dense = dataclasses.replace(cfg, moe_layers=(False,) * 4)
+    capture.CaptureSpec.parse("layers.*.resid_post").validate(all_dense)
+    with pytest.raises(ValueError, match=r"every layer of Qwen3MoeForCausalLM has a dense"):
+        capture.CaptureSpec.parse("layers.*.experts,layers.*.resid_post").validate(all_dense)
 
 
 @pytest.mark.parametrize("field,value", [("mlp_only_layers", [7]),

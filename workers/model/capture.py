@@ -171,6 +171,13 @@ class CaptureSpec:
         has = families.layer_points(config)
         routed = router_layers_of(config)
         point_layers = self.point_layers(config.num_layers, routed)
+        asks_router = any(p in ROUTER_POINTS
+                          for p in self.hooks + tuple(p for p, _ in self.extra))
+        if routed == () and asks_router:
+            raise ValueError(
+                f"router hook points: every layer of {config.architecture} has a dense MLP "
+                f"(mlp_only_layers, decoder_sparse_step), so no router; its per-layer "
+                f"points: {', '.join(DENSE_POINTS)}")
         if routed is not None:
             asked = [(i, p) for p in ROUTER_POINTS for i in point_layers.get(p, ())
                      if i not in routed]

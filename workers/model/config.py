@@ -261,8 +261,8 @@ class ModelConfig:
 
     @property
     def mixed_mlps(self) -> bool:
-        """Some layers are a mixture of experts and some a dense MLP."""
-        return len(set(self.moe_per_layer)) > 1
+        """A mixture of experts some (or all) of whose layers have a dense MLP instead."""
+        return self.num_experts > 0 and not all(self.moe_per_layer)
 
     @property
     def window_per_layer(self) -> tuple[int | None, ...]:
