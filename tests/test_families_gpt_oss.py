@@ -297,3 +297,31 @@ def test_every_mxfp4_byte_and_scale_dequantises_as_transformers_does():
         got = mxfp4.dequantize(blocks, scales, ours_dtype)
         assert got.shape == tuple(want.shape) == (2, 16 * 32, 256)
         np.testing.assert_array_equal(got.astype(np.float32), want.float().numpy())
+
+
+@pytest.mark.parametrize("arch,rope", [
+    # Qwen2.5's long-context recipe (rope_scaling yarn factor 4 over 32k), shrunk: the
+    # context from the top of the rope parameters, truncate by default.
+    ("qwen2", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+               "original_max_position_embeddings": 256}),
+    ("llama3", {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
+                "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 1.2, "mscale_all_dim": 0.8,
+                "original_max_position_embeddings": 512}),
+    ("qwen3_moe_mixed", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                         "attention_factor": 1.3, "original_max_position_embeddings": 128})])
+def test_yarn_on_other_families_matches_hf(tmp_path, arch, rope):
+    """YaRN is the rotary embedding's, not gpt-oss's: any family whose config states it
+    rotates as HF does (each case moves HF's result away from the default RoPE)."""
+    path = hf_models.make_tiny_checkpoint(tmp_path / "with", arch, rope_parameters=rope,
+                                          rope_scaling=None)
+    ids = np.random.RandomState(7).randint(1, 512, (1, 20)).astype(np.int32)
+    ref = hf_models.hf_hooks(hf_models.load_hf_model(path), ids)
+    hooks = ALL_HOOKS if arch in hf_models.MOE_LAYOUT_ARCHS else \
+        "layers.*.resid_pre,layers.*.resid_post,layers.*.attn_out,embed,final_norm"
+    ours = layout_tests._extract(path, ids, hooks=hooks)
+    layout_tests._assert_hooks_equal(ours, {k: ref[k] for k in ours})
+    assert _config(path).rope.rope_type == "yarn"
+    default = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
+    without = gpt_tests._copy_with(path, tmp_path / "without", rope_parameters=default)
+    other = hf_models.hf_hooks(hf_models.load_hf_model(without), ids)
+    assert gpt_tests._max_rel(other["layers.1.attn_out"], ref["layers.1.attn_out"]) > 1e-3

@@ -31,7 +31,7 @@ def _options(hf, arch, refuse, num_layers, head_dim) -> dict:
     return {"qkv_bias": bias, "o_bias": bias, "attention_sinks": True,
             "sliding_windows": hf_fields.windows_by_type(layer_types, window, num_layers,
                                                          refuse),
-            "rope": hf_fields.rope_from_hf(hf, refuse, yarn=True),
+            "rope": hf_fields.rope_from_hf(hf, refuse),
             "softmax_after_topk": True,
             "swiglu_limit": float(limit), "swiglu_alpha": float(hf.get("swiglu_alpha", 1.702)),
             "mxfp4_experts": method == "mxfp4",

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from actx.workers.model.config import RopeConfig
 
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 def moe_fields(hf: Mapping[str, Any], refuse, *, experts_field: str, width_field: str,
                norm_topk_prob: bool, router_weights_fp32: bool = False) -> dict[str, Any]:
@@ -52,8 +52,8 @@ def gemma_ropes_from_hf(hf: Mapping[str, Any], arch: str, refuse
 
 
 def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False,
-                 longrope: bool = False, aliases: Mapping[str, str] | None = None,
-                 yarn: bool = False) -> RopeConfig:
+                 longrope: bool = False, aliases: Mapping[str, str] | None = None
+                 ) -> RopeConfig:
     """The RoPE of a config. transformers 5 writes `rope_parameters` (with rope_theta
     inside); 4.x wrote top-level `rope_theta` and an optional `rope_scaling`.
     partial_allowed: the family rotates part of each head where asked (Phi-3); longrope:
@@ -65,8 +65,7 @@ def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     rope_type = (aliases or {}).get(rope_type, rope_type)
-    supported = (_SUPPORTED_ROPE_TYPES + (("longrope",) if longrope else ())
-                 + (("yarn",) if yarn else ()))
+    supported = _SUPPORTED_ROPE_TYPES + (("longrope",) if longrope else ())
     if rope_type not in supported:
         raise refuse(f"{field}.rope_type", rope_type, f"supported: {', '.join(supported)}")
     partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
@@ -123,11 +122,16 @@ def _longrope(hf, params, theta: float, partial: float, field: str, refuse) -> R
 
 
 def _yarn(hf, params, theta: float, partial: float, field: str, refuse) -> RopeConfig:
-    """HF's `_compute_yarn_parameters`: the factor defaults to max / original positions;
-    the attention factor to mscale's ratio where mscale and mscale_all_dim are given,
-    else 0.1 ln(factor) + 1 (1 at factor <= 1); beta_fast 32, beta_slow 1; truncate
-    true unless the config says otherwise."""
-    original = params.get("original_max_position_embeddings")
+    """HF's `_compute_yarn_parameters`: the pretraining context is the config's top-level
+    original_max_position_embeddings where it has one, else the rope parameters', else
+    max_position_embeddings (HF's `standardize_rope_params`); the factor defaults to max
+    / original positions; the attention factor to mscale's ratio where mscale and
+    mscale_all_dim are given, else 0.1 ln(factor) + 1 (1 at factor <= 1); beta_fast 32,
+    beta_slow 1; truncate true unless the config says otherwise."""
+    original = hf.get("original_max_position_embeddings")
+    if original is None:
+        original = params.get("original_max_position_embeddings",
+                              hf.get("max_position_embeddings"))
     if original is None:
         raise refuse(f"{field}.original_max_position_embeddings", None,
                      "yarn needs the pretraining context")
