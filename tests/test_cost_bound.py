@@ -38,8 +38,9 @@ def _hf_matmul_params_per_token(model, layers: int) -> int:
     return int(total)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama3", "gemma2", "phi3", "olmo2", "qwen3_moe", "olmoe",
-                                  "mixtral", "qwen3_moe_mixed", "qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama3", "gemma2", "phi3", "olmo2", "qwen3_moe",
+                                  "olmoe", "mixtral", "qwen3_moe_mixed", "qwen2_moe",
+                                  "gpt_oss"])
 def test_flops_per_token_are_twice_the_parameters_a_token_meets(tmp_path, arch):
     path = hf_models.make_tiny_checkpoint(tmp_path / arch, arch)
     model = hf_models.load_hf_model(path)

@@ -26,6 +26,7 @@ from actx.workers.model import capture
 from actx.workers.model import checkpoint
 from actx.workers.attention import key_ranges
 from actx.workers.attention import kv_cache
+from actx.workers.model import mlp as mlp_lib
 from actx.workers.model import moe
 from actx.workers.model import rope as rope_lib
 from actx.workers.model import families
@@ -141,14 +142,6 @@ def final_norm(params: dict, cfg: ModelConfig, x_btd: jax.Array) -> jax.Array:
     return norm(x_btd, params, "final_norm_d", cfg, cfg.norm_scale_fp32)
 
 
-def _mlp_activation(gate_btf: jax.Array, cfg: ModelConfig) -> jax.Array:
-    if cfg.mlp_activation == "gelu_tanh":
-        return jax.nn.gelu(gate_btf, approximate=True)  # HF's gelu_pytorch_tanh, gelu_new
-    if cfg.mlp_activation == "gelu":
-        return jax.nn.gelu(gate_btf, approximate=False)  # HF's gelu (erf)
-    return jax.nn.silu(gate_btf)
-
-
 def _qk_norm(q_btnh, k_btkh, p, cfg):
     """RMSNorm of queries and keys before RoPE: over each head (Qwen3, Gemma 3) or over
     the whole projection, all heads together (OLMo 2, OLMoE)."""
@@ -164,68 +157,6 @@ def _qk_norm(q_btnh, k_btkh, p, cfg):
             return flat.reshape(x_btnh.shape)
         return whole(q_btnh, p["q_norm_lnh"]), whole(k_btkh, p["k_norm_lkh"])
     return q_btnh, k_btkh
-
-
-def _mlp(p, h_btd, cfg, moe_impl, layer=0) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The MLP's output, and the router's hook points for a mixture of experts (a dense
-    layer between sparse ones gives zeros there, which no capture reads:
-    `ModelConfig.router_layers`)."""
-    if not cfg.num_experts:
-        return _dense_mlp(p, h_btd, cfg), {}
-    if not cfg.mixed_mlps:
-        return _moe_mlp(p, h_btd, cfg, moe_impl)
-
-    def dense(h_btd):
-        b, t, _ = h_btd.shape
-        k, e = cfg.experts_per_token, cfg.num_experts
-        return _dense_mlp(p, h_btd, cfg), {
-            "router_logits": jnp.zeros((b, t, e), h_btd.dtype),
-            "expert_ids": jnp.zeros((b, t, k), jnp.int32),
-            "expert_weights": jnp.zeros((b, t, k), jnp.float32 if cfg.router_weights_fp32
-                                        else h_btd.dtype)}
-
-    is_moe = jnp.asarray(cfg.moe_per_layer)[layer]
-    return jax.lax.cond(is_moe, lambda h: _moe_mlp(p, h, cfg, moe_impl), dense, h_btd)
-
-
-def _moe_mlp(p, h_btd, cfg, moe_impl) -> tuple[jax.Array, dict[str, jax.Array]]:
-    activation = lambda x: _mlp_activation(x, cfg)  # noqa: E731
-    logits_bte, ids_btk, weights_btk = moe.route(h_btd, p["router_weight_led"], cfg,
-                                                 p.get("router_bias_le"))
-    glu = (moe.swiglu(activation) if cfg.swiglu_limit is None
-           else moe.clamped_swiglu(cfg.swiglu_alpha, cfg.swiglu_limit))
-    out_btd = moe.experts(h_btd, ids_btk, weights_btk, p, glu, moe_impl)
-    if cfg.shared_expert_size:
-        # HF's Qwen2-MoE: sigmoid(x @ gate) * shared_expert(x), added after the routed sum.
-        shared_btd = _swiglu(h_btd, p["shared_gate_ldf"], p["shared_up_ldf"],
-                             p["shared_down_lfd"], activation)
-        gate_bt1 = jax.nn.sigmoid(jnp.einsum("btd,d->bt", h_btd,
-                                             p["shared_expert_gate_ld"])[..., None])
-        out_btd = out_btd + gate_bt1 * shared_btd
-    return out_btd, {"router_logits": logits_bte, "expert_ids": ids_btk,
-                     "expert_weights": weights_btk}
-
-
-def _swiglu(h_btd, gate_df, up_df, down_fd, activation) -> jax.Array:
-    gate_btf = jnp.einsum("btd,df->btf", h_btd, gate_df)
-    up_btf = jnp.einsum("btd,df->btf", h_btd, up_df)
-    return jnp.einsum("btf,fd->btd", activation(gate_btf) * up_btf, down_fd)
-
-
-def _dense_mlp(p, h_btd, cfg) -> jax.Array:
-    activation = lambda x: _mlp_activation(x, cfg)  # noqa: E731
-    up_btf = jnp.einsum("btd,df->btf", h_btd, p["up_weight_ldf"])
-    if cfg.mlp_bias:
-        up_btf = up_btf + p["up_bias_lf"]
-    if cfg.gated_mlp:
-        gate_btf = jnp.einsum("btd,df->btf", h_btd, p["gate_weight_ldf"])
-        inner_btf = activation(gate_btf) * up_btf
-    else:
-        inner_btf = activation(up_btf)
-    out_btd = jnp.einsum("btf,fd->btd", inner_btf, p["down_weight_lfd"])
-    if cfg.mlp_bias:
-        out_btd = out_btd + p["down_bias_ld"]
-    return out_btd
 
 
 def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
@@ -293,7 +224,7 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     # A parallel block's MLP reads the block's input, not resid_mid (GPT-NeoX).
     mlp_in_btd = x_btd if cfg.parallel_residual else mid_btd
     h_btd = norm(mlp_in_btd, p, "mlp_norm_ld", cfg) if cfg.input_norms else mlp_in_btd
-    mlp_out_btd, router_hooks = _mlp(p, h_btd, cfg, moe_impl, layer)
+    mlp_out_btd, router_hooks = mlp_lib.mlp(p, h_btd, cfg, moe_impl, layer)
     if post_norms:
         mlp_out_btd = rms_norm(mlp_out_btd, p["mlp_post_norm_ld"], eps, gemma,
                                cfg.norm_scale_fp32)
