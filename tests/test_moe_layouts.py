@@ -193,6 +193,9 @@ SETTINGS = [
     ("qwen3_moe_mixed", {"use_sliding_window": True, "sliding_window": 5},
      {"use_sliding_window": False}),
     ("qwen3_moe_mixed", {"norm_topk_prob": False}, {"norm_topk_prob": True}),
+    # The experts', the shared expert's and the dense layers' activation.
+    ("qwen2_moe", {"hidden_act": "gelu"}, {"hidden_act": "silu"}),
+    ("qwen3_moe_mixed", {"hidden_act": "gelu_pytorch_tanh"}, {"hidden_act": "silu"}),
 ]
 
 

@@ -324,6 +324,21 @@ def refuse_activation(hf: Mapping[str, Any], refuse, allowed=("silu",),
     return act
 
 
+# HF's names (ACT2FN) for the activations the decoder has (ModelConfig.mlp_activation).
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def mlp_activation(hf: Mapping[str, Any], refuse, field: str = "hidden_act",
+                   default: str = "silu") -> str:
+    """The ModelConfig.mlp_activation of an HF activation name (a family whose MLPs and
+    experts all take ACT2FN[hidden_act]); another name is refused."""
+    act = hf.get(field) or default
+    if act not in ACTIVATIONS:
+        raise refuse(field, act, f"implemented: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[act]
+
+
 def refuse_biases(hf: Mapping[str, Any], refuse, fields=("attention_bias", "mlp_bias")):
     for field in fields:
         if hf.get(field, False):

@@ -59,11 +59,10 @@ def _moe(hf, refuse, num_layers) -> dict:
 
 
 def _qwen3_moe(hf, arch, refuse, num_layers, head_dim) -> dict:
-    base.refuse_activation(hf, refuse)
     base.refuse_biases(hf, refuse)
     # HF's Qwen3-MoE applies sliding_window (where use_sliding_window) to every layer.
     window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
-    return {"qk_norm": True,
+    return {"qk_norm": True, "mlp_activation": base.mlp_activation(hf, refuse),
             "sliding_windows": (None if window is None else int(window),) * num_layers,
             **_moe(hf, refuse, num_layers)}
 
@@ -84,12 +83,12 @@ def _qwen2_windows(hf, refuse, num_layers) -> tuple[int | None, ...]:
 
 
 def _qwen2_moe(hf, arch, refuse, num_layers, head_dim) -> dict:
-    base.refuse_activation(hf, refuse)
     shared = int(hf.get("shared_expert_intermediate_size") or 0)
     if shared < 1:
         raise refuse("shared_expert_intermediate_size", hf.get(
             "shared_expert_intermediate_size"), "Qwen2-MoE's shared expert needs a width")
     return {"qkv_bias": bool(hf.get("qkv_bias", True)),
+            "mlp_activation": base.mlp_activation(hf, refuse),
             "sliding_windows": _qwen2_windows(hf, refuse, num_layers),
             "shared_expert_size": shared, **_moe(hf, refuse, num_layers)}
 
@@ -128,7 +127,8 @@ QWEN3_MOE = base.Family(
     block=("Qwen3's attention (sliding_window on every layer where use_sliding_window); the "
            "MLP is a mixture of experts: router logits = rms(.) @ gate, softmax in float32, "
            "top-k, renormalised over the k when norm_topk_prob, weights cast to the "
-           "compute dtype; output = sum of the chosen SwiGLU experts times their weights; "
+           "compute dtype; output = sum of the chosen gated experts (hidden_act: silu, "
+           "gelu, gelu_new) times their weights; "
            "a layer in mlp_only_layers, or whose i + 1 is no multiple of "
            "decoder_sparse_step, has a dense SwiGLU MLP of intermediate_size instead"),
     hook_notes=_MIXED_NOTES)
