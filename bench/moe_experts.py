@@ -61,7 +61,7 @@ def main(argv=None) -> None:
     def run(impl):
         def mlp(p, h):
             _, ids, w = moe.route(h, p["router_weight_led"], Cfg)
-            return moe.experts(h, ids, w, p, jax.nn.silu, impl)
+            return moe.experts(h, ids, w, p, moe.swiglu(jax.nn.silu), impl)
         fn = jax.jit(mlp)
         return lambda: fn(params, h).block_until_ready()
 

@@ -24,12 +24,16 @@ def forward_flops_per_token(config, blocks: int, seq_len: int) -> float:
     run for the hooks, by the same rule."""
     hidden, heads, head_dim = config.hidden_size, config.num_heads, config.head_dim
     experts = config.num_experts
-    per_token = config.experts_per_token if experts else 1
-    inter = config.moe_intermediate_size if experts else config.intermediate_size
     attention = hidden * heads * head_dim * 2 + hidden * config.num_kv_heads * head_dim * 2
-    mlp = 3 * hidden * inter * per_token + hidden * experts
+    shared = getattr(config, "shared_expert_size", 0)  # Qwen2-MoE's, and its gate
+    sparse_mlp = (3 * hidden * config.moe_intermediate_size * config.experts_per_token
+                  + hidden * experts + (3 * hidden * shared + hidden if shared else 0))
+    dense_mlp = 3 * hidden * config.intermediate_size
+    # Each block's own MLP (dense layers between a mixture's sparse ones).
+    layers = getattr(config, "moe_per_layer", (bool(experts),) * blocks)[:blocks]
+    mlp = sum(sparse_mlp if sparse else dense_mlp for sparse in layers)
     context = 2 * 2 * heads * head_dim * (seq_len / 2)
-    return blocks * (2 * (attention + mlp) + context)
+    return blocks * (2 * attention + context) + 2 * mlp
 
 
 def target_peak(target) -> tuple[float, str] | tuple[None, str]:

@@ -31,6 +31,16 @@ MOE_ARCHS = ("qwen3_moe", "olmoe", "mixtral")
 # (learned positions, Conv1D, 64 positions), "gpt_neox" (Pythia: parallel residual,
 # rotary_pct 0.25, fused interleaved query_key_value, untied embed_out).
 GPT_ARCHS = ("gpt2", "gpt_neox")
+# Mixture layouts (tests/test_moe_layouts.py): "qwen2_moe" (Qwen2-MoE: 8 experts, top 2,
+# a shared expert of 48 behind its sigmoid gate, layer 1 a dense MLP of 96 by
+# mlp_only_layers), "qwen3_moe_mixed" (Qwen3-MoE, 4 layers, decoder_sparse_step 2 and
+# mlp_only_layers [3]: only layer 1 sparse, dense MLPs of 96 elsewhere).
+MOE_LAYOUT_ARCHS = ("qwen2_moe", "qwen3_moe_mixed")
+# "gpt_oss" (tests/test_families_gpt_oss.py): 3 layers (0 and 2 slide, window 6), sinks
+# of std 1, YaRN factor 4 over an original context of 256 (its ramp over the first 3 of
+# 8 frequencies), 8 experts of 32, top 2, random
+# biases, experts' weights of std 0.2 and swiglu_limit 1.0 so the clamps bite.
+OSS_ARCHS = ("gpt_oss",)
 # Architectures whose layers differ in their windows: HF takes one mask per layer type.
 PER_LAYER_TYPE_MASKS = ("gemma2", "gemma3", "gemma3_mm")
 
@@ -44,8 +54,9 @@ def tiny_config(arch: str = "qwen2", **overrides):
     """The transformers config object for `arch`, with `overrides` applied."""
     import transformers
 
-    if arch not in ARCHS + GPT_ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; one of {ARCHS + GPT_ARCHS}")
+    known = ARCHS + GPT_ARCHS + MOE_LAYOUT_ARCHS + OSS_ARCHS
+    if arch not in known:
+        raise ValueError(f"unknown arch {arch!r}; one of {known}")
     if arch == "gpt2":
         kwargs = dict(n_embd=64, n_layer=3, n_head=4, n_positions=64, vocab_size=512,
                       layer_norm_epsilon=1e-5, bos_token_id=1, eos_token_id=2)
@@ -98,6 +109,27 @@ def tiny_config(arch: str = "qwen2", **overrides):
                       norm_topk_prob=True,
                       num_hidden_layers=2)
         cls = transformers.Qwen3MoeConfig
+    elif arch == "qwen3_moe_mixed":
+        kwargs.update(tie_word_embeddings=False, rope_theta=10000.0, head_dim=32,
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      intermediate_size=96, norm_topk_prob=True, num_hidden_layers=4,
+                      decoder_sparse_step=2, mlp_only_layers=[3])
+        cls = transformers.Qwen3MoeConfig
+    elif arch == "qwen2_moe":
+        kwargs.update(tie_word_embeddings=False, rope_theta=10000.0, num_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, intermediate_size=96,
+                      norm_topk_prob=False, num_hidden_layers=3, mlp_only_layers=[1])
+        cls = transformers.Qwen2MoeConfig
+    elif arch == "gpt_oss":
+        kwargs.update(tie_word_embeddings=False, head_dim=16, sliding_window=6,
+                      num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
+                      swiglu_limit=1.0, rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                       "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "truncate": False,
+                                       "original_max_position_embeddings": 256})
+        cls = transformers.GptOssConfig
     elif arch == "olmoe":
         kwargs.update(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2, rope_theta=10000.0, num_experts=8,
@@ -168,8 +200,17 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "qwen2", seed: int
                 # Position embeddings as large as the token ones, so a wrong position
                 # (or none) shows up.
                 param.copy_(0.5 * torch.randn_like(param))
-            elif arch in MOE_ARCHS and name.endswith("gate.weight"):
+            elif arch in MOE_ARCHS + MOE_LAYOUT_ARCHS and name.endswith("gate.weight"):
+                # Routers, and Qwen2-MoE's shared expert gate (so its sigmoid is far
+                # from one constant).
                 param.copy_(0.5 * torch.randn_like(param))
+            elif arch == "gpt_oss" and name.endswith(("sinks", "router.weight")):
+                param.copy_(torch.randn_like(param) * (1.0 if name.endswith("sinks")
+                                                       else 0.5))
+            elif arch == "gpt_oss" and name.endswith(("gate_up_proj", "down_proj")):
+                param.copy_(0.2 * torch.randn_like(param))
+            elif arch in ("qwen2_moe", "gpt_oss") and name.endswith(("bias", "_bias")):
+                param.copy_(0.1 * torch.randn_like(param))  # HF inits biases at 0
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     os.makedirs(path, exist_ok=True)
@@ -276,11 +317,12 @@ def hf_hooks(model, input_ids, position_ids=None, attention_mask=None) -> dict:
             lambda mod, args, out, i=i: captured.__setitem__(
                 f"layers.{i}.attn_out", out[0] if isinstance(out, tuple) else out)))
         handles.append((post_mlp or layer.mlp).register_forward_hook(
-            lambda mod, args, out, i=i: captured.__setitem__(f"layers.{i}.mlp_out", out)))
+            lambda mod, args, out, i=i: captured.__setitem__(
+                f"layers.{i}.mlp_out", out[0] if isinstance(out, tuple) else out)))
         handles.append(layer.register_forward_hook(
             lambda mod, args, out, i=i: captured.__setitem__(
                 f"layers.{i}.resid_post", out[0] if isinstance(out, tuple) else out)))
-        router = getattr(layer.mlp, "gate", None)
+        router = getattr(layer.mlp, "gate", None) or getattr(layer.mlp, "router", None)
         if router is not None and hasattr(router, "top_k"):
             handles.append(router.register_forward_hook(
                 lambda mod, args, out, i=i: captured.update({

@@ -67,6 +67,7 @@ def test_row_tiles_are_powers_of_two_triton_can_lower():
 def test_off_an_accelerator_the_default_is_xla():
     class Config:  # the fields attention_for reads of a ModelConfig
         num_heads, num_kv_heads, head_dim, attn_logit_softcap = 4, 2, 16, None
+        attention_sinks = False
 
     assert generate_step.attention_for(jnp.bfloat16, Config, 64) == "xla"
     assert generate_step.attention_for(jnp.float32, Config, 64, "pallas") == "pallas"

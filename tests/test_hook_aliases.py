@@ -34,7 +34,7 @@ def test_the_architecture_sets_match_the_families():
     """The LayerNorm and learned-position architectures schemas names (it imports no
     family) are exactly those whose configs say so."""
     configs = [_config(arch) for arch in hf_models.ARCHS + hf_models.GPT_ARCHS
-               if arch != "gemma3_mm"]
+               + hf_models.MOE_LAYOUT_ARCHS + hf_models.OSS_ARCHS if arch != "gemma3_mm"]
     assert {c.architecture for c in configs} >= {
         a for f in families.FAMILIES for a in f.architectures
         if a != "Gemma3ForConditionalGeneration"}

@@ -320,7 +320,7 @@ def test_expert_matmul_forms_agree_across_block_edges(monkeypatch):
     h = rng.normal(0, 1, (2, 37, d)).astype(np.float32)
     _, ids, weights = moe.route(h, p["router_weight_led"], Cfg)
     assert len(np.unique(np.asarray(ids))) < e  # some experts have no rows
-    outs = {impl: np.asarray(moe.experts(h, ids, weights, p, jax.nn.silu, impl))
+    outs = {impl: np.asarray(moe.experts(h, ids, weights, p, moe.swiglu(jax.nn.silu), impl))
             for impl in moe.IMPLEMENTATIONS}
     # The reference: each token's chosen experts, one at a time, in numpy float64.
     want = np.zeros(h.shape)

@@ -155,13 +155,15 @@ def hook_shapes(spec: runspec_lib.RunSpec) -> HookShapes:
         return HookShapes({}, why=f"the model's config.json could not be read ({e})")
     if config is None:
         return HookShapes({}, why=(problems + missing)[0])
-    names = capture.hook_names(config.num_layers)
+    names = capture.hook_names(config.num_layers,
+                                  capture_lib.router_layers_of(config))
     widths = capture_lib.hook_widths(config, names)
     dtypes = capture_lib.hook_dtypes(names, spec.capture.dtype) or {}
     shapes = {name: (widths[name], dtypes.get(name, spec.capture.dtype)) for name in names}
     if spec.generate is not None:  # the ids the model writes, stored beside the hooks
         shapes[layout.GENERATED_IDS] = (1, "int32")
-    return HookShapes(shapes, capture.blocks_run(config.num_layers), config)
+    return HookShapes(shapes, capture.blocks_run(
+        config.num_layers, capture_lib.router_layers_of(config)), config)
 
 
 def context_problem(packing: runspec_lib.PackingSpec, limit: int, model_path: str

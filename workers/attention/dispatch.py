@@ -105,16 +105,28 @@ def default_implementation(dtype: jnp.dtype) -> str:
 
 
 def implementation_for(dtype: jnp.dtype, seq_len: int, head_dim: int,
-                       softcap: float | None = None, requested: str | None = None) -> str:
+                       softcap: float | None = None, requested: str | None = None,
+                       sinks: bool = False) -> str:
     """The way attention runs for these shapes: `requested` (else the backend's default)
     where it can run, else its fallback (pallas_gpu -> cudnn -> xla, pallas_tpu -> xla),
     with one log line saying why. Decided once per shape, before tracing: a kernel that
-    cannot compile here fails at compile time, too late to fall back inside a trace."""
+    cannot compile here fails at compile time, too late to fall back inside a trace.
+    sinks: the heads have sink logits (gpt-oss), which only the XLA way computes: any
+    other way falls back to it, saying so."""
     wanted = requested or default_implementation(dtype)
     if wanted not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {wanted!r}: choose one of "
                          f"{', '.join(IMPLEMENTATIONS)}")
+    if sinks and wanted != "xla":
+        _warn_sinks(wanted)
+        return "xla"
     return _resolve(wanted, jnp.dtype(dtype).name, seq_len, head_dim, softcap)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_sinks(wanted: str) -> None:
+    log.warning("attention: %s has no attention sinks (the model's per-head sink logits); "
+                "using xla", wanted)
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,16 +166,18 @@ def _compiles(kernel, dtype_name, seq_len, head_dim, softcap) -> str | None:
 
 def attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, lo_bt: jax.Array,
               hi_bt: jax.Array, implementation: str | None = None,
-              scale: float | None = None, softcap: float | None = None) -> jax.Array:
+              scale: float | None = None, softcap: float | None = None,
+              sinks: jax.Array | None = None) -> jax.Array:
     """Grouped-query attention [b, t, n, h] of rows seen alone; k/v heads are shared by
     n // k query heads; query t sees the row's keys [lo, hi) (workers.attention.key_ranges).
 
     scale: of the logits (default head_dim ** -0.5); softcap: logits -> softcap *
-    tanh(logits / softcap) before the mask (Gemma 2).
+    tanh(logits / softcap) before the mask (Gemma 2); sinks: each head's sink logit [n]
+    in the softmax's denominator (gpt-oss; the XLA way).
     """
     b, t, n, h = q_btnh.shape
     scale = h ** -0.5 if scale is None else scale
-    way = implementation_for(q_btnh.dtype, t, h, softcap, implementation)
+    way = implementation_for(q_btnh.dtype, t, h, softcap, implementation, sinks is not None)
     if way in _KERNELS:
         return _KERNELS[way].ranged_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt,
                                               scale=scale, softcap=softcap)
@@ -171,7 +185,8 @@ def attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, lo_bt: ja
         out = _cudnn(q_btnh, k_btkh, v_btkh, key_ranges.dense_mask(lo_bt, hi_bt, t), scale)
         if out is not None:
             return out
-    return attention_xla.rows_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, scale, softcap)
+    return attention_xla.rows_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, scale, softcap,
+                                        sinks)
 
 
 def _cudnn(q_btnh, keys_bskh, values_bskh, mask_bts, scale) -> jax.Array | None:
@@ -201,18 +216,19 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
                      lo_bt: jax.Array, hi_bt: jax.Array, cache_k_bckh: jax.Array,
                      cache_v_bckh: jax.Array, ptr: jax.Array, data_shards: int = 1,
                      implementation: str | None = None, slots_per_visit: int | None = None,
-                     scale: float | None = None, softcap: float | None = None) -> jax.Array:
+                     scale: float | None = None, softcap: float | None = None,
+                     sinks: jax.Array | None = None) -> jax.Array:
     """Attention [b, t, n, h] over the row itself and the slot's cached earlier rows.
 
     [lo, hi) index the keys in document order: the cache ring [b, C, k, h] from its block
     `ptr` (the oldest) onwards, then the row's keys (workers.attention.key_ranges). Every way reads
     the ring where it lies and computes a slot from its own inputs only, so a slot's bytes
     never depend on what the other slots hold. slots_per_visit: the XLA way's group of
-    slots (`default_slots_per_visit`).
+    slots (`default_slots_per_visit`); sinks: as `attention`'s.
     """
     b, t, n, h = q_btnh.shape
     scale = h ** -0.5 if scale is None else scale
-    way = implementation_for(q_btnh.dtype, t, h, softcap, implementation)
+    way = implementation_for(q_btnh.dtype, t, h, softcap, implementation, sinks is not None)
     if way in _KERNELS:
         return _KERNELS[way].ranged_attention(
             q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh, ptr,
@@ -224,7 +240,7 @@ def cached_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
             return out
     return attention_xla.cached_attention(
         q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh, ptr, data_shards,
-        slots_per_visit or default_slots_per_visit(b, data_shards), scale, softcap)
+        slots_per_visit or default_slots_per_visit(b, data_shards), scale, softcap, sinks)
 
 
 def fused_cached_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh,

@@ -64,6 +64,25 @@ def _capped(logits, softcap):
     return logits if softcap is None else softcap * jnp.tanh(logits / softcap)
 
 
+def sinks_by_kv_head(sinks_n: jax.Array | None, kv_heads: int) -> jax.Array | None:
+    """A head's sink logit [n] as [1, k, g, 1, 1] float32 (the order of
+    `queries_by_kv_head`), or None."""
+    if sinks_n is None:
+        return None
+    return sinks_n.astype(jnp.float32).reshape(1, kv_heads, -1, 1, 1)
+
+
+def softmax(logits_bkgts: jax.Array, sinks_1kg11: jax.Array | None) -> jax.Array:
+    """Softmax over the keys (float32); with sinks (gpt-oss), each head's sink logit joins
+    the denominator as a key with no value (HF: softmax over [logits, sink], the sink's
+    share dropped)."""
+    if sinks_1kg11 is None:
+        return jax.nn.softmax(logits_bkgts, axis=-1)
+    m = jnp.maximum(jnp.max(logits_bkgts, axis=-1, keepdims=True), sinks_1kg11)
+    e = jnp.exp(logits_bkgts - m)
+    return e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sinks_1kg11 - m))
+
+
 def _seen(lo_bt, hi_bt, first_key: jax.Array | int, n_keys: int) -> jax.Array:
     """bool [b, 1, 1, t, n_keys]: keys first_key.. of the [cache, row] order in [lo, hi)."""
     s = first_key + jnp.arange(n_keys, dtype=jnp.int32)
@@ -72,10 +91,13 @@ def _seen(lo_bt, hi_bt, first_key: jax.Array | int, n_keys: int) -> jax.Array:
 
 def rows_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
                    lo_bt: jax.Array, hi_bt: jax.Array, scale: float,
-                   softcap: float | None = None) -> jax.Array:
-    """Attention [b, t, n, h] of rows seen alone; [lo, hi) index the row's keys."""
+                   softcap: float | None = None, sinks: jax.Array | None = None
+                   ) -> jax.Array:
+    """Attention [b, t, n, h] of rows seen alone; [lo, hi) index the row's keys;
+    sinks: each head's sink logit [n] (`softmax`)."""
     b, t, n, h = q_btnh.shape
     q_bkgth = queries_by_kv_head(q_btnh, k_btkh.shape[2])
+    sinks_1kg11 = sinks_by_kv_head(sinks, k_btkh.shape[2])
     out = []
     for start, end in query_chunks(t):
         # Logits and softmax in float32 (HF eager does the softmax in float32 too).
@@ -85,14 +107,15 @@ def rows_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
                                softcap)
         seen = _seen(lo_bt[:, start:end], hi_bt[:, start:end], 0, end)
         logits_bkgts = jnp.where(seen, logits_bkgts, jnp.finfo(jnp.float32).min)
-        probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_btkh.dtype)
+        probs_bkgts = softmax(logits_bkgts, sinks_1kg11).astype(v_btkh.dtype)
         out.append(jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_btkh[:, :end]))
     return jnp.concatenate(out, axis=1).reshape(b, t, n, h)
 
 
 def cached_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v_bckh, ptr,
                      data_shards: int, slots_per_visit: int, scale: float,
-                     softcap: float | None = None) -> jax.Array:
+                     softcap: float | None = None, sinks: jax.Array | None = None
+                     ) -> jax.Array:
     """Attention [b, t, n, h] over the slots' cache ring and the row; [lo, hi) index the
     keys in document order (the ring from block `ptr`, then the row).
 
@@ -191,6 +214,10 @@ def cached_attention(q_btnh, k_btkh, v_btkh, lo_bt, hi_bt, cache_k_bckh, cache_v
 
     xs = (q_bkgth, cache_k_bckh, cache_v_bckh, lo_bt, hi_bt, states)
     final = jax.lax.map(group, jax.tree.map(split, xs))
+    sinks_1kg11 = sinks_by_kv_head(sinks, k)
+    if sinks_1kg11 is not None:
+        # A sink is a key with no value: its exp joins each query's denominator.
+        final = [(m, l + jnp.exp(sinks_1kg11[..., 0] - m), acc) for m, l, acc in final]
     out_bkgth = jnp.concatenate(
         [merge(acc) / merge(l)[..., None] for _, l, acc in final], axis=3)
     return jnp.einsum("bkgth->btkgh", out_bkgth).reshape(b, t, n, h).astype(q_btnh.dtype)

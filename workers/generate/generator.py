@@ -145,12 +145,12 @@ class Generator:
             sharding.check_batch(slots, self.mesh)
         self.config, self.spec, self.model_config = config, spec, cfg
         self.slots, self.max_length, self.prefill_len = slots, max_length, prefill_len
-        self.hook_names = spec.hook_names(cfg.num_layers)
+        self.hook_names = spec.hook_names(cfg.num_layers, capture_lib.router_layers_of(cfg))
         self.trace_count = 0
         self.steps = 0
         self.attention = generate_step.attention_for(model.dtype, cfg, max_length, attention)
         self._params = model.params
-        point_layers = spec.point_layers(cfg.num_layers)
+        point_layers = spec.point_layers(cfg.num_layers, capture_lib.router_layers_of(cfg))
         global_points = spec.global_points()
         out_dtype = jnp.dtype(spec.dtype)
 

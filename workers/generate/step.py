@@ -108,6 +108,10 @@ def attention_for(dtype, cfg: ModelConfig, capacity: int, requested: str | None 
     if wanted not in ATTENTIONS:
         raise ValueError(f"generation attention {wanted!r}: choose one of "
                          f"{', '.join(ATTENTIONS)}")
+    if wanted == "pallas" and cfg.attention_sinks:
+        log.warning("generation attention: the Pallas kernel has no attention sinks (%s's "
+                    "per-head sink logits); using XLA", cfg.architecture)
+        return "xla"
     if wanted == "pallas" and backend in ("gpu", "tpu"):
         why = _kernel_compiles(jnp.dtype(dtype).name, cfg.num_heads, cfg.num_kv_heads,
                                cfg.head_dim, capacity, cfg.attn_logit_softcap)
@@ -136,9 +140,10 @@ def _kernel_compiles(dtype_name, heads, kv_heads, head_dim, capacity, softcap) -
     return None
 
 
-def _attention(q_btnh, k_bckh, v_bckh, positions_bt, window, scale, softcap):
+def _attention(q_btnh, k_bckh, v_bckh, positions_bt, window, scale, softcap, sinks=None):
     """Each query over its slot's cached keys at positions <= its own and less than
-    `window` back; logits and softmax in float32 (as `attention_xla.rows_attention`)."""
+    `window` back; logits and softmax in float32, with the heads' sink logits where the
+    model has them (as `attention_xla.rows_attention`)."""
     b, t, n, h = q_btnh.shape
     q_bkgth = attention_xla.queries_by_kv_head(q_btnh, k_bckh.shape[2])
     logits = jnp.einsum("bkgth,bckh->bkgtc", q_bkgth, k_bckh,
@@ -149,7 +154,8 @@ def _attention(q_btnh, k_bckh, v_bckh, positions_bt, window, scale, softcap):
     back_btc = positions_bt[..., None] - key_pos_c
     seen_btc = (back_btc >= 0) & (back_btc < window)
     logits = jnp.where(seen_btc[:, None, None], logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v_bckh.dtype)
+    probs = attention_xla.softmax(logits, attention_xla.sinks_by_kv_head(
+        sinks, k_bckh.shape[2])).astype(v_bckh.dtype)
     return jnp.einsum("bkgtc,bckh->btkgh", probs, v_bckh).reshape(b, t, n, h)
 
 
@@ -204,7 +210,7 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
                                               positions_bt, window, scale=scale,
                                               softcap=cfg.attn_logit_softcap)
             return _attention(q_btnh, written["k"], written["v"], positions_bt, window,
-                              scale, cfg.attn_logit_softcap)
+                              scale, cfg.attn_logit_softcap, layer_params.get("sinks_ln"))
 
         hooks, _ = model_lib.block(layer_params, x_btd, cos, sin, None, None, cfg,
                                    moe_impl=expert_matmuls, attend=attend, layer=layer)

@@ -145,19 +145,25 @@ def step_cost(cfg, tokens: int, layers: int | None = None, itemsize: int = 2,
     layers = cfg.num_layers if layers is None else layers
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     attention_params = d * (n + 2 * k) * h + n * h * d
-    per_token = 2 * attention_params + 4 * n * h * keys_per_query
-    if cfg.num_experts:
-        expert_params = 3 * d * cfg.moe_intermediate_size
-        active = min(cfg.num_experts, tokens * cfg.experts_per_token)
-        mlp_params = d * cfg.num_experts + active * expert_params  # router + active experts
-        per_token += 2 * d * cfg.num_experts + cfg.experts_per_token * 2 * expert_params
-    else:
-        mlp_params = 3 * d * cfg.intermediate_size
-        per_token += 2 * mlp_params
-    layer_bytes = (attention_params + mlp_params + 4 * d) * itemsize  # + norms, generously
-    embed_bytes = tokens * d * itemsize  # the embedding rows the step gathers
-    return StepCost(weight_bytes=layers * layer_bytes + embed_bytes,
-                    flops=layers * per_token * tokens)
+    attention_flops = 2 * attention_params + 4 * n * h * keys_per_query
+    weight_bytes, flops = tokens * d * itemsize, 0  # the embedding rows the step gathers
+    # Each layer's own MLP: a mixture's sparse layers, the dense ones between them.
+    for moe_layer in getattr(cfg, "moe_per_layer", (bool(cfg.num_experts),) * layers)[:layers]:
+        if moe_layer:
+            expert_params = 3 * d * cfg.moe_intermediate_size
+            shared = getattr(cfg, "shared_expert_size", 0)
+            shared_params = 3 * d * shared + d if shared else 0  # and its gate
+            active = min(cfg.num_experts, tokens * cfg.experts_per_token)
+            # router + active experts (+ a shared expert every token runs)
+            mlp_params = d * cfg.num_experts + active * expert_params + shared_params
+            mlp_flops = (2 * d * cfg.num_experts + cfg.experts_per_token * 2 * expert_params
+                         + 2 * shared_params)
+        else:
+            mlp_params = 3 * d * cfg.intermediate_size
+            mlp_flops = 2 * mlp_params
+        weight_bytes += (attention_params + mlp_params + 4 * d) * itemsize  # + norms
+        flops += (attention_flops + mlp_flops) * tokens
+    return StepCost(weight_bytes=weight_bytes, flops=flops)
 
 
 def moe_scratch_bytes(cfg, rows_per_device: int, seq_len: int, itemsize: int) -> int:

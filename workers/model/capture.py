@@ -126,12 +126,18 @@ class CaptureSpec:
         return cls(hooks=tuple(dict.fromkeys(globals_)), layers=(), dtype=dtype,
                    extra=tuple(extra), transformer_lens=tuple(transformer_lens))
 
-    def point_layers(self, num_layers: int) -> dict[str, tuple[int, ...]]:
-        """Per-layer point -> sorted layer indices, validated against `num_layers`."""
+    def point_layers(self, num_layers: int, router_layers: Sequence[int] | None = None
+                     ) -> dict[str, tuple[int, ...]]:
+        """Per-layer point -> sorted layer indices, validated against `num_layers`.
+        router_layers: the layers that have a router, where not all do (a mixture with
+        dense layers between sparse ones, `ModelConfig.router_layers`): every layer of a
+        router point means those."""
         out: dict[str, set[int]] = {}
         pairs = [(p, self.layers) for p in self.hooks if p in LAYER_POINTS] + list(self.extra)
         for point, sel in pairs:
             layers = range(num_layers) if sel == "all" else sel
+            if sel == "all" and point in ROUTER_POINTS and router_layers is not None:
+                layers = tuple(router_layers)
             for layer in layers:
                 if not 0 <= layer < num_layers:
                     raise ValueError(
@@ -143,14 +149,16 @@ class CaptureSpec:
     def global_points(self) -> tuple[str, ...]:
         return tuple(p for p in GLOBAL_POINTS if p in self.hooks)
 
-    def blocks_run(self, num_layers: int) -> int:
+    def blocks_run(self, num_layers: int, router_layers: Sequence[int] | None = None) -> int:
         """Decoder blocks a forward runs for this capture (`blocks_run`)."""
-        return blocks_run(self.point_layers(num_layers), self.global_points(), num_layers)
+        return blocks_run(self.point_layers(num_layers, router_layers), self.global_points(),
+                          num_layers)
 
-    def hook_names(self, num_layers: int) -> list[str]:
+    def hook_names(self, num_layers: int, router_layers: Sequence[int] | None = None
+                   ) -> list[str]:
         """Sorted full hook names, e.g. ["embed", "final_norm", "layers.0.resid_post"]."""
         names = list(self.global_points())
-        for point, layers in self.point_layers(num_layers).items():
+        for point, layers in self.point_layers(num_layers, router_layers).items():
             names += [f"layers.{i}.{point}" for i in layers]
         return sorted(names)
 
@@ -161,7 +169,26 @@ class CaptureSpec:
         for name in self.transformer_lens:
             hook_aliases.to_actx(name, getattr(config, "architecture", None))
         has = families.layer_points(config)
-        missing = [p for p in self.point_layers(config.num_layers) if p not in has]
+        routed = router_layers_of(config)
+        point_layers = self.point_layers(config.num_layers, routed)
+        asks_router = any(p in ROUTER_POINTS
+                          for p in self.hooks + tuple(p for p, _ in self.extra))
+        if routed == () and asks_router:
+            raise ValueError(
+                f"router hook points: every layer of {config.architecture} has a dense MLP "
+                f"(mlp_only_layers, decoder_sparse_step), so no router; its per-layer "
+                f"points: {', '.join(DENSE_POINTS)}")
+        if routed is not None:
+            asked = [(i, p) for p in ROUTER_POINTS for i in point_layers.get(p, ())
+                     if i not in routed]
+            if asked:
+                dense = sorted({i for i, _ in asked})
+                raise ValueError(
+                    f"hook layers.{asked[0][0]}.{asked[0][1]}: layer(s) "
+                    f"{', '.join(map(str, dense))} of {config.architecture} have a dense MLP "
+                    f"(mlp_only_layers, decoder_sparse_step), no router; its sparse layers: "
+                    f"{', '.join(map(str, routed))} (layers.*.experts takes just those)")
+        missing = [p for p in point_layers if p not in has]
         why = families.missing_points(config)
         explained = [p for p in missing if p in why]
         if explained:
@@ -177,6 +204,14 @@ class CaptureSpec:
                 f"{getattr(config, 'architecture', 'the model')} has no such "
                 f"point{' (it is not a mixture of experts)' if dense else ''}; its "
                 f"per-layer points: {', '.join(has)}; global: {', '.join(GLOBAL_POINTS)}")
+
+
+def router_layers_of(config) -> tuple[int, ...] | None:
+    """The layers with a router where a mixture has dense layers between sparse ones
+    (what `CaptureSpec.point_layers` takes); None where every layer is alike."""
+    if not getattr(config, "mixed_mlps", False):
+        return None
+    return config.router_layers
 
 
 def blocks_run(point_layers: Mapping[str, Sequence[int]], global_points: Sequence[str],

@@ -23,6 +23,7 @@ from safetensors import safe_open
 from actx.schemas import ts_context
 from actx.schemas import uri as uri_lib
 from actx.workers.model import checkpoint_check
+from actx.workers.model import mxfp4
 from actx.workers.model.families import base as families_base
 from actx.workers.model import sharding
 from actx.workers.model.config import ModelConfig
@@ -170,9 +171,24 @@ def load_params(reader: TensorReader, cfg: ModelConfig, dtype: np.dtype,
     layers = {}
     for ours, tensor in checkpoint_check.hf_layer_tensors(cfg).items():
         per_layer = []
+        absent = None  # the zeros a layer without this tensor holds (never read)
         for i in range(cfg.num_layers):
-            parts = [_part(fetch(f"{prefix}{at}.{i}.{name}", tensor.hf_shape), tensor, dtype)
-                     for name in tensor.hf_names()]
+            if not tensor.held_by(i):
+                if absent is None:
+                    one = _part(np.zeros(tensor.hf_shape, dtype), tensor, dtype)
+                    absent = np.zeros(((tensor.experts,) if tensor.experts else ())
+                                      + one.shape, dtype)
+                per_layer.append(absent)
+                continue
+            if tensor.mxfp4:
+                packed = [fetch(f"{prefix}{at}.{i}.{name}", shape)
+                          for name, shape in tensor.stored().items()]
+                if tensor.packed_part is not None:
+                    packed = [tensor.packed_part(p) for p in packed]
+                parts = [_part(mxfp4.dequantize(*packed), tensor, dtype)]
+            else:
+                parts = [_part(fetch(f"{prefix}{at}.{i}.{name}", tensor.hf_shape), tensor,
+                               dtype) for name in tensor.hf_names()]
             per_layer.append(np.stack(parts) if tensor.experts else parts[0])
         layers[ours] = _place(np.stack(per_layer), ("layers",) + tensor.axes, mesh, ours)
     params["layers"] = layers

@@ -20,6 +20,10 @@ from actx.workers.model.config import ModelConfig
 INDEX_FILE = "model.safetensors.index.json"
 # The dtypes `workers.model.checkpoint` reads and casts (safetensors' names).
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+# MXFP4's blocks and scales (workers.model.mxfp4), where the config says the checkpoint
+# is quantised.
+PACKED_DTYPES = ("U8",)
+PACKED_SUFFIXES = ("_blocks", "_scales")
 # A header larger than this is not a safetensors header (the format caps it at 100 MB).
 MAX_HEADER_BYTES = 100 << 20
 
@@ -74,8 +78,10 @@ def needed_tensors(cfg: ModelConfig, prefix: str | None = None) -> dict[str, tup
     at = layers_at(cfg)
     for tensor in hf_layer_tensors(cfg).values():
         for i in range(cfg.num_layers):
-            for suffix in tensor.hf_names():
-                needed[f"{prefix}{at}.{i}.{suffix}"] = tensor.hf_shape
+            if not tensor.held_by(i):
+                continue
+            for suffix, shape in tensor.stored().items():
+                needed[f"{prefix}{at}.{i}.{suffix}"] = shape
     return needed
 
 
@@ -146,7 +152,8 @@ def problems(path: str, cfg: ModelConfig) -> tuple[list[str], list[str]]:
         if tuple(entry.get("shape", ())) != shape:
             wrong.append(f"{where}/{name}: tensor {tensor} has shape "
                          f"{tuple(entry.get('shape', ()))}, config.json says {shape}")
-        elif entry.get("dtype") not in FLOAT_DTYPES:
+        elif entry.get("dtype") not in (PACKED_DTYPES if tensor.endswith(PACKED_SUFFIXES)
+                                        else FLOAT_DTYPES):
             wrong.append(f"{where}/{name}: tensor {tensor} has dtype {entry.get('dtype')}; "
                          f"actx reads float weights ({', '.join(FLOAT_DTYPES)})")
     if missing and not damaged:  # a damaged file explains its own tensors

@@ -26,7 +26,11 @@ class RopeConfig:
       last also "longrope" (documents longer than it take the long factors).
     partial_rotary_factor: the fraction of each head's dims that rotate (the first ones).
     short_factor, long_factor: "longrope" only, per frequency.
-    attention_factor: cos and sin are multiplied by it ("longrope"; 1.0 elsewhere).
+    attention_factor: cos and sin are multiplied by it ("longrope", "yarn"; 1.0
+      elsewhere).
+    beta_fast, beta_slow, truncate: "yarn"'s ramp between the frequencies kept
+      (extrapolated) and those divided by `factor` (interpolated), over the pretraining
+      context original_max_position_embeddings (HF's `_compute_yarn_parameters`).
     """
 
     theta: float = 10000.0
@@ -39,6 +43,9 @@ class RopeConfig:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
     def rotary_dim(self, head_dim: int) -> int:
         """How many of a head's dims rotate (HF: int(head_dim * partial_rotary_factor))."""
@@ -61,6 +68,8 @@ class RopeConfig:
             ext = np.asarray(self.long_factor if long else self.short_factor, np.float32)
             base = np.float32(self.theta) ** exponent
             return (np.float32(1.0) / (ext * base)).astype(np.float64)
+        if self.rope_type == "yarn":
+            return self._yarn_inv_freq(dim, exponent)
         inv_freq = 1.0 / (self.theta ** exponent.astype(np.float64))
         if self.rope_type == "linear":
             return inv_freq / self.factor
@@ -76,6 +85,29 @@ class RopeConfig:
         smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
         is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
         return np.where(is_medium, smoothed, scaled)
+
+    def _yarn_inv_freq(self, dim: int, exponent: np.ndarray) -> np.ndarray:
+        """HF's yarn frequencies, in float32 as torch computes them: each frequency
+        between its extrapolated value and its value divided by `factor`, by a linear ramp
+        over the dims whose wavelengths turn between beta_fast and beta_slow times within
+        the original context."""
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(self.original_max_position_embeddings
+                                   / (rotations * 2 * math.pi))) / (2 * math.log(self.theta))
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # HF: prevents a division by zero
+        pos_freqs = np.float32(self.theta) ** exponent
+        extrapolated = np.float32(1.0) / pos_freqs
+        interpolated = np.float32(1.0) / (np.float32(self.factor) * pos_freqs)
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low))
+                       / np.float32(high - low), 0, 1).astype(np.float32)
+        keep = np.float32(1) - ramp
+        return (interpolated * (np.float32(1) - keep) + extrapolated * keep).astype(np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +153,21 @@ class ModelConfig:
     norm_topk_prob: the k chosen softmax weights are renormalised to sum to 1.
     router_weights_fp32: the chosen weights stay float32 (Mixtral); else they are cast
       to the compute dtype before they scale the experts (Qwen3-MoE, OLMoE).
+    moe_layers: per layer, whether its MLP is the mixture of experts (the others a dense
+      MLP of intermediate_size: Qwen's mlp_only_layers and decoder_sparse_step); ():
+      every layer is, where num_experts > 0.
+    attention_sinks: each head has a learned logit (`sinks_ln`) in its softmax, a key
+      with no value: it takes a share of the attention from every key (gpt-oss).
+    softmax_after_topk: the router picks the k largest logits and its weights are their
+      softmax (gpt-oss); else the k largest of the softmax over all experts.
+    swiglu_limit, swiglu_alpha: the experts' gated unit is gpt-oss's clamped SwiGLU,
+      (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit);
+      None: activation(gate) * up.
+    mxfp4_experts: the checkpoint stores the experts' projections as MXFP4 blocks and
+      scales (`*_blocks`, `*_scales`), dequantised to the compute dtype at load.
+    shared_expert_size: the width of a shared expert every token also runs, scaled by
+      sigmoid(x @ shared_expert_gate) and added to the routed experts' sum (Qwen2-MoE);
+      0: none.
     layer_norm: every norm is a LayerNorm with a bias (GPT-2, GPT-NeoX), not an RMSNorm.
     learned_positions: a learned absolute position embedding ([max_position_embeddings,
       d], indexed by each token's position in its document) is added to the token
@@ -172,6 +219,13 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     inverse_layer_scale: bool = False
+    moe_layers: tuple[bool, ...] = ()
+    shared_expert_size: int = 0
+    attention_sinks: bool = False
+    softmax_after_topk: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
+    mxfp4_experts: bool = False
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -183,6 +237,9 @@ class ModelConfig:
                              f"{self.num_layers} layers")
         if self.learned_positions and self.max_position_embeddings < 1:
             raise ValueError("learned position embeddings need max_position_embeddings")
+        if self.moe_layers and len(self.moe_layers) != self.num_layers:
+            raise ValueError(f"{len(self.moe_layers)} mixture flags for "
+                             f"{self.num_layers} layers")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.experts_per_token} must be between 1 "
                              f"and the {self.num_experts} experts")
@@ -190,6 +247,22 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def moe_per_layer(self) -> tuple[bool, ...]:
+        """Per layer, whether its MLP is the mixture of experts."""
+        return self.moe_layers or (self.num_experts > 0,) * self.num_layers
+
+    @property
+    def router_layers(self) -> tuple[int, ...]:
+        """The layers that have a router (and so router_logits, expert_ids and
+        expert_weights)."""
+        return tuple(i for i, moe in enumerate(self.moe_per_layer) if moe)
+
+    @property
+    def mixed_mlps(self) -> bool:
+        """A mixture of experts some (or all) of whose layers have a dense MLP instead."""
+        return self.num_experts > 0 and not all(self.moe_per_layer)
 
     @property
     def window_per_layer(self) -> tuple[int | None, ...]:

@@ -1,5 +1,5 @@
 """The decoder (Qwen2/3, Llama, Mistral, Gemma 2/3, Phi-3, OLMo 2, the mixtures of
-experts, GPT-2, GPT-NeoX) as pure functions over a parameter
+experts, gpt-oss among them, GPT-2, GPT-NeoX) as pure functions over a parameter
 pytree; the families' differences are flags of `ModelConfig`.
 
 Layers are stacked on a leading axis and run with `jax.lax.scan`, so compile time does
@@ -26,6 +26,7 @@ from actx.workers.model import capture
 from actx.workers.model import checkpoint
 from actx.workers.attention import key_ranges
 from actx.workers.attention import kv_cache
+from actx.workers.model import mlp as mlp_lib
 from actx.workers.model import moe
 from actx.workers.model import rope as rope_lib
 from actx.workers.model import families
@@ -141,14 +142,6 @@ def final_norm(params: dict, cfg: ModelConfig, x_btd: jax.Array) -> jax.Array:
     return norm(x_btd, params, "final_norm_d", cfg, cfg.norm_scale_fp32)
 
 
-def _mlp_activation(gate_btf: jax.Array, cfg: ModelConfig) -> jax.Array:
-    if cfg.mlp_activation == "gelu_tanh":
-        return jax.nn.gelu(gate_btf, approximate=True)  # HF's gelu_pytorch_tanh, gelu_new
-    if cfg.mlp_activation == "gelu":
-        return jax.nn.gelu(gate_btf, approximate=False)  # HF's gelu (erf)
-    return jax.nn.silu(gate_btf)
-
-
 def _qk_norm(q_btnh, k_btkh, p, cfg):
     """RMSNorm of queries and keys before RoPE: over each head (Qwen3, Gemma 3) or over
     the whole projection, all heads together (OLMo 2, OLMoE)."""
@@ -164,28 +157,6 @@ def _qk_norm(q_btnh, k_btkh, p, cfg):
             return flat.reshape(x_btnh.shape)
         return whole(q_btnh, p["q_norm_lnh"]), whole(k_btkh, p["k_norm_lkh"])
     return q_btnh, k_btkh
-
-
-def _mlp(p, h_btd, cfg, moe_impl) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The MLP's output, and the router's hook points for a mixture of experts."""
-    activation = lambda x: _mlp_activation(x, cfg)  # noqa: E731
-    if cfg.num_experts:
-        logits_bte, ids_btk, weights_btk = moe.route(h_btd, p["router_weight_led"], cfg)
-        out_btd = moe.experts(h_btd, ids_btk, weights_btk, p, activation, moe_impl)
-        return out_btd, {"router_logits": logits_bte, "expert_ids": ids_btk,
-                         "expert_weights": weights_btk}
-    up_btf = jnp.einsum("btd,df->btf", h_btd, p["up_weight_ldf"])
-    if cfg.mlp_bias:
-        up_btf = up_btf + p["up_bias_lf"]
-    if cfg.gated_mlp:
-        gate_btf = jnp.einsum("btd,df->btf", h_btd, p["gate_weight_ldf"])
-        inner_btf = activation(gate_btf) * up_btf
-    else:
-        inner_btf = activation(up_btf)
-    out_btd = jnp.einsum("btf,fd->btd", inner_btf, p["down_weight_lfd"])
-    if cfg.mlp_bias:
-        out_btd = out_btd + p["down_bias_ld"]
-    return out_btd, {}
 
 
 def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
@@ -227,6 +198,8 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
         q_btnh = (q_btnh.astype(jnp.float32)
                   / (jnp.asarray(layer, jnp.float32) + 1.0)).astype(q_btnh.dtype)
     scoring = {"scale": cfg.query_scale, "softcap": cfg.attn_logit_softcap}
+    if cfg.attention_sinks:
+        scoring["sinks"] = p["sinks_ln"]
     if attend is not None:
         heads_btnh = attend(q_btnh, k_btkh, v_btkh)
     elif cached is None:
@@ -251,7 +224,7 @@ def block(p: Mapping[str, jax.Array], x_btd: jax.Array, cos_bth: jax.Array,
     # A parallel block's MLP reads the block's input, not resid_mid (GPT-NeoX).
     mlp_in_btd = x_btd if cfg.parallel_residual else mid_btd
     h_btd = norm(mlp_in_btd, p, "mlp_norm_ld", cfg) if cfg.input_norms else mlp_in_btd
-    mlp_out_btd, router_hooks = _mlp(p, h_btd, cfg, moe_impl)
+    mlp_out_btd, router_hooks = mlp_lib.mlp(p, h_btd, cfg, moe_impl, layer)
     if post_norms:
         mlp_out_btd = rms_norm(mlp_out_btd, p["mlp_post_norm_ld"], eps, gemma,
                                cfg.norm_scale_fp32)

@@ -51,11 +51,11 @@ class ExtractFn:
         self.spec = spec
         self.config = cfg
         self.mesh = mesh if mesh is not None else model.mesh
-        self.hook_names = spec.hook_names(cfg.num_layers)
+        self.hook_names = spec.hook_names(cfg.num_layers, capture_lib.router_layers_of(cfg))
         if not self.hook_names:
             raise ValueError("the capture spec requests no hooks")
         self.trace_count = 0
-        point_layers = spec.point_layers(cfg.num_layers)
+        point_layers = spec.point_layers(cfg.num_layers, capture_lib.router_layers_of(cfg))
         global_points = spec.global_points()
         out_dtype = jnp.dtype(spec.dtype)
         mesh = self.mesh

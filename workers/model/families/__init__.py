@@ -12,15 +12,16 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from actx.workers.model.config import ModelConfig
-from actx.workers.model.families import (gemma, gpt2, gpt_neox, hf_fields, llama, mixtral,
-                                        olmo, phi3, qwen)
+from actx.workers.model.families import (gemma, gpt2, gpt_neox, gpt_oss, hf_fields, llama,
+                                        mixtral, olmo, phi3, qwen)
 from actx.workers.model.families.base import DENSE_POINTS, Family, LayerTensor
 
 # In the order errors list them (the first six as actx has always listed them).
 FAMILIES: tuple[Family, ...] = (qwen.QWEN2, llama.LLAMA, llama.MISTRAL, qwen.QWEN3,
                                 gemma.GEMMA2, gemma.GEMMA3, phi3.PHI3, olmo.OLMO2,
                                 qwen.QWEN3_MOE, olmo.OLMOE, mixtral.MIXTRAL, gpt2.GPT2,
-                                gpt_neox.GPT_NEOX)
+                                gpt_neox.GPT_NEOX, qwen.QWEN2_MOE,
+                                gpt_oss.GPT_OSS)
 _BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BY_ARCH)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+from actx.workers.model import mxfp4
+
 # Our parameter names carry the shape letters: v vocab, d hidden, l layers, n heads,
 # k kv heads, h head dim, f MLP width, e experts.
 TOP_PARAM_AXES: dict[str, tuple[str, ...]] = {
@@ -66,6 +68,15 @@ class LayerTensor:
     rows: (lo, hi): this parameter is rows lo:hi of a fused HF tensor (Phi-3's qkv_proj
       and gate_up_proj); None: the whole tensor.
     experts: > 0: one HF tensor per expert, stacked into our leading "moe_experts" axis.
+    layers: the layers whose checkpoint holds the tensor (a dense MLP's between sparse
+      ones, Qwen's mlp_only_layers); the other layers hold zeros there, which they never
+      read (the decoder runs each layer's own MLP form). None: every layer.
+    mxfp4: the checkpoint stores the tensor as MXFP4 `{hf}_blocks` and `{hf}_scales`
+      (gpt-oss's experts, `workers.model.mxfp4`), dequantised at load to `hf_shape`.
+    packed_part: with mxfp4, selects this parameter's part of both blocks and scales
+      (their rows are the unquantised tensor's last axis) before they are dequantised, so
+      a fused tensor's part costs its own share only (gpt-oss's interleaved gate and up);
+      `to_ours` then sees that part.
     """
 
     hf: str
@@ -74,6 +85,20 @@ class LayerTensor:
     to_ours: Callable = lambda w: w
     rows: tuple[int, int] | None = None
     experts: int = 0
+    layers: tuple[int, ...] | None = None
+    mxfp4: bool = False
+    packed_part: Callable | None = None
+
+    def stored(self) -> dict[str, tuple[int, ...]]:
+        """{the HF tensor(s) under `layers.{i}.` the checkpoint holds: their shapes}."""
+        if self.mxfp4:
+            blocks, scales = mxfp4.packed_shapes(self.hf_shape)
+            return {self.hf + mxfp4.BLOCKS_SUFFIX: blocks, self.hf + mxfp4.SCALES_SUFFIX: scales}
+        return {name: self.hf_shape for name in self.hf_names()}
+
+    def held_by(self, layer: int) -> bool:
+        """Whether layer `layer`'s checkpoint holds this tensor."""
+        return self.layers is None or layer in self.layers
 
     def hf_names(self) -> tuple[str, ...]:
         """The HF tensors (under `layers.{i}.`) this parameter is read from."""
@@ -199,9 +224,10 @@ def attention_tensors(cfg, *, bias: bool = False, qk_norm: str | None = None,
     return table
 
 
-def mlp_tensors(cfg, *, fused_gate_up: bool = False) -> dict[str, LayerTensor]:
+def mlp_tensors(cfg, *, fused_gate_up: bool = False, layers: tuple[int, ...] | None = None
+                ) -> dict[str, LayerTensor]:
     """The gated MLP: `mlp.{gate,up,down}_proj`, or `mlp.gate_up_proj` (gate rows, then
-    up rows) with `mlp.down_proj`."""
+    up rows) with `mlp.down_proj`; `layers`: the layers that have it (None: all)."""
     d, f = cfg.hidden_size, cfg.intermediate_size
     if fused_gate_up:
         gate = LayerTensor("mlp.gate_up_proj.weight", (2 * f, d), ("embed", "mlp"),
@@ -209,33 +235,64 @@ def mlp_tensors(cfg, *, fused_gate_up: bool = False) -> dict[str, LayerTensor]:
         up = LayerTensor("mlp.gate_up_proj.weight", (2 * f, d), ("embed", "mlp"),
                          lambda w: w.T, rows=(f, 2 * f))
     else:
-        gate = LayerTensor("mlp.gate_proj.weight", (f, d), ("embed", "mlp"), lambda w: w.T)
-        up = LayerTensor("mlp.up_proj.weight", (f, d), ("embed", "mlp"), lambda w: w.T)
+        gate = LayerTensor("mlp.gate_proj.weight", (f, d), ("embed", "mlp"), lambda w: w.T,
+                           layers=layers)
+        up = LayerTensor("mlp.up_proj.weight", (f, d), ("embed", "mlp"), lambda w: w.T,
+                         layers=layers)
     return {"gate_weight_ldf": gate, "up_weight_ldf": up,
             "down_weight_lfd": LayerTensor("mlp.down_proj.weight", (d, f), ("mlp", "embed"),
-                                           lambda w: w.T)}
+                                           lambda w: w.T, layers=layers)}
+
+
+def moe_layer_tensors(cfg, *, router: str, expert: str) -> dict[str, LayerTensor]:
+    """The MLP tensors of a mixture whose layers may differ in their MLP (Qwen's
+    mlp_only_layers, decoder_sparse_step): the experts on the sparse layers, a dense
+    `mlp.{gate,up,down}_proj` on the others, and a shared expert (`mlp.shared_expert.*`,
+    `mlp.shared_expert_gate`) where the config has one (Qwen2-MoE)."""
+    sparse = cfg.router_layers
+    dense = tuple(i for i in range(cfg.num_layers) if i not in sparse)
+    table = expert_tensors(cfg, router=router, expert=expert,
+                           layers=None if not dense else sparse)
+    if dense:
+        table.update(mlp_tensors(cfg, layers=dense))
+    if cfg.shared_expert_size:
+        d, s = cfg.hidden_size, cfg.shared_expert_size
+        on = None if not dense else sparse
+        shared = "mlp.shared_expert"
+        table.update({
+            "shared_gate_ldf": LayerTensor(f"{shared}.gate_proj.weight", (s, d),
+                                           ("embed", "mlp"), lambda w: w.T, layers=on),
+            "shared_up_ldf": LayerTensor(f"{shared}.up_proj.weight", (s, d),
+                                         ("embed", "mlp"), lambda w: w.T, layers=on),
+            "shared_down_lfd": LayerTensor(f"{shared}.down_proj.weight", (d, s),
+                                           ("mlp", "embed"), lambda w: w.T, layers=on),
+            "shared_expert_gate_ld": LayerTensor("mlp.shared_expert_gate.weight", (1, d),
+                                                 ("embed",), lambda w: w[0], layers=on)})
+    return table
 
 
 def expert_tensors(cfg, *, router: str, expert: str,
-                   names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
-                   ) -> dict[str, LayerTensor]:
+                   names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                   layers: tuple[int, ...] | None = None) -> dict[str, LayerTensor]:
     """A mixture of experts: the router `{router}.weight` [e, d] and one gated MLP per
     expert, `{expert}.{gate,up,down}.weight` with `{e}` the expert index in `expert`,
     stacked into [e, ...] parameters sharded over experts (expert parallelism) or, where
-    the mesh axis does not divide the experts, over their width."""
+    the mesh axis does not divide the experts, over their width; `layers`: the layers
+    that have them (None: all)."""
     d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
     gate, up, down = names
     return {
-        "router_weight_led": LayerTensor(f"{router}.weight", (e, d), (None, "embed")),
+        "router_weight_led": LayerTensor(f"{router}.weight", (e, d), (None, "embed"),
+                                         layers=layers),
         "expert_gate_ledf": LayerTensor(f"{expert}.{gate}.weight", (f, d),
                                         ("moe_experts", "embed", "moe_mlp"), lambda w: w.T,
-                                        experts=e),
+                                        experts=e, layers=layers),
         "expert_up_ledf": LayerTensor(f"{expert}.{up}.weight", (f, d),
                                       ("moe_experts", "embed", "moe_mlp"), lambda w: w.T,
-                                      experts=e),
+                                      experts=e, layers=layers),
         "expert_down_lefd": LayerTensor(f"{expert}.{down}.weight", (d, f),
                                         ("moe_experts", "moe_mlp", "embed"), lambda w: w.T,
-                                        experts=e),
+                                        experts=e, layers=layers),
     }
 
 
@@ -265,6 +322,21 @@ def refuse_activation(hf: Mapping[str, Any], refuse, allowed=("silu",),
     if act not in allowed:
         raise refuse(field, act, f"only {', '.join(allowed)} is implemented")
     return act
+
+
+# HF's names (ACT2FN) for the activations the decoder has (ModelConfig.mlp_activation).
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def mlp_activation(hf: Mapping[str, Any], refuse, field: str = "hidden_act",
+                   default: str = "silu") -> str:
+    """The ModelConfig.mlp_activation of an HF activation name (a family whose MLPs and
+    experts all take ACT2FN[hidden_act]); another name is refused."""
+    act = hf.get(field) or default
+    if act not in ACTIVATIONS:
+        raise refuse(field, act, f"implemented: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[act]
 
 
 def refuse_biases(hf: Mapping[str, Any], refuse, fields=("attention_bias", "mlp_bias")):

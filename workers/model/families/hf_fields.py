@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from actx.workers.model.config import RopeConfig
 
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 def moe_fields(hf: Mapping[str, Any], refuse, *, experts_field: str, width_field: str,
                norm_topk_prob: bool, router_weights_fp32: bool = False) -> dict[str, Any]:
@@ -79,6 +79,8 @@ def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False
                           partial_rotary_factor=partial)
     if rope_type == "longrope":
         return _longrope(hf, params, theta, partial, field, refuse)
+    if rope_type == "yarn":
+        return _yarn(hf, params, theta, partial, field, refuse)
     return RopeConfig(
         theta=theta, rope_type="llama3", factor=float(params["factor"]),
         low_freq_factor=float(params["low_freq_factor"]),
@@ -117,6 +119,43 @@ def _longrope(hf, params, theta: float, partial: float, field: str, refuse) -> R
                       original_max_position_embeddings=original,
                       partial_rotary_factor=partial, attention_factor=float(attention_factor),
                       **factors)
+
+
+def _yarn(hf, params, theta: float, partial: float, field: str, refuse) -> RopeConfig:
+    """HF's `_compute_yarn_parameters`: the pretraining context is the config's top-level
+    original_max_position_embeddings where it has one, else the rope parameters', else
+    max_position_embeddings (HF's `standardize_rope_params`); the factor defaults to max
+    / original positions; the attention factor to mscale's ratio where mscale and
+    mscale_all_dim are given, else 0.1 ln(factor) + 1 (1 at factor <= 1); beta_fast 32,
+    beta_slow 1; truncate true unless the config says otherwise."""
+    original = hf.get("original_max_position_embeddings")
+    if original is None:
+        original = params.get("original_max_position_embeddings",
+                              hf.get("max_position_embeddings"))
+    if original is None:
+        raise refuse(f"{field}.original_max_position_embeddings", None,
+                     "yarn needs the pretraining context")
+    original = int(original)
+    factor = params.get("factor")
+    if factor is None:
+        factor = int(hf.get("max_position_embeddings") or original) / original
+    factor = float(factor)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention_factor = (mscale(factor, m) / mscale(factor, m_all) if m and m_all
+                            else mscale(factor))
+    return RopeConfig(theta=theta, rope_type="yarn", factor=factor,
+                      original_max_position_embeddings=original,
+                      partial_rotary_factor=partial,
+                      attention_factor=float(attention_factor),
+                      beta_fast=float(params.get("beta_fast") or 32),
+                      beta_slow=float(params.get("beta_slow") or 1),
+                      truncate=bool(params.get("truncate", True)))
 
 
 def gemma_layer_types(hf: Mapping[str, Any], arch: str, num_layers: int) -> list[str]:
