@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from actx.reader import stored_stats
+from actx.schemas import quantised
 
 Framework = Literal["numpy", "jax", "torch"]
 FRAMEWORKS = ("numpy", "jax", "torch")
@@ -27,6 +28,29 @@ def check_framework(framework: str) -> str:
     return framework
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a dtype name, bfloat16 (ml_dtypes) included."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def dequantised(acts: dict, dtype: str | None) -> dict:
+    """A batch's arrays with each float8 hook's values times its scales (read beside them
+    under `<hook>.scale`, schemas.quantised), in `dtype` (None: float32); the scales
+    themselves dropped. Unchanged where no hook is float8."""
+    scales = [name for name in acts if quantised.is_scale_array(name)]
+    if not scales:
+        return acts
+    out = {name: a for name, a in acts.items() if name not in scales}
+    for name in scales:
+        hook = name[:-len(quantised.SCALE_SUFFIX)]
+        out[hook] = quantised.dequantise(out[hook], acts[name], dtype or "float32")
+    return out
+
+
 def convert(array: np.ndarray, framework: str, dtype: str | None,
             sharding: Any = None) -> Any:
     """numpy -> the requested framework.
@@ -35,8 +59,8 @@ def convert(array: np.ndarray, framework: str, dtype: str | None,
     passes its own rows (`jax.make_array_from_process_local_data`), so with P processes the
     global array has P x the local rows, laid out on the devices the sharding names.
     """
-    if dtype is not None and array.dtype != np.dtype(dtype):
-        array = array.astype(dtype)
+    if dtype is not None and array.dtype != numpy_dtype(dtype):
+        array = array.astype(numpy_dtype(dtype))
     if framework == "numpy":
         return array
     if framework == "jax":
@@ -109,8 +133,9 @@ def normalizers(run, hooks: tuple[str, ...], mode: str | None) -> dict[str, Norm
 
 def hand_over(batch, normalizers: dict, framework: str, dtype: str | None, sharding=None):
     """A stream's batch as the user asked for it: each hook normalised (where
-    `normalizers` has it) and converted (`convert`); the batch itself, its acts replaced."""
-    acts = batch.acts
+    `normalizers` has it) and converted (`convert`); the batch itself, its acts replaced.
+    A float8 hook's values, read with their scales, are dequantised first (`dequantised`)."""
+    acts = dequantised(batch.acts, dtype)
     if normalizers:
         acts = {h: normalizers[h](a) for h, a in acts.items()}
     batch.acts = {h: convert(a, framework, dtype, sharding) for h, a in acts.items()}

@@ -1,0 +1,247 @@
+"""Float8 activations with per-token scales (capture.dtype float8_e4m3), end to end.
+
+A real worker process extracts a tiny random Qwen2 into float8; the stored values times
+their scales are checked against HF transformers' float32 activations within the bound the
+format gives (half a unit in e4m3's last place, 2^-4 of a value, or 2^-10 of the token's
+scale below the normal range), and every reader (rows, gather, select, stream, batches,
+compute_stats, zarr-python) against the stored arrays read by tensorstore and
+multiplied here. verify checks the scale arrays as it checks the values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from actx.schemas import commit, layout, quantised, store
+from tests import hf_models, token_runs, worker_procs
+
+HOOKS = "embed,layers.*.resid_post,layers.1.attn_out"
+N_ROWS = 16
+PARTITION_ROWS = 8
+# What the format allows a value to differ from the float32 activation: half an e4m3 ulp
+# relative (3 mantissa bits) for normal values, half the smallest subnormal (2^-9) times
+# the token's scale below them; float32 compute differences are far below both.
+E4M3_RELATIVE = 2.0 ** -4
+E4M3_SUBNORMAL_ABS = 2.0 ** -10
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("model") / "qwen2", "qwen2")
+
+
+@pytest.fixture(scope="module")
+def float8_run(model_dir, tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("f8") / "run")
+    token_runs.write_token_run(run, str(model_dir), n_rows=N_ROWS, hooks=HOOKS,
+                               dtype="float8_e4m3", partition_rows=PARTITION_ROWS)
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"])
+    assert code == 0, out
+    return run
+
+
+def _stored(run: str, hook: str) -> tuple[np.ndarray, np.ndarray]:
+    return (token_runs.read_activation(run, hook),
+            token_runs.read_activation(run, quantised.scale_array(hook)))
+
+
+def _hooks(run: str) -> list[str]:
+    with open(os.path.join(run, layout.ACTIVATIONS_INFO_KEY)) as f:
+        return sorted(json.load(f)["hooks"])
+
+
+def test_stored_float8_times_scale_matches_hf_within_the_format(float8_run, model_dir):
+    hf = hf_models.load_hf_model(model_dir)
+    ids = token_runs.read_tokens(float8_run, "input_ids")
+    seg = token_runs.read_tokens(float8_run, "segment_ids")
+    hooks = _hooks(float8_run)
+    assert hooks == ["embed", "layers.0.resid_post", "layers.1.attn_out",
+                     "layers.1.resid_post", "layers.2.resid_post"]
+    checked = 0
+    for hook in hooks:
+        values, scale = _stored(float8_run, hook)
+        assert values.dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+        assert scale.dtype == np.float32 and scale.shape == values.shape[:2] + (1,)
+        for row in (0, 5, 9, 15):
+            for s in range(1, int(seg[row].max()) + 1):
+                cols = np.flatnonzero(seg[row] == s)
+                ref = hf_models.hf_hooks(hf, ids[row, cols][None])[hook][0].astype(np.float64)
+                got = values[row, cols].astype(np.float64) * scale[row, cols]
+                absmax = np.abs(ref).max(axis=-1, keepdims=True)
+                # The token's scale is its absmax over e4m3's largest finite value.
+                np.testing.assert_allclose(scale[row, cols], absmax / 448.0, rtol=1e-5)
+                bound = (np.abs(ref) * E4M3_RELATIVE + absmax / 448.0 * E4M3_SUBNORMAL_ABS
+                         + 1e-5 * absmax)
+                assert np.all(np.abs(got - ref) <= bound), (hook, row, s)
+                # Relative L2 per token: within the format's relative bound too (the
+                # real model's per-document figure is bench/quantised_sae.py's).
+                rel = np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+                assert rel.max() <= E4M3_RELATIVE, (hook, row, s, rel.max())
+                checked += 1
+    assert checked >= 16
+
+
+def test_markers_checksum_scales_and_verify_checks_them(float8_run, tmp_path):
+    import shutil
+
+    from actx.deploy import verify
+    from actx.schemas import run_dir
+
+    s = store.open_store(float8_run)
+    marker = commit.read_marker(s, 0)
+    scale_name = quantised.scale_array("layers.1.resid_post")
+    assert marker.dtypes[scale_name] == "float32"
+    assert marker.dtypes["layers.1.resid_post"] == "float8_e4m3fn"
+    _, scale = _stored(float8_run, "layers.1.resid_post")
+    assert marker.checksums[scale_name][0] == commit.checksum(
+        np.ascontiguousarray(scale[0:4]).tobytes())
+    report = verify.verify_run(run_dir.RunDir.at(float8_run).opened())
+    assert report.ok, report.problems
+    assert sorted(report.hooks) == _hooks(float8_run)
+    # Health is of the dequantised values: the mean norm of what a reader returns.
+    values, scale = _stored(float8_run, "layers.1.resid_post")
+    seg = token_runs.read_tokens(float8_run, "segment_ids")
+    deq = (values.astype(np.float64) * scale)[seg > 0]
+    assert report.stats["layers.1.resid_post"].to_json_obj(64)["mean_norm"] == pytest.approx(
+        float(np.linalg.norm(deq, axis=-1).mean()), rel=1e-6)
+    # A damaged scale object is found like a damaged value object.
+    copy = str(tmp_path / "run")
+    shutil.copytree(float8_run, copy)
+    key = os.path.join(copy, layout.activation_shard_key(scale_name, 1))
+    with open(key, "r+b") as f:
+        f.seek(3)
+        byte = f.read(1)
+        f.seek(3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    damaged = verify.verify_run(run_dir.RunDir.at(copy).opened())
+    assert not damaged.ok
+    assert any(scale_name in p for p in damaged.problems), damaged.problems
+    assert damaged.failed == [0]
+
+
+def test_readers_return_dequantised_float32_or_bfloat16(float8_run):
+    import actx
+
+    run = actx.open_run(float8_run)
+    hook = "layers.1.resid_post"
+    values, scale = _stored(float8_run, hook)
+    expected = values.astype(np.float32) * scale  # [rows, T, hidden], float32
+    info = run.hook(hook)
+    assert (info.dtype, info.stored_dtype, info.quantised) == ("float32", "float8_e4m3fn", True)
+    assert run.describe()["hooks"][hook]["dtype"] == "float32"
+    rows = run.rows(hook, 8, 12)
+    assert rows.dtype == np.float32
+    np.testing.assert_array_equal(rows, expected[8:12])
+    np.testing.assert_array_equal(run.tokens(hook, 3, 2, 9), expected[3, 2:9])
+    r, c = np.array([0, 5, 15, 9]), np.array([1, 0, 7, 3])
+    np.testing.assert_array_equal(run.gather([hook], r, c)[hook], expected[r, c])
+    sel = run.select(hook, exclude=("padding",))
+    np.testing.assert_array_equal(sel.acts[hook], expected[sel.rows, sel.cols])
+    for kind in ("stream", "batches"):
+        reader = getattr(run, kind)
+        with reader(hook, batch_size=16, seed=3) as batches:
+            batch = next(iter(batches))
+        assert batch.acts[hook].dtype == np.float32
+        np.testing.assert_array_equal(batch.acts[hook], expected[batch.rows, batch.cols])
+        with reader(hook, batch_size=16, seed=3, dtype="bfloat16") as batches:
+            half = next(iter(batches))
+        assert half.acts[hook].dtype == np.dtype(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(
+            half.acts[hook], expected[half.rows, half.cols].astype(ml_dtypes.bfloat16))
+        with pytest.raises(ValueError, match="float8 run.*float32 or bfloat16"):
+            reader(hook, batch_size=16, dtype="float8_e4m3fn")
+
+
+def test_stream_reads_scales_beside_values_from_mapped_shards(model_dir, tmp_path):
+    """codec none: the stream maps the values' and the scales' shard files alike."""
+    import actx
+
+    run_path = str(tmp_path / "run")
+    token_runs.write_token_run(run_path, str(model_dir), n_rows=8, hooks="layers.0.resid_post",
+                               dtype="float8_e4m3", partition_rows=8, codec="none")
+    code, out = worker_procs.run_worker(["--run", run_path, "--batch-size", "8"])
+    assert code == 0, out
+    run = actx.open_run(run_path)
+    hook = "layers.0.resid_post"
+    values, scale = _stored(run_path, hook)
+    with run.stream(hook, batch_size=8, seed=1) as stream:
+        assert stream.read_paths == {hook: "mapped", quantised.scale_array(hook): "mapped"}
+        for batch in stream:
+            np.testing.assert_array_equal(
+                batch.acts[hook], values[batch.rows, batch.cols].astype(np.float32)
+                * scale[batch.rows, batch.cols])
+
+
+def test_compute_stats_and_outlier_norms_on_dequantised_values(float8_run, tmp_path):
+    import shutil
+
+    import actx
+
+    copy = str(tmp_path / "run")
+    shutil.copytree(float8_run, copy)
+    run = actx.open_run(copy)
+    hook = "layers.0.resid_post"
+    stats = run.compute_stats([hook])[hook]
+    values, scale = _stored(copy, hook)
+    seg = token_runs.read_tokens(copy, "segment_ids")
+    deq = (values.astype(np.float64) * scale)[seg > 0]
+    np.testing.assert_allclose(stats.mean, deq.mean(axis=0), rtol=1e-6, atol=1e-9)
+    assert stats.mean_norm == pytest.approx(float(np.linalg.norm(deq, axis=-1).mean()),
+                                            rel=1e-6)
+    from actx.schemas import ts_context
+
+    norms = ts_context.open_array({"driver": "zarr3", "kvstore": {
+        "driver": "file", "path": os.path.join(copy, layout.norms_array_key(hook))}}
+    ).read().result()
+    np.testing.assert_allclose(norms[seg > 0], np.linalg.norm(deq, axis=-1), rtol=1e-6)
+
+
+def test_zarr_python_reads_values_and_scales(float8_run):
+    """The two lines docs/reading.md shows, against the reader."""
+    import zarr
+
+    import actx
+    from actx.reader import zarr_compat
+
+    zarr_compat.register_dtypes()
+    hook = "layers.1.attn_out"
+    values = zarr.open_array(f"{float8_run}/activations/{hook}", mode="r")[:4]
+    acts = values.astype("float32") * zarr.open_array(
+        f"{float8_run}/activations/{hook}.scale", mode="r")[:4]
+    np.testing.assert_array_equal(acts, actx.open_run(float8_run).rows(hook, 0, 4))
+
+
+def test_quantise_rule_zero_rows_stay_zero_and_device_equals_numpy():
+    """The device's rule (workers.model.quantise) against numpy's (schemas.quantised) and
+    against the definition: zero rows keep scale 1 and values 0; a token's absmax maps to
+    448 exactly; values beyond the rounding of the top are clipped, never NaN."""
+    import jax.numpy as jnp
+
+    from actx.workers.model import quantise
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 64)).astype(np.float32) * np.float32(3.0)
+    x[0, 1] = 0.0
+    x[1, 2, 7] = 1e4  # a massive activation in one dimension
+    x[1, 3] *= np.float32(1e-30)  # tiny but not zero
+    values, scale = quantise.quantise_hook(jnp.asarray(x), "float8_e4m3")
+    values, scale = np.asarray(values), np.asarray(scale)
+    np_values, np_scale = quantised.quantise(x)
+    np.testing.assert_array_equal(scale, np_scale)
+    np.testing.assert_array_equal(values.view(np.uint8), np_values.view(np.uint8))
+    assert scale[0, 1, 0] == 1.0 and not values[0, 1].astype(np.float32).any()
+    nonzero = np.abs(x).max(-1) > 0
+    np.testing.assert_allclose(scale[..., 0][nonzero], np.abs(x).max(-1)[nonzero] / 448.0,
+                               rtol=1e-6)
+    top = np.abs(values.astype(np.float32)).max(-1)
+    assert np.all((top == 448.0) | (scale[..., 0] == 1.0))
+    assert np.isfinite(values.astype(np.float32)).all()
+    # dequantise in bfloat16 is the float32 product rounded once
+    bf = quantised.dequantise(np_values, np_scale, "bfloat16")
+    np.testing.assert_array_equal(
+        bf, (np_values.astype(np.float32) * np_scale).astype(ml_dtypes.bfloat16))
