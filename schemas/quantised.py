@@ -106,23 +106,38 @@ def read_dtype(asked: str | None, where: str = "") -> str:
     return name
 
 
-def dequantise(values: "np.ndarray", scale: "np.ndarray", dtype: str = "float32",
-               out: "np.ndarray | None" = None) -> "np.ndarray":
+def dequantise(values: "np.ndarray", scale: "np.ndarray", dtype: str = "float32"
+               ) -> "np.ndarray":
     """values [..., hidden] (float8) times scale [..., 1] (float32), in `dtype` (float32 or
     bfloat16; the product is computed in float32 and rounded once)."""
     import numpy as np
 
-    product = np.multiply(values, scale, dtype=np.float32,
-                          out=out if out is not None and out.dtype == np.float32 else None)
+    # A float8 value is one of 256: a table lookup turns them into float32 several times
+    # faster than ml_dtypes' cast, with the same values.
+    if is_quantised(values.dtype.name):
+        product = _float32_table(values.dtype.name)[values.view(np.uint8)]
+        product *= scale
+    else:
+        product = np.multiply(values, scale, dtype=np.float32)
     if dtype == "float32":
         return product
     import ml_dtypes
 
-    wanted = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-    if out is not None and out.dtype == wanted:
-        out[...] = product
-        return out
-    return product.astype(wanted)
+    return product.astype(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else dtype)
+
+
+_TABLES: dict = {}
+
+
+def _float32_table(stored: str) -> "np.ndarray":
+    """float32 [256]: the value of each byte of a float8 type."""
+    if stored not in _TABLES:
+        import ml_dtypes
+        import numpy as np
+
+        _TABLES[stored] = np.arange(256, dtype=np.uint8).view(
+            getattr(ml_dtypes, stored)).astype(np.float32)
+    return _TABLES[stored]
 
 
 def quantise(values: "np.ndarray", dtype: str = "float8_e4m3") -> tuple["np.ndarray", "np.ndarray"]:
