@@ -245,3 +245,43 @@ def test_quantise_rule_zero_rows_stay_zero_and_device_equals_numpy():
     bf = quantised.dequantise(np_values, np_scale, "bfloat16")
     np.testing.assert_array_equal(
         bf, (np_values.astype(np.float32) * np_scale).astype(ml_dtypes.bfloat16))
+
+
+def test_a_generating_run_stores_float8_with_scales(tmp_path, qwen_tokenizer_dir):
+    """Generation quantises its hooks on the device too: HF generate's answer, every token's
+    dequantised activations within the format of HF's forward, zeros (scale 1) in the room
+    a sample did not reach, and verify passes."""
+    import actx
+    from actx.deploy import verify
+    from actx.schemas import run_dir, runspec
+    from tests import generate_runs
+
+    model = generate_runs.tiny_qwen2(tmp_path / "qwen2")
+    prompts = generate_runs.write_prompts(tmp_path / "prompts.jsonl")
+    spec = generate_runs.spec_dict(model, qwen_tokenizer_dir, prompts, max_new_tokens=12,
+                                   stop_token_ids=[generate_runs.STOP])
+    spec["capture"]["dtype"] = "float8_e4m3"
+    run = str(tmp_path / "run")
+    generate_runs.generated_run(run, runspec.RunSpec.from_dict(spec))
+    hf = hf_models.load_hf_model(model)
+    doc_index = token_runs.read_tokens(run, "doc_index")
+    positions = token_runs.read_tokens(run, "positions")
+    input_ids = token_runs.read_tokens(run, "input_ids")
+    hook = generate_runs.HOOKS.split(",")[-1]
+    values, scale = _stored(run, hook)
+    for d, e in generate_runs.records(run).items():
+        where = np.nonzero(doc_index == d)
+        order = np.argsort(positions[where])
+        r, c = where[0][order], where[1][order]
+        text = np.concatenate([input_ids[r, c][:e["prompt_tokens"]], e["generated_ids"]])
+        n = len(text)
+        ref = hf_models.hf_hooks(hf, text[None].astype(np.int64))[hook][0].astype(np.float64)
+        got = values[r[:n], c[:n]].astype(np.float64) * scale[r[:n], c[:n]]
+        absmax = np.abs(ref).max(axis=-1, keepdims=True)
+        bound = np.abs(ref) * E4M3_RELATIVE + absmax / 448 * E4M3_SUBNORMAL_ABS + 1e-5 * absmax
+        assert np.all(np.abs(got - ref) <= bound), d
+        assert not values[r[n:], c[n:]].astype(np.float32).any()
+        assert (scale[r[n:], c[n:]] == 1).all()
+    assert verify.verify_run(run_dir.RunDir.at(run).opened()).ok
+    rows = actx.open_run(run).rows(hook, 0, 2)
+    np.testing.assert_array_equal(rows, values[:2].astype(np.float32) * scale[:2])
