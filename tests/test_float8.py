@@ -285,3 +285,57 @@ def test_a_generating_run_stores_float8_with_scales(tmp_path, qwen_tokenizer_dir
     assert verify.verify_run(run_dir.RunDir.at(run).opened()).ok
     rows = actx.open_run(run).rows(hook, 0, 2)
     np.testing.assert_array_equal(rows, values[:2].astype(np.float32) * scale[:2])
+
+
+def test_a_float8_extraction_beside_a_float32_one_reads_aligned(float8_run, model_dir,
+                                                                tmp_path):
+    """Several models on one token store: the same model's float32 extraction added to the
+    float8 run; aligned_stream pairs each token's dequantised float8 values with the
+    float32 ones, within the format's bound."""
+    import dataclasses
+    import shutil
+
+    from actx.reader import aligned
+    from actx.schemas import extraction, runspec
+
+    run = str(tmp_path / "run")
+    shutil.copytree(float8_run, run)
+    s = store.open_store(run)
+    root = runspec.read_run_spec(s)
+    extraction.add(s, root, "exact", extraction.spec_for(
+        root, root.model, dataclasses.replace(root.capture, dtype="float32")))
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8",
+                                         "--extraction", "exact"])
+    assert code == 0, out
+    hook = "layers.2.resid_post"
+    with aligned.aligned_stream(run, ["", "exact"], hook, 16, buffer_tokens=64,
+                                drop_last=False) as stream:
+        seen = 0
+        for batch in stream:
+            assert batch.extractions == ("", "exact")
+            f8, f32 = batch.acts[:, 0], batch.acts[:, 1]  # [n, models, d]: one width
+            assert f8.dtype == np.float32
+            absmax = np.abs(f32).max(-1, keepdims=True)
+            assert np.all(np.abs(f8 - f32) <= np.abs(f32) * E4M3_RELATIVE
+                          + absmax / 448 * E4M3_SUBNORMAL_ABS + 1e-5 * absmax)
+            seen += len(batch)
+    assert seen == int((token_runs.read_tokens(run, "segment_ids") > 0).sum())
+
+
+def test_trainers_take_float8_dequantised_and_refuse_float8_by_name(float8_run, tmp_path):
+    import torch
+
+    from actx.reader import torch_data, trainers
+
+    hook = "layers.1.resid_post"
+    values, scale = _stored(float8_run, hook)
+    dataset = torch_data.ActivationDataset(float8_run, hook, 8, with_tokens=True)
+    acts, tokens = next(iter(dataset))
+    assert acts.dtype == torch.float32
+    r, c = tokens["rows"].numpy(), tokens["cols"].numpy()
+    np.testing.assert_array_equal(acts.numpy(), values[r, c].astype(np.float32) * scale[r, c])
+    with pytest.raises(ValueError, match="float8_e4m3fn.*pyarrow"):
+        trainers.export_saelens(float8_run, hook, str(tmp_path / "out"), dtype="float8_e4m3fn")
+    with pytest.raises(ValueError, match="float8 run.*float32 or bfloat16"):
+        trainers.export_saelens(float8_run, hook, str(tmp_path / "out16"), dtype="float16")
+    assert not os.path.exists(tmp_path / "out16")
