@@ -339,3 +339,24 @@ def test_trainers_take_float8_dequantised_and_refuse_float8_by_name(float8_run, 
     with pytest.raises(ValueError, match="float8 run.*float32 or bfloat16"):
         trainers.export_saelens(float8_run, hook, str(tmp_path / "out16"), dtype="float16")
     assert not os.path.exists(tmp_path / "out16")
+
+
+def test_beam_extraction_writes_the_worker_targets_float8_bytes(float8_run, tmp_path):
+    """The Beam transform extracts float8 as the worker target does: the same value and
+    scale objects, byte for byte (both 4 devices, batch 8), and the same markers."""
+    import subprocess
+    import sys
+
+    run = worker_procs.copy_token_store(float8_run, str(tmp_path / "run"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actx.adapters.beam_extract", "--run", run, "--batch-size",
+         "8", "--job", "beam", "--runner=FnApiRunner"], env=worker_procs.worker_env(4),
+        cwd=worker_procs.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    code, out = worker_procs.finish(proc, timeout=600)
+    assert code == 0, out
+    worker_procs.assert_same_activations(run, float8_run)
+    assert any(quantised.is_scale_array(k.split("/")[1])
+               for k in worker_procs.stored_objects(run))
+    s, ref = store.open_store(run), store.open_store(float8_run)
+    for p in commit.committed_partitions(ref):
+        assert commit.read_marker(s, p).checksums == commit.read_marker(ref, p).checksums
