@@ -360,3 +360,44 @@ def test_beam_extraction_writes_the_worker_targets_float8_bytes(float8_run, tmp_
     s, ref = store.open_store(run), store.open_store(float8_run)
     for p in commit.committed_partitions(ref):
         assert commit.read_marker(s, p).checksums == commit.read_marker(ref, p).checksums
+
+
+def _write_doc_tables(run: str) -> None:
+    """docs/p-NNNNN.jsonl for a token store of tests.token_runs (which writes none): each
+    document's first place and length, from tokens/doc_index."""
+    doc_index = token_runs.read_tokens(run, "doc_index")
+    os.makedirs(os.path.join(run, "docs"), exist_ok=True)
+    lines: dict[int, list[str]] = {}
+    for d in sorted(set(np.unique(doc_index).tolist()) - {-1}):
+        r, c = np.nonzero(doc_index == d)
+        lines.setdefault(int(r[0]) // PARTITION_ROWS, []).append(json.dumps(
+            {"doc_index": d, "doc_id": f"d{d}", "first_row": int(r[0]),
+             "first_col": int(c[0]), "n_tokens": len(r)}))
+    for pid, entries in lines.items():
+        with open(os.path.join(run, layout.docs_key(pid)), "w") as f:
+            f.write("".join(e + "\n" for e in entries))
+
+
+def test_verify_reference_holds_float8_to_the_formats_tolerance(float8_run, tmp_path):
+    """`verify --reference`'s tolerance for float8 is the format's (2^-4 + 6e-4): the clean
+    run passes with errors above float32's 1e-4 and within it; scales 10% off fail."""
+    import shutil
+
+    from actx.deploy import verify_reference
+    from actx.schemas import run_dir, ts_context
+
+    run = str(tmp_path / "run")
+    shutil.copytree(float8_run, run)
+    _write_doc_tables(run)
+    record = verify_reference.check(run_dir.RunDir.at(run).opened(), n=4)
+    assert record.ok, record.failures
+    assert record.tolerance == pytest.approx(2.0 ** -4 + 6e-4)
+    assert 1e-4 < max(record.hooks.values()) <= 2.0 ** -4 + 6e-4
+    scale_key = os.path.join(run, layout.activation_array_key(
+        quantised.scale_array("layers.1.attn_out")))
+    arr = ts_context.open_array({"driver": "zarr3", "kvstore": {"driver": "file",
+                                                                 "path": scale_key}})
+    arr.write(arr.read().result() * np.float32(1.1)).result()
+    record = verify_reference.check(run_dir.RunDir.at(run).opened(), n=2)
+    assert not record.ok
+    assert all(" hook layers.1.attn_out: relative error " in f for f in record.failures)
