@@ -201,19 +201,22 @@ def test_compute_stats_and_outlier_norms_on_dequantised_values(float8_run, tmp_p
     np.testing.assert_allclose(norms[seg > 0], np.linalg.norm(deq, axis=-1), rtol=1e-6)
 
 
-def test_zarr_python_reads_values_and_scales(float8_run):
-    """The two lines docs/reading.md shows, against the reader."""
-    import zarr
+def test_zarr_python_reads_values_and_scales_as_docs_reading_shows(float8_run):
+    """docs/reading.md's "Float8 runs" block, run as written: its two lines equal the
+    reader's rows."""
+    import pathlib
+    import re
 
     import actx
-    from actx.reader import zarr_compat
 
-    zarr_compat.register_dtypes()
-    hook = "layers.1.attn_out"
-    values = zarr.open_array(f"{float8_run}/activations/{hook}", mode="r")[:4]
-    acts = values.astype("float32") * zarr.open_array(
-        f"{float8_run}/activations/{hook}.scale", mode="r")[:4]
-    np.testing.assert_array_equal(acts, actx.open_run(float8_run).rows(hook, 0, 4))
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "reading.md").read_text()
+    section = text[text.index("## Float8 runs"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    scope = {"run_dir": float8_run}
+    exec(compile(code, "docs/reading.md (float8 runs)", "exec"), scope)
+    hook = scope["hook"]
+    assert scope["values"].dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(scope["acts"], actx.open_run(float8_run).rows(hook, 0, 8))
 
 
 def test_quantise_rule_zero_rows_stay_zero_and_device_equals_numpy():
