@@ -408,6 +408,8 @@ def main(argv=None) -> None:
                     help="tokens per hook written to disk for the bytes and read speed")
     ap.add_argument("--sae-layers", help="train SAEs on these layers only (default: all)")
     ap.add_argument("--json", help="write every figure here too")
+    ap.add_argument("--cache", help="an .npz of the activations: written after the forward, "
+                                    "read instead of it when it exists (same arguments)")
     args = ap.parse_args(argv)
     import torch
 
@@ -424,7 +426,15 @@ def main(argv=None) -> None:
         n_tokens = sum(len(d) for d in docs)
         print(f"text: {len(docs)} documents, {n_tokens:,} tokens")
         t0 = time.perf_counter()
-        acts = activations(model, docs, layers)
+        if args.cache and os.path.exists(args.cache):  # the same documents' activations
+            with np.load(args.cache) as cached:
+                acts = {layer: [cached[f"{layer}/{i}"] for i in range(len(docs))]
+                        for layer in layers}
+        else:
+            acts = activations(model, docs, layers)
+            if args.cache:
+                np.savez(args.cache, **{f"{layer}/{i}": a for layer in layers
+                                        for i, a in enumerate(acts[layer])})
         print(f"forward (HF float32): {time.perf_counter() - t0:.1f} s")
         results.update(documents=len(docs), tokens=n_tokens)
         storages = ["bfloat16", *STUDY]

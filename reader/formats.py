@@ -7,6 +7,7 @@ jax and torch are imported only when asked for, so numpy readers never load them
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Literal
 
 import numpy as np
@@ -47,7 +48,30 @@ def dequantised(acts: dict, dtype: str | None) -> dict:
     out = {name: a for name, a in acts.items() if name not in scales}
     for name in scales:
         hook = name[:-len(quantised.SCALE_SUFFIX)]
-        out[hook] = quantised.dequantise(out[hook], acts[name], dtype or "float32")
+        out[hook] = _dequantise_rows(out[hook], acts[name], dtype or "float32")
+    return out
+
+
+# Rows per piece when a batch is dequantised on several threads (numpy's take and multiply
+# let go of the GIL), and the threads: what one thread did was the stream's bottleneck.
+_ROWS_PER_PIECE = 2048
+_POOL: list = []
+
+
+def _dequantise_rows(values: np.ndarray, scale: np.ndarray, dtype: str) -> np.ndarray:
+    pieces = min(os.cpu_count() or 1, len(values) // _ROWS_PER_PIECE)
+    if pieces <= 1:
+        return quantised.dequantise(values, scale, dtype)
+    if not _POOL:
+        import concurrent.futures
+
+        _POOL.append(concurrent.futures.ThreadPoolExecutor(
+            os.cpu_count() or 1, thread_name_prefix="actx-reader-dequantise"))
+    out = np.empty(values.shape, numpy_dtype(dtype))
+    bounds = np.linspace(0, len(values), pieces + 1).astype(int)
+    list(_POOL[0].map(lambda lo, hi: quantised.dequantise(values[lo:hi], scale[lo:hi], dtype,
+                                                          out=out[lo:hi]),
+                      bounds[:-1], bounds[1:]))
     return out
 
 
