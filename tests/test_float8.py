@@ -404,3 +404,50 @@ def test_verify_reference_holds_float8_to_the_formats_tolerance(float8_run, tmp_
     record = verify_reference.check(run_dir.RunDir.at(run).opened(), n=2)
     assert not record.ok
     assert all(" hook layers.1.attn_out: relative error " in f for f in record.failures)
+
+
+def test_dry_run_sizes_float8_values_and_scales_as_submit_writes_them(tmp_path,
+                                                                      qwen_tokenizer_dir):
+    """`actx submit --dry-run`'s cost lines for a float8 run (the bytes the estimate
+    builds on): each hook's values at one byte and its scale array at four bytes a token,
+    the shapes, data types, bytes and objects of what the real submit then stores."""
+    import io
+    import re
+
+    import yaml
+
+    from actx.deploy import cli
+
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", vocab_size=151936,
+                                           num_hidden_layers=2)
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": f"note {i} " + "words here " * (i % 7 + 1)})
+                             + "\n" for i in range(40)))
+    run = str(tmp_path / "run")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({
+        "run": run,
+        "spec": {"name": "f8", "model": {"path": str(model)},
+                 "tokenizer": {"path": qwen_tokenizer_dir},
+                 "sources": [{"kind": "text", "paths": [str(texts)]}],
+                 "packing": {"seq_len": 32},
+                 "layout": {"rows_per_shard": 2, "partition_rows": 4},
+                 "capture": {"hooks": "layers.*.resid_post", "dtype": "float8_e4m3"}},
+        "target": {"kind": "local", "hosts": 1, "batch_size": 4}}))
+    out = io.StringIO()
+    assert cli.main(["submit", str(path), "--dry-run"], out=out) == 0, out.getvalue()
+    said = out.getvalue()
+    arrays = dict(re.findall(r"#   (layers\.\d\.resid_post(?:\.scale)?): (\[.*)", said))
+    assert sorted(arrays) == ["layers.0.resid_post", "layers.0.resid_post.scale",
+                              "layers.1.resid_post", "layers.1.resid_post.scale"]
+    assert "in 2 hook(s) and their 2 float8 scale array(s);" in said
+    assert cli.main(["submit", str(path)], out=io.StringIO()) == 0
+    for name, line in arrays.items():
+        shape, dtype, size, shards = re.match(
+            r"\[([\d, ]+)\] (\w+) = ([\d.,]+ \w+) in ([\d,]+) objects", line).groups()
+        meta = json.load(open(os.path.join(run, layout.ACTIVATIONS_GROUP, name, "zarr.json")))
+        assert meta["shape"] == [int(x.replace(",", "")) for x in shape.split(", ")]
+        assert dtype == meta["data_type"]
+        assert dtype == ("float32" if name.endswith(".scale") else "float8_e4m3fn")
+        itemsize = 4 if name.endswith(".scale") else 1
+        assert size == f"{int(np.prod(meta['shape'])) * itemsize / 2**10:,.1f} KiB"
