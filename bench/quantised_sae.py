@@ -205,8 +205,8 @@ def documents() -> list[str]:
     import pydoc
 
     docs = []
-    for folder, names in ((ROOT, ["README.md"]),
-                          (os.path.join(ROOT, "docs"), sorted(os.listdir(os.path.join(ROOT, "docs"))))):
+    pages = os.path.join(ROOT, "docs")
+    for folder, names in ((ROOT, ["README.md"]), (pages, sorted(os.listdir(pages)))):
         for name in names:
             if name.endswith(".md"):
                 with open(os.path.join(folder, name)) as f:
