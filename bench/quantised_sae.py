@@ -349,8 +349,9 @@ def on_disk(rows: np.ndarray, workdir: str, codec: str, dtype: str,
 
 def train_sae(x_train: np.ndarray, width: int, steps: int, batch: int, l1: float,
               seed: int, lr: float):
-    """README's loop (docs/training.md): ReLU SAE, decoder init = encoder^T, Adam, MSE +
-    l1 * |codes|; the same seed and the same batch order whatever the input's storage."""
+    """README's loop: ReLU SAE (decoder init = encoder^T, its rows kept at unit norm, as
+    SAELens does), Adam, squared error + l1 * |codes|; the same seed and the same batch
+    order whatever the input's storage."""
     import torch
 
     torch.manual_seed(seed)
@@ -370,6 +371,8 @@ def train_sae(x_train: np.ndarray, width: int, steps: int, batch: int, l1: float
         opt.zero_grad()
         loss.backward()
         opt.step()
+        with torch.no_grad():  # unit decoder rows: the L1 cannot be dodged by scaling
+            w_dec /= w_dec.norm(dim=-1, keepdim=True).clamp_min(1e-8)
     return [p.detach() for p in (w_enc, w_dec, b_enc, b_dec)]
 
 
