@@ -451,3 +451,29 @@ def test_dry_run_sizes_float8_values_and_scales_as_submit_writes_them(tmp_path,
         assert dtype == ("float32" if name.endswith(".scale") else "float8_e4m3fn")
         itemsize = 4 if name.endswith(".scale") else 1
         assert size == f"{int(np.prod(meta['shape'])) * itemsize / 2**10:,.1f} KiB"
+
+
+def test_a_flax_models_hooks_are_quantised_on_the_device_too():
+    """A user's Flax model (workers/flax/) with capture dtype float8_e4m3: each hook's
+    values and scales are numpy's quantisation of the same step's float32 output."""
+    from actx.workers.flax import step as flax_step
+    from actx.workers.model import sharding
+    from tests import flax_models
+
+    model = flax_models.make_masked_decoder()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, flax_models.VOCAB, (8, 12)).astype(np.int32)
+    pos = np.broadcast_to(np.arange(12, dtype=np.int32), (8, 12)).copy()
+    seg = np.ones((8, 12), np.int32)
+    mesh = sharding.make_mesh(data=8, model=1)
+    hooks = "blocks.*:output"
+    exact = flax_step.make_flax_extract_fn(model, hooks, mesh, dtype="float32")(ids, pos, seg)
+    fn = flax_step.make_flax_extract_fn(model, hooks, mesh, dtype="float8_e4m3")
+    out = fn(ids, pos, seg)
+    assert sorted(out) == fn.output_names == sorted(
+        [*fn.hook_names, *(quantised.scale_array(h) for h in fn.hook_names)])
+    for name in fn.hook_names:
+        want_values, want_scale = quantised.quantise(np.asarray(exact[name]))
+        np.testing.assert_array_equal(np.asarray(out[quantised.scale_array(name)]), want_scale)
+        np.testing.assert_array_equal(np.asarray(out[name]).view(np.uint8),
+                                      want_values.view(np.uint8))
