@@ -155,6 +155,13 @@ def test_readers_return_dequantised_float32_or_bfloat16(float8_run):
             half.acts[hook], expected[half.rows, half.cols].astype(ml_dtypes.bfloat16))
         with pytest.raises(ValueError, match="float8 run.*float32 or bfloat16"):
             reader(hook, batch_size=16, dtype="float8_e4m3fn")
+    # JAX batches: float8 values and scales go to the device, multiplied there.
+    for dtype, np_dtype in ((None, np.float32), ("bfloat16", ml_dtypes.bfloat16)):
+        with run.stream(hook, batch_size=16, seed=3, framework="jax", dtype=dtype) as batches:
+            batch = next(iter(batches))
+        assert batch.acts[hook].dtype == np.dtype(np_dtype)
+        np.testing.assert_array_equal(np.asarray(batch.acts[hook]),
+                                      expected[batch.rows, batch.cols].astype(np_dtype))
 
 
 def test_stream_reads_scales_beside_values_from_mapped_shards(model_dir, tmp_path):
