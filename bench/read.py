@@ -5,6 +5,7 @@
     python bench/read.py --run ./runs/r1 --hook layers.12.resid_post
     python bench/read.py --codec none --also-decoded  # mapped vs decoded, same rounds
     python bench/read.py --also-numpy-copy        # the C copy vs numpy's, same rounds
+    python bench/read.py --float8                 # float8 vs bfloat16 streams, same rounds
 
 For each store it prints: (1) the sequential decoded read (every block of the hook read
 through tensorstore in row order, 2 and 4 reads in flight, the faster counting, decoded
@@ -135,6 +136,7 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
                    seed=0, drop_last=False, epochs=passes + 1,
                    prefetch_buffers=prefetch_buffers, file_io_mode=file_io_mode,
                    framework=framework, **stream_args)
+    batch_dtype = ""
     setup_s = time.perf_counter() - t0
     seconds, cpu, tokens, nbytes = [], [], 0, 0
     device = "host"
@@ -151,6 +153,7 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
                 t0, c0 = time.perf_counter(), time.process_time()
             if b.epoch == 1:
                 tokens, nbytes = tokens + len(b), nbytes + b.acts[hook].nbytes
+                batch_dtype = str(b.acts[hook].dtype)
         seconds.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     table = s.plan.table
@@ -161,10 +164,22 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
             "delivered_bytes": nbytes, "decoded_bytes": decoded,
             "blocks_per_buffer": s.blocks_per_buffer, "gather_threads": s.gather_threads,
             "reads_in_flight": s.reads_in_flight, "read_path": s.read_paths[hook],
-            "copy_path": s.copy_path,
+            "copy_path": s.copy_path, "batch_dtype": batch_dtype,
+            "stored_bytes": _stored_bytes(run, hook),
             "framework": framework, "device": device,
             # every epoch alike, the untimed one included
             "producer": {k: v / (passes + 1) for k, v in s.producer_seconds.items()}}
+
+
+def _stored_bytes(run: reader.Run, hook: str) -> int:
+    """Bytes on disk of a local hook's arrays (a float8 hook's scales included)."""
+    names = [hook] + ([f"{hook}.scale"] if run.hook(hook).quantised else [])
+    total = 0
+    for name in names:
+        folder = run.location.join(run.stored_key(layout.activation_array_key(name))).path
+        for root, _, files in os.walk(folder):
+            total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
 
 
 def stream_mixing(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
@@ -222,7 +237,7 @@ def measure(args: argparse.Namespace) -> None:
                      args.passes, args.prefetch_buffers, file_io_mode,
                      framework=args.framework, gather_threads=args.gather_threads,
                      reads_in_flight=args.reads_in_flight, map_shards=not args.no_map_shards,
-                     native_copy=not args.no_native_copy)
+                     native_copy=not args.no_native_copy, dtype=args.output_dtype)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                             args.mix_batches)
@@ -253,6 +268,8 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str, flags: tuple = ())
     for flag in ("--no-map-shards", "--no-native-copy"):
         if getattr(args, flag[2:].replace("-", "_")) or flag in flags:
             cmd += [flag]
+    if "--output-dtype" in flags:
+        cmd += list(flags[flags.index("--output-dtype"):][:2])
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -357,6 +374,37 @@ def compare(args: argparse.Namespace, run_dir: str, label: str) -> None:
         print(f"  timed passes, {name} s: " + ", ".join(f"{x:.2f}" for x in xs))
 
 
+def compare_dtypes(args: argparse.Namespace, runs: dict[str, str], label: str) -> dict:
+    """The streaming shuffle of the same values stored as bfloat16 and as float8 (with
+    per-token scales, handed over dequantised as float32 or bfloat16), children alternating
+    over --rounds: tokens/s of each and their ratio, on the same disk in the same window.
+    Returns {dtype: median s per epoch}."""
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    results: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for name, run_dir in runs.items():
+            out = _child(args, "stream", run_dir, dtype_flags(name))
+            seconds[name] += out["seconds"]
+            results[name] = out
+    med = statistics.median
+    print(f"\n== {label}: streaming shuffle, batch {args.batch_size} tokens, buffer "
+          f"{args.buffer_tokens} tokens; medians of {len(seconds[next(iter(runs))])} epochs each, "
+          f"alternating")
+    base = med(seconds["bfloat16"])
+    for name, xs in seconds.items():
+        r = results[name]
+        print(f"  {name:28s} {r['tokens'] / med(xs):12,.0f} tokens/s  ({med(xs):.3f} s/epoch; "
+              f"stored {r['stored_bytes'] / 1e6:,.1f} MB of activations; handed over as "
+              f"{r['batch_dtype']}; read path {r['read_path']})  "
+              f"x{base / med(xs):.2f} of bfloat16")
+    return {name: med(xs) for name, xs in seconds.items()}
+
+
+def dtype_flags(name: str) -> tuple:
+    """The stream's output dtype for a compare_dtypes entry ("float8_e4m3 as bfloat16")."""
+    return ("--output-dtype", name.split(" as ")[1]) if " as " in name else ()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", help="a run directory (default: build synthetic ones)")
@@ -399,6 +447,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="synthetic run codec (repeatable; default: zstd and none)")
     ap.add_argument("--chunk-tokens", type=int, default=0,
                     help="synthetic run: tokens per inner activation chunk (0: whole row)")
+    ap.add_argument("--float8", action="store_true",
+                    help="synthetic runs of the same values as bfloat16 and as float8_e4m3 "
+                         "(per-token scales): the streaming shuffle's tokens/s of each, side "
+                         "by side in the same rounds")
+    ap.add_argument("--output-dtype", help=argparse.SUPPRESS)
     ap.add_argument("--measure", choices=("sequential", "stream", "exact", "mixing"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -408,6 +461,24 @@ def main(argv: list[str] | None = None) -> None:
         return compare(args, args.run, args.run)
 
     from tests import reader_fixtures
+
+    if args.float8:
+        for codec in args.codec or ["zstd", "none"]:
+            with tempfile.TemporaryDirectory(prefix="actx-bench-read-") as tmp:
+                runs = {}
+                parts = max(1, args.rows // 64)
+                for dtype in ("bfloat16", "float8_e4m3"):
+                    runs[dtype] = os.path.join(tmp, dtype)
+                    reader_fixtures.build_run(
+                        runs[dtype], num_partitions=parts, partition_rows=64,
+                        rows_per_shard=8, chunk_rows=1, seq_len=args.seq_len,
+                        hidden=args.hidden, hooks=("layers.0.resid_post",), dtype=dtype,
+                        committed=tuple(range(parts)), arc_every=0, codec=codec,
+                        random_values=True, chunk_tokens=args.chunk_tokens)
+                runs["float8_e4m3 as bfloat16"] = runs["float8_e4m3"]
+                compare_dtypes(args, runs, f"{parts * 64} rows x {args.seq_len} x "
+                                           f"{args.hidden}, codec {codec}")
+        return
 
     for codec in args.codec or ["zstd", "none"]:
         with tempfile.TemporaryDirectory(prefix="actx-bench-read-") as tmp:

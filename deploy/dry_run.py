@@ -20,6 +20,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from actx.schemas import layout as layout_lib
+from actx.schemas import quantised
 from actx.schemas import runspec as runspec_lib
 
 if TYPE_CHECKING:  # imported where used: not every command opens a run
@@ -190,8 +191,11 @@ def report(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str]) -> lis
                          f"{_size_text(per_row * found.rows)} in {shards_per_hook:,} objects")
     if found is not None:
         objects = len(widths) * (shards_per_hook + 1) + found.partitions
-        lines.append(f"#   activations in all: {_size_text(total)} uncompressed in {len(widths)} "
-                     f"hook(s); {objects:,} objects ({shards_per_hook:,} shards of "
+        hooks = sum(not quantised.is_scale_array(name) for name in widths)
+        scales = (f" and their {len(widths) - hooks} float8 scale array(s)"
+                  if len(widths) > hooks else "")
+        lines.append(f"#   activations in all: {_size_text(total)} uncompressed in {hooks} "
+                     f"hook(s){scales}; {objects:,} objects ({shards_per_hook:,} shards of "
                      f"{spec.layout.rows_per_shard} rows per hook, a zarr.json each, and "
                      f"{found.partitions:,} commit markers)")
     return lines

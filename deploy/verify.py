@@ -1,12 +1,14 @@
 """`actx verify`: re-reads committed activations and checks them against their markers.
 
 For every committed partition and hook: the block checksums (crc32c over the stored
-bytes, as the writer computed them), the array's shape and dtype, blocks whose stored
+bytes, as the writer computed them; a float8 hook's scale array as any other), the
+array's shape and dtype, blocks whose stored
 object is missing (they would read as the fill value) while their marker's checksum is
 not that of zeros (a block the worker wrote as zeros, which the store keeps as no object,
 is read and checked as any other; so is, in a generating run, a block of padding and
 unreached room alone), NaN and Inf over valid tokens
-(padding positions may hold anything). Reports per-hook mean and mean L2 norm per token.
+(padding positions may hold anything). Reports per-hook mean and mean L2 norm per token
+(of the dequantised values in a float8 run).
 Uses tensorstore, numpy and crc32c only (no jax, no Beam).
 """
 
@@ -21,6 +23,7 @@ from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
+from actx.schemas import quantised
 from actx.schemas import run_dir
 from actx.schemas import ts_context
 
@@ -125,8 +128,11 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                         f"from the run spec ({dtype})")
     report.hooks = dict(sorted(info.hooks.items()))
     report.stats = {h: HookHealth() for h in report.hooks}
+    # Every stored array: the hooks, and a float8 hook's scales (schemas.quantised), which
+    # the same markers checksum.
+    stored = dict(sorted(info.arrays().items()))
     arrays, shards = {}, {}
-    for hook, hidden in report.hooks.items():
+    for hook, (hidden, stored_dtype) in stored.items():
         want_shape = (manifest.total_rows, manifest.seq_len, hidden)
         try:
             arr = _open(handle, layout_lib.activation_array_key(hook))
@@ -136,9 +142,8 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
         if tuple(arr.shape) != want_shape:
             problems.append(f"array {hook}: shape {list(arr.shape)}, expected {list(want_shape)}")
             continue
-        if arr.dtype.name != info.dtype_of(hook):
-            problems.append(f"array {hook}: dtype {arr.dtype.name}, expected "
-                            f"{info.dtype_of(hook)}")
+        if arr.dtype.name != stored_dtype:
+            problems.append(f"array {hook}: dtype {arr.dtype.name}, expected {stored_dtype}")
             continue
         arrays[hook] = arr
         shards[hook] = _stored_shards(store, hook)
@@ -159,9 +164,9 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
             problems.append(f"{where}: marker rows {marker.row_start}+{marker.row_count} differ "
                             f"from the manifest's {part.row_start}+{part.row_count}")
             continue
-        if set(marker.checksums) != set(report.hooks):
+        if set(marker.checksums) != set(stored):
             problems.append(f"{where}: marker hooks {sorted(marker.checksums)} differ from "
-                            f"{layout_lib.ACTIVATIONS_INFO_KEY} {sorted(report.hooks)}")
+                            f"{layout_lib.ACTIVATIONS_INFO_KEY} {sorted(stored)}")
         valid = segment_ids[part.row_start:part.row_stop].read().result() > 0
         unreached = _unreached(arrays.get(layout_lib.GENERATED_IDS), part, valid)
         block_rows = marker.block_rows
@@ -171,15 +176,16 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
             if sums is None:
                 continue
             label = f"{where}, array {hook}"
-            if marker.dtypes.get(hook) != info.dtype_of(hook):
+            if marker.dtypes.get(hook) != stored[hook][1]:
                 problems.append(f"{label}: marker dtype {marker.dtypes.get(hook)}, expected "
-                                f"{info.dtype_of(hook)}")
+                                f"{stored[hook][1]}")
             if len(sums) != n_blocks:
                 problems.append(f"{label}: marker has {len(sums)} block checksums, expected "
                                 f"{n_blocks}")
                 continue
-            stats = report.stats[hook]
+            stats = report.stats.get(hook, HookHealth())  # a scale array's is not reported
             stats.partitions += 1
+            scales = arrays.get(quantised.scale_array(hook)) if info.is_quantised(hook) else None
             for k in range(n_blocks):
                 lo = part.row_start + k * block_rows
                 hi = min(part.row_stop, lo + block_rows)
@@ -205,6 +211,11 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                     problems.append(f"{label}: checksum mismatch in block {k} "
                                     f"(rows {lo}-{hi - 1}): stored {crc}, marker {sums[k]}")
                 stats.blocks += 1
+                if scales is not None:  # health of the values a reader returns
+                    try:
+                        block = quantised.dequantise(block, scales[lo:hi].read().result())
+                    except Exception:  # noqa: BLE001 - the scale array's own check says so
+                        continue
                 _accumulate(stats, block, valid[lo - part.row_start:hi - part.row_start], label,
                             k, problems)
     if last is not None and len(problems) > before:

@@ -40,6 +40,7 @@ from actx.schemas import activations_info as info_lib
 from actx.schemas import advice
 from actx.schemas import errors
 from actx.schemas import layout
+from actx.schemas import quantised
 from actx.schemas import reference_verification as record_lib
 from actx.schemas import store_errors
 
@@ -50,7 +51,13 @@ MAX_TOKENS = 8192
 # mantissa in every matmul input) and what storing rounds off (bfloat16 2^-9, float16
 # 2^-12 per element), the larger of the two.
 COMPUTE_TOLERANCE = {"float32": 1e-4, "bfloat16": 6e-2}
-STORED_TOLERANCE = {"float32": 0.0, "float16": 2e-3, "bfloat16": 1e-2}
+STORED_TOLERANCE = {"float32": 0.0, "float16": 2e-3, "bfloat16": 1e-2,
+                    # float8 with per-token scales (schemas.quantised): half an ulp of
+                    # e4m3's 3 mantissa bits, 2^-4 of each value, plus what values below its
+                    # normal range round off (at most 2^-10 of the scale each, absmax / 448:
+                    # below 6e-4 of the token's norm for any hidden size up to 2^16).
+                    "float8_e4m3": quantised.FORMATS["float8_e4m3"].max_relative_error
+                    + 6e-4}
 
 
 class ReferenceCheckError(errors.UserError, ValueError):

@@ -97,7 +97,7 @@ class TokenBatches:
                                             order.drop_last, exact.shuffle,
                                             allow_empty=_window)
         self.framework = output.checked_framework
-        self.dtype = output.dtype
+        self.dtype = run.read_dtype(self.hooks, output.dtype)  # a float8 hook: dequantised
         self.sharding = output.sharding
         self.normalizers = formats.normalizers(run, self.hooks, output.normalize)
         self.start_step = order.start_step
@@ -114,7 +114,7 @@ class TokenBatches:
         seq_len, flat = self.index.seq_len, self.index.flat
         block = self.run.spec.layout.rows_per_shard
         out = {h: np.empty((len(flat), self.run.hook(h).hidden),
-                           self.run.activation_array(h).dtype.numpy_dtype) for h in self.hooks}
+                           formats.numpy_dtype(self.run.hook(h).dtype)) for h in self.hooks}
         for pid in self.index.partitions:
             part = self.run.partitions[pid]
             for lo in range(part.row_start, part.row_stop, block):
@@ -122,7 +122,7 @@ class TokenBatches:
                 a, b = np.searchsorted(flat, [lo * seq_len, hi * seq_len])
                 if a == b:
                     continue
-                futures = {h: self.run.activation_array(h)[lo:hi].read() for h in self.hooks}
+                futures = {h: self.run.read_async(h, lambda a: a[lo:hi]) for h in self.hooks}
                 for h, f in futures.items():
                     values = f.result()
                     out[h][a:b] = values.reshape(-1, values.shape[-1])[flat[a:b] - lo * seq_len]

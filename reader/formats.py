@@ -7,11 +7,13 @@ jax and torch are imported only when asked for, so numpy readers never load them
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Literal
 
 import numpy as np
 
 from actx.reader import stored_stats
+from actx.schemas import quantised
 
 Framework = Literal["numpy", "jax", "torch"]
 FRAMEWORKS = ("numpy", "jax", "torch")
@@ -27,6 +29,52 @@ def check_framework(framework: str) -> str:
     return framework
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a dtype name, bfloat16 (ml_dtypes) included."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def dequantised(acts: dict, dtype: str | None) -> dict:
+    """A batch's arrays with each float8 hook's values times its scales (read beside them
+    under `<hook>.scale`, schemas.quantised), in `dtype` (None: float32); the scales
+    themselves dropped. Unchanged where no hook is float8."""
+    scales = [name for name in acts if quantised.is_scale_array(name)]
+    if not scales:
+        return acts
+    out = {name: a for name, a in acts.items() if name not in scales}
+    for name in scales:
+        hook = name[:-len(quantised.SCALE_SUFFIX)]
+        out[hook] = _dequantise_rows(out[hook], acts[name], dtype or "float32")
+    return out
+
+
+# Rows per piece when a batch is dequantised on several threads (numpy's take and multiply
+# let go of the GIL), and the threads: what one thread did was the stream's bottleneck.
+_ROWS_PER_PIECE = 512
+_POOL: list = []
+
+
+def _dequantise_rows(values: np.ndarray, scale: np.ndarray, dtype: str) -> np.ndarray:
+    pieces = min(os.cpu_count() or 1, len(values) // _ROWS_PER_PIECE)
+    if pieces <= 1:
+        return quantised.dequantise(values, scale, dtype)
+    if not _POOL:
+        import concurrent.futures
+
+        _POOL.append(concurrent.futures.ThreadPoolExecutor(
+            os.cpu_count() or 1, thread_name_prefix="actx-reader-dequantise"))
+    out = np.empty(values.shape, numpy_dtype(dtype))
+    bounds = np.linspace(0, len(values), pieces + 1).astype(int)
+    list(_POOL[0].map(lambda lo, hi: quantised.dequantise(values[lo:hi], scale[lo:hi], dtype,
+                                                          out=out[lo:hi]),
+                      bounds[:-1], bounds[1:]))
+    return out
+
+
 def convert(array: np.ndarray, framework: str, dtype: str | None,
             sharding: Any = None) -> Any:
     """numpy -> the requested framework.
@@ -35,8 +83,8 @@ def convert(array: np.ndarray, framework: str, dtype: str | None,
     passes its own rows (`jax.make_array_from_process_local_data`), so with P processes the
     global array has P x the local rows, laid out on the devices the sharding names.
     """
-    if dtype is not None and array.dtype != np.dtype(dtype):
-        array = array.astype(dtype)
+    if dtype is not None and array.dtype != numpy_dtype(dtype):
+        array = array.astype(numpy_dtype(dtype))
     if framework == "numpy":
         return array
     if framework == "jax":
@@ -109,9 +157,43 @@ def normalizers(run, hooks: tuple[str, ...], mode: str | None) -> dict[str, Norm
 
 def hand_over(batch, normalizers: dict, framework: str, dtype: str | None, sharding=None):
     """A stream's batch as the user asked for it: each hook normalised (where
-    `normalizers` has it) and converted (`convert`); the batch itself, its acts replaced."""
-    acts = batch.acts
+    `normalizers` has it) and converted (`convert`); the batch itself, its acts replaced.
+    A float8 hook's values, read with their scales, are dequantised first (`dequantised`);
+    handed over as JAX arrays without normalisation, on the device, after the copy of one
+    byte a value (`_dequantised_on_device`)."""
+    if framework == "jax" and not normalizers and any(
+            quantised.is_scale_array(name) for name in batch.acts):
+        batch.acts = _dequantised_on_device(batch.acts, dtype, sharding)
+        return batch
+    acts = dequantised(batch.acts, dtype)
     if normalizers:
         acts = {h: normalizers[h](a) for h, a in acts.items()}
     batch.acts = {h: convert(a, framework, dtype, sharding) for h, a in acts.items()}
     return batch
+
+
+_ON_DEVICE: dict = {}
+
+
+def _dequantised_on_device(acts: dict, dtype: str | None, sharding) -> dict:
+    """JAX arrays of a batch whose float8 hooks go to the device as they are stored (one
+    byte a value, and their scales) and are multiplied there, in `dtype` (float32 when
+    None): the host copies half the bytes of bfloat16 and converts nothing."""
+    import jax
+    import jax.numpy as jnp
+
+    wanted = dtype or "float32"
+    if wanted not in _ON_DEVICE:
+        _ON_DEVICE[wanted] = jax.jit(lambda v, s: (v.astype(jnp.float32) * s).astype(wanted))
+    out = {}
+    for name, array in acts.items():
+        if quantised.is_scale_array(name):
+            continue
+        scale_name = quantised.scale_array(name)
+        if scale_name not in acts:
+            out[name] = convert(array, "jax", dtype, sharding)
+            continue
+        values = convert(array, "jax", None, sharding)
+        scales = convert(acts[scale_name], "jax", None, sharding)
+        out[name] = _ON_DEVICE[wanted](values, scales)
+    return out

@@ -28,6 +28,7 @@ from actx.schemas import config as config_lib
 from actx.schemas import hook_aliases
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
+from actx.schemas import quantised
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
 from actx.schemas import ts_context
@@ -36,16 +37,37 @@ from actx.schemas import uri as uri_lib
 
 @dataclasses.dataclass(frozen=True)
 class HookInfo:
-    """One activation array: shape [total_rows, seq_len, hidden] and its stored dtype."""
+    """One activation array: shape [total_rows, seq_len, hidden] and the dtype reads return
+    by default: the stored dtype, or float32 for a float8 hook (`stored_dtype`
+    float8_e4m3fn: its values are read dequantised, schemas.quantised)."""
 
     name: str
     shape: tuple[int, int, int]
     dtype: str
     partitions: tuple[int, ...]  # committed partitions whose marker lists this hook
+    stored_dtype: str | None = None  # where it differs from `dtype` (a float8 hook)
+
+    @property
+    def quantised(self) -> bool:
+        """Whether the hook is stored as float8 values with per-token scales."""
+        return self.stored_dtype is not None and quantised.is_quantised(self.stored_dtype)
 
     @property
     def hidden(self) -> int:
         return self.shape[2]
+
+
+class PendingRead:
+    """A hook's read in flight (`RunSnapshot.read_async`): its values, and a float8 hook's
+    scales, dequantised when the result is taken."""
+
+    def __init__(self, values, scales=None, dtype: str | None = None):
+        self._values, self._scales, self._dtype = values, scales, dtype
+
+    def result(self) -> np.ndarray:
+        if self._scales is None:
+            return self._values.result()
+        return quantised.dequantise(self._values.result(), self._scales.result(), self._dtype)
 
 
 class RunSnapshot:
@@ -117,8 +139,11 @@ class RunSnapshot:
             infos = {}
             for hook in self._hook_names():
                 arr = self.open_array(layout.activation_array_key(hook))
-                infos[hook] = HookInfo(hook, tuple(arr.shape), str(arr.dtype.numpy_dtype),
-                                       self.committed)
+                stored = str(arr.dtype.numpy_dtype)
+                infos[hook] = (HookInfo(hook, tuple(arr.shape), quantised.read_dtype(None),
+                                        self.committed, stored)
+                               if quantised.is_quantised(stored) else
+                               HookInfo(hook, tuple(arr.shape), stored, self.committed))
             self._hooks_cache = infos
         return self._hooks_cache
 
@@ -253,8 +278,38 @@ class RunSnapshot:
 
     def activation_array(self, hook: str):
         """The tensorstore array of a hook (no commit checks: callers check rows); a
-        TransformerLens name reads the hook it equals (`resolve_hook`)."""
+        TransformerLens name reads the hook it equals (`resolve_hook`). A float8 hook's
+        holds its stored values: `scale_array` has their scales."""
         return self.open_array(layout.activation_array_key(self.hook(hook).name))
+
+    def scale_array(self, hook: str):
+        """The tensorstore array of a float8 hook's per-token scales [rows, seq_len, 1]
+        (schemas.quantised), None for a hook stored in another dtype."""
+        info = self.hook(hook)
+        if not info.quantised:
+            return None
+        return self.open_array(layout.activation_array_key(quantised.scale_array(info.name)))
+
+    def read_dtype(self, hooks: Sequence[str], dtype: str | None) -> str | None:
+        """The dtype reads of `hooks` return when asked for `dtype` (None: as stored):
+        float32 or bfloat16 for a float8 hook, refusing by name any dtype a float8 hook
+        cannot be read as (schemas.quantised.read_dtype)."""
+        if any(self.hook(h).quantised for h in hooks):
+            return quantised.read_dtype(dtype, f"{self.location}: ")
+        return dtype
+
+    def read_async(self, hook: str, index, dtype: str | None = None) -> "PendingRead":
+        """Starts reading hook's activations at `index` (a function indexing a tensorstore
+        array: a slice, or vindex; no commit checks); `.result()` waits for them, dequantised
+        for a float8 hook (values and scales read together)."""
+        values = index(self.activation_array(hook)).read()
+        scales = self.scale_array(hook)
+        if scales is None:
+            return PendingRead(values)
+        return PendingRead(values, index(scales).read(), self.read_dtype([hook], dtype))
+
+    def _read(self, hook: str, index, dtype: str | None = None) -> np.ndarray:
+        return self.read_async(hook, index, dtype).result()
 
     def token_array(self, name: str):
         if name not in layout.ALL_TOKEN_ARRAYS:
@@ -266,9 +321,10 @@ class RunSnapshot:
 
     def rows(self, hook: str, start: int, stop: int) -> np.ndarray:
         """Activations [stop - start, seq_len, hidden] of whole rows, padding included
-        (use `token_rows("segment_ids", ...)`: 0 marks padding)."""
+        (use `token_rows("segment_ids", ...)`: 0 marks padding); float32 for a float8
+        hook (dequantised)."""
         self.check_rows(start, stop, [hook])
-        return self.activation_array(hook)[start:stop].read().result()
+        return self._read(hook, lambda a: a[start:stop])
 
     def token_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """A token or ARC array (layout.ALL_TOKEN_ARRAYS) over rows [start, stop)."""
@@ -280,7 +336,7 @@ class RunSnapshot:
         """Activations [n, hidden] of columns [col_start, col_stop) of one row."""
         col_stop = self.seq_len if col_stop is None else col_stop
         self.check_rows(row, row + 1, [hook])
-        return self.activation_array(hook)[row, col_start:col_stop].read().result()
+        return self._read(hook, lambda a: a[row, col_start:col_stop])
 
     def gather(self, hooks: Sequence[str], rows: np.ndarray,
                cols: np.ndarray) -> dict[str, np.ndarray]:
@@ -298,7 +354,11 @@ class RunSnapshot:
             part = self.partitions[pid]
             self.check_rows(part.row_start, part.row_stop, hooks)
         futures = {h: self.activation_array(h).vindex[rows, cols].read() for h in hooks}
-        return {h: f.result() for h, f in futures.items()}
+        scales = {h: a.vindex[rows, cols].read() for h in hooks
+                  if (a := self.scale_array(h)) is not None}
+        return {h: f.result() if h not in scales
+                else quantised.dequantise(f.result(), scales[h].result())
+                for h, f in futures.items()}
 
     def gather_tokens(self, names: Sequence[str], rows: np.ndarray,
                       cols: np.ndarray) -> dict[str, np.ndarray]:

@@ -103,7 +103,8 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
             if counted.generates:  # its unused reserved positions count as padding
                 toks.append(run.open_array(layout.activation_array_key(
                     layout.GENERATED_IDS))[lo:hi].read())
-            acts = {h: run.activation_array(h)[lo:hi].read() for h in hooks}
+            # Dequantised where a hook is float8: statistics of the values readers return.
+            acts = {h: run.read_async(h, lambda a: a[lo:hi]) for h in hooks}
             values = [f.result() for f in toks]
             arrays = dict(zip(names, values))  # the token arrays (zip stops at names)
             mask = counted.keep(values)

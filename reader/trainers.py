@@ -141,6 +141,7 @@ def export_saelens(run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequenc
 
     run = run if isinstance(run, run_lib.Run) else reader.open_run(run)
     hooks = (hooks,) if isinstance(hooks, str) else tuple(hooks)
+    run.read_dtype(hooks, dtype)  # a float8 run's dtypes, refused before anything is written
     columns = tuple(columns) if columns else tuple(transformer_lens_name(h) for h in hooks)
     if len(columns) != len(hooks) or len(set(columns)) != len(columns):
         raise ValueError(f"columns {columns}: one distinct name per hook of {hooks}")

@@ -11,6 +11,7 @@ import dataclasses
 
 from actx.schemas import config as config_lib
 from actx.schemas import layout
+from actx.schemas import quantised
 
 # The hook points of a mixture of experts' router, as stored (the `experts` hook stores
 # two arrays, expert_ids and expert_weights; workers.model.families.base says what each is).
@@ -51,7 +52,9 @@ class Numerics:
 @dataclasses.dataclass(frozen=True)
 class ActivationsInfo:
     """fingerprint: the run spec's fingerprint the activations belong to.
-    dtype: the stored dtype of every hook array, except those in `hook_dtypes`.
+    dtype: the capture dtype of every hook array, except those in `hook_dtypes`; a float8
+      dtype ("float8_e4m3") stores each such hook as float8 values and a float32
+      `<hook>.scale` array beside them (schemas.quantised; since 0.4.0).
     hooks: hook name -> the last axis of its array (the hidden size; a mixture of
       experts' router_logits: the experts; expert_ids / expert_weights: the experts per
       token).
@@ -62,6 +65,9 @@ class ActivationsInfo:
     architecture: the model's HF architecture (`architectures[0]`), which decides the
       TransformerLens names the reader accepts for its hooks (schemas.hook_aliases);
       None in runs written before it was recorded, and for Flax models.
+    quantisation_version: in a float8 run, the version of its scales' format
+      (schemas.quantised.FORMAT_VERSION; 1: one float32 scale per token and hook, absmax
+      over the hidden axis / the type's largest finite value); None in every other run.
     """
 
     fingerprint: str
@@ -71,6 +77,7 @@ class ActivationsInfo:
     numerics: Numerics | None = None
     hook_dtypes: dict[str, str] | None = None
     architecture: str | None = None
+    quantisation_version: int | None = None
 
     def identity(self) -> tuple:
         """What every attempt must share exactly (numerics may differ when allowed)."""
@@ -78,22 +85,39 @@ class ActivationsInfo:
                 self.hook_dtypes or {})
 
     def dtype_of(self, hook: str) -> str:
-        """The stored dtype of `hook`'s array."""
-        return (self.hook_dtypes or {}).get(hook, self.dtype)
+        """The stored data type of `hook`'s array (zarr's name: float8_e4m3fn for a
+        float8_e4m3 capture)."""
+        return quantised.stored_dtype((self.hook_dtypes or {}).get(hook, self.dtype))
+
+    def arrays(self) -> dict[str, tuple[int, str]]:
+        """Every stored activation array: name -> (last axis, stored data type); the
+        hooks, and a float8 hook's scales (`<hook>.scale`, schemas.quantised)."""
+        return quantised.stored_arrays(self.hooks, {h: self.dtype_of(h) for h in self.hooks})
+
+    def is_quantised(self, hook: str) -> bool:
+        """Whether `hook` is stored as float8 values with per-token scales."""
+        return quantised.is_quantised(self.dtype_of(hook))
 
     def bytes_per_row(self, seq_len: int) -> int:
-        """Stored activation bytes per token row, all hooks together."""
-        return seq_len * sum(layout.ITEMSIZE.get(self.dtype_of(h), 2) * width
-                             for h, width in self.hooks.items())
+        """Stored activation bytes per token row, all arrays together (scales included)."""
+        return seq_len * sum(layout.ITEMSIZE.get(dtype, 2) * width
+                             for width, dtype in self.arrays().values())
 
 
 def read_info(store) -> ActivationsInfo | None:
-    """The run's record, None before any worker wrote it. A damaged record raises
-    ConfigError naming the key and field."""
+    """The run's record, None before any worker wrote it. A damaged record, or scales of a
+    format this actx does not know, raises ConfigError naming the key and field."""
     data = store.read_json(layout.ACTIVATIONS_INFO_KEY)
     if data is None:
         return None
-    return config_lib.from_dict(ActivationsInfo, data, f"{layout.ACTIVATIONS_INFO_KEY}: ")
+    info = config_lib.from_dict(ActivationsInfo, data, f"{layout.ACTIVATIONS_INFO_KEY}: ")
+    version = info.quantisation_version
+    if version is not None and version > quantised.FORMAT_VERSION:
+        raise config_lib.ConfigError(
+            f"{store.location.join(layout.ACTIVATIONS_INFO_KEY)}: quantisation_version "
+            f"{version}: this actx reads float8 scales up to version "
+            f"{quantised.FORMAT_VERSION}; install a newer actx (pip install -U actx-lm)")
+    return info
 
 
 def _record(info: ActivationsInfo) -> dict:
@@ -101,7 +125,7 @@ def _record(info: ActivationsInfo) -> dict:
     `architecture` only where known, so such a run writes the record of earlier
     versions, byte for byte."""
     data = config_lib.to_dict(info)
-    for optional in ("hook_dtypes", "architecture"):
+    for optional in ("hook_dtypes", "architecture", "quantisation_version"):
         if not data.get(optional):
             data.pop(optional, None)
     return data

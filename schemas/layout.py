@@ -245,7 +245,10 @@ def _codecs(layout: runspec_lib.LayoutSpec, itemsize: int) -> list[dict]:
     return codecs
 
 
-ITEMSIZE = {"int32": 4, "float32": 4, "bfloat16": 2, "float16": 2}  # bytes per value
+# Bytes per value, by stored data type (and by capture dtype where the two names differ:
+# float8_e4m3 is stored as zarr's float8_e4m3fn, schemas.quantised).
+ITEMSIZE = {"int32": 4, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1,
+            "float8_e4m3": 1}
 
 
 def _sharded_metadata(shape: list[int], dtype: str, shard_shape: list[int],

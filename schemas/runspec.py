@@ -215,11 +215,13 @@ class CaptureConfig:
       ranges allowed: "layers.0-3.resid_post,final_norm" or "layers.*.resid_post";
       TransformerLens names ("blocks.8.hook_resid_pre") where their values are actx's
       (docs/models.md, "TransformerLens names"); the run stores actx's names.
-    dtype: storage dtype of the activation arrays.
+    dtype: storage dtype of the activation arrays; "float8_e4m3" stores one byte a value
+      and one float32 scale per token and hook, read back dequantised as float32 or
+      bfloat16 (docs/reading.md, "Float8 runs").
     """
 
     hooks: str = "layers.*.resid_post"
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal["bfloat16", "float16", "float32", "float8_e4m3"] = "bfloat16"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from actx.schemas import commit as commit_lib
+from actx.schemas import quantised
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import runspec as runspec_lib
@@ -49,6 +50,10 @@ class RunTruth:
     stored: dict | None = None
     fingerprint: str = ""
     rows_per_shard: int = 0
+    # Every stored array as written (a float8 run: its values and `<hook>.scale` arrays;
+    # `stored` then holds what readers return, the dequantised float32), and its data type.
+    arrays: dict | None = None
+    array_dtypes: dict | None = None
 
     def committed_mask(self) -> np.ndarray:
         """[rows, T] True at valid tokens of committed partitions."""
@@ -222,25 +227,38 @@ def build_run(uri: str, *, num_partitions: int = 3, partition_rows: int = 8,
         arr.write(arrays[name]).result()
     rows = np.arange(total_rows)[:, None] * np.ones(seq_len, np.int64)
     cols = np.ones(total_rows, np.int64)[:, None] * np.arange(seq_len)
-    stored = {}
+    stored, written, written_dtypes = {}, {}, {}
     for k, hook in enumerate(hooks):
         if random_values:
             values = rng.standard_normal((total_rows, seq_len, hidden), np.float32)
         else:
             values = encode(k, rows, cols, seq_len, hidden)
         values[~valid] = PAD_VALUE
-        values = values.astype(np_dtype(dtype))
-        stored[hook] = values
-        arr = ts_context.open_array(layout.activation_array(
-            hook, total_rows, seq_len, hidden, dtype, spec.layout).spec(loc, create=True))
-        arr.write(values).result()
-    store.write_json(layout.ACTIVATIONS_INFO_KEY, {
-        "fingerprint": spec.fingerprint, "dtype": dtype, "hooks": {h: hidden for h in hooks}})
+        if quantised.is_quantised(dtype):  # float8 values and their per-token scales
+            values, scale = quantised.quantise(values, dtype)
+            stored[hook] = quantised.dequantise(values, scale)
+            parts = {hook: (values, quantised.stored_dtype(dtype)),
+                     quantised.scale_array(hook): (scale, quantised.SCALE_DTYPE)}
+        else:
+            values = values.astype(np_dtype(dtype))
+            stored[hook] = values
+            parts = {hook: (values, dtype)}
+        for name, (data, data_type) in parts.items():
+            written[name], written_dtypes[name] = data, data_type
+            arr = ts_context.open_array(layout.activation_array(
+                name, total_rows, seq_len, data.shape[-1], data_type, spec.layout
+            ).spec(loc, create=True))
+            arr.write(data).result()
+    info = {"fingerprint": spec.fingerprint, "dtype": dtype, "hooks": {h: hidden for h in hooks}}
+    if quantised.is_quantised(dtype):
+        info["quantisation_version"] = quantised.FORMAT_VERSION
+    store.write_json(layout.ACTIVATIONS_INFO_KEY, info)
     truth = RunTruth(uri=uri, seq_len=seq_len, hidden=hidden, hooks=tuple(hooks), dtype=dtype,
                      tokens=arrays, docs=docs, committed=(),
                      partition_rows=partition_rows, num_partitions=num_partitions,
                      stored=stored, fingerprint=spec.fingerprint,
-                     rows_per_shard=rows_per_shard)
+                     rows_per_shard=rows_per_shard, arrays=written,
+                     array_dtypes=written_dtypes)
     for p in committed:
         commit_partition(truth, p)
     return truth
@@ -251,13 +269,15 @@ def commit_partition(truth: RunTruth, p: int) -> bool:
     commits it: what a test does to make a partition of a live run commit."""
     total_rows = truth.tokens["segment_ids"].shape[0]
     lo, hi = p * truth.partition_rows, min((p + 1) * truth.partition_rows, total_rows)
-    checksums = {h: [commit_lib.checksum(truth.stored[h][r:r + truth.rows_per_shard].tobytes())
-                     for r in range(lo, hi, truth.rows_per_shard)] for h in truth.hooks}
+    arrays = truth.arrays or {h: truth.stored[h] for h in truth.hooks}
+    dtypes = truth.array_dtypes or {h: truth.dtype for h in truth.hooks}
+    checksums = {h: [commit_lib.checksum(a[r:r + truth.rows_per_shard].tobytes())
+                     for r in range(lo, hi, truth.rows_per_shard)] for h, a in arrays.items()}
     done = commit_lib.commit(store_lib.open_store(truth.uri), commit_lib.CommitMarker(
         partition=p, fingerprint=truth.fingerprint, row_start=lo, row_count=hi - lo,
         tokens=int((truth.tokens["segment_ids"][lo:hi] > 0).sum()),
         block_rows=truth.rows_per_shard, checksums=checksums,
-        dtypes={h: truth.dtype for h in truth.hooks}, attempt="test", hosts=("localhost",),
+        dtypes=dtypes, attempt="test", hosts=("localhost",),
         timings_s={}, code_version="test", created_at=time.time()))
     if done:
         truth.committed = tuple(sorted(set(truth.committed) | {p}))

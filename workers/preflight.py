@@ -13,6 +13,7 @@ import dataclasses
 
 from actx.schemas import layout
 from actx.schemas import parallelism
+from actx.schemas import quantised
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
 from actx.schemas import store_errors
@@ -159,7 +160,9 @@ def hook_shapes(spec: runspec_lib.RunSpec) -> HookShapes:
                                   capture_lib.router_layers_of(config))
     widths = capture_lib.hook_widths(config, names)
     dtypes = capture_lib.hook_dtypes(names, spec.capture.dtype) or {}
-    shapes = {name: (widths[name], dtypes.get(name, spec.capture.dtype)) for name in names}
+    # Each stored array: a float8 hook's values in their stored type, and its scales.
+    shapes = quantised.stored_arrays(widths, {name: dtypes.get(name, spec.capture.dtype)
+                                              for name in names})
     if spec.generate is not None:  # the ids the model writes, stored beside the hooks
         shapes[layout.GENERATED_IDS] = (1, "int32")
     return HookShapes(shapes, capture.blocks_run(

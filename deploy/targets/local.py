@@ -147,8 +147,11 @@ class LocalTarget(targets.Target):
         print(file=out)
         print(status_text.render(status), file=out)
         info = info_lib.read_info(handle.store)
+        scales = ("; float8, with <hook>.scale beside it"
+                  if info and info.quantisation_version else "")
         print(f"\nactivations: {handle.location.join('activations')}/<hook> (zarr v3, "
-              f"{info.dtype if info else handle.spec.capture.dtype}, [rows, seq_len, hidden]); "
+              f"{info.dtype if info else handle.spec.capture.dtype}, [rows, seq_len, hidden]"
+              f"{scales}); "
               f"hooks: {', '.join(sorted(info.hooks)) if info else '-'}", file=out)
         print(f"read them:   {advice.read(handle.location)}", file=out)
         print(f"check them:  {advice.verify(handle.location)}", file=out, flush=True)

@@ -326,6 +326,7 @@ class FollowStream:
         self.start_step = order.start_step if state is None else state.check(self.settings)
         self.framework = output.checked_framework
         self.sharding, self.dtype = output.sharding, output.dtype
+        self._dtype_checked = False
         # Statistics as stored now (compute_stats on what had committed: its record says
         # which partitions), the same for the whole stream.
         self.normalizers = formats.normalizers(run, self.hooks, output.normalize)
@@ -451,6 +452,9 @@ class FollowStream:
             return
 
     def _convert(self, batch: Batch) -> Batch:
+        if not self._dtype_checked:  # a float8 hook's dtypes: known once one committed
+            self.dtype = self._view.read_dtype(self.hooks, self.dtype)
+            self._dtype_checked = True
         return formats.hand_over(batch, self.normalizers, self.framework, self.dtype,
                                  self.sharding)
 

@@ -57,6 +57,7 @@ from actx.reader.batches import Batch
 from actx.reader.storage.read_contexts import default_file_io_mode, read_contexts
 from actx.reader.streaming.state import STATE_VERSION, StreamSettings, StreamState
 from actx.schemas import layout
+from actx.schemas import quantised
 
 # Positions per buffer: 0.47 GB per hook and buffer at hidden 896 in bfloat16, 2.1 GB at
 # 4096; two buffers are read into (prefetch_buffers=1) and about two are in batches.
@@ -152,7 +153,8 @@ class ShuffledStream:
         self.stop_step = (None if order.epochs is None
                           else order.epochs * self.plan.steps_per_epoch)
         self.framework = output.checked_framework
-        self.sharding, self.dtype = output.sharding, output.dtype
+        self.sharding = output.sharding
+        self.dtype = run.read_dtype(self.hooks, output.dtype)  # a float8 hook: dequantised
         self.normalizers = formats.normalizers(run, self.hooks, output.normalize)
         # Where the thread that cuts batches spent its time (seconds, summed over the
         # iterations): busy (everything but handing batches over), of which waiting for
@@ -185,11 +187,15 @@ class ShuffledStream:
                              else reads.file_io_mode)
         acts_context, tokens_context = read_contexts(reads.gcs_request_concurrency,
                                                      self.file_io_mode)
+        # A float8 hook's scales are read as one more array of the buffer, copied into the
+        # batch beside its values, and applied when the batch is handed over.
+        read = self.hooks + tuple(quantised.scale_array(h) for h in self.hooks
+                                  if run.hook(h).quantised)
         acts = {h: run.open_array(layout.activation_array_key(h), acts_context)
-                for h in self.hooks}
+                for h in read}
         mapped = self._mapped = {}  # hook -> mapped_hook.MappedHook
         self.read_paths = {}
-        for h in self.hooks:
+        for h in read:
             plain, why = (mapped_hook.plain_layout(run, h, acts[h]) if reads.map_shards
                           else (None, "map_shards=False"))
             if plain is not None:
@@ -197,14 +203,14 @@ class ShuffledStream:
             self.read_paths[h] = "mapped" if plain is not None else f"decoded: {why}"
         gather_threads = reads.gather_threads
         if gather_threads is None:
-            gather_threads = gather_lib.default_threads(len(mapped) < len(self.hooks))
+            gather_threads = gather_lib.default_threads(len(mapped) < len(read))
         self.gather_threads = gather_threads
         gather_lib.Gather(gather_threads).close()  # checks it now, not in the thread
         copy_rows, why = (row_copy.kernel() if reads.native_copy
                           else (None, "native_copy=False"))
         self.copy_path = why if copy_rows is not None else f"numpy: {why}"
         return stream_buffers.BufferReader(
-            run, self.plan, self.hooks, acts, mapped,
+            run, self.plan, read, acts, mapped,
             self._filter.sources(run, tokens_context), self._filter, copy_rows)
 
     # -- what the stream is -------------------------------------------------------

@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from actx.workers.flax import hooks as flax_hooks, model as flax_model
+from actx.workers.model import quantise
 from actx.workers.model import sharding
 
 # The recording of the trace in progress: {id(submodule): {"input": x, "output": y}}.
@@ -76,8 +77,10 @@ class FlaxExtractFn:
             raise ValueError("no hooks to capture")
         self.model, self.hooks, self.mesh = model, tuple(hooks), mesh
         self.hook_names = sorted(h.name for h in self.hooks)
+        # A float8 capture adds each hook's scales, quantised here on the device.
+        self.output_names = quantise.output_names(self.hook_names, dtype)
         self.trace_count = 0
-        out_dtype = jnp.dtype(dtype)
+        out_dtype = quantise.compute_dtype(dtype)
         call = model.call
         hooked_paths = sorted({h.path for h in self.hooks})
 
@@ -113,7 +116,7 @@ class FlaxExtractFn:
                 seen = recording[id(nodes[hook.path])]
                 outs[hook.name] = _as_activation(seen.get(hook.point), hook, "output" in seen, b, t,
                                                  out_dtype)
-            return outs
+            return quantise.quantise_outputs(outs, dtype)
 
         self._extract = extract
         if mesh is None:
@@ -126,7 +129,7 @@ class FlaxExtractFn:
                 extract,
                 in_shardings=(model.state_shardings, self._token_sharding,
                               self._token_sharding, self._token_sharding),
-                out_shardings={name: act for name in self.hook_names})
+                out_shardings={name: act for name in self.output_names})
 
     @property
     def token_sharding(self) -> NamedSharding | None:

@@ -42,6 +42,7 @@ from actx.workers.attention import kv_cache
 from actx.workers.generate import step as generate_step, sampling
 from actx.workers.model import sharding
 from actx.workers.model import decoder as model_lib
+from actx.workers.model import quantise
 from actx.workers.model.checkpoint import TOP_PARAM_AXES
 from actx.workers.generate.config import GenerateConfig, GenerateError
 
@@ -152,7 +153,10 @@ class Generator:
         self._params = model.params
         point_layers = spec.point_layers(cfg.num_layers, capture_lib.router_layers_of(cfg))
         global_points = spec.global_points()
-        out_dtype = jnp.dtype(spec.dtype)
+        out_dtype = quantise.compute_dtype(spec.dtype)
+        # What each step returns: the hooks, and a float8 capture's scales (quantised on
+        # the device, as extraction's step does: workers.model.quantise).
+        self.output_names = quantise.output_names(self.hook_names, spec.dtype)
 
         def run_step(params, head_vd, cache, tokens_bt, start_b, last_b, document_b,
                      sample_b, index_b):
@@ -161,6 +165,7 @@ class Generator:
                 params, generate_step.LMHead(head_vd, head.final_softcap), cfg, cache,
                 tokens_bt, start_b, last_b, point_layers=point_layers,
                 global_points=global_points, out_dtype=out_dtype, attention=self.attention)
+            hooks = quantise.quantise_outputs(hooks, spec.dtype)
             next_b = sampling.choose(
                 logits_bv, temperature=config.temperature, top_k=config.top_k,
                 top_p=config.top_p, seed=config.seed, document_b=document_b,
@@ -202,10 +207,11 @@ class Generator:
             # Every process reads every slot's hooks and sampled token: the same decisions
             # on every host, and each host writes its own rows of any slot's sample.
             everywhere = sharding.replicated(mesh)
-            hooks = {name: everywhere for name in self.hook_names}
+            hooks = {name: everywhere for name in self.output_names}
             next_out = everywhere
         else:
-            hooks = {name: sharding.data_parallel_sharding(mesh, 3) for name in self.hook_names}
+            hooks = {name: sharding.data_parallel_sharding(mesh, 3)
+                     for name in self.output_names}
             next_out = per_slot
         self._step = jax.jit(run_step, donate_argnums=(2,),
                              in_shardings=(params, head, caches) + self._input_shardings,
@@ -328,7 +334,7 @@ class Generator:
         step completed. fed: (slot index, slot, its first position, tokens fed)."""
         hooks = jax.device_get(hooks)
         for i, slot, at, n in fed:
-            for name in self.hook_names:
+            for name in self.output_names:
                 slot.store(name, hooks[name][i, :n], at, self.max_length)
         for slot in done:
             yield slot.finish()

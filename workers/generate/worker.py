@@ -38,6 +38,7 @@ import numpy as np
 from actx.schemas import arc_answer
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
+from actx.schemas import quantised
 from actx.schemas import ts_context
 from actx.workers.loop import admission, faults, runner, schedule
 from actx.workers.model import loaded as loaded_model
@@ -227,8 +228,11 @@ class GenerateWorker(runner.Worker):
         activations at its place, zeros at padding and at unused reserved positions."""
         doc_index, positions = rows["doc_index"], rows["positions"]
         shape = doc_index.shape
-        blocks = {hook: np.zeros(shape + (width,), self.arrays.arrays[hook].dtype.numpy_dtype)
-                  for hook, width in self.loaded.hooks.items()}
+        # Every stored array (a float8 hook's scales too: 1 where nothing was computed,
+        # the scale of a zero row, schemas.quantised).
+        blocks = {name: (np.ones if quantised.is_scale_array(name) else np.zeros)(
+                      shape + tuple(array.shape[2:]), array.dtype.numpy_dtype)
+                  for name, array in self.arrays.arrays.items()}
         ids = np.full(shape, layout.GENERATED_PROMPT, np.int32)
         for i, doc in enumerate(docs):
             sample = samples[i]

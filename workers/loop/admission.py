@@ -16,6 +16,7 @@ from actx.schemas import config as config_lib
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import parallelism
+from actx.schemas import quantised
 from actx.schemas import run_dir
 from actx.schemas import tokenizer_identity
 from actx.workers.attention import kv_cache
@@ -214,7 +215,9 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
     mine = info_lib.ActivationsInfo(fingerprint=spec.fingerprint, dtype=spec.capture.dtype,
                                     hooks=dict(hooks), model_digest=model_digest,
                                     numerics=numerics, hook_dtypes=hook_dtypes,
-                                    architecture=architecture)
+                                    architecture=architecture,
+                                    quantisation_version=quantised.FORMAT_VERSION
+                                    if quantised.is_quantised(spec.capture.dtype) else None)
     if info_lib.create_info(store, mine):
         return
     key = location.join(layout.extraction_key(getattr(store, "name", ""),

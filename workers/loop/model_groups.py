@@ -27,6 +27,9 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
+from actx.schemas import layout
+from actx.schemas import quantised
+
 if TYPE_CHECKING:  # no JAX before a model loads (workers.main imports this module)
     from actx.schemas import manifest as manifest_lib
     from actx.schemas import runspec, worker_options
@@ -64,15 +67,16 @@ class Member(Footprint, Protocol):
 def working_bytes(worker: Footprint) -> int:
     """Device bytes one worker's loop holds beyond its weights, per device: its KV cache
     (long documents) and the outputs of the steps in flight (and the one being handled)."""
-    import numpy as np
-
     from actx.workers.model import sharding
 
     opts, loaded = worker.opts, worker.loaded
     slots = opts.batch_size // max(1, sharding.axis_size(worker.mesh, "batch"))
     seq_len = worker.manifest.seq_len
-    outputs = (slots * seq_len * sum(loaded.hooks.values())
-               * np.dtype(worker.spec.capture.dtype).itemsize * (opts.steps_in_flight + 1))
+    dtype = worker.spec.capture.dtype
+    # A float8 step's outputs: one byte a value and a float32 scale per token and hook.
+    per_token = (sum(loaded.hooks.values()) * layout.ITEMSIZE[dtype]
+                 + (4 * len(loaded.hooks) if quantised.is_quantised(dtype) else 0))
+    outputs = slots * seq_len * per_token * (opts.steps_in_flight + 1)
     cache = (0 if loaded.max_context is None
              else loaded.fn.cache_bytes_per_device(opts.batch_size, seq_len))
     return outputs + cache

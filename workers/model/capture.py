@@ -26,7 +26,7 @@ LAYER_POINTS = DENSE_POINTS + ROUTER_POINTS
 # Names a request may use for several points.
 POINT_ALIASES = {"experts": ("expert_ids", "expert_weights")}
 GLOBAL_POINTS = ("embed", "final_norm")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3")
 
 LayerSel = Union[str, tuple[int, ...]]  # "all" or explicit layer indices
 
@@ -41,7 +41,8 @@ class CaptureSpec:
       `attn_out`, `mlp_out`) apply to every layer in `layers`; `embed` and `final_norm`
       are global.
     layers: "all" or layer indices, for the per-layer points in `hooks`.
-    dtype: dtype of the captured arrays ("float32", "bfloat16" or "float16").
+    dtype: dtype of the captured arrays ("float32", "bfloat16", "float16", or
+      "float8_e4m3": float8 values with one float32 scale per token, schemas.quantised).
     extra: explicit (point, layers) pairs for points whose layer set differs from
       `layers` (what `parse` produces for "layers.0-3.resid_post,layers.5.attn_out").
     transformer_lens: the TransformerLens names `parse` read (schemas.hook_aliases), as

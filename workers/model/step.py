@@ -23,6 +23,7 @@ from actx.workers.attention import dispatch as attention
 from actx.workers.model import capture as capture_lib
 from actx.workers.attention import kv_cache
 from actx.workers.model import decoder as model_lib
+from actx.workers.model import quantise
 from actx.workers.model import sharding
 
 
@@ -39,7 +40,9 @@ class ExtractFn:
     output_memory_kind: where the outputs land: None for device memory, "pinned_host" for
       the host's pinned memory (the device-to-host copy is part of the executable; only
       with a mesh).
-    hook_names: the keys every call returns, sorted.
+    hook_names: the hooks every call returns, sorted.
+    output_names: the keys every call returns, sorted: the hooks, and in a float8 capture
+      each float hook's `<hook>.scale` (the step quantises on the device: workers.model.quantise).
     trace_count: how many times the step was traced (1 per distinct input shape).
     """
 
@@ -57,7 +60,8 @@ class ExtractFn:
         self.trace_count = 0
         point_layers = spec.point_layers(cfg.num_layers, capture_lib.router_layers_of(cfg))
         global_points = spec.global_points()
-        out_dtype = jnp.dtype(spec.dtype)
+        self.output_names = quantise.output_names(self.hook_names, spec.dtype)
+        out_dtype = quantise.compute_dtype(spec.dtype)
         mesh = self.mesh
 
         if mesh is None:
@@ -79,19 +83,21 @@ class ExtractFn:
 
         def extract(params, input_ids_bt, positions_bt, segment_ids_bt):
             self.trace_count += 1  # Python side effect: runs only when tracing
-            return model_lib.forward(
+            outs = model_lib.forward(
                 params, cfg, input_ids_bt, positions_bt, segment_ids_bt,
                 point_layers=point_layers, global_points=global_points,
                 out_dtype=out_dtype, constrain=constrain, attention_impl=attention_impl)
+            return quantise.quantise_outputs(outs, spec.dtype)
 
         def extract_cached(params, input_ids_bt, positions_bt, segment_ids_bt, continues_b,
                            cache):
             self.trace_count += 1
-            return model_lib.forward_cached(
+            outs, cache = model_lib.forward_cached(
                 params, cfg, input_ids_bt, positions_bt, segment_ids_bt, continues_b, cache,
                 max_context=max_context, point_layers=point_layers,
                 global_points=global_points, out_dtype=out_dtype, constrain=constrain,
                 attention_impl=attention_impl, data_shards=data_shards)
+            return quantise.quantise_outputs(outs, spec.dtype), cache
 
         params = model.params
         self._cache_shardings = None
@@ -109,7 +115,7 @@ class ExtractFn:
                 params = jax.device_put(params, param_shardings)
             self._token_sharding = sharding.data_parallel_sharding(mesh, 2)
             act_sharding = self.out_sharding
-            out_shardings = {name: act_sharding for name in self.hook_names}
+            out_shardings = {name: act_sharding for name in self.output_names}
             self._jitted = jax.jit(
                 extract,
                 in_shardings=(param_shardings, self._token_sharding, self._token_sharding,

@@ -21,6 +21,7 @@ import numpy as np
 from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import layout as layout_lib
+from actx.schemas import quantised
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store_errors
 from actx.schemas import ts_context
@@ -48,16 +49,19 @@ class ActivationArrays:
     def __init__(self, run: uri_lib.Location, hooks: dict[str, int], total_rows: int,
                  seq_len: int, dtype: str, layout: runspec_lib.LayoutSpec,
                  hook_dtypes: dict[str, str] | None = None):
-        """hook_dtypes: hook -> its dtype where it is not `dtype` (int32 expert ids)."""
+        """hook_dtypes: hook -> its dtype where it is not `dtype` (int32 expert ids). A
+        float8 `dtype` adds each float8 hook's scale array (schemas.quantised)."""
         self.layout = layout
         self.run = run
         self.arrays = {}
-        # Each hook's stored dtype, as commit markers record it.
-        self.dtypes = {hook: (hook_dtypes or {}).get(hook, dtype) for hook in hooks}
-        for hook, hidden in sorted(hooks.items()):
-            spec = layout_lib.activation_array(hook, total_rows, seq_len, hidden,
-                                               (hook_dtypes or {}).get(hook, dtype), layout)
-            self.arrays[hook] = ts_context.open_array(spec.spec(run, create=True))
+        stored = quantised.stored_arrays(
+            hooks, {hook: (hook_dtypes or {}).get(hook, dtype) for hook in hooks})
+        # Each array's stored data type, as commit markers record it.
+        self.dtypes = {name: array_dtype for name, (_, array_dtype) in stored.items()}
+        for name, (width, array_dtype) in sorted(stored.items()):
+            spec = layout_lib.activation_array(name, total_rows, seq_len, width, array_dtype,
+                                               layout)
+            self.arrays[name] = ts_context.open_array(spec.spec(run, create=True))
 
 
 class PartitionWriter:

@@ -1,0 +1,163 @@
+"""Float8 activations with one float32 scale per stored token: the format's one definition.
+
+A hook captured as `float8_e4m3` is stored as two arrays of the same shard layout: its
+values, zarr data type "float8_e4m3fn" [rows, seq_len, hidden], and its scales
+`<hook>.scale`, float32 [rows, seq_len, 1]. A token's value is `values * scale`, where the
+scale is the token's absmax over the hidden axis divided by e4m3's largest finite value
+(448), so the largest value of each token is stored exactly at the top of the range. A row
+whose absmax is 0 (padding, a hook that is zero there) gets scale 1 and stays zero.
+
+Why e4m3 with per-token scales, not e5m2 nor per-block scales: bench/quantised_sae.py
+(bench/RESULTS.md, "Float8 activations"). Both arrays are written by the same writer,
+checksummed in the same commit marker and checked by `actx verify`.
+
+numpy and ml_dtypes are imported where used: status reads dtypes without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# Counts changes to the scales' format (activations/actx.json's quantisation_version).
+FORMAT_VERSION = 1
+SCALE_SUFFIX = ".scale"
+SCALE_DTYPE = "float32"
+# What a reader hands over from a quantised hook: the dequantised values, in one of these.
+READ_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8Format:
+    """A capture dtype stored as float8 values with per-token scales.
+
+    stored: the zarr v3 / tensorstore / ml_dtypes name of the values' data type.
+    max_finite: the type's largest finite value, which a token's absmax maps to.
+    max_relative_error: the largest relative rounding error of a normal value (half a unit
+      in the last place of its 3 or 2 mantissa bits); a token's relative L2 error is below it.
+    """
+
+    stored: str
+    max_finite: float
+    max_relative_error: float
+
+
+# The capture dtypes that store float8 (run.json's `capture.dtype`). e4m3's "fn" variant
+# has no infinities, which buys the range up to 448.
+FORMATS = {"float8_e4m3": Float8Format("float8_e4m3fn", 448.0, 2.0 ** -4)}
+
+
+def is_quantised(dtype: str) -> bool:
+    """Whether a capture dtype or a stored data type is a float8 format."""
+    return dtype in FORMATS or any(f.stored == dtype for f in FORMATS.values())
+
+
+def stored_dtype(dtype: str) -> str:
+    """The data type an array of capture dtype `dtype` is stored in (itself, except float8
+    capture dtypes: their zarr name)."""
+    return FORMATS[dtype].stored if dtype in FORMATS else dtype
+
+
+def format_of(dtype: str) -> Float8Format:
+    """The float8 format of a capture dtype or stored data type."""
+    for name, fmt in FORMATS.items():
+        if dtype in (name, fmt.stored):
+            return fmt
+    raise ValueError(f"{dtype!r} is not a float8 format (known: {', '.join(FORMATS)})")
+
+
+def scale_array(hook: str) -> str:
+    """The name of the array holding a quantised hook's per-token scales."""
+    return hook + SCALE_SUFFIX
+
+
+def is_scale_array(name: str) -> bool:
+    return name.endswith(SCALE_SUFFIX)
+
+
+def stored_arrays(hooks: dict[str, int], dtypes: dict[str, str]) -> dict[str, tuple[int, str]]:
+    """Every array stored for `hooks` (name -> last axis) whose stored data types are
+    `dtypes`: name -> (last axis, data type), a float8 hook's scale array included."""
+    arrays = {}
+    for hook, width in hooks.items():
+        dtype = stored_dtype(dtypes[hook])
+        arrays[hook] = (width, dtype)
+        if is_quantised(dtype):
+            arrays[scale_array(hook)] = (1, SCALE_DTYPE)
+    return arrays
+
+
+def read_dtype(asked: str | None, where: str = "") -> str:
+    """What a reader returns from a quantised hook when asked for `asked` (None: float32);
+    a float8 or other dtype it cannot give is refused by name (ValueError)."""
+    if asked is None:
+        return "float32"
+    import numpy as np
+
+    name = np.dtype(asked).name if not isinstance(asked, str) else asked
+    if name not in READ_DTYPES:
+        raise ValueError(f"{where}dtype={asked!r}: a float8 run's activations are read "
+                         f"dequantised, as {' or '.join(READ_DTYPES)}; ask for one of those "
+                         f"(to read the stored float8 values and scales themselves, open "
+                         f"the arrays with zarr-python: docs/reading.md, \"Float8 runs\")")
+    return name
+
+
+def dequantise(values: "np.ndarray", scale: "np.ndarray", dtype: str = "float32",
+               out: "np.ndarray | None" = None) -> "np.ndarray":
+    """values [..., hidden] (float8) times scale [..., 1] (float32), in `dtype` (float32 or
+    bfloat16; the product is computed in float32 and rounded once); into `out` (of that
+    dtype and values' shape) when given."""
+    import numpy as np
+
+    # A float8 value is one of 256: a table lookup turns them into float32 several times
+    # faster than ml_dtypes' cast, with the same values.
+    direct = out is not None and dtype == "float32"
+    if is_quantised(values.dtype.name):
+        product = np.take(_float32_table(values.dtype.name), values.view(np.uint8),
+                          out=out if direct else None)
+        np.multiply(product, scale, out=product)
+    else:
+        product = np.multiply(values, scale, dtype=np.float32, out=out if direct else None)
+    if dtype == "float32":
+        return product
+    import ml_dtypes
+
+    wanted = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    if out is None:
+        return product.astype(wanted)
+    out[...] = product
+    return out
+
+
+_TABLES: dict = {}
+
+
+def _float32_table(stored: str) -> "np.ndarray":
+    """float32 [256]: the value of each byte of a float8 type."""
+    if stored not in _TABLES:
+        import ml_dtypes
+        import numpy as np
+
+        _TABLES[stored] = np.arange(256, dtype=np.uint8).view(
+            getattr(ml_dtypes, stored)).astype(np.float32)
+    return _TABLES[stored]
+
+
+def quantise(values: "np.ndarray", dtype: str = "float8_e4m3") -> tuple["np.ndarray", "np.ndarray"]:
+    """numpy's quantisation of values [..., hidden]: (float8 values, float32 scales
+    [..., 1]), the rule the workers apply on the accelerator (workers.model.quantise); for
+    benches and for writers that hold their values on the host."""
+    import ml_dtypes
+    import numpy as np
+
+    fmt = format_of(dtype)
+    x = np.asarray(values, np.float32)
+    absmax = np.max(np.abs(x), axis=-1, keepdims=True)
+    scale = np.where(absmax > 0, absmax * np.float32(1 / fmt.max_finite), np.float32(1)
+                     ).astype(np.float32)
+    scaled = np.clip(x / scale, -fmt.max_finite, fmt.max_finite)
+    return scaled.astype(getattr(ml_dtypes, fmt.stored)), scale
