@@ -114,11 +114,11 @@ def dequantise(values: "np.ndarray", scale: "np.ndarray", dtype: str = "float32"
     import numpy as np
 
     # A float8 value is one of 256: a table lookup turns them into float32 several times
-    # faster than ml_dtypes' cast, with the same values.
+    # faster than ml_dtypes' cast, with the same values (`_lookup`).
     direct = out is not None and dtype == "float32"
     if is_quantised(values.dtype.name):
-        product = np.take(_float32_table(values.dtype.name), values.view(np.uint8),
-                          out=out if direct else None)
+        product = out if direct else np.empty(values.shape, np.float32)
+        _lookup(values, product)
         np.multiply(product, scale, out=product)
     else:
         product = np.multiply(values, scale, dtype=np.float32, out=out if direct else None)
@@ -128,15 +128,51 @@ def dequantise(values: "np.ndarray", scale: "np.ndarray", dtype: str = "float32"
 
     wanted = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     if out is None:
-        return product.astype(wanted)
-    out[...] = product
+        out = np.empty(product.shape, wanted)
+    if wanted == np.dtype(ml_dtypes.bfloat16) and product.flags.c_contiguous:
+        _round_to_bfloat16(product, out)
+    else:
+        out[...] = product
     return out
+
+
+def _round_to_bfloat16(product: "np.ndarray", out: "np.ndarray") -> None:
+    """out[...] = float32 `product` rounded to bfloat16 to nearest even, bit for bit
+    ml_dtypes' cast (NaN kept, quieted) in integer arithmetic: half the time of the cast."""
+    import numpy as np
+
+    bits = product.view(np.uint32)
+    rounded = bits >> 16
+    np.bitwise_and(rounded, 1, out=rounded)
+    rounded += bits
+    rounded += 0x7FFF
+    np.right_shift(rounded, 16, out=out.view(np.uint16), casting="unsafe")
+    nan = np.isnan(product)
+    if nan.any():  # rounding would carry out of a NaN's mantissa
+        out.view(np.uint16)[nan] = (bits[nan] >> 16) | 0x40
+
+
+def _lookup(values: "np.ndarray", into: "np.ndarray") -> None:
+    """into[...] = the float32 value of each float8 of `values` (same shape). Two bytes
+    at a time where the rows hold an even number of values: numpy's take converts each
+    index to a pointer-sized integer first, so one index per pair of values (a 65,536-entry
+    table of pairs, 512 KiB) halves that and measured 2.5x faster than one per value."""
+    import numpy as np
+
+    stored, raw = values.dtype.name, values.view(np.uint8) if values.ndim else values
+    if (values.ndim and values.shape[-1] % 2 == 0 and values.flags.c_contiguous
+            and into.flags.c_contiguous):
+        pairs = raw.view(np.uint16)
+        np.take(_pair_table(stored), pairs, axis=0, out=into.reshape(*pairs.shape, 2),
+                mode="clip")  # in range by construction; "raise" takes a temporary first
+    else:
+        np.take(float32_table(stored), raw.view(np.uint8), out=into, mode="clip")
 
 
 _TABLES: dict = {}
 
 
-def _float32_table(stored: str) -> "np.ndarray":
+def float32_table(stored: str) -> "np.ndarray":
     """float32 [256]: the value of each byte of a float8 type."""
     if stored not in _TABLES:
         import ml_dtypes
@@ -145,6 +181,18 @@ def _float32_table(stored: str) -> "np.ndarray":
         _TABLES[stored] = np.arange(256, dtype=np.uint8).view(
             getattr(ml_dtypes, stored)).astype(np.float32)
     return _TABLES[stored]
+
+
+def _pair_table(stored: str) -> "np.ndarray":
+    """float32 [65536, 2]: the values of each pair of bytes of a float8 type, indexed by the
+    pair read as a native uint16."""
+    key = (stored, "pairs")
+    if key not in _TABLES:
+        import numpy as np
+
+        pairs = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+        _TABLES[key] = float32_table(stored)[pairs]
+    return _TABLES[key]
 
 
 def quantise(values: "np.ndarray", dtype: str = "float8_e4m3") -> tuple["np.ndarray", "np.ndarray"]:
