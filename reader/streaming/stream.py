@@ -209,9 +209,17 @@ class ShuffledStream:
         copy_rows, why = (row_copy.kernel() if reads.native_copy
                           else (None, "native_copy=False"))
         self.copy_path = why if copy_rows is not None else f"numpy: {why}"
+        # The native copy dequantises a float8 hook on the way into the batch (one pass,
+        # on the copy threads); JAX batches without normalisation keep its bytes and
+        # scales, multiplied on the device (formats.hand_over: half the bytes to copy).
+        on_device = self.framework == "jax" and not self.normalizers
+        self.dequantised_in_copy = tuple(
+            h for h in self.hooks if copy_rows is not None and not on_device
+            and run.hook(h).quantised)
         return stream_buffers.BufferReader(
             run, self.plan, read, acts, mapped,
-            self._filter.sources(run, tokens_context), self._filter, copy_rows)
+            self._filter.sources(run, tokens_context), self._filter, copy_rows,
+            {h: self.dtype for h in self.dequantised_in_copy})
 
     # -- what the stream is -------------------------------------------------------
 
