@@ -87,16 +87,14 @@ void actx_dequantise_rows(const uint8_t *src, const int64_t *src_rows, const flo
           _mm_stream_ps((float *)to + k + 4, hi);
           continue;
         }
-        /* Round to nearest even, then keep the top 16 bits (NaN: quieted, as above). */
+        /* Round to nearest even, then keep the top 16 bits. No NaN test (it cost 70 % more
+           time): a NaN here is the table's, 0x7fc00000 with its sign (e4m3fn bytes 0x7f,
+           0xff), whose payload the multiplication keeps; rounding leaves it 0x7fc0, what
+           ml_dtypes gives (the self-check on load covers those bytes). */
         const __m128i one = _mm_set1_epi32(1), half = _mm_set1_epi32(0x7fff);
         __m128i l = _mm_castps_si128(lo), h = _mm_castps_si128(hi);
-        const __m128i nan_l = _mm_castps_si128(_mm_cmpunord_ps(lo, lo));
-        const __m128i nan_h = _mm_castps_si128(_mm_cmpunord_ps(hi, hi));
         __m128i rl = _mm_add_epi32(_mm_add_epi32(l, half), _mm_and_si128(_mm_srli_epi32(l, 16), one));
         __m128i rh = _mm_add_epi32(_mm_add_epi32(h, half), _mm_and_si128(_mm_srli_epi32(h, 16), one));
-        const __m128i quiet = _mm_set1_epi32(0x00400000);
-        rl = _mm_or_si128(_mm_andnot_si128(nan_l, rl), _mm_and_si128(nan_l, _mm_or_si128(l, quiet)));
-        rh = _mm_or_si128(_mm_andnot_si128(nan_h, rh), _mm_and_si128(nan_h, _mm_or_si128(h, quiet)));
         /* The top halves, sign-extended so that the signed saturating pack keeps them. */
         rl = _mm_srai_epi32(rl, 16);
         rh = _mm_srai_epi32(rh, 16);
