@@ -113,40 +113,78 @@ def dequantise(values: "np.ndarray", scale: "np.ndarray", dtype: str = "float32"
     dtype and values' shape) when given."""
     import numpy as np
 
+    if out is None:
+        out = np.empty(values.shape, _numpy_dtype(dtype))
+    if (is_quantised(values.dtype.name) and values.ndim and values.flags.c_contiguous
+            and out.flags.c_contiguous and dtype in READ_DTYPES):
+        _dequantise_in_pieces(values, scale, dtype, out)
+        return out
     # A float8 value is one of 256: a table lookup turns them into float32 several times
     # faster than ml_dtypes' cast, with the same values (`_lookup`).
-    direct = out is not None and dtype == "float32"
     if is_quantised(values.dtype.name):
-        product = out if direct else np.empty(values.shape, np.float32)
+        product = out if dtype == "float32" else np.empty(values.shape, np.float32)
         _lookup(values, product)
         np.multiply(product, scale, out=product)
     else:
-        product = np.multiply(values, scale, dtype=np.float32, out=out if direct else None)
-    if dtype == "float32":
-        return product
-    import ml_dtypes
-
-    wanted = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-    if out is None:
-        out = np.empty(product.shape, wanted)
-    if wanted == np.dtype(ml_dtypes.bfloat16) and product.flags.c_contiguous:
-        _round_to_bfloat16(product, out)
-    else:
+        product = np.multiply(values, scale, dtype=np.float32,
+                              out=out if dtype == "float32" else None)
+    if product is not out:
         out[...] = product
     return out
 
 
-def _round_to_bfloat16(product: "np.ndarray", out: "np.ndarray") -> None:
+def _numpy_dtype(dtype: str) -> "np.dtype":
+    import numpy as np
+
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+# Values per piece of `_dequantise_in_pieces`: its scratch arrays (256 KiB of float32 and
+# as much of uint32) stay in the core's cache, and no piece allocates fresh pages.
+_PIECE_VALUES = 1 << 16
+
+
+def _dequantise_in_pieces(values: "np.ndarray", scale: "np.ndarray", dtype: str,
+                          out: "np.ndarray") -> None:
+    """`dequantise` of C-contiguous float8 `values` into C-contiguous `out`, a few rows at a
+    time through reused scratch arrays: numpy's passes (lookup, multiply, rounding) over a
+    whole batch each allocated and faulted in fresh memory and read it back from RAM."""
+    import numpy as np
+
+    hidden = values.shape[-1]
+    rows = values.reshape(-1, hidden)
+    scales = np.broadcast_to(scale, values.shape[:-1] + (1,)).reshape(-1, 1)
+    into = out.reshape(-1, hidden)
+    step = max(1, _PIECE_VALUES // max(1, hidden))
+    product = None if dtype == "float32" else np.empty((min(step, len(rows)), hidden),
+                                                      np.float32)
+    scratch = None if product is None else np.empty(product.shape, np.uint32)
+    for lo in range(0, len(rows), step):
+        hi = min(lo + step, len(rows))
+        piece = into[lo:hi] if product is None else product[:hi - lo]
+        _lookup(rows[lo:hi], piece)
+        np.multiply(piece, scales[lo:hi], out=piece)
+        if product is not None:
+            _round_to_bfloat16(piece, into[lo:hi], scratch[:hi - lo])
+
+
+def _round_to_bfloat16(product: "np.ndarray", out: "np.ndarray",
+                       scratch: "np.ndarray") -> None:
     """out[...] = float32 `product` rounded to bfloat16 to nearest even, bit for bit
-    ml_dtypes' cast (NaN kept, quieted) in integer arithmetic: half the time of the cast."""
+    ml_dtypes' cast (NaN kept, quieted), in integer arithmetic through `scratch` (uint32,
+    product's shape): half the time of the cast."""
     import numpy as np
 
     bits = product.view(np.uint32)
-    rounded = bits >> 16
-    np.bitwise_and(rounded, 1, out=rounded)
-    rounded += bits
-    rounded += 0x7FFF
-    np.right_shift(rounded, 16, out=out.view(np.uint16), casting="unsafe")
+    np.right_shift(bits, 16, out=scratch)
+    np.bitwise_and(scratch, 1, out=scratch)
+    scratch += bits
+    scratch += 0x7FFF
+    np.right_shift(scratch, 16, out=out.view(np.uint16), casting="unsafe")
     nan = np.isnan(product)
     if nan.any():  # rounding would carry out of a NaN's mantissa
         out.view(np.uint16)[nan] = (bits[nan] >> 16) | 0x40
