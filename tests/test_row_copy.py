@@ -247,3 +247,22 @@ def test_jax_batches_keep_float8_for_the_device(tmp_path):
     run = reader.open_run(truth.uri)
     with run.stream("embed", 8, buffer_tokens=4 * T, block_rows=2, framework="jax") as s:
         assert s.dequantised_in_copy == ()
+
+
+def test_a_float8_kernel_that_rounds_wrong_is_refused():
+    """bfloat16 truncated instead of rounded to nearest even: refused by the load check."""
+    from actx.schemas import quantised
+
+    def truncating(src, rows, addresses, scales, scale_rows, stored, bfloat16):
+        for r, a, s in zip(rows, addresses, scale_rows):
+            product = quantised.dequantise(src[r:r + 1], scales[s:s + 1])[0]
+            if bfloat16:
+                product = (product.view(np.uint32) >> 16).astype(np.uint16)
+            np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * product.nbytes).from_address(
+                int(a)))[:] = product.view(np.uint8)
+
+    assert "self-check failed (float8 float8_e4m3fn as bfloat16" in \
+        row_copy._self_check_dequantise(truncating)
+    dequantise_rows, why = row_copy.dequantise_kernel()
+    if dequantise_rows is not None:
+        assert row_copy._self_check_dequantise(dequantise_rows) == ""
