@@ -113,30 +113,104 @@ def dequantise(values: "np.ndarray", scale: "np.ndarray", dtype: str = "float32"
     dtype and values' shape) when given."""
     import numpy as np
 
+    if out is None:
+        out = np.empty(values.shape, _numpy_dtype(dtype))
+    if (is_quantised(values.dtype.name) and values.ndim and values.flags.c_contiguous
+            and out.flags.c_contiguous and dtype in READ_DTYPES):
+        _dequantise_in_pieces(values, scale, dtype, out)
+        return out
     # A float8 value is one of 256: a table lookup turns them into float32 several times
-    # faster than ml_dtypes' cast, with the same values.
-    direct = out is not None and dtype == "float32"
+    # faster than ml_dtypes' cast, with the same values (`_lookup`).
     if is_quantised(values.dtype.name):
-        product = np.take(_float32_table(values.dtype.name), values.view(np.uint8),
-                          out=out if direct else None)
+        product = out if dtype == "float32" else np.empty(values.shape, np.float32)
+        _lookup(values, product)
         np.multiply(product, scale, out=product)
     else:
-        product = np.multiply(values, scale, dtype=np.float32, out=out if direct else None)
-    if dtype == "float32":
-        return product
-    import ml_dtypes
-
-    wanted = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-    if out is None:
-        return product.astype(wanted)
-    out[...] = product
+        product = np.multiply(values, scale, dtype=np.float32,
+                              out=out if dtype == "float32" else None)
+    if product is not out:
+        out[...] = product
     return out
+
+
+def _numpy_dtype(dtype: str) -> "np.dtype":
+    import numpy as np
+
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+# Values per piece of `_dequantise_in_pieces`: its scratch arrays (256 KiB of float32 and
+# as much of uint32) stay in the core's cache, and no piece allocates fresh pages.
+_PIECE_VALUES = 1 << 16
+
+
+def _dequantise_in_pieces(values: "np.ndarray", scale: "np.ndarray", dtype: str,
+                          out: "np.ndarray") -> None:
+    """`dequantise` of C-contiguous float8 `values` into C-contiguous `out`, a few rows at a
+    time through reused scratch arrays: numpy's passes (lookup, multiply, rounding) over a
+    whole batch each allocated and faulted in fresh memory and read it back from RAM."""
+    import numpy as np
+
+    hidden = values.shape[-1]
+    rows = values.reshape(-1, hidden)
+    scales = np.broadcast_to(scale, values.shape[:-1] + (1,)).reshape(-1, 1)
+    into = out.reshape(-1, hidden)
+    step = max(1, _PIECE_VALUES // max(1, hidden))
+    product = None if dtype == "float32" else np.empty((min(step, len(rows)), hidden),
+                                                      np.float32)
+    scratch = None if product is None else np.empty(product.shape, np.uint32)
+    for lo in range(0, len(rows), step):
+        hi = min(lo + step, len(rows))
+        piece = into[lo:hi] if product is None else product[:hi - lo]
+        _lookup(rows[lo:hi], piece)
+        np.multiply(piece, scales[lo:hi], out=piece)
+        if product is not None:
+            _round_to_bfloat16(piece, into[lo:hi], scratch[:hi - lo])
+
+
+def _round_to_bfloat16(product: "np.ndarray", out: "np.ndarray",
+                       scratch: "np.ndarray") -> None:
+    """out[...] = float32 `product` rounded to bfloat16 to nearest even, bit for bit
+    ml_dtypes' cast (NaN kept, quieted), in integer arithmetic through `scratch` (uint32,
+    product's shape): half the time of the cast."""
+    import numpy as np
+
+    bits = product.view(np.uint32)
+    np.right_shift(bits, 16, out=scratch)
+    np.bitwise_and(scratch, 1, out=scratch)
+    scratch += bits
+    scratch += 0x7FFF
+    np.right_shift(scratch, 16, out=out.view(np.uint16), casting="unsafe")
+    nan = np.isnan(product)
+    if nan.any():  # rounding would carry out of a NaN's mantissa
+        out.view(np.uint16)[nan] = (bits[nan] >> 16) | 0x40
+
+
+def _lookup(values: "np.ndarray", into: "np.ndarray") -> None:
+    """into[...] = the float32 value of each float8 of `values` (same shape). Two bytes
+    at a time where the rows hold an even number of values: numpy's take converts each
+    index to a pointer-sized integer first, so one index per pair of values (a 65,536-entry
+    table of pairs, 512 KiB) halves that and measured 2.5x faster than one per value."""
+    import numpy as np
+
+    stored, raw = values.dtype.name, values.view(np.uint8) if values.ndim else values
+    if (values.ndim and values.shape[-1] % 2 == 0 and values.flags.c_contiguous
+            and into.flags.c_contiguous):
+        pairs = raw.view(np.uint16)
+        np.take(_pair_table(stored), pairs, axis=0, out=into.reshape(*pairs.shape, 2),
+                mode="clip")  # in range by construction; "raise" takes a temporary first
+    else:
+        np.take(float32_table(stored), raw.view(np.uint8), out=into, mode="clip")
 
 
 _TABLES: dict = {}
 
 
-def _float32_table(stored: str) -> "np.ndarray":
+def float32_table(stored: str) -> "np.ndarray":
     """float32 [256]: the value of each byte of a float8 type."""
     if stored not in _TABLES:
         import ml_dtypes
@@ -145,6 +219,18 @@ def _float32_table(stored: str) -> "np.ndarray":
         _TABLES[stored] = np.arange(256, dtype=np.uint8).view(
             getattr(ml_dtypes, stored)).astype(np.float32)
     return _TABLES[stored]
+
+
+def _pair_table(stored: str) -> "np.ndarray":
+    """float32 [65536, 2]: the values of each pair of bytes of a float8 type, indexed by the
+    pair read as a native uint16."""
+    key = (stored, "pairs")
+    if key not in _TABLES:
+        import numpy as np
+
+        pairs = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+        _TABLES[key] = float32_table(stored)[pairs]
+    return _TABLES[key]
 
 
 def quantise(values: "np.ndarray", dtype: str = "float8_e4m3") -> tuple["np.ndarray", "np.ndarray"]:

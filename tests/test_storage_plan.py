@@ -76,6 +76,48 @@ def test_a_slice_gets_its_hosts_requests_and_price(tpu_config):
     assert "at list prices (our contract;" in said
 
 
+def test_a_float8_run_counts_its_scale_arrays_objects_and_bytes(tpu_config):
+    """The same job captured as float8_e4m3: each hook's values at one byte a value, plus
+    its `<hook>.scale` array (float32, one a token) as objects and bytes of their own, as
+    schemas.quantised stores them."""
+    path, args = tpu_config
+    base = _said(["submit", path, "--dry-run", "--estimate"])
+    said = _said(["submit", path, "--dry-run", "--estimate", "--set",
+                  "spec.capture.dtype=float8_e4m3"])
+    rows = _int(re.search(r"tokens: [\d,]+ in ([\d,]+) rows", said).group(1))
+    seq_len = _int(re.search(r"tokens: [\d,]+ in [\d,]+ rows of ([\d,]+)", said).group(1))
+    arrays = {name: (width, dtype) for name, width, dtype
+              in re.findall(r"#   (\S+): \[[\d,]+, [\d,]+, (\d+)\] (\w+) = ", said)}
+    hooks = [h for h in arrays if not h.endswith(".scale")]
+    assert len(hooks) == 2 and sorted(arrays) == sorted(hooks + [h + ".scale" for h in hooks])
+    for h in hooks:
+        assert arrays[h][1] == "float8_e4m3fn" and arrays[h + ".scale"] == ("1", "float32")
+    shards = math.ceil(rows / args.rows_per_shard)
+    # Four arrays (2 hooks' values, 2 scale arrays): one object per shard each, written once.
+    assert f"#   shards: {4 * shards:,} writes" in said, said
+    assert f"#   shards: {2 * shards:,} writes" in base, base
+
+    def storage(text: str) -> tuple[int, str]:
+        got = re.search(r"# storage: ([\d,]+) objects, (.+?) of activations uncompressed", text)
+        return _int(got.group(1)), got.group(2)
+
+    objects, size = storage(said)
+    base_objects, _ = storage(base)
+    # Each scale array adds its shards and its zarr.json (the metadata written once).
+    assert objects == base_objects + 2 * (shards + 1)
+    values = rows * seq_len * sum(int(arrays[h][0]) for h in hooks)  # one byte a value
+    scales = 2 * rows * seq_len * 4  # one float32 a token and hook
+    number, unit = size.split()
+    scale = 1000 ** ["B", "KB", "MB", "GB", "TB"].index(unit)
+    assert abs(float(number.replace(",", "")) * scale - (values + scales)) <= 0.05 * scale
+
+    def metadata_writes(text: str) -> int:
+        return _int(re.search(r"#   metadata: [\d,]+ reads, ([\d,]+) writes", text).group(1))
+
+    # Every host writes each array's zarr.json create-only: 4 hosts x 2 more arrays.
+    assert metadata_writes(said) == metadata_writes(base) + 4 * 2
+
+
 def _job(**changes) -> storage_plan.Job:
     base = dict(rows=1_000_000, partitions=10_000, seq_len=1024,
                 hook_bytes_per_row={"h0": 1024 * 896 * 2}, rows_per_shard=8,

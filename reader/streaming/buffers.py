@@ -19,11 +19,13 @@ import tensorstore as ts
 
 from actx.reader.streaming import blocks as blocks_lib
 from actx.reader.streaming import gather as gather_lib
+from actx.reader import formats
 from actx.reader import masks as masks_lib
 from actx.reader.storage import read_window
 from actx.reader import snapshot
 from actx.reader.errors import ReaderError
 from actx.schemas import advice
+from actx.schemas import quantised
 
 
 @dataclasses.dataclass
@@ -64,15 +66,36 @@ class BufferReader:
     acts: hook -> its activation array (opened in the stream's read context); mapped:
     hook -> reader.storage.mapped_hook.MappedHook for the hooks read from mapped shard files;
     tokens: the token arrays the filter needs (segment_ids, input_ids, ...);
-    copy_rows: reader.storage.row_copy's kernel, or None for numpy's gather.
+    copy_rows: reader.storage.row_copy's kernel, or None for numpy's gather;
+    dequantised: float8 hook -> the dtype (float32 or bfloat16) the native copy writes it
+    into the batch in, dequantised with its scales (read as `<hook>.scale`, which then
+    does not go into the batch); the other float8 hooks go into it as stored.
     """
 
     def __init__(self, run: snapshot.RunSnapshot, plan: blocks_lib.StreamPlan,
                  hooks: tuple[str, ...], acts: dict, mapped: dict, tokens: list,
-                 token_filter: masks_lib.TokenFilter, copy_rows: Callable | None):
+                 token_filter: masks_lib.TokenFilter, copy_rows: Callable | None,
+                 dequantised: dict[str, str] | None = None):
         self.run, self.plan, self.hooks = run, plan, hooks
         self.acts, self.mapped, self.tokens = acts, mapped, tokens
         self.token_filter, self.copy_rows = token_filter, copy_rows
+        self.dequantised = dequantised or {}
+        if self.dequantised and copy_rows is None:
+            raise ValueError("dequantising in the copy needs the native row copy")
+        self._scale_of = {quantised.scale_array(h): h for h in self.dequantised}
+
+    def batch_arrays(self, sources: dict) -> dict[str, tuple[int, np.dtype]]:
+        """What a batch holds of a buffer's `sources` (hook -> (source, row_of)): hook ->
+        (values per token, dtype); a hook dequantised in the copy in its read dtype, its
+        scales not at all."""
+        arrays = {}
+        for h, (source, _) in sources.items():
+            if h in self._scale_of:
+                continue
+            dtype = (formats.numpy_dtype(self.dequantised[h]) if h in self.dequantised
+                     else source.dtype)
+            arrays[h] = (source.shape[1], dtype)
+        return arrays
 
     def new_slot(self) -> dict[str, np.ndarray]:
         return {h: np.empty((self.plan.buffer_rows, self.run.seq_len, a.shape[2]),
@@ -179,11 +202,23 @@ class BufferReader:
         piece_of = np.repeat(np.arange(len(pieces)), lengths)  # of each stream index
         row_in_batch = np.arange(hi - lo, dtype=np.int64) - np.repeat(first, lengths) + \
             np.repeat(np.array([fill for _, _, _, fill in pieces], np.int64), lengths)
+        def source_rows(h: str) -> np.ndarray:
+            return order.valid_rows[h] if used is None else order.valid_rows[h][used]
+
         for h, (source, _) in loaded.sources.items():
-            row_bytes = source.shape[1] * source.itemsize
+            if h in self._scale_of:  # applied in its hook's copy
+                continue
+            row_bytes = source.shape[1] * pieces[0][2].acts[h].itemsize  # as the batch holds it
             bases = np.array([batch.acts[h].ctypes.data for _, _, batch, _ in pieces],
                              np.int64)
             address = (bases[piece_of] + row_in_batch * row_bytes)[at]
-            rows = order.valid_rows[h] if used is None else order.valid_rows[h][used]
-            copies += gather.submit_rows(self.copy_rows, source, rows, address)
+            if h in self.dequantised:
+                scales, _ = loaded.sources[quantised.scale_array(h)]
+                copies += gather.submit_dequantise(
+                    self.copy_rows.dequantise_rows, source, source_rows(h), address,
+                    scales, source_rows(quantised.scale_array(h)), source.dtype.name,
+                    self.dequantised[h] == "bfloat16")
+                continue
+            copies += gather.submit_rows(self.copy_rows, source, source_rows(h), address)
         return copies
+

@@ -63,17 +63,28 @@ class Gather:
         memory behind them must stay alive until the returned futures are done)."""
         return self._in_tasks(copy_rows, src, rows, addresses, NATIVE_ROWS_PER_TASK)
 
+    def submit_dequantise(self, dequantise_rows, src: np.ndarray, rows: np.ndarray,
+                          addresses: np.ndarray, scales: np.ndarray, scale_rows: np.ndarray,
+                          stored: str, bfloat16: bool) -> list[concurrent.futures.Future]:
+        """Starts reader.storage.row_copy's float8 kernel: row rows[i] of the float8 `src`
+        times scales[scale_rows[i]] to addresses[i], as float32 or bfloat16."""
+        def copy(src, rows, addresses, scale_rows):
+            dequantise_rows(src, rows, addresses, scales, scale_rows, stored, bfloat16)
+
+        return self._in_tasks(copy, src, rows, addresses, NATIVE_ROWS_PER_TASK, scale_rows)
+
     def _in_tasks(self, copy, src: np.ndarray, first: np.ndarray, second: np.ndarray,
-                  rows_per_task: int) -> list[concurrent.futures.Future]:
-        """copy(src, first, second) split into even tasks of at most rows_per_task rows
-        over the pool (on this thread when there is no pool)."""
+                  rows_per_task: int, *more: np.ndarray) -> list[concurrent.futures.Future]:
+        """copy(src, first, second, *more) split into even tasks of at most rows_per_task
+        rows (of first, second and each of `more` alike) over the pool (on this thread
+        when there is no pool)."""
         if self._pool is None:
-            copy(src, first, second)
+            copy(src, first, second, *more)
             return []
         n = len(first)
         parts = max(1, -(-n // rows_per_task))
         cuts = [n * i // parts for i in range(parts + 1)]  # even parts
-        return [self._pool.submit(copy, src, first[a:b], second[a:b])
+        return [self._pool.submit(copy, src, first[a:b], second[a:b], *(m[a:b] for m in more))
                 for a, b in zip(cuts[:-1], cuts[1:])]
 
     def close(self) -> None:

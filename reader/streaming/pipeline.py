@@ -126,8 +126,8 @@ class BufferPipeline:
             if self.out is None:
                 n = plan.batch_tokens(self.step)
                 self.out = Batch(self.step, epoch,
-                                 {h: self.pool.empty((n, f.shape[1]), f.dtype)
-                                  for h, (f, _) in loaded.sources.items()},
+                                 {h: self.pool.empty((n, width), dtype) for h, (width, dtype)
+                                  in self.buffers.batch_arrays(loaded.sources).items()},
                                  np.empty(n, np.int64), np.empty(n, np.int64),
                                  np.empty(n, np.int32))
             out, fill = self.out, self.fill

@@ -92,7 +92,10 @@ class ReadOptions:
       else is decoded by tensorstore. `read_paths` says which each hook got, and why.
     native_copy: copy tokens into batches with reader.storage.row_copy's C kernel (each buffer read
       in order, its rows scattered into the batches) where it was built at install, else
-      with numpy's gather; `copy_path` says which, and why. The bytes are the same.
+      with numpy's gather; `copy_path` says which, and why. The bytes are the same. The C
+      kernel also dequantises a float8 hook on the way (`dequantised_in_copy` names the
+      hooks; not for JAX batches without normalisation, which are multiplied on the
+      device); numpy dequantises the batch after its copy, the same values.
     """
 
     buffer_tokens: int = DEFAULT_BUFFER_TOKENS
@@ -187,8 +190,9 @@ class ShuffledStream:
                              else reads.file_io_mode)
         acts_context, tokens_context = read_contexts(reads.gcs_request_concurrency,
                                                      self.file_io_mode)
-        # A float8 hook's scales are read as one more array of the buffer, copied into the
-        # batch beside its values, and applied when the batch is handed over.
+        # A float8 hook's scales are read as one more array of the buffer and applied in
+        # the copy of its values (`dequantised_in_copy`), or copied into the batch beside
+        # them and applied when the batch is handed over (numpy's copy, JAX's device).
         read = self.hooks + tuple(quantised.scale_array(h) for h in self.hooks
                                   if run.hook(h).quantised)
         acts = {h: run.open_array(layout.activation_array_key(h), acts_context)
@@ -209,9 +213,17 @@ class ShuffledStream:
         copy_rows, why = (row_copy.kernel() if reads.native_copy
                           else (None, "native_copy=False"))
         self.copy_path = why if copy_rows is not None else f"numpy: {why}"
+        # The native copy dequantises a float8 hook on the way into the batch (one pass,
+        # on the copy threads); JAX batches without normalisation keep its bytes and
+        # scales, multiplied on the device (formats.hand_over: half the bytes to copy).
+        on_device = self.framework == "jax" and not self.normalizers
+        self.dequantised_in_copy = tuple(
+            h for h in self.hooks if copy_rows is not None and not on_device
+            and run.hook(h).quantised)
         return stream_buffers.BufferReader(
             run, self.plan, read, acts, mapped,
-            self._filter.sources(run, tokens_context), self._filter, copy_rows)
+            self._filter.sources(run, tokens_context), self._filter, copy_rows,
+            {h: self.dtype for h in self.dequantised_in_copy})
 
     # -- what the stream is -------------------------------------------------------
 
