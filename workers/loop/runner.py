@@ -28,6 +28,7 @@ from actx.schemas import config as config_lib
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import layout
 from actx.schemas import parallelism
+from actx.schemas import request_budget
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import ts_context
 from actx.schemas import worker_options
@@ -90,6 +91,10 @@ class Worker:
         self.stop = StopSignal(self.topo.hosts_per_replica, opts.stop_check_steps)
         self.stop_requested = self.stop.requested  # set on SIGTERM (workers.replicas.stop)
         self.progress = progress.Progress()
+        # Every host of the pod beats: the interval grows with them, so the pod's heartbeats
+        # stay within the bucket's budget for them (schemas.request_budget).
+        self.heartbeat_s = request_budget.heartbeat_interval_s(
+            opts.heartbeat_s, self.topo.replicas * self.topo.hosts_per_replica)
         self.choice = chooser.Chooser(
             self.store, self.manifest, self.topo, opts.job, self.attempt, only=opts.only,
             steal=opts.steal)
@@ -97,7 +102,7 @@ class Worker:
         # (or that failed to) instead of nothing; the session's thread takes over after.
         startup = progress.HeartbeatThread(
             self.store, self.host, self.topo.replica, self.topo.host_index, self.attempt,
-            self.progress, opts.heartbeat_s, job=opts.job)
+            self.progress, self.heartbeat_s, job=opts.job)
         self.heartbeat_writer = startup.writer
         self.progress.update(phase="loading the model")  # `loading` adds what and how big
         startup.start()

@@ -58,7 +58,7 @@ def replica_name(replica: int) -> str:
 def host_state(hb: heartbeat_lib.Heartbeat, now: float, stale_after_s: float) -> str:
     if hb.state == "done":
         return DONE
-    if (hb.state not in LIVE_STATES or now - hb.updated_at > stale_after_s
+    if (hb.state not in LIVE_STATES or heartbeat_lib.is_stale(hb, now, stale_after_s)
             or heartbeat_lib.process_gone(hb)):
         return DEAD
     if hb.step > 0 or hb.tokens_done > 0 or hb.partitions_done > 0:
