@@ -132,3 +132,4 @@ def test_two_hosts_with_few_long_documents_each_extract_half(r0_load):
     if r0_load > 31:
         assert "r0 is loading and keeps its N partition(s) until it steps" in \
             out.idle_reasons[1]
+
