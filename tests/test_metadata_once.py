@@ -101,3 +101,55 @@ def test_one_process_writes_the_metadata_and_status_judges_by_the_interval(
         host = next(h for h in status.hosts if h.host == r1.host)
         assert host.live is live, (age, host)
         assert host.state == ("working" if live else "working (stale)"), host
+
+
+def test_a_wait_for_metadata_is_bounded_and_says_what_to_do():
+    """A process that does not write the metadata polls from 1 s, doubling to 10 s, and
+    gives up after its bound, or at once when the writer's heartbeat says it will not
+    write, naming the object and the commands that help."""
+    from actx.workers.write import metadata
+
+    clock = [0.0]
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+
+    with pytest.raises(metadata.MetadataNotWritten) as e:
+        metadata.wait_for(lambda: None, "gs://b/r/activations/actx.json", "gs://b/r",
+                          wait_s=60.0, sleep=sleep, clock=lambda: clock[0])
+    assert 0.75 <= slept[0] <= 1.0 and max(slept) <= 10.0 and clock[0] == pytest.approx(60.0)
+    assert str(e.value).startswith("gs://b/r/activations/actx.json: not written after 60s")
+    assert "`actx status gs://b/r`" in str(e.value) and "`actx rerun gs://b/r`" in str(e.value)
+    looks = iter([None, b"{}"])
+    assert metadata.wait_for(lambda: next(looks), "k", "r", sleep=sleep) == b"{}"
+    with pytest.raises(metadata.MetadataNotWritten, match="r-r0h0 is failed: boom"):
+        metadata.wait_for(lambda: None, "k", "r", writer_gone=lambda: "r-r0h0 is failed: boom",
+                          sleep=sleep)
+
+
+def test_the_writer_is_gone_only_by_its_own_jobs_heartbeats_since_the_wait(tmp_path):
+    from actx.workers.write import metadata
+
+    s = store.open_store(str(tmp_path))
+    now = time.time()
+
+    def beat(host, replica, state, at, job="j", process_index=0):
+        heartbeat.HeartbeatWriter(s, host).beat(heartbeat.Heartbeat(
+            host=host, replica=replica, process_index=process_index, state=state,
+            attempt=f"{host}-a", updated_at=at, job=job), force=True)
+
+    beat("old-r0h0", 0, "failed", now - 100)  # an earlier attempt's
+    beat("other-r0h0", 0, "failed", now, job="k")  # another job's
+    beat("w-r1h0", 1, "failed", now)  # not the writer
+    beat("w-r0h1", 0, "failed", now, process_index=1)  # not the writer
+    assert metadata.writer_gone(s, "j", since=now - 10) is None
+    beat("w-r0h0", 0, "working", now - 5)
+    assert metadata.writer_gone(s, "j", since=now - 10) is None
+    beat("w-r0h0", 0, "working", now - 9.5)
+    assert metadata.writer_gone(s, "j", since=now - 70) is None  # 9.5 s: not stale
+    beat("w-r0h0", 0, "working", now - 65)
+    assert metadata.writer_gone(s, "j", since=now - 70) == "w-r0h0 stopped beating 65s ago"
+    beat("w-r0h0", 0, "refused", now)
+    assert metadata.writer_gone(s, "j", since=now - 10).startswith("w-r0h0 is refused")
