@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", nargs="?", type=float, const=5.0, default=None,
                     metavar="SECONDS", help="refresh in place (default every 5s) until done")
     st.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
-                    help="a heartbeat older than this is stale (default 60)")
+                    help="a heartbeat older than this, and than 3 of its host's heartbeat "
+                         "intervals, is stale (default 60)")
     st.add_argument("--serve", nargs="?", type=int, const=8765, metavar="PORT",
                     help="serve a live page on http://127.0.0.1:PORT/ (default 8765; 0: any)")
     st.add_argument("--html", metavar="FILE", help="write the page once, self-contained")

@@ -15,6 +15,7 @@ import time
 
 from actx.schemas import config as config_lib
 from actx.schemas import layout
+from actx.schemas import request_budget
 from actx.schemas import store as store_lib
 
 
@@ -44,6 +45,10 @@ class Heartbeat:
     idle_reason: why this host has nothing to extract: while it waits for work that may
       still come to it (another replica's partitions, taken later), or, in the last
       heartbeat of a host that extracted nothing, why it did not; "" otherwise.
+    interval_s: seconds between this host's heartbeats, which grow with the pod
+      (schemas.request_budget); 0 in heartbeats written before it was recorded. A heartbeat
+      is stale once older than `--stale-after` or 3 of its intervals, whichever is longer
+      (`is_stale`).
     Heartbeats written before a field existed read with its default.
     """
 
@@ -69,6 +74,14 @@ class Heartbeat:
     stolen_from: dict[str, int] = dataclasses.field(default_factory=dict)
     given_up: dict[str, int] = dataclasses.field(default_factory=dict)
     idle_reason: str = ""
+    interval_s: float = 0.0
+
+
+def is_stale(heartbeat: Heartbeat, now: float, stale_after_s: float) -> bool:
+    """Whether `heartbeat` is too old for its host to be alive: older than `stale_after_s`
+    or than 3 of the host's heartbeat intervals, whichever is longer."""
+    return now - heartbeat.updated_at > request_budget.stale_after_s(stale_after_s,
+                                                                     heartbeat.interval_s)
 
 
 def this_machine() -> str:

@@ -64,7 +64,7 @@ class JobLease:
             return now < self.expires_at
         if not self.detached and now < self.expires_at and not self._launcher_gone():
             return True
-        return any(hb.state in LIVE_STATES and now - hb.updated_at <= ttl_s
+        return any(hb.state in LIVE_STATES and not heartbeat_lib.is_stale(hb, now, ttl_s)
                    and not heartbeat_lib.process_gone(hb) for hb in mine)
 
     def _launcher_gone(self) -> bool:

@@ -72,7 +72,8 @@ def host_of(hb: heartbeat_lib.Heartbeat, now: float,
     process (where this machine can tell) is there."""
     age = max(0.0, now - hb.updated_at)
     gone = hb.state in LIVE_STATES and heartbeat_lib.process_gone(hb)
-    live = hb.state in LIVE_STATES and age <= stale_after_s and not gone
+    live = (hb.state in LIVE_STATES and not heartbeat_lib.is_stale(hb, now, stale_after_s)
+            and not gone)
     state = ("stopped" if hb.state == "preempted" else hb.state) if (
         live or hb.state not in LIVE_STATES) else (
         f"{hb.state} (process gone)" if gone else f"{hb.state} (stale)")

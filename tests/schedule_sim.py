@@ -11,6 +11,11 @@ committed when its last row is written; a replica with nothing in hand and nothi
 waits a poll interval, as `workers.loop.partition_stream` does; a dead replica stops stepping and
 beating (its heartbeat goes stale), a replica that never starts never beats.
 
+The store counts the requests Cloud Storage would get (`DictStore`: by class, kind and
+10 s window of the simulated clock), with the heartbeats, log copies and launcher polls
+of a pod at their real intervals (schemas.request_budget) and the run's metadata written
+once, so a test holds a pod's control traffic to issue 63's bounds.
+
 The yardstick is the fluid ideal: every replica's slots busy from its first step until
 the work is done, the work split in any proportion (chains cut anywhere): the least
 possible makespan, below anything a real schedule reaches. A replica's share is what it
@@ -32,41 +37,98 @@ import re
 import numpy as np
 
 from actx.pipeline import pack
+from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
+from actx.schemas import request_budget
 from actx.schemas import runspec
 from actx.schemas import store as store_lib
 from actx.schemas import uri
+from actx.schemas import commit as commit_lib
 from actx.workers.loop import schedule
 from actx.workers.replicas import choice_policy, chooser
 
 JOB = "sim"
+# A worker's and a launcher's defaults (schemas.worker_options, deploy.config): seconds
+# between heartbeats and between log copies before the pod's size stretches them, and
+# between the launcher's polls of status.
+HEARTBEAT_S, LOG_EVERY_S, STATUS_EVERY_S = 2.0, 10.0, 2.0
+# What every worker would otherwise write at start: the numerics record and a zarr.json
+# per hook (4 hooks).
+METADATA_KEYS = (layout.ACTIVATIONS_INFO_KEY,
+                 *(f"{layout.ACTIVATIONS_GROUP}/layers.{i}.resid_post/zarr.json" for i in range(4)))
+
+
+def request_class(key: str) -> str:
+    """What a request is for, by its object's name: heartbeats, logs, claims, markers,
+    metadata (actx.json, zarr.json) or shards (the data)."""
+    if key.startswith(layout.WORKERS_PREFIX):
+        return "heartbeats"
+    if key.startswith(layout.LOGS_PREFIX):
+        return "logs"
+    if key.startswith(layout.CLAIMS_PREFIX):
+        return "claims"
+    if key.startswith(layout.COMMITS_PREFIX):
+        return "markers"
+    if key.endswith(".json"):
+        return "metadata"
+    return "shards"
 
 
 class DictStore(store_lib.ObjectStore):
     """An object store in a dict, with create-only writes: the store the simulated
-    replicas share (listings by folder, so a view of 10k claims costs milliseconds)."""
+    replicas share (listings by folder, so a view of 10k claims costs milliseconds).
 
-    def __init__(self):
+    It counts the requests Cloud Storage would get, by `request_class`, kind (write,
+    read, list: one a page of LIST_PAGE_OBJECTS) and `window_s` of the simulated clock,
+    and each object's writes: a lost create is a write and a read (gcs_store reads what
+    won), and summaries come back with a listing, as on GCS."""
+
+    def __init__(self, clock=lambda: 0.0, window_s: float = 10.0):
         super().__init__(uri.parse("memory://schedule-sim"))
         self.objects: dict[str, bytes] = {}
+        self.summaries: dict[str, str] = {}
         self.folders: dict[str, list[str]] = collections.defaultdict(list)  # sorted keys
         self.names: dict[str, list[str]] = collections.defaultdict(list)  # in write order
+        self.clock, self.window_s = clock, window_s
+        self.requests: collections.Counter = collections.Counter()  # (window, class, kind)
+        self.writes_of: collections.Counter = collections.Counter()  # key -> writes
+        self.actor = ""  # a class that counts whatever is asked meanwhile ("status")
+
+    def count(self, key: str, kind: str, n: int = 1) -> None:
+        cls = self.actor or request_class(key)
+        self.requests[(int(self.clock() // self.window_s), cls, kind)] += n
+        if kind == "write":
+            self.writes_of[key] += n
+
+    def _listed(self, prefix: str, objects: int) -> None:
+        self.count(prefix, "list", request_budget.list_pages(objects))
 
     def read(self, key):
+        self.count(key, "read")
         return self.objects.get(key)
 
     def write(self, key, data):
+        self.count(key, "write")
+        self._put(key, data)
+
+    def _put(self, key, data):
         if key not in self.objects:
             folder, name = key.rsplit("/", 1)
             bisect.insort(self.folders[folder + "/"], key)
             self.names[folder + "/"].append(name)
         self.objects[key] = bytes(data)
 
-    def create(self, key, data):
-        if key in self.objects:
-            return False
+    def write_with_summary(self, key, data, summary):
         self.write(key, data)
+        self.summaries[key] = summary
+
+    def create(self, key, data):
+        self.count(key, "write")
+        if key in self.objects:
+            self.count(key, "read")
+            return False
+        self._put(key, data)
         return True
 
     def list(self, prefix=""):
@@ -74,10 +136,18 @@ class DictStore(store_lib.ObjectStore):
         for folder in sorted(f for f in self.folders if f.startswith(prefix)
                              or prefix.startswith(f)):
             keys.extend(k for k in self.folders[folder] if k.startswith(prefix))
+        self._listed(prefix, len(keys))
         return keys
 
     def list_names(self, folder):
-        return list(self.names.get(folder, ()))
+        names = list(self.names.get(folder, ()))
+        self._listed(folder, len(names))
+        return names
+
+    def list_summaries(self, prefix):
+        keys = [k for k in self.folders.get(prefix, ())]
+        self._listed(prefix, len(keys))
+        return {k: self.summaries.get(k) for k in keys}
 
     def delete(self, key):
         if self.objects.pop(key, None) is not None:
@@ -180,6 +250,26 @@ class Outcome:
     given_up: dict[int, dict[str, int]]
     first_step: dict[int, float]
     idle_reasons: dict[int, set[str]]
+    # The requests the bucket got: (window, request_class, kind) -> count, windows of
+    # `window_s` simulated seconds; and how often each object was written.
+    requests: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    writes_of: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    window_s: float = 10.0
+
+    def peak_per_s(self, kinds: tuple[str, ...], classes: tuple[str, ...]) -> float:
+        """The highest rate over one window of the requests of `kinds` and `classes`."""
+        per_window = collections.Counter()
+        for (window, cls, kind), n in self.requests.items():
+            if kind in kinds and cls in classes:
+                per_window[window] += n
+        return max(per_window.values(), default=0) / self.window_s
+
+    def totals(self) -> dict[tuple[str, str], int]:
+        """(class, kind) -> requests over the whole run."""
+        out = collections.Counter()
+        for (_, cls, kind), n in self.requests.items():
+            out[(cls, kind)] += n
+        return dict(out)
 
     def summary(self) -> str:
         shares = [self.work[r] / self.share[r] for r in self.share if self.share[r] > 0]
@@ -196,8 +286,9 @@ class _Sim:
         self.w, self.specs, self.slots = workload, replicas, slots
         self.stale_after_s, self.start_grace_s, self.poll_s = stale_after_s, start_grace_s, poll_s
         self.heartbeat_s, self.fill_slots, self.refresh_s = heartbeat_s, fill_slots, refresh_s
-        self.store = DictStore()
+        self.store = DictStore(clock=lambda: self.now)
         self.now = 0.0
+        self.log_s = request_budget.log_interval_s(LOG_EVERY_S, len(replicas))
         self.events: list = []
         self._seq = 0
         self.cost = {pid: sum(len(c.rows) for c in cs) for pid, cs in workload.chains.items()}
@@ -222,11 +313,15 @@ class _Sim:
         for r, spec in enumerate(self.specs):
             if spec.beats:
                 self.push(spec.start, "start", r)
+        self.push(0.0, "status", -1)
         while self.events:
             t, _, kind, r = heapq.heappop(self.events)
             if t > limit_s:
                 raise AssertionError(f"the simulated run did not end within {limit_s:,.0f}s")
             self.now = t
+            if r < 0:
+                getattr(self, f"_{kind}")()
+                continue
             st, spec = self.state[r], self.specs[r]
             if st["done"] or st["dead"]:
                 continue
@@ -244,8 +339,27 @@ class _Sim:
             fill_slots=self.fill_slots)
         st["gen"] = schedule.stream(lambda: self._next_partition(r, st), self.slots)
         st["ready"] = self.now + spec.load
+        if r == 0:  # the one process that writes the run's metadata (workers.write.metadata)
+            for key in METADATA_KEYS:
+                self.store.create(key, b"{}")
         self._beat(r, st, spec)
+        self._log(r, st, spec)
         self.push(self.now + spec.load, "step", r)
+
+    def _log(self, r, st, spec):
+        """The host's log copied into the run (deploy.detached.host_run)."""
+        self.store.write(layout.log_key(JOB, f"sim-r{r}h0"), b"...")
+        self.push(self.now + self.log_s, "log", r)
+
+    def _status(self):
+        """The launcher's poll: `actx status`'s listings (deploy.status.runstate)."""
+        self.store.actor = "status"
+        commit_lib.committed_partitions(self.store, len(self.w.manifest.partitions))
+        heartbeat_lib.read_heartbeats(self.store, history=False)
+        self.store.actor = ""
+        if any(spec.beats and not (st["done"] or st["dead"])
+               for st, spec in zip(self.state, self.specs)):
+            self.push(self.now + STATUS_EVERY_S, "status", -1)
 
     def _beat(self, r, st, spec):
         self._write_heartbeat(r, st, "working" if st["steps"] else "starting")
@@ -269,6 +383,8 @@ class _Sim:
             return
         if st["first"] is None:
             st["first"] = self.now
+            for key in METADATA_KEYS:  # read, never written, by every other replica
+                assert self.store.exists(key) or r == 0 or not self.specs[0].beats
         st["steps"] += 1
         st["in_flight"] = step
         self.push(self.now + spec.step_s, "step", r)
@@ -322,15 +438,18 @@ class _Sim:
         return f"sim-r{r}h0-attempt"
 
     def _write_heartbeat(self, r, st, state):
-        # The fields the choice reads (a heartbeat without the others reads with their
-        # defaults, as one written by an older worker does).
+        # The fields the choice reads, with the summary a GCS listing returns (a worker's
+        # HeartbeatWriter adds its history; the choice reads none); the others keep
+        # their defaults, as in a heartbeat of an older worker.
         host = f"sim-r{r}h0"
-        self.store.write(layout.heartbeat_key(host), json.dumps(dict(
+        text = json.dumps(dict(
             host=host, replica=r, process_index=0, state=state, attempt=self._attempt(r),
             updated_at=self.now, step=st["steps"], tokens_done=st["rows"] * self.w.seq_len,
             # As a worker's: tokens since its session began (after loading), per second.
-            tokens_per_s=st["rows"] * self.w.seq_len / max(1.0, self.now - st["ready"]),
-            partitions_done=st["commits"], job=JOB)).encode())
+            tokens_per_s=round(st["rows"] * self.w.seq_len / max(1.0, self.now - st["ready"]), 1),
+            partitions_done=st["commits"], job=JOB, held=sorted(st["left"]),
+            interval_s=self.heartbeat_s))
+        self.store.write_with_summary(layout.heartbeat_key(host), text.encode(), text)
 
     # -- the yardstick ---------------------------------------------------------------
     def fluid(self) -> tuple[float, dict[int, float]]:
@@ -363,11 +482,14 @@ class _Sim:
 
 def simulate(workload: Workload, replicas: list[Replica], slots: int = 8,
              stale_after_s: float = 60.0, start_grace_s: float = 60.0, poll_s: float = 2.0,
-             heartbeat_s: float = 2.0, fill_slots: bool | None = None,
+             heartbeat_s: float | None = None, fill_slots: bool | None = None,
              refresh_s: float = choice_policy.REFRESH_S,
              limit_s: float = 1e7) -> Outcome:
-    """Runs the replicas to the end (every partition committed, or none left to take)."""
+    """Runs the replicas to the end (every partition committed, or none left to take).
+    heartbeat_s: None, a worker's: 2 s, longer on a pod (schemas.request_budget)."""
     fill = choice_policy.FILL_SLOTS if fill_slots is None else fill_slots
+    if heartbeat_s is None:
+        heartbeat_s = request_budget.heartbeat_interval_s(HEARTBEAT_S, len(replicas))
     sim = _Sim(workload, replicas, slots, stale_after_s, start_grace_s, poll_s, heartbeat_s,
                fill, refresh_s)
     sim.run(limit_s)
@@ -384,7 +506,9 @@ def simulate(workload: Workload, replicas: list[Replica], slots: int = 8,
         given_up={r: dict(st["choice"].given_up) for r, st in enumerate(sim.state)
                   if st["choice"]},
         first_step={r: st["first"] for r, st in enumerate(sim.state) if st["first"] is not None},
-        idle_reasons={r: st["reasons"] for r, st in enumerate(sim.state)})
+        idle_reasons={r: st["reasons"] for r, st in enumerate(sim.state)},
+        requests=sim.store.requests, writes_of=sim.store.writes_of,
+        window_s=sim.store.window_s)
 
 
 def mixed_replicas(n: int, seed: int = 0, stragglers: int = 2, deaths: int = 0,

@@ -197,8 +197,8 @@ def _heartbeats_and_silence(store, history: bool, now: float | None, stale_after
     beats = heartbeat_lib.read_heartbeats(store, history=history)
     now = time.time() if now is None else now
     silent = _silent_messages(store, [
-        hb for hb in beats if hb.state in LIVE_STATES and now - hb.updated_at > stale_after_s
-        and not heartbeat_lib.process_gone(hb)])
+        hb for hb in beats if hb.state in LIVE_STATES
+        and heartbeat_lib.is_stale(hb, now, stale_after_s) and not heartbeat_lib.process_gone(hb)])
     return beats, silent, now
 
 
@@ -256,7 +256,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
             continue  # an attempt the run refused did nothing; the run is done without it
         age = max(0.0, now - hb.updated_at)
         gone = hb.state in LIVE_STATES and heartbeat_lib.process_gone(hb)
-        live = hb.state in LIVE_STATES and age <= stale_after_s and not gone
+        live = (hb.state in LIVE_STATES and not heartbeat_lib.is_stale(hb, now, stale_after_s)
+                and not gone)
         shown = (run_facts.shown_state(hb.state) if live or hb.state not in LIVE_STATES
                  else f"{hb.state} (process gone)" if gone else f"{hb.state} (stale)")
         message = silent.get(hb.host, hb.message)

@@ -21,6 +21,7 @@ from actx.schemas import run_dir
 from actx.schemas import tokenizer_identity
 from actx.workers.attention import kv_cache
 from actx.workers.model import sharding
+from actx.workers.write import metadata
 
 
 class RunMismatch(errors.UserError, ValueError):
@@ -202,7 +203,9 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
                           numerics: info_lib.Numerics, allow_numerics_change: bool,
                           nothing_committed: bool = False,
                           hook_dtypes: dict[str, str] | None = None,
-                          architecture: str | None = None) -> None:
+                          architecture: str | None = None, writes: bool = True,
+                          wait_s: float = metadata.WAIT_S,
+                          writer_gone=lambda: None) -> None:
     """Records what this run's activations are (create-only), or checks this worker
     against the record of the first attempt. hook_dtypes: the hooks stored in another
     dtype than the capture's (`capture.hook_dtypes`: a mixture of experts' int32 ids);
@@ -211,6 +214,11 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
     While nothing is committed, a worker whose numerics or checkpoint digest differ from an
     earlier attempt's (a new batch size, another device kind, re-downloaded weights) takes
     the record over, and the change is recorded: no stored activation depends on it yet.
+
+    writes: whether this process writes the record (`metadata.writes_metadata`); the
+    others never write it: they wait up to `wait_s` for it (or, where the writer takes an
+    earlier attempt's record over, for the new one), or until `writer_gone()` says why the
+    writer will not write it, then check against it.
     """
     mine = info_lib.ActivationsInfo(fingerprint=spec.fingerprint, dtype=spec.capture.dtype,
                                     hooks=dict(hooks), model_digest=model_digest,
@@ -218,16 +226,31 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
                                     architecture=architecture,
                                     quantisation_version=quantised.FORMAT_VERSION
                                     if quantised.is_quantised(spec.capture.dtype) else None)
-    if info_lib.create_info(store, mine):
-        return
     key = location.join(layout.extraction_key(getattr(store, "name", ""),
                                               layout.ACTIVATIONS_INFO_KEY))
-    first = info_lib.read_info(store)
+    replaceable = lambda first: (  # noqa: E731
+        nothing_committed and first != mine and (first.fingerprint, first.dtype, first.hooks)
+        == (mine.fingerprint, mine.dtype, mine.hooks))
+    if not writes:
+        first = metadata.wait_for(lambda: info_lib.read_info(store), str(key),
+                                  str(location), wait_s, writer_gone)
+        if replaceable(first):  # the writer takes it over, with what this worker has
+            def taken_over():
+                info = info_lib.read_info(store)
+                return info if info == mine else None
+
+            first = metadata.wait_for(
+                taken_over, f"{key} (with this worker's numerics and checkpoint)",
+                str(location), wait_s, writer_gone)
+    elif info_lib.create_info(store, mine):
+        return
+    else:
+        first = info_lib.read_info(store)
     if first is None:  # deleted between the create attempt and this read
         raise RunMismatch(f"{key}: vanished while this worker checked it; run again")
-    if (nothing_committed and first != mine
-            and (first.fingerprint, first.dtype, first.hooks)
-            == (mine.fingerprint, mine.dtype, mine.hooks)):
+    if first == mine:
+        return
+    if writes and replaceable(first):
         info_lib.replace_info(store, mine)
         run_dir.record_change(store, "activations-info", {
             "before": config_lib.to_dict(first), "after": config_lib.to_dict(mine),

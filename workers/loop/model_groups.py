@@ -128,7 +128,7 @@ def _beat_while_waiting(like: Member, message: str, name: str | None = None):
     beat.update(phase=message)
     thread = progress.HeartbeatThread(store, like.host, like.topo.replica,
                                       like.topo.host_index, attempt, beat,
-                                      like.opts.heartbeat_s, writer=writer, job=like.opts.job)
+                                      like.heartbeat_s, writer=writer, job=like.opts.job)
     thread.start()
     return thread
 

@@ -136,7 +136,8 @@ class HeartbeatThread:
                 eta_s=round(p.tokens_left / rate, 1) if rate > 0 else None,
                 partitions_done=p.partitions_done, message=p.message or p.phase,
                 held=p.held, stolen_from=_largest(p.stolen_from),
-                given_up=_largest(p.given_up), idle_reason=p.idle_reason)
+                given_up=_largest(p.given_up), idle_reason=p.idle_reason,
+                interval_s=self._interval_s)
         with self._write_lock:
             try:
                 self.writer.beat(hb, force=force)

@@ -29,6 +29,7 @@ from actx.schemas import config as config_lib
 from actx.schemas import extraction as extraction_lib
 from actx.schemas import layout
 from actx.schemas import parallelism
+from actx.schemas import request_budget
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import ts_context
 from actx.schemas import worker_options
@@ -37,7 +38,7 @@ from actx.workers.loop import (admission, faults, outputs, prefetch, progress, s
                                partition_stream, transfer)
 from actx.workers.model import loaded as loaded_model
 from actx.workers.replicas import distributed, chooser
-from actx.workers.write import writer
+from actx.workers.write import metadata, writer
 from actx.workers.loop.session import Session, ended_by
 from actx.workers.replicas.stop import Preempted, StopSignal
 
@@ -55,6 +56,7 @@ class Worker:
 
         self.opts = opts
         self.jax = jax
+        self._started_at = time.time()
         if opened is None:  # the store's limits hold from the run's first read
             ts_context.configure(opts.gcs_request_concurrency, opts.gcs_request_retries)
             opened = run_dir.open_run(opts.run)
@@ -91,6 +93,10 @@ class Worker:
         self.stop = StopSignal(self.topo.hosts_per_replica, opts.stop_check_steps)
         self.stop_requested = self.stop.requested  # set on SIGTERM (workers.replicas.stop)
         self.progress = progress.Progress()
+        # Every host of the pod beats: the interval grows with them, so the pod's heartbeats
+        # stay within the bucket's budget for them (schemas.request_budget).
+        self.heartbeat_s = request_budget.heartbeat_interval_s(
+            opts.heartbeat_s, self.topo.replicas * self.topo.hosts_per_replica)
         self.choice = chooser.Chooser(
             self.store, self.manifest, self.topo, opts.job, self.attempt, only=opts.only,
             steal=opts.steal)
@@ -98,7 +104,7 @@ class Worker:
         # (or that failed to) instead of nothing; the session's thread takes over after.
         startup = progress.HeartbeatThread(
             self.store, self.host, self.topo.replica, self.topo.host_index, self.attempt,
-            self.progress, opts.heartbeat_s, job=opts.job)
+            self.progress, self.heartbeat_s, job=opts.job)
         self.heartbeat_writer = startup.writer
         self.progress.update(phase="loading the model")  # `loading` adds what and how big
         startup.start()
@@ -119,6 +125,10 @@ class Worker:
             raise
         startup.stop(final_beat=False)
 
+    def _metadata_writer_gone(self) -> str | None:
+        """Why the process that writes the run's metadata will not (None: it may)."""
+        return metadata.writer_gone(self.store, self.opts.job, self._started_at)
+
     def _architecture(self) -> str | None:
         """The HF architecture of a checkpoint's model (None for a Flax model)."""
         arch = getattr(getattr(self.loaded.model, "config", None), "architecture", None)
@@ -134,17 +144,25 @@ class Worker:
                                                attention=self.loaded.attention)
         self._committed = commit_lib.committed_partitions(self.store)
         hook_dtypes = self.hook_dtypes()
+        # One process writes what every host would (actx.json, each zarr.json); the others
+        # wait for it and read it (workers.write.metadata).
+        writes = metadata.writes_metadata(self.topo.replica, self.topo.host_index)
+        if not writes:
+            self.progress.say_phase("waiting for process 0 of replica 0 to write the run's "
+                                    "metadata")
         admission.check_activation_info(self.store, self.location, self.spec,
                                         self.loaded.hooks, self.loaded.model.digest,
                                         self.numerics,
                                         opts.allow_numerics_change,
                                         nothing_committed=not self._committed,
                                         hook_dtypes=hook_dtypes,
-                                        architecture=self._architecture())
+                                        architecture=self._architecture(),
+                                        writes=writes, writer_gone=self._metadata_writer_gone)
         self.arrays = writer.ActivationArrays(
             self.location.join(layout.extraction_prefix(self.extraction)), self.loaded.hooks,
             self.manifest.total_rows, self.manifest.seq_len, self.spec.capture.dtype,
-            self.spec.layout, hook_dtypes)
+            self.spec.layout, hook_dtypes, store=None if writes else self.store,
+            writer_gone=self._metadata_writer_gone)
         self.tokens = prefetch.TokenStore(self.location)
         self.timings = outputs.HostTimings()
         # A generating worker runs its own steps (workers.generate.worker): no extract step.

@@ -42,6 +42,7 @@ class SessionHost(Protocol):
     opts: Any
     progress: progress.Progress
     heartbeat_writer: Any
+    heartbeat_s: float
 
     def is_committed(self, pid: int) -> bool: ...
 
@@ -66,7 +67,7 @@ class Session:
         worker.progress.update(tokens_left=tokens_left, started=time.monotonic())
         self._beats = progress.HeartbeatThread(
             worker.store, worker.host, worker.topo.replica, worker.topo.host_index,
-            worker.attempt, worker.progress, worker.opts.heartbeat_s,
+            worker.attempt, worker.progress, worker.heartbeat_s,
             writer=worker.heartbeat_writer, job=worker.opts.job)
         self._beats.start()
         self.pool = writer.WriterPool(worker.opts.writer_threads,

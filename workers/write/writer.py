@@ -25,6 +25,7 @@ from actx.schemas import quantised
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store_errors
 from actx.schemas import ts_context
+from actx.workers.write import metadata
 from actx.schemas import uri as uri_lib
 from actx.workers.loop import faults
 from actx.workers.write import block_copy
@@ -44,13 +45,21 @@ class _Block:
 
 
 class ActivationArrays:
-    """The run's activation arrays, created if absent (zarr metadata is create-or-open)."""
+    """The run's activation arrays: created if absent by the process that writes the run's
+    metadata (`workers.write.metadata`), opened by the others once their zarr.json is
+    there."""
 
     def __init__(self, run: uri_lib.Location, hooks: dict[str, int], total_rows: int,
                  seq_len: int, dtype: str, layout: runspec_lib.LayoutSpec,
-                 hook_dtypes: dict[str, str] | None = None):
+                 hook_dtypes: dict[str, str] | None = None, store=None,
+                 wait_s: float = metadata.WAIT_S, writer_gone=lambda: None):
         """hook_dtypes: hook -> its dtype where it is not `dtype` (int32 expert ids). A
-        float8 `dtype` adds each float8 hook's scale array (schemas.quantised)."""
+        float8 `dtype` adds each float8 hook's scale array (schemas.quantised).
+        store: the run's store as `run` locates it (an extraction's view), given to a
+        process that does not write the metadata: it waits up to `wait_s` for each array's
+        zarr.json (or until `writer_gone()` says why it will not come), then opens the
+        array, checked against the metadata it would have written (None: this process
+        creates what is absent)."""
         self.layout = layout
         self.run = run
         self.arrays = {}
@@ -59,9 +68,15 @@ class ActivationArrays:
         # Each array's stored data type, as commit markers record it.
         self.dtypes = {name: array_dtype for name, (_, array_dtype) in stored.items()}
         for name, (width, array_dtype) in sorted(stored.items()):
-            spec = layout_lib.activation_array(name, total_rows, seq_len, width, array_dtype,
-                                               layout)
-            self.arrays[name] = ts_context.open_array(spec.spec(run, create=True))
+            array = layout_lib.activation_array(name, total_rows, seq_len, width, array_dtype,
+                                                layout)
+            spec = array.spec(run, create=True)
+            if store is not None:
+                key = f"{array.key}/zarr.json"
+                metadata.wait_for(lambda: store.read(key), str(run.join(key)),
+                                  str(store.location), wait_s, writer_gone)
+                del spec["create"]  # open only, with the metadata as a check
+            self.arrays[name] = ts_context.open_array(spec)
 
 
 class PartitionWriter:

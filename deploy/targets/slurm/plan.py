@@ -19,6 +19,7 @@ from actx.deploy import config as config_lib
 from actx.deploy import targets
 from actx.deploy.commands import Command
 from actx.schemas import parallelism
+from actx.schemas import request_budget
 from actx.schemas import worker_options
 
 KIND = "slurm"
@@ -114,9 +115,12 @@ def script(run: str, target: config_lib.TargetConfig, fingerprint: str, job: str
            only: list[int] | None = None, extraction: str | None = None) -> str:
     """The batch script: the job-wide environment, the setup lines, one job step."""
     slurm = target.slurm
+    # Longer than configured where the job's hosts would pass the bucket's budget for log
+    # copies (schemas.request_budget).
+    log_every_s = request_budget.log_interval_s(slurm.log_every_s, slurm.replicas * slurm.nodes)
     step = [slurm.python, "-m", "actx.deploy.targets.slurm.step", "--run", run, "--job", job,
             "--name", slurm.name, "--port", str(slurm.coordinator_port),
-            "--log-every-s", f"{slurm.log_every_s:g}",
+            "--log-every-s", f"{log_every_s:g}",
             *(["--coordinator", slurm.coordinator] if slurm.coordinator != "node_name" else []),
             "--",
             *worker_argv(run, target, fingerprint, job, only, extraction)]

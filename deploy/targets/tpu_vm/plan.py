@@ -27,6 +27,7 @@ from actx.deploy.targets.tpu_vm import package as tpu_package
 from actx.schemas import advice
 from actx.schemas import layout
 from actx.schemas import parallelism
+from actx.schemas import request_budget
 from actx.schemas import worker_options
 
 # A real host asks its metadata server; ACTX_TPU_METADATA_URL replaces it (tests' hosts).
@@ -178,6 +179,12 @@ def worker_argv(run: str, target: config_lib.TargetConfig, fingerprint: str, job
     return [target.tpu.python, "-m", "actx.workers.main", *opts.to_argv()]
 
 
+def log_every_s(tpu: config_lib.TpuConfig) -> float:
+    """Seconds between a host's log copies: the configured `log_every_s`, longer on a slice
+    whose hosts would pass the bucket's budget for logs (schemas.request_budget)."""
+    return request_budget.log_interval_s(tpu.log_every_s, slice_hosts(tpu))
+
+
 def host_name_expr(tpu: config_lib.TpuConfig) -> str:
     """Each host's name (its heartbeat and its log): the slice's name and worker number."""
     return f'"{tpu.name}-w$ACTX_PROCESS_ID"'
@@ -191,7 +198,7 @@ def worker_script(run: str, target: config_lib.TargetConfig, fingerprint: str, j
     exports = "; ".join(f"export {k}={v}" for k, v in worker_env(tpu).items())
     host = host_name_expr(tpu)
     supervisor = shlex.join([tpu.python, "-m", "actx.deploy.host_run", "--run", run, "--job", job,
-                             "--log-every-s", f"{tpu.log_every_s:g}"])
+                             "--log-every-s", f"{log_every_s(tpu):g}"])
     worker = shlex.join(worker_argv(run, target, fingerprint, job, only, extraction))
     return (f"{exports}; test -n \"$ACTX_PROCESS_ID\" || {{ echo 'no TPU metadata server "
             f"answered (agent-worker-number)' >&2; exit 1; }}; "

@@ -1,0 +1,155 @@
+"""Issue 63 with real parts: a 2-host `actx submit` on the GCS emulator, every request seen
+by a loopback proxy (tests/fault_proxy.py, injecting nothing). The run's metadata
+(activations/actx.json, each hook's zarr.json) is written by one process, process 0 of
+replica 0, and read by the other; heartbeats carry their interval, and status judges a
+host dead by it."""
+
+from __future__ import annotations
+
+import collections
+import io
+import time
+
+import pytest
+import yaml
+
+from actx.deploy import cli
+from actx.deploy.status import runstate
+from actx.pipeline import sample_data
+from actx.schemas import gcs_store, heartbeat, layout, request_budget, run_dir, store
+from tests import fault_proxy, hf_models
+
+
+@pytest.fixture
+def proxy(gcs_emulator_server, monkeypatch):
+    """Both GCS clients of this process and of the workers it starts go through the proxy."""
+    proxy = fault_proxy.FaultProxy(gcs_emulator_server.url, seed=5).start()
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    gcs_store.reset_gcs_client()
+    yield proxy
+    proxy.stop()
+    monkeypatch.undo()
+    gcs_store.reset_gcs_client()
+
+
+def _config(tmp, run: str, tokenizer: str) -> str:
+    model = hf_models.make_tiny_checkpoint(tmp / "model", "qwen2", num_hidden_layers=2,
+                                           vocab_size=151936)
+    fineweb = sample_data.make_fineweb_parquet(str(tmp / "fw" / "000.parquet"), 8, seed=3)
+    cfg = {
+        "run": run,
+        "spec": {
+            "name": "once",
+            "model": {"path": str(model), "dtype": "float32"},
+            "tokenizer": {"path": tokenizer},
+            "sources": [{"kind": "fineweb", "name": "fw", "paths": [fineweb]}],
+            "packing": {"mode": "segmented", "seq_len": 64},
+            "capture": {"hooks": "layers.*.resid_post", "dtype": "bfloat16"},
+            "layout": {"rows_per_shard": 4, "partition_rows": 8},
+        },
+        "target": {"kind": "local", "hosts": 2, "batch_size": 4, "heartbeat_s": 1},
+    }
+    path = tmp / "once.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_one_process_writes_the_metadata_and_status_judges_by_the_interval(
+        tmp_path, qwen_tokenizer_dir, gcs_emulator_server, proxy):
+    run = gcs_emulator_server.create_bucket("actx-metadata-once") + "/runs/job"
+    writes: collections.Counter = collections.Counter()  # (client, object) -> uploads
+    reads: collections.Counter = collections.Counter()
+
+    def record(req: fault_proxy.Request) -> bool:
+        name = req.object_name
+        if "/activations/" in name and name.endswith((".json",)):
+            (writes if req.method in ("POST", "PUT", "PATCH") else reads)[
+                (req.client, name.split("runs/job/", 1)[-1])] += 1
+        return False  # recorded, never failed
+
+    proxy.add_rule("503", record, times=None)
+    out = io.StringIO()
+    code = cli.main(["submit", _config(tmp_path, run, qwen_tokenizer_dir), "--job", "once"],
+                    out=out)
+    assert code == 0, out.getvalue()
+    s = store.open_store(run)
+    hooks = sorted(s.read_json(layout.ACTIVATIONS_INFO_KEY)["hooks"])
+    metadata = {layout.ACTIVATIONS_INFO_KEY,
+                *(f"{layout.ACTIVATIONS_GROUP}/{hook}/zarr.json" for hook in hooks)}
+    assert len(hooks) == 2 and all(s.exists(key) for key in metadata)
+    # Only process 0 of replica 0 wrote them, each once; the other host read them.
+    assert {client for client, _ in writes} == {"local-r0h0"}, writes
+    assert {name for _, name in writes} == metadata, writes
+    assert all(n == 1 for n in writes.values()), writes
+    assert {name for client, name in reads if client == "local-r1h0"} == metadata, reads
+
+    # Each host's heartbeat says its interval; status judges it by max(--stale-after,
+    # 3 intervals): a host of a 1,024-host pod beats every 20.5 s and is dead after 61.5 s.
+    beats = heartbeat.read_heartbeats(s)
+    assert {hb.interval_s for hb in beats} == {1.0}
+    pod_interval = request_budget.heartbeat_interval_s(1.0, 1024)
+    assert pod_interval == pytest.approx(20.48)
+    r1 = next(hb for hb in beats if hb.host == "local-r1h0")
+    now = time.time()
+    for age, live in ((61.0, True), (62.0, False)):
+        heartbeat.HeartbeatWriter(s, r1.host).beat(heartbeat.Heartbeat(
+            **{**vars(r1), "state": "working", "updated_at": now - age,
+               "interval_s": pod_interval, "history": (),
+               "machine": "", "pid": 0}), force=True)  # a host status cannot look at
+        status = runstate.compute_status(run_dir.open_run(run), stale_after_s=60.0, now=now)
+        host = next(h for h in status.hosts if h.host == r1.host)
+        assert host.live is live, (age, host)
+        assert host.state == ("working" if live else "working (stale)"), host
+
+
+def test_a_wait_for_metadata_is_bounded_and_says_what_to_do():
+    """A process that does not write the metadata polls from 1 s, doubling to 10 s, and
+    gives up after its bound, or at once when the writer's heartbeat says it will not
+    write, naming the object and the commands that help."""
+    from actx.workers.write import metadata
+
+    clock = [0.0]
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+
+    with pytest.raises(metadata.MetadataNotWritten) as e:
+        metadata.wait_for(lambda: None, "gs://b/r/activations/actx.json", "gs://b/r",
+                          wait_s=60.0, sleep=sleep, clock=lambda: clock[0])
+    assert 0.75 <= slept[0] <= 1.0 and max(slept) <= 10.0 and clock[0] == pytest.approx(60.0)
+    assert str(e.value).startswith("gs://b/r/activations/actx.json: not written after 60s")
+    assert "`actx status gs://b/r`" in str(e.value) and "`actx rerun gs://b/r`" in str(e.value)
+    looks = iter([None, b"{}"])
+    assert metadata.wait_for(lambda: next(looks), "k", "r", sleep=sleep) == b"{}"
+    with pytest.raises(metadata.MetadataNotWritten, match="r-r0h0 is failed: boom"):
+        metadata.wait_for(lambda: None, "k", "r", writer_gone=lambda: "r-r0h0 is failed: boom",
+                          sleep=sleep)
+
+
+def test_the_writer_is_gone_only_by_its_own_jobs_heartbeats_since_the_wait(tmp_path):
+    from actx.workers.write import metadata
+
+    s = store.open_store(str(tmp_path))
+    now = time.time()
+
+    def beat(host, replica, state, at, job="j", process_index=0):
+        heartbeat.HeartbeatWriter(s, host).beat(heartbeat.Heartbeat(
+            host=host, replica=replica, process_index=process_index, state=state,
+            attempt=f"{host}-a", updated_at=at, job=job), force=True)
+
+    beat("old-r0h0", 0, "failed", now - 100)  # an earlier attempt's
+    beat("other-r0h0", 0, "failed", now, job="k")  # another job's
+    beat("w-r1h0", 1, "failed", now)  # not the writer
+    beat("w-r0h1", 0, "failed", now, process_index=1)  # not the writer
+    assert metadata.writer_gone(s, "j", since=now - 10) is None
+    beat("w-r0h0", 0, "working", now - 5)
+    assert metadata.writer_gone(s, "j", since=now - 10) is None
+    beat("w-r0h0", 0, "working", now - 9.5)
+    assert metadata.writer_gone(s, "j", since=now - 70) is None  # 9.5 s: not stale
+    beat("w-r0h0", 0, "working", now - 65)
+    assert metadata.writer_gone(s, "j", since=now - 70) == "w-r0h0 stopped beating 65s ago"
+    beat("w-r0h0", 0, "refused", now)
+    assert metadata.writer_gone(s, "j", since=now - 10).startswith("w-r0h0 is refused")
