@@ -8,10 +8,11 @@ partition, a claim per partition when replicas share work, and per partition the
 of the token arrays each step reads (workers.loop.prefetch.STEP_INPUTS: each array's
 shard index and each inner chunk of `rows_per_shard` rows), plus the two existence checks
 of run.json and activations/actx.json before each commit (workers.write.commit). Control
-requests follow the code's cadences: a heartbeat every `heartbeat_s` a host, the replicas'
-listings of commits, claims and heartbeats at most every `REFRESH_S` and once per
-partition taken (workers.replicas.choice_policy), log copies every `log_every_s` a host
-where the target ships logs. bench/requests.py measures the same classes; the test
+requests follow the code's cadences (schemas.request_budget): a heartbeat a host every
+`heartbeat_s` or longer on a pod, the replicas' looks at commits, claims and heartbeats at
+most every `REFRESH_S` (longer on a pod) and once per partition taken
+(workers.replicas.choice_policy), log copies every `log_every_s` a host (longer on a pod)
+where the target ships logs, the metadata written once by process 0 of replica 0. bench/requests.py measures the same classes; the test
 tests/test_storage_plan.py holds this model to a measured run.
 """
 
@@ -21,6 +22,7 @@ import collections
 import dataclasses
 import math
 
+from actx.schemas import request_budget
 from actx.schemas import storage_requests as sr
 
 # A new bucket's request rate before GCS scales it, and how fast it scales under load
@@ -94,26 +96,34 @@ def plan(job: Job) -> Plan:
         r[("claims", "read")] = job.partitions  # the holder of a claim met
     r[("inputs", "read")] = (job.partitions * (len(job.step_inputs) * (1 + chunks) + 1)
                              + 2 * job.hosts)  # + run.json and the manifest at start
+    # The others read what process 0 of replica 0 wrote (at least once each).
     r[("metadata", "read")] = job.partitions + job.hosts * (1 + hooks)
-    # Each host writes the numerics record (activations/actx.json) and every hook array's
-    # zarr.json create-only as it starts (workers.loop.admission, workers.write.writer):
-    # all but the first are refused (412), and billed.
-    r[("metadata", "write")] = job.hosts * (1 + hooks)
-    r[("heartbeats", "write")] = job.hosts * (job.seconds / job.heartbeat_s + 2)
+    # Process 0 of replica 0 alone writes the numerics record (activations/actx.json) and
+    # every array's zarr.json (workers.write.metadata): once a name.
+    r[("metadata", "write")] = 1 + hooks
+    heartbeat_s = request_budget.heartbeat_interval_s(job.heartbeat_s, job.hosts)
+    r[("heartbeats", "write")] = job.hosts * (job.seconds / heartbeat_s + 2)
     if sharing:
         # A replica lists at most once per partition it takes and once per refresh_s,
         # and, once nothing is left to take, every refresh_s until the last partition
         # is committed: about one partition's time (the tail).
+        # A look lists commits, claims and heartbeats at most every look_s: refresh_s,
+        # or longer on a pod (request_budget.tail_look_interval_s), shortened by up to a
+        # quarter at random (7/8 on average).
+        pages_a_look = 2 * _pages(job.partitions / 2) + _pages(job.hosts)
+        look_s = 0.875 * request_budget.tail_look_interval_s(job.refresh_s, job.replicas,
+                                                             pages_a_look)
         partition_s = job.seconds * job.replicas / job.partitions
-        refreshes = job.replicas * (min(job.seconds / job.refresh_s,
+        refreshes = job.replicas * (min(job.seconds / look_s,
                                         job.partitions / job.replicas + 1)
-                                    + partition_s / job.refresh_s)
+                                    + partition_s / look_s)
         # + each host's listing of the commits at start (what is left to do)
         r[("markers", "list")] = (refreshes + job.hosts) * _pages(job.partitions / 2)
         r[("claims", "list")] = refreshes * _pages(job.partitions / 2)
         r[("heartbeats", "list")] = refreshes * _pages(job.hosts)
-    r[("logs", "write")] = (job.hosts * job.seconds / job.log_every_s
-                            if job.log_every_s else job.hosts)
+    r[("logs", "write")] = (
+        job.hosts * job.seconds / request_budget.log_interval_s(job.log_every_s, job.hosts)
+        if job.log_every_s else job.hosts)
     objects = shards + hooks + 1 + job.partitions * (2 if sharing else 1) + 2 * job.hosts
     data_bytes = job.rows * sum(job.hook_bytes_per_row.values())
     return Plan(objects, data_bytes, dict(r))

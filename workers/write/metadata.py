@@ -13,6 +13,7 @@ import random
 import time
 from typing import Callable, Iterator
 
+from actx.schemas import advice
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.workers.replicas import choice_policy
 
@@ -59,13 +60,13 @@ def wait_for(look: Callable[[], object], where: str, run: str, wait_s: float = W
         if gone:
             raise MetadataNotWritten(
                 f"{where}: not written, and process 0 of replica 0, which writes it, will not: "
-                f"{gone}. See `actx status {run}`, then run `actx rerun {run}`")
+                f"{gone}. See `{advice.status(run)}`, then run `{advice.rerun(run)}`")
         if clock() >= deadline:
             raise MetadataNotWritten(
                 f"{where}: not written after {wait_s:.0f}s of waiting; process 0 of replica 0 "
                 f"writes it once its model is loaded, and the other hosts wait for it. Look at "
-                f"that host (`actx status {run}` names its state and its log), then run "
-                f"`actx rerun {run}`")
+                f"that host (`{advice.status(run)}` names its state and its log), then run "
+                f"`{advice.rerun(run)}`")
         sleep(min(next(delays), max(0.0, deadline - clock())))
 
 
