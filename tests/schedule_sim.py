@@ -42,6 +42,7 @@ from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import request_budget
 from actx.schemas import runspec
+from actx.schemas import storage_requests
 from actx.schemas import store as store_lib
 from actx.schemas import uri
 from actx.schemas import commit as commit_lib
@@ -60,19 +61,9 @@ METADATA_KEYS = (layout.ACTIVATIONS_INFO_KEY,
 
 
 def request_class(key: str) -> str:
-    """What a request is for, by its object's name: heartbeats, logs, claims, markers,
-    metadata (actx.json, zarr.json) or shards (the data)."""
-    if key.startswith(layout.WORKERS_PREFIX):
-        return "heartbeats"
-    if key.startswith(layout.LOGS_PREFIX):
-        return "logs"
-    if key.startswith(layout.CLAIMS_PREFIX):
-        return "claims"
-    if key.startswith(layout.COMMITS_PREFIX):
-        return "markers"
-    if key.endswith(".json"):
-        return "metadata"
-    return "shards"
+    """What a request is for, by its object's name: the bench's and the estimate's classes
+    (schemas.storage_requests: heartbeats, logs, claims, markers, metadata, shards, ...)."""
+    return storage_requests.object_class(key)
 
 
 class DictStore(store_lib.ObjectStore):
