@@ -1,8 +1,8 @@
 """Every command actx advises its user to type (status, the live page, submit, rerun,
 verify, the launchers of every target), made here from one table of kinds: what a kind's
 command is, with the run's or config's path filled in. A test enumerates the table and
-follows each kind as printed in a situation that prints it (tests/test_advice_registry.py);
-`find` tells a printed command back to its kind."""
+follows each kind as printed in a situation that prints it (tests/test_advice_followed.py,
+tests/advice_follow.py); `find` tells a printed command back to its kind."""
 
 from __future__ import annotations
 
