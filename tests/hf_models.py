@@ -233,6 +233,17 @@ def segmented_rows(seq: int):
     return docs, ids, pos, seg
 
 
+def actx_config(path):
+    """The actx model config of the checkpoint saved in `path` (its config.json, read by
+    the families)."""
+    import json
+
+    from actx.workers.model import families
+
+    with open(os.path.join(path, "config.json")) as f:
+        return families.config_from_hf(json.load(f))
+
+
 def checkpoint_maker(tmp_path_factory):
     """get(arch, **overrides) -> a tiny checkpoint's directory, each (arch, overrides) made
     once (a module-scoped fixture's body: checkpoints take seconds to write)."""

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from actx.schemas import runspec
-from actx.workers.model import capture, checkpoint, checkpoint_check, families, mxfp4, step
+from actx.workers.model import capture, checkpoint, checkpoint_check, mxfp4, step
 from actx.workers.model import decoder as model_lib
 from tests import hf_models
 from tests import test_families_gpt as gpt_tests
@@ -32,8 +32,7 @@ def ckpt_dir(tmp_path_factory):
 
 
 def _config(path):
-    with open(os.path.join(path, "config.json")) as f:
-        return families.config_from_hf(json.load(f))
+    return hf_models.actx_config(path)
 
 
 def test_family_table_names_exactly_the_decoder_tensors_hf_saves(ckpt_dir):

@@ -34,8 +34,7 @@ def ckpt_dir(tmp_path_factory):
 
 
 def _config(path):
-    with open(os.path.join(path, "config.json")) as f:
-        return families.config_from_hf(json.load(f))
+    return hf_models.actx_config(path)
 
 
 def _extract(path, ids, dtype="float32", hooks=ALL_HOOKS, **kwargs):
