@@ -36,7 +36,6 @@ class LogShipper:
         now = time.monotonic()
         if force:  # the last copy still keeps to one write per second
             time.sleep(max(0.0, self._last_t + 1.0 - now))
-            now = time.monotonic()
         elif now - self._last_t < self.every_s:
             return False
         try:
@@ -58,7 +57,9 @@ class LogShipper:
             print(f"host_run: could not copy the log to {self.key}: {e}", file=sys.stderr,
                   flush=True)
             return False
-        self._last_t, self._last_size = now, size
+        # Timed from the write's end: the next write starts at least a second after this
+        # one did, however long reading the file and writing took.
+        self._last_t, self._last_size = time.monotonic(), size
         return True
 
 
