@@ -5,6 +5,7 @@ partition taken over, and a host that waits saying why."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import json
@@ -24,11 +25,12 @@ JOB = "j"
 
 
 def _beat(s, host: str, replica: int, attempt: str, state: str = "working", step: int = 5,
-          age_s: float = 0.0, job: str = JOB, now: float | None = None) -> None:
+          age_s: float = 0.0, job: str = JOB, now: float | None = None,
+          held: tuple[int, ...] = ()) -> None:
     now = time.time() if now is None else now
     hb = heartbeat.Heartbeat(host=host, replica=replica, process_index=0, state=state,
                              attempt=attempt, updated_at=now - age_s, step=step,
-                             tokens_done=step * 10, job=job)
+                             tokens_done=step * 10, job=job, held=held)
     heartbeat.HeartbeatWriter(s, host).beat(hb, force=True)
 
 
@@ -161,18 +163,29 @@ class _Clock:
 
 def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     """Replica 0 of 2 with partitions 0..9. It takes its own; replica 1 (started, attempt
-    a1) holds 1 and 3: replica 0 takes r1's others from the end, then waits, saying why;
-    when r1's heartbeat goes stale it takes 1 and 3 over (a claim of the next generation),
-    and a partition claimed by an attempt this job does not know is left alone. Replica 1,
-    restarted, counts the partitions of its list it finds taken as given up, by whom."""
+    a1) holds 1 and 3 (its heartbeat names them): replica 0 takes r1's others from the
+    end, then waits, saying why; when r1's heartbeat goes stale it takes 1 and 3 over (a
+    claim of the next generation). A claim no heartbeat names (9) is waited for as one
+    made since its holder last beat, until a stale-after later; then read once, it names
+    an attempt this job does not know and is left alone. Replica 1, restarted, counts the
+    partitions of its list it finds taken as given up, by whom. No claim a heartbeat names
+    is read."""
     s = store.open_store(str(tmp_path))
     clock = _Clock()
     m = _manifest(10)
+    reads = collections.Counter()
+    read_many = s.read_many
+
+    def counted(keys, **kw):
+        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
+        return read_many(keys, **kw)
+
+    s.read_many = counted
 
     def is_committed(pid):
         return s.exists(layout.commit_key(pid))
 
-    _beat(s, "h1", 1, "a1", now=clock.now)
+    _beat(s, "h1", 1, "a1", now=clock.now, held=(1, 3))
     assert schedule.try_claim(s, JOB, 1, "a1") and schedule.try_claim(s, JOB, 3, "a1")
     assert schedule.try_claim(s, JOB, 9, "someone-else")
     r0 = chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=0), JOB, "a0",
@@ -183,15 +196,19 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     assert [r0.choose(tried, is_committed) for _ in range(2)] == [7, 5]
     assert r0.choose(tried, is_committed) is None
     assert r0.why_waiting == ("r1 is extracting 2 partition(s) (1, 3), taken over if its "
-                              "heartbeat goes stale")
+                              "heartbeat goes stale; 1 partition(s) (9) were claimed by "
+                              "hosts whose heartbeats do not name them yet")
+    assert not reads
     clock.now += 61
-    _beat(s, "h0", 0, "a0", now=clock.now)
+    _beat(s, "h0", 0, "a0", now=clock.now, held=tuple(sorted(tried)))
     assert sorted(r0.choose(tried, is_committed) for _ in range(2)) == [1, 3]
     assert s.read_json(schedule.claim_key(JOB, 1, 1))["attempt"] == "a0"
     assert s.read_json(schedule.claim_key(JOB, 1))["attempt"] == "a1"
     assert r0.choose(tried, is_committed) == -1  # 9 is someone else's: not waited for
+    assert list(reads) == [schedule.claim_key(JOB, 9)]  # read once, when it was due
     assert dict(r0.stolen_from) == {"r1": 4}
     # Replica 1 again, while r0 extracts what it took: those are held by a live attempt.
+    _beat(s, "h0", 0, "a0", now=clock.now, held=tuple(sorted(tried)))
     r1 = chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=1), JOB, "a1b",
                                    clock=clock)
     assert r1.choose(set(), is_committed) is None
@@ -199,7 +216,7 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     assert r1.why_waiting.startswith("r0 is extracting 9 partition(s) (0, 1, 2, 3, 4, ...)")
     for pid in tried:  # r0 commits them: nothing is left for r1 (9 is not its to wait for)
         s.create_json(layout.commit_key(pid), {})
-    clock.now += pc.REFRESH_S  # its next look at the store
+    clock.now += pc.REFRESH_S  # its next look (it read 9 when it found it taken)
     assert r1.choose(set(), is_committed) == -1
 
 
