@@ -143,7 +143,7 @@ class Chooser:
             holder = self._holders[(pid, generation)] = data.get("attempt", "")
             generation += 1
         now = self.clock()
-        if self._beats is None or now - self._beats[0] >= self.refresh_s:
+        if self._beats is None or now - self._beats[0] >= self.look_every_s:
             self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
                 self.store, history=False), self.job, now, self.stale_after_s))
         taker = self._beats[1].attempts.get(holder, ("?",))[0]
