@@ -62,6 +62,7 @@ class Chooser:
         # Seconds between looks: refresh_s, or longer where the pod's replicas looking that
         # often would pass the bucket's budget for listings (set at each look, jittered).
         self.look_every_s = self.refresh_s
+        self._lost: set[int] = set()  # claimed first by others since the last look
         self._jitter = random.Random(attempt)
         self._beats: tuple[float, choice_policy.Beats] | None = None  # the last heartbeats read
         # What the heartbeat reports: owner replica -> partitions taken from its list;
@@ -89,7 +90,9 @@ class Chooser:
                 if pid in tried or is_committed(pid):
                     continue
                 generation = generations.get(pid, -1) + 1
-                if schedule.try_claim(self.store, self.job, pid, self.attempt, generation):
+                if not schedule.try_claim(self.store, self.job, pid, self.attempt, generation):
+                    self._lost.add(pid)  # not tried again before the next look
+                else:
                     tried.add(pid)
                     owner = pid % self.topo.replicas
                     if owner != self.topo.replica:
@@ -99,8 +102,8 @@ class Chooser:
             if not decision.take:
                 self.why_waiting = decision.why if decision.wait else ""
                 return None if decision.wait else -1
-            if self._view is not None and now - self._view[0] < self.refresh_s:
-                break  # the view was fresh: others took these first; look again later
+            if self._view is not None and now - self._view[0] < self.look_every_s:
+                break  # others took these first: look again when a look is due
             self._view = None
         self.why_waiting = "every partition it tried was claimed first by another replica"
         return None
@@ -159,7 +162,12 @@ class Chooser:
         (the tail) lists the run once per `look_every_s`, however often it asks."""
         view = self._view
         if view is not None and now - view[0] < self.look_every_s:
-            return _without(view[1], tried), view[2]
+            shares = _without(view[1], tried | self._lost)
+            if self._lost:  # held by whoever won them: waited for, as at a look
+                shares = dataclasses.replace(shares, held={
+                    **shares.held, **dict.fromkeys(self._lost, choice_policy.UNNAMED)})
+            return shares, view[2]
+        self._lost = set()
         listed = heartbeat_lib.read_heartbeats(self.store, history=False)
         beats = choice_policy.Beats.read(listed, self.job, now, self.stale_after_s)
         self._beats = (now, beats)
