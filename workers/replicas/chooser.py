@@ -176,9 +176,11 @@ class Chooser:
         generations = schedule.claim_generations(names)
         open_pids = [p for p in self.universe if p not in committed and p not in tried]
         beat_every = max((hb.interval_s for hb in listed), default=0.0)
+        # A live holder names its claim in its next heartbeat: one unnamed past one of the
+        # pod's heartbeat intervals (and a half, for the listing's lag) is read, so a claim
+        # whose holder never beats (died first, or another job's) is not waited on.
         holders = self._holders_of([(p, generations[p]) for p in open_pids if p in generations],
-                                   beats, now, request_budget.stale_after_s(
-                                       self.stale_after_s, beat_every))
+                                   beats, now, 1.5 * beat_every)
         own, others, held = [], collections.defaultdict(list), {}
         for pid in open_pids:
             owner = pid % self.topo.replicas
@@ -209,11 +211,13 @@ class Chooser:
     def _holders_of(self, claims: list[tuple[int, int]], beats: choice_policy.Beats,
                     now: float, named_within_s: float) -> dict[tuple[int, int], str | None]:
         """The attempt holding each claim (pid, generation): the one whose heartbeat names
-        the partition, else the claim's own word, read (once: a claim never changes) only
-        when no heartbeat named it within `named_within_s` (its holder died before its
-        next beat); None meanwhile."""
+        the partition, else the claim's own word, read (once: a claim never changes) for
+        the request_budget.UNNAMED_CLAIM_READS_A_LOOK oldest unnamed ones a look, and for
+        any no heartbeat named within `named_within_s` of this chooser first seeing it
+        (its holder died before its next beat, or is no worker of this job's); None
+        meanwhile."""
         found: dict[tuple[int, int], str | None] = {}
-        unread = []
+        unread, unnamed = [], []
         for claim in claims:
             pid, generation = claim
             named = beats.holders.get(pid, ())
@@ -225,7 +229,11 @@ class Chooser:
                 # live one that names it holds it.
                 found[claim] = (live or named)[0]
                 self._unnamed_since.pop(claim, None)
-            elif now - self._unnamed_since.setdefault(claim, now) >= named_within_s:
+            else:
+                unnamed.append((self._unnamed_since.setdefault(claim, now), claim))
+        unnamed.sort()
+        for i, (since, claim) in enumerate(unnamed):
+            if i < request_budget.UNNAMED_CLAIM_READS_A_LOOK or now - since >= named_within_s:
                 unread.append(claim)
             else:
                 found[claim] = None
