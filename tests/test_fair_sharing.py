@@ -5,6 +5,7 @@ partition taken over, and a host that waits saying why."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import json
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from actx.schemas import commit, heartbeat, layout, manifest, store
+from actx.schemas import commit, heartbeat, layout, manifest, request_budget, store
 from actx.schemas import config as config_lib
 from actx.workers.replicas import choice_policy as pc
 from actx.workers.loop import prefetch, progress, schedule
@@ -24,11 +25,12 @@ JOB = "j"
 
 
 def _beat(s, host: str, replica: int, attempt: str, state: str = "working", step: int = 5,
-          age_s: float = 0.0, job: str = JOB, now: float | None = None) -> None:
+          age_s: float = 0.0, job: str = JOB, now: float | None = None,
+          held: tuple[int, ...] = (), interval_s: float = 0.0) -> None:
     now = time.time() if now is None else now
     hb = heartbeat.Heartbeat(host=host, replica=replica, process_index=0, state=state,
                              attempt=attempt, updated_at=now - age_s, step=step,
-                             tokens_done=step * 10, job=job)
+                             tokens_done=step * 10, job=job, held=held, interval_s=interval_s)
     heartbeat.HeartbeatWriter(s, host).beat(hb, force=True)
 
 
@@ -161,18 +163,28 @@ class _Clock:
 
 def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     """Replica 0 of 2 with partitions 0..9. It takes its own; replica 1 (started, attempt
-    a1) holds 1 and 3: replica 0 takes r1's others from the end, then waits, saying why;
-    when r1's heartbeat goes stale it takes 1 and 3 over (a claim of the next generation),
-    and a partition claimed by an attempt this job does not know is left alone. Replica 1,
-    restarted, counts the partitions of its list it finds taken as given up, by whom."""
+    a1) holds 1 and 3 (its heartbeat names them): replica 0 takes r1's others from the
+    end, then waits, saying why; when r1's heartbeat goes stale it takes 1 and 3 over (a
+    claim of the next generation). A claim no heartbeat names (9) is read at the first look
+    (one of the few oldest unnamed claims a look reads): it names an attempt this job does
+    not know, and is left alone. Replica 1, restarted, counts the partitions of its list it
+    finds taken as given up, by whom. No claim a heartbeat names is read."""
     s = store.open_store(str(tmp_path))
     clock = _Clock()
     m = _manifest(10)
+    reads = collections.Counter()
+    read_many = s.read_many
+
+    def counted(keys, **kw):
+        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
+        return read_many(keys, **kw)
+
+    s.read_many = counted
 
     def is_committed(pid):
         return s.exists(layout.commit_key(pid))
 
-    _beat(s, "h1", 1, "a1", now=clock.now)
+    _beat(s, "h1", 1, "a1", now=clock.now, held=(1, 3))
     assert schedule.try_claim(s, JOB, 1, "a1") and schedule.try_claim(s, JOB, 3, "a1")
     assert schedule.try_claim(s, JOB, 9, "someone-else")
     r0 = chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=0), JOB, "a0",
@@ -184,14 +196,17 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     assert r0.choose(tried, is_committed) is None
     assert r0.why_waiting == ("r1 is extracting 2 partition(s) (1, 3), taken over if its "
                               "heartbeat goes stale")
+    assert list(reads) == [schedule.claim_key(JOB, 9)]
     clock.now += 61
-    _beat(s, "h0", 0, "a0", now=clock.now)
+    _beat(s, "h0", 0, "a0", now=clock.now, held=tuple(sorted(tried)))
     assert sorted(r0.choose(tried, is_committed) for _ in range(2)) == [1, 3]
     assert s.read_json(schedule.claim_key(JOB, 1, 1))["attempt"] == "a0"
     assert s.read_json(schedule.claim_key(JOB, 1))["attempt"] == "a1"
     assert r0.choose(tried, is_committed) == -1  # 9 is someone else's: not waited for
+    assert reads == {schedule.claim_key(JOB, 9): 1}  # read once
     assert dict(r0.stolen_from) == {"r1": 4}
     # Replica 1 again, while r0 extracts what it took: those are held by a live attempt.
+    _beat(s, "h0", 0, "a0", now=clock.now, held=tuple(sorted(tried)))
     r1 = chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=1), JOB, "a1b",
                                    clock=clock)
     assert r1.choose(set(), is_committed) is None
@@ -199,8 +214,47 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     assert r1.why_waiting.startswith("r0 is extracting 9 partition(s) (0, 1, 2, 3, 4, ...)")
     for pid in tried:  # r0 commits them: nothing is left for r1 (9 is not its to wait for)
         s.create_json(layout.commit_key(pid), {})
-    clock.now += pc.REFRESH_S  # its next look at the store
+    clock.now += pc.REFRESH_S  # its next look (it read 9 when it found it taken)
     assert r1.choose(set(), is_committed) == -1
+
+
+def test_a_look_reads_few_unnamed_claims_and_waits_for_the_others(tmp_path):
+    """Replica 1's 12 partitions were claimed by attempts no heartbeat names (made since
+    their holders last beat, as far as a look can tell). A look reads the oldest
+    UNNAMED_CLAIM_READS_A_LOOK of them, whatever their number, and waits on the others as
+    held; the next look reads the rest, and none is read twice. What a host reads a look
+    does not grow with the hosts claiming."""
+    s = store.open_store(str(tmp_path))
+    clock = _Clock()
+    m = _manifest(24)
+    reads = collections.Counter()
+    read_many = s.read_many
+
+    def counted(keys, **kw):
+        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
+        return read_many(keys, **kw)
+
+    s.read_many = counted
+    for pid in range(1, 24, 2):
+        assert schedule.try_claim(s, JOB, pid, f"x{pid}")
+    # Replica 1 started, beating every 2 s; its heartbeat names none of them.
+    _beat(s, "h1", 1, "a1", now=clock.now, interval_s=2.0)
+    r0 = chooser.Chooser(s, m, schedule.Topology(replicas=2, replica=0), JOB, "a0",
+                         clock=clock, refresh_s=1.0)
+    tried: set[int] = set()
+    assert [r0.choose(tried, lambda p: False) for _ in range(12)] == list(range(0, 24, 2))
+    first = request_budget.UNNAMED_CLAIM_READS_A_LOOK
+    assert r0.choose(tried, lambda p: False) is None
+    assert sum(reads.values()) == first < 12
+    assert r0.why_waiting.endswith(f"{12 - first} partition(s) "
+                                   f"({', '.join(map(str, range(2 * first + 1, 24, 2)))}) "
+                                   f"were claimed by hosts whose heartbeats do not name them yet")
+    assert r0.choose(tried, lambda p: False) is None  # the same look: nothing read
+    assert sum(reads.values()) == first
+    clock.now += 1.0
+    assert r0.choose(tried, lambda p: False) == -1  # the rest read: another job's attempts
+    assert sorted(reads) == sorted(schedule.claim_key(JOB, p) for p in range(1, 24, 2))
+    assert set(reads.values()) == {1}
 
 
 def test_without_steal_the_choice_is_the_replicas_own_list_unclaimed(tmp_path):

@@ -35,7 +35,9 @@ STALE_AFTER_S = 60.0
 # How long a replica that has never beaten keeps its partitions, from this worker's start.
 START_GRACE_S = 60.0
 # Seconds a view of the store (commits, claims, heartbeats) is reused before it is re-read
-# (heartbeats change every heartbeat_s, 2 s by default).
+# (heartbeats change every heartbeat_s, 2 s by default); on a pod, longer, so that the
+# replicas' looks stay within the bucket's budget for them
+# (schemas.request_budget.tail_look_interval_s).
 REFRESH_S = 2.0
 # Whether a host whose own list is used up takes another replica's partition for slots
 # its own chains leave free (True), or only once it has nothing in hand (False: it runs
@@ -48,6 +50,9 @@ FILL_SLOTS = True
 # What a replica's heartbeats say about it.
 UNSEEN, LOADING, STARTED, DONE, DEAD = "unseen", "loading", "started", "done", "dead"
 LIVE_STATES = ("starting", "working", "idle")  # as deploy.status.runstate reads them
+# The replica `Shares.held` names for a claim that no heartbeat names yet (made since its
+# holder last beat): held, by a replica not known yet.
+UNNAMED = -1
 _STEALABLE = (STARTED, DONE, DEAD)
 
 
@@ -73,12 +78,15 @@ class Beats:
     replicas: Mapping[int, str]
     attempts: Mapping[str, tuple[int, str]]  # attempt -> (replica, its host's state)
     rates: Mapping[int, float] = dataclasses.field(default_factory=dict)  # tokens/s, live
+    # partition -> the attempts whose heartbeats say they hold it (`held`): a claim's
+    # holder without reading the claim, so what a host reads does not grow with the pod.
+    holders: Mapping[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def read(cls, beats: Iterable[heartbeat_lib.Heartbeat], job: str, now: float,
              stale_after_s: float) -> "Beats":
         by_replica: dict[int, list[str]] = collections.defaultdict(list)
-        attempts = {}
+        attempts, holders = {}, collections.defaultdict(tuple)
         rates: dict[int, float] = collections.defaultdict(float)
         for hb in beats:
             # Another job's heartbeats (an earlier job on the run) and the launcher's note
@@ -88,6 +96,8 @@ class Beats:
             state = host_state(hb, now, stale_after_s)
             by_replica[hb.replica].append(state)
             attempts[hb.attempt] = (hb.replica, state)
+            for pid in (*hb.held, *(() if hb.partition is None else (hb.partition,))):
+                holders[pid] += (hb.attempt,)
             if state == STARTED:
                 rates[hb.replica] += hb.tokens_per_s
         replicas = {}
@@ -95,7 +105,8 @@ class Beats:
             replicas[replica] = (DEAD if DEAD in states else
                                  DONE if all(s == DONE for s in states) else
                                  STARTED if STARTED in states else LOADING)
-        return cls(replicas, attempts, {r: v for r, v in rates.items() if v > 0})
+        return cls(replicas, attempts, {r: v for r, v in rates.items() if v > 0},
+                   dict(holders))
 
     def holder_dead(self, attempt: str) -> bool | None:
         """Whether the attempt holding a claim will never commit it (None: not known)."""
@@ -217,9 +228,13 @@ def _why_waiting(kept: Mapping[int, Sequence[int]], held: Mapping[int, int],
     holders: dict[int, list[int]] = collections.defaultdict(list)
     for pid, r in held.items():
         holders[r].append(pid)
-    for r in sorted(holders):
+    for r in sorted(holders, key=lambda r: (r == UNNAMED, r)):
         pids = sorted(holders[r])
         shown = ", ".join(map(str, pids[:5])) + (", ..." if len(pids) > 5 else "")
+        if r == UNNAMED:
+            parts.append(f"{len(pids)} partition(s) ({shown}) were claimed by hosts whose "
+                         f"heartbeats do not name them yet")
+            continue
         parts.append(f"{replica_name(r)} is extracting {len(pids)} partition(s) ({shown}), "
                      f"taken over if its heartbeat goes stale")
     return "; ".join(parts)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import random
 import time
 from typing import Callable, Sequence
 
 from actx.schemas import commit as commit_lib
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import manifest as manifest_lib
+from actx.schemas import request_budget
 from actx.workers.replicas import choice_policy
 from actx.workers.loop import schedule
 
@@ -52,10 +54,16 @@ class Chooser:
         self.partition_tokens = manifest.total_tokens / max(1, self.n_partitions)
         self.grace_until = clock() + start_grace_s
         self._own_next = 0  # own partitions before this index were tried once
-        self._holders: dict[tuple[int, int], str] = {}  # (pid, generation) -> attempt
-        # The last look at the store: (when, choice_policy.Shares, claim generations, what the
-        # heartbeats said: replica states, dead attempts, whether the grace is over).
-        self._view: tuple[float, choice_policy.Shares, dict[int, int], tuple] | None = None
+        self._holders: dict[tuple[int, int], str] = {}  # (pid, generation) -> attempt, read
+        # Claims no heartbeat named yet: (pid, generation) -> when first seen so.
+        self._unnamed_since: dict[tuple[int, int], float] = {}
+        # The last look at the store: (when, choice_policy.Shares, claim generations).
+        self._view: tuple[float, choice_policy.Shares, dict[int, int]] | None = None
+        # Seconds between looks: refresh_s, or longer where the pod's replicas looking that
+        # often would pass the bucket's budget for listings (set at each look, jittered).
+        self.look_every_s = self.refresh_s
+        self._lost: set[int] = set()  # claimed first by others since the last look
+        self._jitter = random.Random(attempt)
         self._beats: tuple[float, choice_policy.Beats] | None = None  # the last heartbeats read
         # What the heartbeat reports: owner replica -> partitions taken from its list;
         # taker replica (or "?") -> own partitions another replica took first.
@@ -82,7 +90,9 @@ class Chooser:
                 if pid in tried or is_committed(pid):
                     continue
                 generation = generations.get(pid, -1) + 1
-                if schedule.try_claim(self.store, self.job, pid, self.attempt, generation):
+                if not schedule.try_claim(self.store, self.job, pid, self.attempt, generation):
+                    self._lost.add(pid)  # not tried again before the next look
+                else:
                     tried.add(pid)
                     owner = pid % self.topo.replicas
                     if owner != self.topo.replica:
@@ -92,6 +102,8 @@ class Chooser:
             if not decision.take:
                 self.why_waiting = decision.why if decision.wait else ""
                 return None if decision.wait else -1
+            if self._view is not None and now - self._view[0] < self.look_every_s:
+                break  # others took these first: look again when a look is due
             self._view = None
         self.why_waiting = "every partition it tried was claimed first by another replica"
         return None
@@ -134,7 +146,7 @@ class Chooser:
             holder = self._holders[(pid, generation)] = data.get("attempt", "")
             generation += 1
         now = self.clock()
-        if self._beats is None or now - self._beats[0] >= self.refresh_s:
+        if self._beats is None or now - self._beats[0] >= self.look_every_s:
             self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
                 self.store, history=False), self.job, now, self.stale_after_s))
         taker = self._beats[1].attempts.get(holder, ("?",))[0]
@@ -142,38 +154,41 @@ class Chooser:
 
     def _shares(self, tried: set[int], now: float,
                 is_committed: Callable[[int], bool]) -> tuple[choice_policy.Shares, dict[int, int]]:
-        """The store's view, re-read at most every `refresh_s`: choice_policy.Shares, and the claim
-        generation each claimed partition is at. After a look that found nothing to take,
-        a look whose heartbeats say what they said then (no replica started, ended or died,
-        the grace not over) reads only the commit markers of the partitions others hold: a
-        waiting host lists no claims and markers (tens of thousands on a pod) every poll."""
+        """The store's view, re-read at most every `look_every_s`: choice_policy.Shares, and
+        the claim generation each claimed partition is at. A look lists the heartbeats, the
+        commit markers and the claims; it reads no claim whose holder a heartbeat names
+        (`held`), so what a host reads does not grow with the pod. Between looks the view
+        is reused, less what this process took since: a host whose own list is used up
+        (the tail) lists the run once per `look_every_s`, however often it asks."""
         view = self._view
-        if view is not None and now - view[0] < self.refresh_s:
-            return _without(view[1], tried), view[2]
-        beats = choice_policy.Beats.read(heartbeat_lib.read_heartbeats(self.store, history=False),
-                           self.job, now, self.stale_after_s)
-        self._beats = (now, beats)
-        signature = (tuple(sorted(beats.replicas.items())),
-                     frozenset(a for a in beats.attempts if beats.holder_dead(a)),
-                     now >= self.grace_until)
-        if (view is not None and view[3] == signature
-                and not choice_policy.decide(view[1], now, self.grace_until).take):
-            shares = dataclasses.replace(
-                _without(view[1], tried),
-                held={p: r for p, r in view[1].held.items() if not is_committed(p)})
-            self._view = (now, shares, view[2], signature)
+        if view is not None and now - view[0] < self.look_every_s:
+            shares = _without(view[1], tried | self._lost)
+            if self._lost:  # held by whoever won them: waited for, as at a look
+                shares = dataclasses.replace(shares, held={
+                    **shares.held, **dict.fromkeys(self._lost, choice_policy.UNNAMED)})
             return shares, view[2]
+        self._lost = set()
+        listed = heartbeat_lib.read_heartbeats(self.store, history=False)
+        beats = choice_policy.Beats.read(listed, self.job, now, self.stale_after_s)
+        self._beats = (now, beats)
         committed = commit_lib.committed_partitions(self.store, self.n_partitions)
-        generations = schedule.claim_generations(
-            self.store.list_names(schedule.claims_folder(self.job)))
+        names = self.store.list_names(schedule.claims_folder(self.job))
+        generations = schedule.claim_generations(names)
         open_pids = [p for p in self.universe if p not in committed and p not in tried]
-        holders = self._read_holders([(p, generations[p]) for p in open_pids
-                                      if p in generations])
+        beat_every = max((hb.interval_s for hb in listed), default=0.0)
+        # A live holder names its claim in its next heartbeat: one unnamed past one of the
+        # pod's heartbeat intervals (and a half, for the listing's lag) is read, so a claim
+        # whose holder never beats (died first, or another job's) is not waited on.
+        holders = self._holders_of([(p, generations[p]) for p in open_pids if p in generations],
+                                   beats, now, 1.5 * beat_every)
         own, others, held = [], collections.defaultdict(list), {}
         for pid in open_pids:
             owner = pid % self.topo.replicas
             if pid in generations:
                 holder = holders[(pid, generations[pid])]
+                if holder is None:  # claimed since its holder last beat: held, by whom not
+                    held[pid] = choice_policy.UNNAMED  # known yet (or committed since the listing)
+                    continue
                 dead = beats.holder_dead(holder)
                 if holder == self.attempt or dead is None:
                     continue  # this attempt's own, or an attempt this job does not know
@@ -186,18 +201,48 @@ class Chooser:
         shares = choice_policy.Shares(tuple(own), {r: tuple(v) for r, v in others.items()}, held, states,
                         {r: v for r, v in pace.items() if r != self.topo.replica},
                         pace.get(self.topo.replica, 0.0))
-        self._view = (now, shares, generations, signature)
+        self._view = (now, shares, generations)
+        pages = (request_budget.list_pages(len(committed)) + request_budget.list_pages(len(names))
+                 + request_budget.list_pages(len(listed)))
+        self.look_every_s = request_budget.jittered(request_budget.tail_look_interval_s(
+            self.refresh_s, self.topo.replicas, pages), self._jitter)
         return shares, generations
 
-    def _read_holders(self, claims: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
-        """The attempt of each claim (pid, generation); a claim never changes, so each is
-        read once."""
-        unread = [c for c in claims if c not in self._holders]
+    def _holders_of(self, claims: list[tuple[int, int]], beats: choice_policy.Beats,
+                    now: float, named_within_s: float) -> dict[tuple[int, int], str | None]:
+        """The attempt holding each claim (pid, generation): the one whose heartbeat names
+        the partition, else the claim's own word, read (once: a claim never changes) for
+        the request_budget.UNNAMED_CLAIM_READS_A_LOOK oldest unnamed ones a look, and for
+        any no heartbeat named within `named_within_s` of this chooser first seeing it
+        (its holder died before its next beat, or is no worker of this job's); None
+        meanwhile."""
+        found: dict[tuple[int, int], str | None] = {}
+        unread, unnamed = [], []
+        for claim in claims:
+            pid, generation = claim
+            named = beats.holders.get(pid, ())
+            live = [a for a in named if beats.holder_dead(a) is False]
+            if claim in self._holders:
+                found[claim] = self._holders[claim]
+            elif live or (named and generation == 0):
+                # A takeover (generation > 0) is named by its dead first holder too: only a
+                # live one that names it holds it.
+                found[claim] = (live or named)[0]
+                self._unnamed_since.pop(claim, None)
+            else:
+                unnamed.append((self._unnamed_since.setdefault(claim, now), claim))
+        unnamed.sort()
+        for i, (since, claim) in enumerate(unnamed):
+            if i < request_budget.UNNAMED_CLAIM_READS_A_LOOK or now - since >= named_within_s:
+                unread.append(claim)
+            else:
+                found[claim] = None
         keys = [schedule.claim_key(self.job, pid, generation) for pid, generation in unread]
         for claim, key, data in zip(unread, keys, self.store.read_many(keys)):
-            self._holders[claim] = ("" if data is None else
-                                    (self.store.parse_json(key, data) or {}).get("attempt", ""))
-        return {c: self._holders[c] for c in claims}
+            self._holders[claim] = found[claim] = (
+                "" if data is None else (self.store.parse_json(key, data) or {}).get("attempt", ""))
+            self._unnamed_since.pop(claim, None)
+        return found
 
 
 def _without(shares: choice_policy.Shares, taken: set[int]) -> choice_policy.Shares:
