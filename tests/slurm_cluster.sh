@@ -68,10 +68,13 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 ReturnToService=2
 SlurmdParameters=config_overrides
+# KillWait: Slurm's default (30 s) between a cancel's SIGTERM and its SIGKILL: a worker
+# stops at its next step boundary, which on a 2-core machine under the suite's load can
+# take more than a few seconds.
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
-KillWait=5
+KillWait=30
 MinJobAge=30
 NodeName=${NODES[0]} NodeAddr=127.0.0.1 Port=16818 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 NodeName=${NODES[1]} NodeAddr=127.0.0.1 Port=16819 CPUs=$cpus RealMemory=$mem State=UNKNOWN

@@ -12,6 +12,7 @@ import gc
 import logging
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from actx.schemas import advice
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Seconds within which the stop signal already being acted on, arriving again, is the same
+# notice delivered twice rather than a second signal (which stops the host at once).
+ECHO_S = 1.0
 # SIGINT or SIGTERM: nothing partial is committed (a partition counts only with its marker).
 INTERRUPTED = ("actx extract: interrupted by {signal}; partitions without a commit marker "
                "stay uncommitted: `{rerun}` finishes them")
@@ -215,6 +219,7 @@ class _StopSignals:
     def __init__(self):
         self.received = stop_signals.Received()
         self.workers: list[Loop] = []  # the workers whose loops a signal stops
+        self._stopping_since: float | None = None  # when a signal asked the loops to stop
         self._said = threading.Lock()
 
     def say_interrupted(self, run: str) -> None:
@@ -225,6 +230,14 @@ class _StopSignals:
                   file=sys.stderr, flush=True)
 
     def on_signal(self, signum, frame):
+        if (self._stopping_since is not None and signum == self.received.signum
+                and time.monotonic() - self._stopping_since < ECHO_S):
+            # The same notice again at once: a supervisor (host_run, a launcher) forwarding
+            # the signal the scheduler also sent every process of the job step (Slurm's
+            # scancel, a terminal's Ctrl-C to the foreground group). Taken as a second
+            # signal it would end this host at once, without the replica's shutdown
+            # barrier, and take its peers down mid-stop.
+            return
         again = self.received.is_set()
         self.received.set(signum)
         if not self.workers or again:
@@ -232,6 +245,7 @@ class _StopSignals:
                 stop_signals.redeliver(signum)
                 return
             raise stop_signals.Stopped(signum)
+        self._stopping_since = time.monotonic()
         logging.getLogger("actx.worker").warning(
             "%s received: finishing the current step, committing nothing partial",
             stop_signals.signal_name(signum))
