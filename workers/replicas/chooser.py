@@ -57,6 +57,8 @@ class Chooser:
         self._holders: dict[tuple[int, int], str] = {}  # (pid, generation) -> attempt, read
         # Claims no heartbeat named yet: (pid, generation) -> when first seen so.
         self._unnamed_since: dict[tuple[int, int], float] = {}
+        self.looks = 0  # looks at the store (listings of commits, claims and heartbeats)
+        self.holders_read = 0  # claims read at those looks for their holders
         # The last look at the store: (when, choice_policy.Shares, claim generations).
         self._view: tuple[float, choice_policy.Shares, dict[int, int]] | None = None
         # Seconds between looks: refresh_s, or longer where the pod's replicas looking that
@@ -175,12 +177,8 @@ class Chooser:
         names = self.store.list_names(schedule.claims_folder(self.job))
         generations = schedule.claim_generations(names)
         open_pids = [p for p in self.universe if p not in committed and p not in tried]
-        beat_every = max((hb.interval_s for hb in listed), default=0.0)
-        # A live holder names its claim in its next heartbeat: one unnamed past one of the
-        # pod's heartbeat intervals (and a half, for the listing's lag) is read, so a claim
-        # whose holder never beats (died first, or another job's) is not waited on.
         holders = self._holders_of([(p, generations[p]) for p in open_pids if p in generations],
-                                   beats, now, 1.5 * beat_every)
+                                   beats, now)
         own, others, held = [], collections.defaultdict(list), {}
         for pid in open_pids:
             owner = pid % self.topo.replicas
@@ -209,15 +207,16 @@ class Chooser:
         return shares, generations
 
     def _holders_of(self, claims: list[tuple[int, int]], beats: choice_policy.Beats,
-                    now: float, named_within_s: float) -> dict[tuple[int, int], str | None]:
+                    now: float) -> dict[tuple[int, int], str | None]:
         """The attempt holding each claim (pid, generation): the one whose heartbeat names
-        the partition, else the claim's own word, read (once: a claim never changes) for
-        the request_budget.UNNAMED_CLAIM_READS_A_LOOK oldest unnamed ones a look, and for
-        any no heartbeat named within `named_within_s` of this chooser first seeing it
-        (its holder died before its next beat, or is no worker of this job's); None
-        meanwhile."""
+        the partition, else the claim's own word, read once (a claim never changes); None
+        for a claim not read yet. A look reads at most
+        request_budget.UNNAMED_CLAIM_READS_A_LOOK claims, those first seen longest ago
+        first: what a host reads a look stays flat however many hosts claim, and a claim
+        no heartbeat will name (its holder died before beating, or is no worker of this
+        job's) is read within a few looks rather than waited on."""
         found: dict[tuple[int, int], str | None] = {}
-        unread, unnamed = [], []
+        unnamed = []
         for claim in claims:
             pid, generation = claim
             named = beats.holders.get(pid, ())
@@ -230,14 +229,12 @@ class Chooser:
                 found[claim] = (live or named)[0]
                 self._unnamed_since.pop(claim, None)
             else:
-                unnamed.append((self._unnamed_since.setdefault(claim, now), claim))
-        unnamed.sort()
-        for i, (since, claim) in enumerate(unnamed):
-            if i < request_budget.UNNAMED_CLAIM_READS_A_LOOK or now - since >= named_within_s:
-                unread.append(claim)
-            else:
                 found[claim] = None
+                unnamed.append((self._unnamed_since.setdefault(claim, now), claim))
+        unread = [claim for _, claim in sorted(unnamed)[:request_budget.UNNAMED_CLAIM_READS_A_LOOK]]
         keys = [schedule.claim_key(self.job, pid, generation) for pid, generation in unread]
+        self.looks += 1
+        self.holders_read += len(unread)
         for claim, key, data in zip(unread, keys, self.store.read_many(keys)):
             self._holders[claim] = found[claim] = (
                 "" if data is None else (self.store.parse_json(key, data) or {}).get("attempt", ""))
