@@ -25,6 +25,11 @@ from actx.workers.replicas import choice_policy
 from actx.workers.loop import schedule
 
 
+# Live replicas that try to take over one partition a dead attempt held, as soon as its
+# heartbeat shows the death (the others leave it to them, or to their looks in the tail).
+TAKEOVER_TRIERS = 2
+
+
 class Chooser:
     """One process's partition choice (the leader's, in a multi-host replica).
 
@@ -57,6 +62,8 @@ class Chooser:
         self._holders: dict[tuple[int, int], str] = {}  # (pid, generation) -> attempt, read
         # Claims no heartbeat named yet: (pid, generation) -> when first seen so.
         self._unnamed_since: dict[tuple[int, int], float] = {}
+        self._dead_tried: set[int] = set()  # dead attempts' partitions tried to take over
+        self._universe = set(self.universe)
         self.looks = 0  # looks at the store (listings of commits, claims and heartbeats)
         self.holders_read = 0  # claims read at those looks for their holders
         # The last look at the store: (when, choice_policy.Shares, claim generations).
@@ -81,7 +88,9 @@ class Chooser:
                     tried.add(pid)
                     return pid
             return -1
-        pid = self._next_own(tried, is_committed)
+        pid = self._take_over_the_dead(tried, is_committed)
+        if pid is None:
+            pid = self._next_own(tried, is_committed)
         if pid is not None:
             return pid
         for _ in range(3):  # a lost race for every candidate: the view was old, read again
@@ -137,6 +146,46 @@ class Chooser:
                 tried.add(pid)
                 return pid
             self._count_given_up(pid)
+        return None
+
+    def _take_over_the_dead(self, tried: set[int], is_committed: Callable[[int], bool]
+                            ) -> int | None:
+        """A partition a dead attempt held (its heartbeat names it, and it is stale or
+        ended), claimed at the next generation, before this replica's own list: a death is
+        made good as soon as it shows, not once every replica's own list is used up (a
+        partition of long chains redone in the tail ends the run late). Heartbeats are
+        listed at most every `look_every_s`; each dead partition is tried by the
+        TAKEOVER_TRIERS live replicas its id ranks first, so a pod does not race for it."""
+        now = self.clock()
+        if self._beats is None or now - self._beats[0] >= self.look_every_s:
+            self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
+                self.store, history=False), self.job, now, self.stale_after_s))
+        beats = self._beats[1]
+        live = sorted(r for r, state in beats.replicas.items() if state == choice_policy.STARTED)
+        for pid, named in sorted(beats.holders.items()):
+            if (pid in tried or pid in self._dead_tried or pid not in self._universe
+                    or not any(beats.holder_dead(a) for a in named)
+                    or any(beats.holder_dead(a) is False for a in named)):
+                continue
+            triers = sorted(live, key=lambda r: hash((pid, r)) & 0xFFFFFFFF)
+            if self.topo.replica not in triers[:TAKEOVER_TRIERS]:
+                continue
+            self._dead_tried.add(pid)
+            if is_committed(pid):
+                continue
+            holder, generation = "", -1  # the claim's last generation, and its attempt
+            while (data := self.store.read_json(
+                    schedule.claim_key(self.job, pid, generation + 1))) is not None:
+                holder, generation = data.get("attempt", ""), generation + 1
+                self._holders[(pid, generation)] = holder
+            if generation < 0 or not beats.holder_dead(holder):
+                continue  # not claimed, or held now by a live attempt: the looks decide
+            if schedule.try_claim(self.store, self.job, pid, self.attempt, generation + 1):
+                tried.add(pid)
+                owner = pid % self.topo.replicas
+                if owner != self.topo.replica:
+                    self.stolen_from[choice_policy.replica_name(owner)] += 1
+                return pid
         return None
 
     def _count_given_up(self, pid: int) -> None:
