@@ -63,6 +63,9 @@ class Chooser:
         # Claims no heartbeat named yet: (pid, generation) -> when first seen so.
         self._unnamed_since: dict[tuple[int, int], float] = {}
         self._dead_tried: set[int] = set()  # dead attempts' partitions tried to take over
+        # Those of them this replica is to try: (when the heartbeats they come from were
+        # read, the partitions).
+        self._dead_held: tuple[float | None, list[int]] = (None, [])
         self._universe = set(self.universe)
         self.looks = 0  # looks at the store (listings of commits, claims and heartbeats)
         self.holders_read = 0  # claims read at those looks for their holders
@@ -160,15 +163,18 @@ class Chooser:
         if self._beats is None or now - self._beats[0] >= self.look_every_s:
             self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
                 self.store, history=False), self.job, now, self.stale_after_s))
-        beats = self._beats[1]
-        live = sorted(r for r, state in beats.replicas.items() if state == choice_policy.STARTED)
-        for pid, named in sorted(beats.holders.items()):
-            if (pid in tried or pid in self._dead_tried or pid not in self._universe
-                    or not any(beats.holder_dead(a) for a in named)
-                    or any(beats.holder_dead(a) is False for a in named)):
-                continue
-            triers = sorted(live, key=lambda r: hash((pid, r)) & 0xFFFFFFFF)
-            if self.topo.replica not in triers[:TAKEOVER_TRIERS]:
+        read_at, beats = self._beats
+        if self._dead_held[0] != read_at:  # once a heartbeat listing, not once a partition
+            live = sorted(r for r, state in beats.replicas.items()
+                          if state == choice_policy.STARTED)
+            self._dead_held = (read_at, [
+                pid for pid, named in sorted(beats.holders.items())
+                if pid in self._universe and any(beats.holder_dead(a) for a in named)
+                and not any(beats.holder_dead(a) is False for a in named)
+                and self.topo.replica in sorted(
+                    live, key=lambda r: hash((pid, r)) & 0xFFFFFFFF)[:TAKEOVER_TRIERS]])
+        for pid in self._dead_held[1]:
+            if pid in tried or pid in self._dead_tried:
                 continue
             self._dead_tried.add(pid)
             if is_committed(pid):
