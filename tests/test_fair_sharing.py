@@ -170,6 +170,19 @@ def _manifest(n: int, rows: int = 8) -> manifest.Manifest:
     return manifest.Manifest("f", 4, n * rows, n * rows * 4, parts, {}, 10)
 
 
+def _count_claim_reads(s) -> collections.Counter:
+    """Counts the claims read through `s.read_many` (how a chooser reads holders), by key."""
+    reads = collections.Counter()
+    read_many = s.read_many
+
+    def counted(keys, **kw):
+        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
+        return read_many(keys, **kw)
+
+    s.read_many = counted
+    return reads
+
+
 class _Clock:
     def __init__(self):
         self.now = time.time()
@@ -189,14 +202,7 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     s = store.open_store(str(tmp_path))
     clock = _Clock()
     m = _manifest(10)
-    reads = collections.Counter()
-    read_many = s.read_many
-
-    def counted(keys, **kw):
-        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
-        return read_many(keys, **kw)
-
-    s.read_many = counted
+    reads = _count_claim_reads(s)
 
     def is_committed(pid):
         return s.exists(layout.commit_key(pid))
@@ -265,14 +271,7 @@ def test_a_look_reads_few_unnamed_claims_and_waits_for_the_others(tmp_path):
     s = store.open_store(str(tmp_path))
     clock = _Clock()
     m = _manifest(24)
-    reads = collections.Counter()
-    read_many = s.read_many
-
-    def counted(keys, **kw):
-        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
-        return read_many(keys, **kw)
-
-    s.read_many = counted
+    reads = _count_claim_reads(s)
     for pid in range(1, 24, 2):
         assert schedule.try_claim(s, JOB, pid, f"x{pid}")
     # Replica 1 started, beating every 2 s; its heartbeat names none of them.
