@@ -10,7 +10,7 @@ shard index and each inner chunk of `rows_per_shard` rows), plus the two existen
 of run.json and activations/actx.json before each commit (workers.write.commit). Control
 requests follow the code's cadences (schemas.request_budget): a heartbeat a host every
 `heartbeat_s` or longer on a pod, the replicas' looks at commits, claims and heartbeats at
-most every `REFRESH_S` and once per partition taken
+most every `REFRESH_S` (longer on a pod) and once per partition taken
 (workers.replicas.choice_policy), log copies every `log_every_s` a host (longer on a pod)
 where the target ships logs, the metadata written once by process 0 of replica 0. bench/requests.py measures the same classes; the test
 tests/test_storage_plan.py holds this model to a measured run.
@@ -107,8 +107,12 @@ def plan(job: Job) -> Plan:
         # A replica lists at most once per partition it takes and once per refresh_s,
         # and, once nothing is left to take, every refresh_s until the last partition
         # is committed: about one partition's time (the tail).
-        # A look lists commits, claims and heartbeats at most every refresh_s.
-        look_s = job.refresh_s
+        # A look lists commits, claims and heartbeats at most every look_s: refresh_s,
+        # or longer on a pod (request_budget.tail_look_interval_s), shortened by up to a
+        # quarter at random (7/8 on average).
+        pages_a_look = 2 * _pages(job.partitions / 2) + _pages(job.hosts)
+        look_s = 0.875 * request_budget.tail_look_interval_s(job.refresh_s, job.replicas,
+                                                             pages_a_look)
         partition_s = job.seconds * job.replicas / job.partitions
         refreshes = job.replicas * (min(job.seconds / look_s,
                                         job.partitions / job.replicas + 1)

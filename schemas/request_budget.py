@@ -29,9 +29,9 @@ TAIL_LIST_PAGES_PER_S = 2_000.0
 # Objects a listing returns a page (GCS's maximum, and its default).
 LIST_PAGE_OBJECTS = 1_000
 # Claims a chooser reads at one look whose holder no heartbeat names yet (a claim made
-# since its holder last beat, or one whose holder never beats), the oldest seen first:
-# what a host reads a look stays this, however many hosts claim; the others are waited
-# on until a heartbeat names them or a heartbeat interval has passed.
+# since its holder last beat, or one whose holder never beats), the first seen first:
+# what a host reads a look stays this, however many hosts claim; the others are waited on
+# as held until a heartbeat names them or a later look reads them.
 UNNAMED_CLAIM_READS_A_LOOK = 8
 
 

@@ -241,6 +241,10 @@ class Outcome:
     given_up: dict[int, dict[str, int]]
     first_step: dict[int, float]
     idle_reasons: dict[int, set[str]]
+    # Per replica: its chooser's looks at the store, and the claims it read at them for
+    # their holders (workers.replicas.chooser.Chooser.looks / holders_read).
+    looks: dict[int, int] = dataclasses.field(default_factory=dict)
+    holders_read: dict[int, int] = dataclasses.field(default_factory=dict)
     # The requests the bucket got: (window, request_class, kind) -> count, windows of
     # `window_s` simulated seconds; and how often each object was written.
     requests: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -498,6 +502,9 @@ def simulate(workload: Workload, replicas: list[Replica], slots: int = 8,
                   if st["choice"]},
         first_step={r: st["first"] for r, st in enumerate(sim.state) if st["first"] is not None},
         idle_reasons={r: st["reasons"] for r, st in enumerate(sim.state)},
+        looks={r: st["choice"].looks for r, st in enumerate(sim.state) if st["choice"]},
+        holders_read={r: st["choice"].holders_read for r, st in enumerate(sim.state)
+                      if st["choice"]},
         requests=sim.store.requests, writes_of=sim.store.writes_of,
         window_s=sim.store.window_s)
 

@@ -96,6 +96,23 @@ def test_the_longest_list_is_the_one_its_owner_needs_longest_for():
                                    "this replica would; r2 gets through its last 2")
 
 
+def test_a_slow_replica_leaves_the_last_partitions_to_the_faster_ones():
+    """Near the end, a replica three times slower than the typical one takes nothing it
+    would finish after the others, at their pace, have got through what is left and one
+    partition more: they take it then and end sooner. Earlier, with much left, it takes."""
+    end = pc.Shares(own=(), others={1: (1, 3, 5)}, held={10: 1, 12: 2},
+                    states={1: pc.STARTED, 2: pc.STARTED, 3: pc.STARTED},
+                    pace={1: 10.0, 2: 10.0, 3: 10.0}, my_pace=30.0)
+    # 3 left + half of 2 in hand = 4 partitions over 4 replicas at 10 s: 10 s, + 10 < 30.
+    decision = pc.decide(end, 0.0, 0.0)
+    assert decision.take == () and decision.wait
+    assert "longer than the faster replicas take to finish the 4 left" in decision.why
+    early = dataclasses.replace(end, others={1: tuple(range(1, 40, 2))})
+    assert pc.decide(early, 0.0, 0.0).take[:1] == (39,)  # 21 left: 52.5 s + 10 > 30
+    typical = dataclasses.replace(end, my_pace=10.0)
+    assert pc.decide(typical, 0.0, 0.0).take == (5, 3, 1)
+
+
 def test_with_nothing_to_take_a_replica_waits_while_others_hold_work_else_ends():
     held = pc.Shares(own=(), others={}, held={7: 1, 9: 1}, states={1: pc.STARTED})
     decision = pc.decide(held, now=0.0, grace_until=0.0)
@@ -153,6 +170,19 @@ def _manifest(n: int, rows: int = 8) -> manifest.Manifest:
     return manifest.Manifest("f", 4, n * rows, n * rows * 4, parts, {}, 10)
 
 
+def _count_claim_reads(s) -> collections.Counter:
+    """Counts the claims read through `s.read_many` (how a chooser reads holders), by key."""
+    reads = collections.Counter()
+    read_many = s.read_many
+
+    def counted(keys, **kw):
+        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
+        return read_many(keys, **kw)
+
+    s.read_many = counted
+    return reads
+
+
 class _Clock:
     def __init__(self):
         self.now = time.time()
@@ -172,14 +202,7 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     s = store.open_store(str(tmp_path))
     clock = _Clock()
     m = _manifest(10)
-    reads = collections.Counter()
-    read_many = s.read_many
-
-    def counted(keys, **kw):
-        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
-        return read_many(keys, **kw)
-
-    s.read_many = counted
+    reads = _count_claim_reads(s)
 
     def is_committed(pid):
         return s.exists(layout.commit_key(pid))
@@ -218,6 +241,27 @@ def test_chooser_steals_waits_and_takes_over_a_dead_attempts_claims(tmp_path):
     assert r1.choose(set(), is_committed) == -1
 
 
+def test_a_dead_attempts_partition_is_taken_over_before_the_own_list(tmp_path):
+    """Replica 1's attempt died (its heartbeat stale) holding partition 1, claimed: replica
+    0, with its own list still to do, takes 1 over first (a claim of the next generation),
+    as soon as the heartbeat shows the death rather than once its own list is used up.
+    A partition a live attempt holds is left alone."""
+    s = store.open_store(str(tmp_path))
+    clock = _Clock()
+    m = _manifest(8)
+    assert schedule.try_claim(s, JOB, 1, "a1") and schedule.try_claim(s, JOB, 3, "a3")
+    _beat(s, "h1", 1, "a1", now=clock.now, age_s=120, held=(1,))     # dead
+    _beat(s, "h3", 3, "a3", now=clock.now, held=(3,))                # live
+    _beat(s, "h0", 0, "a0", now=clock.now)
+    r0 = chooser.Chooser(s, m, schedule.Topology(replicas=4, replica=0), JOB, "a0",
+                         clock=clock)
+    tried: set[int] = set()
+    assert [r0.choose(tried, lambda p: False) for _ in range(3)] == [1, 0, 4]
+    assert s.read_json(schedule.claim_key(JOB, 1, 1))["attempt"] == "a0"
+    assert not s.exists(schedule.claim_key(JOB, 3, 1))
+    assert dict(r0.stolen_from) == {"r1": 1}
+
+
 def test_a_look_reads_few_unnamed_claims_and_waits_for_the_others(tmp_path):
     """Replica 1's 12 partitions were claimed by attempts no heartbeat names (made since
     their holders last beat, as far as a look can tell). A look reads the oldest
@@ -227,14 +271,7 @@ def test_a_look_reads_few_unnamed_claims_and_waits_for_the_others(tmp_path):
     s = store.open_store(str(tmp_path))
     clock = _Clock()
     m = _manifest(24)
-    reads = collections.Counter()
-    read_many = s.read_many
-
-    def counted(keys, **kw):
-        reads.update(k for k in keys if k.startswith(layout.CLAIMS_PREFIX))
-        return read_many(keys, **kw)
-
-    s.read_many = counted
+    reads = _count_claim_reads(s)
     for pid in range(1, 24, 2):
         assert schedule.try_claim(s, JOB, pid, f"x{pid}")
     # Replica 1 started, beating every 2 s; its heartbeat names none of them.

@@ -207,6 +207,18 @@ def decide(shares: Shares, now: float, grace_until: float, idle: bool = True,
                else float("inf") for r in takeable}
     in_hand = collections.Counter(shares.held.values())
     take = from_the_longest_ends(takeable, seconds, in_hand, shares.my_pace)
+    if take and shares.my_pace > typical:
+        # A replica slower than the typical one takes no partition it would finish after
+        # the others, at their pace, have got through what is left and one partition more
+        # (they would take it then and end sooner): the run's last commit is not a slow
+        # host's.
+        live = 1 + sum(state == STARTED for state in shares.states.values())
+        left = sum(len(items) for items in takeable.values()) + 0.5 * len(shares.held)
+        pod_left_s = left * typical / live
+        if shares.my_pace > pod_left_s + typical:
+            return Decision((), wait=True, why=(
+                f"a partition takes this replica {shares.my_pace:.0f}s, longer than the "
+                f"faster replicas take to finish the {left:.0f} left and one more"))
     reached = {r: items for r, items in takeable.items() if not set(items) & set(take)}
     why = _why_waiting(kept, shares.held, shares.states, now, grace_until, reached)
     return Decision(tuple(take), wait=bool(kept or shares.held or reached), why=why)

@@ -25,6 +25,11 @@ from actx.workers.replicas import choice_policy
 from actx.workers.loop import schedule
 
 
+# Live replicas that try to take over one partition a dead attempt held, as soon as its
+# heartbeat shows the death (the others leave it to them, or to their looks in the tail).
+TAKEOVER_TRIERS = 2
+
+
 class Chooser:
     """One process's partition choice (the leader's, in a multi-host replica).
 
@@ -57,6 +62,13 @@ class Chooser:
         self._holders: dict[tuple[int, int], str] = {}  # (pid, generation) -> attempt, read
         # Claims no heartbeat named yet: (pid, generation) -> when first seen so.
         self._unnamed_since: dict[tuple[int, int], float] = {}
+        self._dead_tried: set[int] = set()  # dead attempts' partitions tried to take over
+        # Those of them this replica is to try: (when the heartbeats they come from were
+        # read, the partitions).
+        self._dead_held: tuple[float | None, list[int]] = (None, [])
+        self._universe = set(self.universe)
+        self.looks = 0  # looks at the store (listings of commits, claims and heartbeats)
+        self.holders_read = 0  # claims read at those looks for their holders
         # The last look at the store: (when, choice_policy.Shares, claim generations).
         self._view: tuple[float, choice_policy.Shares, dict[int, int]] | None = None
         # Seconds between looks: refresh_s, or longer where the pod's replicas looking that
@@ -79,7 +91,9 @@ class Chooser:
                     tried.add(pid)
                     return pid
             return -1
-        pid = self._next_own(tried, is_committed)
+        pid = self._take_over_the_dead(tried, is_committed)
+        if pid is None:
+            pid = self._next_own(tried, is_committed)
         if pid is not None:
             return pid
         for _ in range(3):  # a lost race for every candidate: the view was old, read again
@@ -137,6 +151,49 @@ class Chooser:
             self._count_given_up(pid)
         return None
 
+    def _take_over_the_dead(self, tried: set[int], is_committed: Callable[[int], bool]
+                            ) -> int | None:
+        """A partition a dead attempt held (its heartbeat names it, and it is stale or
+        ended), claimed at the next generation, before this replica's own list: a death is
+        made good as soon as it shows, not once every replica's own list is used up (a
+        partition of long chains redone in the tail ends the run late). Heartbeats are
+        listed at most every `look_every_s`; each dead partition is tried by the
+        TAKEOVER_TRIERS live replicas its id ranks first, so a pod does not race for it."""
+        now = self.clock()
+        if self._beats is None or now - self._beats[0] >= self.look_every_s:
+            self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
+                self.store, history=False), self.job, now, self.stale_after_s))
+        read_at, beats = self._beats
+        if self._dead_held[0] != read_at:  # once a heartbeat listing, not once a partition
+            live = sorted(r for r, state in beats.replicas.items()
+                          if state == choice_policy.STARTED)
+            self._dead_held = (read_at, [
+                pid for pid, named in sorted(beats.holders.items())
+                if pid in self._universe and any(beats.holder_dead(a) for a in named)
+                and not any(beats.holder_dead(a) is False for a in named)
+                and self.topo.replica in sorted(
+                    live, key=lambda r: hash((pid, r)) & 0xFFFFFFFF)[:TAKEOVER_TRIERS]])
+        for pid in self._dead_held[1]:
+            if pid in tried or pid in self._dead_tried:
+                continue
+            self._dead_tried.add(pid)
+            if is_committed(pid):
+                continue
+            holder, generation = "", -1  # the claim's last generation, and its attempt
+            while (data := self.store.read_json(
+                    schedule.claim_key(self.job, pid, generation + 1))) is not None:
+                holder, generation = data.get("attempt", ""), generation + 1
+                self._holders[(pid, generation)] = holder
+            if generation < 0 or not beats.holder_dead(holder):
+                continue  # not claimed, or held now by a live attempt: the looks decide
+            if schedule.try_claim(self.store, self.job, pid, self.attempt, generation + 1):
+                tried.add(pid)
+                owner = pid % self.topo.replicas
+                if owner != self.topo.replica:
+                    self.stolen_from[choice_policy.replica_name(owner)] += 1
+                return pid
+        return None
+
     def _count_given_up(self, pid: int) -> None:
         """Counts an own partition another attempt claimed first, by the replica of the
         attempt that holds it now (the claim's last generation)."""
@@ -175,12 +232,8 @@ class Chooser:
         names = self.store.list_names(schedule.claims_folder(self.job))
         generations = schedule.claim_generations(names)
         open_pids = [p for p in self.universe if p not in committed and p not in tried]
-        beat_every = max((hb.interval_s for hb in listed), default=0.0)
-        # A live holder names its claim in its next heartbeat: one unnamed past one of the
-        # pod's heartbeat intervals (and a half, for the listing's lag) is read, so a claim
-        # whose holder never beats (died first, or another job's) is not waited on.
         holders = self._holders_of([(p, generations[p]) for p in open_pids if p in generations],
-                                   beats, now, 1.5 * beat_every)
+                                   beats, now)
         own, others, held = [], collections.defaultdict(list), {}
         for pid in open_pids:
             owner = pid % self.topo.replicas
@@ -209,15 +262,16 @@ class Chooser:
         return shares, generations
 
     def _holders_of(self, claims: list[tuple[int, int]], beats: choice_policy.Beats,
-                    now: float, named_within_s: float) -> dict[tuple[int, int], str | None]:
+                    now: float) -> dict[tuple[int, int], str | None]:
         """The attempt holding each claim (pid, generation): the one whose heartbeat names
-        the partition, else the claim's own word, read (once: a claim never changes) for
-        the request_budget.UNNAMED_CLAIM_READS_A_LOOK oldest unnamed ones a look, and for
-        any no heartbeat named within `named_within_s` of this chooser first seeing it
-        (its holder died before its next beat, or is no worker of this job's); None
-        meanwhile."""
+        the partition, else the claim's own word, read once (a claim never changes); None
+        for a claim not read yet. A look reads at most
+        request_budget.UNNAMED_CLAIM_READS_A_LOOK claims, those first seen longest ago
+        first: what a host reads a look stays flat however many hosts claim, and a claim
+        no heartbeat will name (its holder died before beating, or is no worker of this
+        job's) is read within a few looks rather than waited on."""
         found: dict[tuple[int, int], str | None] = {}
-        unread, unnamed = [], []
+        unnamed = []
         for claim in claims:
             pid, generation = claim
             named = beats.holders.get(pid, ())
@@ -230,14 +284,12 @@ class Chooser:
                 found[claim] = (live or named)[0]
                 self._unnamed_since.pop(claim, None)
             else:
-                unnamed.append((self._unnamed_since.setdefault(claim, now), claim))
-        unnamed.sort()
-        for i, (since, claim) in enumerate(unnamed):
-            if i < request_budget.UNNAMED_CLAIM_READS_A_LOOK or now - since >= named_within_s:
-                unread.append(claim)
-            else:
                 found[claim] = None
+                unnamed.append((self._unnamed_since.setdefault(claim, now), claim))
+        unread = [claim for _, claim in sorted(unnamed)[:request_budget.UNNAMED_CLAIM_READS_A_LOOK]]
         keys = [schedule.claim_key(self.job, pid, generation) for pid, generation in unread]
+        self.looks += 1
+        self.holders_read += len(unread)
         for claim, key, data in zip(unread, keys, self.store.read_many(keys)):
             self._holders[claim] = found[claim] = (
                 "" if data is None else (self.store.parse_json(key, data) or {}).get("attempt", ""))
