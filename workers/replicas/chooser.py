@@ -157,10 +157,13 @@ class Chooser:
         ended), claimed at the next generation, before this replica's own list: a death is
         made good as soon as it shows, not once every replica's own list is used up (a
         partition of long chains redone in the tail ends the run late). Heartbeats are
-        listed at most every `look_every_s`; each dead partition is tried by the
-        TAKEOVER_TRIERS live replicas its id ranks first, so a pod does not race for it."""
+        listed at most once a heartbeat interval of the pod's (a death shows only once a
+        heartbeat is 3 of them old); each dead partition is tried by the TAKEOVER_TRIERS
+        live replicas its id ranks first, so a pod does not race for it."""
         now = self.clock()
-        if self._beats is None or now - self._beats[0] >= self.look_every_s:
+        every_s = max(self.look_every_s, request_budget.heartbeat_interval_s(
+            self.refresh_s, self.topo.replicas * self.topo.hosts_per_replica))
+        if self._beats is None or now - self._beats[0] >= every_s:
             self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
                 self.store, history=False), self.job, now, self.stale_after_s))
         read_at, beats = self._beats
