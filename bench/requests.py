@@ -257,7 +257,6 @@ def growth(measured: list[Measured], out=sys.stdout) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from actx.schemas import gcs_store
     from tests import counting_proxy, gcs_emulator
 
     work = args.work or tempfile.mkdtemp(prefix="actx-bench-requests-")
@@ -265,23 +264,21 @@ def main(argv=None) -> None:
     os.environ.pop("ACTX_TEST_GCS_URL", None)
     emulator = gcs_emulator.Emulator(gcs_emulator.reserve_endpoint()).start()
     proxy = counting_proxy.CountingProxy(emulator.url).start()
-    os.environ["TENSORSTORE_GCS_HTTP_URL"] = proxy.url
-    os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
-    gcs_store.reset_gcs_client()
     try:
-        job_inputs = inputs(work, args)
-        print(f"bench/requests.py: 2-layer qwen2, seq {args.seq}, {args.batch} rows a step a "
-              f"host, {args.rows_per_shard} rows an object, {args.partition_rows} rows a "
-              f"partition, heartbeat every {args.heartbeat_s:g} s; cpu count "
-              f"{os.cpu_count()}")
-        measured = []
-        for hosts in [int(h) for h in args.hosts.split(",")]:
-            m = measure(proxy, emulator, job_inputs, work, hosts, args)
-            report(m)
-            extrapolate(m, args.step_time, args.batch, args.partition_rows)
-            measured.append(m)
-        if len(measured) > 1:
-            growth(measured)
+        with gcs_emulator.routed_through(proxy.url):
+            job_inputs = inputs(work, args)
+            print(f"bench/requests.py: 2-layer qwen2, seq {args.seq}, {args.batch} rows a step a "
+                  f"host, {args.rows_per_shard} rows an object, {args.partition_rows} rows a "
+                  f"partition, heartbeat every {args.heartbeat_s:g} s; cpu count "
+                  f"{os.cpu_count()}")
+            measured = []
+            for hosts in [int(h) for h in args.hosts.split(",")]:
+                m = measure(proxy, emulator, job_inputs, work, hosts, args)
+                report(m)
+                extrapolate(m, args.step_time, args.batch, args.partition_rows)
+                measured.append(m)
+            if len(measured) > 1:
+                growth(measured)
     finally:
         proxy.stop()
         emulator.stop()

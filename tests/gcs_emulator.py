@@ -7,6 +7,7 @@ STORAGE_EMULATOR_HOST; both must be set before either library first talks to GCS
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -38,6 +39,27 @@ def reserve_endpoint() -> str:
     os.environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = "actx-test-token"
     os.environ["STORAGE_EMULATOR_HOST"] = url
     return url
+
+
+@contextlib.contextmanager
+def routed_through(url: str):
+    """Both GCS clients, of this process and of the processes it starts, talk to `url` (a
+    proxy in front of the emulator) for the block; as before after it."""
+    from actx.schemas import gcs_store
+
+    names = ("TENSORSTORE_GCS_HTTP_URL", "STORAGE_EMULATOR_HOST")
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, url))
+    gcs_store.reset_gcs_client()  # google-cloud-storage reads its endpoint once
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        gcs_store.reset_gcs_client()
 
 
 class Emulator:

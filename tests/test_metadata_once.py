@@ -16,21 +16,18 @@ import yaml
 from actx.deploy import cli
 from actx.deploy.status import runstate
 from actx.pipeline import sample_data
-from actx.schemas import gcs_store, heartbeat, layout, request_budget, run_dir, store
-from tests import fault_proxy, hf_models
+from actx.schemas import heartbeat, layout, request_budget, run_dir, store
+from tests import fault_proxy, gcs_emulator, hf_models
 
 
 @pytest.fixture
-def proxy(gcs_emulator_server, monkeypatch):
+def proxy(gcs_emulator_server):
     """Both GCS clients of this process and of the workers it starts go through the proxy."""
     proxy = fault_proxy.FaultProxy(gcs_emulator_server.url, seed=5).start()
-    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    gcs_store.reset_gcs_client()
-    yield proxy
-    proxy.stop()
-    monkeypatch.undo()
-    gcs_store.reset_gcs_client()
+    with gcs_emulator.routed_through(proxy.url):
+        yield proxy
+        proxy.stop()
+
 
 
 def _config(tmp, run: str, tokenizer: str) -> str:

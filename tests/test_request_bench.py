@@ -19,22 +19,17 @@ import urllib.request
 
 import pytest
 
-from actx.schemas import gcs_store
 from actx.schemas import storage_requests as sr
 from bench import requests as bench_requests
-from tests import counting_proxy
+from tests import counting_proxy, gcs_emulator
 
 
 @pytest.fixture(scope="module")
 def proxy(gcs_emulator_server):
     proxy = counting_proxy.CountingProxy(gcs_emulator_server.url).start()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)
-        patch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-        gcs_store.reset_gcs_client()
+    with gcs_emulator.routed_through(proxy.url):
         yield proxy
         proxy.stop()
-    gcs_store.reset_gcs_client()
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ import yaml
 
 from actx.deploy import cli
 from actx.pipeline import sample_data
-from actx.schemas import gcs_store, layout, store
-from tests import fault_proxy, hf_models
+from actx.schemas import layout, store
+from tests import fault_proxy, gcs_emulator, hf_models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,16 +79,13 @@ def reference_run(job_inputs, gcs_emulator_server) -> str:
 
 
 @pytest.fixture
-def proxy(gcs_emulator_server, monkeypatch):
+def proxy(gcs_emulator_server):
     """Both GCS clients of this process and of the workers it starts go through the proxy."""
     proxy = fault_proxy.FaultProxy(gcs_emulator_server.url, seed=11).start()
-    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)  # read at every open
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    gcs_store.reset_gcs_client()
-    yield proxy
-    proxy.stop()
-    monkeypatch.undo()
-    gcs_store.reset_gcs_client()
+    with gcs_emulator.routed_through(proxy.url):
+        yield proxy
+        proxy.stop()
+
 
 
 def _objects(run: str, prefix: str) -> dict[str, bytes]:

@@ -107,12 +107,8 @@ class Chooser:
                 if not schedule.try_claim(self.store, self.job, pid, self.attempt, generation):
                     self._lost.add(pid)  # not tried again before the next look
                 else:
-                    tried.add(pid)
-                    owner = pid % self.topo.replicas
-                    if owner != self.topo.replica:
-                        self.stolen_from[choice_policy.replica_name(owner)] += 1
                     self.why_waiting = ""
-                    return pid
+                    return self._claimed(pid, tried)
             if not decision.take:
                 self.why_waiting = decision.why if decision.wait else ""
                 return None if decision.wait else -1
@@ -160,13 +156,9 @@ class Chooser:
         listed at most once a heartbeat interval of the pod's (a death shows only once a
         heartbeat is 3 of them old); each dead partition is tried by the TAKEOVER_TRIERS
         live replicas its id ranks first, so a pod does not race for it."""
-        now = self.clock()
-        every_s = max(self.look_every_s, request_budget.heartbeat_interval_s(
-            self.refresh_s, self.topo.replicas * self.topo.hosts_per_replica))
-        if self._beats is None or now - self._beats[0] >= every_s:
-            self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
-                self.store, history=False), self.job, now, self.stale_after_s))
-        read_at, beats = self._beats
+        beats = self._heartbeats(max(self.look_every_s, request_budget.heartbeat_interval_s(
+            self.refresh_s, self.topo.replicas * self.topo.hosts_per_replica)))
+        read_at = self._beats[0]
         if self._dead_held[0] != read_at:  # once a heartbeat listing, not once a partition
             live = sorted(r for r, state in beats.replicas.items()
                           if state == choice_policy.STARTED)
@@ -182,35 +174,46 @@ class Chooser:
             self._dead_tried.add(pid)
             if is_committed(pid):
                 continue
-            holder, generation = "", -1  # the claim's last generation, and its attempt
-            while (data := self.store.read_json(
-                    schedule.claim_key(self.job, pid, generation + 1))) is not None:
-                holder, generation = data.get("attempt", ""), generation + 1
-                self._holders[(pid, generation)] = holder
+            holder, generation = self._last_claim(pid)
             if generation < 0 or not beats.holder_dead(holder):
                 continue  # not claimed, or held now by a live attempt: the looks decide
             if schedule.try_claim(self.store, self.job, pid, self.attempt, generation + 1):
-                tried.add(pid)
-                owner = pid % self.topo.replicas
-                if owner != self.topo.replica:
-                    self.stolen_from[choice_policy.replica_name(owner)] += 1
-                return pid
+                return self._claimed(pid, tried)
         return None
+
+    def _claimed(self, pid: int, tried: set[int]) -> int:
+        """Records partition `pid`, just claimed, as taken (from its owner's list, when
+        that is another replica's); returns it."""
+        tried.add(pid)
+        owner = pid % self.topo.replicas
+        if owner != self.topo.replica:
+            self.stolen_from[choice_policy.replica_name(owner)] += 1
+        return pid
 
     def _count_given_up(self, pid: int) -> None:
         """Counts an own partition another attempt claimed first, by the replica of the
         attempt that holds it now (the claim's last generation)."""
-        holder, generation = "", 0
+        holder, _ = self._last_claim(pid)
+        taker = self._heartbeats(self.look_every_s).attempts.get(holder, ("?",))[0]
+        self.given_up[taker if taker == "?" else choice_policy.replica_name(taker)] += 1
+
+    def _last_claim(self, pid: int) -> tuple[str, int]:
+        """The attempt holding partition `pid`'s claim and the claim's generation (-1: not
+        claimed), read generation by generation (each holder kept: a claim never changes)."""
+        holder, generation = "", -1
         while (data := self.store.read_json(
-                schedule.claim_key(self.job, pid, generation))) is not None:
-            holder = self._holders[(pid, generation)] = data.get("attempt", "")
+                schedule.claim_key(self.job, pid, generation + 1))) is not None:
             generation += 1
+            holder = self._holders[(pid, generation)] = data.get("attempt", "")
+        return holder, generation
+
+    def _heartbeats(self, every_s: float) -> choice_policy.Beats:
+        """The job's heartbeats, listed again once the last listing is `every_s` old."""
         now = self.clock()
-        if self._beats is None or now - self._beats[0] >= self.look_every_s:
+        if self._beats is None or now - self._beats[0] >= every_s:
             self._beats = (now, choice_policy.Beats.read(heartbeat_lib.read_heartbeats(
                 self.store, history=False), self.job, now, self.stale_after_s))
-        taker = self._beats[1].attempts.get(holder, ("?",))[0]
-        self.given_up[taker if taker == "?" else choice_policy.replica_name(taker)] += 1
+        return self._beats[1]
 
     def _shares(self, tried: set[int], now: float,
                 is_committed: Callable[[int], bool]) -> tuple[choice_policy.Shares, dict[int, int]]:
