@@ -6,6 +6,7 @@
     python bench/read.py --codec none --also-decoded  # mapped vs decoded, same rounds
     python bench/read.py --also-numpy-copy        # the C copy vs numpy's, same rounds
     python bench/read.py --float8                 # float8 vs bfloat16 streams, same rounds
+    python bench/read.py --float8 --cold          # the same, each epoch read from the disk
 
 For each store it prints: (1) the sequential decoded read (every block of the hook read
 through tensorstore in row order, 2 and 4 reads in flight, the faster counting, decoded
@@ -24,12 +25,15 @@ partitions and blocks per batch) for (2) and (3). Each child times --passes pass
 an untimed one (thread pools, allocator), children alternate over --rounds, and medians
 are printed, because other processes share the cores. The files were just written or
 read, so reads come from the page cache: the figures are decode and copy speed, not disk
-speed.
+speed; with --cold (the streams only) every file of the run is dropped from the page cache
+(fsync, then posix_fadvise DONTNEED) before each epoch, which then reads from the disk
+through a stream of its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -124,13 +128,49 @@ def _sequential_passes(array: ts.TensorStore, blocks: list, block_rows: int, pas
     return out
 
 
+def drop_from_page_cache(run_dir: str) -> int:
+    """Every file under run_dir out of the page cache (written back first: only clean
+    pages are dropped), so that the next read of it comes from the disk. Returns bytes."""
+    total = 0
+    for root, _, names in os.walk(run_dir):
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                total += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+    return total
+
+
+def stream_cold(run: reader.Run, run_dir: str, hook: str, batch_size: int,
+                buffer_tokens: int, block_rows: int, passes: int, prefetch_buffers: int,
+                file_io_mode: str | None = None, framework: str = "numpy",
+                **stream_args) -> dict:
+    """`stream`'s figures with each epoch read from the disk: the run's files dropped
+    from the page cache, then a stream of one epoch (one stream for all would read the
+    next epoch's first buffer ahead, from the cache); one untimed epoch first."""
+    seconds, cpu = [], []
+    for _ in range(passes + 1):
+        drop_from_page_cache(run_dir)
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = stream(run, hook, batch_size, buffer_tokens, block_rows, 0, prefetch_buffers,
+                     file_io_mode, framework, **stream_args)
+        seconds.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    out.update(seconds=seconds[1:], cpu=cpu[1:], cold=True)
+    return out
+
+
 def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
            block_rows: int, passes: int, prefetch_buffers: int,
            file_io_mode: str | None = None, framework: str = "numpy",
            **stream_args) -> dict:
     """Whole epochs of the streaming shuffle (drop_last=False: every valid token once),
     one untimed epoch first, then `passes` timed ones. framework="jax": every batch is
-    handed over as a JAX array on the default device and waited for (device-ready)."""
+    handed over as a JAX array on the default device and waited for (device-ready).
+    passes=0: the one epoch, timed (stream_cold's)."""
     t0 = time.perf_counter()
     s = run.stream(hook, batch_size, buffer_tokens=buffer_tokens, block_rows=block_rows,
                    seed=0, drop_last=False, epochs=passes + 1,
@@ -151,7 +191,7 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
                 seconds.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
                 t0, c0 = time.perf_counter(), time.process_time()
-            if b.epoch == 1:
+            if b.epoch == min(1, passes):  # a timed epoch's tokens
                 tokens, nbytes = tokens + len(b), nbytes + b.acts[hook].nbytes
                 batch_dtype = str(b.acts[hook].dtype)
         seconds.append(time.perf_counter() - t0)
@@ -160,7 +200,8 @@ def stream(run: reader.Run, hook: str, batch_size: int, buffer_tokens: int,
     itemsize = np.dtype(run.activation_array(hook).dtype.numpy_dtype).itemsize
     decoded = int((table.row_stop - table.row_start).sum()) * run.seq_len * \
         run.hook(hook).hidden * itemsize
-    return {"seconds": seconds[1:], "cpu": cpu[1:], "setup_s": setup_s, "tokens": tokens,
+    timed = slice(1, None) if passes else slice(None)
+    return {"seconds": seconds[timed], "cpu": cpu[timed], "setup_s": setup_s, "tokens": tokens,
             "delivered_bytes": nbytes, "decoded_bytes": decoded,
             "blocks_per_buffer": s.blocks_per_buffer, "gather_threads": s.gather_threads,
             "reads_in_flight": s.reads_in_flight, "read_path": s.read_paths[hook],
@@ -233,7 +274,9 @@ def measure(args: argparse.Namespace) -> None:
     if args.measure == "sequential":
         out = sequential(run, hook, block_rows, args.passes, file_io_mode=file_io_mode)
     elif args.measure == "stream":
-        out = stream(run, hook, args.batch_size, args.buffer_tokens, block_rows,
+        measure_stream = (functools.partial(stream_cold, run, args.run) if args.cold
+                          else functools.partial(stream, run))
+        out = measure_stream(hook, args.batch_size, args.buffer_tokens, block_rows,
                      args.passes, args.prefetch_buffers, file_io_mode,
                      framework=args.framework, gather_threads=args.gather_threads,
                      reads_in_flight=args.reads_in_flight, map_shards=not args.no_map_shards,
@@ -265,6 +308,8 @@ def _child(args: argparse.Namespace, mode: str, run_dir: str, flags: tuple = ())
             cmd += [flag, str(value)]
     if args.block_rows:
         cmd += ["--block-rows", str(args.block_rows)]
+    if args.cold and mode == "stream":
+        cmd += ["--cold"]
     for flag in ("--no-map-shards", "--no-native-copy"):
         if getattr(args, flag[2:].replace("-", "_")) or flag in flags:
             cmd += [flag]
@@ -387,9 +432,11 @@ def compare_dtypes(args: argparse.Namespace, runs: dict[str, str], label: str) -
             seconds[name] += out["seconds"]
             results[name] = out
     med = statistics.median
+    where = ("each epoch from the disk (page cache dropped before it)" if args.cold
+             else "from the page cache")
     print(f"\n== {label}: streaming shuffle, batch {args.batch_size} tokens, buffer "
-          f"{args.buffer_tokens} tokens; medians of {len(seconds[next(iter(runs))])} epochs each, "
-          f"alternating")
+          f"{args.buffer_tokens} tokens, {where}; medians of "
+          f"{len(seconds[next(iter(runs))])} epochs each, alternating")
     base = med(seconds["bfloat16"])
     for name, xs in seconds.items():
         r = results[name]
@@ -451,6 +498,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="synthetic runs of the same values as bfloat16 and as float8_e4m3 "
                          "(per-token scales): the streaming shuffle's tokens/s of each, side "
                          "by side in the same rounds")
+    ap.add_argument("--cold", action="store_true",
+                    help="streams read each epoch from the disk: the run's files dropped "
+                         "from the page cache before it")
     ap.add_argument("--output-dtype", help=argparse.SUPPRESS)
     ap.add_argument("--measure", choices=("sequential", "stream", "exact", "mixing"),
                     help=argparse.SUPPRESS)

@@ -205,11 +205,6 @@ class ShuffledStream:
             if plain is not None:
                 mapped[h] = mapped_hook.MappedHook(run, h, acts[h], plain)
             self.read_paths[h] = "mapped" if plain is not None else f"decoded: {why}"
-        gather_threads = reads.gather_threads
-        if gather_threads is None:
-            gather_threads = gather_lib.default_threads(len(mapped) < len(read))
-        self.gather_threads = gather_threads
-        gather_lib.Gather(gather_threads).close()  # checks it now, not in the thread
         copy_rows, why = (row_copy.kernel() if reads.native_copy
                           else (None, "native_copy=False"))
         self.copy_path = why if copy_rows is not None else f"numpy: {why}"
@@ -220,6 +215,12 @@ class ShuffledStream:
         self.dequantised_in_copy = tuple(
             h for h in self.hooks if copy_rows is not None and not on_device
             and run.hook(h).quantised)
+        gather_threads = reads.gather_threads
+        if gather_threads is None:
+            gather_threads = gather_lib.default_threads(len(mapped) < len(read),
+                                                        bool(self.dequantised_in_copy))
+        self.gather_threads = gather_threads
+        gather_lib.Gather(gather_threads).close()  # checks it now, not in the thread
         return stream_buffers.BufferReader(
             run, self.plan, read, acts, mapped,
             self._filter.sources(run, tokens_context), self._filter, copy_rows,
