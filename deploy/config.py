@@ -190,8 +190,11 @@ class StoragePrices:
     class_a_per_10k: float = 0.05
     class_b_per_10k: float = 0.004
     storage_per_gib_month: float = 0.020
+    # Checked 2026-12 against cloud.google.com/storage/pricing-examples: Class A (object
+    # adds, bucket and object listings) $0.005 and Class B (object gets) $0.0004 per 1,000,
+    # Standard storage in us-east1 $0.020 per GB-month. A multi-region bucket costs more.
     source: str = ("GCS list prices, Standard storage in a region, "
-                   "cloud.google.com/storage/pricing as of 2025")
+                   "cloud.google.com/storage/pricing as of 2026-12")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,8 @@ import dataclasses
 import json
 from typing import Callable
 
+import numpy as np
+
 from actx.pipeline import assemble
 from actx.pipeline import pack_group
 from actx.pipeline import partition as partition_lib
@@ -104,7 +106,23 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
     tokens = int((block["segment_ids"] > 0).sum())
     full_context = int(((block["context_start"] == 0) & (block["segment_ids"] > 0)).sum())
     return {"partition": partition_id, "rows": count, "tokens": tokens, "docs": len(doc_rows),
-            "full_context_tokens": full_context}
+            "full_context_tokens": full_context,
+            "longest_doc_rows": longest_doc_rows(block["segment_ids"][:, 0],
+                                                 block["positions"][:, 0])}
+
+
+def longest_doc_rows(first_segment_ids: np.ndarray, first_positions: np.ndarray) -> int:
+    """The most consecutive rows one document runs through (manifest.Partition's
+    `longest_doc_rows`), from each row's column 0: a row continues the document of the row
+    before when it holds a document token there at a position > 0 (the workers' rule,
+    workers.loop.prefetch's continuation_flags). 0 for no rows."""
+    continues = (np.asarray(first_segment_ids) > 0) & (np.asarray(first_positions) > 0)
+    if continues.size == 0:
+        return 0
+    # Each row not continuing starts a run; a run's length is the distance to the next start.
+    starts = np.flatnonzero(~continues)
+    bounds = np.concatenate([[0], starts, [continues.size]])
+    return int(np.diff(np.unique(bounds)).max())
 
 
 # json.dumps(r, sort_keys=True) builds an encoder per call; one shared encoder writes the

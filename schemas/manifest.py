@@ -16,7 +16,9 @@ from actx.schemas import layout
 # 2: partitions stored as columns ({"id": [...], "tokens": [...], ...}): 150k partitions
 # load in ~0.2 s instead of ~1.5 s as objects. Version 1 manifests (a list of partition
 # objects) still load.
-MANIFEST_VERSION = 2
+# 3: the partition column `longest_doc_rows`; earlier manifests read with it 0 (not
+# recorded). An actx before it refuses a version 3 manifest by that column's name.
+MANIFEST_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +28,11 @@ class Partition:
     tokens: non-padding tokens in the partition; docs: documents starting in it.
     full_context_tokens: tokens that saw their whole document up to themselves
       (`tokens/context_start` == 0).
+    longest_doc_rows: the most consecutive rows of the partition one document runs
+      through (a row continues the document of the row before when its column 0 holds a
+      document token at a position > 0): the rows a worker runs one after another through
+      one batch slot, so it takes partitions with long ones first. 0: not recorded
+      (manifests before version 3).
     """
 
     id: int
@@ -34,6 +41,7 @@ class Partition:
     tokens: int
     docs: int
     full_context_tokens: int = 0
+    longest_doc_rows: int = 0
 
     @property
     def row_stop(self) -> int:
@@ -177,6 +185,12 @@ class Manifest:
                                          f"a manifest (rerun `actx prepare`)")
         data = dict(data)
         data.pop("totals", None)
+        version = data.get("version", 1)
+        if type(version) is int and version > MANIFEST_VERSION:
+            raise config_lib.ConfigError(
+                f"{where}: manifest version {version} was written by a newer actx (this one "
+                f"reads versions 1 to {MANIFEST_VERSION}); upgrade actx "
+                f"(pip install --upgrade actx-lm) to read this run")
         columns = data.get("partitions")
         if not isinstance(columns, dict):  # version 1: a list of objects
             return config_lib.from_dict(cls, data, where + ": ")

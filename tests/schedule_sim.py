@@ -37,6 +37,7 @@ import re
 import numpy as np
 
 from actx.pipeline import pack
+from actx.pipeline import write_store
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
@@ -196,9 +197,12 @@ def fineweb_like(n_partitions: int, partition_rows: int = 64, seq_len: int = 102
         lo, hi = pid * partition_rows, (pid + 1) * partition_rows
         chains[pid] = schedule.chains(lo, hi, continues[lo:hi], first_positions[lo:hi],
                                       seq_len, warmup)
+        # As prepare records it (pipeline.write_store): the rows a document runs through.
+        longest = write_store.longest_doc_rows(np.ones(hi - lo, np.int32),
+                                               continues[lo:hi].astype(np.int32))
         parts.append(manifest_lib.Partition(id=pid, row_start=lo, row_count=hi - lo,
                                             tokens=(hi - lo) * seq_len,
-                                            docs=int(starts[pid])))
+                                            docs=int(starts[pid]), longest_doc_rows=longest))
     m = manifest_lib.Manifest("sim", seq_len, total_rows, total_rows * seq_len, tuple(parts),
                               {}, 0)
     return Workload(m, chains, seq_len)

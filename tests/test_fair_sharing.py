@@ -26,11 +26,13 @@ JOB = "j"
 
 def _beat(s, host: str, replica: int, attempt: str, state: str = "working", step: int = 5,
           age_s: float = 0.0, job: str = JOB, now: float | None = None,
-          held: tuple[int, ...] = (), interval_s: float = 0.0) -> None:
+          held: tuple[int, ...] = (), interval_s: float = 0.0, tokens_per_s: float = 0.0,
+          partitions_done: int = 0) -> None:
     now = time.time() if now is None else now
     hb = heartbeat.Heartbeat(host=host, replica=replica, process_index=0, state=state,
                              attempt=attempt, updated_at=now - age_s, step=step,
-                             tokens_done=step * 10, job=job, held=held, interval_s=interval_s)
+                             tokens_done=step * 10, job=job, held=held, interval_s=interval_s,
+                             tokens_per_s=tokens_per_s, partitions_done=partitions_done)
     heartbeat.HeartbeatWriter(s, host).beat(hb, force=True)
 
 
@@ -98,19 +100,34 @@ def test_the_longest_list_is_the_one_its_owner_needs_longest_for():
 
 def test_a_slow_replica_leaves_the_last_partitions_to_the_faster_ones():
     """Near the end, a replica three times slower than the typical one takes nothing it
-    would finish after the others, at their pace, have got through what is left and one
-    partition more: they take it then and end sooner. Earlier, with much left, it takes."""
+    would finish after the others, at their pace, have got through what is left and half
+    a partition more: they take it then and end sooner. Earlier, with much left, it takes."""
     end = pc.Shares(own=(), others={1: (1, 3, 5)}, held={10: 1, 12: 2},
                     states={1: pc.STARTED, 2: pc.STARTED, 3: pc.STARTED},
                     pace={1: 10.0, 2: 10.0, 3: 10.0}, my_pace=30.0)
-    # 3 left + half of 2 in hand = 4 partitions over 4 replicas at 10 s: 10 s, + 10 < 30.
+    # 3 left + half of 2 in hand = 4 partitions over the 3 faster at 10 s: 13.3 s, + 5 < 30.
     decision = pc.decide(end, 0.0, 0.0)
     assert decision.take == () and decision.wait
-    assert "longer than the faster replicas take to finish the 4 left" in decision.why
+    assert decision.why == ("a partition takes this replica 30s, longer than the faster "
+                            "replicas take to finish the 4 left")
     early = dataclasses.replace(end, others={1: tuple(range(1, 40, 2))})
-    assert pc.decide(early, 0.0, 0.0).take[:1] == (39,)  # 21 left: 52.5 s + 10 > 30
+    assert pc.decide(early, 0.0, 0.0).take[:1] == (39,)  # 21 left: 70 s + 5 > 30
     typical = dataclasses.replace(end, my_pace=10.0)
     assert pc.decide(typical, 0.0, 0.0).take == (5, 3, 1)
+    # Its own last partitions too: left to the faster replicas, which take them from its
+    # list (they would reach them sooner than it would finish one).
+    own = dataclasses.replace(end, own=(0, 4), others={1: (1,)})
+    decision = pc.decide(own, 0.0, 0.0)
+    assert decision.take == () and decision.wait and "finish the 4 left" in decision.why
+    taker = pc.Shares(own=(), others={0: (0, 4)}, held={}, states={0: pc.STARTED},
+                      pace={0: 30.0}, my_pace=10.0)
+    assert pc.decide(taker, 0.0, 0.0).take == (4, 0)
+    assert pc.decide(dataclasses.replace(own, own=tuple(range(0, 40, 4))), 0.0, 0.0).take[:2] \
+        == (0, 4)  # with much left it takes its own, in order
+    # Slower than the rest, but nobody faster is working: it takes, rather than wait for
+    # replicas that are done, dead or loading.
+    alone = dataclasses.replace(own, states={1: pc.DONE, 2: pc.DEAD, 3: pc.LOADING})
+    assert pc.decide(alone, 0.0, 0.0).take == (0, 4)
 
 
 def test_with_nothing_to_take_a_replica_waits_while_others_hold_work_else_ends():
@@ -142,8 +159,9 @@ def test_claim_keys_and_generations():
 
 def test_own_order_starts_with_the_partitions_that_must_hold_a_long_chain(tmp_path):
     """A partition where few documents start holds a long chain: the packer's layout
-    bears the bound out (chains read back from the token store, as a worker reads them),
-    and those partitions come first in their replica's order."""
+    bears the bound out (chains read back from the token store, as a worker reads them);
+    the manifest's longest_doc_rows, as prepare records it, is the longest chain's rows,
+    and the partitions come in their replica's order longest chain first."""
     run = str(tmp_path / "run")
     lengths = (5, 16, 3, 80, 7, 32, 2, 192, 9, 11, 40, 4, 100, 6, 27, 1, 60, 300, 8, 2)
     token_runs.write_long_document_run(run, "unused", lengths=lengths, seq_len=16,
@@ -157,11 +175,18 @@ def test_own_order_starts_with_the_partitions_that_must_hold_a_long_chain(tmp_pa
                                  16, max_warmup_rows=0)
         longest[part.id] = max(len(c.rows) for c in chains)
         assert longest[part.id] >= pc.longest_chain_at_least(part), part
+        assert part.longest_doc_rows == longest[part.id] == pc.longest_chain(part), part
     order = pc.own_order(m, [p.id for p in m.partitions])
-    bounds = [pc.longest_chain_at_least(m.partition(p)) for p in order]
+    assert [longest[p] for p in order] == sorted(longest.values(), reverse=True)
+    assert longest[order[0]] > longest[order[-1]]
+    for n in set(longest.values()):  # ties keep the id order
+        ties = [p for p in order if longest[p] == n]
+        assert ties == sorted(ties)
+    # A manifest without the column (before version 3) orders by the bound from `docs`.
+    old = dataclasses.replace(m, partitions=tuple(
+        dataclasses.replace(p, longest_doc_rows=0) for p in m.partitions))
+    bounds = [pc.longest_chain_at_least(m.partition(p)) for p in pc.own_order(old, list(longest))]
     assert bounds == sorted(bounds, reverse=True) and bounds[0] > 1
-    ties = [p for p in order if pc.longest_chain_at_least(m.partition(p)) == 1]
-    assert ties == sorted(ties)  # the rest keep the id order
 
 
 # -- the choice against a store ------------------------------------------------------------
@@ -260,6 +285,43 @@ def test_a_dead_attempts_partition_is_taken_over_before_the_own_list(tmp_path):
     assert s.read_json(schedule.claim_key(JOB, 1, 1))["attempt"] == "a0"
     assert not s.exists(schedule.claim_key(JOB, 3, 1))
     assert dict(r0.stolen_from) == {"r1": 1}
+
+
+def test_a_slow_replica_looks_before_its_own_last_partition_and_leaves_it(tmp_path):
+    """Replicas 1 and 2 step three times as fast as replica 0. Early on, replica 0 takes
+    its own partition without a look. Near the end (the heartbeats say 11 of 12 partitions
+    done), its last own partition would end the run late: it looks at the store instead of
+    claiming it blind, leaves it and says why; replica 1, out of work, takes it."""
+    s = store.open_store(str(tmp_path))
+    clock = _Clock()
+    m = _manifest(12)  # 32 tokens a partition
+    topo = {r: schedule.Topology(replicas=3, replica=r) for r in range(3)}
+
+    def beat_all(done: dict[int, int]) -> None:
+        for r, rate in ((0, 1.0), (1, 3.0), (2, 3.0)):
+            _beat(s, f"h{r}", r, f"a{r}", now=clock.now, tokens_per_s=rate,
+                  partitions_done=done[r])
+
+    def is_committed(pid):
+        return s.exists(layout.commit_key(pid))
+
+    beat_all({0: 0, 1: 0, 2: 0})
+    r0 = chooser.Chooser(s, m, topo[0], JOB, "a0", clock=clock)
+    tried: set[int] = set()
+    assert r0.choose(tried, is_committed) == 0 and r0.looks == 0
+    for pid in range(12):
+        if pid != 9:
+            assert pid == 0 or schedule.try_claim(s, JOB, pid, f"a{pid % 3}")
+            s.create_json(layout.commit_key(pid), {})
+    clock.now += 100
+    beat_all({0: 3, 1: 4, 2: 4})
+    assert r0.choose(tried, is_committed) is None
+    assert r0.looks == 1 and not s.exists(schedule.claim_key(JOB, 9))
+    assert r0.why_waiting == ("a partition takes this replica 32s, longer than the faster "
+                              "replicas take to finish the 1 left")
+    r1 = chooser.Chooser(s, m, topo[1], JOB, "a1", clock=clock)
+    assert r1.choose({1, 4, 7, 10}, is_committed) == 9
+    assert dict(r1.stolen_from) == {"r0": 1}
 
 
 def test_a_look_reads_few_unnamed_claims_and_waits_for_the_others(tmp_path):

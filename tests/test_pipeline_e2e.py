@@ -97,6 +97,27 @@ def test_manifest_accounting_and_partitions(prepared):
         start = p.row_stop
     assert start == manifest.total_rows
     assert sum(p.docs for p in manifest.partitions) == 40 + 2 + 8
+    assert manifest.version == 3
+
+
+def test_manifest_records_each_partitions_longest_document_run(prepared):
+    """`longest_doc_rows`, against the stored doc_index: the most consecutive rows of the
+    partition one document appears in (documents here run up to several 64-token rows)."""
+    _, run, manifest, _, _ = prepared
+    doc_index = _arrays(run)["doc_index"]
+    longest_overall = 0
+    for p in manifest.partitions:
+        rows_of = {}  # document -> the partition's rows it appears in
+        for row in range(p.row_start, p.row_stop):
+            for d in set(doc_index[row].tolist()) - {-1}:
+                rows_of.setdefault(d, []).append(row)
+        runs = []
+        for rows in rows_of.values():
+            assert rows == list(range(rows[0], rows[-1] + 1))  # a document's rows are adjacent
+            runs.append(len(rows))
+        assert p.longest_doc_rows == max(runs), (p, sorted(runs))
+        longest_overall = max(longest_overall, p.longest_doc_rows)
+    assert longest_overall >= 3  # the check sees documents of several rows
 
 
 def test_token_arrays_match_independent_tokenization(prepared):

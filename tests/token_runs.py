@@ -107,7 +107,7 @@ def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmente
                             codec: str = "zstd"):
     """A run packed by the real packer (pipeline.pack) from random documents of `lengths`
     tokens. Returns (spec, documents as int32 arrays)."""
-    from actx.pipeline import pack
+    from actx.pipeline import pack, write_store
 
     spec = runspec.RunSpec.from_dict({
         "name": "long",
@@ -144,7 +144,9 @@ def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmente
             id=pid, row_start=start, row_count=stop - start,
             tokens=int((seg[rows] > 0).sum()),
             docs=sum(1 for p in plan.pieces if start <= p[0].row < stop) if starts else 0,
-            full_context_tokens=int(((ctx[rows] == 0) & (seg[rows] > 0)).sum())))
+            full_context_tokens=int(((ctx[rows] == 0) & (seg[rows] > 0)).sum()),
+            longest_doc_rows=write_store.longest_doc_rows(
+                seg[rows, 0], arrays["positions"][rows, 0])))
     m = manifest.Manifest(
         fingerprint=spec.fingerprint, seq_len=seq_len, total_rows=n_rows,
         total_tokens=int((seg > 0).sum()), partitions=tuple(parts),

@@ -81,6 +81,11 @@ class Beats:
     # partition -> the attempts whose heartbeats say they hold it (`held`): a claim's
     # holder without reading the claim, so what a host reads does not grow with the pod.
     holders: Mapping[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # Partitions the job's replicas say they committed (each replica's most-counting host;
+    # an earlier attempt's count is gone with its heartbeat) and the partitions live
+    # attempts say they hold: what is left, roughly, without listing the commit markers.
+    partitions_done: int = 0
+    in_hand: int = 0
 
     @classmethod
     def read(cls, beats: Iterable[heartbeat_lib.Heartbeat], job: str, now: float,
@@ -88,6 +93,7 @@ class Beats:
         by_replica: dict[int, list[str]] = collections.defaultdict(list)
         attempts, holders = {}, collections.defaultdict(tuple)
         rates: dict[int, float] = collections.defaultdict(float)
+        done: dict[int, int] = collections.defaultdict(int)
         for hb in beats:
             # Another job's heartbeats (an earlier job on the run) and the launcher's note
             # of a process that died before it beat (no attempt) say nothing of this job.
@@ -100,13 +106,21 @@ class Beats:
                 holders[pid] += (hb.attempt,)
             if state == STARTED:
                 rates[hb.replica] += hb.tokens_per_s
+            done[hb.replica] = max(done[hb.replica], hb.partitions_done)
         replicas = {}
         for replica, states in by_replica.items():
             replicas[replica] = (DEAD if DEAD in states else
                                  DONE if all(s == DONE for s in states) else
                                  STARTED if STARTED in states else LOADING)
+        in_hand = sum(1 for named in holders.values()
+                      if any(attempts[a][1] in (STARTED, LOADING) for a in named))
         return cls(replicas, attempts, {r: v for r, v in rates.items() if v > 0},
-                   dict(holders))
+                   dict(holders), sum(done.values()), in_hand)
+
+    def partitions_left(self, n_partitions: int) -> float:
+        """Partitions of work left, roughly: those not committed, the ones in hand counted
+        half done (`decide` counts them so at a look)."""
+        return max(0.0, n_partitions - self.partitions_done - 0.5 * self.in_hand)
 
     def holder_dead(self, attempt: str) -> bool | None:
         """Whether the attempt holding a claim will never commit it (None: not known)."""
@@ -190,11 +204,17 @@ def from_the_longest_ends(lists: Mapping[int, Sequence[int]],
 def decide(shares: Shares, now: float, grace_until: float, idle: bool = True,
            fill_slots: bool = FILL_SLOTS) -> Decision:
     """The partitions to try next, own first; other replicas' only when the own are all
-    taken, and (unless `fill_slots`) only when this host has nothing in hand (`idle`)."""
-    if shares.own:
-        return Decision(tuple(shares.own), wait=False)
+    taken, and (unless `fill_slots`) only when this host has nothing in hand (`idle`).
+    Near the end, a replica slower than the rest takes none (`slower_than_the_rest`)."""
     takeable = {r: items for r, items in shares.others.items()
                 if items and stealable(shares.states.get(r, UNSEEN), now, grace_until)}
+    left = (len(shares.own) + sum(len(items) for items in takeable.values())
+            + 0.5 * len(shares.held))
+    too_slow = slower_than_the_rest(shares.my_pace, shares.pace, shares.states, left)
+    if shares.own:
+        if too_slow:
+            return Decision((), wait=True, why=too_slow)
+        return Decision(tuple(shares.own), wait=False)
     kept = {r: items for r, items in shares.others.items() if items and r not in takeable}
     if takeable and not idle and not fill_slots:
         return Decision((), wait=True, why="its own chains still run; it takes another "
@@ -207,21 +227,29 @@ def decide(shares: Shares, now: float, grace_until: float, idle: bool = True,
                else float("inf") for r in takeable}
     in_hand = collections.Counter(shares.held.values())
     take = from_the_longest_ends(takeable, seconds, in_hand, shares.my_pace)
-    if take and shares.my_pace > typical:
-        # A replica slower than the typical one takes no partition it would finish after
-        # the others, at their pace, have got through what is left and one partition more
-        # (they would take it then and end sooner): the run's last commit is not a slow
-        # host's.
-        live = 1 + sum(state == STARTED for state in shares.states.values())
-        left = sum(len(items) for items in takeable.values()) + 0.5 * len(shares.held)
-        pod_left_s = left * typical / live
-        if shares.my_pace > pod_left_s + typical:
-            return Decision((), wait=True, why=(
-                f"a partition takes this replica {shares.my_pace:.0f}s, longer than the "
-                f"faster replicas take to finish the {left:.0f} left and one more"))
+    if take and too_slow:
+        return Decision((), wait=True, why=too_slow)
     reached = {r: items for r, items in takeable.items() if not set(items) & set(take)}
     why = _why_waiting(kept, shares.held, shares.states, now, grace_until, reached)
     return Decision(tuple(take), wait=bool(kept or shares.held or reached), why=why)
+
+
+def slower_than_the_rest(my_pace: float, pace: Mapping[int, float],
+                         states: Mapping[int, str], left: float) -> str:
+    """Why a replica takes no partition, own or another's, near the end ("": it takes):
+    it would finish one after the replicas faster than it, at their pace, have got
+    through the `left` partitions and half of one more (the one of them that takes it
+    instead is, on average, half a partition from its own end), so they take it then and
+    end sooner, and the run's last commit is not a slow host's. my_pace, pace: seconds a
+    partition takes this replica (0: not known) and the others that have started."""
+    faster = sorted(p for r, p in pace.items() if states.get(r) == STARTED and p < my_pace)
+    if not my_pace or not faster:
+        return ""
+    typical = faster[len(faster) // 2]
+    if my_pace <= left * typical / len(faster) + typical / 2:
+        return ""
+    return (f"a partition takes this replica {my_pace:.0f}s, longer than the faster "
+            f"replicas take to finish the {left:.0f} left")
 
 
 def _why_waiting(kept: Mapping[int, Sequence[int]], held: Mapping[int, int],
@@ -259,9 +287,17 @@ def longest_chain_at_least(part: manifest_lib.Partition) -> int:
     return -(-part.row_count // (part.docs + 1))
 
 
+def longest_chain(part: manifest_lib.Partition) -> int:
+    """Rows of the partition's longest chain as the manifest knows it: the rows its
+    longest document runs through there (`longest_doc_rows`, manifests since version 3;
+    a document continued from the partition before adds warm-up rows the model decides,
+    not counted), and at least `longest_chain_at_least`."""
+    return max(part.longest_doc_rows, longest_chain_at_least(part))
+
+
 def own_order(manifest: manifest_lib.Manifest, pids: Sequence[int]) -> list[int]:
     """A replica's partitions in the order it takes them: those whose longest chain is
     longest first (a chain runs through one slot, one row a step, so a long one started
-    last would end the run late), then in id order; most partitions hold many documents,
-    a bound of 1, and keep the id order."""
-    return sorted(pids, key=lambda pid: -longest_chain_at_least(manifest.partition(pid)))
+    last would end the run late: longest processing time first), then in id order.
+    Others take a replica's partitions from the end of this order: the short ones."""
+    return sorted(pids, key=lambda pid: -longest_chain(manifest.partition(pid)))

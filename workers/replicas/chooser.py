@@ -66,6 +66,9 @@ class Chooser:
         # Those of them this replica is to try: (when the heartbeats they come from were
         # read, the partitions).
         self._dead_held: tuple[float | None, list[int]] = (None, [])
+        # Whether the heartbeats listed at that time say this replica may be too slow to
+        # take its own next partition without a look (`_maybe_too_slow`).
+        self._too_slow: tuple[float | None, bool] = (None, False)
         self._universe = set(self.universe)
         self.looks = 0  # looks at the store (listings of commits, claims and heartbeats)
         self.holders_read = 0  # claims read at those looks for their holders
@@ -92,7 +95,7 @@ class Chooser:
                     return pid
             return -1
         pid = self._take_over_the_dead(tried, is_committed)
-        if pid is None:
+        if pid is None and not self._maybe_too_slow():
             pid = self._next_own(tried, is_committed)
         if pid is not None:
             return pid
@@ -146,6 +149,25 @@ class Chooser:
                 return pid
             self._count_given_up(pid)
         return None
+
+    def _maybe_too_slow(self) -> bool:
+        """Whether, by the heartbeats last listed (their paces and partitions done), this
+        replica may be too slow to take even its own next partition
+        (`choice_policy.slower_than_the_rest`): then it looks at the store first, and
+        `decide` says, rather than claim it blind. False for most replicas most of the
+        run, which take their own list without a look. Worked out once a listing of the
+        heartbeats (it goes through every replica's pace), not once a partition."""
+        if self._beats is None:
+            return False
+        read_at, beats = self._beats
+        if self._too_slow[0] != read_at:
+            mine = beats.rates.get(self.topo.replica)
+            pace = {r: self.partition_tokens / rate for r, rate in beats.rates.items()
+                    if r != self.topo.replica}
+            self._too_slow = (read_at, bool(mine) and bool(choice_policy.slower_than_the_rest(
+                self.partition_tokens / mine if mine else 0.0, pace, beats.replicas,
+                beats.partitions_left(self.n_partitions))))
+        return self._too_slow[1]
 
     def _take_over_the_dead(self, tried: set[int], is_committed: Callable[[int], bool]
                             ) -> int | None:
