@@ -65,19 +65,20 @@ def test_own_partitions_come_first():
 
 def test_stealing_takes_the_ends_of_the_longest_lists_of_replicas_that_started():
     """r1 started (3 left), r2 is dead (2 left), r3 is loading, r4 never beat. The dead
-    one's list first (its owner reaches none of it), from its end; then r1's from its end;
-    r3's and r4's stay with them, so the replica waits once those are taken. After the
-    grace r4 counts as dead."""
+    one's list first (its owner reaches none of it), from its front (its long documents
+    first: nobody works through it from there); then r1's from its end; r3's and r4's stay
+    with them, so the replica waits once those are taken. After the grace r4 counts as
+    dead."""
     shares = pc.Shares(own=(), others={1: (1, 5, 9), 2: (2, 6), 3: (3, 7, 11, 15), 4: (4,)},
                        held={}, states={1: pc.STARTED, 2: pc.DEAD, 3: pc.LOADING})
     decision = pc.decide(shares, now=10.0, grace_until=60.0)
-    assert decision.take == (6, 2, 9, 5, 1)
+    assert decision.take == (2, 6, 9, 5, 1)
     assert decision.wait
     assert decision.why == ("r3 is loading and keeps its 4 partition(s) until it steps; "
                             "r4 has not beaten and keeps its 1 partition(s) for 50s more of "
                             "start-up grace")
     after_grace = pc.decide(shares, now=60.0, grace_until=60.0)
-    assert after_grace.take == (6, 2, 4, 9, 5, 1)
+    assert after_grace.take == (2, 6, 4, 9, 5, 1)
 
 
 def test_the_longest_list_is_the_one_its_owner_needs_longest_for():

@@ -179,7 +179,10 @@ def from_the_longest_ends(lists: Mapping[int, Sequence[int]],
     longest list, the one its owner would reach last. Longest in time where `seconds`
     (per owner, what a partition takes it; inf: it will not reach any) says: the owner's
     partitions in hand and in its list, times its seconds a partition (the lowest replica
-    on ties). With `my_seconds` (what a partition takes this replica), only while the owner
+    on ties). The list of an owner that will reach none (dead, or never seen) is taken
+    from its front instead, in the owner's order: nobody works through it from there, and
+    its front holds the long documents (`own_order`), which end the run late if taken
+    last. With `my_seconds` (what a partition takes this replica), only while the owner
     would get through its list no sooner than this replica through one partition: a slow
     replica leaves a fast one's last partitions to it."""
     seconds = seconds or {}
@@ -195,7 +198,9 @@ def from_the_longest_ends(lists: Mapping[int, Sequence[int]],
     while heap and not (my_seconds and -heap[0][0] <= my_seconds):
         _, _, replica = heapq.heappop(heap)
         left[replica] -= 1
-        order.append(lists[replica][left[replica]])
+        items = lists[replica]
+        front = seconds.get(replica, 1.0) == float("inf")
+        order.append(items[len(items) - 1 - left[replica]] if front else items[left[replica]])
         if left[replica]:
             heapq.heappush(heap, key(replica, left[replica]))
     return order
@@ -300,4 +305,9 @@ def own_order(manifest: manifest_lib.Manifest, pids: Sequence[int]) -> list[int]
     longest first (a chain runs through one slot, one row a step, so a long one started
     last would end the run late: longest processing time first), then in id order.
     Others take a replica's partitions from the end of this order: the short ones."""
+    parts = manifest.partitions
+    if isinstance(parts, manifest_lib.PartitionTable):  # `longest_chain` from the columns,
+        # without building an object a partition (150k at pod scale)
+        rows, docs, longest = (parts.column(c) for c in ("row_count", "docs", "longest_doc_rows"))
+        return sorted(pids, key=lambda pid: -max(longest[pid], -(-rows[pid] // (docs[pid] + 1))))
     return sorted(pids, key=lambda pid: -longest_chain(manifest.partition(pid)))

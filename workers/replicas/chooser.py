@@ -51,9 +51,12 @@ class Chooser:
         self.fill_slots = choice_policy.FILL_SLOTS if fill_slots is None else fill_slots
         start_grace_s = choice_policy.START_GRACE_S if start_grace_s is None else start_grace_s
         wanted = None if only is None else set(only)
-        self.universe = [p.id for p in manifest.partitions if wanted is None or p.id in wanted]
-        self.own = choice_policy.own_order(manifest, [p for p in schedule.own_partitions(manifest, topo)
-                                        if wanted is None or p in wanted])
+        # Every partition in its owner's order (`own_order`: longest document first), the
+        # order the looks keep each replica's list in too.
+        self.universe = choice_policy.own_order(
+            manifest, [p.id for p in manifest.partitions if wanted is None or p.id in wanted])
+        mine = set(schedule.own_partitions(manifest, topo))
+        self.own = [p for p in self.universe if p in mine]
         self.n_partitions = len(manifest.partitions)
         # Tokens of a partition, on average: with a replica's tokens/s, its pace.
         self.partition_tokens = manifest.total_tokens / max(1, self.n_partitions)
