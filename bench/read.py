@@ -277,10 +277,11 @@ def measure(args: argparse.Namespace) -> None:
         measure_stream = (functools.partial(stream_cold, run, args.run) if args.cold
                           else functools.partial(stream, run))
         out = measure_stream(hook, args.batch_size, args.buffer_tokens, block_rows,
-                     args.passes, args.prefetch_buffers, file_io_mode,
-                     framework=args.framework, gather_threads=args.gather_threads,
-                     reads_in_flight=args.reads_in_flight, map_shards=not args.no_map_shards,
-                     native_copy=not args.no_native_copy, dtype=args.output_dtype)
+                             args.passes, args.prefetch_buffers, file_io_mode,
+                             framework=args.framework, gather_threads=args.gather_threads,
+                             reads_in_flight=args.reads_in_flight,
+                             map_shards=not args.no_map_shards,
+                             native_copy=not args.no_native_copy, dtype=args.output_dtype)
     elif args.measure == "mixing":
         out = stream_mixing(run, hook, args.batch_size, args.buffer_tokens, block_rows,
                             args.mix_batches)

@@ -120,9 +120,7 @@ def longest_doc_rows(first_segment_ids: np.ndarray, first_positions: np.ndarray)
     if continues.size == 0:
         return 0
     # Each row not continuing starts a run; a run's length is the distance to the next start.
-    starts = np.flatnonzero(~continues)
-    bounds = np.concatenate([[0], starts, [continues.size]])
-    return int(np.diff(np.unique(bounds)).max())
+    return int(np.diff(np.union1d([0, continues.size], np.flatnonzero(~continues))).max())
 
 
 # json.dumps(r, sort_keys=True) builds an encoder per call; one shared encoder writes the

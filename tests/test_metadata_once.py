@@ -29,7 +29,6 @@ def proxy(gcs_emulator_server):
         proxy.stop()
 
 
-
 def _config(tmp, run: str, tokenizer: str) -> str:
     model = hf_models.make_tiny_checkpoint(tmp / "model", "qwen2", num_hidden_layers=2,
                                            vocab_size=151936)

@@ -87,7 +87,6 @@ def proxy(gcs_emulator_server):
         proxy.stop()
 
 
-
 def _objects(run: str, prefix: str) -> dict[str, bytes]:
     s = store.open_store(run)
     return {k: s.read(k) for k in s.list(prefix)}

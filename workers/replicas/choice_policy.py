@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import math
 from typing import Iterable, Mapping, Sequence
 
 from actx.schemas import heartbeat as heartbeat_lib
@@ -199,8 +200,8 @@ def from_the_longest_ends(lists: Mapping[int, Sequence[int]],
         _, _, replica = heapq.heappop(heap)
         left[replica] -= 1
         items = lists[replica]
-        front = seconds.get(replica, 1.0) == float("inf")
-        order.append(items[len(items) - 1 - left[replica]] if front else items[left[replica]])
+        from_front = math.isinf(seconds.get(replica, 1.0))
+        order.append(items[len(items) - 1 - left[replica]] if from_front else items[left[replica]])
         if left[replica]:
             heapq.heappush(heap, key(replica, left[replica]))
     return order
@@ -289,7 +290,7 @@ def longest_chain_at_least(part: manifest_lib.Partition) -> int:
     """Rows of the partition's longest chain, at least: a chain starts where a document
     starts (`docs` of them) or at the partition's first row, so there are at most docs + 1
     chains over its rows."""
-    return -(-part.row_count // (part.docs + 1))
+    return _longest_chain(part.row_count, part.docs, 0)
 
 
 def longest_chain(part: manifest_lib.Partition) -> int:
@@ -297,7 +298,12 @@ def longest_chain(part: manifest_lib.Partition) -> int:
     longest document runs through there (`longest_doc_rows`, manifests since version 3;
     a document continued from the partition before adds warm-up rows the model decides,
     not counted), and at least `longest_chain_at_least`."""
-    return max(part.longest_doc_rows, longest_chain_at_least(part))
+    return _longest_chain(part.row_count, part.docs, part.longest_doc_rows)
+
+
+def _longest_chain(row_count: int, docs: int, longest_doc_rows: int) -> int:
+    """`longest_chain` from a partition's fields: the recorded rows, or the bound."""
+    return max(longest_doc_rows, -(-row_count // (docs + 1)))
 
 
 def own_order(manifest: manifest_lib.Manifest, pids: Sequence[int]) -> list[int]:
@@ -306,8 +312,9 @@ def own_order(manifest: manifest_lib.Manifest, pids: Sequence[int]) -> list[int]
     last would end the run late: longest processing time first), then in id order.
     Others take a replica's partitions from the end of this order: the short ones."""
     parts = manifest.partitions
-    if isinstance(parts, manifest_lib.PartitionTable):  # `longest_chain` from the columns,
-        # without building an object a partition (150k at pod scale)
-        rows, docs, longest = (parts.column(c) for c in ("row_count", "docs", "longest_doc_rows"))
-        return sorted(pids, key=lambda pid: -max(longest[pid], -(-rows[pid] // (docs[pid] + 1))))
-    return sorted(pids, key=lambda pid: -longest_chain(manifest.partition(pid)))
+    fields = ("row_count", "docs", "longest_doc_rows")
+    # A manifest read holds columns: no object built a partition (150k at pod scale).
+    columns = ([parts.column(f) for f in fields] if isinstance(parts, manifest_lib.PartitionTable)
+               else [[getattr(p, f) for p in parts] for f in fields])
+    chain = [_longest_chain(*values) for values in zip(*columns)]
+    return sorted(pids, key=lambda pid: -chain[pid])

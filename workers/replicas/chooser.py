@@ -168,7 +168,7 @@ class Chooser:
             pace = {r: self.partition_tokens / rate for r, rate in beats.rates.items()
                     if r != self.topo.replica}
             self._too_slow = (read_at, bool(mine) and bool(choice_policy.slower_than_the_rest(
-                self.partition_tokens / mine if mine else 0.0, pace, beats.replicas,
+                self.partition_tokens / mine, pace, beats.replicas,
                 beats.partitions_left(self.n_partitions))))
         return self._too_slow[1]
 
