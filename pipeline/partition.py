@@ -210,7 +210,9 @@ def partitions(plan: RunPlan, written: Iterable[dict]) -> tuple[manifest_lib.Par
             raise RuntimeError(f"partition {pid}: {w['rows']} rows written, plan has {count}")
         out.append(manifest_lib.Partition(pid, start, count, w["tokens"], w["docs"],
                                           w["full_context_tokens"],
-                                          w.get("longest_doc_rows", 0)))
+                                          w.get("longest_doc_rows", 0),
+                                          w.get("continued_doc_rows", 0),
+                                          w.get("continued_from_rows", 0)))
     tokens, docs = sum(p.tokens for p in out), sum(p.docs for p in out)
     if (tokens, docs) != (plan.total_tokens, plan.total_docs):
         raise RuntimeError(f"written {tokens} tokens / {docs} docs, the plan has "

@@ -77,8 +77,8 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
     """Writes one partition (one object per token array) and its doc table: the documents
     that start in it, in doc_index order, from the tokenized units in its rows.
 
-    Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"}, checked by
-    `partition.partitions`. arrays: the token arrays opened so far (name -> array), to
+    Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"} and `doc_runs`'
+    columns, checked by `partition.partitions`. arrays: the token arrays opened so far (name -> array), to
     reuse across the partitions of one writer. in_flight: where to leave this partition's
     writes unfinished (the caller waits for them: `finish_writes`), so tensorstore
     compresses and writes one partition while the next is filled; by default they are
@@ -107,20 +107,28 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
     full_context = int(((block["context_start"] == 0) & (block["segment_ids"] > 0)).sum())
     return {"partition": partition_id, "rows": count, "tokens": tokens, "docs": len(doc_rows),
             "full_context_tokens": full_context,
-            "longest_doc_rows": longest_doc_rows(block["segment_ids"][:, 0],
-                                                 block["positions"][:, 0])}
+            **doc_runs(block["segment_ids"][:, 0], block["positions"][:, 0],
+                       spec.packing.seq_len)}
 
 
-def longest_doc_rows(first_segment_ids: np.ndarray, first_positions: np.ndarray) -> int:
-    """The most consecutive rows one document runs through (manifest.Partition's
-    `longest_doc_rows`), from each row's column 0: a row continues the document of the row
-    before when it holds a document token there at a position > 0 (the workers' rule,
-    workers.loop.prefetch's continuation_flags). 0 for no rows."""
+def doc_runs(first_segment_ids: np.ndarray, first_positions: np.ndarray,
+             seq_len: int) -> dict[str, int]:
+    """The manifest's columns on documents running through consecutive rows
+    (manifest.Partition's `longest_doc_rows`, `continued_doc_rows`, `continued_from_rows`),
+    from each row's column 0: a row continues the document of the row before when it holds
+    a document token there at a position > 0 (the workers' rule, workers.loop.prefetch's
+    continuation_flags; workers.loop.schedule.chains counts the rows before from the first
+    row's position as here)."""
     continues = (np.asarray(first_segment_ids) > 0) & (np.asarray(first_positions) > 0)
     if continues.size == 0:
-        return 0
+        return {"longest_doc_rows": 0, "continued_doc_rows": 0, "continued_from_rows": 0}
     # Each row not continuing starts a run; a run's length is the distance to the next start.
-    return int(np.diff(np.union1d([0, continues.size], np.flatnonzero(~continues))).max())
+    starts = np.union1d([0, continues.size], np.flatnonzero(~continues))
+    runs = np.diff(starts)
+    continued = bool(continues[0])
+    return {"longest_doc_rows": int(runs.max()),
+            "continued_doc_rows": int(runs[0]) if continued else 0,
+            "continued_from_rows": int(first_positions[0]) // seq_len if continued else 0}
 
 
 # json.dumps(r, sort_keys=True) builds an encoder per call; one shared encoder writes the

@@ -18,7 +18,10 @@ from actx.schemas import layout
 # objects) still load.
 # 3: the partition column `longest_doc_rows`; earlier manifests read with it 0 (not
 # recorded). An actx before it refuses a version 3 manifest by that column's name.
-MANIFEST_VERSION = 3
+# 4: the partition columns `continued_doc_rows` and `continued_from_rows` (a document
+# continued from the partition before: its rows here, and before); earlier manifests read
+# with them 0. An actx before it refuses a version 4 manifest by their names.
+MANIFEST_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +36,13 @@ class Partition:
       document token at a position > 0): the rows a worker runs one after another through
       one batch slot, so it takes partitions with long ones first. 0: not recorded
       (manifests before version 3).
+    continued_doc_rows: when the partition's first row continues a document of the
+      partition before, the consecutive rows of the partition that document runs through
+      (0 when the first row does not continue one, and in manifests before version 4).
+    continued_from_rows: that document's rows before the partition (its position at the
+      first row's column 0 // seq_len): a worker runs up to its model's warm-up rows of
+      them first, in the same slot, so the partition's first chain is continued_doc_rows
+      + min(continued_from_rows, warm-up rows) long. 0 as continued_doc_rows is.
     """
 
     id: int
@@ -42,6 +52,8 @@ class Partition:
     docs: int
     full_context_tokens: int = 0
     longest_doc_rows: int = 0
+    continued_doc_rows: int = 0
+    continued_from_rows: int = 0
 
     @property
     def row_stop(self) -> int:

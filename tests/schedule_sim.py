@@ -156,6 +156,7 @@ class Workload:
     manifest: manifest_lib.Manifest
     chains: dict[int, list[schedule.Chain]]
     seq_len: int
+    warmup_rows: int = 0  # the model's (workers.loop.schedule.warmup_rows)
 
     @property
     def slot_steps(self) -> int:
@@ -197,15 +198,14 @@ def fineweb_like(n_partitions: int, partition_rows: int = 64, seq_len: int = 102
         lo, hi = pid * partition_rows, (pid + 1) * partition_rows
         chains[pid] = schedule.chains(lo, hi, continues[lo:hi], first_positions[lo:hi],
                                       seq_len, warmup)
-        # As prepare records it (pipeline.write_store): the rows a document runs through.
-        longest = write_store.longest_doc_rows(np.ones(hi - lo, np.int32),
-                                               continues[lo:hi].astype(np.int32))
+        # As prepare records them (pipeline.write_store): the rows documents run through.
+        runs = write_store.doc_runs(np.ones(hi - lo, np.int32), first_positions[lo:hi], seq_len)
         parts.append(manifest_lib.Partition(id=pid, row_start=lo, row_count=hi - lo,
                                             tokens=(hi - lo) * seq_len,
-                                            docs=int(starts[pid]), longest_doc_rows=longest))
+                                            docs=int(starts[pid]), **runs))
     m = manifest_lib.Manifest("sim", seq_len, total_rows, total_rows * seq_len, tuple(parts),
                               {}, 0)
-    return Workload(m, chains, seq_len)
+    return Workload(m, chains, seq_len, warmup)
 
 
 def subset(workload: Workload, n_partitions: int) -> Workload:
@@ -214,7 +214,8 @@ def subset(workload: Workload, n_partitions: int) -> Workload:
     rows = sum(p.row_count for p in parts)
     m = manifest_lib.Manifest("sim", workload.seq_len, rows, rows * workload.seq_len,
                               tuple(parts), {}, 0)
-    return Workload(m, {p.id: workload.chains[p.id] for p in parts}, workload.seq_len)
+    return Workload(m, {p.id: workload.chains[p.id] for p in parts}, workload.seq_len,
+                    workload.warmup_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +337,7 @@ class _Sim:
             JOB, self._attempt(r), clock=lambda: self.now, stale_after_s=self.stale_after_s,
             start_grace_s=self.start_grace_s, refresh_s=self.refresh_s,
             fill_slots=self.fill_slots)
+        st["choice"].order_by_warmup(self.w.warmup_rows)  # as a worker does once it loads
         st["gen"] = schedule.stream(lambda: self._next_partition(r, st), self.slots)
         st["ready"] = self.now + spec.load
         if r == 0:  # the one process that writes the run's metadata (workers.write.metadata)

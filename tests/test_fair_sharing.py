@@ -161,33 +161,60 @@ def test_claim_keys_and_generations():
 def test_own_order_starts_with_the_partitions_that_must_hold_a_long_chain(tmp_path):
     """A partition where few documents start holds a long chain: the packer's layout
     bears the bound out (chains read back from the token store, as a worker reads them);
-    the manifest's longest_doc_rows, as prepare records it, is the longest chain's rows,
-    and the partitions come in their replica's order longest chain first."""
+    the manifest's columns, as prepare records them, give the longest chain's rows for a
+    model of any warm-up (longest_doc_rows without one), and the partitions come in their
+    replica's order longest chain first."""
     run = str(tmp_path / "run")
     lengths = (5, 16, 3, 80, 7, 32, 2, 192, 9, 11, 40, 4, 100, 6, 27, 1, 60, 300, 8, 2)
     token_runs.write_long_document_run(run, "unused", lengths=lengths, seq_len=16,
                                        partition_rows=8, rows_per_shard=4)
     m = manifest.read_manifest(store.open_store(run))
     tokens = prefetch.TokenStore(store.open_store(run).location)
-    longest = {}
-    for part in m.partitions:
-        continues, _ = tokens.continuation_flags(part.row_start, part.row_stop)
-        chains = schedule.chains(part.row_start, part.row_stop, continues, [0] * len(continues),
-                                 16, max_warmup_rows=0)
-        longest[part.id] = max(len(c.rows) for c in chains)
-        assert longest[part.id] >= pc.longest_chain_at_least(part), part
-        assert part.longest_doc_rows == longest[part.id] == pc.longest_chain(part), part
-    order = pc.own_order(m, [p.id for p in m.partitions])
-    assert [longest[p] for p in order] == sorted(longest.values(), reverse=True)
-    assert longest[order[0]] > longest[order[-1]]
-    for n in set(longest.values()):  # ties keep the id order
-        ties = [p for p in order if longest[p] == n]
-        assert ties == sorted(ties)
-    # A manifest without the column (before version 3) orders by the bound from `docs`.
+    by_warmup = {}  # a model's warm-up rows -> each partition's longest chain
+    for warmup in (0, 3, 100):
+        longest = by_warmup[warmup] = {}
+        for part in m.partitions:
+            continues, positions = tokens.continuation_flags(part.row_start, part.row_stop)
+            chains = schedule.chains(part.row_start, part.row_stop, continues, positions, 16,
+                                     max_warmup_rows=warmup)
+            longest[part.id] = max(len(c.rows) for c in chains)
+            assert longest[part.id] >= pc.longest_chain_at_least(part), part
+            assert longest[part.id] == pc.longest_chain(part, warmup), (warmup, part)
+            if warmup == 0:
+                assert part.longest_doc_rows == longest[part.id], part
+        order = pc.own_order(m, [p.id for p in m.partitions], warmup)
+        assert [longest[p] for p in order] == sorted(longest.values(), reverse=True)
+        assert longest[order[0]] > longest[order[-1]]
+        for n in set(longest.values()):  # ties keep the id order
+            ties = [p for p in order if longest[p] == n]
+            assert ties == sorted(ties)
+    # The warm-up reorders: a document continued from the partition before makes the first
+    # chain the longest of some partition.
+    assert by_warmup[3] != by_warmup[0] and by_warmup[100] != by_warmup[3]
+    longest = by_warmup[0]
+    # A manifest without the columns (before version 3) orders by the bound from `docs`.
     old = dataclasses.replace(m, partitions=tuple(
-        dataclasses.replace(p, longest_doc_rows=0) for p in m.partitions))
+        dataclasses.replace(p, longest_doc_rows=0, continued_doc_rows=0, continued_from_rows=0)
+        for p in m.partitions))
     bounds = [pc.longest_chain_at_least(m.partition(p)) for p in pc.own_order(old, list(longest))]
     assert bounds == sorted(bounds, reverse=True) and bounds[0] > 1
+
+
+def test_a_chooser_takes_its_own_in_the_order_its_models_warm_up_gives(tmp_path):
+    """A worker's chooser orders by the manifest alone until its model loads
+    (`order_by_warmup(0)`), then by the model's warm-up rows: its first claim is the
+    partition whose continued document makes the longest chain with that warm-up."""
+    parts = (manifest.Partition(0, 0, 8, 64, docs=2, longest_doc_rows=4),
+             manifest.Partition(1, 8, 8, 64, docs=1, longest_doc_rows=3, continued_doc_rows=3,
+                                continued_from_rows=9),
+             manifest.Partition(2, 16, 8, 64, docs=4, longest_doc_rows=2))
+    m = manifest.Manifest("f", 4, 24, 192, parts, {}, 10)
+    c = chooser.Chooser(store.open_store(str(tmp_path)), m,
+                        schedule.Topology(replicas=1, replica=0), JOB, "a0", steal=False)
+    assert c.own == [0, 1, 2]
+    c.order_by_warmup(2)  # chains: 4, 3 + 2, 2
+    assert c.own == c.universe == pc.own_order(m, [0, 1, 2], 2) == [1, 0, 2]
+    assert c.choose(set(), lambda pid: False) == 1
 
 
 # -- the choice against a store ------------------------------------------------------------

@@ -84,17 +84,19 @@ def test_damaged_columns_say_which_column_and_row(edit, message):
 
 def test_a_manifest_of_a_newer_version_is_refused_by_name():
     raw = json.loads(manifest.encode(_small_manifest()))
-    assert raw["version"] == manifest.MANIFEST_VERSION == 3
-    for version in (1, 2, 3):  # earlier versions read (version 2: no longest_doc_rows)
+    assert raw["version"] == manifest.MANIFEST_VERSION == 4
+    # Earlier versions read, without the columns they did not have.
+    added = {3: {"longest_doc_rows"}, 4: {"continued_doc_rows", "continued_from_rows"}}
+    for version in (1, 2, 3, 4):
+        missing = set().union(*(cols for v, cols in added.items() if v > version))
         older = dict(raw, version=version, partitions={
-            k: v for k, v in raw["partitions"].items()
-            if version == 3 or k != "longest_doc_rows"})
+            k: v for k, v in raw["partitions"].items() if k not in missing})
         assert manifest.Manifest.from_json_obj(older).partitions == _small_manifest().partitions
     with pytest.raises(config.ConfigError) as e:
-        manifest.Manifest.from_json_obj(dict(raw, version=4), "gs://b/run/manifest.json")
+        manifest.Manifest.from_json_obj(dict(raw, version=5), "gs://b/run/manifest.json")
     assert str(e.value) == (
-        "gs://b/run/manifest.json: manifest version 4 was written by a newer actx (this one "
-        "reads versions 1 to 3); upgrade actx (pip install --upgrade actx-lm) to read this run")
+        "gs://b/run/manifest.json: manifest version 5 was written by a newer actx (this one "
+        "reads versions 1 to 4); upgrade actx (pip install --upgrade actx-lm) to read this run")
 
 
 def test_fast_path_errors_are_the_slow_paths():

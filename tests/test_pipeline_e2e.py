@@ -97,15 +97,17 @@ def test_manifest_accounting_and_partitions(prepared):
         start = p.row_stop
     assert start == manifest.total_rows
     assert sum(p.docs for p in manifest.partitions) == 40 + 2 + 8
-    assert manifest.version == 3
+    assert manifest.version == 4
 
 
 def test_manifest_records_each_partitions_longest_document_run(prepared):
     """`longest_doc_rows`, against the stored doc_index: the most consecutive rows of the
-    partition one document appears in (documents here run up to several 64-token rows)."""
+    partition one document appears in (documents here run up to several 64-token rows);
+    `continued_doc_rows` and `continued_from_rows`: the rows of a document continued from
+    the partition before, in the partition and before it."""
     _, run, manifest, _, _ = prepared
     doc_index = _arrays(run)["doc_index"]
-    longest_overall = 0
+    longest_overall = continued = 0
     for p in manifest.partitions:
         rows_of = {}  # document -> the partition's rows it appears in
         for row in range(p.row_start, p.row_stop):
@@ -117,7 +119,18 @@ def test_manifest_records_each_partitions_longest_document_run(prepared):
             runs.append(len(rows))
         assert p.longest_doc_rows == max(runs), (p, sorted(runs))
         longest_overall = max(longest_overall, p.longest_doc_rows)
+        # A document of the partition before that goes on into its first row: its rows
+        # here and before (where a worker's warm-up comes from).
+        first = int(doc_index[p.row_start, 0])
+        before = 0
+        while (first >= 0 and p.row_start - before > 0
+               and first in doc_index[p.row_start - before - 1]):
+            before += 1
+        expected = (len(rows_of[first]), before) if before else (0, 0)
+        assert (p.continued_doc_rows, p.continued_from_rows) == expected, p
+        continued += bool(before)
     assert longest_overall >= 3  # the check sees documents of several rows
+    assert continued >= 1  # and a document continued from the partition before
 
 
 def test_token_arrays_match_independent_tokenization(prepared):

@@ -145,8 +145,7 @@ def write_long_document_run(run_uri: str, model_path: str, mode: str = "segmente
             tokens=int((seg[rows] > 0).sum()),
             docs=sum(1 for p in plan.pieces if start <= p[0].row < stop) if starts else 0,
             full_context_tokens=int(((ctx[rows] == 0) & (seg[rows] > 0)).sum()),
-            longest_doc_rows=write_store.longest_doc_rows(
-                seg[rows, 0], arrays["positions"][rows, 0])))
+            **write_store.doc_runs(seg[rows, 0], arrays["positions"][rows, 0], seq_len)))
     m = manifest.Manifest(
         fingerprint=spec.fingerprint, seq_len=seq_len, total_rows=n_rows,
         total_tokens=int((seg > 0).sum()), partitions=tuple(parts),

@@ -137,6 +137,9 @@ class Worker:
     def _admit(self, jax, opts: worker_options.WorkerOptions) -> None:
         """Loads the model and checks the run against it (the rest of `__init__`)."""
         self.loaded = self.load_model()
+        # A long document continued into a partition runs its warm-up rows first, in the
+        # same slot: the model decides how many, so the order waits for it.
+        self.choice.order_by_warmup(self.loaded.warmup_rows or 0)
         self.progress.update(phase="checking the run against the model")
         admission.check_token_layout(self.store, self.location)
         self.numerics = admission.numerics_key(jax, self.mesh, opts.batch_size,

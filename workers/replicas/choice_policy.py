@@ -290,31 +290,39 @@ def longest_chain_at_least(part: manifest_lib.Partition) -> int:
     """Rows of the partition's longest chain, at least: a chain starts where a document
     starts (`docs` of them) or at the partition's first row, so there are at most docs + 1
     chains over its rows."""
-    return _longest_chain(part.row_count, part.docs, 0)
+    return _longest_chain(0, part.row_count, part.docs, 0, 0, 0)
 
 
-def longest_chain(part: manifest_lib.Partition) -> int:
+def longest_chain(part: manifest_lib.Partition, warmup_rows: int = 0) -> int:
     """Rows of the partition's longest chain as the manifest knows it: the rows its
-    longest document runs through there (`longest_doc_rows`, manifests since version 3;
-    a document continued from the partition before adds warm-up rows the model decides,
-    not counted), and at least `longest_chain_at_least`."""
-    return _longest_chain(part.row_count, part.docs, part.longest_doc_rows)
+    longest document runs through there (`longest_doc_rows`, manifests since version 3),
+    or its first chain, a document continued from the partition before with up to
+    `warmup_rows` of its earlier rows run first (the model's: workers.loop.schedule
+    .warmup_rows; `continued_doc_rows`, `continued_from_rows`, since version 4), and at
+    least `longest_chain_at_least`."""
+    return _longest_chain(warmup_rows, *(getattr(part, f) for f in _CHAIN_FIELDS))
 
 
-def _longest_chain(row_count: int, docs: int, longest_doc_rows: int) -> int:
+# The partition fields `_longest_chain` reads, in its order.
+_CHAIN_FIELDS = ("row_count", "docs", "longest_doc_rows", "continued_doc_rows",
+                 "continued_from_rows")
+
+
+def _longest_chain(warmup_rows: int, row_count: int, docs: int, longest_doc_rows: int,
+                   continued_doc_rows: int, continued_from_rows: int) -> int:
     """`longest_chain` from a partition's fields: the recorded rows, or the bound."""
-    return max(longest_doc_rows, -(-row_count // (docs + 1)))
+    first = continued_doc_rows + min(continued_from_rows, warmup_rows) if continued_doc_rows else 0
+    return max(longest_doc_rows, first, -(-row_count // (docs + 1)))
 
 
-def own_order(manifest: manifest_lib.Manifest, pids: Sequence[int]) -> list[int]:
+def own_order(manifest: manifest_lib.Manifest, pids: Sequence[int],
+              warmup_rows: int = 0) -> list[int]:
     """A replica's partitions in the order it takes them: those whose longest chain is
     longest first (a chain runs through one slot, one row a step, so a long one started
     last would end the run late: longest processing time first), then in id order.
-    Others take a replica's partitions from the end of this order: the short ones."""
-    parts = manifest.partitions
-    fields = ("row_count", "docs", "longest_doc_rows")
+    Others take a replica's partitions from the end of this order: the short ones.
+    warmup_rows: the model's (`longest_chain`)."""
     # A manifest read holds columns: no object built a partition (150k at pod scale).
-    columns = ([parts.column(f) for f in fields] if isinstance(parts, manifest_lib.PartitionTable)
-               else [[getattr(p, f) for p in parts] for f in fields])
-    chain = [_longest_chain(*values) for values in zip(*columns)]
+    columns = [manifest_lib.partition_column(manifest.partitions, f) for f in _CHAIN_FIELDS]
+    chain = [_longest_chain(warmup_rows, *values) for values in zip(*columns)]
     return sorted(pids, key=lambda pid: -chain[pid])

@@ -51,12 +51,10 @@ class Chooser:
         self.fill_slots = choice_policy.FILL_SLOTS if fill_slots is None else fill_slots
         start_grace_s = choice_policy.START_GRACE_S if start_grace_s is None else start_grace_s
         wanted = None if only is None else set(only)
-        # Every partition in its owner's order (`own_order`: longest document first), the
-        # order the looks keep each replica's list in too.
-        self.universe = choice_policy.own_order(
-            manifest, [p.id for p in manifest.partitions if wanted is None or p.id in wanted])
-        mine = set(schedule.own_partitions(manifest, topo))
-        self.own = [p for p in self.universe if p in mine]
+        self._manifest = manifest
+        self._wanted = [p.id for p in manifest.partitions if wanted is None or p.id in wanted]
+        self._mine = set(schedule.own_partitions(manifest, topo))
+        self.order_by_warmup(0)
         self.n_partitions = len(manifest.partitions)
         # Tokens of a partition, on average: with a replica's tokens/s, its pace.
         self.partition_tokens = manifest.total_tokens / max(1, self.n_partitions)
@@ -88,6 +86,15 @@ class Chooser:
         self.stolen_from: collections.Counter = collections.Counter()
         self.given_up: collections.Counter = collections.Counter()
         self.why_waiting = ""
+
+    def order_by_warmup(self, warmup_rows: int) -> None:
+        """Every partition in its owner's order (`own_order`: longest chain first, a chain
+        of a document continued from the partition before counting `warmup_rows`, the
+        model's), the order the looks keep each replica's list in too. Called again once
+        the model is known, before the first `choose`: every replica of a job runs the
+        same model, so their orders agree."""
+        self.universe = choice_policy.own_order(self._manifest, self._wanted, warmup_rows)
+        self.own = [p for p in self.universe if p in self._mine]
 
     def choose(self, tried: set[int], is_committed: Callable[[int], bool],
                idle: bool = True) -> int | None:
