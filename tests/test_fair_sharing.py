@@ -352,6 +352,41 @@ def test_a_slow_replica_looks_before_its_own_last_partition_and_leaves_it(tmp_pa
     assert dict(r1.stolen_from) == {"r0": 1}
 
 
+def test_the_heartbeats_progress_is_brought_to_now_at_their_rates(tmp_path):
+    """A pod's heartbeats are seconds old when listed, and the listing is older still when
+    used: what is left counts the work done since, at each started host's rate. Replica 0
+    (a third of the others' speed) is told by 20 s old heartbeats that 7 of 12 partitions
+    are done: as they were, 5 left, enough for its own; brought to now, under one: it looks
+    at the store before its own last partition and leaves it."""
+    s = store.open_store(str(tmp_path))
+    clock = _Clock()
+    m = _manifest(12)  # 32 tokens a partition
+    topo = schedule.Topology(replicas=3, replica=0)
+    rates = {0: 1.0, 1: 3.0, 2: 3.0}
+    for r, rate in rates.items():
+        _beat(s, f"h{r}", r, f"a{r}", now=clock.now, tokens_per_s=rate)
+    r0 = chooser.Chooser(s, m, topo, JOB, "a0", clock=clock)
+    tried: set[int] = set()
+    assert r0.choose(tried, lambda pid: s.exists(layout.commit_key(pid))) == 0
+    for pid in range(1, 12):
+        if pid != 9:
+            assert schedule.try_claim(s, JOB, pid, f"a{pid % 3}")
+            s.create_json(layout.commit_key(pid), {})
+    clock.now += 100
+    done = {0: 2, 1: 3, 2: 2}
+    for r, rate in rates.items():
+        _beat(s, f"h{r}", r, f"a{r}", now=clock.now, tokens_per_s=rate,
+              partitions_done=done[r])
+    beats = pc.Beats.read(heartbeat.read_heartbeats(s, history=False), JOB, clock.now + 10, 60.0)
+    # 12 - 7 done - (1 + 3 + 3) tokens/s x (10 s old when listed + 2 s since) / 32 a partition
+    assert beats.partitions_left(12, 32.0, clock.now + 12) == pytest.approx(12 - 7 - 7 * 12 / 32)
+    assert beats.partitions_left(12, 32.0, clock.now + 1_000) == 0.0
+    clock.now += 20
+    assert r0.choose(tried, lambda pid: s.exists(layout.commit_key(pid))) is None
+    assert r0.looks == 1 and not s.exists(schedule.claim_key(JOB, 9))
+    assert r0.why_waiting.startswith("a partition takes this replica 32s, longer than")
+
+
 def test_a_look_reads_few_unnamed_claims_and_waits_for_the_others(tmp_path):
     """Replica 1's 12 partitions were claimed by attempts no heartbeat names (made since
     their holders last beat, as far as a look can tell). A look reads the oldest

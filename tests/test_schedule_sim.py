@@ -189,9 +189,6 @@ def test_a_pods_control_traffic_is_small_and_flat(pod):
           f"replica, in {sum(out.looks.values()) / len(replicas):.1f} looks")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 63, open: 1.071x the ideal at 1,024 replicas (1.034x at 64, 1.040x at 256, "
-    "1.051x at 512; bench/RESULTS.md says what ends late)"))
 def test_a_pods_makespan_is_within_5_percent_of_the_ideal(pod):
     """Issue 63: the tail, with its looks spaced to the bucket's budget, and 5 % of the
     replicas dying, costs at most 5 % over the fluid ideal (which cuts partitions and

@@ -87,6 +87,10 @@ class Beats:
     # attempts say they hold: what is left, roughly, without listing the commit markers.
     partitions_done: int = 0
     in_hand: int = 0
+    # When they were read, and the tokens the started hosts have done since their last
+    # beats at their rates: what partitions_done lags by (a beat is up to an interval old).
+    at: float = 0.0
+    tokens_since: float = 0.0
 
     @classmethod
     def read(cls, beats: Iterable[heartbeat_lib.Heartbeat], job: str, now: float,
@@ -95,6 +99,7 @@ class Beats:
         attempts, holders = {}, collections.defaultdict(tuple)
         rates: dict[int, float] = collections.defaultdict(float)
         done: dict[int, int] = collections.defaultdict(int)
+        tokens_since = 0.0
         for hb in beats:
             # Another job's heartbeats (an earlier job on the run) and the launcher's note
             # of a process that died before it beat (no attempt) say nothing of this job.
@@ -107,6 +112,7 @@ class Beats:
                 holders[pid] += (hb.attempt,)
             if state == STARTED:
                 rates[hb.replica] += hb.tokens_per_s
+                tokens_since += hb.tokens_per_s * max(0.0, now - hb.updated_at)
             done[hb.replica] = max(done[hb.replica], hb.partitions_done)
         replicas = {}
         for replica, states in by_replica.items():
@@ -116,12 +122,16 @@ class Beats:
         in_hand = sum(1 for named in holders.values()
                       if any(attempts[a][1] in (STARTED, LOADING) for a in named))
         return cls(replicas, attempts, {r: v for r, v in rates.items() if v > 0},
-                   dict(holders), sum(done.values()), in_hand)
+                   dict(holders), sum(done.values()), in_hand, now, tokens_since)
 
-    def partitions_left(self, n_partitions: int) -> float:
-        """Partitions of work left, roughly: those not committed, the ones in hand counted
-        half done (`decide` counts them so at a look)."""
-        return max(0.0, n_partitions - self.partitions_done - 0.5 * self.in_hand)
+    def partitions_left(self, n_partitions: int, partition_tokens: float, now: float) -> float:
+        """Partitions of work left at `now`, roughly: those not committed, the ones in hand
+        counted half done (`decide` counts them so at a look), less what the started hosts
+        have done since their beats and since the listing, at their rates (a pod's beats
+        are seconds old: counted as they were, the end would look further off than it is)."""
+        since = self.tokens_since + max(0.0, now - self.at) * sum(self.rates.values())
+        return max(0.0, n_partitions - self.partitions_done - 0.5 * self.in_hand
+                   - since / max(partition_tokens, 1.0))
 
     def holder_dead(self, attempt: str) -> bool | None:
         """Whether the attempt holding a claim will never commit it (None: not known)."""
@@ -248,14 +258,28 @@ def slower_than_the_rest(my_pace: float, pace: Mapping[int, float],
     instead is, on average, half a partition from its own end), so they take it then and
     end sooner, and the run's last commit is not a slow host's. my_pace, pace: seconds a
     partition takes this replica (0: not known) and the others that have started."""
-    faster = sorted(p for r, p in pace.items() if states.get(r) == STARTED and p < my_pace)
-    if not my_pace or not faster:
-        return ""
-    typical = faster[len(faster) // 2]
-    if my_pace <= left * typical / len(faster) + typical / 2:
+    faster = faster_paces(my_pace, pace, states)
+    if not too_slow_for(my_pace, faster, left):
         return ""
     return (f"a partition takes this replica {my_pace:.0f}s, longer than the faster "
             f"replicas take to finish the {left:.0f} left")
+
+
+def faster_paces(my_pace: float, pace: Mapping[int, float],
+                 states: Mapping[int, str]) -> tuple[float, int]:
+    """(the typical pace, how many) of the started replicas faster than `my_pace`;
+    (0, 0) when none is, or my_pace is not known."""
+    faster = sorted(p for r, p in pace.items() if states.get(r) == STARTED and p < my_pace)
+    if not my_pace or not faster:
+        return 0.0, 0
+    return faster[len(faster) // 2], len(faster)
+
+
+def too_slow_for(my_pace: float, faster: tuple[float, int], left: float) -> bool:
+    """`slower_than_the_rest` from `faster_paces`: a partition here ends after the faster
+    replicas get through `left` and half a partition more."""
+    typical, n = faster
+    return bool(n) and my_pace > left * typical / n + typical / 2
 
 
 def _why_waiting(kept: Mapping[int, Sequence[int]], held: Mapping[int, int],

@@ -67,9 +67,10 @@ class Chooser:
         # Those of them this replica is to try: (when the heartbeats they come from were
         # read, the partitions).
         self._dead_held: tuple[float | None, list[int]] = (None, [])
-        # Whether the heartbeats listed at that time say this replica may be too slow to
-        # take its own next partition without a look (`_maybe_too_slow`).
-        self._too_slow: tuple[float | None, bool] = (None, False)
+        # This replica's pace and the faster ones' (`choice_policy.faster_paces`) by the
+        # heartbeats listed at that time (`_maybe_too_slow`).
+        self._too_slow: tuple[float | None, tuple[float, tuple[float, int]]] = (
+            None, (0.0, (0.0, 0)))
         self._universe = set(self.universe)
         self.looks = 0  # looks at the store (listings of commits, claims and heartbeats)
         self.holders_read = 0  # claims read at those looks for their holders
@@ -161,23 +162,25 @@ class Chooser:
         return None
 
     def _maybe_too_slow(self) -> bool:
-        """Whether, by the heartbeats last listed (their paces and partitions done), this
-        replica may be too slow to take even its own next partition
-        (`choice_policy.slower_than_the_rest`): then it looks at the store first, and
-        `decide` says, rather than claim it blind. False for most replicas most of the
-        run, which take their own list without a look. Worked out once a listing of the
-        heartbeats (it goes through every replica's pace), not once a partition."""
+        """Whether, by the heartbeats last listed (their paces and partitions done, brought
+        to now at their rates), this replica may be too slow to take even its own next
+        partition (`choice_policy.slower_than_the_rest`): then it looks at the store first,
+        and `decide` says, rather than claim it blind. False for most replicas most of the
+        run, which take their own list without a look. The paces are gone through once a
+        listing of the heartbeats, not once a partition."""
         if self._beats is None:
             return False
         read_at, beats = self._beats
         if self._too_slow[0] != read_at:
             mine = beats.rates.get(self.topo.replica)
+            my_pace = self.partition_tokens / mine if mine else 0.0
             pace = {r: self.partition_tokens / rate for r, rate in beats.rates.items()
                     if r != self.topo.replica}
-            self._too_slow = (read_at, bool(mine) and bool(choice_policy.slower_than_the_rest(
-                self.partition_tokens / mine, pace, beats.replicas,
-                beats.partitions_left(self.n_partitions))))
-        return self._too_slow[1]
+            self._too_slow = (read_at, (my_pace, choice_policy.faster_paces(
+                my_pace, pace, beats.replicas)))
+        my_pace, faster = self._too_slow[1]
+        return choice_policy.too_slow_for(my_pace, faster, beats.partitions_left(
+            self.n_partitions, self.partition_tokens, self.clock()))
 
     def _take_over_the_dead(self, tried: set[int], is_committed: Callable[[int], bool]
                             ) -> int | None:
