@@ -78,12 +78,12 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
     that start in it, in doc_index order, from the tokenized units in its rows.
 
     Returns {"partition", "rows", "tokens", "docs", "full_context_tokens"} and `doc_runs`'
-    columns, checked by `partition.partitions`. arrays: the token arrays opened so far (name -> array), to
-    reuse across the partitions of one writer. in_flight: where to leave this partition's
-    writes unfinished (the caller waits for them: `finish_writes`), so tensorstore
-    compresses and writes one partition while the next is filled; by default they are
-    waited for here. submit: runs the doc table's write in the background (an executor's
-    `submit`), its future joining `in_flight`.
+    columns, checked by `partition.partitions`. arrays: the token arrays opened so far
+    (name -> array), to reuse across the partitions of one writer. in_flight: where to
+    leave this partition's writes unfinished (the caller waits for them: `finish_writes`),
+    so tensorstore compresses and writes one partition while the next is filled; by
+    default they are waited for here. submit: runs the doc table's write in the background
+    (an executor's `submit`), its future joining `in_flight`.
     """
     start, count = plan.run.partition_range(partition_id)
     block, doc_rows = assemble.fill_partition(spec, plan, reader, partition_id, separator_id)
