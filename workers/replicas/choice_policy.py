@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import heapq
 import math
 from typing import Iterable, Mapping, Sequence
@@ -124,12 +125,18 @@ class Beats:
         return cls(replicas, attempts, {r: v for r, v in rates.items() if v > 0},
                    dict(holders), sum(done.values()), in_hand, now, tokens_since)
 
+    @functools.cached_property
+    def total_rate(self) -> float:
+        """Tokens/s of the job's started hosts together (summed once a listing: a chooser
+        asks `partitions_left` once a partition)."""
+        return sum(self.rates.values())
+
     def partitions_left(self, n_partitions: int, partition_tokens: float, now: float) -> float:
         """Partitions of work left at `now`, roughly: those not committed, the ones in hand
         counted half done (`decide` counts them so at a look), less what the started hosts
         have done since their beats and since the listing, at their rates (a pod's beats
         are seconds old: counted as they were, the end would look further off than it is)."""
-        since = self.tokens_since + max(0.0, now - self.at) * sum(self.rates.values())
+        since = self.tokens_since + max(0.0, now - self.at) * self.total_rate
         return max(0.0, n_partitions - self.partitions_done - 0.5 * self.in_hand
                    - since / max(partition_tokens, 1.0))
 
@@ -335,7 +342,7 @@ _CHAIN_FIELDS = ("row_count", "docs", "longest_doc_rows", "continued_doc_rows",
 def _longest_chain(warmup_rows: int, row_count: int, docs: int, longest_doc_rows: int,
                    continued_doc_rows: int, continued_from_rows: int) -> int:
     """`longest_chain` from a partition's fields: the recorded rows, or the bound."""
-    first = continued_doc_rows + min(continued_from_rows, warmup_rows) if continued_doc_rows else 0
+    first = continued_doc_rows + min(continued_from_rows, warmup_rows)  # both 0 or neither
     return max(longest_doc_rows, first, -(-row_count // (docs + 1)))
 
 

@@ -69,8 +69,7 @@ class Chooser:
         self._dead_held: tuple[float | None, list[int]] = (None, [])
         # This replica's pace and the faster ones' (`choice_policy.faster_paces`) by the
         # heartbeats listed at that time (`_maybe_too_slow`).
-        self._too_slow: tuple[float | None, tuple[float, tuple[float, int]]] = (
-            None, (0.0, (0.0, 0)))
+        self._too_slow: tuple[float | None, float, tuple[float, int]] = (None, 0.0, (0.0, 0))
         self._universe = set(self.universe)
         self.looks = 0  # looks at the store (listings of commits, claims and heartbeats)
         self.holders_read = 0  # claims read at those looks for their holders
@@ -176,9 +175,9 @@ class Chooser:
             my_pace = self.partition_tokens / mine if mine else 0.0
             pace = {r: self.partition_tokens / rate for r, rate in beats.rates.items()
                     if r != self.topo.replica}
-            self._too_slow = (read_at, (my_pace, choice_policy.faster_paces(
-                my_pace, pace, beats.replicas)))
-        my_pace, faster = self._too_slow[1]
+            self._too_slow = (read_at, my_pace,
+                              choice_policy.faster_paces(my_pace, pace, beats.replicas))
+        _, my_pace, faster = self._too_slow
         return choice_policy.too_slow_for(my_pace, faster, beats.partitions_left(
             self.n_partitions, self.partition_tokens, self.clock()))
 
