@@ -76,14 +76,22 @@ def _main(argv) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def _wait_for(what: str, predicate, timeout: float = 240.0, every: float = 0.2):
+def _wait_for(what: str, predicate, timeout: float = 240.0, every: float = 0.2, seen=None):
+    """`predicate()`'s first truthy value; on timeout, what `seen()` says of the state."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f": {seen()}" if seen else ""))
+
+
+def _hosts_and_logs(run: str, job: str) -> str:
+    """Each host's state as status gives it, and the end of each host's log."""
+    s = store.open_store(run)
+    logs = {k: s.read(k).decode(errors="replace")[-1500:] for k in s.list(f"logs/{job}/")}
+    return json.dumps({"hosts": _status(run)["hosts"], "logs": logs}, indent=1)
 
 
 def _objects(s, prefix: str) -> dict[str, bytes]:
@@ -257,7 +265,8 @@ def test_down_cancels_a_running_job(config):
     # a step boundary and said so, before KillWait's SIGKILL.
     hosts = _wait_for("both workers stopped", lambda: [
         h for h in _status(run)["hosts"] if h["state"] == "stopped"] if all(
-        h["state"] == "stopped" for h in _status(run)["hosts"]) else None, timeout=60)
+        h["state"] == "stopped" for h in _status(run)["hosts"]) else None, timeout=60,
+        seen=lambda: _hosts_and_logs(run, "d1"))
     assert len(hosts) == NODES
 
 

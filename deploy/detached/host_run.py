@@ -80,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def supervise(run: "str | run_dir.RunDir", job: str, host: str, worker: list[str],
               log_every_s: float = 10.0, max_log_mb: float = 8.0,
-              env: dict | None = None) -> int:
+              env: dict | None = None, forward_stop: bool = True) -> int:
     """Runs `worker` (with `env`, None: this process's) to its end, its output in a file
     under ~/actx-logs copied into the run's log of `host`; records a death (non-zero
     exit) in the host's heartbeat. Returns the exit status to exit with. `run`: the run's
-    location, as the host's command line gives it."""
+    location, as the host's command line gives it. `forward_stop`: pass a SIGTERM this
+    process gets on to the worker; False where whoever sends it signals every process
+    (Slurm), so that the worker gets one notice, not two."""
     run = run_dir.RunDir.at(run)
     log_dir = os.path.join(os.path.expanduser("~"), "actx-logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -94,8 +96,10 @@ def supervise(run: "str | run_dir.RunDir", job: str, host: str, worker: list[str
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(worker, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env)
-    # A shutdown notice (SIGTERM) goes to the worker, which stops at a partition boundary.
-    signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+    # A shutdown notice (SIGTERM) goes to the worker, which stops at a partition boundary;
+    # this process stays to copy the log to its end and record the worker's exit.
+    signal.signal(signal.SIGTERM, (lambda *_: proc.send_signal(signal.SIGTERM))
+                  if forward_stop else (lambda *_: None))
     while proc.poll() is None:
         shipper.maybe_ship()
         time.sleep(0.5)

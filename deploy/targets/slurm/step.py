@@ -85,8 +85,12 @@ def main(argv: list[str] | None = None) -> int:
            if k not in ("ACTX_COORDINATOR", "ACTX_NUM_PROCESSES", "ACTX_PROCESS_ID")}
     from actx.deploy.detached import host_run
 
+    # Slurm signals every process of the step (scancel, a time limit: SIGTERM, then SIGKILL
+    # after KillWait): the worker has its notice already. A forwarded copy arriving over
+    # ECHO_S late (a loaded host) would be a second signal, ending the host without its
+    # replica's shutdown barrier (workers/main.py).
     return host_run.supervise(args.run, args.job, place["host_name"], worker + extra,
-                              args.log_every_s, env=env)
+                              args.log_every_s, env=env, forward_stop=False)
 
 
 if __name__ == "__main__":
