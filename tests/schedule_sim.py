@@ -298,7 +298,7 @@ class _Sim:
         # while it waited.
         self.state = [dict(choice=None, gen=None, tried=set(), left={}, steps=0, rows=0,
                            commits=0, done=False, dead=False, first=None, sleeping=False,
-                           reasons=set())
+                           reasons=set(), claimed_any=False)
                       for _ in replicas]
         self.committed_by: dict[int, int] = {}
         self.commit_at: dict[int, float] = {}
@@ -430,6 +430,9 @@ class _Sim:
             return None
         st["left"][pid] = self.rows[pid]
         self.claims.append((self.now, r, pid))
+        if not st["claimed_any"]:  # as a worker's Progress.hold: the first is named at once
+            st["claimed_any"] = True
+            self._write_heartbeat(r, st, "working" if st["steps"] else "starting")
         return pid, self.w.chains[pid]
 
     def _is_committed(self, pid: int) -> bool:

@@ -225,3 +225,33 @@ def test_heartbeats_name_their_process(tmp_path):
     [hb] = heartbeat.read_heartbeats(s)
     assert (hb.machine, hb.pid) == (heartbeat.this_machine(), os.getpid())
     assert not heartbeat.process_gone(hb)
+
+
+def test_a_hosts_first_claim_is_named_at_once_and_later_ones_at_the_interval(tmp_path):
+    """The first partition a process claims is written into its heartbeat at once (it holds
+    the owner's longest chains: a host dying before its next beat would leave it to the
+    run's tail); later claims wait for the interval; a stopped thread writes no more."""
+    from actx.schemas import heartbeat
+    from actx.workers.loop import progress
+
+    s = store.open_store(str(tmp_path))
+    p = progress.Progress()
+    beats = progress.HeartbeatThread(s, "h", 0, 0, "h-1-x", p, interval_s=3600.0)
+    beats.start()
+
+    def held():
+        [hb] = heartbeat.read_heartbeats(s)
+        return hb.held
+
+    assert held() == ()
+    p.hold(7)
+    assert held() == (7,)
+    p.hold(8)
+    assert held() == (7,)  # not before the interval
+    beats.stop()
+    assert held() == (7, 8) and p.beat_now is None
+    again = progress.HeartbeatThread(s, "h", 0, 0, "h-1-x", p, interval_s=3600.0)
+    again.start()
+    p.hold(9)  # this process named a claim already: no write out of turn
+    assert held() == (7, 8)
+    again.stop(final_beat=False)

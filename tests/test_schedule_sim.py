@@ -88,6 +88,28 @@ def test_a_dead_replicas_partitions_are_finished_by_the_others_after_stale_after
     print(f"\n16 replicas, one dead at 200 s: {out.summary()}")
 
 
+def test_a_host_dying_right_after_its_first_claim_has_it_taken_over_once_stale(fineweb):
+    """One of 16 replicas dies half a second after its first claim (an out-of-memory first
+    step), between two heartbeats: the first partition it claimed (its longest chains) is
+    named at once (workers.loop.progress.Progress.hold), so it is taken over as soon as
+    the host is stale (60 s), not found by a look once the others' own lists run out."""
+    workload = sim.subset(fineweb, 16 * 96)
+    replicas = [sim.Replica(start=0.0, load=31.0, step_s=1.0) for _ in range(16)]
+    replicas[5] = dataclasses.replace(replicas[5], dies_at=31.5)  # beats at 30 s and 32 s
+    out = sim.simulate(workload, replicas, stale_after_s=60.0, heartbeat_s=2.0)
+    _check_every_partition_committed_once(out, workload)
+    mine = [pid for t, r, pid in out.claims if r == 5]
+    again = min(t for t, r, pid in out.claims if pid == mine[0] and r != 5)
+    # The dead one's partitions it never claimed are taken by looks, once the others' own
+    # lists run out: the tail, where a partition of long chains ends the run late.
+    tail = min(t for t, r, pid in out.claims if pid % 16 == 5 and pid not in mine)
+    # Stale 60 s after the beat that named it; seen at the next heartbeat listing; taken
+    # when a trier next chooses (a partition here is a few steps of 1 s).
+    assert 31.0 + 60.0 <= again <= 31.0 + 60.0 + 2 * 2.0 + 8.0 < tail, (again, tail)
+    print(f"\n16 replicas, one dead right after its first claim: {out.summary()}; taken "
+          f"over at {again:.0f}s")
+
+
 def test_a_replica_that_never_beats_keeps_its_partitions_for_the_start_up_grace(fineweb):
     """Replica 3 of 8 never starts; the others, done with their own in under a minute,
     wait out the grace (saying why), then finish its partitions."""

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from typing import Callable
 
 from actx.schemas import errors
 from actx.schemas import heartbeat as heartbeat_lib
@@ -45,6 +46,25 @@ class Progress:
         self.stolen_from: dict[str, int] = {}
         self.given_up: dict[str, int] = {}
         self.idle_reason = ""
+        # The running heartbeat thread's write out of turn (set while one runs): `hold`
+        # asks for it once, at this process's first claim.
+        self.beat_now: Callable[[], None] | None = None
+        self._claimed_any = False
+
+    def hold(self, pid: int) -> None:
+        """Adds partition `pid`, just claimed, to those this process holds. The first is
+        named in a heartbeat at once, not at the next interval (up to ~20 s on a pod): a
+        replica's first partition holds its longest chains (`choice_policy.own_order`), and
+        a host that dies before a heartbeat names it (an out-of-memory first step is the
+        usual way) leaves it to be found by a look in the run's tail, redone last, ending
+        the run late. Named, the live replicas take it over as soon as this host's
+        heartbeat goes stale (`Chooser._take_over_the_dead`). One write a process."""
+        with self.lock:
+            self.held = (*self.held, pid)
+            first, self._claimed_any = not self._claimed_any, True
+            beat_now = self.beat_now
+        if first and beat_now is not None:
+            beat_now()
 
     def update(self, **fields) -> None:
         with self.lock:
@@ -119,7 +139,11 @@ class HeartbeatThread:
         refuses, a full or read-only disk) ends the worker at once with the store's one-line
         error. Later beats go on the thread, where a missed one must not stop extraction."""
         self.beat(force=True, raise_user_errors=True)
+        self._progress.beat_now = self._beat_now
         self._thread.start()
+
+    def _beat_now(self) -> None:
+        self.beat(force=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
@@ -152,6 +176,9 @@ class HeartbeatThread:
         """Stops the thread and writes the final state (unless another thread of the same
         writer takes over)."""
         self._stop.set()
+        with self._progress.lock:
+            if self._progress.beat_now == self._beat_now:
+                self._progress.beat_now = None
         self._thread.join(timeout=30)
         if final_beat:
             self.beat(force=True)

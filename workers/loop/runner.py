@@ -235,10 +235,10 @@ class Worker:
             self.progress.stolen_from = dict(self.choice.stolen_from)
             self.progress.given_up = dict(self.choice.given_up)
             self.progress.idle_reason = self.choice.why_waiting if pid is None and idle else ""
-            if pid is not None and pid >= 0:
-                # Claimed ahead of the partition in hand (prefetch): if this process dies,
-                # status shows it stale with the one in hand, not pending.
-                self.progress.held = (*self.progress.held, pid)
+        if pid is not None and pid >= 0:
+            # Claimed ahead of the partition in hand (prefetch): if this process dies,
+            # status shows it stale with the one in hand, not pending.
+            self.progress.hold(pid)
         return pid
 
     def wait_for_work(self) -> None:
