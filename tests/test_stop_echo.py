@@ -8,8 +8,8 @@ stops it at once.
 
 Under Slurm the supervisor sends no copy at all (a copy delayed past the window on a loaded
 host would end the host at once; that test still failed now and then after the window): the
-worker gets the scheduler's one notice. A
-supervisor signalled alone (a TPU host's) still passes it on."""
+worker gets the scheduler's one notice. A supervisor signalled alone (a TPU host's) still
+passes it on."""
 
 from __future__ import annotations
 

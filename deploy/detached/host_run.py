@@ -99,7 +99,7 @@ def supervise(run: "str | run_dir.RunDir", job: str, host: str, worker: list[str
     # A shutdown notice (SIGTERM) goes to the worker, which stops at a partition boundary;
     # this process stays to copy the log to its end and record the worker's exit.
     signal.signal(signal.SIGTERM, (lambda *_: proc.send_signal(signal.SIGTERM))
-                  if forward_stop else (lambda *_: None))
+                  if forward_stop else signal.SIG_IGN)
     while proc.poll() is None:
         shipper.maybe_ship()
         time.sleep(0.5)
