@@ -418,7 +418,8 @@ class _Sim:
         a partition, NOT_YET (the free slots pad; or, with nothing in hand, it waits a
         poll interval) or None (no more)."""
         choice = st["choice"]
-        pid = choice.choose(st["tried"], self._is_committed, idle=not st["left"])
+        pid = choice.choose(st["tried"], self._is_committed, idle=not st["left"],
+                            rows_in_hand=sum(st["left"].values()))
         if pid is None:
             if not st["left"]:
                 st["sleeping"] = True

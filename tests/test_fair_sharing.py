@@ -92,6 +92,9 @@ def test_the_longest_list_is_the_one_its_owner_needs_longest_for():
     slow = dataclasses.replace(shares, my_pace=25.0)
     decision = pc.decide(slow, 0.0, 0.0)
     assert decision.take == (4, 2, 7, 5)
+    # With a partition's worth of rows still in hand, a partition taken now ends here in
+    # 50 s: r1's last four (40 s) stay with r1 too.
+    assert pc.decide(dataclasses.replace(slow, in_hand=1.0), 0.0, 0.0).take == (4, 2)
     slower = dataclasses.replace(shares, my_pace=100.0)
     decision = pc.decide(slower, 0.0, 0.0)
     assert decision.take == () and decision.wait
@@ -113,6 +116,13 @@ def test_a_slow_replica_leaves_the_last_partitions_to_the_faster_ones():
                             "replicas take to finish the 4 left")
     early = dataclasses.replace(end, others={1: tuple(range(1, 40, 2))})
     assert pc.decide(early, 0.0, 0.0).take[:1] == (39,)  # 21 left: 70 s + 5 > 30
+    # The rows it has still to write come first: with two partitions' worth in hand, one
+    # taken now ends here in 90 s, after the faster replicas' 75; with one's, in 60.
+    busy = pc.decide(dataclasses.replace(early, in_hand=2.0), 0.0, 0.0)
+    assert busy.take == () and busy.wait
+    assert busy.why == ("a partition taken now would end here in 90s (after the rows in "
+                        "hand), later than the faster replicas finish the 21 left")
+    assert pc.decide(dataclasses.replace(early, in_hand=1.0), 0.0, 0.0).take[:1] == (39,)
     typical = dataclasses.replace(end, my_pace=10.0)
     assert pc.decide(typical, 0.0, 0.0).take == (5, 3, 1)
     # Its own last partitions too: left to the faster replicas, which take them from its
@@ -350,6 +360,40 @@ def test_a_slow_replica_looks_before_its_own_last_partition_and_leaves_it(tmp_pa
     r1 = chooser.Chooser(s, m, topo[1], JOB, "a1", clock=clock)
     assert r1.choose({1, 4, 7, 10}, is_committed) == 9
     assert dict(r1.stolen_from) == {"r0": 1}
+
+
+def test_a_slow_replica_counts_the_rows_in_hand_before_its_own_next_partition(tmp_path):
+    """Replicas 1 and 2 step three times as fast as replica 0 (32 s a partition); the
+    heartbeats say 16 of 24 partitions are done, and the store agrees. A partition of
+    replica 0's alone would end in time (32 s, against the 8 left over the 2 faster
+    replicas at 10.7 s each, plus half a partition: 48 s), but not after a partition's
+    worth of rows in hand (64 s): with those it looks at the store, leaves its own next
+    partition and says why. With a quarter of a partition in hand (40 s) it takes it
+    without a look."""
+    s = store.open_store(str(tmp_path))
+    clock = _Clock()
+    m = _manifest(24)  # 8 rows and 32 tokens a partition
+    r0 = chooser.Chooser(s, m, schedule.Topology(replicas=3, replica=0), JOB, "a0",
+                         clock=clock)
+    tried: set[int] = set()
+    assert r0.choose(tried, lambda pid: s.exists(layout.commit_key(pid))) == 0
+    left = {3, 6, 9, 12, 15, 18, 21, 23}
+    for pid in sorted(set(range(24)) - left):
+        assert pid == 0 or schedule.try_claim(s, JOB, pid, f"a{pid % 3}")
+        s.create_json(layout.commit_key(pid), {})
+    clock.now += 100
+    for r, rate, done in ((0, 1.0, 1), (1, 3.0, 8), (2, 3.0, 7)):
+        _beat(s, f"h{r}", r, f"a{r}", now=clock.now, tokens_per_s=rate, partitions_done=done)
+
+    def is_committed(pid):
+        return s.exists(layout.commit_key(pid))
+
+    assert r0.choose(tried, is_committed, idle=False, rows_in_hand=8) is None
+    assert r0.looks == 1 and not s.exists(schedule.claim_key(JOB, 3))
+    assert r0.why_waiting == ("a partition taken now would end here in 64s (after the rows "
+                              "in hand), later than the faster replicas finish the 8 left")
+    assert r0.choose(tried, is_committed, idle=False, rows_in_hand=2) == 3
+    assert r0.looks == 1 and s.read_json(schedule.claim_key(JOB, 3))["attempt"] == "a0"
 
 
 def test_the_heartbeats_progress_is_brought_to_now_at_their_rates(tmp_path):

@@ -49,7 +49,8 @@ class StreamHost(Protocol):
     stop: StopSignal
     stop_requested: threading.Event
 
-    def choose_partition(self, tried: set[int], idle: bool) -> int | None:
+    def choose_partition(self, tried: set[int], idle: bool,
+                         rows_in_hand: int = 0) -> int | None:
         """The next partition: -1 when there is no more, None when nothing yet."""
 
     def wait_for_work(self) -> None:
@@ -94,6 +95,12 @@ class PartitionStream:
         """Whether this host has no rows in hand (what the partition choice asks)."""
         return not self._in_hand
 
+    def rows_in_hand(self) -> int:
+        """The rows of the partitions in hand this host has still to write (a partition
+        chosen now ends after them: the choice of a slow host counts them)."""
+        with self._lock:
+            return sum(state[2] for state in self._in_hand.values())
+
     # -- planning (prefetch thread) ----------------------------------------------------
     def steps(self):
         return schedule.stream(self._next_partition, self.worker.local_batch,
@@ -105,7 +112,8 @@ class PartitionStream:
         when nothing can be taken yet while rows are in hand)."""
         if self.sequence is None:
             while True:
-                pid = self.worker.choose_partition(self.tried, idle=self.hand_empty())
+                pid = self.worker.choose_partition(self.tried, idle=self.hand_empty(),
+                                                   rows_in_hand=self.rows_in_hand())
                 if pid is not None:
                     return pid, -1
                 if self._in_hand:  # the free slots pad; asked again at the next step

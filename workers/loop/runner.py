@@ -224,13 +224,16 @@ class Worker:
             return True
         return False
 
-    def choose_partition(self, tried: set[int], idle: bool = True) -> int | None:
+    def choose_partition(self, tried: set[int], idle: bool = True,
+                         rows_in_hand: int = 0) -> int | None:
         """The next partition to extract: -1 when there is no more, None when there is
         nothing to take now but there may be later (ask again). Its own first; when
         stealing, claimed, and another replica's only where its owner will not reach it
-        soon (workers.replicas.choice_policy). idle: whether this host has no rows in hand (the
-        partition stream says while it runs)."""
-        pid = self.choice.choose(tried, self.is_committed, idle=idle)
+        soon (workers.replicas.choice_policy). idle: whether this host has no rows in hand;
+        rows_in_hand: how many it has still to write (the partition stream says both while
+        it runs)."""
+        pid = self.choice.choose(tried, self.is_committed, idle=idle,
+                                 rows_in_hand=rows_in_hand)
         with self.progress.lock:
             self.progress.stolen_from = dict(self.choice.stolen_from)
             self.progress.given_up = dict(self.choice.given_up)
@@ -368,7 +371,8 @@ class Worker:
             if self.opts.steal:  # chosen (and claimed) as the stream goes
                 sequence = []
                 agreed = distributed.LeaderSequence(  # `stream` exists before it is asked
-                    lambda: self.choose_partition(tried, idle=stream.hand_empty()),
+                    lambda: self.choose_partition(tried, idle=stream.hand_empty(),
+                                                  rows_in_hand=stream.rows_in_hand()),
                     wait=self.wait_for_work)
             else:
                 mine = [p for p in self._candidates() if not self.is_committed(p)] \

@@ -162,6 +162,8 @@ class Shares:
     states: what the other replicas' heartbeats say (a replica absent is UNSEEN).
     pace: seconds a partition takes each replica that has started, where its heartbeats
       say (their tokens/s); my_pace: this replica's (0: not known yet).
+    in_hand: the rows this host has still to write, in partitions (an average partition's
+      rows on a host is 1): a partition it takes now ends after them.
     """
 
     own: tuple[int, ...]
@@ -170,6 +172,7 @@ class Shares:
     states: Mapping[int, str]
     pace: Mapping[int, float] = dataclasses.field(default_factory=dict)
     my_pace: float = 0.0
+    in_hand: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +236,8 @@ def decide(shares: Shares, now: float, grace_until: float, idle: bool = True,
                 if items and stealable(shares.states.get(r, UNSEEN), now, grace_until)}
     left = (len(shares.own) + sum(len(items) for items in takeable.values())
             + 0.5 * len(shares.held))
-    too_slow = slower_than_the_rest(shares.my_pace, shares.pace, shares.states, left)
+    too_slow = slower_than_the_rest(shares.my_pace, shares.pace, shares.states, left,
+                                    shares.in_hand)
     if shares.own:
         if too_slow:
             return Decision((), wait=True, why=too_slow)
@@ -248,8 +252,10 @@ def decide(shares: Shares, now: float, grace_until: float, idle: bool = True,
     typical = known[len(known) // 2] if known else 1.0
     seconds = {r: shares.pace.get(r, typical) if shares.states.get(r) == STARTED
                else float("inf") for r in takeable}
-    in_hand = collections.Counter(shares.held.values())
-    take = from_the_longest_ends(takeable, seconds, in_hand, shares.my_pace)
+    held_by = collections.Counter(shares.held.values())
+    # What a partition taken now takes this replica: its pace, after the rows in hand.
+    take = from_the_longest_ends(takeable, seconds, held_by,
+                                 shares.my_pace * (1 + shares.in_hand))
     if take and too_slow:
         return Decision((), wait=True, why=too_slow)
     reached = {r: items for r, items in takeable.items() if not set(items) & set(take)}
@@ -258,16 +264,21 @@ def decide(shares: Shares, now: float, grace_until: float, idle: bool = True,
 
 
 def slower_than_the_rest(my_pace: float, pace: Mapping[int, float],
-                         states: Mapping[int, str], left: float) -> str:
+                         states: Mapping[int, str], left: float, in_hand: float = 0.0) -> str:
     """Why a replica takes no partition, own or another's, near the end ("": it takes):
-    it would finish one after the replicas faster than it, at their pace, have got
-    through the `left` partitions and half of one more (the one of them that takes it
-    instead is, on average, half a partition from its own end), so they take it then and
-    end sooner, and the run's last commit is not a slow host's. my_pace, pace: seconds a
-    partition takes this replica (0: not known) and the others that have started."""
+    it would finish one (after its `in_hand` partitions' worth of rows) after the replicas
+    faster than it, at their pace, have got through the `left` partitions and half of one
+    more (the one of them that takes it instead is, on average, half a partition from its
+    own end), so they take it then and end sooner, and the run's last commit is not a slow
+    host's. my_pace, pace: seconds a partition takes this replica (0: not known) and the
+    others that have started."""
     faster = faster_paces(my_pace, pace, states)
-    if not too_slow_for(my_pace, faster, left):
+    if not too_slow_for(my_pace, faster, left, in_hand):
         return ""
+    if in_hand:
+        return (f"a partition taken now would end here in {my_pace * (1 + in_hand):.0f}s "
+                f"(after the rows in hand), later than the faster replicas finish the "
+                f"{left:.0f} left")
     return (f"a partition takes this replica {my_pace:.0f}s, longer than the faster "
             f"replicas take to finish the {left:.0f} left")
 
@@ -282,11 +293,13 @@ def faster_paces(my_pace: float, pace: Mapping[int, float],
     return faster[len(faster) // 2], len(faster)
 
 
-def too_slow_for(my_pace: float, faster: tuple[float, int], left: float) -> bool:
-    """`slower_than_the_rest` from `faster_paces`: a partition here ends after the faster
-    replicas get through `left` and half a partition more."""
+def too_slow_for(my_pace: float, faster: tuple[float, int], left: float,
+                 in_hand: float = 0.0) -> bool:
+    """`slower_than_the_rest` from `faster_paces`: a partition taken here now (after the
+    `in_hand` partitions' worth of rows) ends after the faster replicas get through `left`
+    and half a partition more."""
     typical, n = faster
-    return bool(n) and my_pace > left * typical / n + typical / 2
+    return bool(n) and my_pace * (1 + in_hand) > left * typical / n + typical / 2
 
 
 def _why_waiting(kept: Mapping[int, Sequence[int]], held: Mapping[int, int],

@@ -33,9 +33,9 @@ TAKEOVER_TRIERS = 2
 class Chooser:
     """One process's partition choice (the leader's, in a multi-host replica).
 
-    `choose(tried, is_committed, idle)` returns a partition id (claimed when stealing),
-    None (nothing to take now: ask again later) or -1 (no more). `clock` gives wall-clock
-    seconds (heartbeats' `updated_at`); a simulator passes its own.
+    `choose(tried, is_committed, idle, rows_in_hand)` returns a partition id (claimed when
+    stealing), None (nothing to take now: ask again later) or -1 (no more). `clock` gives
+    wall-clock seconds (heartbeats' `updated_at`); a simulator passes its own.
     """
 
     def __init__(self, store, manifest: manifest_lib.Manifest, topo: schedule.Topology,
@@ -58,6 +58,10 @@ class Chooser:
         self.n_partitions = len(manifest.partitions)
         # Tokens of a partition, on average: with a replica's tokens/s, its pace.
         self.partition_tokens = manifest.total_tokens / max(1, self.n_partitions)
+        # Rows of a partition on one host of this replica, on average: what rows in hand
+        # are counted in.
+        self.host_partition_rows = max(1.0, manifest.total_rows / max(1, self.n_partitions)
+                                       / topo.hosts_per_replica)
         self.grace_until = clock() + start_grace_s
         self._own_next = 0  # own partitions before this index were tried once
         self._holders: dict[tuple[int, int], str] = {}  # (pid, generation) -> attempt, read
@@ -97,7 +101,9 @@ class Chooser:
         self.own = [p for p in self.universe if p in self._mine]
 
     def choose(self, tried: set[int], is_committed: Callable[[int], bool],
-               idle: bool = True) -> int | None:
+               idle: bool = True, rows_in_hand: int = 0) -> int | None:
+        """idle: this host has nothing in hand; rows_in_hand: the rows it has still to
+        write (a partition taken now ends after them)."""
         if not self.steal:  # own partitions only, unclaimed (a job's one-replica worker)
             for pid in self.own:
                 if pid not in tried and not is_committed(pid):
@@ -105,14 +111,16 @@ class Chooser:
                     return pid
             return -1
         pid = self._take_over_the_dead(tried, is_committed)
-        if pid is None and not self._maybe_too_slow():
+        in_hand = rows_in_hand / self.host_partition_rows
+        if pid is None and not self._maybe_too_slow(in_hand):
             pid = self._next_own(tried, is_committed)
         if pid is not None:
             return pid
         for _ in range(3):  # a lost race for every candidate: the view was old, read again
             now = self.clock()
             shares, generations = self._shares(tried, now, is_committed)
-            decision = choice_policy.decide(shares, now, self.grace_until, idle, self.fill_slots)
+            decision = choice_policy.decide(dataclasses.replace(shares, in_hand=in_hand), now,
+                                            self.grace_until, idle, self.fill_slots)
             for pid in decision.take:
                 if pid in tried or is_committed(pid):
                     continue
@@ -160,10 +168,11 @@ class Chooser:
             self._count_given_up(pid)
         return None
 
-    def _maybe_too_slow(self) -> bool:
+    def _maybe_too_slow(self, in_hand: float) -> bool:
         """Whether, by the heartbeats last listed (their paces and partitions done, brought
         to now at their rates), this replica may be too slow to take even its own next
-        partition (`choice_policy.slower_than_the_rest`): then it looks at the store first,
+        partition after the `in_hand` partitions' worth of rows it has still to write
+        (`choice_policy.slower_than_the_rest`): then it looks at the store first,
         and `decide` says, rather than claim it blind. False for most replicas most of the
         run, which take their own list without a look. The paces are gone through once a
         listing of the heartbeats, not once a partition."""
@@ -179,7 +188,7 @@ class Chooser:
                               choice_policy.faster_paces(my_pace, pace, beats.replicas))
         _, my_pace, faster = self._too_slow
         return choice_policy.too_slow_for(my_pace, faster, beats.partitions_left(
-            self.n_partitions, self.partition_tokens, self.clock()))
+            self.n_partitions, self.partition_tokens, self.clock()), in_hand)
 
     def _take_over_the_dead(self, tried: set[int], is_committed: Callable[[int], bool]
                             ) -> int | None:
