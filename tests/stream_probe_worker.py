@@ -4,7 +4,9 @@ submitted (run by tests/test_worker_pipeline.py on multi-host replicas).
 Usage: ACTX_STREAM_PROBE=FILE python -m tests.stream_probe_worker WORKER ARGS...
 Each line of FILE: "dispatch ROW" when the dispatching thread takes a step that stores row
 ROW, "commit PID" when the worker submits partition PID's commit, "not-yet" when the
-leader's next partition was not yet chosen when this host asked.
+leader's next partition was not yet chosen when this host asked, "choose IDLE ROWS PID" when
+this host's partition choice (the leader's) was asked with IDLE (1: nothing in hand) and
+ROWS (rows in hand still to write) and answered PID (-2: nothing yet).
 Settings for the test, in the environment: ACTX_AGREEMENT_WINDOW (a narrower
 `partition_stream.AGREEMENT_WINDOW`, so partitions cross it), ACTX_LEADER_LOOKAHEAD
 (`distributed.LeaderSequence.LOOKAHEAD`), ACTX_CHOICE_FAILS_AFTER=N (the leader's N+1-th
@@ -47,6 +49,14 @@ def _probe(path: str) -> None:
             out.write("not-yet\n")
         return value
 
+    choose = runner.Worker.choose_partition
+
+    def chose(self, tried, idle=True, rows_in_hand=0):
+        pid = choose(self, tried, idle, rows_in_hand)
+        out.write(f"choose {int(idle)} {rows_in_hand} {-2 if pid is None else pid}\n")
+        return pid
+
+    runner.Worker.choose_partition = chose
     prefetch.Prefetcher.__iter__ = iterate
     commit.Committer.submit = submitted
     distributed.LeaderSequence.next = asked
@@ -64,11 +74,11 @@ def _settings(env) -> None:
     if env.get("ACTX_CHOICE_FAILS_AFTER"):
         choose, calls = runner.Worker.choose_partition, []
 
-        def failing(self, tried, idle=True):
+        def failing(self, tried, idle=True, rows_in_hand=0):
             calls.append(1)
             if len(calls) > int(env["ACTX_CHOICE_FAILS_AFTER"]):
                 raise OSError("claims store unreachable (test)")
-            return choose(self, tried, idle)
+            return choose(self, tried, idle, rows_in_hand)
 
         runner.Worker.choose_partition = failing
 

@@ -304,6 +304,23 @@ def test_two_host_replica_that_steals_streams_and_follows_its_leaders_claims(mod
         if slices == "even" or host == 0:
             for before, after in zip(order, order[1:]):
                 assert first_dispatch[after] < commit_at[before], (probe.name, before, after)
+    # The leader's choice is told the rows it has in hand still to write (what a slow
+    # replica counts before it takes another partition): none at its first choice, some
+    # while it chooses ahead, never more than the partitions chosen and not yet committed
+    # hold on it (2 objects of 4 rows of each partition, uneven: 1 of 4 on the other host).
+    leader_rows = 4 if slices == "even" else 8
+    chosen, committed, in_hand = [], set(), []
+    for event in _probe_events(probes[0]):
+        if event[0] == "commit":
+            committed.add(int(event[1]))
+        elif event[0] == "choose":
+            idle, rows, pid = map(int, event[1:])
+            assert rows <= leader_rows * len(set(chosen) - committed), event
+            assert not (idle and rows), event
+            in_hand.append(rows)
+            chosen += [pid] if pid >= 0 else []
+    assert in_hand[0] == 0 and max(in_hand) > 0, in_hand
+    assert sorted(chosen) == sorted(order)
     waits = [sum(e == ["not-yet"] for e in _probe_events(p)) for p in probes]
     assert waits[0] == 0  # the leader never waits for itself
     if slices == "uneven":
