@@ -185,6 +185,37 @@ def test_an_error_on_the_output_thread_stops_the_loop_and_commits_nothing_after(
     assert len(calls) == 3
 
 
+def test_a_planning_error_is_raised_before_the_failure_of_a_step_it_caused(
+        model_dir, tmp_path, monkeypatch):
+    """The third partition choice raises; the output thread, holding the first step, then
+    fails too (as a multi-host leader's step does once the host it told of its error has
+    left): the worker raises the choice's error, the cause, and commits nothing."""
+    run = _run(model_dir, tmp_path / "run", "truncate", partition_rows=8)
+    choose, chosen = runner.Worker.choose_partition, []
+    choice_failed = threading.Event()
+
+    def failing_choice(self, tried, idle=True, rows_in_hand=0):
+        chosen.append(rows_in_hand)
+        if len(chosen) == 3:
+            choice_failed.set()
+            raise OSError("claims store unreachable (test)")
+        return choose(self, tried, idle, rows_in_hand)
+
+    def lost_peer(self, rows, write, pieces):
+        assert choice_failed.wait(30)
+        raise ConnectionResetError("the step's peer reset the connection (test)")
+
+    monkeypatch.setattr(runner.Worker, "choose_partition", failing_choice)
+    monkeypatch.setattr(writer.PartitionWriter, "add_slots", lost_peer)
+    worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8,
+                                                        steps_in_flight=1))
+    with pytest.raises(OSError, match="claims store unreachable") as raised:
+        worker.run()
+    assert raised.value.__suppress_context__  # the step's failure is logged, not chained
+    assert len(chosen) == 3
+    assert commit_lib.committed_partitions(store.open_store(run)) == set()
+
+
 def test_output_thread_bounds_the_steps_in_flight():
     from actx.workers.loop import outputs
 

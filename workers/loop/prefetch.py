@@ -81,7 +81,8 @@ class TokenStore:
 
 class Prefetcher:
     """Iterates over `steps`, yielding Batches read `depth` steps ahead. An exception
-    raised while planning or reading a step reaches the consumer at that step."""
+    raised while planning or reading a step reaches the consumer at that step, and is kept
+    in `failed`."""
 
     _DONE = object()
 
@@ -90,6 +91,7 @@ class Prefetcher:
         self._steps = steps  # may be a generator (schedule.stream): planned on this thread
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
+        self.failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="actx-prefetch", daemon=True)
         self._thread.start()
 
@@ -103,6 +105,7 @@ class Prefetcher:
                                 arrays["segment_ids"]))
             self._put(self._DONE)
         except BaseException as e:  # surfaced to the consumer, which re-raises it
+            self.failed = e
             self._put(e)
 
     def _put(self, item) -> None:
@@ -125,3 +128,12 @@ class Prefetcher:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+    def failure_behind(self, error: BaseException) -> BaseException | None:
+        """The planning error that came before `error` (raised while the consumer ran the
+        steps queued ahead of it), or None. Stops the thread first, so an error it is
+        raising is recorded. A multi-host leader whose partition choice fails publishes it;
+        the other hosts leave, and the leader's step in flight then fails on a lost peer:
+        the choice's error is the cause to report."""
+        self.close()
+        return self.failed if self.failed is not None and self.failed is not error else None

@@ -301,7 +301,8 @@ class Worker:
         step before it is handled, so what the hosts of a replica agree on is a function of
         the step index, the same on all of them.
         A Preempted stop first handles every step already dispatched: partitions whose rows
-        all ran are committed; any other error drops them.
+        all ran are committed; any other error drops them, and the planning thread's error,
+        when it failed first, is the one raised.
         """
         prefetcher = prefetch.Prefetcher(self.tokens, steps, self.opts.prefetch_depth)
         handler = outputs.OutputThread(on_output, self.opts.steps_in_flight, self.timings)
@@ -340,6 +341,13 @@ class Worker:
         except Preempted:
             handler.drain()
             raise
+        except BaseException as e:
+            cause = prefetcher.failure_behind(e)
+            if cause is None or isinstance(cause, Preempted):  # a stop causes no failure
+                raise
+            log.error("the steps in flight failed too, after planning did: %s: %s",
+                      type(e).__name__, e)
+            raise cause from None
         finally:
             handler.close()
             prefetcher.close()
