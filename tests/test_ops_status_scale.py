@@ -242,6 +242,37 @@ def test_gcs_heartbeats_from_one_listing_of_summaries(gcs_bucket, monkeypatch):
     assert listed == expected
 
 
+@pytest.mark.parametrize("history", [False, True])
+def test_heartbeats_read_again_are_parsed_again_only_where_they_changed(tmp_path, history):
+    """A host lists the heartbeats about once an interval: a heartbeat whose text is what
+    the last reading parsed is that reading's (the same object); one rewritten since is
+    read as written, and one deleted is gone."""
+    s = store.open_store(str(tmp_path / "run"))
+    writers = [heartbeat.HeartbeatWriter(s, f"h{h}") for h in range(3)]
+
+    def beat(h: int, tokens: int) -> heartbeat.Heartbeat:
+        return heartbeat.Heartbeat(host=f"h{h}", replica=h, process_index=0, state="working",
+                                   attempt="a", updated_at=1.8e9 + tokens,
+                                   tokens_done=tokens, message=f"m{tokens}")
+
+    for h, writer in enumerate(writers):
+        writer.beat(beat(h, 10 + h), force=True)
+    first = heartbeat.read_heartbeats(s, history=history)
+    writers[1].beat(beat(1, 50), force=True)
+    s.delete(layout.heartbeat_key("h2"))
+    again = heartbeat.read_heartbeats(s, history=history)
+    plain = [config.from_dict(heartbeat.Heartbeat, s.read_json(k))
+             for k in s.list(layout.WORKERS_PREFIX)]
+    assert [(b.host, b.tokens_done, b.message) for b in again] == [
+        (b.host, b.tokens_done, b.message) for b in plain] == [("h0", 10, "m10"),
+                                                                ("h1", 50, "m50")]
+    assert again[0] is first[0] and again[1] is not first[1]
+    # The same object in another run is another heartbeat.
+    other = store.open_store(str(tmp_path / "other"))
+    heartbeat.HeartbeatWriter(other, "h0").beat(beat(0, 10), force=True)
+    assert heartbeat.read_heartbeats(other, history=history)[0] is not first[0]
+
+
 def test_a_summary_keeps_the_history_while_it_fits():
     hb = heartbeat.Heartbeat(host="h" * 40, replica=511, process_index=0, state="working",
                              attempt="a" * 60, updated_at=1.8e9, tokens_done=10**12,
