@@ -341,7 +341,7 @@ class Worker:
         except Preempted:
             handler.drain()
             raise
-        except BaseException as e:
+        except Exception as e:  # an interrupt (KeyboardInterrupt) stays what is raised
             cause = prefetcher.failure_behind(e)
             if cause is None or isinstance(cause, Preempted):  # a stop causes no failure
                 raise
