@@ -178,26 +178,19 @@ def read_heartbeats(store, max_parallel: int = 32, history: bool = True) -> list
     if summaries is None:
         summaries = dict.fromkeys(store.list(layout.WORKERS_PREFIX))
     keys = sorted(k for k in summaries if k.endswith(".json"))
-    texts = {k: summaries[k] for k in keys if summaries[k] is not None}
-    if history:
-        texts = {k: text for k, text in texts.items() if _summary_is_whole(
-            store.parse_json(k, text))}
-    unread = [k for k in keys if k not in texts]
-    read = dict(zip(unread, store.read_many(unread, max_parallel=max_parallel)))
-    beats = []
+    beats, unread = {}, []
     for key in keys:
-        text = texts.get(key)
-        if text is None:
-            text = read[key]
-            if text is None:  # deleted between the listing and the read
-                continue
-        beats.append(_PARSED.parse(store, key, text, history))
-    return beats
-
-
-def _summary_is_whole(data) -> bool:
-    return bool(isinstance(data, dict) and data.get("history")
-                and len(data.get("message", "")) < SUMMARY_MESSAGE_CHARS)
+        text = summaries[key]
+        beat = None if text is None else _PARSED.parse(store, key, text, history)
+        if beat is None or (history and not (
+                beat.history and len(beat.message) < SUMMARY_MESSAGE_CHARS)):
+            unread.append(key)
+        else:
+            beats[key] = beat
+    for key, text in zip(unread, store.read_many(unread, max_parallel=max_parallel)):
+        if text is not None:  # None: deleted between the listing and the read
+            beats[key] = _PARSED.parse(store, key, text, history)
+    return [beats[k] for k in keys if k in beats]
 
 
 class _ParsedBeats:
