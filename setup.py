@@ -53,6 +53,12 @@ _TEST = [
     # SAELens's cached-activations layout (reader.trainers.export_saelens) is written and
     # read back with HF datasets, the library SAELens reads it with.
     "datasets>=3",
+    # The Beam and JAX the Dataflow worker images carry (deploy/containers/Dockerfile.*:
+    # BEAM_VERSION's default, jax[...]==): the tests launch with exactly these, so a new
+    # release of either does not change CI under the images. Bump them with the Dockerfiles
+    # (tests/test_beam_containers.py checks the three agree).
+    "apache-beam==2.78.0",
+    "jax==0.10.2",
 ]
 
 

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from tests.setup_extras import dev_pin, setup_extras
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = {"gpu": "jax[cuda12]", "tpu": "jax[tpu]"}
 
@@ -26,17 +28,6 @@ def _pip_requirements(text: str) -> list[str]:
     return re.findall(r'"([^"]+)"', line)
 
 
-def _setup_extras() -> set[str]:
-    out = subprocess.run([sys.executable, "-c", (
-        "import setuptools, runpy, sys\n"
-        "captured = {}\n"
-        "setuptools.setup = lambda **kw: captured.update(kw)\n"
-        "runpy.run_path('setup.py')\n"
-        "print(','.join(captured['extras_require']))")], cwd=REPO, capture_output=True,
-        text=True, check=True).stdout
-    return set(out.strip().split(","))
-
-
 @pytest.mark.parametrize("kind", sorted(IMAGES))
 def test_image_is_beams_sdk_with_actx_extras_and_jax(kind):
     import apache_beam
@@ -45,11 +36,15 @@ def test_image_is_beams_sdk_with_actx_extras_and_jax(kind):
     text = _dockerfile(kind)
     assert "FROM apache/beam_python3.11_sdk:${BEAM_VERSION}" in text
     default = re.search(r"^ARG BEAM_VERSION=(\S+)$", text, re.M).group(1)
-    assert default == apache_beam.__version__  # the Beam these tests launch with
+    # The Beam these tests launch with: the dev extra pins it, so a new Beam release
+    # cannot drift the tests away from the image.
+    assert default == dev_pin("apache-beam") == apache_beam.__version__
     actx_req, jax_req = _pip_requirements(text)
     extras = re.fullmatch(r"/opt/actx\[([a-z,]+)\]", actx_req).group(1).split(",")
-    assert set(extras) <= _setup_extras() and "workers" in extras
-    assert jax_req == f"{IMAGES[kind]}=={jax.__version__}"  # the JAX the tests ran
+    assert set(extras) <= set(setup_extras()) and "workers" in extras
+    # The JAX the tests ran, pinned the same way.
+    assert jax_req == f"{IMAGES[kind]}=={dev_pin('jax')}"
+    assert dev_pin("jax") == jax.__version__
     assert "COPY . /opt/actx" in text
 
 

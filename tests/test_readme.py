@@ -12,6 +12,8 @@ import re
 import shlex
 import sys
 
+from tests.setup_extras import setup_extras
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -109,22 +111,6 @@ def test_every_yaml_block_is_a_valid_submit_config(tmp_path):
     assert count >= 4
 
 
-def _setup_extras() -> dict[str, list[str]]:
-    """setup.py's extras_require, read by running setup.py with setup() replaced."""
-    import setuptools
-
-    captured: dict = {}
-    real = setuptools.setup
-    setuptools.setup = lambda **kwargs: captured.update(kwargs)
-    try:
-        source = (REPO / "setup.py").read_text()
-        exec(compile(source, str(REPO / "setup.py"), "exec"),
-             {"__file__": str(REPO / "setup.py"), "__name__": "setup"})
-    finally:
-        setuptools.setup = real
-    return captured["extras_require"]
-
-
 def _check_shell_line(line: str, where: str, extras: dict, ci: str) -> None:
     from actx.deploy import cli
 
@@ -153,7 +139,7 @@ def test_every_shell_block_is_checked():
     test command is .ci/run's, and every `actx` command parses with today's command line
     (the tests that run them as written: test_readme_own_data, test_extractions_readme,
     test_verify_reference, test_ops_submit)."""
-    extras = _setup_extras()
+    extras = setup_extras()
     ci = (REPO / ".ci" / "run").read_text()
     count = 0
     for path in pages():
@@ -168,7 +154,7 @@ def test_every_shell_block_is_checked():
 
 
 def test_the_torch_extra_brings_torch_and_datasets():
-    extras = _setup_extras()
+    extras = setup_extras()
     assert "torch==2.13.0" in extras["torch"]
     assert any(r.startswith("datasets") for r in extras["torch"])  # export_saelens
 
