@@ -59,6 +59,12 @@ _TEST = [
     # (tests/test_beam_containers.py checks the three agree).
     "apache-beam==2.78.0",
     "jax==0.10.2",
+    # ml_dtypes 0.7.0 takes 0.56 s to import (its extension registers numpy ufunc loops,
+    # each a linear scan of those before it), 0.6.0 5 ms; jax and tensorstore import it, so
+    # every worker, prepare and Beam process the tests start paid it: about 200 CPU-seconds
+    # of a CI run (measured: `python -X importtime -c "import ml_dtypes"`). Users' installs
+    # take what jax allows; the dtypes actx stores (bfloat16, float8_e4m3fn) are in both.
+    "ml_dtypes==0.6.0",
 ]
 
 
