@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from actx.workers.model.config import ModelConfig
-from actx.workers.model.families import (gemma, gpt2, gpt_neox, gpt_oss, hf_fields, llama,
-                                        mixtral, olmo, phi3, qwen)
+from actx.workers.model.families import (gemma, gpt2, gpt_neox, gpt_oss, hf_defaults,
+                                        hf_fields, llama, mixtral, olmo, phi3, qwen)
 from actx.workers.model.families.base import DENSE_POINTS, Family, LayerTensor
 
 # In the order errors list them (the first six as actx has always listed them).
@@ -74,6 +74,8 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelC
         return ValueError(f"{source}: unsupported option {field}={value!r} for {arch}"
                           + (f" ({why})" if why else ""))
 
+    # A field config.json leaves out is HF's class default (hf_defaults), as HF reads it.
+    hf = hf_defaults.with_defaults(hf, arch)
     if family.hf_names:
         # The family's own names for the common fields (GPT-2's n_embd, n_layer, ...).
         hf = {**hf, **{common: hf[own] for common, own in family.hf_names.items()

@@ -25,7 +25,9 @@ def _options(hf, arch, refuse, num_layers, head_dim) -> dict:
     layer_types = hf_fields.gemma_layer_types(hf, arch, num_layers)
     windows = hf_fields.windows_by_type(layer_types, hf.get("sliding_window"), num_layers, refuse)
     rope, local_rope = hf_fields.gemma_ropes_from_hf(hf, arch, refuse)
-    softcap = hf.get("attn_logit_softcapping")
+    # Gemma 3 has no attention soft-capping (its q/k norms bound the logits): HF's
+    # Gemma3Attention never applies the config's attn_logit_softcapping, so neither do we.
+    softcap = hf.get("attn_logit_softcapping") if arch == "Gemma2ForCausalLM" else None
     return {
         "sliding_windows": windows, "rope": rope, "gemma_norms": True,
         "qk_norm": arch == "Gemma3ForCausalLM", "mlp_activation": "gelu_tanh",

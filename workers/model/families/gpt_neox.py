@@ -18,8 +18,8 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "g
 def _rope(hf, refuse):
     """4.x configs (Pythia's) say rotary_pct and rotary_emb_base; transformers 5 writes
     rope_parameters, whose missing partial_rotary_factor HF takes from rotary_pct (0.25
-    by default), as it does here."""
-    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    by default), as it does here; a 4.x rope_scaling wins over rope_parameters, as in HF."""
+    params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
     params.setdefault("rope_theta", float(hf.get("rotary_emb_base", 10000.0)))
     params.setdefault("partial_rotary_factor", float(hf.get("rotary_pct", 0.25)))
     return hf_fields.rope_from_hf({**hf, "rope_parameters": params, "rope_scaling": None},

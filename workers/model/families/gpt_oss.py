@@ -13,7 +13,14 @@ from __future__ import annotations
 from actx.workers.model.families import base, hf_fields
 
 
+# GptOssConfig's RoPE where the config gives none (its theta, 150,000, is hf_defaults').
+_DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}
+
+
 def _options(hf, arch, refuse, num_layers, head_dim) -> dict:
+    if not hf.get("rope_parameters") and not hf.get("rope_scaling"):
+        hf = {**hf, "rope_parameters": _DEFAULT_ROPE}
     window = hf.get("sliding_window")
     layer_types = hf.get("layer_types")
     if layer_types is None:  # HF's default: even layers slide

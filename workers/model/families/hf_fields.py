@@ -33,22 +33,28 @@ def moe_fields(hf: Mapping[str, Any], refuse, *, experts_field: str, width_field
 
 def gemma_ropes_from_hf(hf: Mapping[str, Any], arch: str, refuse
                         ) -> tuple[RopeConfig, RopeConfig | None]:
-    """The global layers' RoPE, and Gemma 3's local layers' own (None elsewhere)."""
+    """The global layers' RoPE, and Gemma 3's local layers' own (None elsewhere).
+    Gemma3TextConfig keeps one RoPE per layer type: a type's missing rope_theta is the
+    config's rope_theta (else 1e6) for the global layers and rope_local_base_freq (else
+    1e4) for the local ones; a 4.x `rope_scaling` scales the global layers only; and, RoPE
+    being per layer type, a top-level original_max_position_embeddings is not read."""
     if arch != "Gemma3ForCausalLM":
         return rope_from_hf(hf, refuse), None
     params = hf.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:
-        # transformers 5: one RoPE per layer type.
-        full = {**hf, "rope_parameters": params.get("full_attention") or {},
-                "rope_scaling": None}
-        local = {**hf, "rope_parameters": params.get("sliding_attention") or {},
-                 "rope_scaling": None}
-        return rope_from_hf(full, refuse), rope_from_hf(local, refuse)
-    # 4.x: rope_theta / rope_scaling for the global layers, rope_local_base_freq local.
-    global_rope = rope_from_hf({**hf, "rope_theta": hf.get("rope_theta", 1_000_000.0)},
-                                refuse)
-    local_theta = float(hf.get("rope_local_base_freq", 10_000.0))
-    return global_rope, RopeConfig(theta=local_theta)
+    nested = "full_attention" in params or "sliding_attention" in params
+    full = dict((params.get("full_attention") if nested else None) or {"rope_type": "default"})
+    local = dict((params.get("sliding_attention") if nested else None)
+                 or {"rope_type": "default"})
+    if hf.get("rope_scaling"):
+        full.update(hf["rope_scaling"])
+    full.setdefault("rope_theta", hf.get("rope_theta", 1_000_000.0))
+    local.setdefault("rope_theta", hf.get("rope_local_base_freq", 10_000.0))
+
+    def one(type_params):
+        return rope_from_hf({**hf, "rope_parameters": type_params, "rope_scaling": None,
+                             "original_max_position_embeddings": None}, refuse)
+
+    return one(full), one(local)
 
 
 def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False,
@@ -58,9 +64,10 @@ def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False
     inside); 4.x wrote top-level `rope_theta` and an optional `rope_scaling`.
     partial_allowed: the family rotates part of each head where asked (Phi-3); longrope:
     it reads "longrope"; aliases: other names the family's config gives a rope type."""
+    # HF's convert_rope_params_to_dict: a 4.x `rope_scaling` wins over `rope_parameters`.
     params = dict(hf.get("rope_parameters") or {})
     field = "rope_parameters"
-    if not params and hf.get("rope_scaling"):
+    if hf.get("rope_scaling"):
         params, field = dict(hf["rope_scaling"]), "rope_scaling"
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -81,25 +88,36 @@ def rope_from_hf(hf: Mapping[str, Any], refuse, *, partial_allowed: bool = False
         return _longrope(hf, params, theta, partial, field, refuse)
     if rope_type == "yarn":
         return _yarn(hf, params, theta, partial, field, refuse)
+    original = original_context(hf, params)
+    if original is None:
+        raise refuse(f"{field}.original_max_position_embeddings", None,
+                     "llama3 needs the pretraining context")
     return RopeConfig(
         theta=theta, rope_type="llama3", factor=float(params["factor"]),
         low_freq_factor=float(params["low_freq_factor"]),
         high_freq_factor=float(params["high_freq_factor"]),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings",
-                       hf.get("max_position_embeddings", 8192))),
-        partial_rotary_factor=partial)
+        original_max_position_embeddings=original, partial_rotary_factor=partial)
+
+
+def original_context(hf: Mapping[str, Any], params: Mapping[str, Any]) -> int | None:
+    """The pretraining context of llama3, yarn and longrope RoPE, as HF's
+    `standardize_rope_params` picks it: the config's top-level
+    original_max_position_embeddings where it has one (Phi-3's class gives it a default,
+    4096), else the rope parameters' own, else max_position_embeddings. (RoPE given per
+    layer type, Gemma 3's, ignores the top-level field: its reader passes it as None.)"""
+    value = hf.get("original_max_position_embeddings")
+    if value is None:
+        value = params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))
+    return None if value is None else int(value)
 
 
 def _longrope(hf, params, theta: float, partial: float, field: str, refuse) -> RopeConfig:
     """HF's `_compute_longrope_parameters`: the factor defaults to max / original
     positions, the attention factor to sqrt(1 + ln(factor) / ln(original))."""
-    original = params.get("original_max_position_embeddings",
-                          hf.get("original_max_position_embeddings"))
+    original = original_context(hf, params)
     if original is None:
         raise refuse(f"{field}.original_max_position_embeddings", None,
                      "longrope needs the pretraining context")
-    original = int(original)
     head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
     half = int(head_dim * partial) // 2
     factors = {}
@@ -122,20 +140,14 @@ def _longrope(hf, params, theta: float, partial: float, field: str, refuse) -> R
 
 
 def _yarn(hf, params, theta: float, partial: float, field: str, refuse) -> RopeConfig:
-    """HF's `_compute_yarn_parameters`: the pretraining context is the config's top-level
-    original_max_position_embeddings where it has one, else the rope parameters', else
-    max_position_embeddings (HF's `standardize_rope_params`); the factor defaults to max
-    / original positions; the attention factor to mscale's ratio where mscale and
+    """HF's `_compute_yarn_parameters`: the pretraining context as `original_context`
+    picks it; the factor defaults to max / original positions; the attention factor to mscale's ratio where mscale and
     mscale_all_dim are given, else 0.1 ln(factor) + 1 (1 at factor <= 1); beta_fast 32,
     beta_slow 1; truncate true unless the config says otherwise."""
-    original = hf.get("original_max_position_embeddings")
-    if original is None:
-        original = params.get("original_max_position_embeddings",
-                              hf.get("max_position_embeddings"))
+    original = original_context(hf, params)
     if original is None:
         raise refuse(f"{field}.original_max_position_embeddings", None,
                      "yarn needs the pretraining context")
-    original = int(original)
     factor = params.get("factor")
     if factor is None:
         factor = int(hf.get("max_position_embeddings") or original) / original
