@@ -187,6 +187,10 @@ def _rerun_target(args, store=None, out=None):
                         + "".join(f" --set {s}" for s in args.set))
         recorded = launch_record.settings_for(record, kind)
         given = flags.overrides(args, TARGET_FLAGS)
+        source = "as the run's last launch"
+        if record is None and kind == "local":
+            recorded = _settings_of_numerics(store, base, given)
+            source = "as the run's activations were computed (activations/actx.json)"
         kept = {k: v for k, v in recorded.items() if given.get(k) is None}
         if kept:
             try:
@@ -196,9 +200,33 @@ def _rerun_target(args, store=None, out=None):
             said += [f"{k} {v}" for k, v in kept.items()
                      if v != getattr(config_lib.TargetConfig(), k)]
         if said and out is not None:
-            print("rerun: as the run's last launch: " + ", ".join(said)
+            print(f"rerun: {source}: " + ", ".join(said)
                   + " (flags, --target or --config override)", file=out)
     return _target(base, args)
+
+
+def _settings_of_numerics(store, base, given: dict) -> dict:
+    """A run whose launch was never recorded (one extracted before launch.json): the batch
+    size and model parallelism its numerics record (activations/actx.json) says each
+    device computed with, on this target's devices, so that the rerun rewrites the same
+    bytes instead of being refused for another rows-per-device. {} where there is no
+    record (nothing extracted yet: the defaults apply)."""
+    from actx.schemas import activations_info
+
+    try:
+        info = activations_info.read_info(store)
+    except Exception:  # noqa: BLE001 - unreadable: the defaults, and the worker says why
+        return {}
+    numerics = info.numerics if info is not None else None
+    if numerics is None:
+        return {}
+    model_parallel = given.get("model_parallel") or numerics.model_parallel
+    devices = ((given.get("devices_per_host") or base.devices_per_host)
+               * (given.get("hosts_per_replica") or base.hosts_per_replica))
+    if devices % model_parallel:
+        return {}
+    return {"batch_size": numerics.rows_per_device * (devices // model_parallel),
+            "model_parallel": model_parallel}
 
 
 def _config_target(path: str, sets):

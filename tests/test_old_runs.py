@@ -144,9 +144,14 @@ def test_the_old_run_reruns_a_lost_partition_to_the_same_bytes(old_run, old_inpu
 
     assert json.loads(_cli("status", old_run, "--json", cwd=tmp_path).stdout)["complete"] \
         is False
-    rerun = _cli("rerun", old_run, "--hosts", "1", "--batch-size", "2", cwd=tmp_path)
+    # As status advises it, with no flags: the old run recorded no launch, so the rerun
+    # takes the batch size its activations were computed with (2 rows a device, not the
+    # default 8, which the worker would refuse: other rows per device, other bytes).
+    rerun = _cli("rerun", old_run, cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "p-00002" in rerun.stdout
+    assert "as the run's activations were computed (activations/actx.json): batch_size 2" \
+        in rerun.stdout, rerun.stdout
 
     after = {**_files(old_run, "activations"), **_files(old_run, "commits"),
              "run.json": (old_run / "run.json").read_bytes()}
@@ -175,7 +180,7 @@ def test_the_old_run_reruns_a_lost_partition_to_the_same_bytes(old_run, old_inpu
         (old_run / "commits" / "p-00002.json").unlink()
         for key in lost:
             (old_run / key).unlink()
-        again = _cli("rerun", old_run, "--hosts", "1", "--batch-size", "2", cwd=tmp_path)
+        again = _cli("rerun", old_run, cwd=tmp_path)
         assert again.returncode == 0, again.stdout + again.stderr
         assert {k: v for k, v in _files(old_run, "activations").items() if k in lost} == \
             {k: after[k] for k in lost}

@@ -272,8 +272,11 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
             f"{key}: the run's activations were computed with {_shown(first.numerics)}, "
             f"this worker would use {_shown(mine.numerics)}; a rerun only rewrites identical "
             f"bytes with the same device kind, jax version, rows per device, model "
-            f"parallelism and attention implementation. Match them, or pass "
-            f"--allow-numerics-change to accept partitions that differ in their low bits")
+            f"parallelism and attention implementation. Match them (`actx rerun` launches "
+            f"with the batch size the run's activations were computed with, unless "
+            f"--batch-size says otherwise), or accept partitions that differ in their low "
+            f"bits: `allow_numerics_change: true` in the config's target table (the "
+            f"worker's --allow-numerics-change)")
 
 
 def _shown(obj) -> dict | None:
