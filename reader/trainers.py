@@ -123,15 +123,25 @@ def export_saelens(run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequenc
     from one epoch of `run.stream` (keywords such as exclude= go to it). columns: the
     dataset's column per hook (default: transformer_lens_name). dtype: the columns' dtype,
     one of SAELENS_DTYPES (pyarrow stores no bfloat16; anything else is refused before
-    anything is written).
+    anything is written). context_size: kept tokens per row (default: the run's seq_len).
+    max_tokens: an upper bound on the tokens written: floor(max_tokens / context_size)
+    whole rows of context_size tokens (never a part row, so at most max_tokens; under
+    one row, an empty dataset that still loads); None: every whole row of the epoch.
 
     Returns what to put in SAELens's config, plus the tokens written / dropped:
       one hook: `hook_name` (its column, a str) and `d_in` (an int), as SAELens's config
         takes them; `hook_names` is the one-element list;
       several hooks: `hook_names` (a list of columns) and `d_in` (a dict column -> width);
         no `hook_name` (a SAELens config trains one hook: pick one);
-      always: context_size, tokens, dropped_tokens, rows.
+      always: context_size, tokens (written: rows * context_size), dropped_tokens (the
+        kept tokens not written: the tail short of a row and what max_tokens left out, so
+        tokens + dropped_tokens is the epoch's kept tokens), rows.
     """
+    if context_size is not None and context_size < 1:
+        raise ValueError(f"context_size must be positive, got {context_size}")
+    if max_tokens is not None and max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0 (or None: every whole row), got "
+                         f"{max_tokens}")
     if dtype not in SAELENS_DTYPES:
         raise ValueError(f"dtype {dtype!r}: SAELens's cached activations are stored by "
                          f"pyarrow, which takes {', '.join(SAELENS_DTYPES)}; pass one of "
@@ -153,35 +163,62 @@ def export_saelens(run: "str | os.PathLike | run_lib.Run", hooks: "str | Sequenc
         **{c: datasets.Array2D((context_size, hidden[h]), dtype)
            for h, c in zip(hooks, columns)},
         "token_ids": datasets.Sequence(datasets.Value("int32"), length=context_size)})
-    written = {"tokens": 0, "dropped": 0}
+    limit = None if max_tokens is None else max_tokens // context_size  # whole rows
+    written = {"tokens": 0, "dropped": 0, "done": False}
+
+    def unread(batches, it: Iterator, step: int) -> int:
+        """Kept tokens the stream would still yield after `step` (its next step), counted
+        from its plan where it has one (epochs=1) rather than read; a following stream
+        (follow=True) has none and is read through (`it`, its iterator where the export
+        stopped), its batches counted and let go."""
+        plan = getattr(batches, "plan", None)
+        if plan is not None:
+            return max(0, plan.tokens_per_epoch - step * plan.batch_size)
+        return sum(len(b) for b in it)
 
     def rows() -> Iterator[dict]:
         pending: list = []  # (acts per hook, ids) pieces not yet in a full row
         have = 0
         with run.stream(hooks, batch_size, seed=seed, epochs=1, drop_last=False,
                         dtype=dtype, **stream_kwargs) as batches:
-            for b in batches:
-                pending.append(({h: np.array(b.acts[h]) for h in hooks},
-                                np.array(b.input_ids)))
-                have += len(b)
-                while have >= context_size and (max_tokens is None
-                                                 or written["tokens"] < max_tokens):
-                    acts = {h: np.concatenate([p[0][h] for p in pending]) for h in hooks}
-                    ids = np.concatenate([p[1] for p in pending])
-                    yield {**{c: acts[h][:context_size] for h, c in zip(hooks, columns)},
-                           "token_ids": ids[:context_size].astype(np.int32)}
-                    written["tokens"] += context_size
-                    pending = [({h: a[context_size:] for h, a in acts.items()},
-                                ids[context_size:])]
-                    have -= context_size
-                written["dropped"] = have
-                if max_tokens is not None and written["tokens"] >= max_tokens:
-                    break
+            step = getattr(batches, "start_step", 0)
+            full = limit == 0
+            it = iter(batches)
+            if not full:
+                for b in it:
+                    step = b.step + 1
+                    pending.append(({h: np.array(b.acts[h]) for h in hooks},
+                                    np.array(b.input_ids)))
+                    have += len(b)
+                    while have >= context_size and not full:
+                        acts = {h: np.concatenate([p[0][h] for p in pending]) for h in hooks}
+                        ids = np.concatenate([p[1] for p in pending])
+                        yield {**{c: acts[h][:context_size] for h, c in zip(hooks, columns)},
+                               "token_ids": ids[:context_size].astype(np.int32)}
+                        written["tokens"] += context_size
+                        pending = [({h: a[context_size:] for h, a in acts.items()},
+                                    ids[context_size:])]
+                        have -= context_size
+                        full = limit is not None and written["tokens"] == limit * context_size
+                    if full:
+                        break
+            # Everything kept and not written: the tail short of a row, and what
+            # max_tokens left unread.
+            written["dropped"] = have + (unread(batches, it, step) if full else 0)
+        written["done"] = True
 
     cache = tempfile.mkdtemp(prefix="actx-saelens-")
     try:
-        data = datasets.Dataset.from_generator(rows, features=features, cache_dir=cache)
-        data.save_to_disk(out_dir)
+        try:
+            data = datasets.Dataset.from_generator(rows, features=features, cache_dir=cache)
+        except Exception:
+            if not written["done"] or written["tokens"]:
+                raise
+            # No row (max_tokens under one row, or fewer kept tokens than a row):
+            # from_generator refuses an empty split; an empty dataset saved in one shard
+            # loads back (zero shards do not).
+            data = datasets.Dataset.from_dict({c: [] for c in features}, features=features)
+        data.save_to_disk(out_dir, **({} if len(data) else {"num_shards": 1}))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     d_in = {c: hidden[h] for h, c in zip(hooks, columns)}

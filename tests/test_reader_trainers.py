@@ -74,6 +74,50 @@ def test_saelens_export_reads_back_as_saelens_reads_it(tmp_path):
         trainers.export_saelens(run, HOOK, out)
 
 
+@pytest.mark.parametrize("follow", [False, True])
+@pytest.mark.parametrize("max_tokens", [7, 35, 40, 10**9, None])
+def test_saelens_export_max_tokens_writes_whole_rows_and_counts_the_rest(tmp_path,
+                                                                       max_tokens, follow):
+    """max_tokens=N writes floor(N / context_size) whole rows (none under one row: an
+    empty dataset that still loads), the first rows of the unbounded export; tokens +
+    dropped_tokens is every kept token, counted here from the run's truth. batch_size 7
+    against rows of 10: rows straddle batches, and a bounded export stops mid-stream.
+    follow=True: a following stream, whose unread rest is read and counted (no plan)."""
+    datasets = pytest.importorskip("datasets")
+    truth = _run(tmp_path)
+    kept = int((truth.committed_mask()
+                & ~np.isin(truth.tokens["input_ids"], rf.SPECIAL_IDS)).sum())
+    assert kept > 40 and kept % 10  # a tail short of a row
+    full = str(tmp_path / "full")
+    whole = trainers.export_saelens(truth.uri, HOOK, full, context_size=10,
+                                    exclude=["special"], batch_size=7, follow=follow)
+    out = str(tmp_path / "cache")
+    info = trainers.export_saelens(truth.uri, HOOK, out, context_size=10,
+                                   max_tokens=max_tokens, exclude=["special"], batch_size=7,
+                                   follow=follow)
+    rows = kept // 10 if max_tokens is None else min(max_tokens // 10, kept // 10)
+    assert info["rows"] == rows and info["tokens"] == rows * 10
+    assert info["tokens"] + info["dropped_tokens"] == kept
+    assert whole["tokens"] + whole["dropped_tokens"] == kept
+    ds = datasets.load_from_disk(out)
+    assert len(ds) == rows
+    ds.set_format(type="numpy")
+    if rows:
+        expect = datasets.load_from_disk(full).with_format("numpy")[:rows]
+        np.testing.assert_array_equal(ds[:]["token_ids"], expect["token_ids"])
+        np.testing.assert_array_equal(ds[:]["blocks.0.hook_resid_post"],
+                                      expect["blocks.0.hook_resid_post"])
+
+
+def test_saelens_export_refuses_a_negative_max_tokens_before_writing(tmp_path):
+    pytest.importorskip("datasets")
+    truth = _run(tmp_path)
+    out = tmp_path / "cache"
+    with pytest.raises(ValueError, match="max_tokens"):
+        trainers.export_saelens(truth.uri, HOOK, str(out), context_size=10, max_tokens=-1)
+    assert not out.exists()
+
+
 def test_transformer_lens_names():
     assert trainers.transformer_lens_name("layers.12.resid_post") == "blocks.12.hook_resid_post"
     assert trainers.transformer_lens_name("layers.3.mlp_out") == "blocks.3.hook_mlp_out"
