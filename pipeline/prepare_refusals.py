@@ -46,7 +46,7 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
     if existing is not None and existing.get("fingerprint") != spec.fingerprint:
         raise PrepareError(
             f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
-            f"this spec is {spec.fingerprint}); choose a new run directory"
+            f"this spec is {spec.fingerprint}{_spec_changes(existing, spec)}"
             + _add_bos_hint(existing, spec, store.location))
     # Until the new manifest lands the run counts as not prepared.
     store.delete(layout.MANIFEST_KEY)
@@ -78,6 +78,30 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
                   store.location, ", ".join(prefixes))
     # No time in it: the run directory stays byte-identical across prepares.
     store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
+
+
+def _spec_changes(existing: dict, spec: runspec_lib.RunSpec, shown: int = 4) -> str:
+    """'; differs in packing.seq_len (32 there, 64 here), ...': the settings in which the
+    spec differs from the run.json already there (its fields as dotted keys), so the user
+    sees which line of the config moved it to another run."""
+    def leaves(value, prefix=""):
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                yield from leaves(inner, f"{prefix}{key}.")
+        else:
+            yield prefix[:-1], value
+
+    ignored = ("fingerprint", "spec_version", "tokenizer_identity")
+    there = dict(leaves({k: v for k, v in existing.items() if k not in ignored}))
+    here = dict(leaves({k: v for k, v in spec.to_dict().items() if k not in ignored}))
+    changed = sorted(k for k in set(there) | set(here) if there.get(k) != here.get(k))
+    if not changed:
+        return "); choose a new run directory"
+    listed = ", ".join(f"{k} ({there.get(k, 'absent')!r} there, {here.get(k, 'absent')!r} "
+                       f"here)" for k in changed[:shown])
+    more = f" and {len(changed) - shown} more" if len(changed) > shown else ""
+    return (f"; it differs in {listed}{more}); choose a new run directory, or set "
+            f"{'this' if len(changed) == 1 else 'these'} back to go on with that run")
 
 
 def _add_bos_hint(existing: dict, spec: runspec_lib.RunSpec, location) -> str:
