@@ -44,10 +44,12 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
     store.check_reachable()  # a missing bucket or no access: said now, not from a Beam worker
     existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
     if existing is not None and existing.get("fingerprint") != spec.fingerprint:
+        # A run prepared before prepend_bos has its own hint (the line to add).
+        hint = _add_bos_hint(existing, spec, store.location)
         raise PrepareError(
             f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
-            f"this spec is {spec.fingerprint}{_spec_changes(existing, spec)}"
-            + _add_bos_hint(existing, spec, store.location))
+            f"this spec is {spec.fingerprint}"
+            + ("); choose a new run directory" + hint if hint else _spec_changes(existing, spec)))
     # Until the new manifest lands the run counts as not prepared.
     store.delete(layout.MANIFEST_KEY)
     store.delete(write_store.SUMMARY_KEY)
