@@ -308,11 +308,32 @@ def _check_runnable(target: targets.Target, handles: dict) -> None:
     settings (`Target.spec_problems`: a generating run through Beam or on a replica of
     several hosts), as submit's pre-flight refuses it."""
     found = [f"extractions.{name}: {p}" if name else p
-             for name, scoped in handles.items() for p in target.spec_problems(scoped.spec)]
+             for name, scoped in handles.items()
+             for p in target.spec_problems(scoped.spec) + _model_gone(scoped.spec, target)]
     if found:
         raise targets.UsageError(found[0] if len(found) == 1 else
                                  f"{len(found)} problems, nothing was started:\n  "
                                  + "\n  ".join(found))
+
+
+def _model_gone(spec, target: targets.Target) -> list[str]:
+    """The problem of a local-target rerun whose model directory has moved since the run
+    was prepared (run.json keeps its path, which is part of the run): said now, before a
+    worker starts, fails and the launcher advises the same rerun again."""
+    import os
+
+    from actx.schemas import uri as uri_lib
+
+    path = spec.model.path
+    if target.kind != "local" or not path or spec.model.flax:
+        return []
+    location = uri_lib.parse(path)
+    if not location.is_local or os.path.isdir(location.path):
+        return []
+    return [f"model.path: the run's checkpoint is no longer at {path} (run.json keeps the "
+            f"path the run was prepared with: it is part of the run, and every partition "
+            f"reads the model there); put the checkpoint directory back at that path, or a "
+            f"symbolic link there to where it is now, and run this again"]
 
 
 def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out) -> int:

@@ -307,3 +307,20 @@ def test_the_readers_advice_on_a_run_not_extracted_yet_finishes_it(run):
     code, rerun_said = follow(said, "rerun")
     assert code == 0, rerun_said
     assert reader.open_run(run).rows("layers.0.resid_post", 0, 1).shape[0] == 1
+
+
+def test_a_moved_model_is_said_before_any_worker_and_its_advice_finishes_the_run(run, tmp_path):
+    """The checkpoint directory moved after prepare (run.json keeps its path, part of the
+    run): the rerun refuses before starting a worker, in one line saying where the run
+    reads the model and what to put there; done as said (a link to where it is now), the
+    same rerun finishes the run."""
+    model = json.loads(open(os.path.join(run, "run.json")).read())["model"]["path"]
+    moved = str(tmp_path / "elsewhere")
+    os.rename(model, moved)
+    out = io.StringIO()
+    assert cli.main(["rerun", run], out=out) == 2
+    assert not os.path.isdir(os.path.join(run, "logs")) or not any(
+        name.startswith("rerun-") for name in os.listdir(os.path.join(run, "logs")))
+    os.symlink(moved, model)
+    assert cli.main(["rerun", run], out=out) == 0, out.getvalue()
+    assert runstate.compute_status(run_dir.open_run(run)).complete
