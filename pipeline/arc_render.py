@@ -235,8 +235,11 @@ def render_prompt(messages: list[tuple[str, AttributedText]], chat_template: str
     tokens by name (pipeline.chat_templates.special_tokens), as transformers passes them.
     The template is rendered with a unique marker as each message's content, so the real
     (attributed) contents can be spliced in; template text before a message's content
-    belongs to that message's part, text after the last content to the last message, and
-    the generation prompt (when there is no answer) to the assistant part.
+    belongs to that message's part, text after the last content to the last message
+    rendered, and the generation prompt (when there is no answer) to the assistant part.
+    A system message the template leaves out (as transformers renders it) has no tokens;
+    a user or assistant message left out, or rendered twice or changed, is an error
+    (`check_template`, before any work).
     """
     out = AttributedText()
     if chat_template is None:
@@ -253,15 +256,35 @@ def render_prompt(messages: list[tuple[str, AttributedText]], chat_template: str
     with_prompt = _render_template(chat_template, plain, generate, template_vars)
     if not with_prompt.startswith(rendered):
         raise ValueError("chat template: the generation prompt is not a suffix")
-    pos = 0
-    for (role, content), marker in zip(messages, markers):
-        at = rendered.find(marker, pos)
+    # Where each message's content is in the rendered text. A template may leave a message
+    # out (Mistral v0.3's puts the system message into the last user turn only, so none is
+    # rendered when an assistant turn follows; transformers renders the same): the system
+    # message's tokens are then simply absent, none attributed to it. The user turn (the
+    # grids) and the answer must be there, each once and as given.
+    spans = []
+    for i, ((role, content), marker) in enumerate(zip(messages, markers)):
+        at = rendered.find(marker)
         if at < 0:
+            if f"actx-msg-{i}" in rendered.lower():
+                raise ValueError(f"chat template: it changes the content of role {role!r} "
+                                 f"(e.g. a filter on message['content']), so its tokens "
+                                 f"cannot be traced to the grids")
+            if role == "system":
+                continue
             raise ValueError(f"chat template: message content of role {role!r} not rendered")
+        if rendered.find(marker, at + 1) >= 0:
+            raise ValueError(f"chat template: message content of role {role!r} rendered "
+                             f"more than once")
+        spans.append((at, role, content, marker))
+    if not spans:
+        raise ValueError("chat template: no message content rendered")
+    spans.sort(key=lambda span: span[0])
+    pos = 0
+    for at, role, content, marker in spans:
         out.add(rendered[pos:at], PART[role])
         out.extend(content)
         pos = at + len(marker)
-    out.add(rendered[pos:], PART[messages[-1][0]])
+    out.add(rendered[pos:], PART[spans[-1][1]])
     out.add(with_prompt[len(rendered):], PART["assistant"])
     return out
 

@@ -75,8 +75,10 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     identity = refusals.check_tokenizer_is_models(spec)
     # How documents become ids (BOS, EOS, chat template), refused here when the tokenizer
     # cannot do what the spec asks, and recorded in run.json.
+    loaded = tokenize.load_tokenizer(spec.tokenizer.path)
     spec = dataclasses.replace(spec, tokenizer_identity=tokenize.record_rules(
-        tokenize.load_tokenizer(spec.tokenizer.path), spec, identity))
+        loaded, spec, identity))
+    tokenize.check_arc_template(loaded, spec)  # a template that cannot render the prompts
     for note in spec.tokenizer_identity.notes:
         _log.warning("prepare: %s", note)
     # Only extraction settings changed and nothing is committed: the token store stands.

@@ -80,8 +80,10 @@ def check_inputs(spec: runspec_lib.RunSpec
     except Exception as e:  # a tokenizer that does not load
         problems.append(f"spec.tokenizer.path: {e}")
         return problems, missing, None
-    try:  # a chat template it does not have, BOS asked of a tokenizer without one
+    try:  # a chat template it does not have or that cannot render ARC prompts, BOS asked
+        # of a tokenizer without one
         tokenize.rules(loaded, spec)
+        tokenize.check_arc_template(loaded, spec)
     except errors.UserError as e:
         problems.append(str(e))
     return problems, missing, files

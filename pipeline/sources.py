@@ -2,8 +2,9 @@
 
 Every record carries where it came from (source, file, line or row) and a sort key, so
 later stages can put all documents into one deterministic order. Anything that cannot
-become a document (bad JSON, missing or non-string text, invalid UTF-8, empty text, an
-invalid ARC grid, an unreadable file) becomes a `Reject` with a reason instead of an error.
+become a document (bad JSON, missing or non-string text, invalid UTF-8, empty text, text
+or an id with a lone surrogate, which no tokenizer takes, an invalid ARC grid, an
+unreadable file) becomes a `Reject` with a reason instead of an error.
 """
 
 from __future__ import annotations
@@ -121,11 +122,27 @@ def not_utf8(raw: bytes, e: UnicodeDecodeError, what: str = "") -> str:
             if not any(ord(c) < 32 and c not in "\t\r\n" for c in text):
                 enc = candidate
                 break
-    where = f"{what} at byte {e.start} (0x{raw[e.start]:02x})"
+    where = f"{what + ' ' if what else ''}at byte {e.start} (0x{raw[e.start]:02x})"
     if enc is None:
         return f"invalid UTF-8, not text in cp1252 or latin-1 either: {where}"
     return (f"invalid UTF-8, the file is {enc}: {where}; convert it to UTF-8, e.g. "
             f"iconv -f {enc} -t utf-8 FILE > FILE.utf8")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """None when `text` is valid Unicode, else the reason part naming its first lone
+    surrogate, e.g. "lone surrogate \\ud800 at character 1" (0-based). JSON's "\\ud800"
+    escape that is not half of a pair reads as one; no tokenizer can encode it (HF's
+    Rust tokenizers take only UTF-8 strings), nor can it be written as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"lone surrogate \\u{ord(text[e.start]):04x} at character {e.start}"
+    return None
+
+
+_FIX_SURROGATE = ("fix or drop it at the source (a JSON \\ud800-\\udfff escape must be "
+                  "half of a surrogate pair)")
 
 
 def _names(names, most: int = 12) -> str:
@@ -138,7 +155,10 @@ def _names(names, most: int = 12) -> str:
 
 def _snippet(raw: bytes | str) -> str:
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
-    return text[:SNIPPET_CHARS]
+    text = text[:SNIPPET_CHARS]
+    if lone_surrogate(text):  # shown as its escape, so that the reject can be written
+        text = text.encode("utf-8", errors="backslashreplace").decode("utf-8")
+    return text
 
 
 class Emitter:
@@ -173,11 +193,20 @@ class Emitter:
                                      f"({type(text).__name__})", raw)
         if not text.strip():
             return self.reject(line, "empty text", raw)
+        bad = lone_surrogate(text)
+        if bad:
+            return self.reject(line, f"text field {field!r} is not valid Unicode ({bad}) - "
+                                     f"{_FIX_SURROGATE}", raw)
         doc_id = obj.get(self.source.id_field)
         doc_id = f"{os.path.basename(self.path)}:{line}" if doc_id is None else str(doc_id)
         prov = ()
         if self.source.kind == "fineweb":
             prov = tuple((k, str(obj[k])) for k in FINEWEB_PROVENANCE if obj.get(k) is not None)
+        for name, value in ((self.source.id_field, doc_id), *prov):
+            bad = lone_surrogate(value)
+            if bad:
+                return self.reject(line, f"field {name!r} is not valid Unicode ({bad}) - "
+                                         f"{_FIX_SURROGATE}", raw)
         return TextRecord(self.source_index, self.path, line, self.line_kind, doc_id, text, prov)
 
     def missing_column(self) -> str:
@@ -200,6 +229,10 @@ class Emitter:
     def arc(self, line: int, task_id, task, raw: bytes | str) -> ArcTaskRecord | Reject:
         if not isinstance(task_id, str) or not task_id:
             return self.reject(line, "ARC task has no string task_id", raw)
+        bad = lone_surrogate(task_id)
+        if bad:
+            return self.reject(line, f"ARC task_id is not valid Unicode ({bad}) - "
+                                     f"{_FIX_SURROGATE}", raw)
         problem = arc_render.validate_task(task)
         if problem:
             return self.reject(line, f"invalid ARC task {task_id}: {problem}", raw)

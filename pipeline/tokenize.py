@@ -247,6 +247,38 @@ def _rules(loaded: LoadedTokenizer, tok_spec: runspec_lib.TokenizerSpec,
     return Rules(prefix, suffix, prefix, eos, True, template, "prepend_bos")
 
 
+# A small ARC task each ARC source's prompt settings are rendered with before any work.
+_PROBE_TASK = {"train": [{"input": [[1, 2], [3, 4]], "output": [[4, 3], [2, 1]]}],
+               "test": [{"input": [[0, 5], [5, 0]], "output": [[5, 0], [0, 5]]}]}
+
+
+def check_arc_template(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec) -> None:
+    """Raises a clear error, before any work, when the run's chat template cannot render
+    the prompts of one of its ARC sources (it refuses a role, leaves out the grids or the
+    answer, changes a message's content): naming the template's file and what to do,
+    rather than aborting mid-run on the first task."""
+    template = rules(loaded, spec).template
+    if template is None:
+        return
+    for s, source in enumerate(spec.sources):
+        if source.kind != "arc":
+            continue
+        messages = arc_render.build_messages(_PROBE_TASK, source.arc_encoder,
+                                             source.arc_include_test_output)
+        try:
+            arc_render.render_prompt(messages, template.text, loaded.template_vars)
+        except Exception as e:  # noqa: BLE001 - any failure of the template is the refusal
+            where = os.path.join(loaded.path, template.source) if loaded.path else \
+                template.source
+            reason = str(e).removeprefix("chat template: ")
+            raise TokenizerError(
+                f"{where}: the chat template {template.name!r} cannot render the ARC prompts "
+                f"of source {spec.source_name(s)!r} (messages system, user"
+                f"{', assistant' if source.arc_include_test_output else ''}): {reason}; set "
+                f"spec.tokenizer.chat_template to false (prompts without a template) or to "
+                f"another of the tokenizer's templates, or fix this one") from None
+
+
 def record_rules(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
                  identity: tokenizer_identity.TokenizerIdentity
                  ) -> tokenizer_identity.TokenizerIdentity:

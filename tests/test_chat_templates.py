@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from actx.pipeline import arc_render, chat_templates
+from actx.pipeline import arc_render, chat_templates, tokenize
 from actx.pipeline import main as prepare_main
 from actx.pipeline import preflight as pipeline_preflight
 from actx.schemas import runspec
@@ -150,3 +150,127 @@ def test_chat_template_false_renders_plain_text(arc_jsonl, tmp_path):
     plain = arc_render.render_prompt(messages, None).text
     assert docs["t1"] == hf(plain)["input_ids"]
     assert record["chat_template"] == "" and record["chat_template_sha256"] == ""
+
+
+# Mistral-7B-Instruct-v0.3's template: the system message goes into the LAST user turn
+# only, so with an assistant answer after the user turn no system text is rendered at all.
+MISTRAL_V3_TEMPLATE = """{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\\n\\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"] + eos_token}}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported") }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+
+def _with_template(tmp_path, family: str, template: str) -> str:
+    tok = families.save_family(tmp_path / "tok", family)
+    with open(os.path.join(tok, chat_templates.JINJA_FILE), "w") as f:
+        f.write(template)
+    return tok
+
+
+def _arc_spec(tok, arc: str, **source) -> runspec.RunSpec:
+    return runspec.RunSpec.from_dict({**_spec(tok, arc).to_dict(), "sources": [
+        {"kind": "arc", "paths": [arc], **source}]})
+
+
+def _doc_arrays(run) -> dict:
+    import zarr
+
+    arrays = {n: zarr.open_array(os.path.join(run, "tokens", n), mode="r")[:]
+              for n in ("input_ids", "doc_index", "arc_part", "arc_grid")}
+    out = {}
+    for name in sorted(os.listdir(run / "docs")):
+        for line in (run / "docs" / name).read_text().splitlines():
+            doc = json.loads(line)
+            at = arrays["doc_index"] == doc["doc_index"]
+            out[doc["task_id"]] = {n: arrays[n][at].tolist() for n in arrays}
+    return out
+
+
+def test_a_template_that_leaves_out_the_system_message(arc_jsonl, tmp_path):
+    """Mistral v0.3 with the answer in the prompt: transformers renders no system text, and
+    neither does prepare; its ids equal apply_chat_template's, no token is attributed to
+    the system message, and every grid is still traced. Without an answer (t1 has no
+    test output) the system text is in the last user turn, attributed to the system."""
+    tok = _with_template(tmp_path, "llama2", MISTRAL_V3_TEMPLATE)
+    hf = families.hf_tokenizer(tok)
+    spec = _arc_spec(tok, arc_jsonl, arc_include_test_output=True)
+    assert pipeline_preflight.check_inputs(spec)[0] == []
+    run = tmp_path / "run"
+    prepare_main.run_prepare(spec, str(run))
+    docs = _doc_arrays(run)
+    assert not (run / "rejects").exists() or not os.listdir(run / "rejects")
+    system = arc_render.PART["system"]
+    for task_id, task in TASKS.items():
+        messages = [{"role": r, "content": c.text}
+                    for r, c in arc_render.build_messages(task, "digits", True)]
+        answered = messages[-1]["role"] == "assistant"
+        assert answered == (task_id == "t2")
+        ids = hf.apply_chat_template(messages, tokenize=True,
+                                     add_generation_prompt=not answered)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        assert docs[task_id]["input_ids"] == ids, task_id
+        rendered = hf.apply_chat_template(messages, tokenize=False)
+        assert (arc_render.SYSTEM_PROMPT in rendered) == (not answered)
+        parts = docs[task_id]["arc_part"]
+        assert (system in parts) == (not answered), task_id  # honest: none when dropped
+        grids = {arc_render.GRID[f"{split}_{kind}"] for split in ("train", "test")
+                 for pair in task[split] for kind in pair}
+        assert set(docs[task_id]["arc_grid"]) - {-1} == grids, task_id
+    answer = [p for p, g in zip(docs["t2"]["arc_part"], docs["t2"]["arc_grid"])
+              if g == arc_render.GRID["test_output"]]
+    assert answer and set(answer) == {arc_render.PART["assistant"]}
+
+
+def test_render_prompt_attributes_nothing_to_a_dropped_system_message():
+    messages = arc_render.build_messages(TASKS["t2"], "digits", True)
+    prompt = arc_render.render_prompt(messages, MISTRAL_V3_TEMPLATE,
+                                      {"bos_token": "<s>", "eos_token": "</s>"})
+    assert prompt.text == ("<s>[INST] " + messages[1][1].text + "[/INST] "
+                           + messages[2][1].text + "</s>")
+    parts = prompt.char_attrs()[0]
+    assert arc_render.PART["system"] not in parts.tolist()
+    assert parts[0] == arc_render.PART["user"]  # "<s>[INST] " opens the user's turn
+
+
+@pytest.mark.parametrize("template,says", [
+    # Gemma 2: the system role is refused by the template itself.
+    ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System "
+     "role not supported') }}{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+     "System role not supported"),
+    # A template that renders only the first message: the grids would be lost.
+    ("{{ messages[0]['content'] }}", "message content of role 'user' not rendered"),
+    # A template that changes the content: the tokens could not be traced to the grids.
+    ("{% for m in messages %}{{ m['content'] | lower }}{% endfor %}",
+     "it changes the content of role 'system'"),
+])
+def test_a_template_that_cannot_render_arc_prompts_is_refused_before_work(
+        template, says, arc_jsonl, tmp_path):
+    tok = _with_template(tmp_path, "llama2", template)
+    spec = _arc_spec(tok, arc_jsonl, arc_include_test_output=True)
+    problems, _, _ = pipeline_preflight.check_inputs(spec)  # what `actx submit` checks first
+    with pytest.raises(tokenize.TokenizerError) as e:
+        prepare_main.run_prepare(spec, str(tmp_path / "run"))
+    assert problems == [str(e.value)]
+    assert not (tmp_path / "run").exists()
+    message = str(e.value)
+    assert message.startswith(f"{os.path.join(tok, chat_templates.JINJA_FILE)}: the chat "
+                              f"template 'default' cannot render the ARC prompts of source "
+                              f"'arc0' (messages system, user, assistant): "), message
+    assert says in message and "set spec.tokenizer.chat_template to false" in message
