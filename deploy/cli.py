@@ -216,6 +216,15 @@ def cmd_status(args, out) -> int:
             print(text, file=out, flush=True)
         complete = all(status.complete for status in statuses.values())
         if args.watch is None or complete:
+            failed = sum(len(st.failed_verification) for st in statuses.values())
+            if args.check and complete and failed:
+                # Committed is a listing of marker names; the latest `actx verify` found
+                # some of those partitions' data not as their markers say: not complete.
+                print(f"actx status: {failed} committed partition(s) failed the latest "
+                      f"`actx verify`; `{advice.repair(args.run)}` turns them back into "
+                      f"pending, then `{advice.rerun(args.run)}` extracts them again",
+                      file=sys.stderr)
+                return 1
             return 1 if args.check and not complete else 0
         time.sleep(args.watch)
 

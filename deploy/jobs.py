@@ -308,8 +308,7 @@ def _check_runnable(target: targets.Target, handles: dict) -> None:
     settings (`Target.spec_problems`: a generating run through Beam or on a replica of
     several hosts), as submit's pre-flight refuses it."""
     found = [f"extractions.{name}: {p}" if name else p
-             for name, scoped in handles.items()
-             for p in target.spec_problems(scoped.spec) + _model_gone(scoped.spec, target)]
+             for name, scoped in handles.items() for p in target.spec_problems(scoped.spec)]
     if found:
         raise targets.UsageError(found[0] if len(found) == 1 else
                                  f"{len(found)} problems, nothing was started:\n  "
@@ -365,7 +364,15 @@ def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out)
 
 def _rerun(args, target: targets.Target, handle, fingerprint: str | None, only,
            extraction: str | None, out) -> int:
-    """Hands the rerun's job to its target."""
+    """Hands the rerun's job to its target (once there is work: a model directory that
+    moved is refused then, before any worker starts)."""
+    scoped = extraction_lib.scoped_all(handle, args.extraction)
+    gone = [f"extractions.{name}: {p}" if name else p
+            for name, one in scoped.items() for p in _model_gone(one.spec, target)]
+    if gone:
+        raise targets.UsageError(gone[0] if len(gone) == 1 else
+                                 f"{len(gone)} problems, nothing was started:\n  "
+                                 + "\n  ".join(gone))
     job = targets.Job(handle, targets.job_name(f"rerun-{target.kind}", args.job),
                       fingerprint, only=only, extraction=extraction)
     return target.rerun(job, targets.LaunchOptions.from_args(args), out)

@@ -156,7 +156,17 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
         last, before = pid, len(problems)
         part = manifest.partition(pid)
         where = f"partition {part.name}"
-        marker = commit_lib.read_marker(store, pid)
+        try:
+            marker = commit_lib.read_marker(store, pid)
+        except ValueError as e:  # not JSON, or not a marker (config_lib.ConfigError)
+            problems.append(f"{where}: its commit marker cannot be read, so its data cannot "
+                            f"be checked: {_damage(e)}")
+            continue
+        if marker is None:  # deleted since the listing
+            problems.append(f"{where}: its commit marker "
+                            f"{store.location.join(layout_lib.commit_key(pid))} is gone since "
+                            f"the listing")
+            continue
         if marker.fingerprint != spec.fingerprint:
             problems.append(f"{where}: marker fingerprint {marker.fingerprint} differs from the "
                             f"run's ({spec.fingerprint})")
@@ -223,6 +233,12 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
     return report
 
 
+def _damage(e: ValueError) -> str:
+    """A damaged object's error without the generic advice: verify's own says what to do
+    (`--repair` deletes the marker, `rerun` extracts the partition again)."""
+    return str(e).removesuffix("; the object is damaged: rewrite it or delete it")
+
+
 def _zeros_checksum(arr, rows: int) -> str:
     """The checksum the writer computes for `rows` rows of zeros of the array (a block
     the store then keeps as no object)."""
@@ -266,8 +282,7 @@ def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[i
     failed = sorted(set(report.failed))
     if not failed:
         return []
-    markers = {layout_lib.partition_name(p): store.read_json(layout_lib.commit_key(p))
-               for p in failed}
+    markers = {layout_lib.partition_name(p): _marker_as_stored(store, p) for p in failed}
     record = {"at": at, "partitions": sorted(markers), "problems": report.problems,
               "markers": markers}
     # Recorded first: a repair interrupted after this loses no marker without a trace.
@@ -275,6 +290,19 @@ def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[i
     for p in failed:
         store.delete(layout_lib.commit_key(p))
     return failed
+
+
+def _marker_as_stored(store, partition_id: int):
+    """A marker as the repair record keeps it: its JSON, or where it cannot be parsed
+    (damaged) its bytes as text, so the record still holds what was deleted."""
+    key = layout_lib.commit_key(partition_id)
+    data = store.read(key)
+    if data is None:
+        return None
+    try:
+        return store.parse_json(key, data)
+    except ValueError:
+        return {"unreadable": data.decode("utf-8", errors="replace")}
 
 
 def leftover_temporaries(handle: run_dir.OpenedRun, remove: bool) -> list[str]:

@@ -164,7 +164,8 @@ def summary(heartbeat: Heartbeat) -> str:
     return text
 
 
-def read_heartbeats(store, max_parallel: int = 32, history: bool = True) -> list[Heartbeat]:
+def read_heartbeats(store, max_parallel: int = 32, history: bool = True,
+                    damaged: list[str] | None = None) -> list[Heartbeat]:
     """Every host's heartbeat. Where the store lists summaries (GCS), one listing is
     enough: 512 hosts cost one request instead of 512 reads. A host's object is read where
     its summary lacks what the caller needs: any summary at all, or with `history`, the
@@ -173,7 +174,20 @@ def read_heartbeats(store, max_parallel: int = 32, history: bool = True) -> list
     Without `history`, a history that is there keeps its first sample and its last two:
     what a host's start and current rate are read from (status), without checking 64
     samples a host for 512 hosts.
+    `damaged`: where given, a heartbeat object that cannot be parsed (not JSON, or not a
+    heartbeat) is left out and the error, naming the object, appended to it (a heartbeat is
+    advisory: `actx status` shows such a host as unreadable and carries on); without it,
+    the ValueError is raised.
     """
+    def parse(key, text):
+        try:
+            return _PARSED.parse(store, key, text, history)
+        except ValueError as e:  # config_lib.ConfigError is one too
+            if damaged is None:
+                raise
+            damaged.append(str(e))
+            return None
+
     summaries = store.list_summaries(layout.WORKERS_PREFIX)
     if summaries is None:
         summaries = dict.fromkeys(store.list(layout.WORKERS_PREFIX))
@@ -181,7 +195,10 @@ def read_heartbeats(store, max_parallel: int = 32, history: bool = True) -> list
     beats, unread = {}, []
     for key in keys:
         text = summaries[key]
-        beat = None if text is None else _PARSED.parse(store, key, text, history)
+        try:
+            beat = None if text is None else _PARSED.parse(store, key, text, history)
+        except ValueError:  # a summary that does not parse: the object decides
+            beat = None
         if beat is None or (history and not (
                 beat.history and len(beat.message) < SUMMARY_MESSAGE_CHARS)):
             unread.append(key)
@@ -189,7 +206,9 @@ def read_heartbeats(store, max_parallel: int = 32, history: bool = True) -> list
             beats[key] = beat
     for key, text in zip(unread, store.read_many(unread, max_parallel=max_parallel)):
         if text is not None:  # None: deleted between the listing and the read
-            beats[key] = _PARSED.parse(store, key, text, history)
+            beat = parse(key, text)
+            if beat is not None:
+                beats[key] = beat
     return [beats[k] for k in keys if k in beats]
 
 

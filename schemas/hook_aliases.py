@@ -33,7 +33,8 @@ LAYER_NORM_ARCHITECTURES = frozenset({"GPT2LMHeadModel", "GPTNeoXForCausalLM"})
 LEARNED_POSITION_ARCHITECTURES = frozenset({"GPT2LMHeadModel"})
 
 _BLOCK = re.compile(r"^blocks\.(\*|\d+(?:-\d+)?)\.(.+)$")
-_NEVER = {
+# TransformerLens names with no actx hook of equal value, and why (refused by name).
+NEVER = {
     "ln_final.hook_normalized": "TransformerLens folds the final LayerNorm's weight and "
                                 "bias into the unembedding (fold_ln), so its "
                                 "hook_normalized lacks them; actx's final_norm applies them",
@@ -63,9 +64,9 @@ def to_actx(name: str, architecture: str | None = None) -> str:
     blocks.0-3.hook_resid_pre -> layers.0-3.resid_pre). With `architecture` (HF's
     `architectures[0]`), also refuses what that model's values make unequal. Raises
     HookAliasError naming the hook and why."""
-    if name in _NEVER:
+    if name in NEVER:
         raise HookAliasError(f"TransformerLens hook {name!r} has no equal actx hook: "
-                             f"{_NEVER[name]}")
+                             f"{NEVER[name]}")
     match = _BLOCK.match(name)
     if match and match.group(2) in LAYER_POINTS:
         actx = f"layers.{match.group(1)}.{LAYER_POINTS[match.group(2)]}"

@@ -12,6 +12,7 @@ import hashlib
 import json
 from typing import Any
 
+from actx.schemas import errors
 from actx.schemas import uri as uri_lib
 
 
@@ -121,8 +122,8 @@ class ObjectStore(abc.ABC):
         try:
             return json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{self.location.join(key)}: not valid JSON ({e}); the object "
-                             f"is damaged: rewrite it or delete it") from e
+            raise DamagedObjectError(f"{self.location.join(key)}: not valid JSON ({e}); the "
+                                     f"object is damaged: rewrite it or delete it") from e
 
     def write_json(self, key: str, obj: Any) -> None:
         self.write(key, dumps(obj))
@@ -135,6 +136,11 @@ class ObjectStore(abc.ABC):
         for key in keys:
             self.delete(key)
         return len(keys)
+
+
+class DamagedObjectError(errors.UserError, ValueError):
+    """An object of the run that is not valid JSON: the message names it (a command that
+    meets it where it cannot go on says so in one line, exit 2)."""
 
 
 def dumps(obj: Any) -> bytes:

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from actx.workers.model import capture
 from actx.workers.model.capture import CaptureSpec
 
 
@@ -69,3 +70,37 @@ def test_misspelt_hook_in_constructor_and_bad_dtype():
         CaptureSpec(dtype="int8")
     with pytest.raises(ValueError, match="empty layer range"):
         CaptureSpec.parse("layers.3-1.resid_post")
+
+
+# A suggestion for an unparseable hook keeps the user's own layers (index, range, `*`):
+# following it must store exactly what was typed, only the misspelling corrected.
+@pytest.mark.parametrize("text,fix,stored", [
+    ("layer.1.resid_post", "layers.1.resid_post", ["layers.1.resid_post"]),
+    ("layer.0-1.resid_post", "layers.0-1.resid_post",
+     ["layers.0.resid_post", "layers.1.resid_post"]),
+    ("layers.1.resid_pots", "layers.1.resid_post", ["layers.1.resid_post"]),
+    ("lyers.*.mlp_out", "layers.*.mlp_out", [f"layers.{i}.mlp_out" for i in range(8)]),
+    ("layers.2.hook_attn_out", "layers.2.attn_out", ["layers.2.attn_out"]),
+    ("blocks.1.hook_resid_pots", "blocks.1.hook_resid_post", ["layers.1.resid_post"]),
+    ("block.0-2.hook_resid_pre", "blocks.0-2.hook_resid_pre",
+     [f"layers.{i}.resid_pre" for i in range(3)]),
+    ("final_nrom", "final_norm", ["final_norm"]),
+])
+def test_hook_suggestion_names_the_layers_typed(text, fix, stored):
+    with pytest.raises(ValueError) as e:
+        CaptureSpec.parse(text)
+    assert f"{fix!r}?)" in str(e.value)
+    assert capture.hook_suggestion(text) == fix
+    assert sorted(CaptureSpec.parse(fix).hook_names(8)) == sorted(stored)
+
+
+@pytest.mark.parametrize("text", [
+    "banana", "resid_post", "layers.1.mlp_in", "blocks.1.hook_mlp_in", "hook_pos_embed",
+    "foo.1.resid_post", "layers.0:3.resid_post", "layers.1.2.resid_post",
+    "layers.1.resid_p",  # resid_pre or resid_post: no guess between two points
+])
+def test_hopeless_hook_gets_no_suggestion(text):
+    assert capture.hook_suggestion(text) is None
+    with pytest.raises(ValueError) as e:
+        CaptureSpec.parse(text)
+    assert "did you mean" not in str(e.value)

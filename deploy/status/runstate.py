@@ -113,6 +113,9 @@ class RunStatus:
     # gone while partitions are committed (their data was removed), with what finishes
     # it. The phase is then "failed", never "finished".
     problem: str = ""
+    # Heartbeat objects that cannot be read (damaged), each error naming its object: those
+    # hosts are unknown; a heartbeat is advisory, so status carries on without them.
+    unreadable_heartbeats: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -191,15 +194,18 @@ def _read_progress(handle: run_dir.OpenedRun, history: bool, now: float | None,
 
 
 def _heartbeats_and_silence(store, history: bool, now: float | None, stale_after_s: float
-                            ) -> tuple[list[heartbeat_lib.Heartbeat], dict[str, str], float]:
-    """(heartbeats, `_silent_messages` of the hosts silent at `now`, `now`); `now` is
-    when the heartbeats were read where the caller gave none."""
-    beats = heartbeat_lib.read_heartbeats(store, history=history)
+                            ) -> tuple[list[heartbeat_lib.Heartbeat], dict[str, str], float,
+                                       tuple[str, ...]]:
+    """(heartbeats, `_silent_messages` of the hosts silent at `now`, `now`, the errors of
+    the heartbeat objects that cannot be read); `now` is when the heartbeats were read
+    where the caller gave none."""
+    damaged: list[str] = []
+    beats = heartbeat_lib.read_heartbeats(store, history=history, damaged=damaged)
     now = time.time() if now is None else now
     silent = _silent_messages(store, [
         hb for hb in beats if hb.state in LIVE_STATES
         and heartbeat_lib.is_stale(hb, now, stale_after_s) and not heartbeat_lib.process_gone(hb)])
-    return beats, silent, now
+    return beats, silent, now, tuple(damaged)
 
 
 def _read_reference_for_status(store) -> dict | None:
@@ -242,7 +248,7 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
                    now: float | None = None, history: bool = False) -> RunStatus:
     """`history`: also the hosts' (time, tokens) samples (the page draws them); without
     it, heartbeats on GCS come from one listing of their summaries."""
-    committed, beats, silent, now, info, verified, masks, reference = _read_progress(
+    committed, beats, silent, now, damaged, info, verified, masks, reference = _read_progress(
         handle, history, now, stale_after_s)
     hosts = []
     held_live: set[int] = set()
@@ -316,7 +322,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
         phase=(run_facts.FAILED if problem else
                run_facts.phase(bool(parts) and counts[COMMITTED] == len(parts), hosts)),
         history=run_facts.history(hosts) if finished and not problem else (),
-        rejects=run_facts.rejects(handle), problem=problem)
+        rejects=run_facts.rejects(handle), problem=problem,
+        unreadable_heartbeats=damaged)
 
 
 def _timing(beats, hosts: list[HostState], now: float

@@ -252,8 +252,12 @@ def render(status: RunStatus) -> str:
             lines.append(f"  {h.host:<28} {h.state:<16} {where:<30} "
                          f"{h.tokens_per_s:>10,.0f} tok/s  last beat {_duration(h.age_s)} ago{msg}")
             lines.append(f"  {'':<28} did: {host_did(h)}")
-    else:
+    elif not status.unreadable_heartbeats:
         lines.append("hosts: none has reported yet")
+    else:
+        lines.append("hosts:")
+    for damaged in status.unreadable_heartbeats:
+        lines.append(f"  host unknown: its heartbeat cannot be read: {damaged}")
     lines.append(f"verify:     {_verify_line(status)}")
     if status.reference is not None:
         lines.append(f"verify:     {status.reference['summary']}")

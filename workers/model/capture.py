@@ -89,21 +89,31 @@ class CaptureSpec:
                 continue
             if hook_aliases.is_transformer_lens(item):
                 transformer_lens.append(item)
-                item = hook_aliases.to_actx(item)
+                try:
+                    item = hook_aliases.to_actx(item)
+                except hook_aliases.HookAliasError as e:
+                    fix = hook_suggestion(item)
+                    if fix is None:
+                        raise
+                    raise hook_aliases.HookAliasError(
+                        f"{e} (did you mean {fix!r}?)") from None
             if item in GLOBAL_POINTS:
                 globals_.append(item)
                 continue
             match = _LAYER_HOOK.match(item)
             if not match:
-                examples = ["layers.0.resid_post", "layers.0-3.resid_post",
-                            "layers.*.resid_post", *GLOBAL_POINTS]
-                raise ValueError(f"cannot parse hook {item!r}{_suggest(item, examples)}; "
+                fix = hook_suggestion(item)
+                hint = f" (did you mean {fix!r}?)" if fix else ""
+                raise ValueError(f"cannot parse hook {item!r}{hint}; "
                                  "use layers.<i>.<point>, layers.<i>-<j>.<point>, "
                                  "layers.*.<point>, embed or final_norm")
             sel, point = match.groups()
             if point not in LAYER_POINTS and point not in POINT_ALIASES:
+                fix = hook_suggestion(item)
+                hint = (f" (did you mean {fix.rsplit('.', 1)[-1]!r}, as in {fix!r}?)"
+                        if fix else "")
                 raise ValueError(f"unknown hook point {point!r} in {item!r}"
-                                 f"{_suggest(point, LAYER_POINTS)}; valid per-layer points: "
+                                 f"{hint}; valid per-layer points: "
                                  f"{', '.join(LAYER_POINTS)} (experts: expert_ids and "
                                  f"expert_weights, for a mixture of experts)")
             for each in POINT_ALIASES.get(point, (point,)):
@@ -267,6 +277,70 @@ def _norm_layers(layers) -> LayerSel:
     return tuple(sorted({int(i) for i in layers}))
 
 
+def _closest(word: str, valid: Sequence[str]) -> str | None:
+    """The one name in `valid` close to `word` (a misspelling of it), None where none is,
+    or where two are (a guess between two points would store the wrong one)."""
+    close = difflib.get_close_matches(word, valid, n=2, cutoff=_CLOSE)
+    if len(close) == 2 and (difflib.SequenceMatcher(None, word, close[1]).ratio()
+                            > difflib.SequenceMatcher(None, word, close[0]).ratio() - 0.1):
+        return None
+    return close[0] if close else None
+
+
 def _suggest(word: str, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, valid, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = _closest(word, valid)
+    return f" (did you mean {close!r}?)" if close else ""
+
+
+# How alike (difflib's ratio) a misspelling and the name it corrects must be: a typo
+# ("resid_pots", "layer", "final_nrom"), not another name ("mlp_in" is not "mlp_out").
+_CLOSE = 0.8
+# A layer selector as the grammar writes it: an index, an inclusive range, every layer.
+_SELECTOR = re.compile(r"^(\*|\d+(?:-\d+)?)$")
+# TransformerLens names of other quantities, with no actx hook of equal value: never
+# "corrected" into one that has (that would store something else).
+_TL_OTHERS = frozenset({"hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input",
+                        "hook_mlp_in", "hook_pos_embed", "hook_tokens"})
+
+
+def hook_suggestion(name: str) -> str | None:
+    """A correction of unparseable hook `name` that keeps what it selects: its layer
+    index, range or `*` as typed, only its misspelt parts corrected (the `layers` /
+    `blocks` prefix, the point); TransformerLens-style names stay TransformerLens-style.
+    None where no such correction exists: a suggestion must never name other layers or
+    another point than the one the user misspelt."""
+    name = name.strip()
+    if name in _TL_OTHERS or name in hook_aliases.NEVER:
+        return None
+    parts = name.split(".")
+    if len(parts) == 1:  # a global point: embed, final_norm, hook_embed
+        word = parts[0].lower()
+        tl = word.startswith("hook_")
+        point = _closest(word.removeprefix("hook_"), GLOBAL_POINTS)
+        if point is None:
+            return None
+        if tl and f"hook_{point}" in hook_aliases.GLOBAL_POINTS:
+            point = f"hook_{point}"
+        return point if point != name else None
+    sels = [i for i, part in enumerate(parts) if _SELECTOR.match(part)]
+    if len(sels) != 1 or sels[0] != len(parts) - 2 or sels[0] == 0:
+        return None  # no layer selector, several, or not just before the point
+    sel, word = parts[-2], parts[-1].lower()
+    # The prefix's last part ("layer", "model.layers", "block"); must be a misspelt
+    # `layers` or `blocks`.
+    prefix = _closest(parts[-3].lower(), ("layers", "blocks"))
+    if prefix is None or (len(parts) > 3 and parts[-3].lower() not in ("layers", "blocks")):
+        return None
+    if word in _TL_OTHERS:
+        return None
+    point = _closest(word.removeprefix("hook_"), LAYER_POINTS + tuple(POINT_ALIASES))
+    if point is None:
+        return None
+    lo, _, hi = sel.partition("-")
+    if hi and int(hi) < int(lo):
+        return None  # an empty range: no correction keeps it
+    if prefix == "blocks" and f"hook_{point}" in hook_aliases.LAYER_POINTS:
+        fix = f"blocks.{sel}.hook_{point}"
+    else:
+        fix = f"layers.{sel}.{point}"
+    return fix if fix != name else None
