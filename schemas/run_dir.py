@@ -19,6 +19,7 @@ import concurrent.futures
 import dataclasses
 import os
 
+from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import extraction_store
@@ -161,6 +162,24 @@ class OpenedRun(RunDir):
     manifest: manifest_lib.Manifest
 
 
+def _a_file_not_a_run(shown, path: str) -> str:
+    """What to say of a file given where a run directory belongs: a submit config (the
+    run directory is its `run:`, taken from the config file's directory as submit takes
+    it), or some other file."""
+    from actx.schemas import config as config_lib
+
+    try:
+        run = config_lib.load_file(path).get("run")
+    except Exception:  # noqa: BLE001 - not a config: said as a file
+        run = None
+    if not isinstance(run, str) or not run:
+        return f"{shown}: a file, not an actx run directory; give the run's directory"
+    if uri_lib.parse(run).is_local and not os.path.isabs(run):
+        run = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(path)), run))
+    return (f"{shown}: a submit config, not a run directory; its run is {run}: give that "
+            f"(e.g. `{advice.status(run)}`)")
+
+
 def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore | RunDir"
              ) -> OpenedRun:
     """Opens a prepared run, or raises errors.NotARunError saying what is missing or wrong.
@@ -178,6 +197,8 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
     # Messages name the run as it was given, or its location.
     shown = location if isinstance(run, (store_lib.ObjectStore, RunDir)) else run
     if location.is_local and not os.path.isdir(location.path):
+        if os.path.isfile(location.path):
+            raise errors.NotARunError(_a_file_not_a_run(shown, location.path))
         raise errors.NotARunError(f"{shown}: no such directory; not an actx run")
     store = (run.store if isinstance(run, RunDir)
              else run if isinstance(run, store_lib.ObjectStore) else store_lib.open_store(location))

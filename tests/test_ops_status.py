@@ -141,6 +141,22 @@ def test_not_an_actx_run(tmp_path, capsys):
         assert "Traceback" not in err
 
 
+def test_a_config_file_given_for_its_run_names_the_run(tmp_path, monkeypatch, capsys):
+    """`actx status my-run.yaml` (the config, not its run): said so, with the run
+    directory its `run:` names, taken from the config's directory as submit takes it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "my-run.yaml").write_text("run: runs/mine\nspec: {}\n")
+    (tmp_path / "notes.txt").write_text("x\n")
+    for command in ("status", "verify", "rerun"):
+        assert cli.main([command, "sub/my-run.yaml"], out=io.StringIO()) == 2
+        err = capsys.readouterr().err
+        assert "sub/my-run.yaml: a submit config, not a run directory; its run is " \
+               "sub/runs/mine" in err and "`actx status sub/runs/mine`" in err, err
+    assert cli.main(["status", "notes.txt"], out=io.StringIO()) == 2
+    assert "notes.txt: a file, not an actx run directory" in capsys.readouterr().err
+
+
 def test_not_an_actx_run_on_gcs(gcs_bucket, capsys):
     assert cli.main(["status", f"{gcs_bucket}/runs/none"], out=io.StringIO()) == 2
     assert "not an actx run (no run.json)" in capsys.readouterr().err
