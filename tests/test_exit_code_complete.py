@@ -83,8 +83,11 @@ def test_a_worker_killed_while_the_other_finishes_is_history_and_exit_0(tmp_path
 
 def test_a_run_with_partitions_missing_exits_1_and_names_the_command_last(tmp_path):
     """The other side: a worker that fails with partitions left exits 1, and the last line
-    is the command that finishes them (a model that cannot load: every host fails)."""
+    is the command that finishes them (a model that cannot load: every host fails; its
+    directory is there but empty, since a directory that is gone is refused before any
+    worker starts)."""
     run = str(tmp_path / "run")
+    (tmp_path / "no-such-model").mkdir()
     token_runs.write_token_run(run, str(tmp_path / "no-such-model"), n_rows=16, seq_len=16,
                                partition_rows=8, rows_per_shard=4)
     out = io.StringIO()

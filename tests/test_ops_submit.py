@@ -89,6 +89,9 @@ def test_rerun_local_two_host_replica(tmp_path, tiny_qwen2_model):
 
 
 def test_failing_worker_is_named_with_its_log(tmp_path):
+    # A model directory the worker cannot load (there, but empty: one that is gone is
+    # refused before any worker starts).
+    (tmp_path / "no-such-model").mkdir()
     run = _token_run(tmp_path, str(tmp_path / "no-such-model"))
     cfg = tmp_path / "t.yaml"
     cfg.write_text(yaml.safe_dump({"target": {"hosts": 1}}))
