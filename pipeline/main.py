@@ -36,7 +36,9 @@ from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import spec_paths
 from actx.schemas import stop_signals
+from actx.schemas import store as store_lib
 from actx.schemas import store_errors
+from actx.schemas import uri as uri_lib
 
 DEFAULT_MAX_REJECT_FRACTION = 0.01
 
@@ -196,6 +198,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
+    if args.spec and not uri_lib.parse(args.spec).is_local:
+        # A run's own run.json on gs:// (what `actx prepare` is advised with to write a
+        # damaged token store again): its paths are as the run recorded them.
+        parent, _, name = args.spec.rstrip("/").rpartition("/")
+        data = store_lib.open_store(parent).read_json(name)
+        if data is None:
+            raise config_lib.ConfigError(f"{args.spec}: spec file not found")
+        return runspec_lib.RunSpec.from_dict(data, f"{args.spec}: ")
     if args.spec:  # its relative paths are the spec file's; the flags' are the shell's
         data = spec_paths.absolute_paths(config_lib.load_file(args.spec),
                                           os.path.dirname(os.path.abspath(args.spec)))

@@ -38,6 +38,9 @@ KINDS = {kind.name: kind for kind in (
          "stops the config's workers (scancel; deletes the TPU slice) and frees the run"),
     Kind("read", "python -c \"import actx; print(actx.open_run('{run}').describe())\"",
          "opens the run with the reader and describes what it holds"),
+    Kind("reprepare", "actx prepare --out {run} --spec {spec}",
+         "prepares the run again from the inputs its run.json names: the same tokens, "
+         "written again (a damaged token store whole again); what is committed stays"),
 )}
 
 
@@ -84,6 +87,10 @@ def down(config: object) -> str:
 
 def read(run: object) -> str:
     return command("read", run=run)
+
+
+def reprepare(run: object) -> str:
+    return command("reprepare", run=run, spec=f"{str(run).rstrip('/')}/run.json")
 
 
 def _pattern(kind: Kind) -> re.Pattern:

@@ -62,6 +62,10 @@ FOLLOWED_IN = {
         "local": "tests/test_advice_followed.py::"
                  "test_a_dead_worker_with_claims_ahead_is_finished_by_what_every_view_advises",
     },
+    "reprepare": {
+        "local": "tests/test_advice_followed.py::"
+                 "test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run",
+    },
 }
 
 

@@ -244,7 +244,8 @@ def test_every_kind_of_advice_is_followed_where_it_is_printed():
 
 def test_find_tells_every_kind_apart():
     """Each kind's command, printed among others, is found as that kind, whole."""
-    fields = {"run": "/r/x", "target": "slurm", "config": "/c/s.yaml"}
+    fields = {"run": "/r/x", "target": "slurm", "config": "/c/s.yaml",
+              "spec": "/r/x/run.json"}
     for name, kind in advice.KINDS.items():
         command = advice.command(name, **{k: v for k, v in fields.items()
                                           if "{" + k + "}" in kind.template})
@@ -254,7 +255,7 @@ def test_find_tells_every_kind_apart():
 
 # Advice made outside the registry: an f-string (or a template) that writes an actx command
 # with a field in it (a run, a config).
-_MADE_HERE = re.compile(r"actx (rerun|verify|status|down) [^`\"'\n]*\{")
+_MADE_HERE = re.compile(r"actx (?:(?:rerun|verify|status|down) |prepare --)[^`\"'\n]*\{")
 
 
 def _advice_made_elsewhere(root: str) -> list[str]:
@@ -324,3 +325,51 @@ def test_a_moved_model_is_said_before_any_worker_and_its_advice_finishes_the_run
     os.symlink(moved, model)
     assert cli.main(["rerun", run], out=out) == 0, out.getvalue()
     assert runstate.compute_status(run_dir.open_run(run)).complete
+
+
+def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
+        tmp_path, monkeypatch, qwen_tokenizer_dir):
+    """A token-store object of a partition not yet extracted is damaged after prepare (a
+    truncated file): the workers say so in one line, naming the object and the commands
+    that write the same tokens again and extract the rest; followed as printed, the run
+    finishes, with the tokens prepare first wrote."""
+    import shutil
+
+    from actx.deploy import demo
+    from tests.test_bos_rule import stored_documents
+
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "model"
+    demo.make_tiny_qwen2(str(model), seed=0, num_layers=1)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{qwen_tokenizer_dir}/{name}", model / name)
+    with open(tmp_path / "notes.jsonl", "w") as f:
+        for i in range(24):
+            f.write(json.dumps({"id": f"n{i}", "text": f"note {i} " + "word " * (i % 9)}) + "\n")
+    (tmp_path / "my-run.yaml").write_text(
+        "run: run\nspec:\n  name: mine\n  model: {path: model, dtype: float32}\n"
+        "  tokenizer: {path: model}\n  sources:\n    - {kind: text, paths: [notes.jsonl]}\n"
+        "  packing: {mode: segmented, seq_len: 16}\n"
+        "  capture: {hooks: layers.0.resid_post, dtype: float32}\n"
+        "  layout: {rows_per_shard: 2, partition_rows: 4}\n"
+        "target: {kind: local, hosts: 1, batch_size: 2}\n")
+    assert cli.main(["submit", "my-run.yaml"], out=io.StringIO()) == 0
+    run = str(tmp_path / "run")
+    tokens = stored_documents(run)
+    # Partition 1 as after a crash before its commit, and its token shard truncated.
+    os.remove(os.path.join(run, *layout.commit_key(1).split("/")))
+    shard = os.path.join(run, "tokens", "input_ids", "c", "1", "0")
+    os.truncate(shard, 5)
+
+    out = io.StringIO()
+    assert cli.main(["rerun", run], out=out) == 1
+    said = out.getvalue()
+    assert "the token store was damaged after prepare" in said and shard in said, said
+    assert "Traceback" not in said
+    code, output = follow(said, "reprepare")
+    assert code == 0, output
+    code, output = follow(said, "rerun")
+    assert code == 0, output
+    assert runstate.compute_status(run_dir.open_run(run)).complete
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert stored_documents(run) == tokens

@@ -31,3 +31,20 @@ def test_another_runs_directory_is_refused_naming_what_differs(tmp_path):
         prepare_refusals.check_run_dir(run, _spec(seq_len=64, hooks="layers.1.mlp_out"))
     assert "capture.hooks" in str(refused.value) and "packing.seq_len" in str(refused.value)
     prepare_refusals.check_run_dir(run, _spec())  # the same run: no refusal
+
+
+def test_prepare_takes_a_runs_own_run_json_on_gcs(gcs_bucket):
+    """`actx prepare --out RUN --spec RUN/run.json`, what a damaged token store is advised
+    with, reads run.json where the run is, gs:// included, as the spec it holds."""
+    import argparse
+
+    from actx.pipeline import main as prepare_main
+
+    spec = _spec()
+    run = store.open_store(f"{gcs_bucket}/runs/mine")
+    run.write_json(runspec.RUN_SPEC_KEY, spec.to_json_obj())
+    read = prepare_main.spec_from_args(argparse.Namespace(
+        spec=f"{gcs_bucket}/runs/mine/{runspec.RUN_SPEC_KEY}"))
+    assert read.fingerprint == spec.fingerprint
+    with pytest.raises(Exception, match="spec file not found"):
+        prepare_main.spec_from_args(argparse.Namespace(spec=f"{gcs_bucket}/runs/none/run.json"))

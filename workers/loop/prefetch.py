@@ -13,12 +13,29 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from actx.schemas import advice
+from actx.schemas import errors
 from actx.schemas import layout as layout_lib
+from actx.schemas import store_errors
 from actx.schemas import ts_context
 from actx.schemas import uri as uri_lib
 from actx.workers.loop import schedule
 
 STEP_INPUTS = ("input_ids", "positions", "segment_ids")
+
+
+# tensorstore's words for a stored object it cannot decode (truncated, overwritten).
+_UNDECODABLE = ("FAILED_PRECONDITION", "DATA_LOSS", "Error decoding", "Error reading shard")
+
+
+def _rows(lo: int, hi: int) -> str:
+    return f"row {lo}" if hi - lo == 1 else f"rows {lo}-{hi - 1}"
+
+
+class TokenStoreDamagedError(errors.UserError, RuntimeError):
+    """A token array's stored object that cannot be decoded: damaged after prepare (a
+    truncated or overwritten file). Extracting again reads it again, so the message says
+    to prepare the run again, which writes the same tokens (prepare is deterministic)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +53,7 @@ class TokenStore:
     """The three token arrays a step needs, opened once per process."""
 
     def __init__(self, run: uri_lib.Location):
+        self._run = run
         # Token arrays never change after prepare: chunks decoded once stay valid in the
         # cache pool, so the slots of one shard, read in different steps, cost one fetch.
         self.arrays = {
@@ -52,8 +70,29 @@ class TokenStore:
         """
         seg = self.arrays["segment_ids"][lo:hi, 0].read()
         pos = self.arrays["positions"][lo:hi, 0].read()
-        seg, pos = np.asarray(seg.result()), np.asarray(pos.result())
+        seg = self._result(seg, "segment_ids", lo, hi)
+        pos = self._result(pos, "positions", lo, hi)
         return (seg > 0) & (pos > 0), pos
+
+    def _result(self, future, name: str, lo: int, hi: int) -> np.ndarray:
+        """A read's rows; a stored object that cannot be decoded raised as what it is (a
+        damaged token store, with the commands that write it again), a store's refusal as
+        its one line."""
+        try:
+            return np.asarray(future.result())
+        except ValueError as e:
+            key = self._run.join(layout_lib.token_array_key(name))
+            error = store_errors.from_tensorstore(e, str(key), retried=True)
+            if error is not e:
+                raise error from None
+            if not any(words in str(e) for words in _UNDECODABLE):
+                raise
+            raise TokenStoreDamagedError(
+                f"{key}: {_rows(lo, hi)} cannot be read ({str(e).splitlines()[0][:400]}): "
+                f"the token store was damaged after prepare. `{advice.reprepare(self._run)}` "
+                f"writes the same tokens again (from the inputs its run.json names; what is "
+                f"committed stays), then `{advice.rerun(self._run)}` extracts the rest"
+            ) from None
 
     def read_rows(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
         """Rows as given, in that order (any rows: a step's slots run different documents).
@@ -66,7 +105,7 @@ class TokenStore:
             if row != prev + 1:
                 runs.append((start, prev + 1))
                 start = row
-        futures = {name: [arr[lo:hi].read() for lo, hi in runs]
+        futures = {name: [(arr[lo:hi].read(), lo, hi) for lo, hi in runs]
                    for name, arr in self.arrays.items()}
         where = {}
         offset = 0
@@ -75,7 +114,7 @@ class TokenStore:
                 where[r] = offset + r - lo
             offset += hi - lo
         index = np.asarray([where[r] for r in rows])
-        return {name: np.concatenate([np.asarray(f.result()) for f in fs])[index]
+        return {name: np.concatenate([self._result(f, name, lo, hi) for f, lo, hi in fs])[index]
                 for name, fs in futures.items()}
 
 
