@@ -202,6 +202,7 @@ def spec_from_args(args: argparse.Namespace) -> runspec_lib.RunSpec:
         # A run's own run.json on gs:// (what `actx prepare` is advised with to write a
         # damaged token store again): its paths are as the run recorded them.
         parent, _, name = args.spec.rstrip("/").rpartition("/")
+        # The spec file's directory, not the run (--out opens that), though it may be it.
         data = store_lib.open_store(parent).read_json(name)
         if data is None:
             raise config_lib.ConfigError(f"{args.spec}: spec file not found")
