@@ -300,7 +300,7 @@ def cmd_rerun(args, out) -> int:
     if live:
         print(f"rerun: note: {len(live)} of them are held by a live worker; the first commit "
               f"wins and the other attempt changes nothing", file=out)
-    return _rerun(args, target, handle, handle.spec.fingerprint, ids, None, out)
+    return _rerun(args, target, handle, handles, handle.spec.fingerprint, ids, None, out)
 
 
 def _check_runnable(target: targets.Target, handles: dict) -> None:
@@ -359,16 +359,16 @@ def _rerun_extractions(args, handle, handles: dict, target: targets.Target, out)
                                 for name, ids in behind.items())
           + f" on {target.kind}", file=out)
     only = None if args.only == "all" else sorted(set().union(*behind.values()))
-    return _rerun(args, target, handle, None, only, extraction_lib.joined(behind), out)
+    return _rerun(args, target, handle, handles, None, only, extraction_lib.joined(behind),
+                  out)
 
 
-def _rerun(args, target: targets.Target, handle, fingerprint: str | None, only,
-           extraction: str | None, out) -> int:
+def _rerun(args, target: targets.Target, handle, handles: dict, fingerprint: str | None,
+           only, extraction: str | None, out) -> int:
     """Hands the rerun's job to its target (once there is work: a model directory that
     moved is refused then, before any worker starts)."""
-    scoped = extraction_lib.scoped_all(handle, args.extraction)
     gone = [f"extractions.{name}: {p}" if name else p
-            for name, one in scoped.items() for p in _model_gone(one.spec, target)]
+            for name, one in handles.items() for p in _model_gone(one.spec, target)]
     if gone:
         raise targets.UsageError(gone[0] if len(gone) == 1 else
                                  f"{len(gone)} problems, nothing was started:\n  "

@@ -75,7 +75,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelC
                           + (f" ({why})" if why else ""))
 
     # A field config.json leaves out is HF's class default (hf_defaults), as HF reads it.
-    hf = hf_defaults.with_defaults(hf, arch)
+    hf = hf_defaults.with_defaults(hf, arch, family.hf_names)
     if family.hf_names:
         # The family's own names for the common fields (GPT-2's n_embd, n_layer, ...).
         hf = {**hf, **{common: hf[own] for common, own in family.hf_names.items()

@@ -113,22 +113,24 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-# transformers' `attribute_map`s: a config.json may name these fields either way (HF
-# reads either), so a config that gives one takes no default for the other.
+# transformers' `attribute_map`s of the mixtures: a config.json may name the experts
+# either way (HF reads either), so a config that gives one takes no default for the other.
+# (GPT-2's, n_embd for hidden_size and the like, are its family's `hf_names`.)
 ALIASES: dict[str, dict[str, str]] = {
     "Qwen3MoeForCausalLM": {"num_experts": "num_local_experts"},
     "OlmoeForCausalLM": {"num_local_experts": "num_experts"},
     "MixtralForCausalLM": {"num_experts": "num_local_experts"},
     "GptOssForCausalLM": {"num_experts": "num_local_experts"},
-    "GPT2LMHeadModel": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions",
-                        "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"},
 }
 
 
-def with_defaults(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
-    """`hf` over its architecture's HF defaults (the fields it has win, null included)."""
+def with_defaults(hf: Mapping[str, Any], arch: str,
+                  names: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`hf` over its architecture's HF defaults (the fields it has win, null included).
+    names: the family's own names of common fields (`Family.hf_names`), aliases as
+    ALIASES' are."""
     given = set(hf)
-    for one, other in ALIASES.get(arch, {}).items():
+    for one, other in {**ALIASES.get(arch, {}), **(names or {})}.items():
         if one in hf or other in hf:
             given |= {one, other}
     return {**{k: v for k, v in DEFAULTS.get(arch, {}).items() if k not in given}, **hf}
