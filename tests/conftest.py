@@ -7,6 +7,15 @@ import pytest
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
+# The tests' programs are tiny models run a few times: compiling them is most of the
+# suite's time, and LLVM's optimisation of the CPU code most of the compile. Level 1
+# compiles in about three quarters of the time (tests/test_model.py alone, no cache: 40 s
+# -> 30 s) and computes the same bits as the default level: LLVM forms the same fused
+# multiply-adds and, without fast-math (XLA CPU's default), reorders no float arithmetic.
+# (Level 0 forms no fused multiply-adds: programs the byte-identity tests compare then
+# round differently.) ACTX_TEST_XLA_OPT=1 keeps the default level.
+if os.environ.get("ACTX_TEST_XLA_OPT", "0") == "0":
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=1"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Deterministic CPU numerics for parity tests; tests that need float64 ask for it locally.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
