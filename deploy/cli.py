@@ -279,16 +279,22 @@ def _verify_one(args, handle, out) -> int:
                   f"{handle.location.join(layout_lib.COMMITS_PREFIX)} (never read)"
                   + ("" if args.repair else f"; `{advice.repair(handle.location)}` "
                                             f"removes them"), file=out)
+        first = (f"`{advice.reprepare(handle.location)}` writes the damaged token store "
+                 f"again (the same tokens); then " if report.tokens_damaged else "")
         if repaired:
             print(f"REPAIRED: {len(repaired)} partition(s) are pending again (markers deleted, "
                   f"recorded under {handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)}): "
                   f"{', '.join(layout_lib.partition_name(p) for p in repaired[:20])}"
-                  f"{' ...' if len(repaired) > 20 else ''}; `{advice.rerun(handle.location)}` "
-                  f"extracts them", file=out)
-        elif not report.ok:
-            print(f"`{advice.repair(handle.location)}` turns the failed partitions back "
-                  f"into pending; then `{advice.rerun(handle.location)}` extracts them again",
+                  f"{' ...' if len(repaired) > 20 else ''}; {first}"
+                  f"`{advice.rerun(handle.location)}` extracts them", file=out)
+        elif report.only_tokens_damaged:
+            # The committed activations stand: only the token store is written again.
+            print(f"{first}`{advice.verify(handle.location)}` checks the run again",
                   file=out)
+        elif not report.ok:
+            print(f"{first}`{advice.repair(handle.location)}` turns the failed partitions "
+                  f"back into pending; then `{advice.rerun(handle.location)}` extracts them "
+                  f"again", file=out)
     # Recorded for status and the live page (failed partitions shown on the map); a
     # repaired partition is pending now, not failed. The report above stands without it.
     try:

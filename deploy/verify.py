@@ -58,6 +58,15 @@ class VerifyReport:
     stats: dict[str, HookHealth]
     problems: list[str]
     failed: list[int] = dataclasses.field(default_factory=list)  # partitions with problems
+    # Partitions whose token rows cannot be read as prepare wrote them: prepare writes them
+    # again (the activations stand: a worker cannot have read a damaged chunk unnoticed).
+    tokens_damaged: list[int] = dataclasses.field(default_factory=list)
+    token_problems: int = 0  # of `problems`, those of the token store
+
+    @property
+    def only_tokens_damaged(self) -> bool:
+        """Every problem is the token store's: the committed data itself checked out."""
+        return bool(self.token_problems) and self.token_problems == len(self.problems)
 
     @property
     def ok(self) -> bool:
@@ -74,6 +83,7 @@ class VerifyReport:
                 "not_committed": [layout_lib.partition_name(p) for p in self.not_committed],
                 "hooks": {h: self.stats[h].to_json_obj(d) for h, d in self.hooks.items()},
                 "failed": [layout_lib.partition_name(p) for p in self.failed],
+                "tokens_damaged": [layout_lib.partition_name(p) for p in self.tokens_damaged],
                 "problems": self.problems}
 
 
@@ -147,15 +157,18 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
             continue
         arrays[hook] = arr
         shards[hook] = _stored_shards(store, hook)
-    segment_ids = _open(handle, layout_lib.token_array_key("segment_ids"))
+    tokens = _token_arrays(handle, report)
     rows_per_shard = spec.layout.rows_per_shard
     last, before = None, len(problems)
     for pid in checked:
         if last is not None and len(problems) > before:
             report.failed.append(last)  # the previous partition added problems
-        last, before = pid, len(problems)
         part = manifest.partition(pid)
         where = f"partition {part.name}"
+        # Read first: a token problem is the token store's, not the partition's data
+        # (`--repair` leaves the partition committed; prepare writes the tokens again).
+        segment_ids = _check_tokens(handle, tokens, part, report)
+        last, before = pid, len(problems)
         try:
             marker = commit_lib.read_marker(store, pid)
         except ValueError as e:  # not JSON, or not a marker (config_lib.ConfigError)
@@ -177,8 +190,10 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
         if set(marker.checksums) != set(stored):
             problems.append(f"{where}: marker hooks {sorted(marker.checksums)} differ from "
                             f"{layout_lib.ACTIVATIONS_INFO_KEY} {sorted(stored)}")
-        valid = segment_ids[part.row_start:part.row_stop].read().result() > 0
-        unreached = _unreached(arrays.get(layout_lib.GENERATED_IDS), part, valid)
+        # Without segment ids the values' health is not counted (padding may hold anything).
+        valid = None if segment_ids is None else segment_ids > 0
+        unreached = (None if valid is None else
+                     _unreached(arrays.get(layout_lib.GENERATED_IDS), part, valid))
         block_rows = marker.block_rows
         n_blocks = -(-part.row_count // block_rows)
         for hook, arr in arrays.items():
@@ -226,11 +241,56 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                         block = quantised.dequantise(block, scales[lo:hi].read().result())
                     except Exception:  # noqa: BLE001 - the scale array's own check says so
                         continue
-                _accumulate(stats, block, valid[lo - part.row_start:hi - part.row_start], label,
-                            k, problems)
+                if valid is not None:
+                    _accumulate(stats, block, valid[lo - part.row_start:hi - part.row_start],
+                                label, k, problems)
     if last is not None and len(problems) > before:
         report.failed.append(last)
     return report
+
+
+def _token_arrays(handle: run_dir.OpenedRun, report: VerifyReport) -> dict:
+    """The run's token arrays, opened; one that cannot be (its zarr.json damaged or gone)
+    is a problem of the token store, every checked partition's."""
+    arrays = {}
+    names = layout_lib.token_array_names(any(s.kind == "arc" for s in handle.spec.sources))
+    for name in names:
+        key = layout_lib.token_array_key(name)
+        try:
+            arrays[name] = ts_context.open_array(layout_lib.array_spec(handle.location, key))
+        except Exception as e:  # noqa: BLE001 - said as a problem, with what to do
+            report.tokens_damaged.extend(p for p in report.checked
+                                         if p not in report.tokens_damaged)
+            report.token_problems += 1
+            report.problems.append(
+                f"token array {handle.location.join(key)} cannot be opened "
+                f"({str(e).splitlines()[0][:200]}): the token store was damaged after "
+                f"prepare; `{advice.reprepare(handle.location)}` writes the same tokens again "
+                f"(what is committed stays)")
+    return arrays
+
+
+def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,
+                  report: VerifyReport) -> np.ndarray | None:
+    """Reads every token array's rows of a partition: a stored chunk that fails its
+    checksum (layout.CHUNK_CHECKSUM) or cannot be decoded is a problem of the token store,
+    which prepare writes again. Returns the partition's segment ids (None when unread)."""
+    reads = {name: arr[part.row_start:part.row_stop].read() for name, arr in tokens.items()}
+    got, damaged = {}, []
+    for name, read in reads.items():
+        try:
+            got[name] = read.result()
+        except ValueError as e:
+            damaged.append(f"{name} ({str(e).splitlines()[0][:200]})")
+    if damaged:
+        report.tokens_damaged.append(part.id)
+        report.token_problems += 1
+        report.problems.append(
+            f"partition {part.name}: token rows {part.row_start}-{part.row_stop - 1} cannot be "
+            f"read as prepare wrote them: {'; '.join(damaged)}. The token store was damaged "
+            f"after prepare; `{advice.reprepare(handle.location)}` writes the same tokens "
+            f"again (what is committed stays)")
+    return got.get("segment_ids")
 
 
 def _damage(e: ValueError) -> str:

@@ -39,8 +39,9 @@ def open_token_array(run: run_dir.RunDir, name: str, total_rows: int,
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": False},
                          parent=ts_context.get())
     with store_errors.tensorstore_errors(run.uri_of(array.key)):
-        return ts.open(array.spec(run.location, create=True),
-                       context=context).result()
+        # A run an earlier actx prepared (prepared again: the same tokens) keeps its codecs.
+        return ts_context.open_array_as_stored(array.specs(run.location, create=True),
+                                               context=context)
 
 
 def make_durable(run: run_dir.RunDir) -> None:

@@ -8,6 +8,7 @@ every object is written by exactly one process.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 
@@ -234,6 +235,17 @@ def shard_index_of(hook: str, key: str) -> int | None:
     return int(first) if first.isdigit() else None
 
 
+# Since 0.3.0 each stored inner chunk of a token array ends with the crc32c of its
+# (compressed) bytes, zarr v3's `crc32c` codec: a changed byte then fails the read
+# (tensorstore's DATA_LOSS, "Digest mismatch") where before it could decode into other
+# tokens that nothing noticed, as the token arrays have no other checksum. Token arrays
+# written before keep their codecs and read as they are; prepare opens them as stored
+# (`ArrayLayout.specs`). Activation blocks are checksummed in their commit markers
+# (`actx verify`), and their inner chunks stay as they were: the reader copies a local
+# uncompressed hook's chunks straight from the page cache (reader.storage.shard_files).
+CHUNK_CHECKSUM = {"name": "crc32c"}
+
+
 def _codecs(layout: runspec_lib.LayoutSpec, itemsize: int) -> list[dict]:
     codecs: list[dict] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if layout.codec == "zstd":
@@ -253,7 +265,7 @@ ITEMSIZE = {"int32": 4, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3f
 
 def _sharded_metadata(shape: list[int], dtype: str, shard_shape: list[int],
                       chunk_shape: list[int], layout: runspec_lib.LayoutSpec,
-                      fill_value) -> dict:
+                      fill_value, chunk_checksum: bool = False) -> dict:
     return {
         "shape": shape,
         "data_type": dtype,
@@ -264,7 +276,8 @@ def _sharded_metadata(shape: list[int], dtype: str, shard_shape: list[int],
             "name": "sharding_indexed",
             "configuration": {
                 "chunk_shape": chunk_shape,
-                "codecs": _codecs(layout, ITEMSIZE[dtype]),
+                "codecs": (_codecs(layout, ITEMSIZE[dtype])
+                           + ([CHUNK_CHECKSUM] if chunk_checksum else [])),
                 "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
                                  {"name": "crc32c"}],
                 "index_location": "end",
@@ -293,6 +306,18 @@ class ArrayLayout:
             spec.update({"metadata": self.metadata, "create": True, "open": True})
         return spec
 
+    def specs(self, run: uri_lib.Location, create: bool = False) -> list[dict]:
+        """`spec`, then the same for the array as an actx before 0.3.0 wrote it (its inner
+        chunks without a checksum): what a writer opens an existing array with when the
+        first is refused for its codecs (ts_context.open_array_as_stored)."""
+        earlier = copy.deepcopy(self.metadata)
+        for codec in earlier["codecs"]:
+            inner = codec.get("configuration", {}).get("codecs")
+            if inner is not None and CHUNK_CHECKSUM in inner:
+                inner.remove(CHUNK_CHECKSUM)
+        return [self.spec(run, create),
+                dataclasses.replace(self, metadata=earlier).spec(run, create)]
+
 
 def token_array(name: str, total_rows: int, seq_len: int,
                 layout: runspec_lib.LayoutSpec) -> ArrayLayout:
@@ -301,7 +326,8 @@ def token_array(name: str, total_rows: int, seq_len: int,
     chunk = [layout.rows_per_shard, seq_len]
     fill = TOKEN_FILL.get(name, -1)
     return ArrayLayout(token_array_key(name),
-                       _sharded_metadata([total_rows, seq_len], "int32", shard, chunk, layout, fill))
+                       _sharded_metadata([total_rows, seq_len], "int32", shard, chunk, layout, fill,
+                                         chunk_checksum=True))
 
 
 def norms_array(hook: str, total_rows: int, seq_len: int,

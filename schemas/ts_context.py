@@ -81,6 +81,23 @@ def open_array(spec: dict) -> ts.TensorStore:
         return ts.open(spec, context=get()).result()
 
 
+def open_array_as_stored(specs: list[dict], context: ts.Context | None = None
+                         ) -> ts.TensorStore:
+    """Opens (or creates) one array by the first of `specs` (its layouts, newest first:
+    layout.ArrayLayout.specs) whose codecs an existing array has: a writer continuing a
+    run an earlier actx wrote opens its arrays as they are stored. A missing array is
+    created by the first; any other refusal is raised as `open_array` raises it."""
+    for spec in specs[:-1]:
+        try:
+            with store_errors.tensorstore_errors():
+                return ts.open(spec, context=context or get()).result()
+        except ValueError as e:
+            if 'Mismatch in "codecs"' not in str(e):
+                raise
+    with store_errors.tensorstore_errors():
+        return ts.open(specs[-1], context=context or get()).result()
+
+
 def open_kvstore(spec: dict) -> ts.KvStore:
     """Opens a kvstore spec in the process-wide context (blocking)."""
     with store_errors.tensorstore_errors():

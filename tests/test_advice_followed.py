@@ -329,10 +329,12 @@ def test_a_moved_model_is_said_before_any_worker_and_its_advice_finishes_the_run
 
 def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
         tmp_path, monkeypatch, qwen_tokenizer_dir):
-    """A token-store object of a partition not yet extracted is damaged after prepare (a
-    truncated file): the workers say so in one line, naming the object and the commands
-    that write the same tokens again and extract the rest; followed as printed, the run
-    finishes, with the tokens prepare first wrote."""
+    """A token-store object is damaged after prepare: one byte changed, which its chunk's
+    checksum (layout.CHUNK_CHECKSUM) catches where uncompressed tokens would otherwise read
+    as other tokens. In a partition not yet extracted, the workers say so in one line,
+    naming the object and the commands that write the same tokens again and extract the
+    rest; in a committed partition, `actx verify` says so and what to do. Followed as
+    printed, the run finishes and verifies, with the tokens prepare first wrote."""
     import shutil
 
     from actx.deploy import demo
@@ -351,21 +353,25 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
         "  tokenizer: {path: model}\n  sources:\n    - {kind: text, paths: [notes.jsonl]}\n"
         "  packing: {mode: segmented, seq_len: 16}\n"
         "  capture: {hooks: layers.0.resid_post, dtype: float32}\n"
-        "  layout: {rows_per_shard: 2, partition_rows: 4}\n"
+        "  layout: {rows_per_shard: 2, partition_rows: 4, codec: none}\n"
         "target: {kind: local, hosts: 1, batch_size: 2}\n")
     assert cli.main(["submit", "my-run.yaml"], out=io.StringIO()) == 0
     run = str(tmp_path / "run")
     tokens = stored_documents(run)
-    # Partition 1 as after a crash before its commit, and its token shard truncated.
+    # Partition 1 as after a crash before its commit, one byte of its token shard changed:
+    # its first token's id (an uncompressed chunk begins with it) one more.
     os.remove(os.path.join(run, *layout.commit_key(1).split("/")))
     shard = os.path.join(run, "tokens", "input_ids", "c", "1", "0")
-    os.truncate(shard, 5)
+    _change_first_byte(shard)
 
     out = io.StringIO()
     assert cli.main(["rerun", run], out=out) == 1
     said = out.getvalue()
     assert "the token store was damaged after prepare" in said and shard in said, said
     assert "Traceback" not in said
+    # The launcher's last line too says what to run before the rerun.
+    last = said.strip().splitlines()[-1]
+    assert [kind for kind, _ in advice.find(last)] == ["reprepare", "rerun"], last
     code, output = follow(said, "reprepare")
     assert code == 0, output
     code, output = follow(said, "rerun")
@@ -373,3 +379,27 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
     assert runstate.compute_status(run_dir.open_run(run)).complete
     assert cli.main(["verify", run], out=io.StringIO()) == 0
     assert stored_documents(run) == tokens
+
+    # A committed partition's token rows damaged: verify names them and what to do; its
+    # activations stand (they were computed before), so --repair leaves it committed.
+    _change_first_byte(os.path.join(run, "tokens", "segment_ids", "c", "0", "0"))
+    out = io.StringIO()
+    assert cli.main(["verify", run, "--json"], out=out) == 1
+    report = json.loads(out.getvalue())
+    assert report["tokens_damaged"] == ["p-00000"] and report["failed"] == [], report
+    out = io.StringIO()
+    assert cli.main(["verify", run], out=out) == 1
+    said = out.getvalue()
+    assert "token store was damaged after prepare" in said and "rerun" not in said, said
+    code, output = follow(said, "reprepare")
+    assert code == 0, output
+    code, output = follow(said, "verify")
+    assert code == 0, output
+    assert stored_documents(run) == tokens
+
+
+def _change_first_byte(path: str) -> None:
+    with open(path, "r+b") as f:
+        first = f.read(1)[0]
+        f.seek(0)
+        f.write(bytes([first ^ 1]))

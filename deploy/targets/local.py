@@ -320,5 +320,19 @@ def _rerun_hint(handle, status, only, out) -> list[int]:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
               f"{', '.join(layout.partition_name(p) for p in missing[:20])}"
               + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
-              + f"; `{advice.rerun(handle.location)}` redoes them", file=out)
+              + f"; {_before_rerun(status)}`{advice.rerun(handle.location)}` redoes them",
+              file=out)
     return missing
+
+
+def _before_rerun(status) -> str:
+    """What must run before the rerun when a failed host's own message says so: the token
+    store written again, after a worker found it damaged (a rerun alone would read the
+    same damaged object and fail the same way)."""
+    for host in status.hosts:
+        if host.state == "failed":
+            for kind, command in advice.find(host.message):
+                if kind == "reprepare":
+                    return (f"`{command}` first (a worker found the token store damaged), "
+                            f"then ")
+    return ""

@@ -1,0 +1,123 @@
+"""The token arrays' chunk checksums (schemas.layout.CHUNK_CHECKSUM): a changed byte of a
+token chunk fails its read instead of reading as other tokens, and a token store an
+earlier actx wrote (chunks without a checksum) is read and prepared again as stored.
+The journeys that follow the advice after such damage (workers, verify) are in
+tests/test_advice_followed.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from actx.pipeline import main as prepare_main
+from actx.schemas import layout
+from actx.schemas import runspec
+from actx.schemas import ts_context
+from actx.schemas import uri
+from tests.test_bos_rule import stored_documents
+
+
+@pytest.fixture
+def texts(tmp_path) -> str:
+    path = tmp_path / "notes.jsonl"
+    with open(path, "w") as f:
+        for i in range(12):
+            f.write(json.dumps({"id": f"n{i}", "text": f"note {i} " + "word " * (i % 7)}) + "\n")
+    return str(path)
+
+
+def _spec(tokenizer: str, texts: str) -> runspec.RunSpec:
+    return runspec.RunSpec.from_dict({
+        "name": "sums", "model": {"path": ""}, "tokenizer": {"path": tokenizer},
+        "sources": [{"kind": "text", "paths": [texts]}],
+        "packing": {"mode": "segmented", "seq_len": 16},
+        "layout": {"rows_per_shard": 2, "partition_rows": 4, "codec": "none"}})
+
+
+def _inner_codecs(run: str, name: str) -> list[str]:
+    with open(os.path.join(run, "tokens", name, "zarr.json")) as f:
+        sharding = json.load(f)["codecs"][0]
+    return [c["name"] for c in sharding["configuration"]["codecs"]]
+
+
+def _read(run: str, name: str) -> np.ndarray:
+    return ts_context.open_array(layout.array_spec(
+        uri.parse(run), layout.token_array_key(name))).read().result()
+
+
+def _change_first_byte(path: str) -> None:
+    with open(path, "r+b") as f:
+        first = f.read(1)[0]
+        f.seek(0)
+        f.write(bytes([first ^ 1]))
+
+
+def _as_an_earlier_actx_wrote(run: str, spec: runspec.RunSpec) -> None:
+    """Each token array written again with the same values in the format before the chunk
+    checksum (layout.ArrayLayout.specs' second spec)."""
+    loc = uri.parse(run)
+    for name in layout.TOKEN_ARRAYS:
+        values = _read(run, name)
+        shutil.rmtree(os.path.join(run, "tokens", name))
+        array = layout.token_array(name, values.shape[0], spec.packing.seq_len, spec.layout)
+        ts_context.open_array(array.specs(loc, create=True)[1]).write(values).result()
+
+
+def test_a_changed_byte_fails_the_read_where_the_earlier_format_reads_other_tokens(
+        qwen_tokenizer_dir, texts, tmp_path):
+    spec = _spec(qwen_tokenizer_dir, texts)
+    run = str(tmp_path / "run")
+    prepare_main.run_prepare(spec, run)
+    for name in layout.TOKEN_ARRAYS:
+        assert _inner_codecs(run, name) == ["bytes", "crc32c"], name
+    ids = _read(run, "input_ids")
+
+    # The reference: the same byte changed in the earlier format reads as another token.
+    earlier = str(tmp_path / "earlier")
+    shutil.copytree(run, earlier)
+    _as_an_earlier_actx_wrote(earlier, spec)
+    assert _inner_codecs(earlier, "input_ids") == ["bytes"]
+    _change_first_byte(os.path.join(earlier, "tokens", "input_ids", "c", "0", "0"))
+    changed = _read(earlier, "input_ids")
+    assert (changed != ids).sum() == 1 and changed[0, 0] == ids[0, 0] ^ 1
+
+    _change_first_byte(os.path.join(run, "tokens", "input_ids", "c", "0", "0"))
+    with pytest.raises(ValueError, match="DATA_LOSS.*[Dd]igest mismatch"):
+        _read(run, "input_ids")
+    # The other partition's object is whole and reads as written.
+    rows = 4
+    assert (ts_context.open_array(layout.array_spec(uri.parse(run), layout.token_array_key(
+        "input_ids")))[rows:].read().result() == ids[rows:]).all()
+
+
+def test_a_token_store_an_earlier_actx_wrote_is_prepared_again_as_stored(
+        qwen_tokenizer_dir, texts, tmp_path):
+    """Prepare again over a run with committed partitions whose token arrays have no chunk
+    checksum (what `actx prepare --spec RUN/run.json` does after damage): the token store
+    stays, opened with its own codecs (not refused for a codecs mismatch), and the same
+    tokens are written into it."""
+    spec = _spec(qwen_tokenizer_dir, texts)
+    run = str(tmp_path / "run")
+    prepare_main.run_prepare(spec, run)
+    documents = stored_documents(run)
+    _as_an_earlier_actx_wrote(run, spec)
+    # Partition 0 committed: prepare keeps a committed run's token store (it lists
+    # commits/ only; the marker's contents are the workers').
+    marker = os.path.join(run, *layout.commit_key(0).split("/"))
+    os.makedirs(os.path.dirname(marker))
+    with open(marker, "w") as f:
+        f.write("{}")
+    os.remove(os.path.join(run, "tokens", "positions", "c", "1", "0"))  # damaged: gone
+
+    prepare_main.run_prepare(spec, run)
+    for name in layout.TOKEN_ARRAYS:
+        assert _inner_codecs(run, name) == ["bytes"], name
+    assert stored_documents(run) == documents
+    fresh = str(tmp_path / "fresh")
+    prepare_main.run_prepare(spec, fresh)
+    for name in layout.TOKEN_ARRAYS:
+        assert (_read(run, name) == _read(fresh, name)).all(), name
