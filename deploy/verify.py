@@ -20,11 +20,13 @@ import numpy as np
 
 from actx.schemas import activations_info as info_lib
 from actx.schemas import advice
+from actx.schemas import chunk_checksums
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
 from actx.schemas import quantised
 from actx.schemas import run_dir
+from actx.schemas import store_errors
 from actx.schemas import ts_context
 
 
@@ -273,7 +275,7 @@ def _token_arrays(handle: run_dir.OpenedRun, report: VerifyReport) -> dict:
 def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,
                   report: VerifyReport) -> np.ndarray | None:
     """Reads every token array's rows of a partition: a stored chunk that fails its
-    checksum (layout.CHUNK_CHECKSUM) or cannot be decoded is a problem of the token store,
+    checksum (schemas.chunk_checksums), is missing or cannot be decoded is a problem of the token store,
     which prepare writes again. Returns the partition's segment ids (None when unread)."""
     reads = {name: arr[part.row_start:part.row_stop].read() for name, arr in tokens.items()}
     got, damaged = {}, []
@@ -281,6 +283,10 @@ def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,
         try:
             got[name] = read.result()
         except ValueError as e:
+            if not chunk_checksums.is_damage(e):  # a store's refusal: said as it is
+                raise store_errors.from_tensorstore(
+                    e, str(handle.location.join(layout_lib.token_array_key(name))),
+                    retried=True) from None
             damaged.append(f"{name} ({str(e).splitlines()[0][:200]})")
     if damaged:
         report.tokens_damaged.append(part.id)

@@ -264,8 +264,10 @@ class RunSnapshot:
         try:
             # The process-wide context: memory:// runs exist only in it, and its cache
             # pool keeps shard indexes between gathers.
-            array = ts.open(spec, open=True, read=True,
-                            context=context or ts_context.get()).result()
+            array = ts_context.strict_if_checksummed(
+                ts.open(spec, open=True, read=True,
+                        context=context or ts_context.get()).result(),
+                spec, context)
         except ValueError as e:
             raise FileNotFoundError(f"{self.location.join(key)}: cannot open ({e})") from e
         if context is None:

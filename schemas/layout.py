@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import re
 
+from actx.schemas import chunk_checksums
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import uri as uri_lib
 
@@ -235,17 +236,6 @@ def shard_index_of(hook: str, key: str) -> int | None:
     return int(first) if first.isdigit() else None
 
 
-# Since 0.3.0 each stored inner chunk of a token array ends with the crc32c of its
-# (compressed) bytes, zarr v3's `crc32c` codec: a changed byte then fails the read
-# (tensorstore's DATA_LOSS, "Digest mismatch") where before it could decode into other
-# tokens that nothing noticed, as the token arrays have no other checksum. Token arrays
-# written before keep their codecs and read as they are; prepare opens them as stored
-# (`ArrayLayout.specs`). Activation blocks are checksummed in their commit markers
-# (`actx verify`), and their inner chunks stay as they were: the reader copies a local
-# uncompressed hook's chunks straight from the page cache (reader.storage.shard_files).
-CHUNK_CHECKSUM = {"name": "crc32c"}
-
-
 def _codecs(layout: runspec_lib.LayoutSpec, itemsize: int) -> list[dict]:
     codecs: list[dict] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if layout.codec == "zstd":
@@ -277,7 +267,7 @@ def _sharded_metadata(shape: list[int], dtype: str, shard_shape: list[int],
             "configuration": {
                 "chunk_shape": chunk_shape,
                 "codecs": (_codecs(layout, ITEMSIZE[dtype])
-                           + ([CHUNK_CHECKSUM] if chunk_checksum else [])),
+                           + ([chunk_checksums.CODEC] if chunk_checksum else [])),
                 "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
                                  {"name": "crc32c"}],
                 "index_location": "end",
@@ -300,10 +290,13 @@ class ArrayLayout:
     metadata: dict
 
     def spec(self, run: uri_lib.Location, create: bool = False) -> dict:
-        """A tensorstore spec that opens (or creates, when `create`) this array."""
+        """A tensorstore spec that opens (or creates, when `create`) this array; one whose
+        chunks carry checksums is written with every chunk stored (schemas.chunk_checksums)."""
         spec = array_spec(run, self.key)
         if create:
             spec.update({"metadata": self.metadata, "create": True, "open": True})
+            if chunk_checksums.in_metadata(self.metadata):
+                spec.update(chunk_checksums.WRITE_EVERY_CHUNK)
         return spec
 
     def specs(self, run: uri_lib.Location, create: bool = False) -> list[dict]:
@@ -313,8 +306,8 @@ class ArrayLayout:
         earlier = copy.deepcopy(self.metadata)
         for codec in earlier["codecs"]:
             inner = codec.get("configuration", {}).get("codecs")
-            if inner is not None and CHUNK_CHECKSUM in inner:
-                inner.remove(CHUNK_CHECKSUM)
+            if inner is not None and chunk_checksums.CODEC in inner:
+                inner.remove(chunk_checksums.CODEC)
         return [self.spec(run, create),
                 dataclasses.replace(self, metadata=earlier).spec(run, create)]
 

@@ -13,6 +13,7 @@ import threading
 
 import tensorstore as ts
 
+from actx.schemas import chunk_checksums
 from actx.schemas import store_errors
 
 _CONTEXT: ts.Context | None = None
@@ -74,11 +75,29 @@ def get() -> ts.Context:
         return _root()
 
 
-def open_array(spec: dict) -> ts.TensorStore:
+def open_array(spec: dict, context: ts.Context | None = None) -> ts.TensorStore:
     """Opens a tensorstore spec in the process-wide context (blocking); a store that
-    refuses (a bucket that takes no writes, a full disk) is one StoreError."""
+    refuses (a bucket that takes no writes, a full disk) is one StoreError. An array whose
+    chunks carry checksums (schemas.chunk_checksums) is opened so that a missing
+    chunk fails its read instead of reading as the fill value."""
     with store_errors.tensorstore_errors():
-        return ts.open(spec, context=get()).result()
+        return strict_if_checksummed(ts.open(spec, context=context or get()).result(), spec,
+                                     context)
+
+
+def strict_if_checksummed(array: ts.TensorStore, spec: dict,
+                          context: ts.Context | None = None) -> ts.TensorStore:
+    """`array` (opened by `spec`) again with chunk_checksums.READ_NO_MISSING_CHUNK where
+    its chunks carry checksums: it was written with every chunk stored, so a missing one
+    is lost."""
+    if spec.get("driver") != "zarr3" or spec.get("create"):
+        return array  # a writer's: it reads nothing
+    metadata = array.spec().to_json().get("metadata", {})
+    if not chunk_checksums.in_metadata(metadata):
+        return array
+    # The metadata just read, not read again (one request per array and process, as before).
+    return ts.open({**spec, "metadata": metadata, "assume_metadata": True,
+                    **chunk_checksums.READ_NO_MISSING_CHUNK}, context=context or get()).result()
 
 
 def open_array_as_stored(specs: list[dict], context: ts.Context | None = None
@@ -89,13 +108,11 @@ def open_array_as_stored(specs: list[dict], context: ts.Context | None = None
     created by the first; any other refusal is raised as `open_array` raises it."""
     for spec in specs[:-1]:
         try:
-            with store_errors.tensorstore_errors():
-                return ts.open(spec, context=context or get()).result()
+            return open_array(spec, context)
         except ValueError as e:
             if 'Mismatch in "codecs"' not in str(e):
                 raise
-    with store_errors.tensorstore_errors():
-        return ts.open(specs[-1], context=context or get()).result()
+    return open_array(specs[-1], context)
 
 
 def open_kvstore(spec: dict) -> ts.KvStore:

@@ -330,7 +330,7 @@ def test_a_moved_model_is_said_before_any_worker_and_its_advice_finishes_the_run
 def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
         tmp_path, monkeypatch, qwen_tokenizer_dir):
     """A token-store object is damaged after prepare: one byte changed, which its chunk's
-    checksum (layout.CHUNK_CHECKSUM) catches where uncompressed tokens would otherwise read
+    checksum (schemas.chunk_checksums) catches where uncompressed tokens would otherwise read
     as other tokens. In a partition not yet extracted, the workers say so in one line,
     naming the object and the commands that write the same tokens again and extract the
     rest; in a committed partition, `actx verify` says so and what to do. Followed as

@@ -1,6 +1,7 @@
-"""The token arrays' chunk checksums (schemas.layout.CHUNK_CHECKSUM): a changed byte of a
-token chunk fails its read instead of reading as other tokens, and a token store an
-earlier actx wrote (chunks without a checksum) is read and prepared again as stored.
+"""The token arrays' chunk checksums (schemas.chunk_checksums): a changed byte of a
+token chunk, or a lost object, fails its read instead of reading as other tokens or as
+padding, and a token store an earlier actx wrote (chunks without a checksum) is read and
+prepared again as stored.
 The journeys that follow the advice after such damage (workers, verify) are in
 tests/test_advice_followed.py."""
 
@@ -121,3 +122,73 @@ def test_a_token_store_an_earlier_actx_wrote_is_prepared_again_as_stored(
     prepare_main.run_prepare(spec, fresh)
     for name in layout.TOKEN_ARRAYS:
         assert (_read(run, name) == _read(fresh, name)).all(), name
+
+
+def test_a_lost_token_object_fails_the_read_where_the_earlier_format_reads_padding(
+        qwen_tokenizer_dir, texts, tmp_path):
+    """A token object deleted (or left out of a copy of the run): its rows would read as
+    the fill values, token id 0 and segment id 0 (padding), that is tokens the model then
+    runs on and documents that vanish. An array with chunk checksums stores every chunk,
+    so its reads fail on a missing one instead, in actx's reader too."""
+    import actx
+
+    spec = _spec(qwen_tokenizer_dir, texts)
+    run = str(tmp_path / "run")
+    prepare_main.run_prepare(spec, run)
+    earlier = str(tmp_path / "earlier")
+    shutil.copytree(run, earlier)
+    _as_an_earlier_actx_wrote(earlier, spec)
+    for where in (run, earlier):
+        for name in ("input_ids", "segment_ids"):
+            os.remove(os.path.join(where, "tokens", name, "c", "1", "0"))
+    rows = slice(4, 7)  # partition 1 (7 rows in all)
+    assert not _read(earlier, "input_ids")[rows].any()  # the reference: silently fill
+    assert not _read(earlier, "segment_ids")[rows].any()
+    for name in ("input_ids", "segment_ids"):
+        with pytest.raises(ValueError, match="NOT_FOUND.*is missing"):
+            _read(run, name)
+    with pytest.raises(ValueError, match="is missing"):
+        actx.open_run(run).token_array("segment_ids")[rows].read().result()
+
+
+def test_prepare_stores_a_chunk_of_fill_values(tmp_path):
+    """tensorstore by default stores no chunk equal to the fill value (then read as
+    missing, the strict read would fail on padding); a token array is written with every
+    chunk stored."""
+    from actx.pipeline import write_store
+    from actx.schemas import run_dir
+
+    spec = runspec.RunSpec.from_dict({
+        "name": "fill", "model": {"path": ""}, "tokenizer": {"path": ""},
+        "sources": [{"kind": "text", "paths": ["x.jsonl"]}],
+        "packing": {"mode": "segmented", "seq_len": 16},
+        "layout": {"rows_per_shard": 2, "partition_rows": 4}})
+    run = run_dir.RunDir.at(str(tmp_path / "run"))
+    array = write_store.open_token_array(run, "segment_ids", 8, spec)
+    array[0:4].write(np.zeros((4, 16), np.int32)).result()  # padding alone: the fill value
+    stored = ts_context.open_array(layout.array_spec(
+        run.location, layout.token_array_key("segment_ids")))
+    assert (stored[0:4].read().result() == 0).all()
+    with pytest.raises(ValueError, match="is missing"):
+        stored[4:8].read().result()  # never written: missing, not padding
+
+
+def test_the_workers_name_a_lost_token_object_with_the_commands_that_finish_the_run(
+        qwen_tokenizer_dir, texts, tmp_path):
+    """The workers' token reads (workers.loop.prefetch): a lost object is damage to the
+    token store, said in one line with the commands that write it again and go on; the
+    journey that follows them is tests/test_advice_followed.py's (a changed byte)."""
+    from actx.schemas import advice
+    from actx.workers.loop import prefetch
+
+    spec = _spec(qwen_tokenizer_dir, texts)
+    run = str(tmp_path / "run")
+    prepare_main.run_prepare(spec, run)
+    os.remove(os.path.join(run, "tokens", "positions", "c", "1", "0"))
+    tokens = prefetch.TokenStore(uri.parse(run))
+    assert tokens.read_rows([0, 1, 3])["input_ids"].shape == (3, 16)  # partition 0 is whole
+    with pytest.raises(prefetch.TokenStoreDamagedError) as raised:
+        tokens.read_rows([3, 4])
+    said = str(raised.value)
+    assert f"{run}/tokens/positions" in said and "is missing" in said, said
+    assert [kind for kind, _ in advice.find(said)] == ["reprepare", "rerun"], said

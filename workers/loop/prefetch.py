@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from actx.schemas import advice
+from actx.schemas import chunk_checksums
 from actx.schemas import errors
 from actx.schemas import layout as layout_lib
 from actx.schemas import store_errors
@@ -24,8 +25,6 @@ from actx.workers.loop import schedule
 STEP_INPUTS = ("input_ids", "positions", "segment_ids")
 
 
-# tensorstore's words for a stored object it cannot decode (truncated, overwritten).
-_UNDECODABLE = ("FAILED_PRECONDITION", "DATA_LOSS", "Error decoding", "Error reading shard")
 
 
 def _rows(lo: int, hi: int) -> str:
@@ -33,9 +32,11 @@ def _rows(lo: int, hi: int) -> str:
 
 
 class TokenStoreDamagedError(errors.UserError, RuntimeError):
-    """A token array's stored object that cannot be decoded: damaged after prepare (a
-    truncated or overwritten file). Extracting again reads it again, so the message says
-    to prepare the run again, which writes the same tokens (prepare is deterministic)."""
+    """A token array's stored chunk that cannot be read as prepare wrote it: damaged after
+    prepare (a truncated or overwritten file, a changed byte its checksum catches, an
+    object lost: schemas.chunk_checksums). Extracting again reads it again, so the message
+    says to prepare the run again, which writes the same tokens (prepare is
+    deterministic)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,7 @@ class TokenStore:
             error = store_errors.from_tensorstore(e, str(key), retried=True)
             if error is not e:
                 raise error from None
-            if not any(words in str(e) for words in _UNDECODABLE):
+            if not chunk_checksums.is_damage(e):
                 raise
             raise TokenStoreDamagedError(
                 f"{key}: {_rows(lo, hi)} cannot be read ({str(e).splitlines()[0][:400]}): "
