@@ -25,8 +25,6 @@ from actx.workers.loop import schedule
 STEP_INPUTS = ("input_ids", "positions", "segment_ids")
 
 
-
-
 def _rows(lo: int, hi: int) -> str:
     return f"row {lo}" if hi - lo == 1 else f"rows {lo}-{hi - 1}"
 
