@@ -231,7 +231,7 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                     block = arr[lo:hi].read().result()
                 except Exception as e:  # a corrupted object may fail to decode
                     problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) cannot be read: "
-                                    f"{str(e).splitlines()[0][:200]}")
+                                    f"{_first_line(e)}")
                     continue
                 crc = commit_lib.array_checksum(block)
                 if crc != sums[k]:
@@ -266,7 +266,7 @@ def _token_arrays(handle: run_dir.OpenedRun, report: VerifyReport) -> dict:
             report.token_problems += 1
             report.problems.append(
                 f"token array {handle.location.join(key)} cannot be opened "
-                f"({str(e).splitlines()[0][:200]}): the token store was damaged after "
+                f"({_first_line(e)}): the token store was damaged after "
                 f"prepare; `{advice.reprepare(handle.location)}` writes the same tokens again "
                 f"(what is committed stays)")
     return arrays
@@ -287,7 +287,7 @@ def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,
                 raise store_errors.from_tensorstore(
                     e, str(handle.location.join(layout_lib.token_array_key(name))),
                     retried=True) from None
-            damaged.append(f"{name} ({str(e).splitlines()[0][:200]})")
+            damaged.append(f"{name} ({_first_line(e)})")
     if damaged:
         report.tokens_damaged.append(part.id)
         report.token_problems += 1
@@ -303,6 +303,16 @@ def _damage(e: ValueError) -> str:
     """A damaged object's error without the generic advice: verify's own says what to do
     (`--repair` deletes the marker, `rerun` extracts the partition again)."""
     return str(e).removesuffix("; the object is damaged: rewrite it or delete it")
+
+
+def _first_line(e: Exception, limit: int = 200) -> str:
+    """The first line of a store's error, cut between words when longer than `limit` (a
+    tensorstore error repeats the whole spec after the cause)."""
+    line = (str(e).splitlines() or [""])[0]
+    if len(line) <= limit:
+        return line
+    cut = line.rfind(" ", 0, limit)
+    return line[:cut if cut > limit // 2 else limit].rstrip(" ,;:") + " ..."
 
 
 def _zeros_checksum(arr, rows: int) -> str:
