@@ -22,7 +22,7 @@ SKIP_UNLESS_ASKED = pytest.mark.skipif(
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = ("setup.py", "actx", "schemas", "pipeline", "workers", "deploy", "reader", "adapters")
 REFERENCE_ONLY = {"torch", "transformers"}  # the tests' reference: no lean extra brings them
-# pip compiles every installed module to bytecode, most of an install's CPU time (a venv of
+# pip compiles every installed module to bytecode, about half of an install's CPU (a venv of
 # actx-lm[demo] from the wheel directory: 29 -> 15 core-seconds without). It changes
 # nothing these tests check (which packages resolve and install, and that the smoke commands
 # run); the modules a command imports are compiled as it imports them.
