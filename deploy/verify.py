@@ -275,8 +275,9 @@ def _token_arrays(handle: run_dir.OpenedRun, report: VerifyReport) -> dict:
 def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,
                   report: VerifyReport) -> np.ndarray | None:
     """Reads every token array's rows of a partition: a stored chunk that fails its
-    checksum (schemas.chunk_checksums), is missing or cannot be decoded is a problem of the token store,
-    which prepare writes again. Returns the partition's segment ids (None when unread)."""
+    checksum (schemas.chunk_checksums), is missing or cannot be decoded is a problem of the
+    token store, which prepare writes again. Returns the partition's segment ids (None when
+    unread)."""
     reads = {name: arr[part.row_start:part.row_stop].read() for name, arr in tokens.items()}
     got, damaged = {}, []
     for name, read in reads.items():
