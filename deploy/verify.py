@@ -23,6 +23,7 @@ from actx.schemas import advice
 from actx.schemas import chunk_checksums
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
+from actx.schemas import errors
 from actx.schemas import layout as layout_lib
 from actx.schemas import quantised
 from actx.schemas import run_dir
@@ -231,7 +232,7 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                     block = arr[lo:hi].read().result()
                 except Exception as e:  # a corrupted object may fail to decode
                     problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) cannot be read: "
-                                    f"{_first_line(e)}")
+                                    f"{errors.first_line(e)}")
                     continue
                 crc = commit_lib.array_checksum(block)
                 if crc != sums[k]:
@@ -266,7 +267,7 @@ def _token_arrays(handle: run_dir.OpenedRun, report: VerifyReport) -> dict:
             report.token_problems += 1
             report.problems.append(
                 f"token array {handle.location.join(key)} cannot be opened "
-                f"({_first_line(e)}): the token store was damaged after "
+                f"({errors.first_line(e)}): the token store was damaged after "
                 f"prepare; `{advice.reprepare(handle.location)}` writes the same tokens again "
                 f"(what is committed stays)")
     return arrays
@@ -288,7 +289,7 @@ def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,
                 raise store_errors.from_tensorstore(
                     e, str(handle.location.join(layout_lib.token_array_key(name))),
                     retried=True) from None
-            damaged.append(f"{name} ({_first_line(e)})")
+            damaged.append(f"{name} ({errors.first_line(e)})")
     if damaged:
         report.tokens_damaged.append(part.id)
         report.token_problems += 1
@@ -304,16 +305,6 @@ def _damage(e: ValueError) -> str:
     """A damaged object's error without the generic advice: verify's own says what to do
     (`--repair` deletes the marker, `rerun` extracts the partition again)."""
     return str(e).removesuffix("; the object is damaged: rewrite it or delete it")
-
-
-def _first_line(e: Exception, limit: int = 200) -> str:
-    """The first line of a store's error, cut between words when longer than `limit` (a
-    tensorstore error repeats the whole spec after the cause)."""
-    line = (str(e).splitlines() or [""])[0]
-    if len(line) <= limit:
-        return line
-    cut = line.rfind(" ", 0, limit)
-    return line[:cut if cut > limit // 2 else limit].rstrip(" ,;:") + " ..."
 
 
 def _zeros_checksum(arr, rows: int) -> str:

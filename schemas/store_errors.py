@@ -172,7 +172,7 @@ def translate(where: str, bucket: str, e: BaseException) -> BaseException:
             f"{where}: no Google Cloud credentials found; run `gcloud auth application-default "
             f"login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file")
     if isinstance(cause, (auth.RefreshError, auth.TransportError)):
-        return StoreError(f"{where}: the credentials could not be refreshed ({_first_line(cause)}"
+        return StoreError(f"{where}: the credentials could not be refreshed ({errors.first_line(cause)}"
                           f"); run `gcloud auth application-default login` again")
     if isinstance(cause, api.Unauthorized):
         return StoreError(f"{where}: the credentials were rejected (401); run `gcloud auth "
@@ -320,7 +320,7 @@ def _network_reason(e: BaseException) -> str:
         return f"[Errno {found[-1][0]}] {found[-1][1]}"
     if "timed out" in str(e).lower() or isinstance(e, TimeoutError):
         return "timed out"
-    return _first_line(e)
+    return errors.first_line(e)
 
 
 def _message(e: BaseException) -> str:
@@ -328,17 +328,12 @@ def _message(e: BaseException) -> str:
     names the object already)."""
     import re
 
-    text = getattr(e, "message", None) or _first_line(e)
+    text = getattr(e, "message", None) or errors.first_line(e)
     # An upload's refusal carries GCS's JSON answer verbatim: its message says it.
     said = re.search(r'"message":\s*"((?:[^"\\]|\\.)*)"', text)
     if said:
         return said.group(1)
     return re.sub(r"^[A-Z]+ https?://\S+: ", "", text)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:200]
 
 
 # What the environment, not the input, refuses on a local disk, and what to do about it.

@@ -14,8 +14,8 @@ import shutil
 import numpy as np
 import pytest
 
-from actx.deploy import verify
 from actx.pipeline import main as prepare_main
+from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import runspec
 from actx.schemas import ts_context
@@ -93,10 +93,11 @@ def test_a_changed_byte_fails_the_read_where_the_earlier_format_reads_other_toke
     # `actx verify` says the error's first line, cut between words where it runs long
     # (tensorstore's repeats the array's whole spec).
     line = str(failed.value).splitlines()[0]
-    said = verify._first_line(failed.value)
+    said = errors.first_line(failed.value)
     assert len(line) > 200 and said.endswith(" ...") and len(said) <= 204
     assert line.startswith(said.removesuffix(" ...")) and "igest mismatch" in said
     assert line[len(said) - 4] in " ,;:", said  # the cut falls between words
+    assert errors.first_line(TimeoutError()) == "TimeoutError"  # no words: its type
     # The other partition's object is whole and reads as written.
     rows = 4
     assert (ts_context.open_array(layout.array_spec(uri.parse(run), layout.token_array_key(

@@ -28,6 +28,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
+from actx.schemas import errors
 from actx.workers.attention import (xla as attention_xla, key_ranges, ranged_flash_gpu,
                                     ranged_flash_tpu)
 
@@ -160,7 +161,7 @@ def _compiles(kernel, dtype_name, seq_len, head_dim, softcap) -> str | None:
         jax.jit(functools.partial(kernel, scale=head_dim ** -0.5, softcap=softcap)).lower(
             q, q, q, r, r).compile()
     except Exception as err:  # noqa: BLE001 - any compile failure means "not here"
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return f"{type(err).__name__}: {errors.first_line(err, 400)}"
     return None
 
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from actx.schemas import errors
 from actx.workers.attention import dispatch as attn_lib
 from actx.workers.attention import xla as attention_xla, decode_flash
 from actx.workers.model import checkpoint, families, moe
@@ -136,7 +137,7 @@ def _kernel_compiles(dtype_name, heads, kv_heads, head_dim, capacity, softcap) -
                                       scale=head_dim ** -0.5, softcap=softcap)).lower(
                 q, kv, kv, pos).compile()
         except Exception as err:  # noqa: BLE001 - any compile failure means "not here"
-            return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            return f"{type(err).__name__}: {errors.first_line(err, 400)}"
     return None
 
 

@@ -27,6 +27,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
+from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import quantised
 
@@ -191,7 +192,7 @@ def _load_group(opts, names: list[str], sigint, load, waiting: dict
                 if not group or not _out_of_memory(e):
                     raise
                 log.info("extraction %r does not fit beside %s (%s); it runs after them",
-                         name, _shown(group), str(e).splitlines()[0][:200])
+                         name, _shown(group), errors.first_line(e))
                 break
             if isinstance(loaded, int):  # refused, or stopped while loading
                 if sigint.received.is_set():

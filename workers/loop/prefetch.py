@@ -87,7 +87,7 @@ class TokenStore:
             if not chunk_checksums.is_damage(e):
                 raise
             raise TokenStoreDamagedError(
-                f"{key}: {_rows(lo, hi)} cannot be read ({str(e).splitlines()[0][:400]}): "
+                f"{key}: {_rows(lo, hi)} cannot be read ({errors.first_line(e, 400)}): "
                 f"the token store was damaged after prepare. `{advice.reprepare(self._run)}` "
                 f"writes the same tokens again (from the inputs its run.json names; what is "
                 f"committed stays), then `{advice.rerun(self._run)}` extracts the rest"
