@@ -19,6 +19,7 @@ from actx.pipeline import write_store
 from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
+from actx.schemas import extraction_store
 from actx.schemas import layout
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
@@ -50,6 +51,8 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
             f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
             f"this spec is {spec.fingerprint}"
             + ("); choose a new run directory" + hint if hint else _spec_changes(existing, spec)))
+    if existing is not None:
+        _check_same_tokens(store, existing, spec)
     # Until the new manifest lands the run counts as not prepared.
     store.delete(layout.MANIFEST_KEY)
     store.delete(write_store.SUMMARY_KEY)
@@ -80,6 +83,32 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
                   store.location, ", ".join(prefixes))
     # No time in it: the run directory stays byte-identical across prepares.
     store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
+
+
+def _check_same_tokens(store, existing: dict, spec: runspec_lib.RunSpec) -> None:
+    """Committed activations belong to the tokens they were computed on: preparing the run
+    again (a damaged token store's advice, `actx prepare --spec RUN/run.json`) with a
+    tokenizer that makes other ids (its files changed since) would put other tokens under
+    them. Refused before anything is touched; without a commit the whole store is written
+    again, and run.json records the tokenizer it was."""
+    recorded = runspec_lib.RunSpec.from_dict(existing).tokenizer_identity
+    if recorded is None or spec.tokenizer_identity is None:
+        return  # spec_version 2 recorded no tokenizer
+    changed = tokenizer_identity.changes_since(recorded, spec.tokenizer_identity)
+    if not changed:
+        return
+    committed = [name or "default" for name in extraction_store.names(store)
+                 if commit_lib.committed_partitions(extraction_store.view(store, name))]
+    if committed:
+        raise PrepareError(
+            f"{store.location}: the tokenizer at {spec.tokenizer.path} is not the one this "
+            f"run's tokens were made with (fingerprint {recorded.fingerprint} then, "
+            f"{spec.tokenizer_identity.fingerprint} now; {'; '.join(changed)} differ), and "
+            f"partitions are committed with the activations of those tokens"
+            f"{'' if committed == ['default'] else ' (extractions ' + ', '.join(committed) + ')'}"
+            f": other tokens would lie under them. Restore the "
+            f"tokenizer's files as they were when the run was prepared, or prepare into a new "
+            f"run directory")
 
 
 def _spec_changes(existing: dict, spec: runspec_lib.RunSpec, shown: int = 4) -> str:

@@ -29,6 +29,8 @@ SPECIAL_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # fewer ids than this fraction of the rows belongs to another model.
 MIN_VOCAB_FRACTION = 0.5
 OVERRIDE = "spec.tokenizer.allow_model_mismatch: true"
+# Stands for the text's own ids in what a post-processor puts around it (`around`).
+TEXT = "$A"
 
 
 def _digest(obj) -> str:
@@ -40,12 +42,15 @@ def _digest(obj) -> str:
 class TokenizerIdentity:
     """What run.json records about the tokenizer a run was prepared with (spec_version 3).
 
-    fingerprint: hash of the four parts below; two tokenizers with equal fingerprints turn
-      every text into the same ids.
+    fingerprint: hash of the four parts below (as runs before `processing` recorded it).
     vocab_size: distinct ids, added tokens included.
     vocabulary / special_tokens / normalizer / merges: hashes of each part (token -> id;
       the added tokens marked special, with their ids; normalizer and pre-tokenizer; the
       tokenization model's type and merges), so a mismatch can say which part differs.
+    processing: hash of what else turns a text into ids (since 0.3.0; "" in runs before):
+      the ids the post-processor puts around a text, and each added token's matching
+      settings (lstrip, rstrip, single_word, normalized, special). Two tokenizers with
+      equal fingerprints and equal processing turn every text into the same ids.
 
     How the run's documents became ids besides their text (pipeline.tokenize.Rules;
     recorded by prepare since `spec.tokenizer.prepend_bos` exists, absent before; none of
@@ -70,6 +75,9 @@ class TokenizerIdentity:
     special_tokens: str
     normalizer: str
     merges: str
+    # Not in the fingerprint, whose value runs before it recorded; compared where recorded
+    # (`recorded_problems`).
+    processing: str = dataclasses.field(default="", compare=False)
     # Records of the run, not parts of the tokenizer: two identities compare by the above.
     bos_rule: str = dataclasses.field(default="", compare=False)
     prepended: tuple[int, ...] | None = dataclasses.field(default=None, compare=False)
@@ -83,8 +91,16 @@ class TokenizerIdentity:
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def differing_parts(self, other: "TokenizerIdentity") -> list[str]:
-        return [part for part in ("vocabulary", "special_tokens", "normalizer", "merges")
-                if getattr(self, part) != getattr(other, part)]
+        """The parts in which two tokenizers differ; processing only where both record it."""
+        parts = [part for part in ("vocabulary", "special_tokens", "normalizer", "merges")
+                 if getattr(self, part) != getattr(other, part)]
+        if self.processing and other.processing and self.processing != other.processing:
+            parts.append("processing")
+        return parts
+
+    def same_ids(self, other: "TokenizerIdentity") -> bool:
+        """Whether the two make the same ids of every text, as far as both record."""
+        return self == other and "processing" not in self.differing_parts(other)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +114,10 @@ class TokenizerFiles:
     normalizer: object
     pre_tokenizer: object
     model_kind: object
+    # What the post-processor puts around a text (`around`), and content -> the matching
+    # settings of each added token (`added_settings`).
+    around: tuple = (TEXT,)
+    added: dict = dataclasses.field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:
@@ -112,8 +132,10 @@ class TokenizerFiles:
                      "special_tokens": _digest(sorted(self.special.items())),
                      "normalizer": _digest([self.normalizer, self.pre_tokenizer]),
                      "merges": _digest(self.model_kind)}
-            cached = TokenizerIdentity(fingerprint=_digest(parts),
-                                       vocab_size=self.vocab_size, **parts)
+            cached = TokenizerIdentity(
+                fingerprint=_digest(parts), vocab_size=self.vocab_size, **parts,
+                processing=_digest({"around": self.around,
+                                    "added": sorted(self.added.items())}))
             object.__setattr__(self, "_identity", cached)
         return cached
 
@@ -131,14 +153,64 @@ def parse(data: dict, location: str) -> TokenizerFiles:
     # Unigram stores [piece, score] pairs whose index is the id; the others a dict.
     vocab = ({piece[0]: i for i, piece in enumerate(raw)} if isinstance(raw, list)
              else dict(raw))
-    special = {}
+    special, settings = {}, {}
     for added in data.get("added_tokens") or ():
         vocab[added["content"]] = added["id"]
         if added.get("special"):
             special[added["content"]] = added["id"]
+        settings[added["content"]] = added_settings(added, data.get("normalizer") is not None)
     kind = {k: v for k, v in model.items() if k != "vocab"}
     return TokenizerFiles(location, vocab, special, data.get("normalizer"),
-                          data.get("pre_tokenizer"), kind)
+                          data.get("pre_tokenizer"), kind,
+                          around(data.get("post_processor")), settings)
+
+
+def around(processor) -> tuple:
+    """What a tokenizer.json post-processor does to one text's ids, as data: the ids it
+    puts before and after TEXT, e.g. (128000, "$A") for Llama 3's BOS. Post-processors
+    that add the same ids are equal here whatever their offset settings (ByteLevel's and
+    RoBERTa's trim_offsets change no id); one of a kind not known here is itself."""
+    if not processor:
+        return (TEXT,)
+    try:
+        kind = processor.get("type")
+        if kind == "ByteLevel":
+            return (TEXT,)
+        if kind in ("BertProcessing", "RobertaProcessing"):
+            return (processor["cls"][1], TEXT, processor["sep"][1])
+        if kind == "TemplateProcessing":
+            found = []
+            for piece in processor["single"]:
+                if "Sequence" in piece:
+                    found.append(TEXT)
+                else:
+                    found += processor["special_tokens"][piece["SpecialToken"]["id"]]["ids"]
+            return tuple(found)
+        if kind == "Sequence":  # each processor's output is the next one's text
+            found = (TEXT,)
+            for inner in processor["processors"]:
+                found = tuple(x for item in around(inner)
+                              for x in (found if item == TEXT else (item,)))
+            return found
+    except (KeyError, IndexError, TypeError, AttributeError):
+        pass  # not as `tokenizers` writes it: compared as written
+    return (json.dumps(processor, sort_keys=True),)
+
+
+def added_settings(added: dict, normalizes: bool) -> tuple:
+    """How an added token is matched in a text ((special, lstrip, rstrip, single_word,
+    normalized), with `tokenizers`' defaults for settings a file leaves out): a token that
+    strips the blanks beside it, or matches only a whole word, splits texts into other ids.
+    `normalized` (matched in the normalised text) counts only where a normalizer is
+    (normalizes): without one, both ways match the same text, and files that two releases
+    of transformers saved differ in it."""
+    special = bool(added.get("special", False))
+    return (special, bool(added.get("lstrip", False)), bool(added.get("rstrip", False)),
+            bool(added.get("single_word", False)),
+            normalizes and bool(added.get("normalized", not special)))
+
+
+_SETTINGS = ("special", "lstrip", "rstrip", "single_word", "normalized")
 
 
 # Local tokenizer.json files parsed in this process, by path and stat: prepare, the
@@ -201,7 +273,32 @@ def differences(mine: TokenizerFiles, model: TokenizerFiles) -> list[str]:
     if mine.model_kind != model.model_kind:
         found.append(f"model: {mine.model_kind.get('type')} vs {model.model_kind.get('type')}"
                      f" (merges or settings differ)")
+    if mine.around != model.around:
+        found.append(f"post-processor: puts {_around_shown(mine)}; the model's puts "
+                     f"{_around_shown(model)}")
+    moved = sorted(content for content, settings in mine.added.items()
+                   if content in model.added and model.added[content] != settings)
+    if moved:
+        found.append("added tokens' settings: " + _shown([
+            f"{content!r} " + ", ".join(
+                f"{name} {str(a).lower()} vs {str(b).lower()}"
+                for name, a, b in zip(_SETTINGS, mine.added[content], model.added[content])
+                if a != b)
+            for content in moved]))
     return found
+
+
+def _around_shown(files: TokenizerFiles) -> str:
+    """"[128000 '<|begin_of_text|>'] before a text and [] after it"."""
+    def named(ids) -> str:
+        return "[" + ", ".join(f"{i} {files.token(i)!r}" if isinstance(i, int) else str(i)
+                               for i in ids) + "]"
+
+    if files.around.count(TEXT) != 1:
+        return str(list(files.around))
+    cut = files.around.index(TEXT)
+    return (f"{named(files.around[:cut])} before a text and {named(files.around[cut + 1:])} "
+            f"after it")
 
 
 def _kind(part) -> str:
@@ -302,6 +399,28 @@ def match_problems(mine: TokenizerFiles, tokenizer_path: str, model_path: str,
     return found
 
 
+_PART_NAMES = {"processing": "post-processor or added tokens' settings"}
+# The run's rules as prepare records them (pipeline.tokenize.record_rules).
+_RULES = ("bos_rule", "prepended", "appended", "prepended_templated", "appended_templated",
+          "chat_template_sha256")
+
+
+def changes_since(recorded: TokenizerIdentity, now: TokenizerIdentity) -> list[str]:
+    """How the tokenizer and rules a prepare would use now (`now`) differ from those a
+    run's tokens were made with (`recorded`), as far as `recorded` says (a rule absent from
+    an earlier run's record is not compared): empty when they make the same ids."""
+    def plain(value):
+        return list(value) if isinstance(value, (list, tuple)) else value
+
+    found = [_PART_NAMES.get(p, p.replace("_", " ")) for p in recorded.differing_parts(now)]
+    for rule in _RULES:
+        before, after = plain(getattr(recorded, rule)), plain(getattr(now, rule))
+        if before not in (None, "") and before != after:
+            found.append(f"{rule} {before} then, {after} now")
+    return found
+
+
+
 def recorded_problems(recorded: TokenizerIdentity, tokenizer_path: str,
                       model_path: str) -> list[str]:
     """A worker's check of the run's recorded tokenizer against the checkpoint it loads:
@@ -311,9 +430,10 @@ def recorded_problems(recorded: TokenizerIdentity, tokenizer_path: str,
     if model_tok is None:
         return []
     theirs = model_tok.identity()
-    if theirs.fingerprint == recorded.fingerprint:
+    if recorded.same_ids(theirs):
         return []
-    parts = ", ".join(p.replace("_", " ") for p in recorded.differing_parts(theirs))
+    parts = ", ".join(_PART_NAMES.get(p, p.replace("_", " "))
+                      for p in recorded.differing_parts(theirs))
     return [f"the run's tokens were made with the tokenizer at {tokenizer_path} (fingerprint "
             f"{recorded.fingerprint}, {recorded.vocab_size:,} ids), but the model "
             f"{model_path} has its own {TOKENIZER_FILE} (fingerprint {theirs.fingerprint}, "

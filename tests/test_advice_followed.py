@@ -328,7 +328,7 @@ def test_a_moved_model_is_said_before_any_worker_and_its_advice_finishes_the_run
 
 
 def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
-        tmp_path, monkeypatch, qwen_tokenizer_dir):
+        tmp_path, monkeypatch, qwen_tokenizer_dir, capsys):
     """A token-store object is damaged after prepare: one byte changed, which its chunk's
     checksum (schemas.chunk_checksums) catches where uncompressed tokens would otherwise read
     as other tokens. In a partition not yet extracted, the workers say so in one line,
@@ -391,6 +391,19 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
     assert cli.main(["verify", run], out=out) == 1
     said = out.getvalue()
     assert "token store was damaged after prepare" in said and "rerun" not in said, said
+    # The tokenizer's files changed since the prepare (a normalizer that folds "ﬁ" and "Ⅻ"
+    # into other ids): preparing again would put other tokens under the committed
+    # activations, so the advice is refused, naming why, and nothing is touched.
+    tok = model / "tokenizer.json"
+    before = tok.read_bytes()
+    tok.write_text(json.dumps({**json.loads(before), "normalizer": {"type": "NFKC"}}))
+    capsys.readouterr()
+    code, _ = follow(said, "reprepare")
+    output = "".join(capsys.readouterr())  # the CLI's error line, wherever it went
+    assert code == 2 and "is not the one this run's tokens were made with" in output, output
+    assert "normalizer differ" in output and "Traceback" not in output, output
+    assert runstate.compute_status(run_dir.open_run(run)).complete
+    tok.write_bytes(before)  # restored, the advice finishes the run
     code, output = follow(said, "reprepare")
     assert code == 0, output
     code, output = follow(said, "verify")

@@ -10,6 +10,7 @@ report that opened issue 28) and the Qwen2.5 tokenizer with one part edited.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -265,3 +266,144 @@ def test_a_run_of_spec_version_2_stays_readable(tmp_path, qwen_tokenizer_dir):
     (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": 13}))
     with pytest.raises(admission.RunMismatch, match="eos_token_id=13 is not a special token"):
         admission.check_vocabulary(opened.spec, opened.manifest, _model_config(model))
+
+
+def _tokenizer_variant(base: str, out, edit) -> str:
+    """A copy of the tokenizer directory `base` whose tokenizer.json `edit` changed."""
+    shutil.copytree(base, out)
+    data = json.load(open(os.path.join(out, "tokenizer.json")))
+    edit(data)
+    json.dump(data, open(os.path.join(out, "tokenizer.json"), "w"))
+    return str(out)
+
+
+def _ids(path: str, text: str) -> list[int]:
+    """The reference: the ids HF transformers' `tokenizer(text)` gives."""
+    from tests import tokenizer_families
+
+    return tokenizer_families.hf_tokenizer(path)(text)["input_ids"]
+
+
+def _eot(data: dict) -> dict:
+    return next(t for t in data["added_tokens"] if t["content"] == "<|eot_id|>")
+
+
+def _processors(data: dict) -> list:
+    return data["post_processor"]["processors"]
+
+
+# Edits of Llama 3's tokenizer.json that keep vocabulary, special tokens, normalizer and
+# model (its fingerprint) but change the ids of a text: (edit, what the refusal names).
+SAME_FINGERPRINT_OTHER_IDS = {
+    "no BOS": (lambda d: d.update(post_processor=_processors(d)[0]),
+               "post-processor: puts [] before a text and [] after it; the model's puts "
+               "[400 '<|begin_of_text|>'] before a text and [] after it"),
+    "EOS appended": (
+        lambda d: _processors(d)[1]["single"].append({"SpecialToken": {
+            "id": "<|eot_id|>", "type_id": 0}}) or _processors(d)[1]["special_tokens"].update(
+            {"<|eot_id|>": {"id": "<|eot_id|>", "ids": [404], "tokens": ["<|eot_id|>"]}}),
+        "[400 '<|begin_of_text|>'] before a text and [404 '<|eot_id|>'] after it"),
+    "a token strips the blanks beside it": (
+        lambda d: _eot(d).update(lstrip=True, rstrip=True),
+        "added tokens' settings: '<|eot_id|>' lstrip true vs false, rstrip true vs false"),
+}
+# Edits that change no id: offsets only, or `normalized` without a normalizer.
+SAME_IDS = {
+    "offsets": lambda d: _processors(d)[0].update(trim_offsets=not _processors(d)[0].get(
+        "trim_offsets", True)),
+    "normalized, no normalizer": lambda d: _eot(d).update(normalized=not _eot(d)["normalized"]),
+}
+TEXT = "A <|eot_id|> B"
+
+
+@pytest.fixture(scope="module")
+def llama3_tokenizer(tmp_path_factory) -> str:
+    from tests import tokenizer_families
+
+    return tokenizer_families.save_family(tmp_path_factory.mktemp("llama3") / "tok", "llama3")
+
+
+@pytest.mark.parametrize("name", list(SAME_FINGERPRINT_OTHER_IDS))
+def test_a_tokenizer_that_makes_other_ids_is_refused_though_its_parts_are_the_models(
+        tmp_path, llama3_tokenizer, name):
+    """Vocabulary, special tokens, normalizer and merges (the fingerprint) are the model's,
+    but the post-processor or an added token's settings are not: HF gives other ids for a
+    text, so the pre-flight refuses it naming the difference, and a worker refuses a run
+    recorded with it against the checkpoint's own tokenizer (and the other way round)."""
+    edit, named = SAME_FINGERPRINT_OTHER_IDS[name]
+    other = _tokenizer_variant(llama3_tokenizer, tmp_path / "other", edit)
+    assert _ids(other, TEXT) != _ids(llama3_tokenizer, TEXT)  # it matters
+    mine, model = tid.read_tokenizer(other), tid.read_tokenizer(llama3_tokenizer)
+    assert mine.identity().fingerprint == model.identity().fingerprint
+    [problem] = tid.match_problems(mine, other, llama3_tokenizer, None)
+    assert f"{other} is not the tokenizer of the model {llama3_tokenizer}" in problem
+    assert named in problem, problem
+    assert tid.match_problems(mine, other, llama3_tokenizer, None, allowed=True) == []
+    for recorded, checkpoint in ((mine, llama3_tokenizer), (model, other)):
+        [problem] = tid.recorded_problems(recorded.identity(), "the run's", checkpoint)
+        assert "post-processor or added tokens' settings differ" in problem, problem
+    # A run recorded before the identity held its processing (0.3.0's first runs) is
+    # checked by the fingerprint alone, as before.
+    older = dataclasses.replace(mine.identity(), processing="")
+    assert tid.recorded_problems(older, "the run's", llama3_tokenizer) == []
+
+
+@pytest.mark.parametrize("name", list(SAME_IDS))
+def test_a_tokenizer_that_differs_in_no_id_is_the_models(tmp_path, llama3_tokenizer, name):
+    other = _tokenizer_variant(llama3_tokenizer, tmp_path / "other", SAME_IDS[name])
+    assert _ids(other, TEXT) == _ids(llama3_tokenizer, TEXT)
+    assert tid.match_problems(tid.read_tokenizer(other), other, llama3_tokenizer, None) == []
+    assert tid.recorded_problems(tid.read_tokenizer(other).identity(), "the run's",
+                                 llama3_tokenizer) == []
+
+
+def test_what_the_identity_says_a_post_processor_puts_is_what_it_puts(tmp_path,
+                                                                        qwen_tokenizer_dir):
+    """`around` reads tokenizer.json as data; the reference is the `tokenizers` library
+    itself, on each family's tokenizer, Qwen2.5's, and the processors BERT and RoBERTa
+    checkpoints carry."""
+    from tokenizers import Tokenizer, processors
+
+    from actx.pipeline import tokenize
+    from tests import tokenizer_families
+
+    dirs = [tokenizer_families.save_family(tmp_path / f, f)
+            for f in tokenizer_families.FAMILIES] + [qwen_tokenizer_dir]
+    for name, processor in (("bert", processors.BertProcessing(("<|eot_id|>", 404),
+                                                               ("<|begin_of_text|>", 400))),
+                            ("roberta", processors.RobertaProcessing(
+                                ("<|eot_id|>", 404), ("<|begin_of_text|>", 400))),
+                            ("eos", processors.Sequence([processors.ByteLevel(),
+                                                         processors.TemplateProcessing(
+                                single="$A <|eot_id|>", special_tokens=[("<|eot_id|>", 404)])]))):
+        tok = Tokenizer.from_file(os.path.join(dirs[0], "tokenizer.json"))
+        tok.post_processor = processor
+        os.makedirs(tmp_path / name)
+        tok.save(str(tmp_path / name / "tokenizer.json"))
+        dirs.append(str(tmp_path / name))
+    seen = set()
+    for path in dirs:
+        tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        before, after = tokenize._post_processor_ids(tok, path)
+        assert tid.read_tokenizer(path).around == (*before, tid.TEXT, *after), path
+        seen.add((before, after))
+    assert len(seen) >= 4  # none, BOS, BERT's both, EOS: the cases differ
+
+
+def test_a_run_without_commits_is_prepared_again_with_its_changed_tokenizer(
+        tmp_path, qwen_tokenizer_dir):
+    """Nothing committed: preparing again with a tokenizer whose files changed writes the
+    whole token store again and records the tokenizer it was (with commits the same is
+    refused: test_advice_followed's damaged token store)."""
+    tok = _edited_qwen(qwen_tokenizer_dir, tmp_path / "tok", lambda d: None)
+    model = _model(tmp_path / "m")
+    run = str(tmp_path / "run")
+    assert _prepare(tmp_path, _spec(tmp_path, model, tok), run)[0] == 0
+    before = run_dir.open_run(run).spec.tokenizer_identity
+    _edited_qwen(qwen_tokenizer_dir, tmp_path / "tok", lambda d: d.update(
+        normalizer={"type": "NFKC"}))
+    code, out = _prepare(tmp_path, _spec(tmp_path, model, tok), run)
+    assert code == 0, out
+    after = run_dir.open_run(run).spec.tokenizer_identity
+    assert after.normalizer != before.normalizer
+    assert after == tid.read_tokenizer(tok).identity()
