@@ -126,6 +126,21 @@ def _load_tokenizer(path: str) -> LoadedTokenizer:
     tok.no_padding()
     tok.no_truncation()
     config = store.read_json(CONFIG_FILE) or {}
+    missing = _config_only_tokens(tok, config)
+    if missing:
+        raise TokenizerError(
+            f"{store.location.join(CONFIG_FILE)} names tokens that {TOKENIZER_FILE} does not "
+            f"hold ({', '.join(map(repr, missing[:6]))}{' ...' if len(missing) > 6 else ''}): "
+            f"transformers adds them when it loads the directory, so its ids of a text with "
+            f"them differ from {TOKENIZER_FILE}'s. Save the tokenizer as transformers loads "
+            f"it, then run again: " + (
+                f"python -c \"from transformers import AutoTokenizer; AutoTokenizer."
+                f"from_pretrained('{path}').save_pretrained('{path}')\"" if store.location.is_local
+                else "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) on a local copy "
+                     "of the directory, and copy its files back"))
+    # transformers' `split_special_tokens: true` spells special tokens in a text out as
+    # text (`tokenizer(text)` and chat templates alike); BOS/EOS are still added as ids.
+    tok.encode_special_tokens = config.get("split_special_tokens") is True
     special = sorted(t.id for t in _added_tokens(tok) if t.special)
     templates = chat_templates.read_templates(store, config)
     prefix, suffix = _post_processor_ids(tok, path)
@@ -148,6 +163,26 @@ class _Added:
 
 def _added_tokens(tok) -> list[_Added]:
     return [_Added(i, t.special) for i, t in tok.get_added_tokens_decoder().items()]
+
+
+# The special tokens a tokenizer_config.json names (transformers' SPECIAL_TOKENS_ATTRIBUTES).
+_NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                  "mask_token")
+
+
+def _config_only_tokens(tok, config: dict) -> list[str]:
+    """The tokens tokenizer_config.json names (its added_tokens_decoder, the named special
+    tokens, extra_special_tokens) that tokenizer.json does not hold as added tokens:
+    transformers 5 adds each when it loads the directory (matched whole in a text, with
+    an id of its own past the vocabulary, or its vocabulary id), `tokenizers` alone does
+    not. Its additional_special_tokens it does not add."""
+    have = {t.content for t in tok.get_added_tokens_decoder().values()}
+    named = [entry for entry in (config.get("added_tokens_decoder") or {}).values()]
+    named += [config.get(key) for key in _NAMED_SPECIAL]
+    extra = config.get("extra_special_tokens")
+    named += list(extra.values()) if isinstance(extra, dict) else list(extra or ())
+    contents = {value.get("content") if isinstance(value, dict) else value for value in named}
+    return sorted(c for c in contents if isinstance(c, str) and c and c not in have)
 
 
 def _post_processor_ids(tok, path: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

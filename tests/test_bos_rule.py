@@ -216,3 +216,83 @@ def test_a_tokenizer_transformers_5_rebuilds_is_encoded_as_its_tokenizer_json(
     # classes, that page and this test change).
     rebuilt = AutoTokenizer.from_pretrained(str(path))
     assert any(rebuilt(t)["input_ids"] != from_file(t)["input_ids"] for t in TEXTS)
+
+
+SPECIAL_TEXTS = {"qwen2": "a <|im_start|>user grids<|im_end|> and <|endoftext|> rows",
+                 "llama3": "a <|start_header_id|>user<|end_header_id|> grids<|eot_id|> rows"}
+
+
+def _with_config(tokenizer: str, out, **settings) -> str:
+    """A copy of a tokenizer directory whose tokenizer_config.json has `settings` too."""
+    shutil.copytree(tokenizer, out)
+    config = json.load(open(os.path.join(out, "tokenizer_config.json")))
+    config.update(settings)
+    json.dump(config, open(os.path.join(out, "tokenizer_config.json"), "w"))
+    return str(out)
+
+
+def _one_text(tmp_path, text: str) -> str:
+    path = tmp_path / "special.jsonl"
+    path.write_text(json.dumps({"id": "s", "text": text}) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("family", list(SPECIAL_TEXTS))
+def test_split_special_tokens_spells_them_out_as_transformers_does(family, tokenizers,
+                                                                   tmp_path):
+    """tokenizer_config.json's `split_special_tokens: true`: transformers tokenizes a
+    special token's text in a document as text; so does prepare (BOS still by the rule)."""
+    text = SPECIAL_TEXTS[family]
+    split = _with_config(tokenizers[family], tmp_path / "tok", split_special_tokens=True)
+    hf = families.hf_tokenizer(split)
+    assert hf(text)["input_ids"] != families.hf_tokenizer(tokenizers[family])(text)["input_ids"]
+    docs, _ = _prepare(_spec(split, _one_text(tmp_path, text)), tmp_path / "run")
+    assert docs["s"] == hf(text)["input_ids"]
+
+
+# tokenizer_config.json settings naming tokens its tokenizer.json lacks: whether
+# transformers adds them (and its ids of a text with them differ from tokenizer.json's).
+NAMED_ONLY_IN_CONFIG = {
+    "extra_special_tokens": ({"extra_special_tokens": ["<tool>", "grids"]}, True),
+    "added_tokens_decoder": ({"added_tokens_decoder": {"3": {
+        "content": "<tool>", "special": True, "normalized": False, "lstrip": False,
+        "rstrip": False, "single_word": False}}}, True),
+    "pad_token": ({"pad_token": "<tool>"}, True),
+    "additional_special_tokens": ({"additional_special_tokens": ["<tool>", "grids"]}, False),
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED_ONLY_IN_CONFIG))
+def test_tokens_only_tokenizer_config_names_are_refused_with_a_command_that_mends_it(
+        name, tokenizers, tmp_path):
+    """Where transformers adds tokens that only tokenizer_config.json names, prepare says
+    so before any work, with a command that saves the tokenizer as transformers loads it;
+    run as printed, prepare's ids equal transformers'. Where it adds none, nothing is
+    refused. The reference: AutoTokenizer on the directory."""
+    import shlex
+    import subprocess
+    import sys
+
+    settings, added = NAMED_ONLY_IN_CONFIG[name]
+    text = "a <tool> grids and rows"
+    tok = _with_config(tokenizers["qwen2"], tmp_path / "tok", **settings)
+    texts = _one_text(tmp_path, text)
+    own = tokenize._load_tokenizer(tokenizers["qwen2"]).tokenizer.encode(text).ids
+    assert (families.hf_tokenizer(tok)(text)["input_ids"] != own) == added
+    if not added:
+        docs, _ = _prepare(_spec(tok, texts), tmp_path / "run")
+        assert docs["s"] == own
+        return
+    with pytest.raises(tokenize.TokenizerError) as refused:
+        prepare_main.run_prepare(_spec(tok, texts), str(tmp_path / "run"))
+    said = str(refused.value)
+    assert f"{tok}/tokenizer_config.json names tokens that tokenizer.json does not hold " \
+           f"('<tool>'" in said, said
+    assert not (tmp_path / "run").exists()
+    command = shlex.split(said.split("then run again: ", 1)[1])
+    assert command[0] == "python"
+    done = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    docs, _ = _prepare(_spec(tok, texts), tmp_path / "run")
+    assert docs["s"] == families.hf_tokenizer(tok)(text)["input_ids"]
