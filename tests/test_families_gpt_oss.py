@@ -69,6 +69,68 @@ def test_bfloat16_parity(ckpt_dir):
     layout_tests.test_bfloat16_parity(ckpt_dir, "gpt_oss")
 
 
+def _bf16_ulps(got, want) -> np.ndarray:
+    """|got - want| in units of bfloat16's last place at the larger of the two (both
+    bfloat16 values, given as float32)."""
+    big = np.maximum(np.abs(got), np.abs(want))
+    ulp = np.exp2(np.floor(np.log2(np.maximum(big, np.finfo(np.float32).tiny))) - 7)
+    return np.abs(got - want) / ulp
+
+
+def test_every_norm_scales_in_float32_as_hf_in_bfloat16(ckpt_dir):
+    """GptOssRMSNorm multiplies the float32-normalised input by its weight in float32 and
+    casts last ("main diff with Llama"), which casts first and multiplies in bfloat16.
+    Each of our norms (every block's input and post-attention norms, and the final one),
+    in bfloat16 on the same bfloat16 input, equals HF's module in bfloat16 but for at
+    most 1 element in 1,000, one bfloat16 ulp away (float32 sums in another order). Cast
+    first, a quarter of the elements differed (by one ulp)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    path = ckpt_dir("gpt_oss")
+    hf = hf_models.load_hf_model(path).to(torch.bfloat16)
+    model = model_lib.load_pretrained(path, dtype="bfloat16")
+    cfg = model.config
+    x = torch.from_numpy(3 * np.random.RandomState(0).randn(4, 256, cfg.hidden_size)
+                         .astype(np.float32)).to(torch.bfloat16)
+    x_btd = jnp.asarray(x.float().numpy()).astype(jnp.bfloat16)
+    pairs = [(hf.model.norm, model_lib.final_norm(model.params, cfg, x_btd), "final")]
+    for i, layer in enumerate(hf.model.layers):
+        p = jax.tree.map(lambda w, i=i: w[i], model.params["layers"])
+        pairs += [(layer.input_layernorm, model_lib.norm(x_btd, p, "attn_norm_ld", cfg),
+                   f"layers.{i}.input_layernorm"),
+                  (layer.post_attention_layernorm,
+                   model_lib.norm(x_btd, p, "mlp_norm_ld", cfg),
+                   f"layers.{i}.post_attention_layernorm")]
+    for module, ours, name in pairs:
+        assert ours.dtype == jnp.bfloat16, name
+        with torch.no_grad():
+            want = module(x).float().numpy()
+        got = np.asarray(ours.astype(jnp.float32))
+        ulps = _bf16_ulps(got, want)
+        assert np.mean(ulps > 0) <= 1e-3 and np.max(ulps) <= 1, (
+            name, np.mean(ulps > 0), np.max(ulps))
+
+
+def test_empty_rope_parameters_are_plain_rope_as_in_hf(ckpt_dir, tmp_path):
+    """GptOssConfig takes its default YaRN (factor 32) only where rope_parameters is
+    missing or null: an empty one is plain RoPE at the class's theta there, and here;
+    the two differ in HF's result."""
+    base = ckpt_dir("gpt_oss")
+    ids = np.random.RandomState(2).randint(1, 512, (1, 20)).astype(np.int32)
+    empty = gpt_tests._copy_with(base, tmp_path / "empty", rope_parameters={})
+    missing = gpt_tests._copy_with(base, tmp_path / "missing", rope_parameters=None)
+    refs = {}
+    for path, rope_type in ((empty, "default"), (missing, "yarn")):
+        assert _config(path).rope.rope_type == rope_type
+        refs[rope_type] = hf_models.hf_hooks(hf_models.load_hf_model(path), ids)
+        layout_tests._assert_hooks_equal(layout_tests._extract(path, ids), refs[rope_type],
+                                         rope_type)
+    assert gpt_tests._max_rel(refs["default"]["layers.2.mlp_out"],
+                              refs["yarn"]["layers.2.mlp_out"]) > 1e-3
+
+
 @pytest.mark.parametrize("way", ["xla", "pallas_gpu", "pallas_tpu", "cudnn"])
 def test_long_documents_through_the_cache_match_hf(tmp_path, monkeypatch, caplog, way):
     """Documents of up to 12 rows through the chain schedule and the KV carry: the sinks

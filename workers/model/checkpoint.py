@@ -36,6 +36,8 @@ TOP_PARAM_AXES: dict[str, tuple[str, ...]] = families_base.TOP_PARAM_AXES
 
 _RAW_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32,
                "F64": np.float64}
+# What `TensorReader.read` returns: float weights, and MXFP4's uint8 blocks and scales.
+_READABLE_DTYPES = checkpoint_check.FLOAT_DTYPES + checkpoint_check.PACKED_DTYPES
 
 
 def layer_param_axes(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
@@ -87,10 +89,23 @@ class TensorReader:
         with safe_open(self._file_of[name], framework="numpy") as f:
             return tuple(f.get_slice(name).get_shape())
 
+    def dtype_of(self, name: str) -> str:
+        """The tensor's dtype as safetensors names it ("BF16", "F32", "F8_E4M3", "I8")."""
+        with safe_open(self._file_of[name], framework="numpy") as f:
+            return f.get_slice(name).get_dtype()
+
     def read(self, name: str) -> np.ndarray:
+        """The tensor as numpy: a float one, or the uint8 of packed MXFP4 blocks and
+        scales; any other dtype (float8, integers: a quantised checkpoint) is refused,
+        naming the tensor."""
         path = self._file_of[name]
         with safe_open(path, framework="numpy") as f:
             dtype = f.get_slice(name).get_dtype()
+            if dtype not in _READABLE_DTYPES:
+                raise ValueError(
+                    f"{path}: tensor {name} has dtype {dtype}; actx reads float weights "
+                    f"({', '.join(checkpoint_check.FLOAT_DTYPES)}): a quantised checkpoint "
+                    f"(float8, int8, ...) is not read; use the unquantised checkpoint")
             if dtype != "BF16":
                 return f.get_tensor(name)
         # numpy has no bfloat16, so safetensors' numpy API refuses BF16: read the raw
@@ -160,6 +175,15 @@ def load_params(reader: TensorReader, cfg: ModelConfig, dtype: np.dtype,
         if actual != expected:
             raise ValueError(f"{source}: tensor {hf_name!r} has shape {actual}, "
                              f"expected {expected} from config.json")
+        dtype = reader.dtype_of(hf_name)
+        packed = hf_name.endswith(checkpoint_check.PACKED_SUFFIXES)
+        if dtype not in (checkpoint_check.PACKED_DTYPES if packed
+                         else checkpoint_check.FLOAT_DTYPES):
+            # The pre-flight's rule (checkpoint_check.problems), for the Python API too:
+            # an integer or float8 tensor is a quantised checkpoint's, not the weights.
+            raise ValueError(f"{source}: tensor {hf_name!r} has dtype {dtype}; actx reads "
+                             f"float weights ({', '.join(checkpoint_check.FLOAT_DTYPES)}): "
+                             f"use the unquantised checkpoint")
         return reader.read(hf_name)
 
     params: dict = {}

@@ -146,7 +146,7 @@ class ModelConfig:
     post_norms: RMSNorm after attention and after the MLP (OLMo 2; Gemma's are implied
       by gemma_norms).
     norm_scale_fp32: RMSNorm multiplies by its weight in float32 and casts last (OLMo 2's
-      norms); else it casts, then multiplies in the input dtype.
+      and gpt-oss's norms, all of them); else it casts, then multiplies in the input dtype.
     num_experts: experts per layer of a mixture of experts (0: a dense MLP).
     experts_per_token: k, the experts each token is routed to.
     moe_intermediate_size: each expert's MLP width.

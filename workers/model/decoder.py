@@ -89,7 +89,8 @@ def rms_norm(x_btd: jax.Array, weight_d: jax.Array, eps: float,
              gemma: bool = False, scale_fp32: bool = False) -> jax.Array:
     """RMSNorm computed in float32, then scaled in the input dtype (as HF does); Gemma's
     scales by (1 + w) in float32 and casts last (HF's Gemma2RMSNorm / Gemma3RMSNorm);
-    scale_fp32: scales by w in float32 and casts last (HF's Olmo2RMSNorm)."""
+    scale_fp32: scales by w in float32 and casts last (HF's Olmo2RMSNorm and
+    GptOssRMSNorm)."""
     x32 = x_btd.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     if gemma:
@@ -112,14 +113,16 @@ def layer_norm(x_btd: jax.Array, weight_d: jax.Array, bias_d: jax.Array,
             + bias_d.astype(jnp.float32)).astype(x_btd.dtype)
 
 
-def norm(x_btd: jax.Array, p: Mapping[str, jax.Array], name: str, cfg: ModelConfig,
-         scale_fp32: bool = False) -> jax.Array:
+def norm(x_btd: jax.Array, p: Mapping[str, jax.Array], name: str,
+         cfg: ModelConfig) -> jax.Array:
     """The family's norm with weight p[name] (and bias p[name with _bias] for LayerNorm):
-    name is e.g. "attn_norm_ld", its bias "attn_norm_bias_ld"."""
+    name is e.g. "attn_norm_ld", its bias "attn_norm_bias_ld". Every norm of a family
+    whose RMSNorm scales in float32 (`cfg.norm_scale_fp32`) does so: the block's input
+    norms as well as the final one."""
     if cfg.layer_norm:
         stem, _, axes = name.rpartition("_")
         return layer_norm(x_btd, p[name], p[f"{stem}_bias_{axes}"], cfg.rms_norm_eps)
-    return rms_norm(x_btd, p[name], cfg.rms_norm_eps, cfg.gemma_norms, scale_fp32)
+    return rms_norm(x_btd, p[name], cfg.rms_norm_eps, cfg.gemma_norms, cfg.norm_scale_fp32)
 
 
 def embed(params: dict, cfg: ModelConfig, ids_bt: jax.Array,
@@ -139,7 +142,7 @@ def embed(params: dict, cfg: ModelConfig, ids_bt: jax.Array,
 
 def final_norm(params: dict, cfg: ModelConfig, x_btd: jax.Array) -> jax.Array:
     """The final norm of the last block's output (what an LM head reads)."""
-    return norm(x_btd, params, "final_norm_d", cfg, cfg.norm_scale_fp32)
+    return norm(x_btd, params, "final_norm_d", cfg)
 
 
 def _qk_norm(q_btnh, k_btkh, p, cfg):

@@ -37,10 +37,12 @@ def _tables(cfg: ModelConfig, positions_bt, segment_ids_bt, dtype, cached: bool)
 
 def step_rope(cfg: ModelConfig, positions_bt, segment_ids_bt, dtype, cached: bool) -> tuple:
     """(cos, sin, the local layers' (cos, sin) or None) of a step's tokens, once per step:
-    Gemma 3's local layers rotate with their own base."""
+    Gemma 3's local layers rotate with their own RoPE (its attention factor too: YaRN's
+    scales their cos and sin as HF's Gemma3RotaryEmbedding does per layer type)."""
     cos_bth, sin_bth = _tables(cfg, positions_bt, segment_ids_bt, dtype, cached=cached)
     local_cos_sin = None
     if cfg.local_rope is not None:
         local_inv_freq = jnp.asarray(cfg.local_rope.inv_freq(cfg.head_dim), jnp.float32)
-        local_cos_sin = attn_lib.rope_cos_sin(positions_bt, local_inv_freq, dtype)
+        local_cos_sin = attn_lib.rope_cos_sin(positions_bt, local_inv_freq, dtype,
+                                              cfg.local_rope.attention_factor)
     return cos_bth, sin_bth, local_cos_sin

@@ -26,7 +26,7 @@ _BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BY_ARCH)
 
 __all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "Family", "LayerTensor", "config_from_hf",
-           "for_architecture", "layer_points", "missing_points", "of"]
+           "for_architecture", "layer_points", "missing_points", "of", "quantization_method"]
 
 
 def for_architecture(arch: str) -> Family:
@@ -62,6 +62,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelC
             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     arch = architectures[0]
     family = for_architecture(arch)
+    _refuse_quantization(hf.get("quantization_config"), family, arch, source)
     if arch in family.text_tower:
         # The language model's own config; the vision tower is never read.
         if not isinstance(hf.get("text_config"), Mapping):
@@ -69,6 +70,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelC
         hf = hf["text_config"]
         source = f"{source} (text_config)"
         arch = family.text_tower[arch]
+        _refuse_quantization(hf.get("quantization_config"), family, arch, source)
 
     def refuse(field: str, value: Any, why: str = "") -> ValueError:
         return ValueError(f"{source}: unsupported option {field}={value!r} for {arch}"
@@ -104,3 +106,34 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> ModelC
     # A family's options may set a common field its own way (GPT-2's n_inner default,
     # LayerNorm's epsilon).
     return ModelConfig(**{**common, **options})
+
+
+def quantization_method(quant: Any) -> str | None:
+    """The method of a config's `quantization_config`, as transformers' AutoQuantizationConfig
+    names it (load_in_8bit / load_in_4bit: bitsandbytes); None where there is none."""
+    if quant is None or quant == {}:
+        return None
+    if not isinstance(quant, Mapping):
+        return repr(quant)
+    if quant.get("load_in_8bit") or quant.get("load_in_4bit"):
+        return "bitsandbytes"
+    return str(quant.get("quant_method"))
+
+
+def _refuse_quantization(quant: Any, family: Family, arch: str, source: str) -> None:
+    """A checkpoint quantised in a way its family does not read is refused by name before
+    any weight is read: its integer or float8 tensors are not the model's weights (read as
+    floats, they would compute something else without a word)."""
+    method = quantization_method(quant)
+    if method is None or method in family.quantizations:
+        return
+    if family.quantizations:
+        implemented = (f"{arch} reads {', '.join(family.quantizations)} checkpoints or "
+                       f"unquantised ones")
+    else:
+        implemented = "actx reads unquantised float weights only"
+    raise ValueError(
+        f"{source}: unsupported option quantization_config.quant_method={method!r} for "
+        f"{arch} ({implemented}; use the unquantised checkpoint the quantised one was made "
+        f"from, e.g. the original model's repository, or dequantise it and save it without "
+        f"quantization_config)")

@@ -132,6 +132,8 @@ class Family:
     layers_at: the layers' list under the prefix ("layers", GPT-2's "h").
     hf_names: {common config field: this family's name for it} (GPT-2's n_embd, ...).
     lm_head: the untied LM head's tensor name (generation reads it).
+    quantizations: the `quantization_config` methods whose checkpoints it reads (gpt-oss's
+      mxfp4); a checkpoint quantised any other way is refused (`families.config_from_hf`).
     """
 
     name: str
@@ -147,6 +149,7 @@ class Family:
     layers_at: str = "layers"
     hf_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
     lm_head: str = "lm_head.weight"
+    quantizations: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.top_tensors is None:

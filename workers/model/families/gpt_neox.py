@@ -32,11 +32,19 @@ def _options(hf, arch, refuse, num_layers, head_dim) -> dict:
         raise refuse("hidden_act", act, f"implemented: {', '.join(_ACTIVATIONS)}")
     bias = bool(hf.get("attention_bias", True))
     hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    if hf.get("head_dim") and int(hf["head_dim"]) != hidden // heads:
+        # HF's attention splits heads of hidden / heads, but its rotary table is built
+        # over int(head_dim * rotary_pct) dims of the config's head_dim: another model.
+        raise refuse("head_dim", hf["head_dim"],
+                     f"GPT-NeoX's heads are hidden_size / num_attention_heads = "
+                     f"{hidden // heads} wide; HF builds its rotary table from head_dim "
+                     f"nonetheless; remove head_dim from config.json or set it to "
+                     f"{hidden // heads}")
     return {"layer_norm": True, "gated_mlp": False, "qkv_bias": bias, "o_bias": bias,
             "mlp_bias": True, "mlp_activation": _ACTIVATIONS[act],
             "parallel_residual": bool(hf.get("use_parallel_residual", True)),
             "rms_norm_eps": float(hf.get("layer_norm_eps", 1e-5)),
-            # HF's head size is hidden / heads, whatever else the config says.
+            # HF's head size is hidden / heads (another head_dim is refused above).
             "head_dim": hidden // heads, "num_kv_heads": heads,
             "rope": _rope(hf, refuse), "sliding_windows": (None,) * num_layers}
 
@@ -94,6 +102,7 @@ GPT_NEOX = base.Family(
     name="gpt_neox", architectures=("GPTNeoXForCausalLM",),
     reads=("layer_norm_eps", "hidden_act", "use_parallel_residual", "attention_bias",
            "rotary_pct", "rotary_emb_base",
+           "head_dim (hidden_size / num_attention_heads only)",
            "rope_parameters/rope_scaling: rope_theta partial_rotary_factor"),
     options=_options, layer_tensors=_tensors, top_tensors=_top,
     prefixes=("gpt_neox.", ""), lm_head="embed_out.weight",

@@ -14,12 +14,14 @@ from actx.workers.model.families import base, hf_fields
 
 
 # GptOssConfig's RoPE where the config gives none (its theta, 150,000, is hf_defaults').
+# Only a missing (or null) rope_parameters takes it, as in GptOssConfig.__post_init__: an
+# empty one ({}) is plain RoPE there, and here.
 _DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                  "truncate": False, "original_max_position_embeddings": 4096}
 
 
 def _options(hf, arch, refuse, num_layers, head_dim) -> dict:
-    if not hf.get("rope_parameters") and not hf.get("rope_scaling"):
+    if hf.get("rope_parameters") is None and not hf.get("rope_scaling"):
         hf = {**hf, "rope_parameters": _DEFAULT_ROPE}
     window = hf.get("sliding_window")
     layer_types = hf.get("layer_types")
@@ -28,14 +30,15 @@ def _options(hf, arch, refuse, num_layers, head_dim) -> dict:
                        for i in range(num_layers)]
     if window is None and "sliding_attention" in layer_types:
         raise refuse("sliding_window", window, "layer_types names sliding layers")
-    quant = hf.get("quantization_config") or {}
-    method = quant.get("quant_method")
-    if method not in (None, "mxfp4"):
-        raise refuse("quantization_config.quant_method", method,
-                     "gpt-oss's experts are read unquantised or as mxfp4")
+    # Any other quantization_config is refused before the family reads the config
+    # (`families.config_from_hf`, by `GPT_OSS.quantizations`).
+    method = (hf.get("quantization_config") or {}).get("quant_method")
     limit = hf.get("swiglu_limit", 7.0)
     bias = bool(hf.get("attention_bias", True))
+    # GptOssRMSNorm multiplies by its weight in float32 and casts last (every norm: the
+    # block's two and the final one), unlike Llama's.
     return {"qkv_bias": bias, "o_bias": bias, "attention_sinks": True,
+            "norm_scale_fp32": True,
             "sliding_windows": hf_fields.windows_by_type(layer_types, window, num_layers,
                                                          refuse),
             "rope": hf_fields.rope_from_hf(hf, refuse),
@@ -93,8 +96,9 @@ GPT_OSS = base.Family(
            "original_max_position_embeddings attention_factor mscale mscale_all_dim",
            "num_local_experts", "num_experts_per_tok", "swiglu_limit", "swiglu_alpha",
            "quantization_config.quant_method"),
-    options=_options, layer_tensors=_tensors,
-    block=("x + attn(rms(x)); then + moe(rms(.)); q/k/v/o biases; a learned sink logit "
+    options=_options, layer_tensors=_tensors, quantizations=("mxfp4",),
+    block=("x + attn(rms(x)); then + moe(rms(.)); RMSNorm scales by w in float32 and "
+           "casts last; q/k/v/o biases; a learned sink logit "
            "per head in the softmax; sliding_window on the layer_types' sliding layers; "
            "YaRN RoPE; router logits = rms(.) @ router + bias, top-k of the logits, "
            "softmax over the k; experts with biases and the clamped SwiGLU (alpha, limit)"),

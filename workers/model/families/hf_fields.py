@@ -36,8 +36,12 @@ def gemma_ropes_from_hf(hf: Mapping[str, Any], arch: str, refuse
     """The global layers' RoPE, and Gemma 3's local layers' own (None elsewhere).
     Gemma3TextConfig keeps one RoPE per layer type: a type's missing rope_theta is the
     config's rope_theta (else 1e6) for the global layers and rope_local_base_freq (else
-    1e4) for the local ones; a 4.x `rope_scaling` scales the global layers only; and, RoPE
-    being per layer type, a top-level original_max_position_embeddings is not read."""
+    1e4) for the local ones; a 4.x `rope_scaling` scales the global layers only; RoPE
+    being per layer type, a top-level original_max_position_embeddings is not read; and
+    YaRN's `truncate` is read where transformers 5.25 reads it, from the top level of
+    rope_parameters (`_compute_yarn_parameters`: `config.rope_parameters.get("truncate",
+    True)`, which for Gemma 3 is the dict of layer types): a layer type's own `truncate`
+    is not read, so YaRN truncates there."""
     if arch != "Gemma3ForCausalLM":
         return rope_from_hf(hf, refuse), None
     params = hf.get("rope_parameters") or {}
@@ -50,8 +54,11 @@ def gemma_ropes_from_hf(hf: Mapping[str, Any], arch: str, refuse
     full.setdefault("rope_theta", hf.get("rope_theta", 1_000_000.0))
     local.setdefault("rope_theta", hf.get("rope_local_base_freq", 10_000.0))
 
+    truncate = params.get("truncate", True)
+
     def one(type_params):
-        return rope_from_hf({**hf, "rope_parameters": type_params, "rope_scaling": None,
+        return rope_from_hf({**hf, "rope_parameters": {**type_params, "truncate": truncate},
+                             "rope_scaling": None,
                              "original_max_position_embeddings": None}, refuse)
 
     return one(full), one(local)
