@@ -73,6 +73,9 @@ class LoadedTokenizer:
     processor_prefix: tuple[int, ...] = ()
     processor_suffix: tuple[int, ...] = ()
     config_add_bos: bool | None = None
+    # Why documents cannot be tokenized as transformers would ("" when they can): `rules`
+    # raises it, so the checks that compare the tokenizer with the model's run first.
+    refused: str = ""
     # `rules` of each (tokenizer spec, ARC or not) this tokenizer was asked for, made once.
     rules_made: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -127,17 +130,16 @@ def _load_tokenizer(path: str) -> LoadedTokenizer:
     tok.no_truncation()
     config = store.read_json(CONFIG_FILE) or {}
     missing = _config_only_tokens(tok, config)
-    if missing:
-        raise TokenizerError(
-            f"{store.location.join(CONFIG_FILE)} names tokens that {TOKENIZER_FILE} does not "
-            f"hold ({', '.join(map(repr, missing[:6]))}{' ...' if len(missing) > 6 else ''}): "
-            f"transformers adds them when it loads the directory, so its ids of a text with "
-            f"them differ from {TOKENIZER_FILE}'s. Save the tokenizer as transformers loads "
-            f"it, then run again: " + (
-                f"python -c \"from transformers import AutoTokenizer; AutoTokenizer."
-                f"from_pretrained('{path}').save_pretrained('{path}')\"" if store.location.is_local
-                else "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) on a local copy "
-                     "of the directory, and copy its files back"))
+    refused = "" if not missing else (
+        f"{store.location.join(CONFIG_FILE)} names tokens that {TOKENIZER_FILE} does not "
+        f"hold ({', '.join(map(repr, missing[:6]))}{' ...' if len(missing) > 6 else ''}): "
+        f"transformers adds them when it loads the directory, so its ids of a text with "
+        f"them differ from {TOKENIZER_FILE}'s. Save the tokenizer as transformers loads "
+        f"it, then run again: " + (
+            f"python -c \"from transformers import AutoTokenizer; AutoTokenizer."
+            f"from_pretrained('{path}').save_pretrained('{path}')\"" if store.location.is_local
+            else "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) on a local copy "
+                 "of the directory, and copy its files back"))
     # transformers' `split_special_tokens: true` spells special tokens in a text out as
     # text (`tokenizer(text)` and chat templates alike); BOS/EOS are still added as ids.
     tok.encode_special_tokens = config.get("split_special_tokens") is True
@@ -152,7 +154,8 @@ def _load_tokenizer(path: str) -> LoadedTokenizer:
                            path=path, templates=templates,
                            template_vars=chat_templates.special_tokens(config),
                            processor_prefix=prefix, processor_suffix=suffix,
-                           config_add_bos=add_bos if isinstance(add_bos, bool) else None)
+                           config_add_bos=add_bos if isinstance(add_bos, bool) else None,
+                           refused=refused)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +237,8 @@ class Rules:
 def rules(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec) -> Rules:
     """The run's BOS/EOS and chat template rules, or a clear error before any work (a
     template the tokenizer does not have, BOS asked of a tokenizer without one)."""
+    if loaded.refused:
+        raise TokenizerError(loaded.refused)
     key = (spec.tokenizer, any(s.kind == "arc" for s in spec.sources))
     if key not in loaded.rules_made:
         loaded.rules_made[key] = _rules(loaded, *key)
