@@ -99,7 +99,8 @@ class TokenBatches:
         self.framework = output.checked_framework
         self.dtype = run.read_dtype(self.hooks, output.dtype)  # a float8 hook: dequantised
         self.sharding = output.sharding
-        self.normalizers = formats.normalizers(run, self.hooks, output.normalize)
+        self.normalizers = formats.normalizers(run, self.hooks, output.normalize,
+                                               tokens.left_out())
         self.start_step = order.start_step
         self.stop_step = (None if order.epochs is None
                           else order.epochs * self.plan.steps_per_epoch)

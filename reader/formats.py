@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any, Literal
 
 import numpy as np
@@ -140,11 +141,16 @@ class Normalizer:
         return out
 
 
-def normalizers(run, hooks: tuple[str, ...], mode: str | None) -> dict[str, Normalizer]:
+def normalizers(run, hooks: tuple[str, ...], mode: str | None,
+                served: frozenset[str] = frozenset()) -> dict[str, Normalizer]:
     """One Normalizer per hook from the run's stored statistics ({} when mode is None).
 
     The statistics are those `run.compute_stats` stored (reader.stats); a hook without
-    them raises a ReaderError that says how to compute them.
+    them raises a ReaderError that says how to compute them. `served`: what the reader
+    leaves out (stored_stats.left_out); statistics that count other tokens (a stream
+    without BOS normalised by statistics of every token, whose first tokens' norms are
+    often orders of magnitude above the rest) scale by the wrong amount: a warning says
+    so, with the call that computes them over the tokens it serves.
     """
     if mode is None:
         return {}
@@ -152,7 +158,30 @@ def normalizers(run, hooks: tuple[str, ...], mode: str | None) -> dict[str, Norm
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)} or None, "
                          f"got {mode!r}")
-    return {h: Normalizer.from_stats(stored_stats.load_stats(run, h), mode) for h in hooks}
+    stats = {h: stored_stats.load_stats(run, h) for h in hooks}
+    differ = [h for h, s in stats.items() if s.left_out() != served]
+    if differ:
+        warnings.warn(_other_tokens(differ, stats[differ[0]].left_out(), served, mode),
+                      StatisticsOfOtherTokens, stacklevel=4)
+    return {h: Normalizer.from_stats(s, mode) for h, s in stats.items()}
+
+
+class StatisticsOfOtherTokens(UserWarning):
+    """normalize= scales by statistics of other tokens than the reader serves."""
+
+
+def _other_tokens(hooks: list[str], counted: frozenset[str], served: frozenset[str],
+                  mode: str) -> str:
+    def named(names) -> str:
+        return ", ".join(sorted(names)) or "none but padding"
+
+    reasons = sorted(served - {"exclude_bos", "exclude_special"})
+    call = ", ".join([repr(hooks)] + ([f"exclude={reasons!r}"] if reasons else [])
+                     + [f"{k}=True" for k in sorted(served & {"exclude_bos", "exclude_special"})])
+    return (f"normalize={mode!r}: the statistics of {', '.join(map(repr, hooks))} leave out "
+            f"{named(counted)}, this reader leaves out {named(served)}: its values are "
+            f"scaled by statistics of other tokens. run.compute_stats({call}) computes them "
+            f"over the tokens it serves")
 
 
 def hand_over(batch, normalizers: dict, framework: str, dtype: str | None, sharding=None):

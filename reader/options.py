@@ -40,6 +40,7 @@ from typing import Any, Sequence
 
 from actx.reader import formats
 from actx.reader import masks as masks_lib
+from actx.reader import stored_stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,12 @@ class TokenOptions:
     exclude_special: bool = False
     whole_document: bool = False
     partitions: Sequence[int] | None = None
+
+    def left_out(self) -> frozenset[str]:
+        """What a reader with these options leaves out besides padding, as statistics
+        record it (stored_stats.left_out): what `normalize=`'s statistics should too."""
+        return stored_stats.left_out(masks_lib.check_exclude(self.exclude), self.exclude_bos,
+                                     self.exclude_special)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,6 +68,7 @@ class _Running:
 
 
 def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None, *,
+                  exclude: Sequence[str] | None = None,
                   partitions: Sequence[int] | None = None, exclude_bos: bool = False,
                   exclude_special: bool = False, write: bool = True,
                   outlier_factor: float = masks_lib.DEFAULT_OUTLIER_FACTOR
@@ -76,13 +77,22 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
     the result in the run's stats.json (other hooks' entries are kept), each token's norm
     per hook (the "outlier" mask) and the tokens each mask removes (counted with
     `outlier_factor`; see reader.masks). On a live run they cover what has committed
-    (`partitions`), and the record says so (run_partitions, complete: False)."""
+    (`partitions`), and the record says so (run_partitions, complete: False).
+
+    exclude: the mask reasons whose tokens the statistics leave out, as a stream's
+    `exclude=` names them (padding always): a stream that normalises (`normalize=`) with
+    statistics of the tokens it serves asks for the same ones. "outlier" is not one: its
+    threshold is these statistics' median norm."""
+    reasons = masks_lib.check_exclude(exclude)
+    if "outlier" in reasons:
+        raise ValueError("exclude: 'outlier' cannot be left out of the statistics that "
+                         "define it (its threshold is their median norm); name the others")
     hooks = tuple(run.hooks) if hooks is None else run.resolve_hooks(tuple(hooks))
     ids = run.committed_ids(partitions, hooks)
     running = {h: _Running(run.hook(h).hidden) for h in hooks}
     block = run.spec.layout.rows_per_shard  # one stored object per read
     counted = masks_lib.TokenFilter(run.manifest.bos_id, tuple(run.manifest.special_token_ids),
-                                    run.spec.packing.mode == "concat",
+                                    run.spec.packing.mode == "concat", exclude=reasons,
                                     exclude_bos=exclude_bos, exclude_special=exclude_special,
                                     generates=run.spec.generate is not None)
     every = dataclasses.replace(counted, exclude=masks_lib.TOKEN_REASONS, exclude_bos=False,
@@ -107,7 +117,8 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
             acts = {h: run.read_async(h, lambda a: a[lo:hi]) for h in hooks}
             values = [f.result() for f in toks]
             arrays = dict(zip(names, values))  # the token arrays (zip stops at names)
-            mask = counted.keep(values)
+            # The counted tokens' arrays by name (`every` reads each array they need).
+            mask = counted.keep([arrays[n] for n in counted.names] + values[len(names):])
             for reason, m in masks_lib.token_reasons(
                     arrays, every.bos_id, every.special_ids, every.concat).items():
                 removed[reason] += int(m.sum())
@@ -128,7 +139,7 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
         mean_norm = r.norm_sum / r.count if r.count else float("nan")
         result[h] = HookStats(h, r.count, r.mean, var, mean_norm, ids, exclude_bos,
                               exclude_special, r.median_norm(), ids if write else (),
-                              len(run.partitions))
+                              len(run.partitions), reasons)
     if write:
         outliers = {h: _count_outliers(norm_arrays[h], run, ids, outlier_factor * s.norm_median)
                     for h, s in result.items()}

@@ -27,7 +27,9 @@ class HookStats:
     mean / var: per hidden dimension (float64 [hidden]); var is the population variance.
     mean_norm: mean L2 norm of a token's activation vector.
     partitions: the committed partitions covered; exclude_bos / exclude_special: which
-    tokens were left out besides padding.
+    tokens were left out besides padding; exclude: the readers' mask reasons left out
+    (`compute_stats(exclude=...)`, as a stream's `exclude=`; () in statistics stored
+    before it was).
     run_partitions: the run's partitions when they were computed (0: not recorded, in
     statistics stored before it was); fewer covered (a live run's compute_stats covers
     what had committed): `complete` is False, and the record says so.
@@ -44,6 +46,11 @@ class HookStats:
     norm_median: float = float("nan")  # median L2 norm of the tokens counted
     norm_partitions: tuple[int, ...] = ()  # partitions whose per-token norms are stored
     run_partitions: int = 0
+    exclude: tuple[str, ...] = ()
+
+    def left_out(self) -> frozenset[str]:
+        """What these statistics do not count, as `left_out` names it."""
+        return left_out(self.exclude, self.exclude_bos, self.exclude_special)
 
     @property
     def complete(self) -> bool | None:
@@ -60,6 +67,7 @@ class HookStats:
                 "exclude_bos": self.exclude_bos, "exclude_special": self.exclude_special,
                 "norm_median": self.norm_median,
                 "norm_partitions": list(self.norm_partitions), "version": STATS_VERSION,
+                **({"exclude": list(self.exclude)} if self.exclude else {}),
                 **({"run_partitions": self.run_partitions, "complete": self.complete}
                    if self.run_partitions else {})}
 
@@ -70,7 +78,19 @@ class HookStats:
                    tuple(data["partitions"]), bool(data.get("exclude_bos", False)),
                    bool(data.get("exclude_special", False)),
                    float(data.get("norm_median", float("nan"))),
-                   tuple(data.get("norm_partitions", ())), int(data.get("run_partitions", 0)))
+                   tuple(data.get("norm_partitions", ())), int(data.get("run_partitions", 0)),
+                   tuple(data.get("exclude", ())))
+
+
+def left_out(exclude: tuple[str, ...], exclude_bos: bool, exclude_special: bool
+             ) -> frozenset[str]:
+    """The tokens a reader (or statistics) leaves out besides padding, by name: the mask
+    reasons of `exclude` (checked) but "outlier" (no statistics can leave out what their
+    median defines), and the older switches as their keywords ("exclude_bos": the BOS id
+    alone, unlike the "bos" reason; "exclude_special")."""
+    return frozenset(set(exclude) - {"padding", "outlier"}
+                     | ({"exclude_bos"} if exclude_bos else set())
+                     | ({"exclude_special"} if exclude_special else set()))
 
 
 def load_masks(run: snapshot.RunSnapshot) -> dict | None:

@@ -5,7 +5,8 @@ values, zarr data type "float8_e4m3fn" [rows, seq_len, hidden], and its scales
 `<hook>.scale`, float32 [rows, seq_len, 1]. A token's value is `values * scale`, where the
 scale is the token's absmax over the hidden axis divided by e4m3's largest finite value
 (448), so the largest value of each token is stored exactly at the top of the range. A row
-whose absmax is 0 (padding, a hook that is zero there) gets scale 1 and stays zero.
+whose absmax is 0 (a generating run's unreached room) gets scale 1 and stays zero; a
+padding position holds what the model computed there, quantised as any other token.
 
 Why e4m3 with per-token scales, not e5m2 nor per-block scales: bench/quantised_sae.py
 (bench/RESULTS.md, "Float8 activations"). Both arrays are written by the same writer,

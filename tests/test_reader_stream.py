@@ -230,6 +230,47 @@ def test_normalize_with_the_stored_statistics(reader_run):
             np.testing.assert_allclose(b.acts["embed"], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("way", ["stream", "batches"])
+def test_normalize_says_when_its_statistics_count_other_tokens(reader_run, way):
+    """Statistics of every token scale a reader that leaves BOS and special tokens out by
+    the wrong amount: a warning says so with the call that computes them over the tokens
+    it serves; after that call, as printed, the served tokens' mean norm is sqrt(d). The
+    reference: the fixture's values of exactly the tokens served."""
+    import warnings
+
+    from actx.reader import formats
+
+    run = reader.open_run(reader_run.uri)
+    served = dict(exclude=["bos", "special"], normalize="sqrt_d_mean_norm", drop_last=False)
+
+    def read():
+        if way == "stream":
+            return list(_stream(run, **served))
+        return list(run.batches(["embed", "layers.0.resid_post"], 7, seed=3, **served))
+
+    run.compute_stats(["embed", "layers.0.resid_post"])
+    with pytest.warns(formats.StatisticsOfOtherTokens) as said:
+        read()
+    message = str(said[0].message)
+    assert "leave out none but padding, this reader leaves out bos, special" in message
+    call = message.split("run.compute_stats(", 1)[1].split(") computes them", 1)[0]
+    assert call == "['embed', 'layers.0.resid_post'], exclude=['bos', 'special']", call
+    eval(f"run.compute_stats({call})")  # as printed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", formats.StatisticsOfOtherTokens)
+        batches = read()
+    rows = np.concatenate([b.rows for b in batches])
+    cols = np.concatenate([b.cols for b in batches])
+    for hook in ("embed", "layers.0.resid_post"):
+        raw = reader_run.value(hook, rows, cols).astype(np.float64)
+        served_norm = np.linalg.norm(raw, axis=1).mean()
+        every = np.linalg.norm(reader_run.value(hook, *np.nonzero(
+            reader_run.committed_mask())).astype(np.float64), axis=1).mean()
+        assert abs(served_norm / every - 1) > 1e-3  # the two scales differ here
+        got = np.concatenate([b.acts[hook] for b in batches])
+        np.testing.assert_allclose(got, raw * np.sqrt(8) / served_norm, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("gather_threads,as_jax", [(1, False), (3, False), (3, True)])
 def test_close_midway_ends_every_thread_of_the_stream(reader_run, monkeypatch,
                                                       gather_threads, as_jax):

@@ -329,7 +329,8 @@ class FollowStream:
         self._dtype_checked = False
         # Statistics as stored now (compute_stats on what had committed: its record says
         # which partitions), the same for the whole stream.
-        self.normalizers = formats.normalizers(run, self.hooks, output.normalize)
+        self.normalizers = formats.normalizers(run, self.hooks, output.normalize,
+                                               tokens.left_out())
         self._view = _CachedArrays(run)
         # Steps of the first epoch: known once the run is complete and its windows read.
         self.first_epoch_steps: int | None = None

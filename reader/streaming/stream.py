@@ -158,7 +158,8 @@ class ShuffledStream:
         self.framework = output.checked_framework
         self.sharding = output.sharding
         self.dtype = run.read_dtype(self.hooks, output.dtype)  # a float8 hook: dequantised
-        self.normalizers = formats.normalizers(run, self.hooks, output.normalize)
+        self.normalizers = formats.normalizers(run, self.hooks, output.normalize,
+                                               tokens.left_out())
         # Where the thread that cuts batches spent its time (seconds, summed over the
         # iterations): busy (everything but handing batches over), of which waiting for
         # block reads and token rows, and waiting for the gather threads' copies. Busy
