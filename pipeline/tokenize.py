@@ -328,7 +328,29 @@ def record_rules(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
         identity, bos_rule=r.rule, prepended=r.prose_prefix, appended=r.prose_suffix,
         prepended_templated=r.templated_prefix, appended_templated=r.templated_suffix,
         chat_template=r.template.source if r.template else "",
-        chat_template_sha256=r.template.sha256 if r.template else "", notes=r.notes)
+        chat_template_sha256=r.template.sha256 if r.template else "",
+        notes=r.notes + _doubled_separator(loaded, spec, r))
+
+
+def _doubled_separator(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
+                       r: Rules) -> tuple[str, ...]:
+    """What to say when concat's separator repeats the id each document already ends (or
+    begins) with, so every boundary holds it twice: EOS EOS with `add_eos: true` and
+    `separator: eos`; BOS BOS with `separator: bos` where the tokenizer opens every text
+    with BOS (Llama 3). Kept as asked (the run's tokens do not change), but said."""
+    packing = spec.packing
+    if packing.mode != "concat" or packing.separator == "none":
+        return ()
+    sep = {"eos": loaded.eos_id, "bos": loaded.bos_id}[packing.separator]
+    if sep is not None and r.prose_suffix[-1:] == (sep,):
+        where = "after each document, which already ends with it"
+    elif sep is not None and r.prose_prefix[:1] == (sep,):
+        where = "before each document, which already begins with it"
+    else:
+        return ()
+    return (f"packing.separator: {packing.separator} puts id {sep} {where} (the run's "
+            f"{'BOS' if packing.separator == 'bos' else 'EOS'} rule), so every boundary "
+            f"between two documents holds it twice; separator: none puts it once",)
 
 
 @dataclasses.dataclass(frozen=True)

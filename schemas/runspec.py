@@ -147,7 +147,10 @@ class PackingSpec:
     overflow: for "pad" and "segmented", what happens to a document longer than a row:
       "continue" (it continues in following rows) or "truncate" (the rest is dropped and
       counted in the manifest).
-    separator: for "concat", tokens put between documents: "eos", "bos" or "none".
+    separator: for "concat", tokens put between documents: "eos", "bos" or "none", besides
+      what the tokenizer's rules put around each (EOS with add_eos, BOS where the tokenizer
+      opens texts with it): the same id there makes every boundary hold it twice, which
+      prepare notes (run.json's tokenizer_identity.notes).
     pad_id: token id written into padding positions.
     max_context: the most tokens of its own document a token attends to, itself included
       ("continue" overflow). A token at document position p attends to positions

@@ -296,3 +296,34 @@ def test_tokens_only_tokenizer_config_names_are_refused_with_a_command_that_mend
     assert done.returncode == 0, done.stderr
     docs, _ = _prepare(_spec(tok, texts), tmp_path / "run")
     assert docs["s"] == families.hf_tokenizer(tok)(text)["input_ids"]
+
+
+@pytest.mark.parametrize("family,separator,add_eos,doubled", [
+    ("qwen2", "eos", True, True), ("qwen2", "eos", False, False),
+    ("qwen2", "none", True, False), ("llama3", "bos", False, True),
+    ("llama3", "eos", False, False)])
+def test_a_concat_separator_the_rules_already_put_is_noted(family, separator, add_eos,
+                                                           doubled, tokenizers, texts,
+                                                           tmp_path):
+    """concat's separator is put between documents besides what the run's rules put
+    around each: where that is the same id, every boundary holds it twice, as asked; the
+    record says so. The reference: HF's ids of each document, the rules' EOS, the
+    separator."""
+    spec = runspec.RunSpec.from_dict({
+        **_spec(tokenizers[family], texts, add_eos=add_eos).to_dict(),
+        "packing": {"mode": "concat", "seq_len": 256, "separator": separator}})
+    prepare_main.run_prepare(spec, str(tmp_path / "run"))
+    hf = families.hf_tokenizer(tokenizers[family])
+    sep = {"eos": [hf.eos_token_id], "bos": [hf.bos_token_id], "none": []}[separator]
+    stream = []
+    for i, text in enumerate(TEXTS):
+        stream += (sep if i else []) + hf(text)["input_ids"] + ([hf.eos_token_id] if add_eos
+                                                                 else [])
+    ids = ts_context.open_array(layout.array_spec(uri.parse(str(tmp_path / "run")),
+                                                  layout.token_array_key("input_ids")))
+    assert ids.read().result()[0][:len(stream)].tolist() == stream
+    notes = json.load(open(tmp_path / "run" / "run.json"))["tokenizer_identity"]["notes"]
+    said = [n for n in notes if n.startswith("packing.separator")]
+    assert bool(said) == doubled, notes
+    if doubled:
+        assert "holds it twice; separator: none puts it once" in said[0]
