@@ -199,3 +199,32 @@ def test_gpt_neox_head_dim_other_than_hidden_over_heads_is_refused(ckpt_dir, tmp
     ref_same = hf_models.hf_hooks(hf_models.load_hf_model(same), IDS)
     ours = gpt_tests._extract(same, IDS)
     layout_tests._assert_hooks_equal(ours, ref_same)
+
+
+# ---- Llama's attention_bias -----------------------------------------------------------------
+
+def test_llama_attention_biases_are_read_and_mlp_bias_refused(tmp_path):
+    """LlamaAttention's q/k/v/o projections carry biases where `attention_bias` (models
+    converted to Llama's layout from ones with them); actx reads them. HF initialises
+    biases at 0, so they are made random here: a bias left out moves the result. The
+    gated MLP's `mlp_bias` is refused by name."""
+    from safetensors.numpy import load_file, save_file
+
+    path = hf_models.make_tiny_checkpoint(tmp_path / "llama", "llama3", attention_bias=True)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    rng = np.random.RandomState(0)
+    biases = [n for n in tensors if n.endswith("_proj.bias")]
+    assert {n.split(".")[-2] for n in biases} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    for name in biases:
+        tensors[name] = (0.5 * rng.randn(*tensors[name].shape)).astype(tensors[name].dtype)
+    save_file(tensors, file, metadata={"format": "pt"})
+    ref = hf_models.hf_hooks(hf_models.load_hf_model(path), IDS)
+    layout_tests._assert_hooks_equal(layout_tests._extract(path, IDS, hooks=HOOKS), ref)
+    unbiased = hf_models.make_tiny_checkpoint(tmp_path / "zero", "llama3", attention_bias=True)
+    other = hf_models.hf_hooks(hf_models.load_hf_model(unbiased), IDS)
+    assert gpt_tests._max_rel(other["layers.0.attn_out"], ref["layers.0.attn_out"]) > 1e-2
+    mlp = hf_models.make_tiny_checkpoint(tmp_path / "mlp", "llama3", mlp_bias=True)
+    with pytest.raises(ValueError, match=r"unsupported option mlp_bias=True for "
+                                         r"LlamaForCausalLM"):
+        model_lib.load_pretrained(mlp)

@@ -7,17 +7,26 @@ from __future__ import annotations
 from actx.workers.model.families import base
 
 _BLOCK = ("x + attn(rms(x)); then + mlp(rms(.)); RMSNorm scales by w; SwiGLU "
-          "(silu(gate) * up) MLP; no biases")
+          "(silu(gate) * up) MLP; no biases (Llama's q/k/v/o where attention_bias)")
 
 
 def tensors(cfg) -> dict[str, base.LayerTensor]:
-    return {**base.norm_tensors(cfg), **base.attention_tensors(cfg), **base.mlp_tensors(cfg)}
+    table = {**base.norm_tensors(cfg), **base.attention_tensors(cfg, bias=cfg.qkv_bias),
+             **base.mlp_tensors(cfg)}
+    if cfg.o_bias:
+        table["o_bias_ld"] = base.LayerTensor("self_attn.o_proj.bias", (cfg.hidden_size,),
+                                              ("embed",))
+    return table
 
 
 def _llama(hf, arch, refuse, num_layers, head_dim) -> dict:
     base.refuse_activation(hf, refuse)
-    base.refuse_biases(hf, refuse)
-    return {"sliding_windows": (None,) * num_layers}
+    # LlamaAttention's q/k/v/o projections carry biases where attention_bias (checkpoints
+    # converted to Llama's layout from models with them); the gated MLP's mlp_bias is not
+    # implemented.
+    base.refuse_biases(hf, refuse, fields=("mlp_bias",))
+    bias = bool(hf.get("attention_bias", False))
+    return {"qkv_bias": bias, "o_bias": bias, "sliding_windows": (None,) * num_layers}
 
 
 def _mistral(hf, arch, refuse, num_layers, head_dim) -> dict:
