@@ -85,6 +85,7 @@ def problems(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir", target=None
                      "model as spec.model.flax")
     job = workers_preflight.check_job(spec, batch, model_parallel, data_parallel)
     found += job.problems
+    notes += job.notes
     absent(job.missing)
     if job.unreachable is not None:
         unreachable("the model", job.unreachable)

@@ -300,6 +300,21 @@ def test_positions_past_n_positions_are_refused(ckpt_dir):
     assert not any("max_context" in p for p in problems), problems
     fine = preflight.check_job(spec(seq_len=64, overflow="truncate"), batch_size=1).problems
     assert not any("position" in p for p in fine), fine
+    # A generating run continues documents (truncate would cut answers) but bounds every
+    # position by max_context (a prompt with its answer fits it, a longer prompt is
+    # rejected at prepare): max_context is what must fit the table.
+
+    def generating(**packing):
+        return runspec.RunSpec.from_dict({**spec(**packing).to_dict(),
+                                          "generate": {"max_new_tokens": 8}})
+
+    fits = preflight.check_job(generating(seq_len=32, max_context=64), batch_size=1).problems
+    assert not any("position" in p for p in fits), fits
+    problems = preflight.check_job(generating(seq_len=32, max_context=128),
+                                   batch_size=1).problems
+    assert any(p.startswith("spec.packing.max_context=128: GPT2LMHeadModel's learned "
+                            "position embeddings end at n_positions=64") and
+               p.endswith("set packing.max_context to at most 64") for p in problems), problems
 
 
 @pytest.mark.parametrize("arch", hf_models.GPT_ARCHS)

@@ -6,7 +6,9 @@ sample) only, and bad settings refused by name."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -335,3 +337,47 @@ def test_longrope_is_refused_by_name(ckpt_dir):
     config = generate_config.GenerateConfig(max_new_tokens=4)
     with pytest.raises(generate_config.GenerateError, match="longrope"):
         _generator(ckpt_dir("phi3_longrope"), config)
+
+
+def test_a_generation_config_setting_it_does_not_apply_is_said(ckpt_dir, tmp_path):
+    """A checkpoint's generation_config.json may set what HF `generate` applies besides
+    the generate section (Qwen2.5-Instruct: repetition_penalty 1.05). actx's generator does
+    not: the pre-flight says so, naming the HF call its answers equal, and they do
+    (reference: HF generate with that setting off; with it on, HF's answers differ)."""
+    import torch
+
+    from actx.schemas import runspec
+    from actx.workers import preflight
+
+    path = str(tmp_path / "model")
+    shutil.copytree(ckpt_dir("qwen2"), path)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"repetition_penalty": 1.5, "do_sample": True, "temperature": 0.7,
+                   "top_p": 0.8, "top_k": 20, "typical_p": 0.9}, f)
+    spec = runspec.RunSpec.from_dict({
+        "model": {"path": path}, "tokenizer": {"path": "unused"},
+        "sources": [{"kind": "text", "paths": ["none.jsonl"]}],
+        "packing": {"mode": "segmented", "seq_len": 32},
+        "capture": {"hooks": "layers.0.resid_post"}, "generate": {"max_new_tokens": 8}})
+    where = f"{path}/generation_config.json"
+    assert preflight.generate_notes(spec) == [
+        f"{where} sets repetition_penalty=1.5, which actx's generator does not apply: its "
+        f"answers are HF generate's with repetition_penalty=1.0"]
+    assert preflight.check_job(spec, batch_size=1).notes == tuple(preflight.generate_notes(spec))
+    sampling = runspec.RunSpec.from_dict({**spec.to_dict(), "generate": {
+        "max_new_tokens": 8, "temperature": 1.0}})
+    assert [n.split(" sets ")[1].split("=")[0] for n in preflight.generate_notes(sampling)] \
+        == ["repetition_penalty", "typical_p"]
+
+    hf = hf_models.load_hf_model(path)
+    config = generate_config.GenerateConfig(max_new_tokens=MAX_NEW)
+    samples = _generator(path, config).run(_prompts())
+    differ = 0
+    for s, prompt in zip(samples, _prompts()):
+        ids = torch.tensor(prompt[None].astype(np.int64))
+        kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False,
+                      max_new_tokens=MAX_NEW, pad_token_id=0)
+        off = hf.generate(ids, repetition_penalty=1.0, **kwargs)[0, len(prompt):].numpy()
+        np.testing.assert_array_equal(s.generated_ids, off)
+        differ += not np.array_equal(hf.generate(ids, **kwargs)[0, len(prompt):].numpy(), off)
+    assert differ  # HF's own default applies the checkpoint's penalty

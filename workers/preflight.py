@@ -76,7 +76,7 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 f"document seen through the KV cache cannot know; set packing.overflow: "
                 f"truncate (or packing.mode: pad), so each document is computed alone")
         problems += [f"spec.{p}" for p in learned_position_problems(
-            spec.packing, config, spec.model.path)]
+            spec.packing, config, spec.model.path, spec.generate is not None)]
         heads = parallelism.heads_problem(config.num_heads, model_parallel)
         if heads:
             problems.append(f"model_parallel={heads}")
@@ -88,8 +88,9 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                                             lead=f"batch_size={batch_size} does not")
         if split:
             problems.append(split)
+    notes = generate_notes(spec) if config is not None and unreachable is None else []
     return JobCheck(tuple(problems), config.vocab_size if config is not None else None,
-                    tuple(missing), unreachable)
+                    tuple(missing), unreachable, tuple(notes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +116,22 @@ class HookShapes:
 # Why a user's Flax model cannot generate (the pre-flight and the worker say the same).
 FLAX_GENERATES = ("a user's Flax model (model.flax) cannot generate in actx yet (its call "
                   "takes no KV cache); use a Hugging Face checkpoint (model.path)")
+
+
+def generate_notes(spec: runspec_lib.RunSpec) -> list[str]:
+    """What the checkpoint's generation_config.json sets that HF `generate` would apply
+    and actx's generator does not (workers.generate.config.unapplied)."""
+    from actx.workers.generate import config as generate_config
+
+    if spec.generate is None:
+        return []
+    store = store_lib.open_store(spec.model.path)  # the model's checkpoint, not the run
+    where = f"{spec.model.path.rstrip('/')}/generation_config.json"
+    try:
+        data = store.read_json("generation_config.json") or {}
+    except Exception:  # noqa: BLE001 - unreadable: nothing HF would apply from it either
+        return []
+    return generate_config.unapplied(data, spec.generate.temperature == 0, where)
 
 
 def generate_problems(spec: runspec_lib.RunSpec, config) -> list[str]:
@@ -186,12 +203,14 @@ def context_problem(packing: runspec_lib.PackingSpec, limit: int, model_path: st
             f"seq_len={packing.seq_len})")
 
 
-def learned_position_problems(packing: runspec_lib.PackingSpec, config, model_path: str
-                              ) -> list[str]:
+def learned_position_problems(packing: runspec_lib.PackingSpec, config, model_path: str,
+                              generates: bool = False) -> list[str]:
     """What to change where a token's position in its document could pass a model's
     learned position embeddings (GPT-2's n_positions): a row longer than the table, or a
     document continued across rows (its positions grow with its length, which no setting
-    bounds). Positions are never clamped or wrapped: HF has no value for them."""
+    bounds). Positions are never clamped or wrapped: HF has no value for them.
+    generates: a generating run, whose prompt and answer fit packing.max_context (a
+    longer prompt is rejected at prepare), so max_context bounds every position."""
     if not config.learned_positions:
         return []
     limit = config.max_position_embeddings
@@ -201,7 +220,12 @@ def learned_position_problems(packing: runspec_lib.PackingSpec, config, model_pa
     if packing.seq_len > limit:
         found.append(f"packing.seq_len={packing.seq_len}: {where}; set packing.seq_len to "
                      f"at most {limit}")
-    if packing.carries_context:
+    if generates:
+        if packing.max_context > limit:
+            found.append(f"packing.max_context={packing.max_context}: {where}, and a prompt "
+                         f"with its answer may take max_context positions; set "
+                         f"packing.max_context to at most {limit}")
+    elif packing.carries_context:
         found.append(f"packing.overflow={packing.overflow!r}: {where}, and a document "
                      f"continued across rows would pass them; set packing.overflow: "
                      f"truncate (each document's first packing.seq_len tokens, the rest "

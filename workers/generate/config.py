@@ -13,6 +13,37 @@ class GenerateError(UserError, ValueError):
     """A generate setting or prompt that cannot run; the message names the key."""
 
 
+# generation_config.json settings HF `generate` applies besides what the generate section
+# sets, which actx's generator does not, each with the value that turns it off (HF applies
+# a checkpoint's own: Qwen2.5-Instruct's repetition_penalty 1.05 moves greedy answers).
+# The sampling-only ones matter when the run samples.
+UNAPPLIED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_new_tokens": 0,
+             "min_length": 0, "suppress_tokens": None, "begin_suppress_tokens": None,
+             "bad_words_ids": None, "sequence_bias": None, "forced_bos_token_id": None,
+             "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
+             "num_beams": 1, "penalty_alpha": None}
+UNAPPLIED_SAMPLING = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+                      "min_p": None}
+
+
+def unapplied(generation_config: dict, greedy: bool, where: str) -> list[str]:
+    """What `where` (a checkpoint's generation_config.json) sets that HF `generate` would
+    apply and actx does not: one line each, naming the setting and the HF call whose
+    answers actx's are (empty: none)."""
+    settings = dict(UNAPPLIED) if greedy else {**UNAPPLIED, **UNAPPLIED_SAMPLING}
+    found = []
+    for key, off in settings.items():
+        value = generation_config.get(key)
+        if value is None or value == off or value == [] or value == {}:
+            continue
+        if key == "min_length" and isinstance(value, int) and value <= 0:
+            continue
+        shown = "None" if off is None else repr(off)
+        found.append(f"{where} sets {key}={value!r}, which actx's generator does not apply: "
+                     f"its answers are HF generate's with {key}={shown}")
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerateConfig:
     """What to generate: the settings a run's `generate` section will carry.

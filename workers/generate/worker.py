@@ -63,6 +63,7 @@ class GenerateWorker(runner.Worker):
         from actx.workers.generate import config as generate_config
         from actx.workers.generate import step as generate_step
         from actx.workers.generate import text as generate_text
+        from actx.workers import preflight
 
         spec = self.spec
         model, capture = loaded_model.load_weights(spec, self.manifest, self.mesh, self.loading)
@@ -75,6 +76,8 @@ class GenerateWorker(runner.Worker):
                 spec.tokenizer.chat_template is not False
             stops = self.decoder.default_stop_ids(spec.model.path, templated)
         self.stop_token_ids = tuple(stops)
+        for note in preflight.generate_notes(spec):
+            log.warning("%s", note)
         self.config = generate_config.GenerateConfig(
             max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k,
             top_p=gen.top_p, stop_token_ids=self.stop_token_ids,

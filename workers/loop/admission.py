@@ -91,7 +91,8 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
     if cfg.learned_positions and spec is not None:
         from actx.workers import preflight
 
-        learned = preflight.learned_position_problems(spec.packing, cfg, spec.model.path)
+        learned = preflight.learned_position_problems(spec.packing, cfg, spec.model.path,
+                                                      spec.generate is not None)
         if learned:
             raise ValueError(f"{learned[0]}, and prepare the run again")
     if max_context is None:
