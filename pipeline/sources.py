@@ -243,11 +243,16 @@ class Emitter:
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
+def without_bom(data: bytes, at_start: bool) -> bytes:
+    """Bytes of a line-based file; at the file's start without the UTF-8 byte-order mark
+    that Windows editors write: it marks the encoding, it is not text (JSON refuses it, and
+    a text line would begin with U+FEFF, which tokenizes into the first document)."""
+    return data.removeprefix(UTF8_BOM) if at_start else data
+
+
 def _lines(data: bytes, first_line: int) -> list[bytes]:
-    """data's lines; at the file's start (line 1) without the UTF-8 byte-order mark that
-    Windows editors write: it marks the encoding, it is not text (JSON refuses it, and a
-    text line would begin with U+FEFF, which tokenizes into the first document)."""
-    return (data.removeprefix(UTF8_BOM) if first_line == 1 else data).split(b"\n")
+    """data's lines (data's first line is line `first_line` of the file)."""
+    return without_bom(data, first_line == 1).split(b"\n")
 
 
 def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 1

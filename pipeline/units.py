@@ -80,9 +80,7 @@ def _numbered(units: list[WorkUnit]) -> list[WorkUnit]:
 def _count_nonblank(data: bytes, at_start: bool) -> int:
     """The records `data` holds (its non-blank lines) as sources reads them: at the file's
     start without a byte-order mark."""
-    if at_start:
-        data = data.removeprefix(sources.UTF8_BOM)
-    return sum(1 for line in data.split(b"\n") if line.strip())
+    return sum(1 for line in sources.without_bom(data, at_start).split(b"\n") if line.strip())
 
 
 def _line_units(source_index: int, path: str, fmt: str, f, max_bytes: int,
@@ -102,8 +100,7 @@ def _line_units(source_index: int, path: str, fmt: str, f, max_bytes: int,
             cut, lines = int(newlines[-1]) + 1, len(newlines)
         else:  # one line longer than max_bytes: a unit of its own
             cut = len(window)
-            nonblank = bool((window.removeprefix(sources.UTF8_BOM) if pos == 0 else window
-                             ).strip(_BLANK))
+            nonblank = bool(sources.without_bom(window, pos == 0).strip(_BLANK))
             while pos + cut < size:
                 more = fileio.read_range(f, pos + cut, min(size, pos + cut + max_bytes))
                 end = more.find(b"\n")

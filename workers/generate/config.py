@@ -36,8 +36,6 @@ def unapplied(generation_config: dict, greedy: bool, where: str) -> list[str]:
         value = generation_config.get(key)
         if value is None or value == off or value == [] or value == {}:
             continue
-        if key == "min_length" and isinstance(value, int) and value <= 0:
-            continue
         shown = "None" if off is None else repr(off)
         found.append(f"{where} sets {key}={value!r}, which actx's generator does not apply: "
                      f"its answers are HF generate's with {key}={shown}")

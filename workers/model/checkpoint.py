@@ -86,13 +86,14 @@ class TensorReader:
         return name in self._file_of
 
     def shape_of(self, name: str) -> tuple[int, ...]:
-        with safe_open(self._file_of[name], framework="numpy") as f:
-            return tuple(f.get_slice(name).get_shape())
+        return self.shape_and_dtype(name)[0]
 
-    def dtype_of(self, name: str) -> str:
-        """The tensor's dtype as safetensors names it ("BF16", "F32", "F8_E4M3", "I8")."""
+    def shape_and_dtype(self, name: str) -> tuple[tuple[int, ...], str]:
+        """The tensor's shape and its dtype as safetensors names it ("BF16", "F8_E4M3",
+        "I8"), from one read of its file's header."""
         with safe_open(self._file_of[name], framework="numpy") as f:
-            return f.get_slice(name).get_dtype()
+            info = f.get_slice(name)
+            return tuple(info.get_shape()), info.get_dtype()
 
     def read(self, name: str) -> np.ndarray:
         """The tensor as numpy: a float one, or the uint8 of packed MXFP4 blocks and
@@ -171,11 +172,10 @@ def load_params(reader: TensorReader, cfg: ModelConfig, dtype: np.dtype,
         if hf_name not in reader:
             raise ValueError(f"{source}: checkpoint is missing tensor {hf_name!r} "
                              f"(expected shape {expected})")
-        actual = reader.shape_of(hf_name)
+        actual, dtype = reader.shape_and_dtype(hf_name)
         if actual != expected:
             raise ValueError(f"{source}: tensor {hf_name!r} has shape {actual}, "
                              f"expected {expected} from config.json")
-        dtype = reader.dtype_of(hf_name)
         packed = hf_name.endswith(checkpoint_check.PACKED_SUFFIXES)
         if dtype not in (checkpoint_check.PACKED_DTYPES if packed
                          else checkpoint_check.FLOAT_DTYPES):
