@@ -31,6 +31,10 @@ class GenerateSpec:
       the token store (its `sample` in the doc table).
     seed: the root of the random streams. A token's stream depends only on the seed, its
       prompt's document, its sample and its index, never on slot, batch or host.
+    repetition_penalty: HF's repetition penalty (1: off): the logit of each id the sample
+      holds so far (prompt and generated) is divided by it where positive, multiplied
+      where negative, before sampling or the argmax. A checkpoint's generation_config.json
+      value is not taken by itself (the pre-flight names it); absent from run.json while 1.
     """
 
     max_new_tokens: int = 256
@@ -40,6 +44,7 @@ class GenerateSpec:
     stop_token_ids: tuple[int, ...] | None = None
     samples_per_prompt: int = 1
     seed: int = 0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         def bad(key, why):
@@ -57,5 +62,9 @@ class GenerateSpec:
             raise bad("samples_per_prompt", f"must be at least 1, got {self.samples_per_prompt}")
         if not 0 <= self.seed < 2**32:
             raise bad("seed", f"must be in [0, 2**32), got {self.seed}")
+        if not (isinstance(self.repetition_penalty, (int, float))
+                and 0 < self.repetition_penalty < float("inf")):
+            raise bad("repetition_penalty", f"must be a number > 0 (1: off), got "
+                                            f"{self.repetition_penalty!r}")
         if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", f"token ids are >= 0, got {list(self.stop_token_ids)}")

@@ -332,6 +332,9 @@ class RunSpec:
         data = config_lib.to_dict(self)
         if data.get("generate", 0) is None:
             del data["generate"]  # absent unless the run generates
+        elif data.get("generate") and data["generate"]["repetition_penalty"] == 1.0:
+            # Absent while off, so generating runs written before it keep their fingerprint.
+            del data["generate"]["repetition_penalty"]
         if not data["model"]["flax"]:
             # Absent unless used, so specs written before model.flax keep their fingerprint.
             del data["model"]["flax"]

@@ -84,11 +84,12 @@ def stored_run(run: str) -> dict[str, bytes]:
 
 def assert_every_token_is_hf(run: str, model: str, tokenizer_dir: str, prompts: list[str],
                              max_new: int, stop: int, samples_per_prompt: int = 1,
-                             greedy: bool = True) -> dict[int, tuple]:
+                             greedy: bool = True, **generate_kwargs) -> dict[int, tuple]:
     """Every sample's stored tokens and activations against HF transformers: its prompt
     is HF's tokenizer's, (greedy) its answer is HF `generate`'s, and every hook of every
     token, prompt and generated, is HF's forward over prompt + answer (fp32, 1e-5); the
-    room it did not reach holds zeros. Returns {document: (rows, cols, its record)}, its
+    room it did not reach holds zeros. generate_kwargs: HF generate's further settings
+    (the run's repetition_penalty). Returns {document: (rows, cols, its record)}, its
     tokens' places in position order, for a caller's further checks."""
     import numpy as np
     import torch
@@ -117,7 +118,8 @@ def assert_every_token_is_hf(run: str, model: str, tokenizer_dir: str, prompts: 
         if greedy:
             out = hf.generate(torch.tensor(prompt[None]), max_new_tokens=max_new,
                               do_sample=False, eos_token_id=stop, pad_token_id=0,
-                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                              **generate_kwargs)
             assert answer.tolist() == out[0, len(prompt):].tolist(), f"document {d}"
         assert e["text"] == tokenizer.decode(answer)
         text = np.concatenate([prompt, answer])

@@ -163,6 +163,17 @@ def test_on_a_mesh_slots_over_data_and_heads_over_model(ckpt_dir):
     for s, prompt in zip(gen.run(prompts), prompts):
         np.testing.assert_array_equal(s.generated_ids, _hf_greedy(hf, prompt, MAX_NEW, ()))
         _compare_activations(s, hf)
+    # The record of fed ids a repetition penalty needs, split over data as the slots.
+    penalised = generate.Generator(
+        model, generate_step.load_lm_head(path, model), capture.CaptureSpec.parse(HOOKS),
+        generate_config.GenerateConfig(max_new_tokens=MAX_NEW, repetition_penalty=3.0),
+        slots=4, max_length=MAX_LENGTH, prefill_len=PREFILL)
+    import torch
+    for s, prompt in zip(penalised.run(prompts), prompts):
+        ids = torch.tensor(prompt[None].astype(np.int64))
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=MAX_NEW, pad_token_id=0, repetition_penalty=3.0)
+        np.testing.assert_array_equal(s.generated_ids, ref[0, len(prompt):].numpy())
     with pytest.raises(ValueError, match="batch size 3 is not divisible"):
         generate.Generator(model, generate_step.load_lm_head(path, model),
                            capture.CaptureSpec.parse(HOOKS),
@@ -341,9 +352,10 @@ def test_longrope_is_refused_by_name(ckpt_dir):
 
 def test_a_generation_config_setting_it_does_not_apply_is_said(ckpt_dir, tmp_path):
     """A checkpoint's generation_config.json may set what HF `generate` applies besides
-    the generate section (Qwen2.5-Instruct: repetition_penalty 1.05). actx's generator does
-    not: the pre-flight says so, naming the HF call its answers equal, and they do
-    (reference: HF generate with that setting off; with it on, HF's answers differ)."""
+    the generate section (Qwen2.5-Instruct: repetition_penalty 1.05). actx applies only
+    the run's own settings: the pre-flight names the checkpoint's, the HF call actx's
+    answers equal and the key that takes the checkpoint's penalty; followed, the answers
+    are HF generate's defaults (reference: HF generate with that setting off, and on)."""
     import torch
 
     from actx.schemas import runspec
@@ -353,7 +365,8 @@ def test_a_generation_config_setting_it_does_not_apply_is_said(ckpt_dir, tmp_pat
     shutil.copytree(ckpt_dir("qwen2"), path)
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump({"repetition_penalty": 1.5, "do_sample": True, "temperature": 0.7,
-                   "top_p": 0.8, "top_k": 20, "typical_p": 0.9}, f)
+                   "top_p": 0.8, "top_k": 20, "typical_p": 0.9,
+                   "no_repeat_ngram_size": 3}, f)
     spec = runspec.RunSpec.from_dict({
         "model": {"path": path}, "tokenizer": {"path": "unused"},
         "sources": [{"kind": "text", "paths": ["none.jsonl"]}],
@@ -361,23 +374,75 @@ def test_a_generation_config_setting_it_does_not_apply_is_said(ckpt_dir, tmp_pat
         "capture": {"hooks": "layers.0.resid_post"}, "generate": {"max_new_tokens": 8}})
     where = f"{path}/generation_config.json"
     assert preflight.generate_notes(spec) == [
-        f"{where} sets repetition_penalty=1.5, which actx's generator does not apply: its "
-        f"answers are HF generate's with repetition_penalty=1.0"]
+        f"{where} sets repetition_penalty=1.5, which HF generate applies by default; this "
+        f"run's generate.repetition_penalty is 1.0, so its answers are HF generate's with "
+        f"repetition_penalty=1.0 (set generate.repetition_penalty: 1.5 for HF generate's "
+        f"default answers)",
+        f"{where} sets no_repeat_ngram_size=3, which actx's generator does not apply: its "
+        f"answers are HF generate's with no_repeat_ngram_size=0"]
     assert preflight.check_job(spec, batch_size=1).notes == tuple(preflight.generate_notes(spec))
     sampling = runspec.RunSpec.from_dict({**spec.to_dict(), "generate": {
         "max_new_tokens": 8, "temperature": 1.0}})
     assert [n.split(" sets ")[1].split("=")[0] for n in preflight.generate_notes(sampling)] \
-        == ["repetition_penalty", "typical_p"]
+        == ["repetition_penalty", "no_repeat_ngram_size", "typical_p"]
+    followed = runspec.RunSpec.from_dict({**spec.to_dict(), "generate": {
+        "max_new_tokens": 8, "repetition_penalty": 1.5}})
+    assert [n.split(" sets ")[1].split("=")[0] for n in preflight.generate_notes(followed)] \
+        == ["no_repeat_ngram_size"]
 
     hf = hf_models.load_hf_model(path)
-    config = generate_config.GenerateConfig(max_new_tokens=MAX_NEW)
-    samples = _generator(path, config).run(_prompts())
+    kwargs = dict(do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0,
+                  no_repeat_ngram_size=0)
     differ = 0
-    for s, prompt in zip(samples, _prompts()):
+    for penalty in (1.0, 1.5):
+        config = generate_config.GenerateConfig(max_new_tokens=MAX_NEW,
+                                                repetition_penalty=penalty)
+        samples = _generator(path, config).run(_prompts())
+        for s, prompt in zip(samples, _prompts()):
+            ids = torch.tensor(prompt[None].astype(np.int64))
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids),
+                              repetition_penalty=penalty, **kwargs)[0, len(prompt):].numpy()
+            np.testing.assert_array_equal(s.generated_ids, ref,
+                                          err_msg=f"penalty {penalty} prompt {s.prompt_index}")
+            if penalty == 1.0:  # HF's own default applies the checkpoint's 1.5
+                default = hf.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+                differ += not np.array_equal(default[0, len(prompt):].numpy(), ref)
+    assert differ
+
+
+@pytest.mark.parametrize("arch", ("llama3", "gemma2"))
+def test_repetition_penalty_answers_equal_hf_generate(ckpt_dir, arch):
+    """With a repetition penalty, greedy ids equal HF generate's with that penalty for
+    every prompt (prompt ids penalised too; five prompts on two slots, so a slot's next
+    sample must not carry its last one's ids) and differ from the unpenalised ones; the
+    activations stay HF's forward over prompt + generated. Sampling with top_k=1 writes the
+    same text (the penalty comes before the warpers, as HF's processors)."""
+    import torch
+
+    path = ckpt_dir(arch)
+    hf = hf_models.load_hf_model(path)
+    # Prompts that repeat their ids, so the penalty moves the argmax often.
+    prompts = [np.tile(p[:4], 4)[:n] for p, n in zip(_prompts(2), LENGTHS)]
+    greedy = _generator(path, generate_config.GenerateConfig(
+        max_new_tokens=MAX_NEW, repetition_penalty=3.0)).run(prompts)
+    sampled = _generator(path, generate_config.GenerateConfig(
+        max_new_tokens=MAX_NEW, repetition_penalty=3.0, temperature=0.8, top_k=1,
+        seed=1)).run(prompts)
+    moved = 0
+    for s, t, prompt in zip(greedy, sampled, prompts):
         ids = torch.tensor(prompt[None].astype(np.int64))
         kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False,
                       max_new_tokens=MAX_NEW, pad_token_id=0)
-        off = hf.generate(ids, repetition_penalty=1.0, **kwargs)[0, len(prompt):].numpy()
-        np.testing.assert_array_equal(s.generated_ids, off)
-        differ += not np.array_equal(hf.generate(ids, **kwargs)[0, len(prompt):].numpy(), off)
-    assert differ  # HF's own default applies the checkpoint's penalty
+        ref = hf.generate(ids, repetition_penalty=3.0, **kwargs)[0, len(prompt):].numpy()
+        np.testing.assert_array_equal(s.generated_ids, ref, err_msg=f"prompt {s.prompt_index}")
+        np.testing.assert_array_equal(t.generated_ids, ref, err_msg=f"prompt {s.prompt_index}")
+        moved += not np.array_equal(ref, _hf_greedy(hf, prompt, MAX_NEW, ()))
+        _compare_activations(s, hf)
+    assert moved >= 3
+
+
+@pytest.mark.parametrize("penalty", (0.0, -1.0, float("inf")))
+def test_a_bad_repetition_penalty_is_refused_by_name(ckpt_dir, penalty):
+    config = generate_config.GenerateConfig(max_new_tokens=4, repetition_penalty=penalty)
+    with pytest.raises(generate_config.GenerateError, match="generate.repetition_penalty"):
+        _generator(ckpt_dir("qwen2_untied"), config)

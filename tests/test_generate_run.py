@@ -84,6 +84,30 @@ def test_greedy_run_is_hf_generate_and_every_token_hf_forward(greedy, model,
     assert crossing == {"prompt": True, "answer": True}
 
 
+def test_a_repetition_penalty_run_is_hf_generate_with_that_penalty(
+        greedy, model, qwen_tokenizer_dir, prompts_file, tmp_path):
+    """generate.repetition_penalty through prepare and a worker process: run.json records
+    it, every answer is HF generate's with that penalty (and some differ from the
+    unpenalised run's), every token's hooks HF's forward. While 1 it is absent from
+    run.json, so a spec written before the key keeps its fingerprint."""
+    spec = _spec(model, qwen_tokenizer_dir, prompts_file, stop_token_ids=[STOP],
+                 repetition_penalty=2.0)
+    run = str(tmp_path / "run")
+    _generated_run(run, spec)
+    recorded = store.open_store(run).read_json(runspec.RUN_SPEC_KEY)
+    assert recorded["generate"]["repetition_penalty"] == 2.0
+    checked = generate_runs.assert_every_token_is_hf(run, model, qwen_tokenizer_dir, PROMPTS,
+                                                     MAX_NEW, STOP, repetition_penalty=2.0)
+    unpenalised = generate_runs.records(greedy)
+    assert any(e["generated_ids"] != unpenalised[d]["generated_ids"]
+               for d, (_, _, e) in checked.items())
+    plain = _spec(model, qwen_tokenizer_dir, prompts_file, stop_token_ids=[STOP])
+    assert "repetition_penalty" not in plain.to_dict()["generate"]
+    written_before = plain.to_dict()  # as an actx without the key wrote it
+    assert runspec.RunSpec.from_dict(written_before).fingerprint == plain.fingerprint
+    assert spec.fingerprint != plain.fingerprint
+
+
 def test_the_reader_reads_prompt_and_answer_apart(greedy):
     from actx import reader
 

@@ -131,7 +131,8 @@ def generate_notes(spec: runspec_lib.RunSpec) -> list[str]:
         data = store.read_json("generation_config.json") or {}
     except Exception:  # noqa: BLE001 - unreadable: nothing HF would apply from it either
         return []
-    return generate_config.unapplied(data, spec.generate.temperature == 0, where)
+    return generate_config.unapplied(data, spec.generate.temperature == 0, where,
+                                     spec.generate.repetition_penalty)
 
 
 def generate_problems(spec: runspec_lib.RunSpec, config) -> list[str]:

@@ -17,7 +17,7 @@ class GenerateError(UserError, ValueError):
 # sets, which actx's generator does not, each with the value that turns it off (HF applies
 # a checkpoint's own: Qwen2.5-Instruct's repetition_penalty 1.05 moves greedy answers).
 # The sampling-only ones matter when the run samples.
-UNAPPLIED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_new_tokens": 0,
+UNAPPLIED = {"no_repeat_ngram_size": 0, "min_new_tokens": 0,
              "min_length": 0, "suppress_tokens": None, "begin_suppress_tokens": None,
              "bad_words_ids": None, "sequence_bias": None, "forced_bos_token_id": None,
              "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
@@ -26,12 +26,21 @@ UNAPPLIED_SAMPLING = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0
                       "min_p": None}
 
 
-def unapplied(generation_config: dict, greedy: bool, where: str) -> list[str]:
+def unapplied(generation_config: dict, greedy: bool, where: str,
+              repetition_penalty: float = 1.0) -> list[str]:
     """What `where` (a checkpoint's generation_config.json) sets that HF `generate` would
     apply and actx does not: one line each, naming the setting and the HF call whose
-    answers actx's are (empty: none)."""
+    answers actx's are (empty: none). repetition_penalty: the run's (generate section),
+    which actx applies; a checkpoint's other value is named with the key that takes it."""
     settings = dict(UNAPPLIED) if greedy else {**UNAPPLIED, **UNAPPLIED_SAMPLING}
     found = []
+    theirs = generation_config.get("repetition_penalty")
+    if isinstance(theirs, (int, float)) and theirs != repetition_penalty:
+        found.append(f"{where} sets repetition_penalty={theirs!r}, which HF generate applies "
+                     f"by default; this run's generate.repetition_penalty is "
+                     f"{repetition_penalty!r}, so its answers are HF generate's with "
+                     f"repetition_penalty={repetition_penalty!r} (set generate."
+                     f"repetition_penalty: {theirs!r} for HF generate's default answers)")
     for key, off in settings.items():
         value = generation_config.get(key)
         if value is None or value == off or value == [] or value == {}:
@@ -52,6 +61,7 @@ class GenerateConfig:
     stop_token_ids: a sample ends after generating any of these (kept in its tokens).
     samples_per_prompt: independent samples of each prompt.
     seed: the random streams' root (`workers.generate.sampling.token_key`).
+    repetition_penalty: HF's (`workers.generate.sampling.penalise`; 1: off).
     """
 
     max_new_tokens: int
@@ -61,6 +71,7 @@ class GenerateConfig:
     stop_token_ids: tuple[int, ...] = ()
     samples_per_prompt: int = 1
     seed: int = 0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -91,6 +102,10 @@ class GenerateConfig:
                       "must be an integer >= 1")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise bad("seed", self.seed, "must be an integer in [0, 2**32)")
+        if not (isinstance(self.repetition_penalty, (int, float))
+                and 0 < self.repetition_penalty < float("inf")):
+            raise bad("repetition_penalty", self.repetition_penalty,
+                      "must be a number > 0 (1: off; above 1 makes repeats less likely)")
         outside = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if outside:
             raise bad("stop_token_ids", list(self.stop_token_ids),

@@ -158,14 +158,22 @@ class Generator:
         # the device, as extraction's step does: workers.model.quantise).
         self.output_names = quantise.output_names(self.hook_names, spec.dtype)
 
-        def run_step(params, head_vd, cache, tokens_bt, start_b, last_b, document_b,
+        penalty = config.repetition_penalty
+        self.penalised = penalty != 1.0
+
+        def run_step(params, head_vd, cache, tokens_bt, start_b, count_b, document_b,
                      sample_b, index_b):
             self.trace_count += 1  # Python side effect: runs only when tracing
+            last_b = jnp.maximum(count_b - 1, 0)
             hooks, logits_bv, cache = generate_step.step(
                 params, generate_step.LMHead(head_vd, head.final_softcap), cfg, cache,
                 tokens_bt, start_b, last_b, point_layers=point_layers,
                 global_points=global_points, out_dtype=out_dtype, attention=self.attention)
             hooks = quantise.quantise_outputs(hooks, spec.dtype)
+            if self.penalised:
+                seen_bv = _seen(cache.seen_bv, tokens_bt, start_b, count_b)
+                cache = dataclasses.replace(cache, seen_bv=seen_bv)
+                logits_bv = sampling.penalise(logits_bv, seen_bv, penalty)
             next_b = sampling.choose(
                 logits_bv, temperature=config.temperature, top_k=config.top_k,
                 top_p=config.top_p, seed=config.seed, document_b=document_b,
@@ -181,7 +189,7 @@ class Generator:
         cfg, slots, max_length, mesh = model.config, self.slots, self.max_length, self.mesh
 
         def make_cache():
-            return generate_step.zeros(cfg, slots, max_length, model.dtype)
+            return generate_step.zeros(cfg, slots, max_length, model.dtype, self.penalised)
 
         if mesh is None:
             self._step = jax.jit(run_step, donate_argnums=(2,))
@@ -199,7 +207,8 @@ class Generator:
                               model.params, is_leaf=is_axes)
         head = named(TOP_PARAM_AXES["embed_vd"], head_vd.shape)
         caches = jax.tree.map(lambda axes, leaf: named(axes, leaf.shape),
-                              generate_step.SlotCache(kv_cache.KV_AXES, kv_cache.KV_AXES),
+                              generate_step.SlotCache(kv_cache.KV_AXES, kv_cache.KV_AXES,
+                                                      generate_step.SEEN_AXES),
                               jax.eval_shape(make_cache), is_leaf=is_axes)
         rows, per_slot = (sharding.data_parallel_sharding(mesh, n) for n in (2, 1))
         self._input_shardings = (rows,) + (per_slot,) * 5
@@ -340,14 +349,14 @@ class Generator:
             yield slot.finish()
 
     def _inputs(self, active: list[_Slot | None]):
-        """The step's arrays (tokens, start, last, document, sample, token index) and each
+        """The step's arrays (tokens, start, count, document, sample, token index) and each
         slot's count of real tokens: a prompt chunk where any slot prefills (the others
         idle), else each slot's last generated token."""
         prefill = any(s is not None and s.fed < len(s.prompt) for s in active)
         t = self.prefill_len if prefill else 1
         b = self.slots
         tokens = np.zeros((b, t), np.int32)
-        start, last, document, sample, index = (np.zeros((b,), np.int32) for _ in range(5))
+        start, count, document, sample, index = (np.zeros((b,), np.int32) for _ in range(5))
         counts = [0] * b
         for i, slot in enumerate(active):
             if slot is None:
@@ -359,9 +368,22 @@ class Generator:
             else:
                 chunk = np.asarray(slot.generated[-1:], np.int32)
             tokens[i, :len(chunk)] = chunk
-            counts[i] = len(chunk)
-            last[i] = max(len(chunk) - 1, 0)
-        return (tokens, start, last, document, sample, index), counts
+            counts[i] = count[i] = len(chunk)
+        return (tokens, start, count, document, sample, index), counts
+
+
+def _seen(seen_bv: jax.Array, tokens_bt: jax.Array, start_b: jax.Array,
+          count_b: jax.Array) -> jax.Array:
+    """The record of fed ids after this step: a slot that starts a sample (its first
+    tokens, at position 0) forgets its last sample's, then each slot adds the real tokens
+    it fed (the first count_b of its row)."""
+    starts_b = (start_b == 0) & (count_b > 0)
+    seen_bv = jnp.where(starts_b[:, None], False, seen_bv)
+    real_bt = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32) < count_b[:, None]
+    # A padding token goes to index vocab, beyond the record: dropped.
+    ids_bt = jnp.where(real_bt, tokens_bt, seen_bv.shape[1])
+    rows_b1 = jnp.arange(seen_bv.shape[0])[:, None]
+    return seen_bv.at[rows_b1, ids_bt].set(True, mode="drop")
 
 
 def _global(values: np.ndarray, where) -> jax.Array:

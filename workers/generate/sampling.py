@@ -1,5 +1,8 @@
 """How generation picks each token, and from which random stream.
 
+A repetition penalty first (HF's RepetitionPenaltyLogitsProcessor, a logits processor HF
+applies before its warpers): the logit of every id the sample has fed so far, prompt
+included, is divided by the penalty where positive and multiplied by it where negative.
 Greedy is the argmax (ties: the lowest id, as torch.argmax). Sampling follows HF's
 warpers in HF's order: temperature, then top-k, then top-p (nucleus: drop the least likely
 tokens whose total probability is at most 1 - top_p, always keeping the likeliest), then a
@@ -24,6 +27,13 @@ def token_key(seed: int, document_b: jax.Array, sample_b: jax.Array,
             base, document), sample), index)
 
     return jax.vmap(one)(document_b, sample_b, index_b)
+
+
+def penalise(logits_bv: jax.Array, seen_bv: jax.Array, penalty: float) -> jax.Array:
+    """float32 logits with HF's repetition penalty on the ids `seen_bv` marks."""
+    logits_bv = logits_bv.astype(jnp.float32)
+    penalised_bv = jnp.where(logits_bv < 0, logits_bv * penalty, logits_bv / penalty)
+    return jnp.where(seen_bv, penalised_bv, logits_bv)
 
 
 def warp(logits_bv: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:

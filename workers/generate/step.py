@@ -43,19 +43,30 @@ log = logging.getLogger("actx.worker")
 @dataclasses.dataclass(frozen=True)
 class SlotCache:
     """k/v: [layers, slots, capacity, kv_heads, head_dim] in the compute dtype, RoPE
-    applied; index c of a slot holds the key of its document's position c."""
+    applied; index c of a slot holds the key of its document's position c.
+    seen_bv: [slots, vocab] bool, the ids each slot's sample has fed so far (its prompt and
+    generated tokens: what HF's repetition penalty looks at); [slots, 0] where the run has
+    no repetition penalty. The generator keeps it (`step` passes it through)."""
 
     k_lbckh: jax.Array
     v_lbckh: jax.Array
+    seen_bv: jax.Array
 
     @property
     def capacity(self) -> int:
         return self.k_lbckh.shape[2]
 
 
-def zeros(cfg: ModelConfig, slots: int, capacity: int, dtype) -> SlotCache:
+def zeros(cfg: ModelConfig, slots: int, capacity: int, dtype, seen: bool = False
+          ) -> SlotCache:
+    """An empty cache; seen: with the [slots, vocab] record of fed ids."""
     shape = (cfg.num_layers, slots, capacity, cfg.num_kv_heads, cfg.head_dim)
-    return SlotCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    return SlotCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
+                     jnp.zeros((slots, cfg.vocab_size if seen else 0), bool))
+
+
+# The record of fed ids: slots over `data`, as the cache's.
+SEEN_AXES = ("batch", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,4 +246,5 @@ def step(params: dict, head: LMHead, cfg: ModelConfig, cache: SlotCache,
     if head.final_softcap is not None:
         cap = jnp.asarray(head.final_softcap, logits_bv.dtype)
         logits_bv = jnp.tanh(logits_bv / cap) * cap
-    return out, logits_bv.astype(jnp.float32), SlotCache(k_lbckh, v_lbckh)
+    return out, logits_bv.astype(jnp.float32), dataclasses.replace(
+        cache, k_lbckh=k_lbckh, v_lbckh=v_lbckh)

@@ -81,7 +81,8 @@ class GenerateWorker(runner.Worker):
         self.config = generate_config.GenerateConfig(
             max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k,
             top_p=gen.top_p, stop_token_ids=self.stop_token_ids,
-            samples_per_prompt=gen.samples_per_prompt, seed=gen.seed)
+            samples_per_prompt=gen.samples_per_prompt, seed=gen.seed,
+            repetition_penalty=gen.repetition_penalty)
         max_context = spec.packing.max_context
         self.progress.say_phase("compiling the generation steps")
         self.generator = generate_lib.Generator(
