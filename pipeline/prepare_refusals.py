@@ -21,6 +21,7 @@ from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import extraction_store
 from actx.schemas import layout
+from actx.schemas import position_limits
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
 from actx.schemas import tokenizer_identity
@@ -193,34 +194,32 @@ def check_not_empty(spec: runspec_lib.RunSpec, files: list[tuple[int, str]],
 
 
 def check_max_context(spec: runspec_lib.RunSpec) -> None:
-    """packing.max_context within the model's declared context, when its config.json can
-    be read now: the workers refuse it later, after the whole prepare, otherwise."""
-    if not spec.packing.carries_context:
+    """packing.max_context within the model's declared context, and every position within
+    a GPT-2's learned position embeddings, when its config.json can be read now: the
+    workers refuse them later, after the whole prepare, otherwise."""
+    if not spec.model.path:  # prepare alone: the model is only recorded
         return
     try:
         # The model's checkpoint directory, not the run.
-        config = store_lib.open_store(spec.model.path).read_json("config.json")
+        config = store_lib.open_store(spec.model.path).read_json("config.json") or {}
     except Exception:  # the model may not be reachable from here; workers check again
         return
-    limit = int((config or {}).get("max_position_embeddings") or 0)
-    packing = spec.packing
-    if not (limit and packing.max_context > limit):
+    if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]  # a multimodal checkpoint's decoder (Gemma 3)
+    if not isinstance(config, dict):
         return
-    where = f"the model's max_position_embeddings={limit} ({spec.model.path}/config.json)"
-    # max_context is at least seq_len: when a row alone is too long, seq_len is what to lower
-    # (the same advice as workers.preflight.context_problem, which pipeline may not import).
-    if packing.seq_len > limit:
-        default = runspec_lib.DEFAULT_MAX_CONTEXT
-        also = (f" and packing.max_context to at most {limit} (its default is "
-                f"max({default}, seq_len))"
-                if packing.max_context > packing.seq_len or limit < default else
-                f" (and packing.max_context, if you set it, to at most {limit})")
-        raise PrepareError(
-            f"packing.seq_len={packing.seq_len} is larger than {where}: set packing.seq_len "
-            f"to at most {limit}{also}")
-    raise PrepareError(
-        f"packing.max_context={packing.max_context} is larger than {where}: set "
-        f"packing.max_context to at most {limit} (and at least seq_len={packing.seq_len})")
+    if config.get("model_type") == "gpt2":  # the family with learned positions
+        limit = int(config.get("n_positions") or config.get("max_position_embeddings") or 0)
+        architecture = (config.get("architectures") or ["GPT2LMHeadModel"])[0]
+        problems = position_limits.learned_position_problems(
+            spec.packing, limit, architecture, spec.model.path, spec.generate is not None
+        ) if limit else []
+    else:
+        problem = position_limits.context_problem(
+            spec.packing, int(config.get("max_position_embeddings") or 0), spec.model.path)
+        problems = [problem] if problem else []
+    if problems:
+        raise PrepareError("; ".join(problems))
 
 
 def check_tokenizer_is_models(spec: runspec_lib.RunSpec

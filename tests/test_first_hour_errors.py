@@ -369,3 +369,36 @@ def test_the_worker_refuses_only_naming_absent_partitions(committed_run):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--only: partition(s) [4242] do not exist (the run has 8 partition(s), 0..7)" \
         in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("packing, generate", [
+    ({"seq_len": 32}, None),                                   # overflow continue
+    ({"seq_len": 128, "overflow": "truncate"}, None),          # rows past the table
+    ({"seq_len": 32, "max_context": 96}, {"max_new_tokens": 8}),  # answers past it
+])
+def test_prepare_refuses_what_passes_a_gpt2s_learned_positions_as_the_workers_do(
+        tmp_path_factory, tmp_path, packing, generate):
+    """A GPT-2 (n_positions in config.json, no max_position_embeddings) whose documents
+    could pass its 64 learned positions: `actx prepare` refuses it before any work, with
+    the pre-flight's words (before, it prepared the run and only the workers refused);
+    what the advice leads to passes both."""
+    from actx.pipeline import main as prepare_main, prepare_refusals
+    from actx.schemas import runspec
+    from actx.workers import preflight
+
+    model = hf_models.make_tiny_checkpoint(tmp_path_factory.mktemp("gpt2") / "g", "gpt2",
+                                           n_positions=64)
+    spec = runspec.RunSpec.from_dict({**_spec(model, tmp_path, **packing).to_dict(),
+                                      **({"generate": generate} if generate else {})})
+    problems = [p for p in preflight.check_job(spec).problems if "n_positions=64" in p]
+    assert problems
+    with pytest.raises(prepare_refusals.PrepareError) as e:
+        prepare_main.run_prepare(spec, str(tmp_path / "run"))
+    assert str(e.value) == "; ".join(p.removeprefix("spec.") for p in problems)
+    assert not (tmp_path / "run").exists()
+    followed = {**packing, "seq_len": 32, "overflow": "truncate"} if not generate else \
+        {**packing, "max_context": 64}
+    spec = runspec.RunSpec.from_dict({**_spec(model, tmp_path, **followed).to_dict(),
+                                      **({"generate": generate} if generate else {})})
+    prepare_refusals.check_max_context(spec)
+    assert [p for p in preflight.check_job(spec).problems if "n_positions" in p] == []

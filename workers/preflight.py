@@ -13,6 +13,7 @@ import dataclasses
 
 from actx.schemas import layout
 from actx.schemas import parallelism
+from actx.schemas import position_limits
 from actx.schemas import quantised
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
@@ -63,10 +64,15 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 capture.validate(config)
             except ValueError as e:
                 problems.append(f"spec.capture.hooks: {e}")
-        context = context_problem(spec.packing, config.max_position_embeddings,
-                                  spec.model.path)
-        if context and not config.learned_positions:  # those say what to do instead
-            problems.append(f"spec.{context}")
+        if config.learned_positions:
+            problems += [f"spec.{p}" for p in position_limits.learned_position_problems(
+                spec.packing, config.max_position_embeddings, config.architecture,
+                spec.model.path, spec.generate is not None)]
+        else:
+            context = position_limits.context_problem(
+                spec.packing, config.max_position_embeddings, spec.model.path)
+            if context:
+                problems.append(f"spec.{context}")
         if spec.packing.carries_context and config.rope.has_long_factors:
             problems.append(
                 f"spec.packing.max_context={spec.packing.max_context}: "
@@ -75,8 +81,6 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 f"{config.rope.original_max_position_embeddings}, which rows of a long "
                 f"document seen through the KV cache cannot know; set packing.overflow: "
                 f"truncate (or packing.mode: pad), so each document is computed alone")
-        problems += [f"spec.{p}" for p in learned_position_problems(
-            spec.packing, config, spec.model.path, spec.generate is not None)]
         heads = parallelism.heads_problem(config.num_heads, model_parallel)
         if heads:
             problems.append(f"model_parallel={heads}")
@@ -185,62 +189,6 @@ def hook_shapes(spec: runspec_lib.RunSpec) -> HookShapes:
         shapes[layout.GENERATED_IDS] = (1, "int32")
     return HookShapes(shapes, capture.blocks_run(
         config.num_layers, capture_lib.router_layers_of(config)), config)
-
-
-def context_problem(packing: runspec_lib.PackingSpec, limit: int, model_path: str
-                    ) -> str | None:
-    """What to change when a document's context (packing.max_context, which is at least
-    seq_len) is longer than the model's max_position_embeddings (`limit`; 0: not given).
-    The setting to lower is seq_len when a row alone is too long (max_context cannot go
-    below it), max_context only when it alone is too large."""
-    if not (packing.carries_context and limit and packing.max_context > limit):
-        return None
-    where = f"the model's max_position_embeddings={limit} ({model_path}/config.json)"
-    if packing.seq_len > limit:
-        return (f"packing.seq_len={packing.seq_len} is larger than {where}: set "
-                f"packing.seq_len to at most {limit}{_and_max_context(packing, limit)}")
-    return (f"packing.max_context={packing.max_context} is larger than {where}: set "
-            f"packing.max_context to at most {limit} (and at least "
-            f"seq_len={packing.seq_len})")
-
-
-def learned_position_problems(packing: runspec_lib.PackingSpec, config, model_path: str,
-                              generates: bool = False) -> list[str]:
-    """What to change where a token's position in its document could pass a model's
-    learned position embeddings (GPT-2's n_positions): a row longer than the table, or a
-    document continued across rows (its positions grow with its length, which no setting
-    bounds). Positions are never clamped or wrapped: HF has no value for them.
-    generates: a generating run, whose prompt and answer fit packing.max_context (a
-    longer prompt is rejected at prepare), so max_context bounds every position."""
-    if not config.learned_positions:
-        return []
-    limit = config.max_position_embeddings
-    where = (f"{config.architecture}'s learned position embeddings end at "
-             f"n_positions={limit} ({model_path.rstrip('/')}/config.json)")
-    found = []
-    if packing.seq_len > limit:
-        found.append(f"packing.seq_len={packing.seq_len}: {where}; set packing.seq_len to "
-                     f"at most {limit}")
-    if generates:
-        if packing.max_context > limit:
-            found.append(f"packing.max_context={packing.max_context}: {where}, and a prompt "
-                         f"with its answer may take max_context positions; set "
-                         f"packing.max_context to at most {limit}")
-    elif packing.carries_context:
-        found.append(f"packing.overflow={packing.overflow!r}: {where}, and a document "
-                     f"continued across rows would pass them; set packing.overflow: "
-                     f"truncate (each document's first packing.seq_len tokens, the rest "
-                     f"counted in the manifest)")
-    return found
-
-
-def _and_max_context(packing: runspec_lib.PackingSpec, limit: int) -> str:
-    """The rest of the seq_len advice: whether max_context must come down too (its default,
-    max(DEFAULT_MAX_CONTEXT, seq_len), is beyond a model of fewer positions)."""
-    if packing.max_context > packing.seq_len or limit < runspec_lib.DEFAULT_MAX_CONTEXT:
-        return (f" and packing.max_context to at most {limit} (its default is "
-                f"max({runspec_lib.DEFAULT_MAX_CONTEXT}, seq_len))")
-    return f" (and packing.max_context, if you set it, to at most {limit})"
 
 
 def _model_config(path: str, problems: list[str], missing: list[str]):

@@ -16,6 +16,7 @@ from actx.schemas import config as config_lib
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import parallelism
+from actx.schemas import position_limits
 from actx.schemas import quantised
 from actx.schemas import run_dir
 from actx.schemas import tokenizer_identity
@@ -89,10 +90,9 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
     position within a model's learned position embeddings (GPT-2)."""
     cfg = model.config
     if cfg.learned_positions and spec is not None:
-        from actx.workers import preflight
-
-        learned = preflight.learned_position_problems(spec.packing, cfg, spec.model.path,
-                                                      spec.generate is not None)
+        learned = position_limits.learned_position_problems(
+            spec.packing, cfg.max_position_embeddings, cfg.architecture, spec.model.path,
+            spec.generate is not None)
         if learned:
             raise ValueError(f"{learned[0]}, and prepare the run again")
     if max_context is None:
@@ -104,10 +104,8 @@ def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parall
             f"{cfg.rope.original_max_position_embeddings}, which rows of a long document "
             f"seen through the KV cache cannot know; prepare the run without max_context "
             f"(documents as rows)")
-    from actx.workers import preflight
-
-    problem = preflight.context_problem(spec.packing, cfg.max_position_embeddings,
-                                        spec.model.path)
+    problem = position_limits.context_problem(spec.packing, cfg.max_position_embeddings,
+                                              spec.model.path)
     if problem:
         raise ValueError(f"{problem}, and prepare the run again")
     device = jax.local_devices()[0]

@@ -244,7 +244,7 @@ class ExtractFn:
 def check_positions(cfg, positions, seq: int) -> None:
     """Refuses positions past a model's learned position embeddings (GPT-2's n_positions),
     which have no value there (a lookup would silently clamp). Checked on host arrays;
-    a run's rows are bounded before any work (`preflight.learned_position_problems`)."""
+    a run's rows are bounded before any work (`schemas.position_limits.learned_position_problems`)."""
     if not cfg.learned_positions:
         return
     limit = cfg.max_position_embeddings
