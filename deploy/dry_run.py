@@ -190,14 +190,16 @@ def report(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str]) -> lis
             lines.append(f"#   {name}: [{found.rows:,}, {found.seq_len:,}, {width}] {dtype} = "
                          f"{_size_text(per_row * found.rows)} in {shards_per_hook:,} objects")
     if found is not None:
-        objects = len(widths) * (shards_per_hook + 1) + found.partitions
+        generates = spec.generate is not None  # a sample record beside each marker
+        objects = len(widths) * (shards_per_hook + 1) + found.partitions * (1 + generates)
         hooks = sum(not quantised.is_scale_array(name) for name in widths)
         scales = (f" and their {len(widths) - hooks} float8 scale array(s)"
                   if len(widths) > hooks else "")
         lines.append(f"#   activations in all: {_size_text(total)} uncompressed in {hooks} "
                      f"hook(s){scales}; {objects:,} objects ({shards_per_hook:,} shards of "
                      f"{spec.layout.rows_per_shard} rows per hook, a zarr.json each, and "
-                     f"{found.partitions:,} commit markers)")
+                     f"{found.partitions:,} commit markers"
+                     + (" and as many sample records" if generates else "") + ")")
     return lines
 
 
@@ -348,7 +350,8 @@ def storage_job(spec: runspec_lib.RunSpec, found: Counts, target, seconds: float
         rows_per_shard=spec.layout.rows_per_shard, partition_rows=spec.layout.partition_rows,
         hosts=hosts, replicas=replicas, steal=target.steal, heartbeat_s=target.heartbeat_s,
         log_every_s=chosen.log_every_s(), step_inputs=cadences.step_inputs,
-        refresh_s=cadences.refresh_s, seconds=seconds, tokens_per_s=tokens_per_s)
+        refresh_s=cadences.refresh_s, seconds=seconds, tokens_per_s=tokens_per_s,
+        generates=spec.generate is not None)
 
 
 def storage(spec: runspec_lib.RunSpec, found: Counts | None, target, seconds: float,

@@ -91,12 +91,20 @@ def cmd_submit(args, out) -> int:
         from actx.schemas import store_errors
 
         # As the pre-flight's: a run or model out of reach from here costs seconds.
+        # What the workers extract: the named extractions, one after another, each with
+        # its own model and hooks over the one token store, else the spec's own.
+        extracted = cfg.extraction_specs() or {"": spec}
         with store_errors.deadline(preflight_lib.DRY_RUN_DEADLINE_S):
             counted = dry_run.counts(spec, run_directory)
-            lines = dry_run.report(spec, counted)
-        print("\n".join(lines), file=out, flush=True)
-        if args.estimate:
-            dry_run.estimate(spec, counted, target_cfg, out, cfg.prices)
+            reports = {name: dry_run.report(each, counted) for name, each in extracted.items()}
+        for name, lines in reports.items():
+            if name:
+                lines[0] = f"# cost of extraction {name!r} ({extracted[name].capture.hooks}):"
+            print("\n".join(lines), file=out, flush=True)
+            if args.estimate:
+                if name:
+                    print(f"# extraction {name!r}:", file=out, flush=True)
+                dry_run.estimate(extracted[name], counted, target_cfg, out, cfg.prices)
     return code
 
 

@@ -4,7 +4,7 @@ data's request rate at the target's speed against what a new GCS bucket takes.
 
 Data requests follow the write layout: one write per stored shard object (each hook's
 `rows_per_shard` rows: schemas.layout), one commit marker written and one read per
-partition, a claim per partition when replicas share work, and per partition the reads
+partition (and a generating run's sample record written beside the marker), a claim per partition when replicas share work, and per partition the reads
 of the token arrays each step reads (workers.loop.prefetch.STEP_INPUTS: each array's
 shard index and each inner chunk of `rows_per_shard` rows), plus the two existence checks
 of run.json and activations/actx.json before each commit (workers.write.commit). Control
@@ -47,6 +47,8 @@ class Job:
     step_inputs: the token arrays a step reads; refresh_s: the chooser's listing reuse
       (workers.preflight.storage_cadences).
     seconds: the job's time; tokens_per_s: the pod's speed (the estimate's).
+    generates: a generating run, whose workers write each partition's sample record
+      (generated/p-NNNNN.json, a marker-class object) before its commit marker.
     """
 
     rows: int
@@ -64,6 +66,7 @@ class Job:
     refresh_s: float
     seconds: float
     tokens_per_s: float
+    generates: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +91,8 @@ def plan(job: Job) -> Plan:
     chunks = math.ceil(job.partition_rows / job.rows_per_shard)
     r: dict[tuple[str, str], float] = collections.Counter()
     r[("shards", "write")] = shards
-    r[("markers", "write")] = job.partitions
+    # Each partition's commit marker, and a generating run's sample record beside it.
+    r[("markers", "write")] = job.partitions * (2 if job.generates else 1)
     r[("markers", "read")] = job.partitions  # before each claim: mostly 404
     sharing = job.steal and job.replicas > 1
     if sharing:
@@ -124,7 +128,8 @@ def plan(job: Job) -> Plan:
     r[("logs", "write")] = (
         job.hosts * job.seconds / request_budget.log_interval_s(job.log_every_s, job.hosts)
         if job.log_every_s else job.hosts)
-    objects = shards + hooks + 1 + job.partitions * (2 if sharing else 1) + 2 * job.hosts
+    objects = (shards + hooks + 1 + job.partitions * (1 + sharing + job.generates)
+               + 2 * job.hosts)
     data_bytes = job.rows * sum(job.hook_bytes_per_row.values())
     return Plan(objects, data_bytes, dict(r))
 

@@ -71,16 +71,62 @@ def count(records: dict[int, "dict | str"]) -> dict:
     generated_tokens (stop tokens included), stop_reasons ({reason: samples}, each of
     STOP_REASONS present, 0 or more), partitions (records counted) and unreadable (the
     partition ids whose record could not be read: not counted)."""
-    entries = [s for record in records.values() if isinstance(record, dict)
-               for s in record["samples"]]
+    return _total({pid: _summary(r) if isinstance(r, dict) else r
+                   for pid, r in records.items()})
+
+
+class CountCache:
+    """`count` over a run's committed partitions, each record read once per process: a
+    status that polls (a launcher's progress line, `actx status --follow`, the live page)
+    reads only the records of partitions committed since its last poll, not every one at
+    every poll (100k partitions every 5 s would pass a bucket's 5,000 reads a second).
+
+    A record does not change while its partition stays committed (written before the
+    marker; only a repair, which deletes the marker, lets a rerun write it again), so a
+    partition that leaves the committed set is forgotten. An unreadable record is read
+    again at the next poll."""
+
+    def __init__(self):
+        self._summaries: dict[int, tuple] = {}
+
+    def count(self, store, committed: Iterable[int]) -> dict:
+        committed = set(committed)
+        for pid in set(self._summaries) - committed:
+            del self._summaries[pid]
+        found = {}
+        for pid, record in read_records(store, committed - set(self._summaries)).items():
+            if isinstance(record, dict):
+                self._summaries[pid] = _summary(record)
+            else:
+                found[pid] = record
+        return _total({**self._summaries, **found})
+
+
+def _summary(record: dict) -> tuple:
+    """What `count` needs of one readable record: (its prompt documents, samples,
+    generated tokens, {stop reason: samples})."""
+    entries = record["samples"]
+    reasons: dict[str, int] = {}
+    for e in entries:
+        reasons[e["stop_reason"]] = reasons.get(e["stop_reason"], 0) + 1
+    return (frozenset(e["prompt_doc"] for e in entries), len(entries),
+            sum(e["generated_tokens"] for e in entries), reasons)
+
+
+def _total(summaries: dict[int, "tuple | str"]) -> dict:
+    """`count`'s result from per-partition summaries (a str: the record was unreadable)."""
+    readable = [s for s in summaries.values() if not isinstance(s, str)]
     reasons = dict.fromkeys(STOP_REASONS, 0)
-    for s in entries:
-        reasons[s["stop_reason"]] = reasons.get(s["stop_reason"], 0) + 1
-    return {"prompts": len({s["prompt_doc"] for s in entries}), "samples": len(entries),
-            "generated_tokens": sum(s["generated_tokens"] for s in entries),
-            "stop_reasons": reasons,
-            "partitions": sum(isinstance(r, dict) for r in records.values()),
-            "unreadable": sorted(pid for pid, r in records.items() if not isinstance(r, dict))}
+    for _, _, _, theirs in readable:
+        for reason, n in theirs.items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    prompts: set = set()
+    for docs, _, _, _ in readable:
+        prompts |= docs
+    return {"prompts": len(prompts), "samples": sum(s[1] for s in readable),
+            "generated_tokens": sum(s[2] for s in readable), "stop_reasons": reasons,
+            "partitions": len(readable),
+            "unreadable": sorted(pid for pid, s in summaries.items() if isinstance(s, str))}
 
 
 def committed_samples(run, partitions: Sequence[int]) -> list[dict]:

@@ -186,6 +186,53 @@ def test_only_committed_partitions_count_and_a_lost_record_is_named(generated, t
     assert len(opened.generations(partitions=sorted(counted))) == want["samples"]
 
 
+def test_a_poller_reads_each_record_once_while_its_partition_stays_committed(generated,
+                                                                             tmp_path):
+    """A status that polls one view of the run (a launcher's progress line, a follow, the
+    page) reads the generated/ record of a partition once, not at every poll (at 100k
+    partitions a poll every 5 s would read 20k records a second); a partition that leaves
+    the committed set (a repair) and comes back is read again; the counts stay those of the
+    committed partitions. A new view (another `actx status`) reads them all."""
+    from actx.deploy.status import runstate
+    from actx.schemas import run_dir
+
+    run = str(tmp_path / "run")
+    shutil.copytree(generated, run)
+    handle = run_dir.RunDir.at(run).opened()
+    read = []
+    read_many = handle.store.read_many
+
+    def counting(keys, *args, **kwargs):
+        read.extend(k for k in keys if k.startswith(layout.GENERATED_PREFIX))
+        return read_many(keys, *args, **kwargs)
+
+    handle.store.read_many = counting
+    s = store.open_store(run)
+    committed = commit.committed_partitions(s)
+    first = runstate.compute_status(handle).identity["generation"]
+    assert first == _expected(run, committed)
+    assert sorted(read) == sorted(layout.generated_key(p) for p in committed)
+    read.clear()
+    assert runstate.compute_status(handle).identity["generation"] == first
+    assert read == []
+    docs = _doc_table(run)
+    gone = sorted({d["partition"] for d in docs.values()})[1]
+    marker = s.read(layout.commit_key(gone))
+    s.delete(layout.commit_key(gone))
+    assert runstate.compute_status(handle).identity["generation"] == _expected(
+        run, committed - {gone}) != first
+    assert read == []
+    s.write(layout.commit_key(gone), marker)
+    assert runstate.compute_status(handle).identity["generation"] == first
+    assert read == [layout.generated_key(gone)]
+    read.clear()
+    other = run_dir.RunDir.at(run).opened()
+    read_many = other.store.read_many
+    other.store.read_many = counting
+    assert runstate.compute_status(other).identity["generation"] == first
+    assert len(read) == len(committed)
+
+
 def test_the_page_shows_what_status_says(generated, tmp_path):
     page_path = str(tmp_path / "page.html")
     assert cli.main(["status", generated, "--html", page_path], out=io.StringIO()) == 0

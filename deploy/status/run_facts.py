@@ -7,6 +7,8 @@ Used by `actx status` (text and --json) and by the live page, so all three agree
 
 from __future__ import annotations
 
+import weakref
+
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
@@ -48,14 +50,25 @@ def identity(handle, info, committed: "set[int] | None" = None) -> dict:
 def generation(handle, committed: "set[int] | None" = None) -> dict:
     """A generating run's counts over its committed partitions' records
     (reader.generation_records.count: prompts, samples, generated_tokens, stop_reasons,
-    partitions, unreadable), read in parallel. Only a generating run calls it: the others
-    pay neither the reads nor the reader's import."""
+    partitions, unreadable), read in parallel, each once per process for a run's view
+    (`_GENERATION_COUNTS`): a status that polls a view reads only what was committed
+    since. Only a
+    generating run calls it: the others pay neither the reads nor the reader's import."""
     from actx.reader import generation_records
 
     if committed is None:
         committed = commit_lib.committed_partitions(handle.store,
                                                     len(handle.manifest.partitions))
-    return generation_records.count(generation_records.read_records(handle.store, committed))
+    cache = _GENERATION_COUNTS.get(handle.store)
+    if cache is None:
+        cache = _GENERATION_COUNTS[handle.store] = generation_records.CountCache()
+    return cache.count(handle.store, committed)
+
+
+# {a run view's store: reader.generation_records.CountCache}, for as long as the view is
+# held: a poller (a launcher's progress line, a follow, the page) keeps its views, so it
+# reads each record once; a command that opens the run anew reads them all again.
+_GENERATION_COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def verification(record, committed: set[int]) -> dict | None:

@@ -116,22 +116,24 @@ class GenerateWorker(runner.Worker):
             if self.opts.steal:  # chosen (and claimed) one at a time by process 0
                 choose = distributed.LeaderSequence(choose, wait=self.wait_for_work).next
             else:
+                # By the start-up listing, as runner.Worker.run_stream: no marker read
+                # per partition before the first step.
                 sequence = distributed.broadcast_ints(
-                    [p for p in self._candidates() if not self.is_committed(p)]
+                    [p for p in self._candidates() if p not in self._committed]
                     if self.topo.host_index == 0 else [])
         todo = iter(sequence) if sequence is not None else None
         while True:
             if todo is not None:
                 pid = next(todo, -1)
+                if pid >= 0 and self.topo.hosts_per_replica == 1 and self.is_committed(pid):
+                    continue  # (several hosts: process 0 chose it uncommitted; all take it)
             else:
-                pid = choose()
+                pid = choose()  # uncommitted when chosen (the chooser read its marker)
                 if pid is None:
                     self.wait_for_work()
                     continue
             if pid < 0:
                 return
-            if self.topo.hosts_per_replica == 1 and self.is_committed(pid):
-                continue  # (several hosts: process 0 chose it uncommitted; all take it)
             self.generate_partition(self.manifest.partition(pid), pool, committer)
 
     def generate_partition(self, part: manifest_lib.Partition, pool: writer.WriterPool,

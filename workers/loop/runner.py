@@ -383,7 +383,10 @@ class Worker:
                                                   rows_in_hand=stream.rows_in_hand()),
                     wait=self.wait_for_work)
             else:
-                mine = [p for p in self._candidates() if not self.is_committed(p)] \
+                # By the start-up listing, not a marker read per partition: this replica's
+                # own partitions are written by it alone, and the reads, one after another
+                # before the first step, grew with the run (100k partitions: an hour).
+                mine = [p for p in self._candidates() if p not in self._committed] \
                     if self.topo.host_index == 0 else []
                 sequence = distributed.broadcast_ints(mine)
         stream = partition_stream.PartitionStream(self, pool, committer, tried, sequence, agreed)
