@@ -14,6 +14,8 @@ that changes some values:
   dimension. RMSNorm models are not centred, and their values are HF's.
 - GPT-2's `hook_embed` is the token embedding alone (`hook_pos_embed` the positions'),
   where actx's `embed` is what block 0 reads, their sum.
+Some of TransformerLens's models compute otherwise than HF's (OTHER_MODEL): every value
+past the embedding differs there.
 Such names are refused by name, with the reason, never approximated. No JAX here.
 """
 
@@ -31,6 +33,14 @@ GLOBAL_POINTS = {"hook_embed": "embed"}
 # against the families' configs).
 LAYER_NORM_ARCHITECTURES = frozenset({"GPT2LMHeadModel", "GPTNeoXForCausalLM"})
 LEARNED_POSITION_ARCHITECTURES = frozenset({"GPT2LMHeadModel"})
+# Architectures whose TransformerLens model is not HF's computation, and how (read from
+# TransformerLens's weight conversions: what it leaves out of the HF checkpoint).
+OTHER_MODEL = {
+    "GptOssForCausalLM": "TransformerLens's gpt-oss leaves out the attention sinks (its "
+                         "weight conversion, pretrained/weight_conversions/openai.py, maps "
+                         "no self_attn.sinks), so its attention, and every value after it, "
+                         "is not HF's; actx's are HF's",
+}
 
 _BLOCK = re.compile(r"^blocks\.(\*|\d+(?:-\d+)?)\.(.+)$")
 # TransformerLens names with no actx hook of equal value, and why (refused by name).
@@ -92,6 +102,9 @@ def check(name: str, actx: str, architecture: str) -> None:
     if architecture in LAYER_NORM_ARCHITECTURES:
         raise HookAliasError(f"TransformerLens hook {name!r} is not actx's {actx} for "
                              f"{architecture}: " + _CENTRED.format(tl=name, actx=actx))
+    if architecture in OTHER_MODEL and actx != "embed":
+        raise HookAliasError(f"TransformerLens hook {name!r} is not actx's {actx} for "
+                             f"{architecture}: {OTHER_MODEL[architecture]}; ask for {actx}")
 
 
 def transformer_lens_name(actx: str, architecture: str | None) -> str | None:
@@ -104,6 +117,8 @@ def transformer_lens_name(actx: str, architecture: str | None) -> str | None:
     for tl, point in GLOBAL_POINTS.items():
         if actx == point:
             return tl
+    if architecture in OTHER_MODEL:
+        return None
     layer, _, point = actx.removeprefix("layers.").partition(".")
     if actx.startswith("layers.") and layer.isdigit():
         for tl, ours in LAYER_POINTS.items():

@@ -86,6 +86,23 @@ def test_layer_norm_models_refuse_them_with_the_reason(arch, name, pattern):
         spec.validate(_config(arch))
 
 
+@pytest.mark.parametrize("name", ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post",
+                                  "blocks.0.hook_attn_out", "blocks.*.hook_mlp_out"])
+def test_gpt_oss_refuses_them_past_the_embedding(name):
+    """TransformerLens's gpt-oss has no attention sinks: from the first attention on its
+    values are not HF's (actx's), so refused with the reason; its hook_embed (the token
+    embedding, as actx's) stays, and the reader names no TransformerLens alias past it."""
+    with pytest.raises(ValueError, match=r"GptOssForCausalLM: TransformerLens's gpt-oss "
+                                         r"leaves out the attention sinks"):
+        capture.CaptureSpec.parse(name).validate(_config("gpt_oss"))
+    capture.CaptureSpec.parse("hook_embed").validate(_config("gpt_oss"))
+    assert hook_aliases.transformer_lens_name("layers.0.resid_post",
+                                              "GptOssForCausalLM") is None
+    assert hook_aliases.transformer_lens_name("embed", "GptOssForCausalLM") == "hook_embed"
+    assert hook_aliases.transformer_lens_name("layers.0.resid_post",
+                                              "Qwen2ForCausalLM") == "blocks.0.hook_resid_post"
+
+
 def test_extraction_by_either_name_is_the_same(tmp_path):
     path = hf_models.make_tiny_checkpoint(tmp_path / "qwen2", "qwen2")
     model = model_lib.load_pretrained(path)
