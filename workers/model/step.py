@@ -35,7 +35,11 @@ class ExtractFn:
       on multi-host meshes). positions default to arange(seq) per row; segment ids default
       to 1 everywhere (one document per row, no padding). Segment 0 marks padding.
     continues: bool [batch], only with max_context: the slot's row continues the row it
-      ran in the previous call (default: no slot does).
+      ran in the previous call (default: no slot does). The slot's cache holds the
+      document that began that row, so only it can continue: its tokens filled that row
+      to the end, and this row's first document is it, at the next positions. Host
+      (numpy) inputs are checked (`continued_rows`) and a row that breaks this refused;
+      device arrays are not (a run's packing makes such rows only).
     max_context: None for rows seen alone; else the cache window (PackingSpec.max_context).
     output_memory_kind: where the outputs land: None for device memory, "pinned_host" for
       the host's pinned memory (the device-to-host copy is part of the executable; only
@@ -73,6 +77,7 @@ class ExtractFn:
 
         self.max_context = max_context
         self.attention_impl = attention_impl
+        self._next_positions = None  # per slot, where its row may continue (continued_rows)
         if output_memory_kind is not None and mesh is None:
             raise ValueError("output_memory_kind needs a mesh")
         self.output_memory_kind = output_memory_kind
@@ -200,6 +205,9 @@ class ExtractFn:
                 raise ValueError(f"{name} shape {tuple(arr.shape)} differs from "
                                  f"input_ids shape {(batch, seq)}")
         check_positions(self.config, positions, seq)
+        given = (np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq))
+                 if positions is None else positions,
+                 np.ones((batch, seq), np.int32) if segment_ids is None else segment_ids)
         if positions is None:
             positions = self._default_tokens(batch, seq, "positions")
         if segment_ids is None:
@@ -211,6 +219,7 @@ class ExtractFn:
                                 _as_int32(segment_ids))
         if continues is None:
             continues = np.zeros((batch,), bool)
+        self._next_positions = continued_rows(self._next_positions, *given, continues)
         if self._cache is None or self._cache.pos_bc.shape != (
                 batch, kv_cache.capacity_tokens(self.max_context, seq)):
             self._cache = self._empty_cache(batch, seq)
@@ -239,6 +248,38 @@ class ExtractFn:
         # The same global value on every process, so each can fill its own shards.
         return jax.make_array_from_callback((batch, seq), self._token_sharding,
                                             lambda index: host_bt[index])
+
+
+def continued_rows(expected, positions, segment_ids, continues):
+    """Refuses a row flagged as continuing whose slot's cache cannot hold its context:
+    the row before it (in the slot) did not end inside the document that began it, or this
+    row's first document does not carry on at its next position (`expected`: per slot, the
+    position the last row's first document would continue at, -1 where it ended inside
+    that row; None: not known). Returns this call's `expected` for the next one (None
+    where any input is a device array, which is not read back to check)."""
+    if any(isinstance(x, jax.Array) for x in (positions, segment_ids, continues)):
+        return None
+    positions_bt = np.asarray(positions)
+    segment_ids_bt = np.asarray(segment_ids)
+    continues_b = np.asarray(continues, bool)
+    if expected is not None and len(expected) == len(continues_b):
+        starts_b = np.where(segment_ids_bt[:, 0] > 0, positions_bt[:, 0], -2)
+        bad = np.flatnonzero(continues_b & (starts_b != expected))
+        if bad.size:
+            b = int(bad[0])
+            before = ("its previous row's first document ended inside that row (the only "
+                      "document a slot's cache carries to the next row is the one that "
+                      "began its row and filled it to the end)" if expected[b] < 0 else
+                      f"its previous row's first document continues at position "
+                      f"{int(expected[b])}")
+            raise ValueError(
+                f"continues[{b}]: slot {b}'s row starts with position "
+                f"{int(positions_bt[b, 0])} of segment {int(segment_ids_bt[b, 0])}, but "
+                f"{before}; a document longer than a row must start a row and fill its "
+                f"rows to the end in one slot (as actx's packing puts it), else pass its "
+                f"row with continues False")
+    ends_b = (segment_ids_bt[:, -1] == segment_ids_bt[:, 0]) & (segment_ids_bt[:, 0] > 0)
+    return np.where(ends_b, positions_bt[:, -1] + 1, -1)
 
 
 def check_positions(cfg, positions, seq: int) -> None:
