@@ -348,7 +348,9 @@ def storage_job(spec: runspec_lib.RunSpec, found: Counts, target, seconds: float
         rows=found.rows, partitions=found.partitions, seq_len=found.seq_len,
         hook_bytes_per_row=hook_bytes_per_row(spec, widths),
         rows_per_shard=spec.layout.rows_per_shard, partition_rows=spec.layout.partition_rows,
-        hosts=hosts, replicas=replicas, steal=target.steal, heartbeat_s=target.heartbeat_s,
+        # Beam's engine schedules the partitions: its workers take no claims.
+        hosts=hosts, replicas=replicas, steal=target.steal and target.extract != "beam",
+        heartbeat_s=target.heartbeat_s,
         log_every_s=chosen.log_every_s(), step_inputs=cadences.step_inputs,
         refresh_s=cadences.refresh_s, seconds=seconds, tokens_per_s=tokens_per_s,
         generates=spec.generate is not None)

@@ -58,6 +58,17 @@ def check_exclude(exclude: "Iterable[str] | None") -> tuple[str, ...]:
     return tuple(r for r in REASONS if r in names)
 
 
+def check_roles(exclude: tuple[str, ...], run) -> tuple[str, ...]:
+    """`exclude` (check_exclude's), refusing "prompt" or "generated" on a run that does
+    not generate: there they would leave out nothing, silently."""
+    roles = [r for r in exclude if r in ROLE_REASONS]
+    if roles and run.spec.generate is None:
+        raise ValueError(f"exclude: {roles[0]!r} tells a generating run's prompt from what "
+                         f"the model wrote; {run.location} does not generate (its run.json "
+                         f"has no generate section)")
+    return exclude
+
+
 def _doc_starts_in_row(segment_ids: np.ndarray, doc_index: np.ndarray) -> np.ndarray:
     """True where a non-padding token's document differs from the token before it in the
     row (or it is in column 0)."""
@@ -173,13 +184,8 @@ def token_filter(run, hooks: Sequence[str], exclude: "Iterable[str] | None" = No
                  partitions: Sequence[int] = ()) -> TokenFilter:
     """The filter of a reader over `hooks` and committed `partitions`; "outlier" needs
     `compute_stats` to have stored the norms of every one of those partitions."""
-    exclude = check_exclude(exclude)
+    exclude = check_roles(check_exclude(exclude), run)
     generates = run.spec.generate is not None
-    roles = [r for r in exclude if r in ROLE_REASONS]
-    if roles and not generates:
-        raise ValueError(f"exclude: {roles[0]!r} tells a generating run's prompt from what "
-                         f"the model wrote; {run.location} does not generate (its run.json "
-                         f"has no generate section)")
     limits = []
     if "outlier" in exclude:
         if not outlier_factor > 0:

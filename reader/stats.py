@@ -83,7 +83,7 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
     `exclude=` names them (padding always): a stream that normalises (`normalize=`) with
     statistics of the tokens it serves asks for the same ones. "outlier" is not one: its
     threshold is these statistics' median norm."""
-    reasons = masks_lib.check_exclude(exclude)
+    reasons = masks_lib.check_roles(masks_lib.check_exclude(exclude), run)
     if "outlier" in reasons:
         raise ValueError("exclude: 'outlier' cannot be left out of the statistics that "
                          "define it (its threshold is their median norm); name the others")

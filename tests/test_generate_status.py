@@ -256,3 +256,13 @@ def test_a_run_that_does_not_generate_shows_nothing_new(reader_run, tmp_path):
     assert opened.describe()["generation"] is None
     with pytest.raises(reader.ReaderError, match="does not generate"):
         opened.generations()
+    # Asking to leave out a role such a run has not is refused, by the statistics as by
+    # the stream (before, compute_stats counted every token and recorded the exclusion).
+    hook = sorted(opened.hooks)[0]
+    for exclude in (["prompt"], ["bos", "generated"]):
+        with pytest.raises(ValueError, match=r"exclude: '(prompt|generated)' .* does not "
+                                             r"generate"):
+            opened.compute_stats([hook], exclude=exclude)
+        with pytest.raises(ValueError, match="does not generate"):
+            opened.stream(hook, batch_size=4, exclude=exclude)
+    assert not os.path.exists(os.path.join(reader_run.uri, layout.STATS_KEY))

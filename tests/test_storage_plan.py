@@ -5,6 +5,7 @@ real run is tests/test_request_bench.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import re
@@ -249,3 +250,32 @@ def test_a_generating_run_writes_a_sample_record_beside_each_marker():
     assert generating.objects == plain.objects + partitions
     assert {k: v for k, v in generating.requests.items() if k != ("markers", "write")} == \
         {k: v for k, v in plain.requests.items() if k != ("markers", "write")}
+
+
+@pytest.mark.parametrize("changes, hosts", [
+    (["target.kind=local", "target.extract=beam"], 1),  # the in-process FnApiRunner
+    (["target.kind=local", "target.extract=beam",
+      "target.beam_args=[--direct_num_workers=3, --direct_running_mode=multi_processing]"], 3),
+    (["target.kind=dataflow", "target.extract=beam", "target.dataflow.max_num_workers=8",
+      "target.dataflow.temp_location=gs://b/tmp"], 8),
+])
+def test_a_beam_extraction_is_planned_as_its_engine_runs_it(tpu_config, changes, hosts):
+    """Extraction through Beam: each Beam worker process is a one-host replica and the
+    engine schedules the partitions, so no claims (measured on a local Beam run: none
+    written, read or listed), and the plan counts the engine's processes, not the target
+    table's `hosts` (before: the table's 4 hosts stealing, or 1 for 8 Dataflow workers)."""
+    from actx.deploy import config as config_lib
+    from actx.deploy import dry_run
+
+    path, _ = tpu_config
+    cfg = config_lib.load_submit_config(path, ["target.hosts=4"] + changes)
+    found = dry_run.Counts(tokens=64_000, rows=1_000, partitions=100, seq_len=64,
+                           source="manifest")
+    job = dry_run.storage_job(cfg.spec, found, cfg.target, 100.0, 640.0)
+    assert (job.hosts, job.replicas, job.steal) == (hosts, hosts, False)
+    planned = storage_plan.plan(job).requests
+    assert not any(cls == "claims" for cls, _ in planned)
+    if cfg.target.kind == "local":  # the same table with worker processes: 4 stealing
+        workers = dry_run.storage_job(cfg.spec, found, dataclasses.replace(
+            cfg.target, extract="workers"), 100.0, 640.0)
+        assert (workers.hosts, workers.steal) == (4, True)

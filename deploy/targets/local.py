@@ -61,6 +61,23 @@ class _BeamPipeline:
                                      only=job.only, out=out, extraction=job.extraction)
 
 
+def beam_worker_processes(beam_args) -> int:
+    """Worker processes Beam's local runners start for `beam_args`: the last
+    --direct_num_workers (0: one per core, as Beam reads it), else one (the in-process
+    FnApiRunner)."""
+    found = 1
+    args = list(beam_args or ())
+    for i, arg in enumerate(args):
+        value = None
+        if arg.startswith("--direct_num_workers="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--direct_num_workers" and i + 1 < len(args):
+            value = args[i + 1]
+        if value is not None and value.strip().isdigit():
+            found = int(value) or (os.cpu_count() or 1)
+    return found
+
+
 class LocalTarget(targets.Target):
     kind = "local"
 
@@ -78,6 +95,12 @@ class LocalTarget(targets.Target):
 
     def stop_hint(self) -> str:
         return "Local workers stop with their submit (Ctrl-C)"
+
+    def hosts_and_replicas(self) -> tuple[int, int]:
+        if self.config.extract == "beam":  # each Beam worker process: a one-host replica
+            processes = beam_worker_processes(self.config.beam_args)
+            return processes, processes
+        return super().hosts_and_replicas()
 
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:

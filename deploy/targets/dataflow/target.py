@@ -40,6 +40,14 @@ class DataflowTarget(targets.Target):
         return accelerators.worker_peak(self.config.dataflow.extract_accelerator,
                                         self.config.dataflow.max_num_workers)
 
+    def hosts_and_replicas(self) -> tuple[int, int]:
+        # Extraction through Beam: each Dataflow worker process is a one-host replica (its
+        # most: dataflow.max_num_workers; 0, autoscaled, is counted as one).
+        if self.config.extract == "beam":
+            workers = max(1, self.config.dataflow.max_num_workers)
+            return workers, workers
+        return super().hosts_and_replicas()
+
     def submit(self, job: targets.Job, prepare: targets.Prepare, opts: targets.LaunchOptions,
                out) -> int:
         from actx.deploy.targets.dataflow import plan as dataflow
