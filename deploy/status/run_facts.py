@@ -52,8 +52,8 @@ def generation(handle, committed: "set[int] | None" = None) -> dict:
     (reader.generation_records.count: prompts, samples, generated_tokens, stop_reasons,
     partitions, unreadable), read in parallel, each once per process for a run's view
     (`_GENERATION_COUNTS`): a status that polls a view reads only what was committed
-    since. Only a
-    generating run calls it: the others pay neither the reads nor the reader's import."""
+    since. Only a generating run calls it: the others pay neither the reads nor the
+    reader's import."""
     from actx.reader import generation_records
 
     if committed is None:
