@@ -205,9 +205,7 @@ class ExtractFn:
                 raise ValueError(f"{name} shape {tuple(arr.shape)} differs from "
                                  f"input_ids shape {(batch, seq)}")
         check_positions(self.config, positions, seq)
-        given = (np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq))
-                 if positions is None else positions,
-                 np.ones((batch, seq), np.int32) if segment_ids is None else segment_ids)
+        given = (positions, segment_ids)  # as passed: continued_rows checks host arrays
         if positions is None:
             positions = self._default_tokens(batch, seq, "positions")
         if segment_ids is None:
@@ -219,7 +217,11 @@ class ExtractFn:
                                 _as_int32(segment_ids))
         if continues is None:
             continues = np.zeros((batch,), bool)
-        self._next_positions = continued_rows(self._next_positions, *given, continues)
+        self._next_positions = continued_rows(
+            self._next_positions,
+            np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq))
+            if given[0] is None else given[0],
+            np.ones((batch, seq), np.int32) if given[1] is None else given[1], continues)
         if self._cache is None or self._cache.pos_bc.shape != (
                 batch, kv_cache.capacity_tokens(self.max_context, seq)):
             self._cache = self._empty_cache(batch, seq)
@@ -252,7 +254,7 @@ class ExtractFn:
 
 def continued_rows(expected, positions, segment_ids, continues):
     """Refuses a row flagged as continuing whose slot's cache cannot hold its context:
-    the row before it (in the slot) did not end inside the document that began it, or this
+    the row before it (in the slot) did not end with the document that began it, or this
     row's first document does not carry on at its next position (`expected`: per slot, the
     position the last row's first document would continue at, -1 where it ended inside
     that row; None: not known). Returns this call's `expected` for the next one (None
