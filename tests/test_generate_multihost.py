@@ -61,10 +61,11 @@ def _two_hosts(tmp_path, spec: dict) -> str:
 
 def test_two_hosts_store_what_one_host_stores_and_hf_computes(
         model, qwen_tokenizer_dir, prompts_file, tmp_path):
-    # Sampled, two samples a prompt: the harder case. Greedy ids equal HF `generate`'s on
-    # one host (tests/test_generate_run.py), and two hosts store one host's bytes.
+    # Sampled, two samples a prompt, with a repetition penalty (its record of fed ids
+    # split over the mesh): the harder case. Greedy ids equal HF `generate`'s on one host
+    # (tests/test_generate_run.py), and two hosts store one host's bytes.
     spec = _spec(model, qwen_tokenizer_dir, prompts_file, temperature=1.0, top_k=50,
-                 samples_per_prompt=2, seed=3)
+                 samples_per_prompt=2, seed=3, repetition_penalty=1.3)
     two = _two_hosts(tmp_path, spec)
     one = str(tmp_path / "one")
     worker_procs.copy_token_store(two, one)
