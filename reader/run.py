@@ -69,7 +69,7 @@ class Run(RunSnapshot):
             "seq_len": self.seq_len, "total_rows": self.total_rows,
             "hooks": {h: {"shape": list(i.shape), "dtype": i.dtype,
                           "transformer_lens": hook_aliases.transformer_lens_name(
-                              h, self.architecture)}
+                              h, self.architecture, self.transformer_lens_differs)}
                       for h, i in self.hooks.items()},
             "architecture": self.architecture,
             "committed": list(self.committed),

@@ -189,6 +189,13 @@ class RunSnapshot:
         self.hooks  # reads the record
         return None if self._info is None else self._info.architecture
 
+    @property
+    def transformer_lens_differs(self) -> str | None:
+        """Why TransformerLens's model of this run's checkpoint is not HF's, where the
+        workers recorded one (schemas.hook_aliases.model_difference); else None."""
+        self.hooks  # reads the record
+        return None if self._info is None else self._info.transformer_lens_differs
+
     def resolve_hook(self, name: str) -> str:
         """The stored name of hook `name`: itself, or the actx hook a TransformerLens name
         ("blocks.8.hook_resid_pre") equals on this run's model (schemas.hook_aliases).
@@ -198,7 +205,7 @@ class RunSnapshot:
         # A record without the architecture was written before actx read any LayerNorm
         # family (every family it read then is RMSNorm, whose values are TransformerLens's),
         # or by a Flax model, whose hooks are its own module paths.
-        return hook_aliases.to_actx(name, self.architecture)
+        return hook_aliases.to_actx(name, self.architecture, self.transformer_lens_differs)
 
     def resolve_hooks(self, hooks: Sequence[str]) -> tuple[str, ...]:
         """`resolve_hook` of each."""

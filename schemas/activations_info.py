@@ -65,6 +65,11 @@ class ActivationsInfo:
     architecture: the model's HF architecture (`architectures[0]`), which decides the
       TransformerLens names the reader accepts for its hooks (schemas.hook_aliases);
       None in runs written before it was recorded, and for Flax models.
+    transformer_lens_differs: why TransformerLens's model of this checkpoint computes
+      otherwise than HF's where only some checkpoints of its architecture do
+      (schemas.hook_aliases.model_difference: a Phi-3 with partial rotary or rope_scaling),
+      so the reader refuses TransformerLens names past the embedding; None elsewhere and in
+      runs written before it was recorded.
     quantisation_version: in a float8 run, the version of its scales' format
       (schemas.quantised.FORMAT_VERSION; 1: one float32 scale per token and hook, absmax
       over the hidden axis / the type's largest finite value); None in every other run.
@@ -78,6 +83,7 @@ class ActivationsInfo:
     hook_dtypes: dict[str, str] | None = None
     architecture: str | None = None
     quantisation_version: int | None = None
+    transformer_lens_differs: str | None = None
 
     def identity(self) -> tuple:
         """What every attempt must share exactly (numerics may differ when allowed)."""
@@ -125,7 +131,8 @@ def _record(info: ActivationsInfo) -> dict:
     `architecture` only where known, so such a run writes the record of earlier
     versions, byte for byte."""
     data = config_lib.to_dict(info)
-    for optional in ("hook_dtypes", "architecture", "quantisation_version"):
+    for optional in ("hook_dtypes", "architecture", "quantisation_version",
+                     "transformer_lens_differs"):
         if not data.get(optional):
             data.pop(optional, None)
     return data

@@ -14,8 +14,10 @@ that changes some values:
   dimension. RMSNorm models are not centred, and their values are HF's.
 - GPT-2's `hook_embed` is the token embedding alone (`hook_pos_embed` the positions'),
   where actx's `embed` is what block 0 reads, their sum.
-Some of TransformerLens's models compute otherwise than HF's (OTHER_MODEL): every value
-past the embedding differs there.
+Some of TransformerLens's models compute otherwise than HF's (OTHER_MODEL), or do for
+some checkpoints of an architecture (`model_difference`): every value past the embedding
+differs there. The workers record the latter in activations/actx.json
+(`transformer_lens_differs`), so the reader refuses by the run's model, not its family.
 Such names are refused by name, with the reason, never approximated. No JAX here.
 """
 
@@ -59,6 +61,23 @@ _CENTRED = ("TransformerLens's from_pretrained centres the weights that write to
             "the mean where your SAE was trained on the centred stream")
 
 
+def model_difference(architecture: str | None, rope_type: str = "default",
+                     partial_rotary_factor: float = 1.0) -> str | None:
+    """Why TransformerLens's model of this checkpoint computes otherwise than HF's, where
+    only some checkpoints of the architecture differ; None where it does not (as far as
+    TransformerLens's own conversion shows: its Phi-3 config rotates every dim of a head
+    at rope_theta and reads no rope_scaling)."""
+    if architecture != "Phi3ForCausalLM":
+        return None
+    if partial_rotary_factor != 1.0:
+        return (f"TransformerLens's Phi-3 rotates every dim of a head; this model rotates "
+                f"{partial_rotary_factor:g} of them (partial_rotary_factor)")
+    if rope_type != "default":
+        return (f"TransformerLens's Phi-3 reads no rope_scaling; this model's RoPE is "
+                f"{rope_type!r}")
+    return None
+
+
 class HookAliasError(ValueError):
     """A TransformerLens hook name with no exactly equal actx hook."""
 
@@ -69,11 +88,12 @@ def is_transformer_lens(name: str) -> bool:
     return name.startswith(("blocks.", "hook_", "ln_final."))
 
 
-def to_actx(name: str, architecture: str | None = None) -> str:
+def to_actx(name: str, architecture: str | None = None, differs: str | None = None) -> str:
     """The actx name of TransformerLens hook `name` (a layer selector kept:
     blocks.0-3.hook_resid_pre -> layers.0-3.resid_pre). With `architecture` (HF's
-    `architectures[0]`), also refuses what that model's values make unequal. Raises
-    HookAliasError naming the hook and why."""
+    `architectures[0]`), also refuses what that model's values make unequal; `differs`:
+    `model_difference`'s reason for this checkpoint. Raises HookAliasError naming the hook
+    and why."""
     if name in NEVER:
         raise HookAliasError(f"TransformerLens hook {name!r} has no equal actx hook: "
                              f"{NEVER[name]}")
@@ -87,13 +107,13 @@ def to_actx(name: str, architecture: str | None = None) -> str:
         raise HookAliasError(f"TransformerLens hook {name!r} has no equal actx hook; "
                              f"accepted TransformerLens names: {', '.join(accepted)}")
     if architecture is not None:
-        check(name, actx, architecture)
+        check(name, actx, architecture, differs)
     return actx
 
 
-def check(name: str, actx: str, architecture: str) -> None:
+def check(name: str, actx: str, architecture: str, differs: str | None = None) -> None:
     """Refuses TransformerLens hook `name` (alias of `actx`) where the model's values
-    differ from TransformerLens's default ones."""
+    differ from TransformerLens's default ones (`differs`: this checkpoint's reason)."""
     if name == "hook_embed" and architecture in LEARNED_POSITION_ARCHITECTURES:
         raise HookAliasError(
             f"TransformerLens hook 'hook_embed' is not actx's embed for {architecture}: "
@@ -102,12 +122,14 @@ def check(name: str, actx: str, architecture: str) -> None:
     if architecture in LAYER_NORM_ARCHITECTURES:
         raise HookAliasError(f"TransformerLens hook {name!r} is not actx's {actx} for "
                              f"{architecture}: " + _CENTRED.format(tl=name, actx=actx))
-    if architecture in OTHER_MODEL and actx != "embed":
+    why = OTHER_MODEL.get(architecture) or differs
+    if why and actx != "embed":
         raise HookAliasError(f"TransformerLens hook {name!r} is not actx's {actx} for "
-                             f"{architecture}: {OTHER_MODEL[architecture]}; ask for {actx}")
+                             f"{architecture}: {why}; ask for {actx}")
 
 
-def transformer_lens_name(actx: str, architecture: str | None) -> str | None:
+def transformer_lens_name(actx: str, architecture: str | None,
+                          differs: str | None = None) -> str | None:
     """The TransformerLens name of equal value for stored hook `actx`
     ("layers.8.resid_pre" -> "blocks.8.hook_resid_pre"), None where there is none (or
     the model's values differ). A run that does not record its architecture is of a family
@@ -117,7 +139,7 @@ def transformer_lens_name(actx: str, architecture: str | None) -> str | None:
     for tl, point in GLOBAL_POINTS.items():
         if actx == point:
             return tl
-    if architecture in OTHER_MODEL:
+    if architecture in OTHER_MODEL or differs:
         return None
     layer, _, point = actx.removeprefix("layers.").partition(".")
     if actx.startswith("layers.") and layer.isdigit():

@@ -103,6 +103,64 @@ def test_gpt_oss_refuses_them_past_the_embedding(name):
                                               "Qwen2ForCausalLM") == "blocks.0.hook_resid_post"
 
 
+@pytest.mark.parametrize("arch, overrides, why", [
+    ("phi3", {}, r"rotates every dim of a head; this model rotates 0\.5 of them"),
+    ("phi3_longrope", {}, r"rotates every dim of a head"),
+    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": 1.0}}, None),  # Phi-3-mini-4k's
+])
+def test_a_phi3_whose_rope_transformer_lens_does_not_model_refuses_them(arch, overrides,
+                                                                         why):
+    """TransformerLens's Phi-3 config rotates every head dim at rope_theta and reads no
+    rope_scaling (Phi-4-mini rotates 0.75, Phi-3.5 and the 128k models use longrope):
+    there its values past the embedding are not HF's, so its names are refused by the
+    checkpoint's own settings; a Phi-3 it models exactly keeps them."""
+    config = _config(arch, **overrides)
+    spec = capture.CaptureSpec.parse("blocks.0.hook_resid_post,hook_embed")
+    if why is None:
+        spec.validate(config)
+        assert capture.transformer_lens_difference(config) is None
+        return
+    with pytest.raises(ValueError, match=r"'blocks\.0\.hook_resid_post' is not actx's "
+                                         r"layers\.0\.resid_post for Phi3ForCausalLM: "
+                                         r"TransformerLens's Phi-3 " + why):
+        spec.validate(config)
+    capture.CaptureSpec.parse("hook_embed").validate(config)
+    assert hook_aliases.model_difference("Phi3ForCausalLM", "longrope", 1.0) == (
+        "TransformerLens's Phi-3 reads no rope_scaling; this model's RoPE is 'longrope'")
+    assert hook_aliases.model_difference("LlamaForCausalLM", "longrope", 0.5) is None
+
+
+def test_a_run_records_where_transformer_lens_differs_and_the_reader_refuses_them(
+        tmp_path):
+    """A worker on a Phi-3 with partial rotary records why in activations/actx.json; the
+    reader of that run then refuses TransformerLens names past the embedding and names
+    none in describe(); a run whose record has no such reason reads them as before."""
+    from tests import token_runs, worker_procs
+
+    model = hf_models.make_tiny_checkpoint(tmp_path / "phi3", "phi3")
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, model, n_rows=8, hooks="layers.0.resid_post,embed",
+                               partition_rows=8)
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"])
+    assert code == 0, out
+    with open(f"{run}/{layout.ACTIVATIONS_INFO_KEY}") as f:
+        recorded = json.load(f)
+    assert recorded["architecture"] == "Phi3ForCausalLM"
+    assert recorded["transformer_lens_differs"].startswith("TransformerLens's Phi-3 rotates")
+    opened = reader.open_run(run)
+    with pytest.raises(ValueError, match=r"TransformerLens's Phi-3 rotates every dim"):
+        opened.batches("blocks.0.hook_resid_post", 4)
+    assert opened.resolve_hook("hook_embed") == "embed"
+    hooks = opened.describe()["hooks"]
+    assert hooks["layers.0.resid_post"]["transformer_lens"] is None
+    assert hooks["embed"]["transformer_lens"] == "hook_embed"
+    truth = build_run(str(tmp_path / "plain"))
+    _record_architecture(truth.uri, "Phi3ForCausalLM")
+    assert reader.open_run(truth.uri).resolve_hook("blocks.0.hook_resid_post") == \
+        "layers.0.resid_post"
+
+
 def test_extraction_by_either_name_is_the_same(tmp_path):
     path = hf_models.make_tiny_checkpoint(tmp_path / "qwen2", "qwen2")
     model = model_lib.load_pretrained(path)

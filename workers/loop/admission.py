@@ -202,13 +202,16 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
                           numerics: info_lib.Numerics, allow_numerics_change: bool,
                           nothing_committed: bool = False,
                           hook_dtypes: dict[str, str] | None = None,
-                          architecture: str | None = None, writes: bool = True,
+                          architecture: str | None = None,
+                          transformer_lens_differs: str | None = None, writes: bool = True,
                           wait_s: float = metadata.WAIT_S,
                           writer_gone=lambda: None) -> None:
     """Records what this run's activations are (create-only), or checks this worker
     against the record of the first attempt. hook_dtypes: the hooks stored in another
     dtype than the capture's (`capture.hook_dtypes`: a mixture of experts' int32 ids);
-    architecture: the model's HF architecture (for the reader's TransformerLens names).
+    architecture: the model's HF architecture (for the reader's TransformerLens names);
+    transformer_lens_differs: where TransformerLens's model of this checkpoint differs
+    (schemas.hook_aliases.model_difference).
 
     While nothing is committed, a worker whose numerics or checkpoint digest differ from an
     earlier attempt's (a new batch size, another device kind, re-downloaded weights) takes
@@ -223,6 +226,7 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
                                     hooks=dict(hooks), model_digest=model_digest,
                                     numerics=numerics, hook_dtypes=hook_dtypes,
                                     architecture=architecture,
+                                    transformer_lens_differs=transformer_lens_differs,
                                     quantisation_version=quantised.FORMAT_VERSION
                                     if quantised.is_quantised(spec.capture.dtype) else None)
     key = location.join(layout.extraction_key(getattr(store, "name", ""),

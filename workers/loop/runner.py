@@ -134,6 +134,14 @@ class Worker:
         arch = getattr(getattr(self.loaded.model, "config", None), "architecture", None)
         return arch if isinstance(arch, str) else None
 
+    def _transformer_lens_differs(self) -> str | None:
+        """Where TransformerLens's model of this checkpoint differs from HF's (a Phi-3
+        with partial rotary or rope_scaling), for the reader's TransformerLens names."""
+        from actx.workers.model import capture as capture_lib
+
+        return capture_lib.transformer_lens_difference(getattr(self.loaded.model, "config",
+                                                               None))
+
     def _admit(self, jax, opts: worker_options.WorkerOptions) -> None:
         """Loads the model and checks the run against it (the rest of `__init__`)."""
         self.loaded = self.load_model()
@@ -160,6 +168,7 @@ class Worker:
                                         nothing_committed=not self._committed,
                                         hook_dtypes=hook_dtypes,
                                         architecture=self._architecture(),
+                                        transformer_lens_differs=self._transformer_lens_differs(),
                                         writes=writes, writer_gone=self._metadata_writer_gone)
         self.arrays = writer.ActivationArrays(
             self.location.join(layout.extraction_prefix(self.extraction)), self.loaded.hooks,

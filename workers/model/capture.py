@@ -178,7 +178,8 @@ class CaptureSpec:
         a point is one the model does not have (a router point of a dense model), or a
         TransformerLens name whose value differs from actx's on this model."""
         for name in self.transformer_lens:
-            hook_aliases.to_actx(name, getattr(config, "architecture", None))
+            hook_aliases.to_actx(name, getattr(config, "architecture", None),
+                                 transformer_lens_difference(config))
         has = families.layer_points(config)
         routed = router_layers_of(config)
         point_layers = self.point_layers(config.num_layers, routed)
@@ -215,6 +216,16 @@ class CaptureSpec:
                 f"{getattr(config, 'architecture', 'the model')} has no such "
                 f"point{' (it is not a mixture of experts)' if dense else ''}; its "
                 f"per-layer points: {', '.join(has)}; global: {', '.join(GLOBAL_POINTS)}")
+
+
+def transformer_lens_difference(config) -> str | None:
+    """schemas.hook_aliases.model_difference for a model's config (None for a Flax
+    model's, which has no RoPE settings here)."""
+    rope = getattr(config, "rope", None)
+    if rope is None:
+        return None
+    return hook_aliases.model_difference(getattr(config, "architecture", None),
+                                         rope.rope_type, rope.partial_rotary_factor)
 
 
 def router_layers_of(config) -> tuple[int, ...] | None:
