@@ -76,8 +76,15 @@ class Committer:
             checksums = part_writer.finish()
         except Exception:
             # A write into a directory removed under it fails in the store's own words
-            # (a rename to a path that is gone): said as what happened, where it did.
-            self._check_run_stands(part)
+            # (a rename to a path that is gone): said as what happened, where it did. An
+            # `rm -r` still under way may have taken a shard's folder and not yet
+            # actx.json: the arrays' metadata is looked at too, and once more a moment
+            # later (on this failure only).
+            metadata_keys = [f"{layout.activation_array_key(h)}/zarr.json"
+                             for h in part_writer.dtypes]
+            for wait_s in (0.0, 1.0):
+                time.sleep(wait_s)
+                self._check_run_stands(part, metadata_keys)
             raise
         faults.maybe_crash("before_commit")
         merged = self._gather(part, checksums)
@@ -95,12 +102,15 @@ class Committer:
         if commit_lib.commit(self._store, marker) or self._is_own(marker):
             self._on_commit(part.id)
 
-    def _check_run_stands(self, part: manifest_lib.Partition) -> None:
+    def _check_run_stands(self, part: manifest_lib.Partition, also=()) -> None:
         """Refuses to commit into a run whose files were removed under this worker (its
-        run.json, or activations/actx.json, which the workers write before any data): a
-        marker there would say finished about data that is gone."""
-        gone = [key for key in (runspec_lib.RUN_SPEC_KEY, layout.ACTIVATIONS_INFO_KEY)
+        run.json, or activations/actx.json, which the workers write before any data; and
+        `also`, more keys written before any data): a marker there would say finished
+        about data that is gone."""
+        gone = [key for key in (runspec_lib.RUN_SPEC_KEY, layout.ACTIVATIONS_INFO_KEY, *also)
                 if not self._store.exists(key)]
+        if len(gone) > 2:
+            gone = gone[:2] + [f"{len(gone) - 2} more"]
         if gone:
             run = self._store.location
             next_step = ("submit the same config again: it prepares the run afresh"
