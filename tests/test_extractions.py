@@ -332,6 +332,18 @@ def test_model_added_later_and_killed_extraction_rerun(models, alone, tmp_path):
     assert cli.main(["rerun", run, "--batch-size", "8", "--devices-per-host", "8"],
                     out=out) == 0, out.getvalue()
     assert "rerun: chat: 1 partition(s) on local" in out.getvalue()
+    # The reading hint names every extraction of the run (not only the one rerun: alone,
+    # aligned batches refuse it), and runs as printed.
+    import re
+
+    said = re.search(r"read them together: (reader\.aligned\.aligned_stream\(.*?\))  ",
+                     out.getvalue())
+    assert said and "['', 'chat']" in said.group(1), out.getvalue()
+    from actx import reader
+
+    with eval(said.group(1).replace("HOOK", repr(HOOK)).replace("BATCH_SIZE", "16"),
+              {"reader": reader}) as stream:
+        assert next(iter(stream)).rows.size
     assert {**_objects(run), **{f"m{p}": json.dumps(c) for p, c in _checksums(run).items()}} \
         == before
     assert sorted(os.listdir(os.path.join(run, "commits"))) == markers_before
@@ -463,6 +475,10 @@ def test_status_follow_and_tpu_plan_per_extraction(both, capsys):
     assert cli.main(["status", both, "--extraction", "chat", "--json"], out=out) == 0
     obj = json.loads(out.getvalue())
     assert obj["complete"] and obj["extractions"]["chat"]["counts"]["committed"] == 2
+    # Where the extraction's activations are: under its own prefix (it named the root's).
+    where = obj["extractions"]["chat"]["identity"]["activations"]
+    assert where == os.path.join(both, "extractions", "chat", "activations")
+    assert os.path.isdir(where)
     assert cli.main(["status", both, "--extraction", "sft"], out=io.StringIO()) == 2
     assert "no extraction 'sft' (named extractions: base, chat)" in capsys.readouterr().err
     assert cli.main(["verify", both, "--extraction", "chat"], out=io.StringIO()) == 0

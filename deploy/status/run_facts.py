@@ -37,7 +37,10 @@ def identity(handle, info, committed: "set[int] | None" = None) -> dict:
         "packing": packing.mode, "overflow": packing.overflow,
         "max_context": packing.max_context if packing.carries_context else None,
         "tokens": handle.manifest.total_tokens, "rows": handle.manifest.total_rows,
-        "activations": str(handle.location.join(layout_lib.ACTIVATIONS_GROUP)),
+        # A named extraction's under its own prefix (extractions/<name>/activations).
+        "activations": str(handle.location.join(layout_lib.extraction_key(
+            getattr(handle.store, "name", ""), layout_lib.ACTIVATIONS_GROUP + "/")
+            .rstrip("/"))),
     }
     if spec.generate is not None:
         if hooks:  # the ids the model wrote are stored beside the hooks, not one of them

@@ -198,9 +198,16 @@ class LocalTarget(targets.Target):
         statuses = {name: runstate.compute_status(handle) for name, handle in handles.items()}
         print(file=out)
         print(status_text.render_extractions(statuses), file=out)
-        print(f"\nread them together: reader.aligned.aligned_stream({job.run.uri!r}, "
-              f"{list(handles)!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one token "
-              f"store\")\ncheck them:  {advice.verify(job.run.uri)}", file=out, flush=True)
+        # Read together: every extraction of the run, not only those this job ran (a
+        # rerun runs those behind); aligned batches need two or more, one reads alone.
+        every = extraction_lib.names(job.run.store)
+        read = (f"read them together: reader.aligned.aligned_stream({job.run.uri!r}, "
+                f"{every!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one "
+                f"token store\")" if len(every) > 1 else
+                f"read it: python -c \"import actx; print(actx.open_run({job.run.uri!r}"
+                + (f", extraction={every[0]!r}" if every and every[0] else "")
+                + ").describe())\"")
+        print(f"\n{read}\ncheck them:  {advice.verify(job.run.uri)}", file=out, flush=True)
         missing = {name or "default": [p for p, st in s.partitions.items()
                                        if st != partition_states.COMMITTED
                                        and (job.only is None or p in job.only)]

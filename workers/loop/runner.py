@@ -43,6 +43,9 @@ from actx.workers.loop.session import Session, ended_by
 from actx.workers.replicas.stop import Preempted, StopSignal
 
 log = logging.getLogger("actx.worker")
+# When this process began (this module is imported at its start): a heartbeat of its job
+# from before is another launch's under the same job name.
+_PROCESS_STARTED_AT = time.time()
 
 
 class Worker:
@@ -126,8 +129,13 @@ class Worker:
         startup.stop(final_beat=False)
 
     def _metadata_writer_gone(self) -> str | None:
-        """Why the process that writes the run's metadata will not (None: it may)."""
-        return metadata.writer_gone(self.store, self.opts.job, self._started_at)
+        """Why the process that writes the run's metadata will not (None: it may). Its
+        heartbeats count from this process's start, not this worker's: with several
+        extractions, one after another, the writer may have died during an earlier one,
+        and its launcher marked it failed in this one's heartbeats before this worker
+        began (it waited the whole 900 s for it)."""
+        return metadata.writer_gone(self.store, self.opts.job,
+                                    min(self._started_at, _PROCESS_STARTED_AT))
 
     def _architecture(self) -> str | None:
         """The HF architecture of a checkpoint's model (None for a Flax model)."""
