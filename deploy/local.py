@@ -104,6 +104,7 @@ class _Proc:
     log_file: object
     returncode: int | None = None
     stopped: bool = False  # terminated by us because a peer of its replica failed
+    host_index: int = 0  # its process index within the replica
 
 
 def host_name(replica: int, process_id: int, prefix: str = "local") -> str:
@@ -194,7 +195,7 @@ def run_workers(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
             popen = subprocess.Popen([sys.executable, "-m", "actx.workers.main", *args], env=env,
                                      cwd=code, stdout=log_file,
                                      stderr=subprocess.STDOUT)
-            procs.append(_Proc(name, r, popen, log_path, log_file))
+            procs.append(_Proc(name, r, popen, log_path, log_file, host_index=i))
     print(f"extract: job {job}: {len(procs)} worker process(es) ({target.replicas} replica(s) "
           f"x {target.hosts_per_replica} host(s), {target.devices_per_host} CPU device(s) "
           f"each); logs in {logs}", file=out, flush=True)
@@ -213,7 +214,8 @@ def run_workers(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
                             try:
                                 for name in names:
                                     mark_dead(run, p.name, p.returncode, p.log_path,
-                                              extraction=name)
+                                              extraction=name, job=job, replica=p.replica,
+                                              process_index=p.host_index)
                             except Exception as e:  # status then learns it after stale_after
                                 print(f"extract: could not record that {p.name} died: {e}",
                                       file=out, flush=True)
@@ -242,7 +244,8 @@ def run_workers(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
                 try:
                     for name in names:
                         mark_dead(run, p.name, p.popen.returncode, stopped_by_user=True,
-                                  extraction=name)
+                                  extraction=name, job=job, replica=p.replica,
+                                  process_index=p.host_index)
                 except Exception:  # noqa: BLE001 - status then learns it when it goes stale
                     pass
             print(_kept_line(progress.run), file=out, flush=True)
@@ -294,7 +297,8 @@ def _kept_line(run: run_dir.RunDir) -> str:
 
 def mark_dead(run: "str | run_dir.RunDir", host: str, returncode: int | None,
               log_path: str | None = None,
-              stopped_by_user: bool = False, extraction: str = "", how: str = "") -> bool:
+              stopped_by_user: bool = False, extraction: str = "", how: str = "",
+              job: str = "", replica: int = 0, process_index: int = 0) -> bool:
     """Records in `host`'s heartbeat that its process is gone, when the heartbeat still
     says it is alive (a SIGKILL or OOM leaves "working" behind, and status would trust it
     until it went stale) or when there is none (it died before its first beat). Status
@@ -302,7 +306,10 @@ def mark_dead(run: "str | run_dir.RunDir", host: str, returncode: int | None,
     its partition as stale; the message names `actx rerun RUN`, which finishes the run.
     `stopped_by_user`: the launcher stopped it (Ctrl-C), which status shows as stopped,
     not failed (also over an older worker's "failed ... Stopped: SIGTERM"). Returns
-    whether it wrote. A named extraction's heartbeats are its own (schemas.extraction)."""
+    whether it wrote. A named extraction's heartbeats are its own (schemas.extraction).
+    job / replica / process_index: the process's, recorded where it wrote no heartbeat (it
+    died before, or before reaching this extraction), so its replica's other processes
+    waiting on it (workers.write.metadata.writer_gone) learn it at once."""
     directory = run_dir.RunDir.at(run)
     run = directory.uri  # as the messages below name it, whichever was passed
     store = directory.extraction(extraction).store
@@ -317,8 +324,9 @@ def mark_dead(run: "str | run_dir.RunDir", host: str, returncode: int | None,
             data = dict(data, state="working")  # a stop read as a failure by an older worker
         elif data is not None and data.get("state") not in runstate.LIVE_STATES:
             return False  # done or preempted: the worker said how it ended
-        beat = (heartbeat_lib.Heartbeat(host=host, replica=0, process_index=0,
-                                        state="starting", attempt="", updated_at=time.time())
+        beat = (heartbeat_lib.Heartbeat(host=host, replica=replica,
+                                        process_index=process_index, state="starting",
+                                        attempt="", updated_at=time.time(), job=job)
                 if data is None else
                 schemas_config.from_dict(heartbeat_lib.Heartbeat, data, f"{key}: "))
     except (ValueError, schemas_config.ConfigError):

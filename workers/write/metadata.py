@@ -76,11 +76,13 @@ def writer_gone(store, job: str, since: float) -> str | None:
     before is an earlier attempt's); None while it may."""
     now = time.time()
     for hb in heartbeat_lib.read_heartbeats(store, history=False):
-        if (hb.job != job or hb.replica != 0 or hb.process_index != 0 or not hb.attempt
+        if (hb.job != job or hb.replica != 0 or hb.process_index != 0
                 or hb.updated_at < since):
             continue
+        # A record with no attempt is its launcher's: the process died before it beat
+        # here (deploy.local.mark_dead), which says so with its job.
         if hb.state in ("failed", "refused", "preempted"):
             return f"{hb.host} is {hb.state}: {hb.message}"
-        if heartbeat_lib.is_stale(hb, now, choice_policy.STALE_AFTER_S):
+        if hb.attempt and heartbeat_lib.is_stale(hb, now, choice_policy.STALE_AFTER_S):
             return f"{hb.host} stopped beating {now - hb.updated_at:.0f}s ago"
     return None
