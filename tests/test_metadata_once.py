@@ -149,3 +149,32 @@ def test_the_writer_is_gone_only_by_its_own_jobs_heartbeats_since_the_wait(tmp_p
     assert metadata.writer_gone(s, "j", since=now - 70) == "w-r0h0 stopped beating 65s ago"
     beat("w-r0h0", 0, "refused", now)
     assert metadata.writer_gone(s, "j", since=now - 10).startswith("w-r0h0 is refused")
+
+
+def test_a_writer_its_launcher_saw_die_before_it_beat_here_is_gone(tmp_path):
+    """Several extractions, one after another in each process: process 0 of replica 0 died
+    during the first, so it never beat in the next one; its launcher records it failed
+    there (deploy.local.mark_dead) with its job, replica and process index, and a host
+    waiting for that extraction's metadata takes that as the writer's end (before: the
+    record had no job and replica 0 for any host, and was skipped: a 900 s wait). Another
+    launch's record under the same job name, older than the waiting process, is not."""
+    from actx.deploy import local
+    from actx.workers.write import metadata
+
+    run = run_dir.RunDir.at(str(tmp_path / "run"))
+    s = run.store
+    s.write_json("extractions/names/llama.json", {})  # a named extraction's view
+    view = run.extraction("llama").store
+    process_started = time.time()
+    assert local.mark_dead(run, "local-r1h0", -9, extraction="llama", job="j", replica=1,
+                           process_index=0)
+    assert metadata.writer_gone(view, "j", since=process_started) is None  # not the writer
+    assert local.mark_dead(run, "local-r0h0", -9, extraction="llama", job="j", replica=0,
+                           process_index=0)
+    recorded = {hb.host: hb for hb in heartbeat.read_heartbeats(view, history=False)}
+    assert (recorded["local-r1h0"].job, recorded["local-r1h0"].replica) == ("j", 1)
+    gone = metadata.writer_gone(view, "j", since=process_started)
+    assert gone.startswith("local-r0h0 is failed: process killed by SIGKILL before its "
+                           "first heartbeat"), gone
+    assert metadata.writer_gone(view, "j", since=time.time() + 1) is None
+    assert metadata.writer_gone(view, "another job", since=process_started) is None
