@@ -4,8 +4,9 @@ data's request rate at the target's speed against what a new GCS bucket takes.
 
 Data requests follow the write layout: one write per stored shard object (each hook's
 `rows_per_shard` rows: schemas.layout), one commit marker written and one read per
-partition (and a generating run's sample record written beside the marker), a claim per partition when replicas share work, and per partition the reads
-of the token arrays each step reads (workers.loop.prefetch.STEP_INPUTS: each array's
+partition (and a generating run's sample record written beside the marker), a claim per
+partition when replicas share work, and per partition the reads of the token arrays each
+step reads (workers.loop.prefetch.STEP_INPUTS: each array's
 shard index and each inner chunk of `rows_per_shard` rows), plus the two existence checks
 of run.json and activations/actx.json before each commit (workers.write.commit). Control
 requests follow the code's cadences (schemas.request_budget): a heartbeat a host every

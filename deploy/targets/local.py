@@ -62,20 +62,15 @@ class _BeamPipeline:
 
 
 def beam_worker_processes(beam_args) -> int:
-    """Worker processes Beam's local runners start for `beam_args`: the last
-    --direct_num_workers (0: one per core, as Beam reads it), else one (the in-process
-    FnApiRunner)."""
-    found = 1
-    args = list(beam_args or ())
-    for i, arg in enumerate(args):
-        value = None
-        if arg.startswith("--direct_num_workers="):
-            value = arg.split("=", 1)[1]
-        elif arg == "--direct_num_workers" and i + 1 < len(args):
-            value = args[i + 1]
-        if value is not None and value.strip().isdigit():
-            found = int(value) or (os.cpu_count() or 1)
-    return found
+    """Worker processes Beam's local runners start for `beam_args`, as Beam reads its
+    flags: --direct_num_workers (0: one per core) in multi_processing mode, else one (the
+    in-process runner's workers are threads of its process)."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+    direct = PipelineOptions(list(beam_args or ())).view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return 1
+    return direct.direct_num_workers or os.cpu_count() or 1
 
 
 class LocalTarget(targets.Target):

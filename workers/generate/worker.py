@@ -116,11 +116,8 @@ class GenerateWorker(runner.Worker):
             if self.opts.steal:  # chosen (and claimed) one at a time by process 0
                 choose = distributed.LeaderSequence(choose, wait=self.wait_for_work).next
             else:
-                # By the start-up listing, as runner.Worker.run_stream: no marker read
-                # per partition before the first step.
                 sequence = distributed.broadcast_ints(
-                    [p for p in self._candidates() if p not in self._committed]
-                    if self.topo.host_index == 0 else [])
+                    self._own_left() if self.topo.host_index == 0 else [])
         todo = iter(sequence) if sequence is not None else None
         while True:
             if todo is not None:

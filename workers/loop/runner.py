@@ -233,6 +233,12 @@ class Worker:
         """This replica's own partitions (within `only`), in order."""
         return list(self.choice.own)
 
+    def _own_left(self) -> list[int]:
+        """This replica's own partitions left, by the start-up listing, not a marker read
+        each: a replica that does not steal is their only writer, and the reads, one after
+        another before the first step, grew with the run (100k partitions: an hour)."""
+        return [p for p in self._candidates() if p not in self._committed]
+
     def is_committed(self, pid: int) -> bool:
         """Whether partition `pid` has its commit marker."""
         # One object read per candidate; the start-up listing covers the common case.
@@ -400,11 +406,7 @@ class Worker:
                                                   rows_in_hand=stream.rows_in_hand()),
                     wait=self.wait_for_work)
             else:
-                # By the start-up listing, not a marker read per partition: this replica's
-                # own partitions are written by it alone, and the reads, one after another
-                # before the first step, grew with the run (100k partitions: an hour).
-                mine = [p for p in self._candidates() if p not in self._committed] \
-                    if self.topo.host_index == 0 else []
+                mine = self._own_left() if self.topo.host_index == 0 else []
                 sequence = distributed.broadcast_ints(mine)
         stream = partition_stream.PartitionStream(self, pool, committer, tried, sequence, agreed)
         self._run_steps(stream.steps(), stream.on_output, "the partitions in hand",
