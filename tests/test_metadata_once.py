@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import io
+import os
 import time
 
 import pytest
@@ -178,3 +179,41 @@ def test_a_writer_its_launcher_saw_die_before_it_beat_here_is_gone(tmp_path):
                            "first heartbeat"), gone
     assert metadata.writer_gone(view, "j", since=time.time() + 1) is None
     assert metadata.writer_gone(view, "another job", since=process_started) is None
+
+
+@pytest.mark.parametrize("slurm", [True, False], ids=["slurm-task", "tpu-host"])
+def test_a_detached_hosts_supervisor_records_its_workers_death_in_each_extraction(
+        tmp_path, monkeypatch, slurm):
+    """A TPU host or a Slurm task runs its worker under deploy/detached/host_run.py, which
+    records a death as the local launcher does: in every extraction the worker was to
+    extract, with its job, replica and process index (its flags; a TPU host's index from
+    ACTX_PROCESS_ID), so a host waiting on process 0 of replica 0 for the next
+    extraction's metadata learns it at once (before: the default extraction alone, with
+    no job: a 900 s wait in the next one)."""
+    import sys
+
+    from actx.deploy.detached import host_run
+    from actx.workers.write import metadata
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run = run_dir.RunDir.at(str(tmp_path / "run"))
+    run.store.write_json("extractions/names/llama.json", {})
+    started = time.time()
+    worker = [sys.executable, "-c", "import sys; sys.exit(3)", "--run", run.uri, "--job", "j",
+              "--extraction", "default,llama"]
+    env = dict(os.environ, ACTX_PROCESS_ID="1")
+    if slurm:  # the step's own flags come last, as deploy/targets/slurm/step.py adds them
+        worker += ["--replica=0", "--process-id=0", "--host-name=t-r0h0"]
+        env["ACTX_PROCESS_ID"] = "5"  # a flag wins over the variable, as in the worker
+    else:
+        env["ACTX_PROCESS_ID"] = "0"
+    assert host_run.supervise(run, "j", "t-r0h0", worker, log_every_s=1, env=env) == 3
+    for name in ("", "llama"):
+        view = run.extraction(name).store
+        [hb] = heartbeat.read_heartbeats(view, history=False)
+        assert (hb.host, hb.job, hb.replica, hb.process_index, hb.state) == (
+            "t-r0h0", "j", 0, 0, "failed"), (name, hb)
+        gone = metadata.writer_gone(view, "j", since=started)
+        assert gone and gone.startswith("t-r0h0 is failed: process exited with code 3"), gone
+    place = host_run.worker_place(worker[3:] + ["--replica", "2"], {"ACTX_PROCESS_ID": "3"})
+    assert place == host_run.WorkerPlace(("", "llama"), 2, 0 if slurm else 3)

@@ -6,18 +6,22 @@ ssh session; the Slurm target runs it in each task of the job step (deploy/targe
 least 1: GCS takes about one write per second per object) the file's last `max_log_mb` MB
 replace <run>/logs/<job>/<host>.log, so a log is readable while the worker runs and what
 was written before a preemption stays. A worker that dies with a non-zero code is recorded
-in its heartbeat at once (status shows its partition stale), as the local target does.
+in its heartbeat at once (status shows its partition stale), as the local target does: in
+every extraction the worker was to extract, with its job and place, so that its replica's
+other hosts waiting on it for an extraction's metadata learn it at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
 
+from actx.schemas import extraction as extraction_lib
 from actx.schemas import run_dir
 from actx.schemas.layout import log_key
 
@@ -61,6 +65,54 @@ class LogShipper:
         # one did, however long reading the file and writing took.
         self._last_t, self._last_size = time.monotonic(), size
         return True
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPlace:
+    """Where a supervised worker stands in its job, as its own flags say (the launcher's
+    record of its death carries it): its extractions ("" the default one), its replica and
+    its index in the replica."""
+
+    extractions: tuple[str, ...] = ("",)
+    replica: int = 0
+    process_index: int = 0
+
+
+def worker_place(worker: list[str], env=None) -> WorkerPlace:
+    """The place of the worker that command line `worker` starts, from the worker's flags
+    (schemas.worker_options; a later flag wins, as in the worker) and, for the process
+    index, ACTX_PROCESS_ID in `env` (None: this process's), which the worker falls back to
+    too (a TPU host learns its index from the metadata server)."""
+    env = os.environ if env is None else env
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--extraction")
+    p.add_argument("--replica", type=int, default=0)
+    p.add_argument("--process-id", type=int)
+    try:
+        flags, _ = p.parse_known_args(worker)
+    except SystemExit:  # flags the worker would refuse itself: its default place
+        return WorkerPlace()
+    index = flags.process_id
+    if index is None:
+        try:
+            index = int(env.get("ACTX_PROCESS_ID") or 0)
+        except ValueError:
+            index = 0
+    return WorkerPlace(tuple(extraction_lib.parse(flags.extraction)), flags.replica, index)
+
+
+def record_death(run: run_dir.RunDir, job: str, host: str, rc: int, log_path: str,
+                 place: WorkerPlace) -> None:
+    """Records in `host`'s heartbeat of each extraction of `place` that its worker died
+    with exit code `rc` (deploy.local.mark_dead)."""
+    from actx.deploy import local
+
+    extractions = place.extractions
+    if extractions == ("all",):
+        extractions = tuple(extraction_lib.names(run.store))
+    for name in extractions:
+        local.mark_dead(run, host, rc, log_path, extraction=name, job=job,
+                        replica=place.replica, process_index=place.process_index)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,10 +160,9 @@ def supervise(run: "str | run_dir.RunDir", job: str, host: str, worker: list[str
         log.write(f"[actx: worker exited with code {rc}]\n")
     shipper.maybe_ship(force=True)
     if rc != 0:
-        from actx.deploy import local
-
         try:
-            local.mark_dead(run, host, rc, log_path)
+            record_death(run, job, host, rc, log_path,
+                         worker_place(worker, os.environ if env is None else env))
         except Exception as e:  # status then learns it when the heartbeat goes stale
             print(f"host_run: could not record that the worker died: {e}", file=sys.stderr)
     from actx.deploy import commands
