@@ -19,7 +19,7 @@ from actx.schemas import run_dir
 # -- submit ------------------------------------------------------------------------------
 # Fields of the target table that submit and rerun also take as flags (--batch-size, ...).
 TARGET_FLAGS = ("hosts", "hosts_per_replica", "batch_size", "devices_per_host",
-                "model_parallel")
+                "model_parallel", "models_at_once")
 
 
 def _target(base, args):

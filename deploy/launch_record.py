@@ -1,6 +1,6 @@
 """`launch.json`: how the run's latest job launched its workers (target kind, hosts,
-hosts per replica, batch size, devices per host, model parallelism, and the config file
-with its --set overrides), written by the launcher when its workers start, so that
+hosts per replica, batch size, devices per host, model parallelism, models at once, and
+the config file with its --set overrides), written by the launcher when its workers start, so that
 `actx rerun RUN` with no flags and no config launches the same way, on the same target,
 instead of on the local defaults (a batch size that differs changes the rows each device
 computes per step, which the run's numerics record holds the workers to; a Slurm run
@@ -22,7 +22,10 @@ from actx.schemas import layout
 
 KEY = layout.LAUNCH_KEY
 # The target fields a rerun takes from the record, which are also its flags (jobs.TARGET_FLAGS).
-FIELDS = ("hosts", "hosts_per_replica", "batch_size", "devices_per_host", "model_parallel")
+# models_at_once: only how fast a run of several extractions goes (the bytes are the same),
+# absent from records written before it (a rerun of such a run takes one at a time).
+FIELDS = ("hosts", "hosts_per_replica", "batch_size", "devices_per_host", "model_parallel",
+          "models_at_once")
 # Targets whose rerun needs their config's table (where the hosts are, how they start).
 CONFIGURED = ("slurm", "tpu-vm")
 

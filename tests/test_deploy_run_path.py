@@ -98,12 +98,24 @@ def test_rerun_launches_as_the_last_launch_unless_told_otherwise(tmp_path):
                      "--only", "0,1"], out=out) == 0, out.getvalue()
     recorded = launch_record.read(s)
     assert recorded["job"] == "first" and recorded["target"] == "local"
-    assert (recorded["hosts"], recorded["batch_size"]) == (2, 4)
+    assert (recorded["hosts"], recorded["batch_size"], recorded["models_at_once"]) == (2, 4, 1)
 
     said = io.StringIO()
     target = jobs._rerun_target(_rerun_args(), s, said)
     assert (target.hosts, target.batch_size) == (2, 4)
     assert "rerun: as the run's last launch: hosts 2, batch_size 4" in said.getvalue()
+    # Several models at once (named extractions) is replayed too, flag or config alike;
+    # a record from before it was kept reruns one model at a time.
+    s.write_json(launch_record.KEY, {**recorded, "models_at_once": 2})
+    said = io.StringIO()
+    assert jobs._rerun_target(_rerun_args(), s, said).models_at_once == 2
+    assert "hosts 2, batch_size 4, models_at_once 2 (flags" in said.getvalue()
+    assert jobs._rerun_target(_rerun_args("--models-at-once", "3"), s,
+                              io.StringIO()).models_at_once == 3
+    s.write_json(launch_record.KEY, {k: v for k, v in recorded.items()
+                                     if k != "models_at_once"})
+    assert jobs._rerun_target(_rerun_args(), s, io.StringIO()).models_at_once == 1
+    s.write_json(launch_record.KEY, recorded)
     # A flag wins over the record; the record fills in the rest.
     target = jobs._rerun_target(_rerun_args("--batch-size", "8"), s, io.StringIO())
     assert (target.hosts, target.batch_size) == (2, 8)
