@@ -32,13 +32,27 @@ ESTIMATE_DOCS = 2000  # documents per source the local estimate's timed worker m
 
 @dataclasses.dataclass(frozen=True)
 class Counts:
-    """tokens / rows / partitions of the run; how they were found ("manifest", "counted")."""
+    """tokens / rows / partitions of the run; how they were found ("manifest", "counted").
+    continued_from_rows: each partition's rows of a document continued from before it (of
+    the manifest, or of the sample counted; None where the manifest has none): what the
+    token-store reads of a model carrying context depend on (deploy.storage_plan)."""
 
     tokens: int
     rows: int
     partitions: int
     seq_len: int
     source: str
+    continued_from_rows: tuple[int, ...] | None = None
+
+
+def _continued_from_rows(manifest) -> tuple[int, ...] | None:
+    from actx.schemas import manifest as manifest_lib
+
+    try:
+        return tuple(int(n) for n in manifest_lib.partition_column(manifest.partitions,
+                                                                   "continued_from_rows"))
+    except (AttributeError, KeyError, TypeError, ValueError):  # a manifest before version 4
+        return None
 
 
 def counts(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir") -> tuple[Counts | None, str]:
@@ -55,7 +69,7 @@ def counts(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir") -> tuple[Coun
         if run.is_prepared_for(spec):
             m = run.opened().manifest
             return Counts(m.total_tokens, m.total_rows, len(m.partitions), m.seq_len,
-                          "from the run's manifest"), ""
+                          "from the run's manifest", _continued_from_rows(m)), ""
     except Exception:  # noqa: BLE001 - unreachable here: counted from the inputs
         pass
     try:
@@ -69,6 +83,7 @@ def counts(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir") -> tuple[Coun
     # bytes; a source with max_docs whole (its prepare stops there, whatever its size).
     tokens = rows = 0.0
     n_taken = taken = 0
+    continued: list[int] | None = []
     free = sum(n for source, source_files in zip(spec.sources, files)
                if source.max_docs is None for _, n in source_files)
     for source, source_files in zip(spec.sources, files):
@@ -85,13 +100,16 @@ def counts(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir") -> tuple[Coun
             return None, why
         scale = 1.0 if source.max_docs is not None else size / max(1, part)
         tokens, rows = tokens + found.tokens * scale, rows + found.rows * scale
+        continued = (None if continued is None or found.continued_from_rows is None
+                     else continued + list(found.continued_from_rows))
         n_taken, taken = n_taken + len(chosen), taken + part
     rows = round(rows)
     return Counts(round(tokens), rows, math.ceil(rows / spec.layout.partition_rows),
                   spec.packing.seq_len,
                   f"estimated: {n_taken} of {sum(map(len, files))} input files "
                   f"({_size_text(taken)} of {_size_text(total)}) counted by a prepare into "
-                  f"memory, scaled by bytes"), ""
+                  f"memory, scaled by bytes",
+                  None if continued is None else tuple(continued)), ""
 
 
 def _leading(files: list[tuple[str, int]], budget: float) -> list[tuple[str, int]]:
@@ -130,7 +148,7 @@ def _counted(spec: runspec_lib.RunSpec) -> tuple[Counts | None, str]:
         with contextlib.suppress(Exception):
             scratch.store.delete_prefix("")
     return Counts(m.total_tokens, m.total_rows, len(m.partitions), m.seq_len,
-                  "counted by a prepare of the inputs into memory"), ""
+                  "counted by a prepare of the inputs into memory", _continued_from_rows(m)), ""
 
 
 def hook_shapes(spec: runspec_lib.RunSpec):
@@ -338,7 +356,8 @@ def storage_job(spec: runspec_lib.RunSpec, found: Counts, target, seconds: float
     from actx.deploy import targets
     from actx.workers import preflight as workers_preflight
 
-    widths = hook_shapes(spec).hooks
+    shapes = hook_shapes(spec)
+    widths = shapes.hooks
     if not widths:
         return None
     chosen = targets.as_target(target)
@@ -353,7 +372,12 @@ def storage_job(spec: runspec_lib.RunSpec, found: Counts, target, seconds: float
         heartbeat_s=target.heartbeat_s,
         log_every_s=chosen.log_every_s(), step_inputs=cadences.step_inputs,
         refresh_s=cadences.refresh_s, seconds=seconds, tokens_per_s=tokens_per_s,
-        generates=spec.generate is not None)
+        generates=spec.generate is not None,
+        # A generating worker reads its prompts whole, with no warm-up of earlier rows.
+        warmup_rows=(None if spec.generate is not None
+                     else workers_preflight.warmup_rows(spec, shapes, found.seq_len)),
+        continued_from_rows=found.continued_from_rows,
+        continuation_inputs=cadences.continuation_inputs, cache_bytes=cadences.cache_bytes)
 
 
 def storage(spec: runspec_lib.RunSpec, found: Counts | None, target, seconds: float,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from actx.deploy import targets
 from actx.schemas import errors
+from actx.schemas import layout as layout_lib
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store_errors
 from actx.schemas import tokenizer_identity
@@ -83,6 +84,8 @@ def problems(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir", target=None
         found.append("spec.model.path: empty; extraction needs a Hugging Face checkpoint "
                      "directory (config.json + *.safetensors), local or gs://, or a Flax "
                      "model as spec.model.flax")
+    if target is not None:
+        notes += _padding_notes(spec, target)
     job = workers_preflight.check_job(spec, batch, model_parallel, data_parallel)
     found += job.problems
     notes += job.notes
@@ -114,6 +117,26 @@ def problems(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir", target=None
         except store_errors.StoreError as e:
             unreachable("the model's tokenizer", e)
     return found, notes
+
+
+def _padding_notes(spec: runspec_lib.RunSpec, target) -> list[str]:
+    """A layout whose partitions leave hosts of a multi-host replica without rows (a
+    partition is split over them by whole objects; the others pad): what share of the
+    replica's steps pad, and the partition size that keeps every host busy."""
+    try:
+        hosts, replicas = target.hosts_and_replicas()
+    except Exception:  # noqa: BLE001 - a target the pre-flight refuses already, saying why
+        return []
+    per_replica = hosts // max(1, replicas)
+    rows, rps = spec.layout.partition_rows, spec.layout.rows_per_shard
+    share = layout_lib.padding_share(rows, rps, per_replica) if per_replica > 1 else 0.0
+    if share <= 0:
+        return []
+    return [f"spec.layout: a partition's {-(-rows // rps)} object(s) of {rps} rows are "
+            f"split over the {per_replica} hosts of a replica by whole objects, so "
+            f"{share:.0%} of their steps are padding; set spec.layout.partition_rows to a "
+            f"multiple of {per_replica * rps} ({per_replica} hosts x {rps} rows) to keep "
+            f"every host busy"]
 
 
 # A dry run may run where the job's bucket cannot be reached (no credentials, no network):

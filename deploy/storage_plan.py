@@ -5,16 +5,17 @@ data's request rate at the target's speed against what a new GCS bucket takes.
 Data requests follow the write layout: one write per stored shard object (each hook's
 `rows_per_shard` rows: schemas.layout), one commit marker written and one read per
 partition (and a generating run's sample record written beside the marker), a claim per
-partition when replicas share work, and per partition the reads of the token arrays each
-step reads (workers.loop.prefetch.STEP_INPUTS: each array's
-shard index and each inner chunk of `rows_per_shard` rows), plus the two existence checks
-of run.json and activations/actx.json before each commit (workers.write.commit). Control
+partition when replicas share work, the reads of the token arrays (`token_reads`), and the
+two existence checks of run.json and activations/actx.json before each commit
+(workers.write.commit); each host reads run.json, the manifest and the token arrays'
+zarr.json at start. Control
 requests follow the code's cadences (schemas.request_budget): a heartbeat a host every
 `heartbeat_s` or longer on a pod, the replicas' looks at commits, claims and heartbeats at
 most every `REFRESH_S` (longer on a pod) and once per partition taken
 (workers.replicas.choice_policy), log copies every `log_every_s` a host (longer on a pod)
-where the target ships logs, the metadata written once by process 0 of replica 0. bench/requests.py measures the same classes; the test
-tests/test_storage_plan.py holds this model to a measured run.
+where the target ships logs, the metadata written once by process 0 of replica 0.
+bench/requests.py measures the same classes; tests/test_request_bench.py holds this model
+to a measured run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import collections
 import dataclasses
 import math
 
+from actx.schemas import layout
 from actx.schemas import request_budget
 from actx.schemas import storage_requests as sr
 
@@ -50,6 +52,12 @@ class Job:
     seconds: the job's time; tokens_per_s: the pod's speed (the estimate's).
     generates: a generating run, whose workers write each partition's sample record
       (generated/p-NNNNN.json, a marker-class object) before its commit marker.
+    warmup_rows: the rows before a partition that a document continued into it runs
+      first (workers.preflight.warmup_rows); None where rows are independent.
+    continued_from_rows: per partition (of the manifest, or of a sample of the inputs that
+      stands for all `partitions`), the rows of the document continued into it that lie
+      before it (manifest.Partition); None where not known (no warm-up counted).
+    continuation_inputs / cache_bytes: workers.preflight.StorageCadences'.
     """
 
     rows: int
@@ -68,6 +76,10 @@ class Job:
     seconds: float
     tokens_per_s: float
     generates: bool = False
+    warmup_rows: int | None = None
+    continued_from_rows: tuple[int, ...] | None = None
+    continuation_inputs: tuple[str, ...] = ()
+    cache_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +101,6 @@ def plan(job: Job) -> Plan:
     module's docstring."""
     hooks = len(job.hook_bytes_per_row)
     shards = hooks * math.ceil(job.rows / job.rows_per_shard)
-    chunks = math.ceil(job.partition_rows / job.rows_per_shard)
     r: dict[tuple[str, str], float] = collections.Counter()
     r[("shards", "write")] = shards
     # Each partition's commit marker, and a generating run's sample record beside it.
@@ -99,8 +110,8 @@ def plan(job: Job) -> Plan:
     if sharing:
         r[("claims", "write")] = job.partitions
         r[("claims", "read")] = job.partitions  # the holder of a claim met
-    r[("inputs", "read")] = (job.partitions * (len(job.step_inputs) * (1 + chunks) + 1)
-                             + 2 * job.hosts)  # + run.json and the manifest at start
+    r[("inputs", "read")] = (token_reads(job) + job.partitions  # + run.json before a commit
+                             + job.hosts * (2 + 1 + len(job.step_inputs)))
     # The others read what process 0 of replica 0 wrote (at least once each).
     r[("metadata", "read")] = job.partitions + job.hosts * (1 + hooks)
     # Process 0 of replica 0 alone writes the numerics record (activations/actx.json) and
@@ -133,6 +144,60 @@ def plan(job: Job) -> Plan:
                + 2 * job.hosts)
     data_bytes = job.rows * sum(job.hook_bytes_per_row.values())
     return Plan(objects, data_bytes, dict(r))
+
+
+def token_reads(job: Job) -> float:
+    """Reads of the token arrays over the job. A partition's stored shard of each array
+    (`partition_rows` rows, inner chunks of `rows_per_shard`) is read by the hosts of its
+    replica whose slice of it is not empty (workers.loop.schedule: a host with none pads
+    with a row it has read already): each reads the shard's index, then each inner chunk
+    of its slice once (a process's cache keeps what it read, so a slot's rows read in
+    several steps cost one fetch). A shard that is one inner chunk, and on one-host
+    replicas of a model carrying context the `continuation_inputs` (read whole first), take
+    one request.
+
+    A document continued into a partition runs its `warmup_rows` earlier rows first (at
+    most), on the host whose slice begins the partition, and they lie in other partitions'
+    shards: each shard index and inner chunk they touch is read again by a first host that
+    has not read it. While the token arrays fit in a process's cache, of n partitions
+    touching it, spread evenly at random over the replicas, that is expected
+    R x (1 - (1 - 1 / R)^n) first hosts of R replicas, one fewer where the replica that
+    holds the unit read it with its first host (a shard's index, and the chunks of the
+    first slice). Beyond the cache each touch is a read. (A host's slice that begins inside
+    a document warms up on its neighbour's rows too: not counted.)"""
+    chunks = math.ceil(job.partition_rows / job.rows_per_shard)
+    per_replica = max(1, job.hosts // max(1, job.replicas))
+    busy = len([1 for lo, hi in layout.host_row_slices(0, job.partition_rows, per_replica,
+                                                       job.rows_per_shard) if hi > lo])
+    whole = job.warmup_rows is not None and busy == 1
+    own = sum(1 if chunks == 1 or (whole and name in job.continuation_inputs)
+              else busy + chunks for name in job.step_inputs)
+    reads = float(job.partitions * own)
+    column = job.continued_from_rows
+    if not job.warmup_rows or not column:
+        return reads
+    first_slice = layout.host_row_slices(0, job.partition_rows, per_replica,
+                                         job.rows_per_shard)[0][1]
+    # (unit, whether the first host of the replica holding it read it), partitions touching
+    touches: collections.Counter = collections.Counter()
+    for pid, continued in enumerate(column):
+        start = pid * job.partition_rows  # every partition before the last is full
+        first = start - min(continued, job.warmup_rows)
+        if first >= start:
+            continue
+        for shard in range(first // job.partition_rows, (start - 1) // job.partition_rows + 1):
+            touches[(("index", shard), True)] += 1
+        for chunk in range(first // job.rows_per_shard, (start - 1) // job.rows_per_shard + 1):
+            held = chunk * job.rows_per_shard % job.partition_rows < first_slice
+            touches[(("chunk", chunk), held)] += 1
+    token_bytes = job.rows * job.seq_len * 4 * len(job.step_inputs)
+    if token_bytes <= job.cache_bytes:
+        n = max(1, job.replicas)
+        extra = sum((n - held) * (1 - (1 - 1 / n) ** count)
+                    for (_, held), count in touches.items())
+    else:
+        extra = sum(touches.values())
+    return reads + len(job.step_inputs) * extra * job.partitions / len(column)
 
 
 def ramp_s(rate: float, initial: float) -> float:

@@ -363,6 +363,15 @@ def host_row_slices(row_start: int, row_count: int, hosts: int,
     return slices
 
 
+def padding_share(partition_rows: int, rows_per_shard: int, hosts: int) -> float:
+    """The share of a replica's host-steps that pad, over a full partition split by
+    `host_row_slices` over its `hosts`: a host whose slice holds fewer objects than the
+    busiest steps along with it (0 where the objects divide evenly)."""
+    shards = -(-partition_rows // rows_per_shard)
+    per_host = -(-shards // hosts)
+    return 1 - shards / (hosts * per_host)
+
+
 def reject_kind(reason: str) -> str:
     """A reject's kind of reason, its words before any detail ("not valid JSON: line 3"
     -> "not valid JSON"): what prepare's summary and the live page count rejects by."""

@@ -175,3 +175,39 @@ def test_prepare_without_a_model_checks_the_rest(tmp_path, qwen_tokenizer_dir, c
                   run=str(tmp_path / "run2"))
     assert cli.main(["submit", cfg], out=io.StringIO()) == 2
     assert "spec.model.path: empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("partition_rows, share", [(4, "50%"), (8, None), (12, "25%")])
+def test_a_layout_that_leaves_hosts_of_a_replica_without_rows_is_named(
+        tmp_path, qwen_tokenizer_dir, partition_rows, share):
+    """A replica splits each partition over its hosts by whole objects
+    (schemas.layout.host_row_slices): with fewer objects than hosts, or a count they do not
+    divide, some hosts pad while the others work (a v5e-256's 64 hosts on the default 64-row
+    partitions of 8-row objects: 56 of them). The pre-flight says what share pads and the
+    partition size that keeps every host busy, before anything runs."""
+    from actx.schemas import layout as layout_lib
+
+    model = _config_only_model(tmp_path / "m", vocab_size=QWEN_VOCAB, num_hidden_layers=2)
+    cfg = yaml.safe_load(open(_config(tmp_path, model, qwen_tokenizer_dir, _texts(tmp_path),
+                                      "layers.0.resid_post",
+                                      target={"kind": "local", "hosts": 4,
+                                              "hosts_per_replica": 4, "batch_size": 4})))
+    cfg["spec"]["layout"]["partition_rows"] = partition_rows
+    path = tmp_path / "padding.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = io.StringIO()
+    assert cli.main(["submit", str(path), "--dry-run"], out=out) == 0, out.getvalue()
+    said = [line for line in out.getvalue().splitlines() if "are padding" in line]
+    if share is None:
+        assert not said, said
+        return
+    objects = partition_rows // 2
+    assert said == [
+        f"# pre-flight: spec.layout: a partition's {objects} object(s) of 2 rows are split "
+        f"over the 4 hosts of a replica by whole objects, so {share} of their steps are "
+        f"padding; set spec.layout.partition_rows to a multiple of 8 (4 hosts x 2 rows) to "
+        f"keep every host busy"], out.getvalue()
+    # The share, against the slices the workers take: a host steps as long as the busiest.
+    slices = layout_lib.host_row_slices(0, partition_rows, 4, 2)
+    busiest = max(hi - lo for lo, hi in slices)
+    assert f"{1 - partition_rows / (4 * busiest):.0%}" == share

@@ -111,8 +111,12 @@ def test_the_estimate_predicts_what_was_counted(measured):
     A marker is read before each claim tried: once a partition, again for each race lost,
     within 50%. Heartbeats are written every
     heartbeat_s and besides at start, end and on state changes: within 40%. Reads of the
-    token store: tensorstore reads a shard's index and the inner chunks each step spans,
-    and a step that straddles chunks reads one twice: within a factor 2. Listings follow the
+    token store (storage_plan.token_reads): a shard's index and each inner chunk once a
+    process, plus the earlier rows a long document's warm-up reads from other partitions
+    (this job's FineWeb documents run over several partitions of 8 rows of 64 tokens): at
+    most 1.5 x the estimate (a replica that plans partitions it then loses reads their
+    rows too), and at least 0.8 x (was 0.5 x to 2 x before the warm-up was counted: the
+    estimate was 1.5 x under). Listings follow the
     chooser's refresh, at most once a partition taken and in the tail every refresh until
     the last partition is committed, about one partition's time: at least one of each, at
     most 1.5 x the estimate (a loaded machine's last partition takes longer than the
@@ -142,7 +146,7 @@ def test_the_estimate_predicts_what_was_counted(measured):
     assert got("heartbeats", "write") == pytest.approx(plan.requests[("heartbeats", "write")],
                                                        rel=0.4)
     inputs = plan.requests[("inputs", "read")]
-    assert inputs / 2 <= m.worker("inputs", "read") <= 2 * inputs
+    assert 0.8 * inputs <= m.worker("inputs", "read") <= 1.5 * inputs
     for cls in ("markers", "claims", "heartbeats"):
         assert 1 <= m.worker(cls, "list") <= 1.5 * plan.requests[(cls, "list")], cls
     workers_a = sum(n for (who, _, op), n in m.counts.items()

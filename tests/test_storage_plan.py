@@ -190,10 +190,11 @@ def test_writes_over_the_buckets_capacity_are_a_storage_bound_with_the_balance()
     assert "about 2.3 min instead of 1.7 min at compute's pace, the job ending before" in said
     # Reads: a marker a partition, the holder of a claim, 3 token arrays x (an index + 13
     # chunks of 8 rows) + run.json and actx.json a partition, and at start each host's
-    # run.json, manifest, actx.json and zarr.json: 10,000 x 46 + 64 x 4 = 460,256, plus
-    # listings of commits, claims (5 pages each) and heartbeats (1 page).
+    # run.json, manifest, the 4 token arrays' zarr.json (context_start's checked too),
+    # actx.json and the hook's zarr.json: 10,000 x 46 + 64 x 8 = 460,512, plus listings of
+    # commits, claims (5 pages each) and heartbeats (1 page).
     p = storage_plan.plan(fast)
-    reads = 10_000 * 46 + 64 * 4
+    reads = 10_000 * 46 + 64 * 8
     assert sum(n for (_, op), n in p.requests.items() if op == "read") == reads
     listings = sum(n for (_, op), n in p.requests.items() if op == "list")
     # A look every 2 s (64 replicas x 11 pages stay under 2,000 pages/s), shortened by

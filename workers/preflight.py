@@ -224,14 +224,37 @@ class StorageCadences:
     step_inputs: the token arrays each step reads (workers.loop.prefetch).
     refresh_s: seconds a chooser reuses its listing of commits, claims and heartbeats
       (workers.replicas.choice_policy).
+    continuation_inputs: those of step_inputs read whole for a host's slice before its
+      steps where the model carries context (prefetch.TokenStore.continuation_flags).
+    cache_bytes: a process's tensorstore cache, which keeps the token chunks it read
+      (schemas.ts_context).
     """
 
     step_inputs: tuple[str, ...]
     refresh_s: float
+    continuation_inputs: tuple[str, ...] = ()
+    cache_bytes: int = 0
 
 
 def storage_cadences() -> StorageCadences:
+    from actx.schemas import ts_context
     from actx.workers.loop import prefetch
     from actx.workers.replicas import choice_policy
 
-    return StorageCadences(tuple(prefetch.STEP_INPUTS), choice_policy.REFRESH_S)
+    return StorageCadences(tuple(prefetch.STEP_INPUTS), choice_policy.REFRESH_S,
+                           tuple(prefetch.CONTINUATION_INPUTS),
+                           ts_context.DEFAULT_CACHE_BYTES)
+
+
+def warmup_rows(spec: runspec_lib.RunSpec, shapes: HookShapes, seq_len: int) -> int | None:
+    """The rows before a partition that a document continued into it runs first, as the
+    workers compute them (workers.model.loaded: the model's windows over the blocks it
+    runs, at packing.max_context); None where rows are independent (no context carried) or
+    the model's config is not known here."""
+    from actx.workers.loop import schedule
+
+    packing = spec.packing
+    if not packing.carries_context or shapes.config is None or shapes.blocks is None:
+        return None
+    return schedule.model_warmup_rows(shapes.config.window_per_layer, shapes.blocks,
+                                      packing.max_context, seq_len)

@@ -23,6 +23,9 @@ from actx.schemas import uri as uri_lib
 from actx.workers.loop import schedule
 
 STEP_INPUTS = ("input_ids", "positions", "segment_ids")
+# What TokenStore.continuation_flags reads of a host's slice before its steps (a model that
+# carries context): every row of these, so their steps' reads come from the cache.
+CONTINUATION_INPUTS = ("segment_ids", "positions")
 
 
 def _rows(lo: int, hi: int) -> str:
@@ -67,10 +70,8 @@ class TokenStore:
         Row r continues the document of row r - 1 when its column 0 holds a document token
         whose position is > 0 (prepare starts every document elsewhere at position 0).
         """
-        seg = self.arrays["segment_ids"][lo:hi, 0].read()
-        pos = self.arrays["positions"][lo:hi, 0].read()
-        seg = self._result(seg, "segment_ids", lo, hi)
-        pos = self._result(pos, "positions", lo, hi)
+        seg, pos = (self._result(future, name, lo, hi) for name, future in [
+            (name, self.arrays[name][lo:hi, 0].read()) for name in CONTINUATION_INPUTS])
         return (seg > 0) & (pos > 0), pos
 
     def _result(self, future, name: str, lo: int, hi: int) -> np.ndarray:

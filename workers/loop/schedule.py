@@ -170,6 +170,14 @@ def warmup_rows(windows: Sequence[int], seq_len: int) -> int:
     return -(-lead_tokens // seq_len)
 
 
+def model_warmup_rows(window_per_layer: Sequence[int | None], layers_run: int,
+                      max_context: int, seq_len: int) -> int:
+    """`warmup_rows` of a model whose layers attend within `window_per_layer` (None: the
+    whole context), of which the first `layers_run` run, at `max_context`."""
+    return warmup_rows([min(w or max_context, max_context)
+                        for w in window_per_layer[:layers_run]], seq_len)
+
+
 def assign(chain_list: Sequence[Chain], local_batch: int, filler_row: int) -> list[Step]:
     """Steps that run every chain through one slot, in order.
 

@@ -76,9 +76,8 @@ def load_checkpoint(jax, spec: runspec.RunSpec, manifest: manifest_lib.Manifest,
     max_context = packing.max_context if packing.carries_context else None
     fn = step_lib.make_extract_fn(model, capture, mesh, max_context=max_context,
                                   output_memory_kind=transfer.output_memory_kind(jax))
-    warmup_rows = None if max_context is None else schedule.warmup_rows(
-        [min(w or max_context, max_context) for w in cfg.window_per_layer[:fn.layers_run]],
-        manifest.seq_len)
+    warmup_rows = None if max_context is None else schedule.model_warmup_rows(
+        cfg.window_per_layer, fn.layers_run, max_context, manifest.seq_len)
     admission.check_context_fits(jax, spec, model, fn, mesh, opts.batch_size,
                                  opts.model_parallel, manifest.seq_len, max_context)
     return LoadedModel(model=model, capture=capture, fn=fn,
