@@ -196,6 +196,7 @@ import training_recipes as recipes
 run, cache = sys.argv[2], sys.argv[3]
 saes = {"direct": recipes.train(run, batch=128, steps=1000, lr=3e-3),
         "cached": recipes.train_cached(run, cache, batch=128, steps=1000)}
+recipes.train_cached(run, cache + "-defaults", steps=2)  # its own batch: 4,096 tokens
 for name, sae in saes.items():
     np.savez(f"{sys.argv[1]}/{name}.npz", **{k: getattr(sae, k).detach().cpu().numpy()
                                              for k in ("W_enc", "b_enc", "W_dec", "b_dec")})
