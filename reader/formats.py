@@ -158,7 +158,7 @@ def normalizers(run, hooks: tuple[str, ...], mode: str | None,
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)} or None, "
                          f"got {mode!r}")
-    stats = {h: stored_stats.load_stats(run, h) for h in hooks}
+    stats = {h: stored_stats.load_stats(run, h, served, wanted=hooks) for h in hooks}
     differ = [h for h, s in stats.items() if s.left_out() != served]
     if differ:
         warnings.warn(_other_tokens(differ, stats[differ[0]].left_out(), served, mode),
@@ -175,9 +175,7 @@ def _other_tokens(hooks: list[str], counted: frozenset[str], served: frozenset[s
     def named(names) -> str:
         return ", ".join(sorted(names)) or "none but padding"
 
-    reasons = sorted(served - {"exclude_bos", "exclude_special"})
-    call = ", ".join([repr(hooks)] + ([f"exclude={reasons!r}"] if reasons else [])
-                     + [f"{k}=True" for k in sorted(served & {"exclude_bos", "exclude_special"})])
+    call = stored_stats.compute_call(hooks, served)
     return (f"normalize={mode!r}: the statistics of {', '.join(map(repr, hooks))} leave out "
             f"{named(counted)}, this reader leaves out {named(served)}: its values are "
             f"scaled by statistics of other tokens. run.compute_stats({call}) computes them "

@@ -197,7 +197,7 @@ def token_filter(run, hooks: Sequence[str], exclude: "Iterable[str] | None" = No
                 raise errors.ReaderError(
                     f"{run.location}: exclude=['outlier'] needs the token norms of hook "
                     f"{h!r} in partitions {missing or list(partitions)}; run "
-                    f"actx.open_run(...).compute_stats([{h!r}]) after they commit")
+                    f"{run.open_call()}.compute_stats([{h!r}]) after they commit")
             limits.append((h, float(outlier_factor * s.norm_median)))
     m = run.manifest
     return TokenFilter(m.bos_id, tuple(m.special_token_ids), run.spec.packing.mode == "concat",

@@ -285,6 +285,12 @@ class RunSnapshot:
         """`key` (of the default layout) where this run's extraction stores it."""
         return layout.extraction_key(self.extraction, key)
 
+    def open_call(self) -> str:
+        """The `actx.open_run(...)` call that opens this run (and extraction), as advice
+        names it: it runs as printed."""
+        named = f", extraction={self.extraction!r}" if self.extraction else ""
+        return f"actx.open_run({str(self.location)!r}{named})"
+
     def activation_array(self, hook: str):
         """The tensorstore array of a hook (no commit checks: callers check rows); a
         TransformerLens name reads the hook it equals (`resolve_hook`). A float8 hook's

@@ -100,16 +100,30 @@ def load_masks(run: snapshot.RunSnapshot) -> dict | None:
     return None if counts is None else config_lib.to_dict(counts)
 
 
-def load_stats(run: snapshot.RunSnapshot, hook: str) -> HookStats:
-    """Stored statistics of `hook`; a clear error when none were computed."""
+def compute_call(hooks, served: frozenset[str] = frozenset()) -> str:
+    """The arguments of the `compute_stats` call whose statistics count the tokens a
+    reader that leaves out `served` (`left_out`) serves."""
+    reasons = sorted(served - {"exclude_bos", "exclude_special"})
+    return ", ".join([repr(list(hooks))] + ([f"exclude={reasons!r}"] if reasons else [])
+                     + [f"{k}=True" for k in sorted(served & {"exclude_bos",
+                                                              "exclude_special"})])
+
+
+def load_stats(run: snapshot.RunSnapshot, hook: str,
+               served: frozenset[str] = frozenset(), wanted=None) -> HookStats:
+    """Stored statistics of `hook`; a clear error when none were computed, naming the call
+    that computes them, for every hook of `wanted` (default: `hook`) that has none, over
+    the tokens a reader leaving out `served` serves."""
     data = run.store.read_json(layout.STATS_KEY) or {}
     entry = data.get("hooks", {}).get(hook)
     if entry is None:
         run.hook(hook)  # unknown hook: say so, listing the hooks
+        missing = [h for h in (wanted or [hook]) if h not in data.get("hooks", {})]
         raise errors.ReaderError(
-            f"{run.location.join(run.stored_key(layout.STATS_KEY))}: no statistics for hook "
-            f"{hook!r}; "
-            f"compute them with actx.open_run(...).compute_stats([{hook!r}])")
+            f"{run.location.join(run.stored_key(layout.STATS_KEY))}: no statistics for "
+            f"{'hook' if len(missing) == 1 else 'hooks'} {', '.join(map(repr, missing))}; "
+            f"compute them with {run.open_call()}.compute_stats("
+            f"{compute_call(missing, served)})")
     stats = HookStats.from_json_obj(hook, entry)
     stale = set(stats.partitions) - set(run.committed)
     if stale:  # cannot happen for create-only markers, but a hand-edited run could

@@ -271,6 +271,30 @@ def test_normalize_says_when_its_statistics_count_other_tokens(reader_run, way):
         np.testing.assert_allclose(got, raw * np.sqrt(8) / served_norm, rtol=1e-5, atol=1e-6)
 
 
+def test_missing_statistics_name_the_call_that_computes_them_for_this_reader(reader_run):
+    """A normalising reader without statistics for its hook is refused with the call that
+    computes them over the tokens it serves (its exclude= too): run as printed, the same
+    reader then reads without a second hint (was: a call for every token, which the reader
+    then warned about)."""
+    import warnings
+
+    from actx.reader import formats
+
+    run = reader.open_run(reader_run.uri)
+    served = dict(exclude=["bos", "special"], normalize="sqrt_d_mean_norm", drop_last=False)
+    with pytest.raises(reader.ReaderError) as e:
+        list(_stream(run, **served))
+    call = str(e.value).split("compute them with ", 1)[1]
+    assert call == (f"actx.open_run({reader_run.uri!r}).compute_stats(['embed', "
+                    f"'layers.0.resid_post'], exclude=['bos', 'special'])"), call
+    import actx
+
+    eval(call, {"actx": actx})  # as printed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", formats.StatisticsOfOtherTokens)
+        assert list(_stream(reader.open_run(reader_run.uri), **served))
+
+
 @pytest.mark.parametrize("gather_threads,as_jax", [(1, False), (3, False), (3, True)])
 def test_close_midway_ends_every_thread_of_the_stream(reader_run, monkeypatch,
                                                       gather_threads, as_jax):
