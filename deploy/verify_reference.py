@@ -149,13 +149,16 @@ def _ordinals(total: int, rng) -> Iterator[int]:
 PERMUTED_AT_MOST = 1 << 20
 
 
-def sample(run, n: int, seed: int, only: set[int] | None) -> list[Unit]:
+def sample(run, n: int, seed: int, only: set[int] | None,
+           left_out: list[int] | None = None) -> list[Unit]:
     """The units to recompute: `n` distinct documents (all, if fewer) drawn uniformly by
     `seed` over the documents that start in committed partitions (`only`: these), each
     partition weighted by its documents (manifest `docs`), not partition by partition; the
     longest first. Where the packing carries context and none of them ran past
     max_context, the last is swapped for one that did, when the sample's order finds one.
     In a `concat` run a unit is a row (one causal stream), drawn over the committed rows.
+    Documents over MAX_TOKENS are passed over; `left_out` gets the token count of each
+    one the draw met (the caller says so).
     """
     committed = sorted(p for p in run.committed if only is None or p in only)
     if not committed:
@@ -181,7 +184,10 @@ def sample(run, n: int, seed: int, only: set[int] | None) -> list[Unit]:
     chosen, order = [], _ordinals(int(ends[-1]) if len(ends) else 0, rng)
     for ordinal in order:
         found = doc_at(ordinal)
-        if found is not None and int(found[0]["n_tokens"]) <= MAX_TOKENS:
+        if found is not None and int(found[0]["n_tokens"]) > MAX_TOKENS:
+            if left_out is not None:
+                left_out.append(int(found[0]["n_tokens"]))
+        elif found is not None:
             chosen.append(found)
             if len(chosen) == n:
                 break
@@ -242,11 +248,23 @@ def check(handle, n: int = DEFAULT_SAMPLE, device: str = "cpu", seed: int = 0,
         hf_reference.require_torch()
     run = reader_run.Run(handle.store, spec, handle.manifest,
                          extraction=getattr(handle.store, "name", ""))
-    units = sample(run, n, seed, only)
+    left_out: list[int] = []
+    units = sample(run, n, seed, only, left_out)
+    if not units and left_out:
+        raise ReferenceCheckError(
+            f"{handle.location}: every committed document drawn is longer than "
+            f"{MAX_TOKENS:,} tokens (the longest {max(left_out):,}), which the reference "
+            f"does not recompute (it computes a document whole, with a [tokens, tokens] "
+            f"attention mask)" + (" in the partitions --only names" if only else ""))
     if not units:
         raise ReferenceCheckError(f"{handle.location}: no committed document to recompute"
                                   + (" in the partitions --only names" if only else "")
                                   + f"; extract first (`{advice.rerun(handle.location)}`)")
+    if left_out and log is not None:
+        print(f"verify --reference: {len(left_out)} document(s) of the draw are longer than "
+              f"{MAX_TOKENS:,} tokens (the longest {max(left_out):,}) and were passed over: "
+              f"the reference computes a document whole, with a [tokens, tokens] attention "
+              f"mask; shorter ones stand in their place", file=log, flush=True)
     # A router's hooks (mixtures of experts) have no counterpart in the references' hook
     # points; the layer's mlp_out, which the chosen experts make, is compared.
     not_recomputed = tuple(h for h in sorted(run.hooks) if h.rsplit(".", 1)[-1] in info_lib.ROUTER_POINTS)

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 
@@ -244,3 +245,34 @@ def test_sample_k_is_k_distinct_documents_drawn_over_documents(released):
     code, out = _cli("verify", path, "--reference", "--sample", "1", "--seed", "3", "--json")
     assert code == 0, out
     assert len(json.loads(out)["documents"]) == 1
+
+
+def test_documents_too_long_for_the_reference_are_passed_over_and_said(released,
+                                                                       monkeypatch, capsys):
+    """A document over MAX_TOKENS (the reference computes a document whole, with a
+    [tokens, tokens] mask) is not recomputed: verify says how many the draw met and how long
+    the longest was, where it passed them over in silence (issue 66's audit: a 9,000-token
+    document past max_context was never in the sample, and nothing said so); when every
+    document is over, it says that instead of "no committed document"."""
+    from actx.deploy import verify_reference
+    from actx.reader import run as reader_run
+    from actx.schemas import run_dir
+
+    _, path = released
+    handle = run_dir.open_run(path)
+    run = reader_run.Run(handle.store, handle.spec, handle.manifest)
+    total = len(_all_documents(path))
+    lengths = sorted(u.rows.size for u in verify_reference.sample(run, total, 0, None))
+    limit = lengths[-3]  # the two longest are over it
+    monkeypatch.setattr(verify_reference, "MAX_TOKENS", limit)
+    code, out = _cli("verify", path, "--reference", "--sample", str(total))
+    assert code == 0, out
+    assert (f"verify --reference: 2 document(s) of the draw are longer than {limit:,} tokens "
+            f"(the longest {lengths[-1]:,}) and were passed over") in out, out
+    recomputed = re.findall(r"recomputed document .*?: (\d+) tokens", out)
+    assert len(recomputed) == total - 2 and max(map(int, recomputed)) <= limit, out
+    monkeypatch.setattr(verify_reference, "MAX_TOKENS", lengths[0] - 1)
+    code, _ = _cli("verify", path, "--reference")
+    err = capsys.readouterr().err
+    assert code == 2 and (f"every committed document drawn is longer than {lengths[0] - 1:,} "
+                          f"tokens (the longest {lengths[-1]:,})") in err, err
