@@ -220,10 +220,9 @@ def cmd_status(args, out) -> int:
             if args.check and complete and failed:
                 # Committed is a listing of marker names; the latest `actx verify` found
                 # some of those partitions' data not as their markers say: not complete.
-                print(f"actx status: {failed} committed partition(s) failed the latest "
-                      f"`actx verify`; `{advice.repair(args.run)}` turns them back into "
-                      f"pending, then `{advice.rerun(args.run)}` extracts them again",
-                      file=sys.stderr)
+                _say_error(f"actx status: {failed} committed partition(s) failed the latest "
+                           f"`actx verify`; `{advice.repair(args.run)}` turns them back into "
+                           f"pending, then `{advice.rerun(args.run)}` extracts them again")
                 return 1
             return 1 if args.check and not complete else 0
         time.sleep(args.watch)
@@ -368,10 +367,21 @@ def _interrupted(argv: list[str], e: KeyboardInterrupt) -> int:
         hint = (f"{hint or 'committed work is kept'}: `{shlex.join(['actx', *argv])}` "
                 f"again finishes them")
     signum = stop_signals.signum_of(e)
-    print(f"actx {command}: interrupted by {stop_signals.signal_name(signum)}"
-          f"{'; ' + hint if hint else ''}".replace("actx :", "actx:"), file=sys.stderr,
-          flush=True)
+    said = (f"actx {command}: interrupted by {stop_signals.signal_name(signum)}"
+            f"{'; ' + hint if hint else ''}".replace("actx :", "actx:"))
+    if command in FITTED:
+        _say_error(said)
+    else:
+        print(said, file=sys.stderr, flush=True)
     return stop_signals.exit_code(signum)
+
+
+def _say_error(text: str) -> None:
+    """`text` on stderr, each line fitted to its columns (deploy.columns): submit's,
+    rerun's and status's last words fit a terminal as their other lines do."""
+    print("\n".join(line for part in text.split("\n")
+                    for line in columns.fit(part, columns.columns(sys.stderr))),
+          file=sys.stderr, flush=True)
 
 
 def _main(argv: list[str] | None, out) -> int:
@@ -412,9 +422,9 @@ def _main(argv: list[str] | None, out) -> int:
     except errors.UserError as e:
         said = f"actx {args.command}: error: {e}"
         if args.command in FITTED:
-            said = "\n".join(line for part in said.split("\n")
-                              for line in columns.fit(part, columns.columns(sys.stderr)))
-        print(said, file=sys.stderr)
+            _say_error(said)
+        else:
+            print(said, file=sys.stderr)
         return 2
     finally:
         if interactive:

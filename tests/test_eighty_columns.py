@@ -129,3 +129,26 @@ def test_fit_breaks_between_fields_and_keeps_quotes_and_commands_whole():
     assert columns.fit(line, 40, cwd="/elsewhere") == [
         "check them:", "  actx verify /home/me/project/runs/mine"]
     assert columns.fit("x" * 100, None) == ["x" * 100]  # a pipe without COLUMNS: whole
+
+
+def test_a_stop_and_a_failed_check_say_their_last_words_in_80_columns(tmp_path, monkeypatch,
+                                                                     capsys):
+    """What submit says when Ctrl-C stops it, and status --check's line after a verify
+    that failed, are wrapped between fields as their other lines are (they were one line
+    of 140-160 columns), each command whole."""
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    config = "/home/researcher/project/configs/my-own-data.yaml"
+    assert cli._interrupted(["submit", config], KeyboardInterrupt()) == 130
+    said = capsys.readouterr().err
+    lines = said.splitlines()
+    assert len(lines) > 1 and max(len(line) for line in lines) <= WIDTH, said
+    assert all(line.count("`") % 2 == 0 for line in lines), said
+    assert f"`actx submit {config}`" in said, said
+    cli._say_error("actx status: 3 committed partition(s) failed the latest `actx verify`; "
+                   "`actx verify runs/mine --repair` turns them back into pending, then "
+                   "`actx rerun runs/mine` extracts them again")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) > 1 and max(len(line) for line in lines) <= WIDTH, lines
+    monkeypatch.delenv("COLUMNS")  # a pipe without COLUMNS keeps whole lines, for grep
+    cli._interrupted(["submit", config], KeyboardInterrupt())
+    assert len(capsys.readouterr().err.splitlines()) == 1
