@@ -106,18 +106,24 @@ class Run(RunSnapshot):
 
     # -- batches and statistics ---------------------------------------------------
 
-    def batches(self, hooks: "str | Sequence[str]", batch_size: int, **keywords):
+    def batches(self, hooks: "str | Sequence[str]", batch_size: int, *,
+                resume: "stream_lib.StreamState | dict | None" = None, **keywords):
         """Batches in one exact global permutation of the valid tokens (see
         `reader.batches.TokenBatches`): reproducible token for token, slow from storage.
         Keywords: reader.options' groups, batches.ExactOptions and follow.FollowOptions:
         follow=True reads a live run as its partitions commit, each window of the commit
-        order in one exact permutation (`reader.streaming.follow`)."""
+        order in one exact permutation (`reader.streaming.follow`), and resume= takes a
+        saved `state(batch)` of such batches (without follow, start_step= resumes)."""
         tokens, order, output, exact, follow = options_lib.from_keywords(
             "batches", keywords, options_lib.TokenOptions, options_lib.OrderOptions,
             options_lib.OutputOptions, batches_lib.ExactOptions, follow_lib.FollowOptions)
         if follow.follow:
             return follow_lib.FollowStream(self, hooks, batch_size, tokens=tokens, order=order,
-                                           output=output, follow=follow, exact=exact)
+                                           output=output, follow=follow, exact=exact,
+                                           resume=resume)
+        if resume is not None:
+            raise TypeError("resume: only with follow=True (exact batches of a complete run "
+                            "resume with start_step=, the step after the last one taken)")
         _no_follow_options(follow)
         self.require_commits()
         return batches_lib.TokenBatches(self, hooks, batch_size, tokens=tokens, order=order,

@@ -22,6 +22,8 @@ class ExtractionStore(store_lib.ObjectStore):
         self.base = base
         self.name = layout.check_extraction_name(name)
         self.PARALLEL_LISTING = base.PARALLEL_LISTING
+        self.STAMP_NS = base.STAMP_NS
+        self.STAMPS_IN_VISIBLE_ORDER = base.STAMPS_IN_VISIBLE_ORDER
         self._prefix = layout.extraction_prefix(name)
 
     def _key(self, key: str) -> str:

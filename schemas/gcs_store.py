@@ -25,6 +25,7 @@ class GcsStore(ObjectStore):
     """GCS through google-cloud-storage; create-only uses ifGenerationMatch=0 (412 if present)."""
 
     PARALLEL_LISTING = True
+    STAMP_NS = 1000  # a generation: microseconds of GCS's clock when the object was written
 
     def __init__(self, location: uri_lib.Location):
         super().__init__(location)

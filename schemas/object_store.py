@@ -21,6 +21,13 @@ class ObjectStore(abc.ABC):
 
     # Whether `list_split` lists key ranges in parallel (worth computing boundaries for).
     PARALLEL_LISTING = False
+    # What `list_stamps`' versions tell of when an object was created: STAMP_NS, the
+    # nanoseconds of the store's clock a unit of a version is where versions are times of
+    # the write (a local file's modification time: 1, a GCS generation: 1,000), taken a
+    # little before the object can be seen; STAMPS_IN_VISIBLE_ORDER, versions counted up
+    # in the order objects appear (memory://). Neither: versions say no order (a digest).
+    STAMP_NS: int | None = None
+    STAMPS_IN_VISIBLE_ORDER = False
 
     def __init__(self, location: uri_lib.Location):
         self.location = location

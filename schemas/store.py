@@ -22,6 +22,10 @@ from actx.schemas.object_store import ObjectStore, dumps  # noqa: F401
 
 
 class LocalStore(ObjectStore):
+    # A version is the file's modification time (ns): its temporary's write, before create
+    # links it in place (a marker can be seen a little after its time).
+    STAMP_NS = 1
+
     def _path(self, key: str) -> str:
         return os.path.join(self.location.path, *key.split("/"))
 
@@ -179,6 +183,19 @@ class MemoryStore(ObjectStore):
         stamp = self._kv.write(key, bytes(data), if_equal=self._NO_VALUE).result()
         # A refused conditional write returns an empty generation.
         return bool(stamp.generation)
+
+    # The memory kvstore counts its writes, under its lock: a generation is the count at
+    # the write, and a write is seen once made.
+    STAMPS_IN_VISIBLE_ORDER = True
+
+    def list_stamps(self, prefix: str) -> dict[str, tuple[int, str]]:
+        stamps = {}
+        for key in self.list(prefix):
+            result = self._kv.read(key).result()
+            if result.state == "value":  # generation: a flag byte, then the count (LE)
+                count = int.from_bytes(bytes(result.stamp.generation)[1:], "little")
+                stamps[key] = (len(result.value), str(count))
+        return stamps
 
     def list(self, prefix: str = "") -> list[str]:
         keys = self._kv.list().result()

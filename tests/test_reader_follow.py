@@ -29,7 +29,7 @@ from tests.reader_fixtures import build_run, commit_partition
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOOK = "layers.0.resid_post"
 FAST = dict(follow=True, poll_s=0.02, stall_s=0.2, wait_timeout_s=30, buffer_tokens=64,
-            block_rows=4, prefetch=1)
+            block_rows=4, prefetch=1, settle_s=0.05)
 
 
 def _later(truth, partitions, gap=0.05):
@@ -162,6 +162,72 @@ def test_processes_share_each_window_and_read_every_token_once(tmp_path):
     writer.join()
     both = np.concatenate([_tokens(got[0]), _tokens(got[1])])
     np.testing.assert_array_equal(np.sort(both), _expected(truth))
+
+
+def test_every_reader_builds_the_same_order_whenever_it_lists(tmp_path, monkeypatch):
+    """A marker's version is its write's time, and it is seen a little later (a local file
+    is linked in place after its write; a GCS upload ends after its generation): a reader
+    that lists in between sees a marker with a later time before one with an earlier time.
+    Readers that took what they listed in time order at once then built different orders,
+    so the processes of a data-parallel job cut different windows (the audit: 114 of 480
+    tokens twice, 128 never). A partition joins the order once its time is settle_s behind
+    the store's clock: every reader builds the order of the markers' times."""
+    from actx.reader.streaming import follow
+
+    truth = build_run(str(tmp_path / "run"), num_partitions=4, committed=(0,))
+    run = actx.open_run(truth.uri)
+    marker = lambda p: os.path.join(truth.uri, layout.commit_key(p))  # noqa: E731
+    t0 = os.stat(marker(0)).st_mtime_ns
+    clock = [t0]
+    monkeypatch.setattr(follow.time, "time_ns", lambda: clock[0])
+
+    def follower():
+        return follow.CommitFollower(run, None, follow.FollowOptions(
+            follow=True, settle_s=1.0), threading.Event())
+
+    def commit(p, at_s):
+        commit_partition(truth, p)
+        os.utime(marker(p), ns=(t0 + int(at_s * 1e9),) * 2)  # written at t0 + at_s
+
+    early = follower()
+    commit(2, 2.0)  # seen first, written second ...
+    clock[0] = t0 + int(2.5e9)
+    early.poll()
+    assert early.order == [0], early.order  # partition 2 is not settled: 1 may come
+    commit(1, 1.0)  # ... partition 1, written before it, seen after it
+    clock[0] = t0 + int(3.5e9)
+    early.poll()
+    late = follower()
+    late.poll()
+    assert early.order == late.order == [0, 1, 2], (early.order, late.order)
+    # A complete run settles at once, in the markers' order, for every reader.
+    commit(3, 3.4)
+    early.poll()
+    assert early.order == [0, 1, 2, 3] and early.complete
+
+
+def test_memory_runs_order_their_markers_as_they_appear(tmp_path):
+    """memory://: every version was 0 (ordered by partition id: a reader that listed before
+    partition 1 committed put it after 2, one that listed after, before). The memory
+    kvstore counts its writes: a marker's version is the count at its write, seen as made,
+    so readers agree whenever they list."""
+    from actx.reader.streaming import follow
+
+    truth = build_run("memory://follow-order", num_partitions=4, committed=(0,))
+    run = actx.open_run(truth.uri)
+
+    def follower():
+        return follow.CommitFollower(run, None, follow.FollowOptions(follow=True),
+                                     threading.Event())
+
+    early = follower()
+    commit_partition(truth, 2)
+    early.poll()
+    commit_partition(truth, 1)
+    early.poll()
+    late = follower()
+    late.poll()
+    assert early.order == late.order == [0, 2, 1], (early.order, late.order)
 
 
 def test_a_stalled_run_is_waited_for_with_its_phase_dead_hosts_and_advice(tmp_path, caplog):
@@ -351,3 +417,32 @@ def test_exact_batches_follow_window_by_window(tmp_path):
                      drop_last=False) as own:
         window = _tokens(list(own))
     np.testing.assert_array_equal(_tokens(first)[:len(window)], window)
+
+
+def test_exact_batches_that_gave_up_on_a_stalled_run_resume_as_their_error_says(tmp_path):
+    """RunStalledError says to open the stream again with resume=stream.state(last_batch):
+    run.batches(follow=True) takes resume= too (it took no such keyword: the advice failed
+    as printed), and goes on with the next batch of the unbroken order."""
+    truth = build_run(str(tmp_path / "run"), num_partitions=3, committed=(0,))
+    run = actx.open_run(truth.uri)
+    keywords = dict(follow=True, window_partitions=1, poll_s=0.02, stall_s=0.1,
+                    settle_s=0.05, drop_last=False)
+    taken = []
+    with pytest.raises(errors.RunStalledError) as raised:
+        with run.batches(HOOK, 16, wait_timeout_s=0.4, **keywords) as stalled:
+            for batch in stalled:
+                taken.append(batch)
+    assert "resume=stream.state(last_batch)" in str(raised.value)
+    assert taken  # partition 0's whole batches came before the wait
+    commit_partition(truth, 1)
+    commit_partition(truth, 2)
+    with run.batches(HOOK, 16, resume=stalled.state(taken[-1]), wait_timeout_s=30,
+                     **keywords) as resumed:
+        rest = list(resumed)
+    with run.batches(HOOK, 16, wait_timeout_s=30, commit_order=stalled.commit_order,
+                     **keywords) as unbroken:
+        whole = list(unbroken)
+    assert [b.step for b in rest] == [b.step for b in whole[len(taken):]]
+    np.testing.assert_array_equal(_tokens(taken + rest), _tokens(whole))
+    with pytest.raises(TypeError, match="start_step="):
+        run.batches(HOOK, 16, resume=stalled.state(taken[-1]))

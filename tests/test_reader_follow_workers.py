@@ -48,7 +48,7 @@ def test_follower_across_a_killed_worker_and_a_rerun_reads_every_token_once(tmp_
                                rows_per_shard=4)
     s = store.open_store(run)
     n = len(actx.open_run(run).partitions)
-    options = dict(window_partitions=2, poll_s=0.2, stall_s=1.0, wait_timeout_s=240,
+    options = dict(window_partitions=2, poll_s=0.2, stall_s=1.0, wait_timeout_s=240, settle_s=1.0,
                    buffer_tokens=256, block_rows=4, seed=3)
     cfg = tmp_path / "t.yaml"
     cfg.write_text("target:\n  heartbeat_s: 1\n")

@@ -6,7 +6,14 @@ complete (every partition, or every one of `partitions=`, committed).
 The order. The partitions are taken in the order they committed: one listing of
 commits/ per poll gives each marker's version (a GCS generation, a local modification
 time: schemas.commit.committed_in_order), and what a poll finds new is appended to the
-stream's commit order in that order. The order is cut into windows of
+stream's commit order in that order, once it is settled: a version is the time of the
+marker's write, which is seen a little later (a GCS upload's end, a local file linked in
+place after its write), so a marker listed now may still be followed by one with an
+earlier time. A partition joins the order once its marker's time is `settle_s` behind
+the store's clock (the later of the newest marker's time and this machine's clock), or
+once every partition is committed; on memory:// versions count the writes in the order
+they are seen, and settle at once. So every reader of the run, whenever it lists, builds
+the same order: the processes of a data-parallel job cut the same windows. The order is cut into windows of
 `window_partitions` partitions (the last window holds what is left when the run is
 complete); each window is read as a stream of its own (reader.streaming.stream: the
 two-level shuffle over its partitions, seeded by the seed and the window's index) and
@@ -73,6 +80,10 @@ class FollowOptions:
       for ever, still logging every stall_s).
     commit_order: a recorded order (`stream.commit_order`, or a saved state's) to take
       the partitions in: replays a stream; partitions it does not name follow it.
+    settle_s: how far behind the store's clock a marker's time must be before its
+      partition joins the order (see the module docstring): longer than a marker takes
+      from its write to being seen, and than the clocks of this machine and the store's
+      differ.
     """
 
     follow: bool = False
@@ -81,6 +92,7 @@ class FollowOptions:
     stall_s: float = run_phase.DEFAULT_STALE_AFTER_S
     wait_timeout_s: float | None = 3600.0
     commit_order: Sequence[int] | None = None
+    settle_s: float = 30.0
 
     def check(self) -> None:
         if self.window_partitions < 1:
@@ -88,6 +100,8 @@ class FollowOptions:
         if not self.poll_s > 0 or not self.stall_s > 0:
             raise ValueError(f"poll_s ({self.poll_s}) and stall_s ({self.stall_s}) must be "
                              f"positive")
+        if not self.settle_s >= 0:
+            raise ValueError(f"settle_s must be 0 or more, got {self.settle_s}")
         if self.wait_timeout_s is not None and not self.wait_timeout_s > 0:
             raise ValueError(f"wait_timeout_s must be positive or None, got "
                              f"{self.wait_timeout_s}")
@@ -122,6 +136,7 @@ class CommitFollower:
         if len(set(self.order)) != len(self.order):
             raise ValueError(f"commit_order names a partition twice: {list(recorded)}")
         self.listings = 0  # listings of commits/ so far (the cost: one per poll_s at most)
+        self.committed = len(self.order)  # partitions wanted with a marker, at the last poll
         self.waiting = ""  # why the last wait took long (phase, dead hosts, advice)
         self.waits: collections.deque[str] = collections.deque(maxlen=100)  # the last ones
         self._last_poll = -math.inf
@@ -133,10 +148,11 @@ class CommitFollower:
 
     def poll(self) -> int:
         """Lists commits/ once; appends the partitions new to the order (in the order they
-        committed) and returns how many."""
+        committed, those settled: see the module docstring) and returns how many."""
         stamps = [commit_lib.committed_stamps(r.store) for r in self.runs]
         common = set(stamps[0]).intersection(*stamps[1:])
-        listed = sorted(common, key=lambda p: (max(s[p] for s in stamps), p))
+        when = {p: max(s[p] for s in stamps) for p in common}
+        listed = sorted(common, key=lambda p: (when[p], p))
         self.listings += 1
         self._last_poll = time.monotonic()
         committed = set(listed)
@@ -149,10 +165,26 @@ class CommitFollower:
                 f"`{advice.status(self.run.location)}` shows what is committed")
         seen = set(self.order)
         new = [p for p in listed if p not in seen and (self.wanted is None or p in self.wanted)]
+        self.committed = len(seen | set(new))
+        if self.committed < self.total:
+            settled = self._settled(when)
+            new = [p for p in new if when[p] <= settled]
         self.order += new
         for run, listing in zip(self.runs, stamps):
             run.observe_committed(listing)
         return len(new)
+
+    def _settled(self, when: dict[int, int]) -> float:
+        """The latest marker version whose partition may join the order now: no marker
+        written before it can still appear (None of the store's versions: none until the
+        run is complete)."""
+        store = self.run.store
+        if store.STAMPS_IN_VISIBLE_ORDER:
+            return math.inf
+        if store.STAMP_NS is None:
+            return -math.inf
+        now = max(max(when.values(), default=0), time.time_ns() / store.STAMP_NS)
+        return now - self.options.settle_s * 1e9 / store.STAMP_NS
 
     def _sleep(self, seconds: float) -> None:
         if self.stopped.wait(max(0.0, seconds)):
@@ -196,7 +228,7 @@ class CommitFollower:
         words = "; ".join(said)
         return (f"{self.run.location}: following the run, no new commit in the {waited:.1f} s "
                 f"this stream has waited "
-                f"({len(self.order)} of {self.total} partitions committed, waiting for "
+                f"({self.committed} of {self.total} partitions committed, waiting for "
                 f"the next window); {words}")
 
 
