@@ -115,6 +115,15 @@ def format_problem(source: runspec_lib.SourceSpec, files: list[str]) -> str:
             head = fileio.read_range(f, 0, 4096)
     except Exception:  # noqa: BLE001 - an unreadable file is prepare's reject, with its reason
         return ""
+    if fmt in ("jsonl", "json", "txt") and head[:4] == b"PAR1":
+        return (f"{path}: a parquet file (it starts with PAR1), read as {fmt} by "
+                f"{'its name' if source.format == 'auto' else 'the source format'}; name it "
+                f".parquet, or set the source's format to parquet")
+    if fmt == "txt" and source.text_field != "text":
+        return (f"{path}: read as plain text (one document per line) by "
+                f"{'its .txt name' if source.format == 'auto' else 'format txt'}, which "
+                f"has no field for text_field {source.text_field!r} to name; if its lines "
+                f"are JSON objects set the source's format to jsonl, else drop text_field")
     if fmt == "parquet" and head[:4] != b"PAR1":
         return (f"{path}: not a parquet file (it does not start with PAR1); expected format "
                 f"parquet here, or set the source's format to what it is: jsonl, json or txt")

@@ -274,7 +274,9 @@ def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            yield number, em.reject(number, f"malformed JSON: {e.msg} at column {e.colno}", raw), raw
+            # json's message may end with "at" itself ("Unterminated string starting at").
+            reason = f"malformed JSON: {e.msg.removesuffix(' at')} at column {e.colno}"
+            yield number, em.reject(number, reason, raw), raw
             continue
         if not isinstance(obj, dict):
             yield number, em.reject(number, f"JSON line is a {type(obj).__name__}, "

@@ -153,6 +153,17 @@ def test_prepare_reads_a_json_array(tmp_path, qwen_tokenizer_dir):
     assert (m.docs_read, m.docs_accepted, m.docs_rejected) == (len(DOCS), len(DOCS), 0)
 
 
+def _parquet_bytes() -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(pa.table({"text": ["hello there"], "id": ["k0"]}), out)
+    return out.getvalue()
+
+
 REFUSED = {
     # name: (file name, its bytes, source settings, what the one line must say)
     "a JSON array under format jsonl": (
@@ -165,6 +176,17 @@ REFUSED = {
     "JSON lines under format parquet": (
         "docs.jsonl", b'{"text": "x"}\n', {"format": "parquet"},
         "not a parquet file (it does not start with PAR1); expected format parquet"),
+    # Each row was rejected as text that is not UTF-8, not named as what it is.
+    "a parquet file named .jsonl": (
+        "docs.jsonl", _parquet_bytes(), {},
+        "a parquet file (it starts with PAR1), read as jsonl by its name; name it .parquet, "
+        "or set the source's format to parquet"),
+    # Each line, JSON, was a document of its raw text: the key named was never looked at.
+    "text_field on a .txt file": (
+        "docs.txt", b'{"body": "hello", "key": "k0"}\n', {"text_field": "body"},
+        "read as plain text (one document per line) by its .txt name, which has no field for "
+        "text_field 'body' to name; if its lines are JSON objects set the source's format to "
+        "jsonl"),
 }
 
 
@@ -177,7 +199,7 @@ def test_a_format_that_cannot_be_read_is_refused_before_work(tmp_path, qwen_toke
     spec = _spec(str(path), **source)
     problem = preflight.format_problem(spec.sources[0], [str(path)])
     assert expected in problem and "\n" not in problem, problem
-    flags = [x for k, v in source.items() for x in (f"--{k}", v)]
+    flags = [x for k, v in source.items() for x in (f"--{k.replace('_', '-')}", v)]
     proc = _prepare(tmp_path, qwen_tokenizer_dir, path, *flags)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in said, said

@@ -59,7 +59,7 @@ def test_text_reject_reasons(tmp_path):
     records = _read("text", path)
     reasons = _reasons(records)
     assert len(records) == 7 and len(reasons) == 6
-    assert reasons[0].startswith("malformed JSON")
+    assert reasons[0] == "malformed JSON: Unterminated string starting at column 10"
     assert reasons[1] == ("missing text field 'text', this line's keys are ['other'] - set "
                           "the source's text_field to the key that holds the text")
     assert reasons[2] == "text field 'text' is not a string (int)"
