@@ -218,7 +218,8 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
                 f"run.json and manifest.json) was removed while a job ran. Its data is "
                 f"gone: `actx submit` with the run's config prepares it afresh (the "
                 f"markers are cleared)") from None
-        raise errors.NotARunError(str(e)) from None
+        unfinished = _unfinished_prepare(store, shown)
+        raise errors.NotARunError(unfinished or str(e)) from None
     except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
         if type(e).__name__ in _ACCESS_ERRORS:
             raise errors.NotARunError(f"{shown}: cannot be read ({e}); not an actx run") from None
@@ -226,6 +227,37 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
             raise errors.NotARunError(f"{shown}: not a valid actx run: {e}") from None
         raise
     return OpenedRun(location, store, spec, manifest)
+
+
+def _unfinished_prepare(store: store_lib.ObjectStore, shown) -> str:
+    """Why a directory where a prepare began has no run.json: the inputs it refused (its
+    staged summary: what it read, accepted and rejected, and why, with where the rejected
+    inputs are), or a prepare that did not finish; "" where no prepare began."""
+    try:
+        summary = store.read_json(layout.PREPARE_SUMMARY_KEY)
+        began = summary is not None or store.exists(layout.PREPARE_ATTEMPT_KEY)
+    except Exception:  # noqa: BLE001 - damaged: the plain "no run.json" says enough
+        return ""
+    if not began:
+        return ""
+    again = "then run `actx submit` with the run's config again (it prepares the run)"
+    if not isinstance(summary, dict):
+        return (f"{shown}: not prepared yet: a prepare began here and wrote no run.json "
+                f"(it was stopped, or is still running); {again}")
+    sources = summary.get("sources") or {}
+    read = sum(int(c.get("read", 0)) for c in sources.values())
+    accepted = sum(int(c.get("accepted", 0)) for c in sources.values())
+    reasons: dict[str, int] = {}
+    for counts in sources.values():
+        for reason, n in (counts.get("reasons") or {}).items():
+            reasons[reason] = reasons.get(reason, 0) + int(n)
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+    why = "; ".join(f"{reason}: {n}" for reason, n in top)
+    return (f"{shown}: not prepared: its prepare wrote no run.json, having accepted "
+            f"{accepted} of {read} input document(s)" + (f" ({why})" if why else "")
+            + (f"; the rejected inputs, each with its reason, are in "
+               f"{store.location.join(layout.REJECTS_PREFIX)}" if read > accepted else "")
+            + f". Fix the inputs (or raise max_reject_fraction), {again}")
 
 
 class CommittedRunError(errors.UserError):

@@ -394,8 +394,8 @@ def read_run_spec(store) -> RunSpec:
     where = str(store.location.join(RUN_SPEC_KEY))
     if data is None:
         raise FileNotFoundError(
-            f"{store.location}: not an actx run (no {RUN_SPEC_KEY}); run `actx prepare` or "
-            f"`actx submit` first, or check the path")
+            f"{store.location}: not an actx run (no {RUN_SPEC_KEY}); check the path, or "
+            f"prepare it first: `actx submit` with your config prepares and extracts it")
     version = data.get("spec_version", 1)
     if version < OLDEST_READABLE_SPEC_VERSION:
         raise ValueError(

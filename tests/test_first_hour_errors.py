@@ -171,7 +171,7 @@ def _recorded_rejects(run: str) -> list[dict]:
 
 
 def test_a_parquet_without_the_text_column_says_so_once_naming_its_columns(
-        qwen_tokenizer_dir, tmp_path):
+        qwen_tokenizer_dir, tmp_path, capsys):
     """A parquet of 6 rows whose text is in 'content': prepare refuses it with one reason
     (not six), naming text_field and the file's columns; each row is still a recorded
     reject with that reason."""
@@ -194,6 +194,18 @@ def test_a_parquet_without_the_text_column_says_so_once_naming_its_columns(
     rejects = _recorded_rejects(run)
     assert [r["row"] for r in rejects] == list(range(6))
     assert {r["reason"] for r in rejects} == {reason} and {r["file"] for r in rejects} == {path}
+    # `actx status` on the refused run says what the prepare refused and where the
+    # rejects are (it said "not an actx run ... run `actx prepare`", which needs flags).
+    import io
+
+    from actx.deploy import cli
+
+    assert cli.main(["status", run], out=io.StringIO()) == 2
+    said = capsys.readouterr().err
+    assert (f"{run}: not prepared: its prepare wrote no run.json, having accepted 0 of 6 "
+            f"input document(s) ({reason}: 6); the rejected inputs, each with its reason, "
+            f"are in {run}/rejects") in said, said
+    assert "`actx prepare`" not in said
 
 
 def test_a_jsonl_line_without_the_text_key_names_text_field_and_its_keys(qwen_tokenizer_dir,
