@@ -33,3 +33,9 @@ class NothingCommittedError(UncommittedPartitionError, UnknownHookError):
 class RunStalledError(ReaderError, TimeoutError):
     """A reader following a live run waited its timeout for a commit that did not come;
     the message says the run's phase, its dead hosts and what `actx status` advises."""
+
+
+class FailedVerificationWarning(UserWarning):
+    """The latest `actx verify` of the run found committed partitions whose data is not
+    what their markers say: what is read of them may be wrong (an object that is gone
+    reads as zeros). The message names them and the commands that extract them again."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Sequence
 
 from actx.reader import batches as batches_lib
@@ -25,8 +26,10 @@ from actx.reader import stored_stats
 from actx.reader.streaming import follow as follow_lib
 from actx.reader.streaming import stream as stream_lib
 from actx.reader.snapshot import HookInfo, RunSnapshot
+from actx.schemas import advice
 from actx.schemas import errors as schemas_errors
 from actx.schemas import hook_aliases
+from actx.schemas import layout
 from actx.schemas import run_dir
 from actx.schemas import uri as uri_lib
 
@@ -45,8 +48,20 @@ def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") 
     except (schemas_errors.NotARunError, extraction_lib.UnknownExtractionError,
             extraction_lib.ExtractionMismatch) as e:
         raise errors.NotARunError(str(e)) from None
-    return Run(opened.extraction(extraction).store, spec, opened.manifest,
-               extraction=extraction)
+    run = Run(opened.extraction(extraction).store, spec, opened.manifest,
+              extraction=extraction)
+    failed = run.failed_verification
+    if failed:
+        names = ", ".join(layout.partition_name(p) for p in failed[:10])
+        more = f" and {len(failed) - 10} more" if len(failed) > 10 else ""
+        warnings.warn(
+            f"{run.location}: the latest `actx verify` found {len(failed)} committed "
+            f"partition(s) whose data is not what their markers say ({names}{more}): what "
+            f"is read of them may be wrong (an object that is gone reads as zeros). "
+            f"`{advice.repair(run.location)}` turns them back into pending, then "
+            f"`{advice.rerun(run.location)}` extracts them again",
+            errors.FailedVerificationWarning, stacklevel=2)
+    return run
 
 
 class Run(RunSnapshot):
@@ -77,7 +92,22 @@ class Run(RunSnapshot):
             "masks": stored_stats.load_masks(self),
             "generation": (None if self.spec.generate is None else generation_records.count(
                 generation_records.read_records(self.store, self.committed))),
+            "failed_verification": list(self.failed_verification),
         }
+
+    @property
+    def failed_verification(self) -> tuple[int, ...]:
+        """Committed partitions whose data the latest `actx verify` found not as their
+        markers say (verify/latest.json; () where it never ran or found none): what is
+        read of them may be wrong until they are repaired and extracted again."""
+        from actx.schemas import verification
+
+        try:
+            record = verification.read_record(self.store)
+        except Exception:  # noqa: BLE001 - an unreadable record: status names it
+            return ()
+        committed = set(self.committed)
+        return tuple(p for p in (record.failed if record else ()) if p in committed)
 
     def generations(self, partitions: Sequence[int] | None = None) -> list[dict]:
         """The samples a generating run (run.json's `generate`) wrote in its committed

@@ -60,6 +60,21 @@ def test_verify_incomplete_then_repair_and_rerun(tmp_path):
     code, out = _cli("verify", run)
     assert code == 1 and "partition p-00002" in out and "--repair" in out
     marker = s.read_json(layout.commit_key(2))
+    # The reader says so on open (it served such a partition's values as they were: an
+    # object removed read as zeros), naming the partition and the commands, as printed.
+    import pytest
+
+    import actx
+    from actx.reader import errors as reader_errors
+
+    with pytest.warns(reader_errors.FailedVerificationWarning) as said:
+        opened = actx.open_run(run)
+    words = str(said[0].message)
+    assert "found 1 committed partition(s) whose data is not what their markers say " \
+           "(p-00002)" in words, words
+    assert f"`actx verify {run} --repair` turns them back into pending, then " \
+           f"`actx rerun {run}` extracts them again" in words, words
+    assert opened.describe()["failed_verification"] == [2]
 
     code, out = _cli("verify", run, "--repair")
     assert code == 1
@@ -78,3 +93,8 @@ def test_verify_incomplete_then_repair_and_rerun(tmp_path):
     assert _objects(run) == reference
     st = json.loads(_cli("status", run, "--json")[1])
     assert st["complete"] and st["failed_verification"] == []
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", reader_errors.FailedVerificationWarning)
+        assert actx.open_run(run).describe()["failed_verification"] == []
