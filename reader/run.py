@@ -103,6 +103,10 @@ class Run(RunSnapshot):
         from actx.schemas import verification
 
         try:
+            # A listing first: where verify never ran (most runs) a read of the missing
+            # record would cost GCS a second request; a listing is one either way.
+            if layout.VERIFY_RECORD_KEY not in self.store.list(layout.VERIFY_RECORD_KEY):
+                return ()
             record = verification.read_record(self.store)
         except Exception:  # noqa: BLE001 - an unreadable record: status names it
             return ()

@@ -379,7 +379,10 @@ def test_gcs_follower_lists_once_per_poll_and_reads_no_marker(tmp_path, gcs_emul
     assert listed["run/commits/"] == got["listings"] + 1
     assert 3 <= got["listings"] <= took / poll + 2
     assert 0 < listed["run/workers/"] <= took / stall + 1
-    assert set(listed) <= {"run/", "run/commits/", "run/workers/"}, listed
+    # (and open_run lists whether a verify recorded failed partitions: once)
+    assert listed["run/verify/latest.json"] <= 1, listed
+    assert set(listed) <= {"run/", "run/commits/", "run/workers/",
+                           "run/verify/latest.json"}, listed
     # No marker is read; what is read once per run (specs, array metadata) is read once,
     # not once per partition or window; the rest is the partitions' data.
     reads = collections.Counter(name for method, name in

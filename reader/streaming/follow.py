@@ -148,7 +148,9 @@ class CommitFollower:
 
     def poll(self) -> int:
         """Lists commits/ once; appends the partitions new to the order (in the order they
-        committed, those settled: see the module docstring) and returns how many."""
+        committed, those settled: see the module docstring) and returns how many, or how
+        many were committed since the last listing where more (those still settling: the
+        run moves)."""
         stamps = [commit_lib.committed_stamps(r.store) for r in self.runs]
         common = set(stamps[0]).intersection(*stamps[1:])
         when = {p: max(s[p] for s in stamps) for p in common}
@@ -165,14 +167,14 @@ class CommitFollower:
                 f"`{advice.status(self.run.location)}` shows what is committed")
         seen = set(self.order)
         new = [p for p in listed if p not in seen and (self.wanted is None or p in self.wanted)]
-        self.committed = len(seen | set(new))
+        before, self.committed = self.committed, len(seen | set(new))
         if self.committed < self.total:
             settled = self._settled(when)
             new = [p for p in new if when[p] <= settled]
         self.order += new
         for run, listing in zip(self.runs, stamps):
             run.observe_committed(listing)
-        return len(new)
+        return max(len(new), self.committed - before)
 
     def _settled(self, when: dict[int, int]) -> float:
         """The latest marker version whose partition may join the order now: no marker
@@ -228,8 +230,11 @@ class CommitFollower:
         words = "; ".join(said)
         return (f"{self.run.location}: following the run, no new commit in the {waited:.1f} s "
                 f"this stream has waited "
-                f"({self.committed} of {self.total} partitions committed, waiting for "
-                f"the next window); {words}")
+                f"({self.committed} of {self.total} partitions committed"
+                + (f", {self.committed - len(self.order)} of them joining the order once "
+                   f"settled (settle_s={self.options.settle_s:g})"
+                   if self.committed > len(self.order) else "")
+                + f", waiting for the next window); {words}")
 
 
 def window_seed(seed: int, window: int) -> int:
