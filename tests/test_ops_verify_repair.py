@@ -75,6 +75,10 @@ def test_verify_incomplete_then_repair_and_rerun(tmp_path):
     assert f"`actx verify {run} --repair` turns them back into pending, then " \
            f"`actx rerun {run}` extracts them again" in words, words
     assert opened.describe()["failed_verification"] == [2]
+    phase = next(line for line in _cli("status", run)[1].splitlines()
+                 if line.startswith("phase:"))  # "finished" alone would read as done
+    assert phase.endswith("every partition is committed; but 1 of them failed the latest "
+                          "`actx verify` (below)"), phase
 
     code, out = _cli("verify", run, "--repair")
     assert code == 1

@@ -216,7 +216,10 @@ def render(status: RunStatus) -> str:
     lines = [
         f"run {status.run}  (name {status.name}, fingerprint {status.fingerprint})",
         f"phase:      {status.phase}: "
-        f"{status.problem or run_facts.phase_note(status.phase, status.run)}",
+        f"{status.problem or run_facts.phase_note(status.phase, status.run)}"
+        # Committed, but not as their markers say: the phase alone would read as done.
+        + (f"; but {len(status.failed_verification)} of them failed the latest `actx "
+           f"verify` (below)" if status.failed_verification else ""),
         *(f"history:    {line}" for line in status.history),
         f"settings:   {_settings(status.identity)}",
         f"partitions: {n} total | {c[COMMITTED]} committed | {c[IN_PROGRESS]} in progress | "
