@@ -119,7 +119,8 @@ def format_problem(source: runspec_lib.SourceSpec, files: list[str]) -> str:
         return (f"{path}: a parquet file (it starts with PAR1), read as {fmt} by "
                 f"{'its name' if source.format == 'auto' else 'the source format'}; name it "
                 f".parquet, or set the source's format to parquet")
-    if fmt == "txt" and source.text_field != "text":
+    if source.text_field != "text" and all(sources.file_format(source, other) == "txt"
+                                           for other in files):
         return (f"{path}: read as plain text (one document per line) by "
                 f"{'its .txt name' if source.format == 'auto' else 'format txt'}, which "
                 f"has no field for text_field {source.text_field!r} to name; if its lines "

@@ -218,7 +218,7 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
                 f"run.json and manifest.json) was removed while a job ran. Its data is "
                 f"gone: `actx submit` with the run's config prepares it afresh (the "
                 f"markers are cleared)") from None
-        unfinished = _unfinished_prepare(store, shown)
+        unfinished = _unfinished_prepare(store, shown, str(e))
         raise errors.NotARunError(unfinished or str(e)) from None
     except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
         if type(e).__name__ in _ACCESS_ERRORS:
@@ -229,35 +229,43 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
     return OpenedRun(location, store, spec, manifest)
 
 
-def _unfinished_prepare(store: store_lib.ObjectStore, shown) -> str:
-    """Why a directory where a prepare began has no run.json: the inputs it refused (its
-    staged summary: what it read, accepted and rejected, and why, with where the rejected
-    inputs are), or a prepare that did not finish; "" where no prepare began."""
+def _unfinished_prepare(store: store_lib.ObjectStore, shown, missing: str) -> str:
+    """Why a directory where a prepare began cannot be opened (`missing`: what the read
+    said is missing): the inputs its prepare refused (its staged summary: what it read,
+    accepted and rejected, why, and where the rejected inputs are), or a prepare that did
+    not finish; "" where no prepare began (or its records cannot be read)."""
     try:
         summary = store.read_json(layout.PREPARE_SUMMARY_KEY)
-        began = summary is not None or store.exists(layout.PREPARE_ATTEMPT_KEY)
-    except Exception:  # noqa: BLE001 - damaged: the plain "no run.json" says enough
-        return ""
-    if not began:
+        if summary is None and not store.exists(layout.PREPARE_ATTEMPT_KEY):
+            return ""
+        has_spec = store.exists(runspec_lib.RUN_SPEC_KEY)
+        sources = (summary or {}).get("sources") or {}
+        counts = [(int(c.get("read", 0)), int(c.get("accepted", 0)), c.get("reasons") or {})
+                  for c in sources.values()]
+    except Exception:  # noqa: BLE001 - damaged records: the plain message says enough
         return ""
     again = "then run `actx submit` with the run's config again (it prepares the run)"
-    if not isinstance(summary, dict):
-        return (f"{shown}: not prepared yet: a prepare began here and wrote no run.json "
-                f"(it was stopped, or is still running); {again}")
-    sources = summary.get("sources") or {}
-    read = sum(int(c.get("read", 0)) for c in sources.values())
-    accepted = sum(int(c.get("accepted", 0)) for c in sources.values())
+    what = ("run.json but no manifest.json" if has_spec else "no run.json")
+    read = sum(n for n, _, _ in counts)
+    accepted = sum(n for _, n, _ in counts)
+    if isinstance(summary, dict) and read == 0:
+        return (f"{shown}: not prepared: its prepare read no input document and left "
+                f"{what}; check the sources' paths and formats, {again}")
+    rerun = "`actx submit` with the run's config, run again, prepares it"
+    if not isinstance(summary, dict) or read <= accepted:
+        return (f"{shown}: not prepared: a prepare began here and left {what} (it was "
+                f"stopped, or is still running); {rerun}")
     reasons: dict[str, int] = {}
-    for counts in sources.values():
-        for reason, n in (counts.get("reasons") or {}).items():
-            reasons[reason] = reasons.get(reason, 0) + int(n)
+    for _, _, theirs in counts:
+        for reason, n in theirs.items():
+            reasons[str(reason)] = reasons.get(str(reason), 0) + int(n)
     top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
     why = "; ".join(f"{reason}: {n}" for reason, n in top)
-    return (f"{shown}: not prepared: its prepare wrote no run.json, having accepted "
-            f"{accepted} of {read} input document(s)" + (f" ({why})" if why else "")
-            + (f"; the rejected inputs, each with its reason, are in "
-               f"{store.location.join(layout.REJECTS_PREFIX)}" if read > accepted else "")
-            + f". Fix the inputs (or raise max_reject_fraction), {again}")
+    return (f"{shown}: not prepared: its prepare left {what}, having accepted {accepted} of "
+            f"{read} input document(s)" + (f" ({why})" if why else "")
+            + f"; the rejected inputs, each with its reason, are in "
+              f"{store.location.join(layout.REJECTS_PREFIX)}. Fix the inputs (or raise "
+              f"max_reject_fraction), {again}")
 
 
 class CommittedRunError(errors.UserError):

@@ -68,6 +68,10 @@ class LocalStore(ObjectStore):
         tmp = self._write_temp(key, data)
         try:
             with store_errors.local_write(self._path(key), tmp):
+                # The version is the mtime: taken now, after the write's fsync (which can
+                # stall for seconds on a busy disk), right before the object is seen
+                # (reader.streaming.follow orders markers by it).
+                os.utime(tmp)
                 os.link(tmp, self._path(key))
             return True
         except FileExistsError:

@@ -202,7 +202,7 @@ def test_a_parquet_without_the_text_column_says_so_once_naming_its_columns(
 
     assert cli.main(["status", run], out=io.StringIO()) == 2
     said = capsys.readouterr().err
-    assert (f"{run}: not prepared: its prepare wrote no run.json, having accepted 0 of 6 "
+    assert (f"{run}: not prepared: its prepare left no run.json, having accepted 0 of 6 "
             f"input document(s) ({reason}: 6); the rejected inputs, each with its reason, "
             f"are in {run}/rejects") in said, said
     assert "`actx prepare`" not in said

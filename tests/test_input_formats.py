@@ -208,6 +208,19 @@ def test_a_format_that_cannot_be_read_is_refused_before_work(tmp_path, qwen_toke
     assert not (tmp_path / "run").exists()  # before any work: nothing written
 
 
+def test_text_field_is_refused_only_where_every_file_is_plain_text(tmp_path):
+    """A source of a .txt and a .jsonl file with text_field: the JSON file uses it, the
+    text file's lines are its documents; no refusal, whichever file comes first."""
+    txt, jsonl = tmp_path / "a.txt", tmp_path / "b.jsonl"
+    txt.write_text("a line of text\n")
+    jsonl.write_text('{"body": "x"}\n')
+    for files in ([str(txt), str(jsonl)], [str(jsonl), str(txt)]):
+        source = runspec.SourceSpec("text", tuple(files), text_field="body")
+        assert preflight.format_problem(source, files) == ""
+    source = runspec.SourceSpec("text", (str(txt),), text_field="body")
+    assert "has no field for text_field 'body'" in preflight.format_problem(source, [str(txt)])
+
+
 def test_arc_tasks_in_parquet_are_refused(tmp_path):
     spec = runspec.SourceSpec("arc", (str(tmp_path / "t.parquet"),))
     problem = preflight.format_problem(spec, [str(tmp_path / "t.parquet")])

@@ -206,6 +206,23 @@ def test_every_reader_builds_the_same_order_whenever_it_lists(tmp_path, monkeypa
     assert early.order == [0, 1, 2, 3] and early.complete
 
 
+def test_a_local_markers_time_is_taken_after_its_write_reaches_the_disk(tmp_path,
+                                                                        monkeypatch):
+    """The order settles markers settle_s behind their times; a local marker's time was its
+    temporary's write, before an fsync that can stall for seconds on a busy disk, so it
+    could be seen long after its time. The time is taken after the fsync, right before
+    the link that makes it seen."""
+    from actx.schemas import store as store_module
+
+    fsync = os.fsync
+    monkeypatch.setattr(store_module.os, "fsync", lambda fd: (time.sleep(1.0), fsync(fd)))
+    s = store_lib.open_store(str(tmp_path))
+    before = time.time_ns()
+    assert s.create(layout.commit_key(0), b"{}")
+    stamp = int(s.list_stamps(layout.COMMITS_PREFIX)[layout.commit_key(0)][1])
+    assert stamp >= before + 0.9e9, (stamp - before) / 1e9
+
+
 def test_memory_runs_order_their_markers_as_they_appear(tmp_path):
     """memory://: every version was 0 (ordered by partition id: a reader that listed before
     partition 1 committed put it after 2, one that listed after, before). The memory
@@ -291,6 +308,9 @@ def test_follow_keywords_need_follow_and_outlier_is_refused(tmp_path):
         run.stream(HOOK, 8, window_partitions=2)
     with pytest.raises(ValueError, match="'outlier' needs the token norms"):
         run.stream(HOOK, 8, follow=True, exclude=["outlier"])
+    with pytest.raises(ValueError, match=r"wait_timeout_s \(20\) must be longer than "
+                                         r"settle_s \(30\)"):
+        run.stream(HOOK, 8, follow=True, wait_timeout_s=20)
 
 
 def test_masks_and_normalisation_work_on_a_live_run(tmp_path):
@@ -403,7 +423,7 @@ def test_exact_batches_follow_window_by_window(tmp_path):
     writer = _later(truth, [3, 0, 2])
     run = actx.open_run(truth.uri)
     with run.batches(HOOK, 32, follow=True, window_partitions=2, poll_s=0.02,
-                     wait_timeout_s=30, epochs=2, drop_last=False) as batches:
+                     wait_timeout_s=30, settle_s=0.05, epochs=2, drop_last=False) as batches:
         got = list(batches)
     writer.join()
     first = [b for b in got if b.epoch == 0]

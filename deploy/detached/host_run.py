@@ -110,9 +110,15 @@ def record_death(run: run_dir.RunDir, job: str, host: str, rc: int, log_path: st
     extractions = place.extractions
     if extractions == ("all",):
         extractions = tuple(extraction_lib.names(run.store))
-    for name in extractions:
-        local.mark_dead(run, host, rc, log_path, extraction=name, job=job,
-                        replica=place.replica, process_index=place.process_index)
+    failed = []
+    for name in extractions:  # each on its own: one that cannot be written stops no other
+        try:
+            local.mark_dead(run, host, rc, log_path, extraction=name, job=job,
+                            replica=place.replica, process_index=place.process_index)
+        except Exception as e:  # noqa: BLE001 - said below, with the others'
+            failed.append(f"{name or 'default'}: {e}")
+    if failed:
+        raise RuntimeError("; ".join(failed))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,6 +102,10 @@ class FollowOptions:
                              f"positive")
         if not self.settle_s >= 0:
             raise ValueError(f"settle_s must be 0 or more, got {self.settle_s}")
+        if self.wait_timeout_s is not None and self.wait_timeout_s <= self.settle_s:
+            raise ValueError(f"wait_timeout_s ({self.wait_timeout_s:g}) must be longer than "
+                             f"settle_s ({self.settle_s:g}): commits settle before they are "
+                             f"read")
         if self.wait_timeout_s is not None and not self.wait_timeout_s > 0:
             raise ValueError(f"wait_timeout_s must be positive or None, got "
                              f"{self.wait_timeout_s}")
