@@ -13,8 +13,8 @@ earlier time. A partition joins the order once its marker's time is `settle_s` b
 the store's clock (the later of the newest marker's time and this machine's clock), or
 once every partition is committed; on memory:// versions count the writes in the order
 they are seen, and settle at once. So every reader of the run, whenever it lists, builds
-the same order: the processes of a data-parallel job cut the same windows. The order is cut into windows of
-`window_partitions` partitions (the last window holds what is left when the run is
+the same order: the processes of a data-parallel job cut the same windows. The order is
+cut into windows of `window_partitions` partitions (the last window holds what is left when the run is
 complete); each window is read as a stream of its own (reader.streaming.stream: the
 two-level shuffle over its partitions, seeded by the seed and the window's index) and
 the windows' tokens are cut into batches of `batch_size` one after another (each token
