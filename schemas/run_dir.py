@@ -218,7 +218,7 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
                 f"run.json and manifest.json) was removed while a job ran. Its data is "
                 f"gone: `actx submit` with the run's config prepares it afresh (the "
                 f"markers are cleared)") from None
-        unfinished = _unfinished_prepare(store, shown, str(e))
+        unfinished = _unfinished_prepare(store, shown)
         raise errors.NotARunError(unfinished or str(e)) from None
     except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
         if type(e).__name__ in _ACCESS_ERRORS:
@@ -229,11 +229,11 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
     return OpenedRun(location, store, spec, manifest)
 
 
-def _unfinished_prepare(store: store_lib.ObjectStore, shown, missing: str) -> str:
-    """Why a directory where a prepare began cannot be opened (`missing`: what the read
-    said is missing): the inputs its prepare refused (its staged summary: what it read,
-    accepted and rejected, why, and where the rejected inputs are), or a prepare that did
-    not finish; "" where no prepare began (or its records cannot be read)."""
+def _unfinished_prepare(store: store_lib.ObjectStore, shown) -> str:
+    """Why a directory where a prepare began cannot be opened: the inputs its prepare
+    refused (its staged summary: what it read, accepted and rejected, why, and where the
+    rejected inputs are), or a prepare that did not finish; "" where no prepare began (or
+    its records cannot be read)."""
     try:
         summary = store.read_json(layout.PREPARE_SUMMARY_KEY)
         if summary is None and not store.exists(layout.PREPARE_ATTEMPT_KEY):

@@ -169,6 +169,9 @@ class MemoryStore(ObjectStore):
 
     # tensorstore's generation of a missing key: a write conditioned on it is create-only.
     _NO_VALUE = b"\x02"
+    # The memory kvstore counts its writes, under its lock: a generation is the count at
+    # the write, and a write is seen once made.
+    STAMPS_IN_VISIBLE_ORDER = True
 
     def __init__(self, location: uri_lib.Location):
         super().__init__(location)
@@ -187,10 +190,6 @@ class MemoryStore(ObjectStore):
         stamp = self._kv.write(key, bytes(data), if_equal=self._NO_VALUE).result()
         # A refused conditional write returns an empty generation.
         return bool(stamp.generation)
-
-    # The memory kvstore counts its writes, under its lock: a generation is the count at
-    # the write, and a write is seen once made.
-    STAMPS_IN_VISIBLE_ORDER = True
 
     def list_stamps(self, prefix: str) -> dict[str, tuple[int, str]]:
         stamps = {}

@@ -70,8 +70,9 @@ class TokenStore:
         Row r continues the document of row r - 1 when its column 0 holds a document token
         whose position is > 0 (prepare starts every document elsewhere at position 0).
         """
-        seg, pos = (self._result(future, name, lo, hi) for name, future in [
-            (name, self.arrays[name][lo:hi, 0].read()) for name in CONTINUATION_INPUTS])
+        futures = {name: self.arrays[name][lo:hi, 0].read() for name in CONTINUATION_INPUTS}
+        seg = self._result(futures["segment_ids"], "segment_ids", lo, hi)
+        pos = self._result(futures["positions"], "positions", lo, hi)
         return (seg > 0) & (pos > 0), pos
 
     def _result(self, future, name: str, lo: int, hi: int) -> np.ndarray:
