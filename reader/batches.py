@@ -81,9 +81,12 @@ class TokenBatches:
                  tokens: options_lib.TokenOptions = options_lib.TokenOptions(),
                  order: options_lib.OrderOptions = options_lib.OrderOptions(),
                  output: options_lib.OutputOptions = options_lib.OutputOptions(),
-                 exact: ExactOptions = ExactOptions(), _window: bool = False):
+                 exact: ExactOptions = ExactOptions(), _window: bool = False,
+                 _window_after: int | None = None):
         # _window: one window of a following reader (reader.streaming.follow), which may
-        # hold no token of this process.
+        # hold no token of this process; _window_after: a window of its first epoch, after
+        # that many tokens (of every process): each process reads its share of the
+        # window's order (shuffle.continued_share), not its block of each global step.
         self.run = run
         self.hooks = options_lib.hook_names(hooks, run)
         for hook in self.hooks:
@@ -92,10 +95,12 @@ class TokenBatches:
                                              tokens.exclude_special, self.hooks,
                                              tokens.whole_document, tokens.exclude,
                                              tokens.outlier_factor)
+        share = None if _window_after is None else shuffle_lib.continued_share(
+            _window_after, len(self.index), order.process_index, order.process_count)
         self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, order.seed,
                                             order.process_index, order.process_count,
                                             order.drop_last, exact.shuffle,
-                                            allow_empty=_window)
+                                            allow_empty=_window, share=share)
         self.framework = output.checked_framework
         self.dtype = run.read_dtype(self.hooks, output.dtype)  # a float8 hook: dequantised
         self.sharding = output.sharding

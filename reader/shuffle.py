@@ -73,6 +73,21 @@ def build_index(run: snapshot.RunSnapshot, partitions: Iterable[int] | None = No
     return TokenIndex(flat.astype(np.int64), ids_arr.astype(np.int32), seq_len, ids)
 
 
+def continued_share(before: int, tokens: int, process_index: int, process_count: int
+                    ) -> tuple[int, int]:
+    """[start, stop) of process `process_index`'s share of `tokens` tokens that continue an
+    epoch after `before` tokens (of every process): the shares of consecutive ranges laid
+    in process order, each process holding every `process_count`-th token of the epoch so
+    far in count (the first processes one more where it does not divide). So however the
+    epoch is cut into ranges, the processes' tokens so far differ by at most one, and a
+    data-parallel job's processes run out together (reader.streaming.follow's windows)."""
+    def held(total: int, p: int) -> int:  # of the first `total` tokens, process p's count
+        return (total + process_count - 1 - p) // process_count
+
+    start = sum(held(before + tokens, p) - held(before, p) for p in range(process_index))
+    return start, start + held(before + tokens, process_index) - held(before, process_index)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShufflePlan:
     """Which index positions process `process_index` reads at each global step.
@@ -92,6 +107,10 @@ class ShufflePlan:
     shuffle: bool = True
     # A following reader's window may hold no token (reader.streaming.follow): no error.
     allow_empty: bool = False
+    # A following reader's window in its first epoch: this process reads positions
+    # [start, stop) of the window's order (continued_share), cut into batches of
+    # batch_size, instead of its block of each global step.
+    share: tuple[int, int] | None = None
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -111,6 +130,8 @@ class ShufflePlan:
 
     @property
     def steps_per_epoch(self) -> int:
+        if self.share is not None:
+            return -(-(self.share[1] - self.share[0]) // self.batch_size)
         full, rest = divmod(self.num_tokens, self.global_batch)
         return full + (1 if rest and not self.drop_last else 0)
 
@@ -134,6 +155,9 @@ class ShufflePlan:
     def step_slice(self, step: int) -> tuple[int, int, int]:
         """(epoch, start, stop): this process's slice of the epoch order at a global step."""
         epoch, k = divmod(step, self.steps_per_epoch)
+        if self.share is not None:
+            lo = self.share[0] + k * self.batch_size
+            return epoch, lo, min(lo + self.batch_size, self.share[1])
         g0 = k * self.global_batch
         g1 = min(g0 + self.global_batch, self.num_tokens)
         if g1 - g0 == self.global_batch:

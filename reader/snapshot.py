@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import os
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -32,7 +31,6 @@ from actx.schemas import quantised
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
 from actx.schemas import ts_context
-from actx.schemas import uri as uri_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -164,6 +164,53 @@ def test_processes_share_each_window_and_read_every_token_once(tmp_path):
     np.testing.assert_array_equal(np.sort(both), _expected(truth))
 
 
+@pytest.mark.parametrize("exact,codec", [(False, "zstd"), (False, "none"), (True, "zstd")])
+def test_processes_take_equal_token_counts_however_many_windows(tmp_path, exact, codec):
+    """A data-parallel loop steps its processes together: their first epochs must hold as
+    many tokens (within one) and so as many batches, over any number of windows. Each
+    window is split by tokens, continuing the count of the windows before it (a block at
+    the edge of two shares read by both; codec none: copied from its mapped shard files);
+    a resumed process takes the same batches on."""
+    truth = build_run(str(tmp_path / "run"), num_partitions=9, committed=(4,), codec=codec)
+    writer = _later(truth, [0, 7, 2, 8, 1, 6, 3, 5], gap=0.02)
+    processes, size = 3, 8
+    got, states = {}, {}
+
+    def read(i):
+        run = actx.open_run(truth.uri)
+        keywords = dict(window_partitions=1, process_index=i, process_count=processes,
+                        **({k: v for k, v in FAST.items()
+                            if k not in ("buffer_tokens", "block_rows")} if exact else FAST))
+        opened = run.batches if exact else run.stream
+        with opened(HOOK, size, **keywords) as stream:
+            got[i] = list(stream)
+            states[i] = (stream.state(got[i][4]), keywords)
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(processes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    writer.join()
+    counts = [len(_tokens(got[i])) for i in range(processes)]
+    total = len(_expected(truth))
+    # Every token once; the counts as even as they can be (the first processes hold the
+    # one more where the total does not divide), so the batch counts are equal.
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate([_tokens(got[i]) for i in range(processes)])), _expected(truth))
+    assert counts == [total // processes + (i < total % processes) for i in range(processes)]
+    assert len({len(got[i]) for i in range(processes)}) == 1, [len(got[i]) for i in got]
+    assert all(len(b) == size for i in got for b in got[i][:-1])
+    for i in got:
+        _check_values(truth, got[i])
+    # A process resumed after its fifth batch takes the same batches on.
+    state, keywords = states[1]
+    run = actx.open_run(truth.uri)
+    opened = run.batches if exact else run.stream
+    with opened(HOOK, size, resume=state, **keywords) as resumed:
+        np.testing.assert_array_equal(_tokens(list(resumed)), _tokens(got[1][5:]))
+
+
 def test_every_reader_builds_the_same_order_whenever_it_lists(tmp_path, monkeypatch):
     """A marker's version is its write's time, and it is seen a little later (a local file
     is linked in place after its write; a GCS upload ends after its generation): a reader

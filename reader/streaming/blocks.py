@@ -10,7 +10,11 @@ token arrays) and the same assignment of blocks to processes: blocks in the orde
 seed-only permutation, each to the process with the fewest tokens so far. The assignment
 is fixed across epochs, so every process has the same number of tokens every epoch (the
 loads differ by at most one block) and lockstep trainers get the same step count each
-epoch. Each epoch permutes the process's own blocks again and cuts them into buffers of at
+epoch. A following stream's window (reader.streaming.follow) is split by tokens instead
+(`share`): the blocks in the same permutation are laid end to end and each process takes
+its range of their tokens (reader.shuffle.continued_share), a block at a range's edge read
+by both processes, each keeping its part; so the processes' first epochs hold equal
+counts of tokens over any number of windows. Each epoch permutes the process's own blocks again and cuts them into buffers of at
 most `buffer_rows` rows; the stream permutes the valid tokens inside each buffer.
 """
 
@@ -93,11 +97,33 @@ def assign_blocks(table: BlockTable, seed: int, process_count: int) -> np.ndarra
     """
     owner = np.empty(len(table), np.int32)
     loads = np.zeros(process_count, np.int64)
-    for b in np.random.default_rng([seed, 0x0B10C]).permutation(len(table)):
+    for b in _block_order(table, seed):
         p = int(np.argmin(loads))
         owner[b] = p
         loads[p] += table.tokens[b]
     return owner
+
+
+def _block_order(table: BlockTable, seed: int) -> np.ndarray:
+    """The seed-only permutation of the table's blocks that the processes are dealt in."""
+    return np.random.default_rng([seed, 0x0B10C]).permutation(len(table))
+
+
+def shared_blocks(table: BlockTable, seed: int, start: int, stop: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(blocks ascending, first kept token of each, end of its kept tokens) of the tokens
+    [start, stop) of the table's blocks laid end to end in the seeded order; a block's
+    kept tokens are a range of its valid tokens in row order. Blocks without a token
+    in the range are not read."""
+    order = _block_order(table, seed)
+    ends = np.cumsum(table.tokens[order])
+    begins = ends - table.tokens[order]
+    mine = (begins < stop) & (ends > start) & (table.tokens[order] > 0)
+    blocks, begins, ends = order[mine], begins[mine], ends[mine]
+    first = np.maximum(start - begins, 0)
+    last = np.minimum(stop, ends) - begins
+    by_row = np.argsort(blocks)
+    return blocks[by_row], first[by_row], last[by_row]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,11 +148,14 @@ class StreamPlan:
       epoch ends with one short batch and every token is read exactly once; processes may
       then run different step counts.
     allow_empty: a process with no token is no error (steps_per_epoch 0: nothing to read).
+    share: [start, stop) of the table's tokens this process reads (a following stream's
+      window: see the module docstring), instead of its blocks; `kept` then says which of
+      a block's valid tokens are this process's.
     """
 
     def __init__(self, table: BlockTable, batch_size: int, buffer_rows: int, seed: int = 0,
                  process_index: int = 0, process_count: int = 1, drop_last: bool = True,
-                 allow_empty: bool = False):
+                 allow_empty: bool = False, share: tuple[int, int] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if not 0 <= process_index < process_count:
@@ -143,10 +172,20 @@ class StreamPlan:
         self.process_index = process_index
         self.process_count = process_count
         self.drop_last = drop_last
-        owner = assign_blocks(table, seed, process_count)
-        self.loads = np.bincount(owner, weights=table.tokens,
-                                 minlength=process_count).astype(np.int64)
-        self.my_blocks = np.flatnonzero(owner == process_index)
+        # Of each block, the range of its valid tokens (in row order) this process reads.
+        self.kept_first = np.zeros(len(table), np.int64)
+        self.kept_stop = table.tokens.copy()
+        if share is None:
+            owner = assign_blocks(table, seed, process_count)
+            self.loads = np.bincount(owner, weights=table.tokens,
+                                     minlength=process_count).astype(np.int64)
+            self.my_blocks = np.flatnonzero(owner == process_index)
+        else:
+            if drop_last:
+                raise ValueError("a share of tokens is read whole: drop_last must be False")
+            self.my_blocks, first, stop = shared_blocks(table, seed, *share)
+            self.kept_first[self.my_blocks], self.kept_stop[self.my_blocks] = first, stop
+            self.loads = np.full(process_count, share[1] - share[0], np.int64)
         self.tokens_per_epoch = int(self.loads[process_index])
         if drop_last:
             self.steps_per_epoch = int(self.loads.min()) // batch_size
@@ -171,10 +210,29 @@ class StreamPlan:
             j, held = i + 1, int(rows[i])
             while j < len(order) and held + rows[j] <= self.buffer_rows:
                 held, j = held + int(rows[j]), j + 1
-            tokens = int(self.table.tokens[order[i:j]].sum())
+            tokens = int(self.kept_tokens(order[i:j]).sum())
             buffers.append(Buffer(len(buffers), order[i:j], held, tokens, start))
             i, start = j, start + tokens
         return buffers
+
+    @property
+    def num_tokens(self) -> int:
+        """Valid tokens of the table, every process's (as shuffle.ShufflePlan's)."""
+        return self.table.total_tokens
+
+    def kept_tokens(self, blocks: np.ndarray) -> np.ndarray:
+        """The tokens this process reads of each of `blocks`."""
+        return self.kept_stop[blocks] - self.kept_first[blocks]
+
+    def keep(self, blocks: np.ndarray, valid: np.ndarray, block_starts: np.ndarray
+             ) -> np.ndarray:
+        """Of `valid` (ascending positions of the valid tokens of `blocks` read one after
+        another, block i's from block_starts[i]), those this process reads."""
+        first, stop = self.kept_first[blocks], self.kept_stop[blocks]
+        if not (first.any() or (stop != self.table.tokens[blocks]).any()):
+            return valid
+        at = np.searchsorted(valid, block_starts)
+        return np.concatenate([valid[a + f:a + s] for a, f, s in zip(at, first, stop)])
 
     def locate(self, step: int) -> tuple[int, int]:
         """(epoch, offset of the step's first token in that epoch's stream)."""

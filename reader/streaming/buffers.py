@@ -170,11 +170,15 @@ class BufferReader:
                   for i in range(len(self.tokens))]
         inp = values[1]
         valid = np.flatnonzero(self.token_filter.keep(values))
-        if len(valid) != loaded.buffer.tokens:
+        table, blocks = self.plan.table, loaded.buffer.blocks
+        counted = int(table.tokens[blocks].sum())
+        if len(valid) != counted:
             raise RuntimeError(
                 f"{self.run.location}: rows {loaded.run_rows[0]}..{loaded.run_rows[-1]} hold "
-                f"{len(valid)} valid tokens now but {loaded.buffer.tokens} when the stream "
+                f"{len(valid)} valid tokens now but {counted} when the stream "
                 f"was opened; the token arrays changed under the reader: reopen the run")
+        rows = table.row_stop[blocks] - table.row_start[blocks]
+        valid = self.plan.keep(blocks, valid, (np.cumsum(rows) - rows) * self.run.seq_len)
         return valid, self.plan.buffer_order(loaded.epoch, loaded.buffer, len(valid)), \
             inp.reshape(-1)
 

@@ -16,10 +16,13 @@ they are seen, and settle at once. So every reader of the run, whenever it lists
 the same order: the processes of a data-parallel job cut the same windows. The order is
 cut into windows of `window_partitions` partitions (the last window holds what is left when the run is
 complete); each window is read as a stream of its own (reader.streaming.stream: the
-two-level shuffle over its partitions, seeded by the seed and the window's index) and
-the windows' tokens are cut into batches of `batch_size` one after another (each token
-copied once more, from its window's batch into the stream's). So the
-first epoch holds every token of the run exactly once (its last batch may be short),
+two-level shuffle over its partitions, seeded by the seed and the window's index; or with
+`exact`, run.batches' permutation), each process reading its share of the window's
+tokens (shuffle.continued_share: the shares continue the count of the windows before, so
+the processes' tokens so far differ by at most one, and a data-parallel job's processes
+take as many batches), and the windows' tokens are cut into batches of `batch_size` one
+after another (each token copied once more, from its window's batch into the stream's).
+So the first epoch holds every token of the run exactly once (its last batch may be short),
 and its order depends only on the seed, the settings and the commit order. The stream
 records that order (`commit_order`, and in every `state(batch)`), so a resumed stream
 takes the same windows and the same next batch, and a recorded order replays the stream
@@ -415,9 +418,12 @@ class FollowStream:
     # -- reading ------------------------------------------------------------------
 
     def _window_stream(self, ids: Sequence[int], seed: int, start_step: int,
-                       epochs: int | None = 1, drop_last: bool = False):
+                       epochs: int | None = 1, drop_last: bool = False,
+                       after: int | None = None):
         """A reader of partitions `ids` alone (a ShuffledStream, or a TokenBatches with
-        `exact`), numpy out, in this thread."""
+        `exact`), numpy out, in this thread. after: a window of the first epoch, after that
+        many tokens of every process: the processes share its tokens so that their counts
+        so far stay within one of each other."""
         o = self.order
         tokens = dataclasses.replace(self.tokens, partitions=tuple(ids))
         order = options_lib.OrderOptions(seed, epochs, start_step, o.process_index,
@@ -426,30 +432,34 @@ class FollowStream:
         if self.exact is not None:
             return batches_lib.TokenBatches(self._view, self.hooks, self.batch_size,
                                             tokens=tokens, order=order, output=output,
-                                            exact=self.exact, _window=True)
+                                            exact=self.exact, _window=True,
+                                            _window_after=after)
         return stream_lib.ShuffledStream(self._view, self.hooks, self.batch_size,
                                          tokens=tokens, order=order, output=output,
-                                         reads=self.reads, _window=True)
+                                         reads=self.reads, _window=True,
+                                         _window_after=after)
 
     def _first_epoch(self) -> Iterator[Batch]:
         """The first epoch's batches from the start step on; sets first_epoch_steps."""
         size, width = self.batch_size, self.follow_options.window_partitions
         target = self.start_step * size  # tokens of the epoch before the start step
-        done, k = 0, 0
+        done, every, k = 0, 0, 0  # tokens so far: this process's, every process's
         cutter = _Cutter(size, self.start_step)
         while True:
             self.follower.wait_for((k + 1) * width)
             ids = self.follower.order[k * width:(k + 1) * width]
             if not ids:
                 break
-            stream = self._window_stream(ids, window_seed(self.order.seed, k), 0)
+            stream = self._window_stream(ids, window_seed(self.order.seed, k), 0,
+                                         after=every)
             n = stream.plan.tokens_per_epoch
+            window_tokens = stream.plan.num_tokens  # every process's
             if n and done + n > target:
                 skip = max(0, target - done)
                 if skip >= size:
                     stream.close()
                     stream = self._window_stream(ids, window_seed(self.order.seed, k),
-                                                 skip // size)
+                                                 skip // size, after=every)
                 try:
                     first = True
                     for batch in stream:
@@ -459,7 +469,7 @@ class FollowStream:
                     stream.close()
             else:
                 stream.close()
-            done, k = done + n, k + 1
+            done, every, k = done + n, every + window_tokens, k + 1
             self.windows_read = k
         self.first_epoch_steps = -(-done // size)
         if target < done:

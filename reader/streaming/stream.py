@@ -50,12 +50,13 @@ from actx.reader import options as options_lib
 from actx.reader import prefetch as prefetch_lib
 from actx.reader.storage import read_window
 from actx.reader.storage import row_copy
+from actx.reader import shuffle as shuffle_lib
 from actx.reader import snapshot
 from actx.reader.streaming import buffers as stream_buffers
 from actx.reader.streaming import pipeline as stream_pipeline
 from actx.reader.batches import Batch
 from actx.reader.storage.read_contexts import default_file_io_mode, read_contexts
-from actx.reader.streaming.state import STATE_VERSION, StreamSettings, StreamState
+from actx.reader.streaming.state import StreamSettings, StreamState
 from actx.schemas import layout
 from actx.schemas import quantised
 
@@ -127,9 +128,12 @@ class ShuffledStream:
                  order: options_lib.OrderOptions = options_lib.OrderOptions(),
                  output: options_lib.OutputOptions = options_lib.OutputOptions(),
                  reads: ReadOptions = ReadOptions(),
-                 resume: "StreamState | dict | None" = None, _window: bool = False):
+                 resume: "StreamState | dict | None" = None, _window: bool = False,
+                 _window_after: int | None = None):
         # _window: one window of a following stream (reader.streaming.follow), which may
-        # hold no token of this process, and whose arrays the follower opened once.
+        # hold no token of this process, and whose arrays the follower opened once;
+        # _window_after: a window of its first epoch, after that many tokens (of every
+        # process): the processes share its tokens (shuffle.continued_share), not blocks.
         self.run = run
         self.hooks = options_lib.hook_names(hooks, run)
         buffer_rows, block_rows = _buffer_rows(run, reads.buffer_tokens, reads.block_rows)
@@ -140,9 +144,11 @@ class ShuffledStream:
             outlier_factor=tokens.outlier_factor, partitions=ids)
         table = blocks_lib.count_blocks(run, block_rows, ids, hooks=self.hooks,
                                         token_filter=self._filter)
+        share = None if _window_after is None else shuffle_lib.continued_share(
+            _window_after, table.total_tokens, order.process_index, order.process_count)
         self.plan = blocks_lib.StreamPlan(table, batch_size, buffer_rows, order.seed,
                                           order.process_index, order.process_count,
-                                          order.drop_last, allow_empty=_window)
+                                          order.drop_last, allow_empty=_window, share=share)
         excluded = tuple(self._filter.exclude)
         self.settings = StreamSettings(
             run.spec.fingerprint, self.hooks, tuple(table.partitions), batch_size,
