@@ -270,6 +270,7 @@ def _recorded_config(record: dict | None, kind: str, run: str):
 
 
 def cmd_rerun(args, out) -> int:
+    from actx.deploy import launch_record
     from actx.deploy.status import runstate
 
     if getattr(args, "estimate", False):
@@ -280,6 +281,9 @@ def cmd_rerun(args, out) -> int:
     check_only(args.only, [p.id for p in handle.manifest.partitions])
     target = targets.for_config(_rerun_target(args, handle.store, out))
     handles = extraction_lib.scoped_all(handle, args.extraction)
+    if args.extraction in (None, "all"):  # as submit took them, not alphabetically
+        handles = {name: handles[name]
+                   for name in launch_record.in_launch_order(handle.store, list(handles))}
     _check_runnable(target, handles)
     if list(handles) != [""]:
         return _rerun_extractions(args, handle, handles, target, out)

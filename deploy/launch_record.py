@@ -74,6 +74,16 @@ def read(store) -> dict | None:
     return data
 
 
+def in_launch_order(store, names: list[str]) -> list[str]:
+    """`names` (extractions, "" the default) in the order the run's latest launch took
+    them (a submit's: its config's), those it did not take after, as given."""
+    record = read(store) or {}
+    taken = record.get("extractions")
+    taken = [n for n in taken if isinstance(n, str)] if isinstance(taken, list) else []
+    rank = {name: i for i, name in enumerate(taken)}
+    return sorted(names, key=lambda n: rank.get(n, len(rank)))
+
+
 def _refused(store, job, extractions) -> bool:
     """Whether a worker of `job` (of any of its `extractions`, whose heartbeats are their
     own) says the run refused it."""

@@ -126,6 +126,26 @@ def test_each_extraction_equals_its_model_alone(both, alone, models):
     assert info["fingerprint"] == chat_spec.fingerprint
 
 
+def test_rerun_takes_the_extractions_in_the_order_they_were_launched(both, tmp_path):
+    """A config that names `chat` before `base`: `actx rerun` takes them in that order (the
+    launch record's), not alphabetically; an extraction the record does not name after."""
+    import shutil
+
+    from actx.deploy import cli, config, launch_record
+
+    run = str(tmp_path / "run")
+    shutil.copytree(both, run)
+    launch_record.record(store.open_store(run), config.TargetConfig(), "j",
+                         extractions=["chat", "base"])
+    out = io.StringIO()
+    assert cli.main(["rerun", run], out=out) == 0, out.getvalue()
+    assert "rerun: extractions chat, base of " in out.getvalue(), out.getvalue()
+    launch_record.record(store.open_store(run), config.TargetConfig(), "k",
+                         extractions=["chat"])
+    assert launch_record.in_launch_order(store.open_store(run), ["base", "chat", ""]) == \
+        ["chat", "base", ""]
+
+
 def _beats(run: str, name: str) -> list[dict]:
     """The heartbeats of extraction `name` as they stand."""
     view = extraction_store.view(store.open_store(run), name)
