@@ -251,31 +251,50 @@ def lines(job: Job, prices) -> list[str]:
                f"{INITIAL_WRITES_PER_S:,.0f} writes/s" + (
                    f": GCS needs about {ramp / 60:,.0f} min of sustained load (doubling "
                    f"every {DOUBLING_S / 60:.0f} min) to take it" if ramp else ": within it"))
-    reads_per_s = sum(n for (_, op), n in p.requests.items()
-                      if op in ("read", "list")) / job.seconds
+    read_requests = sum(n for (_, op), n in p.requests.items() if op in ("read", "list"))
+    reads_per_s = read_requests / job.seconds
     out.append(f"#   read rate: {reads_per_s:,.0f} reads and listings/s against a new "
                f"bucket's {INITIAL_READS_PER_S:,.0f}" + (
                    f": GCS needs about {ramp_s(reads_per_s, INITIAL_READS_PER_S) / 60:,.0f} "
                    f"min to take it" if reads_per_s > INITIAL_READS_PER_S else ": within it"))
     shard_bytes = p.data_bytes / max(1, p.requests[("shards", "write")])
     hooks = len(job.hook_bytes_per_row)
-    # Writes a second scale with hosts and inversely with rows an object: these are
-    # where data writes equal the bucket's initial capacity.
-    balance_rows = job.rows_per_shard * per_s / INITIAL_WRITES_PER_S
-    balance_hosts = job.hosts * INITIAL_WRITES_PER_S / per_s
-    if per_s <= INITIAL_WRITES_PER_S:
+    # Data writes, and the token arrays' reads (an index and a chunk per busy host and
+    # array, beside the rest: markers, metadata, listings), scale inversely with rows an
+    # object and with hosts: where each meets the bucket's initial capacity.
+    token_per_s = token_reads(job) / job.seconds
+    other_reads = reads_per_s - token_per_s
+    rows_for = {"writes": job.rows_per_shard * per_s / INITIAL_WRITES_PER_S,
+                "reads": (job.rows_per_shard * token_per_s / (INITIAL_READS_PER_S - other_reads)
+                          if other_reads < INITIAL_READS_PER_S else math.inf)}
+    balance_rows = max(rows_for.values())
+    balance_hosts = job.hosts * min(INITIAL_WRITES_PER_S / per_s,
+                                    INITIAL_READS_PER_S / reads_per_s)
+    # The time each class of requests takes at the bucket's ramp; the slower bounds the job.
+    slowed = {}
+    if per_s > INITIAL_WRITES_PER_S:
+        slowed["writes"] = (writing_s(data_writes, per_s), ramp)
+    if reads_per_s > INITIAL_READS_PER_S:
+        slowed["reads"] = (writing_s(read_requests, reads_per_s, INITIAL_READS_PER_S),
+                           ramp_s(reads_per_s, INITIAL_READS_PER_S))
+    if not slowed:
         bound = "bound by compute"
     else:
-        slowed = writing_s(data_writes, per_s)
-        bound = (f"bound by storage: about {_minutes(slowed)} instead of "
-                 f"{_minutes(job.seconds)} at compute's pace, "
+        worst = max(slowed, key=lambda k: slowed[k][0])
+        took, its_ramp = slowed[worst]
+        bound = (f"bound by storage ({' and '.join(slowed)}): about {_minutes(took)} instead "
+                 f"of {_minutes(job.seconds)} at compute's pace, "
                  + ("GCS's ramp reaching its rate before the end"
-                    if ramp < slowed else "the job ending before GCS's ramp reaches its rate"))
+                    if its_ramp < took else "the job ending before GCS's ramp reaches its rate"))
+    rows_said = (f"at {balance_rows:,.1f} rows an object "
+                 f"({_bytes(shard_bytes * balance_rows / job.rows_per_shard)}), or "
+                 if math.isfinite(balance_rows) else
+                 f"at no object size (reads other than the token arrays', {other_reads:,.0f}/s, "
+                 f"exceed them alone), but ")
     out.append(f"#   {bound}: objects of {job.rows_per_shard} rows "
                f"({_bytes(shard_bytes)} each, {hooks} hook(s)) balance the bucket's "
-               f"initial writes at {balance_rows:,.1f} rows an object "
-               f"({_bytes(shard_bytes * balance_rows / job.rows_per_shard)}), or at "
-               f"{balance_hosts:,.0f} host(s) with these objects")
+               f"initial writes and reads {rows_said}"
+               f"at {balance_hosts:,.0f} host(s) with these objects")
     return out
 
 

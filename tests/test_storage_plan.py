@@ -206,6 +206,31 @@ def test_writes_over_the_buckets_capacity_are_a_storage_bound_with_the_balance()
     assert f"read rate: {rate:,.0f} reads and listings/s against a new bucket's 5,000" in said
 
 
+def test_reads_over_the_buckets_capacity_bound_a_job_whose_writes_are_within_it():
+    """One hook: each object written is read about six times over (3 token arrays, an
+    index and a chunk each, per host slice), so reads pass a new bucket's 5,000/s before
+    writes pass its 1,000/s. The plan says storage (reads) bounds it, and the rows an
+    object it names bring the reads within the bucket once planned."""
+    def pod(rows_per_shard: int) -> storage_plan.Job:
+        partition_rows = 64 * rows_per_shard  # every host of the 64 busy
+        rows = 488_281
+        return _job(rows=rows, partitions=-(-rows // partition_rows), seq_len=2048,
+                    hook_bytes_per_row={"h0": 2048 * 896 * 2}, rows_per_shard=rows_per_shard,
+                    partition_rows=partition_rows, replicas=1, seconds=68.0,
+                    tokens_per_s=1e9 / 68)
+
+    said = "\n".join(storage_plan.lines(pod(8), _prices()))
+    assert "912 data writes/s" in said and "within it" in said, said
+    assert "read rate: 5,437 reads and listings/s" in said, said
+    assert "bound by storage (reads): about 1.2 min instead of 1.1 min" in said, said
+    rows = float(re.search(r"initial writes and reads at ([\d.]+) rows an object", said)[1])
+    assert 8 < rows < 9, said
+    balanced = storage_plan.plan(pod(math.ceil(rows)))
+    reads = sum(n for (_, op), n in balanced.requests.items() if op in ("read", "list"))
+    assert reads / 68.0 < storage_plan.INITIAL_READS_PER_S
+    assert "bound by compute" in "\n".join(storage_plan.lines(pod(math.ceil(rows)), _prices()))
+
+
 def test_dollars_are_the_prices_times_the_operations():
     job = _job()
     p = storage_plan.plan(job)
