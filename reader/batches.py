@@ -86,7 +86,7 @@ class TokenBatches:
         # _window: one window of a following reader (reader.streaming.follow), which may
         # hold no token of this process; _window_after: a window of its first epoch, after
         # that many tokens (of every process): each process reads its share of the
-        # window's order (shuffle.continued_share), not its block of each global step.
+        # window's order (shuffle.continued_shares), not its block of each global step.
         self.run = run
         self.hooks = options_lib.hook_names(hooks, run)
         for hook in self.hooks:
@@ -95,8 +95,10 @@ class TokenBatches:
                                              tokens.exclude_special, self.hooks,
                                              tokens.whole_document, tokens.exclude,
                                              tokens.outlier_factor)
-        share = None if _window_after is None else shuffle_lib.continued_share(
-            _window_after, len(self.index), order.process_index, order.process_count)
+        bounds = None if _window_after is None else shuffle_lib.continued_shares(
+            _window_after, len(self.index), order.process_count)
+        share = None if bounds is None else (int(bounds[order.process_index]),
+                                             int(bounds[order.process_index + 1]))
         self.plan = shuffle_lib.ShufflePlan(len(self.index), batch_size, order.seed,
                                             order.process_index, order.process_count,
                                             order.drop_last, exact.shuffle,

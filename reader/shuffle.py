@@ -73,19 +73,20 @@ def build_index(run: snapshot.RunSnapshot, partitions: Iterable[int] | None = No
     return TokenIndex(flat.astype(np.int64), ids_arr.astype(np.int32), seq_len, ids)
 
 
-def continued_share(before: int, tokens: int, process_index: int, process_count: int
-                    ) -> tuple[int, int]:
-    """[start, stop) of process `process_index`'s share of `tokens` tokens that continue an
-    epoch after `before` tokens (of every process): the shares of consecutive ranges laid
-    in process order, each process holding every `process_count`-th token of the epoch so
-    far in count (the first processes one more where it does not divide). So however the
-    epoch is cut into ranges, the processes' tokens so far differ by at most one, and a
-    data-parallel job's processes run out together (reader.streaming.follow's windows)."""
-    def held(total: int, p: int) -> int:  # of the first `total` tokens, process p's count
+def continued_shares(before: int, tokens: int, process_count: int) -> np.ndarray:
+    """Bounds [process_count + 1] of the processes' shares of `tokens` tokens that continue
+    an epoch after `before` tokens (of every process): process p reads [bounds[p],
+    bounds[p + 1]), the shares laid in process order, each process holding every
+    `process_count`-th token of the epoch so far in count (the first processes one more
+    where it does not divide). So however the epoch is cut into ranges, the processes'
+    tokens so far differ by at most one, and a data-parallel job's processes run out
+    together (reader.streaming.follow's windows)."""
+    p = np.arange(process_count, dtype=np.int64)
+
+    def held(total: int) -> np.ndarray:  # of the first `total` tokens, each process's count
         return (total + process_count - 1 - p) // process_count
 
-    start = sum(held(before + tokens, p) - held(before, p) for p in range(process_index))
-    return start, start + held(before + tokens, process_index) - held(before, process_index)
+    return np.concatenate([[0], np.cumsum(held(before + tokens) - held(before))])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,7 @@ class ShufflePlan:
     # A following reader's window may hold no token (reader.streaming.follow): no error.
     allow_empty: bool = False
     # A following reader's window in its first epoch: this process reads positions
-    # [start, stop) of the window's order (continued_share), cut into batches of
+    # [start, stop) of the window's order (continued_shares), cut into batches of
     # batch_size, instead of its block of each global step.
     share: tuple[int, int] | None = None
 

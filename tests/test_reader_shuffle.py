@@ -213,3 +213,20 @@ def test_exclude_bos_in_segmented_rows_leaves_out_document_starts(reader_run):
     assert bos.any() and (pos[bos] == 0).all()  # segmented: BOS opens each document
     got = _flat(run.batches("embed", 4, exclude_bos=True, drop_last=False))
     assert np.array_equal(np.sort(got), np.flatnonzero(mask & ~bos))
+
+
+def test_continued_shares_keep_every_process_within_one_token_however_the_epoch_is_cut():
+    """A following stream's windows, of any sizes (0 included), split by continued_shares:
+    each window's shares tile it, and after every window the processes' counts are the
+    epoch so far divided as evenly as it goes, the first processes one more."""
+    from actx.reader import shuffle
+
+    rng = np.random.default_rng(3)
+    for processes in (1, 2, 3, 8):
+        held, before = np.zeros(processes, np.int64), 0
+        for tokens in rng.integers(0, 40, 60).tolist():
+            bounds = shuffle.continued_shares(before, tokens, processes)
+            assert bounds[0] == 0 and bounds[-1] == tokens and (np.diff(bounds) >= 0).all()
+            held, before = held + np.diff(bounds), before + tokens
+            q, r = divmod(before, processes)
+            assert held.tolist() == [q + (p < r) for p in range(processes)]

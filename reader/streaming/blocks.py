@@ -12,7 +12,7 @@ is fixed across epochs, so every process has the same number of tokens every epo
 loads differ by at most one block) and lockstep trainers get the same step count each
 epoch. A following stream's window (reader.streaming.follow) is split by tokens instead
 (`share`): the blocks in the same permutation are laid end to end and each process takes
-its range of their tokens (reader.shuffle.continued_share), a block at a range's edge read
+its range of their tokens (reader.shuffle.continued_shares), a block at a range's edge read
 by both processes, each keeping its part; so the processes' first epochs hold equal
 counts of tokens over any number of windows. Each epoch permutes the process's own blocks again and cuts them into buffers of at
 most `buffer_rows` rows; the stream permutes the valid tokens inside each buffer.
@@ -148,14 +148,15 @@ class StreamPlan:
       epoch ends with one short batch and every token is read exactly once; processes may
       then run different step counts.
     allow_empty: a process with no token is no error (steps_per_epoch 0: nothing to read).
-    share: [start, stop) of the table's tokens this process reads (a following stream's
-      window: see the module docstring), instead of its blocks; `kept` then says which of
-      a block's valid tokens are this process's.
+    shares: bounds [process_count + 1] of each process's range of the table's tokens (a
+      following stream's window: see the module docstring), instead of whole blocks;
+      `kept_first` and `kept_stop` then say which of a block's valid tokens are this
+      process's.
     """
 
     def __init__(self, table: BlockTable, batch_size: int, buffer_rows: int, seed: int = 0,
                  process_index: int = 0, process_count: int = 1, drop_last: bool = True,
-                 allow_empty: bool = False, share: tuple[int, int] | None = None):
+                 allow_empty: bool = False, shares: np.ndarray | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if not 0 <= process_index < process_count:
@@ -175,7 +176,7 @@ class StreamPlan:
         # Of each block, the range of its valid tokens (in row order) this process reads.
         self.kept_first = np.zeros(len(table), np.int64)
         self.kept_stop = table.tokens.copy()
-        if share is None:
+        if shares is None:
             owner = assign_blocks(table, seed, process_count)
             self.loads = np.bincount(owner, weights=table.tokens,
                                      minlength=process_count).astype(np.int64)
@@ -183,9 +184,10 @@ class StreamPlan:
         else:
             if drop_last:
                 raise ValueError("a share of tokens is read whole: drop_last must be False")
-            self.my_blocks, first, stop = shared_blocks(table, seed, *share)
+            self.my_blocks, first, stop = shared_blocks(
+                table, seed, int(shares[process_index]), int(shares[process_index + 1]))
             self.kept_first[self.my_blocks], self.kept_stop[self.my_blocks] = first, stop
-            self.loads = np.full(process_count, share[1] - share[0], np.int64)
+            self.loads = np.diff(shares).astype(np.int64)
         self.tokens_per_epoch = int(self.loads[process_index])
         if drop_last:
             self.steps_per_epoch = int(self.loads.min()) // batch_size

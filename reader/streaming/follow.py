@@ -18,7 +18,7 @@ cut into windows of `window_partitions` partitions (the last window holds what i
 complete); each window is read as a stream of its own (reader.streaming.stream: the
 two-level shuffle over its partitions, seeded by the seed and the window's index; or with
 `exact`, run.batches' permutation), each process reading its share of the window's
-tokens (shuffle.continued_share: the shares continue the count of the windows before, so
+tokens (shuffle.continued_shares: the shares continue the count of the windows before, so
 the processes' tokens so far differ by at most one, and a data-parallel job's processes
 take as many batches), and the windows' tokens are cut into batches of `batch_size` one
 after another (each token copied once more, from its window's batch into the stream's).

@@ -133,7 +133,7 @@ class ShuffledStream:
         # _window: one window of a following stream (reader.streaming.follow), which may
         # hold no token of this process, and whose arrays the follower opened once;
         # _window_after: a window of its first epoch, after that many tokens (of every
-        # process): the processes share its tokens (shuffle.continued_share), not blocks.
+        # process): the processes share its tokens (shuffle.continued_shares), not blocks.
         self.run = run
         self.hooks = options_lib.hook_names(hooks, run)
         buffer_rows, block_rows = _buffer_rows(run, reads.buffer_tokens, reads.block_rows)
@@ -144,11 +144,11 @@ class ShuffledStream:
             outlier_factor=tokens.outlier_factor, partitions=ids)
         table = blocks_lib.count_blocks(run, block_rows, ids, hooks=self.hooks,
                                         token_filter=self._filter)
-        share = None if _window_after is None else shuffle_lib.continued_share(
-            _window_after, table.total_tokens, order.process_index, order.process_count)
+        shares = None if _window_after is None else shuffle_lib.continued_shares(
+            _window_after, table.total_tokens, order.process_count)
         self.plan = blocks_lib.StreamPlan(table, batch_size, buffer_rows, order.seed,
                                           order.process_index, order.process_count,
-                                          order.drop_last, allow_empty=_window, share=share)
+                                          order.drop_last, allow_empty=_window, shares=shares)
         excluded = tuple(self._filter.exclude)
         self.settings = StreamSettings(
             run.spec.fingerprint, self.hooks, tuple(table.partitions), batch_size,
