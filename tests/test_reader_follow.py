@@ -211,6 +211,23 @@ def test_processes_take_equal_token_counts_however_many_windows(tmp_path, exact,
         np.testing.assert_array_equal(_tokens(list(resumed)), _tokens(got[1][5:]))
 
 
+def test_one_process_reads_each_window_as_a_stream_of_its_partitions(tmp_path):
+    """With one process nothing is split: a window's tokens come in the order run.stream
+    gives over its partitions with the window's seed."""
+    from actx.reader.streaming import follow
+
+    truth = build_run(str(tmp_path / "run"), num_partitions=4, committed=(2, 0, 1, 3))
+    run = actx.open_run(truth.uri)
+    keywords = {k: v for k, v in FAST.items() if k in ("buffer_tokens", "block_rows")}
+    with run.stream(HOOK, 16, window_partitions=2, **FAST) as stream:
+        got = _tokens(list(stream))
+        order = stream.commit_order
+    with run.stream(HOOK, 16, partitions=order[:2], seed=follow.window_seed(0, 0),
+                    drop_last=False, **keywords) as own:
+        window = _tokens(list(own))
+    np.testing.assert_array_equal(got[:len(window)], window)
+
+
 def test_every_reader_builds_the_same_order_whenever_it_lists(tmp_path, monkeypatch):
     """A marker's version is its write's time, and it is seen a little later (a local file
     is linked in place after its write; a GCS upload ends after its generation): a reader

@@ -144,8 +144,9 @@ class ShuffledStream:
             outlier_factor=tokens.outlier_factor, partitions=ids)
         table = blocks_lib.count_blocks(run, block_rows, ids, hooks=self.hooks,
                                         token_filter=self._filter)
-        shares = None if _window_after is None else shuffle_lib.continued_shares(
-            _window_after, table.total_tokens, order.process_count)
+        # One process reads every block, as a stream of the window's partitions would.
+        shares = None if _window_after is None or order.process_count == 1 else \
+            shuffle_lib.continued_shares(_window_after, table.total_tokens, order.process_count)
         self.plan = blocks_lib.StreamPlan(table, batch_size, buffer_rows, order.seed,
                                           order.process_index, order.process_count,
                                           order.drop_last, allow_empty=_window, shares=shares)
