@@ -309,13 +309,18 @@ def mark_dead(run: "str | run_dir.RunDir", host: str, returncode: int | None,
     whether it wrote. A named extraction's heartbeats are its own (schemas.extraction).
     job / replica / process_index: the process's, recorded where it wrote no heartbeat (it
     died before, or before reaching this extraction), so its replica's other processes
-    waiting on it (workers.write.metadata.writer_gone) learn it at once."""
+    waiting on it (workers.write.metadata.writer_gone) learn it at once; a record of
+    another job there (whatever its state) is replaced, as none would be."""
     directory = run_dir.RunDir.at(run)
     run = directory.uri  # as the messages below name it, whichever was passed
     store = directory.extraction(extraction).store
     key = layout_lib.heartbeat_key(host)
     try:
         data = store.read_json(key)
+        if data is not None and job and data.get("job") != job:
+            # An earlier job's record (a rerun's worker died before it beat here): it says
+            # nothing of this process, and this job's waiting hosts read only their job's.
+            data = None
         if (data is not None and data.get("state") == "failed" and not stopped_by_user
                 and returncode is not None):
             return _add_exit_code(store, key, data, returncode)

@@ -17,6 +17,7 @@ import yaml
 from actx.deploy import cli
 from actx.deploy.status import runstate
 from actx.pipeline import sample_data
+from actx.schemas import config as schemas_config
 from actx.schemas import heartbeat, layout, request_budget, run_dir, store
 from tests import fault_proxy, gcs_emulator, hf_models
 
@@ -124,6 +125,11 @@ def test_a_wait_for_metadata_is_bounded_and_says_what_to_do():
     with pytest.raises(metadata.MetadataNotWritten, match="r-r0h0 is failed: boom"):
         metadata.wait_for(lambda: None, "k", "r", writer_gone=lambda: "r-r0h0 is failed: boom",
                           sleep=sleep)
+    # A launcher's record of the death ends with the rerun already: said once, not twice.
+    with pytest.raises(metadata.MetadataNotWritten) as e:
+        metadata.wait_for(lambda: None, "k", "r", sleep=sleep, writer_gone=lambda: (
+            "r-r0h0 is failed: process killed by SIGKILL; fix that, then `actx rerun r`"))
+    assert str(e.value).count("actx rerun r") == 1 and str(e.value).endswith("rerun r`")
 
 
 def test_the_writer_is_gone_only_by_its_own_jobs_heartbeats_since_the_wait(tmp_path):
@@ -179,6 +185,40 @@ def test_a_writer_its_launcher_saw_die_before_it_beat_here_is_gone(tmp_path):
                            "first heartbeat"), gone
     assert metadata.writer_gone(view, "j", since=time.time() + 1) is None
     assert metadata.writer_gone(view, "another job", since=process_started) is None
+
+
+@pytest.mark.parametrize("earlier", ["failed", "preempted", "done", "working"])
+def test_a_rerun_whose_writer_died_before_it_beat_is_gone_over_an_earlier_jobs_record(
+        tmp_path, earlier):
+    """Found on a real Slurm (two extractions, a rerun's process 0 killed during the
+    first): the earlier job had left that host's record in the second extraction (its
+    launcher's "failed", or the worker's own "preempted" or "done"). The rerun's launcher
+    appended an exit code to it (or wrote nothing), keeping the earlier job's name and
+    time, so the rerun's waiting hosts read no death of theirs and waited 900 s. A record
+    of another job is replaced by this job's death."""
+    from actx.deploy import local
+    from actx.workers.write import metadata
+
+    run = run_dir.RunDir.at(str(tmp_path / "run"))
+    run.store.write_json("extractions/names/chat.json", {})
+    view = run.extraction("chat").store
+    old = heartbeat.Heartbeat(host="h-r0h0", replica=0, process_index=0, state=earlier,
+                              attempt="h-r0h0-1-1", updated_at=time.time() - 600, job="k1",
+                              message="process killed by SIGKILL" if earlier == "failed" else "")
+    view.write_json("workers/h-r0h0.json", schemas_config.to_dict(old))
+    started = time.time()
+    assert local.mark_dead(run, "h-r0h0", -9, extraction="chat", job="k2", replica=0,
+                           process_index=0)
+    gone = metadata.writer_gone(view, "k2", since=started)
+    assert gone and gone.startswith("h-r0h0 is failed: process killed by SIGKILL before its "
+                                    "first heartbeat"), gone
+    [hb] = heartbeat.read_heartbeats(view, history=False)
+    assert (hb.job, hb.replica, hb.process_index) == ("k2", 0, 0)
+    assert "exited with code" not in hb.message
+    # The same job's own failure record is still kept, its exit code added.
+    assert local.mark_dead(run, "h-r0h0", 1, extraction="chat", job="k2")
+    assert heartbeat.read_heartbeats(view, history=False)[0].message.endswith(
+        "(process exited with code 1)")
 
 
 @pytest.mark.parametrize("slurm", [True, False], ids=["slurm-task", "tpu-host"])

@@ -58,9 +58,12 @@ def wait_for(look: Callable[[], object], where: str, run: str, wait_s: float = W
             return found
         gone = writer_gone()
         if gone:
+            # A launcher's record of the death already ends with the rerun: said once.
+            then = ("" if f"`{advice.rerun(run)}`" in gone else
+                    f". See `{advice.status(run)}`, then run `{advice.rerun(run)}`")
             raise MetadataNotWritten(
                 f"{where}: not written, and process 0 of replica 0, which writes it, will not: "
-                f"{gone}. See `{advice.status(run)}`, then run `{advice.rerun(run)}`")
+                f"{gone}{then}")
         if clock() >= deadline:
             raise MetadataNotWritten(
                 f"{where}: not written after {wait_s:.0f}s of waiting; process 0 of replica 0 "
