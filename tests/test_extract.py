@@ -185,6 +185,28 @@ def test_steal_finishes_other_replicas_partitions(reference_run, tmp_path):
     _assert_same_as_reference(run, reference_run)
 
 
+def test_a_commit_that_fails_in_the_background_ends_a_host_waiting_for_work(model_dir,
+                                                                           tmp_path):
+    """Found with the run on a full disk: each of 2 replicas' commit of its one partition
+    fails on the commit thread, then it has nothing left to take (the other's partition is
+    held by a live host) and waited for work for ever, the failure unsaid. Each now stops
+    with it at once, nothing committed, and a rerun finishes the run."""
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, str(model_dir), n_rows=32, hooks="layers.2.resid_post",
+                               partition_rows=16)
+    procs = [worker_procs.start_worker(
+        ["--run", run, "--batch-size", "8", "--replicas", "2", "--replica", str(r), "--steal",
+         "--job", "j", "--heartbeat-s", "0.5"], devices=4,
+        ACTX_CRASH_AT="before_commit:1:RAISE") for r in range(2)]
+    results = [worker_procs.finish(p, timeout=180) for p in procs]
+    for code, out in results:
+        assert code == 1 and "injected failure at before_commit" in out, out[-2000:]
+    assert _markers(run) == {}
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"])
+    assert code == 0, out
+    assert sorted(_markers(run)) == [0, 1]
+
+
 def test_two_hosts_with_short_partition_and_padding_steps(model_dir, tmp_path):
     """30 rows: partitions of 16 and 14 rows; with batch 6 per host-pair (3 rows a host)
     hosts run padding steps and host 1's last slice is short; bytes equal one process."""

@@ -119,7 +119,9 @@ class PartitionStream:
                 if self._in_hand:  # the free slots pad; asked again at the next step
                     return None
                 # Nothing in hand and nothing to take yet (another replica's partitions
-                # may come free): wait here, not in padding steps that burn the device.
+                # may come free): wait here, not in padding steps that burn the device;
+                # a commit that failed meanwhile ends the wait (its partition stays held).
+                self.committer.raise_failure()
                 self.worker.wait_for_work()
         if self._next_index >= len(self.sequence):
             pid = self.agreed.next() if self.agreed is not None else -1

@@ -45,6 +45,9 @@ class Committer:
                           if topo.hosts_per_replica == 1 else None)
         self._pending: list[concurrent.futures.Future] = []
         self._on_commit = on_commit
+        # The first background commit's failure, for a thread that waits for work and
+        # would not submit again to learn it (raise_failure).
+        self._failure: BaseException | None = None
 
     def submit(self, part: manifest_lib.Partition, part_writer: writer.PartitionWriter,
                started: float) -> None:
@@ -53,7 +56,20 @@ class Committer:
         if self._executor is None:
             self._finish(part, part_writer, started)
         else:
-            self._pending.append(self._executor.submit(self._finish, part, part_writer, started))
+            future = self._executor.submit(self._finish, part, part_writer, started)
+            future.add_done_callback(self._note_failure)
+            self._pending.append(future)
+
+    def _note_failure(self, future: concurrent.futures.Future) -> None:
+        if self._failure is None and not future.cancelled() and future.exception():
+            self._failure = future.exception()
+
+    def raise_failure(self) -> None:
+        """Re-raises a background commit's failure, from any thread: a host waiting for
+        work (its failed partitions still held, so no other host takes them) stops with
+        it, where it would wait for ever."""
+        if self._failure is not None:
+            raise self._failure
 
     def drain(self) -> None:
         """Waits for every submitted partition; re-raises the first failure."""
