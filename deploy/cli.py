@@ -299,7 +299,7 @@ def _verify_one(args, handle, out) -> int:
     try:
         verification.update_record(handle.store, time.time(), report.checked,
                                    [p for p in report.failed if p not in repaired],
-                                   report.problems)
+                                   report.problems, repaired)
     except store_errors.StoreError as e:
         print(f"actx verify: the report above was not recorded: {e}", file=sys.stderr)
     return 0 if report.ok and (report.complete or args.committed_only) else 1

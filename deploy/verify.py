@@ -65,6 +65,11 @@ class VerifyReport:
     # again (the activations stand: a worker cannot have read a damaged chunk unnoticed).
     tokens_damaged: list[int] = dataclasses.field(default_factory=list)
     token_problems: int = 0  # of `problems`, those of the token store
+    # Metadata that cannot serve the run (an array's zarr.json that cannot be opened or
+    # has another shape or dtype, actx.json of another spec): every checked partition
+    # failed with it, and `--repair` deletes it, so the rerun's first worker writes it
+    # afresh (an absent one is written anyway).
+    damaged_metadata: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def only_tokens_damaged(self) -> bool:
@@ -87,7 +92,7 @@ class VerifyReport:
                 "hooks": {h: self.stats[h].to_json_obj(d) for h, d in self.hooks.items()},
                 "failed": [layout_lib.partition_name(p) for p in self.failed],
                 "tokens_damaged": [layout_lib.partition_name(p) for p in self.tokens_damaged],
-                "problems": self.problems}
+                "damaged_metadata": self.damaged_metadata, "problems": self.problems}
 
 
 def _stored_shards(store, hook: str) -> set[int]:
@@ -135,10 +140,13 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
     if info.fingerprint != spec.fingerprint:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: fingerprint "
                         f"{info.fingerprint} differs from run.json ({spec.fingerprint})")
+        report.damaged_metadata.append(layout_lib.ACTIVATIONS_INFO_KEY)
     dtype = spec.capture.dtype
     if info.dtype != dtype:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: dtype {info.dtype} differs "
                         f"from the run spec ({dtype})")
+        if layout_lib.ACTIVATIONS_INFO_KEY not in report.damaged_metadata:
+            report.damaged_metadata.append(layout_lib.ACTIVATIONS_INFO_KEY)
     report.hooks = dict(sorted(info.hooks.items()))
     report.stats = {h: HookHealth() for h in report.hooks}
     # Every stored array: the hooks, and a float8 hook's scales (schemas.quantised), which
@@ -147,16 +155,21 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
     arrays, shards = {}, {}
     for hook, (hidden, stored_dtype) in stored.items():
         want_shape = (manifest.total_rows, manifest.seq_len, hidden)
+        metadata_key = f"{layout_lib.activation_array_key(hook)}/zarr.json"
         try:
             arr = _open(handle, layout_lib.activation_array_key(hook))
         except Exception as e:
-            problems.append(f"array {hook}: cannot be opened: {e}")
+            problems.append(f"array {hook}: cannot be opened: {errors.first_line(e, 400)}")
+            if store.exists(metadata_key):
+                report.damaged_metadata.append(metadata_key)
             continue
         if tuple(arr.shape) != want_shape:
             problems.append(f"array {hook}: shape {list(arr.shape)}, expected {list(want_shape)}")
+            report.damaged_metadata.append(metadata_key)
             continue
         if arr.dtype.name != stored_dtype:
             problems.append(f"array {hook}: dtype {arr.dtype.name}, expected {stored_dtype}")
+            report.damaged_metadata.append(metadata_key)
             continue
         arrays[hook] = arr
         shards[hook] = _stored_shards(store, hook)
@@ -249,6 +262,10 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                                 label, k, problems)
     if last is not None and len(problems) > before:
         report.failed.append(last)
+    if len(arrays) < len(stored) or report.damaged_metadata:
+        # An array that cannot be read as the run needs it fails every checked partition
+        # (none of their data can be read or checked there): `--repair` redoes them all.
+        report.failed = sorted(set(report.failed) | set(checked))
     return report
 
 
@@ -351,19 +368,26 @@ def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[i
     if not failed:
         return []
     markers = {layout_lib.partition_name(p): _marker_as_stored(store, p) for p in failed}
+    metadata = {key: _as_stored(store, key) for key in report.damaged_metadata}
     record = {"at": at, "partitions": sorted(markers), "problems": report.problems,
-              "markers": markers}
+              "markers": markers, **({"metadata": metadata} if metadata else {})}
     # Recorded first: a repair interrupted after this loses no marker without a trace.
     store.write_json(f"{layout_lib.VERIFY_REPAIRS_PREFIX}{int(at * 1000)}.json", record)
     for p in failed:
         store.delete(layout_lib.commit_key(p))
+    for key in report.damaged_metadata:  # after the markers: nothing committed reads it
+        store.delete(key)
     return failed
 
 
 def _marker_as_stored(store, partition_id: int):
     """A marker as the repair record keeps it: its JSON, or where it cannot be parsed
     (damaged) its bytes as text, so the record still holds what was deleted."""
-    key = layout_lib.commit_key(partition_id)
+    return _as_stored(store, layout_lib.commit_key(partition_id))
+
+
+def _as_stored(store, key: str):
+    """A JSON object as the repair record keeps it (see _marker_as_stored)."""
     data = store.read(key)
     if data is None:
         return None

@@ -102,3 +102,50 @@ def test_verify_incomplete_then_repair_and_rerun(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", reader_errors.FailedVerificationWarning)
         assert actx.open_run(run).describe()["failed_verification"] == []
+
+
+def test_an_array_that_cannot_be_read_fails_every_partition_and_the_advice_restores_it(
+        tmp_path):
+    """Found by a fault audit: a hook's whole array removed (or its zarr.json damaged) was
+    a verify problem tied to no partition, so status said the verify passed, `--repair`
+    repaired nothing and `actx rerun` found nothing to do: the advice went in circles.
+    Such an array fails every committed partition; `--repair` deletes what cannot serve
+    (a damaged zarr.json), and the rerun writes the same bytes again."""
+    import shutil
+
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1)
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, str(model), n_rows=16, seq_len=16, partition_rows=8,
+                               rows_per_shard=4, hooks=HOOK)  # 2 partitions
+    assert _cli("rerun", run, "--hosts", "1", "--batch-size", "4")[0] == 0
+    reference = _objects(run)
+    metadata = os.path.join(run, "activations", HOOK, "zarr.json")
+    s = store.open_store(run)
+    for damage in ("removed", "zarr.json damaged"):
+        if damage == "removed":
+            shutil.rmtree(os.path.join(run, "activations", HOOK))
+        else:
+            with open(metadata, "w") as f:
+                f.write("{not json")
+        code, out = _cli("verify", run)
+        assert code == 1 and f"array {HOOK}: cannot be opened" in out, out
+        assert "--repair` turns the failed partitions back into pending" in out, out
+        st = json.loads(_cli("status", run, "--json")[1])
+        assert st["failed_verification"] == ["p-00000", "p-00001"], (damage, st)
+        assert _cli("status", run, "--check")[0] != 0
+        code, out = _cli("verify", run, "--repair")
+        assert "REPAIRED: 2 partition(s) are pending again" in out, out
+        assert commit.committed_partitions(s) == set()
+        assert not os.path.exists(metadata)  # a damaged one deleted: the rerun writes it
+        said = _cli("status", run)[1]
+        assert "its 2 failed partition(s) were repaired" in said, said
+        code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
+        assert code == 0, out
+        assert _cli("verify", run)[0] == 0
+        assert _objects(run) == reference
+        said = _cli("status", run)[1]
+        assert "verify:     passed at" in said, said
+    [first, second] = sorted(s.list(layout.VERIFY_REPAIRS_PREFIX))
+    assert "metadata" not in s.read_json(first)  # nothing was there to delete
+    assert s.read_json(second)["metadata"] == {
+        f"activations/{HOOK}/zarr.json": {"unreadable": "{not json"}}

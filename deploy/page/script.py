@@ -181,6 +181,10 @@ function renderIdentity(d) {
   } else if (v.ok) {
     el.className = "ok"; el.dataset.state = "passed";
     el.textContent = `passed at ${when(v.at)} (${int(v.checked)} partitions checked)`;
+  } else if (!v.failed) {
+    el.className = "bad"; el.dataset.state = "repaired";
+    el.textContent = `FAILED at ${when(v.at)}; its ${int(v.repaired)} failed partition(s) ` +
+      `were repaired, not verified since: ${d.commands.verify} checks them`;
   } else {
     el.className = "bad"; el.dataset.state = "failed";
     el.textContent = `FAILED at ${when(v.at)}: ${int(v.failed)} committed partition(s) did ` +

@@ -76,12 +76,13 @@ _GENERATION_COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def verification(record, committed: set[int]) -> dict | None:
     """The latest `actx verify` (verify/latest.json), or None when it never ran. ok: no
-    committed partition failed it."""
+    committed partition failed it, and none it repaired waits for a verify since."""
     if record is None:
         return None
     failed = [p for p in record.failed if p in committed]
     return {"at": record.at, "checked": record.checked, "failed": len(failed),
-            "ok": not failed, "problems": list(record.problems[:VERIFY_PROBLEMS_SHOWN])}
+            "repaired": len(record.repaired), "ok": not failed and not record.repaired,
+            "problems": list(record.problems[:VERIFY_PROBLEMS_SHOWN])}
 
 
 def shown_state(state: str) -> str:

@@ -197,6 +197,10 @@ def _verify_line(status: RunStatus) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v["at"]))
     if v["ok"]:
         return f"passed at {when} ({v['checked']} partition(s) checked)"
+    if not v["failed"]:  # what failed was repaired: pending, or extracted again since
+        return (f"FAILED at {when}; its {v.get('repaired', 0)} failed partition(s) were "
+                f"repaired (`{advice.rerun(status.run)}` extracts them), not verified since: "
+                f"`{advice.verify(status.run)}` checks them")
     return f"FAILED at {when}: {v['failed']} committed partition(s) did not match their marker"
 
 
