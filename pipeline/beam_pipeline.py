@@ -138,8 +138,10 @@ class WritePartitionsFn(beam.DoFn):
     threads) and doc table are stored in the background while the next one is filled; its
     stats leave once they are stored."""
 
-    def __init__(self, spec: runspec_lib.RunSpec, run_uri: str, separator_id: int | None):
+    def __init__(self, spec: runspec_lib.RunSpec, run_uri: str, separator_id: int | None,
+                 committed: frozenset = frozenset()):
         self.spec, self.run_uri, self.separator_id = spec, run_uri, separator_id
+        self.committed = committed  # of a run prepared again: checked, not written
         self.partitions = Metrics.counter(NAMESPACE, "partitions_written")
         self.unit_reads = Metrics.counter(NAMESPACE, "unit_reads")
 
@@ -157,7 +159,7 @@ class WritePartitionsFn(beam.DoFn):
             writes: list = []
             stats = write_store.write_partition(self.run, self.spec, plan, reader, pid,
                                                 self.separator_id, self.arrays, writes,
-                                                self.deferred.submit)
+                                                self.deferred.submit, pid in self.committed)
             self.partitions.inc()
             yield from self.deferred.add(writes, [stats])
         self.unit_reads.inc(reader.reads)
@@ -189,10 +191,13 @@ def _with_limits(units, spec: runspec_lib.RunSpec):
 
 def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
           files: list[tuple[int, str]], separator_id: int | None,
-          unit_bytes: int = units_lib.DEFAULT_UNIT_BYTES) -> None:
+          unit_bytes: int = units_lib.DEFAULT_UNIT_BYTES, committed: frozenset = frozenset(),
+          committed_rows: int | None = None) -> None:
     """Adds the prepare transforms to `p`; `files` are (source_index, path), pre-expanded.
     `run_uri`: the run as a string, which Beam pickles into each step (each turns it back
-    into a run_dir.RunDir where it runs)."""
+    into a run_dir.RunDir where it runs). committed, committed_rows: a run prepared again
+    with committed partitions, and its token arrays' rows: the inputs must make the same
+    rows and, for those partitions, the same tokens (write_store)."""
     units = (p
              | "Files" >> beam.Create(files)
              | "SpreadFiles" >> beam.Reshuffle()
@@ -211,7 +216,7 @@ def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
             | "AllGroupSummaries" >> beam.combiners.ToList()
             | "Plan" >> beam.Map(lambda summaries: partition_lib.build_plan(spec, summaries))
             | "CreateArrays" >> beam.Map(lambda pl: write_store.create_token_arrays(
-                run_dir.RunDir.at(run_uri), pl, spec)))
+                run_dir.RunDir.at(run_uri), pl, spec, committed_rows)))
     write_plan = (groups[LAYOUTS_TAG]
                   | "AllUnitLayouts" >> beam.combiners.ToList()
                   | "PlaceUnits" >> beam.Map(lambda layouts, pl: partition_lib.place_units(
@@ -219,7 +224,8 @@ def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
     written = (write_plan
                | "WriteTasks" >> beam.FlatMap(lambda wp: wp.write_tasks())
                | "SpreadWrites" >> beam.Reshuffle()
-               | "WritePartitions" >> beam.ParDo(WritePartitionsFn(spec, run_uri, separator_id),
+               | "WritePartitions" >> beam.ParDo(WritePartitionsFn(spec, run_uri, separator_id,
+                                                                   committed),
                                                  plan=AsSingleton(write_plan)))
 
     rejects_written = (tokenized[REJECTS_TAG]

@@ -106,13 +106,15 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
                 f"packing.separator={spec.packing.separator!r}: the tokenizer has no "
                 f"{spec.packing.separator.upper()} token; use another separator or 'none'")
     store = run.store
-    refusals.check_run_dir(store, spec)
+    committed = refusals.check_run_dir(store, spec)
+    rows = refusals.committed_rows(run) if committed else None
 
     _log.info("prepare: %d file(s) from %d source(s) into %s on %s", len(files),
               len(spec.sources), store.location, options_lib.describe(pipeline_args))
     started = time.monotonic()
     pipeline = options_lib.make_pipeline(pipeline_args)
-    beam_pipeline.build(pipeline, spec, run.uri, files, separator_id, unit_bytes)
+    beam_pipeline.build(pipeline, spec, run.uri, files, separator_id, unit_bytes,
+                        frozenset(committed), rows)
     with progress.Reporter(run, len(files), progress_interval_s):
         pipeline.run().wait_until_finish()
     write_store.make_durable(run)  # before anything says the run is prepared

@@ -33,8 +33,10 @@ class PrepareError(errors.UserError, RuntimeError):
     """The run failed a check (too many rejects, a conflicting run directory)."""
 
 
-def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
-    """Refuses another run's directory, then clears what an earlier attempt left.
+def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
+    """Refuses another run's directory, then clears what an earlier attempt left; returns
+    the partitions committed in any extraction (a run prepared again), whose tokens the
+    writers then check rather than write (write_store.write_partition).
 
     run.json and manifest.json are written last, so without them every token array, doc
     table and reject file here is from a failed attempt (possibly of another shape) and
@@ -52,6 +54,7 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
             f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
             f"this spec is {spec.fingerprint}"
             + ("); choose a new run directory" + hint if hint else _spec_changes(existing, spec)))
+    committed = committed_anywhere(store) if existing is not None else set()
     if existing is not None:
         _check_same_tokens(store, existing, spec)
     # Until the new manifest lands the run counts as not prepared.
@@ -75,7 +78,6 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
             _log.info("prepare: %s has no run.json but %d object(s) of an earlier run "
                       "(commits/, activations/, claims/): removed; the run starts afresh",
                       store.location, stale)
-    committed = existing is not None and bool(store.list(layout.COMMITS_PREFIX))
     prefixes = ((layout.REJECTS_PREFIX, "prepare/") if committed
                 else layout.PREPARE_OUTPUT_PREFIXES)  # prepare/ last: its marker goes last
     removed = sum(store.delete_prefix(prefix) for prefix in prefixes)
@@ -84,6 +86,24 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> None:
                   store.location, ", ".join(prefixes))
     # No time in it: the run directory stays byte-identical across prepares.
     store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
+    return committed
+
+
+def committed_anywhere(store) -> set[int]:
+    """The partitions committed in any extraction of the run."""
+    return set().union(*(commit_lib.committed_partitions(extraction_store.view(store, name))
+                         for name in extraction_store.names(store)))
+
+
+def committed_rows(run) -> int | None:
+    """The rows of the run's token arrays as stored (None: none stored)."""
+    from actx.schemas import ts_context
+
+    try:
+        return int(ts_context.open_array(layout.array_spec(
+            run.location, layout.token_array_key("input_ids"))).shape[0])
+    except Exception:  # noqa: BLE001 - gone or unreadable: written afresh, as without commits
+        return None
 
 
 def _check_same_tokens(store, existing: dict, spec: runspec_lib.RunSpec) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from actx.pipeline import assemble
 from actx.pipeline import pack_group
 from actx.pipeline import partition as partition_lib
+from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import run_dir
 from actx.schemas import runspec as runspec_lib
@@ -24,6 +25,20 @@ from actx.schemas import ts_context
 
 # Staged by the pipeline, read by the driver before it writes run.json and manifest.json.
 SUMMARY_KEY = layout.PREPARE_SUMMARY_KEY
+
+
+class TokensChangedError(errors.UserError, RuntimeError):
+    """Preparing a run again would put other tokens under committed activations: its
+    inputs make other rows or tokens than those its partitions were extracted from."""
+
+
+def _changed(run: run_dir.RunDir, what: str) -> TokensChangedError:
+    return TokensChangedError(
+        f"{run.uri}: {what}. An input changed since the run was prepared (or, in a run "
+        f"prepared before 0.3.0, whose token chunks carry no checksum, the stored tokens "
+        f"were damaged): committed activations belong to the tokens they were computed on, "
+        f"so nothing committed was changed. Restore the inputs as they were when the run "
+        f"was prepared and prepare it again, or prepare into a new run directory")
 
 
 def open_token_array(run: run_dir.RunDir, name: str, total_rows: int,
@@ -62,10 +77,16 @@ def make_durable(run: run_dir.RunDir) -> None:
         os.close(fd)
 
 
-def create_token_arrays(run: run_dir.RunDir, plan: partition_lib.RunPlan, spec: runspec_lib.RunSpec
-                        ) -> partition_lib.RunPlan:
+def create_token_arrays(run: run_dir.RunDir, plan: partition_lib.RunPlan, spec: runspec_lib.RunSpec,
+                        committed_rows: int | None = None) -> partition_lib.RunPlan:
     """Creates (or reopens, when identical) every token array of the run (the ARC arrays
-    only when it has an ARC source); returns the plan unchanged."""
+    only when it has an ARC source); returns the plan unchanged. committed_rows: the rows
+    of a run prepared again with committed partitions (its arrays' length), which the
+    inputs must make again: refused before any write otherwise."""
+    if committed_rows is not None and plan.total_rows != committed_rows:
+        raise _changed(run, f"its inputs now make {plan.total_rows:,} rows of tokens where "
+                            f"the run, whose partitions are committed, holds "
+                            f"{committed_rows:,}")
     for name in pack_group.token_array_names(spec):
         open_token_array(run, name, plan.total_rows, spec)
     return plan
@@ -74,7 +95,8 @@ def create_token_arrays(run: run_dir.RunDir, plan: partition_lib.RunPlan, spec: 
 def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partition_lib.WritePlan,
                     reader: assemble.UnitReader, partition_id: int,
                     separator_id: int | None, arrays: dict | None = None,
-                    in_flight: list | None = None, submit: Callable | None = None) -> dict:
+                    in_flight: list | None = None, submit: Callable | None = None,
+                    committed: bool = False) -> dict:
     """Writes one partition (one object per token array) and its doc table: the documents
     that start in it, in doc_index order, from the tokenized units in its rows.
 
@@ -84,15 +106,21 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
     leave this partition's writes unfinished (the caller waits for them: `finish_writes`),
     so tensorstore compresses and writes one partition while the next is filled; by
     default they are waited for here. submit: runs the doc table's write in the background
-    (an executor's `submit`), its future joining `in_flight`.
+    (an executor's `submit`), its future joining `in_flight`. committed: the partition is
+    committed (a run prepared again): each array's stored rows are read first and written
+    only where they cannot be read (damaged); rows that read otherwise are refused
+    (TokensChangedError), before anything of the partition is written.
     """
     start, count = plan.run.partition_range(partition_id)
     block, doc_rows = assemble.fill_partition(spec, plan, reader, partition_id, separator_id)
     arrays = {} if arrays is None else arrays  # opened arrays, kept by the caller
-    writes = []
     for name in block:
         if name not in arrays:
             arrays[name] = open_token_array(run, name, plan.run.total_rows, spec)
+    damaged = list(block) if not committed else \
+        _damaged_arrays(run, arrays, block, start, count, partition_id)
+    writes = []
+    for name in damaged:
         # The block is never changed once written: tensorstore may keep it, not copy it.
         writes.append(arrays[name][start:start + count].write(
             block[name], can_reference_source_data_indefinitely=True))
@@ -110,6 +138,30 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
             "full_context_tokens": full_context,
             **doc_runs(block["segment_ids"][:, 0], block["positions"][:, 0],
                        spec.packing.seq_len)}
+
+
+def _damaged_arrays(run: run_dir.RunDir, arrays: dict, block: dict, start: int, count: int,
+                    partition_id: int) -> list[str]:
+    """The arrays whose stored rows of a committed partition cannot be read (to write
+    again); TokensChangedError where rows read other than `block`."""
+    from actx.schemas import chunk_checksums
+
+    damaged = []
+    for name, rows in block.items():
+        try:
+            with store_errors.tensorstore_errors(run.uri_of(layout.token_array_key(name))):
+                stored = arrays[name][start:start + count].read().result()
+        except Exception as e:  # noqa: BLE001 - a store's refusal is raised as it is
+            if isinstance(e, store_errors.StoreError) or not chunk_checksums.is_damage(e):
+                raise
+            damaged.append(name)
+            continue
+        if not np.array_equal(stored, rows):
+            row = int(np.flatnonzero((stored != rows).any(axis=1))[0])
+            raise _changed(run, f"partition {layout.partition_name(partition_id)} is "
+                                f"committed, but the inputs now make other tokens for its "
+                                f"rows ({name} differs first at row {start + row:,})")
+    return damaged
 
 
 def doc_runs(first_segment_ids: np.ndarray, first_positions: np.ndarray,

@@ -211,6 +211,16 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
     except FileNotFoundError as e:
         store.check_reachable()  # a missing bucket says so, not "no run.json"
         if store.list_names(layout.COMMITS_PREFIX):
+            if (store.exists(runspec_lib.RUN_SPEC_KEY)
+                    and store.exists(layout.PREPARE_ATTEMPT_KEY)):
+                # A prepare again (a damaged token store's advice) writes manifest.json
+                # last: stopped, or refused (inputs that make other tokens), it left none.
+                raise errors.NotARunError(
+                    f"{shown}: its manifest.json is not there: the run was being prepared "
+                    f"again (prepare/attempt.json) and that prepare did not finish (stopped, "
+                    f"or it refused inputs that changed since, and said so); its committed "
+                    f"partitions stand. `{advice.reprepare(location)}`, with the inputs as "
+                    f"they were when the run was prepared, finishes it") from None
             # Markers without the files prepare writes: the directory was removed under a
             # job whose workers went on committing (or its files were, since).
             raise errors.NotARunError(

@@ -201,3 +201,65 @@ def test_the_workers_name_a_lost_token_object_with_the_commands_that_finish_the_
     said = str(raised.value)
     assert f"{run}/tokens/positions" in said and "is missing" in said, said
     assert [kind for kind, _ in advice.find(said)] == ["reprepare", "rerun"], said
+
+
+def test_preparing_a_committed_run_again_never_puts_other_tokens_under_its_activations(
+        qwen_tokenizer_dir, texts, tmp_path, capsys):
+    """A damaged token store's advice is to prepare the run again (`actx prepare --out RUN
+    --spec RUN/run.json`: the same tokens). A fault audit followed it after an input had
+    changed: the committed partitions' tokens were rewritten from the new input, under
+    activations computed on the old ones, and every check passed; an input that lost a
+    line failed with a raw tensorstore shape error. Now only what cannot be read is
+    written; a committed partition whose tokens the inputs make otherwise, or rows that
+    differ in number, are refused with what to do, its tokens as they were."""
+    from actx import open_run
+    from actx.schemas import advice, store
+
+    spec = _spec(qwen_tokenizer_dir, texts)
+    run = str(tmp_path / "run")
+    prepare_main.run_prepare(spec, run)
+    before = {name: _read(run, name) for name in layout.TOKEN_ARRAYS}
+    s = store.open_store(run)
+    for pid in (0, 1):  # committed: only listed names matter to prepare
+        s.write_json(layout.commit_key(pid), {"partition": pid})
+    again = ["--out", run, "--spec", os.path.join(run, "run.json")]
+
+    # A damaged chunk of a committed partition, the inputs as they were: written again,
+    # and nothing else of the committed partitions.
+    victim = os.path.join(run, "tokens", "positions", "c", "0", "0")
+    kept = os.path.join(run, "tokens", "input_ids", "c", "0", "0")
+    _change_first_byte(victim)
+    kept_at = os.stat(kept).st_mtime_ns
+    assert prepare_main.main(again) == 0, capsys.readouterr().out
+    assert all(np.array_equal(_read(run, n), v) for n, v in before.items())
+    assert os.stat(kept).st_mtime_ns == kept_at
+
+    # An input edited since (the same number of tokens): refused, the tokens untouched.
+    original = open(texts).read()
+    with open(texts, "w") as f:
+        f.write(original.replace('"note 0 ', '"note 9 ', 1))
+    capsys.readouterr()
+    assert prepare_main.main(again) == 2
+    said = capsys.readouterr().out
+    assert "partition p-00000 is committed, but the inputs now make other tokens" in said, said
+    assert "Restore the inputs as they were when the run was prepared" in said, said
+    assert all(np.array_equal(_read(run, n), v) for n, v in before.items())
+    # The run says what finishes it (not "its data is gone": the commits stand).
+    with pytest.raises(errors.NotARunError) as refused:
+        open_run(run)
+    assert f"`{advice.reprepare(run)}`, with the inputs as they were" in str(refused.value)
+
+    # An input that lost lines: other rows in number, refused before any write.
+    with open(texts, "w") as f:
+        f.write("".join(original.splitlines(keepends=True)[:-4]))
+    assert prepare_main.main(again) == 2
+    said = capsys.readouterr().out
+    assert "rows of tokens where the run, whose partitions are committed, holds" in said, said
+    assert all(np.array_equal(_read(run, n), v) for n, v in before.items())
+
+    with open(texts, "w") as f:  # the inputs restored: the run is whole again
+        f.write(original)
+    assert prepare_main.main(again) == 0
+    from actx.schemas import run_dir
+
+    assert run_dir.open_run(run).committed() == {0, 1}  # prepared, its commits as they were
