@@ -347,6 +347,36 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def _without_duplicates(pairs: list) -> dict:
+    """A JSON object, refused where a key is given twice (the last would win unseen)."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"key {key!r} is given twice in one object; keep one")
+        seen[key] = value
+    return seen
+
+
+def _yaml_loader():
+    """yaml's SafeLoader, refusing a key given twice in one mapping (yaml keeps the last
+    in silence: a second `capture:` block would drop the first), naming its line."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark,
+                        f"found key {key!r} a second time; keep one", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return Loader
+
+
 def load_file(path: str | os.PathLike) -> dict:
     """Parses a YAML, TOML or JSON file into a dict, with the file named in errors."""
     path = os.fspath(path)
@@ -360,11 +390,11 @@ def load_file(path: str | os.PathLike) -> dict:
 
             data = tomllib.loads(raw.decode())
         elif path.endswith(".json"):
-            data = json.loads(raw)
+            data = json.loads(raw, object_pairs_hook=_without_duplicates)
         else:
             import yaml
 
-            data = yaml.safe_load(raw)
+            data = yaml.load(raw, Loader=_yaml_loader())
     except Exception as e:  # the parsers raise many types; all mean "not parseable"
         raise ConfigError(f"{path}: cannot parse config: {e}") from e
     if data is None:

@@ -100,6 +100,21 @@ def test_missing_or_unparseable_config(tmp_path, capsys):
     assert f"{bad}: cannot parse config" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("suffix,text", [
+    (".yaml", "run: r\nspec:\n  capture:\n    hooks: a\n  capture:\n    hooks: b\n"),
+    (".json", '{"run": "r", "spec": {"capture": {"hooks": "a"}, "capture": {"hooks": "b"}}}')])
+def test_a_key_given_twice_is_refused_naming_it(tmp_path, capsys, suffix, text):
+    """YAML and JSON keep the last of a key given twice in silence: a second `capture:`
+    block would drop the first. Refused, naming the key (and, in YAML, both lines)."""
+    path = tmp_path / f"c{suffix}"
+    path.write_text(text)
+    assert cli.main(["submit", str(path)], out=io.StringIO()) == 2
+    said = capsys.readouterr().err
+    assert f"{path}: cannot parse config" in said and "'capture'" in said, said
+    if suffix == ".yaml":
+        assert "line 3" in said and "line 5" in said and "a second time" in said, said
+
+
 def test_example_configs_load():
     import glob
     import os
