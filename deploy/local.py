@@ -202,6 +202,7 @@ def run_workers(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
     failed: list[_Proc] = []
     progress = job_progress.JobProgress(run, names)
     interrupted = False
+    next_hung_look = time.monotonic() + HUNG_LOOK_S
     shown = progress_line.ProgressLine(out)
     try:
         while any(p.returncode is None for p in procs):
@@ -223,6 +224,13 @@ def run_workers(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
                             failed.append(p)
                             _stop_replica(procs, p.replica)
                 time.sleep(0.2)
+            if time.monotonic() >= next_hung_look:
+                next_hung_look = time.monotonic() + HUNG_LOOK_S
+                for p in _stale_after_the_end(progress, procs, only, job):
+                    print(f"extract: worker {p.name} (pid {p.popen.pid}) stopped beating "
+                          f"after every partition was committed (a frozen or hung process): "
+                          f"stopped, the data is complete", file=out, flush=True)
+                    _end(p.popen)
             # The last line (the workers all ended) always shows, in a pipe too.
             line = progress.poll()
             for phase in progress.new_phases():  # loading, compiling: lines of their own
@@ -264,6 +272,40 @@ def run_workers(run: "str | run_dir.RunDir", target: config_lib.TargetConfig,
               f"({commands.describe_exit(p.returncode)}); last lines of "
               f"{p.log_path}:\n{tail(p.log_path)}", file=out, flush=True)
     return 1 if failed else 0
+
+
+# How often the launcher looks for a worker that outlives the data without beating.
+HUNG_LOOK_S = 10.0
+
+
+def _stale_after_the_end(progress: job_progress.JobProgress, procs: list, only, job: str
+                         ) -> list:
+    """The workers still running once every partition they were to extract is committed
+    whose heartbeat (this job's) went stale: frozen (SIGSTOP, a suspended machine) or hung
+    with their heartbeat thread. A worker with nothing left ends by itself; these would
+    keep the launcher waiting for ever."""
+    running = [p for p in procs if p.returncode is None and p.popen.poll() is None]
+    if not running or not _wanted_all_committed(progress, only):
+        return []
+    try:
+        beats = [h for handle in progress.views().values()
+                 for h in runstate.compute_status(handle).hosts if h.job == job]
+    except Exception:  # noqa: BLE001 - unknown: looked at again later
+        return []
+    return [p for p in running
+            if any(h.host == p.name for h in beats)
+            and not any(h.host == p.name and h.live for h in beats)
+            and all(h.state != "done" for h in beats if h.host == p.name)]
+
+
+def _end(popen: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM (and SIGCONT, for a stopped process), then SIGKILL after `grace_s`."""
+    popen.terminate()
+    try:
+        popen.send_signal(signal.SIGCONT)
+        popen.wait(grace_s)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        popen.kill()
 
 
 def _wanted_all_committed(progress: job_progress.JobProgress,

@@ -257,3 +257,42 @@ def test_a_detached_hosts_supervisor_records_its_workers_death_in_each_extractio
         assert gone and gone.startswith("t-r0h0 is failed: process exited with code 3"), gone
     place = host_run.worker_place(worker[3:] + ["--replica", "2"], {"ACTX_PROCESS_ID": "3"})
     assert place == host_run.WorkerPlace(("", "llama"), 2, 0 if slurm else 3)
+
+
+def test_the_launcher_stops_a_worker_that_stopped_beating_after_the_data_was_complete(
+        tmp_path):
+    """A fault audit froze one of two local workers (SIGSTOP): the other committed every
+    partition, and `actx submit` waited for the frozen one for ever. Once every partition
+    is committed, a worker still running whose heartbeat went stale is stopped (SIGTERM,
+    SIGCONT, then SIGKILL); one that beats, or a run not complete, is left alone."""
+    import signal
+    import subprocess
+
+    from actx.deploy import local
+    from actx.deploy.status import job_progress
+    from tests import status_runs
+
+    def procs():
+        return [local._Proc(f"host-{h:03d}", h, subprocess.Popen(["sleep", "600"]), "", None)
+                for h in range(2)]
+
+    complete = run_dir.RunDir.at(status_runs.write_local(
+        str(tmp_path / "done"), n_partitions=4, n_hosts=2, committed=4, dead_hosts=1,
+        now=time.time(), job="j"))  # host-001 silent for 10 minutes, host-000 beating
+    running = procs()
+    running[1].popen.send_signal(signal.SIGSTOP)
+    try:
+        progress = job_progress.JobProgress(complete, [""])
+        assert local._stale_after_the_end(progress, running, None, "j") == [running[1]]
+        assert local._stale_after_the_end(progress, running, None, "another job") == []
+        local._end(running[1].popen, grace_s=2.0)
+        assert running[1].popen.poll() is not None and running[0].popen.poll() is None
+        behind = run_dir.RunDir.at(status_runs.write_local(
+            str(tmp_path / "behind"), n_partitions=4, n_hosts=2, committed=3, dead_hosts=1,
+            now=time.time(), job="j"))
+        assert local._stale_after_the_end(job_progress.JobProgress(behind, [""]), running,
+                                          None, "j") == []
+    finally:
+        for p in running:
+            p.popen.kill()
+            p.popen.wait()
