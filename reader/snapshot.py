@@ -274,7 +274,18 @@ class RunSnapshot:
                         context=context or ts_context.get()).result(),
                 spec, context)
         except ValueError as e:
-            raise FileNotFoundError(f"{self.location.join(key)}: cannot open ({e})") from e
+            from actx.schemas import errors as schemas_errors
+
+            cause = ValueError(str(e).split(" [tensorstore_spec=")[0])  # not the spec
+            what = f"{self.location.join(self.stored_key(key))}: cannot be opened " \
+                   f"({schemas_errors.first_line(cause, 300)})"
+            if key.startswith(f"{layout.ACTIVATIONS_GROUP}/") and self.committed:
+                # Committed data whose array is gone or damaged: what finishes the run.
+                loc = self.location
+                what += (f"; committed partitions cannot be read there: "
+                         f"`{advice.verify(loc)}` names what is wrong, "
+                         f"`{advice.repair(loc)}` then `{advice.rerun(loc)}` writes it again")
+            raise FileNotFoundError(what) from e
         if context is None:
             self._arrays[key] = array
         return array

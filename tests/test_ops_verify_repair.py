@@ -127,6 +127,15 @@ def test_an_array_that_cannot_be_read_fails_every_partition_and_the_advice_resto
         else:
             with open(metadata, "w") as f:
                 f.write("{not json")
+        import pytest
+
+        import actx
+
+        with pytest.raises(FileNotFoundError) as refused:  # the reader names what helps
+            actx.open_run(run).hooks
+        assert f"`actx verify {run}` names what is wrong, `actx verify {run} --repair` then " \
+               f"`actx rerun {run}` writes it again" in str(refused.value), refused.value
+        assert "tensorstore_spec" not in str(refused.value)
         code, out = _cli("verify", run)
         assert code == 1 and f"array {HOOK}: cannot be opened" in out, out
         assert "--repair` turns the failed partitions back into pending" in out, out
