@@ -152,7 +152,7 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
     # Every stored array: the hooks, and a float8 hook's scales (schemas.quantised), which
     # the same markers checksum.
     stored = dict(sorted(info.arrays().items()))
-    arrays, shards = {}, {}
+    arrays, shards, unreadable = {}, {}, False
     for hook, (hidden, stored_dtype) in stored.items():
         want_shape = (manifest.total_rows, manifest.seq_len, hidden)
         metadata_key = f"{layout_lib.activation_array_key(hook)}/zarr.json"
@@ -160,7 +160,13 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
             arr = _open(handle, layout_lib.activation_array_key(hook))
         except Exception as e:
             problems.append(f"array {hook}: cannot be opened: {errors.first_line(e, 400)}")
-            if store.exists(metadata_key):
+            # Gone, or not JSON: the data cannot be read (a store's passing refusal, a
+            # zarr.json that parses, is reported alone: nothing to repair from here).
+            data = store.read(metadata_key)
+            if data is None:
+                unreadable = True
+            elif not _parses(data):
+                unreadable = True
                 report.damaged_metadata.append(metadata_key)
             continue
         if tuple(arr.shape) != want_shape:
@@ -262,11 +268,21 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                                 label, k, problems)
     if last is not None and len(problems) > before:
         report.failed.append(last)
-    if len(arrays) < len(stored) or report.damaged_metadata:
-        # An array that cannot be read as the run needs it fails every checked partition
-        # (none of their data can be read or checked there): `--repair` redoes them all.
-        report.failed = sorted(set(report.failed) | set(checked))
+    if unreadable or report.damaged_metadata:
+        # An array that cannot be read as the run needs it fails every committed partition
+        # (none of their data can be read there, checked or not): `--repair` redoes them.
+        report.failed = sorted(set(report.failed) | set(committed))
     return report
+
+
+def _parses(data: bytes) -> bool:
+    import json
+
+    try:
+        json.loads(data)
+        return True
+    except ValueError:
+        return False
 
 
 def _token_arrays(handle: run_dir.OpenedRun, report: VerifyReport) -> dict:

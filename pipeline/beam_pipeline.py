@@ -139,9 +139,10 @@ class WritePartitionsFn(beam.DoFn):
     stats leave once they are stored."""
 
     def __init__(self, spec: runspec_lib.RunSpec, run_uri: str, separator_id: int | None,
-                 committed: frozenset = frozenset()):
+                 committed: frozenset = frozenset(), check_only: bool = False):
         self.spec, self.run_uri, self.separator_id = spec, run_uri, separator_id
-        self.committed = committed  # of a run prepared again: checked, not written
+        self.committed = committed  # of a run prepared again: checked, damage alone written
+        self.check_only = check_only  # the check of the committed ones, before any write
         self.partitions = Metrics.counter(NAMESPACE, "partitions_written")
         self.unit_reads = Metrics.counter(NAMESPACE, "unit_reads")
 
@@ -150,11 +151,19 @@ class WritePartitionsFn(beam.DoFn):
         self.deferred = deferred.DeferredOutputs(threads=2, max_pending=2)
         self.arrays, self.arrays_rows = {}, None  # opened once per worker and run layout
 
-    def process(self, element, plan):
+    def process(self, element, plan, checked=None):
         _, partition_ids = element
         if self.arrays_rows != plan.run.total_rows:
             self.arrays, self.arrays_rows = {}, plan.run.total_rows
         reader = assemble.UnitReader(self.run, self.spec)
+        if self.check_only:
+            for pid in partition_ids:
+                if pid in self.committed:
+                    write_store.write_partition(self.run, self.spec, plan, reader, pid,
+                                                self.separator_id, self.arrays,
+                                                committed=True, check_only=True)
+            yield len(partition_ids)
+            return
         for pid in partition_ids:
             writes: list = []
             stats = write_store.write_partition(self.run, self.spec, plan, reader, pid,
@@ -221,12 +230,22 @@ def build(p: beam.Pipeline, spec: runspec_lib.RunSpec, run_uri: str,
                   | "AllUnitLayouts" >> beam.combiners.ToList()
                   | "PlaceUnits" >> beam.Map(lambda layouts, pl: partition_lib.place_units(
                       pl, layouts), pl=AsSingleton(plan)))
-    written = (write_plan
-               | "WriteTasks" >> beam.FlatMap(lambda wp: wp.write_tasks())
-               | "SpreadWrites" >> beam.Reshuffle()
-               | "WritePartitions" >> beam.ParDo(WritePartitionsFn(spec, run_uri, separator_id,
-                                                                   committed),
-                                                 plan=AsSingleton(write_plan)))
+    tasks = (write_plan
+             | "WriteTasks" >> beam.FlatMap(lambda wp: wp.write_tasks())
+             | "SpreadWrites" >> beam.Reshuffle())
+    # A run prepared again with committed partitions: every one of them checked against
+    # the tokens stored (write_store), and only then anything written (a side input the
+    # writes wait for), so a refusal leaves the token store as it was.
+    checked = (tasks
+               | "CheckCommitted" >> beam.ParDo(
+                   WritePartitionsFn(spec, run_uri, separator_id, committed, check_only=True),
+                   plan=AsSingleton(write_plan))
+               | "AllChecked" >> beam.combiners.Count.Globally()) if committed else None
+    written = (tasks
+               | "WritePartitions" >> beam.ParDo(
+                   WritePartitionsFn(spec, run_uri, separator_id, committed),
+                   plan=AsSingleton(write_plan),
+                   **({"checked": AsSingleton(checked)} if committed else {})))
 
     rejects_written = (tokenized[REJECTS_TAG]
                        | "KeyRejects" >> beam.Map(lambda r: (r.source, r))

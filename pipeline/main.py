@@ -106,6 +106,9 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
                 f"packing.separator={spec.packing.separator!r}: the tokenizer has no "
                 f"{spec.packing.separator.upper()} token; use another separator or 'none'")
     store = run.store
+    # A committed run's manifest, put back where prepare refuses its inputs before any write
+    # (write_store.TokensChangedError): the run is then as it was.
+    manifest_before = store.read(layout.MANIFEST_KEY)
     committed = refusals.check_run_dir(store, spec)
     rows = refusals.committed_rows(run) if committed else None
 
@@ -115,8 +118,13 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     pipeline = options_lib.make_pipeline(pipeline_args)
     beam_pipeline.build(pipeline, spec, run.uri, files, separator_id, unit_bytes,
                         frozenset(committed), rows)
-    with progress.Reporter(run, len(files), progress_interval_s):
-        pipeline.run().wait_until_finish()
+    try:
+        with progress.Reporter(run, len(files), progress_interval_s):
+            pipeline.run().wait_until_finish()
+    except write_store.TokensChangedError:
+        if committed and manifest_before is not None:
+            store.write(layout.MANIFEST_KEY, manifest_before)
+        raise
     write_store.make_durable(run)  # before anything says the run is prepared
     # The tokens of the work units served the partition writers; the run keeps none.
     for prefix in (unit_tokens.UNITS_PREFIX, progress.PROGRESS_PREFIX):

@@ -99,11 +99,10 @@ def committed_rows(run) -> int | None:
     """The rows of the run's token arrays as stored (None: none stored)."""
     from actx.schemas import ts_context
 
-    try:
-        return int(ts_context.open_array(layout.array_spec(
-            run.location, layout.token_array_key("input_ids"))).shape[0])
-    except Exception:  # noqa: BLE001 - gone or unreadable: written afresh, as without commits
+    key = layout.token_array_key("input_ids")
+    if not run.store.exists(f"{key}/zarr.json"):
         return None
+    return int(ts_context.open_array(layout.array_spec(run.location, key)).shape[0])
 
 
 def _check_same_tokens(store, existing: dict, spec: runspec_lib.RunSpec) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from actx.pipeline import assemble
 from actx.pipeline import pack_group
 from actx.pipeline import partition as partition_lib
+from actx.schemas import chunk_checksums
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import run_dir
@@ -34,11 +35,11 @@ class TokensChangedError(errors.UserError, RuntimeError):
 
 def _changed(run: run_dir.RunDir, what: str) -> TokensChangedError:
     return TokensChangedError(
-        f"{run.uri}: {what}. An input changed since the run was prepared (or, in a run "
-        f"prepared before 0.3.0, whose token chunks carry no checksum, the stored tokens "
-        f"were damaged): committed activations belong to the tokens they were computed on, "
-        f"so nothing committed was changed. Restore the inputs as they were when the run "
-        f"was prepared and prepare it again, or prepare into a new run directory")
+        f"{run.uri}: {what}. An input changed since the run was prepared: committed "
+        f"activations belong to the tokens they were computed on, so nothing was written "
+        f"(every committed partition is checked before any write). Restore the inputs as "
+        f"they were when the run was prepared and prepare it again, or prepare into a new "
+        f"run directory")
 
 
 def open_token_array(run: run_dir.RunDir, name: str, total_rows: int,
@@ -96,7 +97,7 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
                     reader: assemble.UnitReader, partition_id: int,
                     separator_id: int | None, arrays: dict | None = None,
                     in_flight: list | None = None, submit: Callable | None = None,
-                    committed: bool = False) -> dict:
+                    committed: bool = False, check_only: bool = False) -> dict | None:
     """Writes one partition (one object per token array) and its doc table: the documents
     that start in it, in doc_index order, from the tokenized units in its rows.
 
@@ -109,7 +110,10 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
     (an executor's `submit`), its future joining `in_flight`. committed: the partition is
     committed (a run prepared again): each array's stored rows are read first and written
     only where they cannot be read (damaged); rows that read otherwise are refused
-    (TokensChangedError), before anything of the partition is written.
+    (TokensChangedError). check_only: that check alone, nothing written (returns None): the
+    pipeline checks every committed partition before any partition is written. A token
+    array an actx before 0.3.0 wrote (no chunk checksums: a damaged chunk reads as other
+    tokens) is not compared, and written as before.
     """
     start, count = plan.run.partition_range(partition_id)
     block, doc_rows = assemble.fill_partition(spec, plan, reader, partition_id, separator_id)
@@ -119,6 +123,8 @@ def write_partition(run: run_dir.RunDir, spec: runspec_lib.RunSpec, plan: partit
             arrays[name] = open_token_array(run, name, plan.run.total_rows, spec)
     damaged = list(block) if not committed else \
         _damaged_arrays(run, arrays, block, start, count, partition_id)
+    if check_only:
+        return None
     writes = []
     for name in damaged:
         # The block is never changed once written: tensorstore may keep it, not copy it.
@@ -144,10 +150,11 @@ def _damaged_arrays(run: run_dir.RunDir, arrays: dict, block: dict, start: int, 
                     partition_id: int) -> list[str]:
     """The arrays whose stored rows of a committed partition cannot be read (to write
     again); TokensChangedError where rows read other than `block`."""
-    from actx.schemas import chunk_checksums
-
     damaged = []
     for name, rows in block.items():
+        if not chunk_checksums.in_metadata(arrays[name].spec().to_json().get("metadata", {})):
+            damaged.append(name)  # the earlier format: a damaged chunk reads, unnoticed
+            continue
         try:
             with store_errors.tensorstore_errors(run.uri_of(layout.token_array_key(name))):
                 stored = arrays[name][start:start + count].read().result()

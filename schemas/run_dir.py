@@ -210,17 +210,17 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
             manifest = manifest_f.result()
     except FileNotFoundError as e:
         store.check_reachable()  # a missing bucket says so, not "no run.json"
+        if (store.exists(runspec_lib.RUN_SPEC_KEY) and store.exists(layout.PREPARE_ATTEMPT_KEY)
+                and any(extraction_store.view(store, name).list_names(layout.COMMITS_PREFIX)
+                        for name in extraction_store.names(store))):
+            # A prepare again (a damaged token store's advice) writes manifest.json last:
+            # stopped before, it left none (one that refused its inputs put it back).
+            raise errors.NotARunError(
+                f"{shown}: its manifest.json is not there: the run was being prepared "
+                f"again (prepare/attempt.json) and that prepare did not finish; its "
+                f"committed partitions stand. `{advice.reprepare(location)}`, with the "
+                f"inputs as they were when the run was prepared, finishes it") from None
         if store.list_names(layout.COMMITS_PREFIX):
-            if (store.exists(runspec_lib.RUN_SPEC_KEY)
-                    and store.exists(layout.PREPARE_ATTEMPT_KEY)):
-                # A prepare again (a damaged token store's advice) writes manifest.json
-                # last: stopped, or refused (inputs that make other tokens), it left none.
-                raise errors.NotARunError(
-                    f"{shown}: its manifest.json is not there: the run was being prepared "
-                    f"again (prepare/attempt.json) and that prepare did not finish (stopped, "
-                    f"or it refused inputs that changed since, and said so); its committed "
-                    f"partitions stand. `{advice.reprepare(location)}`, with the inputs as "
-                    f"they were when the run was prepared, finishes it") from None
             # Markers without the files prepare writes: the directory was removed under a
             # job whose workers went on committing (or its files were, since).
             raise errors.NotARunError(

@@ -115,6 +115,15 @@ def test_a_key_given_twice_is_refused_naming_it(tmp_path, capsys, suffix, text):
         assert "line 3" in said and "line 5" in said and "a second time" in said, said
 
 
+def test_a_yaml_merge_key_stays_legal(tmp_path):
+    """`<<: *anchor` merges a mapping whose keys the mapping may give again (they win)."""
+    from actx.schemas import config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("base: &b {batch_size: 4, hosts: 2}\ntarget:\n  <<: *b\n  hosts: 3\n")
+    assert config.load_file(path)["target"] == {"batch_size": 4, "hosts": 3}
+
+
 def test_example_configs_load():
     import glob
     import os

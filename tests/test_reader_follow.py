@@ -209,6 +209,10 @@ def test_processes_take_equal_token_counts_however_many_windows(tmp_path, exact,
     opened = run.batches if exact else run.stream
     with opened(HOOK, size, resume=state, **keywords) as resumed:
         np.testing.assert_array_equal(_tokens(list(resumed)), _tokens(got[1][5:]))
+    # A state saved before the split (whole blocks a process) would resume elsewhere.
+    earlier = {k: v for k, v in state.items() if k != "follow_split"}
+    with pytest.raises(ValueError, match="took whole blocks of a followed run's windows"):
+        opened(HOOK, size, resume=earlier, **keywords)
 
 
 def test_one_process_reads_each_window_as_a_stream_of_its_partitions(tmp_path):

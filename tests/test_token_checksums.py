@@ -209,11 +209,11 @@ def test_preparing_a_committed_run_again_never_puts_other_tokens_under_its_activ
     --spec RUN/run.json`: the same tokens). A fault audit followed it after an input had
     changed: the committed partitions' tokens were rewritten from the new input, under
     activations computed on the old ones, and every check passed; an input that lost a
-    line failed with a raw tensorstore shape error. Now only what cannot be read is
-    written; a committed partition whose tokens the inputs make otherwise, or rows that
-    differ in number, are refused with what to do, its tokens as they were."""
-    from actx import open_run
-    from actx.schemas import advice, store
+    line failed with a raw tensorstore shape error. Now every committed partition is
+    checked before anything is written, and only what cannot be read is written; tokens
+    the inputs make otherwise, or rows that differ in number, are refused with what to do,
+    the run as it was (its manifest too)."""
+    from actx.schemas import run_dir, store
 
     spec = _spec(qwen_tokenizer_dir, texts)
     run = str(tmp_path / "run")
@@ -234,20 +234,23 @@ def test_preparing_a_committed_run_again_never_puts_other_tokens_under_its_activ
     assert all(np.array_equal(_read(run, n), v) for n, v in before.items())
     assert os.stat(kept).st_mtime_ns == kept_at
 
-    # An input edited since (the same number of tokens): refused, the tokens untouched.
+    # An input of partition 0 edited since (the same number of tokens), and partition 1's
+    # chunk damaged: refused before any write (partition 1 is not written from the edited
+    # inputs either), the run as it was.
     original = open(texts).read()
     with open(texts, "w") as f:
         f.write(original.replace('"note 0 ', '"note 9 ', 1))
+    damaged = os.path.join(run, "tokens", "positions", "c", "1", "0")
+    _change_first_byte(damaged)
+    damaged_bytes = open(damaged, "rb").read()
     capsys.readouterr()
     assert prepare_main.main(again) == 2
     said = capsys.readouterr().out
     assert "partition p-00000 is committed, but the inputs now make other tokens" in said, said
     assert "Restore the inputs as they were when the run was prepared" in said, said
-    assert all(np.array_equal(_read(run, n), v) for n, v in before.items())
-    # The run says what finishes it (not "its data is gone": the commits stand).
-    with pytest.raises(errors.NotARunError) as refused:
-        open_run(run)
-    assert f"`{advice.reprepare(run)}`, with the inputs as they were" in str(refused.value)
+    assert open(damaged, "rb").read() == damaged_bytes
+    assert np.array_equal(_read(run, "input_ids"), before["input_ids"])
+    assert run_dir.open_run(run).committed() == {0, 1}  # its manifest put back
 
     # An input that lost lines: other rows in number, refused before any write.
     with open(texts, "w") as f:
@@ -255,11 +258,28 @@ def test_preparing_a_committed_run_again_never_puts_other_tokens_under_its_activ
     assert prepare_main.main(again) == 2
     said = capsys.readouterr().out
     assert "rows of tokens where the run, whose partitions are committed, holds" in said, said
-    assert all(np.array_equal(_read(run, n), v) for n, v in before.items())
+    assert open(damaged, "rb").read() == damaged_bytes
+    assert run_dir.open_run(run).committed() == {0, 1}
 
-    with open(texts, "w") as f:  # the inputs restored: the run is whole again
+    with open(texts, "w") as f:  # the inputs restored: the damage written again
         f.write(original)
     assert prepare_main.main(again) == 0
-    from actx.schemas import run_dir
+    assert all(np.array_equal(_read(run, n), v) for n, v in before.items())
 
-    assert run_dir.open_run(run).committed() == {0, 1}  # prepared, its commits as they were
+
+def test_a_token_store_an_earlier_actx_wrote_is_written_again_where_committed(
+        qwen_tokenizer_dir, texts, tmp_path):
+    """A run prepared before 0.3.0 (no chunk checksums): a lost chunk reads as fill values
+    and cannot be told from a changed input, so prepare writes its committed partitions'
+    tokens again as before (the review of the check above: it refused the run)."""
+    from actx.schemas import store
+
+    spec = _spec(qwen_tokenizer_dir, texts)
+    run = str(tmp_path / "run")
+    prepare_main.run_prepare(spec, run)
+    before = {name: _read(run, name) for name in layout.TOKEN_ARRAYS}
+    _as_an_earlier_actx_wrote(run, spec)
+    store.open_store(run).write_json(layout.commit_key(0), {"partition": 0})
+    os.remove(os.path.join(run, "tokens", "positions", "c", "0", "0"))
+    assert prepare_main.main(["--out", run, "--spec", os.path.join(run, "run.json")]) == 0
+    assert all(np.array_equal(_read(run, n), v) for n, v in before.items())

@@ -358,7 +358,8 @@ class FollowStream:
             batch_size, buffer_rows, block_rows, order.seed, order.process_index,
             order.process_count, order.drop_last, tokens.exclude_bos, tokens.exclude_special,
             tokens.whole_document, excluded or None, None,
-            follow_window=follow.window_partitions)
+            follow_window=follow.window_partitions,
+            follow_split="tokens" if order.process_count > 1 else None)
         state = None if resume is None else StreamState.parse(resume)
         recorded = (state.commit_order if state is not None and state.commit_order is not None
                     else follow.commit_order or ())

@@ -38,6 +38,10 @@ class StreamSettings:
     # A stream that follows a live run (reader.streaming.follow): partitions per window of
     # its first epoch. None for a stream over a fixed set of partitions.
     follow_window: int | None = None
+    # How its processes share each window of the first epoch: "tokens" (each a range of
+    # the window's tokens, reader.shuffle.continued_shares); None with one process, and in
+    # states saved before the split (each process took whole blocks).
+    follow_split: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: tuples as lists, the fields that are None left out."""
@@ -103,6 +107,13 @@ class StreamState:
     def check(self, settings: StreamSettings) -> int:
         """The step to start at; ValueError naming every setting that differs."""
         wrong = settings.differences(self.settings)
+        if "follow_split" in wrong and wrong["follow_split"][0] is None:
+            raise ValueError(
+                "resume: this state was saved by an actx whose processes took whole blocks of "
+                "a followed run's windows; this one splits each window by tokens (equal "
+                "shares), so its next batch would hold other tokens and some would be read "
+                "twice or never. Start the stream again without resume= (a new first epoch), "
+                "or finish this one with the actx that saved the state")
         if wrong:
             raise ValueError("resume: the saved state was made with other settings, so the "
                              "order would differ: " + "; ".join(
