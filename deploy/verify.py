@@ -65,8 +65,8 @@ class VerifyReport:
     # again (the activations stand: a worker cannot have read a damaged chunk unnoticed).
     tokens_damaged: list[int] = dataclasses.field(default_factory=list)
     token_problems: int = 0  # of `problems`, those of the token store
-    # Metadata that cannot serve the run (an array's zarr.json that cannot be opened or
-    # has another shape or dtype, actx.json of another spec): every checked partition
+    # Metadata that cannot serve the run (an array's zarr.json that is not JSON or has
+    # another shape or dtype, actx.json of another spec): every committed partition
     # failed with it, and `--repair` deletes it, so the rerun's first worker writes it
     # afresh (an absent one is written anyway).
     damaged_metadata: list[str] = dataclasses.field(default_factory=list)

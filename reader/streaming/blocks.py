@@ -11,11 +11,12 @@ seed-only permutation, each to the process with the fewest tokens so far. The as
 is fixed across epochs, so every process has the same number of tokens every epoch (the
 loads differ by at most one block) and lockstep trainers get the same step count each
 epoch. A following stream's window (reader.streaming.follow) is split by tokens instead
-(`share`): the blocks in the same permutation are laid end to end and each process takes
-its range of their tokens (reader.shuffle.continued_shares), a block at a range's edge read
-by both processes, each keeping its part; so the processes' first epochs hold equal
-counts of tokens over any number of windows. Each epoch permutes the process's own blocks again and cuts them into buffers of at
-most `buffer_rows` rows; the stream permutes the valid tokens inside each buffer.
+(`shares`): the blocks in the same permutation are laid end to end and each process takes
+its range of their tokens (reader.shuffle.continued_shares), a block at a range's edge
+read by both processes, each keeping its part; so the processes' first epochs hold equal
+counts of tokens over any number of windows. Each epoch permutes the process's own blocks
+again and cuts them into buffers of at most `buffer_rows` rows; the stream permutes the
+valid tokens inside each buffer.
 """
 
 from __future__ import annotations
