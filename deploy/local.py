@@ -285,13 +285,10 @@ def _stale_after_the_end(progress: job_progress.JobProgress, procs: list, only, 
     with their heartbeat thread. A worker with nothing left ends by itself; these would
     keep the launcher waiting for ever."""
     running = [p for p in procs if p.returncode is None and p.popen.poll() is None]
-    if not running or not _wanted_all_committed(progress, only):
+    statuses = _statuses(progress) if running else None
+    if not statuses or not _all_committed(statuses, only):
         return []
-    try:
-        beats = [h for handle in progress.views().values()
-                 for h in runstate.compute_status(handle).hosts if h.job == job]
-    except Exception:  # noqa: BLE001 - unknown: looked at again later
-        return []
+    beats = [h for status in statuses for h in status.hosts if h.job == job]
     return [p for p in running
             if any(h.host == p.name for h in beats)
             and not any(h.host == p.name and h.live for h in beats)
@@ -312,16 +309,25 @@ def _wanted_all_committed(progress: job_progress.JobProgress,
                           only: list[int] | None) -> bool:
     """Whether every partition this job was to extract (`only`; None: all) is committed,
     in every extraction it ran (False where that cannot be read)."""
+    statuses = _statuses(progress)
+    return statuses is not None and _all_committed(statuses, only)
+
+
+def _statuses(progress: job_progress.JobProgress) -> list | None:
+    """The status of each extraction the job runs; None where one cannot be read."""
     try:
-        for handle in progress.views().values():
-            status = runstate.compute_status(handle)
-            wanted = status.partitions if only is None else only
-            if not status.partitions or any(
-                    status.partitions[p] != partition_states.COMMITTED for p in wanted):
-                return False
-        return True
-    except Exception:  # noqa: BLE001 - unknown: the failure stands
-        return False
+        return [runstate.compute_status(handle) for handle in progress.views().values()]
+    except Exception:  # noqa: BLE001 - unknown: the caller assumes nothing
+        return None
+
+
+def _all_committed(statuses: list, only: list[int] | None) -> bool:
+    for status in statuses:
+        wanted = status.partitions if only is None else only
+        if not status.partitions or any(
+                status.partitions[p] != partition_states.COMMITTED for p in wanted):
+            return False
+    return True
 
 
 def _kept_line(run: run_dir.RunDir) -> str:
