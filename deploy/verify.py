@@ -189,7 +189,8 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
         where = f"partition {part.name}"
         # Read first: a token problem is the token store's, not the partition's data
         # (`--repair` leaves the partition committed; prepare writes the tokens again).
-        segment_ids = _check_tokens(handle, tokens, part, report)
+        token_rows = _check_tokens(handle, tokens, part, report)
+        segment_ids = token_rows.get("segment_ids")
         last, before = pid, len(problems)
         try:
             marker = commit_lib.read_marker(store, pid)
@@ -209,6 +210,7 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
             problems.append(f"{where}: marker rows {marker.row_start}+{marker.row_count} differ "
                             f"from the manifest's {part.row_start}+{part.row_count}")
             continue
+        problems.extend(_tokens_seen(marker, token_rows, where))
         if set(marker.checksums) != set(stored):
             problems.append(f"{where}: marker hooks {sorted(marker.checksums)} differ from "
                             f"{layout_lib.ACTIVATIONS_INFO_KEY} {sorted(stored)}")
@@ -310,8 +312,8 @@ def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,
                   report: VerifyReport) -> np.ndarray | None:
     """Reads every token array's rows of a partition: a stored chunk that fails its
     checksum (schemas.chunk_checksums), is missing or cannot be decoded is a problem of the
-    token store, which prepare writes again. Returns the partition's segment ids (None when
-    unread)."""
+    token store, which prepare writes again. Returns the rows read, per token array (one
+    not read is absent)."""
     reads = {name: arr[part.row_start:part.row_stop].read() for name, arr in tokens.items()}
     got, damaged = {}, []
     for name, read in reads.items():
@@ -331,7 +333,33 @@ def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,
             f"read as prepare wrote them: {'; '.join(damaged)}. The token store was damaged "
             f"after prepare; `{advice.reprepare(handle.location)}` writes the same tokens "
             f"again (what is committed stays)")
-    return got.get("segment_ids")
+    return {name: np.asarray(rows) for name, rows in got.items()}
+
+
+def _tokens_seen(marker: commit_lib.CommitMarker, token_rows: dict, where: str) -> list[str]:
+    """A partition whose stored tokens are not those its activations were computed on (the
+    marker's token_checksums, of what the worker read): the token store changed after the
+    extraction, e.g. prepared again from edited inputs where a chunk could not be read.
+    Its data then belongs to other tokens: a failure of the partition, which `--repair`
+    turns back into pending and a rerun extracts from the tokens stored."""
+    problems = []
+    for name, sums in sorted((marker.token_checksums or {}).items()):
+        rows = token_rows.get(name)
+        if rows is None:  # unreadable: said as the token store's problem
+            continue
+        for k, crc in enumerate(sums):
+            lo = k * marker.block_rows
+            stored = commit_lib.array_checksum(rows[lo:lo + marker.block_rows])
+            if stored != crc:
+                first = marker.row_start + lo
+                last = min(marker.row_start + marker.row_count, first + marker.block_rows) - 1
+                problems.append(
+                    f"{where}: its activations were computed on other tokens than the token "
+                    f"store holds ({name}, block {k}, rows {first}-{last}: stored {stored}, "
+                    f"marker {crc}); the token store changed after the extraction (prepared "
+                    f"again from other inputs?)")
+                break
+    return problems
 
 
 def _damage(e: ValueError) -> str:

@@ -17,6 +17,7 @@ from actx.pipeline import assemble
 from actx.pipeline import pack_group
 from actx.pipeline import partition as partition_lib
 from actx.schemas import chunk_checksums
+from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import layout
 from actx.schemas import run_dir
@@ -168,7 +169,44 @@ def _damaged_arrays(run: run_dir.RunDir, arrays: dict, block: dict, start: int, 
             raise _changed(run, f"partition {layout.partition_name(partition_id)} is "
                                 f"committed, but the inputs now make other tokens for its "
                                 f"rows ({name} differs first at row {start + row:,})")
+    _check_against_markers(run, arrays, {name: block[name] for name in damaged},
+                           partition_id)
     return damaged
+
+
+def _check_against_markers(run: run_dir.RunDir, arrays: dict, rows: dict,
+                           partition_id: int) -> None:
+    """Rows of a committed partition about to be written where they cannot be read (or an
+    earlier actx's arrays, which are written whole), against what its extractions read:
+    each commit marker's token_checksums (schemas.commit). TokensChangedError where the
+    inputs make other tokens than an extraction's activations were computed on. A marker
+    without them (an earlier worker's), or one that cannot be read (verify says so), has
+    nothing to compare."""
+    names = [name for name in rows if name in commit_lib.MODEL_INPUTS]
+    if not names:
+        return
+    for extraction in run.extraction_names():
+        try:
+            marker = commit_lib.read_marker(run.extraction(extraction).store, partition_id)
+        except ValueError:
+            continue
+        if marker is None or not marker.token_checksums:
+            continue
+        for name in names:
+            sums = marker.token_checksums.get(name, ())
+            values = np.asarray(rows[name], dtype=arrays[name].dtype.numpy_dtype)
+            for k, crc in enumerate(sums):
+                lo = k * marker.block_rows
+                if commit_lib.array_checksum(values[lo:lo + marker.block_rows]) != crc:
+                    first = marker.row_start + lo
+                    whose = f"extraction {extraction!r}" if extraction else "the run"
+                    raise _changed(
+                        run, f"partition {layout.partition_name(partition_id)} is committed "
+                             f"and its {name} rows cannot be read; the inputs now make other "
+                             f"tokens for rows {first:,}-"
+                             f"{first + len(values[lo:lo + marker.block_rows]) - 1:,} than "
+                             f"{whose}'s activations were computed on (its commit marker's "
+                             f"token checksums)")
 
 
 def doc_runs(first_segment_ids: np.ndarray, first_positions: np.ndarray,

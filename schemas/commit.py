@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     import numpy as np  # imported where used: status reads markers' names, never their data
 
 
+# The token arrays the model reads (a step's inputs), whose rows a marker checksums
+# (CommitMarker.token_checksums).
+MODEL_INPUTS = ("input_ids", "positions", "segment_ids")
+
+
 def checksum(data: bytes | memoryview) -> str:
     """crc32c of raw little-endian array bytes, as 8 hex digits."""
     import crc32c as crc32c_lib
@@ -42,6 +47,11 @@ class CommitMarker:
     checksums: per array, the crc32c of each row block of `block_rows` rows in row order
       (the block that starts at row_start + k * block_rows is checksums[name][k]); the
       bytes are the array's values, C order, little-endian, in the stored dtype.
+    token_checksums: per token array the model read (input_ids, positions, segment_ids),
+      the crc32c of each block's rows as the worker read them, laid out as `checksums`
+      (the token store's dtype, C order): what the activations were computed on, which
+      verify compares with the token store and a prepare of the run again with its
+      inputs. None in markers an earlier worker wrote (nothing to compare).
     attempt: unique id of the attempt that wrote the data (host, pid, time).
     hosts: hosts of the replica that wrote it.
     timings_s: wall-clock seconds by phase (e.g. "total", "forward", "write").
@@ -60,6 +70,7 @@ class CommitMarker:
     timings_s: dict[str, float]
     code_version: str
     created_at: float
+    token_checksums: dict[str, list[str]] | None = None
 
 
 # Parallel listing: at most _MAX_RANGES key ranges of at least _LIST_RANGE markers (one

@@ -410,6 +410,31 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
     assert code == 0, output
     assert stored_documents(run) == tokens
 
+    # The same advice with a damaged chunk of a committed partition and an input edited
+    # since (as many tokens): the chunk, unreadable, would be written from the edited
+    # input under activations computed on the first; the commit markers' token checksums
+    # say so, and nothing is written. The input restored, the advice finishes the run.
+    shard = os.path.join(run, "tokens", "input_ids", "c", "0", "0")
+    _change_first_byte(shard)
+    damaged = open(shard, "rb").read()
+    notes = tmp_path / "notes.jsonl"
+    original = notes.read_text()
+    notes.write_text(original.replace('"note 0 ', '"note 9 ', 1))
+    capsys.readouterr()
+    code, _ = follow(said, "reprepare")
+    output = "".join(capsys.readouterr())
+    assert code == 2, output
+    assert ("partition p-00000 is committed and its input_ids rows cannot be read; the inputs "
+            "now make other tokens for rows 0-1 than the run's activations were computed on"
+            ) in output, output
+    assert open(shard, "rb").read() == damaged
+    notes.write_text(original)
+    code, output = follow(said, "reprepare")
+    assert code == 0, output
+    code, output = follow(said, "verify")
+    assert code == 0, output
+    assert stored_documents(run) == tokens
+
 
 def _change_first_byte(path: str) -> None:
     with open(path, "r+b") as f:

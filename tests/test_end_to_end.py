@@ -84,6 +84,7 @@ def test_prepare_extract_read_matches_hf(where, qwen_sized_model, qwen_tokenizer
     assert code == 0, out
     s = store.open_store(run)
     assert commit.committed_partitions(s) == {p.id for p in m.partitions}
+    assert worker_procs.assert_markers_record_the_tokens(run) == len(m.partitions)
     last = m.total_rows - 1
     assert _check_against_hf(run, qwen_sized_model, [0, m.total_rows // 2, last]) >= 3
     # The manifest's count of tokens that saw their whole document is that of the store.

@@ -82,6 +82,8 @@ def test_two_hosts_store_what_one_host_stores_and_hf_computes(
     generate_runs.assert_every_token_is_hf(two, model, qwen_tokenizer_dir, PROMPTS, MAX_NEW,
                                            STOP, samples_per_prompt=2, greedy=False)
     assert cli.main(["verify", two], out=io.StringIO()) == 0
+    # The prompts' tokens each marker records (a generating worker reads no segment ids).
+    assert worker_procs.assert_markers_record_the_tokens(two, ("input_ids", "positions")) >= 1
     # Process 0 choosing as it goes (work sharing: distributed.LeaderSequence).
     shared = worker_procs.copy_token_store(two, str(tmp_path / "shared"))
     for code, out in worker_procs.run_replica(

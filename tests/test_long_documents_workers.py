@@ -33,6 +33,9 @@ def reference(model_dir, tmp_path_factory):
                                                  max_context=MAX_CONTEXT)
     code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=2)
     assert code == 0, out
+    # Each marker records the tokens its rows were computed on: rows through slots in
+    # successive steps, warm-up rows of other partitions left out.
+    assert worker_procs.assert_markers_record_the_tokens(run) >= 3
     return run, docs
 
 
@@ -72,6 +75,8 @@ def test_two_host_replica_is_byte_identical(reference, tmp_path):
                                               extra=["--batch-size", "4"]):
         assert code == 0, out
     _assert_identical(run, ref)
+    # Each host's blocks' token checksums, gathered on the leader in row order.
+    assert worker_procs.assert_markers_record_the_tokens(run) >= 3
 
 
 def test_sigkill_inside_a_long_document_then_rerun_is_byte_identical(reference, tmp_path):

@@ -158,3 +158,47 @@ def test_an_array_that_cannot_be_read_fails_every_partition_and_the_advice_resto
     assert "metadata" not in s.read_json(first)  # nothing was there to delete
     assert s.read_json(second)["metadata"] == {
         f"activations/{HOOK}/zarr.json": {"unreadable": "{not json"}}
+
+
+def test_tokens_changed_after_the_extraction_fail_their_partition_until_it_is_extracted_again(
+        tmp_path):
+    """Each commit marker records the tokens its activations were computed on
+    (token_checksums). A token store changed after the extraction with every chunk still
+    readable (prepared again from edited inputs where a chunk was lost, an older copy put
+    back) left activations under other tokens, and every check passed: verify now fails
+    that partition, naming the token array and rows; --repair and a rerun extract it from
+    the tokens stored, and it verifies."""
+    import numpy as np
+
+    from actx.schemas import ts_context, uri
+    from tests import worker_procs
+
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1)
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, str(model), n_rows=24, seq_len=16, partition_rows=8,
+                               rows_per_shard=4, hooks=HOOK)  # 3 partitions
+    code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
+    assert code == 0, out
+    assert _cli("verify", run)[0] == 0
+
+    # Rows 12-15 (p-00001's second block) of input_ids: other ids, stored readable.
+    ids = ts_context.open_array(layout.array_spec(uri.parse(run),
+                                                  layout.token_array_key("input_ids")))
+    changed = np.asarray(ids[12:16].read().result())
+    changed[changed > 0] = changed[changed > 0] % 7 + 1
+    ids[12:16].write(changed).result()
+
+    code, out = _cli("verify", run, "--json")
+    report = json.loads(out)
+    assert code == 1 and report["failed"] == ["p-00001"] and report["tokens_damaged"] == []
+    code, out = _cli("verify", run)
+    assert code == 1
+    assert ("partition p-00001: its activations were computed on other tokens than the token "
+            "store holds (input_ids, block 1, rows 12-15") in out, out
+    assert f"actx verify {run} --repair" in out, out
+    code, out = _cli("verify", run, "--repair")
+    assert code == 1 and "p-00001" in out
+    code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
+    assert code == 0 and "p-00001" in out, out
+    assert _cli("verify", run)[0] == 0
+    assert worker_procs.assert_markers_record_the_tokens(run) == 3

@@ -62,10 +62,10 @@ def test_next_partition_is_dispatched_before_the_last_rows_are_handled(
     monkeypatch.setattr(prefetch.Prefetcher, "__iter__", iterate)
     add_slots = writer.PartitionWriter.add_slots
 
-    def add(self, rows, write, pieces):
+    def add(self, rows, write, pieces, tokens=None):
         if any(w and r == last_row0 for r, w in zip(rows, write)):
             events.append(("last rows of 0 handled", next_dispatched.wait(30)))
-        add_slots(self, rows, write, pieces)
+        add_slots(self, rows, write, pieces, tokens)
 
     monkeypatch.setattr(writer.PartitionWriter, "add_slots", add)
     commit = commit_lib.commit
@@ -169,11 +169,11 @@ def test_an_error_on_the_output_thread_stops_the_loop_and_commits_nothing_after(
     add_slots = writer.PartitionWriter.add_slots
     calls = []
 
-    def add(self, rows, write, pieces):
+    def add(self, rows, write, pieces, tokens=None):
         calls.append(rows)
         if len(calls) == 3:
             raise OSError("disk gone")
-        add_slots(self, rows, write, pieces)
+        add_slots(self, rows, write, pieces, tokens)
 
     monkeypatch.setattr(writer.PartitionWriter, "add_slots", add)
     worker = runner.Worker(worker_options.WorkerOptions(run=run, batch_size=8, steps_in_flight=3))
@@ -201,7 +201,7 @@ def test_a_planning_error_is_raised_before_the_failure_of_a_step_it_caused(
             raise OSError("claims store unreachable (test)")
         return choose(self, tried, idle, rows_in_hand)
 
-    def lost_peer(self, rows, write, pieces):
+    def lost_peer(self, rows, write, pieces, tokens=None):
         assert choice_failed.wait(30)
         raise ConnectionResetError("the step's peer reset the connection (test)")
 

@@ -99,3 +99,31 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float, what: str
     err = float(np.max(np.abs(actual.astype(np.float64) - expected)))
     scale = float(np.max(np.abs(expected)))
     assert err <= rel * scale, f"{what}: max|err| {err:.3g} > {rel} * max|ref| {scale:.3g}"
+
+
+def assert_markers_record_the_tokens(run: str, names=("input_ids", "positions", "segment_ids")
+                                     ) -> int:
+    """Every commit marker of `run` records, per token array in `names`, the crc32c of each
+    block of its partition's rows as the token store holds them (computed here with the
+    crc32c library over the rows' little-endian bytes): what the worker computed on.
+    Returns the markers checked."""
+    import crc32c
+
+    from actx.schemas import commit, store
+    from tests import token_runs
+
+    s = store.open_store(run)
+    tokens = {name: token_runs.read_tokens(run, name) for name in names}
+    checked = 0
+    for pid in sorted(commit.committed_partitions(s)):
+        marker = commit.read_marker(s, pid)
+        assert marker.token_checksums is not None, f"partition {pid}: no token checksums"
+        assert sorted(marker.token_checksums) == sorted(names), marker.token_checksums
+        stop = marker.row_start + marker.row_count
+        starts = range(marker.row_start, stop, marker.block_rows)
+        for name, rows in tokens.items():
+            want = [f"{crc32c.crc32c(rows[lo:min(stop, lo + marker.block_rows)].astype('<i4').tobytes()):08x}"
+                    for lo in starts]
+            assert marker.token_checksums[name] == want, (pid, name)
+        checked += 1
+    return checked

@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from actx.schemas import arc_answer
+from actx.schemas import commit as commit_lib
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import quantised
@@ -160,7 +161,9 @@ class GenerateWorker(runner.Worker):
         part_writer = writer.PartitionWriter(self.arrays, mine, pool)
         if mine[1] > mine[0]:
             part_writer.add(mine[0], {hook: values[mine[0] - lo:mine[1] - lo]
-                                      for hook, values in blocks.items()})
+                                      for hook, values in blocks.items()},
+                            {name: rows[name][mine[0] - lo:mine[1] - lo]
+                             for name in commit_lib.MODEL_INPUTS if name in rows})
         if self.topo.host_index == 0:  # the same bytes on every host: the leader's
             self.store.write(layout.generated_key(part.id), self._record(part, docs, samples))
         self.progress.add_tokens(int((rows["doc_index"][mine[0] - lo:mine[1] - lo] >= 0).sum()))

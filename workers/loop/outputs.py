@@ -74,11 +74,15 @@ def host_pieces(outs: dict, timings: HostTimings) -> dict[str, list[tuple[int, n
 
 
 def add_rows(part_writer: writer.PartitionWriter, rows, write, pieces,
-             pool: writer.WriterPool, timings: HostTimings) -> None:
+             pool: writer.WriterPool, timings: HostTimings, batch=None) -> None:
     """part_writer.add_slots, timed as copying (less the time the writer pool made it wait,
-    which is the writer's wait)."""
+    which is the writer's wait). batch: the step's prefetch.Batch, whose token rows the
+    commit marker records."""
     start, waited = time.perf_counter(), pool.wait_s
-    part_writer.add_slots(rows, write, pieces)
+    tokens = None if batch is None else {"input_ids": batch.input_ids,
+                                         "positions": batch.positions,
+                                         "segment_ids": batch.segment_ids}
+    part_writer.add_slots(rows, write, pieces, tokens)
     timings.copying_s += time.perf_counter() - start - (pool.wait_s - waited)
 
 

@@ -162,7 +162,7 @@ class PartitionStream:
             with self._lock:
                 state = self._in_hand[pid]
             mine = tuple(w and p == pid for p, w in zip(step.partitions, step.write))
-            outputs.add_rows(state[1], step.rows, mine, pieces, self.pool, timings)
+            outputs.add_rows(state[1], step.rows, mine, pieces, self.pool, timings, batch)
             state[2] -= sum(mine)
             if state[2] == 0:
                 self._done_here(pid, state)

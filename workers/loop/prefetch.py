@@ -15,6 +15,7 @@ import numpy as np
 
 from actx.schemas import advice
 from actx.schemas import chunk_checksums
+from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import layout as layout_lib
 from actx.schemas import store_errors
@@ -22,7 +23,7 @@ from actx.schemas import ts_context
 from actx.schemas import uri as uri_lib
 from actx.workers.loop import schedule
 
-STEP_INPUTS = ("input_ids", "positions", "segment_ids")
+STEP_INPUTS = commit_lib.MODEL_INPUTS
 # What TokenStore.continuation_flags reads of a host's slice before its steps (a model that
 # carries context): every row of these, so their steps' reads come from the cache.
 CONTINUATION_INPUTS = ("segment_ids", "positions")

@@ -280,7 +280,8 @@ class Worker:
         written = np.asarray(batch.step.write)
         if written.any():
             outputs.add_rows(part_writer, batch.step.rows, batch.step.write,
-                             outputs.host_pieces(outs, self.timings), pool, self.timings)
+                             outputs.host_pieces(outs, self.timings), pool, self.timings,
+                             batch)
         self.progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
         self.progress.update(step=batch.index + 1)
 

@@ -106,6 +106,15 @@ class Committer:
         merged = self._gather(part, checksums)
         if merged is None:  # not the replica's leader
             return
+        prefix = writer.TOKENS_PREFIX
+        token_sums = {name[len(prefix):]: sums for name, sums in merged.items()
+                      if name.startswith(prefix)}
+        merged = {name: sums for name, sums in merged.items() if not name.startswith(prefix)}
+        # A token array whose rows were not given with the activations (a generating
+        # worker reads no segment ids) is not recorded.
+        blocks = len(next(iter(merged.values()), []))
+        token_sums = {name: sums for name, sums in token_sums.items()
+                      if blocks and len(sums) == blocks}
         marker = commit_lib.CommitMarker(
             partition=part.id, fingerprint=self._spec.fingerprint, row_start=part.row_start,
             row_count=part.row_count, tokens=part.tokens,
@@ -113,7 +122,8 @@ class Committer:
             dtypes={h: part_writer.dtypes[h] for h in merged}, attempt=self._attempt,
             hosts=tuple(f"r{self._topo.replica}h{h}" for h in range(self._topo.hosts_per_replica)),
             timings_s={"total": round(time.perf_counter() - started, 3)},
-            code_version=self._code_version, created_at=time.time())
+            code_version=self._code_version, created_at=time.time(),
+            token_checksums=token_sums or None)
         self._check_run_stands(part)
         if commit_lib.commit(self._store, marker) or self._is_own(marker):
             self._on_commit(part.id)

@@ -31,6 +31,11 @@ from actx.workers.loop import faults
 from actx.workers.write import block_copy
 
 
+# Where finish() returns a token array's block checksums: "tokens/input_ids" (no hook's
+# name holds a "/": each is an array directly under activations/).
+TOKENS_PREFIX = "tokens/"
+
+
 @dataclasses.dataclass
 class _Block:
     """One stored object's rows, per hook: filled row by row, or, when one step's output
@@ -42,6 +47,10 @@ class _Block:
     filled_by_hook: dict[str, int] = dataclasses.field(default_factory=dict)
     # Hooks whose data is a buffer of the pool's (given back once the block is durable).
     pooled: list[str] = dataclasses.field(default_factory=list)
+    # The token rows the model read for these rows (token array name -> [rows, seq_len]):
+    # checksummed beside the activations, so the commit marker records what they were
+    # computed on (schemas.commit's token_checksums); never written.
+    tokens: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 class ActivationArrays:
@@ -83,7 +92,8 @@ class PartitionWriter:
     """Collects one host's rows of one partition and writes them as whole shards.
 
     `finish()` waits until every write is durable and returns the crc32c of each block,
-    per hook, in row order; only then may the partition be committed.
+    per hook, in row order, and per token array the model read (given with the rows) under
+    `TOKENS_PREFIX` + its name; only then may the partition be committed.
     """
 
     def __init__(self, arrays: ActivationArrays, slice_rows: tuple[int, int],
@@ -108,15 +118,20 @@ class PartitionWriter:
                                                             self._hi - start))
         return block
 
-    def add(self, first_row: int, acts: dict[str, np.ndarray]) -> None:
-        """Adds consecutive rows starting at `first_row` (hook -> [rows, seq, hidden])."""
+    def add(self, first_row: int, acts: dict[str, np.ndarray],
+            tokens: dict[str, np.ndarray] | None = None) -> None:
+        """Adds consecutive rows starting at `first_row` (hook -> [rows, seq, hidden]);
+        tokens: the token rows they were computed from (name -> [rows, seq_len])."""
         n = next(iter(acts.values())).shape[0]
         self.add_slots(tuple(range(first_row, first_row + n)), (True,) * n,
-                       {hook: [(0, values)] for hook, values in acts.items()})
+                       {hook: [(0, values)] for hook, values in acts.items()}, tokens)
 
     def add_slots(self, rows: tuple[int, ...], write: tuple[bool, ...],
-                  pieces: dict[str, list[tuple[int, np.ndarray]]]) -> None:
+                  pieces: dict[str, list[tuple[int, np.ndarray]]],
+                  tokens: dict[str, np.ndarray] | None = None) -> None:
         """Adds a step's output: slot j holds row rows[j], stored where write[j].
+        tokens: the step's token arrays the model read (name -> [slots, seq_len]), whose
+        rows' checksums the marker records with the block's.
 
         pieces: per hook, the step's per-device shards as (first slot, array) pieces, in
         host memory. Slots that hold consecutive rows of one block form a run, and each run
@@ -140,6 +155,13 @@ class PartitionWriter:
                     touched[block.start_row] = block
         # The one host-side copy of these rows, all runs at once, over the pool's threads.
         self._pool.copier.copy(copies)
+        if tokens:
+            for block, first, slot, count in self._runs(rows, write, 0, len(rows)):
+                for name, values in tokens.items():
+                    if name not in block.tokens:
+                        block.tokens[name] = np.empty((block.rows,) + values.shape[1:],
+                                                      values.dtype)
+                    block.tokens[name][first:first + count] = values[slot:slot + count]
         for block in touched.values():
             if all(block.filled_by_hook.get(h, 0) == block.rows for h in self._arrays.arrays):
                 del self._blocks[block.start_row]
@@ -184,7 +206,8 @@ class PartitionWriter:
         block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + count
 
     def _write(self, block: _Block) -> dict[str, str]:
-        sums = {}
+        sums = {TOKENS_PREFIX + name: commit_lib.array_checksum(rows)
+                for name, rows in block.tokens.items()}
         writes = []
         for hook, data in block.data.items():
             sums[hook] = commit_lib.array_checksum(data)
@@ -211,7 +234,11 @@ class PartitionWriter:
         if self._blocks:
             missing = sorted(self._blocks)
             raise RuntimeError(f"blocks starting at rows {missing} were never completed")
-        per_hook: dict[str, list[str]] = {hook: [] for hook in self._arrays.arrays}
+        # Every name on every host (a host without rows too): the hosts of a replica
+        # gather them in one collective of one shape.
+        per_hook: dict[str, list[str]] = {
+            name: [] for name in (*self._arrays.arrays,
+                                  *(TOKENS_PREFIX + n for n in commit_lib.MODEL_INPUTS))}
         for _, future in sorted(self._futures, key=lambda item: item[0]):
             for hook, crc in future.result().items():
                 per_hook[hook].append(crc)
