@@ -1,8 +1,22 @@
 """Shared test setup: 8 CPU devices for JAX (set before jax is first imported)."""
 
 import os
+import sys
+import tempfile
 
 import pytest
+
+# Bytecode, cached: an environment that sets PYTHONDONTWRITEBYTECODE=1 (this project's
+# development and CI machines do) has every process the tests start (hundreds: workers,
+# launchers, prepare, the CLI) compile each actx module it imports from source. Importing
+# the worker, CLI, prepare and reader modules took 4.4 s a process without a cache and 2.7 s
+# with one (2026-12-07, best of 3). The tests and their processes keep bytecode under one
+# folder of the temp dir, so the checkout gains no __pycache__.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) or sys.dont_write_bytecode:
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(
+        tempfile.gettempdir(), f"actx-tests-pycache-{os.getuid()}"))
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+    sys.dont_write_bytecode = False
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -33,8 +47,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # tests hold either way. Least recently used entries go past 2 GiB.
 # ACTX_TEST_JAX_CACHE=0 compiles everything afresh.
 if os.environ.get("ACTX_TEST_JAX_CACHE", "1") != "0":
-    import tempfile
-
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                           os.path.join(tempfile.gettempdir(), f"actx-tests-jax-cache-{os.getuid()}"))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
