@@ -57,16 +57,33 @@ def safe_to_raise(frame) -> bool:
       be lost and the user would see a traceback;
     - inside an import (JAX's takes seconds): the exception can surface as another one
       (a RuntimeError from a class body's `__set_name__`) with a traceback, and it leaves
-      the module half-imported.
+      the module half-imported;
+    - inside a finalizer: a `__del__`, or the standard library's weak-reference code
+      (WeakSet's and WeakValueDictionary's removal callbacks, weakref.finalize), which
+      the collector runs at any point: Python ignores the exception there too (seen: a
+      SIGTERM raised in WeakSet's callback was printed and dropped, and `actx status
+      --serve` served on).
     The caller redelivers the signal, which comes back once out of there."""
     import gc
 
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks} - {None}
     while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_filename.startswith(_IMPORT_MACHINERY):
+        code = frame.f_code
+        if (code in callbacks or code.co_filename.startswith(_IMPORT_MACHINERY)
+                or code.co_name == "__del__" or code.co_filename in _WEAKREF_FILES):
             return False
         frame = frame.f_back
     return True
+
+
+def _weakref_files() -> frozenset:
+    import _weakrefset
+    import weakref
+
+    return frozenset(m.__file__ for m in (_weakrefset, weakref))
+
+
+_WEAKREF_FILES = _weakref_files()
 
 
 # importlib's own frames, present on the stack for as long as any module is being imported

@@ -43,3 +43,34 @@ def test_a_signal_outside_an_import_raises_at_once():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
     assert stopped.value.signum == signal.SIGINT
+
+
+@pytest.mark.parametrize("where", ["__del__", "weakref.finalize"])
+def test_a_signal_inside_a_finalizer_stops_the_command_after_it(where):
+    """Python prints and drops an exception raised in a finalizer (a `__del__`, the
+    standard library's weak-reference callbacks); `actx status --serve` once served on
+    after a SIGTERM raised in WeakSet's removal callback. Held back, the signal comes
+    back once out of there."""
+    import weakref
+
+    def signal_then_wait():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)  # the handler runs here, inside the finalizer
+
+    class Dying:
+        def __del__(self):
+            signal_then_wait()
+
+    class Plain:
+        pass
+
+    with stop_signals.handled():
+        with pytest.raises(stop_signals.Stopped) as stopped:
+            if where == "__del__":
+                Dying()
+            else:
+                thing = Plain()
+                weakref.finalize(thing, signal_then_wait)
+                del thing
+            time.sleep(5)  # the redelivered signal lands here
+    assert stopped.value.signum == signal.SIGTERM
