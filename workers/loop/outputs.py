@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from actx.schemas import commit as commit_lib
 from actx.workers.loop import transfer
 from actx.workers.write import writer
 
@@ -79,9 +80,8 @@ def add_rows(part_writer: writer.PartitionWriter, rows, write, pieces,
     which is the writer's wait). batch: the step's prefetch.Batch, whose token rows the
     commit marker records."""
     start, waited = time.perf_counter(), pool.wait_s
-    tokens = None if batch is None else {"input_ids": batch.input_ids,
-                                         "positions": batch.positions,
-                                         "segment_ids": batch.segment_ids}
+    tokens = (None if batch is None else
+              {name: getattr(batch, name) for name in commit_lib.MODEL_INPUTS})
     part_writer.add_slots(rows, write, pieces, tokens)
     timings.copying_s += time.perf_counter() - start - (pool.wait_s - waited)
 

@@ -156,7 +156,9 @@ class PartitionWriter:
         # The one host-side copy of these rows, all runs at once, over the pool's threads.
         self._pool.copier.copy(copies)
         if tokens:
-            for block, first, slot, count in self._runs(rows, write, 0, len(rows)):
+            # The slots' runs, as the activations' one piece of every slot made them.
+            runs = runs_by_piece.get((0, len(rows))) or self._runs(rows, write, 0, len(rows))
+            for block, first, slot, count in runs:
                 for name, values in tokens.items():
                     if name not in block.tokens:
                         block.tokens[name] = np.empty((block.rows,) + values.shape[1:],
