@@ -42,6 +42,12 @@ def _one_error_line(proc, seconds, *expected):
     return lines[0]
 
 
+def _closed_port():
+    with socket.socket() as s:  # a port nothing listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_no_credentials(tmp_path):
     # No emulator, no key file, no gcloud config, and no metadata server to ask.
     env = {"STORAGE_EMULATOR_HOST": None, "GOOGLE_APPLICATION_CREDENTIALS": None,
@@ -55,13 +61,18 @@ def test_user_credentials_without_a_project(tmp_path):
     """What `gcloud auth application-default login` writes: user credentials naming no
     project. Reading a bucket needs none, so the client is built without one (it used to
     end in a traceback, "Project was not passed and could not be determined from the
-    environment"); here the token refresh then cannot reach Google, said in one line."""
+    environment"); here the token refresh then cannot reach Google, said in one line.
+    The refresh goes through a proxy on a closed loopback port, so it fails at once on any
+    machine: left to the machine's own DNS, a resolver that times out instead of refusing
+    (CI's) took 15.4 s to say Google's name does not resolve."""
     adc = tmp_path / "application_default_credentials.json"
     adc.write_text(json.dumps({"type": "authorized_user", "client_id": "id.apps",
                                "client_secret": "secret", "refresh_token": "token"}))
     env = {"STORAGE_EMULATOR_HOST": None, "GOOGLE_CLOUD_PROJECT": None,
            "GCLOUD_PROJECT": None, "GOOGLE_APPLICATION_CREDENTIALS": str(adc),
-           "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path), "NO_GCE_CHECK": "True"}
+           "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path), "NO_GCE_CHECK": "True",
+           "HTTPS_PROXY": f"http://127.0.0.1:{_closed_port()}", "https_proxy": None,
+           "NO_PROXY": None, "no_proxy": None}
     for command in ("status", "verify"):
         proc, seconds = _actx(command, "gs://some-bucket/runs/r1", env=env)
         line = _one_error_line(proc, seconds, "gs://some-bucket/runs/r1/run.json: ")
@@ -125,9 +136,7 @@ def test_permission_denied(refusing_server, command):
 
 
 def test_no_network():
-    with socket.socket() as s:  # a port nothing listens on: connections are refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _closed_port()
     proc, seconds = _actx("status", "gs://b/runs/r1",
                           env={"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"})
     _one_error_line(proc, seconds, f"cannot reach http://127.0.0.1:{port}",
