@@ -136,12 +136,23 @@ def worker_args(run: str, target: config_lib.TargetConfig, fingerprint: str, job
 
 def worker_env(target: config_lib.TargetConfig) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={target.devices_per_host}"
+    env["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""),
+                                         target.devices_per_host)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = config_lib.code_path() + os.pathsep + env.get("PYTHONPATH", "")
     for key in ("ACTX_COORDINATOR", "ACTX_NUM_PROCESSES", "ACTX_PROCESS_ID"):
         env.pop(key, None)  # flags decide; a stale variable must not join another group
     return env
+
+
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def with_host_devices(xla_flags: str, devices: int) -> str:
+    """`xla_flags` with the simulated host's device count set to `devices`: the other XLA
+    flags a user set (a dump directory, a CPU compiler option) reach the workers as set."""
+    kept = [f for f in xla_flags.split() if f.split("=")[0] != HOST_DEVICES_FLAG]
+    return " ".join([*kept, f"{HOST_DEVICES_FLAG}={devices}"])
 
 
 def free_port() -> int:

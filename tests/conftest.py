@@ -22,21 +22,24 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 # The tests' programs are tiny models run a few times: compiling them is a large share of the
-# suite's time, and LLVM's optimisation of the CPU code most of the compile. Level 1
-# compiles in about three quarters of the time (tests/test_model.py alone, no cache: 40 s
-# -> 30 s). The values differ from the default level's by rounding only (checked on
-# matmuls, norms, softmax, rotary tables, erf/silu/gelu/tanh, logsumexp, cumulative sums:
-# most bit for bit, some within 4e-5 relative, where sums are ordered otherwise), and no
-# comparison in the suite crosses the two: a parity test compares with HF within its
-# tolerance, and a byte-identity test compares runs that all compiled at level 1 (worker
-# processes inherit the flag). (Level 0 was rejected: it forms no fused multiply-adds, and
-# three byte-identity tests, a one-host program against its two-host form, rounded apart.
-# XLA's elemental emitters in place of its fusion emitters compile the parity tests in two
-# thirds of the time, but the files of worker processes gained nothing and the whole cold
-# suite took as long: 2,452 and 2,430 core-seconds.)
+# suite's time (XLA's compile was 55% of a parity file's), so the tests compile with two
+# options that make it cheaper. LLVM's optimisation level 1 (tests/test_model.py alone, no
+# cache: 40 s -> 30 s), and XLA's elemental emitters in place of its fusion emitters
+# (2026-12-07, no cache, compile time measured around each compile: tests/test_model.py
+# 45 -> 31 core-s; test_families_gpt_oss + test_long_documents 211 -> 142 core-s of
+# compiling, 269 -> 202 core-s in all). The values differ from the defaults' by rounding
+# only (level 1 checked on matmuls, norms, softmax, rotary tables, erf/silu/gelu/tanh,
+# logsumexp, cumulative sums: most bit for bit, some within 4e-5 relative, where sums are
+# ordered otherwise), and no comparison in the suite crosses the two: a parity test
+# compares with HF within its tolerance, and a byte-identity test compares runs that all
+# compiled with these options (worker processes get them: tests/worker_procs.xla_flags,
+# and the local target passes a user's XLA_FLAGS on to its workers). (Level 0 was
+# rejected: it forms no fused multiply-adds, and three byte-identity tests, a one-host
+# program against its two-host form, rounded apart.)
 # ACTX_TEST_XLA_OPT=1 runs the suite at the defaults users get.
 if os.environ.get("ACTX_TEST_XLA_OPT", "0") == "0":
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=1"
+    os.environ["XLA_FLAGS"] += (" --xla_backend_optimization_level=1"
+                                " --xla_cpu_use_fusion_emitters=false")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Deterministic CPU numerics for parity tests; tests that need float64 ask for it locally.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

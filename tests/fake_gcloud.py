@@ -163,6 +163,8 @@ class FakeCloud:
         shutil.rmtree(self._path(os.path.join("tpus", name)), ignore_errors=True)
 
     def host_env(self, tpu: dict, name: str, i: int) -> dict:
+        from actx.deploy import local
+
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("ACTX_", "FAKE_", "PYTHON", "VIRTUAL_ENV", "XLA_"))}
         home = self.host_home(name, i)
@@ -175,7 +177,9 @@ class FakeCloud:
         env.update({
             "HOME": home, "PATH": os.pathsep.join([os.path.join(home, "venv", "bin"), *path]),
             "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={tpu['chips_per_host']}",
+            # A chip a CPU device; the compile options the tests share (tests/conftest.py).
+            "XLA_FLAGS": local.with_host_devices(os.environ.get("XLA_FLAGS", ""),
+                                                 tpu["chips_per_host"]),
             "ACTX_TPU_METADATA_URL": f"{metadata}/{name}/{i}",
             HOST_MARK_ENV: f"{self.host_mark(name)}{i}",
             "PIP_NO_INDEX": "1",  # the image holds every dependency; the wheel comes by scp

@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-from tests import hf_models
+from tests import hf_models, worker_procs
 
 
 def free_port() -> int:
@@ -42,8 +42,8 @@ def write(tmp_path, tokenizer_dir: str, name: str, nodes: int, docs: int = 200,
                    "slurm": {"name": name, "nodes": nodes, "python": sys.executable,
                              "coordinator_port": free_port(), "log_every_s": 1,
                              "output_dir": str(tmp_path / "slurm-out"),
-                             "env": {"JAX_PLATFORMS": "cpu", "XLA_FLAGS":
-                                     "--xla_force_host_platform_device_count=1"},
+                             "env": {"JAX_PLATFORMS": "cpu",
+                                     "XLA_FLAGS": worker_procs.xla_flags(1)},
                              **slurm}},
     }
     out = tmp_path / "slurm.yaml"

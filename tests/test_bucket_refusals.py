@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from actx.schemas import layout, store
-from tests import fault_proxy, hf_models
+from tests import fault_proxy, hf_models, worker_procs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -45,7 +45,7 @@ def proxy(gcs_emulator_server):
 def _actx(proxy, *args, timeout=300) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": REPO, "STORAGE_EMULATOR_HOST": proxy.url,
            "TENSORSTORE_GCS_HTTP_URL": proxy.url, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+           "XLA_FLAGS": worker_procs.xla_flags(1)}
     proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr

@@ -4,6 +4,7 @@ submit config's target table and the argv the launchers build all derive from it
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import yaml
@@ -128,3 +129,23 @@ def test_bad_flag_value_is_a_usage_error(capsys):
         worker_main.build_parser().parse_args(["--run", "r", "--only", "3,x"])
     assert e.value.code == 2
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_local_workers_keep_the_users_xla_flags(tmp_path, monkeypatch):
+    """A local worker simulates its host's chips as XLA CPU devices and keeps every other
+    XLA flag the user set: here XLA's own dump directory fills, and the device count is
+    the target's, not the user's."""
+    import subprocess
+    import sys
+
+    dump = tmp_path / "dump"
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to={dump} "
+                                    f"--xla_force_host_platform_device_count=7")
+    target = dataclasses.replace(deploy_config.TargetConfig(), devices_per_host=3)
+    env = local.worker_env(target)
+    out = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.device_count()); "
+                               "jax.jit(lambda x: x * 2)(1.0).block_until_ready()"],
+        env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["3"]
+    assert any(name.endswith(".txt") for name in os.listdir(dump)), os.listdir(dump)

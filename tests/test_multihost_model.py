@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests import hf_models
+from tests import hf_models, worker_procs
 from actx.workers.model import capture, step
 from actx.workers.model import decoder as model_lib
 
@@ -38,7 +38,7 @@ def test_two_processes_match_single_process(tmp_path):
     inputs = tmp_path / "inputs.npz"
     np.savez(inputs, input_ids=ids, positions=pos, segment_ids=seg, hooks=np.array(HOOKS))
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    env = dict(os.environ, XLA_FLAGS=worker_procs.xla_flags(2),
                JAX_PLATFORMS="cpu")
     port = _free_port()
     procs = [subprocess.Popen(

@@ -21,9 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def xla_flags(devices: int) -> str:
+    """The tests' XLA flags (tests/conftest.py: the compile options every test process
+    shares) with `devices` simulated CPU devices: a worker process's XLA_FLAGS."""
+    from actx.deploy import local
+
+    return local.with_host_devices(os.environ.get("XLA_FLAGS", ""), devices)
+
+
 def worker_env(devices: int, **extra: str) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(devices)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("ACTX_CRASH_AT", None)
