@@ -122,8 +122,8 @@ class TargetConfig(worker_options.ExtractSettings):
     hosts: local worker processes (simulated hosts); replicas = hosts / hosts_per_replica.
     hosts_per_replica: local processes that form one replica (joined by jax.distributed
       on loopback).
-    devices_per_host: simulated XLA CPU devices per local process (its
-      --xla_force_host_platform_device_count; the other XLA_FLAGS set pass through).
+    devices_per_host: simulated XLA CPU devices per local process (set in its XLA_FLAGS;
+      the other XLA flags you set there pass through to it).
     steal: replicas take other replicas' uncommitted partitions when done with their own
       (on by default for a job; a worker process started alone does not steal).
     extract: "workers" (worker processes that actx starts: local processes or the TPU
