@@ -290,6 +290,13 @@ def _verify_one(args, handle, out) -> int:
             # The committed activations stand: only the token store is written again.
             print(f"{first}`{advice.verify(handle.location)}` checks the run again",
                   file=out)
+        elif not report.ok and not report.failed:
+            # Nothing failed its own check (an array the store would not open this time, a
+            # run that holds no data): `--repair` would turn nothing back, and the rerun
+            # after it would find nothing to do.
+            print(f"{first}no partition failed its check; once what is named above is "
+                  f"mended (a refusal or outage of the store passes by itself), "
+                  f"`{advice.verify(handle.location)}` checks the run again", file=out)
         elif not report.ok:
             print(f"{first}`{advice.repair(handle.location)}` turns the failed partitions "
                   f"back into pending; then `{advice.rerun(handle.location)}` extracts them "

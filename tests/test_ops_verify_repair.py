@@ -202,3 +202,49 @@ def test_tokens_changed_after_the_extraction_fail_their_partition_until_it_is_ex
     assert code == 0 and "p-00001" in out, out
     assert _cli("verify", run)[0] == 0
     assert worker_procs.assert_markers_record_the_tokens(run) == 3
+
+
+def test_an_array_the_store_refuses_to_open_fails_no_partition_and_verify_again_passes(
+        gcs_emulator_server):
+    """Found by a fault audit: a hook's array that the store would not open this once (a
+    refusal, an outage past the retries; its zarr.json reads fine) is a problem of no
+    partition, yet verify advised `--repair`, which turns nothing back, and the rerun
+    after it found nothing to do. It now names `actx verify RUN` again, and that, once
+    the store answers, passes."""
+    import re
+    import subprocess
+    import sys
+
+    from tests import fault_proxy, reader_fixtures
+
+    run = gcs_emulator_server.create_bucket("actx-verify-refused") + "/runs/r"
+    reader_fixtures.build_run(run, num_partitions=2, committed=(0, 1))
+    proxy = fault_proxy.FaultProxy(gcs_emulator_server.url).start()
+    refused = "activations/embed/zarr.json"
+    proxy.add_rule("403", lambda r: r.agent == "tensorstore" and r.object_name.endswith(
+        refused), times=None)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": repo, "STORAGE_EMULATOR_HOST": proxy.url,
+           "TENSORSTORE_GCS_HTTP_URL": proxy.url}
+
+    def verify():
+        proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", "verify", run],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+        return proc.returncode, proc.stdout  # stderr: tensorstore's log lines
+
+    try:
+        code, out = verify()
+        assert code == 1 and "array embed: cannot be opened" in out, out
+        assert "--repair" not in out, out
+        advice = re.findall(r"`(actx [^`]*)`", out.rstrip().splitlines()[-1])
+        assert advice == [f"actx verify {run}"], out
+        said = _cli("status", run)[1]  # the latest verify did not pass
+        assert "verify:     FAILED at" in said and "no partition failed its check" in said, said
+        assert f"`actx verify {run}`" in said, said
+        proxy.configure(rules=False)  # the store answers again
+        code, out = verify()
+        assert code == 0 and "OK: every committed block matches its checksum" in out, out
+        said = _cli("status", run)[1]
+        assert "verify:     passed at" in said, said
+    finally:
+        proxy.stop()

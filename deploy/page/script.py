@@ -181,6 +181,11 @@ function renderIdentity(d) {
   } else if (v.ok) {
     el.className = "ok"; el.dataset.state = "passed";
     el.textContent = `passed at ${when(v.at)} (${int(v.checked)} partitions checked)`;
+  } else if (!v.failed && !v.repaired) {  // a problem of no one partition
+    el.className = "bad"; el.dataset.state = "failed";
+    el.textContent = `FAILED at ${when(v.at)}: no partition failed its check` +
+      (v.problems.length ? ` (${v.problems[0]})` : "") + `: ${d.commands.verify} checks ` +
+      `the run again`;
   } else if (!v.failed) {
     el.className = "bad"; el.dataset.state = "repaired";
     el.textContent = `FAILED at ${when(v.at)}; its ${int(v.repaired)} failed partition(s) ` +

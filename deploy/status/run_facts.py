@@ -76,12 +76,17 @@ _GENERATION_COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def verification(record, committed: set[int]) -> dict | None:
     """The latest `actx verify` (verify/latest.json), or None when it never ran. ok: no
-    committed partition failed it, and none it repaired waits for a verify since."""
+    committed partition failed it, none it repaired waits for a verify since, and it found
+    no problem of the run as a whole."""
     if record is None:
         return None
     failed = [p for p in record.failed if p in committed]
+    # A problem of no one partition (an array the store would not open that time): the
+    # verify did not pass, though it failed no partition.
+    whole_run = bool(record.problems) and not record.failed
     return {"at": record.at, "checked": record.checked, "failed": len(failed),
-            "repaired": len(record.repaired), "ok": not failed and not record.repaired,
+            "repaired": len(record.repaired),
+            "ok": not failed and not record.repaired and not whole_run,
             "problems": list(record.problems[:VERIFY_PROBLEMS_SHOWN])}
 
 
