@@ -1,9 +1,9 @@
 """Object-store failures through the real command line (subprocesses, the real
 google-cloud-storage client): no credentials, an unknown bucket (GCS emulator), permission
 denied (a loopback server answering as GCS does), no network (a
-closed port). Each is one line on stderr with exit 2 within 15 s (beyond the command's own
-start, where a failure is retried until the interactive deadline). A pipe that closes
-early (`actx status RUN | head -1`) is no error."""
+closed port). Each is one line on stderr with exit 2 within 15 s, or, where the failure is
+retried until the interactive deadline, well before the workers' retry budget. A pipe that
+closes early (`actx status RUN | head -1`) is no error."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import pytest
 
+from actx.schemas import store_errors
 from tests import token_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,24 +34,17 @@ def _actx(*args, env=None, timeout=60):
     return proc, time.monotonic() - t0
 
 
-def _start_s() -> float:
-    """Seconds an actx command takes here to start, open its GCS client and fail at once
-    (no credentials: it makes no request). Where a failure is retried until the
-    interactive deadline (10 s), the bound is on that waiting, so the command's own start
-    on a loaded machine (CI: four test processes on two cores, the first process to
-    import the GCS client compiling it) is measured beside it and allowed for: 25 s
-    there for a start of about 12 s."""
-    with tempfile.TemporaryDirectory() as home:
-        env = {"STORAGE_EMULATOR_HOST": None, "GOOGLE_APPLICATION_CREDENTIALS": None,
-               "HOME": home, "CLOUDSDK_CONFIG": home, "NO_GCE_CHECK": "True"}
-        proc, seconds = _actx("status", "gs://some-bucket/runs/r1", env=env)
-    assert "no Google Cloud credentials found" in proc.stderr, proc.stderr
-    return seconds
+# A failure an interactive command retries (a dropped connection, a refused one) ends at
+# its deadline (10 s), not at the workers' 120 s budget. How far past 10 s the process
+# ends is the machine's: on CI's (four test processes on two cores) a refresh retried to
+# the deadline ended after 15.4, 21.7 and 24.9 s where it takes 9 s here, though the
+# process started in 1.2 s. The bound for those says which of the two applied.
+RETRIED_LIMIT_S = store_errors.DEFAULT_RETRY_BUDGET_S / 2
 
 
-def _one_error_line(proc, seconds, *expected, start_s: float = 0.0):
+def _one_error_line(proc, seconds, *expected, limit_s: float = LIMIT_S):
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert seconds < LIMIT_S + start_s, (seconds, start_s)
+    assert seconds < limit_s, seconds
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     for text in expected:
@@ -91,10 +84,9 @@ def test_user_credentials_without_a_project(tmp_path):
            "HTTPS_PROXY": f"http://127.0.0.1:{_closed_port()}", "https_proxy": None,
            "NO_PROXY": None, "no_proxy": None}
     for command in ("status", "verify"):
-        start_s = _start_s()
         proc, seconds = _actx(command, "gs://some-bucket/runs/r1", env=env)
         line = _one_error_line(proc, seconds, "gs://some-bucket/runs/r1/run.json: ",
-                               start_s=start_s)
+                               limit_s=RETRIED_LIMIT_S)
         assert "Project was not passed" not in line and "project" not in line.lower(), line
 
 
@@ -156,11 +148,10 @@ def test_permission_denied(refusing_server, command):
 
 def test_no_network():
     port = _closed_port()
-    start_s = _start_s()
     proc, seconds = _actx("status", "gs://b/runs/r1",
                           env={"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"})
     _one_error_line(proc, seconds, f"cannot reach http://127.0.0.1:{port}",
-                    "Connection refused", "check the network", start_s=start_s)
+                    "Connection refused", "check the network", limit_s=RETRIED_LIMIT_S)
 
 
 def test_pipe_closed_early_is_no_error(tmp_path):
