@@ -18,6 +18,7 @@ import dataclasses
 
 import numpy as np
 
+from actx.schemas import absent_shards
 from actx.schemas import activations_info as info_lib
 from actx.schemas import advice
 from actx.schemas import chunk_checksums
@@ -95,16 +96,6 @@ class VerifyReport:
                 "damaged_metadata": self.damaged_metadata, "problems": self.problems}
 
 
-def _stored_shards(store, hook: str) -> set[int]:
-    """Shard indices of the hook's stored objects (layout.activation_shard_key)."""
-    found = set()
-    for key in store.list(layout_lib.activation_shard_prefix(hook)):
-        index = layout_lib.shard_index_of(hook, key)
-        if index is not None:
-            found.add(index)
-    return found
-
-
 def _open(handle: run_dir.OpenedRun, key: str):
     # A named extraction's arrays are under extractions/NAME/.
     key = layout_lib.extraction_key(handle.extraction_name, key)
@@ -178,7 +169,8 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
             report.damaged_metadata.append(metadata_key)
             continue
         arrays[hook] = arr
-        shards[hook] = _stored_shards(store, hook)
+        shards[hook] = absent_shards.stored_shards(
+            store, hook, -(-manifest.total_rows // spec.layout.rows_per_shard))
     tokens = _token_arrays(handle, report)
     rows_per_shard = spec.layout.rows_per_shard
     last, before = None, len(problems)
@@ -238,13 +230,15 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
             for k in range(n_blocks):
                 lo = part.row_start + k * block_rows
                 hi = min(part.row_stop, lo + block_rows)
-                missing = sorted({r // rows_per_shard for r in range(lo, hi)} - shards[hook])
+                missing = [s for s in absent_shards.shard_indices(lo, hi, rows_per_shard)
+                           if s not in shards[hook]]
                 # The store keeps a block of zeros (the fill value) as no object: the
                 # marker's checksum says whether the worker wrote zeros there (a hook that
                 # outputs zeros for those tokens), or whether the data is gone.
-                if (missing and not (hook != layout_lib.GENERATED_IDS and unreached is not None
-                                     and unreached[lo - part.row_start:hi - part.row_start].all())
-                        and sums[k] != _zeros_checksum(arr, hi - lo)):
+                if missing and absent_shards.is_lost(
+                        hook, sums[k], hi - lo, _row_nbytes(arr),
+                        None if unreached is None else
+                        unreached[lo - part.row_start:hi - part.row_start]):
                     problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) was never written "
                                     f"(stored object(s) {missing} missing, and its marker's "
                                     f"checksum is not that of zeros; it reads as fill value)")
@@ -368,23 +362,21 @@ def _damage(e: ValueError) -> str:
     return str(e).removesuffix("; the object is damaged: rewrite it or delete it")
 
 
-def _zeros_checksum(arr, rows: int) -> str:
-    """The checksum the writer computes for `rows` rows of zeros of the array (a block
-    the store then keeps as no object)."""
-    itemsize = arr.dtype.numpy_dtype.itemsize
-    return commit_lib.checksum(bytes(rows * int(np.prod(arr.shape[1:])) * itemsize))
+def _row_nbytes(arr) -> int:
+    """Bytes of one row of a [rows, seq_len, hidden] array."""
+    return arr.dtype.numpy_dtype.itemsize * int(np.prod(arr.shape[1:]))
 
 
 def _unreached(generated, part, valid: np.ndarray) -> np.ndarray | None:
-    """Per row of a generating run's partition (`generated`: its generated.token_ids array;
-    None in a run that does not generate): whether the row holds no token the model
-    computed, only padding and room its samples did not reach. The worker writes zeros
-    there, and the store keeps a block of zeros (the arrays' fill value) as no object at
-    all: such a block is read as zeros and checked against its checksum like any other."""
+    """Per row of a generating run's partition (`generated`: its generated.token_ids
+    array; None in a run that does not generate): schemas.absent_shards.unreached_rows.
+    The worker writes zeros there, and the store keeps a block of zeros (the arrays' fill
+    value) as no object at all: such a block is read as zeros and checked against its
+    checksum like any other."""
     if generated is None:
         return None
     ids = generated[part.row_start:part.row_stop].read().result()[..., 0]
-    return np.all(~valid | (ids == layout_lib.GENERATED_UNUSED), axis=1)
+    return absent_shards.unreached_rows(ids, valid)
 
 
 def _accumulate(stats: HookHealth, block: np.ndarray, valid_bt: np.ndarray, label: str,

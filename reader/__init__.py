@@ -44,6 +44,8 @@ Public names (all re-exported here; `__all__`):
     UncommittedPartitionError     rows of a partition without a commit marker
     NothingCommittedError         any read of a run with no committed partition yet
     RunStalledError               a followed run gave no commit for wait_timeout_s
+    LostDataError                 rows of a committed partition whose stored
+                                  activations are gone (they would read as zeros)
 
 All tensorstore arrays are opened in the process-wide context (schemas.ts_context), so
 memory:// runs written in the same process are readable and its cache pool is shared
@@ -52,8 +54,9 @@ memory:// runs written in the same process are readable and its cache pool is sh
 
 from actx.reader.batches import Batch, TokenBatches
 from actx.reader.streaming.blocks import BlockTable, StreamPlan
-from actx.reader.errors import (NotARunError, NothingCommittedError, ReaderError,
-                                RunStalledError, UncommittedPartitionError, UnknownHookError)
+from actx.reader.errors import (LostDataError, NotARunError, NothingCommittedError,
+                                ReaderError, RunStalledError, UncommittedPartitionError,
+                                UnknownHookError)
 from actx.reader.streaming.mixing import Mixing
 from actx.reader.streaming.mixing import measure as measure_mixing
 from actx.reader.provenance import Selection
@@ -65,7 +68,8 @@ from actx.reader.streaming.follow import FollowStream
 from actx.reader.streaming.stream import ShuffledStream
 
 __all__ = [
-    "Batch", "BlockTable", "FollowStream", "HookInfo", "HookStats", "Mixing", "NotARunError", "NothingCommittedError",
+    "Batch", "BlockTable", "FollowStream", "HookInfo", "HookStats", "LostDataError", "Mixing",
+    "NotARunError", "NothingCommittedError",
     "ReaderError", "RunStalledError",
     "Run", "Selection", "ShufflePlan", "ShuffledStream", "StreamPlan", "TokenBatches",
     "TokenIndex", "UncommittedPartitionError", "UnknownHookError", "build_index",

@@ -30,6 +30,12 @@ class NothingCommittedError(UncommittedPartitionError, UnknownHookError):
     UncommittedPartitionError, so existing handlers of either still hold)."""
 
 
+class LostDataError(ReaderError):
+    """Committed partitions whose stored activations are gone (an object deleted after
+    its commit): a read would return zeros in their place, so none is made. The message
+    names them and the commands that extract them again (reader.shard_presence)."""
+
+
 class RunStalledError(ReaderError, TimeoutError):
     """A reader following a live run waited its timeout for a commit that did not come;
     the message says the run's phase, its dead hosts and what `actx status` advises."""

@@ -20,6 +20,8 @@ import numpy as np
 import tensorstore as ts
 
 from actx.reader import errors
+from actx.reader import shard_presence
+from actx.schemas import absent_shards
 from actx.schemas import activations_info as info_lib
 from actx.schemas import advice
 from actx.schemas import commit as commit_lib
@@ -98,6 +100,11 @@ class RunSnapshot:
         self._committed_set = frozenset(self.committed)
         self._hooks_cache = None
         self._info = None
+        # A new snapshot checks its partitions' objects anew (a repaired partition may
+        # have been extracted again since).
+        self._presence = shard_presence.ShardPresence(
+            self.store, self.location, self.spec.layout.rows_per_shard, self.total_rows)
+        self._presence.observe(self.committed)
 
     def observe_committed(self, committed) -> None:
         """Takes `committed` (ids a caller listed itself: a follower's one listing per
@@ -105,6 +112,7 @@ class RunSnapshot:
         are read once, on the first commit: every partition holds the same ones."""
         self.committed = tuple(sorted(set(committed)))
         self._committed_set = frozenset(self.committed)
+        self._presence.observe(self.committed)
         if self._hooks_cache is not None:
             self._hooks_cache = {h: dataclasses.replace(i, partitions=self.committed)
                                  for h, i in self._hooks_cache.items()}
@@ -245,18 +253,50 @@ class RunSnapshot:
                     f"{self.partitions[pid].row_start}..{self.partitions[pid].row_stop - 1}) "
                     f"is not committed; finish it with `{advice.rerun(self.location)}` and "
                     f"reopen the run")
-        for hook in hooks:
-            self.hook(hook)
+        self.require_stored(hooks, self.partitions[first:last + 1])
 
     def committed_ids(self, partitions: Iterable[int] | None = None,
                       hooks: Sequence[str] = ()) -> tuple[int, ...]:
-        """`partitions` (default: all committed), checked to be committed with `hooks`."""
+        """`partitions` (default: all committed), checked to be committed with `hooks`
+        stored (`require_stored`)."""
         self.require_commits()
         ids = self.committed if partitions is None else tuple(sorted(set(partitions)))
         for pid in ids:
             part = self.manifest.partition(pid)
-            self.check_rows(part.row_start, part.row_stop, hooks)
+            self.check_rows(part.row_start, part.row_stop)
+        self.require_stored(hooks, [self.partitions[p] for p in ids])
         return ids
+
+    def require_stored(self, hooks: Sequence[str],
+                       parts: Sequence[manifest_lib.Partition]) -> None:
+        """Refuses (errors.LostDataError) to read `hooks` in committed `parts` whose stored
+        objects are gone, which would read as zeros (reader.shard_presence); an unknown
+        hook raises UnknownHookError. One listing per array at its first check."""
+        arrays = []
+        for hook in hooks:
+            info = self.hook(hook)
+            arrays.append(info.name)
+            if info.quantised:
+                arrays.append(quantised.scale_array(info.name))
+        if arrays and self.spec.generate is not None:
+            arrays.append(layout.GENERATED_IDS)  # the masks and token ids read it
+        if arrays and parts:
+            self._presence.check(arrays, parts, self._row_nbytes, self._unreached)
+
+    def _row_nbytes(self, array: str) -> int:
+        arr = self.open_array(layout.activation_array_key(array))
+        return arr.dtype.numpy_dtype.itemsize * int(np.prod(arr.shape[1:]))
+
+    def _unreached(self, part: manifest_lib.Partition) -> np.ndarray | None:
+        """In a generating run, per row of `part`: whether it holds no token the model
+        computed (schemas.absent_shards.unreached_rows); None in any other run."""
+        if self.spec.generate is None:
+            return None
+        lo, hi = part.row_start, part.row_stop
+        valid = self.token_array("segment_ids")[lo:hi].read().result() > 0
+        ids = self.open_array(layout.activation_array_key(layout.GENERATED_IDS))[
+            lo:hi].read().result()[..., 0]
+        return absent_shards.unreached_rows(ids, valid)
 
     # -- arrays -------------------------------------------------------------------
 

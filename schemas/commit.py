@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from actx.schemas import config as config_lib
 from actx.schemas import layout
@@ -73,11 +73,11 @@ class CommitMarker:
     token_checksums: dict[str, list[str]] | None = None
 
 
-# Parallel listing: at most _MAX_RANGES key ranges of at least _LIST_RANGE markers (one
-# GCS page). Real GCS answers a range in time of its size; an emulator that scans every
+# Parallel listing: at most MAX_RANGES key ranges of at least LIST_RANGE markers (one
+# GCS page; schemas.absent_shards lists shard objects alike). Real GCS answers a range in time of its size; an emulator that scans every
 # object per request (fake-gcs-server) pays per request, so ranges stay few.
-_LIST_RANGE = 1000
-_MAX_RANGES = 16
+LIST_RANGE = 1000
+MAX_RANGES = 16
 
 
 def commit(store, marker: CommitMarker) -> bool:
@@ -104,7 +104,7 @@ def committed_partitions(store, n_partitions: int = 0) -> set[int]:
     Given the run's partition count, a store that lists in pages of 1,000 names (GCS)
     lists up to 16 key ranges in parallel instead of one page after another.
     """
-    ranges = min(_MAX_RANGES, -(-n_partitions // _LIST_RANGE))
+    ranges = min(MAX_RANGES, -(-n_partitions // LIST_RANGE))
     if store.PARALLEL_LISTING and ranges > 1:
         listed = store.list_split(layout.COMMITS_PREFIX, range_boundaries(n_partitions, ranges))
         names = [key[len(layout.COMMITS_PREFIX):] for key in listed]
@@ -135,14 +135,16 @@ def committed_in_order(store) -> list[int]:
     return sorted(stamps, key=lambda p: (stamps[p], p))
 
 
-def range_boundaries(n_partitions: int, ranges: int) -> list[str]:
-    """`ranges - 1` marker keys that cut the sorted keys of partitions 0..n-1 into
-    `ranges` parts of about equal size. Keys sort as strings ("p-100000.json" between
-    "p-10000.json" and "p-10001.json"), so the cuts are quantiles of a sorted sample of at
-    most 4,096 keys: making and sorting all 150k keys cost status 0.1 s on GCS. Any sorted
-    cuts list every marker; the sample only keeps the ranges even."""
+def range_boundaries(n_partitions: int, ranges: int,
+                     key: Callable[[int], str] = layout.commit_key) -> list[str]:
+    """`ranges - 1` keys that cut the sorted keys of objects 0..n-1 (`key`: a partition's
+    marker, or a hook's shard object, schemas.absent_shards) into `ranges` parts of about
+    equal size. Keys sort as strings ("p-100000.json" between "p-10000.json" and
+    "p-10001.json"), so the cuts are quantiles of a sorted sample of at most 4,096 keys:
+    making and sorting all 150k keys cost status 0.1 s on GCS. Any sorted cuts list every
+    object; the sample only keeps the ranges even."""
     every = max(1, n_partitions // 4096)
-    sample = sorted(layout.commit_key(p) for p in range(0, n_partitions, every))
+    sample = sorted(key(p) for p in range(0, n_partitions, every))
     return sorted({sample[len(sample) * j // ranges] for j in range(1, ranges)})
 
 

@@ -365,7 +365,7 @@ def vocabulary_problems(tokenizer_path: str, tokenizer_vocab: int, special_ids,
         token = token_name(token_id) if token_name is not None else None
         wrong.append(f"{where}={token_id} is " + (
             f"{token!r}, not a special token" if token is not None else
-            f"not a special token of it" if token_id < tokenizer_vocab else
+            "not a special token of it" if token_id < tokenizer_vocab else
             f"beyond its {tokenizer_vocab:,} ids"))
     if wrong:
         found.append(

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from actx.deploy import cli, local
@@ -158,6 +159,31 @@ def test_a_failed_verify_is_finished_by_the_commands_it_prints(run):
     text, page = _everything_said(run)
     assert "phase:      finished" in text and "actx rerun" not in text
     assert page["verification"]["ok"] and "rerun_all" not in page["commands"]
+
+
+def test_a_lost_object_is_refused_by_the_reader_and_its_advice_restores_the_values(run):
+    """A committed partition's activation object deleted after its commit would read as
+    zeros: the reader refuses it by name, and its advice, followed as printed, extracts
+    it again with the values it had."""
+    from actx import reader
+
+    assert cli.main(["rerun", run], out=io.StringIO()) == 0
+    opened = reader.open_run(run)
+    hook = sorted(opened.hooks)[0]
+    before = opened.rows(hook, 0, 32)
+    os.remove(_a_chunk_of(run, row_start=16))  # rows 16..19: p-00002
+    opened = reader.open_run(run)
+    np.testing.assert_array_equal(opened.rows(hook, 0, 16), before[:16])
+    with pytest.raises(reader.LostDataError) as e:
+        list(opened.stream(hook, 16, seed=0, epochs=1))
+    said = str(e.value)
+    assert "(p-00002)" in said and _advice(said) == {f"actx verify {run} --repair",
+                                                      f"actx rerun {run}"}, said
+    code, said = follow(said, "repair")
+    assert code == 1 and "REPAIRED: 1 partition(s)" in said, said
+    code, said = follow(str(e.value), "rerun")
+    assert code == 0, said
+    np.testing.assert_array_equal(reader.open_run(run).rows(hook, 0, 32), before)
 
 
 def _a_chunk_of(run: str, row_start: int) -> str:

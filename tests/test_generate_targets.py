@@ -155,6 +155,15 @@ def test_plain_verify_reads_a_block_of_unreached_room_as_the_zeros_it_is(generat
     assert not token_runs.read_activation(generated, "final_norm")[empty].any()
     code, out = _cli("verify", generated)
     assert code == 0 and "OK: every committed block matches its checksum" in out, out
+    # The reader reads them as the zeros they are, not as lost (reader.shard_presence).
+    import actx
+
+    run = actx.open_run(generated)
+    np.testing.assert_array_equal(run.rows("final_norm", 0, run.total_rows),
+                                  token_runs.read_activation(generated, "final_norm"))
+    served = (segment_ids > 0) & (generated_ids != layout.GENERATED_UNUSED)  # room: never
+    assert sum(len(b.rows) for b in run.stream("final_norm", 8, seed=0, epochs=1,
+                                               drop_last=False)) == served.sum()
 
 
 def _rewrite(run: str, hook: str, row: int, col: int, change) -> None:

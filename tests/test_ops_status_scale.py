@@ -158,7 +158,7 @@ def test_listing_ranges_cut_the_sorted_markers_evenly(n):
     "p-10000.json" and "p-10001.json")."""
     import bisect
 
-    ranges = min(commit._MAX_RANGES, -(-n // commit._LIST_RANGE))
+    ranges = min(commit.MAX_RANGES, -(-n // commit.LIST_RANGE))
     cuts = commit.range_boundaries(n, ranges)
     keys = sorted(layout.commit_key(p) for p in range(n))
     assert cuts == sorted(set(cuts)) and len(cuts) == ranges - 1
@@ -194,7 +194,7 @@ def test_gcs_listing_in_ranges_and_parallel_heartbeats(gcs_bucket, monkeypatch):
     run = f"{gcs_bucket}/runs/scale"
     status_runs.write_store(run, n_partitions=420, n_hosts=40, committed=333, dead_hosts=3)
     s = store.open_store(run)
-    monkeypatch.setattr(commit, "_LIST_RANGE", 50)  # 9 ranges listed at once
+    monkeypatch.setattr(commit, "LIST_RANGE", 50)  # 9 ranges listed at once
     assert commit.committed_partitions(s, 420) == set(range(333))
     assert commit.committed_partitions(s, 420) == commit.committed_partitions(s)
     beats = heartbeat.read_heartbeats(s, max_parallel=16)

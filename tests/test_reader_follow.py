@@ -469,8 +469,12 @@ def test_gcs_follower_lists_once_per_poll_and_reads_no_marker(tmp_path, gcs_emul
     assert 0 < listed["run/workers/"] <= took / stall + 1
     # (and open_run lists whether a verify recorded failed partitions: once)
     assert listed["run/verify/latest.json"] <= 1, listed
-    assert set(listed) <= {"run/", "run/commits/", "run/workers/",
-                           "run/verify/latest.json"}, listed
+    # (and the hook's shard objects, once, at its first read: a committed partition's
+    # lost objects would read as zeros, reader.shard_presence. Every object here was
+    # written before the run was opened, so no later commit looks for its own again.)
+    assert listed["run/activations/layers.0.resid_post/c/"] == 1, listed
+    assert set(listed) <= {"run/", "run/commits/", "run/workers/", "run/verify/latest.json",
+                           "run/activations/layers.0.resid_post/c/"}, listed
     # No marker is read; what is read once per run (specs, array metadata) is read once,
     # not once per partition or window; the rest is the partitions' data.
     reads = collections.Counter(name for method, name in

@@ -300,7 +300,7 @@ def test_marker_listing_on_gcs_as_pages_come(gcs_bucket, monkeypatch, server_pag
     s = store.open_store(run)
     for p in (400, 411):  # markers past gaps, in the last range
         s.write(layout.commit_key(p), s.read(layout.commit_key(0)))
-    monkeypatch.setattr(commit, "_LIST_RANGE", 50)  # 9 ranges
+    monkeypatch.setattr(commit, "LIST_RANGE", 50)  # 9 ranges
     monkeypatch.setattr(type(s), "PAGE_ASK", server_page)
     monkeypatch.setattr(type(s), "GCS_PAGE_ITEMS", gcs_page)
     pages = []
