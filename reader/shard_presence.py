@@ -15,6 +15,7 @@ after the marker was seen finds them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Callable, Sequence
 
@@ -70,6 +71,11 @@ class ShardPresence:
         `row_nbytes(array)`: bytes of one of its rows; `unreached(part)`: in a generating
         run, schemas.absent_shards.unreached_rows of the partition's rows (else None)."""
         losses = []
+        unlisted = [a for a in arrays if a not in self._listed]
+        if len(unlisted) > 1 and self._store.PARALLEL_LISTING:
+            # Round trips (GCS): the arrays' listings at once, as their ranges are.
+            with concurrent.futures.ThreadPoolExecutor(min(4, len(unlisted))) as pool:
+                list(pool.map(self._list, unlisted))
         for array in arrays:
             intact = self._intact.setdefault(array, set())
             todo = [p for p in parts if p.id not in intact]
