@@ -112,8 +112,9 @@ class ShardPresence:
         if not late:
             return suspects
         if len(late) <= -(-self._n_shards // commit_lib.LIST_RANGE):  # pages
-            prefix = layout.activation_shard_prefix(array)
-            present.update(s for s in late if self._store.list(f"{prefix}{s}/"))
+            # size: the object's metadata alone (exists may read a whole shard).
+            present.update(s for s in late if self._store.size(
+                layout.activation_shard_key(array, s)) is not None)
         else:
             _, present = self._list(array)
         return self._absent(parts, present)

@@ -25,24 +25,19 @@ def shard_indices(row_start: int, row_stop: int, rows_per_shard: int) -> range:
     return range(row_start // rows_per_shard, -(-row_stop // rows_per_shard))
 
 
-def stored_shards(store, array: str, n_shards: int = 0) -> set[int]:
-    """Shard indices of an activation array's stored objects (layout.activation_shard_key):
-    one listing of its prefix. Given the array's shard count, a store that lists in pages
-    of 1,000 names (GCS) lists key ranges in parallel, as the commit markers are
-    (commit.committed_partitions)."""
-    prefix = layout_lib.activation_shard_prefix(array)
+def stored_shards(store, array: str, n_shards: int) -> set[int]:
+    """Shard indices of an activation array's stored objects (layout.activation_shard_key;
+    `n_shards`: the array's count): one listing of its prefix, in key ranges at once where
+    the store lists in pages of 1,000 names (GCS), as the commit markers are
+    (commit.committed_partitions); on local disk, a look at each object
+    (ObjectStore.existing)."""
+    keys = [layout_lib.activation_shard_key(array, i) for i in range(n_shards)]
     ranges = min(commit_lib.MAX_RANGES, -(-n_shards // commit_lib.LIST_RANGE))
-    if store.PARALLEL_LISTING and ranges > 1:
-        keys = store.list_split(prefix, commit_lib.range_boundaries(
-            n_shards, ranges, key=lambda i: layout_lib.activation_shard_key(array, i)))
-    else:
-        keys = store.list(prefix)
-    found = set()
-    for key in keys:
-        index = layout_lib.shard_index_of(array, key)
-        if index is not None:
-            found.add(index)
-    return found
+    boundaries = (commit_lib.range_boundaries(
+        n_shards, ranges, key=lambda i: layout_lib.activation_shard_key(array, i))
+        if store.PARALLEL_LISTING and ranges > 1 else [])
+    found = store.existing(layout_lib.activation_shard_prefix(array), keys, boundaries)
+    return {i for i, key in enumerate(keys) if key in found}
 
 
 def zeros_checksum(rows: int, row_nbytes: int) -> str:

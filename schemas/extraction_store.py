@@ -48,6 +48,11 @@ class ExtractionStore(store_lib.ObjectStore):
         return [self._unkey(k) for k in self.base.list_split(
             self._key(prefix), [self._key(b) for b in boundaries])]
 
+    def existing(self, prefix, keys, boundaries):
+        found = self.base.existing(self._key(prefix), [self._key(k) for k in keys],
+                                   [self._key(b) for b in boundaries])
+        return {self._unkey(k) for k in found}
+
     def delete(self, key):
         self.base.delete(self._key(key))
 

@@ -60,6 +60,13 @@ class ObjectStore(abc.ABC):
         listed in parallel (GCS pages 1,000 names per request, one page after another)."""
         return self.list(prefix)
 
+    def existing(self, prefix: str, keys: list[str], boundaries: list[str]) -> set[str]:
+        """Which of `keys` (each under `prefix`) exist: one listing of `prefix`, cut at
+        `boundaries` as `list_split` (local disk looks at each key instead: a stat each
+        costs less than walking a folder per object)."""
+        wanted = set(keys)
+        return {k for k in self.list_split(prefix, boundaries) if k in wanted}
+
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Deletes an object; a missing object is not an error."""

@@ -107,43 +107,51 @@ def test_every_lost_partition_is_named_and_a_repair_leaves_the_rest_readable(tmp
 
 
 def test_a_partition_committed_after_the_listing_is_looked_for_again(tmp_path, monkeypatch):
-    """A reader following a live run listed the hook's objects before partition 1's were
-    written: once its marker is seen, its objects are looked for one by one, not taken
-    as lost; partition 3's, lost before its commit, are refused."""
+    """A reader following a live run looked at the hook's objects before partitions 1 and
+    2 wrote theirs: once their markers are seen, their objects are looked for again (one
+    by one where they are fewer than the listing's pages, else in one new listing), not
+    taken as lost; partition 3's, lost before its commit, are refused."""
     monkeypatch.setattr(commit, "LIST_RANGE", 2)  # 16 shards: a listing of 8 pages
     truth = _run(tmp_path / "run", committed=(0,))
     held = tmp_path / "held"
-    for shard in (2, 3):  # partition 1's objects, not written yet
+    for shard in (2, 3, 4, 5):  # partitions 1 and 2's objects, not written yet
         os.makedirs(held / str(shard))
         shutil.move(_shard(truth, HOOK, shard), held / str(shard) / "0")
     os.remove(_shard(truth, HOOK, 7))  # partition 3's: lost before it commits
     run = reader.open_run(truth.uri)
-    listed = []
-    real = type(run.store).list
-    monkeypatch.setattr(type(run.store), "list",
-                        lambda self, prefix="": listed.append(prefix) or real(self, prefix))
+    listed = []  # the array's look at every object (local disk: a stat each), and one by one
+    existing, size = type(run.store).existing, type(run.store).size
+    monkeypatch.setattr(type(run.store), "existing", lambda self, prefix, keys, cuts: (
+        listed.append(prefix) or existing(self, prefix, keys, cuts)))
+    monkeypatch.setattr(type(run.store), "size",
+                        lambda self, key: listed.append(key) or size(self, key))
     np.testing.assert_array_equal(run.rows(HOOK, 0, 8), truth.stored[HOOK][0:8])
     assert listed == [f"activations/{HOOK}/c/"]
-    for shard in (2, 3):  # the worker writes them, then commits
-        shutil.move(held / str(shard) / "0", _shard(truth, HOOK, shard))
-    assert rf.commit_partition(truth, 1)
+
+    def write_and_commit(pid, shards):  # as a worker does: the objects, then the marker
+        for shard in shards:
+            shutil.move(held / str(shard) / "0", _shard(truth, HOOK, shard))
+        assert rf.commit_partition(truth, pid)
+
+    write_and_commit(1, (2, 3))
     assert rf.commit_partition(truth, 3)
     run.observe_committed(commit.committed_partitions(run.store))
     np.testing.assert_array_equal(run.rows(HOOK, 8, 16), truth.stored[HOOK][8:16])
-    assert listed[1:] == [f"activations/{HOOK}/c/2/", f"activations/{HOOK}/c/3/"], listed
+    assert listed[1:] == [layout.activation_shard_key(HOOK, 2),
+                          layout.activation_shard_key(HOOK, 3)], listed
     said = _refused(lambda: run.rows(HOOK, 24, 32))
     assert "p-00003" in said and f"activations/{HOOK}/c/7/0/0 not stored" in said, said
-    assert listed[3:] == [f"activations/{HOOK}/c/7/"], listed
+    assert listed[3:] == [layout.activation_shard_key(HOOK, 7)], listed
     # More objects to look for than the listing has pages: one listing instead.
-    monkeypatch.setattr(commit, "LIST_RANGE", 1000)
-    run.refresh()
-    os.remove(_shard(truth, "embed", 7))
+    monkeypatch.setattr(commit, "LIST_RANGE", 1000)  # one page
+    write_and_commit(2, (4, 5))
+    run.observe_committed(commit.committed_partitions(run.store))
+    np.testing.assert_array_equal(run.rows(HOOK, 16, 24), truth.stored[HOOK][16:24])
+    assert listed[4:] == [f"activations/{HOOK}/c/"], listed
+    # Each array is looked at once, each object once: nothing more per read.
+    run.rows(HOOK, 0, 24)
     _refused(lambda: run.rows(HOOK, 24, 32))
-    # Each array is listed once, each object looked for once: nothing more per read.
-    before = len(listed)
-    run.rows(HOOK, 0, 16)
-    _refused(lambda: run.rows(HOOK, 24, 32))
-    assert len(listed) == before
+    assert len(listed) == 5, listed
 
 
 def test_a_float8_hooks_lost_scales_are_refused(tmp_path):
@@ -181,3 +189,19 @@ def test_on_gcs_the_listing_goes_in_ranges_and_finds_what_is_lost(gcs_bucket, mo
     mask = truth.committed_mask().copy()
     mask[40:48] = False
     assert sum(len(a) for a in got) == int(mask.sum())
+
+
+def test_a_named_extractions_view_looks_for_its_own_objects(tmp_path):
+    """An extraction's objects lie under extractions/NAME/ (schemas.extraction_store): its
+    view looks there, for its keys as the reader names them."""
+    from actx.schemas import absent_shards, extraction_store
+
+    base = store_lib.open_store(str(tmp_path / "run"))
+    view = extraction_store.view(base, "other")
+    for i in (0, 2):
+        view.write(layout.activation_shard_key(HOOK, i), b"x")
+    base.write(layout.activation_shard_key(HOOK, 1), b"x")  # the default extraction's
+    assert absent_shards.stored_shards(view, HOOK, 3) == {0, 2}
+    assert absent_shards.stored_shards(base, HOOK, 3) == {1}
+    assert os.path.isfile(tmp_path / "run" / layout.extraction_key(
+        "other", layout.activation_shard_key(HOOK, 2)))
