@@ -4,8 +4,9 @@ rows of one whose shard objects are gone, rather than return zeros for them.
 Every read of an absent shard object returns the array's fill value (zeros), the same as
 a block the worker wrote as zeros, which the store keeps as no object at all
 (schemas.absent_shards tells the two apart by the commit marker's checksums). So each
-array a reader reads is listed once, at the first read that names it (arrays never read
-cost nothing), and every committed partition it reads is checked against that listing;
+array a reader reads has its objects looked at once, at the first read that names it (a
+listing on GCS, a stat each on local disk: schemas.absent_shards.stored_shards; arrays
+never read cost nothing), and every committed partition it reads is checked against that;
 only a partition with an absent object costs a read of its marker. Where a partition was
 seen committed after the listing was taken (a reader following a live run), its objects
 absent from the listing are looked for again (one by one, or in a new listing where they
