@@ -414,9 +414,7 @@ class RunSnapshot:
         hooks = self.resolve_hooks(hooks)
         rows = np.asarray(rows, np.int64)
         cols = np.asarray(cols, np.int64)
-        for pid in self._partitions_of_rows(rows):
-            part = self.partitions[pid]
-            self.check_rows(part.row_start, part.row_stop, hooks)
+        self.committed_ids(self._partitions_of_rows(rows), hooks)
         futures = {h: self.activation_array(h).vindex[rows, cols].read() for h in hooks}
         scales = {h: a.vindex[rows, cols].read() for h in hooks
                   if (a := self.scale_array(h)) is not None}
