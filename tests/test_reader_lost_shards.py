@@ -205,3 +205,28 @@ def test_a_named_extractions_view_looks_for_its_own_objects(tmp_path):
     assert absent_shards.stored_shards(base, HOOK, 3) == {1}
     assert os.path.isfile(tmp_path / "run" / layout.extraction_key(
         "other", layout.activation_shard_key(HOOK, 2)))
+
+
+def test_an_array_in_another_shard_layout_is_read_not_refused(tmp_path):
+    """Objects of 8 rows where the run's layout says 4 (no actx writer makes one): the
+    check, which knows objects of rows_per_shard rows, leaves the array alone rather than
+    refuse partitions for keys it never had; its values read as written."""
+    import dataclasses
+
+    from actx.schemas import runspec, ts_context, uri
+
+    truth = _run(tmp_path / "run")
+    spec = runspec.RunSpec.from_dict(store_lib.open_store(truth.uri).read_json("run.json"))
+    wide = dataclasses.replace(spec.layout, rows_per_shard=8)
+    shutil.rmtree(os.path.join(truth.uri, "activations", "embed"))
+    values = truth.stored["embed"]
+    arr = ts_context.open_array(layout.activation_array(
+        "embed", values.shape[0], values.shape[1], values.shape[2], truth.dtype, wide
+    ).spec(uri.parse(truth.uri), create=True))
+    arr.write(values).result()
+    assert not os.path.exists(_shard(truth, "embed", 4))  # rows 16..23 are in object 2
+    run = reader.open_run(truth.uri)
+    np.testing.assert_array_equal(run.rows("embed", 16, 24), values[16:24])
+    # The hook in the run's own layout is still checked.
+    os.remove(_shard(truth, HOOK, 3))
+    _refused(lambda: run.rows(HOOK, 8, 16))
