@@ -35,6 +35,7 @@ import numpy as np
 
 from actx.deploy import hf_reference
 from actx.deploy import verify_generated
+from actx.reader import errors as reader_errors
 from actx.reader import run as reader_run
 from actx.schemas import activations_info as info_lib
 from actx.schemas import advice
@@ -297,6 +298,11 @@ def check(handle, n: int = DEFAULT_SAMPLE, device: str = "cpu", seed: int = 0,
         # Only tokens of committed partitions hold values (a document may run on).
         pids = np.searchsorted(row_starts, unit.rows, side="right") - 1
         keep = np.isin(pids, list(committed))
+        try:  # an object lost since its commit would read as zeros: that is the finding
+            run.require_stored(hooks, [run.partitions[int(p)] for p in sorted(set(pids[keep]))])
+        except reader_errors.LostDataError as e:
+            failures.append(f"{where}: {e}")
+            continue
         ids, end, said = tokens["input_ids"], n_tokens, ""
         if unit.prompt_tokens is not None:  # a sample: its prompt, then what was generated
             text = verify_generated.sample_text(

@@ -11,6 +11,8 @@ Beam.
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import signal
 import threading
 
@@ -63,9 +65,10 @@ def safe_to_raise(frame) -> bool:
       the collector runs at any point: Python ignores the exception there too (seen: a
       SIGTERM raised in WeakSet's callback was printed and dropped, and `actx status
       --serve` served on).
-    The caller redelivers the signal, which comes back once out of there."""
-    import gc
-
+    The caller redelivers the signal, which comes back once out of there. (It imports
+    nothing, nor does `redeliver`: an import in a handler that lands inside another
+    import's module lock, Python 3.11's `_ModuleLock.acquire`, overwrites that import's
+    entry of the locks' table, and the outer import fails with a KeyError.)"""
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks} - {None}
     while frame is not None:
         code = frame.f_code
@@ -92,8 +95,6 @@ _IMPORT_MACHINERY = "<frozen importlib._bootstrap"
 
 def redeliver(signum: int, after_s: float = 0.05) -> None:
     """Sends `signum` to this process again shortly, once out of the callback."""
-    import os
-
     timer = threading.Timer(after_s, os.kill, (os.getpid(), signum))
     timer.daemon = True
     timer.start()

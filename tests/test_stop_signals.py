@@ -37,6 +37,29 @@ def test_a_signal_during_an_import_stops_the_command_after_the_import(tmp_path, 
     assert sys.modules["slow_to_import"].COMPLETE  # not left half-imported
 
 
+def test_the_handler_imports_nothing():
+    """A handler that imports (here once: `gc`, not imported at a process's start) and
+    lands inside another import's `_ModuleLock.acquire` overwrites that import's entry of
+    Python 3.11's lock table: the outer import then fails with a KeyError and a traceback
+    (CI: SIGTERM during `actx verify`'s import of numpy). In a fresh process, the
+    handler's checks and its redelivery import no module."""
+    import subprocess
+
+    code = (
+        "import signal, sys, time\n"
+        "from actx.schemas import stop_signals\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: None)\n"
+        "before = set(sys.modules)\n"
+        "stop_signals.safe_to_raise(sys._getframe())\n"
+        "stop_signals.redeliver(signal.SIGUSR1, after_s=0.01)\n"
+        "time.sleep(0.2)\n"
+        "print(sorted(set(sys.modules) - before))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def test_a_signal_outside_an_import_raises_at_once():
     with stop_signals.handled():
         with pytest.raises(stop_signals.Stopped) as stopped:

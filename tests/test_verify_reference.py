@@ -136,6 +136,22 @@ def test_values_altered_with_their_checksums_fail_only_the_reference(released, t
     assert record.summary() == f"reference: FAILED: {first}"
 
 
+def test_a_lost_object_is_a_failure_of_the_documents_it_held(released, tmp_path):
+    """An activation object deleted after its commit would read as zeros: the reference
+    check names it for each document drawn there, with what finishes the run, instead of
+    comparing zeros."""
+    _, clean = released
+    run = shutil.copytree(clean, tmp_path / "run")
+    shutil.rmtree(os.path.join(run, layout.activation_array_key(TAMPERED), "c"))
+    code, out = _cli("verify", run, "--reference", "--sample", "2")
+    assert code == 1, out
+    record = reference_verification.read_record(store.open_store(str(run)))
+    assert not record.ok and len(record.failures) == 2, record.failures
+    for failure in record.failures:
+        assert "have lost activations that a read would return as zeros" in failure
+        assert f"array {TAMPERED}" in failure and f"`actx verify {run} --repair`" in failure
+
+
 def test_json_and_only(released):
     _, run = released
     code, out = _cli("verify", run, "--reference", "--json", "--only", "1", "--sample", "1")
