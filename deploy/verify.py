@@ -236,7 +236,7 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                 # marker's checksum says whether the worker wrote zeros there (a hook that
                 # outputs zeros for those tokens), or whether the data is gone.
                 if missing and absent_shards.is_lost(
-                        hook, sums[k], hi - lo, _row_nbytes(arr),
+                        hook, sums[k], hi - lo, absent_shards.row_nbytes(arr),
                         None if unreached is None else
                         unreached[lo - part.row_start:hi - part.row_start]):
                     problems.append(f"{label}: block {k} (rows {lo}-{hi - 1}) was never written "
@@ -360,11 +360,6 @@ def _damage(e: ValueError) -> str:
     """A damaged object's error without the generic advice: verify's own says what to do
     (`--repair` deletes the marker, `rerun` extracts the partition again)."""
     return str(e).removesuffix("; the object is damaged: rewrite it or delete it")
-
-
-def _row_nbytes(arr) -> int:
-    """Bytes of one row of a [rows, seq_len, hidden] array."""
-    return arr.dtype.numpy_dtype.itemsize * int(np.prod(arr.shape[1:]))
 
 
 def _unreached(generated, part, valid: np.ndarray) -> np.ndarray | None:

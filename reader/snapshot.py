@@ -293,8 +293,7 @@ class RunSnapshot:
             self.spec.layout.rows_per_shard, *arr.shape[1:])
 
     def _row_nbytes(self, array: str) -> int:
-        arr = self.open_array(layout.activation_array_key(array))
-        return arr.dtype.numpy_dtype.itemsize * int(np.prod(arr.shape[1:]))
+        return absent_shards.row_nbytes(self.open_array(layout.activation_array_key(array)))
 
     def _unreached(self, part: manifest_lib.Partition) -> np.ndarray | None:
         """In a generating run, per row of `part`: whether it holds no token the model

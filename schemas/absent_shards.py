@@ -40,6 +40,11 @@ def stored_shards(store, array: str, n_shards: int) -> set[int]:
     return {i for i, key in enumerate(keys) if key in found}
 
 
+def row_nbytes(array) -> int:
+    """Bytes of one row of a [rows, seq_len, hidden] tensorstore array."""
+    return array.dtype.numpy_dtype.itemsize * int(np.prod(array.shape[1:]))
+
+
 def zeros_checksum(rows: int, row_nbytes: int) -> str:
     """The checksum the writer computes for `rows` rows of zeros, `row_nbytes` bytes each
     (a block the store then keeps as no object)."""
