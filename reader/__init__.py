@@ -45,7 +45,8 @@ Public names (all re-exported here; `__all__`):
     NothingCommittedError         any read of a run with no committed partition yet
     RunStalledError               a followed run gave no commit for wait_timeout_s
     LostDataError                 rows of a committed partition whose stored
-                                  activations are gone (they would read as zeros)
+                                  activations are gone (refused: they would read
+                                  as zeros)
 
 All tensorstore arrays are opened in the process-wide context (schemas.ts_context), so
 memory:// runs written in the same process are readable and its cache pool is shared

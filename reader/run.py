@@ -57,7 +57,8 @@ def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") 
         warnings.warn(
             f"{run.location}: the latest `actx verify` found {len(failed)} committed "
             f"partition(s) whose data is not what their markers say ({names}{more}): what "
-            f"is read of them may be wrong (an object that is gone reads as zeros). "
+            f"is read of them may be wrong (a changed object reads as its new bytes; one that is "
+            f"gone is refused: reader.LostDataError). "
             f"`{advice.repair(run.location)}` turns them back into pending, then "
             f"`{advice.rerun(run.location)}` extracts them again",
             errors.FailedVerificationWarning, stacklevel=2)
