@@ -18,8 +18,16 @@ from actx.schemas import gcs_store
 from actx.schemas import store_errors
 from actx.schemas import uri as uri_lib
 
-# Files a directory expands to (hidden files and unknown extensions are skipped).
+# Files a directory expands to: data files by their extension, in any case. Files whose
+# extension names a format actx cannot read (UNREADABLE_EXTENSIONS: compressed, CSV, ...)
+# are listed too, so that the source is refused before any work (pipeline.preflight's
+# format_problem) rather than read without them; any other file (README.md, LICENSE) is
+# skipped, and named to the caller that asks (`expand_path_sizes`'s `skipped`). Hidden
+# files ("." or "_" first: .gitattributes, _SUCCESS) are skipped unnamed.
 DATA_EXTENSIONS = (".parquet", ".jsonl", ".ndjson", ".json", ".txt")
+UNREADABLE_EXTENSIONS = (".csv", ".tsv", ".xlsx", ".xls", ".xml", ".html", ".htm", ".pdf",
+                         ".docx", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".arrow",
+                         ".feather", ".avro", ".orc", ".pkl", ".npy", ".npz")
 _GLOB_CHARS = "*?["
 
 
@@ -27,41 +35,62 @@ class InputError(errors.UserError, ValueError):
     """An input path is missing, matches nothing, or cannot be used."""
 
 
-def _has_glob(path: str) -> bool:
+def is_glob(path: str) -> bool:
+    """Whether `path` is a glob (it holds *, ? or [)."""
     return any(c in path for c in _GLOB_CHARS)
 
 
-def _is_data_file(name: str) -> bool:
+def _in_directory(name: str) -> bool | None:
+    """Whether a directory's file `name` is listed (True), skipped and named (False), or
+    skipped unnamed (None: a hidden file)."""
     base = name.rsplit("/", 1)[-1]
-    return not base.startswith((".", "_")) and base.endswith(DATA_EXTENSIONS)
+    if base.startswith((".", "_")):
+        return None
+    return base.lower().endswith(DATA_EXTENSIONS + UNREADABLE_EXTENSIONS)
+
+
+def _directory_files(names, skipped: list[str] | None) -> list:
+    """The names of a directory's files it expands to; the others, hidden files aside,
+    appended to `skipped` (when given)."""
+    listed = []
+    for name in names:
+        verdict = _in_directory(name)
+        if verdict:
+            listed.append(name)
+        elif verdict is False and skipped is not None:
+            skipped.append(name)
+    return listed
 
 
 def _gcs_bucket(loc: uri_lib.Location):
     return gcs_store.gcs_client().bucket(loc.bucket)  # the project's one configured client
 
 
-def expand_path(path: str) -> list[str]:
-    """The sorted files that `path` (file, directory or glob; local or gs://) names."""
-    return [name for name, _ in expand_path_sizes(path)]
+def expand_path(path: str, skipped: list[str] | None = None) -> list[str]:
+    """The sorted files that `path` (file, directory or glob; local or gs://) names.
+    skipped: gets a directory's files that are neither data nor a format refused by name
+    (README.md), for the caller to say."""
+    return [name for name, _ in expand_path_sizes(path, skipped)]
 
 
-def expand_path_sizes(path: str) -> list[tuple[str, int]]:
+def expand_path_sizes(path: str, skipped: list[str] | None = None
+                      ) -> list[tuple[str, int]]:
     """`expand_path`'s files with their sizes in bytes (from the same listing on gs://)."""
     if path.startswith("gs://"):
         loc = uri_lib.parse(path)
         # No credentials, no network, no access: one line naming the path and the fix.
         with store_errors.translated(path, loc.bucket):
-            return _expand_gcs(path, loc)
+            return _expand_gcs(path, loc, skipped)
     local = os.path.abspath(os.path.expanduser(path[len("file://"):] if path.startswith("file://") else path))
-    if _has_glob(local):
+    if is_glob(local):
         files = sorted(f for f in glob.glob(local, recursive=True) if os.path.isfile(f))
         if not files:
             raise InputError(f"{path}: glob matches no files; check the pattern")
     elif os.path.isfile(local):
         files = [local]
     elif os.path.isdir(local):
-        files = sorted(os.path.join(d, f) for d, _, names in os.walk(local) for f in names
-                       if _is_data_file(f))
+        files = sorted(_directory_files(
+            (os.path.join(d, f) for d, _, names in os.walk(local) for f in names), skipped))
         if not files:
             raise InputError(f"{path}: directory holds no data files ({', '.join(DATA_EXTENSIONS)})")
     else:
@@ -69,9 +98,10 @@ def expand_path_sizes(path: str) -> list[tuple[str, int]]:
     return [(f, os.path.getsize(f)) for f in files]
 
 
-def _expand_gcs(path: str, loc: uri_lib.Location) -> list[tuple[str, int]]:
+def _expand_gcs(path: str, loc: uri_lib.Location, skipped: list[str] | None
+                ) -> list[tuple[str, int]]:
     bucket = _gcs_bucket(loc)
-    if _has_glob(loc.path):
+    if is_glob(loc.path):
         prefix = loc.path[:min(loc.path.find(c) for c in _GLOB_CHARS if c in loc.path)]
         blobs = {b.name: b.size or 0 for b in bucket.list_blobs(prefix=prefix)
                  if fnmatch.fnmatchcase(b.name, loc.path)}
@@ -80,8 +110,12 @@ def _expand_gcs(path: str, loc: uri_lib.Location) -> list[tuple[str, int]]:
         blobs = {b.name: b.size or 0 for b in bucket.list_blobs(prefix=loc.path)}
         if loc.path in blobs:
             return [(path, blobs[loc.path])]
-        blobs = {n: size for n, size in blobs.items()
-                 if n.startswith(loc.path.rstrip("/") + "/") and _is_data_file(n)}
+        inside = [n for n in blobs if n.startswith(loc.path.rstrip("/") + "/")]
+        named: list[str] = []
+        listed = set(_directory_files(inside, named))
+        blobs = {n: size for n, size in blobs.items() if n in listed}
+        if skipped is not None:
+            skipped += [f"gs://{loc.bucket}/{n}" for n in sorted(named)]
         kind = "path"
     if not blobs:
         raise InputError(f"{path}: {'glob matches no objects' if kind == 'glob' else 'no such object or prefix'}"

@@ -91,7 +91,14 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
                   "%s (changed: %s); nothing was committed, so nothing is lost", run.uri,
                   spec.fingerprint, ", ".join(changed))
         return manifest_lib.read_manifest(run.store)
-    files = preflight.expand_sources(spec)
+    skipped: list[str] = []
+    files = preflight.expand_sources(spec, skipped)
+    if skipped:  # nothing left out unsaid: a README beside the data, a LICENSE
+        shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more"
+                                          if len(skipped) > 5 else "")
+        _log.warning("prepare: %d file(s) in the sources' directories are not data (data "
+                     "files end in %s) and are not read: %s", len(skipped),
+                     ", ".join(fileio.DATA_EXTENSIONS), shown)
     for index, source in enumerate(spec.sources):  # a format it cannot read: before work
         problem = preflight.format_problem(source, [f for s, f in files if s == index])
         if problem:

@@ -6,6 +6,8 @@ the time it takes to read the tokenizer, not to import Beam.
 
 from __future__ import annotations
 
+import os
+
 from actx.pipeline import fileio
 from actx.pipeline import tokenize
 from actx.schemas import errors
@@ -16,14 +18,16 @@ from actx.schemas import tokenizer_identity
 from actx.schemas import uri as uri_lib
 
 
-def expand_sources(spec: runspec_lib.RunSpec) -> list[tuple[int, str]]:
-    """(source_index, file) for every input file, sorted; raises on a missing path."""
+def expand_sources(spec: runspec_lib.RunSpec, skipped: list[str] | None = None
+                   ) -> list[tuple[int, str]]:
+    """(source_index, file) for every input file, sorted; raises on a missing path.
+    skipped: gets the files of the sources' directories that are not data (fileio)."""
     files = []
     for s, source in enumerate(spec.sources):
         found = []
         for path in source.paths:
             try:
-                found += fileio.expand_path(path)
+                found += fileio.expand_path(path, skipped)
             except fileio.InputError as e:
                 raise fileio.InputError(f"source {spec.source_name(s)!r}: {e}") from None
         files += [(s, f) for f in sorted(set(found))]
@@ -102,10 +106,10 @@ def format_problem(source: runspec_lib.SourceSpec, files: list[str]) -> str:
             return (f"{path}: format {fmt} cannot hold ARC tasks; expected format json (an "
                     f"ARC-AGI task file) or jsonl (one task object per line)")
         if (not arc and source.format == "auto"
-                and path.lower().endswith(sources.UNREADABLE_EXTENSIONS)):
+                and path.lower().endswith(fileio.UNREADABLE_EXTENSIONS)):
             return (f"{path}: a {path.rsplit('.', 1)[-1]} file is not a format actx reads; "
                     f"expected {sources.FORMATS_READ}: convert it, or set the source's "
-                    f"format if the name misleads")
+                    f"format if the name misleads{_glob_instead(source, path, files)}")
     if not files:
         return ""
     path = files[0]
@@ -132,3 +136,30 @@ def format_problem(source: runspec_lib.SourceSpec, files: list[str]) -> str:
         return (f"{path}: holds a JSON array, not JSON lines (one object per line); set the "
                 f"source's format to json (or auto with a .json name), which reads arrays")
     return ""
+
+
+def _glob_instead(source: runspec_lib.SourceSpec, path: str, files: list[str]) -> str:
+    """For a file that a directory of the source's paths expanded to: how to name only the
+    readable files instead (a glob, which lists what it matches whatever its format), as
+    the end of a refusal's sentence; "" for a file named by a path or a glob."""
+    def where(p: str) -> str:  # as fileio lists it: gs:// as given, local paths absolute
+        if p.startswith("gs://"):
+            return p.rstrip("/")
+        return os.path.abspath(os.path.expanduser(p.removeprefix("file://")))
+
+    directory = next((p for p in source.paths if not fileio.is_glob(p)
+                      and path.startswith(where(p) + "/")), None)
+    if directory is None:
+        return ""
+    listed = where(directory)
+    readable = [f for f in files if f.startswith(listed + "/")
+                and f.lower().endswith(fileio.DATA_EXTENSIONS)]
+    ending = min(fileio.DATA_EXTENSIONS, key=lambda e: -sum(
+        f.lower().endswith(e) for f in readable)) if readable else ".jsonl"
+    root = directory.rstrip("/")
+    nested = any("/" in f[len(listed) + 1:] for f in readable)
+    # gs://: a glob's * matches "/" too (fnmatch); locally ** spans folders (glob).
+    pattern = (f"{root}/**/*{ending}" if nested and not root.startswith("gs://")
+               else f"{root}/*{ending}")
+    return (f"; or, to read the directory without it, name the files to read with a glob "
+            f"in the source's paths, e.g. {pattern!r}")

@@ -98,18 +98,18 @@ def file_format(source: runspec_lib.SourceSpec, path: str) -> str:
 
 # What a file's extension says it holds, for the sources that read text: `format: auto`
 # reads .json as a JSON array of objects (or JSONL, when it does not start with "["), an
-# unknown extension as JSONL. These it cannot read at all (refused before any work).
-UNREADABLE_EXTENSIONS = (".csv", ".tsv", ".xlsx", ".xls", ".xml", ".html", ".htm", ".pdf",
-                         ".docx", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".arrow",
-                         ".feather", ".avro", ".orc", ".pkl", ".npy", ".npz")
+# unknown extension as JSONL; fileio.UNREADABLE_EXTENSIONS it cannot read at all (refused
+# before any work: pipeline.preflight).
 FORMATS_READ = ("jsonl (one JSON object per line), json (an array of JSON objects), parquet "
                 "or txt (one document per line)")
 
 
-def not_utf8(raw: bytes, e: UnicodeDecodeError, what: str = "") -> str:
+def not_utf8(raw: bytes, e: UnicodeDecodeError, what: str = "", column: str = "") -> str:
     """The reason of bytes that are not UTF-8, naming the encoding that reads them where
     one of the usual suspects does (UTF-16 by its byte-order mark; cp1252, else latin-1,
-    when the bytes decode to text without control characters), and how to convert."""
+    when the bytes decode to text without control characters), and how to convert.
+    column: the parquet column they are a value of (a binary file that iconv would
+    damage: the column is to be written as UTF-8 where the file is made)."""
     enc = None
     if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
         enc = "utf-16"
@@ -125,6 +125,10 @@ def not_utf8(raw: bytes, e: UnicodeDecodeError, what: str = "") -> str:
     where = f"{what + ' ' if what else ''}at byte {e.start} (0x{raw[e.start]:02x})"
     if enc is None:
         return f"invalid UTF-8, not text in cp1252 or latin-1 either: {where}"
+    if column:
+        return (f"invalid UTF-8, the value is {enc}: {where}; write column {column!r} as "
+                f"UTF-8 where the parquet file is made (its {enc} bytes decoded, e.g. "
+                f"value.decode({enc!r}))")
     return (f"invalid UTF-8, the file is {enc}: {where}; convert it to UTF-8, e.g. "
             f"iconv -f {enc} -t utf-8 FILE > FILE.utf8")
 
@@ -169,6 +173,15 @@ class Emitter:
         self.source_index, self.source, self.name, self.path = source_index, source, name, path
         self.line_kind = line_kind
         self._missing_column: str | None = None  # parquet: the reason, once read
+        if source.kind == "arc":
+            self._keys_read = ("task_id", "train", "test")
+        else:
+            provenance = FINEWEB_PROVENANCE if source.kind == "fineweb" else ()
+            self._keys_read = (source.text_field, source.id_field, *provenance)
+
+    def keys_read(self) -> tuple[str, ...]:
+        """The keys of a JSON object this source reads (a duplicate of one is refused)."""
+        return self._keys_read
 
     def reject(self, line: int, reason: str, raw: bytes | str = "") -> Reject:
         return Reject(self.source_index, self.name, self.path, line, self.line_kind, reason,
@@ -183,11 +196,11 @@ class Emitter:
                                      f"{_names(obj)} - set the source's text_field to the "
                                      f"key that holds the text", raw)
         text = obj[field]
-        if isinstance(text, bytes):
+        if isinstance(text, bytes):  # a parquet value (JSON holds no bytes)
             try:
                 text = text.decode("utf-8")
             except UnicodeDecodeError as e:
-                return self.reject(line, not_utf8(text, e, f"in field {field!r}"), raw)
+                return self.reject(line, not_utf8(text, e, f"in field {field!r}", field), raw)
         if not isinstance(text, str):
             return self.reject(line, f"text field {field!r} is not a string "
                                      f"({type(text).__name__})", raw)
@@ -198,6 +211,13 @@ class Emitter:
             return self.reject(line, f"text field {field!r} is not valid Unicode ({bad}) - "
                                      f"{_FIX_SURROGATE}", raw)
         doc_id = obj.get(self.source.id_field)
+        if isinstance(doc_id, bytes):  # a parquet id: not read with U+FFFD in its place
+            try:
+                doc_id = doc_id.decode("utf-8")
+            except UnicodeDecodeError as e:
+                id_field = self.source.id_field
+                return self.reject(line, not_utf8(doc_id, e, f"in field {id_field!r}",
+                                                  id_field), raw)
         doc_id = f"{os.path.basename(self.path)}:{line}" if doc_id is None else str(doc_id)
         prov = ()
         if self.source.kind == "fineweb":
@@ -272,7 +292,7 @@ def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 
             yield number, em.reject(number, not_utf8(raw, e), raw), raw
             continue
         try:
-            obj = json.loads(line)
+            obj = parse_json(line)
         except json.JSONDecodeError as e:
             # json's message may end with "at" itself ("Unterminated string starting at").
             reason = f"malformed JSON: {e.msg.removesuffix(' at')} at column {e.colno}"
@@ -282,7 +302,49 @@ def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 
             yield number, em.reject(number, f"JSON line is a {type(obj).__name__}, "
                                             f"not an object", raw), raw
             continue
+        twice = repeated_keys(obj, em.keys_read())
+        if twice:
+            yield number, em.reject(number, f"duplicate key {_names(twice)} in the line's "
+                                            f"object - JSON keeps its last value unsaid; "
+                                            f"keep one", raw), raw
+            continue
         yield number, obj, raw
+
+
+def parse_json(text: str):
+    """json.loads(text), with each object that writes a key twice kept as a `_Pairs` (its
+    pairs as written), for `repeated_keys`."""
+    return _JSON.decode(text)
+
+
+def repeated_keys(obj, keys: tuple[str, ...]) -> list[str]:
+    """The keys among `keys` that the top level of `obj` (from `parse_json`) wrote more
+    than once: JSON keeps the last value of a key without a word."""
+    return obj.twice(keys) if isinstance(obj, _Pairs) else []
+
+
+class _Pairs(dict):
+    """A parsed JSON object that wrote a key more than once: the dict JSON makes of it
+    (the last value of each key), with its key-value pairs as written."""
+
+    def __init__(self, pairs):
+        super().__init__(pairs)
+        self.pairs = pairs
+
+    def twice(self, keys: tuple[str, ...]) -> list[str]:
+        """The keys among `keys` written more than once."""
+        names = [name for name, _ in self.pairs]
+        return sorted({name for name in names if name in keys and names.count(name) > 1})
+
+
+def _object(pairs: list) -> dict:
+    obj = dict(pairs)
+    return obj if len(obj) == len(pairs) else _Pairs(pairs)
+
+
+# One decoder, made once: json.loads given a hook builds a decoder each call (twice the
+# time of a plain json.loads on a 4 KB line); this one costs what json.loads does.
+_JSON = json.JSONDecoder(object_pairs_hook=_object)
 
 
 def read_jsonl(em: Emitter, data: bytes, limit: int | None, first_line: int = 1):
@@ -338,7 +400,10 @@ def parquet_records(em: Emitter, batches, first_row: int, limit: int | None):
             obj = {}
             for name, values in columns.items():
                 value = values[i]
-                if isinstance(value, bytes) and name != em.source.text_field:
+                # The text and the id are decoded by Emitter.text, which rejects invalid
+                # UTF-8 there; provenance (url, dump) is only recorded.
+                if isinstance(value, bytes) and name not in (em.source.text_field,
+                                                             em.source.id_field):
                     value = value.decode("utf-8", errors="replace")
                 obj[name] = value
             if obj.get(em.source.text_field, 0) is None:
@@ -382,7 +447,7 @@ def read_json(em: Emitter, data: bytes, limit: int | None, first: int = 0,
         yield em.reject(-1, not_utf8(data, e), data[:SNIPPET_CHARS])
         return
     try:
-        array = json.loads(text)
+        array = parse_json(text)
     except json.JSONDecodeError as e:
         yield em.reject(-1, f"malformed JSON array: {e.msg} at line {e.lineno} column "
                             f"{e.colno}", data[:SNIPPET_CHARS])
@@ -394,6 +459,9 @@ def read_json(em: Emitter, data: bytes, limit: int | None, first: int = 0,
         if not isinstance(obj, dict):
             yield em.reject(index, f"JSON array element is a {type(obj).__name__}, not an "
                                    f"object", raw)
+        elif twice := repeated_keys(obj, em.keys_read()):
+            yield em.reject(index, f"duplicate key {_names(twice)} in the element's object "
+                                   f"- JSON keeps its last value unsaid; keep one", raw)
         else:
             yield em.text(index, obj, raw)
 

@@ -44,6 +44,8 @@ Public names (all re-exported here; `__all__`):
     UncommittedPartitionError     rows of a partition without a commit marker
     NothingCommittedError         any read of a run with no committed partition yet
     RunStalledError               a followed run gave no commit for wait_timeout_s
+    AmbiguousDocumentError        a doc_id that names several documents (the
+                                  message lists their doc_index)
     LostDataError                 rows of a committed partition whose stored
                                   activations are gone (refused: they would read
                                   as zeros)
@@ -55,7 +57,8 @@ memory:// runs written in the same process are readable and its cache pool is sh
 
 from actx.reader.batches import Batch, TokenBatches
 from actx.reader.streaming.blocks import BlockTable, StreamPlan
-from actx.reader.errors import (LostDataError, NotARunError, NothingCommittedError,
+from actx.reader.errors import (AmbiguousDocumentError, LostDataError, NotARunError,
+                                NothingCommittedError,
                                 ReaderError, RunStalledError, UncommittedPartitionError,
                                 UnknownHookError)
 from actx.reader.streaming.mixing import Mixing
@@ -69,7 +72,7 @@ from actx.reader.streaming.follow import FollowStream
 from actx.reader.streaming.stream import ShuffledStream
 
 __all__ = [
-    "Batch", "BlockTable", "FollowStream", "HookInfo", "HookStats", "LostDataError", "Mixing",
+    "AmbiguousDocumentError", "Batch", "BlockTable", "FollowStream", "HookInfo", "HookStats", "LostDataError", "Mixing",
     "NotARunError", "NothingCommittedError",
     "ReaderError", "RunStalledError",
     "Run", "Selection", "ShufflePlan", "ShuffledStream", "StreamPlan", "TokenBatches",

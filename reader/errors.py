@@ -36,6 +36,15 @@ class LostDataError(ReaderError):
     names them and the commands that extract them again (reader.shard_presence)."""
 
 
+class AmbiguousDocumentError(ReaderError, KeyError):
+    """A doc_id that names several documents (ids are the data's, or "<file>:<line>" of
+    files of one name in two folders): the message lists them by doc_index, the key that
+    names one."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
 class RunStalledError(ReaderError, TimeoutError):
     """A reader following a live run waited its timeout for a commit that did not come;
     the message says the run's phase, its dead hosts and what `actx status` advises."""

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from actx.reader import errors
 from actx.reader import generation_records
 from actx.reader import masks as masks_lib
 from actx.reader import snapshot
@@ -46,7 +47,9 @@ class DocTable:
 
     def __init__(self, run: snapshot.RunSnapshot):
         self.by_index: dict[int, dict] = {}
-        self.by_id: dict[str, dict] = {}
+        # doc_id -> its documents: ids need not be unique (the data's own id column, or
+        # the default "<file name>:<line>" of two files of one name in two folders).
+        self.by_id: dict[str, list[dict]] = {}
         for pid in run.committed:
             key = layout.docs_key(pid)
             data = run.store.read(key)
@@ -61,16 +64,30 @@ class DocTable:
                     raise ValueError(f"{run.location.join(key)}:{n}: not JSON ({e})") from e
                 doc["partition"] = pid
                 self.by_index[int(doc["doc_index"])] = doc
-                self.by_id[str(doc["doc_id"])] = doc
+                self.by_id.setdefault(str(doc["doc_id"]), []).append(doc)
 
     def find(self, run: snapshot.RunSnapshot, doc: "int | str") -> dict:
-        table = self.by_index if isinstance(doc, (int, np.integer)) else self.by_id
-        key = int(doc) if isinstance(doc, (int, np.integer)) else str(doc)
-        if key not in table:
+        """The doc-table row of `doc` (a doc_index, or a doc_id that names one document)."""
+        if isinstance(doc, (int, np.integer)):
+            found = [self.by_index[int(doc)]] if int(doc) in self.by_index else []
+        else:
+            found = self.by_id.get(str(doc), [])
+        if not found:
             raise KeyError(f"{run.location}: no document {doc!r} starts in a committed "
                            f"partition ({len(run.committed)} committed of "
                            f"{len(run.partitions)})")
-        return table[key]
+        if len(found) > 1:
+            found = sorted(found, key=lambda d: int(d["doc_index"]))
+            where = "; ".join(
+                f"doc_index {d['doc_index']} ({d.get('file', '?')} "
+                f"{'row' if 'row' in d else 'line'} {d.get('row', d.get('line', '?'))})"
+                for d in found[:5])
+            more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
+            raise errors.AmbiguousDocumentError(
+                f"{run.location}: doc_id {doc!r} names {len(found)} documents of the "
+                f"committed partitions: {where}{more}; ask for one by its doc_index, e.g. "
+                f"run.document({found[0]['doc_index']})")
+        return found[0]
 
 
 # Each run's doc table, read on its first document lookup and kept while the run is.

@@ -38,7 +38,11 @@ class SourceSpec:
 
     kind: "fineweb" (parquet with FineWeb's columns), "text" (generic JSONL, parquet or
       plain text), or "arc" (ARC tasks as JSONL, one task per line, or ARC-AGI JSON).
-    paths: files, directories or globs, local or gs://.
+    paths: files, directories or globs, local or gs://. A directory reads its data files
+      (.parquet, .jsonl, .ndjson, .json, .txt, in any case) in every folder below it; a
+      file there in a format actx cannot read (.gz, .zst, .csv, ...) is refused before any
+      work, with a glob that reads the others; other files (README.md) are named as not
+      read; hidden ones ("." or "_" first) are left out.
     name: label recorded as provenance; defaults to the kind and position in the list.
     format: "auto" (from the file extension: .parquet, .jsonl/.ndjson, .json, .txt;
       another one reads as JSONL), "parquet", "jsonl" (one JSON object per line), "txt"
@@ -48,9 +52,13 @@ class SourceSpec:
     text_field: the column (parquet) or key (JSONL, JSON array) that holds each
       document's text (text, fineweb); a record without it is rejected with its keys named.
     id_field: the column or key that holds each document's id (text, fineweb), kept with
-      the document; a record without it is named "<file>:<line>" (a parquet row or an
-      array element: its 0-based position).
-    max_docs: read at most this many documents from this source (None: all).
+      the document; a record without it is named "<file>:<line>" (the file's name; a
+      parquet row or an array element: its 0-based position). Ids need not be unique
+      (files of one name in two folders share theirs): the doc table also records each
+      document's file and line, and the reader's `document(doc_id)` refuses an id that
+      names several documents, listing their doc_index.
+    max_docs: read at most this many records from this source, in file order: documents
+      and rejected inputs alike (None: all).
     arc_encoder: how ARC grids become text: "digits" (rows of digits), "rows" (with row
       numbers) or "shape" (a "HxW" header before the digit rows).
     arc_include_test_output: include the test output grid (the answer) in the prompt.
