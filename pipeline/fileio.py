@@ -89,8 +89,11 @@ def expand_path_sizes(path: str, skipped: list[str] | None = None
     elif os.path.isfile(local):
         files = [local]
     elif os.path.isdir(local):
+        named: list[str] = []
         files = sorted(_directory_files(
-            (os.path.join(d, f) for d, _, names in os.walk(local) for f in names), skipped))
+            (os.path.join(d, f) for d, _, names in os.walk(local) for f in names), named))
+        if skipped is not None:
+            skipped += sorted(named)
         if not files:
             raise InputError(f"{path}: directory holds no data files ({', '.join(DATA_EXTENSIONS)})")
     else:

@@ -105,11 +105,12 @@ def format_problem(source: runspec_lib.SourceSpec, files: list[str]) -> str:
         if arc and fmt in ("parquet", "txt"):
             return (f"{path}: format {fmt} cannot hold ARC tasks; expected format json (an "
                     f"ARC-AGI task file) or jsonl (one task object per line)")
-        if (not arc and source.format == "auto"
-                and path.lower().endswith(fileio.UNREADABLE_EXTENSIONS)):
+        if source.format == "auto" and path.lower().endswith(fileio.UNREADABLE_EXTENSIONS):
+            expected = ("json (an ARC-AGI task file) or jsonl (one task object per line)"
+                        if arc else sources.FORMATS_READ)
             return (f"{path}: a {path.rsplit('.', 1)[-1]} file is not a format actx reads; "
-                    f"expected {sources.FORMATS_READ}: convert it, or set the source's "
-                    f"format if the name misleads{_glob_instead(source, path, files)}")
+                    f"expected {expected}: convert it, or set the source's format if the "
+                    f"name misleads{_glob_instead(source, path, files)}")
     if not files:
         return ""
     path = files[0]

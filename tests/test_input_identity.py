@@ -215,3 +215,19 @@ def test_a_doc_id_of_several_documents_is_refused_with_each_doc_index(tmp_path):
     # An id of one document still reads it.
     other = tables[0][0]
     assert run.document(other["doc_id"]).meta["doc_index"] == other["doc_index"]
+
+
+def test_an_arc_directory_refuses_a_compressed_task_file_by_name(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "007bbfb7.json").write_text("{}")
+    (tmp_path / "tasks" / "00d62c1b.json.gz").write_bytes(gzip.compress(b"{}"))
+    found = fileio.expand_path(str(tmp_path / "tasks"))
+    source = runspec.SourceSpec("arc", (str(tmp_path / "tasks"),))
+    assert preflight.format_problem(source, found) == (
+        f"{tmp_path}/tasks/00d62c1b.json.gz: a gz file is not a format actx reads; expected "
+        f"json (an ARC-AGI task file) or jsonl (one task object per line): convert it, or "
+        f"set the source's format if the name misleads; or, to read the directory without "
+        f"it, name the files to read with a glob in the source's paths, e.g. "
+        f"'{tmp_path}/tasks/*.json'")
+    assert fileio.expand_path(f"{tmp_path}/tasks/*.json") == [
+        f"{tmp_path}/tasks/007bbfb7.json"]
