@@ -158,7 +158,10 @@ def _damaged_arrays(run: run_dir.RunDir, arrays: dict, block: dict, start: int, 
             continue
         try:
             with store_errors.tensorstore_errors(run.uri_of(layout.token_array_key(name))):
-                stored = arrays[name][start:start + count].read().result()
+                # Read strictly: the writer's array would read a lost object (every chunk
+                # of this format is stored) as fill values, taken for changed inputs.
+                reader = ts_context.strict_reader(arrays[name])
+                stored = reader[start:start + count].read().result()
         except Exception as e:  # noqa: BLE001 - a store's refusal is raised as it is
             if isinstance(e, store_errors.StoreError) or not chunk_checksums.is_damage(e):
                 raise

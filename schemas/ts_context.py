@@ -100,6 +100,19 @@ def strict_if_checksummed(array: ts.TensorStore, spec: dict,
                     **chunk_checksums.READ_NO_MISSING_CHUNK}, context=context or get()).result()
 
 
+def strict_reader(array: ts.TensorStore) -> ts.TensorStore:
+    """A read-only view of an opened array whose chunks carry checksums (a writer's among
+    them, which `strict_if_checksummed` leaves as it is) that fails a read of a chunk
+    missing from it, as lost, rather than reading the fill value. No request: the
+    metadata is the array's own; no cache: it reads what is stored."""
+    spec = array.spec().to_json()
+    for key in ("create", "open", "delete_existing"):
+        spec.pop(key, None)
+    context = ts.Context({"cache_pool": {"total_bytes_limit": 0}}, parent=get())
+    return ts.open({**spec, "assume_metadata": True, **chunk_checksums.READ_NO_MISSING_CHUNK},
+                   context=context, read=True).result()
+
+
 def open_array_as_stored(specs: list[dict], context: ts.Context | None = None
                          ) -> ts.TensorStore:
     """Opens (or creates) one array by the first of `specs` (its layouts, newest first:
