@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +46,16 @@ KINDS = {kind.name: kind for kind in (
 
 
 def command(kind: str, **fields: object) -> str:
-    """The command of `kind` with its fields filled in (a KeyError names a missing one)."""
-    return KINDS[kind].template.format(**{k: str(v) for k, v in fields.items()})
+    """The command of `kind` with its fields filled in (a KeyError names a missing one),
+    each one shell word as printed: a path with a space, a quote or a character outside
+    ASCII is quoted (shlex), one of letters, digits and `/._-:` left as it is."""
+    values = {k: str(v) for k, v in fields.items()}
+    if kind == "read":  # the path inside Python's '...' inside the shell's "..."
+        if not any(c in values["run"] for c in "'\"$`\\!\n"):
+            return KINDS[kind].template.format(**values)
+        code = f"import actx; print(actx.open_run({values['run']!r}).describe())"
+        return f"python -c {shlex.quote(code)}"  # Python's own literal, one shell word
+    return KINDS[kind].template.format(**{k: shlex.quote(v) for k, v in values.items()})
 
 
 def rerun(run: object) -> str:
@@ -93,10 +102,15 @@ def reprepare(run: object) -> str:
     return command("reprepare", run=run, spec=f"{str(run).rstrip('/')}/run.json")
 
 
+# One shell word as `command` prints a field: plain, or quoted by shlex ('...', with
+# '"'"' for a quote inside).
+_WORD = r"""(?:[^\s`'"]+|'[^']*')(?:'[^']*'|"'"|[^\s`'"])*"""
+
+
 def _pattern(kind: Kind) -> re.Pattern:
     """A printed command of `kind`: its template with each field one shell word."""
     parts = re.split(r"(\{\w+\})", kind.template)
-    return re.compile("".join(r"(?P<%s>[^\s`'\"]+)" % p[1:-1] if p.startswith("{")
+    return re.compile("".join(r"(?P<%s>%s)" % (p[1:-1], _WORD) if p.startswith("{")
                               else re.escape(p) for p in parts) + r"(?=$|[\s`\"';,)])")
 
 

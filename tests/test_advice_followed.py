@@ -279,6 +279,37 @@ def test_find_tells_every_kind_apart():
         assert advice.find(text)[0] == (name, command), (name, advice.find(text))
 
 
+@pytest.mark.parametrize("path", ["/runs/ünï cødé 数据/run dir", "/runs/it's here",
+                                  '/runs/$HOME "q"`x`!\\/r', "gs://bucket/runs/r1"])
+def test_a_path_the_shell_would_split_is_one_word_of_the_command_as_printed(path, tmp_path):
+    """A fault audit pasted `actx rerun /tmp/.../ünï cødé 数据/run dir` as printed: exit 2
+    (three words). Each kind's command, run by a real shell as printed (actx and python
+    replaced by what prints the words they get), hands each path on exactly."""
+    import subprocess
+
+    fields = {"run": path, "target": "slurm", "config": f"{path}/c.yaml",
+              "spec": f"{path}/run.json"}
+    words = tmp_path / "words.py"
+    words.write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    shell = f"actx() {{ python3 {words} \"$@\"; }}; python() {{ python3 {words} \"$@\"; }}; "
+    for name, kind in advice.KINDS.items():
+        given = {k: v for k, v in fields.items() if "{" + k + "}" in kind.template}
+        command = advice.command(name, **given)
+        done = subprocess.run(["bash", "-c", shell + command], capture_output=True, text=True)
+        assert done.returncode == 0, (command, done.stderr)
+        got = json.loads(done.stdout)
+        if name == "read":  # python -c CODE: the code opens the path itself
+            assert got[0] == "-c", got
+            call = ast.parse(got[1]).body[1].value.args[0].func.value
+            assert ast.literal_eval(call.args[0]) == path, got[1]
+            continue
+        # The template's words, each field one word, as the shell gives them.
+        want = [fields[w[1:-1]] if w.startswith("{") else w
+                for w in kind.template.split()[1:]]
+        assert got == want, (command, got)
+    assert advice.find(f"run `{advice.rerun(path)}` now") == [("rerun", advice.rerun(path))]
+
+
 # Advice made outside the registry: an f-string (or a template) that writes an actx command
 # with a field in it (a run, a config).
 _MADE_HERE = re.compile(r"actx (?:(?:rerun|verify|status|down) |prepare --)[^`\"'\n]*\{")
