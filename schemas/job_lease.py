@@ -67,6 +67,10 @@ class JobLease:
         return any(hb.state in LIVE_STATES and not heartbeat_lib.is_stale(hb, now, ttl_s)
                    and not heartbeat_lib.process_gone(hb) for hb in mine)
 
+    def launched_by(self, other: "JobLease") -> bool:
+        """Whether `other` was made by the process that made this lease."""
+        return (self.machine, self.pid) == (other.machine, other.pid)
+
     def _launcher_gone(self) -> bool:
         """Its launcher ran on this machine and is gone (killed): no need to wait for the
         expiry then, unless its hosts beat."""
@@ -123,8 +127,10 @@ def _dumps(lease: JobLease) -> bytes:
 def acquire(store, lease: JobLease, now: float | None = None,
             ttl_s: float = DEFAULT_TTL_S) -> JobLease:
     """Takes the run for `lease`'s job, or raises LeaseHeld naming the live job that has
-    it. A lease of the same job (its launcher again, e.g. `--wait` after a launch) is
-    renewed, not refused."""
+    it. A lease of the same job is renewed, not refused, where it is this launcher's
+    (the same process), a detached job's (its hosts hold it: `--wait` after a launch), or
+    its launcher is gone; another live launcher of a job of the same name (two `actx
+    submit`s started in one second name their jobs alike) is refused as any other job."""
     for _ in range(3):  # a holder that released between our reads: try again
         if store.create(layout.JOB_LEASE_KEY, _dumps(lease)):
             return lease
@@ -132,7 +138,9 @@ def acquire(store, lease: JobLease, now: float | None = None,
         if held is None:
             continue
         now_ = time.time() if now is None else now
-        if held.job == lease.job:  # a detached lease keeps its start grace
+        if held.job == lease.job and (held.detached or held.launched_by(lease)
+                                      or held._launcher_gone()):
+            # a detached lease keeps its start grace
             hold_s = lease.expires_at - lease.renewed_at if lease.detached else ttl_s
             return renew(store, dataclasses.replace(lease, started_at=held.started_at),
                          now_, hold_s)

@@ -253,3 +253,32 @@ def test_a_preempted_slices_lease_is_taken_over_at_once():
     held_by("j1", hosts, reported=False)  # still being created by its launcher
     with pytest.raises(targets.UsageError, match="job j1"):
         take("NOT_FOUND")
+
+
+def test_a_job_of_the_same_name_from_another_live_launcher_is_refused(run_store):
+    """A fault audit started two `actx submit`s of one config in the same second: their
+    jobs had one name (local-<time>), and the second launcher's lease was taken for the
+    first's renewal: both prepared at once, or both launched workers under one name.
+    The same name is the same job only from its own launcher (or one that is gone, or a
+    detached job's, whose hosts hold it)."""
+    now = time.time()
+    first = job_lease.new("local-20261207-142301", ["local-r0h0"], "local", "Ctrl-C", now=now)
+    job_lease.acquire(run_store, first, now=now)
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # another live launcher on this machine, the same job name
+        other = dataclasses.replace(first, pid=helper.pid)
+        with pytest.raises(job_lease.LeaseHeld) as held:
+            job_lease.acquire(run_store, other, now=now + 1)
+        assert held.value.lease.pid == os.getpid()
+        assert job_lease.read(run_store).pid == os.getpid()
+        # Its own launcher again renews, as before.
+        assert job_lease.acquire(run_store, dataclasses.replace(first, renewed_at=now + 2),
+                                 now=now + 2).expires_at > first.expires_at
+    finally:
+        helper.kill()
+        helper.wait()
+    # The launcher that holds it gone (a later launcher of that job): renewed for it.
+    run_store.write(layout.JOB_LEASE_KEY, store.dumps(
+        {**_as_dict(job_lease.read(run_store)), "pid": _gone_pid()}))
+    again = job_lease.acquire(run_store, other, now=now + 3)
+    assert job_lease.read(run_store).pid == helper.pid and again.started_at == now
