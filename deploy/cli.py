@@ -224,6 +224,11 @@ def cmd_status(args, out) -> int:
                            f"`actx verify`; `{advice.repair(args.run)}` turns them back into "
                            f"pending, then `{advice.rerun(args.run)}` extracts them again")
                 return 1
+            damaged = next((st.verification["damaged"] for st in statuses.values()
+                            if st.verification and st.verification.get("damaged")), None)
+            if args.check and complete and damaged:  # what the latest verify found: unknown
+                _say_error(f"actx status: {damaged}")
+                return 1
             return 1 if args.check and not complete else 0
         time.sleep(args.watch)
 

@@ -50,6 +50,10 @@ def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") 
         raise errors.NotARunError(str(e)) from None
     run = Run(opened.extraction(extraction).store, spec, opened.manifest,
               extraction=extraction)
+    damaged = run.verification_damage
+    if damaged:
+        warnings.warn(f"{run.location}: {damaged}", errors.FailedVerificationWarning,
+                      stacklevel=2)
     failed = run.failed_verification
     if failed:
         names = ", ".join(layout.partition_name(p) for p in failed[:10])
@@ -95,6 +99,20 @@ class Run(RunSnapshot):
                 generation_records.read_records(self.store, self.committed))),
             "failed_verification": list(self.failed_verification),
         }
+
+    @property
+    def verification_damage(self) -> str:
+        """Why the latest `actx verify`'s record cannot be read ("" where it can, or verify
+        never ran): what it found failing is then unknown (schemas.verification.damage)."""
+        from actx.schemas import verification
+
+        try:
+            if layout.VERIFY_RECORD_KEY not in self.store.list(layout.VERIFY_RECORD_KEY):
+                return ""
+            record = verification.read_record_or_damage(self.store)
+        except Exception:  # noqa: BLE001 - the store's refusal: the reads will say it
+            return ""
+        return getattr(record, "damage", "")
 
     @property
     def failed_verification(self) -> tuple[int, ...]:

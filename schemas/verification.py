@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from actx.schemas import advice
 from actx.schemas import config as config_lib
 from actx.schemas import layout
 
@@ -31,6 +32,7 @@ class VerificationRecord:
 
 
 def read_record(store) -> VerificationRecord | None:
+    """The record (None where verify never ran); ValueError where it is damaged."""
     data = store.read_json(layout.VERIFY_RECORD_KEY)
     if data is None:
         return None
@@ -38,11 +40,43 @@ def read_record(store) -> VerificationRecord | None:
                                 f"{store.location.join(layout.VERIFY_RECORD_KEY)}: ")
 
 
+def damage(store, error: ValueError) -> str:
+    """What to say of a damaged record (`read_record`'s error), in one line with the
+    command that writes it anew: what the latest verify found cannot be told."""
+    said = str(error).split("; the object is damaged")[0]  # the store's own advice aside
+    where = str(store.location.join(layout.VERIFY_RECORD_KEY))
+    said = said if said.startswith(where) else f"{where}: {said}"
+    return (f"the record of the latest verify is damaged ({said}): which committed "
+            f"partitions it found failing cannot be told; `{advice.verify(store.location)}` "
+            f"checks them again and writes it anew")
+
+
+@dataclasses.dataclass(frozen=True)
+class DamagedRecord(VerificationRecord):
+    """A record that cannot be read, as status and the reader show it (never written):
+    `damage` says so with the command that writes it anew."""
+
+    damage: str = ""
+
+
+def read_record_or_damage(store) -> VerificationRecord | None:
+    """The record as status and the reader show it: a damaged one as a DamagedRecord
+    (a verify whose outcome cannot be told) rather than an error that stops them."""
+    try:
+        return read_record(store)
+    except ValueError as e:  # config.ConfigError too
+        said = damage(store, e)
+        return DamagedRecord(at=0.0, checked=0, failed=(), problems=(said,), damage=said)
+
+
 def update_record(store, at: float, checked: list[int], failed: list[int],
                   problems: list[str], repaired: list[int] = ()) -> VerificationRecord:
     """Merges one verify's outcome into the record and writes it (a partition checked
     now is no longer one repaired and unverified)."""
-    previous = read_record(store)
+    try:
+        previous = read_record(store)
+    except ValueError:  # damaged: this verify's outcome replaces it (what it said is lost)
+        previous = None
     earlier_failed = set(previous.failed) if previous else set()
     earlier_repaired = set(previous.repaired) if previous else set()
     record = VerificationRecord(

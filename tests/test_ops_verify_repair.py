@@ -103,6 +103,29 @@ def test_verify_incomplete_then_repair_and_rerun(tmp_path):
         warnings.simplefilter("error", reader_errors.FailedVerificationWarning)
         assert actx.open_run(run).describe()["failed_verification"] == []
 
+    # The verify record damaged (a fault audit truncated it): status, rerun and verify
+    # itself stopped with exit 2, and the reader took it for no failure. Now what it found
+    # is unknown, said as such with the command that writes it anew, which passes.
+    path = os.path.join(run, layout.VERIFY_RECORD_KEY)
+    with open(path, "r+b") as f:
+        f.truncate(20)
+    code, out = _cli("status", run)
+    [line] = [x for x in out.splitlines() if x.startswith("verify:")]
+    assert line.startswith(f"verify:     unknown: the record of the latest verify is "
+                           f"damaged ({path}: not valid JSON"), line
+    assert line.endswith(f"which committed partitions it found failing cannot be told; "
+                         f"`actx verify {run}` checks them again and writes it anew"), line
+    assert code == 0 and _cli("status", run, "--check")[0] == 1  # complete: not known
+    with pytest.warns(reader_errors.FailedVerificationWarning, match="cannot be told"):
+        actx.open_run(run)
+    assert _cli("rerun", run, "--hosts", "1", "--batch-size", "4")[0] == 0
+    code, out = _cli("verify", run)  # as printed
+    assert code == 0 and "OK: every committed block matches its checksum" in out, out
+    assert _cli("status", run, "--check")[0] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", reader_errors.FailedVerificationWarning)
+        actx.open_run(run)
+
 
 def test_an_array_that_cannot_be_read_fails_every_partition_and_the_advice_restores_it(
         tmp_path):

@@ -80,6 +80,9 @@ def verification(record, committed: set[int]) -> dict | None:
     no problem of the run as a whole."""
     if record is None:
         return None
+    if getattr(record, "damage", ""):  # verification.DamagedRecord: its outcome unknown
+        return {"at": None, "checked": 0, "failed": 0, "repaired": 0, "ok": False,
+                "problems": [record.damage], "damaged": record.damage}
     failed = [p for p in record.failed if p in committed]
     # A problem of no one partition (an array the store would not open that time): the
     # verify did not pass, though it failed no partition.

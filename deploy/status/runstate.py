@@ -186,7 +186,7 @@ def _read_progress(handle: run_dir.OpenedRun, history: bool, now: float | None,
                                 len(handle.manifest.partitions))
         beats = pool.submit(_heartbeats_and_silence, store, history, now, stale_after_s)
         info = pool.submit(_read_info_for_status, store)
-        verified = pool.submit(verification_lib.read_record, store)
+        verified = pool.submit(verification_lib.read_record_or_damage, store)
         masks = pool.submit(_read_masks_for_status, store)
         reference = pool.submit(_read_reference_for_status, store)
         return (committed.result(), *beats.result(), info.result(), verified.result(),

@@ -194,6 +194,8 @@ def _verify_line(status: RunStatus) -> str:
     v = status.verification
     if v is None:
         return f"not run yet: `{advice.verify(status.run)}` re-reads the data against its markers"
+    if v.get("damaged"):
+        return f"unknown: {v['damaged']}"
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v["at"]))
     if v["ok"]:
         return f"passed at {when} ({v['checked']} partition(s) checked)"
