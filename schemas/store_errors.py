@@ -235,7 +235,8 @@ def _no_room(where: str, bucket: str, code, message: str, said: str) -> StoreErr
 
 # tensorstore's words for what `_DISK_FAULTS` lists (its file driver reports strerror).
 _DISK_WORDS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
-               "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+               "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES,
+               "Operation not permitted": errno.EPERM}  # EPERM: an immutable folder
 
 
 _RETRIED = (408, 429, 500, 502, 503, 504)  # what tensorstore retries, as GCS asks

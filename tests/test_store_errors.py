@@ -198,3 +198,35 @@ def test_an_interactive_command_does_not_retry_a_host_that_does_not_resolve():
         assert retried(requests.exceptions.ConnectionError("connection reset"))
     workers = store_errors.read_options()["retry"]._predicate
     assert workers(unknown) and workers(temporary)
+
+
+def test_a_write_into_an_immutable_folder_is_one_line_not_a_traceback(tmp_path):
+    """A fault audit made a run's folders immutable (chattr +i: EPERM, for root too) while
+    a worker wrote: tensorstore's `PERMISSION_DENIED ... Operation not permitted` ended the
+    worker in a traceback, where EACCES, EROFS and ENOSPC were one line."""
+    import shutil
+    import subprocess
+
+    import tensorstore as ts
+
+    from actx.schemas import store_errors
+
+    folder = tmp_path / "frozen"
+    folder.mkdir()
+    if not shutil.which("chattr") or subprocess.run(
+            ["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("needs chattr +i (root, a file system that has it)")
+    try:
+        array = ts.open({"driver": "zarr3", "kvstore": {"driver": "file",
+                                                         "path": str(folder / "a")},
+                         "metadata": {"shape": [4], "data_type": "int32"},
+                         "create": True}, create=True)
+        with pytest.raises(store_errors.StoreError) as refused:
+            with store_errors.tensorstore_errors(str(folder / "a")):
+                array.result()[...].write([1, 2, 3, 4]).result()
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    said = str(refused.value)
+    assert "cannot write (Operation not permitted); this user may not write there: choose a " \
+           "writable run directory, or fix its permissions, then run the same command " \
+           "again" in said, said
