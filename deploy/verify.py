@@ -172,6 +172,7 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
         shards[hook] = absent_shards.stored_shards(
             store, hook, -(-manifest.total_rows // spec.layout.rows_per_shard))
     tokens = _token_arrays(handle, report)
+    _doc_tables(handle, report)
     rows_per_shard = spec.layout.rows_per_shard
     last, before = None, len(problems)
     for pid in checked:
@@ -300,6 +301,29 @@ def _token_arrays(handle: run_dir.OpenedRun, report: VerifyReport) -> dict:
                 f"prepare; `{advice.reprepare(handle.location)}` writes the same tokens again "
                 f"(what is committed stays)")
     return arrays
+
+
+def _doc_tables(handle: run_dir.OpenedRun, report: VerifyReport) -> None:
+    """The doc tables of the checked partitions where documents start (docs/p-XXXXX.jsonl,
+    prepare's: where each document is, its file and line), by one listing: one that is
+    gone is a problem of the token store, which prepare writes again (the reader's
+    `document` could not find its documents)."""
+    stored = set(handle.store.list(layout_lib.DOCS_PREFIX))
+    if not stored:  # no table at all: a run not made by prepare (a test's, a benchmark's)
+        return
+    gone = [p for p in report.checked if handle.manifest.partition(p).docs
+            and layout_lib.docs_key(p) not in stored]
+    if not gone:
+        return
+    report.tokens_damaged.extend(p for p in gone if p not in report.tokens_damaged)
+    report.token_problems += 1
+    names = ", ".join(layout_lib.partition_name(p) for p in gone[:10])
+    report.problems.append(
+        f"{len(gone)} committed partition(s) lost their doc table "
+        f"({handle.location.join(layout_lib.DOCS_PREFIX)}: {names}"
+        f"{f' and {len(gone) - 10} more' if len(gone) > 10 else ''}): the token store was "
+        f"damaged after prepare; `{advice.reprepare(handle.location)}` writes the same "
+        f"tokens and tables again (what is committed stays)")
 
 
 def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,

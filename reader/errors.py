@@ -33,7 +33,9 @@ class NothingCommittedError(UncommittedPartitionError, UnknownHookError):
 class LostDataError(ReaderError):
     """Committed partitions whose stored activations are gone (an object deleted after
     its commit): a read would return zeros in their place, so none is made. The message
-    names them and the commands that extract them again (reader.shard_presence)."""
+    names them and the commands that extract them again (reader.shard_presence). Also a
+    document looked up where committed partitions lost their doc tables (prepare writes
+    them again: reader.provenance)."""
 
 
 class AmbiguousDocumentError(ReaderError, KeyError):

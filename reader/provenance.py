@@ -20,6 +20,7 @@ from actx.reader import errors
 from actx.reader import generation_records
 from actx.reader import masks as masks_lib
 from actx.reader import snapshot
+from actx.schemas import advice
 from actx.schemas import layout
 
 
@@ -50,11 +51,18 @@ class DocTable:
         # doc_id -> its documents: ids need not be unique (the data's own id column, or
         # the default "<file name>:<line>" of two files of one name in two folders).
         self.by_id: dict[str, list[dict]] = {}
+        # Committed partitions where documents start whose doc table is gone, where others
+        # are there (prepare writes one for each): a lookup that fails names them.
+        self.lost: list[int] = []
+        found_any = False
         for pid in run.committed:
             key = layout.docs_key(pid)
             data = run.store.read(key)
             if data is None:
+                if run.manifest.partition(pid).docs:
+                    self.lost.append(pid)
                 continue
+            found_any = True
             for n, line in enumerate(data.decode().splitlines(), 1):
                 if not line.strip():
                     continue
@@ -65,6 +73,8 @@ class DocTable:
                 doc["partition"] = pid
                 self.by_index[int(doc["doc_index"])] = doc
                 self.by_id.setdefault(str(doc["doc_id"]), []).append(doc)
+        if not found_any:  # no table at all: a run not made by prepare, not one that lost some
+            self.lost = []
 
     def find(self, run: snapshot.RunSnapshot, doc: "int | str") -> dict:
         """The doc-table row of `doc` (a doc_index, or a doc_id that names one document)."""
@@ -72,6 +82,15 @@ class DocTable:
             found = [self.by_index[int(doc)]] if int(doc) in self.by_index else []
         else:
             found = self.by_id.get(str(doc), [])
+        if not found and self.lost:
+            names = ", ".join(layout.partition_name(p) for p in self.lost[:10])
+            raise errors.LostDataError(
+                f"{run.location}: document {doc!r} is in no doc table read, and "
+                f"{len(self.lost)} committed partition(s) lost theirs ({names}"
+                f"{' ...' if len(self.lost) > 10 else ''}: "
+                f"{run.location.join(layout.DOCS_PREFIX)}); "
+                f"`{advice.reprepare(run.location)}` writes the same tokens and tables "
+                f"again (what is committed stays)")
         if not found:
             raise KeyError(f"{run.location}: no document {doc!r} starts in a committed "
                            f"partition ({len(run.committed)} committed of "

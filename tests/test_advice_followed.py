@@ -492,6 +492,33 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
     assert code == 0, output
     assert stored_documents(run) == tokens
 
+    # A fault audit's two more: a committed partition's token object deleted (the advised
+    # prepare read it as fill values, took them for changed inputs and exited 2), and a
+    # doc table deleted (verify passed; `document` said the document never existed).
+    import actx
+    from actx.reader import errors as reader_errors
+
+    doc = actx.open_run(run).document("n5")
+    os.remove(shard)
+    table = os.path.join(run, *layout.docs_key(doc.meta["partition"]).split("/"))
+    os.remove(table)
+    with pytest.raises(reader_errors.LostDataError) as lost:
+        actx.open_run(run).document("n5")
+    assert [kind for kind, _ in advice.find(str(lost.value))] == ["reprepare"], lost.value
+    out = io.StringIO()
+    assert cli.main(["verify", run], out=out) == 1
+    said = out.getvalue()
+    assert (f"1 committed partition(s) lost their doc table ({run}/docs: "
+            f"{layout.partition_name(doc.meta['partition'])}") in said, said
+    assert "partition p-00000: token rows 0-3 cannot be read" in said, said
+    code, output = follow(said, "reprepare")
+    assert code == 0, output
+    code, output = follow(said, "verify")
+    assert code == 0, output
+    assert stored_documents(run) == tokens
+    again = actx.open_run(run).document("n5")
+    assert again.meta == doc.meta and (again.input_ids == doc.input_ids).all()
+
 
 def _change_first_byte(path: str) -> None:
     with open(path, "r+b") as f:
