@@ -4,7 +4,7 @@ a tokenizer_config.json may name (GPT2Tokenizer, LlamaTokenizer, Qwen2Tokenizer,
 their own code, and where a file's normalizer or pre-tokenizer (or a config's
 add_prefix_space) differs from the class's, its ids differ (docs/checkpoints.md). actx
 keeps tokenizer.json's, the pipeline the tokenizer was saved with; this says so in the
-run's notes, with an example, so that a comparison with `AutoTokenizer` is not taken for
+output of prepare, with an example, so that a comparison with `AutoTokenizer` is not taken for
 an error of actx's.
 
 A few probe texts are encoded both ways, once per tokenizer and transformers version

@@ -83,6 +83,9 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     tokenize.check_arc_template(loaded, spec)  # a template that cannot render the prompts
     for note in spec.tokenizer_identity.notes:
         _log.warning("prepare: %s", note)
+    differs = tokenize.transformers_differs(loaded)
+    if differs:
+        _log.warning("prepare: %s", differs)
     # Only extraction settings changed and nothing is committed: the token store stands.
     run = run_dir.RunDir.at(run)
     changed = run_dir.switch_extraction_spec(run.store, spec)

@@ -329,19 +329,19 @@ def record_rules(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,
         prepended_templated=r.templated_prefix, appended_templated=r.templated_suffix,
         chat_template=r.template.source if r.template else "",
         chat_template_sha256=r.template.sha256 if r.template else "",
-        notes=r.notes + _doubled_separator(loaded, spec, r) + _transformers_differs(loaded))
+        notes=r.notes + _doubled_separator(loaded, spec, r))
 
 
-def _transformers_differs(loaded: LoadedTokenizer) -> tuple[str, ...]:
-    """The note of a local tokenizer that transformers' AutoTokenizer encodes otherwise
-    than its tokenizer.json (pipeline.hf_tokenizer_check)."""
+def transformers_differs(loaded: LoadedTokenizer) -> str | None:
+    """What to say of a local tokenizer that transformers' AutoTokenizer encodes otherwise
+    than its tokenizer.json (pipeline.hf_tokenizer_check); said in prepare's output, not
+    recorded (the run's tokens are tokenizer.json's either way)."""
     loc = uri_lib.parse(loaded.path) if loaded.path else None
     if loc is None or not loc.is_local or not os.path.isdir(loc.path):
-        return ()
+        return None
     from actx.pipeline import hf_tokenizer_check
 
-    found = hf_tokenizer_check.note(loaded.tokenizer, loc.path)
-    return (found,) if found else ()
+    return hf_tokenizer_check.note(loaded.tokenizer, loc.path)
 
 
 def _doubled_separator(loaded: LoadedTokenizer, spec: runspec_lib.RunSpec,

@@ -1,7 +1,7 @@
 """Where transformers' AutoTokenizer encodes otherwise than a tokenizer's tokenizer.json
 (transformers 5 rebuilds a class named in tokenizer_config.json from its own code; here an
 `add_prefix_space: true` that the file's pre-tokenizer does not carry), prepare says so in
-the run's notes with an example and the load that gives actx's ids, and stores
+its output with an example and the load that gives actx's ids, and stores
 tokenizer.json's ids as before (pipeline.hf_tokenizer_check, docs/checkpoints.md). The
 reference is transformers itself, asked in the test."""
 
@@ -66,8 +66,8 @@ def test_a_tokenizer_transformers_encodes_otherwise_is_noted_with_an_example(
     assert len(kept) == 2 and all(k.endswith(".json") for k in kept)
 
 
-def test_prepare_records_the_note_and_stores_tokenizer_json_ids(prefix_space_tokenizer,
-                                                                tmp_path, monkeypatch):
+def test_prepare_says_the_note_and_stores_tokenizer_json_ids(prefix_space_tokenizer,
+                                                             tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("ACTX_CACHE", str(tmp_path / "cache"))
     texts = ["Hello world", "The cat sat."]
     (tmp_path / "in.jsonl").write_text("".join(
@@ -78,11 +78,15 @@ def test_prepare_records_the_note_and_stores_tokenizer_json_ids(prefix_space_tok
         "packing": {"mode": "segmented", "seq_len": 16},
         "layout": {"rows_per_shard": 2, "partition_rows": 4}})
     run = str(tmp_path / "run")
-    prepare_main.run_prepare(spec, run)
+    with caplog.at_level("WARNING", logger="actx.prepare"):
+        prepare_main.run_prepare(spec, run)
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"prepare: transformers {transformers.__version__}'s "
+                            f"AutoTokenizer") for m in said), said
+    # Said, not recorded: run.json's notes are the tokenizer rules' (their contract).
     notes = json.loads((tmp_path / "run" / "run.json").read_text())[
         "tokenizer_identity"]["notes"]
-    assert any(n.startswith(f"transformers {transformers.__version__}'s AutoTokenizer")
-               for n in notes), notes
+    assert not any("AutoTokenizer" in n for n in notes), notes
     file = transformers.PreTrainedTokenizerFast(
         tokenizer_file=os.path.join(prefix_space_tokenizer, "tokenizer.json"))
     assert stored_documents(run) == {f"d{i}": file(t)["input_ids"]
