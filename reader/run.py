@@ -50,11 +50,12 @@ def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") 
         raise errors.NotARunError(str(e)) from None
     run = Run(opened.extraction(extraction).store, spec, opened.manifest,
               extraction=extraction)
-    damaged = run.verification_damage
+    record = run.latest_verification()  # one listing (and a read where verify ran)
+    damaged = getattr(record, "damage", "")
     if damaged:
         warnings.warn(f"{run.location}: {damaged}", errors.FailedVerificationWarning,
                       stacklevel=2)
-    failed = run.failed_verification
+    failed = run.failed_in(record)
     if failed:
         names = ", ".join(layout.partition_name(p) for p in failed[:10])
         more = f" and {len(failed) - 10} more" if len(failed) > 10 else ""
@@ -104,31 +105,31 @@ class Run(RunSnapshot):
     def verification_damage(self) -> str:
         """Why the latest `actx verify`'s record cannot be read ("" where it can, or verify
         never ran): what it found failing is then unknown (schemas.verification.damage)."""
-        from actx.schemas import verification
-
-        try:
-            if layout.VERIFY_RECORD_KEY not in self.store.list(layout.VERIFY_RECORD_KEY):
-                return ""
-            record = verification.read_record_or_damage(self.store)
-        except Exception:  # noqa: BLE001 - the store's refusal: the reads will say it
-            return ""
-        return getattr(record, "damage", "")
+        return getattr(self.latest_verification(), "damage", "")
 
     @property
     def failed_verification(self) -> tuple[int, ...]:
         """Committed partitions whose data the latest `actx verify` found not as their
         markers say (verify/latest.json; () where it never ran or found none): what is
         read of them may be wrong until they are repaired and extracted again."""
+        return self.failed_in(self.latest_verification())
+
+    def latest_verification(self):
+        """verify/latest.json as schemas.verification.read_record_or_damage gives it (None
+        where verify never ran, or the store refused: the reads will say that)."""
         from actx.schemas import verification
 
         try:
             # A listing first: where verify never ran (most runs) a read of the missing
             # record would cost GCS a second request; a listing is one either way.
             if layout.VERIFY_RECORD_KEY not in self.store.list(layout.VERIFY_RECORD_KEY):
-                return ()
-            record = verification.read_record(self.store)
-        except Exception:  # noqa: BLE001 - an unreadable record: status names it
-            return ()
+                return None
+            return verification.read_record_or_damage(self.store)
+        except Exception:  # noqa: BLE001 - the store's refusal: the reads will say it
+            return None
+
+    def failed_in(self, record) -> tuple[int, ...]:
+        """The committed partitions a verification record (`latest_verification`) failed."""
         committed = set(self.committed)
         return tuple(p for p in (record.failed if record else ()) if p in committed)
 
