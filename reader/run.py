@@ -32,6 +32,7 @@ from actx.schemas import hook_aliases
 from actx.schemas import layout
 from actx.schemas import run_dir
 from actx.schemas import uri as uri_lib
+from actx.schemas import verification
 
 __all__ = ["HookInfo", "Run", "open_run"]
 
@@ -51,9 +52,8 @@ def open_run(uri: "str | os.PathLike | uri_lib.Location", extraction: str = "") 
     run = Run(opened.extraction(extraction).store, spec, opened.manifest,
               extraction=extraction)
     record = run.latest_verification()  # one listing (and a read where verify ran)
-    damaged = getattr(record, "damage", "")
-    if damaged:
-        warnings.warn(f"{run.location}: {damaged}", errors.FailedVerificationWarning,
+    if isinstance(record, verification.DamagedRecord):
+        warnings.warn(f"{run.location}: {record.damage}", errors.FailedVerificationWarning,
                       stacklevel=2)
     failed = run.failed_in(record)
     if failed:
@@ -102,12 +102,6 @@ class Run(RunSnapshot):
         }
 
     @property
-    def verification_damage(self) -> str:
-        """Why the latest `actx verify`'s record cannot be read ("" where it can, or verify
-        never ran): what it found failing is then unknown (schemas.verification.damage)."""
-        return getattr(self.latest_verification(), "damage", "")
-
-    @property
     def failed_verification(self) -> tuple[int, ...]:
         """Committed partitions whose data the latest `actx verify` found not as their
         markers say (verify/latest.json; () where it never ran or found none): what is
@@ -117,8 +111,6 @@ class Run(RunSnapshot):
     def latest_verification(self):
         """verify/latest.json as schemas.verification.read_record_or_damage gives it (None
         where verify never ran, or the store refused: the reads will say that)."""
-        from actx.schemas import verification
-
         try:
             # A listing first: where verify never ran (most runs) a read of the missing
             # record would cost GCS a second request; a listing is one either way.

@@ -461,11 +461,7 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
     assert "normalizer differ" in output and "Traceback" not in output, output
     assert runstate.compute_status(run_dir.open_run(run)).complete
     tok.write_bytes(before)  # restored, the advice finishes the run
-    code, output = follow(said, "reprepare")
-    assert code == 0, output
-    code, output = follow(said, "verify")
-    assert code == 0, output
-    assert stored_documents(run) == tokens
+    _reprepare_then_verify(said, run, tokens)
 
     # The same advice with a damaged chunk of a committed partition and an input edited
     # since (as many tokens): the chunk, unreadable, would be written from the edited
@@ -486,11 +482,7 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
             ) in output, output
     assert open(shard, "rb").read() == damaged
     notes.write_text(original)
-    code, output = follow(said, "reprepare")
-    assert code == 0, output
-    code, output = follow(said, "verify")
-    assert code == 0, output
-    assert stored_documents(run) == tokens
+    _reprepare_then_verify(said, run, tokens)
 
     # A fault audit's two more: a committed partition's token object deleted (the advised
     # prepare read it as fill values, took them for changed inputs and exited 2), and a
@@ -511,13 +503,21 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
     assert (f"1 committed partition(s) lost their doc table ({run}/docs: "
             f"{layout.partition_name(doc.meta['partition'])}") in said, said
     assert "partition p-00000: token rows 0-3 cannot be read" in said, said
+    _reprepare_then_verify(said, run, tokens)
+    again = actx.open_run(run).document("n5")
+    assert again.meta == doc.meta and (again.input_ids == doc.input_ids).all()
+
+
+def _reprepare_then_verify(said: str, run: str, tokens: dict) -> None:
+    """Follows `said`'s prepare, then its verify, as printed: both pass, and the run holds
+    `tokens` again."""
+    from tests.test_bos_rule import stored_documents
+
     code, output = follow(said, "reprepare")
     assert code == 0, output
     code, output = follow(said, "verify")
     assert code == 0, output
     assert stored_documents(run) == tokens
-    again = actx.open_run(run).document("n5")
-    assert again.meta == doc.meta and (again.input_ids == doc.input_ids).all()
 
 
 def _change_first_byte(path: str) -> None:

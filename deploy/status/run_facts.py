@@ -13,6 +13,7 @@ from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout as layout_lib
 from actx.schemas import manifest as manifest_lib
+from actx.schemas import verification as verification_lib
 
 # The phase words and their advice are shared with the reader that follows a live run.
 from actx.schemas.run_phase import (FAILED, FINISHED, NOT_STARTED, PHASE_NOTES,  # noqa: F401,E402
@@ -80,7 +81,7 @@ def verification(record, committed: set[int]) -> dict | None:
     no problem of the run as a whole."""
     if record is None:
         return None
-    if getattr(record, "damage", ""):  # verification.DamagedRecord: its outcome unknown
+    if isinstance(record, verification_lib.DamagedRecord):  # its outcome unknown
         return {"at": None, "checked": 0, "failed": 0, "repaired": 0, "ok": False,
                 "problems": [record.damage], "damaged": record.damage}
     failed = [p for p in record.failed if p in committed]
