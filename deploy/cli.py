@@ -217,6 +217,10 @@ def cmd_status(args, out) -> int:
         complete = all(status.complete for status in statuses.values())
         if args.watch is None or complete:
             failed = sum(len(st.failed_verification) for st in statuses.values())
+            lost = next((st.problem for st in statuses.values() if st.problem), "")
+            if args.check and lost:  # what the commits need is gone or damaged
+                _say_error(f"actx status: {lost}")
+                return 1
             if args.check and complete and failed:
                 # Committed is a listing of marker names; the latest `actx verify` found
                 # some of those partitions' data not as their markers say: not complete.
@@ -285,6 +289,14 @@ def _verify_one(args, handle, out) -> int:
                                             f"removes them"), file=out)
         first = (f"`{advice.reprepare(handle.location)}` writes the damaged token store "
                  f"again (the same tokens); then " if report.tokens_damaged else "")
+        rebuilt = report.rebuilt_info is not None
+        if rebuilt and args.repair:
+            record = layout_lib.extraction_key(handle.extraction_name,
+                                               layout_lib.ACTIVATIONS_INFO_KEY)
+            print(f"REBUILT: {handle.location.join(record)} (what it replaced is kept under "
+                  f"{handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)})"
+                  + ("" if repaired else f"; {first}`{advice.verify(handle.location)}` checks "
+                                         f"the run again"), file=out)
         if repaired:
             print(f"REPAIRED: {len(repaired)} partition(s) are pending again (markers deleted, "
                   f"recorded under {handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)}): "
@@ -295,6 +307,11 @@ def _verify_one(args, handle, out) -> int:
             # The committed activations stand: only the token store is written again.
             print(f"{first}`{advice.verify(handle.location)}` checks the run again",
                   file=out)
+        elif rebuilt and not report.failed:
+            # The data checked out against the rebuilt record: only the record is written.
+            if not args.repair:
+                print(f"{first}`{advice.repair(handle.location)}` writes the rebuilt "
+                      f"{layout_lib.ACTIVATIONS_INFO_KEY} (the data checked out)", file=out)
         elif not report.ok and not report.failed:
             # Nothing failed its own check (an array the store would not open this time, a
             # run that holds no data): `--repair` would turn nothing back, and the rerun

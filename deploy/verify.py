@@ -18,6 +18,7 @@ import dataclasses
 
 import numpy as np
 
+from actx.deploy import info_rebuild
 from actx.schemas import absent_shards
 from actx.schemas import activations_info as info_lib
 from actx.schemas import advice
@@ -71,6 +72,10 @@ class VerifyReport:
     # failed with it, and `--repair` deletes it, so the rerun's first worker writes it
     # afresh (an absent one is written anyway).
     damaged_metadata: list[str] = dataclasses.field(default_factory=list)
+    # activations/actx.json rebuilt where it was damaged or missing (deploy.info_rebuild):
+    # the data was checked against it, and `--repair` writes it.
+    rebuilt_info: info_lib.ActivationsInfo | None = None
+    rebuilt_because: str = ""  # what was wrong with it
 
     @property
     def only_tokens_damaged(self) -> bool:
@@ -118,16 +123,28 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
     if not checked:
         return report
     try:
-        info = info_lib.read_info(store)
-    except config_lib.ConfigError as e:
+        info, lost = info_lib.read_info(store), f"{layout_lib.ACTIVATIONS_INFO_KEY}: missing"
+    except info_lib.DamagedInfoError as e:
+        info, lost = None, e.what
+    except config_lib.ConfigError as e:  # a newer actx's record: said as it is
         problems.append(f"{e}; {len(checked)} partition(s) are committed")
         report.failed.extend(checked)  # none of them can be checked: --repair redoes them
         return report
     if info is None:
-        problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: missing, but {len(checked)} "
-                        f"partition(s) are committed (their activations were removed?)")
-        report.failed.extend(checked)
-        return report
+        # Rebuilt from what the run keeps besides (deploy.info_rebuild), the data is
+        # checked as always; where it cannot be, nothing committed can be checked.
+        info, why_not = info_rebuild.rebuild(store, spec, sorted(committed))
+        if info is None:
+            problems.append(f"{lost}, but {len(checked)} partition(s) are committed (their "
+                            f"activations were removed?), and it cannot be rebuilt: {why_not}")
+            report.failed.extend(checked)
+            if store.exists(layout_lib.ACTIVATIONS_INFO_KEY):  # damaged: the rerun writes it
+                report.damaged_metadata.append(layout_lib.ACTIVATIONS_INFO_KEY)
+            return report
+        report.rebuilt_info, report.rebuilt_because = info, lost
+        problems.append(f"{lost}; rebuilt for this check from run.json, the commit markers and "
+                        f"the arrays' metadata (`--repair` writes it; its checkpoint digest "
+                        f"and first numerics are not kept elsewhere, and stay unknown)")
     if info.fingerprint != spec.fingerprint:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: fingerprint "
                         f"{info.fingerprint} differs from run.json ({spec.fingerprint})")
@@ -416,14 +433,18 @@ def _accumulate(stats: HookHealth, block: np.ndarray, valid_bt: np.ndarray, labe
 
 def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[int]:
     """Turns every partition that failed `report` back into pending: records the repair
-    (with the markers) under verify/repairs/, then deletes their commit markers, so
-    `actx rerun` extracts them again. Returns the partitions repaired."""
+    (with the markers, and the metadata it replaces) under verify/repairs/, then deletes
+    their commit markers, so `actx rerun` extracts them again; writes a rebuilt
+    activations/actx.json (`report.rebuilt_info`), recorded as a change of the run.
+    Returns the partitions repaired."""
     store = handle.store
     failed = sorted(set(report.failed))
-    if not failed:
+    rebuilt = report.rebuilt_info
+    if not failed and rebuilt is None:
         return []
     markers = {layout_lib.partition_name(p): _marker_as_stored(store, p) for p in failed}
-    metadata = {key: _as_stored(store, key) for key in report.damaged_metadata}
+    replaced = report.damaged_metadata + ([layout_lib.ACTIVATIONS_INFO_KEY] if rebuilt else [])
+    metadata = {key: _as_stored(store, key) for key in replaced}
     record = {"at": at, "partitions": sorted(markers), "problems": report.problems,
               "markers": markers, **({"metadata": metadata} if metadata else {})}
     # Recorded first: a repair interrupted after this loses no marker without a trace.
@@ -432,6 +453,11 @@ def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[i
         store.delete(layout_lib.commit_key(p))
     for key in report.damaged_metadata:  # after the markers: nothing committed reads it
         store.delete(key)
+    if rebuilt is not None:
+        info_lib.replace_info(store, rebuilt)
+        run_dir.record_change(store, "activations-info", {
+            "after": config_lib.to_dict(rebuilt), "unknown": list(info_rebuild.UNKNOWN),
+            "by": "actx verify --repair", "why": report.rebuilt_because})
     return failed
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from actx.schemas import advice
 from actx.schemas import config as config_lib
 from actx.schemas import layout
 from actx.schemas import quantised
@@ -86,9 +87,10 @@ class ActivationsInfo:
     transformer_lens_differs: str | None = None
 
     def identity(self) -> tuple:
-        """What every attempt must share exactly (numerics may differ when allowed)."""
-        return (self.fingerprint, self.dtype, self.hooks, self.model_digest,
-                self.hook_dtypes or {})
+        """What every attempt must share exactly (numerics may differ when allowed). The
+        checkpoint digest is checked on its own: a record without one (written before it
+        was recorded, or rebuilt: deploy.info_rebuild) does not know it."""
+        return (self.fingerprint, self.dtype, self.hooks, self.hook_dtypes or {})
 
     def dtype_of(self, hook: str) -> str:
         """The stored data type of `hook`'s array (zarr's name: float8_e4m3fn for a
@@ -110,20 +112,53 @@ class ActivationsInfo:
                              for width, dtype in self.arrays().values())
 
 
+class DamagedInfoError(config_lib.ConfigError):
+    """The record is not JSON, or not a record (a field missing or of another type): what
+    every command that needs it says, with the command that rebuilds it (`actx verify
+    --repair`: deploy.info_rebuild) from what the run keeps besides. `what`: the damage
+    alone (the key and how it is damaged), for a message of the caller's own."""
+
+    def __init__(self, message: str, what: str):
+        super().__init__(message)
+        self.what = what
+
+
 def read_info(store) -> ActivationsInfo | None:
-    """The run's record, None before any worker wrote it. A damaged record, or scales of a
-    format this actx does not know, raises ConfigError naming the key and field."""
-    data = store.read_json(layout.ACTIVATIONS_INFO_KEY)
+    """The run's record, None before any worker wrote it. A damaged record raises
+    DamagedInfoError; one with a field this actx does not know, or scales of a format it
+    does not know (a newer actx's), ConfigError naming the key and field."""
+    key = store.location.join(layout.extraction_key(getattr(store, "name", ""),
+                                                    layout.ACTIVATIONS_INFO_KEY))
+    try:
+        data = store.read_json(layout.ACTIVATIONS_INFO_KEY)
+    except ValueError as e:  # not JSON (object_store.DamagedObjectError)
+        raise _damaged(store, f"{key}: not valid JSON ({e.__cause__ or e})") from e
     if data is None:
         return None
-    info = config_lib.from_dict(ActivationsInfo, data, f"{layout.ACTIVATIONS_INFO_KEY}: ")
+    if not isinstance(data, dict):
+        raise _damaged(store, f"{key}: a JSON {type(data).__name__}, not a record")
+    known = {f.name for f in dataclasses.fields(ActivationsInfo)}
+    try:
+        info = config_lib.from_dict(ActivationsInfo, data, f"{key}: ")
+    except config_lib.ConfigError as e:
+        if set(data) - known:  # a field a newer actx writes: said as it is
+            raise
+        raise _damaged(store, str(e)) from e
     version = info.quantisation_version
     if version is not None and version > quantised.FORMAT_VERSION:
         raise config_lib.ConfigError(
-            f"{store.location.join(layout.ACTIVATIONS_INFO_KEY)}: quantisation_version "
+            f"{key}: quantisation_version "
             f"{version}: this actx reads float8 scales up to version "
             f"{quantised.FORMAT_VERSION}; install a newer actx (pip install -U actx-lm)")
     return info
+
+
+def _damaged(store, what: str) -> DamagedInfoError:
+    return DamagedInfoError(
+        f"{what}: the run's record of what its activations are is damaged; "
+        f"`{advice.repair(store.location)}` rebuilds it from run.json, the commit markers "
+        f"and the arrays' metadata (partitions whose data does not check out become "
+        f"pending again)", what)
 
 
 def _record(info: ActivationsInfo) -> dict:

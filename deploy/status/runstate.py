@@ -159,18 +159,20 @@ class RunStatus:
         return obj
 
 
-def _read_info_for_status(store) -> info_lib.ActivationsInfo | None:
-    """activations/actx.json, or None when absent or damaged: status only derives byte
-    rates from it, and `actx verify` reports the damage."""
+def _read_info_for_status(store) -> tuple[info_lib.ActivationsInfo | None, str]:
+    """(activations/actx.json, "") or (None, how it is damaged; "" when absent or of a
+    newer actx): status derives byte rates from it, and says what rebuilds a damaged one."""
     try:
-        return info_lib.read_info(store)
+        return info_lib.read_info(store), ""
+    except info_lib.DamagedInfoError as e:
+        return None, e.what
     except schemas_config.ConfigError:
-        return None
+        return None, ""
 
 
 def bytes_per_row(handle: run_dir.OpenedRun) -> int | None:
     """Stored activation bytes per row (all hooks), from activations/actx.json."""
-    info = _read_info_for_status(handle.store)
+    info, _ = _read_info_for_status(handle.store)
     return info.bytes_per_row(handle.manifest.seq_len) if info else None
 
 
@@ -248,8 +250,8 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
                    now: float | None = None, history: bool = False) -> RunStatus:
     """`history`: also the hosts' (time, tokens) samples (the page draws them); without
     it, heartbeats on GCS come from one listing of their summaries."""
-    committed, beats, silent, now, damaged, info, verified, masks, reference = _read_progress(
-        handle, history, now, stale_after_s)
+    (committed, beats, silent, now, damaged, (info, info_damage), verified, masks,
+     reference) = _read_progress(handle, history, now, stale_after_s)
     hosts = []
     held_live: set[int] = set()
     held_dead: set[int] = set()
@@ -300,10 +302,16 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
         eta = None  # no live worker, or none past start-up: any number would be a guess
     elapsed, average, current = _timing(beats, hosts, now)
     problem = ""
-    if committed and info is None and not handle.store.exists(layout_lib.ACTIVATIONS_INFO_KEY):
+    if committed and info_damage:
+        problem = (f"{info_damage}, but {len(committed)} partition(s) are committed: "
+                   f"`{advice.repair(handle.location)}` rebuilds it from run.json, the commit "
+                   f"markers and the arrays' metadata (a partition whose data does not check "
+                   f"out becomes pending again, for `{advice.rerun(handle.location)}`)")
+    elif committed and info is None and not handle.store.exists(layout_lib.ACTIVATIONS_INFO_KEY):
         problem = (f"{layout_lib.ACTIVATIONS_INFO_KEY} is missing, but {len(committed)} "
                    f"partition(s) are committed (their activations were removed?); "
-                   f"`{advice.repair(handle.location)}` turns them back into pending, then "
+                   f"`{advice.repair(handle.location)}` rebuilds it where their arrays stand "
+                   f"and turns those whose data is gone back into pending, then "
                    f"`{advice.rerun(handle.location)}` extracts them again")
     return RunStatus(
         elapsed_s=elapsed, average_tokens_per_s=average, current_tokens_per_s=current,
