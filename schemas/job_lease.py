@@ -64,8 +64,15 @@ class JobLease:
             return now < self.expires_at
         if not self.detached and now < self.expires_at and not self._launcher_gone():
             return True
-        return any(hb.state in LIVE_STATES and not heartbeat_lib.is_stale(hb, now, ttl_s)
-                   and not heartbeat_lib.process_gone(hb) for hb in mine)
+        return bool(self.working_hosts(beats, now, ttl_s))
+
+    def working_hosts(self, beats: list[heartbeat_lib.Heartbeat], now: float,
+                      ttl_s: float = DEFAULT_TTL_S) -> list[heartbeat_lib.Heartbeat]:
+        """The heartbeats of its job's hosts that still work (fresh, their process not
+        gone)."""
+        return [hb for hb in beats if hb.job == self.job and hb.state in LIVE_STATES
+                and not heartbeat_lib.is_stale(hb, now, ttl_s)
+                and not heartbeat_lib.process_gone(hb)]
 
     def launched_by(self, other: "JobLease") -> bool:
         """Whether `other` was made by the process that made this lease."""
@@ -78,20 +85,32 @@ class JobLease:
             host="", replica=0, process_index=0, state="working", attempt="",
             updated_at=0.0, machine=self.machine, pid=self.pid))
 
-    def describe(self, now: float) -> str:
+    def describe(self, now: float, beats: list[heartbeat_lib.Heartbeat] = ()) -> str:
+        """Who holds the run and how to stop it. A launcher that is gone (killed) while
+        its workers, on this machine, still work cannot be stopped as its lease says: the
+        workers' own processes are named instead (a worker stops at its next step on
+        SIGTERM, committing what is complete)."""
         hosts = ", ".join(self.hosts[:8]) + (" ..." if len(self.hosts) > 8 else "")
-        return (f"job {self.job} ({self.target}; hosts {hosts or '-'}; started "
-                f"{now - self.started_at:.0f} s ago by pid {self.pid} on "
-                f"{self.hostname or self.machine}, renewed {now - self.renewed_at:.0f} s "
-                f"ago); stop it with {self.stop}")
+        where = self.hostname or self.machine
+        said = (f"job {self.job} ({self.target}; hosts {hosts or '-'}; started "
+                f"{now - self.started_at:.0f} s ago by pid {self.pid} on {where}")
+        orphans = sorted({hb.pid for hb in self.working_hosts(beats, now)
+                          if hb.machine == heartbeat_lib.this_machine() and hb.pid})
+        if not self.detached and orphans and self._launcher_gone():
+            pids = " ".join(map(str, orphans))
+            return (f"{said}, which is gone, but its workers still run as pid(s) {pids}); "
+                    f"stop them with `kill -TERM {pids}` on {where}")
+        return f"{said}, renewed {now - self.renewed_at:.0f} s ago); stop it with {self.stop}"
 
 
 class LeaseHeld(Exception):
-    """Another live job holds the run; `lease` is its lease."""
+    """Another live job holds the run; `lease` is its lease, `beats` the run's heartbeats
+    as they were read when it was judged live."""
 
-    def __init__(self, lease: JobLease):
+    def __init__(self, lease: JobLease, beats: list[heartbeat_lib.Heartbeat] = ()):
         super().__init__(lease.job)
         self.lease = lease
+        self.beats = list(beats)
 
 
 def new(job: str, hosts, target: str, stop: str, now: float | None = None,
@@ -106,11 +125,12 @@ def new(job: str, hosts, target: str, stop: str, now: float | None = None,
                     detached=detached)
 
 
-def refusal(location, lease: JobLease, now: float) -> str:
+def refusal(location, lease: JobLease, now: float,
+            beats: list[heartbeat_lib.Heartbeat] = ()) -> str:
     """The one line a refused launcher prints: who holds the run, and what to do."""
-    return (f"{location}: another job is extracting this run: {lease.describe(now)}. Wait "
-            f"for it to end, stop it, or add --join to run this job beside it (its hosts "
-            f"get their own names and logs)")
+    return (f"{location}: another job is extracting this run: "
+            f"{lease.describe(now, beats)}. Wait for it to end, stop it, or add --join to run "
+            f"this job beside it (its hosts get their own names and logs)")
 
 
 def read(store) -> JobLease | None:
@@ -144,8 +164,9 @@ def acquire(store, lease: JobLease, now: float | None = None,
             hold_s = lease.expires_at - lease.renewed_at if lease.detached else ttl_s
             return renew(store, dataclasses.replace(lease, started_at=held.started_at),
                          now_, hold_s)
-        if held.live(run_heartbeats(store), now_, ttl_s):
-            raise LeaseHeld(held)
+        beats = run_heartbeats(store)
+        if held.live(beats, now_, ttl_s):
+            raise LeaseHeld(held, beats)
         # Expired: exactly one taker wins the takeover object named after this lease.
         takeover = (f"{layout.JOB_LEASE_TAKEOVERS_PREFIX}{held.job}-"
                     f"{held.renewed_at:.3f}.json")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -282,3 +283,33 @@ def test_a_job_of_the_same_name_from_another_live_launcher_is_refused(run_store)
         {**_as_dict(job_lease.read(run_store)), "pid": _gone_pid()}))
     again = job_lease.acquire(run_store, other, now=now + 3)
     assert job_lease.read(run_store).pid == helper.pid and again.started_at == now
+
+
+def test_a_killed_launchers_job_is_stopped_by_its_workers_pids(run_store):
+    """A fault audit killed `actx submit` with SIGKILL while its workers extracted: the
+    next submit was refused with `kill -TERM <the dead launcher's pid>`, which stops
+    nothing. The refusal names the workers that still run instead; followed as printed,
+    the next launcher takes the run over."""
+    now = time.time()
+    launcher = job_lease.new("local-20261207-170000", ["local-r0h0"], "local",
+                             f"Ctrl-C in its terminal, or `kill -TERM {_gone_pid()}`", now=now)
+    run_store.create(layout.JOB_LEASE_KEY, store.dumps(
+        {**_as_dict(launcher), "pid": _gone_pid()}))
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        heartbeat_lib.HeartbeatWriter(run_store, "local-r0h0").beat(
+            _beat(launcher.job, pid=worker.pid), force=True)
+        with pytest.raises(job_lease.LeaseHeld) as held:
+            job_lease.acquire(run_store, job_lease.new("local-next", [], "local", "-"))
+        said = job_lease.refusal(run_store.location, held.value.lease, time.time(),
+                                 held.value.beats)
+        assert f"which is gone, but its workers still run as pid(s) {worker.pid})" in said
+        [command] = re.findall(r"`([^`]*)`", said)
+        assert command == f"kill -TERM {worker.pid}", said
+        subprocess.run(["bash", "-c", command], check=True)
+        assert worker.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        worker.kill()
+        worker.wait()
+    taken = job_lease.acquire(run_store, job_lease.new("local-next", [], "local", "-"))
+    assert job_lease.read(run_store).job == taken.job == "local-next"

@@ -248,7 +248,7 @@ class LocalTarget(targets.Target):
             keeper.__enter__()
         except job_lease.LeaseHeld as e:
             raise targets.UsageError(
-                job_lease.refusal(job.run.location, e.lease, time.time())) from None
+                job_lease.refusal(job.run.location, e.lease, time.time(), e.beats)) from None
         self._holding = True
         try:
             yield
