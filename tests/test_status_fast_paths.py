@@ -396,3 +396,21 @@ def test_the_context_line_names_the_causes_of_the_runs_packing(packing, causes):
     else:
         assert line == f" (the rest: {causes}; tokens/context_start says which)"
         assert ("concat" in line) == (packing["mode"] == "concat")
+
+
+def test_a_host_that_stopped_beating_says_its_counts_are_its_last_heartbeats():
+    """A worker killed between a commit and its next beat: its last heartbeat counts fewer
+    partitions than its markers (a fault audit saw status lag them); its line says whose
+    figure it is, while the totals count the markers."""
+    from actx.deploy.status import runstate
+    from actx.deploy.status import text as status_text
+
+    def host(live: bool, state: str) -> runstate.HostState:
+        return runstate.HostState(host="local-r0h0", state=state, live=live, age_s=90.0,
+                                  partition=None, step=0, steps=0, tokens_per_s=0.0,
+                                  tokens_done=4_096, message="", partitions_done=2)
+
+    assert status_text.host_did(host(False, "working")) == (
+        "by its last heartbeat, 4,096 tokens; 2 partition(s) committed")
+    assert status_text.host_did(host(True, "working")) == "4,096 tokens; 2 partition(s) committed"
+    assert status_text.host_did(host(False, "done")) == "4,096 tokens; 2 partition(s) committed"

@@ -136,6 +136,10 @@ def host_did(h: HostState) -> str:
                  f"rank 0 commits the replica's partitions)"]
     else:
         parts = [f"{h.tokens_done:,} tokens", f"{h.partitions_done} partition(s) committed"]
+    if not h.live and h.state != "done":
+        # A process killed between a commit and its next beat: its last beat lags the
+        # markers (the totals above count the markers).
+        parts[0] = f"by its last heartbeat, {parts[0]}"
     if h.stolen_from:
         parts.append(f"took {sum(h.stolen_from.values())} from other replicas' lists "
                      f"({_per_replica(h.stolen_from)})")
