@@ -54,20 +54,38 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
             f"{store.location}: holds a different run (fingerprint {existing.get('fingerprint')}, "
             f"this spec is {spec.fingerprint}"
             + ("); choose a new run directory" + hint if hint else _spec_changes(existing, spec)))
-    committed = committed_anywhere(store) if existing is not None else set()
+    # run.json alone lost (deleted by hand), its manifest this spec's: a prepare again, as
+    # with run.json there, so what is committed stays (the tokens are checked against the
+    # markers' token checksums before anything is written; the tokenizer's record was in
+    # the lost run.json, so it is not compared).
+    manifest_fingerprint = _manifest_fingerprint(store) if existing is None else None
+    lost_spec = existing is None and manifest_fingerprint == spec.fingerprint
+    if (existing is None and manifest_fingerprint is not None and not lost_spec
+            and commit_lib.committed_partitions(store)):
+        raise PrepareError(
+            f"{store.location}: holds a different run (its manifest.json has fingerprint "
+            f"{manifest_fingerprint}, this spec is {spec.fingerprint}; its run.json is gone) "
+            f"with committed partitions; choose a new run directory, or submit the config "
+            f"that run was made with (it writes run.json again and keeps them)")
+    committed = committed_anywhere(store) if existing is not None or lost_spec else set()
     if existing is not None:
         _check_same_tokens(store, existing, spec)
+    elif lost_spec and committed:
+        _log.info("prepare: %s has no run.json, but its manifest.json is this spec's "
+                  "(fingerprint %s) and %d partition(s) are committed: its token store is "
+                  "checked against them and run.json written again", store.location,
+                  spec.fingerprint, len(committed))
     # Until the new manifest lands the run counts as not prepared.
     store.delete(layout.MANIFEST_KEY)
     store.delete(write_store.SUMMARY_KEY)
-    if existing is None and not store.exists(layout.PREPARE_ATTEMPT_KEY):
+    if existing is None and not lost_spec and not store.exists(layout.PREPARE_ATTEMPT_KEY):
         foreign = [p for p in layout.PREPARE_OUTPUT_PREFIXES if store.list(p)]
         if foreign:
             raise PrepareError(
                 f"{store.location}: holds {', '.join(foreign)} that no actx prepare wrote (no "
                 f"run.json, no {layout.PREPARE_ATTEMPT_KEY}); choose a new run directory, or "
                 f"delete them if they are a failed prepare's")
-    if existing is None and commit_lib.committed_partitions(store):
+    if existing is None and not committed and commit_lib.committed_partitions(store):
         # No run.json, yet commit markers: a run whose directory was removed (under a live
         # job, whose workers went on writing a few). Its markers, activations and claims
         # say nothing about the token store this prepare writes: the run starts afresh
@@ -87,6 +105,16 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
     # No time in it: the run directory stays byte-identical across prepares.
     store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
     return committed
+
+
+def _manifest_fingerprint(store) -> str | None:
+    """The fingerprint manifest.json records; None without one, or one that cannot be
+    read."""
+    try:
+        manifest = store.read_json(layout.MANIFEST_KEY)
+    except ValueError:
+        return None
+    return manifest.get("fingerprint") if isinstance(manifest, dict) else None
 
 
 def committed_anywhere(store) -> set[int]:

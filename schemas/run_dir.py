@@ -162,6 +162,29 @@ class OpenedRun(RunDir):
     manifest: manifest_lib.Manifest
 
 
+def _run_json_lost(store, shown) -> str:
+    """What to say of a run whose run.json alone is gone (deleted by hand) while its
+    manifest.json and commit markers stand: the config it was made with writes it again
+    and keeps what is committed (pipeline.prepare_refusals.check_run_dir); "" otherwise."""
+    if store.exists(runspec_lib.RUN_SPEC_KEY) or not store.list_names(layout.COMMITS_PREFIX):
+        return ""
+    try:
+        manifest = store.read_json(layout.MANIFEST_KEY)
+        launch = store.read_json(layout.LAUNCH_KEY)
+    except ValueError:
+        return ""
+    if not isinstance(manifest, dict) or not manifest.get("fingerprint"):
+        return ""
+    config = launch.get("config") if isinstance(launch, dict) else None
+    made_with = (f" (its last launch's was {config})" if isinstance(config, str) and config
+                 else "")
+    return (f"{shown}: run.json is gone, but manifest.json (fingerprint "
+            f"{manifest['fingerprint']}) and the commit markers stand: `actx submit` with the "
+            f"config the run was made with{made_with}, whose spec has that fingerprint, "
+            f"prepares it again from its inputs, checked against what is committed, writes "
+            f"run.json and keeps every committed partition")
+
+
 def _a_file_not_a_run(shown, path: str) -> str:
     """What to say of a file given where a run directory belongs: a submit config (the
     run directory is its `run:`, taken from the config file's directory as submit takes
@@ -220,6 +243,9 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
                 f"again (prepare/attempt.json) and that prepare did not finish; its "
                 f"committed partitions stand. `{advice.reprepare(location)}`, with the "
                 f"inputs as they were when the run was prepared, finishes it") from None
+        lost = _run_json_lost(store, shown)
+        if lost:
+            raise errors.NotARunError(lost) from None
         if store.list_names(layout.COMMITS_PREFIX):
             # Markers without the files prepare writes: the directory was removed under a
             # job whose workers went on committing (or its files were, since).

@@ -96,24 +96,71 @@ def test_activations_removed_under_a_live_job(tmp_path):
     assert len(commit.committed_partitions(s, 24)) == 24
 
 
-def test_submitting_again_over_a_removed_run_directory_starts_afresh(tmp_path, monkeypatch,
-                                                                       qwen_tokenizer_dir):
+def _submit_config(tmp_path, qwen_tokenizer_dir, seq_len: int = 32):
+    """A config of a tiny random Qwen2 over 40 short notes, and its run's path."""
     model = tmp_path / "model"
-    demo.make_tiny_qwen2(str(model), seed=0)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(qwen_tokenizer_dir, name), model / name)
-    (tmp_path / "notes.jsonl").write_text("".join(
-        json.dumps({"text": f"note {i} " + "words " * (i % 9)}) + "\n" for i in range(40)))
-    config = tmp_path / "c.yaml"
+    if not model.exists():
+        demo.make_tiny_qwen2(str(model), seed=0)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(qwen_tokenizer_dir, name), model / name)
+        (tmp_path / "notes.jsonl").write_text("".join(
+            json.dumps({"text": f"note {i} " + "words " * (i % 9)}) + "\n" for i in range(40)))
+    config = tmp_path / f"c{seq_len}.yaml"
     config.write_text(
         f"run: {tmp_path / 'run'}\n"
         f"spec:\n  model: {{path: {model}, dtype: float32}}\n  tokenizer: {{path: {model}}}\n"
         f"  sources: [{{kind: text, paths: [{tmp_path / 'notes.jsonl'}]}}]\n"
-        f"  packing: {{mode: segmented, seq_len: 32}}\n"
+        f"  packing: {{mode: segmented, seq_len: {seq_len}}}\n"
         f"  capture: {{hooks: layers.0.resid_post, dtype: float32}}\n"
         f"  layout: {{rows_per_shard: 4, partition_rows: 8}}\n"
         f"target: {{kind: local, hosts: 1, batch_size: 4}}\n")
-    run = str(tmp_path / "run")
+    return config, str(tmp_path / "run")
+
+
+def _stored(run: str) -> dict[str, bytes]:
+    """Every file of the run's activations and commits, by path."""
+    return {os.path.relpath(os.path.join(d, f), run): open(os.path.join(d, f), "rb").read()
+            for top in ("activations", "commits")
+            for d, _, files in os.walk(os.path.join(run, top)) for f in files}
+
+
+def test_a_run_json_deleted_alone_is_written_again_and_nothing_extracted_again(
+        tmp_path, qwen_tokenizer_dir, capsys):
+    """A fault audit deleted run.json alone: every command said the run's data was gone,
+    and the submit they advised cleared the markers and extracted everything again. The
+    manifest (its fingerprint) and the markers stand: the submit of the config the run
+    was made with prepares it again, checked against what is committed, writes run.json
+    and keeps every partition; a config of another spec is refused, nothing deleted."""
+    config, run = _submit_config(tmp_path, qwen_tokenizer_dir)
+    code, out = _cli("submit", config)
+    assert code == 0, out
+    spec_bytes = open(os.path.join(run, "run.json"), "rb").read()
+    before = _stored(run)
+    os.remove(os.path.join(run, "run.json"))
+    for argv in (["status", run], ["verify", run]):
+        proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", *argv], cwd=REPO,
+                              text=True, capture_output=True, timeout=120)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "run.json is gone, but manifest.json (fingerprint " in proc.stderr
+        assert f"(its last launch's was {config})" in proc.stderr, proc.stderr
+        assert "data is gone" not in proc.stderr
+    other, _ = _submit_config(tmp_path, qwen_tokenizer_dir, seq_len=64)
+    capsys.readouterr()
+    code, _ = _cli("submit", other)
+    said = capsys.readouterr().err
+    assert code == 2 and "holds a different run (its manifest.json has fingerprint" in said
+    assert _stored(run) == before
+    code, out = _cli("submit", config)
+    assert code == 0 and "nothing to do" in out and "starts afresh" not in out, out
+    assert open(os.path.join(run, "run.json"), "rb").read() == spec_bytes
+    assert _stored(run) == before
+    code, out = _cli("verify", run)
+    assert code == 0 and "OK: every committed block matches its checksum" in out, out
+
+
+def test_submitting_again_over_a_removed_run_directory_starts_afresh(tmp_path, monkeypatch,
+                                                                       qwen_tokenizer_dir):
+    config, run = _submit_config(tmp_path, qwen_tokenizer_dir)
     code, out = _cli("submit", config)
     assert code == 0, out
     n = len(json.load(open(os.path.join(run, "manifest.json")))["partitions"]["id"])
