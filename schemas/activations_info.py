@@ -12,6 +12,7 @@ import dataclasses
 from actx.schemas import advice
 from actx.schemas import config as config_lib
 from actx.schemas import layout
+from actx.schemas import object_store
 from actx.schemas import quantised
 
 # The hook points of a mixture of experts' router, as stored (the `experts` hook stores
@@ -131,7 +132,7 @@ def read_info(store) -> ActivationsInfo | None:
                                                     layout.ACTIVATIONS_INFO_KEY))
     try:
         data = store.read_json(layout.ACTIVATIONS_INFO_KEY)
-    except ValueError as e:  # not JSON (object_store.DamagedObjectError)
+    except object_store.DamagedObjectError as e:  # not JSON
         raise _damaged(store, f"{key}: not valid JSON ({e.__cause__ or e})") from e
     if data is None:
         return None
