@@ -290,16 +290,19 @@ def _verify_one(args, handle, out) -> int:
         first = (f"`{advice.reprepare(handle.location)}` writes the damaged token store "
                  f"again (the same tokens); then " if report.tokens_damaged else "")
         rebuilt = report.rebuilt_info is not None
+        # Where the repair record is: a named extraction's under extractions/NAME/.
+        repairs = handle.location.join(layout_lib.extraction_key(
+            handle.extraction_name, layout_lib.VERIFY_REPAIRS_PREFIX))
         if rebuilt and args.repair:
             record = layout_lib.extraction_key(handle.extraction_name,
                                                layout_lib.ACTIVATIONS_INFO_KEY)
             print(f"REBUILT: {handle.location.join(record)} (what it replaced is kept under "
-                  f"{handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)})"
+                  f"{repairs})"
                   + ("" if repaired else f"; {first}`{advice.verify(handle.location)}` checks "
                                          f"the run again"), file=out)
         if repaired:
             print(f"REPAIRED: {len(repaired)} partition(s) are pending again (markers deleted, "
-                  f"recorded under {handle.location.join(layout_lib.VERIFY_REPAIRS_PREFIX)}): "
+                  f"recorded under {repairs}): "
                   f"{', '.join(layout_lib.partition_name(p) for p in repaired[:20])}"
                   f"{' ...' if len(repaired) > 20 else ''}; {first}"
                   f"`{advice.rerun(handle.location)}` extracts them", file=out)

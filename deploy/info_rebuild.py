@@ -9,9 +9,9 @@ fields is kept elsewhere in the run, and is taken from there:
   int32 expert ids) is a `hook_dtypes` entry;
 - each hook's width: its array's zarr.json (the last axis);
 - the float8 scales' format: the one this actx writes (there has been one);
-- the architecture: the checkpoint's config.json, where it can be read; a Phi-3's, whose
-  TransformerLens model differs for some checkpoints only, is said to differ (the reader
-  then refuses TransformerLens names past the embedding rather than guess).
+- the architecture and where TransformerLens's model of it differs: the checkpoint's
+  config.json read as a worker reads it (workers.preflight.recorded_model_facts), where it
+  can be read; else unknown, as in runs written before they were recorded.
 
 The checkpoint digest and the numerics of the first attempt are not kept anywhere else:
 they are left unknown (None, as in runs written before they were recorded), so a later
@@ -24,10 +24,8 @@ from __future__ import annotations
 
 from actx.schemas import activations_info as info_lib
 from actx.schemas import commit as commit_lib
-from actx.schemas import hook_aliases
 from actx.schemas import layout
 from actx.schemas import quantised
-from actx.schemas import store as store_lib
 
 # Markers tried for the arrays' names and types: the first that reads as this run's.
 MARKERS_TRIED = 8
@@ -66,31 +64,11 @@ def rebuild(store, spec, committed: list[int]) -> tuple[info_lib.ActivationsInfo
         hooks[name] = shape[-1]
         if dtype != quantised.stored_dtype(capture):
             hook_dtypes[name] = dtype
-    architecture = None if spec.model.flax else _architecture(spec.model.path)
+    from actx.workers import preflight as workers_preflight  # reads config.json; no jax
+
+    architecture, transformer_lens_differs = workers_preflight.recorded_model_facts(spec)
     return info_lib.ActivationsInfo(
         fingerprint=spec.fingerprint, dtype=capture, hooks=hooks, hook_dtypes=hook_dtypes or None,
-        architecture=architecture,
-        transformer_lens_differs=_transformer_lens_differs(architecture),
+        architecture=architecture, transformer_lens_differs=transformer_lens_differs,
         quantisation_version=quantised.FORMAT_VERSION if quantised.is_quantised(capture)
         else None), ""
-
-
-def _architecture(model_path: str) -> str | None:
-    """`architectures[0]` of the checkpoint's config.json; None where it cannot be read."""
-    try:  # the checkpoint's directory, not the run
-        config = store_lib.open_store(model_path).read_json("config.json")
-    except Exception:  # noqa: BLE001 - gone, unreachable or damaged: not known
-        return None
-    names = config.get("architectures") if isinstance(config, dict) else None
-    return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
-
-
-def _transformer_lens_differs(architecture: str | None) -> str | None:
-    """Only some Phi-3 checkpoints differ from TransformerLens's model (partial rotary,
-    rope_scaling: schemas.hook_aliases.model_difference); which one this run's was is not
-    rebuilt, so a Phi-3 is taken to differ."""
-    if hook_aliases.model_difference(architecture, rope_type="not known") is None:
-        return None
-    return ("activations/actx.json was rebuilt without the checkpoint's RoPE settings; "
-            "TransformerLens's Phi-3 differs from HF's for some checkpoints, so its names are "
-            "not taken past the embedding")

@@ -50,9 +50,9 @@ def prepare_local(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     if run.is_prepared_for(spec):
         print(f"prepare: {run.uri} is already prepared for fingerprint {spec.fingerprint}; "
               f"skipping", file=out, flush=True)
-        from actx.pipeline import input_record  # lists the inputs; no Beam
+        from actx.pipeline import preflight as pipeline_preflight  # lists them; no Beam
 
-        changed = input_record.changes(run.store, spec)
+        changed = pipeline_preflight.inputs_changed(run.store, spec)
         if changed:  # the spec names paths: the same config over other files
             print(f"prepare: note: the inputs changed since {run.uri} was prepared "
                   f"({changed}); the run keeps the tokens of the inputs as they were then. "

@@ -122,8 +122,9 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                         f"with inputs that pass")
     if not checked:
         return report
+    shown_key = layout_lib.extraction_key(handle.extraction_name, layout_lib.ACTIVATIONS_INFO_KEY)
     try:
-        info, lost = info_lib.read_info(store), f"{layout_lib.ACTIVATIONS_INFO_KEY}: missing"
+        info, lost = info_lib.read_info(store), f"{shown_key}: missing"
     except info_lib.DamagedInfoError as e:
         info, lost = None, e.what
     except config_lib.ConfigError as e:  # a newer actx's record: said as it is

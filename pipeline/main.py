@@ -16,7 +16,6 @@ import time
 
 from actx.pipeline import beam_pipeline
 from actx.pipeline import fileio
-from actx.pipeline import input_record
 from actx.pipeline import interrupt
 from actx.pipeline import options as options_lib
 from actx.pipeline import preflight
@@ -97,7 +96,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
         return manifest_lib.read_manifest(run.store)
     skipped: list[str] = []
     files = preflight.expand_sources(spec, skipped)
-    inputs = input_record.current(spec)  # what this prepare reads, as a skip compares it
+    inputs = preflight.input_files(spec)  # what this prepare reads, as a skip compares it
     if skipped:  # nothing left out unsaid: a README beside the data, a LICENSE
         shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more"
                                           if len(skipped) > 5 else "")
@@ -169,7 +168,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
         sources={k: manifest_lib.SourceCounts(**v) for k, v in summary["sources"].items()},
         vocab_size=loaded.vocab_size, arc_tasks=tuple(summary["arc_tasks"]),
         special_token_ids=loaded.special_token_ids, bos_id=loaded.bos_id, eos_id=loaded.eos_id)
-    input_record.record(store, inputs)
+    preflight.record_inputs(store, inputs)
     store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
     manifest_lib.write_manifest(store, manifest)
     elapsed = time.monotonic() - started

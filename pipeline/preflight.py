@@ -1,7 +1,9 @@
 """What `actx prepare` would refuse in a spec's inputs, found before any work and without
 Apache Beam: the entry point `actx submit`'s and `actx prepare`'s pre-flight and the dry
 run's counts call (deploy/preflight.py, deploy/dry_run.py). A refusal then comes back in
-the time it takes to read the tokenizer, not to import Beam.
+the time it takes to read the tokenizer, not to import Beam. Also the record of the
+input files a prepare read (prepare/inputs.json), which a submit that skips the prepare
+compares with the inputs now.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 from actx.pipeline import fileio
 from actx.pipeline import tokenize
 from actx.schemas import errors
+from actx.schemas import layout
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
 from actx.schemas import store_errors
@@ -47,6 +50,53 @@ def source_file_sizes(spec: runspec_lib.RunSpec) -> list[list[tuple[str, int]]]:
                 raise fileio.InputError(f"source {spec.source_name(s)!r}: {e}") from None
         sizes.append(sorted(found.items()))
     return sizes
+
+
+# What a prepare read, recorded in prepare/inputs.json (layout.PREPARE_INPUTS_KEY): each
+# input file's source, path and size. `actx submit` skips the prepare of a run already
+# prepared for its spec, and the spec names paths, not their contents: a user who changed
+# the inputs under the same config (a file added to the folder, one rewritten) would be
+# told "skipping" and keep the old tokens without a word. `inputs_changed` compares the
+# record with the inputs now (one listing, as `source_file_sizes`). Sizes, not contents:
+# reading terabytes to skip a prepare would cost more than the prepare; a rewrite of the
+# same size goes unseen, and docs/faults.md says so.
+
+# Changed files named before "and N more".
+CHANGES_SHOWN = 5
+
+
+def input_files(spec: runspec_lib.RunSpec) -> list[list]:
+    """[source index, path, size in bytes] of every input file, in the sources' order."""
+    return [[s, path, size] for s, files in enumerate(source_file_sizes(spec))
+            for path, size in files]
+
+
+def record_inputs(store, files: list[list]) -> None:
+    """Writes what `input_files` gave when the prepare read its inputs."""
+    store.write_json(layout.PREPARE_INPUTS_KEY, {"version": 1, "files": files})
+
+
+def inputs_changed(store, spec: runspec_lib.RunSpec) -> str:
+    """What differs between the recorded inputs and those the spec names now, in words;
+    "" where nothing differs, the run keeps no record (prepared before it existed), or
+    the comparison cannot be made (the inputs cannot be listed from here)."""
+    try:  # advice only: whatever stops the comparison (an unreachable bucket, a record
+        # of another shape) leaves the skip as it was
+        recorded = store.read_json(layout.PREPARE_INPUTS_KEY)
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), list):
+            return ""
+        before = {(s, path): size for s, path, size in recorded["files"]}
+        after = {(s, path): size for s, path, size in input_files(spec)}
+    except Exception:  # noqa: BLE001
+        return ""
+    said = [f"{path} is new" for (_, path) in sorted(after.keys() - before.keys())]
+    said += [f"{path} is gone" for (_, path) in sorted(before.keys() - after.keys())]
+    said += [f"{key[1]} is {after[key]:,} bytes, was {before[key]:,}"
+             for key in sorted(before.keys() & after.keys()) if after[key] != before[key]]
+    if not said:
+        return ""
+    more = f" and {len(said) - CHANGES_SHOWN} more" if len(said) > CHANGES_SHOWN else ""
+    return "; ".join(said[:CHANGES_SHOWN]) + more
 
 
 def check_inputs(spec: runspec_lib.RunSpec

@@ -61,7 +61,7 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
     manifest_fingerprint = _manifest_fingerprint(store) if existing is None else None
     lost_spec = existing is None and manifest_fingerprint == spec.fingerprint
     if (existing is None and manifest_fingerprint is not None and not lost_spec
-            and commit_lib.committed_partitions(store)):
+            and committed_anywhere(store)):
         raise PrepareError(
             f"{store.location}: holds a different run (its manifest.json has fingerprint "
             f"{manifest_fingerprint}, this spec is {spec.fingerprint}; its run.json is gone) "
@@ -75,6 +75,10 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
                   "(fingerprint %s) and %d partition(s) are committed: its token store is "
                   "checked against them and run.json written again", store.location,
                   spec.fingerprint, len(committed))
+        # Before the manifest goes: a prepare stopped on the way then leaves the run of a
+        # prepare again (run.json, no manifest), whose next try keeps what is committed,
+        # never a directory of markers alone, which a prepare starts afresh.
+        store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
     # Until the new manifest lands the run counts as not prepared.
     store.delete(layout.MANIFEST_KEY)
     store.delete(write_store.SUMMARY_KEY)

@@ -158,6 +158,8 @@ class RunSnapshot:
             return []
         try:
             info = self._info = info_lib.read_info(self.store)
+        except info_lib.DamagedInfoError as e:  # says what rebuilds it
+            raise errors.NotARunError(f"{self.location}: {e}") from None
         except config_lib.ConfigError as e:
             raise errors.NotARunError(
                 f"{self.location}: {e}; run `{advice.verify(self.location)}`") from None
@@ -166,8 +168,9 @@ class RunSnapshot:
             raise errors.NotARunError(
                 f"{self.location.join(layout.ACTIVATIONS_INFO_KEY)}: missing, but "
                 f"{len(self.committed)} partition(s) are committed (their activations were "
-                f"removed?); `{advice.repair(self.location)}` turns them back into "
-                f"pending, then `{advice.rerun(self.location)}` extracts them again")
+                f"removed?); `{advice.repair(self.location)}` rebuilds it where their arrays "
+                f"stand and turns those whose data is gone back into pending, then "
+                f"`{advice.rerun(self.location)}` extracts them again")
         # A generating run's ids are stored beside the hooks, not one of them (reader.masks)
         return sorted(h for h in info.hooks if h != layout.GENERATED_IDS)
 

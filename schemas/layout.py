@@ -43,7 +43,7 @@ VERIFY_REPAIRS_PREFIX = "verify/repairs/"
 # and the numerics key (see workers.loop.runner) that every later attempt must share.
 ACTIVATIONS_INFO_KEY = f"{ACTIVATIONS_GROUP}/actx.json"
 PREPARE_SUMMARY_KEY = "prepare/summary.json"  # staged by the pipeline for its driver
-# Each input file's path and size as the prepare read them (pipeline/input_record.py;
+# Each input file's path and size as the prepare read them (pipeline/preflight.py;
 # since 0.3.0): what a submit that skips the prepare compares with the inputs now.
 PREPARE_INPUTS_KEY = "prepare/inputs.json"
 # Everything a prepare attempt writes besides run.json and manifest.json: a new attempt

@@ -166,7 +166,9 @@ def _run_json_lost(store, shown) -> str:
     """What to say of a run whose run.json alone is gone (deleted by hand) while its
     manifest.json and commit markers stand: the config it was made with writes it again
     and keeps what is committed (pipeline.prepare_refusals.check_run_dir); "" otherwise."""
-    if store.exists(runspec_lib.RUN_SPEC_KEY) or not store.list_names(layout.COMMITS_PREFIX):
+    if store.exists(runspec_lib.RUN_SPEC_KEY) or not any(
+            extraction_store.view(store, name).list_names(layout.COMMITS_PREFIX)
+            for name in extraction_store.names(store)):
         return ""
     try:
         manifest = store.read_json(layout.MANIFEST_KEY)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from actx.deploy import local
-from actx.pipeline import input_record
+from actx.pipeline import preflight
 from actx.schemas import layout, runspec, store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,17 +70,17 @@ def test_many_changes_are_counted_and_an_unlisted_input_says_nothing(tmp_path):
         "sources": [{"kind": "text", "paths": [str(data)]}],
         "packing": {"mode": "segmented", "seq_len": 32}})
     s = store.open_store(str(tmp_path / "run"))
-    input_record.record(s, [])
+    preflight.record_inputs(s, [])
     for i in range(8):
         (data / f"p-{i}.jsonl").write_text(_line(str(i)))
-    said = input_record.changes(s, spec)
-    assert said.count(" is new") == input_record.SHOWN and said.endswith(" and 3 more"), said
+    said = preflight.inputs_changed(s, spec)
+    assert said.count(" is new") == preflight.CHANGES_SHOWN and said.endswith(" and 3 more"), said
     # A run prepared before the record existed, or inputs that cannot be listed now (the
     # extraction does not read them): nothing to compare, nothing said.
     s.delete(layout.PREPARE_INPUTS_KEY)
-    assert input_record.changes(s, spec) == ""
-    input_record.record(s, [])
+    assert preflight.inputs_changed(s, spec) == ""
+    preflight.record_inputs(s, [])
     for f in data.iterdir():
         f.unlink()
     data.rmdir()
-    assert input_record.changes(s, spec) == ""
+    assert preflight.inputs_changed(s, spec) == ""

@@ -125,7 +125,7 @@ def _stored(run: str) -> dict[str, bytes]:
 
 
 def test_a_run_json_deleted_alone_is_written_again_and_nothing_extracted_again(
-        tmp_path, qwen_tokenizer_dir, capsys):
+        tmp_path, qwen_tokenizer_dir, capsys, monkeypatch):
     """A fault audit deleted run.json alone: every command said the run's data was gone,
     and the submit they advised cleared the markers and extracted everything again. The
     manifest (its fingerprint) and the markers stand: the submit of the config the run
@@ -149,6 +149,22 @@ def test_a_run_json_deleted_alone_is_written_again_and_nothing_extracted_again(
     code, _ = _cli("submit", other)
     said = capsys.readouterr().err
     assert code == 2 and "holds a different run (its manifest.json has fingerprint" in said
+    assert _stored(run) == before
+    # That prepare stopped on the way (after its checks, before Beam ran): the run is left
+    # as a prepare again leaves it, and the next submit still keeps every partition.
+    from actx.pipeline import beam_pipeline
+
+    def stopped(*args, **kwargs):
+        raise RuntimeError("stopped on the way")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(beam_pipeline, "build", stopped)
+        with pytest.raises(RuntimeError, match="stopped on the way"):
+            _cli("submit", config)
+    assert not os.path.exists(os.path.join(run, "manifest.json"))
+    with pytest.raises(errors.NotARunError, match="the run was being prepared again"):
+        from actx import reader
+        reader.open_run(run)
     assert _stored(run) == before
     code, out = _cli("submit", config)
     assert code == 0 and "nothing to do" in out and "starts afresh" not in out, out

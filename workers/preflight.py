@@ -191,6 +191,25 @@ def hook_shapes(spec: runspec_lib.RunSpec) -> HookShapes:
         config.num_layers, capture_lib.router_layers_of(config)), config)
 
 
+def recorded_model_facts(spec: runspec_lib.RunSpec) -> tuple[str | None, str | None]:
+    """(architecture, transformer_lens_differs) as a worker records them in
+    activations/actx.json (workers.loop.runner), from the checkpoint's config.json: a
+    multimodal checkpoint's text tower, and why TransformerLens's model of it differs;
+    (None, None) for a Flax model or a config that cannot be read (what
+    deploy.info_rebuild writes into a rebuilt record)."""
+    if spec.model.flax or not spec.model.path:
+        return None, None
+    try:
+        config = _model_config(spec.model.path, [], [])
+    except Exception:  # noqa: BLE001 - unreachable: not known
+        return None, None
+    if config is None:
+        return None, None
+    arch = getattr(config, "architecture", None)
+    return (arch if isinstance(arch, str) else None,
+            capture_lib.transformer_lens_difference(config))
+
+
 def _model_config(path: str, problems: list[str], missing: list[str]):
     """The checkpoint's ModelConfig, or None with the reason added to `problems`."""
     where = f"{path.rstrip('/')}/config.json"
