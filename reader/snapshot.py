@@ -168,8 +168,9 @@ class RunSnapshot:
             raise errors.NotARunError(
                 f"{self.location.join(layout.ACTIVATIONS_INFO_KEY)}: missing, but "
                 f"{len(self.committed)} partition(s) are committed (their activations were "
-                f"removed?); `{advice.repair(self.location)}` rebuilds it where their arrays "
-                f"stand and turns those whose data is gone back into pending, then "
+                f"removed?); `{advice.repair(self.location)}` turns them back into pending "
+                f"(where their arrays stand, it rebuilds it and keeps those whose data checks "
+                f"out), then "
                 f"`{advice.rerun(self.location)}` extracts them again")
         # A generating run's ids are stored beside the hooks, not one of them (reader.masks)
         return sorted(h for h in info.hooks if h != layout.GENERATED_IDS)

@@ -310,8 +310,9 @@ def compute_status(handle: run_dir.OpenedRun, stale_after_s: float = DEFAULT_STA
     elif committed and info is None and not handle.store.exists(layout_lib.ACTIVATIONS_INFO_KEY):
         problem = (f"{layout_lib.ACTIVATIONS_INFO_KEY} is missing, but {len(committed)} "
                    f"partition(s) are committed (their activations were removed?); "
-                   f"`{advice.repair(handle.location)}` rebuilds it where their arrays stand "
-                   f"and turns those whose data is gone back into pending, then "
+                   f"`{advice.repair(handle.location)}` turns them back into pending (where "
+                   f"their arrays stand, it rebuilds it and keeps those whose data checks "
+                   f"out), then "
                    f"`{advice.rerun(handle.location)}` extracts them again")
     return RunStatus(
         elapsed_s=elapsed, average_tokens_per_s=average, current_tokens_per_s=current,
