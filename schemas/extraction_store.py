@@ -112,6 +112,9 @@ def names(store: store_lib.ObjectStore) -> list[str]:
     then the named ones. The default is in use unless the run has named extractions and
     the default has written nothing (a run prepared for named models only)."""
     others = named(store)
-    # The first worker writes actx.json before any data: one read, no listing.
-    default_used = not others or store.exists(layout.ACTIVATIONS_INFO_KEY)
+    # The first worker writes actx.json before any data: one read, no listing; where it
+    # is gone (deleted by hand: `actx verify --repair` rebuilds it), the default's markers
+    # say it is in use (one listing, of an empty prefix in a run of named models only).
+    default_used = (not others or store.exists(layout.ACTIVATIONS_INFO_KEY)
+                    or bool(store.list_names(layout.COMMITS_PREFIX)))
     return ([""] if default_used else []) + others

@@ -176,3 +176,16 @@ def test_a_newer_actx_record_is_not_called_damaged(tmp_path):
     s.write(layout.ACTIVATIONS_INFO_KEY, b'{"fingerprint": "f", "dt')
     with pytest.raises(info_lib.DamagedInfoError, match="not valid JSON"):
         info_lib.read_info(s)
+
+
+def test_a_default_extraction_without_its_record_is_still_one_of_the_run(tmp_path):
+    """Beside named extractions, the default one counts as in use by its record; deleted by
+    hand, its markers still say so, so `actx verify --repair` (which verifies the run's
+    extractions) reaches it and rebuilds its record."""
+    from actx.schemas import extraction_store
+
+    s = store.open_store(str(tmp_path))
+    s.write_json(f"{layout.EXTRACTION_NAMES_PREFIX}chat.json", {"name": "chat"})
+    assert extraction_store.names(s) == ["chat"]  # a run of named models only
+    s.write_json(layout.commit_key(0), {"partition": 0})
+    assert extraction_store.names(s) == ["", "chat"]
