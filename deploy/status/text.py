@@ -240,7 +240,9 @@ def render(status: RunStatus) -> str:
         f"{c[STALE]} stale | {c[PENDING]} pending",
         f"tokens:     {status.tokens_done:,} / {status.tokens_total:,} "
         f"({100.0 * status.tokens_done / max(1, status.tokens_total):.1f}%)",
-        *([f"context:    {_whole_documents(status)}{_context_causes(status.identity)}"]
+        *([f"context:    {_whole_documents(status)}"
+           + (_context_causes(status.identity)
+              if status.full_context_tokens_done < status.tokens_done else "")]
           if status.tokens_done else []),
         *([f"generated:  {generated_words(status.identity['generation'])}"]
           if status.identity.get("generation") else []),
