@@ -21,6 +21,7 @@ from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import extraction_store
 from actx.schemas import layout
+from actx.schemas import object_store
 from actx.schemas import position_limits
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
@@ -46,7 +47,14 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
     always rewritten by this attempt.
     """
     store.check_reachable()  # a missing bucket or no access: said now, not from a Beam worker
-    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    try:
+        existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    except object_store.DamagedObjectError:
+        # Damaged (not JSON): as lost where the manifest says it was this spec's (below);
+        # anything else is said as it is, and nothing is touched.
+        if _manifest_fingerprint(store) != spec.fingerprint:
+            raise
+        existing = None
     if existing is not None and existing.get("fingerprint") != spec.fingerprint:
         # A run prepared before prepend_bos has its own hint (the line to add).
         hint = _add_bos_hint(existing, spec, store.location)
@@ -71,7 +79,7 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
     if existing is not None:
         _check_same_tokens(store, existing, spec)
     elif lost_spec and committed:
-        _log.info("prepare: %s has no run.json, but its manifest.json is this spec's "
+        _log.info("prepare: %s has no readable run.json, but its manifest.json is this spec's "
                   "(fingerprint %s) and %d partition(s) are committed: its token store is "
                   "checked against them and run.json written again", store.location,
                   spec.fingerprint, len(committed))

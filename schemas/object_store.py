@@ -137,7 +137,8 @@ class ObjectStore(abc.ABC):
             return json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DamagedObjectError(f"{self.location.join(key)}: not valid JSON ({e}); the "
-                                     f"object is damaged: rewrite it or delete it") from e
+                                     f"object is damaged: rewrite it or delete it",
+                                     key=key, what=f"not valid JSON ({e})") from e
 
     def write_json(self, key: str, obj: Any) -> None:
         self.write(key, dumps(obj))
@@ -154,7 +155,13 @@ class ObjectStore(abc.ABC):
 
 class DamagedObjectError(errors.UserError, ValueError):
     """An object of the run that is not valid JSON: the message names it (a command that
-    meets it where it cannot go on says so in one line, exit 2)."""
+    meets it where it cannot go on says so in one line, exit 2). `key`: the object's key
+    in the store that read it; `what`: the damage alone, for a caller's own advice."""
+
+    def __init__(self, message: str, key: str = "", what: str = ""):
+        super().__init__(message)
+        self.key = key
+        self.what = what or message
 
 
 def dumps(obj: Any) -> bytes:

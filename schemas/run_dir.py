@@ -27,6 +27,7 @@ from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import job_lease
 from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
+from actx.schemas import object_store
 from actx.schemas import runspec as runspec_lib
 from actx.schemas import store as store_lib
 from actx.schemas import uri as uri_lib
@@ -130,8 +131,13 @@ class RunDir:
     def is_prepared_for(self, spec: runspec_lib.RunSpec, tokens_only: bool = False) -> bool:
         """Whether the run holds a finished prepare of `spec` (run.json with its
         fingerprint, and manifest.json, which prepare writes last). `tokens_only`: of the
-        same token store, whatever model and capture run.json names."""
-        existing = self.spec_json()
+        same token store, whatever model and capture run.json names. A damaged run.json
+        (not JSON) is not a finished prepare: prepare says what it does with it
+        (pipeline.prepare_refusals.check_run_dir)."""
+        try:
+            existing = self.spec_json()
+        except object_store.DamagedObjectError:
+            return False
         if existing is None:
             return False
         if tokens_only:
@@ -177,14 +183,44 @@ def _run_json_lost(store, shown) -> str:
         return ""
     if not isinstance(manifest, dict) or not manifest.get("fingerprint"):
         return ""
-    config = launch.get("config") if isinstance(launch, dict) else None
-    made_with = (f" (its last launch's was {config})" if isinstance(config, str) and config
-                 else "")
     return (f"{shown}: run.json is gone, but manifest.json (fingerprint "
             f"{manifest['fingerprint']}) and the commit markers stand: `actx submit` with the "
-            f"config the run was made with{made_with}, whose spec has that fingerprint, "
+            f"config the run was made with{_last_config(launch)}, whose spec has that "
+            f"fingerprint, "
             f"prepares it again from its inputs, checked against what is committed, writes "
             f"run.json and keeps every committed partition")
+
+
+def _damaged_run_file(store, shown, location, error: Exception) -> str:
+    """What to say where run.json or manifest.json is not JSON (damaged by hand or by a
+    disk) and the other reads: what writes it again and keeps every committed partition
+    (a prepare again from the inputs, checked against the markers); "" otherwise."""
+    if not isinstance(error, object_store.DamagedObjectError):
+        return ""
+    where = f"{location.join(error.key)}: {error.what}"
+    if error.key == layout.MANIFEST_KEY:
+        return (f"{where}; `{advice.reprepare(location)}` writes it again from the run's "
+                f"inputs (as they were when it was prepared), checked against what is "
+                f"committed, and keeps every committed partition")
+    if error.key != runspec_lib.RUN_SPEC_KEY:
+        return ""
+    try:
+        fingerprint = (store.read_json(layout.MANIFEST_KEY) or {}).get("fingerprint")
+        launch = store.read_json(layout.LAUNCH_KEY)
+    except (ValueError, AttributeError):
+        return ""
+    if not fingerprint:
+        return ""
+    return (f"{where}; `actx submit` with the config the run was made with"
+            f"{_last_config(launch)}, whose spec has fingerprint {fingerprint} (manifest.json's), "
+            f"prepares it again from its inputs, checked against what is committed, writes "
+            f"run.json and keeps every committed partition")
+
+
+def _last_config(launch) -> str:
+    """" (its last launch's was PATH)" from launch.json's record, "" where it has none."""
+    config = launch.get("config") if isinstance(launch, dict) else None
+    return f" (its last launch's was {config})" if isinstance(config, str) and config else ""
 
 
 def _a_file_not_a_run(shown, path: str) -> str:
@@ -259,6 +295,9 @@ def open_run(run: "str | os.PathLike | uri_lib.Location | store_lib.ObjectStore 
         unfinished = _unfinished_prepare(store, shown)
         raise errors.NotARunError(unfinished or str(e)) from None
     except Exception as e:  # e.g. a bucket that does not exist, invalid JSON
+        said = _damaged_run_file(store, shown, location, e)
+        if said:
+            raise errors.NotARunError(said) from None
         if type(e).__name__ in _ACCESS_ERRORS:
             raise errors.NotARunError(f"{shown}: cannot be read ({e}); not an actx run") from None
         if isinstance(e, ValueError):
@@ -334,7 +373,10 @@ def switch_extraction_spec(store, spec: runspec_lib.RunSpec) -> list[str] | None
     Raises CommittedRunError when partitions are committed: their activations belong to the
     old settings. Safe to repeat after a crash: the manifest is rewritten before run.json.
     """
-    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    try:
+        existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    except object_store.DamagedObjectError:  # prepare's own check says what is done
+        return None
     if existing is None or not store.exists(layout.MANIFEST_KEY):
         return None
     old = runspec_lib.RunSpec.from_dict(existing)

@@ -173,6 +173,28 @@ def test_a_run_json_deleted_alone_is_written_again_and_nothing_extracted_again(
     code, out = _cli("verify", run)
     assert code == 0 and "OK: every committed block matches its checksum" in out, out
 
+    # Damaged rather than deleted (cut short: not JSON), run.json or manifest.json: each
+    # command names what writes it again, and that, followed, keeps every partition.
+    for name in ("run.json", "manifest.json"):
+        path = os.path.join(run, name)
+        whole = open(path, "rb").read()
+        open(path, "wb").write(whole[:len(whole) // 2])
+        proc = subprocess.run([sys.executable, "-m", "actx.deploy.cli", "status", run],
+                              cwd=REPO, text=True, capture_output=True, timeout=120)
+        assert proc.returncode == 2 and f"{path}: not valid JSON" in proc.stderr, proc.stderr
+        assert "keeps every committed partition" in proc.stderr, proc.stderr
+        [advised] = COMMAND.findall(proc.stderr)
+        if name == "run.json":
+            assert advised == "actx submit" and f"(its last launch's was {config})" in \
+                proc.stderr, proc.stderr
+            code, out = _cli("submit", config)
+        else:
+            assert advised == f"actx prepare --out {run} --spec {run}/run.json", proc.stderr
+            code, out = _cli(*shlex.split(advised)[1:])
+        assert code == 0, out
+        assert open(path, "rb").read() == whole
+        assert _stored(run) == before
+
 
 def test_submitting_again_over_a_removed_run_directory_starts_afresh(tmp_path, monkeypatch,
                                                                        qwen_tokenizer_dir):
