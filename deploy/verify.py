@@ -25,6 +25,7 @@ from actx.schemas import advice
 from actx.schemas import chunk_checksums
 from actx.schemas import commit as commit_lib
 from actx.schemas import config as config_lib
+from actx.schemas import doc_tables
 from actx.schemas import errors
 from actx.schemas import layout as layout_lib
 from actx.schemas import quantised
@@ -331,6 +332,8 @@ def _doc_tables(handle: run_dir.OpenedRun, report: VerifyReport) -> None:
         return
     gone = [p for p in report.checked if handle.manifest.partition(p).docs
             and layout_lib.docs_key(p) not in stored]
+    _damaged_doc_tables(handle, report, [p for p in report.checked
+                                         if layout_lib.docs_key(p) in stored])
     if not gone:
         return
     report.tokens_damaged.extend(p for p in gone if p not in report.tokens_damaged)
@@ -342,6 +345,28 @@ def _doc_tables(handle: run_dir.OpenedRun, report: VerifyReport) -> None:
         f"{f' and {len(gone) - 10} more' if len(gone) > 10 else ''}): the token store was "
         f"damaged after prepare; `{advice.reprepare(handle.location)}` writes the same "
         f"tokens and tables again (what is committed stays)")
+
+
+def _damaged_doc_tables(handle: run_dir.OpenedRun, report: VerifyReport,
+                        partitions: list[int]) -> None:
+    """The stored doc tables of `partitions`, read as the reader reads them
+    (schemas.doc_tables): one that is not is a problem of the token store (the reader's
+    `document` would fail on it), which prepare writes again."""
+    keys = [layout_lib.docs_key(p) for p in partitions]
+    damaged = []
+    for pid, key, data in zip(partitions, keys, handle.store.read_many(keys)):
+        if data is None:  # deleted since the listing: the next verify says so
+            continue
+        try:
+            doc_tables.parse(data, str(handle.location.join(key)), handle.location)
+        except doc_tables.DamagedDocTableError as e:
+            damaged.append((pid, e))
+    if not damaged:
+        return
+    report.tokens_damaged.extend(p for p, _ in damaged if p not in report.tokens_damaged)
+    report.token_problems += 1
+    more = f" (and {len(damaged) - 1} more table(s))" if len(damaged) > 1 else ""
+    report.problems.append(f"{damaged[0][1]}{more}")
 
 
 def _check_tokens(handle: run_dir.OpenedRun, tokens: dict, part,

@@ -10,7 +10,6 @@ partitions.
 from __future__ import annotations
 
 import dataclasses
-import json
 import weakref
 from typing import Sequence
 
@@ -21,6 +20,7 @@ from actx.reader import generation_records
 from actx.reader import masks as masks_lib
 from actx.reader import snapshot
 from actx.schemas import advice
+from actx.schemas import doc_tables
 from actx.schemas import layout
 
 
@@ -63,13 +63,7 @@ class DocTable:
                     self.lost.append(pid)
                 continue
             found_any = True
-            for n, line in enumerate(data.decode().splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    doc = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{run.location.join(key)}:{n}: not JSON ({e})") from e
+            for doc in doc_tables.parse(data, str(run.location.join(key)), run.location):
                 doc["partition"] = pid
                 self.by_index[int(doc["doc_index"])] = doc
                 self.by_id.setdefault(str(doc["doc_id"]), []).append(doc)

@@ -507,6 +507,22 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
     again = actx.open_run(run).document("n5")
     assert again.meta == doc.meta and (again.input_ids == doc.input_ids).all()
 
+    # A doc table cut short (verify passed; the reader's `document` raised a bare JSON
+    # error): both name the damaged line and the prepare that writes it again.
+    whole = open(table, "rb").read()
+    open(table, "wb").write(whole[:len(whole) // 2])
+    with pytest.raises(ValueError, match=r"\.jsonl:\d+: not JSON .*the doc table was "
+                                         r"damaged after prepare") as damaged_table:
+        actx.open_run(run).document("n5")
+    assert [kind for kind, _ in advice.find(str(damaged_table.value))] == ["reprepare"]
+    out = io.StringIO()
+    assert cli.main(["verify", run], out=out) == 1
+    said = out.getvalue()
+    assert f"{table}:" in said and "the doc table was damaged after prepare" in said, said
+    _reprepare_then_verify(said, run, tokens)
+    assert open(table, "rb").read() == whole
+    assert actx.open_run(run).document("n5").meta == doc.meta
+
 
 def _reprepare_then_verify(said: str, run: str, tokens: dict) -> None:
     """Follows `said`'s prepare, then its verify, as printed: both pass, and the run holds
