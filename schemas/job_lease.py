@@ -16,14 +16,17 @@ the first says so (`--join`) and takes no lease; its hosts get their own names.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import socket
 import time
 
 from actx.schemas import config as config_lib
+from actx.schemas import errors
 from actx.schemas import extraction_store
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import layout
+from actx.schemas import object_store
 from actx.schemas import store as store_lib
 
 LIVE_STATES = ("starting", "working", "idle")  # heartbeat states that claim a live host
@@ -154,10 +157,13 @@ def acquire(store, lease: JobLease, now: float | None = None,
     for _ in range(3):  # a holder that released between our reads: try again
         if store.create(layout.JOB_LEASE_KEY, _dumps(lease)):
             return lease
-        held = read(store)
+        now_ = time.time() if now is None else now
+        try:
+            held = read(store)
+        except object_store.DamagedObjectError as e:  # not JSON: who holds it is unknown
+            return _over_a_damaged_lease(store, lease, e, now_, ttl_s)
         if held is None:
             continue
-        now_ = time.time() if now is None else now
         if held.job == lease.job and (held.detached or held.launched_by(lease)
                                       or held._launcher_gone()):
             # a detached lease keeps its start grace
@@ -176,6 +182,40 @@ def acquire(store, lease: JobLease, now: float | None = None,
         store.write(layout.JOB_LEASE_KEY, _dumps(lease))
         return lease
     raise LeaseHeld(read(store) or lease)
+
+
+class DamagedLeaseHeld(errors.UserError, RuntimeError):
+    """The run's lease is damaged and hosts of the run still work: which job holds the run
+    cannot be read, so none is started beside them."""
+
+
+def _over_a_damaged_lease(store, lease: JobLease, damage, now: float,
+                          ttl_s: float) -> JobLease:
+    """Takes a run whose lease is not JSON (damaged by hand or by a disk) for `lease`
+    where no host of the run works (every heartbeat done, stale or its process gone), as
+    an expired lease is taken: by one of two takers, through a create-only takeover
+    object named after the damaged bytes. Where hosts work, raises DamagedLeaseHeld
+    naming them."""
+    working = [hb for hb in run_heartbeats(store) if hb.state in LIVE_STATES
+               and not heartbeat_lib.is_stale(hb, now, ttl_s)
+               and not heartbeat_lib.process_gone(hb)]
+    if working:
+        hosts = ", ".join(sorted({f"{hb.host} (job {hb.job or '?'})" for hb in working}))
+        raise DamagedLeaseHeld(
+            f"{store.location.join(layout.JOB_LEASE_KEY)}: {damage.what}: the run's job "
+            f"lease is damaged, and hosts of the run still work: {hosts}. Wait for them to "
+            f"end or stop them (a worker stops at its next step on SIGTERM), then run this "
+            f"again: the damaged lease is then taken over")
+    stamp = hashlib.sha256(store.read(layout.JOB_LEASE_KEY) or b"").hexdigest()[:16]
+    if not store.create(f"{layout.JOB_LEASE_TAKEOVERS_PREFIX}damaged-{stamp}.json",
+                        _dumps(lease)):
+        try:  # another taker won, and writes its lease
+            winner = read(store)
+        except object_store.DamagedObjectError:
+            winner = None
+        raise LeaseHeld(winner or lease)
+    store.write(layout.JOB_LEASE_KEY, _dumps(lease))
+    return lease
 
 
 def run_heartbeats(store) -> list[heartbeat_lib.Heartbeat]:

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from actx.schemas import heartbeat as heartbeat_lib
-from actx.schemas import job_lease, layout, store
+from actx.schemas import job_lease, layout, object_store, store
 from tests import hf_models, token_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,3 +313,31 @@ def test_a_killed_launchers_job_is_stopped_by_its_workers_pids(run_store):
         worker.wait()
     taken = job_lease.acquire(run_store, job_lease.new("local-next", [], "local", "-"))
     assert job_lease.read(run_store).job == taken.job == "local-next"
+
+
+def test_a_damaged_lease_is_taken_over_once_no_host_works(run_store):
+    """A lease that is not JSON (cut short by hand or by a disk) stopped every launcher
+    with "rewrite it or delete it", and deleting it by hand would let a job start beside
+    a live one. While a host of the run works the launcher is refused, naming it; once
+    none does, the damaged lease is taken over, by one of two takers."""
+    run_store.write(layout.JOB_LEASE_KEY, b'{"job": "local-20261207-1')
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        heartbeat_lib.HeartbeatWriter(run_store, "pod1-w0").beat(
+            _beat("local-20261207-1", pid=worker.pid), force=True)
+        with pytest.raises(job_lease.DamagedLeaseHeld,
+                           match=r"job_lease\.json: not valid JSON .* still work: pod1-w0 "
+                                 r"\(job local-20261207-1\)"):
+            job_lease.acquire(run_store, job_lease.new("b", [], "local", "-"))
+    finally:
+        worker.kill()
+        worker.wait()
+    taken = job_lease.acquire(run_store, job_lease.new("b", [], "local", "-"))
+    assert job_lease.read(run_store).job == taken.job == "b"
+    # A second taker that read the same damaged bytes loses to the first.
+    damaged = b'{"job": "local-20261207-1'
+    run_store.write(layout.JOB_LEASE_KEY, damaged)
+    with pytest.raises(job_lease.LeaseHeld):
+        job_lease._over_a_damaged_lease(run_store, job_lease.new("c", [], "local", "-"),
+                                        object_store.DamagedObjectError("", what="damaged"),
+                                        time.time(), job_lease.DEFAULT_TTL_S)
