@@ -24,6 +24,7 @@ from actx.reader import masks as masks_lib
 from actx.reader import snapshot
 from actx.reader.stored_stats import HookStats
 from actx.schemas import layout
+from actx.schemas import object_store
 from actx.schemas import ts_context
 
 NORM_BINS_PER_OCTAVE = 256
@@ -143,7 +144,10 @@ def compute_stats(run: snapshot.RunSnapshot, hooks: Sequence[str] | None = None,
     if write:
         outliers = {h: _count_outliers(norm_arrays[h], run, ids, outlier_factor * s.norm_median)
                     for h, s in result.items()}
-        data = run.store.read_json(layout.STATS_KEY) or {}
+        try:
+            data = run.store.read_json(layout.STATS_KEY) or {}
+        except object_store.DamagedObjectError:  # derived data: written anew, this call's
+            data = {}
         data.setdefault("hooks", {})
         data["fingerprint"] = run.spec.fingerprint
         data["updated_at"] = time.time()

@@ -15,6 +15,7 @@ from actx.reader import errors
 from actx.reader import snapshot
 from actx.schemas import config as config_lib
 from actx.schemas import layout
+from actx.schemas import object_store
 from actx.schemas import token_masks
 
 STATS_VERSION = 1
@@ -96,7 +97,10 @@ def left_out(exclude: tuple[str, ...], exclude_bos: bool, exclude_special: bool
 def load_masks(run: snapshot.RunSnapshot) -> dict | None:
     """The mask counts stored by compute_stats (`schemas.token_masks.MaskCounts` as a
     dict; None before it ran)."""
-    counts = token_masks.read_mask_counts(run.store)
+    try:
+        counts = token_masks.read_mask_counts(run.store)
+    except object_store.DamagedObjectError:  # load_stats says so, with what mends it
+        return None
     return None if counts is None else config_lib.to_dict(counts)
 
 
@@ -114,7 +118,14 @@ def load_stats(run: snapshot.RunSnapshot, hook: str,
     """Stored statistics of `hook`; a clear error when none were computed, naming the call
     that computes them, for every hook of `wanted` (default: `hook`) that has none, over
     the tokens a reader leaving out `served` serves."""
-    data = run.store.read_json(layout.STATS_KEY) or {}
+    try:
+        data = run.store.read_json(layout.STATS_KEY) or {}
+    except object_store.DamagedObjectError as e:  # derived data: computed again
+        raise errors.ReaderError(
+            f"{run.location.join(run.stored_key(layout.STATS_KEY))}: {e.what}: the run's "
+            f"statistics are damaged; compute them again with {run.open_call()}"
+            f".compute_stats({compute_call(wanted or [hook], served)}), which writes it "
+            f"anew") from None
     entry = data.get("hooks", {}).get(hook)
     if entry is None:
         run.hook(hook)  # unknown hook: say so, listing the hooks

@@ -26,3 +26,33 @@ def test_stats_match_numpy_and_are_stored(reader_run):
     run.compute_stats(["embed"], partitions=[0])  # other hooks' entries are kept
     data = run.store.read_json(layout.STATS_KEY)["hooks"]
     assert data["embed"]["partitions"] == [0] and data["layers.0.resid_post"]["partitions"] == [0, 1]
+
+
+def test_damaged_statistics_name_the_call_that_computes_them_again(reader_run):
+    """stats.json cut short (not JSON) stopped `actx status` and every statistics read with
+    "rewrite it or delete it"; it is derived data: status goes on, a read names the
+    compute_stats call, and that call, run as named, writes it anew."""
+    import io
+    import os
+    import re
+
+    import pytest
+
+    from actx.deploy import cli
+
+    run = reader.open_run(reader_run.uri)
+    run.compute_stats(["embed"])
+    want = run.stats("embed")
+    path = os.path.join(reader_run.uri, layout.STATS_KEY)
+    whole = open(path, "rb").read()
+    open(path, "wb").write(whole[:len(whole) // 2])
+    assert cli.main(["status", reader_run.uri], out=io.StringIO()) == 0
+    with pytest.raises(reader.errors.ReaderError, match="the run's statistics are damaged") as e:
+        reader.open_run(reader_run.uri).stats("embed")
+    [call] = re.findall(r"compute them again with (actx\.open_run\(.*?\)\.compute_stats\(.*?\))",
+                        str(e.value))
+    import actx
+    eval(call, {"actx": actx})  # as named
+    got = reader.open_run(reader_run.uri).stats("embed")
+    np.testing.assert_array_equal(got.mean, want.mean)
+    assert got.count == want.count

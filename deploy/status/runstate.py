@@ -226,7 +226,7 @@ def _read_masks_for_status(store) -> token_masks_lib.MaskCounts | None:
     """stats.json's mask counts, or None when absent or damaged (the reader says which)."""
     try:
         return token_masks_lib.read_mask_counts(store)
-    except schemas_config.ConfigError:
+    except ValueError:  # schemas_config.ConfigError, or not JSON at all
         return None
 
 
