@@ -48,16 +48,15 @@ def _arrays(run: str) -> dict[str, bytes]:
             if f not in ("zarr.json", "actx.json")}
 
 
-def _extracted(tmp_path, kind: str) -> tuple[str, dict]:
+def _extracted(tmp_path, kind: str, run: str | None = None) -> tuple[str, dict]:
     arch, hooks, dtype = RUNS[kind]
     model = hf_models.make_tiny_checkpoint(tmp_path / "model", arch, num_hidden_layers=2)
-    run = str(tmp_path / "run")
+    run = run or str(tmp_path / "run")
     token_runs.write_token_run(run, str(model), n_rows=24, seq_len=16, partition_rows=8,
                                rows_per_shard=4, hooks=hooks, dtype=dtype)  # 3 partitions
     code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
     assert code == 0, out
-    with open(os.path.join(run, layout.ACTIVATIONS_INFO_KEY)) as f:
-        return run, json.load(f)
+    return run, store.open_store(run).read_json(layout.ACTIVATIONS_INFO_KEY)
 
 
 def _changes(run: str) -> list[dict]:
@@ -162,6 +161,22 @@ def test_a_deleted_record_is_rebuilt_where_the_arrays_stand(tmp_path):
     assert sorted(os.listdir(os.path.join(run, "commits"))) == markers
     assert info_lib.read_info(store.open_store(run)) == info_lib.ActivationsInfo(
         **{**original, "model_digest": None, "numerics": None})
+
+
+def test_a_record_deleted_from_a_bucket_is_rebuilt_there(tmp_path, gcs_bucket):
+    """The same on gs:// (the GCS emulator): the rebuild reads the markers and the arrays'
+    metadata through the bucket, and writes the record there."""
+    run, original = _extracted(tmp_path, "dense", f"{gcs_bucket}/runs/rebuilt")
+    s = store.open_store(run)
+    markers = sorted(s.list(layout.COMMITS_PREFIX))
+    s.delete(layout.ACTIVATIONS_INFO_KEY)
+    code, out = _cli("verify", run, "--repair")
+    assert code == 1 and "REBUILT: " in out and "REPAIRED" not in out, out
+    code, out = _cli("verify", run)
+    assert code == 0 and "OK: every committed block matches its checksum" in out, out
+    assert sorted(s.list(layout.COMMITS_PREFIX)) == markers
+    assert s.read_json(layout.ACTIVATIONS_INFO_KEY) == {**original, "model_digest": None,
+                                                        "numerics": None}
 
 
 def test_a_newer_actx_record_is_not_called_damaged(tmp_path):
