@@ -130,7 +130,12 @@ def _record_extractions(cfg, store, out) -> None:
     replaced only while it has committed nothing."""
     from actx.schemas import runspec as runspec_lib
 
-    existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    from actx.schemas import object_store
+
+    try:
+        existing = store.read_json(runspec_lib.RUN_SPEC_KEY)
+    except object_store.DamagedObjectError:  # prepare writes it again (or says why not)
+        existing = None
     root = runspec_lib.RunSpec.from_dict(existing) if existing is not None else cfg.spec
     for name, spec in cfg.extraction_specs().items():
         if extraction_lib.add(store, root, name, spec):

@@ -15,6 +15,7 @@ import dataclasses
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
 from actx.schemas import layout
+from actx.schemas import object_store
 from actx.schemas import run_dir
 from actx.schemas.extraction_store import named, names, view
 from actx.schemas import runspec as runspec_lib
@@ -45,6 +46,13 @@ def read_spec(opened: run_dir.OpenedRun, name: str) -> runspec_lib.RunSpec:
     ext_store = view(opened.store, name)
     try:
         spec = runspec_lib.read_run_spec(ext_store)
+    except object_store.DamagedObjectError as e:
+        raise ExtractionMismatch(
+            f"{opened.location.join(layout.extraction_key(name, runspec_lib.RUN_SPEC_KEY))}: "
+            f"{e.what}: extraction {name!r}'s spec is damaged; `actx submit` with the run's "
+            f"config (its `extractions` table names {name!r}) writes it again, and keeps "
+            f"what the extraction committed where the config's spec is the one its commit "
+            f"markers record") from None
     except FileNotFoundError:
         known = ", ".join(repr(n) for n in named(opened.store)) or "none"
         raise UnknownExtractionError(
@@ -83,7 +91,19 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
     # The tokens are the run's, so is the record of the tokenizer that made them.
     spec = dataclasses.replace(spec, tokenizer_identity=run_spec.tokenizer_identity)
     ext_store = view(store, name)
-    existing = ext_store.read_json(runspec_lib.RUN_SPEC_KEY)
+    try:
+        existing = ext_store.read_json(runspec_lib.RUN_SPEC_KEY)
+    except object_store.DamagedObjectError:
+        # Damaged (not JSON): written again where what the extraction committed is this
+        # spec's (its markers record the fingerprint), or where it committed nothing.
+        existing = None
+        recorded = _first_readable_marker(ext_store)
+        if recorded is not None and recorded.fingerprint != spec.fingerprint:
+            raise run_dir.CommittedRunError(
+                f"{store.location}: extraction {name!r}'s run.json is damaged, and its "
+                f"commit markers are of fingerprint {recorded.fingerprint}, not this spec's "
+                f"({spec.fingerprint}); add the extraction under another name, or submit "
+                f"the config its partitions were extracted with") from None
     if existing is not None:
         old = runspec_lib.RunSpec.from_dict(existing)
         if old.fingerprint == spec.fingerprint:
@@ -105,6 +125,19 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
     ext_store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
     store.create_json(layout.extraction_name_key(name), {"name": name})  # after its spec
     return True
+
+
+def _first_readable_marker(store: store_lib.ObjectStore) -> "commit_lib.CommitMarker | None":
+    """The first commit marker of `store` that reads (None where it committed nothing, or
+    none reads)."""
+    for partition in sorted(commit_lib.committed_partitions(store)):
+        try:
+            marker = commit_lib.read_marker(store, partition)
+        except ValueError:  # damaged itself: verify says so of its partition
+            continue
+        if marker is not None:
+            return marker
+    return None
 
 
 def scoped(opened: run_dir.OpenedRun, name: str) -> run_dir.OpenedRun:

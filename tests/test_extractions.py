@@ -637,3 +637,33 @@ def test_aligned_batches_follow_a_live_run(both, tmp_path):
     assert [b.step for b in rest] == [b.step for b in batches[1:]]
     for a, b in zip(rest, batches[1:]):
         np.testing.assert_array_equal(a.acts, b.acts)
+
+
+def test_a_damaged_extraction_spec_is_written_again_by_its_config(both, models, tmp_path):
+    """An extraction's run.json cut short (not JSON): commands say the run's config writes
+    it again; adding the extraction with the spec its markers record (what `actx submit`
+    of that config does) writes it back byte for byte and keeps its commits; another
+    spec is refused, nothing touched."""
+    import shutil
+
+    from actx.schemas import run_dir
+
+    run = str(tmp_path / "run")
+    shutil.copytree(both, run)
+    key = layout.extraction_key("chat", runspec.RUN_SPEC_KEY)
+    path = os.path.join(run, *key.split("/"))
+    whole = open(path, "rb").read()
+    open(path, "wb").write(whole[:len(whole) // 2])
+    with pytest.raises(extraction.ExtractionMismatch,
+                       match=r"not valid JSON .*`actx submit` with the run's config"):
+        extraction.scoped_all(run_dir.open_run(run), None)
+    s = store.open_store(run)
+    root = runspec.read_run_spec(s)
+    with pytest.raises(run_dir.CommittedRunError, match="run.json is damaged"):
+        extraction.add(s, root, "chat", extraction.spec_for(
+            root, runspec.ModelSpec(path=models["base"], dtype="float32"), root.capture))
+    assert open(path, "rb").read() == whole[:len(whole) // 2]
+    before = _checksums(run, "chat")
+    _add(run, "chat", models["chat"])
+    assert open(path, "rb").read() == whole
+    assert _checksums(run, "chat") == before and before
