@@ -37,15 +37,8 @@ UNKNOWN = ("model_digest", "numerics")
 def rebuild(store, spec, committed: list[int]) -> tuple[info_lib.ActivationsInfo | None, str]:
     """(the record rebuilt, "") from the run's store (an extraction's view), its spec and
     its committed partitions; (None, why not) where the run does not keep enough."""
-    marker = None
-    for pid in committed[:MARKERS_TRIED]:
-        try:
-            found = commit_lib.read_marker(store, pid)
-        except ValueError:  # damaged: verify says so of its partition
-            continue
-        if found is not None and found.fingerprint == spec.fingerprint:
-            marker = found
-            break
+    marker = next((m for m in commit_lib.readable_markers(store, committed[:MARKERS_TRIED])
+                   if m.fingerprint == spec.fingerprint), None)
     if marker is None:
         return None, (f"none of the first {min(len(committed), MARKERS_TRIED)} committed "
                       f"partitions' markers can be read as this run's")

@@ -98,6 +98,18 @@ def read_marker(store, partition_id: int) -> CommitMarker | None:
     return config_lib.from_dict(CommitMarker, data, str(store.location.join(key)))
 
 
+def readable_markers(store, partitions):
+    """The markers of `partitions`, in order, those that read (one damaged or gone since
+    a listing is passed over: verify says so of its partition)."""
+    for partition in partitions:
+        try:
+            marker = read_marker(store, partition)
+        except ValueError:
+            continue
+        if marker is not None:
+            yield marker
+
+
 def committed_partitions(store, n_partitions: int = 0) -> set[int]:
     """Ids of partitions with a marker (a listing of names, no reads).
 

@@ -97,7 +97,8 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
         # Damaged (not JSON): written again where what the extraction committed is this
         # spec's (its markers record the fingerprint), or where it committed nothing.
         existing = None
-        recorded = _first_readable_marker(ext_store)
+        recorded = next(commit_lib.readable_markers(
+            ext_store, sorted(commit_lib.committed_partitions(ext_store))), None)
         if recorded is not None and recorded.fingerprint != spec.fingerprint:
             raise run_dir.CommittedRunError(
                 f"{store.location}: extraction {name!r}'s run.json is damaged, and its "
@@ -125,19 +126,6 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
     ext_store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
     store.create_json(layout.extraction_name_key(name), {"name": name})  # after its spec
     return True
-
-
-def _first_readable_marker(store: store_lib.ObjectStore) -> "commit_lib.CommitMarker | None":
-    """The first commit marker of `store` that reads (None where it committed nothing, or
-    none reads)."""
-    for partition in sorted(commit_lib.committed_partitions(store)):
-        try:
-            marker = commit_lib.read_marker(store, partition)
-        except ValueError:  # damaged itself: verify says so of its partition
-            continue
-        if marker is not None:
-            return marker
-    return None
 
 
 def scoped(opened: run_dir.OpenedRun, name: str) -> run_dir.OpenedRun:

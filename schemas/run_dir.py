@@ -170,25 +170,15 @@ class OpenedRun(RunDir):
 
 def _run_json_lost(store, shown) -> str:
     """What to say of a run whose run.json alone is gone (deleted by hand) while its
-    manifest.json and commit markers stand: the config it was made with writes it again
-    and keeps what is committed (pipeline.prepare_refusals.check_run_dir); "" otherwise."""
+    manifest.json and commit markers stand (pipeline.prepare_refusals.check_run_dir);
+    "" otherwise."""
     if store.exists(runspec_lib.RUN_SPEC_KEY) or not any(
             extraction_store.view(store, name).list_names(layout.COMMITS_PREFIX)
             for name in extraction_store.names(store)):
         return ""
-    try:
-        manifest = store.read_json(layout.MANIFEST_KEY)
-        launch = store.read_json(layout.LAUNCH_KEY)
-    except ValueError:
-        return ""
-    if not isinstance(manifest, dict) or not manifest.get("fingerprint"):
-        return ""
-    return (f"{shown}: run.json is gone, but manifest.json (fingerprint "
-            f"{manifest['fingerprint']}) and the commit markers stand: `actx submit` with the "
-            f"config the run was made with{_last_config(launch)}, whose spec has that "
-            f"fingerprint, "
-            f"prepares it again from its inputs, checked against what is committed, writes "
-            f"run.json and keeps every committed partition")
+    fingerprint, resubmit = _resubmit(store)
+    return (f"{shown}: run.json is gone, but manifest.json (fingerprint {fingerprint}) and "
+            f"the commit markers stand: {resubmit}" if resubmit else "")
 
 
 def _damaged_run_file(store, shown, location, error: Exception) -> str:
@@ -204,23 +194,28 @@ def _damaged_run_file(store, shown, location, error: Exception) -> str:
                 f"committed, and keeps every committed partition")
     if error.key != runspec_lib.RUN_SPEC_KEY:
         return ""
+    _, resubmit = _resubmit(store)
+    return f"{where}; {resubmit}" if resubmit else ""
+
+
+def _resubmit(store) -> tuple[str, str]:
+    """(manifest.json's fingerprint, the submit that writes a lost or damaged run.json
+    again, with launch.json's config); ("", "") where the manifest cannot tell."""
     try:
-        fingerprint = (store.read_json(layout.MANIFEST_KEY) or {}).get("fingerprint")
+        manifest = store.read_json(layout.MANIFEST_KEY)
         launch = store.read_json(layout.LAUNCH_KEY)
-    except (ValueError, AttributeError):
-        return ""
+    except ValueError:
+        return "", ""
+    fingerprint = manifest.get("fingerprint") if isinstance(manifest, dict) else None
     if not fingerprint:
-        return ""
-    return (f"{where}; `actx submit` with the config the run was made with"
-            f"{_last_config(launch)}, whose spec has fingerprint {fingerprint} (manifest.json's), "
-            f"prepares it again from its inputs, checked against what is committed, writes "
-            f"run.json and keeps every committed partition")
-
-
-def _last_config(launch) -> str:
-    """" (its last launch's was PATH)" from launch.json's record, "" where it has none."""
+        return "", ""
     config = launch.get("config") if isinstance(launch, dict) else None
-    return f" (its last launch's was {config})" if isinstance(config, str) and config else ""
+    last = f" (its last launch's was {config})" if isinstance(config, str) and config else ""
+    return fingerprint, (
+        f"`actx submit` with the config the run was made with{last}, whose spec has "
+        f"fingerprint {fingerprint} (manifest.json's), prepares it again from its inputs, "
+        f"checked against what is committed, writes run.json and keeps every committed "
+        f"partition")
 
 
 def _a_file_not_a_run(shown, path: str) -> str:
