@@ -97,14 +97,23 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
         # Damaged (not JSON): written again where what the extraction committed is this
         # spec's (its markers record the fingerprint), or where it committed nothing.
         existing = None
-        recorded = next(commit_lib.readable_markers(
-            ext_store, sorted(commit_lib.committed_partitions(ext_store))), None)
+        committed = sorted(commit_lib.committed_partitions(ext_store))
+        recorded = next(commit_lib.readable_markers(ext_store, committed), None)
         if recorded is not None and recorded.fingerprint != spec.fingerprint:
             raise run_dir.CommittedRunError(
                 f"{store.location}: extraction {name!r}'s run.json is damaged, and its "
                 f"commit markers are of fingerprint {recorded.fingerprint}, not this spec's "
                 f"({spec.fingerprint}); add the extraction under another name, or submit "
                 f"the config its partitions were extracted with") from None
+        if not committed:
+            # Nothing committed: what an earlier attempt left (its activations record,
+            # which names the spec it was written for, and its claims) goes, as when an
+            # uncommitted extraction's readable spec is replaced; a worker would refuse
+            # that record for this spec.
+            run_dir.record_change(store, "extraction-spec", {
+                "extraction": name, "from_fingerprint": None,
+                "to_fingerprint": spec.fingerprint, "changed": ["run.json (damaged)"]})
+            _clear_uncommitted(ext_store)
     if existing is not None:
         old = runspec_lib.RunSpec.from_dict(existing)
         if old.fingerprint == spec.fingerprint:
@@ -121,11 +130,16 @@ def add(store: store_lib.ObjectStore, run_spec: runspec_lib.RunSpec, name: str,
         run_dir.record_change(store, "extraction-spec", {
             "extraction": name, "from_fingerprint": old.fingerprint,
             "to_fingerprint": spec.fingerprint, "changed": changed})
-        for prefix in (f"{layout.ACTIVATIONS_GROUP}/", layout.CLAIMS_PREFIX):
-            ext_store.delete_prefix(prefix)
+        _clear_uncommitted(ext_store)
     ext_store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
     store.create_json(layout.extraction_name_key(name), {"name": name})  # after its spec
     return True
+
+
+def _clear_uncommitted(ext_store: store_lib.ObjectStore) -> None:
+    """Deletes what an extraction that committed nothing holds besides its spec."""
+    for prefix in (f"{layout.ACTIVATIONS_GROUP}/", layout.CLAIMS_PREFIX):
+        ext_store.delete_prefix(prefix)
 
 
 def scoped(opened: run_dir.OpenedRun, name: str) -> run_dir.OpenedRun:

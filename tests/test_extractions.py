@@ -457,7 +457,7 @@ def test_the_pytorch_dataset_reads_the_extraction_it_names(both):
 def test_aligned_filters_hook_per_model_and_normalisation(both):
     """whole_document and token masks as in one extraction's stream, a hook per model, and
     normalisation by each model's own statistics."""
-    from actx.reader import aligned, open_run
+    from actx.reader import aligned
 
     runs = aligned.open_runs(both, ["base", "chat"])
     for run in runs.values():
@@ -667,3 +667,36 @@ def test_a_damaged_extraction_spec_is_written_again_by_its_config(both, models, 
     _add(run, "chat", models["chat"])
     assert open(path, "rb").read() == whole
     assert _checksums(run, "chat") == before and before
+
+
+def test_a_damaged_spec_of_an_extraction_that_committed_nothing_is_replaced(both, models,
+                                                                           tmp_path):
+    """An extraction that committed nothing, whose run.json is cut short, with what an
+    earlier attempt under another model left in its activations/: adding it again (what
+    `actx submit` of the run's config does) writes its spec, clears that attempt's record
+    and arrays (a worker would refuse them for the new spec) and says so under changes/;
+    its worker then extracts it, equal to that model's extraction."""
+    import shutil
+
+    run = str(tmp_path / "run")
+    shutil.copytree(both, run)
+    _add(run, "late", models["chat"])
+    late = os.path.join(run, *layout.extraction_prefix("late").strip("/").split("/"))
+    shutil.copytree(os.path.join(run, *layout.extraction_prefix("chat").strip("/").split("/"),
+                                 layout.ACTIVATIONS_GROUP),
+                    os.path.join(late, layout.ACTIVATIONS_GROUP))
+    spec_path = os.path.join(late, runspec.RUN_SPEC_KEY)
+    whole = open(spec_path, "rb").read()
+    open(spec_path, "wb").write(whole[:len(whole) // 2])
+    changes_dir = os.path.join(run, "changes")
+    changes = set(os.listdir(changes_dir)) if os.path.isdir(changes_dir) else set()
+    _add(run, "late", models["base"])
+    assert not [f for _, _, files in os.walk(os.path.join(late, layout.ACTIVATIONS_GROUP))
+                for f in files]
+    [new] = set(os.listdir(changes_dir)) - changes
+    record = json.load(open(os.path.join(changes_dir, new)))
+    assert record["kind"] == "extraction-spec" and record["extraction"] == "late"
+    assert record["to_fingerprint"] == runspec.read_run_spec(
+        extraction_store.view(store.open_store(run), "late")).fingerprint
+    _extract(run, "late")
+    assert _checksums(run, "late") == _checksums(both, "base") != {}
