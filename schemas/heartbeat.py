@@ -125,14 +125,14 @@ class HeartbeatWriter:
     def __init__(self, store, host: str, min_interval_s: float = 2.0):
         self._store = store
         self._key = layout.heartbeat_key(host)
-        self._min_interval_s = max(1.0, min_interval_s)
+        self.min_interval_s = max(1.0, min_interval_s)  # between two unforced beats
         self._last = 0.0
         self._history: list[tuple[float, int]] = []
 
     def beat(self, heartbeat: Heartbeat, force: bool = False) -> bool:
         """Writes `heartbeat` with this writer's history appended (its own is ignored)."""
         now = time.monotonic()
-        if not force and now - self._last < self._min_interval_s:
+        if not force and now - self._last < self.min_interval_s:
             return False
         self._history.append((round(heartbeat.updated_at, 1), heartbeat.tokens_done))
         if len(self._history) > MAX_HISTORY:

@@ -255,3 +255,61 @@ def test_a_hosts_first_claim_is_named_at_once_and_later_ones_at_the_interval(tmp
     p.hold(9)  # this process named a claim already: no write out of turn
     assert held() == (7, 8)
     again.stop(final_beat=False)
+
+
+def _taker_done_or_stalled(taker, s, n_partitions: int, stall_s: float = 10.0) -> set[int]:
+    """Waits until `taker` exits, or commits nothing for `stall_s` (it waits on a write the
+    frozen worker holds: a local store's file lock); returns the partitions committed."""
+    committed, since = commit.committed_partitions(s, n_partitions), time.monotonic()
+    while taker.poll() is None and time.monotonic() - since < stall_s:
+        time.sleep(0.2)
+        now = commit.committed_partitions(s, n_partitions)
+        if now != committed:
+            committed, since = now, time.monotonic()
+    return commit.committed_partitions(s, n_partitions)
+
+
+def test_a_frozen_worker_resumed_writes_nothing_over_a_takers_partitions(tmp_path):
+    """A worker frozen (SIGSTOP) inside a partition while another job's worker extracts
+    the whole run, its partitions in hand included: resumed (SIGCONT), the frozen one
+    finds its heartbeats were silent long enough to look dead, and writes no row of a
+    partition the taker committed meanwhile (neither the steps after the freeze nor a
+    block it had queued), commits none, and exits 0; the run verifies. (Where the taker
+    waits on a write the frozen worker held, a local file lock, it finishes after the
+    resume, and only what it had not committed by then may be written by both.)"""
+    from tests import worker_procs
+
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=2)
+    run = str(tmp_path / "run")
+    rows_per_partition, rows_per_shard = 64, 8
+    token_runs.write_token_run(run, str(model), n_rows=1536, seq_len=128,
+                               partition_rows=rows_per_partition, rows_per_shard=rows_per_shard)
+    s = store.open_store(run)
+    log = tmp_path / "writes.log"
+    frozen = worker_procs.start_worker(
+        ["--run", run, "--batch-size", "8", "--job", "first", "--host-name", HOST,
+         "--heartbeat-s", "1"], ACTX_WRITE_LOG=str(log))
+    pid, held = _stop_in_partition(s, frozen)
+    taker = None
+    try:
+        written_before = len(log.read_text().splitlines())
+        taker = worker_procs.start_worker(
+            ["--run", run, "--batch-size", "8", "--job", "taker", "--host-name", "taker"])
+        committed_at_resume = _taker_done_or_stalled(taker, s, 24)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        code, out = worker_procs.finish(taker) if taker else (None, "")
+    assert code == 0, out
+    code, out = worker_procs.finish(frozen, timeout=120)
+    assert code == 0, out
+    assert commit.committed_partitions(s, 24) == set(range(24))
+    after = [line.split(" ", 1)[1] for line in log.read_text().splitlines()[written_before:]
+             if line.startswith(f"{pid} ")]
+    rows = {int(key.rsplit("/", 3)[-3]) * rows_per_shard for key in after}
+    assert not {r // rows_per_partition for r in rows} & committed_at_resume, after
+    if committed_at_resume == set(range(24)):  # the taker was not held up: all its own
+        assert after == [], after
+        assert "were taken over" in out or "already committed" in out, out
+        assert commit.read_marker(s, held).attempt.startswith("taker-")
+    out = io.StringIO()
+    assert cli.main(["verify", run], out=out) == 0, out.getvalue()

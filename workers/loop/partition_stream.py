@@ -16,6 +16,7 @@ others from jax.distributed's key-value store, off the steps' path.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Protocol
@@ -29,6 +30,8 @@ from actx.workers.write import writer
 from actx.workers.loop.progress import Progress
 from actx.workers.replicas.stop import StopSignal
 
+
+log = logging.getLogger("actx.worker")
 
 # Multi-host replicas report which partitions they finished as a bitmap over this many
 # sequence indices from the oldest one not yet committed; a partition finished beyond it
@@ -60,6 +63,14 @@ class StreamHost(Protocol):
                     ) -> tuple[int, int, list[schedule.Chain]]:
         """(lo, hi, chains) of this host's slice of `part`."""
 
+    def taken_over(self, pids) -> set[int]:
+        """Of `pids` in hand, those another attempt has taken (committed or claimed)."""
+
+
+class TakenOverError(RuntimeError):
+    """Partitions in a multi-host replica's hand were taken over while one of its hosts
+    was silent: its hosts cannot leave them out in step, so the replica stops."""
+
 
 class PartitionStream:
     """One worker's stream over its partitions; the runner drives it (`Worker.run`).
@@ -90,6 +101,10 @@ class PartitionStream:
         self._finished_here: set[int] = set()  # multi-host: written here, not yet committed
         self._committed_indices: set[int] = set()
         self._committed_through = 0  # every sequence index below it is committed
+        # In hand, but taken over by another attempt while this process was silent: their
+        # rows are run (the slots are planned) but neither written nor committed.
+        self._taken: set[int] = set()
+        self._fence_lock = threading.Lock()
 
     def hand_empty(self) -> bool:
         """Whether this host has no rows in hand (what the partition choice asks)."""
@@ -144,8 +159,9 @@ class PartitionStream:
             return None
         part = w.manifest.partition(pid)
         lo, hi, chain_list = w.host_chains(part)
-        state = [part, writer.PartitionWriter(w.arrays, (lo, hi), self.pool), hi - lo,
-                 time.perf_counter(), index]
+        state = [part, writer.PartitionWriter(w.arrays, (lo, hi), self.pool,
+                                              skip_if=lambda: self._is_taken(pid)),
+                 hi - lo, time.perf_counter(), index]
         with self._lock:
             self._in_hand[pid] = state
         if hi == lo:  # nothing of it on this host
@@ -162,7 +178,8 @@ class PartitionStream:
             with self._lock:
                 state = self._in_hand[pid]
             mine = tuple(w and p == pid for p, w in zip(step.partitions, step.write))
-            outputs.add_rows(state[1], step.rows, mine, pieces, self.pool, timings, batch)
+            if not self._is_taken(pid):
+                outputs.add_rows(state[1], step.rows, mine, pieces, self.pool, timings, batch)
             state[2] -= sum(mine)
             if state[2] == 0:
                 self._done_here(pid, state)
@@ -177,7 +194,44 @@ class PartitionStream:
                 progress.state = "working"
             progress.partition, progress.step, progress.steps = oldest, batch.index + 1, 0
 
+    def _is_taken(self, pid: int) -> bool:
+        """Whether partition `pid`, in hand, was taken over by another attempt: looked up
+        again once this process's heartbeats were silent, by whichever thread asks first
+        (the output thread before a step's rows, a writer thread before a block's write:
+        after a freeze, every thread resumes at once)."""
+        with self._fence_lock:
+            if self.worker.progress.was_silent():
+                self._leave_taken_over()
+            return pid in self._taken
+
+    def _leave_taken_over(self) -> None:
+        """After a silence: the partitions in hand another attempt took meanwhile are
+        written no further (the taker's rows stand) and not committed."""
+        with self._lock:
+            held = [pid for pid in self._in_hand if pid not in self._taken]
+        taken = self.worker.taken_over(held)
+        if not taken:
+            return
+        if self.multi_host:
+            raise TakenOverError(
+                f"partitions {sorted(taken)} were taken over by another attempt while this "
+                f"host's heartbeats were silent (the process frozen, or cut off from the "
+                f"store); the hosts of a replica cannot leave them out in step, so this "
+                f"replica stops; the taker finishes them")
+        self._taken |= taken
+        progress = self.worker.progress
+        with progress.lock:
+            progress.held = tuple(p for p in progress.held if p not in taken)
+        log.warning("this process's heartbeats were silent (frozen, or cut off from the "
+                    "store) long enough to look dead; partition(s) %s were taken over "
+                    "meanwhile by another attempt: their rows here are not written, and "
+                    "this process does not commit them", sorted(taken))
+
     def _done_here(self, pid: int, state: list) -> None:
+        if pid in self._taken:  # another attempt's now
+            with self._lock:
+                del self._in_hand[pid]
+            return
         with self._lock:
             if self.multi_host:
                 self._finished_here.add(pid)

@@ -50,6 +50,33 @@ class Progress:
         # asks for it once, at this process's first claim.
         self.beat_now: Callable[[], None] | None = None
         self._claimed_any = False
+        # Silences: when a beat last reached the store (monotonic, taken as its
+        # `updated_at` was) and how often two came further apart than `silent_after_s`
+        # (the heartbeat thread's: two of its intervals). A process frozen (SIGSTOP, a
+        # suspended machine) or cut off from its store that long may have looked dead to
+        # the other attempts, which take a dead attempt's partitions over
+        # (`Worker.taken_over` finds out which).
+        self.beat_written_at: float | None = None
+        self.silent_after_s = float("inf")
+        self._silences = self._silences_asked = 0
+
+    def wrote_beat(self, at: float) -> None:
+        """Records a beat written (`at`: monotonic, when its content was taken)."""
+        with self.lock:
+            if self.beat_written_at is not None and at - self.beat_written_at > self.silent_after_s:
+                self._silences += 1
+            self.beat_written_at = at
+
+    def was_silent(self) -> bool:
+        """Whether this process's heartbeats were silent longer than `silent_after_s` since
+        the last call, or are now."""
+        now = time.monotonic()
+        with self.lock:
+            silent = self._silences > self._silences_asked or (
+                self.beat_written_at is not None
+                and now - self.beat_written_at > self.silent_after_s)
+            self._silences_asked = self._silences
+        return silent
 
     def hold(self, pid: int) -> None:
         """Adds partition `pid`, just claimed, to those this process holds. The first is
@@ -130,6 +157,8 @@ class HeartbeatThread:
                               pid=os.getpid(), job=job)
         self._progress = progress
         self._interval_s = interval_s
+        # One beat missed, at least (the writer may space beats wider than asked).
+        progress.silent_after_s = 2 * max(interval_s, self.writer.min_interval_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="actx-heartbeat")
         self._write_lock = threading.Lock()  # the final beat never races the thread's
@@ -152,7 +181,8 @@ class HeartbeatThread:
     def beat(self, force: bool, raise_user_errors: bool = False) -> None:
         p = self._progress
         with p.lock:
-            rate = p.steady_rate(time.monotonic())
+            taken_at = time.monotonic()
+            rate = p.steady_rate(taken_at)
             hb = heartbeat_lib.Heartbeat(
                 **self._identity, state=p.state, updated_at=time.time(),
                 partition=p.partition, step=p.step, steps=p.steps, tokens_done=p.tokens_done,
@@ -164,7 +194,8 @@ class HeartbeatThread:
                 interval_s=self._interval_s)
         with self._write_lock:
             try:
-                self.writer.beat(hb, force=force)
+                if self.writer.beat(hb, force=force):
+                    p.wrote_beat(taken_at)
             except errors.UserError:
                 if raise_user_errors:
                     raise

@@ -247,6 +247,14 @@ class Worker:
             return True
         return False
 
+    def taken_over(self, pids) -> set[int]:
+        """Of partitions in hand, those another attempt has taken: committed (by it: this
+        process commits none it still holds) or claimed after this one. Asked once this
+        process's heartbeats were silent long enough to look dead (`Progress.was_silent`):
+        its rows of them must not be written over the taker's."""
+        return {pid for pid in pids
+                if self.is_committed(pid) or self.choice.claimed_by_another(pid)}
+
     def choose_partition(self, tried: set[int], idle: bool = True,
                          rows_in_hand: int = 0) -> int | None:
         """The next partition to extract: -1 when there is no more, None when there is

@@ -240,6 +240,14 @@ class Chooser:
         taker = self._heartbeats(self.look_every_s).attempts.get(holder, ("?",))[0]
         self.given_up[taker if taker == "?" else choice_policy.replica_name(taker)] += 1
 
+    def claimed_by_another(self, pid: int) -> bool:
+        """Whether partition `pid`'s claim is now held by another attempt (taken over from
+        this one, as from a dead attempt's). A replica that does not steal claims nothing."""
+        if not self.steal:
+            return False
+        holder, _ = self._last_claim(pid)
+        return holder not in ("", self.attempt)
+
     def _last_claim(self, pid: int) -> tuple[str, int]:
         """The attempt holding partition `pid`'s claim and the claim's generation (-1: not
         claimed), read generation by generation (each holder kept: a claim never changes)."""

@@ -97,8 +97,11 @@ class PartitionWriter:
     """
 
     def __init__(self, arrays: ActivationArrays, slice_rows: tuple[int, int],
-                 pool: "WriterPool"):
+                 pool: "WriterPool", skip_if=None):
+        """skip_if: asked before each block is written; True leaves it unwritten (the
+        partition was taken over by another attempt, whose rows stand)."""
         self._arrays = arrays
+        self._skip_if = skip_if
         self._lo, self._hi = slice_rows
         self._pool = pool
         self._rows_per_shard = arrays.layout.rows_per_shard
@@ -208,6 +211,10 @@ class PartitionWriter:
         block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + count
 
     def _write(self, block: _Block) -> dict[str, str]:
+        if self._skip_if is not None and self._skip_if():
+            for hook in block.pooled:
+                self._pool.buffers.give(block.data[hook])
+            return {}
         sums = {TOKENS_PREFIX + name: commit_lib.array_checksum(rows)
                 for name, rows in block.tokens.items()}
         writes = []
