@@ -160,3 +160,34 @@ def test_durations_round_halves_up_as_the_page_does():
     expected = {0: "0s", 1: "1s", 2: "2s", 3: "3s", 60: "1m00s", 3600: "1h00m00s"}
     for seconds, rounded in js_math_round.items():
         assert status_text._duration(seconds) == expected[rounded], seconds
+
+
+def test_a_silence_of_the_heartbeats_is_told_once_while_it_lasts_and_once_for_its_gap(
+        monkeypatch):
+    """What a worker checks its partitions in hand after (`Progress.was_silent`): beats
+    written closer than `silent_after_s` say nothing; a silence under way is told once,
+    and the gap it leaves once more when the next beat is written (the first beat after a
+    freeze may come after a writer thread asked), then nothing while beats keep coming."""
+    clock = _Clock()
+    monkeypatch.setattr(progress, "awake_time", clock)
+    p = progress.Progress()
+    assert not p.was_silent()  # no beat yet
+    p.silent_after_s = 4.0
+    p.wrote_beat(clock())
+    clock.t += 3.0
+    p.wrote_beat(clock())
+    assert not p.was_silent()
+    clock.t += 10.0
+    assert p.was_silent() and not p.was_silent()
+    p.wrote_beat(clock())
+    assert p.was_silent() and not p.was_silent()
+    clock.t += 3.0
+    p.wrote_beat(clock())
+    assert not p.was_silent()
+
+
+def test_the_silence_clock_goes_on_while_the_machine_sleeps():
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        pytest.skip("no CLOCK_BOOTTIME here")
+    before = time.clock_gettime(time.CLOCK_BOOTTIME)
+    assert before <= progress.awake_time() <= time.clock_gettime(time.CLOCK_BOOTTIME)

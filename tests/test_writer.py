@@ -57,6 +57,26 @@ def test_an_unfinished_block_cannot_be_committed(tmp_path):
         part.finish()
 
 
+def test_blocks_of_a_partition_taken_over_are_left_unwritten_and_it_cannot_be_committed(
+        tmp_path):
+    """skip_if (a partition another attempt took while this process was silent): the
+    blocks asked after it says so are not written, and finish() raises TakenOver, so no
+    marker is made over them; the writer says it writes no more."""
+    taken = []
+    pool = writer.WriterPool(1, 1 << 20)
+    part = writer.PartitionWriter(_arrays(tmp_path), (0, 8), pool,
+                                  skip_if=lambda: bool(taken))
+    part.add(0, {"a": np.ones((4, 3, 8)), "b": np.ones((4, 3, 8))})
+    part._futures[0][1].result()  # the first block written before the silence
+    taken.append(True)
+    part.add(4, {"a": np.ones((4, 3, 8)), "b": np.ones((4, 3, 8))})
+    with pytest.raises(writer.TakenOver, match="1 block"):
+        part.finish()
+    pool.shutdown()
+    assert part.finished
+    assert sorted(p.name for p in (tmp_path / "run/activations/a/c").iterdir()) == ["0"]
+
+
 def test_pool_bounds_bytes_in_flight():
     import threading
     import time

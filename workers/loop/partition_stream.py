@@ -64,12 +64,8 @@ class StreamHost(Protocol):
         """(lo, hi, chains) of this host's slice of `part`."""
 
     def taken_over(self, pids) -> set[int]:
-        """Of `pids` in hand, those another attempt has taken (committed or claimed)."""
-
-
-class TakenOverError(RuntimeError):
-    """Partitions in a multi-host replica's hand were taken over while one of its hosts
-    was silent: its hosts cannot leave them out in step, so the replica stops."""
+        """Of `pids` this process may still write, those another attempt has taken
+        (committed or claimed)."""
 
 
 class PartitionStream:
@@ -101,10 +97,13 @@ class PartitionStream:
         self._finished_here: set[int] = set()  # multi-host: written here, not yet committed
         self._committed_indices: set[int] = set()
         self._committed_through = 0  # every sequence index below it is committed
-        # In hand, but taken over by another attempt while this process was silent: their
-        # rows are run (the slots are planned) but neither written nor committed.
+        # One-host replicas: taken over by another attempt while this process was silent;
+        # their rows are run (the slots are planned) but neither written nor committed.
+        # The hosts of a multi-host replica could not leave a partition out in step: there
+        # the bytes' being deterministic is what makes a second writer harmless.
         self._taken: set[int] = set()
         self._fence_lock = threading.Lock()
+        self._writers: dict[int, writer.PartitionWriter] = {}  # opened, maybe still writing
 
     def hand_empty(self) -> bool:
         """Whether this host has no rows in hand (what the partition choice asks)."""
@@ -159,11 +158,15 @@ class PartitionStream:
             return None
         part = w.manifest.partition(pid)
         lo, hi, chain_list = w.host_chains(part)
-        state = [part, writer.PartitionWriter(w.arrays, (lo, hi), self.pool,
-                                              skip_if=lambda: self._is_taken(pid)),
-                 hi - lo, time.perf_counter(), index]
+        part_writer = writer.PartitionWriter(
+            w.arrays, (lo, hi), self.pool,
+            skip_if=None if self.multi_host else lambda: self._is_taken(pid))
+        state = [part, part_writer, hi - lo, time.perf_counter(), index]
         with self._lock:
             self._in_hand[pid] = state
+            if not self.multi_host:
+                self._forget_writers_done()
+                self._writers[pid] = part_writer
         if hi == lo:  # nothing of it on this host
             self._done_here(pid, state)
         return pid, chain_list
@@ -195,29 +198,27 @@ class PartitionStream:
             progress.partition, progress.step, progress.steps = oldest, batch.index + 1, 0
 
     def _is_taken(self, pid: int) -> bool:
-        """Whether partition `pid`, in hand, was taken over by another attempt: looked up
-        again once this process's heartbeats were silent, by whichever thread asks first
-        (the output thread before a step's rows, a writer thread before a block's write:
-        after a freeze, every thread resumes at once)."""
+        """Whether partition `pid` (one-host replicas) was taken over by another attempt:
+        looked up again after each silence of this process's heartbeats, by whichever
+        thread asks first (the output thread before a step's rows, a writer thread before
+        a block's write: after a freeze, every thread resumes at once)."""
+        if self.multi_host:
+            return False
         with self._fence_lock:
             if self.worker.progress.was_silent():
                 self._leave_taken_over()
             return pid in self._taken
 
     def _leave_taken_over(self) -> None:
-        """After a silence: the partitions in hand another attempt took meanwhile are
-        written no further (the taker's rows stand) and not committed."""
+        """After a silence: the partitions whose writers may still write (in hand, or
+        handed to the committer with blocks queued) that another attempt took meanwhile
+        are written no further (the taker's rows stand) and not committed."""
         with self._lock:
-            held = [pid for pid in self._in_hand if pid not in self._taken]
-        taken = self.worker.taken_over(held)
+            self._forget_writers_done()
+            open_pids = [pid for pid in self._writers if pid not in self._taken]
+        taken = self.worker.taken_over(open_pids)
         if not taken:
             return
-        if self.multi_host:
-            raise TakenOverError(
-                f"partitions {sorted(taken)} were taken over by another attempt while this "
-                f"host's heartbeats were silent (the process frozen, or cut off from the "
-                f"store); the hosts of a replica cannot leave them out in step, so this "
-                f"replica stops; the taker finishes them")
         self._taken |= taken
         progress = self.worker.progress
         with progress.lock:
@@ -226,6 +227,13 @@ class PartitionStream:
                     "store) long enough to look dead; partition(s) %s were taken over "
                     "meanwhile by another attempt: their rows here are not written, and "
                     "this process does not commit them", sorted(taken))
+
+    def _forget_writers_done(self) -> None:
+        """Drops the writers that write no more (finished, or taken and let go), so the
+        ones kept are the few in flight. Caller holds the lock."""
+        for pid in [p for p, w in self._writers.items()
+                    if w.finished or (p in self._taken and p not in self._in_hand)]:
+            del self._writers[pid]
 
     def _done_here(self, pid: int, state: list) -> None:
         if pid in self._taken:  # another attempt's now

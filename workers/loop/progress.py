@@ -50,32 +50,37 @@ class Progress:
         # asks for it once, at this process's first claim.
         self.beat_now: Callable[[], None] | None = None
         self._claimed_any = False
-        # Silences: when a beat last reached the store (monotonic, taken as its
+        # Silences: when a beat last reached the store (`awake_time`, taken as its
         # `updated_at` was) and how often two came further apart than `silent_after_s`
-        # (the heartbeat thread's: two of its intervals). A process frozen (SIGSTOP, a
-        # suspended machine) or cut off from its store that long may have looked dead to
+        # (the heartbeat thread's: two of its intervals). A process frozen (SIGSTOP), on a
+        # machine that slept, or cut off from its store that long may have looked dead to
         # the other attempts, which take a dead attempt's partitions over
         # (`Worker.taken_over` finds out which).
         self.beat_written_at: float | None = None
         self.silent_after_s = float("inf")
         self._silences = self._silences_asked = 0
+        self._silence_asked_at: float | None = None  # the last beat of a silence asked of
 
     def wrote_beat(self, at: float) -> None:
-        """Records a beat written (`at`: monotonic, when its content was taken)."""
+        """Records a beat written (`at`: `awake_time()` when its content was taken)."""
         with self.lock:
             if self.beat_written_at is not None and at - self.beat_written_at > self.silent_after_s:
                 self._silences += 1
             self.beat_written_at = at
 
     def was_silent(self) -> bool:
-        """Whether this process's heartbeats were silent longer than `silent_after_s` since
-        the last call, or are now."""
-        now = time.monotonic()
+        """Whether this process's heartbeats were silent longer than `silent_after_s`: once
+        for a silence under way (no beat for that long now), and once more for each gap
+        between two beats written (the first after a freeze comes only once the
+        heartbeat thread runs again)."""
+        now = awake_time()
         with self.lock:
-            silent = self._silences > self._silences_asked or (
-                self.beat_written_at is not None
-                and now - self.beat_written_at > self.silent_after_s)
+            silent = self._silences > self._silences_asked
             self._silences_asked = self._silences
+            if (not silent and self.beat_written_at is not None
+                    and now - self.beat_written_at > self.silent_after_s
+                    and self._silence_asked_at != self.beat_written_at):
+                silent, self._silence_asked_at = True, self.beat_written_at
         return silent
 
     def hold(self, pid: int) -> None:
@@ -126,6 +131,14 @@ class Progress:
                 self.phase = ""
                 log.info("first step done after %.1fs: extracting",
                          time.monotonic() - self.created)
+
+
+def awake_time() -> float:
+    """Seconds on a clock that goes on while the machine sleeps (CLOCK_BOOTTIME, where the
+    system has it; monotonic elsewhere): the others judge this host's heartbeats by the
+    wall clock, which a suspended machine's monotonic clock does not follow."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
 
 
 # Replicas named per counter in a heartbeat: its summary must stay within GCS's 8 KB of
@@ -181,8 +194,8 @@ class HeartbeatThread:
     def beat(self, force: bool, raise_user_errors: bool = False) -> None:
         p = self._progress
         with p.lock:
-            taken_at = time.monotonic()
-            rate = p.steady_rate(taken_at)
+            taken_at = awake_time()
+            rate = p.steady_rate(time.monotonic())
             hb = heartbeat_lib.Heartbeat(
                 **self._identity, state=p.state, updated_at=time.time(),
                 partition=p.partition, step=p.step, steps=p.steps, tokens_done=p.tokens_done,

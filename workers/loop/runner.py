@@ -248,12 +248,22 @@ class Worker:
         return False
 
     def taken_over(self, pids) -> set[int]:
-        """Of partitions in hand, those another attempt has taken: committed (by it: this
-        process commits none it still holds) or claimed after this one. Asked once this
-        process's heartbeats were silent long enough to look dead (`Progress.was_silent`):
-        its rows of them must not be written over the taker's."""
-        return {pid for pid in pids
-                if self.is_committed(pid) or self.choice.claimed_by_another(pid)}
+        """Of partitions this process may still write (a one-host replica's), those
+        another attempt has taken: committed by it (a marker of another attempt, or one
+        that does not read), or claimed after this one. Asked after a silence of this
+        process's heartbeats (`Progress.was_silent`): its rows of them must not be written
+        over the taker's."""
+        taken = set()
+        for pid in pids:
+            try:
+                marker = commit_lib.read_marker(self.store, pid)
+            except ValueError:  # damaged: not this process's, which writes whole markers
+                marker = None
+                taken.add(pid)
+            if (marker is not None and marker.attempt != self.attempt) \
+                    or self.choice.claimed_by_another(pid):
+                taken.add(pid)
+        return taken
 
     def choose_partition(self, tried: set[int], idle: bool = True,
                          rows_in_hand: int = 0) -> int | None:

@@ -90,6 +90,10 @@ class Committer:
                 started: float) -> None:
         try:
             checksums = part_writer.finish()
+        except writer.TakenOver as e:
+            log.warning("partition %d is not committed by this process: another attempt "
+                        "took it over while this one was silent (%s)", part.id, e)
+            return
         except Exception:
             # A write into a directory removed under it fails in the store's own words
             # (a rename to a path that is gone): said as what happened, where it did. An

@@ -36,6 +36,11 @@ from actx.workers.write import block_copy
 TOKENS_PREFIX = "tokens/"
 
 
+class TakenOver(Exception):
+    """A partition's blocks were left unwritten: another attempt took it over while this
+    process was silent (`PartitionWriter`'s skip_if said so). It is not committed here."""
+
+
 @dataclasses.dataclass
 class _Block:
     """One stored object's rows, per hook: filled row by row, or, when one step's output
@@ -99,9 +104,12 @@ class PartitionWriter:
     def __init__(self, arrays: ActivationArrays, slice_rows: tuple[int, int],
                  pool: "WriterPool", skip_if=None):
         """skip_if: asked before each block is written; True leaves it unwritten (the
-        partition was taken over by another attempt, whose rows stand)."""
+        partition was taken over by another attempt, whose rows stand), and `finish()`
+        then raises TakenOver."""
         self._arrays = arrays
         self._skip_if = skip_if
+        self._skipped = 0
+        self.finished = False  # every write done: none comes from this writer any more
         self._lo, self._hi = slice_rows
         self._pool = pool
         self._rows_per_shard = arrays.layout.rows_per_shard
@@ -214,6 +222,7 @@ class PartitionWriter:
         if self._skip_if is not None and self._skip_if():
             for hook in block.pooled:
                 self._pool.buffers.give(block.data[hook])
+            self._skipped += 1
             return {}
         sums = {TOKENS_PREFIX + name: commit_lib.array_checksum(rows)
                 for name, rows in block.tokens.items()}
@@ -248,9 +257,15 @@ class PartitionWriter:
         per_hook: dict[str, list[str]] = {
             name: [] for name in (*self._arrays.arrays,
                                   *(TOKENS_PREFIX + n for n in commit_lib.MODEL_INPUTS))}
-        for _, future in sorted(self._futures, key=lambda item: item[0]):
-            for hook, crc in future.result().items():
-                per_hook[hook].append(crc)
+        try:
+            for _, future in sorted(self._futures, key=lambda item: item[0]):
+                for hook, crc in future.result().items():
+                    per_hook[hook].append(crc)
+        finally:
+            concurrent.futures.wait([future for _, future in self._futures])
+            self.finished = True
+        if self._skipped:
+            raise TakenOver(f"{self._skipped} block(s) left unwritten")
         return per_hook
 
 
