@@ -75,6 +75,17 @@ def test_blocks_of_a_partition_taken_over_are_left_unwritten_and_it_cannot_be_co
     pool.shutdown()
     assert part.finished
     assert sorted(p.name for p in (tmp_path / "run/activations/a/c").iterdir()) == ["0"]
+    # Taken once every block was written: still not to be committed here.
+    taken.clear()
+    pool = writer.WriterPool(1, 1 << 20)
+    part = writer.PartitionWriter(_arrays(tmp_path), (8, 16), pool,
+                                  skip_if=lambda: bool(taken))
+    part.add(8, {"a": np.ones((8, 3, 8)), "b": np.ones((8, 3, 8))})
+    [future.result() for _, future in part._futures]
+    taken.append(True)
+    with pytest.raises(writer.TakenOver, match="taken once its blocks were written"):
+        part.finish()
+    pool.shutdown()
 
 
 def test_pool_bounds_bytes_in_flight():

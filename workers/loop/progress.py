@@ -52,7 +52,7 @@ class Progress:
         self._claimed_any = False
         # Silences: when a beat last reached the store (`awake_time`, taken as its
         # `updated_at` was) and how often two came further apart than `silent_after_s`
-        # (the heartbeat thread's: two of its intervals). A process frozen (SIGSTOP), on a
+        # (the heartbeat thread's: two and a half of its intervals). A process frozen (SIGSTOP), on a
         # machine that slept, or cut off from its store that long may have looked dead to
         # the other attempts, which take a dead attempt's partitions over
         # (`Worker.taken_over` finds out which).
@@ -170,8 +170,9 @@ class HeartbeatThread:
                               pid=os.getpid(), job=job)
         self._progress = progress
         self._interval_s = interval_s
-        # One beat missed, at least (the writer may space beats wider than asked).
-        progress.silent_after_s = 2 * max(interval_s, self.writer.min_interval_s)
+        # More than a beat missed (the writer may space beats up to two intervals apart,
+        # after a forced one), less than the three after which the others call it dead.
+        progress.silent_after_s = 2.5 * max(interval_s, self.writer.min_interval_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="actx-heartbeat")
         self._write_lock = threading.Lock()  # the final beat never races the thread's

@@ -219,19 +219,22 @@ class PartitionWriter:
         block.filled_by_hook[hook] = block.filled_by_hook.get(hook, 0) + count
 
     def _write(self, block: _Block) -> dict[str, str]:
-        if self._skip_if is not None and self._skip_if():
-            for hook in block.pooled:
-                self._pool.buffers.give(block.data[hook])
-            self._skipped += 1
-            return {}
         sums = {TOKENS_PREFIX + name: commit_lib.array_checksum(rows)
                 for name, rows in block.tokens.items()}
         writes = []
+        skipped = False
         for hook, data in block.data.items():
             sums[hook] = commit_lib.array_checksum(data)
+            # Asked just before each object's write (a thread frozen between the two may
+            # still write it once resumed: the window is kept that short).
+            if self._skip_if is not None and self._skip_if():
+                skipped = True
+                break
             arr = self._arrays.arrays[hook]
-            writes.append(arr[block.start_row:block.start_row + block.rows].write(data))
+            # Logged before the call, which may take milliseconds: a thread frozen inside it
+            # had begun the write before the freeze.
             _log_object_write(hook, block.start_row // self._rows_per_shard)
+            writes.append(arr[block.start_row:block.start_row + block.rows].write(data))
             if len(writes) == 1 and faults.enabled():
                 writes[0].result()  # a crash point with one array of the block durable
                 faults.maybe_crash("write")
@@ -246,6 +249,9 @@ class PartitionWriter:
         # Durable: tensorstore no longer reads the buffers (it may until the write commits).
         for hook in block.pooled:
             self._pool.buffers.give(block.data[hook])
+        if skipped:
+            self._skipped += 1
+            return {}
         return sums
 
     def finish(self) -> dict[str, list[str]]:
@@ -263,9 +269,13 @@ class PartitionWriter:
                     per_hook[hook].append(crc)
         finally:
             concurrent.futures.wait([future for _, future in self._futures])
-            self.finished = True
-        if self._skipped:
-            raise TakenOver(f"{self._skipped} block(s) left unwritten")
+        # Asked once more with every block written: a partition taken since the last
+        # block's write is not committed here either.
+        taken = self._skip_if is not None and self._skip_if()
+        self.finished = True
+        if self._skipped or taken:
+            raise TakenOver(f"{self._skipped} block(s) left unwritten" if self._skipped
+                            else "taken once its blocks were written")
         return per_hook
 
 
