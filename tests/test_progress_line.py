@@ -186,6 +186,28 @@ def test_a_silence_of_the_heartbeats_is_told_once_while_it_lasts_and_once_for_it
     assert not p.was_silent()
 
 
+def test_after_a_silence_each_beat_is_told_for_as_long_as_a_taker_may_act_on_it(
+        monkeypatch):
+    """A taker may claim from a heartbeat listing read during the silence, after the
+    worker's first looks: for `watch_after_silence_s` after it, each beat written is
+    told once (one look a beat); then beats say nothing again."""
+    clock = _Clock()
+    monkeypatch.setattr(progress, "awake_time", clock)
+    p = progress.Progress()
+    p.silent_after_s, p.watch_after_silence_s = 4.0, 20.0
+    p.wrote_beat(clock())
+    clock.t += 10.0
+    p.wrote_beat(clock())  # the gap: watched until t + 20
+    assert p.was_silent() and not p.was_silent()
+    for _ in range(6):  # beats 3 s apart, the last at +18
+        clock.t += 3.0
+        p.wrote_beat(clock())
+        assert p.was_silent() and not p.was_silent()
+    clock.t += 3.0  # +21: past the watch
+    p.wrote_beat(clock())
+    assert not p.was_silent()
+
+
 def test_the_silence_clock_goes_on_while_the_machine_sleeps():
     if not hasattr(time, "CLOCK_BOOTTIME"):
         pytest.skip("no CLOCK_BOOTTIME here")

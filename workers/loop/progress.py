@@ -15,6 +15,8 @@ from typing import Callable
 
 from actx.schemas import errors
 from actx.schemas import heartbeat as heartbeat_lib
+from actx.schemas import request_budget
+from actx.workers.replicas import choice_policy
 
 log = logging.getLogger("actx.worker")
 
@@ -60,19 +62,27 @@ class Progress:
         self.silent_after_s = float("inf")
         self._silences = self._silences_asked = 0
         self._silence_asked_at: float | None = None  # the last beat of a silence asked of
+        # For this long after a silence every beat written is told too: a taker may claim
+        # from a heartbeat listing read during the silence, after the first looks.
+        self.watch_after_silence_s = 0.0
+        self._watch_until = float("-inf")
+        self._beats = self._beats_asked = 0
 
     def wrote_beat(self, at: float) -> None:
         """Records a beat written (`at`: `awake_time()` when its content was taken)."""
         with self.lock:
             if self.beat_written_at is not None and at - self.beat_written_at > self.silent_after_s:
                 self._silences += 1
+                self._watch_until = max(self._watch_until, at + self.watch_after_silence_s)
             self.beat_written_at = at
+            self._beats += 1
 
     def was_silent(self) -> bool:
         """Whether this process's heartbeats were silent longer than `silent_after_s`: once
-        for a silence under way (no beat for that long now), and once more for each gap
+        for a silence under way (no beat for that long now), once more for each gap
         between two beats written (the first after a freeze comes only once the
-        heartbeat thread runs again)."""
+        heartbeat thread runs again), and once for each beat written in the
+        `watch_after_silence_s` after either."""
         now = awake_time()
         with self.lock:
             silent = self._silences > self._silences_asked
@@ -81,6 +91,9 @@ class Progress:
                     and now - self.beat_written_at > self.silent_after_s
                     and self._silence_asked_at != self.beat_written_at):
                 silent, self._silence_asked_at = True, self.beat_written_at
+                self._watch_until = max(self._watch_until, now + self.watch_after_silence_s)
+            silent = silent or (self._beats > self._beats_asked and now < self._watch_until)
+            self._beats_asked = self._beats
         return silent
 
     def hold(self, pid: int) -> None:
@@ -173,6 +186,9 @@ class HeartbeatThread:
         # More than a beat missed (the writer may space beats up to two intervals apart,
         # after a forced one), less than the three after which the others call it dead.
         progress.silent_after_s = 2.5 * max(interval_s, self.writer.min_interval_s)
+        # As long as another host may still act on a listing that showed this one dead.
+        progress.watch_after_silence_s = request_budget.stale_after_s(
+            choice_policy.STALE_AFTER_S, interval_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="actx-heartbeat")
         self._write_lock = threading.Lock()  # the final beat never races the thread's
