@@ -54,9 +54,9 @@ class Progress:
         self._claimed_any = False
         # Silences: when a beat last reached the store (`awake_time`, taken as its
         # `updated_at` was) and how often two came further apart than `silent_after_s`
-        # (the heartbeat thread's: two and a half of its intervals). A process frozen (SIGSTOP), on a
-        # machine that slept, or cut off from its store that long may have looked dead to
-        # the other attempts, which take a dead attempt's partitions over
+        # (the heartbeat thread's: two and a half of its intervals). A process frozen
+        # (SIGSTOP), on a machine that slept, or cut off from its store that long may have
+        # looked dead to the other attempts, which take a dead attempt's partitions over
         # (`Worker.taken_over` finds out which).
         self.beat_written_at: float | None = None
         self.silent_after_s = float("inf")
