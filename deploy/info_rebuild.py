@@ -13,11 +13,14 @@ fields is kept elsewhere in the run, and is taken from there:
   config.json read as a worker reads it (workers.preflight.recorded_model_facts), where it
   can be read; else unknown, as in runs written before they were recorded.
 
-The checkpoint digest and the numerics of the first attempt are not kept anywhere else:
-they are left unknown (None, as in runs written before they were recorded), so a later
-worker is not refused for them, and the rebuild is recorded in the run's changes with
-what it could not know. The data itself is judged by verify against the markers, as
-always.
+- the checkpoint digest and the numerics of the first attempt: the earliest-written of
+  those markers that records them (markers do since 0.3.0: each records its own attempt's;
+  the first attempt's are the record's).
+
+Where no marker read records them (markers an earlier worker wrote), they are left unknown
+(None, as in runs written before they were recorded), so a later worker is not refused for
+them; the rebuild is recorded in the run's changes with what it could not know. The data
+itself is judged by verify against the markers, as always.
 """
 
 from __future__ import annotations
@@ -30,18 +33,25 @@ from actx.schemas import quantised
 # Markers tried for the arrays' names and types: the first that reads as this run's.
 MARKERS_TRIED = 8
 
-# What the rebuilt record cannot know, as the run's change record says.
-UNKNOWN = ("model_digest", "numerics")
+# What a rebuilt record may not know (see `unknown`).
+MAY_BE_UNKNOWN = ("model_digest", "numerics")
+
+
+def unknown(info: info_lib.ActivationsInfo) -> list[str]:
+    """The fields of a rebuilt record the run did not keep (left None), as the run's change
+    record says."""
+    return [field for field in MAY_BE_UNKNOWN if getattr(info, field) is None]
 
 
 def rebuild(store, spec, committed: list[int]) -> tuple[info_lib.ActivationsInfo | None, str]:
     """(the record rebuilt, "") from the run's store (an extraction's view), its spec and
     its committed partitions; (None, why not) where the run does not keep enough."""
-    marker = next((m for m in commit_lib.readable_markers(store, committed[:MARKERS_TRIED])
-                   if m.fingerprint == spec.fingerprint), None)
-    if marker is None:
+    markers = [m for m in commit_lib.readable_markers(store, committed[:MARKERS_TRIED])
+               if m.fingerprint == spec.fingerprint]
+    if not markers:
         return None, (f"none of the first {min(len(committed), MARKERS_TRIED)} committed "
                       f"partitions' markers can be read as this run's")
+    marker = markers[0]
     capture = spec.capture.dtype
     hooks, hook_dtypes = {}, {}
     for name, dtype in sorted(marker.dtypes.items()):
@@ -60,8 +70,13 @@ def rebuild(store, spec, committed: list[int]) -> tuple[info_lib.ActivationsInfo
     from actx.workers import preflight as workers_preflight  # reads config.json; no jax
 
     architecture, transformer_lens_differs = workers_preflight.recorded_model_facts(spec)
+    # The first attempt's: that of the earliest marker that says (a worker that took the
+    # record over before any commit wrote every marker after it).
+    first = min((m for m in markers if m.model_digest is not None or m.numerics is not None),
+                key=lambda m: m.created_at, default=None)
     return info_lib.ActivationsInfo(
         fingerprint=spec.fingerprint, dtype=capture, hooks=hooks, hook_dtypes=hook_dtypes or None,
+        model_digest=first and first.model_digest, numerics=first and first.numerics,
         architecture=architecture, transformer_lens_differs=transformer_lens_differs,
         quantisation_version=quantised.FORMAT_VERSION if quantised.is_quantised(capture)
         else None), ""

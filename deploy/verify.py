@@ -144,9 +144,12 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
                 report.damaged_metadata.append(layout_lib.ACTIVATIONS_INFO_KEY)
             return report
         report.rebuilt_info, report.rebuilt_because = info, lost
+        unknown = info_rebuild.unknown(info)
         problems.append(f"{lost}; rebuilt for this check from run.json, the commit markers and "
-                        f"the arrays' metadata (`--repair` writes it; its checkpoint digest "
-                        f"and first numerics are not kept elsewhere, and stay unknown)")
+                        f"the arrays' metadata (`--repair` writes it"
+                        + (f"; {' and '.join(unknown)} of the first attempt: not kept by its "
+                           f"markers (an earlier actx's), so unknown" if unknown else "")
+                        + ")")
     if info.fingerprint != spec.fingerprint:
         problems.append(f"{layout_lib.ACTIVATIONS_INFO_KEY}: fingerprint "
                         f"{info.fingerprint} differs from run.json ({spec.fingerprint})")
@@ -218,6 +221,15 @@ def verify_run(handle: run_dir.OpenedRun, only: set[int] | None = None) -> Verif
         if marker.fingerprint != spec.fingerprint:
             problems.append(f"{where}: marker fingerprint {marker.fingerprint} differs from the "
                             f"run's ({spec.fingerprint})")
+        if None not in (marker.model_digest, info.model_digest) \
+                and marker.model_digest != info.model_digest:
+            # Computed by other weights than the run's (a record lost, rebuilt without the
+            # digest and rerun with a changed checkpoint): plausible numbers of another
+            # model, whatever their checksums say.
+            problems.append(f"{where}: computed by checkpoint digest {marker.model_digest}, "
+                            f"but the run's activations are of {info.model_digest} "
+                            f"({shown_key}): the weights at {spec.model.path} changed "
+                            f"between attempts")
         if (marker.row_start, marker.row_count) != (part.row_start, part.row_count):
             problems.append(f"{where}: marker rows {marker.row_start}+{marker.row_count} differ "
                             f"from the manifest's {part.row_start}+{part.row_count}")
@@ -482,7 +494,7 @@ def repair(handle: run_dir.OpenedRun, report: VerifyReport, at: float) -> list[i
     if rebuilt is not None:
         info_lib.replace_info(store, rebuilt)
         run_dir.record_change(store, "activations-info", {
-            "after": config_lib.to_dict(rebuilt), "unknown": list(info_rebuild.UNKNOWN),
+            "after": config_lib.to_dict(rebuilt), "unknown": info_rebuild.unknown(rebuilt),
             "by": "actx verify --repair", "why": report.rebuilt_because})
     return failed
 

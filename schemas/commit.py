@@ -11,6 +11,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Callable
 
+from actx.schemas import activations_info as info_lib
 from actx.schemas import config as config_lib
 from actx.schemas import layout
 
@@ -55,6 +56,11 @@ class CommitMarker:
     attempt: unique id of the attempt that wrote the data (host, pid, time).
     hosts: hosts of the replica that wrote it.
     timings_s: wall-clock seconds by phase (e.g. "total", "forward", "write").
+    model_digest / numerics: the checkpoint digest and the numerics of the attempt that
+      computed the data, as activations/actx.json records them for the run's first attempt
+      (schemas.activations_info): verify holds each partition to the record, and a record
+      lost or damaged is rebuilt with them. None in markers an earlier worker wrote (before
+      0.3.0).
     """
 
     partition: int
@@ -71,6 +77,8 @@ class CommitMarker:
     code_version: str
     created_at: float
     token_checksums: dict[str, list[str]] | None = None
+    model_digest: str | None = None
+    numerics: info_lib.Numerics | None = None
 
 
 # Parallel listing: at most MAX_RANGES key ranges of at least LIST_RANGE markers (one

@@ -21,7 +21,7 @@ from actx import reader
 from actx.deploy import cli
 from actx.schemas import activations_info as info_lib
 from actx.schemas import commit, config, layout, store
-from tests import hf_models, token_runs
+from tests import hf_models, token_runs, worker_procs
 
 COMMAND = re.compile(r"`(actx [^`]*)`")
 RUNS = {
@@ -94,13 +94,13 @@ def test_a_truncated_record_is_rebuilt_and_the_data_kept(tmp_path, kind):
     assert sorted(os.listdir(os.path.join(run, "commits"))) == markers
     assert _arrays(run) == before
 
-    # The record holds what the first worker wrote, but what the run keeps nowhere else.
+    # The record holds what the first worker wrote: the checkpoint digest and numerics
+    # too, from the markers.
     with open(record) as f:
         rebuilt = json.load(f)
-    assert rebuilt == {**original, "model_digest": None, "numerics": None}
+    assert rebuilt == original and original["model_digest"] and original["numerics"]
     change = _changes(run)[-1]
-    assert change["kind"] == "activations-info" and change["unknown"] == ["model_digest",
-                                                                          "numerics"]
+    assert change["kind"] == "activations-info" and change["unknown"] == []
     assert "not valid JSON" in change["why"]
     # The damaged bytes are kept with the repair.
     s = store.open_store(run)
@@ -159,8 +159,8 @@ def test_a_deleted_record_is_rebuilt_where_the_arrays_stand(tmp_path):
     assert "REBUILT: " in out and "REPAIRED" not in out, out
     assert _cli("verify", run)[0] == 0
     assert sorted(os.listdir(os.path.join(run, "commits"))) == markers
-    assert info_lib.read_info(store.open_store(run)) == info_lib.ActivationsInfo(
-        **{**original, "model_digest": None, "numerics": None})
+    assert info_lib.read_info(store.open_store(run)) == config.from_dict(
+        info_lib.ActivationsInfo, original, "")
 
 
 def test_a_record_deleted_from_a_bucket_is_rebuilt_there(tmp_path, gcs_bucket):
@@ -175,8 +175,7 @@ def test_a_record_deleted_from_a_bucket_is_rebuilt_there(tmp_path, gcs_bucket):
     code, out = _cli("verify", run)
     assert code == 0 and "OK: every committed block matches its checksum" in out, out
     assert sorted(s.list(layout.COMMITS_PREFIX)) == markers
-    assert s.read_json(layout.ACTIVATIONS_INFO_KEY) == {**original, "model_digest": None,
-                                                        "numerics": None}
+    assert s.read_json(layout.ACTIVATIONS_INFO_KEY) == original
 
 
 def test_a_newer_actx_record_is_not_called_damaged(tmp_path):
@@ -204,3 +203,107 @@ def test_a_default_extraction_without_its_record_is_still_one_of_the_run(tmp_pat
     assert extraction_store.names(s) == ["chat"]  # a run of named models only
     s.write_json(layout.commit_key(0), {"partition": 0})
     assert extraction_store.names(s) == ["", "chat"]
+
+
+def _marker_files(run: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(run, "commits")))
+
+
+def _edit_markers(run: str, edit) -> None:
+    for name in _marker_files(run):
+        path = os.path.join(run, "commits", name)
+        with open(path) as f:
+            data = json.load(f)
+        edit(data)
+        with open(path, "w") as f:
+            json.dump(data, f)
+
+
+def test_markers_of_an_earlier_actx_leave_the_digest_unknown(tmp_path):
+    """Markers an earlier actx wrote record no checkpoint digest or numerics: the rebuilt
+    record leaves them null, and verify and the change record say what stayed unknown."""
+    run, original = _extracted(tmp_path, "dense")
+    _edit_markers(run, lambda m: [m.pop("model_digest"), m.pop("numerics")])
+    os.remove(os.path.join(run, layout.ACTIVATIONS_INFO_KEY))
+    code, out = _cli("verify", run, "--repair")
+    assert code == 1 and "REBUILT: " in out and "REPAIRED" not in out, out
+    assert "model_digest and numerics of the first attempt: not kept" in out, out
+    assert _cli("verify", run)[0] == 0
+    assert store.open_store(run).read_json(layout.ACTIVATIONS_INFO_KEY) == {
+        **original, "model_digest": None, "numerics": None}
+    assert _changes(run)[-1]["unknown"] == ["model_digest", "numerics"]
+
+
+def test_a_deleted_record_never_lets_other_weights_into_the_run(tmp_path):
+    """The record deleted, a partition pending and the checkpoint's weights changed: the
+    rerun's worker does not write a record afresh (it would vouch for the committed
+    partitions whatever computed them) but names what rebuilds it; the rebuilt record
+    holds the first attempt's checkpoint digest (from the markers), so the rerun with
+    other weights is refused, and with the original weights back the run finishes as an
+    undamaged run's bytes. Before, the rerun extracted p-00001 with the other weights."""
+    import shutil
+
+    run, original = _extracted(tmp_path, "dense")
+    before = _arrays(run)
+    model = str(tmp_path / "model")
+    shutil.copytree(model, tmp_path / "model-original")
+    s = store.open_store(run)
+    s.delete(layout.ACTIVATIONS_INFO_KEY)
+    s.delete(layout.commit_key(1))
+    hf_models.make_tiny_checkpoint(model, "qwen2", seed=1, num_hidden_layers=2)
+
+    code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
+    assert code != 0 and f"`actx verify {run} --repair`" in out, out
+    assert not s.exists(layout.ACTIVATIONS_INFO_KEY) and not s.exists(layout.commit_key(1))
+    # A worker started on its own (as a Slurm task or a pod's host runs it) refuses too.
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "4"], devices=1)
+    assert code != 0 and "actx.json: missing, but partitions are committed" in out, out
+    assert f"`actx verify {run} --repair`" in out, out
+    assert not s.exists(layout.ACTIVATIONS_INFO_KEY) and not s.exists(layout.commit_key(1))
+
+    code, out = _follow(f"actx verify {run} --repair")
+    assert "REBUILT: " in out, out
+    assert s.read_json(layout.ACTIVATIONS_INFO_KEY) == original
+    code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
+    assert code != 0 and "changed since this run's first attempt" in out, out
+    assert not s.exists(layout.commit_key(1))
+
+    shutil.rmtree(model)
+    shutil.copytree(tmp_path / "model-original", model)
+    code, out = _cli("rerun", run, "--hosts", "1", "--batch-size", "4")
+    assert code == 0, out
+    code, out = _cli("verify", run)
+    assert code == 0 and "OK: every committed block matches its checksum" in out, out
+    assert _arrays(run) == before
+
+
+def test_verify_fails_a_partition_another_checkpoint_computed(tmp_path):
+    """A marker names the checkpoint digest of the attempt that computed its partition:
+    one that differs from the record's (the weights changed between attempts, as a record
+    lost and rebuilt by an earlier actx let pass) fails verify whatever its checksums
+    say; followed as printed, the advice extracts it again with the run's weights."""
+    run, original = _extracted(tmp_path, "dense")
+    before = _arrays(run)
+    path = os.path.join(run, layout.commit_key(1))
+    with open(path) as f:
+        marker = json.load(f)
+    assert marker["model_digest"] == original["model_digest"]
+    assert marker["numerics"] == original["numerics"]
+    with open(path, "w") as f:
+        json.dump({**marker, "model_digest": "0badf00d"}, f)
+
+    code, out = _cli("verify", run)
+    assert code == 1, out
+    assert (f"partition p-00001: computed by checkpoint digest 0badf00d, but the run's "
+            f"activations are of {original['model_digest']}") in out, out
+    assert "p-00000:" not in out and "p-00002:" not in out, out
+    advice = COMMAND.findall(out.splitlines()[-1])
+    assert advice == [f"actx verify {run} --repair", f"actx rerun {run}"], out
+    code, out = _follow(advice[0])
+    assert "REPAIRED: 1 partition(s)" in out and "p-00001" in out, out
+    assert _follow(advice[1])[0] == 0
+    code, out = _cli("verify", run)
+    assert code == 0 and "OK: every committed block matches its checksum" in out, out
+    with open(path) as f:
+        assert json.load(f)["model_digest"] == original["model_digest"]
+    assert _arrays(run) == before

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from actx.schemas import activations_info as info_lib
+from actx.schemas import advice
 from actx.schemas import config as config_lib
 from actx.schemas import errors
 from actx.schemas import layout
@@ -245,6 +246,15 @@ def check_activation_info(store, location, spec, hooks: dict, model_digest: str,
             first = metadata.wait_for(
                 taken_over, f"{key} (with this worker's numerics and checkpoint)",
                 str(location), wait_s, writer_gone)
+    elif not nothing_committed and info_lib.read_info(store) is None:
+        # Deleted with partitions committed: a record made afresh would vouch for what
+        # they were computed with, unseen (other weights would pass). verify rebuilds it
+        # from what the run keeps, the markers' checkpoint digest included.
+        raise RunMismatch(
+            f"{key}: missing, but partitions are committed (their activations were "
+            f"removed?); `{advice.repair(location)}` turns them back into pending (where "
+            f"their arrays stand, it rebuilds it and keeps those whose data checks out), "
+            f"then `{advice.rerun(location)}` extracts them again")
     elif info_lib.create_info(store, mine):
         return
     else:

@@ -43,6 +43,8 @@ class SessionHost(Protocol):
     progress: progress.Progress
     heartbeat_writer: Any
     heartbeat_s: float
+    loaded: Any  # its model's `digest` goes into each marker
+    numerics: Any  # schemas.activations_info.Numerics, also
 
     def is_committed(self, pid: int) -> bool: ...
 
@@ -74,7 +76,9 @@ class Session:
                                       worker.opts.max_pending_mb << 20)
         self.committer = commit_step.Committer(worker.store, worker.spec, worker.topo,
                                                worker.attempt, version.code_version(),
-                                               on_commit=worker.on_commit)
+                                               on_commit=worker.on_commit,
+                                               model_digest=worker.loaded.model.digest,
+                                               numerics=worker.numerics)
 
     def extract(self, pids: list[int]) -> list[int]:
         """Extracts and commits the partitions of `pids` that are not committed, as

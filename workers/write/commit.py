@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from actx.schemas import activations_info as info_lib
 from actx.schemas import advice
 from actx.schemas import commit as commit_lib
 from actx.schemas import errors
@@ -35,12 +36,17 @@ class RunRemovedError(errors.UserError, RuntimeError):
 
 class Committer:
     def __init__(self, store, spec: runspec_lib.RunSpec, topo: schedule.Topology, attempt: str,
-                 code_version: str, on_commit: Callable[[int], None] = lambda pid: None):
+                 code_version: str, on_commit: Callable[[int], None] = lambda pid: None,
+                 model_digest: str | None = None, numerics: info_lib.Numerics | None = None):
+        """model_digest / numerics: this worker's, as its markers record them (what
+        activations/actx.json holds for the run's first attempt)."""
         self._store = store
         self._spec = spec
         self._topo = topo
         self._attempt = attempt
         self._code_version = code_version
+        self._model_digest = model_digest or None
+        self._numerics = numerics
         self._executor = (concurrent.futures.ThreadPoolExecutor(1, "actx-commit")
                           if topo.hosts_per_replica == 1 else None)
         self._pending: list[concurrent.futures.Future] = []
@@ -127,7 +133,8 @@ class Committer:
             hosts=tuple(f"r{self._topo.replica}h{h}" for h in range(self._topo.hosts_per_replica)),
             timings_s={"total": round(time.perf_counter() - started, 3)},
             code_version=self._code_version, created_at=time.time(),
-            token_checksums=token_sums or None)
+            token_checksums=token_sums or None, model_digest=self._model_digest,
+            numerics=self._numerics)
         self._check_run_stands(part)
         if commit_lib.commit(self._store, marker) or self._is_own(marker):
             self._on_commit(part.id)
