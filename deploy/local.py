@@ -445,7 +445,8 @@ def _add_exit_code(store, key: str, data: dict, returncode: int) -> bool:
 
 def last_line_of_log_file(path: str, max_chars: int = 300) -> str:
     """The last line a worker wrote to its log file (host_logs.last_log_line)."""
-    return host_logs.last_log_line(tail(path, 40), max_chars)
+    # Lines enough to reach past a fatal error's thread stacks (host_logs.last_log_line).
+    return host_logs.last_log_line(tail(path, 400), max_chars)
 
 
 def _stop_replica(procs: list[_Proc], replica: int) -> None:

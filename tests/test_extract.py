@@ -172,6 +172,20 @@ def test_sigterm_stops_without_committing_partial_partition(reference_run, tmp_p
     assert beat["state"] == "preempted"
 
 
+def test_a_worker_aborted_in_native_code_leaves_its_threads_stacks(reference_run, tmp_path):
+    """An abort (as JAX's coordination service ends a host it stopped hearing from) kills
+    the worker with nothing of the partition in hand committed, and its output holds
+    every thread's Python stack: where the host was when it ended."""
+    run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
+    code, out = worker_procs.run_worker(["--run", run, "--batch-size", "8"],
+                                        ACTX_CRASH_AT="step:3:ABRT")
+    assert code == -6, out
+    assert "Fatal Python error: Aborted" in out, out
+    assert "Current thread" in out and "workers/loop/faults.py" in out, out
+    assert "actx-commit" in out or "Thread 0x" in out, out  # the other threads too
+    assert 1 not in _markers(run)
+
+
 def test_steal_finishes_other_replicas_partitions(reference_run, tmp_path):
     run = _fresh_copy_of_tokens(reference_run, str(tmp_path / "run"))
     # Replica 1 of 2 never starts; replica 0 steals its partitions once the start-up grace

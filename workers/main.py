@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import gc
 import logging
 import sys
@@ -53,6 +54,14 @@ INTERRUPTED = ("actx extract: interrupted by {signal}; partitions without a comm
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # A worker ended in native code (JAX's coordination service aborting a host it stopped
+    # hearing from, a fault in a C extension) leaves every thread's Python stack in its
+    # log: where each host was, which tells a stalled host from a collective one skipped.
+    if not faulthandler.is_enabled():
+        try:
+            faulthandler.enable()
+        except (ValueError, OSError):  # a stderr with no file (run in a caller's process)
+            pass
     try:
         opts = flags.from_namespace(worker_options.WorkerOptions, args)
     except ValueError as e:  # settings out of range, all of them in one line

@@ -12,21 +12,48 @@ status reads the logs as before.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 
 from actx.schemas import errors
 from actx.schemas import layout as layout_lib
 
-TAIL_BYTES = 8192  # where the last line is looked for
+# Where the last line is looked for: a fatal error's thread stacks (`last_log_line`) take
+# a few KB after it.
+TAIL_BYTES = 32768
 CACHE_VERSION = 1
 
 
+# Python's faulthandler (on in workers, workers.main) ends the log of a process aborted in
+# native code with every thread's stack, after the native frames of a failed check (absl's,
+# as when JAX's coordination service ends a host): the lines of such a dump, none of which
+# says why the process ended.
+_DUMP_LINE = re.compile(r'Fatal Python error: |Python runtime state: |Thread 0x|Current thread '
+                        r'0x|File "|<no Python frame>|Extension modules: |\*\*\* Check failure '
+                        r'stack trace|@ +0x')
+FATAL = "Fatal Python error: "
+_ABSL_FATAL = re.compile(r"F\d{4} \d")  # absl: F, month and day, time
+
+
 def last_log_line(text: str, max_chars: int = 300) -> str:
-    """The last line a worker wrote to its log (not actx's own "[actx: ...]" notes)."""
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line and not line.startswith("[actx:"):
-            return line if len(line) <= max_chars else line[:max_chars] + " ..."
-    return ""
+    """The last line a worker wrote to its log (not actx's own "[actx: ...]" notes); for a
+    log that ends with a fatal error's thread stacks, that error and the line before them."""
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("[actx:")]
+    if not lines:
+        return ""
+    line = lines[-1]
+    if _DUMP_LINE.match(line):
+        fatal = [i for i, each in enumerate(lines) if each.startswith(FATAL)]
+        if not fatal:
+            line = "a fatal error's thread stacks (the error is further up the log)"
+        else:
+            before = [each for each in lines[:fatal[-1]] if not _DUMP_LINE.match(each)]
+            # absl's fatal line says why (JAX: "Terminating process because ..."), where
+            # the lines of its message after it do not.
+            why = next((each for each in reversed(before) if _ABSL_FATAL.match(each)),
+                       before[-1] if before else "")
+            line = lines[fatal[-1]] + (f"; before it: {why}" if why else "")
+    return line if len(line) <= max_chars else line[:max_chars] + " ..."
 
 
 def last_lines(store, hosts: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
