@@ -15,7 +15,8 @@ fields is kept elsewhere in the run, and is taken from there:
 
 - the checkpoint digest and the numerics of the first attempt: the earliest-written of
   those markers that records them (markers do since 0.3.0: each records its own attempt's;
-  the first attempt's are the record's).
+  the first attempt's are the record's), or where none does (an earlier actx's), the
+  first committed partition's marker after them that does.
 
 Where no marker read records them (markers an earlier worker wrote), they are left unknown
 (None, as in runs written before they were recorded), so a later worker is not refused for
@@ -71,9 +72,15 @@ def rebuild(store, spec, committed: list[int]) -> tuple[info_lib.ActivationsInfo
 
     architecture, transformer_lens_differs = workers_preflight.recorded_model_facts(spec)
     # The first attempt's: that of the earliest marker that says (a worker that took the
-    # record over before any commit wrote every marker after it).
-    first = min((m for m in markers if m.model_digest is not None or m.numerics is not None),
-                key=lambda m: m.created_at, default=None)
+    # record over before any commit wrote every marker after it). Where those markers are
+    # an earlier actx's (a run it began), the first later one that records them.
+    recording = [m for m in markers if m.model_digest is not None or m.numerics is not None]
+    if not recording:
+        recording = [next((m for m in commit_lib.readable_markers(
+            store, committed[MARKERS_TRIED:]) if m.fingerprint == spec.fingerprint and (
+                m.model_digest is not None or m.numerics is not None)), None)]
+    first = min((m for m in recording if m is not None), key=lambda m: m.created_at,
+                default=None)
     return info_lib.ActivationsInfo(
         fingerprint=spec.fingerprint, dtype=capture, hooks=hooks, hook_dtypes=hook_dtypes or None,
         model_digest=first and first.model_digest, numerics=first and first.numerics,

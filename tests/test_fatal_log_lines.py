@@ -66,6 +66,16 @@ def test_a_log_without_a_fatal_error_ends_with_its_last_line():
     cut = '  File "x.py", line 3 in f\n\nExtension modules: numpy (total: 1)\n'
     assert host_logs.last_log_line(cut) == \
         "a fatal error's thread stacks (the error is further up the log)"
+    # Lines shaped like a dump's, but not one: said as written.
+    assert host_logs.last_log_line('File "/data/in.jsonl" is empty; skipped\n') == \
+        'File "/data/in.jsonl" is empty; skipped'
+    assert host_logs.last_log_line('Traceback (most recent call last):\n'
+                                   '  File "a.py", line 3, in f\n') == 'File "a.py", line 3, in f'
+    # absl's failed check without Python's dump: its fatal line, not a native frame.
+    assert host_logs.last_log_line("extracting\nF1207 10:00:00.100 1 x.cc:1] Check failed: a\n"
+                                   "*** Check failure stack trace: ***\n"
+                                   "    @     0x7f01  foo()\n") == \
+        "F1207 10:00:00.100 1 x.cc:1] Check failed: a"
     assert host_logs.last_log_line("Fatal Python error: Segmentation fault\n\n"
                                    "Current thread 0x1 (most recent call first):\n"
                                    '  File "x.py", line 3 in f\n') == \

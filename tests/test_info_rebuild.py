@@ -234,6 +234,30 @@ def test_markers_of_an_earlier_actx_leave_the_digest_unknown(tmp_path):
     assert _changes(run)[-1]["unknown"] == ["model_digest", "numerics"]
 
 
+def test_a_run_an_earlier_actx_began_takes_the_digest_from_a_later_marker(tmp_path,
+                                                                          monkeypatch):
+    """The first partitions' markers an earlier actx's (no digest), a later one this
+    release's: the rebuilt record takes the digest and numerics from the later one."""
+    from actx.deploy import info_rebuild
+
+    run, original = _extracted(tmp_path, "dense")
+    s = store.open_store(run)
+    # The rebuild reads the first MARKERS_TRIED (8) markers for the arrays: with 2, p-00000
+    # and p-00001 stand for an earlier actx's markers, p-00002 for this release's.
+    monkeypatch.setattr(info_rebuild, "MARKERS_TRIED", 2)
+    for p in (0, 1):
+        path = os.path.join(run, layout.commit_key(p))
+        with open(path) as f:
+            data = json.load(f)
+        data.pop("model_digest"), data.pop("numerics")
+        with open(path, "w") as f:
+            json.dump(data, f)
+    info, why = info_rebuild.rebuild(s, reader.open_run(run).spec,
+                                     sorted(commit.committed_partitions(s, 3)))
+    assert why == "" and config.to_dict(info)["model_digest"] == original["model_digest"]
+    assert config.to_dict(info)["numerics"] == original["numerics"]
+
+
 def test_a_deleted_record_never_lets_other_weights_into_the_run(tmp_path):
     """The record deleted, a partition pending and the checkpoint's weights changed: the
     rerun's worker does not write a record afresh (it would vouch for the committed
@@ -279,9 +303,10 @@ def test_a_deleted_record_never_lets_other_weights_into_the_run(tmp_path):
 
 def test_verify_fails_a_partition_another_checkpoint_computed(tmp_path):
     """A marker names the checkpoint digest of the attempt that computed its partition:
-    one that differs from the record's (the weights changed between attempts, as a record
-    lost and rebuilt by an earlier actx let pass) fails verify whatever its checksums
-    say; followed as printed, the advice extracts it again with the run's weights."""
+    one that differs from the record's (the weights changed between attempts; a worker
+    refuses that by the record, so the marker is edited here) fails verify whatever its
+    checksums say; followed as printed, the advice extracts it again with the run's
+    weights."""
     run, original = _extracted(tmp_path, "dense")
     before = _arrays(run)
     path = os.path.join(run, layout.commit_key(1))

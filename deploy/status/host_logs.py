@@ -20,40 +20,49 @@ from actx.schemas import layout as layout_lib
 # Where the last line is looked for: a fatal error's thread stacks (`last_log_line`) take
 # a few KB after it.
 TAIL_BYTES = 32768
-CACHE_VERSION = 1
+# 2: a fatal error's dump is read through to the line that says why (last_log_line).
+CACHE_VERSION = 2
 
 
 # Python's faulthandler (on in workers, workers.main) ends the log of a process aborted in
 # native code with every thread's stack, after the native frames of a failed check (absl's,
-# as when JAX's coordination service ends a host): the lines of such a dump, none of which
-# says why the process ended.
-_DUMP_LINE = re.compile(r'Fatal Python error: |Python runtime state: |Thread 0x|Current thread '
-                        r'0x|File "|<no Python frame>|Extension modules: |\*\*\* Check failure '
-                        r'stack trace|@ +0x')
+# as when JAX's coordination service ends a host). Neither says why the process ended:
+# absl's fatal line does ("F1207 12:00:00.000 ... Terminating process because ..."). The
+# shapes are faulthandler's own (its frames have no comma before "in", a traceback's have).
 FATAL = "Fatal Python error: "
+_DUMP_LINE = re.compile(r'(Fatal Python error: |Python runtime state: |Thread 0x|Current thread '
+                        r'0x|Extension modules: |  File ".*", line \d+ in |  <no Python frame>)')
+_NATIVE_FRAME = re.compile(r"\s*(@ +0x|\*\*\* Check failure stack trace)")
 _ABSL_FATAL = re.compile(r"F\d{4} \d")  # absl: F, month and day, time
 
 
 def last_log_line(text: str, max_chars: int = 300) -> str:
     """The last line a worker wrote to its log (not actx's own "[actx: ...]" notes); for a
-    log that ends with a fatal error's thread stacks, that error and the line before them."""
-    lines = [line.strip() for line in text.splitlines()]
-    lines = [line for line in lines if line and not line.startswith("[actx:")]
+    log that ends with a fatal error's thread stacks or a failed check's native frames,
+    the error and the line that says why."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    lines = [line for line in lines if line.strip() and not line.startswith("[actx:")]
     if not lines:
         return ""
-    line = lines[-1]
-    if _DUMP_LINE.match(line):
+    line = lines[-1].strip()
+    if _DUMP_LINE.match(lines[-1]):
         fatal = [i for i, each in enumerate(lines) if each.startswith(FATAL)]
         if not fatal:
             line = "a fatal error's thread stacks (the error is further up the log)"
         else:
-            before = [each for each in lines[:fatal[-1]] if not _DUMP_LINE.match(each)]
-            # absl's fatal line says why (JAX: "Terminating process because ..."), where
-            # the lines of its message after it do not.
-            why = next((each for each in reversed(before) if _ABSL_FATAL.match(each)),
-                       before[-1] if before else "")
+            why = _why(lines[:fatal[-1]])
             line = lines[fatal[-1]] + (f"; before it: {why}" if why else "")
+    elif _NATIVE_FRAME.match(lines[-1]):
+        line = _why(lines) or line
     return line if len(line) <= max_chars else line[:max_chars] + " ..."
+
+
+def _why(lines: list[str]) -> str:
+    """Of the lines before a fatal error's dump: absl's fatal line, else the last one that
+    is no native frame."""
+    said = [line.strip() for line in lines if not _NATIVE_FRAME.match(line)]
+    return next((line for line in reversed(said) if _ABSL_FATAL.match(line)),
+                said[-1] if said else "")
 
 
 def last_lines(store, hosts: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
