@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import pathlib
+import sys
 import tempfile
 
 from actx.schemas import cache
@@ -210,7 +211,10 @@ def ensure_qwen_tokenizer(cache_dir: str | None = None) -> str:
     """Writes the HF tokenizer files once and returns the directory (idempotent).
 
     The files appear atomically (written to a temporary directory, then renamed), so
-    concurrent callers never see a half-written tokenizer.
+    concurrent callers never see a half-written tokenizer. A directory that exists already
+    (a model's, which the "tokenizer not found" advice names) gains the files beside what
+    it holds, each renamed into place; nothing of it is removed or overwritten: a file of
+    the same name with other contents is refused (TokenizerDirError).
     """
     out = os.path.abspath(cache_dir or default_cache_dir())
     if os.path.isfile(os.path.join(out, "tokenizer.json")) and os.path.isfile(
@@ -219,33 +223,58 @@ def ensure_qwen_tokenizer(cache_dir: str | None = None) -> str:
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".qwen-tok-", dir=parent)
-    build_tokenizer().save(os.path.join(tmp, "tokenizer.json"))
-    with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
-        json.dump(tokenizer_config(), f, indent=1)
-    with open(os.path.join(tmp, "special_tokens_map.json"), "w") as f:
-        json.dump({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-                   "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}, f, indent=1)
     try:
-        os.rename(tmp, out)
-    except OSError:
-        # Another process won the race (or `out` exists but was incomplete: replace it).
-        if not os.path.isfile(os.path.join(out, "tokenizer.json")):
-            import shutil
-
-            shutil.rmtree(out, ignore_errors=True)
+        build_tokenizer().save(os.path.join(tmp, "tokenizer.json"))
+        with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
+            json.dump(tokenizer_config(), f, indent=1)
+        with open(os.path.join(tmp, "special_tokens_map.json"), "w") as f:
+            json.dump({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                       "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}, f,
+                      indent=1)
+        try:
             os.rename(tmp, out)
-        else:
-            import shutil
+            return out
+        except OSError:  # `out` exists: another caller won the race, or the user's own
+            _add_files(tmp, out)
+    finally:
+        import shutil
 
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # this call's own temporary directory only
     return out
+
+
+class TokenizerDirError(ValueError):
+    """--out holds a file of the tokenizer's names with other contents."""
+
+
+def _add_files(tmp: str, out: str) -> None:
+    """Each file of `tmp` into the existing directory `out`, where it is not there yet
+    (renamed, so atomically); one there with the same bytes is kept (a concurrent
+    caller's), one with other bytes refused before any is added."""
+    names = sorted(os.listdir(tmp))
+    for name in names:
+        there = os.path.join(out, name)
+        if os.path.lexists(there):
+            with open(there, "rb") as f, open(os.path.join(tmp, name), "rb") as ours:
+                if f.read() != ours.read():
+                    raise TokenizerDirError(
+                        f"{there}: already there, with other contents than Qwen's; nothing "
+                        f"was written to {out}. Choose another --out, or move that file "
+                        f"away first")
+    for name in names:
+        if not os.path.lexists(os.path.join(out, name)):
+            os.replace(os.path.join(tmp, name), os.path.join(out, name))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None, help=f"directory (default {default_cache_dir()})")
     args = parser.parse_args(argv)
-    print(ensure_qwen_tokenizer(args.out))
+    try:
+        print(ensure_qwen_tokenizer(args.out))
+    except TokenizerDirError as e:
+        print(f"qwen_tokenizer: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -64,3 +64,41 @@ def test_ensure_is_idempotent(qwen_tokenizer_dir):
 def test_cache_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("ACTX_CACHE", str(tmp_path))
     assert qwen_tokenizer.default_cache_dir() == str(tmp_path / "qwen2-tokenizer")
+
+
+def test_out_a_model_directory_gains_the_files_and_keeps_its_own(tmp_path, qwen_tokenizer_dir):
+    """The "tokenizer not found" advice names `--out` a model's directory: the tokenizer's
+    files are added beside the checkpoint's, none of which is removed or changed (the
+    command removed the whole directory before)."""
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    (model / "model.safetensors").write_bytes(b"\x00weights")
+    done = subprocess.run([sys.executable, "-m", "actx.pipeline.qwen_tokenizer", "--out",
+                           str(model)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == str(model), done.stderr
+    assert (model / "config.json").read_text() == '{"model_type": "qwen2"}'
+    assert (model / "model.safetensors").read_bytes() == b"\x00weights"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (model / name).read_bytes() == open(os.path.join(qwen_tokenizer_dir, name),
+                                                   "rb").read(), name
+    assert sorted(os.listdir(tmp_path)) == ["model"]  # no temporary directory left
+
+
+def test_out_with_another_tokenizer_file_is_refused_and_left_as_it_is(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "tokenizer.json").write_text('{"model": "another"}')
+    done = subprocess.run([sys.executable, "-m", "actx.pipeline.qwen_tokenizer", "--out",
+                           str(out)], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert f"{out / 'tokenizer.json'}: already there, with other contents" in done.stderr
+    assert sorted(os.listdir(out)) == ["tokenizer.json"]
+    assert (out / "tokenizer.json").read_text() == '{"model": "another"}'
+    assert sorted(os.listdir(tmp_path)) == ["mine"]
