@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> dict:
     run = actx.open_run(args.run)
     if len(run.committed) < 2:
         sys.exit(f"{args.run}: needs 2 committed partitions (one is held out)")
-    run.compute_stats([args.hook])  # the scale, and the norms the outlier mask needs
+    # The scale, and the norms the outlier mask needs, over the tokens the stream serves
+    # (`outlier` is defined by these statistics, so it is not left out of them).
+    run.compute_stats([args.hook], exclude=["bos", "special"])
     train, held_out = run.committed[:-1], run.committed[-1:]
     common = dict(exclude=["bos", "special", "outlier"], normalize="sqrt_d_mean_norm")
     data = actx.ActivationDataset(run, args.hook, args.batch_size, epochs=None,

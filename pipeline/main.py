@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -120,6 +121,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     # A committed run's manifest, put back where prepare refuses its inputs before any write
     # (write_store.TokensChangedError): the run is then as it was.
     manifest_before = store.read(layout.MANIFEST_KEY)
+    accepted_before = _rejects_accepted(manifest_before, spec)
     committed = refusals.check_run_dir(store, spec)
     rows = refusals.committed_rows(run) if committed else None
 
@@ -153,7 +155,15 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
             f"{refusals.reject_summary(summary)}\nSee {store.location.join(layout.REJECTS_PREFIX)} "
             f"for each rejected input; nothing is left to extract. Fix the inputs (or the "
             f"packing and source settings) and run again")
-    if read and rejected / read > max_reject_fraction:
+    if read and max_reject_fraction < rejected / read <= accepted_before:
+        # The run prepared again (its token store damaged, its run.json lost): the rejects
+        # its first prepare accepted are accepted again. The advice that prepares it again
+        # names no --max-reject-fraction, and would fail where that prepare needed one.
+        _log.info("prepare: %d of %d inputs rejected (%.1f%%), more than "
+                  "--max-reject-fraction=%g, but no more than when this run was prepared "
+                  "(%.1f%%, accepted then): accepted again", rejected, read,
+                  100 * rejected / read, max_reject_fraction, 100 * accepted_before)
+    elif read and rejected / read > max_reject_fraction:
         raise refusals.PrepareError(
             f"{rejected} of {read} inputs rejected ({rejected / read:.1%}), more than "
             f"--max-reject-fraction={max_reject_fraction:g}:\n{refusals.reject_summary(summary)}\n"
@@ -180,6 +190,22 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
         _log.info("prepare: %s; each with its reason in %s", manifest_lib.rejects_words(
             manifest), store.location.join(layout.REJECTS_PREFIX))
     return manifest
+
+
+def _rejects_accepted(manifest_json: bytes | None, spec: runspec_lib.RunSpec) -> float:
+    """The fraction of inputs rejected when the run was prepared for this very spec (its
+    manifest.json's, read before this prepare clears it); 0 for a run new or of another
+    spec, or a manifest that does not read."""
+    if manifest_json is None:
+        return 0.0
+    try:
+        manifest = manifest_lib.Manifest.from_json_obj(json.loads(manifest_json))
+    except (ValueError, TypeError, KeyError):  # damaged: accepts nothing more than asked
+        return 0.0
+    if manifest.fingerprint != spec.fingerprint:
+        return 0.0
+    read = sum(c.read for c in manifest.sources.values())
+    return sum(c.rejected for c in manifest.sources.values()) / read if read else 0.0
 
 
 def _parser() -> argparse.ArgumentParser:

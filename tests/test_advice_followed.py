@@ -541,3 +541,55 @@ def _change_first_byte(path: str) -> None:
         first = f.read(1)[0]
         f.seek(0)
         f.write(bytes([first ^ 1]))
+
+
+def test_a_run_that_needed_more_rejects_is_prepared_again_by_the_advice_as_printed(
+        tmp_path, monkeypatch, qwen_tokenizer_dir):
+    """A run whose prepare accepted rejects past the default bound (`--max-reject-fraction`
+    on the submit): its token store deleted, verify's advice (`actx prepare --out RUN
+    --spec RUN/run.json`, no such flag) prepares it again, accepting the same rejects, and
+    the run verifies with the tokens first written; its run.json deleted, the advised
+    submit of the same config does the same. Both failed before, removing manifest.json."""
+    import shutil
+
+    from actx.deploy import demo
+    from tests.test_bos_rule import stored_documents
+
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "model"
+    demo.make_tiny_qwen2(str(model), seed=0, num_layers=1)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{qwen_tokenizer_dir}/{name}", model / name)
+    with open(tmp_path / "notes.jsonl", "w") as f:
+        for i in range(24):
+            f.write(json.dumps({"id": f"n{i}", "text": f"note {i} " + "word " * (i % 9)}) + "\n")
+        f.write('{"id": "bad", "text": \n')  # 2 of 26 rejected: 7.7%, over the default 1%
+        f.write('{"id": "worse"\n')
+    (tmp_path / "my-run.yaml").write_text(
+        "run: run\nspec:\n  name: mine\n  model: {path: model, dtype: float32}\n"
+        "  tokenizer: {path: model}\n  sources:\n    - {kind: text, paths: [notes.jsonl]}\n"
+        "  packing: {mode: segmented, seq_len: 16}\n"
+        "  capture: {hooks: layers.0.resid_post, dtype: float32}\n"
+        "  layout: {rows_per_shard: 2, partition_rows: 4, codec: none}\n"
+        "target: {kind: local, hosts: 1, batch_size: 2}\n")
+    out = io.StringIO()
+    assert cli.main(["submit", "my-run.yaml"], out=out) == 2, out.getvalue()
+    assert cli.main(["submit", "my-run.yaml", "--max-reject-fraction=0.077"],
+                    out=io.StringIO()) == 0
+    run = str(tmp_path / "run")
+    tokens = stored_documents(run)
+
+    shutil.rmtree(os.path.join(run, "tokens"))
+    out = io.StringIO()
+    assert cli.main(["verify", run], out=out) == 1
+    said = out.getvalue()
+    code, output = follow(said, "reprepare")
+    assert code == 0, output
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert stored_documents(run) == tokens
+
+    os.remove(os.path.join(run, "run.json"))  # status says to submit the config again
+    out = io.StringIO()
+    assert cli.main(["submit", "my-run.yaml"], out=out) == 0, out.getvalue()
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert stored_documents(run) == tokens

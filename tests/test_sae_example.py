@@ -4,12 +4,14 @@ a dictionary, which an SAE can recover)."""
 
 import importlib.util
 import pathlib
+import warnings
 
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
+from actx.reader import formats  # noqa: E402
 from actx.schemas import layout  # noqa: E402
 from actx.schemas import store as store_lib  # noqa: E402
 from actx.schemas import ts_context  # noqa: E402
@@ -41,7 +43,10 @@ def test_sae_example_loss_falls_and_reports_held_out_explained_variance(tmp_path
     spec = importlib.util.spec_from_file_location("train_sae", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    result = example.main([uri, "--hook", HOOK, "--steps", "300"])
+    # Its statistics are of the tokens its stream serves: no warning that they are not.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", formats.StatisticsOfOtherTokens)
+        result = example.main([uri, "--hook", HOOK, "--steps", "300"])
     losses = result["losses"]
     assert len(losses) == 300
     assert np.mean(losses[-30:]) < 0.5 * np.mean(losses[:10])

@@ -197,8 +197,9 @@ class LocalTarget(targets.Target):
         # rerun runs those behind); aligned batches need two or more, one reads alone.
         every = extraction_lib.names(job.run.store)
         read = (f"read them together: reader.aligned.aligned_stream({job.run.uri!r}, "
-                f"{every!r}, HOOK, BATCH_SIZE)  (README, \"Several models on one "
-                f"token store\")" if len(every) > 1 else
+                f"{every!r}, HOOK, BATCH_SIZE)  (after `from actx import reader`; HOOK: one "
+                f"every extraction captured, or {{extraction: hook}}; docs/several-models.md)"
+                if len(every) > 1 else
                 f"read it: python -c \"import actx; print(actx.open_run({job.run.uri!r}"
                 + (f", extraction={every[0]!r}" if every and every[0] else "")
                 + ").describe())\"")
