@@ -27,6 +27,7 @@ from actx.deploy.status import runstate
 from actx.schemas import advice
 from actx.schemas import config as schemas_config
 from actx.schemas import extraction as extraction_lib
+from actx.schemas import extraction_store
 from actx.schemas import heartbeat as heartbeat_lib
 from actx.schemas import layout as layout_lib
 from actx.schemas import run_dir
@@ -354,8 +355,14 @@ def _kept_line(run: run_dir.RunDir) -> str:
     command that finishes the rest."""
     try:
         status = runstate.compute_status(run.opened())
-        kept = (f"{status.counts[partition_states.COMMITTED]} of {len(status.partitions)} "
-                f"partition(s) are committed and kept")
+        committed = status.counts[partition_states.COMMITTED]
+        kept = f"{committed} of {len(status.partitions)} partition(s) are committed and kept"
+        # Stopped once the last partition had committed: nothing is left to extract (a
+        # run of several extractions may have some behind: said as before).
+        if status.complete and len(extraction_store.names(run.store)) <= 1:
+            return (f"extract: stopped after every partition had committed ({kept} in "
+                    f"{run.uri}): nothing is left to extract; `{advice.verify(run.uri)}` "
+                    f"checks the data")
     except Exception as e:  # noqa: BLE001 - the hint matters more than the count
         kept = f"committed partitions are kept (the count is unavailable: {e})"
     return (f"extract: stopped; {kept} in {run.uri}, nothing partial was committed. "

@@ -82,3 +82,21 @@ def test_sigint_while_workers_start_says_what_was_kept(tmp_path):
     status = runstate.compute_status(run_dir.open_run(run))
     assert status.complete and status.phase == "finished"
     assert not any("actx rerun" in h.message for h in status.hosts)
+
+
+def test_a_stop_after_every_partition_committed_says_nothing_is_left(tmp_path):
+    """Stopped once the last partition had committed, the launcher's line says the run
+    has nothing left to extract, and names the check, not a rerun that would do nothing
+    (one partition pending: the rerun, as before)."""
+    from tests import reader_fixtures
+
+    done = str(tmp_path / "done")
+    reader_fixtures.build_run(done, num_partitions=3, committed=(0, 1, 2))
+    line = local._kept_line(run_dir.RunDir.at(done))
+    assert line == (f"extract: stopped after every partition had committed (3 of 3 "
+                    f"partition(s) are committed and kept in {done}): nothing is left to "
+                    f"extract; `actx verify {done}` checks the data"), line
+    behind = str(tmp_path / "behind")
+    reader_fixtures.build_run(behind, num_partitions=3, committed=(0, 1))
+    assert local._kept_line(run_dir.RunDir.at(behind)).endswith(
+        f"`actx rerun {behind}` extracts the rest")
