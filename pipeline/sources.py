@@ -133,6 +133,22 @@ def not_utf8(raw: bytes, e: UnicodeDecodeError, what: str = "", column: str = ""
             f"iconv -f {enc} -t utf-8 FILE > FILE.utf8")
 
 
+# What a little-endian UTF-16 file's last newline ("\n\x00") leaves after its 0x0a: no line.
+_UTF16LE_NEWLINE_END = b"\x00"
+
+
+def utf16_line(raw: bytes) -> str | None:
+    """The reason of a line of a UTF-16 file after its first: split at the byte 0x0a of
+    its newline, it carries no byte-order mark and may even decode as UTF-8 (NUL bytes
+    are UTF-8), which would read as malformed JSON or as text of NULs. None for a line
+    without NULs between its characters."""
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or raw.count(0) * 3 < len(raw):
+        return None  # the first line (its byte-order mark: not_utf8 names it), or no NULs
+    return ("invalid UTF-8, the file is utf-16: NUL bytes between the characters (a line "
+            "after the file's first, past its byte-order mark); convert it to UTF-8, e.g. "
+            "iconv -f utf-16 -t utf-8 FILE > FILE.utf8")
+
+
 def lone_surrogate(text: str) -> str | None:
     """None when `text` is valid Unicode, else the reason part naming its first lone
     surrogate, e.g. "lone surrogate \\ud800 at character 1" (0-based). JSON's "\\ud800"
@@ -281,11 +297,15 @@ def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 
     data's first line is line `first_line` of the file."""
     count = 0
     for number, raw in enumerate(_lines(data, first_line), start=first_line):
-        if not raw.strip():
+        if not raw.strip() or raw == _UTF16LE_NEWLINE_END:
             continue
         if limit is not None and count >= limit:
             return
         count += 1
+        utf16 = utf16_line(raw)
+        if utf16:
+            yield number, em.reject(number, utf16, raw), raw
+            continue
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -361,11 +381,15 @@ def read_txt(em: Emitter, data: bytes, limit: int | None, first_line: int = 1):
     """Plain text: one document per non-blank line."""
     count = 0
     for number, raw in enumerate(_lines(data, first_line), start=first_line):
-        if not raw.strip():
+        if not raw.strip() or raw == _UTF16LE_NEWLINE_END:
             continue
         if limit is not None and count >= limit:
             return
         count += 1
+        utf16 = utf16_line(raw)
+        if utf16:
+            yield em.reject(number, utf16, raw)
+            continue
         try:
             text = raw.decode("utf-8").removesuffix("\r")  # CRLF's; others are text
         except UnicodeDecodeError as e:
