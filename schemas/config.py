@@ -92,7 +92,12 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
+            # A YAML list of hooks is the likeliest: said how they are written.
+            hint = (f"; write them comma-separated in one string: "
+                    f"{','.join(value)!r}" if where.endswith("hooks") and isinstance(value, list)
+                    and value and all(isinstance(v, str) for v in value) else "")
+            raise ConfigError(f"{where}: expected a string, got {type(value).__name__} "
+                              f"{value!r}{hint}")
         return value
     return value
 

@@ -385,7 +385,9 @@ def switch_extraction_spec(store, spec: runspec_lib.RunSpec) -> list[str] | None
         raise CommittedRunError(
             f"{store.location}: {len(committed)} partition(s) are committed with the earlier "
             f"{', '.join(changed)}; activations of two settings would mix. Extract into a new "
-            f"run directory, or go back to the settings the run was made with")
+            f"run directory, or go back to the settings the run was made with; to have both "
+            f"over this run's tokens, give the new settings as a named extraction "
+            f"(`extractions:` in the config, docs/several-models.md)")
     manifest = manifest_lib.read_manifest(store)
     record_change(store, "extraction-spec", {
         "from_fingerprint": old.fingerprint, "to_fingerprint": spec.fingerprint,
