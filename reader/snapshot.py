@@ -337,6 +337,11 @@ class RunSnapshot:
                 what += (f"; committed partitions cannot be read there: "
                          f"`{advice.verify(loc)}` names what is wrong, "
                          f"`{advice.repair(loc)}` then `{advice.rerun(loc)}` writes it again")
+            elif key.startswith(f"{layout.TOKENS_GROUP}/"):
+                # The token store gone or damaged after prepare: the same tokens again.
+                what += (f"; the token store was damaged after prepare: "
+                         f"`{advice.reprepare(self.location)}` writes the same tokens "
+                         f"again (what is committed stays)")
             raise FileNotFoundError(what) from e
         if context is None:
             self._arrays[key] = array

@@ -583,6 +583,13 @@ def test_a_run_that_needed_more_rejects_is_prepared_again_by_the_advice_as_print
     out = io.StringIO()
     assert cli.main(["verify", run], out=out) == 1
     said = out.getvalue()
+    # The reader names the same command (it raised a bare "cannot be opened" before).
+    import actx
+
+    with pytest.raises(FileNotFoundError) as raised:
+        actx.open_run(run).document(0)
+    assert [kind for kind, _ in advice.find(str(raised.value))] == ["reprepare"], raised.value
+    assert advice.find(str(raised.value))[0] in advice.find(said), (raised.value, said)
     code, output = follow(said, "reprepare")
     assert code == 0, output
     assert cli.main(["verify", run], out=io.StringIO()) == 0
