@@ -384,6 +384,33 @@ def test_a_moved_model_is_said_before_any_worker_and_its_advice_finishes_the_run
     assert runstate.compute_status(run_dir.open_run(run)).complete
 
 
+def _own_data_config(tmp_path, qwen_tokenizer_dir, extra_lines=()):
+    """README's own-data setup in `tmp_path`: a tiny Qwen2 with Qwen's tokenizer in
+    model/, 24 notes (and `extra_lines`) in notes.jsonl, and my-run.yaml extracting them
+    into run/ on the local target. Returns the model's directory."""
+    import shutil
+
+    from actx.deploy import demo
+
+    model = tmp_path / "model"
+    demo.make_tiny_qwen2(str(model), seed=0, num_layers=1)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{qwen_tokenizer_dir}/{name}", model / name)
+    with open(tmp_path / "notes.jsonl", "w") as f:
+        for i in range(24):
+            f.write(json.dumps({"id": f"n{i}", "text": f"note {i} " + "word " * (i % 9)}) + "\n")
+        for line in extra_lines:
+            f.write(line + "\n")
+    (tmp_path / "my-run.yaml").write_text(
+        "run: run\nspec:\n  name: mine\n  model: {path: model, dtype: float32}\n"
+        "  tokenizer: {path: model}\n  sources:\n    - {kind: text, paths: [notes.jsonl]}\n"
+        "  packing: {mode: segmented, seq_len: 16}\n"
+        "  capture: {hooks: layers.0.resid_post, dtype: float32}\n"
+        "  layout: {rows_per_shard: 2, partition_rows: 4, codec: none}\n"
+        "target: {kind: local, hosts: 1, batch_size: 2}\n")
+    return model
+
+
 def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
         tmp_path, monkeypatch, qwen_tokenizer_dir, capsys):
     """A token-store object is damaged after prepare: one byte changed, which its chunk's
@@ -392,26 +419,11 @@ def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
     naming the object and the commands that write the same tokens again and extract the
     rest; in a committed partition, `actx verify` says so and what to do. Followed as
     printed, the run finishes and verifies, with the tokens prepare first wrote."""
-    import shutil
 
-    from actx.deploy import demo
     from tests.test_bos_rule import stored_documents
 
     monkeypatch.chdir(tmp_path)
-    model = tmp_path / "model"
-    demo.make_tiny_qwen2(str(model), seed=0, num_layers=1)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(f"{qwen_tokenizer_dir}/{name}", model / name)
-    with open(tmp_path / "notes.jsonl", "w") as f:
-        for i in range(24):
-            f.write(json.dumps({"id": f"n{i}", "text": f"note {i} " + "word " * (i % 9)}) + "\n")
-    (tmp_path / "my-run.yaml").write_text(
-        "run: run\nspec:\n  name: mine\n  model: {path: model, dtype: float32}\n"
-        "  tokenizer: {path: model}\n  sources:\n    - {kind: text, paths: [notes.jsonl]}\n"
-        "  packing: {mode: segmented, seq_len: 16}\n"
-        "  capture: {hooks: layers.0.resid_post, dtype: float32}\n"
-        "  layout: {rows_per_shard: 2, partition_rows: 4, codec: none}\n"
-        "target: {kind: local, hosts: 1, batch_size: 2}\n")
+    model = _own_data_config(tmp_path, qwen_tokenizer_dir)
     assert cli.main(["submit", "my-run.yaml"], out=io.StringIO()) == 0
     run = str(tmp_path / "run")
     tokens = stored_documents(run)
@@ -552,26 +564,12 @@ def test_a_run_that_needed_more_rejects_is_prepared_again_by_the_advice_as_print
     submit of the same config does the same. Both failed before, removing manifest.json."""
     import shutil
 
-    from actx.deploy import demo
     from tests.test_bos_rule import stored_documents
 
     monkeypatch.chdir(tmp_path)
-    model = tmp_path / "model"
-    demo.make_tiny_qwen2(str(model), seed=0, num_layers=1)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(f"{qwen_tokenizer_dir}/{name}", model / name)
-    with open(tmp_path / "notes.jsonl", "w") as f:
-        for i in range(24):
-            f.write(json.dumps({"id": f"n{i}", "text": f"note {i} " + "word " * (i % 9)}) + "\n")
-        f.write('{"id": "bad", "text": \n')  # 2 of 26 rejected: 7.7%, over the default 1%
-        f.write('{"id": "worse"\n')
-    (tmp_path / "my-run.yaml").write_text(
-        "run: run\nspec:\n  name: mine\n  model: {path: model, dtype: float32}\n"
-        "  tokenizer: {path: model}\n  sources:\n    - {kind: text, paths: [notes.jsonl]}\n"
-        "  packing: {mode: segmented, seq_len: 16}\n"
-        "  capture: {hooks: layers.0.resid_post, dtype: float32}\n"
-        "  layout: {rows_per_shard: 2, partition_rows: 4, codec: none}\n"
-        "target: {kind: local, hosts: 1, batch_size: 2}\n")
+    # 2 of 26 rejected: 7.7%, over the default 1%.
+    _own_data_config(tmp_path, qwen_tokenizer_dir,
+                     extra_lines=('{"id": "bad", "text": ', '{"id": "worse"'))
     out = io.StringIO()
     assert cli.main(["submit", "my-run.yaml"], out=out) == 2, out.getvalue()
     assert cli.main(["submit", "my-run.yaml", "--max-reject-fraction=0.077"],
