@@ -263,21 +263,31 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
     hints, fields = _class_fields(cls)
     unknown = sorted(set(data) - set(fields))
     prefix = where if (not where or where.endswith(": ")) else f"{where}."
-    if unknown:
+    # Every key's problem at once, each on a line of its own (a config with two typos is
+    # not refused twice, one run each); one problem raises as it was raised.
+    problems: list[ConfigError] = []
+    for key in unknown:
         import difflib
 
         hint = ""
-        close = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        close = difflib.get_close_matches(key, list(fields), n=1)
         if close:
             hint = f" (did you mean {close[0]!r}?)"
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown key{hint}; "
-                          f"known keys here: {', '.join(sorted(fields))}")
+        problems.append(ConfigError(f"{prefix}{key}: unknown key{hint}; "
+                                    f"known keys here: {', '.join(sorted(fields))}"))
     kwargs = {}
     for name, field in fields.items():
         if name in data:
-            kwargs[name] = _convert(data[name], hints[name], f"{prefix}{name}")
+            try:
+                kwargs[name] = _convert(data[name], hints[name], f"{prefix}{name}")
+            except ConfigError as e:
+                problems.append(e)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{prefix}{name}: required key is missing")
+            problems.append(ConfigError(f"{prefix}{name}: required key is missing"))
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigError("\n".join(str(e) for e in problems))
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:

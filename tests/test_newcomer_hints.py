@@ -15,12 +15,12 @@ from tests import reader_fixtures
 def test_hooks_as_a_yaml_list_say_how_they_are_written():
     with pytest.raises(config.ConfigError) as raised:
         config.from_dict(runspec.CaptureConfig, {"hooks": ["layers.0.resid_post",
-                                                         "layers.1.mlp_out"]}, "spec.capture.")
+                                                         "layers.1.mlp_out"]}, "spec.capture")
     assert str(raised.value).endswith(
         "; write them comma-separated in one string: 'layers.0.resid_post,layers.1.mlp_out'")
     # Another string field given a list: no such hint (its values are not comma lists).
     with pytest.raises(config.ConfigError) as raised:
-        config.from_dict(runspec.ModelSpec, {"path": ["a", "b"]}, "spec.model.")
+        config.from_dict(runspec.ModelSpec, {"path": ["a", "b"]}, "spec.model")
     assert "comma-separated" not in str(raised.value)
 
 
@@ -36,3 +36,22 @@ def test_new_capture_settings_on_a_committed_run_name_a_named_extraction(tmp_pat
     message = str(raised.value)
     assert "activations of two settings would mix" in message
     assert "named extraction (`extractions:` in the config, docs/several-models.md)" in message
+
+
+def test_every_problem_of_a_config_is_said_at_once(tmp_path):
+    """Two mistakes, in two tables: both named, each on its line (a config was refused
+    for its first mistake, then again for the next); one mistake reads as it did."""
+    with pytest.raises(config.ConfigError) as raised:
+        config.from_dict(runspec.RunSpec, {
+            "name": "x", "model": {"path": "m"}, "tokenizer": {"path": "m"},
+            "sources": [{"kind": "text", "paths": ["a.jsonl"]}],
+            "packing": {"mode": "segmneted", "seq_len": 16},
+            "capture": {"hook": "layers.0.resid_post"}}, "run.yaml: ")
+    lines = str(raised.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("run.yaml: packing.mode: expected one of "), lines
+    assert lines[1].startswith("run.yaml: capture.hook: unknown key (did you mean 'hooks'?)")
+    with pytest.raises(config.ConfigError) as raised:
+        config.from_dict(runspec.CaptureConfig, {"hook": "x"}, "spec.capture")
+    assert str(raised.value) == ("spec.capture.hook: unknown key (did you mean 'hooks'?); "
+                                 "known keys here: dtype, hooks")
