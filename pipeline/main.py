@@ -122,6 +122,8 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     # (write_store.TokensChangedError): the run is then as it was.
     manifest_before = store.read(layout.MANIFEST_KEY)
     accepted_before = _rejects_accepted(manifest_before, spec)
+    if accepted_before and preflight.inputs_changed(store, spec):
+        accepted_before = 0.0  # other inputs under the same paths: held to the bound asked
     committed = refusals.check_run_dir(store, spec)
     rows = refusals.committed_rows(run) if committed else None
 

@@ -213,8 +213,9 @@ def ensure_qwen_tokenizer(cache_dir: str | None = None) -> str:
     The files appear atomically (written to a temporary directory, then renamed), so
     concurrent callers never see a half-written tokenizer. A directory that exists already
     (a model's, which the "tokenizer not found" advice names) gains the files beside what
-    it holds, each renamed into place; nothing of it is removed or overwritten: a file of
-    the same name with other contents is refused (TokenizerDirError).
+    it holds, each renamed into place; nothing of it is removed or overwritten: a
+    tokenizer.json of other contents is refused (TokenizerDirError), the other files
+    there are kept.
     """
     out = os.path.abspath(cache_dir or default_cache_dir())
     if os.path.isfile(os.path.join(out, "tokenizer.json")) and os.path.isfile(
@@ -249,18 +250,18 @@ class TokenizerDirError(ValueError):
 
 def _add_files(tmp: str, out: str) -> None:
     """Each file of `tmp` into the existing directory `out`, where it is not there yet
-    (renamed, so atomically); one there with the same bytes is kept (a concurrent
-    caller's), one with other bytes refused before any is added."""
+    (renamed, so atomically). A tokenizer.json there with other bytes is refused before
+    any is added (the ids would be another tokenizer's); the others there are kept (a
+    checkpoint's own tokenizer_config.json: its chat template and special tokens)."""
     names = sorted(os.listdir(tmp))
-    for name in names:
-        there = os.path.join(out, name)
-        if os.path.lexists(there):
-            with open(there, "rb") as f, open(os.path.join(tmp, name), "rb") as ours:
-                if f.read() != ours.read():
-                    raise TokenizerDirError(
-                        f"{there}: already there, with other contents than Qwen's; nothing "
-                        f"was written to {out}. Choose another --out, or move that file "
-                        f"away first")
+    there = os.path.join(out, "tokenizer.json")
+    if os.path.lexists(there):
+        with open(there, "rb") as f, open(os.path.join(tmp, "tokenizer.json"), "rb") as ours:
+            if f.read() != ours.read():
+                raise TokenizerDirError(
+                    f"{there}: already there, with other contents than Qwen's; nothing "
+                    f"was written to {out}. Choose another --out, or move that file away "
+                    f"first")
     for name in names:
         if not os.path.lexists(os.path.join(out, name)):
             os.replace(os.path.join(tmp, name), os.path.join(out, name))

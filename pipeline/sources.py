@@ -133,19 +133,21 @@ def not_utf8(raw: bytes, e: UnicodeDecodeError, what: str = "", column: str = ""
             f"iconv -f {enc} -t utf-8 FILE > FILE.utf8")
 
 
-# What a little-endian UTF-16 file's last newline ("\n\x00") leaves after its 0x0a: no line.
-_UTF16LE_NEWLINE_END = b"\x00"
-
-
 def utf16_line(raw: bytes) -> str | None:
     """The reason of a line of a UTF-16 file after its first: split at the byte 0x0a of
     its newline, it carries no byte-order mark and may even decode as UTF-8 (NUL bytes
     are UTF-8), which would read as malformed JSON or as text of NULs. None for a line
-    without NULs between its characters."""
-    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or raw.count(0) * 3 < len(raw):
+    of another shape (the first line of a little-endian file without a byte-order mark,
+    of characters none of which is ASCII, is not told from UTF-8)."""
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or 0 not in raw:
         return None  # the first line (its byte-order mark: not_utf8 names it), or no NULs
+    # Little-endian, a line starts with its newline's NUL; big-endian, it ends with it;
+    # mostly-ASCII text has a NUL every other byte.
+    if raw[:1] != b"\x00" and raw[-1:] != b"\x00" and raw.count(0) * 3 < len(raw):
+        return None
     return ("invalid UTF-8, the file is utf-16: NUL bytes between the characters (a line "
-            "after the file's first, past its byte-order mark); convert it to UTF-8, e.g. "
+            "after the file's first, past its byte-order mark, or the NUL its last newline "
+            "leaves); convert it to UTF-8, e.g. "
             "iconv -f utf-16 -t utf-8 FILE > FILE.utf8")
 
 
@@ -297,7 +299,7 @@ def _jsonl_lines(em: Emitter, data: bytes, limit: int | None, first_line: int = 
     data's first line is line `first_line` of the file."""
     count = 0
     for number, raw in enumerate(_lines(data, first_line), start=first_line):
-        if not raw.strip() or raw == _UTF16LE_NEWLINE_END:
+        if not raw.strip():
             continue
         if limit is not None and count >= limit:
             return
@@ -381,7 +383,7 @@ def read_txt(em: Emitter, data: bytes, limit: int | None, first_line: int = 1):
     """Plain text: one document per non-blank line."""
     count = 0
     for number, raw in enumerate(_lines(data, first_line), start=first_line):
-        if not raw.strip() or raw == _UTF16LE_NEWLINE_END:
+        if not raw.strip():
             continue
         if limit is not None and count >= limit:
             return

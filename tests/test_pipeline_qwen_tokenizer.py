@@ -77,12 +77,16 @@ def test_out_a_model_directory_gains_the_files_and_keeps_its_own(tmp_path, qwen_
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "qwen2"}')
     (model / "model.safetensors").write_bytes(b"\x00weights")
+    # A checkpoint saved with a slow tokenizer: its own config (chat template, special
+    # tokens) is kept.
+    (model / "tokenizer_config.json").write_text('{"chat_template": "mine"}')
     done = subprocess.run([sys.executable, "-m", "actx.pipeline.qwen_tokenizer", "--out",
                            str(model)], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == str(model), done.stderr
     assert (model / "config.json").read_text() == '{"model_type": "qwen2"}'
     assert (model / "model.safetensors").read_bytes() == b"\x00weights"
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    assert (model / "tokenizer_config.json").read_text() == '{"chat_template": "mine"}'
+    for name in ("tokenizer.json", "special_tokens_map.json"):
         assert (model / name).read_bytes() == open(os.path.join(qwen_tokenizer_dir, name),
                                                    "rb").read(), name
     assert sorted(os.listdir(tmp_path)) == ["model"]  # no temporary directory left

@@ -197,7 +197,8 @@ class LocalTarget(targets.Target):
         # rerun runs those behind); aligned batches need two or more, one reads alone.
         every = extraction_lib.names(job.run.store)
         read = (f"read them together: reader.aligned.aligned_stream({job.run.uri!r}, "
-                f"{every!r}, HOOK, BATCH_SIZE)  (after `from actx import reader`; HOOK: one "
+                f"{every!r}, HOOK, BATCH_SIZE)  (after `import actx.reader.aligned; from actx "
+                f"import reader`; HOOK: one "
                 f"every extraction captured, or {{extraction: hook}}; docs/several-models.md)"
                 if len(every) > 1 else
                 f"read it: python -c \"import actx; print(actx.open_run({job.run.uri!r}"
