@@ -175,8 +175,13 @@ def _record(info: ActivationsInfo) -> dict:
 
 
 def create_info(store, info: ActivationsInfo) -> bool:
-    """Writes the record unless one exists; True when this call wrote it."""
-    return store.create_json(layout.ACTIVATIONS_INFO_KEY, _record(info))
+    """Writes the record unless one exists; True when this call wrote it. The record
+    standing either way, the temporary files a process killed while creating it left
+    beside it go (on local disk: a worker admitted by every process, as a Beam SDK
+    worker is, may be killed in that moment), as a marker's do (schemas.commit)."""
+    created = store.create_json(layout.ACTIVATIONS_INFO_KEY, _record(info))
+    store.clear_temporaries(layout.ACTIVATIONS_INFO_KEY)
+    return created
 
 
 def replace_info(store, info: ActivationsInfo) -> None:

@@ -81,3 +81,24 @@ def test_a_create_whose_temporary_the_winner_cleared_is_refused(tmp_path):
     assert s.create(key, b"{}\n") is False
     s._write_temp = real_write_temp
     assert s.read_json(key) == {"winner": 1}
+
+
+def test_a_temporary_of_the_record_a_killed_worker_left_goes_with_the_next_worker(tmp_path):
+    """A worker killed while creating activations/actx.json (a Beam SDK worker admits
+    itself in every process, so a kill can land there) leaves `actx.json.tmp-...` among
+    the activations: the next worker's create removes it, so a rerun leaves the run as an
+    uninterrupted one (tests/test_beam_extract.py compares every object)."""
+    model = hf_models.make_tiny_checkpoint(tmp_path / "model", "qwen2", num_hidden_layers=1)
+    run = str(tmp_path / "run")
+    token_runs.write_token_run(run, str(model), n_rows=16, seq_len=16, partition_rows=8,
+                               rows_per_shard=4)  # 2 partitions
+    code, said = _cli("rerun", run, "--only", "0", "--batch-size", "4")
+    assert code == 0, said
+    leftover = os.path.join(run, layout.ACTIVATIONS_INFO_KEY + ".tmp-0badc0de")
+    with open(leftover, "w") as f:
+        f.write('{"fingerprint": ')
+    code, said = _cli("rerun", run, "--batch-size", "4")
+    assert code == 0, said
+    assert not os.path.exists(leftover)
+    assert sorted(f for f in os.listdir(os.path.join(run, "activations"))
+                  if f.startswith("actx.json")) == ["actx.json"]
