@@ -74,13 +74,12 @@ def rebuild(store, spec, committed: list[int]) -> tuple[info_lib.ActivationsInfo
     # The first attempt's: that of the earliest marker that says (a worker that took the
     # record over before any commit wrote every marker after it). Where those markers are
     # an earlier actx's (a run it began), the first later one that records them.
-    recording = [m for m in markers if m.model_digest is not None or m.numerics is not None]
-    if not recording:
-        recording = [next((m for m in commit_lib.readable_markers(
-            store, committed[MARKERS_TRIED:]) if m.fingerprint == spec.fingerprint and (
-                m.model_digest is not None or m.numerics is not None)), None)]
-    first = min((m for m in recording if m is not None), key=lambda m: m.created_at,
-                default=None)
+    def records(m: commit_lib.CommitMarker) -> bool:
+        return m.fingerprint == spec.fingerprint and (
+            m.model_digest is not None or m.numerics is not None)
+
+    first = min(filter(records, markers), key=lambda m: m.created_at, default=None) or next(
+        filter(records, commit_lib.readable_markers(store, committed[MARKERS_TRIED:])), None)
     return info_lib.ActivationsInfo(
         fingerprint=spec.fingerprint, dtype=capture, hooks=hooks, hook_dtypes=hook_dtypes or None,
         model_digest=first and first.model_digest, numerics=first and first.numerics,

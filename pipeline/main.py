@@ -121,10 +121,19 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     # A committed run's manifest, put back where prepare refuses its inputs before any write
     # (write_store.TokensChangedError): the run is then as it was.
     manifest_before = store.read(layout.MANIFEST_KEY)
-    accepted_before = _rejects_accepted(manifest_before, spec)
-    if accepted_before and preflight.inputs_changed(store, spec):
+    if manifest_before is not None:
+        accepted_before = _rejects_accepted(manifest_before, spec)
+        inputs_before = _read_object(store, layout.PREPARE_INPUTS_KEY)
+    else:  # a prepare again that was stopped: what it carried in prepare/attempt.json
+        accepted_before, inputs_before = _rejects_carried(store, spec)
+    if accepted_before and preflight.inputs_changed(store, spec, inputs_before):
         accepted_before = 0.0  # other inputs under the same paths: held to the bound asked
-    committed = refusals.check_run_dir(store, spec)
+    # The fraction goes with the attempt, so a prepare again stopped on the way (the
+    # manifest already cleared) does not lose it; the attempt's record is written back
+    # without it once the manifest stands, as byte-identical as a first prepare's.
+    carried = {"rejects_accepted": accepted_before, "inputs": inputs_before} if (
+        accepted_before) else {}
+    committed = refusals.check_run_dir(store, spec, carried)
     rows = refusals.committed_rows(run) if committed else None
 
     _log.info("prepare: %d file(s) from %d source(s) into %s on %s", len(files),
@@ -183,6 +192,8 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     preflight.record_inputs(store, inputs)
     store.write_json(runspec_lib.RUN_SPEC_KEY, spec.to_json_obj())
     manifest_lib.write_manifest(store, manifest)
+    if carried:
+        refusals.write_attempt(store, spec)
     elapsed = time.monotonic() - started
     _log.info("prepare: done: %s docs, %s tokens, %s rows in %d partition(s), %d rejected; "
               "%.1fs (%s tokens/s)", f"{summary['docs']:,}", f"{manifest.total_tokens:,}",
@@ -192,6 +203,26 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
         _log.info("prepare: %s; each with its reason in %s", manifest_lib.rejects_words(
             manifest), store.location.join(layout.REJECTS_PREFIX))
     return manifest
+
+
+def _rejects_carried(store, spec: runspec_lib.RunSpec) -> tuple[float, dict | None]:
+    """(the reject fraction, the inputs' record) a stopped prepare again of this spec
+    carried in prepare/attempt.json; (0, None) where it carried none."""
+    attempt = _read_object(store, layout.PREPARE_ATTEMPT_KEY) or {}
+    accepted = attempt.get("rejects_accepted")
+    if attempt.get("fingerprint") != spec.fingerprint or not isinstance(accepted, (int, float)):
+        return 0.0, None
+    inputs = attempt.get("inputs")
+    return float(accepted), inputs if isinstance(inputs, dict) else None
+
+
+def _read_object(store, key: str) -> dict | None:
+    """A JSON object of the run; None where it is missing, damaged or not an object."""
+    try:
+        value = store.read_json(key)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _rejects_accepted(manifest_json: bytes | None, spec: runspec_lib.RunSpec) -> float:

@@ -76,13 +76,15 @@ def record_inputs(store, files: list[list]) -> None:
     store.write_json(layout.PREPARE_INPUTS_KEY, {"version": 1, "files": files})
 
 
-def inputs_changed(store, spec: runspec_lib.RunSpec) -> str:
-    """What differs between the recorded inputs and those the spec names now, in words;
-    "" where nothing differs, the run keeps no record (prepared before it existed), or
-    the comparison cannot be made (the inputs cannot be listed from here)."""
+def inputs_changed(store, spec: runspec_lib.RunSpec, recorded: dict | None = None) -> str:
+    """What differs between the recorded inputs (prepare/inputs.json, or `recorded`, a
+    record read before) and those the spec names now, in words; "" where nothing differs,
+    the run keeps no record (prepared before it existed), or the comparison cannot be made
+    (the inputs cannot be listed from here)."""
     try:  # advice only: whatever stops the comparison (an unreachable bucket, a record
         # of another shape) leaves the skip as it was
-        recorded = store.read_json(layout.PREPARE_INPUTS_KEY)
+        if recorded is None:
+            recorded = store.read_json(layout.PREPARE_INPUTS_KEY)
         if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), list):
             return ""
         before = {(s, path): size for s, path, size in recorded["files"]}

@@ -34,7 +34,7 @@ class PrepareError(errors.UserError, RuntimeError):
     """The run failed a check (too many rejects, a conflicting run directory)."""
 
 
-def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
+def check_run_dir(store, spec: runspec_lib.RunSpec, carried: dict | None = None) -> set[int]:
     """Refuses another run's directory, then clears what an earlier attempt left; returns
     the partitions committed in any extraction (a run prepared again), whose tokens the
     writers then check rather than write (write_store.write_partition).
@@ -44,7 +44,8 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
     goes; prepare/attempt.json, written first, says an attempt was made here, so files
     that no prepare wrote are refused rather than deleted. Once partitions are committed
     the token store stays (prepare is deterministic, and workers read it); rejects are
-    always rewritten by this attempt.
+    always rewritten by this attempt. `carried`: what the attempt's record keeps for a
+    try after this one stopped (the reject fraction accepted before).
     """
     store.check_reachable()  # a missing bucket or no access: said now, not from a Beam worker
     try:
@@ -114,9 +115,15 @@ def check_run_dir(store, spec: runspec_lib.RunSpec) -> set[int]:
     if removed:
         _log.info("prepare: removed %d object(s) of an earlier attempt under %s (%s)", removed,
                   store.location, ", ".join(prefixes))
-    # No time in it: the run directory stays byte-identical across prepares.
-    store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint})
+    write_attempt(store, spec, carried)
     return committed
+
+
+def write_attempt(store, spec: runspec_lib.RunSpec, carried: dict | None = None) -> None:
+    """Writes prepare/attempt.json. No time in it: the run directory stays byte-identical
+    across prepares (what an attempt carries is taken out once its manifest stands)."""
+    store.write_json(layout.PREPARE_ATTEMPT_KEY, {"fingerprint": spec.fingerprint,
+                                                  **(carried or {})})
 
 
 def _manifest_fingerprint(store) -> str | None:

@@ -14,11 +14,13 @@ followed as printed, per target (tests/advice_follow.py's FOLLOWED_IN)."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -412,7 +414,7 @@ def _own_data_config(tmp_path, qwen_tokenizer_dir, extra_lines=()):
 
 
 def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
-        tmp_path, monkeypatch, qwen_tokenizer_dir, capsys):
+        tmp_path, monkeypatch, qwen_tokenizer_dir):
     """A token-store object is damaged after prepare: one byte changed, which its chunk's
     checksum (schemas.chunk_checksums) catches where uncompressed tokens would otherwise read
     as other tokens. In a partition not yet extracted, the workers say so in one line,
@@ -590,6 +592,49 @@ def test_a_run_that_needed_more_rejects_is_prepared_again_by_the_advice_as_print
     assert advice.find(str(raised.value))[0] in advice.find(said), (raised.value, said)
     code, output = follow(said, "reprepare")
     assert code == 0, output
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert stored_documents(run) == tokens
+    attempt = os.path.join(run, "prepare", "attempt.json")
+    with open(attempt, "rb") as f:
+        first_attempt = f.read()
+
+    # The advised prepare stopped on the way (after its pipeline, before its manifest):
+    # the manifest that recorded the rejects is cleared, and the same advice, followed
+    # again, still accepts them; the run ends as byte-identical as before.
+    from actx.pipeline import write_store
+
+    def stopped(_run):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(write_store, "make_durable", stopped)
+        code, output = follow(said, "reprepare")
+    assert code == 130, (code, output)  # as Ctrl-C ends a prepare
+    assert not os.path.exists(os.path.join(run, "manifest.json"))
+    code, output = follow(said, "reprepare")
+    assert code == 0, output
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert stored_documents(run) == tokens
+    with open(attempt, "rb") as f:
+        assert f.read() == first_attempt
+
+    # Stopped again, and then the inputs changed (a reject line edited: the same tokens,
+    # the same fraction): what the attempt carried is not taken for these inputs, which
+    # are held to the bound asked, and the command the refusal prints finishes the run.
+    with monkeypatch.context() as patched:
+        patched.setattr(write_store, "make_durable", stopped)
+        assert follow(said, "reprepare")[0] == 130
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text(notes.read_text().replace('"text": \n', '"text": 1\n'))
+    printed = io.StringIO()  # `actx prepare` prints to standard output
+    with contextlib.redirect_stdout(printed):
+        code, output = follow(said, "reprepare")
+    output += printed.getvalue()
+    assert code == 2 and "more than --max-reject-fraction=0.01" in output, output
+    accept = next(line.strip() for line in output.splitlines()
+                  if "--max-reject-fraction=0.077" in line)
+    out = io.StringIO()
+    assert cli.main(shlex.split(accept)[1:], out=out) == 0, out.getvalue()
     assert cli.main(["verify", run], out=io.StringIO()) == 0
     assert stored_documents(run) == tokens
 
