@@ -418,3 +418,62 @@ def test_truncated_rows_sigkill_then_rerun_is_byte_identical(model_dir, tmp_path
     worker_procs.assert_same_activations(run, ref)
     assert {p: m.checksums for p, m in after.items()} == {
         p: m.checksums for p, m in _markers(ref).items()}
+
+
+@pytest.mark.parametrize("stopped", [0, 1])
+def test_a_sigterm_on_one_host_of_a_stealing_replica_waiting_for_work_stops_the_replica(
+        model_dir, tmp_path, stopped):
+    """Both hosts of replica 0 of 2 wait for their first partition (another attempt holds
+    every partition of theirs; replica 1 has not started, so its own are kept for it): a
+    SIGTERM on one host, the leader or the other, stops both as preempted (exit 143,
+    heartbeats `preempted`), where the leader's stop was the others' failure and the other
+    host's was not looked at until a partition came (each waited alone)."""
+    import json
+    import os
+    import signal
+    import time
+
+    run = _run(model_dir, tmp_path / "run", "continue", partition_rows=8)
+    s = store.open_store(run)
+    for part in manifest.read_manifest(s).partitions:
+        if part.id % 2 == 0:
+            assert schedule.try_claim(s, "j1", part.id, "another-attempt")
+    coordinator = f"127.0.0.1:{worker_procs.free_port()}"
+    procs = [worker_procs.start_worker(
+        ["--run", run, "--coordinator", coordinator, "--num-processes", "2",
+         "--process-id", str(i), "--batch-size", "4", "--replicas", "2", "--replica", "0",
+         "--steal", "--job", "j1"], devices=1) for i in range(2)]
+    try:
+        def states():  # each host's, in process order
+            found = []
+            for name in sorted(os.listdir(os.path.join(run, "workers"))):
+                try:
+                    with open(os.path.join(run, "workers", name)) as f:
+                        found.append(json.load(f)["state"])
+                except (OSError, ValueError):
+                    found.append(None)
+            return found
+
+        os.makedirs(os.path.join(run, "workers"), exist_ok=True)
+        deadline = time.monotonic() + 40  # within the 60 s replica 1's partitions are kept
+        while states()[:1] != ["idle"] and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), [worker_procs.finish(p) for p in procs]
+            time.sleep(0.5)
+        assert states()[:1] == ["idle"], states()
+        time.sleep(1)  # the other host is in its wait too
+        procs[stopped].send_signal(signal.SIGTERM)
+        results = [worker_procs.finish(p, timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for code, out in results:
+        assert code == 143, out
+        assert "stopped while waiting for work (nothing was in hand)" in out, out
+    assert states() == ["preempted", "preempted"]
+    # Stopped in the wait, not once replica 1's partitions came free (after 60 s): the
+    # replica took nothing.
+    assert not commit_lib.committed_partitions(s)
+    assert sorted(os.listdir(os.path.join(run, "claims", "j1"))) == [
+        f"{layout.partition_name(p.id)}.json"
+        for p in manifest.read_manifest(s).partitions if p.id % 2 == 0]

@@ -114,8 +114,11 @@ class GenerateWorker(runner.Worker):
         a replica take them in process 0's order (as `runner.Worker.run_stream`)."""
         choose = lambda: self.choose_partition(tried)  # noqa: E731
         if sequence is None and self.topo.hosts_per_replica > 1:
-            if self.opts.steal:  # chosen (and claimed) one at a time by process 0
-                choose = distributed.LeaderSequence(choose, wait=self.wait_for_work).next
+            if self.opts.steal:  # chosen (and claimed) one at a time by process 0; every
+                # host waits for each in the sequence, so a SIGTERM there is the replica's
+                choose = distributed.LeaderSequence(choose, wait=self.wait_for_work,
+                                                    stop=self.stop_requested,
+                                                    blocking=True).next
             else:
                 sequence = distributed.broadcast_ints(
                     self._own_left() if self.topo.host_index == 0 else [])

@@ -423,7 +423,7 @@ class Worker:
                 agreed = distributed.LeaderSequence(  # `stream` exists before it is asked
                     lambda: self.choose_partition(tried, idle=stream.hand_empty(),
                                                   rows_in_hand=stream.rows_in_hand()),
-                    wait=self.wait_for_work)
+                    wait=self.wait_for_work, stop=self.stop_requested)
             else:
                 mine = self._own_left() if self.topo.host_index == 0 else []
                 sequence = distributed.broadcast_ints(mine)

@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from actx.workers.replicas.stop import Preempted
+
 
 @dataclasses.dataclass(frozen=True)
 class ProcessGroup:
@@ -117,24 +119,35 @@ class LeaderSequence:
     returns None while the value is not yet chosen, and the caller asks again later (the
     hosts of a replica run their steps in lockstep, so one that waited here for the leader,
     while the leader still had rows of its own to plan, would stall them all); only the
-    first value, chosen before any step, is waited for. Process 0 chooses `LOOKAHEAD` values
+    first value, chosen before any step, is waited for (every value, with `blocking`: for
+    callers with no steps to run between values). Process 0 chooses `LOOKAHEAD` values
     ahead of its own use, so hosts whose work runs out sooner seldom find nothing. When its
     choice fails, process 0 publishes the error, and the others raise it rather than wait.
     `choose` may return None: nothing to choose yet (work sharing: another replica's
     partitions may come free later); nothing is published and every process reads None,
-    except for the first value, which process 0 waits for (`wait()` between tries), since
-    every process waits for it before its first step.
+    except for a value waited for, which process 0 waits for (`wait()` between tries).
+
+    A SIGTERM while a value is waited for is the replica's, on whichever host it lands
+    (`stop`: this process's event): the hosts have nothing in hand and no step to agree at,
+    so a host stopped there asks process 0 through the store, and process 0, stopped itself
+    (`wait()` raises Preempted) or asked, publishes the stop; every host raises Preempted.
+    A host that left alone would leave the others to hang at their next collective.
     """
 
     LOOKAHEAD = 2
     _ERROR = "error: "
+    _STOP = "stop: "
+    POLL_MS = 2_000  # how often a host waiting for a value looks at its own SIGTERM
 
-    def __init__(self, choose, wait=lambda: time.sleep(1.0)):
+    def __init__(self, choose, wait=lambda: time.sleep(1.0), stop=None, blocking=False):
         self._choose = choose
         self._wait = wait
+        self._stop = stop
+        self._blocking = blocking
         self._name = f"actx/sequence/{next(_sequence_names)}"
         self._index = 0  # the next value this process reads
         self._chosen: list[int] = []  # process 0: the values published so far
+        self._stop_asked = False
 
     def next(self) -> int | None:
         import jax
@@ -147,11 +160,14 @@ class LeaderSequence:
                 key = f"{self._name}/{len(self._chosen)}"
                 try:
                     value = self._choose()
-                    while value is None and not self._chosen:
+                    while value is None and self._waited_for(len(self._chosen)):
                         self._wait()
+                        self._raise_if_another_stopped(client)
                         value = self._choose()
                 except BaseException as e:
-                    client.key_value_set(key, f"{self._ERROR}{type(e).__name__}: {e}")
+                    said = (f"{self._STOP}{e}" if isinstance(e, Preempted)
+                            else f"{self._ERROR}{type(e).__name__}: {e}")
+                    client.key_value_set(key, said)
                     raise
                 if value is None:  # nothing yet: asked again at a later step
                     break
@@ -166,14 +182,16 @@ class LeaderSequence:
         else:
             key = f"{self._name}/{self._index}"
             try:
-                # The first value is waited for: before it, no host has a step to run, and
-                # the leader chooses it before anything else. Later ones are not.
-                text = (self._wait_for(client, key) if self._index == 0
+                # A value waited for: before the first, no host has a step to run, and the
+                # leader chooses it before anything else. Later ones are not (but blocking).
+                text = (self._wait_for(client, key) if self._waited_for(self._index)
                         else client.key_value_try_get(key))
             except Exception as e:
                 if "NOT_FOUND" in str(e):
                     return None
                 raise
+            if text.startswith(self._STOP):
+                raise Preempted(text[len(self._STOP):])
             if text.startswith(self._ERROR):
                 raise RuntimeError(f"the replica's leader (process 0) failed to choose the "
                                    f"next partition: {text[len(self._ERROR):]}")
@@ -182,11 +200,32 @@ class LeaderSequence:
             self._index += 1
         return value
 
-    @staticmethod
-    def _wait_for(client, key: str) -> str:
+    def _waited_for(self, index: int) -> bool:
+        """Whether the value at `index`, when it is the one needed now, is waited for."""
+        return index == self._index and (index == 0 or self._blocking)
+
+    def _raise_if_another_stopped(self, client) -> None:
+        """Process 0, waiting: raises Preempted where another host asked to stop."""
+        try:
+            host = client.key_value_try_get(f"{self._name}/stop")
+        except Exception as e:
+            if "NOT_FOUND" in str(e):
+                return
+            raise
+        raise Preempted(f"stopped while waiting for work (nothing was in hand): process "
+                        f"{host} of the replica was sent SIGTERM")
+
+    def _wait_for(self, client, key: str) -> str:
+        import jax
+
         while True:
+            if self._stop is not None and self._stop.is_set() and not self._stop_asked:
+                client.key_value_set(f"{self._name}/stop", str(jax.process_index()),
+                                     allow_overwrite=True)  # two hosts may ask at once
+                self._stop_asked = True
             try:
-                return client.blocking_key_value_get(key, 10_000)
+                return client.blocking_key_value_get(
+                    key, self.POLL_MS if self._stop is not None else 10_000)
             except Exception as e:  # a deadline: ask again (the leader may list for long)
                 if "DEADLINE_EXCEEDED" not in str(e):
                     raise
