@@ -46,3 +46,49 @@ def test_partition_assignment_and_steal_order():
     m = manifest.Manifest("f", 4, 48, 6, parts, {}, 10)
     assert schedule.own_partitions(m, schedule.Topology(replicas=3, replica=1)) == [1, 4]
     assert schedule.steal_order(m, schedule.Topology(replicas=3, replica=1)) == [3, 5, 0, 2]
+
+
+def test_rows_of_a_partition_taken_over_are_not_counted_as_extracted():
+    """After a silence, the rows of a partition another attempt took over are neither
+    written nor counted in the host's tokens (its heartbeat's tokens_done, the rate): the
+    taker writes and counts them. Those of a partition still this host's are both."""
+    import types
+
+    import numpy as np
+
+    from actx.workers.loop import outputs, partition_stream, prefetch
+    from actx.workers.loop import progress as progress_lib
+
+    class Host:  # partition_stream.StreamHost, as far as on_output asks
+        topo = types.SimpleNamespace(hosts_per_replica=1)
+        progress = progress_lib.Progress()
+        timings = outputs.HostTimings()
+
+        def taken_over(self, pids):
+            return {pid for pid in pids if pid == 3}
+
+    class Writer:  # what outputs.add_rows hands the rows to
+        finished = False
+
+        def __init__(self):
+            self.rows = []
+
+        def add_slots(self, rows, write, pieces, tokens):
+            self.rows += [r for r, w in zip(rows, write) if w]
+
+    host = Host()
+    host.progress.silent_after_s = 1.0
+    host.progress.wrote_beat(0.0)
+    host.progress.wrote_beat(5.0)  # a beat 5 s after the last: a silence
+    stream = partition_stream.PartitionStream(host, types.SimpleNamespace(wait_s=0.0),
+                                              committer=None, tried=set())
+    writers = {3: Writer(), 4: Writer()}
+    for pid, w in writers.items():
+        stream._in_hand[pid] = [None, w, 100, 0.0, -1]  # rows left: none finishes here
+        stream._writers[pid] = w
+    segment_ids = np.array([[1, 1, 1, 0], [2, 2, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], np.int32)
+    step = schedule.Step(rows=(10, 11, 20, 21), write=(True, True, True, False),
+                         continues=(False,) * 4, partitions=(3, 3, 4, 4))
+    stream.on_output(prefetch.Batch(step, 0, segment_ids, segment_ids, segment_ids), {})
+    assert writers[3].rows == [] and writers[4].rows == [20]
+    assert host.progress.tokens_done == 4  # row 20's; rows 10 and 11 are the taker's

@@ -177,17 +177,19 @@ class PartitionStream:
         written = np.asarray(step.write)
         timings = self.worker.timings
         pieces = outputs.host_pieces(outs, timings) if written.any() else {}
+        stored = np.zeros(len(written), bool)  # the rows written: what this host extracted
         for pid in sorted({p for p, w in zip(step.partitions, step.write) if w}):
             with self._lock:
                 state = self._in_hand[pid]
             mine = tuple(w and p == pid for p, w in zip(step.partitions, step.write))
-            if not self._is_taken(pid):
+            if not self._is_taken(pid):  # a taker's rows are its own tokens, not these
                 outputs.add_rows(state[1], step.rows, mine, pieces, self.pool, timings, batch)
+                stored |= mine
             state[2] -= sum(mine)
             if state[2] == 0:
                 self._done_here(pid, state)
         progress = self.worker.progress
-        progress.add_tokens(int((batch.segment_ids[written] > 0).sum()))
+        progress.add_tokens(int((batch.segment_ids[stored] > 0).sum()))
         with self._lock:
             oldest = min(self._in_hand, default=None)
         with progress.lock:
