@@ -414,7 +414,7 @@ def _own_data_config(tmp_path, qwen_tokenizer_dir, extra_lines=()):
 
 
 def test_a_damaged_token_store_is_named_and_its_advice_finishes_the_run(
-        tmp_path, monkeypatch, qwen_tokenizer_dir):
+        tmp_path, monkeypatch, qwen_tokenizer_dir, capsys):
     """A token-store object is damaged after prepare: one byte changed, which its chunk's
     checksum (schemas.chunk_checksums) catches where uncompressed tokens would otherwise read
     as other tokens. In a partition not yet extracted, the workers say so in one line,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-import numpy as np
 import pytest
 
 from actx.schemas import commit as commit_lib
