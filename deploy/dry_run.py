@@ -299,8 +299,8 @@ def estimate(spec: runspec_lib.RunSpec, counted: tuple[Counts | None, str], targ
         rate = beat.tokens_per_s
         first = next((t for t, n in beat.history if n > 0), None)
         if rate <= 0 or first is None:
-            print(f"# estimate: not made (the timed partitions ran too few steps to measure "
-                  f"a steady rate)", file=out, flush=True)
+            print("# estimate: not made (the timed partitions ran too few steps to measure "
+                  "a steady rate)", file=out, flush=True)
             return
         startup = max(0.0, first - started)
         seconds = startup + found.tokens / (rate * target.replicas)

@@ -123,7 +123,7 @@ class LocalTarget(targets.Target):
                   f"prepare: {job.run.uri} (in-process Beam runner; max reject fraction "
                   f"{prepare.max_reject_fraction:g})", file=out)
         cfg = self.config
-        what = (f"the Beam extraction transform on Beam's local runners"
+        what = ("the Beam extraction transform on Beam's local runners"
                 if cfg.extract == "beam" else
                 f"{cfg.hosts} worker process(es) ({cfg.replicas} replica(s) x "
                 f"{cfg.hosts_per_replica} host(s), {cfg.devices_per_host} CPU device(s) each)")
