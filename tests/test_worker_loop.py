@@ -85,7 +85,7 @@ def test_rows_of_a_partition_taken_over_are_not_counted_as_extracted():
     writers = {3: Writer(), 4: Writer()}
     for pid, w in writers.items():
         stream._in_hand[pid] = [None, w, 100, 0.0, -1]  # rows left: none finishes here
-        stream._writers[pid] = w
+        stream._fence.opened(pid, w)
     segment_ids = np.array([[1, 1, 1, 0], [2, 2, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], np.int32)
     step = schedule.Step(rows=(10, 11, 20, 21), write=(True, True, True, False),
                          continues=(False,) * 4, partitions=(3, 3, 4, 4))

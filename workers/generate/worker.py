@@ -41,7 +41,7 @@ from actx.schemas import layout
 from actx.schemas import manifest as manifest_lib
 from actx.schemas import quantised
 from actx.schemas import ts_context
-from actx.workers.loop import admission, faults, runner, schedule
+from actx.workers.loop import admission, faults, fence, runner, schedule
 from actx.workers.model import loaded as loaded_model
 from actx.workers.replicas import distributed
 from actx.workers.write import writer
@@ -113,6 +113,8 @@ class GenerateWorker(runner.Worker):
         """Every partition left (or `sequence`, in order), one after another. The hosts of
         a replica take them in process 0's order (as `runner.Worker.run_stream`)."""
         choose = lambda: self.choose_partition(tried)  # noqa: E731
+        # One-host replicas: no row over a taker's after a silence (as extraction's stream)
+        self._fence = fence.Fence(self) if self.topo.hosts_per_replica == 1 else None
         if sequence is None and self.topo.hosts_per_replica > 1:
             if self.opts.steal:  # chosen (and claimed) one at a time by process 0; every
                 # host waits for each in the sequence, so a SIGTERM there is the replica's
@@ -161,12 +163,17 @@ class GenerateWorker(runner.Worker):
         blocks = self._scatter(rows, docs, samples)
         # Every host holds every sample; each writes its slice's rows, as in extraction.
         mine = schedule.host_slice(part, self.topo, self.spec.layout.rows_per_shard)
-        part_writer = writer.PartitionWriter(self.arrays, mine, pool)
+        taken = (lambda: self._fence.is_taken(part.id)) if self._fence is not None else None
+        part_writer = writer.PartitionWriter(self.arrays, mine, pool, skip_if=taken)
+        if self._fence is not None:
+            self._fence.opened(part.id, part_writer)
         if mine[1] > mine[0]:
             part_writer.add(mine[0], {hook: values[mine[0] - lo:mine[1] - lo]
                                       for hook, values in blocks.items()},
                             {name: rows[name][mine[0] - lo:mine[1] - lo]
                              for name in commit_lib.MODEL_INPUTS if name in rows})
+        if taken is not None and taken():  # the taker's record and rows stand
+            return  # (the writer wrote nothing, and its commit would raise TakenOver)
         if self.topo.host_index == 0:  # the same bytes on every host: the leader's
             self.store.write(layout.generated_key(part.id), self._record(part, docs, samples))
         self.progress.add_tokens(int((rows["doc_index"][mine[0] - lo:mine[1] - lo] >= 0).sum()))

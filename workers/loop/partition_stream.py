@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from actx.schemas import manifest as manifest_lib
-from actx.workers.loop import outputs, prefetch, schedule
+from actx.workers.loop import fence, outputs, prefetch, schedule
 from actx.workers.replicas import distributed
 from actx.workers.write import writer
 from actx.workers.loop.progress import Progress
@@ -97,13 +97,10 @@ class PartitionStream:
         self._finished_here: set[int] = set()  # multi-host: written here, not yet committed
         self._committed_indices: set[int] = set()
         self._committed_through = 0  # every sequence index below it is committed
-        # One-host replicas: taken over by another attempt while this process was silent;
-        # their rows are run (the slots are planned) but neither written nor committed.
-        # The hosts of a multi-host replica could not leave a partition out in step: there
-        # the bytes' being deterministic is what makes a second writer harmless.
-        self._taken: set[int] = set()
-        self._fence_lock = threading.Lock()
-        self._writers: dict[int, writer.PartitionWriter] = {}  # opened, maybe still writing
+        # One-host replicas: the partitions taken over by another attempt while this
+        # process was silent; their rows are run (the slots are planned) but neither
+        # written nor committed (workers.loop.fence; multi-host replicas have none).
+        self._fence = None if self.multi_host else fence.Fence(worker)
 
     def hand_empty(self) -> bool:
         """Whether this host has no rows in hand (what the partition choice asks)."""
@@ -164,9 +161,8 @@ class PartitionStream:
         state = [part, part_writer, hi - lo, time.perf_counter(), index]
         with self._lock:
             self._in_hand[pid] = state
-            if not self.multi_host:
-                self._forget_writers_done()
-                self._writers[pid] = part_writer
+        if self._fence is not None:
+            self._fence.opened(pid, part_writer)
         if hi == lo:  # nothing of it on this host
             self._done_here(pid, state)
         return pid, chain_list
@@ -200,45 +196,11 @@ class PartitionStream:
             progress.partition, progress.step, progress.steps = oldest, batch.index + 1, 0
 
     def _is_taken(self, pid: int) -> bool:
-        """Whether partition `pid` (one-host replicas) was taken over by another attempt:
-        looked up again after each silence of this process's heartbeats, by whichever
-        thread asks first (the output thread before a step's rows, a writer thread before
-        a block's write: after a freeze, every thread resumes at once)."""
-        if self.multi_host:
-            return False
-        with self._fence_lock:
-            if self.worker.progress.was_silent():
-                self._leave_taken_over()
-            return pid in self._taken
-
-    def _leave_taken_over(self) -> None:
-        """After a silence: the partitions whose writers may still write (in hand, or
-        handed to the committer with blocks queued) that another attempt took meanwhile
-        are written no further (the taker's rows stand) and not committed."""
-        with self._lock:
-            self._forget_writers_done()
-            open_pids = [pid for pid in self._writers if pid not in self._taken]
-        taken = self.worker.taken_over(open_pids)
-        if not taken:
-            return
-        self._taken |= taken
-        progress = self.worker.progress
-        with progress.lock:
-            progress.held = tuple(p for p in progress.held if p not in taken)
-        log.warning("this process's heartbeats were silent (frozen, or cut off from the "
-                    "store) long enough to look dead; partition(s) %s were taken over "
-                    "meanwhile by another attempt: their rows here are not written, and "
-                    "this process does not commit them", sorted(taken))
-
-    def _forget_writers_done(self) -> None:
-        """Drops the writers that write no more (finished, or taken and let go), so the
-        ones kept are the few in flight. Caller holds the lock."""
-        for pid in [p for p, w in self._writers.items()
-                    if w.finished or (p in self._taken and p not in self._in_hand)]:
-            del self._writers[pid]
+        """Whether partition `pid` (one-host replicas) was taken over by another attempt."""
+        return self._fence is not None and self._fence.is_taken(pid)
 
     def _done_here(self, pid: int, state: list) -> None:
-        if pid in self._taken:  # another attempt's now
+        if self._is_taken(pid):  # another attempt's now
             with self._lock:
                 del self._in_hand[pid]
             return

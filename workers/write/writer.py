@@ -227,9 +227,11 @@ class PartitionWriter:
             sums[hook] = commit_lib.array_checksum(data)
             # Asked just before each object's write (a thread frozen between the two may
             # still write it once resumed: the window is kept that short).
-            if self._skip_if is not None and self._skip_if():
-                skipped = True
-                break
+            if self._skip_if is not None:
+                _log_object_write(hook, block.start_row // self._rows_per_shard, ".asked")
+                if self._skip_if():
+                    skipped = True
+                    break
             arr = self._arrays.arrays[hook]
             # Logged before the call, which may take milliseconds: a thread frozen inside it
             # had begun the write before the freeze.
@@ -381,11 +383,13 @@ def _store_error(run: uri_lib.Location, hook: str, block: _Block, e: ValueError)
         f"nothing of the partition was committed, `{advice.rerun(run)}` redoes it")
 
 
-def _log_object_write(hook: str, shard_index: int) -> None:
+def _log_object_write(hook: str, shard_index: int, suffix: str = "") -> None:
     """Test instrumentation: with ACTX_WRITE_LOG set, record which process wrote which
-    stored object (one O_APPEND line each), so tests can show one writer per object."""
+    stored object (one O_APPEND line each), so tests can show one writer per object; in
+    the file + ".asked", each object a fenced writer asked about before its write (a
+    thread frozen between the two writes it once resumed: the fence cannot tell)."""
     path = os.environ.get("ACTX_WRITE_LOG")
     if path:
         line = f"{os.getpid()} {layout_lib.activation_shard_key(hook, shard_index)}\n"
-        with open(path, "a") as f:
+        with open(path + suffix, "a") as f:
             f.write(line)
