@@ -256,3 +256,61 @@ def test_several_models_each_write_their_own_text_over_one_token_store(
         worker_procs.assert_close(first.acts["final_norm"][:len(text)], reference, 1e-5,
                                   f"extraction {name}, document 0")
     assert texts["base"] != texts["other"]  # each model wrote its own
+
+
+def test_a_generating_worker_frozen_in_a_partition_writes_nothing_over_its_taker(
+        greedy, model, qwen_tokenizer_dir, prompts_file, tmp_path):
+    """A generating worker frozen (SIGSTOP, at its third generation step) long enough to
+    look dead while a worker of another job generates the whole run: resumed, it finds
+    the partition in hand taken over and writes none of its rows and not its record
+    (`generated/p-N.json`), commits nothing more, and exits 0. The run is the one worker's
+    run byte for byte, and verifies."""
+    import os
+    import signal
+    import time
+
+    from actx.deploy import cli
+    from actx.schemas import commit
+
+    spec = _spec(model, qwen_tokenizer_dir, prompts_file, stop_token_ids=[STOP])
+    run = str(tmp_path / "run")
+    prepare_main.run_prepare(spec, run, ["--runner=FnApiRunner"])
+    s = store.open_store(run)
+    log, asked = tmp_path / "writes.log", tmp_path / "writes.log.asked"
+
+    def lines(path) -> list[str]:
+        return path.read_text().splitlines() if path.exists() else []
+
+    def stopped(pid: int) -> bool:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    frozen = worker_procs.start_worker(
+        ["--run", run, "--batch-size", "4", "--job", "first", "--heartbeat-s", "1"], devices=1,
+        ACTX_CRASH_AT="step:3:STOP", ACTX_WRITE_LOG=str(log))
+    try:
+        deadline = time.monotonic() + 240
+        while not stopped(frozen.pid):
+            assert frozen.poll() is None, worker_procs.finish(frozen)
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        written_before, asked_before = len(lines(log)), set(lines(asked))
+        committed_at_freeze = commit.committed_partitions(s)
+        time.sleep(4)  # over 2.5 heartbeat intervals: the frozen worker looks dead
+        code, out = worker_procs.run_worker(
+            ["--run", run, "--batch-size", "4", "--job", "taker", "--host-name", "taker"],
+            devices=1)
+        assert code == 0, out
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    code, out = worker_procs.finish(frozen, timeout=180)
+    assert code == 0, out
+    assert "were taken over meanwhile by another attempt" in out, out
+    after = [line for line in lines(log)[written_before:]
+             if line.startswith(f"{frozen.pid} ") and line not in asked_before]
+    assert after == [], after
+    for pid in commit.committed_partitions(s) - committed_at_freeze:
+        assert commit.read_marker(s, pid).attempt.startswith("taker-")
+    assert worker_procs.stored_objects(run) == worker_procs.stored_objects(greedy)
+    assert generate_runs.records(run) == generate_runs.records(greedy)
+    assert cli.main(["verify", run], out=io.StringIO()) == 0

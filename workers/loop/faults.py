@@ -1,8 +1,9 @@
 """Fault injection for crash-safety tests: kill this process at a named point.
 
-ACTX_CRASH_AT="point", "point:N", "point:N:TERM", "point:N:ABRT" or "point:N:RAISE" sends
-SIGKILL (or SIGTERM, a preemption notice; SIGABRT, an abort in native code such as JAX's
-coordination service ending a host; or raises RuntimeError: a bug) the N-th time (1-based,
+ACTX_CRASH_AT="point", "point:N", "point:N:TERM", "point:N:ABRT", "point:N:STOP" or
+"point:N:RAISE" sends SIGKILL (or SIGTERM, a preemption notice; SIGABRT, an abort in native
+code such as JAX's coordination service ending a host; SIGSTOP, a process frozen until a
+SIGCONT; or raises RuntimeError: a bug) the N-th time (1-based,
 default 1) the process reaches `point`. With ACTX_CRASH_PROCESS=i only the process of
 jax.process_index() i does (one host of a multi-host replica). Points: "step" (after a step is dispatched), "write"
 (between the writes of one block's arrays), "before_commit" (all data durable, marker not
@@ -41,5 +42,5 @@ def maybe_crash(point: str) -> None:
         return
     if action == "RAISE":
         raise RuntimeError(f"injected failure at {point} (ACTX_CRASH_AT={spec})")
-    os.kill(os.getpid(), {"TERM": signal.SIGTERM, "ABRT": signal.SIGABRT}.get(action,
-                                                                           signal.SIGKILL))
+    os.kill(os.getpid(), {"TERM": signal.SIGTERM, "ABRT": signal.SIGABRT,
+                          "STOP": signal.SIGSTOP}.get(action, signal.SIGKILL))
