@@ -185,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _verify_failed_run(status) -> bool:
+    """Whether the latest `actx verify` of a run failed with no partition to repair (its
+    token store or an array damaged): nothing since says it was mended."""
+    v = status.verification
+    return bool(v) and not v.get("damaged") and not v.get("ok") and not v.get("failed") \
+        and not v.get("repaired")
+
+
 def _add_extraction_flag(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--extraction", default=None, metavar="NAME[,NAME]",
                    help=f"the run's extractions to {what}; 'default' names the run's root "
@@ -228,6 +236,17 @@ def cmd_status(args, out) -> int:
                             if st.verification and st.verification.get("damaged")), None)
             if args.check and complete and damaged:  # what the latest verify found: unknown
                 _say_error(f"actx status: {damaged}")
+                return 1
+            problem = next((st.problem for st in statuses.values() if st.problem), "")
+            if args.check and complete and problem:  # every marker there, their data lost
+                _say_error(f"actx status: {problem}")
+                return 1
+            if args.check and complete and any(_verify_failed_run(st) for st in statuses.values()):
+                # A failure of no one partition (the token store, an array that would not
+                # open): the markers cannot say it is mended; a verify that passes does.
+                _say_error(f"actx status: the latest `actx verify` failed on what no one "
+                           f"partition holds; `{advice.verify(args.run)}` names it (with what "
+                           f"mends it) and checks the run again")
                 return 1
             return 1 if args.check and not complete else 0
         time.sleep(args.watch)

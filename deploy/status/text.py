@@ -204,9 +204,9 @@ def _verify_line(status: RunStatus) -> str:
     if v["ok"]:
         return f"passed at {when} ({v['checked']} partition(s) checked)"
     if not v["failed"] and not v.get("repaired"):  # a problem of no one partition
-        return (f"FAILED at {when}: no partition failed its check (an array the store would "
-                f"not open, a run that holds no data): `{advice.verify(status.run)}` names "
-                f"it and checks the run again")
+        return (f"FAILED at {when}: no partition failed its check (the token store damaged, "
+                f"an array the store would not open, a run that holds no data): "
+                f"`{advice.verify(status.run)}` names it and checks the run again")
     if not v["failed"]:  # what failed was repaired: pending, or extracted again since
         return (f"FAILED at {when}; its {v.get('repaired', 0)} failed partition(s) were "
                 f"repaired (`{advice.rerun(status.run)}` extracts them), not verified since: "
