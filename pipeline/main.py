@@ -134,6 +134,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     carried = {"rejects_accepted": accepted_before, "inputs": inputs_before} if (
         accepted_before) else {}
     committed = refusals.check_run_dir(store, spec, carried)
+    write_store.clear_damaged_metadata(run, spec)
     rows = refusals.committed_rows(run) if committed else None
 
     _log.info("prepare: %d file(s) from %d source(s) into %s on %s", len(files),

@@ -61,6 +61,30 @@ def open_token_array(run: run_dir.RunDir, name: str, total_rows: int,
                                                context=context)
 
 
+def clear_damaged_metadata(run: run_dir.RunDir, spec: runspec_lib.RunSpec) -> list[str]:
+    """Removes the zarr.json of each token array of `spec` where it is damaged (not a JSON
+    object), so this prepare writes it again as it writes a deleted one (tensorstore would
+    refuse to open the array, and the prepare that mends the token store would fail on
+    what it mends); the chunks stay, and a committed partition's are checked against its
+    marker as always. Returns the keys removed."""
+    import logging
+
+    removed = []
+    for name in pack_group.token_array_names(spec):
+        key = f"{layout.token_array_key(name)}/zarr.json"
+        try:
+            if isinstance(run.store.read_json(key), (dict, type(None))):
+                continue
+        except ValueError:  # not JSON
+            pass
+        run.store.delete(key)
+        removed.append(key)
+        logging.getLogger("actx.prepare").warning(
+            "prepare: %s is damaged (not the array's metadata): written again",
+            run.uri_of(key))
+    return removed
+
+
 def make_durable(run: run_dir.RunDir) -> None:
     """Flushes a local run directory's file system (the token shards written without
     fsync) to disk; object stores need nothing (a finished upload is durable)."""

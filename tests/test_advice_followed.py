@@ -643,3 +643,32 @@ def test_a_run_that_needed_more_rejects_is_prepared_again_by_the_advice_as_print
     assert cli.main(["submit", "my-run.yaml"], out=out) == 0, out.getvalue()
     assert cli.main(["verify", run], out=io.StringIO()) == 0
     assert stored_documents(run) == tokens
+
+
+@pytest.mark.parametrize("array", ["input_ids", "positions"])
+def test_a_damaged_token_array_metadata_is_mended_by_the_advice_as_printed(
+        tmp_path, monkeypatch, qwen_tokenizer_dir, array):
+    """A complete run whose `tokens/<array>/zarr.json` is cut to half: verify names the
+    prepare that writes the token store again, and that prepare, followed as printed,
+    writes the metadata again (it failed on tensorstore's DATA_LOSS, removing
+    manifest.json, so every later command advised the same failing prepare); the run
+    verifies with the tokens first written."""
+    from tests.test_bos_rule import stored_documents
+
+    monkeypatch.chdir(tmp_path)
+    _own_data_config(tmp_path, qwen_tokenizer_dir)
+    assert cli.main(["submit", "my-run.yaml"], out=io.StringIO()) == 0
+    run = str(tmp_path / "run")
+    tokens = stored_documents(run)
+    metadata = os.path.join(run, "tokens", array, "zarr.json")
+    with open(metadata, "rb") as f:
+        first = f.read()
+    os.truncate(metadata, len(first) // 2)
+    out = io.StringIO()
+    assert cli.main(["verify", run], out=out) == 1
+    code, output = follow(out.getvalue(), "reprepare")
+    assert code == 0, output
+    with open(metadata, "rb") as f:
+        assert f.read() == first
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert stored_documents(run) == tokens
