@@ -35,7 +35,7 @@ from actx.deploy.status import text as status_text
 from actx.deploy.targets import local as local_target
 from actx.schemas import advice, commit, config as config_lib, heartbeat, layout, store
 from actx.schemas import run_dir
-from tests import advice_follow, hf_models, token_runs
+from tests import advice_follow, hf_models, token_runs, worker_procs
 from tests.advice_follow import follow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -672,3 +672,41 @@ def test_a_damaged_token_array_metadata_is_mended_by_the_advice_as_printed(
         assert f.read() == first
     assert cli.main(["verify", run], out=io.StringIO()) == 0
     assert stored_documents(run) == tokens
+
+
+@pytest.mark.parametrize("damage", ["metadata", "removed"])
+def test_a_token_store_damaged_under_a_partial_run_is_named_with_its_prepare(
+        tmp_path, monkeypatch, qwen_tokenizer_dir, damage):
+    """A partition left to extract, and the token store damaged after prepare (an array's
+    zarr.json cut to half, or tokens/ removed): the worker names the prepare that writes
+    it again (it printed tensorstore's DATA_LOSS, or called the store an older prepare's
+    and advised a new run directory, and the launcher a rerun that failed the same way);
+    followed as printed, that prepare and then the rerun finish the run with the tokens
+    and activations first written."""
+    import shutil
+
+    from tests.test_bos_rule import stored_documents
+
+    monkeypatch.chdir(tmp_path)
+    _own_data_config(tmp_path, qwen_tokenizer_dir)
+    assert cli.main(["submit", "my-run.yaml"], out=io.StringIO()) == 0
+    run = str(tmp_path / "run")
+    tokens, before = stored_documents(run), worker_procs.stored_objects(run)
+    os.remove(os.path.join(run, "commits", "p-00001.json"))  # left to extract
+    if damage == "metadata":
+        metadata = os.path.join(run, "tokens", "input_ids", "zarr.json")
+        os.truncate(metadata, os.path.getsize(metadata) // 2)
+    else:
+        shutil.rmtree(os.path.join(run, "tokens"))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli.main(["rerun", run], out=out) != 0
+    said = out.getvalue() + err.getvalue()
+    assert "the token store was damaged after prepare" in said, said
+    code, output = follow(said, "reprepare")
+    assert code == 0, output
+    code, output = follow(said, "rerun")
+    assert code == 0, output
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert stored_documents(run) == tokens
+    assert worker_procs.stored_objects(run) == before

@@ -77,6 +77,24 @@ def check_vocabulary(spec, manifest, cfg) -> None:
 
 
 def check_token_layout(store, location) -> None:
+    """The token store's arrays open: a token array's metadata lost or damaged (a store
+    damaged after prepare) is named with the prepare that writes it again, where rerunning
+    would fail the same way; one without `context_start` alone is an older prepare's."""
+    for name in layout.TOKEN_ARRAYS:
+        meta = f"{layout.token_array_key(name)}/zarr.json"
+        try:
+            value = store.read_json(meta)
+            damage = ("missing" if value is None else "" if isinstance(value, dict)
+                      else "damaged (not an array's metadata)")
+        except ValueError:
+            damage = "damaged (not JSON)"
+        # (context_start alone missing, the others there: an older prepare's, below)
+        if damage and not (name == "context_start" and damage == "missing"):
+            raise RunMismatch(
+                f"{location.join(meta)}: {damage}; the token store was damaged after "
+                f"prepare: `{advice.reprepare(location)}` writes the same tokens again "
+                f"(what is committed stays), then `{advice.rerun(location)}` extracts what "
+                f"is left")
     key = layout.token_array_key("context_start")
     if not store.exists(f"{key}/zarr.json"):
         raise RunMismatch(
