@@ -228,7 +228,8 @@ class CaptureConfig:
       (docs/models.md, "TransformerLens names"); the run stores actx's names.
     dtype: storage dtype of the activation arrays; "float8_e4m3" stores one byte a value
       and one float32 scale per token and hook, read back dequantised as float32 or
-      bfloat16 (docs/reading.md, "Float8 runs").
+      bfloat16 (docs/reading.md, "Float8 runs"); "float16" holds values up to ±65,504
+      only: a worker refuses a block with values past it (nothing committed).
     """
 
     hooks: str = "layers.*.resid_post"

@@ -710,3 +710,35 @@ def test_a_token_store_damaged_under_a_partial_run_is_named_with_its_prepare(
     assert cli.main(["verify", run], out=io.StringIO()) == 0
     assert stored_documents(run) == tokens
     assert worker_procs.stored_objects(run) == before
+
+
+def test_values_past_float16s_range_are_refused_not_stored_as_infinities(
+        tmp_path, monkeypatch, qwen_tokenizer_dir):
+    """A model whose residual stream goes past float16's range (±65,504; its embeddings
+    scaled up, as some models' massive activations do), captured in float16: the cast made
+    them infinities, stored and committed with exit 0 (only a later verify saw them, and
+    its repair and rerun wrote them again). The worker now refuses the block before any
+    write, names the hook and what to store instead, and commits nothing."""
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.chdir(tmp_path)
+    model = _own_data_config(tmp_path, qwen_tokenizer_dir)
+    weights = load_file(model / "model.safetensors")
+    weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"] * 5e6
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    config = tmp_path / "my-run.yaml"
+    config.write_text(config.read_text().replace(
+        "hooks: layers.0.resid_post, dtype: float32", "hooks: layers.0.resid_post, dtype: float16"))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["submit", "my-run.yaml"], out=out)
+    said = out.getvalue() + err.getvalue()
+    assert code != 0, said
+    assert "layers.0.resid_post" in said and "not finite as float16" in said, said
+    assert "capture.dtype" in said, said
+    # The launcher's last word advises no rerun, which would fail the same way (the
+    # phase's "rerun after a fix" stands).
+    last = [line for line in said.splitlines() if line.startswith("extract: ")][-1]
+    assert "capture.dtype bfloat16" in last and not advice.find(last), last
+    assert not os.listdir(tmp_path / "run" / "commits") if (
+        tmp_path / "run" / "commits").exists() else True

@@ -347,9 +347,21 @@ def _rerun_hint(handle, status, only, out) -> list[int]:
         print(f"extract: {len(missing)} partition(s) still without a commit: "
               f"{', '.join(layout.partition_name(p) for p in missing[:20])}"
               + (f" ({len(stale)} stale: held by a worker that died)" if stale else "")
-              + f"; {_before_rerun(status)}`{advice.rerun(handle.location)}` redoes them",
-              file=out)
+              + f"; {_rerun_clause(handle, status)}", file=out)
     return missing
+
+
+def _rerun_clause(handle, status) -> str:
+    """What finishes the partitions left: the rerun (after what must come first), or,
+    where a failed host found the run's capture dtype cannot hold the model's values, a
+    capture that can (no rerun of this run gets past it)."""
+    if any(host.state == "failed" and "not finite as float16" in host.message
+           for host in status.hosts):
+        return ("float16 cannot hold what the model computes (the failed host's line): "
+                "extract with capture.dtype bfloat16 or float32 into a new run directory, "
+                "or as a named extraction (`extractions:`); a rerun of this run fails the "
+                "same way")
+    return f"{_before_rerun(status)}`{advice.rerun(handle.location)}` redoes them"
 
 
 def _before_rerun(status) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 
 from actx.schemas import advice
 from actx.schemas import commit as commit_lib
+from actx.schemas import errors
 from actx.schemas import layout as layout_lib
 from actx.schemas import quantised
 from actx.schemas import runspec as runspec_lib
@@ -224,6 +225,8 @@ class PartitionWriter:
         writes = []
         skipped = False
         for hook, data in block.data.items():
+            if data.dtype == np.float16:
+                _check_float16_range(hook, data, block.start_row)
             sums[hook] = commit_lib.array_checksum(data)
             # Asked just before each object's write (a thread frozen between the two may
             # still write it once resumed: the window is kept that short).
@@ -381,6 +384,28 @@ def _store_error(run: uri_lib.Location, hook: str, block: _Block, e: ValueError)
         f"{run.join(layout_lib.activation_array_key(hook))}: writing rows {block.start_row}-"
         f"{block.start_row + block.rows - 1} failed after tensorstore's retries ({reason}); "
         f"nothing of the partition was committed, `{advice.rerun(run)}` redoes it")
+
+
+class OutOfRangeError(errors.UserError, ValueError):
+    """A hook stored in float16 whose values the model computed beyond its range."""
+
+
+def _check_float16_range(hook: str, data: np.ndarray, start_row: int) -> None:
+    """Refuses a block of float16 values that are not finite: the model computed values
+    past float16's range (±65,504; some models' residual streams reach it), which the
+    cast stores as infinities, a plausible-looking wrong activation. Before any write,
+    so nothing of the partition is committed."""
+    finite = np.isfinite(data)
+    if finite.all():
+        return
+    rows = np.flatnonzero(~finite.reshape(finite.shape[0], -1).all(axis=1)) + start_row
+    raise OutOfRangeError(
+        f"{hook}: {int((~finite).sum()):,} value(s) in rows {rows[0]}..{rows[-1]} are not "
+        f"finite as float16 (whose range is ±65,504: the model computed larger values "
+        f"there, or values not finite), and nothing of the partition was committed. Store "
+        f"the hooks in bfloat16 (as many bytes, float32's range) or float32: "
+        f"capture.dtype, in a new run directory or as a named extraction (`extractions:`) "
+        f"of this one")
 
 
 def _log_object_write(hook: str, shard_index: int, suffix: str = "") -> None:
