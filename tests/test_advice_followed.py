@@ -742,3 +742,29 @@ def test_values_past_float16s_range_are_refused_not_stored_as_infinities(
     assert "capture.dtype bfloat16" in last and not advice.find(last), last
     assert not os.listdir(tmp_path / "run" / "commits") if (
         tmp_path / "run" / "commits").exists() else True
+
+
+def test_a_hooks_damaged_metadata_under_a_partial_run_is_named_with_its_repair(
+        tmp_path, monkeypatch, qwen_tokenizer_dir):
+    """A partition left to extract, and a hook's `zarr.json` overwritten with garbage: the
+    worker names the repair (it printed tensorstore's DATA_LOSS, and the launcher advised
+    a rerun that failed the same way); followed as printed, the repair and then the rerun
+    finish the run with the activations first written."""
+    monkeypatch.chdir(tmp_path)
+    _own_data_config(tmp_path, qwen_tokenizer_dir)
+    assert cli.main(["submit", "my-run.yaml"], out=io.StringIO()) == 0
+    run = str(tmp_path / "run")
+    before = worker_procs.stored_objects(run)
+    os.remove(os.path.join(run, "commits", "p-00001.json"))  # left to extract
+    with open(os.path.join(run, "activations", "layers.0.resid_post", "zarr.json"), "wb") as f:
+        f.write(b"\x00garbage\xff" * 8)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli.main(["rerun", run], out=out) != 0
+    said = out.getvalue() + err.getvalue()
+    assert "damaged (not an array's metadata)" in said, said
+    follow(said, "repair")
+    code, output = follow(said, "rerun")
+    assert code == 0, output
+    assert cli.main(["verify", run], out=io.StringIO()) == 0
+    assert worker_procs.stored_objects(run) == before

@@ -374,4 +374,7 @@ def _before_rerun(status) -> str:
                 if kind == "reprepare":
                     return (f"`{command}` first (a worker found the token store damaged), "
                             f"then ")
+                if kind == "repair":
+                    return (f"`{command}` first (a worker found an array's metadata "
+                            f"damaged), then ")
     return ""

@@ -103,6 +103,26 @@ def check_token_layout(store, location) -> None:
             f"a new run directory")
 
 
+def check_activation_metadata(store, location, hooks) -> None:
+    """Each hook's array metadata reads (`activations/<hook>/zarr.json`): a damaged one
+    (not JSON, not an object) is named with the repair that mends it, where the array's
+    open would fail in tensorstore's words and a rerun the same way. A missing one is
+    written (create-only) as for a new hook."""
+    for hook in hooks:
+        meta = f"{layout.activation_array_key(hook)}/zarr.json"
+        try:
+            value = store.read_json(meta)
+            damaged = value is not None and not isinstance(value, dict)
+        except ValueError:
+            damaged = True
+        if damaged:
+            shown = location.join(layout.extraction_key(getattr(store, "name", ""), meta))
+            raise RunMismatch(
+                f"{shown}: damaged (not an array's metadata); `{advice.repair(location)}` "
+                f"mends it (the partitions whose data it cannot vouch for turn pending), "
+                f"then `{advice.rerun(location)}` extracts what is left")
+
+
 def check_context_fits(jax, spec, model, fn, mesh, batch_size: int, model_parallel: int,
                        seq_len: int, max_context: int | None) -> None:
     """max_context within the model's declared context, and its cache on the chips; every

@@ -178,6 +178,7 @@ class Worker:
                                         architecture=self._architecture(),
                                         transformer_lens_differs=self._transformer_lens_differs(),
                                         writes=writes, writer_gone=self._metadata_writer_gone)
+        admission.check_activation_metadata(self.store, self.location, self.loaded.hooks)
         self.arrays = writer.ActivationArrays(
             self.location.join(layout.extraction_prefix(self.extraction)), self.loaded.hooks,
             self.manifest.total_rows, self.manifest.seq_len, self.spec.capture.dtype,
