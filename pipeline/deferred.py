@@ -17,6 +17,7 @@ import concurrent.futures
 from typing import Callable, Iterable, Iterator
 
 from actx.pipeline import quiet_beam  # noqa: F401 (first: Beam's import, quietly)
+from actx.schemas import store_errors
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
@@ -44,8 +45,11 @@ class DeferredOutputs:
         while self.pending and (len(self.pending) > keep
                                 or all(f.done() for f in self.pending[0][0])):
             futures, outputs = self.pending.popleft()
-            for future in futures:
-                future.result()  # raises the write's failure here, in the bundle
+            # A write's failure raised here, in the bundle; tensorstore's (a full disk, a
+            # bucket's refusal) as the one-line StoreError the prepare prints
+            with store_errors.tensorstore_errors():
+                for future in futures:
+                    future.result()
             yield from outputs
 
     def finish(self) -> Iterator:

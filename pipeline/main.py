@@ -140,6 +140,7 @@ def run_prepare(spec: runspec_lib.RunSpec, run: "str | run_dir.RunDir",
     _log.info("prepare: %d file(s) from %d source(s) into %s on %s", len(files),
               len(spec.sources), store.location, options_lib.describe(pipeline_args))
     started = time.monotonic()
+    _quiet_beams_echo()
     pipeline = options_lib.make_pipeline(pipeline_args)
     beam_pipeline.build(pipeline, spec, run.uri, files, separator_id, unit_bytes,
                         frozenset(committed), rows)
@@ -336,6 +337,21 @@ def _beams_echo_of_user_errors(record: logging.LogRecord) -> bool:
     refusing): the error reaches `main`, which prints it as one line."""
     error = record.exc_info[1] if record.exc_info else None
     return not (record.name.startswith("apache_beam") and isinstance(error, errors.UserError))
+
+
+# Beam's loggers that log a failed bundle's exception with its traceback before it is
+# raised to the caller (a DoFn's error, a runner's), whatever handlers the process has.
+_BEAM_ECHOING_LOGGERS = ("apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker",
+                         "apache_beam.runners.worker.bundle_processor")
+
+
+def _quiet_beams_echo() -> None:
+    """Filters Beam's echo of a UserError at the loggers it comes from, so a prepare run
+    by any command (`actx submit` too, whose handlers `main` never saw) says it once."""
+    for name in _BEAM_ECHOING_LOGGERS:
+        logger = logging.getLogger(name)
+        if _beams_echo_of_user_errors not in logger.filters:
+            logger.addFilter(_beams_echo_of_user_errors)
 
 
 def main(argv: list[str] | None = None, retry_argv: list[str] | None = None,

@@ -79,14 +79,17 @@ def prepared(tmp_path_factory, qwen_tokenizer_dir) -> str:
     return run
 
 
-def test_prepare_onto_a_full_disk(tmp_path, qwen_tokenizer_dir):
+@pytest.mark.parametrize("size,where", [("200k", ""), ("4m", "tokens/")])
+def test_prepare_onto_a_full_disk(tmp_path, qwen_tokenizer_dir, size, where):
+    """Full at the first work unit's tokens (200k), or while the token arrays are written
+    (4m: tensorstore's RESOURCE_EXHAUSTED, which came as its raw text after a traceback)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    proc = _actx_with_mount(f"mount -t tmpfs -o size=200k tmpfs {shlex.quote(str(disk))}",
+    proc = _actx_with_mount(f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(disk))}",
                             "prepare", "--out", str(disk / "run"), "--tokenizer",
                             qwen_tokenizer_dir, "--text", _texts(tmp_path, 4000), "--seq-len",
                             "32", "--runner=FnApiRunner")
-    line = _one_line(proc, f"{disk}/run/", "cannot write (No space left on device); the disk "
+    line = _one_line(proc, f"{disk}/run/{where}", "cannot write (No space left on device); the disk "
                      "is full: free space, or choose a run directory on another disk, then "
                      "run the same command again")
     assert line.startswith("actx prepare: error: ")
