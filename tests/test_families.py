@@ -171,6 +171,14 @@ def test_longrope_refuses_the_cache(ckpt_dir):
                and "packing.overflow: truncate" in p for p in problems), problems
     alone = preflight.check_job(spec(overflow="truncate"), batch_size=1).problems
     assert not any("longrope" in p for p in alone), alone
+    # What the refusal advises passes: pad carries context too, so it names no pad
+    # (it said "or packing.mode: pad", which the same check refused).
+    padded = preflight.check_job(spec(mode="pad"), batch_size=1).problems
+    assert any("longrope" in p for p in padded), padded
+    assert not any("packing.mode: pad" in p for p in problems), problems
+    for mode in ("pad", "segmented"):
+        advised = preflight.check_job(spec(mode=mode, overflow="truncate"), batch_size=1)
+        assert not any("longrope" in p for p in advised.problems), advised.problems
 
 
 def _copy_with(path, tmp_path, **fields) -> str:

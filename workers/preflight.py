@@ -80,7 +80,8 @@ def check_job(spec: runspec_lib.RunSpec, batch_size: int | None = None,
                 f"document longer than original_max_position_embeddings="
                 f"{config.rope.original_max_position_embeddings}, which rows of a long "
                 f"document seen through the KV cache cannot know; set packing.overflow: "
-                f"truncate (or packing.mode: pad), so each document is computed alone")
+                f"truncate (with any packing.mode), so each document is computed alone "
+                f"within its row")
         heads = parallelism.heads_problem(config.num_heads, model_parallel)
         if heads:
             problems.append(f"model_parallel={heads}")
